@@ -1,0 +1,156 @@
+//! Endpoint address strings.
+//!
+//! An address is printable text that one process hands to another (a file, an argument, a
+//! message) and that `connect` parses:
+//!
+//! ```text
+//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>
+//! ```
+//!
+//! `host` names the machine and network namespace (shared memory is only possible when it
+//! matches), `id` is the endpoint's random identity, and each further `key=value` names a
+//! transport the endpoint offers and how to reach it. Unknown transport keys are skipped
+//! so that newer endpoints can offer more; malformed text is an error.
+
+use crate::ProtoError;
+
+/// Prefix of every address.
+pub const PREFIX: &str = "clink:";
+
+/// A parsed endpoint address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Address {
+    /// Host key: machine and network namespace.
+    pub host: u64,
+    /// Random endpoint identity.
+    pub id: u128,
+    /// Abstract Unix socket name of the shared-memory transport, if offered.
+    pub shm: Option<String>,
+}
+
+fn bad(addr: &str, why: &'static str) -> ProtoError {
+    ProtoError::BadAddress {
+        addr: addr.chars().take(200).collect(),
+        why,
+    }
+}
+
+impl Address {
+    /// Parses an address string.
+    pub fn parse(s: &str) -> Result<Address, ProtoError> {
+        let rest = s
+            .trim()
+            .strip_prefix(PREFIX)
+            .ok_or_else(|| bad(s, "does not start with \"clink:\""))?;
+        let (mut host, mut id, mut shm) = (None, None, None);
+        for item in rest.split(';') {
+            let (k, v) = item
+                .split_once('=')
+                .ok_or_else(|| bad(s, "item without '='"))?;
+            if v.is_empty() {
+                return Err(bad(s, "empty value"));
+            }
+            match k {
+                "host" => {
+                    if host.is_some() {
+                        return Err(bad(s, "duplicate host"));
+                    }
+                    if v.len() != 16 {
+                        return Err(bad(s, "host must be 16 hex digits"));
+                    }
+                    host = Some(u64::from_str_radix(v, 16).map_err(|_| bad(s, "host is not hex"))?);
+                }
+                "id" => {
+                    if id.is_some() {
+                        return Err(bad(s, "duplicate id"));
+                    }
+                    if v.len() != 32 {
+                        return Err(bad(s, "id must be 32 hex digits"));
+                    }
+                    id = Some(u128::from_str_radix(v, 16).map_err(|_| bad(s, "id is not hex"))?);
+                }
+                "shm" => {
+                    if shm.is_some() {
+                        return Err(bad(s, "duplicate shm"));
+                    }
+                    if v.len() > 100
+                        || !v
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+                    {
+                        return Err(bad(
+                            s,
+                            "shm socket name must be at most 100 characters [A-Za-z0-9.-]",
+                        ));
+                    }
+                    shm = Some(v.to_string());
+                }
+                k if k.is_empty() || !k.bytes().all(|b| b.is_ascii_lowercase()) => {
+                    return Err(bad(s, "malformed key"));
+                }
+                _ => {} // a transport this build does not know
+            }
+        }
+        Ok(Address {
+            host: host.ok_or_else(|| bad(s, "missing host"))?,
+            id: id.ok_or_else(|| bad(s, "missing id"))?,
+            shm,
+        })
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{PREFIX}host={:016x};id={:032x}", self.host, self.id)?;
+        if let Some(s) = &self.shm {
+            write!(f, ";shm={s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for Address {
+    type Err = ProtoError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Address::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trip_and_errors() {
+        let a = Address {
+            host: 0xabc,
+            id: 7,
+            shm: Some("clink-00ff".into()),
+        };
+        assert_eq!(Address::parse(&a.to_string()), Ok(a.clone()));
+        let with_future = format!("{a};udp=10.0.0.1:4000");
+        assert_eq!(Address::parse(&with_future), Ok(a));
+        for s in [
+            "",
+            "clink:",
+            "tcp://x",
+            "clink:host=1;id=2",
+            "clink:host=00000000000000zz;id=00000000000000000000000000000001",
+            "clink:host=0000000000000001",
+            "clink:host=0000000000000001;host=0000000000000001",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;shm=a/b",
+        ] {
+            assert!(Address::parse(s).is_err(), "{s}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn parse_is_total(s in ".{0,120}") { let _ = Address::parse(&s); }
+        #[test]
+        fn parse_is_total_near_valid(tail in "[a-z=;0-9]{0,60}") {
+            let _ = Address::parse(&format!("clink:host=0000000000000001;id=00000000000000000000000000000001;{tail}"));
+        }
+    }
+}

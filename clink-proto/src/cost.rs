@@ -1,0 +1,116 @@
+//! The cost model behind the protocol thresholds (BIP: "model all you can").
+//!
+//! The runtime measures a few costs on the machine it runs on ([`Costs`]); these pure
+//! functions turn them into the eager/rendezvous threshold and the pipeline chunk size.
+//! Each is a crossover of two simple linear cost formulas, so `clink info` can print not
+//! only the numbers but why.
+
+/// Measured costs of the primitive operations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Costs {
+    /// memcpy bandwidth for cache-sized buffers, bytes per nanosecond (= GB/s).
+    pub copy_bytes_per_ns: f64,
+    /// Single-copy cross-process read (process_vm_readv) bandwidth, bytes per nanosecond.
+    pub cma_bytes_per_ns: f64,
+    /// Fixed cost of one process_vm_readv call, nanoseconds.
+    pub cma_call_ns: f64,
+    /// Cost of one control message between the two processes (one ring hop), nanoseconds.
+    pub hop_ns: f64,
+}
+
+impl Default for Costs {
+    /// Conservative figures for a current x86 server, used when measuring is disabled.
+    fn default() -> Self {
+        Costs {
+            copy_bytes_per_ns: 10.0,
+            cma_bytes_per_ns: 8.0,
+            cma_call_ns: 1500.0,
+            hop_ns: 300.0,
+        }
+    }
+}
+
+/// Smallest threshold the model will choose.
+pub const MIN_EAGER: u64 = 1024;
+
+impl Costs {
+    /// Nanoseconds to move `n` bytes eagerly: copied into the ring and out of it.
+    pub fn eager_ns(&self, n: u64) -> f64 {
+        2.0 * n as f64 / self.copy_bytes_per_ns
+    }
+
+    /// Extra nanoseconds (beyond the request hop an eager send also pays) to move `n`
+    /// bytes by rendezvous with one CMA copy.
+    pub fn rendezvous_ns(&self, n: u64) -> f64 {
+        self.cma_call_ns + n as f64 / self.cma_bytes_per_ns
+    }
+
+    /// The eager/rendezvous threshold: the largest size still sent eagerly. It is where
+    /// the two costs cross, clamped to `[MIN_EAGER, max_eager]` (`max_eager` is set by the
+    /// ring size: an eager frame must fit comfortably in the ring).
+    pub fn eager_threshold(&self, cma: bool, max_eager: u64) -> u64 {
+        let max_eager = max_eager.max(MIN_EAGER);
+        if !cma {
+            // Without CMA the alternative is a staged pipeline that also copies twice and
+            // adds hops per chunk: eager wins up to the ring limit.
+            return max_eager;
+        }
+        let per_byte = 2.0 / self.copy_bytes_per_ns - 1.0 / self.cma_bytes_per_ns;
+        if per_byte <= 0.0 {
+            return max_eager;
+        }
+        let n = self.cma_call_ns / per_byte;
+        (n as u64).clamp(MIN_EAGER, max_eager)
+    }
+
+    /// Chunk size of the staged (no-CMA) pipeline for an `n`-byte message: minimises
+    /// `(n / c) * hop + c / B` (per-chunk hops against the time to fill the pipeline), i.e.
+    /// `c = sqrt(n * hop * B)`, clamped to `[min_chunk, slot_bytes]`.
+    pub fn chunk_size(&self, n: u64, min_chunk: u64, slot_bytes: u64) -> u64 {
+        let c = (n as f64 * self.hop_ns * self.copy_bytes_per_ns).sqrt() as u64;
+        c.clamp(min_chunk.min(slot_bytes), slot_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn threshold_is_the_crossover() {
+        let c = Costs {
+            copy_bytes_per_ns: 10.0,
+            cma_bytes_per_ns: 10.0,
+            cma_call_ns: 1000.0,
+            hop_ns: 300.0,
+        };
+        let t = c.eager_threshold(true, 1 << 20);
+        assert_eq!(t, 10_000);
+        assert!(c.eager_ns(t - 100) < c.rendezvous_ns(t - 100));
+        assert!(c.eager_ns(t + 100) > c.rendezvous_ns(t + 100));
+        assert_eq!(c.eager_threshold(false, 1 << 16), 1 << 16);
+    }
+
+    #[test]
+    fn slow_cma_means_eager_up_to_the_limit() {
+        let c = Costs {
+            copy_bytes_per_ns: 10.0,
+            cma_bytes_per_ns: 4.0,
+            cma_call_ns: 1000.0,
+            hop_ns: 300.0,
+        };
+        assert_eq!(c.eager_threshold(true, 65536), 65536);
+    }
+
+    proptest! {
+        #[test]
+        fn outputs_stay_in_bounds(copy in 0.1f64..100.0, cma in 0.1f64..100.0, call in 0.0f64..1e6, hop in 0.0f64..1e5, n in 0u64..(1u64 << 40), max in 0u64..(1 << 24)) {
+            let c = Costs { copy_bytes_per_ns: copy, cma_bytes_per_ns: cma, cma_call_ns: call, hop_ns: hop };
+            let t = c.eager_threshold(true, max);
+            prop_assert!(t >= MIN_EAGER && t <= max.max(MIN_EAGER));
+            let k = c.chunk_size(n, 16 << 10, 1 << 20);
+            prop_assert!(k >= 16 << 10 && k <= 1 << 20);
+        }
+    }
+}

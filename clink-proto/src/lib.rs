@@ -1,0 +1,33 @@
+//! Sans-IO protocol core of clink.
+//!
+//! Everything here is pure: no system calls, no threads, no clock reads. The runtime crate
+//! `clink` feeds bytes and measured numbers in and acts on what comes out. That keeps every
+//! protocol decision testable with property tests and a model checker.
+//!
+//! - [`wire`]: the frames that travel on a per-peer ring and the connection handshake,
+//!   parsed by total functions into typed errors;
+//! - [`matching`]: tag matching of posted receives against arrived messages (BIP's tags,
+//!   MPI's source/tag/mask);
+//! - [`cost`]: the cost model that picks the eager/rendezvous threshold and the pipeline
+//!   chunk size from measured copy and system-call costs (BIP: "model all you can");
+//! - [`addr`]: endpoint address strings.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod addr;
+pub mod cost;
+mod error;
+pub mod matching;
+pub mod wire;
+
+pub use error::ProtoError;
+
+/// Identifies a connected peer within one endpoint (an index, never a PID).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerId(pub u32);
+
+impl std::fmt::Display for PeerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "peer#{}", self.0)
+    }
+}

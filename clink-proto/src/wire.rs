@@ -1,0 +1,572 @@
+//! Wire formats: frames carried in one ring record, and the connection handshake.
+//!
+//! A ring record carries exactly one [`Frame`]. Every integer is little-endian. Parsing is
+//! total: any byte string yields either a frame that borrows from it or a [`ProtoError`],
+//! never a panic (see the property tests below and `tests/fuzz_wire.rs`).
+//!
+//! Frame layout: byte 0 is the kind, bytes 1..8 are reserved (zero), then the fixed fields of
+//! that kind as `u64`s, then (for [`Frame::Eager`]) the payload.
+
+use crate::ProtoError;
+
+/// Protocol version spoken by this build; the handshake refuses any other.
+pub const VERSION: u16 = 1;
+/// Magic number opening every handshake message ("CLNK").
+pub const MAGIC: u32 = 0x4b4e_4c43;
+
+const K_EAGER: u8 = 1;
+const K_RTS: u8 = 2;
+const K_FIN: u8 = 3;
+const K_CTS: u8 = 4;
+const K_CHUNK: u8 = 5;
+const K_CHUNK_ACK: u8 = 6;
+const K_CANCEL: u8 = 7;
+const K_CANCEL_ACK: u8 = 8;
+const K_CLOSE: u8 = 9;
+
+/// Size of the fixed part of an eager frame; the payload follows it.
+pub const EAGER_HEADER: usize = 16;
+
+/// One protocol frame, borrowing its payload from the record it was parsed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// A whole small message, copied inline.
+    Eager {
+        /// Message tag.
+        tag: u64,
+        /// Message bytes.
+        data: &'a [u8],
+    },
+    /// Request to send: a large message waits in the sender's memory at `addr`.
+    Rts {
+        /// Message tag.
+        tag: u64,
+        /// Message length in bytes.
+        len: u64,
+        /// Sender's handle for this send.
+        send_id: u64,
+        /// Address of the message in the sender's address space (for a CMA read).
+        addr: u64,
+    },
+    /// The receiver is done with a rendezvous send (read it, or discarded it).
+    Fin {
+        /// The send this concludes.
+        send_id: u64,
+    },
+    /// The receiver matched a rendezvous send and asks for it through the staging area.
+    Cts {
+        /// The send being answered.
+        send_id: u64,
+    },
+    /// One chunk of a staged rendezvous send sits in staging slot `slot`.
+    Chunk {
+        /// The send it belongs to.
+        send_id: u64,
+        /// Offset of the chunk in the message.
+        offset: u64,
+        /// Staging slot index.
+        slot: u32,
+        /// Bytes in the slot.
+        len: u32,
+    },
+    /// The receiver has copied a staging slot out; the sender may reuse it.
+    ChunkAck {
+        /// Slot index freed.
+        slot: u32,
+    },
+    /// The sender withdraws an unmatched rendezvous send.
+    Cancel {
+        /// The send withdrawn.
+        send_id: u64,
+    },
+    /// Answer to [`Frame::Cancel`]: whether it was withdrawn before being matched.
+    CancelAck {
+        /// The send concerned.
+        send_id: u64,
+        /// True when the receiver had not matched it and dropped it.
+        cancelled: bool,
+    },
+    /// Orderly goodbye: no further frames follow.
+    Close,
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), ProtoError> {
+    if b.len() < n {
+        return Err(ProtoError::Truncated {
+            what,
+            need: n,
+            have: b.len(),
+        });
+    }
+    Ok(())
+}
+
+impl<'a> Frame<'a> {
+    /// Parses one frame from a record's bytes.
+    pub fn parse(b: &'a [u8]) -> Result<Frame<'a>, ProtoError> {
+        need("frame", b, 8)?;
+        let f = match b[0] {
+            K_EAGER => {
+                need("eager frame", b, EAGER_HEADER)?;
+                Frame::Eager {
+                    tag: u64_at(b, 8),
+                    data: &b[EAGER_HEADER..],
+                }
+            }
+            K_RTS => {
+                need("rts frame", b, 40)?;
+                Frame::Rts {
+                    tag: u64_at(b, 8),
+                    len: u64_at(b, 16),
+                    send_id: u64_at(b, 24),
+                    addr: u64_at(b, 32),
+                }
+            }
+            K_FIN => {
+                need("fin frame", b, 16)?;
+                Frame::Fin {
+                    send_id: u64_at(b, 8),
+                }
+            }
+            K_CTS => {
+                need("cts frame", b, 16)?;
+                Frame::Cts {
+                    send_id: u64_at(b, 8),
+                }
+            }
+            K_CHUNK => {
+                need("chunk frame", b, 32)?;
+                Frame::Chunk {
+                    send_id: u64_at(b, 8),
+                    offset: u64_at(b, 16),
+                    slot: u32_at(b, 24),
+                    len: u32_at(b, 28),
+                }
+            }
+            K_CHUNK_ACK => {
+                need("chunk-ack frame", b, 16)?;
+                Frame::ChunkAck { slot: u32_at(b, 8) }
+            }
+            K_CANCEL => {
+                need("cancel frame", b, 16)?;
+                Frame::Cancel {
+                    send_id: u64_at(b, 8),
+                }
+            }
+            K_CANCEL_ACK => {
+                need("cancel-ack frame", b, 16)?;
+                Frame::CancelAck {
+                    send_id: u64_at(b, 8),
+                    cancelled: b[1] != 0,
+                }
+            }
+            K_CLOSE => Frame::Close,
+            k => return Err(ProtoError::BadKind(k)),
+        };
+        Ok(f)
+    }
+
+    /// Bytes [`Frame::encode`] writes.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Frame::Eager { data, .. } => EAGER_HEADER + data.len(),
+            Frame::Rts { .. } => 40,
+            Frame::Chunk { .. } => 32,
+            Frame::Close => 8,
+            _ => 16,
+        }
+    }
+
+    /// Writes the frame into `out`, which must hold [`Frame::encoded_len`] bytes; returns
+    /// the number of bytes written.
+    ///
+    /// # Panics
+    /// If `out` is shorter than `encoded_len()` (a caller bug, not outside input).
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        let n = self.encoded_len();
+        let out = &mut out[..n];
+        out[..8].fill(0);
+        let put =
+            |o: &mut [u8], off: usize, v: u64| o[off..off + 8].copy_from_slice(&v.to_le_bytes());
+        match *self {
+            Frame::Eager { tag, data } => {
+                out[0] = K_EAGER;
+                put(out, 8, tag);
+                out[EAGER_HEADER..].copy_from_slice(data);
+            }
+            Frame::Rts {
+                tag,
+                len,
+                send_id,
+                addr,
+            } => {
+                out[0] = K_RTS;
+                put(out, 8, tag);
+                put(out, 16, len);
+                put(out, 24, send_id);
+                put(out, 32, addr);
+            }
+            Frame::Fin { send_id } => {
+                out[0] = K_FIN;
+                put(out, 8, send_id);
+            }
+            Frame::Cts { send_id } => {
+                out[0] = K_CTS;
+                put(out, 8, send_id);
+            }
+            Frame::Chunk {
+                send_id,
+                offset,
+                slot,
+                len,
+            } => {
+                out[0] = K_CHUNK;
+                put(out, 8, send_id);
+                put(out, 16, offset);
+                out[24..28].copy_from_slice(&slot.to_le_bytes());
+                out[28..32].copy_from_slice(&len.to_le_bytes());
+            }
+            Frame::ChunkAck { slot } => {
+                out[0] = K_CHUNK_ACK;
+                put(out, 8, u64::from(slot));
+            }
+            Frame::Cancel { send_id } => {
+                out[0] = K_CANCEL;
+                put(out, 8, send_id);
+            }
+            Frame::CancelAck { send_id, cancelled } => {
+                out[0] = K_CANCEL_ACK;
+                out[1] = u8::from(cancelled);
+                put(out, 8, send_id);
+            }
+            Frame::Close => out[0] = K_CLOSE,
+        }
+        n
+    }
+
+    /// Writes only the header of an eager frame carrying `tag`; the caller places the
+    /// payload right after it (claim/commit sends write it in place).
+    pub fn encode_eager_header(tag: u64, out: &mut [u8; EAGER_HEADER]) {
+        out.fill(0);
+        out[0] = K_EAGER;
+        out[8..16].copy_from_slice(&tag.to_le_bytes());
+    }
+}
+
+/// First message on a new connection, client to server, sent with the shared segment's and
+/// the client's doorbell file descriptors attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Random identity of the connecting endpoint.
+    pub id: u128,
+    /// Cells in each ring of the segment.
+    pub ring_cells: u32,
+    /// Staging slots in the segment (for the no-CMA fallback).
+    pub staging_slots: u32,
+    /// Bytes per staging slot.
+    pub staging_slot_bytes: u32,
+    /// Address of a probe word in the sender's memory: the peer tries a CMA read of it.
+    pub probe_addr: u64,
+    /// Value the probe word holds.
+    pub probe_value: u64,
+}
+
+/// Answer to [`Hello`], server to client, with the server's doorbell fd attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Welcome {
+    /// Random identity of the accepting endpoint.
+    pub id: u128,
+    /// Address of the server's probe word.
+    pub probe_addr: u64,
+    /// Value of the server's probe word.
+    pub probe_value: u64,
+    /// True when the server could read the client's probe word with CMA.
+    pub cma_ok: bool,
+}
+
+/// Second client message: whether the client could read the server's probe word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    /// True when the client could read the server's probe word with CMA.
+    pub cma_ok: bool,
+}
+
+/// Bytes of an encoded [`Hello`].
+pub const HELLO_LEN: usize = 56;
+/// Bytes of an encoded [`Welcome`].
+pub const WELCOME_LEN: usize = 40;
+/// Bytes of an encoded [`Ready`].
+pub const READY_LEN: usize = 8;
+const T_HELLO: u8 = 1;
+const T_WELCOME: u8 = 2;
+const T_READY: u8 = 3;
+
+fn preamble(out: &mut [u8], ty: u8) {
+    out[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    out[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    out[6] = ty;
+    out[7] = 0;
+}
+
+fn check_preamble(b: &[u8], ty: u8, what: &'static str, len: usize) -> Result<(), ProtoError> {
+    need(what, b, 8)?;
+    let magic = u32_at(b, 0);
+    if magic != MAGIC {
+        return Err(ProtoError::BadMagic(magic));
+    }
+    let v = u16::from_le_bytes([b[4], b[5]]);
+    if v != VERSION {
+        return Err(ProtoError::BadVersion {
+            got: v,
+            want: VERSION,
+        });
+    }
+    if b[6] != ty {
+        return Err(ProtoError::BadKind(b[6]));
+    }
+    need(what, b, len)
+}
+
+fn u128_at(b: &[u8], off: usize) -> u128 {
+    u128::from(u64_at(b, off)) | (u128::from(u64_at(b, off + 8)) << 64)
+}
+
+fn put_u128(out: &mut [u8], off: usize, v: u128) {
+    out[off..off + 8].copy_from_slice(&(v as u64).to_le_bytes());
+    out[off + 8..off + 16].copy_from_slice(&((v >> 64) as u64).to_le_bytes());
+}
+
+impl Hello {
+    /// Encodes into a fixed-size array.
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut o = [0u8; HELLO_LEN];
+        preamble(&mut o, T_HELLO);
+        put_u128(&mut o, 8, self.id);
+        o[24..28].copy_from_slice(&self.ring_cells.to_le_bytes());
+        o[28..32].copy_from_slice(&self.staging_slots.to_le_bytes());
+        o[32..36].copy_from_slice(&self.staging_slot_bytes.to_le_bytes());
+        // 36..40 reserved
+        o[40..48].copy_from_slice(&self.probe_addr.to_le_bytes());
+        o[48..56].copy_from_slice(&self.probe_value.to_le_bytes());
+        o
+    }
+    /// Parses and range-checks; `max_cells` and `max_slot_bytes` bound what the peer may ask.
+    pub fn parse(b: &[u8], max_cells: u32, max_slot_bytes: u32) -> Result<Hello, ProtoError> {
+        check_preamble(b, T_HELLO, "hello", HELLO_LEN)?;
+        let ring_cells = u32_at(b, 24);
+        if ring_cells < 2 || ring_cells > max_cells || !ring_cells.is_power_of_two() {
+            return Err(ProtoError::OutOfRange {
+                what: "ring cells (power of two)",
+                value: ring_cells.into(),
+                limit: max_cells.into(),
+            });
+        }
+        let staging_slots = u32_at(b, 28);
+        if !(2..=1024).contains(&staging_slots) {
+            return Err(ProtoError::OutOfRange {
+                what: "staging slots",
+                value: staging_slots.into(),
+                limit: 1024,
+            });
+        }
+        let staging_slot_bytes = u32_at(b, 32);
+        if staging_slot_bytes < 4096 || staging_slot_bytes > max_slot_bytes {
+            return Err(ProtoError::OutOfRange {
+                what: "staging slot bytes",
+                value: staging_slot_bytes.into(),
+                limit: max_slot_bytes.into(),
+            });
+        }
+        Ok(Hello {
+            id: u128_at(b, 8),
+            ring_cells,
+            staging_slots,
+            staging_slot_bytes,
+            probe_addr: u64_at(b, 40),
+            probe_value: u64_at(b, 48),
+        })
+    }
+}
+
+impl Welcome {
+    /// Encodes into a fixed-size array.
+    pub fn encode(&self) -> [u8; WELCOME_LEN] {
+        let mut o = [0u8; WELCOME_LEN];
+        preamble(&mut o, T_WELCOME);
+        o[7] = u8::from(self.cma_ok);
+        put_u128(&mut o, 8, self.id);
+        o[24..32].copy_from_slice(&self.probe_addr.to_le_bytes());
+        o[32..40].copy_from_slice(&self.probe_value.to_le_bytes());
+        o
+    }
+    /// Parses a welcome message.
+    pub fn parse(b: &[u8]) -> Result<Welcome, ProtoError> {
+        check_preamble(b, T_WELCOME, "welcome", WELCOME_LEN)?;
+        Ok(Welcome {
+            id: u128_at(b, 8),
+            probe_addr: u64_at(b, 24),
+            probe_value: u64_at(b, 32),
+            cma_ok: b[7] != 0,
+        })
+    }
+}
+
+impl Ready {
+    /// Encodes into a fixed-size array.
+    pub fn encode(&self) -> [u8; READY_LEN] {
+        let mut o = [0u8; READY_LEN];
+        preamble(&mut o, T_READY);
+        o[7] = u8::from(self.cma_ok);
+        o
+    }
+    /// Parses a ready message.
+    pub fn parse(b: &[u8]) -> Result<Ready, ProtoError> {
+        check_preamble(b, T_READY, "ready", READY_LEN)?;
+        Ok(Ready { cma_ok: b[7] != 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn frame_strategy() -> impl Strategy<Value = (u8, u64, u64, u64, u64, Vec<u8>)> {
+        (
+            1u8..=9,
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..200),
+        )
+    }
+
+    fn build<'a>(k: u8, a: u64, b: u64, c: u64, d: u64, data: &'a [u8]) -> Frame<'a> {
+        match k {
+            1 => Frame::Eager { tag: a, data },
+            2 => Frame::Rts {
+                tag: a,
+                len: b,
+                send_id: c,
+                addr: d,
+            },
+            3 => Frame::Fin { send_id: a },
+            4 => Frame::Cts { send_id: a },
+            5 => Frame::Chunk {
+                send_id: a,
+                offset: b,
+                slot: c as u32,
+                len: d as u32,
+            },
+            6 => Frame::ChunkAck { slot: a as u32 },
+            7 => Frame::Cancel { send_id: a },
+            8 => Frame::CancelAck {
+                send_id: a,
+                cancelled: b & 1 == 1,
+            },
+            _ => Frame::Close,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn frames_round_trip((k, a, b, c, d, data) in frame_strategy()) {
+            let f = build(k, a, b, c, d, &data);
+            let mut buf = vec![0u8; f.encoded_len()];
+            prop_assert_eq!(f.encode(&mut buf), buf.len());
+            prop_assert_eq!(Frame::parse(&buf), Ok(f));
+        }
+
+        #[test]
+        fn parsing_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let _ = Frame::parse(&bytes);
+            let _ = Hello::parse(&bytes, 1 << 20, 1 << 24);
+            let _ = Welcome::parse(&bytes);
+            let _ = Ready::parse(&bytes);
+        }
+
+        #[test]
+        fn truncated_frames_are_errors((k, a, b, c, d, data) in frame_strategy(), cut in 0usize..40) {
+            let f = build(k, a, b, c, d, &data);
+            let mut buf = vec![0u8; f.encoded_len()];
+            f.encode(&mut buf);
+            let fixed = if k == 1 { EAGER_HEADER } else { f.encoded_len() };
+            if cut < fixed {
+                let r = Frame::parse(&buf[..cut]);
+                prop_assert!(matches!(r, Err(ProtoError::Truncated { .. })), "{:?}", r);
+            }
+        }
+    }
+
+    #[test]
+    fn handshake_round_trip_and_rejections() {
+        let h = Hello {
+            id: 0x1234_5678_9abc_def0_1122_3344_5566_7788,
+            ring_cells: 4096,
+            staging_slots: 8,
+            staging_slot_bytes: 1 << 20,
+            probe_addr: 77,
+            probe_value: 99,
+        };
+        assert_eq!(Hello::parse(&h.encode(), 1 << 20, 1 << 24), Ok(h));
+        let mut bad = h.encode();
+        bad[0] ^= 1;
+        assert!(matches!(
+            Hello::parse(&bad, 1 << 20, 1 << 24),
+            Err(ProtoError::BadMagic(_))
+        ));
+        let mut bad = h.encode();
+        bad[4] = 9;
+        assert_eq!(
+            Hello::parse(&bad, 1 << 20, 1 << 24),
+            Err(ProtoError::BadVersion {
+                got: 9,
+                want: VERSION
+            })
+        );
+        let big = Hello {
+            ring_cells: 1 << 21,
+            ..h
+        };
+        assert!(matches!(
+            Hello::parse(&big.encode(), 1 << 20, 1 << 24),
+            Err(ProtoError::OutOfRange { .. })
+        ));
+        let odd = Hello {
+            ring_cells: 1000,
+            ..h
+        };
+        assert!(matches!(
+            Hello::parse(&odd.encode(), 1 << 20, 1 << 24),
+            Err(ProtoError::OutOfRange { .. })
+        ));
+        let w = Welcome {
+            id: 5,
+            probe_addr: 6,
+            probe_value: 7,
+            cma_ok: true,
+        };
+        assert_eq!(Welcome::parse(&w.encode()), Ok(w));
+        assert!(matches!(
+            Welcome::parse(&h.encode()),
+            Err(ProtoError::BadKind(1))
+        ));
+        assert_eq!(
+            Ready::parse(&Ready { cma_ok: false }.encode()),
+            Ok(Ready { cma_ok: false })
+        );
+    }
+}
