@@ -1,1 +1,52 @@
-fn main() {}
+//! The `clink` command-line tool: `bench`, `info`, `demo`.
+
+mod bench;
+mod demo;
+mod info;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "clink",
+    version,
+    about = "clink: user-level zero-copy communication; tools and benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Latency and bandwidth between two processes: clink vs kernel sockets and UCX.
+    Bench(bench::BenchArgs),
+    /// Configuration, measured costs and the thresholds chosen from them, and why.
+    Info,
+    /// The main job: two processes exchange checked messages, then the benchmark table.
+    Demo(demo::DemoArgs),
+    /// Internal: one side of a benchmark run (spawned by `clink bench`).
+    #[command(name = "bench-child", hide = true)]
+    BenchChild(bench::ChildArgs),
+    /// Internal: the second process of `clink demo`.
+    #[command(name = "demo-peer", hide = true)]
+    DemoPeer {
+        /// Address of the first process's endpoint.
+        addr: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Bench(args) => bench::run(args),
+        Cmd::BenchChild(args) => bench::run_child(args),
+        Cmd::Info => info::run(),
+        Cmd::Demo(args) => demo::run(args),
+        Cmd::DemoPeer { addr } => demo::peer(&addr),
+    };
+    if let Err(e) = result {
+        eprintln!("clink: {e}");
+        std::process::exit(1);
+    }
+}

@@ -87,19 +87,32 @@ impl<R: PartialEq, U> Matcher<R, U> {
     /// A message arrived: returns the first matching posted receive (removed), or keeps the
     /// message as unexpected and returns `None`.
     pub fn arrive(&mut self, src: PeerId, tag: u64, item: U) -> Option<(R, U)> {
-        match self.posted.iter().position(|(s, _)| s.matches(src, tag)) {
-            Some(i) => self.posted.remove(i).map(|(_, r)| (r, item)),
+        match self.take_posted(src, tag) {
+            Some(r) => Some((r, item)),
             None => {
-                self.unexpected.push_back(Unexpected { src, tag, item });
+                self.push_unexpected(src, tag, item);
                 None
             }
         }
     }
 
-    /// True when a message from `src` with `tag` would match a posted receive; lets the
-    /// runtime decide before it copies anything.
-    pub fn would_match_posted(&self, src: PeerId, tag: u64) -> bool {
+    /// A message arrived: removes and returns the first matching posted receive, if any.
+    /// With [`Matcher::push_unexpected`] this splits [`Matcher::arrive`] so the runtime can
+    /// decide where to copy the bytes before it copies anything.
+    pub fn take_posted(&mut self, src: PeerId, tag: u64) -> Option<R> {
+        let i = self.posted.iter().position(|(s, _)| s.matches(src, tag))?;
+        self.posted.remove(i).map(|(_, r)| r)
+    }
+
+    /// True when a posted receive would take a message from `src` with `tag`.
+    pub fn has_posted_for(&self, src: PeerId, tag: u64) -> bool {
         self.posted.iter().any(|(s, _)| s.matches(src, tag))
+    }
+
+    /// Keeps a message no posted receive wanted (call after [`Matcher::take_posted`]
+    /// returned `None`).
+    pub fn push_unexpected(&mut self, src: PeerId, tag: u64, item: U) {
+        self.unexpected.push_back(Unexpected { src, tag, item });
     }
 
     /// True when an unexpected message matches `sel` (so a new receive must take it first).

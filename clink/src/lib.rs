@@ -1,1 +1,37 @@
-pub fn x() {}
+//! clink: user-level, zero-copy communication between processes.
+//!
+//! ```no_run
+//! use clink::{Context, Selector};
+//! # fn main() -> clink::Result<()> {
+//! let ctx = Context::new()?;                 // configuration from CLINK_* variables
+//! let mut ep = ctx.endpoint()?;
+//! println!("{}", ep.address());             // give this string to the other process
+//! let peer = ep.accept(None)?;              // ... which calls ep.connect(&address)
+//! let mut buf = vec![0u8; 1 << 20];
+//! let st = ep.recv(Selector::exact(Some(peer), 7), &mut buf)?;
+//! ep.send(peer, 8, &buf[..st.len as usize])?;
+//! # Ok(()) }
+//! ```
+//!
+//! Copies per byte on the same host: eager messages 2 (into the ring, out of it), 1 with
+//! [`Endpoint::claim`] or [`Endpoint::recv_in_place`], 0 with both; rendezvous messages 1
+//! (a single `process_vm_readv` from the sender's buffer into the receive buffer), or 2
+//! through the staging pipeline where CMA is not permitted.
+#![warn(missing_docs)]
+
+mod calibrate;
+pub mod config;
+mod context;
+mod endpoint;
+mod error;
+pub mod stats;
+pub mod sys;
+pub mod transport;
+
+pub use clink_proto::matching::Selector;
+pub use clink_proto::PeerId;
+pub use config::Config;
+pub use context::Context;
+pub use endpoint::{Endpoint, InPlace, Received, RecvRequest, SendRequest, SendSlot, Status};
+pub use error::{Error, Result};
+pub use stats::Stats;

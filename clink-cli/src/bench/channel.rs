@@ -1,0 +1,87 @@
+//! The plug-in interface between the harness and a system under test.
+
+use std::fmt;
+use std::io;
+
+/// How a channel waits for data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Spin: non-blocking operations retried until they complete.
+    Busy,
+    /// Block in the kernel until data or buffer space is available.
+    Blocking,
+}
+
+impl Mode {
+    /// Both modes, in the order they are run.
+    pub const ALL: [Mode; 2] = [Mode::Busy, Mode::Blocking];
+
+    /// The name used on the command line and in the `mode` JSON field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Busy => "busy",
+            Mode::Blocking => "blocking",
+        }
+    }
+
+    /// Parses `busy` or `blocking`.
+    pub fn parse(text: &str) -> Result<Mode, String> {
+        match text {
+            "busy" => Ok(Mode::Busy),
+            "blocking" => Ok(Mode::Blocking),
+            other => Err(format!(
+                "unknown mode {other:?} (expected busy or blocking)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One side of a connected two-process message channel driven by the harness.
+///
+/// A channel is used by one thread only; it need not be `Send` or `Sync`.
+pub trait Channel {
+    /// Copies of each payload byte on this path (documented property of the system).
+    fn copies_per_byte(&self) -> f64;
+    /// Human label of the transport, for the `transport` JSON field.
+    fn transport(&self) -> String;
+    /// Send one message of exactly `buf.len()` bytes.
+    fn send(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Receive one message of exactly `buf.len()` bytes into `buf`.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<()>;
+    /// Send `count` messages of `buf.len()` bytes back to back; implementations may pipeline.
+    fn send_stream(&mut self, buf: &[u8], count: usize) -> io::Result<()> {
+        for _ in 0..count {
+            self.send(buf)?;
+        }
+        Ok(())
+    }
+    /// Receive `count` messages of `buf.len()` bytes.
+    fn recv_stream(&mut self, buf: &mut [u8], count: usize) -> io::Result<()> {
+        for _ in 0..count {
+            self.recv(buf)?;
+        }
+        Ok(())
+    }
+}
+
+/// Accepts the one client of a listening server side (may block until it connects).
+pub type Acceptor = Box<dyn FnOnce() -> io::Result<Box<dyn Channel>>>;
+
+/// How a system makes its two sides.
+pub trait System {
+    /// Name used in `--systems` and in the `system` JSON field.
+    fn name(&self) -> &'static str;
+    /// Server side: bind/listen, return the address string for the client and a closure/object that accepts.
+    ///
+    /// The address must be a single line without newlines; the harness passes
+    /// it verbatim to [`System::connect`] in the client process.
+    fn listen(&self, mode: Mode) -> io::Result<(String, Acceptor)>;
+    /// Client side: connect to the address printed by the server.
+    fn connect(&self, mode: Mode, addr: &str) -> io::Result<Box<dyn Channel>>;
+}

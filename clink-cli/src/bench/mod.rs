@@ -1,0 +1,554 @@
+//! `clink bench`: latency and bandwidth between two processes on this host,
+//! for clink and its baselines (kernel TCP and Unix sockets, UCX).
+//!
+//! The parent ([`run`]) spawns its own executable twice per system and mode
+//! with the hidden subcommand [`CHILD_SUBCOMMAND`] ([`run_child`]): first the
+//! server, pinned to CPU 0, which prints its address on one stdout line; then
+//! the client, pinned to CPU 1, which connects, runs the whole [`Plan`] with
+//! the server mirroring it, and prints one JSON [`Row`] per line. Every wait
+//! on a child is bounded; children are killed by PID and reaped.
+//!
+//! Modules: [`channel`] (the plug-in traits), [`sockets`] (TCP / Unix
+//! baselines), [`measure`] (the loops), [`plan`], [`stats`], [`report`],
+//! [`ucx`] (external `ucx_perftest`), [`proc`] (child processes),
+//! [`affinity`] (CPU pinning).
+//!
+//! # Adding a system
+//!
+//! Implement [`System`] (how the two sides meet: `listen` returns an address
+//! string of one line plus an [`Acceptor`], `connect` takes that string) and
+//! [`Channel`] (fixed-size `send` / `recv`, optionally pipelined
+//! `send_stream` / `recv_stream`, plus `copies_per_byte` and `transport`),
+//! then add one `Box::new(...)` line to [`systems`]. Each side runs in its own
+//! process and uses its channel from one thread only. The harness checks the
+//! payload: the last echoed ping-pong message of every size and the first
+//! streaming round of every size must arrive intact.
+
+pub mod affinity;
+pub mod channel;
+pub mod clink_sys;
+pub mod measure;
+pub mod plan;
+pub mod proc;
+pub mod report;
+pub mod sockets;
+pub mod stats;
+pub mod ucx;
+
+use std::io::{self, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+// The plug-in interface and result types, re-exported for system implementations.
+#[allow(unused_imports)]
+pub use channel::{Acceptor, Channel, Mode, System};
+pub use plan::Plan;
+#[allow(unused_imports)]
+pub use report::{Metric, Row};
+
+use affinity::{CLIENT_CPU, SERVER_CPU};
+use proc::ChildProc;
+
+/// Name of the hidden subcommand the harness runs its children with; the CLI
+/// must route it to [`run_child`] with [`ChildArgs`].
+pub const CHILD_SUBCOMMAND: &str = "bench-child";
+
+/// Prefix of the server child's address line on stdout.
+const ADDR_PREFIX: &str = "clink-bench-addr ";
+
+/// Name of the external UCX baseline in `--systems`.
+const UCX: &str = "ucx";
+/// Name of clink's own system; accepted (and skipped with a note) before it
+/// is registered in [`systems`].
+const CLINK: &str = "clink";
+
+/// The systems built into this binary. Add a system here with one line.
+pub fn systems() -> Vec<Box<dyn System>> {
+    vec![
+        Box::new(sockets::TcpSystem),
+        Box::new(sockets::UnixSystem),
+        Box::new(clink_sys::ClinkSystem),
+    ]
+}
+
+/// Which modes to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Spin on non-blocking operations.
+    Busy,
+    /// Block in the kernel.
+    Blocking,
+    /// Busy, then blocking.
+    Both,
+}
+
+impl ModeArg {
+    fn modes(self) -> Vec<Mode> {
+        match self {
+            ModeArg::Busy => vec![Mode::Busy],
+            ModeArg::Blocking => vec![Mode::Blocking],
+            ModeArg::Both => Mode::ALL.to_vec(),
+        }
+    }
+}
+
+/// Arguments of `clink bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Systems to measure, comma-separated (default: every built-in system,
+    /// plus ucx when ucx_perftest is installed).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Option<Vec<String>>,
+    /// Waiting mode(s).
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    pub mode: ModeArg,
+    /// Message sizes for both latency and bandwidth, comma-separated, with
+    /// optional K/M/G suffix (size 0 is used for latency only).
+    #[arg(long)]
+    pub sizes: Option<String>,
+    /// Latency sizes only (overrides --sizes for latency).
+    #[arg(long)]
+    pub lat_sizes: Option<String>,
+    /// Bandwidth sizes only (overrides --sizes for bandwidth).
+    #[arg(long)]
+    pub bw_sizes: Option<String>,
+    /// Short run for tests and demos (fewer iterations and repetitions).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object per line on stdout instead of tables (the header
+    /// goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Do not pin the two sides to CPUs 0 and 1.
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Bound in seconds on one system+mode run (children are killed after it).
+    #[arg(long, default_value_t = 120)]
+    pub timeout_secs: u64,
+    /// Repeat the whole run this many times, interleaving the systems
+    /// (A B A B ...); tables show the median over rounds, JSON rows carry
+    /// their `round`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub rounds: u64,
+}
+
+impl BenchArgs {
+    /// The default run, as `clink bench` with no options (used by `clink demo`).
+    pub fn default_for_demo() -> Self {
+        BenchArgs {
+            systems: None,
+            mode: ModeArg::Both,
+            sizes: None,
+            lat_sizes: None,
+            bw_sizes: None,
+            quick: false,
+            json: false,
+            no_pin: false,
+            timeout_secs: 120,
+            rounds: 1,
+        }
+    }
+}
+
+/// Role of a child process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// Listens, prints its address, mirrors the client.
+    Server,
+    /// Connects and drives the plan, prints JSON rows.
+    Client,
+}
+
+/// Arguments of the hidden child subcommand ([`CHILD_SUBCOMMAND`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ChildArgs {
+    /// Server or client.
+    #[arg(long, value_enum)]
+    pub role: Role,
+    /// System name (one of [`systems`]).
+    #[arg(long)]
+    pub system: String,
+    /// `busy` or `blocking`.
+    #[arg(long)]
+    pub mode: String,
+    /// Encoded [`Plan`].
+    #[arg(long)]
+    pub plan: String,
+    /// Server address (client only).
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// CPU to pin this process to.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+}
+
+fn find_system(name: &str) -> Option<Box<dyn System>> {
+    systems().into_iter().find(|s| s.name() == name)
+}
+
+/// Child entry point: runs one side of one system+mode.
+pub fn run_child(args: ChildArgs) -> Result<(), String> {
+    let mode = Mode::parse(&args.mode)?;
+    let plan = Plan::decode(&args.plan)?;
+    let system = find_system(&args.system)
+        .ok_or_else(|| format!("unknown system {:?} in this build", args.system))?;
+    if let Some(cpu) = args.cpu {
+        affinity::pin_self(cpu).map_err(|e| format!("cannot pin to CPU {cpu}: {e}"))?;
+    }
+    let name = system.name();
+    match args.role {
+        Role::Server => {
+            let (addr, accept) = system
+                .listen(mode)
+                .map_err(|e| format!("{name} server: listen failed: {e}"))?;
+            if addr.contains('\n') {
+                return Err(format!(
+                    "{name} server: address contains a newline: {addr:?}"
+                ));
+            }
+            let mut out = io::stdout().lock();
+            writeln!(out, "{ADDR_PREFIX}{addr}")
+                .and_then(|()| out.flush())
+                .map_err(|e| format!("{name} server: cannot print address: {e}"))?;
+            drop(out);
+            let mut ch = accept().map_err(|e| format!("{name} server: accept failed: {e}"))?;
+            measure::serve(ch.as_mut()).map_err(|e| format!("{name} server: {e}"))
+        }
+        Role::Client => {
+            let addr = args
+                .addr
+                .as_deref()
+                .ok_or_else(|| "client needs --addr".to_string())?;
+            let mut ch = system
+                .connect(mode, addr)
+                .map_err(|e| format!("{name} client: connect to {addr:?} failed: {e}"))?;
+            let label = measure::RowLabel {
+                system: name,
+                mode,
+                pinned: args.cpu.is_some(),
+            };
+            let mut out = io::stdout().lock();
+            measure::drive(ch.as_mut(), &label, &plan, &mut |row| {
+                writeln!(out, "{}", row.to_json())?;
+                out.flush()
+            })
+            .map_err(|e| format!("{name} client: {e}"))
+        }
+    }
+}
+
+/// Runs the server and client children of one system+mode and collects the
+/// client's rows.
+fn run_pair(
+    system: &str,
+    mode: Mode,
+    plan: &Plan,
+    pinned: bool,
+    timeout: Duration,
+) -> Result<Vec<Row>, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let deadline = Instant::now() + timeout;
+    let encoded = plan.encode();
+    let child_cmd = |role: &str, cpu: usize, addr: Option<&str>| {
+        let mut cmd = Command::new(&exe);
+        cmd.args([CHILD_SUBCOMMAND, "--role", role, "--system", system]);
+        cmd.args(["--mode", mode.as_str(), "--plan", &encoded]);
+        if pinned {
+            cmd.args(["--cpu", &cpu.to_string()]);
+        }
+        if let Some(a) = addr {
+            cmd.args(["--addr", a]);
+        }
+        cmd
+    };
+    let pin = |cpu| pinned.then_some(cpu);
+    let label = format!("{system}/{mode} server");
+    let mut server = ChildProc::spawn(
+        &label,
+        child_cmd("server", SERVER_CPU, None),
+        pin(SERVER_CPU),
+    )?;
+    let addr = loop {
+        match server.read_line(deadline)? {
+            Some(line) => {
+                if let Some(a) = line.strip_prefix(ADDR_PREFIX) {
+                    break a.to_string();
+                }
+            }
+            None => {
+                let status = server.wait(deadline);
+                return Err(format!(
+                    "{label} ended without printing its address ({})",
+                    status.err().unwrap_or_else(|| "exit 0".into())
+                ));
+            }
+        }
+    };
+    let label = format!("{system}/{mode} client");
+    let mut client = ChildProc::spawn(
+        &label,
+        child_cmd("client", CLIENT_CPU, Some(&addr)),
+        pin(CLIENT_CPU),
+    )?;
+    let mut rows = Vec::new();
+    let mut bad_line = None;
+    while let Some(line) = client.read_line(deadline)? {
+        match Row::from_json(&line) {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                bad_line.get_or_insert(format!("{label}: {e}"));
+            }
+        }
+    }
+    let client_status = client.wait(deadline);
+    let server_status = server.wait(deadline);
+    client_status?;
+    server_status?;
+    match bad_line {
+        Some(e) => Err(e),
+        None => Ok(rows),
+    }
+}
+
+/// Returns a short description of the machine load (from /proc/loadavg).
+fn load_note() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let f: Vec<&str> = s.split_whitespace().take(3).collect();
+            (f.len() == 3).then(|| format!("load average {} {} {}", f[0], f[1], f[2]))
+        })
+        .unwrap_or_else(|| "load average unknown".to_string())
+}
+
+fn build_plan(args: &BenchArgs) -> Result<Plan, String> {
+    let mut plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    if let Some(s) = &args.sizes {
+        let sizes = plan::parse_sizes(s)?;
+        plan.lat_sizes = sizes.clone();
+        plan.bw_sizes = sizes.into_iter().filter(|&s| s > 0).collect();
+    }
+    if let Some(s) = &args.lat_sizes {
+        plan.lat_sizes = plan::parse_sizes(s)?;
+    }
+    if let Some(s) = &args.bw_sizes {
+        plan.bw_sizes = plan::parse_sizes(s)?;
+        if plan.bw_sizes.contains(&0) {
+            return Err("bandwidth sizes must be positive".into());
+        }
+    }
+    Ok(plan)
+}
+
+/// The systems to run, in order, validated against the registry.
+fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
+    let known: Vec<&'static str> = systems().iter().map(|s| s.name()).collect();
+    let names: Vec<String> = match &args.systems {
+        Some(list) => list.iter().map(|s| s.trim().to_string()).collect(),
+        None => known
+            .iter()
+            .map(|s| s.to_string())
+            .chain(std::iter::once(UCX.to_string()))
+            .collect(),
+    };
+    for name in &names {
+        if name != UCX && name != CLINK && !known.contains(&name.as_str()) {
+            return Err(format!(
+                "unknown system {name:?}: this build has {}, {UCX} ({CLINK} once registered)",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(names)
+}
+
+/// Entry point of `clink bench`.
+pub fn run(args: BenchArgs) -> Result<(), String> {
+    let plan = build_plan(&args)?;
+    let names = selected_systems(&args)?;
+    let pinned = !args.no_pin && affinity::can_pin_pair();
+    let timeout = Duration::from_secs(args.timeout_secs.max(1));
+    let mut header = Vec::new();
+    header.push(if pinned {
+        format!(
+            "clink bench: server pinned to CPU {SERVER_CPU}, client pinned to CPU {CLIENT_CPU} \
+             (sched_setaffinity)"
+        )
+    } else if args.no_pin {
+        "clink bench: NOT pinned (--no-pin)".to_string()
+    } else {
+        format!(
+            "clink bench: NOT pinned (CPUs {SERVER_CPU} and {CLIENT_CPU} not both available; \
+             {:?} allowed)",
+            affinity::allowed_cpus()
+        )
+    });
+    header.push(format!(
+        "latency: ping-pong after warm-up, ~{} ms per size ({}..{} round trips); \
+         bandwidth: {} reps of ~{} ms per size, receiver acks at the end",
+        plan.lat_time.as_millis(),
+        plan.lat_min_iters,
+        plan.lat_max_iters,
+        plan.bw_reps,
+        plan.bw_rep_time.as_millis()
+    ));
+    header.push(
+        "buffers: one per side per size, written before measuring and reused for every \
+         message (sizes <= 1M stay cache-resident, larger ones are DRAM-sized)"
+            .to_string(),
+    );
+    header.push(load_note());
+    let print_header = |line: &str| {
+        if args.json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    for line in &header {
+        print_header(line);
+    }
+    let mut ctx = RunCtx {
+        plan,
+        pinned,
+        json: args.json,
+        timeout,
+        known: systems().iter().map(|s| s.name()).collect(),
+        ucx_exe: ucx::find_perftest(),
+        rows: Vec::new(),
+        errors: Vec::new(),
+        notes: Vec::new(),
+    };
+    for round in 0..args.rounds {
+        for mode in args.mode.modes() {
+            for name in &names {
+                run_one(name, mode, round, &mut ctx);
+            }
+        }
+    }
+    if !args.json {
+        println!();
+        if args.rounds > 1 {
+            println!(
+                "(each cell: median over {} interleaved rounds)",
+                args.rounds
+            );
+        }
+        print!("{}", report::render_table(&report::merge_rounds(&ctx.rows)));
+    }
+    for note in &ctx.notes {
+        if args.json {
+            eprintln!("note: {note}");
+        } else {
+            println!("note: {note}");
+        }
+    }
+    if ctx.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("some runs failed:\n{}", ctx.errors.join("\n")))
+    }
+}
+
+/// State shared by the runs of one `clink bench` invocation.
+struct RunCtx {
+    plan: Plan,
+    pinned: bool,
+    json: bool,
+    timeout: Duration,
+    known: Vec<&'static str>,
+    ucx_exe: Option<std::path::PathBuf>,
+    rows: Vec<Row>,
+    errors: Vec<String>,
+    notes: Vec<String>,
+}
+
+impl RunCtx {
+    fn note(&mut self, note: String) {
+        if !self.notes.contains(&note) {
+            self.notes.push(note);
+        }
+    }
+
+    /// Records rows of a finished run (printing them at once with --json).
+    fn add_rows(&mut self, rows: Vec<Row>, round: u64) {
+        for mut row in rows {
+            row.round = round;
+            if self.json {
+                println!("{}", row.to_json());
+            }
+            self.rows.push(row);
+        }
+    }
+}
+
+/// Runs one system in one mode, recording rows, notes or errors in `ctx`.
+fn run_one(name: &str, mode: Mode, round: u64, ctx: &mut RunCtx) {
+    if name == CLINK && !ctx.known.contains(&CLINK) {
+        ctx.note("clink: skipped, not registered in this build".into());
+        return;
+    }
+    eprintln!("running {name}/{mode} (round {}) ...", round + 1);
+    if name == UCX {
+        let Some(exe) = ctx.ucx_exe.clone() else {
+            ctx.note(format!("ucx: skipped, {} not found in PATH", ucx::PERFTEST));
+            return;
+        };
+        if mode != Mode::Busy {
+            ctx.note("ucx: blocking mode skipped (ucx_perftest only busy-polls)".into());
+            return;
+        }
+        match ucx::run(&exe, &ctx.plan, ctx.pinned) {
+            Ok((rows, tls)) => {
+                ctx.note(format!("ucx: {} with {tls}", exe.display()));
+                ctx.add_rows(rows, round);
+            }
+            Err(e) => ctx.errors.push(format!("ucx/{mode}: {e}")),
+        }
+        return;
+    }
+    match run_pair(name, mode, &ctx.plan, ctx.pinned, ctx.timeout) {
+        Ok(rows) => ctx.add_rows(rows, round),
+        Err(e) => ctx.errors.push(format!("{name}/{mode}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
+    fn parse(argv: &[&str]) -> BenchArgs {
+        let mut full = vec!["bench"];
+        full.extend_from_slice(argv);
+        Cli::try_parse_from(full).expect("args").args
+    }
+
+    #[test]
+    fn plan_from_args() {
+        let plan = build_plan(&parse(&["--quick", "--sizes", "0,64,4K"])).expect("plan");
+        assert_eq!(plan.lat_sizes, vec![0, 64, 4096]);
+        assert_eq!(plan.bw_sizes, vec![64, 4096]);
+        assert_eq!(plan.bw_reps, Plan::quick().bw_reps);
+        assert!(build_plan(&parse(&["--bw-sizes", "0"])).is_err());
+    }
+
+    #[test]
+    fn systems_are_validated() {
+        let names = selected_systems(&parse(&["--systems", "tcp,ucx"])).expect("ok");
+        assert_eq!(names, vec!["tcp", "ucx"]);
+        assert!(selected_systems(&parse(&["--systems", "bogus"])).is_err());
+        let default = selected_systems(&parse(&[])).expect("default");
+        assert!(default.contains(&"unix".to_string()) && default.contains(&"ucx".to_string()));
+    }
+}

@@ -1,0 +1,466 @@
+//! Result rows: their JSON form (one object per line, the child -> parent and
+//! `--json` format) and the human-readable table.
+
+use serde_json::{json, Map, Value};
+
+use super::channel::Mode;
+use super::plan::human_size;
+use super::stats::{median, n_half, NHalf};
+
+/// What a row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// One-way latency (round trip / 2) in microseconds.
+    LatencyUs,
+    /// Streaming bandwidth in GB/s (1e9 bytes per second).
+    BandwidthGbs,
+}
+
+impl Metric {
+    /// The `metric` JSON field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::LatencyUs => "latency_us",
+            Metric::BandwidthGbs => "bandwidth_gbs",
+        }
+    }
+
+    /// Parses the `metric` JSON field.
+    pub fn parse(text: &str) -> Result<Metric, String> {
+        match text {
+            "latency_us" => Ok(Metric::LatencyUs),
+            "bandwidth_gbs" => Ok(Metric::BandwidthGbs),
+            other => Err(format!("unknown metric {other:?}")),
+        }
+    }
+}
+
+/// One measured point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// System name (`tcp`, `unix`, `clink`, `ucx`).
+    pub system: String,
+    /// Transport label reported by the channel (`loopback`, `unix`, `shm`, ...).
+    pub transport: String,
+    /// Waiting mode.
+    pub mode: Mode,
+    /// What is measured.
+    pub metric: Metric,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Median: of one-way latencies, or of the repetitions' bandwidths.
+    pub median: f64,
+    /// 99th percentile of one-way latencies (latency rows only; `None` if unknown).
+    pub p99: Option<f64>,
+    /// Smallest sample (latency) or slowest repetition (bandwidth), if known.
+    pub min: Option<f64>,
+    /// Largest sample (latency) or fastest repetition (bandwidth), if known.
+    pub max: Option<f64>,
+    /// Copies of each payload byte (`None` when the system does not say).
+    pub copies_per_byte: Option<f64>,
+    /// Measured ping-pong round trips, or messages per bandwidth repetition.
+    pub iterations: u64,
+    /// Number of repetitions (1 for latency).
+    pub reps: u64,
+    /// Whether server and client ran pinned to different CPUs.
+    pub pinned: bool,
+    /// Index of the interleaved round (repetition of the whole run) this row
+    /// belongs to, from 0.
+    pub round: u64,
+    /// Free-form remark (e.g. which UCX transports were used).
+    pub note: Option<String>,
+}
+
+impl Row {
+    /// The row as one JSON object (single line, no trailing newline).
+    pub fn to_json(&self) -> String {
+        let mut obj = Map::new();
+        obj.insert("system".into(), json!(self.system));
+        obj.insert("transport".into(), json!(self.transport));
+        obj.insert("mode".into(), json!(self.mode.as_str()));
+        obj.insert("metric".into(), json!(self.metric.as_str()));
+        obj.insert("size".into(), json!(self.size));
+        obj.insert("median".into(), num(Some(self.median)));
+        if self.metric == Metric::LatencyUs {
+            obj.insert("p99".into(), num(self.p99));
+        }
+        obj.insert("min".into(), num(self.min));
+        obj.insert("max".into(), num(self.max));
+        obj.insert("round".into(), json!(self.round));
+        obj.insert("copies_per_byte".into(), num(self.copies_per_byte));
+        obj.insert("iterations".into(), json!(self.iterations));
+        obj.insert("reps".into(), json!(self.reps));
+        obj.insert("pinned".into(), json!(self.pinned));
+        if let Some(note) = &self.note {
+            obj.insert("note".into(), json!(note));
+        }
+        Value::Object(obj).to_string()
+    }
+
+    /// Parses one line written by [`Row::to_json`], with a clear error naming
+    /// the missing or malformed field.
+    pub fn from_json(line: &str) -> Result<Row, String> {
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| format!("not a JSON row ({e}): {line:?}"))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| format!("JSON row is not an object: {line:?}"))?;
+        let field = |name: &str| {
+            obj.get(name)
+                .ok_or_else(|| format!("JSON row lacks {name:?}: {line:?}"))
+        };
+        let string = |name: &str| -> Result<String, String> {
+            field(name)?
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| format!("JSON row field {name:?} is not a string: {line:?}"))
+        };
+        let uint = |name: &str| -> Result<u64, String> {
+            field(name)?
+                .as_u64()
+                .ok_or_else(|| format!("JSON row field {name:?} is not an integer: {line:?}"))
+        };
+        let opt_f64 = |name: &str| -> Result<Option<f64>, String> {
+            match obj.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| format!("JSON row field {name:?} is not a number: {line:?}")),
+            }
+        };
+        let size = usize::try_from(uint("size")?)
+            .map_err(|_| format!("JSON row size out of range: {line:?}"))?;
+        Ok(Row {
+            system: string("system")?,
+            transport: string("transport")?,
+            mode: Mode::parse(&string("mode")?)?,
+            metric: Metric::parse(&string("metric")?)?,
+            size,
+            median: opt_f64("median")?
+                .ok_or_else(|| format!("JSON row lacks a numeric \"median\": {line:?}"))?,
+            p99: opt_f64("p99")?,
+            min: opt_f64("min")?,
+            max: opt_f64("max")?,
+            copies_per_byte: opt_f64("copies_per_byte")?,
+            iterations: uint("iterations")?,
+            reps: uint("reps")?,
+            pinned: obj.get("pinned").and_then(Value::as_bool).unwrap_or(false),
+            round: obj.get("round").and_then(Value::as_u64).unwrap_or(0),
+            note: obj.get("note").and_then(Value::as_str).map(str::to_string),
+        })
+    }
+}
+
+/// Decimal places kept in JSON numbers (0.1 ns for latency, 0.1 MB/s for bandwidth).
+const JSON_DECIMALS: f64 = 1e4;
+
+/// A finite number as JSON (rounded to 4 decimals), anything else as `null`.
+fn num(v: Option<f64>) -> Value {
+    match v {
+        Some(x) if x.is_finite() => json!((x * JSON_DECIMALS).round() / JSON_DECIMALS),
+        _ => Value::Null,
+    }
+}
+
+/// Merges the rows of several rounds: one row per (system, mode, metric,
+/// size) whose `median` and `p99` are the medians over the rounds and whose
+/// `min` / `max` are the extremes. Rows keep their first-seen order.
+pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
+    let key = |r: &Row| (r.system.clone(), r.mode, r.metric, r.size);
+    let mut out: Vec<Row> = Vec::new();
+    for row in rows {
+        if out.iter().any(|o| key(o) == key(row)) {
+            continue;
+        }
+        let group: Vec<&Row> = rows.iter().filter(|r| key(r) == key(row)).collect();
+        let collect = |f: &dyn Fn(&Row) -> Option<f64>| -> Vec<f64> {
+            group.iter().filter_map(|r| f(r)).collect()
+        };
+        let mut merged = row.clone();
+        merged.median = median(&collect(&|r| Some(r.median))).unwrap_or(f64::NAN);
+        merged.p99 = median(&collect(&|r| r.p99));
+        merged.min = collect(&|r| r.min).into_iter().reduce(f64::min);
+        merged.max = collect(&|r| r.max).into_iter().reduce(f64::max);
+        out.push(merged);
+    }
+    out
+}
+
+/// Column key of the table: one system in one mode.
+fn column_of(row: &Row) -> String {
+    format!("{}/{}", row.system, row.mode)
+}
+
+fn columns(rows: &[Row], metric: Metric) -> Vec<String> {
+    let mut cols: Vec<String> = Vec::new();
+    for row in rows.iter().filter(|r| r.metric == metric) {
+        let col = column_of(row);
+        if !cols.contains(&col) {
+            cols.push(col);
+        }
+    }
+    cols
+}
+
+fn render_grid(rows: &[Row], metric: Metric, cell: impl Fn(&Row) -> String) -> String {
+    let cols = columns(rows, metric);
+    if cols.is_empty() {
+        return String::new();
+    }
+    let mut sizes: Vec<usize> = rows
+        .iter()
+        .filter(|r| r.metric == metric)
+        .map(|r| r.size)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut grid: Vec<Vec<String>> = Vec::new();
+    let mut header = vec!["size".to_string()];
+    header.extend(cols.iter().cloned());
+    grid.push(header);
+    for size in sizes {
+        let mut line = vec![human_size(size)];
+        for col in &cols {
+            let found = rows
+                .iter()
+                .find(|r| r.metric == metric && r.size == size && &column_of(r) == col);
+            line.push(found.map(&cell).unwrap_or_else(|| "-".to_string()));
+        }
+        grid.push(line);
+    }
+    let widths: Vec<usize> = (0..grid[0].len())
+        .map(|i| grid.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for line in grid {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// The n-half of every (system, mode) that has bandwidth rows, in column order.
+pub fn n_halves(rows: &[Row]) -> Vec<(String, NHalf)> {
+    columns(rows, Metric::BandwidthGbs)
+        .into_iter()
+        .filter_map(|col| {
+            let pts: Vec<(usize, f64)> = rows
+                .iter()
+                .filter(|r| r.metric == Metric::BandwidthGbs && column_of(r) == col)
+                .map(|r| (r.size, r.median))
+                .collect();
+            n_half(&pts).map(|nh| (col, nh))
+        })
+        .collect()
+}
+
+fn fmt_num(x: f64) -> String {
+    if x < 0.1 {
+        format!("{x:.4}")
+    } else if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The readable report: latency table, bandwidth table, n-half and copies lines.
+pub fn render_table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let lat = render_grid(rows, Metric::LatencyUs, |r| {
+        let p99 = r.p99.map(fmt_num).unwrap_or_else(|| "-".to_string());
+        format!("{} / {}", fmt_num(r.median), p99)
+    });
+    if !lat.is_empty() {
+        out.push_str("One-way latency, microseconds (RTT/2): median / p99\n");
+        out.push_str(&lat);
+        out.push('\n');
+    }
+    let bw = render_grid(rows, Metric::BandwidthGbs, |r| fmt_num(r.median));
+    if !bw.is_empty() {
+        out.push_str("Streaming bandwidth, GB/s (1e9 B/s): median of repetitions\n");
+        out.push_str(&bw);
+        out.push('\n');
+    }
+    let halves = n_halves(rows);
+    if !halves.is_empty() {
+        out.push_str(
+            "n-half (smallest measured size reaching half the peak; ~ = linear interpolation \
+             between the neighbouring measured sizes):\n",
+        );
+        for (col, nh) in halves {
+            let interp = match nh.interpolated_size {
+                Some(s) => format!("~{:.1} KiB", s / 1024.0),
+                None => "below the smallest measured size".to_string(),
+            };
+            out.push_str(&format!(
+                "  {col:<16} peak {} GB/s, n-half {} measured, {interp}\n",
+                fmt_num(nh.peak),
+                human_size(nh.measured_size)
+            ));
+        }
+    }
+    let mut copies: Vec<String> = Vec::new();
+    for row in rows {
+        let label = match row.copies_per_byte {
+            Some(c) => format!("{} {} ({})", row.system, c, row.transport),
+            None => format!(
+                "{} n/a ({}{})",
+                row.system,
+                row.transport,
+                row.note
+                    .as_deref()
+                    .map(|n| format!("; {n}"))
+                    .unwrap_or_default()
+            ),
+        };
+        if !copies.contains(&label) {
+            copies.push(label);
+        }
+    }
+    if !copies.is_empty() {
+        out.push_str("copies per byte:\n");
+        for c in copies {
+            out.push_str(&format!("  {c}\n"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lat_row() -> Row {
+        Row {
+            system: "tcp".into(),
+            transport: "loopback".into(),
+            mode: Mode::Busy,
+            metric: Metric::LatencyUs,
+            size: 64,
+            median: 4.06,
+            p99: Some(5.5),
+            min: Some(3.9),
+            max: Some(40.0),
+            copies_per_byte: Some(2.0),
+            iterations: 20000,
+            reps: 1,
+            pinned: true,
+            round: 0,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn json_has_required_fields_and_roundtrips() {
+        let row = lat_row();
+        let line = row.to_json();
+        assert!(!line.contains('\n'));
+        let v: Value = serde_json::from_str(&line).expect("json");
+        for key in [
+            "system",
+            "transport",
+            "mode",
+            "metric",
+            "size",
+            "median",
+            "p99",
+            "copies_per_byte",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["metric"], "latency_us");
+        assert_eq!(v["mode"], "busy");
+        assert_eq!(v["size"], 64);
+        assert_eq!(Row::from_json(&line), Ok(row));
+    }
+
+    #[test]
+    fn json_bandwidth_row_omits_p99_and_keeps_nulls() {
+        let row = Row {
+            system: "ucx".into(),
+            transport: "shm".into(),
+            metric: Metric::BandwidthGbs,
+            size: 1 << 20,
+            median: 7.69,
+            p99: None,
+            copies_per_byte: None,
+            note: Some("UCX_TLS=sm".into()),
+            ..lat_row()
+        };
+        let line = row.to_json();
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert!(v.get("p99").is_none());
+        assert!(v["copies_per_byte"].is_null());
+        assert_eq!(Row::from_json(&line), Ok(row));
+    }
+
+    #[test]
+    fn json_nan_becomes_null_and_bad_lines_are_errors() {
+        let row = Row {
+            p99: Some(f64::NAN),
+            ..lat_row()
+        };
+        let v: Value = serde_json::from_str(&row.to_json()).expect("json");
+        assert!(v["p99"].is_null());
+        assert!(Row::from_json("hello").is_err());
+        assert!(Row::from_json("[1]").is_err());
+        let err = Row::from_json(r#"{"system":"tcp"}"#).expect_err("incomplete");
+        assert!(err.contains("lacks"), "{err}");
+    }
+
+    #[test]
+    fn rounds_merge_to_medians() {
+        let rows: Vec<Row> = [(4.0, 5.0), (1.0, 9.0), (2.0, 6.0)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(med, p99))| Row {
+                median: med,
+                p99: Some(p99),
+                min: Some(med / 2.0),
+                round: i as u64,
+                ..lat_row()
+            })
+            .collect();
+        let mut all = rows.clone();
+        all.push(Row {
+            size: 8,
+            ..lat_row()
+        });
+        let merged = merge_rounds(&all);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].median, 2.0);
+        assert_eq!(merged[0].p99, Some(6.0));
+        assert_eq!(merged[0].min, Some(0.5));
+        assert_eq!(merged[0].max, Some(40.0));
+        assert_eq!(merged[1].size, 8);
+    }
+
+    #[test]
+    fn table_lists_sizes_columns_and_nhalf() {
+        let mut rows = vec![lat_row()];
+        for (size, bw) in [(4096, 1.0), (16384, 3.0), (65536, 4.0)] {
+            rows.push(Row {
+                metric: Metric::BandwidthGbs,
+                size,
+                median: bw,
+                p99: None,
+                ..lat_row()
+            });
+        }
+        let text = render_table(&rows);
+        assert!(text.contains("tcp/busy"), "{text}");
+        assert!(text.contains("4.06 / 5.50"), "{text}");
+        assert!(text.contains("16K"), "{text}");
+        assert!(text.contains("n-half 16K measured"), "{text}");
+        assert!(text.contains("tcp 2 (loopback)"), "{text}");
+    }
+}

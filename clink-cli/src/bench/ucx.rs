@@ -1,0 +1,335 @@
+//! UCX as an external baseline, measured with its own `ucx_perftest` tool.
+//!
+//! For every size a fresh `ucx_perftest` server (pinned to the server CPU) and
+//! client (`ucx_perftest 127.0.0.1 -t tag_lat|tag_bw -s SIZE -n ITERS -w WARM
+//! -f`, pinned to the client CPU) run on a free TCP port; the client's final
+//! line is parsed. `ucx_perftest` reports one-way latency (its ping-pong time /
+//! 2) with a percentile column (`-R`, default 50 = median, reported as
+//! `median`) and bandwidth in MiB/s (converted here to GB/s = 1e9 B/s). It has
+//! no p99 in the same run, so `p99` is null. It only busy-polls, so it runs in
+//! busy mode only.
+//!
+//! Copies per byte depend on the protocol UCX picks per size (eager through a
+//! shared-memory FIFO: 2; rendezvous through CMA: 1), which it does not print,
+//! so `copies_per_byte` is null with a note.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::affinity::{CLIENT_CPU, SERVER_CPU};
+use super::channel::Mode;
+use super::plan::Plan;
+use super::proc::ChildProc;
+use super::report::{Metric, Row};
+
+/// Name of the program looked up in `PATH`.
+pub const PERFTEST: &str = "ucx_perftest";
+/// `UCX_TLS` values tried in order; `None` = UCX's own choice.
+const TLS_CANDIDATES: [Option<&str>; 3] = [Some("sm"), Some("posix,cma"), None];
+/// Bound on one `ucx_perftest` client + server pair.
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on the server starting to listen.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Copy note attached to every UCX row.
+const COPIES_NOTE: &str = "UCX picks per size: eager via shm FIFO = 2, rendezvous via CMA = 1";
+
+/// The final numbers of one `ucx_perftest` run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerfResult {
+    /// Iterations measured.
+    pub iterations: f64,
+    /// Latency at the requested percentile (`-R`, default 50), microseconds.
+    pub lat_percentile_us: f64,
+    /// Average latency of the last reporting interval, microseconds.
+    pub lat_avg_us: f64,
+    /// Average latency over the whole run, microseconds.
+    pub lat_overall_us: f64,
+    /// Bandwidth of the last reporting interval, MiB/s.
+    pub bw_avg_mibs: f64,
+    /// Bandwidth over the whole run, MiB/s.
+    pub bw_overall_mibs: f64,
+    /// Message rate over the whole run, messages/s.
+    pub msgrate_overall: f64,
+}
+
+impl PerfResult {
+    /// Overall bandwidth in GB/s (1e9 bytes per second).
+    pub fn bandwidth_gbs(&self) -> f64 {
+        self.bw_overall_mibs * 1024.0 * 1024.0 / 1e9
+    }
+}
+
+/// Parses `ucx_perftest` client output (plain, `-f`, or the `Final:` line of
+/// the progress table): the last line made of 8 numbers, optionally preceded
+/// by `Final:` or a test name.
+pub fn parse_output(text: &str) -> Result<PerfResult, String> {
+    let mut found = None;
+    for line in text.lines() {
+        let mut tokens: Vec<&str> = line.split_whitespace().collect();
+        if tokens.first() == Some(&"Final:") || tokens.len() == 9 {
+            tokens.remove(0);
+        }
+        if tokens.len() != 8 {
+            continue;
+        }
+        let nums: Result<Vec<f64>, _> = tokens.iter().map(|t| t.parse::<f64>()).collect();
+        if let Ok(n) = nums {
+            found = Some(PerfResult {
+                iterations: n[0],
+                lat_percentile_us: n[1],
+                lat_avg_us: n[2],
+                lat_overall_us: n[3],
+                bw_avg_mibs: n[4],
+                bw_overall_mibs: n[5],
+                msgrate_overall: n[7],
+            });
+        }
+    }
+    found.ok_or_else(|| {
+        let excerpt: String = text.chars().take(600).collect();
+        format!("no result line (8 numbers) in {PERFTEST} output:\n{excerpt}")
+    })
+}
+
+/// Whether `/proc/net/tcp{,6}` text shows a socket listening on `port`.
+pub fn is_listening(proc_net_tcp: &str, port: u16) -> bool {
+    let want = format!("{port:04X}");
+    proc_net_tcp.lines().skip(1).any(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let local_port = cols.get(1).and_then(|a| a.rsplit(':').next());
+        local_port == Some(want.as_str()) && cols.get(3) == Some(&"0A")
+    })
+}
+
+/// Full path of `ucx_perftest` if it is in `PATH`.
+pub fn find_perftest() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(PERFTEST))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free TCP port: {e}"))
+}
+
+fn wait_listening(server: &mut ChildProc, port: u16) -> Result<(), String> {
+    let deadline = Instant::now() + LISTEN_TIMEOUT;
+    loop {
+        let text = ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect::<Vec<_>>();
+        if text.iter().any(|t| is_listening(t, port)) {
+            return Ok(());
+        }
+        if server.has_exited() {
+            let why = match server.wait(Instant::now()) {
+                Ok(()) => "it exited with status 0".to_string(),
+                Err(e) => e,
+            };
+            return Err(format!("not listening on port {port}: {why}"));
+        }
+        if Instant::now() >= deadline {
+            server.kill();
+            return Err(format!(
+                "{PERFTEST} server did not listen on port {port} within {LISTEN_TIMEOUT:?}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// One UCX test to run.
+struct Test<'a> {
+    exe: &'a Path,
+    tls: Option<&'a str>,
+    name: &'a str,
+    size: usize,
+    iters: usize,
+    warmup: usize,
+    pinned: bool,
+}
+
+fn run_test(t: &Test<'_>) -> Result<PerfResult, String> {
+    let port_num = free_port()?;
+    let port = port_num.to_string();
+    let cmd = |server: bool| {
+        let mut c = Command::new(t.exe);
+        if let Some(tls) = t.tls {
+            c.env("UCX_TLS", tls);
+        }
+        if !server {
+            c.arg("127.0.0.1");
+            c.args(["-t", t.name, "-s", &t.size.to_string()]);
+            c.args(["-n", &t.iters.to_string(), "-w", &t.warmup.to_string()]);
+            c.arg("-f");
+        }
+        c.args(["-p", &port]);
+        c
+    };
+    let pin = |cpu| t.pinned.then_some(cpu);
+    let mut server = ChildProc::spawn("ucx_perftest server", cmd(true), pin(SERVER_CPU))?;
+    wait_listening(&mut server, port_num)?;
+    let mut client = ChildProc::spawn("ucx_perftest client", cmd(false), pin(CLIENT_CPU))?;
+    let deadline = Instant::now() + TEST_TIMEOUT;
+    let mut out = String::new();
+    while let Some(line) = client.read_line(deadline)? {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    client.wait(deadline)?;
+    server.wait(deadline)?;
+    parse_output(&out).map_err(|e| format!("{} size {}: {e}", t.name, t.size))
+}
+
+/// Estimated one-way time of a `size`-byte message (for iteration counts only).
+fn estimate_us(size: usize) -> f64 {
+    0.5 + size as f64 / 5e3
+}
+
+/// Runs UCX tag_lat / tag_bw for the plan's sizes. Returns the rows and a note
+/// saying which `UCX_TLS` was used, or an error if no setting worked.
+pub fn run(exe: &Path, plan: &Plan, pinned: bool) -> Result<(Vec<Row>, String), String> {
+    let mut test = Test {
+        exe,
+        tls: None,
+        name: "tag_lat",
+        size: 8,
+        iters: 1000,
+        warmup: 100,
+        pinned,
+    };
+    let mut tried = Vec::new();
+    let mut chosen = None;
+    for tls in TLS_CANDIDATES {
+        test.tls = tls;
+        match run_test(&test) {
+            Ok(_) => {
+                chosen = Some(tls);
+                break;
+            }
+            Err(e) => tried.push(format!("UCX_TLS={}: {e}", tls.unwrap_or("(unset)"))),
+        }
+    }
+    let tls = chosen.ok_or_else(|| format!("no UCX_TLS setting worked:\n{}", tried.join("\n")))?;
+    let tls_note = format!("UCX_TLS={}", tls.unwrap_or("(unset)"));
+    let transport = if tls.is_some() { "shm" } else { "ucx-auto" };
+    let row = |metric, size, median, p99, iters: usize| Row {
+        system: "ucx".into(),
+        transport: transport.into(),
+        mode: Mode::Busy,
+        metric,
+        size,
+        median,
+        p99,
+        min: None,
+        max: None,
+        copies_per_byte: None,
+        iterations: iters as u64,
+        reps: 1,
+        pinned,
+        round: 0,
+        note: Some(format!("{tls_note}; {COPIES_NOTE}")),
+    };
+    let mut rows = Vec::new();
+    for &size in &plan.lat_sizes {
+        let per_iter = estimate_us(size) * 2.0;
+        let iters = ((plan.lat_time.as_secs_f64() * 1e6 / per_iter) as usize)
+            .clamp(plan.lat_min_iters, plan.lat_max_iters);
+        test.name = "tag_lat";
+        test.size = size;
+        test.iters = iters;
+        test.warmup = (iters / 10).max(10);
+        let r = run_test(&test)?;
+        rows.push(row(
+            Metric::LatencyUs,
+            size,
+            r.lat_percentile_us,
+            None,
+            iters,
+        ));
+    }
+    for &size in &plan.bw_sizes {
+        let total = plan.bw_rep_time.as_secs_f64() * plan.bw_reps as f64;
+        let iters = ((total * 1e6 / estimate_us(size)) as usize).clamp(4, 1_000_000);
+        test.name = "tag_bw";
+        test.size = size;
+        test.iters = iters;
+        test.warmup = (iters / 10).max(1);
+        let r = run_test(&test)?;
+        rows.push(row(
+            Metric::BandwidthGbs,
+            size,
+            r.bandwidth_gbs(),
+            None,
+            iters,
+        ));
+    }
+    Ok((rows, tls_note))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Captured from `ucx_perftest 127.0.0.1 -t tag_lat -s 64 -n 20000 -w 2000`
+    /// (UCX 1.13.1, UCX_TLS=posix,cma,self).
+    const LAT_SAMPLE: &str = "\
++--------------+--------------+------------------------------+---------------------+-----------------------+
+|              |              |        latency (usec)        |   bandwidth (MB/s)  |  message rate (msg/s) |
++--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+
+|    Stage     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  overall  |
++--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+
+Final:                 20000      0.568     0.681     0.681       89.57      89.57     1467566     1467566
+";
+
+    /// Captured from `ucx_perftest 127.0.0.1 -t tag_bw -s 1048576 -n 2000 -w 200 -f`.
+    const BW_SAMPLE: &str = "\
++--------------+--------------+------------------------------+---------------------+-----------------------+
+|              |              |       overhead (usec)        |   bandwidth (MB/s)  |  message rate (msg/s) |
++--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+
+|     Test     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  overall  |
++--------------+--------------+----------+---------+---------+----------+----------+-----------+-----------+
+                        2000    125.756   130.034   130.034     7690.30    7690.30        7690        7690
+";
+
+    #[test]
+    fn parses_latency_final_line() {
+        let r = parse_output(LAT_SAMPLE).expect("parse");
+        assert_eq!(r.iterations, 20000.0);
+        assert_eq!(r.lat_percentile_us, 0.568);
+        assert_eq!(r.lat_overall_us, 0.681);
+        assert_eq!(r.msgrate_overall, 1467566.0);
+    }
+
+    #[test]
+    fn parses_bandwidth_final_only_line() {
+        let r = parse_output(BW_SAMPLE).expect("parse");
+        assert_eq!(r.bw_overall_mibs, 7690.30);
+        assert!((r.bandwidth_gbs() - 7690.30 * 1048576.0 / 1e9).abs() < 1e-9);
+        assert!((r.bandwidth_gbs() - 8.064).abs() < 0.001);
+    }
+
+    #[test]
+    fn parse_errors_are_clear() {
+        let err = parse_output("[1700000000.1] ERROR: connection refused\n").expect_err("err");
+        assert!(err.contains("no result line"), "{err}");
+        assert!(err.contains("connection refused"), "{err}");
+        assert!(parse_output("").is_err());
+    }
+
+    #[test]
+    fn listening_port_detected() {
+        let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1065 1\n   1: 0100007F:3419 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 1066 1\n";
+        assert!(is_listening(text, 0x07E8));
+        assert!(!is_listening(text, 0x3419), "established, not listening");
+        assert!(!is_listening(text, 1234));
+    }
+}

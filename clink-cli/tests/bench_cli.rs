@@ -1,0 +1,47 @@
+//! End-to-end: `clink bench --quick --json` over kernel sockets, two processes.
+
+use std::process::Command;
+
+#[test]
+fn quick_json_run_over_sockets() {
+    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
+        .args(["bench", "--quick", "--json", "--systems", "tcp,unix"])
+        .args([
+            "--lat-sizes",
+            "0,64",
+            "--bw-sizes",
+            "64K",
+            "--timeout-secs",
+            "60",
+        ])
+        .output()
+        .expect("run clink bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench failed: {stderr}");
+    assert!(stderr.contains("pinned"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect();
+    // 2 systems x 2 modes x (2 latency + 1 bandwidth) rows.
+    assert_eq!(rows.len(), 12, "{stdout}");
+    for row in &rows {
+        for key in [
+            "system",
+            "transport",
+            "mode",
+            "metric",
+            "size",
+            "median",
+            "copies_per_byte",
+        ] {
+            assert!(row.get(key).is_some(), "missing {key} in {row}");
+        }
+        assert!(row["median"].as_f64().is_some_and(|m| m > 0.0), "{row}");
+        if row["metric"] == "latency_us" {
+            assert!(row["p99"].as_f64().is_some(), "{row}");
+        }
+        assert_eq!(row["copies_per_byte"], 2.0);
+    }
+}

@@ -1,0 +1,88 @@
+//! Measures the costs the protocol thresholds depend on (a few milliseconds at start).
+
+use crate::sys;
+use clink_proto::cost::Costs;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn best_of<F: FnMut()>(reps: usize, mut f: F) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_nanos() as f64);
+    }
+    best.max(1.0)
+}
+
+/// One cross-core cache-line round trip between two threads, halved: a stand-in for one
+/// ring hop between processes.
+fn hop_ns() -> f64 {
+    let flag = Arc::new(AtomicU64::new(0));
+    let f2 = flag.clone();
+    const ROUNDS: u64 = 2000;
+    let t = std::thread::spawn(move || {
+        for i in 0..ROUNDS {
+            let start = Instant::now();
+            while f2.load(Ordering::Acquire) != 2 * i + 1 {
+                if start.elapsed().as_millis() > 100 {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            f2.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let start = Instant::now();
+    let mut completed = 0;
+    'outer: for i in 0..ROUNDS {
+        flag.store(2 * i + 1, Ordering::Release);
+        while flag.load(Ordering::Acquire) != 2 * i + 2 {
+            if start.elapsed().as_millis() > 200 {
+                break 'outer;
+            }
+            std::hint::spin_loop();
+        }
+        completed += 1;
+    }
+    let el = start.elapsed().as_nanos() as f64;
+    let _ = t.join();
+    if completed < ROUNDS {
+        return Costs::default().hop_ns; // the other thread did not get a CPU in time
+    }
+    el / ROUNDS as f64 / 2.0
+}
+
+/// Measures copy bandwidth, CMA bandwidth and call cost (on this process), and the ring
+/// hop. Falls back to the built-in figures for anything that cannot be measured.
+pub fn measure() -> Costs {
+    let d = Costs::default();
+    const N: usize = 256 << 10;
+    let src = vec![7u8; N];
+    let mut dst = vec![0u8; N];
+    let copy = best_of(20, || {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    });
+    let pid = sys::getpid();
+    let addr = src.as_ptr() as u64;
+    let cma_ok = sys::cma_read(pid, addr, &mut dst[..8]).is_ok();
+    let (cma_bw, cma_call) = if cma_ok {
+        let small = best_of(50, || {
+            let _ = sys::cma_read(pid, addr, &mut dst[..8]);
+        });
+        let big = best_of(20, || {
+            let _ = sys::cma_read(pid, addr, &mut dst);
+        });
+        (N as f64 / (big - small).max(1.0), small)
+    } else {
+        (d.cma_bytes_per_ns, d.cma_call_ns)
+    };
+    Costs {
+        copy_bytes_per_ns: N as f64 / copy,
+        cma_bytes_per_ns: cma_bw,
+        cma_call_ns: cma_call,
+        hop_ns: hop_ns(),
+    }
+}

@@ -1,0 +1,191 @@
+//! Configuration, read from `CLINK_*` environment variables. This is the one place they are
+//! defined; `clink info` prints them with their values.
+
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Every environment variable clink reads, with its meaning (printed by `clink info`).
+pub const VARIABLES: &[(&str, &str)] = &[
+    ("CLINK_SPIN_US", "busy-poll time before blocking, microseconds (default 50; 0 = block at once; 'inf' = never block)"),
+    ("CLINK_EAGER_MAX", "eager/rendezvous threshold in bytes (default: from the measured cost model)"),
+    ("CLINK_CHUNK", "staged-pipeline chunk size in bytes (default: from the cost model, per message)"),
+    ("CLINK_CMA", "'auto' (default: probe process_vm_readv at connect) or 'off' (force the staged fallback)"),
+    ("CLINK_RING_CELLS", "64-byte cells per ring direction, a power of two (default 4096 = 256 KiB)"),
+    ("CLINK_STAGING_SLOTS", "staging slots per direction for the no-CMA fallback (default 8)"),
+    ("CLINK_STAGING_SLOT_BYTES", "bytes per staging slot (default 262144)"),
+    ("CLINK_SHM_ANY_UID", "'1' lets peers of other uids connect (default: same uid only)"),
+    ("CLINK_CALIBRATE", "'1' (default) measures copy and CMA costs at start; '0' uses built-in figures"),
+    ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
+    ("CLINK_LIVENESS_MS", "how often a busy-polling endpoint checks peers for death (default 10)"),
+];
+
+/// Runtime configuration. Build with [`Config::from_env`] or start from `Default` and set
+/// fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Busy-poll time before blocking; `None` = never block.
+    pub spin: Option<Duration>,
+    /// Forced eager threshold (bytes), or `None` for the cost model's.
+    pub eager_max: Option<u64>,
+    /// Forced staged-pipeline chunk size, or `None` for the cost model's.
+    pub chunk: Option<u64>,
+    /// Whether CMA (process_vm_readv) may be used.
+    pub cma: bool,
+    /// Cells per ring direction (power of two).
+    pub ring_cells: u32,
+    /// Staging slots per direction.
+    pub staging_slots: u32,
+    /// Bytes per staging slot.
+    pub staging_slot_bytes: u32,
+    /// Accept shared-memory peers with another uid.
+    pub any_uid: bool,
+    /// Measure costs at start.
+    pub calibrate: bool,
+    /// Connect handshake timeout.
+    pub connect_timeout: Duration,
+    /// Liveness check period while busy-polling.
+    pub liveness: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            spin: Some(Duration::from_micros(50)),
+            eager_max: None,
+            chunk: None,
+            cma: true,
+            ring_cells: 4096,
+            staging_slots: 8,
+            staging_slot_bytes: 256 << 10,
+            any_uid: false,
+            calibrate: true,
+            connect_timeout: Duration::from_secs(5),
+            liveness: Duration::from_millis(10),
+        }
+    }
+}
+
+fn bad(var: &str, val: &str, why: &str) -> Error {
+    Error::Config(format!("{var}={val:?}: {why}"))
+}
+
+fn num(var: &str, val: &str, min: u64, max: u64) -> Result<u64> {
+    let v: u64 = val
+        .trim()
+        .parse()
+        .map_err(|_| bad(var, val, "not a non-negative integer"))?;
+    if v < min || v > max {
+        return Err(bad(var, val, &format!("must be between {min} and {max}")));
+    }
+    Ok(v)
+}
+
+fn flag(var: &str, val: &str) -> Result<bool> {
+    match val.trim() {
+        "1" | "on" | "yes" | "true" => Ok(true),
+        "0" | "off" | "no" | "false" => Ok(false),
+        _ => Err(bad(var, val, "expected 0/1, on/off, yes/no or true/false")),
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config> {
+        Config::from_vars(std::env::vars())
+    }
+
+    /// Builds a configuration from `(name, value)` pairs; names not starting with `CLINK_`
+    /// are ignored, unknown `CLINK_` names are an error (a typo should not pass silently).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
+        let mut c = Config::default();
+        for (k, v) in vars {
+            if !k.starts_with("CLINK_") {
+                continue;
+            }
+            match k.as_str() {
+                "CLINK_SPIN_US" => {
+                    c.spin = if v.trim() == "inf" {
+                        None
+                    } else {
+                        Some(Duration::from_micros(num(&k, &v, 0, 60_000_000)?))
+                    }
+                }
+                "CLINK_EAGER_MAX" => c.eager_max = Some(num(&k, &v, 0, 1 << 30)?),
+                "CLINK_CHUNK" => c.chunk = Some(num(&k, &v, 4096, 1 << 30)?),
+                "CLINK_CMA" => {
+                    c.cma = match v.trim() {
+                        "auto" | "on" | "1" => true,
+                        "off" | "0" => false,
+                        _ => return Err(bad(&k, &v, "expected 'auto' or 'off'")),
+                    }
+                }
+                "CLINK_RING_CELLS" => {
+                    let n = num(&k, &v, 64, 1 << 20)?;
+                    if !n.is_power_of_two() {
+                        return Err(bad(&k, &v, "must be a power of two"));
+                    }
+                    c.ring_cells = n as u32;
+                }
+                "CLINK_STAGING_SLOTS" => c.staging_slots = num(&k, &v, 2, 1024)? as u32,
+                "CLINK_STAGING_SLOT_BYTES" => {
+                    c.staging_slot_bytes = num(&k, &v, 4096, 16 << 20)? as u32
+                }
+                "CLINK_SHM_ANY_UID" => c.any_uid = flag(&k, &v)?,
+                "CLINK_CALIBRATE" => c.calibrate = flag(&k, &v)?,
+                "CLINK_CONNECT_TIMEOUT_MS" => {
+                    c.connect_timeout = Duration::from_millis(num(&k, &v, 1, 3_600_000)?)
+                }
+                "CLINK_LIVENESS_MS" => c.liveness = Duration::from_millis(num(&k, &v, 1, 10_000)?),
+                _ => {
+                    let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
+                    return Err(Error::Config(format!(
+                        "unknown variable {k} (known: {})",
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_and_rejects() {
+        let c = Config::from_vars(vars(&[
+            ("CLINK_SPIN_US", "0"),
+            ("CLINK_CMA", "off"),
+            ("PATH", "x"),
+            ("CLINK_RING_CELLS", "1024"),
+        ]))
+        .unwrap();
+        assert_eq!(c.spin, Some(Duration::ZERO));
+        assert!(!c.cma);
+        assert_eq!(c.ring_cells, 1024);
+        assert_eq!(
+            Config::from_vars(vars(&[("CLINK_SPIN_US", "inf")]))
+                .unwrap()
+                .spin,
+            None
+        );
+        for bad in [
+            ("CLINK_SPIN_US", "-1"),
+            ("CLINK_RING_CELLS", "1000"),
+            ("CLINK_CMA", "maybe"),
+            ("CLINK_TYPO", "1"),
+            ("CLINK_EAGER_MAX", "lots"),
+        ] {
+            let e = Config::from_vars(vars(&[bad])).unwrap_err().to_string();
+            assert!(e.contains(bad.0), "{e}");
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The per-process context: configuration, measured costs, host identity.
+
+use crate::config::Config;
+use crate::endpoint::Endpoint;
+use crate::{calibrate, sys, Result};
+use clink_proto::cost::Costs;
+use std::sync::Arc;
+
+pub(crate) struct CtxInner {
+    pub config: Config,
+    pub costs: Costs,
+    pub calibrated: bool,
+    pub host: u64,
+    pub pid: i32,
+}
+
+/// One per process: configuration (from `CLINK_*` variables), the measured cost model and
+/// the host identity. Cheap to clone (shared). `Send + Sync`.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<CtxInner>,
+}
+
+/// Host key: the boot id and network namespace, hashed. Two endpoints can share memory
+/// only when both match (abstract sockets are per network namespace).
+fn host_key() -> u64 {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // FNV-1a: stable across processes and builds (std's hasher is randomly keyed).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in boot.trim().bytes().chain([0]).chain(netns.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+impl Context {
+    /// A context configured from the environment (`CLINK_*`, see [`crate::config`]).
+    pub fn new() -> Result<Context> {
+        Context::with_config(Config::from_env()?)
+    }
+
+    /// A context with an explicit configuration.
+    pub fn with_config(config: Config) -> Result<Context> {
+        let (costs, calibrated) = if config.calibrate {
+            (calibrate::measure(), true)
+        } else {
+            (Costs::default(), false)
+        };
+        Ok(Context {
+            inner: Arc::new(CtxInner {
+                config,
+                costs,
+                calibrated,
+                host: host_key(),
+                pid: sys::getpid(),
+            }),
+        })
+    }
+
+    /// Creates an endpoint listening for peers.
+    pub fn endpoint(&self) -> Result<Endpoint> {
+        Endpoint::new(self.inner.clone())
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The cost model's inputs (measured, or built-in when calibration is off).
+    pub fn costs(&self) -> (Costs, bool) {
+        (self.inner.costs, self.inner.calibrated)
+    }
+
+    /// The eager/rendezvous threshold for a peer with or without CMA, and the ring's limit.
+    pub fn eager_threshold(&self, cma: bool) -> u64 {
+        eager_threshold(&self.inner, cma)
+    }
+
+    /// Host key of this process (machine + network namespace).
+    pub fn host(&self) -> u64 {
+        self.inner.host
+    }
+}
+
+/// Largest eager payload the configured ring takes (a quarter of it).
+pub(crate) fn ring_eager_limit(cfg: &Config) -> u64 {
+    (cfg.ring_cells as u64 * crate::transport::shm::ring::CELL as u64 / 4).min(
+        crate::transport::shm::ring::max_payload(cfg.ring_cells as u64) as u64
+            - clink_proto::wire::EAGER_HEADER as u64,
+    )
+}
+
+pub(crate) fn eager_threshold(c: &CtxInner, cma: bool) -> u64 {
+    let limit = ring_eager_limit(&c.config);
+    match c.config.eager_max {
+        Some(v) => v.min(limit),
+        None => c.costs.eager_threshold(cma, limit),
+    }
+}

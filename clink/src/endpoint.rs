@@ -1,0 +1,1574 @@
+//! The endpoint: peers, tag matching, eager and rendezvous protocols, progress and waiting.
+//!
+//! Threading: an [`Endpoint`] is `Send` but not `Sync`: one thread drives it at a time
+//! (all operations take `&mut self`), as with a UCX worker in single-thread mode. Move it
+//! between threads freely; share it behind a `Mutex` if you must.
+//!
+//! Fork: an endpoint belongs to the process that created it. A forked child must create
+//! its own [`crate::Context`]; `connect` detects a child using a parent's endpoint.
+//!
+//! Progress: there is no background thread. Every call that waits, and [`Endpoint::progress`],
+//! moves data: drains the peers' rings, matches, answers rendezvous requests, flushes
+//! queued sends. A process that computes for long stretches should call `progress` now
+//! and then, or rendezvous senders waiting on it stall (as in MPI).
+
+use crate::context::{eager_threshold, CtxInner};
+use crate::error::{io_err, Error, Result};
+use crate::stats::Stats;
+use crate::sys::{self, Epoll, SeqPacket};
+use crate::transport::shm::ring::{Record, RingMem};
+use crate::transport::shm::{Local, ShmPeer};
+use bytes::Bytes;
+use clink_proto::addr::Address;
+use clink_proto::matching::{Matcher, Selector};
+use clink_proto::wire::{Frame, EAGER_HEADER};
+use clink_proto::PeerId;
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const TOK_DOORBELL: u64 = 0;
+const TOK_LISTENER: u64 = 1;
+const TOK_PEER0: u64 = 2;
+/// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
+const RX_BUDGET: usize = 64;
+
+/// What a completed receive reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Sender.
+    pub peer: PeerId,
+    /// Tag of the message.
+    pub tag: u64,
+    /// Length of the message in bytes.
+    pub len: u64,
+}
+
+/// A completed non-blocking receive: the buffer (truncated to the message length) and its
+/// status.
+#[derive(Debug)]
+pub struct Received {
+    /// The receive buffer, its length set to the message length.
+    pub buf: Vec<u8>,
+    /// Who sent what.
+    pub status: Status,
+}
+
+/// Handle of a non-blocking send. Not `Clone`; complete it with `test`/`wait`/`cancel`.
+#[derive(Debug)]
+#[must_use = "a send request must be waited on, tested to completion or cancelled"]
+pub struct SendRequest {
+    id: u64, // 0: completed at once
+}
+
+/// Handle of a non-blocking receive.
+#[derive(Debug)]
+#[must_use = "a receive request must be waited on, tested to completion or cancelled"]
+pub struct RecvRequest {
+    id: u64,
+}
+
+enum SendData {
+    Owned(Bytes),
+    /// Memory owned by a blocking caller that waits until the send is over.
+    Borrowed(*const u8, usize),
+}
+
+impl SendData {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            SendData::Owned(b) => b,
+            // SAFETY: the blocking caller keeps the slice alive until completion (send_raw).
+            SendData::Borrowed(p, n) => unsafe { std::slice::from_raw_parts(*p, *n) },
+        }
+    }
+}
+
+enum SendState {
+    /// Waiting in the peer's transmit queue (eager: ring full; rendezvous: RTS not sent).
+    Queued,
+    /// RTS sent; the receiver will read (CMA) or ask for staging (CTS).
+    WaitFin,
+    /// Being pushed through the staging area.
+    Staging,
+    /// Over.
+    Done(Result<()>),
+}
+
+struct SendOp {
+    peer: PeerId,
+    tag: u64,
+    data: SendData,
+    state: SendState,
+}
+
+enum RecvBuf {
+    Owned(Vec<u8>),
+    /// Memory owned by a blocking caller that waits until completion.
+    Borrowed(*mut u8, usize),
+}
+
+impl RecvBuf {
+    fn slice(&mut self) -> &mut [u8] {
+        match self {
+            RecvBuf::Owned(v) => v,
+            // SAFETY: the blocking caller keeps the slice alive until completion (recv).
+            RecvBuf::Borrowed(p, n) => unsafe { std::slice::from_raw_parts_mut(*p, *n) },
+        }
+    }
+}
+
+enum RecvState {
+    Posted,
+    /// Receiving a staged rendezvous message.
+    Staging {
+        status: Status,
+        got: u64,
+    },
+    Done(Result<Status>),
+}
+
+struct RecvOp {
+    buf: RecvBuf,
+    state: RecvState,
+}
+
+/// A message that arrived before its receive.
+enum Unexp {
+    Eager(Vec<u8>),
+    Rts { len: u64, send_id: u64, addr: u64 },
+}
+
+/// Something to put in a peer's ring, in order.
+enum TxItem {
+    Send(u64),
+    Ctrl(Frame<'static>),
+}
+
+/// The staged send in progress towards one peer.
+struct StagedOut {
+    send_id: u64,
+    next: u64,
+    len: u64,
+    inflight: Vec<u32>,
+}
+
+struct Peer {
+    link: ShmPeer,
+    alive: bool,
+    eager_max: u64,
+    txq: VecDeque<TxItem>,
+    /// Staged sends the receiver asked for (CTS), in order; the first is active.
+    staged_out: VecDeque<StagedOut>,
+    free_slots: Vec<u32>,
+    /// Staged receives in progress: send_id -> receive id.
+    staged_in: HashMap<u64, u64>,
+}
+
+/// A communication port: listens for peers, connects to them, sends and receives tagged
+/// messages. See the module docs for threading and progress rules.
+pub struct Endpoint {
+    ctx: Arc<CtxInner>,
+    id: u128,
+    sock_name: String,
+    listener: SeqPacket,
+    doorbell: OwnedFd,
+    epoll: Epoll,
+    probe: Box<u64>,
+    peers: Vec<Peer>,
+    new_peers: VecDeque<PeerId>,
+    matcher: Matcher<u64, Unexp>,
+    sends: HashMap<u64, SendOp>,
+    recvs: HashMap<u64, RecvOp>,
+    next_id: u64,
+    stats: Stats,
+    idle_polls: u32,
+    last_check: Instant,
+    events: Vec<u64>,
+    last_error: Option<String>,
+}
+
+// The raw pointers inside borrowed send/receive buffers only live during a blocking call
+// on the owning thread; everything else is owned.
+// SAFETY: see above; no borrowed buffer outlives the `&mut self` call that created it.
+unsafe impl Send for Endpoint {}
+
+impl Endpoint {
+    pub(crate) fn new(ctx: Arc<CtxInner>) -> Result<Endpoint> {
+        let id = sys::random_u128().map_err(io_err("random identity"))?;
+        let sock_name = format!("clink-{id:032x}");
+        let listener =
+            SeqPacket::listen(&sock_name).map_err(io_err("listen on abstract socket"))?;
+        let doorbell = sys::eventfd().map_err(io_err("eventfd"))?;
+        let epoll = Epoll::new().map_err(io_err("epoll_create"))?;
+        epoll
+            .add(doorbell.as_raw_fd(), TOK_DOORBELL)
+            .map_err(io_err("epoll_ctl"))?;
+        epoll
+            .add(listener.raw(), TOK_LISTENER)
+            .map_err(io_err("epoll_ctl"))?;
+        let probe = Box::new((id as u64) | 1);
+        Ok(Endpoint {
+            ctx,
+            id,
+            sock_name,
+            listener,
+            doorbell,
+            epoll,
+            probe,
+            peers: Vec::new(),
+            new_peers: VecDeque::new(),
+            matcher: Matcher::default(),
+            sends: HashMap::new(),
+            recvs: HashMap::new(),
+            next_id: 1,
+            stats: Stats::default(),
+            idle_polls: 0,
+            last_check: Instant::now(),
+            events: Vec::with_capacity(32),
+            last_error: None,
+        })
+    }
+
+    /// The printable address other processes pass to [`Endpoint::connect`].
+    pub fn address(&self) -> String {
+        Address {
+            host: self.ctx.host,
+            id: self.id,
+            shm: Some(self.sock_name.clone()),
+        }
+        .to_string()
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The last peer failure or protocol error seen, for diagnostics.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    fn local(&self) -> Local<'_> {
+        Local {
+            id: self.id,
+            doorbell: self.doorbell.as_raw_fd(),
+            probe: (&*self.probe as *const u64 as u64, *self.probe),
+            config: &self.ctx.config,
+        }
+    }
+
+    fn check_fork(&self) -> Result<()> {
+        if sys::getpid() != self.ctx.pid {
+            return Err(Error::Forked(self.ctx.pid));
+        }
+        Ok(())
+    }
+
+    /// Connects to the endpoint at `addr` (a string from its [`Endpoint::address`]).
+    /// Shared memory is used when the address is on this host and network namespace.
+    pub fn connect(&mut self, addr: &str) -> Result<PeerId> {
+        self.check_fork()?;
+        let a = Address::parse(addr)?;
+        let fail = |why: &str| Error::Connect {
+            addr: addr.to_string(),
+            why: why.to_string(),
+        };
+        if a.id == self.id {
+            return Err(fail("that is this endpoint itself"));
+        }
+        let Some(name) = a.shm.as_deref() else {
+            return Err(fail(
+                "the address offers no transport this build supports (shm)",
+            ));
+        };
+        if a.host != self.ctx.host {
+            return Err(fail("the endpoint is on another host or network namespace, and no network transport is available yet"));
+        }
+        let mut pending = Vec::new();
+        let link = {
+            let me = self.local();
+            let listener = &self.listener;
+            ShmPeer::connect(name, &me, || {
+                // Accept peers connecting to us meanwhile (mutual connects must not deadlock).
+                while let Ok(Some(s)) = listener.accept() {
+                    match ShmPeer::accept(s, &me) {
+                        Ok(p) => pending.push(p),
+                        Err(e) => tracing::warn!("incoming connection refused: {e}"),
+                    }
+                }
+            })?
+        };
+        for p in pending {
+            let id = self.add_peer(p)?;
+            self.new_peers.push_back(id);
+        }
+        self.add_peer(link)
+    }
+
+    fn add_peer(&mut self, link: ShmPeer) -> Result<PeerId> {
+        let id = PeerId(self.peers.len() as u32);
+        self.epoll
+            .add(link.sock.raw(), TOK_PEER0 + u64::from(id.0))
+            .map_err(io_err("epoll_ctl peer socket"))?;
+        let slots = link.tx_stage.slots;
+        let eager_max = eager_threshold(&self.ctx, link.peer_cma);
+        self.peers.push(Peer {
+            link,
+            alive: true,
+            eager_max,
+            txq: VecDeque::new(),
+            staged_out: VecDeque::new(),
+            free_slots: (0..slots).rev().collect(),
+            staged_in: HashMap::new(),
+        });
+        self.stats.peers_connected += 1;
+        Ok(id)
+    }
+
+    /// Waits up to `timeout` for a peer to connect to us and returns it. Peers that
+    /// connected earlier are returned first, one per call.
+    pub fn accept(&mut self, timeout: Option<Duration>) -> Result<PeerId> {
+        self.wait_until(timeout, |ep| !ep.new_peers.is_empty())?;
+        self.new_peers.pop_front().ok_or(Error::Timeout)
+    }
+
+    /// The peers connected so far (alive or not).
+    pub fn peers(&self) -> Vec<PeerId> {
+        (0..self.peers.len() as u32).map(PeerId).collect()
+    }
+
+    /// True while `peer` is connected and alive.
+    pub fn is_alive(&self, peer: PeerId) -> bool {
+        self.peers.get(peer.0 as usize).is_some_and(|p| p.alive)
+    }
+
+    /// Eager/rendezvous threshold used towards `peer` (bytes sent eagerly at most).
+    pub fn eager_max(&self, peer: PeerId) -> Result<u64> {
+        Ok(self.peer(peer)?.eager_max)
+    }
+
+    /// Whether this endpoint reads `peer`'s rendezvous messages with one CMA copy (true) or
+    /// through the staging pipeline (false).
+    pub fn uses_cma(&self, peer: PeerId) -> Result<bool> {
+        Ok(self.peer(peer)?.link.cma)
+    }
+
+    fn peer(&self, peer: PeerId) -> Result<&Peer> {
+        self.peers
+            .get(peer.0 as usize)
+            .ok_or(Error::UnknownPeer(peer))
+    }
+
+    fn alloc_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    // ---------------------------------------------------------------- sending
+
+    /// Starts sending `data` to `peer` with `tag`. Small messages are copied into the
+    /// peer's ring at once (the request is then already complete); large ones wait in
+    /// `data` until the receiver has read them (one copy, by CMA) or pulled them through
+    /// the staging area. `data` is kept alive by the request: pass a `Vec<u8>` (moved, not
+    /// copied) or a `Bytes`.
+    pub fn isend(&mut self, peer: PeerId, tag: u64, data: impl Into<Bytes>) -> Result<SendRequest> {
+        self.start_send(peer, tag, SendData::Owned(data.into()))
+    }
+
+    fn start_send(&mut self, peer: PeerId, tag: u64, data: SendData) -> Result<SendRequest> {
+        let p = self
+            .peers
+            .get_mut(peer.0 as usize)
+            .ok_or(Error::UnknownPeer(peer))?;
+        if !p.alive {
+            return Err(Error::PeerDead(peer));
+        }
+        let bytes = data.bytes();
+        let len = bytes.len() as u64;
+        if len <= p.eager_max {
+            self.stats.eager_sends += 1;
+            self.stats.eager_bytes += len;
+            if p.txq.is_empty() && p.link.try_send(&Frame::Eager { tag, data: bytes }) {
+                self.stats.frames_sent += 1;
+                return Ok(SendRequest { id: 0 });
+            }
+            self.stats.ring_full += 1;
+        } else {
+            self.stats.rendezvous_sends += 1;
+        }
+        let id = self.alloc_id();
+        let p = &mut self.peers[peer.0 as usize];
+        p.txq.push_back(TxItem::Send(id));
+        self.sends.insert(
+            id,
+            SendOp {
+                peer,
+                tag,
+                data,
+                state: SendState::Queued,
+            },
+        );
+        self.flush(peer.0 as usize);
+        Ok(SendRequest { id })
+    }
+
+    /// Sends and waits until the message is out of `data` (blocking helper).
+    pub fn send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<()> {
+        let req = self.start_send(peer, tag, SendData::Borrowed(data.as_ptr(), data.len()))?;
+        self.finish_borrowed_send(req)
+    }
+
+    /// Sends every message of `msgs` to `peer` with `tag`, all in flight at once, and
+    /// waits until all are out of the caller's memory (blocking helper for streaming:
+    /// large messages pipeline their rendezvous without copying into owned buffers).
+    pub fn send_batch(&mut self, peer: PeerId, tag: u64, msgs: &[&[u8]]) -> Result<()> {
+        let mut reqs = Vec::with_capacity(msgs.len());
+        let mut first_err = None;
+        for m in msgs {
+            match self.start_send(peer, tag, SendData::Borrowed(m.as_ptr(), m.len())) {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        // Every started send must be over before the borrowed slices go away.
+        for r in reqs {
+            if let Err(e) = self.finish_borrowed_send(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn finish_borrowed_send(&mut self, req: SendRequest) -> Result<()> {
+        // The request points into the caller's slice: it must be over before we return,
+        // whatever happens. Only peer death (bounded by the liveness check) ends it early.
+        match self.wait_send(&req, None) {
+            Err(Error::Timeout) => unreachable!("no timeout given"),
+            r => r,
+        }
+    }
+
+    /// Tests a send: `Ok(true)` when complete, `Ok(false)` while pending, an error when
+    /// it failed. Makes progress first.
+    pub fn test_send(&mut self, req: &SendRequest) -> Result<bool> {
+        if req.id == 0 {
+            return Ok(true);
+        }
+        self.progress();
+        self.take_send(req.id)
+    }
+
+    fn take_send(&mut self, id: u64) -> Result<bool> {
+        match self.sends.get(&id).map(|s| &s.state) {
+            None => Err(Error::Consumed),
+            Some(SendState::Done(_)) => match self.sends.remove(&id).map(|s| s.state) {
+                Some(SendState::Done(r)) => r.map(|_| true),
+                _ => Err(Error::Consumed),
+            },
+            Some(_) => Ok(false),
+        }
+    }
+
+    /// Waits for a send to complete, at most `timeout` (`None`: until it completes or the
+    /// peer dies). On timeout the request stays valid.
+    pub fn wait_send(&mut self, req: &SendRequest, timeout: Option<Duration>) -> Result<()> {
+        if req.id == 0 {
+            return Ok(());
+        }
+        let id = req.id;
+        self.wait_until(timeout, |ep| {
+            matches!(
+                ep.sends.get(&id).map(|s| &s.state),
+                Some(SendState::Done(_)) | None
+            )
+        })?;
+        self.take_send(id).map(|_| ())
+    }
+
+    /// Cancels a send. A send whose bytes are already in the peer's ring cannot be
+    /// withdrawn (`Ok(false)`, it will be delivered); an unmatched rendezvous send is
+    /// withdrawn (`Ok(true)`) after the receiver confirms. Waits for that answer (bounded by
+    /// the peer's liveness).
+    pub fn cancel_send(&mut self, req: SendRequest) -> Result<bool> {
+        let id = req.id;
+        let Some(op) = self.sends.get_mut(&id) else {
+            return Ok(false);
+        };
+        let peer = op.peer;
+        match op.state {
+            SendState::Queued => {
+                // Never left this process: drop it from the queue.
+                let p = &mut self.peers[peer.0 as usize];
+                p.txq.retain(|t| !matches!(t, TxItem::Send(s) if *s == id));
+                self.sends.remove(&id);
+                Ok(true)
+            }
+            SendState::WaitFin => {
+                self.push_ctrl(peer.0 as usize, Frame::Cancel { send_id: id });
+                self.wait_until(None, |ep| {
+                    matches!(
+                        ep.sends.get(&id).map(|s| &s.state),
+                        Some(SendState::Done(_)) | None
+                    )
+                })?;
+                match self.sends.remove(&id).map(|s| s.state) {
+                    Some(SendState::Done(Err(Error::Cancelled))) => Ok(true),
+                    Some(SendState::Done(Err(e))) => Err(e),
+                    _ => Ok(false),
+                }
+            }
+            SendState::Staging => {
+                self.wait_until(None, |ep| {
+                    matches!(
+                        ep.sends.get(&id).map(|s| &s.state),
+                        Some(SendState::Done(_)) | None
+                    )
+                })?;
+                self.sends.remove(&id);
+                Ok(false)
+            }
+            SendState::Done(_) => {
+                self.sends.remove(&id);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Claims space for an `len`-byte eager message in `peer`'s ring, to be written in
+    /// place and published with [`SendSlot::commit`] (zero copies on the sending side).
+    /// Waits up to `timeout` for ring space. `len` must not exceed the eager threshold.
+    pub fn claim(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> Result<SendSlot<'_>> {
+        let i = peer.0 as usize;
+        let max = self.peer(peer)?.eager_max;
+        if len as u64 > max {
+            return Err(Error::TooLarge(format!(
+                "claim of {len} bytes exceeds the eager threshold {max} towards {peer}"
+            )));
+        }
+        let need = EAGER_HEADER + len;
+        self.wait_until(timeout, |ep| {
+            let p = &mut ep.peers[i];
+            !p.alive || (p.txq.is_empty() && p.link.tx.arm_wait(need))
+        })?;
+        let p = &mut self.peers[i];
+        if !p.alive {
+            return Err(Error::PeerDead(peer));
+        }
+        let res = p.link.tx.reserve(need).ok_or(Error::Timeout)?;
+        Ok(SendSlot {
+            ep: self,
+            peer: i,
+            res: Some(res),
+            len,
+            tag,
+        })
+    }
+
+    fn push_ctrl(&mut self, i: usize, f: Frame<'static>) {
+        let p = &mut self.peers[i];
+        if !p.alive {
+            return;
+        }
+        if p.txq.is_empty() && p.link.try_send(&f) {
+            self.stats.frames_sent += 1;
+            return;
+        }
+        p.txq.push_back(TxItem::Ctrl(f));
+    }
+
+    /// Moves queued frames of peer `i` into its ring; true when something moved.
+    fn flush(&mut self, i: usize) -> bool {
+        let mut did = false;
+        loop {
+            let p = &mut self.peers[i];
+            let Some(item) = p.txq.front() else { break };
+            let ok = match *item {
+                TxItem::Ctrl(f) => p.link.try_send(&f),
+                TxItem::Send(id) => match self.sends.get_mut(&id) {
+                    None => true, // cancelled meanwhile
+                    Some(op) => {
+                        let data = op.data.bytes();
+                        let len = data.len() as u64;
+                        if len <= p.eager_max {
+                            let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
+                            if ok {
+                                op.state = SendState::Done(Ok(()));
+                            }
+                            ok
+                        } else {
+                            let ok = p.link.try_send(&Frame::Rts {
+                                tag: op.tag,
+                                len,
+                                send_id: id,
+                                addr: data.as_ptr() as u64,
+                            });
+                            if ok {
+                                op.state = SendState::WaitFin;
+                            }
+                            ok
+                        }
+                    }
+                },
+            };
+            if !ok {
+                break;
+            }
+            p.txq.pop_front();
+            self.stats.frames_sent += 1;
+            did = true;
+        }
+        did | self.pump_staging(i)
+    }
+
+    /// Pushes chunks of the active staged send into free staging slots.
+    fn pump_staging(&mut self, i: usize) -> bool {
+        let mut did = false;
+        let p = &mut self.peers[i];
+        if !p.txq.is_empty() {
+            return false; // keep frame order: control frames first
+        }
+        while let Some(st) = p.staged_out.front_mut() {
+            if st.next >= st.len {
+                break;
+            }
+            let Some(op) = self.sends.get(&st.send_id) else {
+                break;
+            };
+            let Some(&slot) = p.free_slots.last() else {
+                break;
+            };
+            let chunk = self
+                .ctx
+                .config
+                .chunk
+                .unwrap_or_else(|| {
+                    self.ctx.costs.chunk_size(
+                        st.len,
+                        16 << 10,
+                        u64::from(p.link.tx_stage.slot_bytes),
+                    )
+                })
+                .min(u64::from(p.link.tx_stage.slot_bytes))
+                .min(st.len - st.next);
+            let src = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
+            p.link.tx_stage.put(slot, src);
+            let f = Frame::Chunk {
+                send_id: st.send_id,
+                offset: st.next,
+                slot,
+                len: chunk as u32,
+            };
+            if !p.link.try_send(&f) {
+                break;
+            }
+            self.stats.frames_sent += 1;
+            p.free_slots.pop();
+            st.inflight.push(slot);
+            st.next += chunk;
+            did = true;
+        }
+        did
+    }
+
+    // ---------------------------------------------------------------- receiving
+
+    /// Posts a receive into `buf` (its length is the capacity) for a message matching
+    /// `sel`. Complete it with [`Endpoint::wait_recv`] or [`Endpoint::test_recv`].
+    pub fn irecv(&mut self, sel: Selector, buf: Vec<u8>) -> Result<RecvRequest> {
+        let id = self.alloc_id();
+        self.recvs.insert(
+            id,
+            RecvOp {
+                buf: RecvBuf::Owned(buf),
+                state: RecvState::Posted,
+            },
+        );
+        self.post(sel, id);
+        Ok(RecvRequest { id })
+    }
+
+    fn post(&mut self, sel: Selector, id: u64) {
+        if let Some((_, u)) = self.matcher.post(sel, id) {
+            self.deliver(u.src, u.tag, id, u.item);
+        }
+    }
+
+    /// Receives one message matching `sel` into `buf` (blocking helper). Returns who sent
+    /// what; a message longer than `buf` fills it and returns [`Error::Truncated`].
+    pub fn recv(&mut self, sel: Selector, buf: &mut [u8]) -> Result<Status> {
+        self.recv_timeout(sel, buf, None)
+    }
+
+    /// As [`Endpoint::recv`], giving up after `timeout` (the receive is withdrawn).
+    pub fn recv_timeout(
+        &mut self,
+        sel: Selector,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<Status> {
+        let id = self.alloc_id();
+        self.recvs.insert(
+            id,
+            RecvOp {
+                buf: RecvBuf::Borrowed(buf.as_mut_ptr(), buf.len()),
+                state: RecvState::Posted,
+            },
+        );
+        self.post(sel, id);
+        let r = self.wait_until(timeout, |ep| {
+            matches!(
+                ep.recvs.get(&id).map(|r| &r.state),
+                Some(RecvState::Done(_))
+            )
+        });
+        if let Err(e) = r {
+            // Withdraw before `buf` goes out of scope. A staged receive in flight must
+            // finish first: its chunks land in `buf`.
+            if !self.matcher.cancel(&id) {
+                self.wait_until(None, |ep| {
+                    !matches!(
+                        ep.recvs.get(&id).map(|r| &r.state),
+                        Some(RecvState::Staging { .. })
+                    )
+                })?;
+            }
+            if let Some(RecvOp {
+                state: RecvState::Done(res),
+                ..
+            }) = self.recvs.remove(&id)
+            {
+                return res;
+            }
+            return Err(e);
+        }
+        match self.recvs.remove(&id).map(|r| r.state) {
+            Some(RecvState::Done(res)) => res,
+            _ => Err(Error::Consumed),
+        }
+    }
+
+    /// Tests a receive: `Ok(Some(..))` when complete, `Ok(None)` while pending.
+    pub fn test_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
+        self.progress();
+        self.take_recv(req.id)
+    }
+
+    fn take_recv(&mut self, id: u64) -> Result<Option<Received>> {
+        match self.recvs.get(&id).map(|r| &r.state) {
+            None => Err(Error::Consumed),
+            Some(RecvState::Done(Err(Error::Truncated { .. }))) => {
+                // Keep the buffer (with the message's first bytes) for take_recv_buffer.
+                match &self.recvs[&id].state {
+                    RecvState::Done(Err(Error::Truncated { len, capacity })) => {
+                        Err(Error::Truncated {
+                            len: *len,
+                            capacity: *capacity,
+                        })
+                    }
+                    _ => Err(Error::Consumed),
+                }
+            }
+            Some(RecvState::Done(_)) => match self.recvs.remove(&id) {
+                Some(RecvOp {
+                    buf: RecvBuf::Owned(mut buf),
+                    state: RecvState::Done(res),
+                }) => {
+                    let st = res?;
+                    buf.truncate(st.len as usize);
+                    Ok(Some(Received { buf, status: st }))
+                }
+                _ => Err(Error::Consumed),
+            },
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// After a receive failed with [`Error::Truncated`], returns its buffer (which holds
+    /// the message's first bytes).
+    pub fn take_recv_buffer(&mut self, req: RecvRequest) -> Option<Vec<u8>> {
+        match self.recvs.remove(&req.id)? {
+            RecvOp {
+                buf: RecvBuf::Owned(v),
+                ..
+            } => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Waits for a receive, at most `timeout`. On timeout the request stays valid.
+    pub fn wait_recv(&mut self, req: &RecvRequest, timeout: Option<Duration>) -> Result<Received> {
+        let id = req.id;
+        self.wait_until(timeout, |ep| {
+            matches!(
+                ep.recvs.get(&id).map(|r| &r.state),
+                Some(RecvState::Done(_)) | None
+            )
+        })?;
+        self.take_recv(id)?.ok_or(Error::Consumed)
+    }
+
+    /// Cancels a receive that has not matched a message; returns its buffer. `Ok(None)`
+    /// when it had already matched (complete it with `wait_recv`).
+    pub fn cancel_recv(&mut self, req: &RecvRequest) -> Result<Option<Vec<u8>>> {
+        if !self.matcher.cancel(&req.id) {
+            return Ok(None);
+        }
+        match self.recvs.remove(&req.id) {
+            Some(RecvOp {
+                buf: RecvBuf::Owned(v),
+                ..
+            }) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Looks for a message matching `sel` that has arrived and not been received yet,
+    /// without receiving it. Makes progress first.
+    pub fn probe(&mut self, sel: Selector) -> Option<Status> {
+        self.progress();
+        self.matcher.probe(&sel).map(|u| Status {
+            peer: u.src,
+            tag: u.tag,
+            len: match &u.item {
+                Unexp::Eager(v) => v.len() as u64,
+                Unexp::Rts { len, .. } => *len,
+            },
+        })
+    }
+
+    /// Receives a message matching `sel` without copying it when it is a small message at
+    /// the head of its sender's ring: the guard borrows the ring memory and frees it when
+    /// dropped. Other messages (unexpected, or large) are delivered in an owned buffer
+    /// behind the same guard. Waits up to `timeout`.
+    pub fn recv_in_place(
+        &mut self,
+        sel: Selector,
+        timeout: Option<Duration>,
+    ) -> Result<InPlace<'_>> {
+        let mut found: Option<(usize, Record, u64)> = None;
+        let mut owned: Option<(Status, Vec<u8>)> = None;
+        self.wait_until(timeout, |ep| {
+            if let Some(u) = ep.matcher.probe(&sel) {
+                let is_eager = matches!(u.item, Unexp::Eager(_));
+                if is_eager {
+                    if let Some(u) = ep.matcher.take_unexpected(&sel) {
+                        if let Unexp::Eager(v) = u.item {
+                            owned = Some((
+                                Status {
+                                    peer: u.src,
+                                    tag: u.tag,
+                                    len: v.len() as u64,
+                                },
+                                v,
+                            ));
+                            return true;
+                        }
+                    }
+                }
+                return false; // a rendezvous message: irecv below
+            }
+            for i in 0..ep.peers.len() {
+                if sel.src.is_some_and(|s| s.0 as usize != i) || !ep.peers[i].alive {
+                    continue;
+                }
+                let p = &mut ep.peers[i];
+                if let Ok(Some(r)) = p.link.rx.peek() {
+                    if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.record(r)) {
+                        if sel.matches(PeerId(i as u32), tag)
+                            && !ep.matcher.has_posted_for(PeerId(i as u32), tag)
+                        {
+                            found = Some((i, r, tag));
+                            return true;
+                        }
+                    }
+                }
+            }
+            false
+        })
+        .or_else(|e| {
+            if matches!(e, Error::Timeout) && self.matcher.probe(&sel).is_some() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
+        if let Some((i, r, tag)) = found {
+            return Ok(InPlace {
+                ep: self,
+                status: Status {
+                    peer: PeerId(i as u32),
+                    tag,
+                    len: (r.len - EAGER_HEADER) as u64,
+                },
+                data: InPlaceData::Ring(i, r),
+            });
+        }
+        if let Some((status, v)) = owned {
+            return Ok(InPlace {
+                ep: self,
+                status,
+                data: InPlaceData::Owned(v),
+            });
+        }
+        // A rendezvous message is waiting: receive it into a buffer of its size.
+        let len = self.matcher.probe(&sel).map(|u| match &u.item {
+            Unexp::Rts { len, .. } => *len,
+            Unexp::Eager(v) => v.len() as u64,
+        });
+        let len = len.ok_or(Error::Timeout)?;
+        let req = self.irecv(sel, vec![0u8; len as usize])?;
+        let got = self.wait_recv(&req, None)?;
+        Ok(InPlace {
+            ep: self,
+            status: got.status,
+            data: InPlaceData::Owned(got.buf),
+        })
+    }
+
+    /// Matched a message to receive `rid`: copy it in, or start the rendezvous.
+    fn deliver(&mut self, src: PeerId, tag: u64, rid: u64, item: Unexp) {
+        match item {
+            Unexp::Eager(v) => self.complete_eager(src, tag, rid, &v),
+            Unexp::Rts { len, send_id, addr } => {
+                self.start_rendezvous(src, tag, rid, len, send_id, addr)
+            }
+        }
+    }
+
+    fn complete_eager(&mut self, src: PeerId, tag: u64, rid: u64, data: &[u8]) {
+        let Some(op) = self.recvs.get_mut(&rid) else {
+            return;
+        };
+        let buf = op.buf.slice();
+        let n = data.len().min(buf.len());
+        buf[..n].copy_from_slice(&data[..n]);
+        let len = data.len() as u64;
+        op.state = RecvState::Done(if n < data.len() {
+            Err(Error::Truncated {
+                len,
+                capacity: buf.len() as u64,
+            })
+        } else {
+            Ok(Status {
+                peer: src,
+                tag,
+                len,
+            })
+        });
+    }
+
+    fn start_rendezvous(
+        &mut self,
+        src: PeerId,
+        tag: u64,
+        rid: u64,
+        len: u64,
+        send_id: u64,
+        addr: u64,
+    ) {
+        let i = src.0 as usize;
+        let status = Status {
+            peer: src,
+            tag,
+            len,
+        };
+        let Some(op) = self.recvs.get_mut(&rid) else {
+            return;
+        };
+        let p = &mut self.peers[i];
+        if !p.alive {
+            op.state = RecvState::Done(Err(Error::PeerDead(src)));
+            return;
+        }
+        if p.link.cma {
+            let buf = op.buf.slice();
+            let cap = buf.len() as u64;
+            let n = len.min(cap) as usize;
+            let res = sys::cma_read(p.link.pid, addr, &mut buf[..n]);
+            op.state = RecvState::Done(match res {
+                Ok(()) if len > cap => Err(Error::Truncated { len, capacity: cap }),
+                Ok(()) => Ok(status),
+                Err(e) => Err(Error::Io {
+                    what: format!("reading rendezvous message from {src}"),
+                    source: e,
+                }),
+            });
+            if res_ok(&op.state) {
+                self.stats.cma_bytes += n as u64;
+            }
+            self.push_ctrl(i, Frame::Fin { send_id });
+        } else {
+            op.state = RecvState::Staging { status, got: 0 };
+            p.staged_in.insert(send_id, rid);
+            self.push_ctrl(i, Frame::Cts { send_id });
+        }
+    }
+
+    // ---------------------------------------------------------------- progress
+
+    /// Moves data: drains rings, matches, answers rendezvous, flushes queued frames, and
+    /// now and then checks peers' liveness and accepts connections. Returns true when
+    /// anything happened. Never blocks.
+    pub fn progress(&mut self) -> bool {
+        let mut did = false;
+        for i in 0..self.peers.len() {
+            if !self.peers[i].alive {
+                continue;
+            }
+            if !self.peers[i].txq.is_empty() || !self.peers[i].staged_out.is_empty() {
+                did |= self.flush(i);
+            }
+            did |= self.drain(i);
+        }
+        if did {
+            self.idle_polls = 0;
+        } else {
+            self.idle_polls += 1;
+            // Look at the clock only every 64 idle polls (it is cheap, but not free).
+            if self.idle_polls % 64 == 0 && self.last_check.elapsed() >= self.ctx.config.liveness {
+                did |= self.check_events(Some(Duration::ZERO));
+            }
+        }
+        did
+    }
+
+    /// Handles up to RX_BUDGET frames from peer `i`.
+    fn drain(&mut self, i: usize) -> bool {
+        let mut n = 0;
+        while n < RX_BUDGET {
+            let rec = match self.peers[i].link.rx.peek() {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    if self.peers[i].link.rx.publish() {
+                        self.peers[i].link.wake();
+                        self.stats.doorbells += 1;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    self.stats.protocol_errors += 1;
+                    self.fail_peer(
+                        i,
+                        format!(
+                            "{}",
+                            Error::Ring {
+                                peer: PeerId(i as u32),
+                                source: e
+                            }
+                        ),
+                    );
+                    return true;
+                }
+            };
+            self.stats.frames_received += 1;
+            if let Err(e) = self.handle(i, rec) {
+                self.stats.protocol_errors += 1;
+                self.fail_peer(i, e.to_string());
+                return true;
+            }
+            if self.peers[i].link.rx.release(rec) {
+                self.peers[i].link.wake();
+                self.stats.doorbells += 1;
+            }
+            n += 1;
+        }
+        n > 0
+    }
+
+    fn handle(&mut self, i: usize, rec: Record) -> Result<()> {
+        let src = PeerId(i as u32);
+        // The record lives in the peer's segment, kept mapped while the peer exists; the
+        // slice is detached from `self` so the handlers below can take `&mut self`.
+        let bytes: &[u8] = {
+            let b = self.peers[i].link.record(rec);
+            // SAFETY: the mapping outlives this call (peers are never removed), and the
+            // record is not released until handle() returns.
+            unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) }
+        };
+        let f = Frame::parse(bytes).map_err(|e| Error::Proto {
+            peer: src,
+            source: e,
+        })?;
+        match f {
+            Frame::Eager { tag, data } => match self.matcher.take_posted(src, tag) {
+                Some(rid) => self.complete_eager(src, tag, rid, data),
+                None => {
+                    self.stats.unexpected += 1;
+                    self.matcher
+                        .push_unexpected(src, tag, Unexp::Eager(data.to_vec()));
+                }
+            },
+            Frame::Rts {
+                tag,
+                len,
+                send_id,
+                addr,
+            } => match self.matcher.take_posted(src, tag) {
+                Some(rid) => self.start_rendezvous(src, tag, rid, len, send_id, addr),
+                None => self
+                    .matcher
+                    .push_unexpected(src, tag, Unexp::Rts { len, send_id, addr }),
+            },
+            Frame::Fin { send_id } => {
+                if let Some(op) = self.sends.get_mut(&send_id) {
+                    if op.peer == src && matches!(op.state, SendState::WaitFin) {
+                        op.state = SendState::Done(Ok(()));
+                    }
+                }
+            }
+            Frame::Cts { send_id } => {
+                let len = match self.sends.get_mut(&send_id) {
+                    Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => {
+                        op.state = SendState::Staging;
+                        op.data.bytes().len() as u64
+                    }
+                    _ => {
+                        return Err(Error::Proto {
+                            peer: src,
+                            source: clink_proto::ProtoError::OutOfRange {
+                                what: "CTS for unknown send",
+                                value: send_id,
+                                limit: 0,
+                            },
+                        })
+                    }
+                };
+                self.peers[i].staged_out.push_back(StagedOut {
+                    send_id,
+                    next: 0,
+                    len,
+                    inflight: Vec::new(),
+                });
+                self.pump_staging(i);
+            }
+            Frame::Chunk {
+                send_id,
+                offset,
+                slot,
+                len,
+            } => {
+                let p = &mut self.peers[i];
+                let bad = |what| Error::Proto {
+                    peer: src,
+                    source: clink_proto::ProtoError::OutOfRange {
+                        what,
+                        value: send_id,
+                        limit: 0,
+                    },
+                };
+                let rid = *p
+                    .staged_in
+                    .get(&send_id)
+                    .ok_or_else(|| bad("chunk for unknown send"))?;
+                let op = self
+                    .recvs
+                    .get_mut(&rid)
+                    .ok_or_else(|| bad("chunk for unknown receive"))?;
+                let RecvState::Staging { status, got } = &mut op.state else {
+                    return Err(bad("chunk for a receive not staging"));
+                };
+                if offset != *got
+                    || offset + u64::from(len) > status.len
+                    || slot >= p.link.rx_stage.slots
+                    || len > p.link.rx_stage.slot_bytes
+                {
+                    return Err(bad("chunk out of order or range"));
+                }
+                let buf = op.buf.slice();
+                let cap = buf.len() as u64;
+                if offset < cap {
+                    let end = (offset + u64::from(len)).min(cap);
+                    p.link
+                        .rx_stage
+                        .get(slot, &mut buf[offset as usize..end as usize]);
+                }
+                *got += u64::from(len);
+                self.stats.staged_bytes += u64::from(len);
+                if *got == status.len {
+                    let st = *status;
+                    op.state = RecvState::Done(if st.len > cap {
+                        Err(Error::Truncated {
+                            len: st.len,
+                            capacity: cap,
+                        })
+                    } else {
+                        Ok(st)
+                    });
+                    p.staged_in.remove(&send_id);
+                }
+                self.push_ctrl(i, Frame::ChunkAck { slot });
+            }
+            Frame::ChunkAck { slot } => {
+                let p = &mut self.peers[i];
+                let Some(st) = p.staged_out.front_mut() else {
+                    return Err(Error::Proto {
+                        peer: src,
+                        source: clink_proto::ProtoError::OutOfRange {
+                            what: "chunk ack without staged send",
+                            value: slot.into(),
+                            limit: 0,
+                        },
+                    });
+                };
+                let Some(pos) = st.inflight.iter().position(|&s| s == slot) else {
+                    return Err(Error::Proto {
+                        peer: src,
+                        source: clink_proto::ProtoError::OutOfRange {
+                            what: "chunk ack for a free slot",
+                            value: slot.into(),
+                            limit: 0,
+                        },
+                    });
+                };
+                st.inflight.swap_remove(pos);
+                p.free_slots.push(slot);
+                if st.next >= st.len && st.inflight.is_empty() {
+                    let id = st.send_id;
+                    p.staged_out.pop_front();
+                    if let Some(op) = self.sends.get_mut(&id) {
+                        op.state = SendState::Done(Ok(()));
+                    }
+                }
+                self.pump_staging(i);
+            }
+            Frame::Cancel { send_id } => {
+                let mut found = false;
+                let removed = self.matcher.drain_unexpected_from(src, |u| {
+                    let hit = !found && matches!(u, Unexp::Rts { send_id: s, .. } if *s == send_id);
+                    found |= hit;
+                    !hit
+                });
+                self.push_ctrl(
+                    i,
+                    Frame::CancelAck {
+                        send_id,
+                        cancelled: !removed.is_empty(),
+                    },
+                );
+            }
+            Frame::CancelAck { send_id, cancelled } => {
+                if let Some(op) = self.sends.get_mut(&send_id) {
+                    if cancelled && op.peer == src && matches!(op.state, SendState::WaitFin) {
+                        op.state = SendState::Done(Err(Error::Cancelled));
+                    }
+                }
+            }
+            Frame::Close => {
+                self.peers[i].alive = false;
+                self.fail_peer_ops(i);
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls the epoll set (doorbell, listener, peer sockets) once, waiting up to
+    /// `timeout`. Returns true when something happened.
+    fn check_events(&mut self, timeout: Option<Duration>) -> bool {
+        self.last_check = Instant::now();
+        self.stats.liveness_checks += 1;
+        let mut evs = std::mem::take(&mut self.events);
+        evs.clear();
+        if let Err(e) = self.epoll.wait(&mut evs, timeout) {
+            tracing::warn!("epoll_wait: {e}");
+        }
+        let mut did = false;
+        for &t in &evs {
+            match t {
+                TOK_DOORBELL => {
+                    sys::drain_doorbell(self.doorbell.as_raw_fd());
+                }
+                TOK_LISTENER => did |= self.accept_pending(),
+                t => {
+                    let i = (t - TOK_PEER0) as usize;
+                    if i < self.peers.len()
+                        && self.peers[i].alive
+                        && !self.peers[i].link.on_socket_readable()
+                    {
+                        // Deliver what the peer left in its ring before declaring it dead.
+                        self.drain(i);
+                        if self.peers[i].alive {
+                            self.fail_peer(i, format!("{} hung up", PeerId(i as u32)));
+                        }
+                        did = true;
+                    }
+                }
+            }
+        }
+        self.events = evs;
+        did
+    }
+
+    fn accept_pending(&mut self) -> bool {
+        let mut did = false;
+        loop {
+            match self.listener.accept() {
+                Ok(Some(s)) => match ShmPeer::accept(s, &self.local()) {
+                    Ok(link) => match self.add_peer(link) {
+                        Ok(id) => {
+                            self.new_peers.push_back(id);
+                            did = true;
+                        }
+                        Err(e) => self.last_error = Some(e.to_string()),
+                    },
+                    Err(e) => {
+                        tracing::warn!("incoming connection refused: {e}");
+                        self.last_error = Some(e.to_string());
+                    }
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    break;
+                }
+            }
+        }
+        did
+    }
+
+    fn fail_peer(&mut self, i: usize, why: String) {
+        tracing::debug!("peer {i} failed: {why}");
+        self.last_error = Some(why);
+        self.stats.peers_failed += 1;
+        self.peers[i].alive = false;
+        self.epoll.remove(self.peers[i].link.sock.raw());
+        self.fail_peer_ops(i);
+    }
+
+    /// Fails every operation that needs the (dead or closed) peer `i`.
+    fn fail_peer_ops(&mut self, i: usize) {
+        let peer = PeerId(i as u32);
+        let p = &mut self.peers[i];
+        p.txq.clear();
+        p.staged_out.clear();
+        for (_, rid) in p.staged_in.drain() {
+            if let Some(op) = self.recvs.get_mut(&rid) {
+                op.state = RecvState::Done(Err(Error::PeerDead(peer)));
+            }
+        }
+        for op in self.sends.values_mut() {
+            if op.peer == peer && !matches!(op.state, SendState::Done(_)) {
+                op.state = SendState::Done(Err(Error::PeerDead(peer)));
+            }
+        }
+        for rid in self.matcher.drain_posted_from(peer) {
+            if let Some(op) = self.recvs.get_mut(&rid) {
+                op.state = RecvState::Done(Err(Error::PeerDead(peer)));
+            }
+        }
+        // Rendezvous messages of a dead peer cannot be read any more; eager ones can.
+        self.matcher
+            .drain_unexpected_from(peer, |u| matches!(u, Unexp::Eager(_)));
+    }
+
+    // ---------------------------------------------------------------- waiting
+
+    /// Spins calling `progress` until `done` holds, for up to the configured spin time,
+    /// then blocks on the endpoint's fd (arm, re-check, sleep). `Error::Timeout` after
+    /// `timeout`.
+    fn wait_until(
+        &mut self,
+        timeout: Option<Duration>,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
+        if done(self) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let spin = self.ctx.config.spin;
+        let mut polls: u32 = 0;
+        loop {
+            let did = self.progress();
+            if done(self) {
+                return Ok(());
+            }
+            polls = polls.wrapping_add(1);
+            if did || polls % 16 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(Error::Timeout);
+            }
+            if spin.is_none_or(|s| now < start + s) {
+                continue;
+            }
+            // Block: ask producers for a doorbell, re-check, then sleep.
+            if self.prepare_wait() {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                self.stats.sleeps += 1;
+                // Wake up at least every second to re-check (belt and braces; every
+                // wake-up path is signalled).
+                let t = left.map_or(Duration::from_secs(1), |l| l.min(Duration::from_secs(1)));
+                self.check_events(Some(t));
+                self.finish_wait();
+            }
+        }
+    }
+
+    /// Prepares to block on [`Endpoint::fd`]: asks every peer for a doorbell on its next
+    /// message, then re-checks. Returns true when it is safe to block (nothing arrived
+    /// meanwhile); false when there is work, in which case call `progress` instead.
+    /// After waking, call [`Endpoint::finish_wait`].
+    pub fn prepare_wait(&mut self) -> bool {
+        for p in self.peers.iter_mut().filter(|p| p.alive) {
+            p.link.rx.arm_sleep();
+            if p.link.rx.publish() {
+                p.link.wake();
+                self.stats.doorbells += 1;
+            }
+        }
+        sys::drain_doorbell(self.doorbell.as_raw_fd());
+        let busy = self.progress()
+            || self
+                .peers
+                .iter_mut()
+                .any(|p| p.alive && matches!(p.link.rx.peek(), Ok(Some(_))))
+            || !self.new_peers.is_empty();
+        if busy {
+            self.finish_wait();
+        }
+        !busy
+    }
+
+    /// Withdraws the doorbell requests of [`Endpoint::prepare_wait`].
+    pub fn finish_wait(&mut self) {
+        for p in self.peers.iter_mut().filter(|p| p.alive) {
+            p.link.rx.disarm_sleep();
+        }
+    }
+
+    /// The endpoint's file descriptor, level-triggered: readable when a message,
+    /// connection or peer failure may be pending. For poll/epoll/select: call
+    /// [`Endpoint::prepare_wait`] before blocking on it and `progress` after.
+    pub fn fd(&self) -> RawFd {
+        self.epoll.raw()
+    }
+
+    /// Says goodbye to every peer (they see their operations towards us fail at once
+    /// rather than at the liveness check). Dropping the endpoint does the same.
+    pub fn close(&mut self) {
+        for p in self.peers.iter_mut().filter(|p| p.alive) {
+            if p.link.tx.close() {
+                p.link.wake();
+            }
+            p.alive = false;
+        }
+    }
+}
+
+fn res_ok(s: &RecvState) -> bool {
+    matches!(
+        s,
+        RecvState::Done(Ok(_)) | RecvState::Done(Err(Error::Truncated { .. }))
+    )
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // Rendezvous sends still point into memory we are about to free: nothing to do
+        // for the peer (it will see our socket close and fail its receive).
+        self.close();
+    }
+}
+
+enum InPlaceData {
+    Ring(usize, Record),
+    Owned(Vec<u8>),
+}
+
+/// A received small message read in place from the sender's ring (zero copies), or an
+/// owned buffer when the message could not be read in place. The ring space is freed when
+/// the guard is dropped; until then the sender's later messages queue behind it.
+pub struct InPlace<'a> {
+    ep: &'a mut Endpoint,
+    status: Status,
+    data: InPlaceData,
+}
+
+impl InPlace<'_> {
+    /// Who sent what.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+}
+
+impl std::ops::Deref for InPlace<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.data {
+            InPlaceData::Ring(i, r) => &self.ep.peers[*i].link.record(*r)[EAGER_HEADER..],
+            InPlaceData::Owned(v) => v,
+        }
+    }
+}
+
+impl Drop for InPlace<'_> {
+    fn drop(&mut self) {
+        if let InPlaceData::Ring(i, r) = self.data {
+            let p = &mut self.ep.peers[i];
+            self.ep.stats.frames_received += 1;
+            if p.link.rx.release(r) {
+                p.link.wake();
+            }
+        }
+    }
+}
+
+/// Space claimed in a peer's ring for one eager message ([`Endpoint::claim`]): write the
+/// message into [`SendSlot::buf`], then [`SendSlot::commit`]. Dropping it uncommitted
+/// abandons the message.
+pub struct SendSlot<'a> {
+    ep: &'a mut Endpoint,
+    peer: usize,
+    res: Option<crate::transport::shm::ring::Reservation>,
+    len: usize,
+    tag: u64,
+}
+
+impl SendSlot<'_> {
+    /// The message bytes, in the peer's ring.
+    pub fn buf(&mut self) -> &mut [u8] {
+        let p = &self.ep.peers[self.peer];
+        let Some(r) = &self.res else { return &mut [] };
+        let idx = r.idx(p.link.tx.mem().cap());
+        // SAFETY: the reservation owns EAGER_HEADER + len bytes of this record.
+        unsafe {
+            std::slice::from_raw_parts_mut(p.link.tx.mem().payload(idx).add(EAGER_HEADER), self.len)
+        }
+    }
+
+    /// Publishes the message.
+    pub fn commit(mut self) {
+        let Some(r) = self.res.take() else { return };
+        let p = &mut self.ep.peers[self.peer];
+        let idx = r.idx(p.link.tx.mem().cap());
+        let mut hdr = [0u8; EAGER_HEADER];
+        Frame::encode_eager_header(self.tag, &mut hdr);
+        // SAFETY: the reservation owns the record's first EAGER_HEADER bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), p.link.tx.mem().payload(idx), EAGER_HEADER)
+        };
+        if p.link.tx.commit(r) {
+            p.link.wake();
+            self.ep.stats.doorbells += 1;
+        }
+        self.ep.stats.frames_sent += 1;
+        self.ep.stats.eager_sends += 1;
+        self.ep.stats.eager_bytes += self.len as u64;
+    }
+}

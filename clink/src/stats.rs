@@ -1,0 +1,36 @@
+//! Counters for every decision a performance question needs.
+
+/// Per-endpoint counters (monotonic since the endpoint was created).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Frames written into peers' rings.
+    pub frames_sent: u64,
+    /// Frames read from peers' rings.
+    pub frames_received: u64,
+    /// Messages sent eagerly (copied through the ring).
+    pub eager_sends: u64,
+    /// Messages sent by rendezvous.
+    pub rendezvous_sends: u64,
+    /// Payload bytes copied into rings (eager, sender side).
+    pub eager_bytes: u64,
+    /// Payload bytes moved by a single CMA copy (receiver side).
+    pub cma_bytes: u64,
+    /// Payload bytes moved through the staging area (receiver side).
+    pub staged_bytes: u64,
+    /// Eager messages that arrived before their receive and were copied aside.
+    pub unexpected: u64,
+    /// Times a send found the peer's ring full and queued.
+    pub ring_full: u64,
+    /// Doorbells rung (wake-up system calls made by this endpoint).
+    pub doorbells: u64,
+    /// Times this endpoint blocked in the kernel.
+    pub sleeps: u64,
+    /// Liveness / connection checks (epoll_wait with zero timeout while busy).
+    pub liveness_checks: u64,
+    /// Malformed frames or ring contents received (the peer is dropped).
+    pub protocol_errors: u64,
+    /// Peers that died, hung up or were dropped.
+    pub peers_failed: u64,
+    /// Peers connected (both directions).
+    pub peers_connected: u64,
+}

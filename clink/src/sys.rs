@@ -1,0 +1,490 @@
+//! Thin, safe wrappers over the Linux system calls clink needs. All `unsafe` of the runtime
+//! outside the shared-memory ring lives here, each block with its reason.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn cvt_isize(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Fills `buf` from the kernel's random source.
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    getrandom::getrandom(buf).map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// A random u128 (identities, names, keys).
+pub fn random_u128() -> io::Result<u128> {
+    let mut b = [0u8; 16];
+    random_bytes(&mut b)?;
+    Ok(u128::from_le_bytes(b))
+}
+
+/// Creates an anonymous memory file of `len` bytes, sealed against shrinking and growing so
+/// a peer cannot make our mapping fault (SIGBUS) by truncating it.
+pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("memfd name has NUL"))?;
+    // SAFETY: cname is a valid C string; flags are constants.
+    let fd = cvt(unsafe {
+        libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on an fd we own.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    cvt(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Checks that a memory file received from a peer is at least `len` bytes and sealed
+/// against shrinking (so mapping it cannot fault later).
+pub fn check_peer_memfd(fd: &OwnedFd, len: usize) -> io::Result<()> {
+    // SAFETY: fcntl on an fd we own.
+    let seals = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
+    if seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(io::Error::other(
+            "peer segment is not sealed against shrinking",
+        ));
+    }
+    // SAFETY: zeroed stat is a valid out-parameter for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    if (st.st_size as u64) < len as u64 {
+        return Err(io::Error::other(format!(
+            "peer segment has {} bytes, protocol needs {len}",
+            st.st_size
+        )));
+    }
+    Ok(())
+}
+
+/// A shared mapping of a memory file; unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; concurrent access is governed by the ring protocol.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` read-write, shared.
+    pub fn new(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping chosen by the kernel; fd is valid and len non-zero.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
+            len,
+        })
+    }
+    /// Base address.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what new() mapped; nothing borrows it past the owner.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A non-blocking eventfd used as a doorbell.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: fresh fd owned by us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Rings a doorbell (adds 1 to an eventfd).
+pub fn ring_doorbell(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64. A full counter (EAGAIN) already means "awake".
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Empties an eventfd; true when it had been rung.
+pub fn drain_doorbell(fd: RawFd) -> bool {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a valid u64; non-blocking fd.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) == 8 }
+}
+
+/// An epoll instance.
+pub struct Epoll(OwnedFd);
+
+impl Epoll {
+    /// Creates an epoll instance.
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: plain syscall.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        // SAFETY: fresh fd owned by us.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+    /// Watches `fd` for readability (level-triggered), reporting `token`.
+    pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: token,
+        };
+        // SAFETY: valid epoll fd and event struct.
+        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+        Ok(())
+    }
+    /// Stops watching `fd`.
+    pub fn remove(&self, fd: RawFd) {
+        // SAFETY: valid epoll fd; a stale fd only yields an error we ignore.
+        unsafe {
+            libc::epoll_ctl(
+                self.0.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                fd,
+                std::ptr::null_mut(),
+            )
+        };
+    }
+    /// Waits up to `timeout` (None: forever) and returns the tokens that are ready.
+    pub fn wait(&self, out: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<()> {
+        let ms = match timeout {
+            None => -1,
+            Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
+        };
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
+        // SAFETY: evs is a valid buffer of 32 events.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 32, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(e);
+        }
+        out.extend(evs[..n as usize].iter().map(|e| e.u64));
+        Ok(())
+    }
+    /// The epoll fd itself (pollable by users: readable when any watched fd is).
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Peer credentials of a Unix socket.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerCred {
+    /// Peer process id, as seen from this PID namespace (0 when not visible).
+    pub pid: i32,
+    /// Peer user id.
+    pub uid: u32,
+}
+
+/// Returns this process's uid.
+pub fn getuid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getuid() }
+}
+
+/// A SOCK_SEQPACKET Unix socket.
+pub struct SeqPacket(OwnedFd);
+
+fn abstract_addr(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; zero is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = name.as_bytes();
+    if b.len() + 1 > a.sun_path.len() {
+        return Err(io::Error::other("socket name too long"));
+    }
+    // Abstract namespace: leading NUL, not NUL-terminated, nothing on disk.
+    for (i, &c) in b.iter().enumerate() {
+        a.sun_path[i + 1] = c as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + b.len();
+    Ok((a, len as libc::socklen_t))
+}
+
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd =
+        cvt(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh fd owned by us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl SeqPacket {
+    /// Binds and listens on abstract name `name` (non-blocking accept).
+    pub fn listen(name: &str) -> io::Result<SeqPacket> {
+        let fd = seqpacket_socket()?;
+        let (a, len) = abstract_addr(name)?;
+        // SAFETY: valid socket and address.
+        cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) })?;
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+        let s = SeqPacket(fd);
+        s.set_nonblocking(true)?;
+        Ok(s)
+    }
+    /// Connects to abstract name `name`.
+    pub fn connect(name: &str) -> io::Result<SeqPacket> {
+        let fd = seqpacket_socket()?;
+        let (a, len) = abstract_addr(name)?;
+        // SAFETY: valid socket and address.
+        cvt(unsafe {
+            libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len)
+        })?;
+        Ok(SeqPacket(fd))
+    }
+    /// Accepts one pending connection, if any.
+    pub fn accept(&self) -> io::Result<Option<SeqPacket>> {
+        // SAFETY: valid listening socket; we do not need the peer address.
+        let r = unsafe {
+            libc::accept4(
+                self.0.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+        // SAFETY: fresh fd owned by us.
+        Ok(Some(SeqPacket(unsafe { OwnedFd::from_raw_fd(r) })))
+    }
+    /// Sets O_NONBLOCK.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        // SAFETY: fcntl on a valid fd.
+        let fl = cvt(unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_GETFL) })?;
+        let fl = if on {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        cvt(unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_SETFL, fl) })?;
+        Ok(())
+    }
+    /// Credentials of the connected peer (SO_PEERCRED).
+    pub fn peer_cred(&self) -> io::Result<PeerCred> {
+        // SAFETY: ucred is plain data.
+        let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: valid socket and out-buffer of the right size.
+        cvt(unsafe {
+            libc::getsockopt(
+                self.0.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut c as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        })?;
+        Ok(PeerCred {
+            pid: c.pid,
+            uid: c.uid,
+        })
+    }
+    /// Sends one packet with the given file descriptors attached (SCM_RIGHTS).
+    pub fn send_with_fds(&self, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut _,
+            iov_len: data.len(),
+        };
+        let mut cbuf = [0u64; 8]; // 64 bytes, 8-aligned: room for 4 fds
+                                  // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            assert!(fds.len() <= 4, "at most 4 fds per packet");
+            // SAFETY: CMSG_SPACE is a pure computation.
+            let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            // SAFETY: msg_control points to cbuf, large enough for one cmsg with the fds.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as usize;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr(),
+                    libc::CMSG_DATA(c).cast::<RawFd>(),
+                    fds.len(),
+                );
+            }
+        }
+        // SAFETY: msg points at live buffers for the duration of the call.
+        let n = cvt_isize(unsafe { libc::sendmsg(self.0.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) })?;
+        if n != data.len() {
+            return Err(io::Error::other("short send on seqpacket socket"));
+        }
+        Ok(())
+    }
+    /// Receives one packet and up to 4 attached fds, waiting at most `timeout`. Returns the
+    /// packet length (0 means the peer closed).
+    pub fn recv_with_fds(
+        &self,
+        buf: &mut [u8],
+        fds: &mut Vec<OwnedFd>,
+        timeout: Duration,
+    ) -> io::Result<usize> {
+        if !poll_readable(self.0.as_raw_fd(), timeout)? {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "peer did not answer in time",
+            ));
+        }
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut cbuf = [0u64; 8];
+        // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        // SAFETY: buffers live for the call; MSG_CMSG_CLOEXEC keeps received fds private.
+        let n = cvt_isize(unsafe {
+            libc::recvmsg(
+                self.0.as_raw_fd(),
+                &mut msg,
+                libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+            )
+        })?;
+        // SAFETY: walking the control buffer the kernel filled, bounded by msg_controllen.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                    let nfd = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                    for i in 0..nfd {
+                        fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        if msg.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+            return Err(io::Error::other("oversized handshake packet from peer"));
+        }
+        Ok(n)
+    }
+    /// The raw fd (for epoll).
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Waits until `fd` is readable or hung up; false on timeout.
+pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(r > 0);
+    }
+}
+
+/// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst` with
+/// process_vm_readv (one copy, no staging). Loops over partial reads.
+pub fn cma_read(pid: i32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < dst.len() {
+        // Bounded pieces keep each call's latency (and the time the peer can't be served)
+        // reasonable and stay under the kernel's per-call limits.
+        let n = (dst.len() - done).min(1 << 30);
+        let local = libc::iovec {
+            iov_base: dst[done..].as_mut_ptr().cast(),
+            iov_len: n,
+        };
+        let rem = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: n,
+        };
+        // SAFETY: local iovec covers memory we own mutably; the remote side is checked by
+        // the kernel against the peer's address space.
+        let r = cvt_isize(unsafe { libc::process_vm_readv(pid, &local, 1, &rem, 1, 0) })?;
+        if r == 0 {
+            return Err(io::Error::other("process_vm_readv made no progress"));
+        }
+        done += r;
+    }
+    Ok(())
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET stays in bounds for cpu < 1024.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu % 1024, &mut set);
+        cvt(libc::sched_setaffinity(
+            0,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        ))?;
+    }
+    Ok(())
+}
+
+/// This process's id (used only for fork detection and CMA, never as an identity).
+pub fn getpid() -> i32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getpid() }
+}

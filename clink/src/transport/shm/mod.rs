@@ -1,0 +1,477 @@
+//! Shared-memory transport: one memfd segment per peer pair, passed over an abstract Unix
+//! socket with SCM_RIGHTS.
+//!
+//! - Nothing is named on disk and nothing outlives the processes: the segment is a memfd
+//!   (freed when the last mapping and fd go), the listening socket is in the abstract
+//!   namespace (gone when the process exits), kill -9 included.
+//! - Only peers of the same uid may connect (SO_PEERCRED), unless configured otherwise.
+//! - The segment is sealed against shrinking, so a peer cannot make our mapping fault.
+//! - The Unix socket stays open for the life of the connection: its hang-up is the death
+//!   notice of the peer.
+//!
+//! Segment layout (direction 0 = connector to acceptor, 1 = the other way):
+//! `[header page][ring 0][ring 1][staging 0][staging 1]`, each ring being a 256-byte
+//! control block followed by its cells, each staging area `slots * slot_bytes`.
+
+pub mod ring;
+
+use crate::config::Config;
+use crate::error::{io_err, Error, Result};
+use crate::sys::{self, Mapping, SeqPacket};
+use clink_proto::wire::{Frame, Hello, Ready, Welcome, HELLO_LEN, READY_LEN, WELCOME_LEN};
+use ring::{Consumer, Flag, Producer, RingMem, CELL, REC_HDR};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const PAGE: usize = 4096;
+const CTRL: usize = 256;
+const SEG_MAGIC: u64 = 0x434c_494e_4b53_4547; // "CLINKSEG"
+
+/// Largest ring the acceptor agrees to map.
+pub const MAX_RING_CELLS: u32 = 1 << 20;
+/// Largest staging slot the acceptor agrees to map.
+pub const MAX_SLOT_BYTES: u32 = 16 << 20;
+
+/// Byte offsets of the parts of a segment.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    ring: [usize; 2],
+    stage: [usize; 2],
+    total: usize,
+}
+
+fn round_page(n: usize) -> usize {
+    n.div_ceil(PAGE) * PAGE
+}
+
+impl Layout {
+    fn new(cells: u32, slots: u32, slot_bytes: u32) -> Layout {
+        let ring_bytes = round_page(CTRL + cells as usize * CELL);
+        let stage_bytes = round_page(slots as usize * slot_bytes as usize);
+        let r0 = PAGE;
+        let r1 = r0 + ring_bytes;
+        let s0 = r1 + ring_bytes;
+        let s1 = s0 + stage_bytes;
+        Layout {
+            ring: [r0, r1],
+            stage: [s0, s1],
+            total: s1 + stage_bytes,
+        }
+    }
+}
+
+/// One ring direction inside a mapped segment.
+#[derive(Clone)]
+pub struct ShmMem {
+    ctrl: *mut u8,
+    cells: *mut u8,
+    cap: u64,
+    _seg: Arc<Mapping>,
+}
+
+// SAFETY: the raw pointers point into `_seg`, kept alive by the Arc; the ring protocol
+// decides who touches what.
+unsafe impl Send for ShmMem {}
+
+impl ShmMem {
+    fn new(seg: &Arc<Mapping>, off: usize, cells: u32) -> ShmMem {
+        // SAFETY: Layout places the ring inside the mapping (checked by its size).
+        let ctrl = unsafe { seg.ptr().add(off) };
+        ShmMem {
+            ctrl,
+            // SAFETY: as above.
+            cells: unsafe { ctrl.add(CTRL) },
+            cap: u64::from(cells),
+            _seg: seg.clone(),
+        }
+    }
+    fn atomic64(&self, p: *mut u8) -> &AtomicU64 {
+        // SAFETY: p is 8-aligned inside the live mapping; AtomicU64 has u64's layout.
+        unsafe { &*(p as *const AtomicU64) }
+    }
+    fn flag(&self, f: Flag) -> &AtomicU32 {
+        let off = match f {
+            Flag::ConsumerSleeping => 64,
+            Flag::ProducerWaiting => 128,
+            Flag::Closed => 192,
+        };
+        // SAFETY: offsets inside the 256-byte control block, 4-aligned.
+        unsafe { &*(self.ctrl.add(off) as *const AtomicU32) }
+    }
+    fn cell(&self, idx: u64) -> *mut u8 {
+        debug_assert!(idx < self.cap);
+        // SAFETY: idx < cap keeps the pointer inside the ring's cells.
+        unsafe { self.cells.add(idx as usize * CELL) }
+    }
+    /// Pointer to the payload of the record at `idx`.
+    pub fn payload(&self, idx: u64) -> *mut u8 {
+        // SAFETY: the header is inside the cell.
+        unsafe { self.cell(idx).add(REC_HDR) }
+    }
+}
+
+// SAFETY: cells are distinct 64-byte slots of a mapping kept alive by `_seg`.
+unsafe impl RingMem for ShmMem {
+    fn cap(&self) -> u64 {
+        self.cap
+    }
+    fn load_seq(&self, idx: u64, o: Ordering) -> u64 {
+        self.atomic64(self.cell(idx)).load(o)
+    }
+    fn store_seq(&self, idx: u64, v: u64, o: Ordering) {
+        self.atomic64(self.cell(idx)).store(v, o)
+    }
+    fn load_head(&self, o: Ordering) -> u64 {
+        self.atomic64(self.ctrl).load(o)
+    }
+    fn store_head(&self, v: u64, o: Ordering) {
+        self.atomic64(self.ctrl).store(v, o)
+    }
+    fn load_flag(&self, f: Flag, o: Ordering) -> u32 {
+        self.flag(f).load(o)
+    }
+    fn store_flag(&self, f: Flag, v: u32, o: Ordering) {
+        self.flag(f).store(v, o)
+    }
+    fn swap_flag(&self, f: Flag, v: u32, o: Ordering) -> u32 {
+        self.flag(f).swap(v, o)
+    }
+    fn fence(&self) {
+        fence(Ordering::SeqCst)
+    }
+    unsafe fn write_hdr(&self, idx: u64, len: u32, flags: u32) {
+        let p = self.cell(idx);
+        std::ptr::write_volatile(p.add(8) as *mut u32, len);
+        std::ptr::write_volatile(p.add(12) as *mut u32, flags);
+    }
+    unsafe fn read_hdr(&self, idx: u64) -> (u32, u32) {
+        let p = self.cell(idx);
+        (
+            std::ptr::read_volatile(p.add(8) as *const u32),
+            std::ptr::read_volatile(p.add(12) as *const u32),
+        )
+    }
+    unsafe fn write(&self, idx: u64, off: usize, src: &[u8]) {
+        std::ptr::copy_nonoverlapping(src.as_ptr(), self.payload(idx).add(off), src.len());
+    }
+    unsafe fn read(&self, idx: u64, off: usize, dst: &mut [u8]) {
+        std::ptr::copy_nonoverlapping(self.payload(idx).add(off), dst.as_mut_ptr(), dst.len());
+    }
+}
+
+/// A staging area (the no-CMA fallback): `slots` buffers of `slot_bytes` in the segment.
+pub struct Staging {
+    base: *mut u8,
+    /// Number of slots.
+    pub slots: u32,
+    /// Bytes per slot.
+    pub slot_bytes: u32,
+    _seg: Arc<Mapping>,
+}
+
+// SAFETY: as ShmMem.
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// Copies `src` into slot `slot` (producer side). Returns false for a bad slot/len.
+    pub fn put(&self, slot: u32, src: &[u8]) -> bool {
+        if slot >= self.slots || src.len() > self.slot_bytes as usize {
+            return false;
+        }
+        // SAFETY: slot and length checked against the area; the slot is ours until acked.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.as_ptr(),
+                self.base.add(slot as usize * self.slot_bytes as usize),
+                src.len(),
+            )
+        };
+        true
+    }
+    /// Copies slot `slot` into `dst` (consumer side). Returns false for a bad slot/len.
+    pub fn get(&self, slot: u32, dst: &mut [u8]) -> bool {
+        if slot >= self.slots || dst.len() > self.slot_bytes as usize {
+            return false;
+        }
+        // SAFETY: slot and length checked against the area.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.add(slot as usize * self.slot_bytes as usize),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        true
+    }
+}
+
+/// What this endpoint tells peers at connect time.
+pub struct Local<'a> {
+    /// Endpoint identity.
+    pub id: u128,
+    /// Our doorbell (sent to the peer).
+    pub doorbell: RawFd,
+    /// Address and value of our CMA probe word.
+    pub probe: (u64, u64),
+    /// Configuration.
+    pub config: &'a Config,
+}
+
+/// A connected shared-memory peer.
+pub struct ShmPeer {
+    /// Ring we produce into.
+    pub tx: Producer<ShmMem>,
+    /// Ring we consume from.
+    pub rx: Consumer<ShmMem>,
+    /// Staging area we write (our outgoing staged sends).
+    pub tx_stage: Staging,
+    /// Staging area we read.
+    pub rx_stage: Staging,
+    /// The connection socket (liveness; late handshake messages).
+    pub sock: SeqPacket,
+    /// The peer's doorbell.
+    pub doorbell: OwnedFd,
+    /// Peer pid in our PID namespace (for CMA only).
+    pub pid: i32,
+    /// We can read the peer's memory with CMA.
+    pub cma: bool,
+    /// The peer can read our memory with CMA (it told us).
+    pub peer_cma: bool,
+    /// Peer identity.
+    pub id: u128,
+}
+
+fn check_uid(sock: &SeqPacket, cfg: &Config) -> Result<sys::PeerCred> {
+    let cred = sock.peer_cred().map_err(io_err("SO_PEERCRED"))?;
+    if !cfg.any_uid && cred.uid != sys::getuid() {
+        return Err(Error::Connect {
+            addr: String::new(),
+            why: format!(
+                "peer runs as uid {}, we as uid {} (set CLINK_SHM_ANY_UID=1 to allow)",
+                cred.uid,
+                sys::getuid()
+            ),
+        });
+    }
+    Ok(cred)
+}
+
+fn probe_cma(cfg: &Config, pid: i32, addr: u64, value: u64) -> bool {
+    if !cfg.cma || pid <= 0 {
+        return false;
+    }
+    let mut b = [0u8; 8];
+    sys::cma_read(pid, addr, &mut b).is_ok() && u64::from_le_bytes(b) == value
+}
+
+fn init_header(seg: &Mapping, h: &Hello) {
+    // SAFETY: the header page is at the start of a fresh mapping we own alone.
+    unsafe {
+        let p = seg.ptr() as *mut u64;
+        p.write(SEG_MAGIC);
+        p.add(1).write(u64::from(h.ring_cells));
+    }
+}
+
+impl ShmPeer {
+    fn assemble(
+        seg: Arc<Mapping>,
+        h: &Hello,
+        dir_out: usize,
+        sock: SeqPacket,
+        doorbell: OwnedFd,
+        pid: i32,
+        cma: bool,
+        peer_cma: bool,
+        id: u128,
+    ) -> ShmPeer {
+        let lay = Layout::new(h.ring_cells, h.staging_slots, h.staging_slot_bytes);
+        let stage = |d: usize| Staging {
+            // SAFETY: the layout places staging areas inside the mapping.
+            base: unsafe { seg.ptr().add(lay.stage[d]) },
+            slots: h.staging_slots,
+            slot_bytes: h.staging_slot_bytes,
+            _seg: seg.clone(),
+        };
+        ShmPeer {
+            tx: Producer::new(ShmMem::new(&seg, lay.ring[dir_out], h.ring_cells)),
+            rx: Consumer::new(ShmMem::new(&seg, lay.ring[1 - dir_out], h.ring_cells)),
+            tx_stage: stage(dir_out),
+            rx_stage: stage(1 - dir_out),
+            sock,
+            doorbell,
+            pid,
+            cma,
+            peer_cma,
+            id,
+        }
+    }
+
+    /// Connects to the endpoint listening on abstract socket `name`. `while_waiting` is
+    /// called while the answer is pending, so two endpoints connecting to each other at
+    /// once can each accept the other.
+    pub fn connect(name: &str, me: &Local, mut while_waiting: impl FnMut()) -> Result<ShmPeer> {
+        let cfg = me.config;
+        let fail = |why: String| Error::Connect {
+            addr: name.to_string(),
+            why,
+        };
+        let sock = SeqPacket::connect(name).map_err(|e| match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) | Some(libc::ENOENT) => {
+                fail("no endpoint listens there (exited, or another network namespace)".into())
+            }
+            _ => fail(e.to_string()),
+        })?;
+        let cred = check_uid(&sock, cfg).map_err(|e| fail(e.to_string()))?;
+        let hello = Hello {
+            id: me.id,
+            ring_cells: cfg.ring_cells,
+            staging_slots: cfg.staging_slots,
+            staging_slot_bytes: cfg.staging_slot_bytes,
+            probe_addr: me.probe.0,
+            probe_value: me.probe.1,
+        };
+        let lay = Layout::new(
+            hello.ring_cells,
+            hello.staging_slots,
+            hello.staging_slot_bytes,
+        );
+        let memfd =
+            sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
+        let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap segment"))?);
+        init_header(&seg, &hello);
+        sock.send_with_fds(&hello.encode(), &[memfd.as_raw_fd(), me.doorbell])
+            .map_err(|e| fail(format!("sending hello: {e}")))?;
+        drop(memfd);
+        let deadline = std::time::Instant::now() + cfg.connect_timeout;
+        let mut buf = [0u8; 64];
+        let mut fds = Vec::new();
+        let n = loop {
+            if std::time::Instant::now() >= deadline {
+                return Err(fail(format!("no answer within {:?}", cfg.connect_timeout)));
+            }
+            match sock.recv_with_fds(&mut buf, &mut fds, Duration::from_millis(1)) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => while_waiting(),
+                Err(e) => return Err(fail(format!("reading welcome: {e}"))),
+            }
+        };
+        if n == 0 {
+            return Err(fail("peer refused the connection (see its log)".into()));
+        }
+        let w = Welcome::parse(&buf[..n.min(WELCOME_LEN)]).map_err(|e| fail(e.to_string()))?;
+        if fds.len() != 1 {
+            return Err(fail(format!(
+                "welcome carried {} fds, expected 1",
+                fds.len()
+            )));
+        }
+        let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
+        let cma = probe_cma(cfg, cred.pid, w.probe_addr, w.probe_value);
+        sock.send_with_fds(&Ready { cma_ok: cma }.encode(), &[])
+            .map_err(|e| fail(format!("sending ready: {e}")))?;
+        sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+        Ok(ShmPeer::assemble(
+            seg, &hello, 0, sock, doorbell, cred.pid, cma, w.cma_ok, w.id,
+        ))
+    }
+
+    /// Completes an incoming connection: reads the hello (sent right after connect),
+    /// maps the segment and answers. The peer's CMA result arrives later
+    /// ([`ShmPeer::on_socket_readable`]).
+    pub fn accept(sock: SeqPacket, me: &Local) -> Result<ShmPeer> {
+        let cfg = me.config;
+        let fail = |why: String| Error::Connect {
+            addr: "incoming connection".into(),
+            why,
+        };
+        let cred = check_uid(&sock, cfg)?;
+        let mut buf = [0u8; 128];
+        let mut fds = Vec::new();
+        let n = sock
+            .recv_with_fds(&mut buf, &mut fds, Duration::from_secs(1))
+            .map_err(|e| fail(format!("reading hello: {e}")))?;
+        let h = Hello::parse(&buf[..n.min(HELLO_LEN)], MAX_RING_CELLS, MAX_SLOT_BYTES)
+            .map_err(|e| fail(e.to_string()))?;
+        if fds.len() != 2 {
+            return Err(fail(format!("hello carried {} fds, expected 2", fds.len())));
+        }
+        let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
+        let memfd = fds.pop().ok_or_else(|| fail("no segment".into()))?;
+        let lay = Layout::new(h.ring_cells, h.staging_slots, h.staging_slot_bytes);
+        sys::check_peer_memfd(&memfd, lay.total).map_err(|e| fail(e.to_string()))?;
+        let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap peer segment"))?);
+        let cma = probe_cma(cfg, cred.pid, h.probe_addr, h.probe_value);
+        let w = Welcome {
+            id: me.id,
+            probe_addr: me.probe.0,
+            probe_value: me.probe.1,
+            cma_ok: cma,
+        };
+        sock.send_with_fds(&w.encode(), &[me.doorbell])
+            .map_err(|e| fail(format!("sending welcome: {e}")))?;
+        sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+        Ok(ShmPeer::assemble(
+            seg, &h, 1, sock, doorbell, cred.pid, cma, false, h.id,
+        ))
+    }
+
+    /// The connection socket became readable: a late handshake message, or the peer hung
+    /// up. Returns false when the peer is gone.
+    pub fn on_socket_readable(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut fds = Vec::new();
+        match self.sock.recv_with_fds(&mut buf, &mut fds, Duration::ZERO) {
+            Ok(0) => false,
+            Ok(n) => match Ready::parse(&buf[..n.min(READY_LEN)]) {
+                Ok(r) => {
+                    self.peer_cma = r.cma_ok;
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!("bad late handshake message: {e}");
+                    false
+                }
+            },
+            Err(e)
+                if e.kind() == std::io::ErrorKind::TimedOut
+                    || e.kind() == std::io::ErrorKind::WouldBlock =>
+            {
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Tries to put one frame in the ring; false when the ring is full.
+    pub fn try_send(&mut self, f: &Frame) -> bool {
+        let len = f.encoded_len();
+        let Some(r) = self.tx.reserve(len) else {
+            return false;
+        };
+        let idx = r.idx(self.tx.mem().cap());
+        // SAFETY: the reservation owns `len` payload bytes at this record.
+        let out = unsafe { std::slice::from_raw_parts_mut(self.tx.mem().payload(idx), len) };
+        f.encode(out);
+        if self.tx.commit(r) {
+            sys::ring_doorbell(self.doorbell.as_raw_fd());
+        }
+        true
+    }
+
+    /// Rings the peer's doorbell.
+    pub fn wake(&self) {
+        sys::ring_doorbell(self.doorbell.as_raw_fd());
+    }
+
+    /// The bytes of a record returned by `rx.peek()`.
+    ///
+    /// The slice aliases memory the peer can write; a misbehaving peer can change bytes
+    /// under us but never make us read outside the ring (lengths were checked by `peek`).
+    pub fn record(&self, r: ring::Record) -> &[u8] {
+        // SAFETY: peek() checked that the record lies inside the ring.
+        unsafe { std::slice::from_raw_parts(self.rx.mem().payload(r.idx), r.len) }
+    }
+}
