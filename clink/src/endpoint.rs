@@ -34,6 +34,27 @@ const TOK_PEER0: u64 = 2;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
 const RX_BUDGET: usize = 64;
 
+/// Hasher for request ids (small sequential integers): a multiply, not SipHash, on the
+/// per-message path.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// What a completed receive reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Status {
@@ -164,6 +185,8 @@ struct Peer {
     free_slots: Vec<u32>,
     /// Staged receives in progress: send_id -> receive id.
     staged_in: HashMap<u64, u64>,
+    /// The ring's head holds a message no receive wants yet (left in place).
+    blocked: bool,
 }
 
 /// A communication port: listens for peers, connects to them, sends and receives tagged
@@ -179,8 +202,8 @@ pub struct Endpoint {
     peers: Vec<Peer>,
     new_peers: VecDeque<PeerId>,
     matcher: Matcher<u64, Unexp>,
-    sends: HashMap<u64, SendOp>,
-    recvs: HashMap<u64, RecvOp>,
+    sends: IdMap<SendOp>,
+    recvs: IdMap<RecvOp>,
     next_id: u64,
     stats: Stats,
     idle_polls: u32,
@@ -220,8 +243,8 @@ impl Endpoint {
             peers: Vec::new(),
             new_peers: VecDeque::new(),
             matcher: Matcher::default(),
-            sends: HashMap::new(),
-            recvs: HashMap::new(),
+            sends: IdMap::default(),
+            recvs: IdMap::default(),
             next_id: 1,
             stats: Stats::default(),
             idle_polls: 0,
@@ -323,6 +346,7 @@ impl Endpoint {
             staged_out: VecDeque::new(),
             free_slots: (0..slots).rev().collect(),
             staged_in: HashMap::new(),
+            blocked: false,
         });
         self.stats.peers_connected += 1;
         Ok(id)
@@ -839,6 +863,11 @@ impl Endpoint {
     /// without receiving it. Makes progress first.
     pub fn probe(&mut self, sel: Selector) -> Option<Status> {
         self.progress();
+        for i in 0..self.peers.len() {
+            if self.peers[i].alive && self.peers[i].blocked {
+                self.drain(i, true);
+            }
+        }
         self.matcher.probe(&sel).map(|u| Status {
             peer: u.src,
             tag: u.tag,
@@ -1024,6 +1053,7 @@ impl Endpoint {
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
         let mut did = false;
+        let mut blocked = false;
         for i in 0..self.peers.len() {
             if !self.peers[i].alive {
                 continue;
@@ -1031,7 +1061,16 @@ impl Endpoint {
             if !self.peers[i].txq.is_empty() || !self.peers[i].staged_out.is_empty() {
                 did |= self.flush(i);
             }
-            did |= self.drain(i);
+            did |= self.drain(i, false);
+            blocked |= self.peers[i].blocked;
+        }
+        if !did && blocked {
+            // Nothing moves: copy unwanted messages aside to reach the frames behind them.
+            for i in 0..self.peers.len() {
+                if self.peers[i].alive && self.peers[i].blocked {
+                    did |= self.drain(i, true);
+                }
+            }
         }
         if did {
             self.idle_polls = 0;
@@ -1046,8 +1085,13 @@ impl Endpoint {
     }
 
     /// Handles up to RX_BUDGET frames from peer `i`.
-    fn drain(&mut self, i: usize) -> bool {
+    ///
+    /// A message no posted receive wants is left at the head of the ring (no copy) and the
+    /// peer marked `blocked`, unless `force`: then it is copied aside as unexpected so the
+    /// frames behind it can be seen (done when nothing else moves, see `progress`).
+    fn drain(&mut self, i: usize, force: bool) -> bool {
         let mut n = 0;
+        self.peers[i].blocked = false;
         while n < RX_BUDGET {
             let rec = match self.peers[i].link.rx.peek() {
                 Ok(Some(r)) => r,
@@ -1073,12 +1117,19 @@ impl Endpoint {
                     return true;
                 }
             };
-            self.stats.frames_received += 1;
-            if let Err(e) = self.handle(i, rec) {
-                self.stats.protocol_errors += 1;
-                self.fail_peer(i, e.to_string());
-                return true;
+            match self.handle(i, rec, force) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.peers[i].blocked = true;
+                    break;
+                }
+                Err(e) => {
+                    self.stats.protocol_errors += 1;
+                    self.fail_peer(i, e.to_string());
+                    return true;
+                }
             }
+            self.stats.frames_received += 1;
             if self.peers[i].link.rx.release(rec) {
                 self.peers[i].link.wake();
                 self.stats.doorbells += 1;
@@ -1088,7 +1139,8 @@ impl Endpoint {
         n > 0
     }
 
-    fn handle(&mut self, i: usize, rec: Record) -> Result<()> {
+    /// Handles one frame; `Ok(false)` when it was left in the ring (see `drain`).
+    fn handle(&mut self, i: usize, rec: Record, force: bool) -> Result<bool> {
         let src = PeerId(i as u32);
         // The record lives in the peer's segment, kept mapped while the peer exists; the
         // slice is detached from `self` so the handlers below can take `&mut self`.
@@ -1105,6 +1157,7 @@ impl Endpoint {
         match f {
             Frame::Eager { tag, data } => match self.matcher.take_posted(src, tag) {
                 Some(rid) => self.complete_eager(src, tag, rid, data),
+                None if !force => return Ok(false),
                 None => {
                     self.stats.unexpected += 1;
                     self.matcher
@@ -1118,6 +1171,7 @@ impl Endpoint {
                 addr,
             } => match self.matcher.take_posted(src, tag) {
                 Some(rid) => self.start_rendezvous(src, tag, rid, len, send_id, addr),
+                None if !force => return Ok(false),
                 None => self
                     .matcher
                     .push_unexpected(src, tag, Unexp::Rts { len, send_id, addr }),
@@ -1271,7 +1325,7 @@ impl Endpoint {
                 self.fail_peer_ops(i);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Polls the epoll set (doorbell, listener, peer sockets) once, waiting up to
@@ -1298,7 +1352,7 @@ impl Endpoint {
                         && !self.peers[i].link.on_socket_readable()
                     {
                         // Deliver what the peer left in its ring before declaring it dead.
-                        self.drain(i);
+                        self.drain(i, true);
                         if self.peers[i].alive {
                             self.fail_peer(i, format!("{} hung up", PeerId(i as u32)));
                         }
@@ -1386,8 +1440,8 @@ impl Endpoint {
         if done(self) {
             return Ok(());
         }
-        let start = Instant::now();
-        let deadline = timeout.map(|t| start + t);
+        // The clock is read only every 16 idle polls; `start` on the first such read.
+        let mut start: Option<Instant> = None;
         let spin = self.ctx.config.spin;
         let mut polls: u32 = 0;
         loop {
@@ -1401,6 +1455,8 @@ impl Endpoint {
                 continue;
             }
             let now = Instant::now();
+            let start = *start.get_or_insert(now);
+            let deadline = timeout.map(|t| start + t);
             if deadline.is_some_and(|d| now >= d) {
                 return Err(Error::Timeout);
             }
