@@ -3,81 +3,39 @@
 use clink::config::VARIABLES;
 use clink::Context;
 
+fn size(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
 /// Prints configuration, measured costs and the thresholds derived from them.
 pub fn run() -> Result<(), String> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
     let cfg = ctx.config();
     let (c, measured) = ctx.costs();
     println!("clink {}", env!("CARGO_PKG_VERSION"));
-    println!(
-        "host key          {:016x} (boot id + network namespace; shared memory only within one)",
-        ctx.host()
-    );
-    println!("transports        shm (same host). Network transports: not in this build.");
+    println!("host key            {:016x} (boot id + network namespace: shared memory only within one)", ctx.host());
+    println!("transports          shm: peers on this host and network namespace. Network transports (udp, tcp): not in this build.");
     println!();
-    println!(
-        "cost model inputs ({})",
-        if measured {
-            "measured at start, CLINK_CALIBRATE=0 to skip"
-        } else {
-            "built-in figures"
-        }
-    );
-    println!("  memcpy          {:.1} GB/s", c.copy_bytes_per_ns);
-    println!(
-        "  CMA read        {:.1} GB/s, {:.0} ns per call",
-        c.cma_bytes_per_ns, c.cma_call_ns
-    );
-    println!(
-        "  ring hop        {:.0} ns (cross-core cache-line transfer)",
-        c.hop_ns
-    );
+    println!("cost model inputs ({})", if measured { "measured at start; CLINK_CALIBRATE=0 skips" } else { "built-in figures (CLINK_CALIBRATE=0)" });
+    println!("  memcpy            {:.1} GB/s in cache, {:.1} GB/s beyond the {} cache", c.copy_bytes_per_ns, c.copy_dram_bytes_per_ns, size(c.cache_bytes));
+    println!("  CMA read          {:.1} GB/s in cache, {:.1} GB/s beyond, {:.0} ns per call", c.cma_bytes_per_ns, c.cma_dram_bytes_per_ns, c.cma_call_ns);
+    println!("  ring hop          {:.0} ns (cross-core cache-line transfer)", c.hop_ns);
     println!();
-    let with = ctx.eager_threshold(true);
-    let without = ctx.eager_threshold(false);
-    let why = if cfg.eager_max.is_some() {
-        "set by CLINK_EAGER_MAX (capped by the ring)"
-    } else {
-        "where 2 copies through the ring cost as much as a CMA call + 1 copy"
-    };
-    println!("eager threshold   {with} B with CMA ({why})");
-    println!("                  {without} B without CMA (the staged pipeline also copies twice: eager up to the ring's limit)");
-    let chunk = |n: u64| {
-        cfg.chunk
-            .unwrap_or_else(|| c.chunk_size(n, 16 << 10, u64::from(cfg.staging_slot_bytes)))
-    };
-    println!("staging chunk     {} B for 1 MiB, {} B for 64 MiB (c = sqrt(n * hop * copy rate), in [16 KiB, slot])", chunk(1 << 20), chunk(64 << 20));
-    println!(
-        "CMA               {}",
-        if cfg.cma {
-            "probed per peer at connect (process_vm_readv of a known word)"
-        } else {
-            "off (CLINK_CMA=off): staged pipeline"
-        }
-    );
-    println!(
-        "rings             {} cells x 64 B = {} KiB per direction",
-        cfg.ring_cells,
-        cfg.ring_cells as usize * 64 / 1024
-    );
-    println!(
-        "staging           {} slots x {} KiB per direction",
-        cfg.staging_slots,
-        cfg.staging_slot_bytes / 1024
-    );
-    println!(
-        "spin before block {}",
-        cfg.spin
-            .map_or("forever (never blocks)".to_string(), |d| format!("{d:?}"))
-    );
-    println!(
-        "peers of other uids {}",
-        if cfg.any_uid {
-            "accepted"
-        } else {
-            "refused (SO_PEERCRED)"
-        }
-    );
+    let why = if cfg.eager_max.is_some() { "set by CLINK_EAGER_MAX, capped by the ring" } else { "crossover of 2 copies through the ring vs a CMA call + 1 copy, capped at a quarter of the ring" };
+    println!("eager threshold     {} with CMA, {} without ({why})", size(ctx.eager_threshold(true)), size(ctx.eager_threshold(false)));
+    println!("rendezvous method per size ({}):", if cfg.rndv.is_some() { "forced by CLINK_RNDV" } else { "cheaper of CMA = hop + call + n/CMA rate and pipeline = 2 hops + n/copy rate" });
+    for n in [256u64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 1 << 30] {
+        let m = ctx.rendezvous_method(n, cfg.cma);
+        println!("  {:>8}          {:?}{}", size(n), m, if matches!(m, clink_proto::cost::Rndv::Pipeline) { format!(", chunks of {}", size(ctx.pipeline_chunk(n))) } else { String::new() });
+    }
+    println!("CMA                 {}", if cfg.cma { "probed per peer at connect (process_vm_readv of a known word); pipeline where refused" } else { "off (CLINK_CMA=off): pipeline only" });
+    println!("rings               {} cells x 64 B = {} per direction per peer", cfg.ring_cells, size(cfg.ring_cells as u64 * 64));
+    println!("spin before block   {}", cfg.spin.map_or("forever (never blocks)".to_string(), |d| format!("{d:?}")));
+    println!("peers of other uids {}", if cfg.any_uid { "accepted (CLINK_SHM_ANY_UID=1)" } else { "refused (SO_PEERCRED)" });
     println!();
     println!("environment variables:");
     for (name, what) in VARIABLES {

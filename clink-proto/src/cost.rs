@@ -14,6 +14,12 @@ pub struct Costs {
     pub cma_bytes_per_ns: f64,
     /// Fixed cost of one process_vm_readv call, nanoseconds.
     pub cma_call_ns: f64,
+    /// memcpy bandwidth for buffers larger than the last-level cache, bytes per ns.
+    pub copy_dram_bytes_per_ns: f64,
+    /// CMA bandwidth for buffers larger than the last-level cache, bytes per ns.
+    pub cma_dram_bytes_per_ns: f64,
+    /// Size of the last-level cache, bytes.
+    pub cache_bytes: u64,
     /// Cost of one control message between the two processes (one ring hop), nanoseconds.
     pub hop_ns: f64,
 }
@@ -25,9 +31,22 @@ impl Default for Costs {
             copy_bytes_per_ns: 10.0,
             cma_bytes_per_ns: 8.0,
             cma_call_ns: 1500.0,
+            copy_dram_bytes_per_ns: 5.0,
+            cma_dram_bytes_per_ns: 4.0,
+            cache_bytes: 8 << 20,
             hop_ns: 300.0,
         }
     }
+}
+
+/// How a rendezvous message is moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rndv {
+    /// One copy: the receiver reads the sender's buffer with process_vm_readv.
+    Cma,
+    /// Two copies in a pipeline: the sender copies chunks into the ring while the receiver
+    /// copies earlier chunks out (the two cores work at once).
+    Pipeline,
 }
 
 /// Smallest threshold the model will choose.
@@ -40,9 +59,14 @@ impl Costs {
     }
 
     /// Extra nanoseconds (beyond the request hop an eager send also pays) to move `n`
-    /// bytes by rendezvous with one CMA copy.
+    /// bytes by rendezvous with one CMA copy (at the in-cache or the memory rate).
     pub fn rendezvous_ns(&self, n: u64) -> f64 {
-        self.cma_call_ns + n as f64 / self.cma_bytes_per_ns
+        let bw = if 2 * n <= self.cache_bytes {
+            self.cma_bytes_per_ns
+        } else {
+            self.cma_dram_bytes_per_ns
+        };
+        self.cma_call_ns + n as f64 / bw
     }
 
     /// The eager/rendezvous threshold: the largest size still sent eagerly. It is where
@@ -63,12 +87,41 @@ impl Costs {
         (n as u64).clamp(MIN_EAGER, max_eager)
     }
 
+    /// Nanoseconds to move `n` bytes through the two-copy pipeline: a request/answer
+    /// round trip, then the slower of the two (concurrent) copy streams, at the cache rate
+    /// while sender buffer, receiver buffer and ring fit in the cache together, else at
+    /// the memory rate.
+    pub fn pipeline_ns(&self, n: u64) -> f64 {
+        let bw = if 2 * n <= self.cache_bytes {
+            self.copy_bytes_per_ns
+        } else {
+            self.copy_dram_bytes_per_ns
+        };
+        2.0 * self.hop_ns + n as f64 / bw
+    }
+
+    /// The rendezvous method for an `n`-byte message: the cheaper of [`Rndv::Cma`] (when
+    /// permitted) and [`Rndv::Pipeline`].
+    pub fn rendezvous_method(&self, n: u64, cma: bool) -> Rndv {
+        if cma && self.hop_ns + self.rendezvous_ns(n) < self.pipeline_ns(n) {
+            Rndv::Cma
+        } else {
+            Rndv::Pipeline
+        }
+    }
+
     /// Chunk size of the staged (no-CMA) pipeline for an `n`-byte message: minimises
     /// `(n / c) * hop + c / B` (per-chunk hops against the time to fill the pipeline), i.e.
     /// `c = sqrt(n * hop * B)`, clamped to `[min_chunk, slot_bytes]`.
     pub fn chunk_size(&self, n: u64, min_chunk: u64, slot_bytes: u64) -> u64 {
         let c = (n as f64 * self.hop_ns * self.copy_bytes_per_ns).sqrt() as u64;
-        c.clamp(min_chunk.min(slot_bytes), slot_bytes)
+        // Whole cache lines, so chunks land aligned.
+        let c = c.clamp(min_chunk.min(slot_bytes), slot_bytes);
+        if c >= 64 {
+            c & !63
+        } else {
+            c
+        }
     }
 }
 
@@ -93,6 +146,14 @@ mod tests {
     }
 
     #[test]
+    fn pipeline_in_cache_cma_beyond() {
+        let c = Costs { copy_bytes_per_ns: 30.0, cma_bytes_per_ns: 9.0, cma_call_ns: 1500.0, copy_dram_bytes_per_ns: 6.0, cma_dram_bytes_per_ns: 7.0, cache_bytes: 16 << 20, hop_ns: 100.0 };
+        assert_eq!(c.rendezvous_method(1 << 20, true), Rndv::Pipeline);
+        assert_eq!(c.rendezvous_method(64 << 20, true), Rndv::Cma);
+        assert_eq!(c.rendezvous_method(64 << 20, false), Rndv::Pipeline);
+    }
+
+    #[test]
     fn slow_cma_means_eager_up_to_the_limit() {
         let c = Costs {
             copy_bytes_per_ns: 10.0,
@@ -106,7 +167,8 @@ mod tests {
     proptest! {
         #[test]
         fn outputs_stay_in_bounds(copy in 0.1f64..100.0, cma in 0.1f64..100.0, call in 0.0f64..1e6, hop in 0.0f64..1e5, n in 0u64..(1u64 << 40), max in 0u64..(1 << 24)) {
-            let c = Costs { copy_bytes_per_ns: copy, cma_bytes_per_ns: cma, cma_call_ns: call, hop_ns: hop };
+            let c = Costs { copy_bytes_per_ns: copy, cma_bytes_per_ns: cma, cma_call_ns: call, hop_ns: hop, ..Costs::default() };
+            if c.rendezvous_method(n, false) != Rndv::Pipeline { prop_assert!(false, "CMA chosen without CMA"); }
             let t = c.eager_threshold(true, max);
             prop_assert!(t >= MIN_EAGER && t <= max.max(MIN_EAGER));
             let k = c.chunk_size(n, 16 << 10, 1 << 20);

@@ -19,13 +19,14 @@ const K_RTS: u8 = 2;
 const K_FIN: u8 = 3;
 const K_CTS: u8 = 4;
 const K_CHUNK: u8 = 5;
-const K_CHUNK_ACK: u8 = 6;
-const K_CANCEL: u8 = 7;
-const K_CANCEL_ACK: u8 = 8;
-const K_CLOSE: u8 = 9;
+const K_CANCEL: u8 = 6;
+const K_CANCEL_ACK: u8 = 7;
+const K_CLOSE: u8 = 8;
 
 /// Size of the fixed part of an eager frame; the payload follows it.
 pub const EAGER_HEADER: usize = 16;
+/// Size of the fixed part of a chunk frame; the chunk's bytes follow it.
+pub const CHUNK_HEADER: usize = 24;
 
 /// One protocol frame, borrowing its payload from the record it was parsed from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,26 +54,19 @@ pub enum Frame<'a> {
         /// The send this concludes.
         send_id: u64,
     },
-    /// The receiver matched a rendezvous send and asks for it through the staging area.
+    /// The receiver matched a rendezvous send and asks for it in chunks through the ring.
     Cts {
         /// The send being answered.
         send_id: u64,
     },
-    /// One chunk of a staged rendezvous send sits in staging slot `slot`.
+    /// One chunk of a pipelined rendezvous send, carried in the ring.
     Chunk {
         /// The send it belongs to.
         send_id: u64,
         /// Offset of the chunk in the message.
         offset: u64,
-        /// Staging slot index.
-        slot: u32,
-        /// Bytes in the slot.
-        len: u32,
-    },
-    /// The receiver has copied a staging slot out; the sender may reuse it.
-    ChunkAck {
-        /// Slot index freed.
-        slot: u32,
+        /// The chunk's bytes.
+        data: &'a [u8],
     },
     /// The sender withdraws an unmatched rendezvous send.
     Cancel {
@@ -147,17 +141,12 @@ impl<'a> Frame<'a> {
                 }
             }
             K_CHUNK => {
-                need("chunk frame", b, 32)?;
+                need("chunk frame", b, CHUNK_HEADER)?;
                 Frame::Chunk {
                     send_id: u64_at(b, 8),
                     offset: u64_at(b, 16),
-                    slot: u32_at(b, 24),
-                    len: u32_at(b, 28),
+                    data: &b[CHUNK_HEADER..],
                 }
-            }
-            K_CHUNK_ACK => {
-                need("chunk-ack frame", b, 16)?;
-                Frame::ChunkAck { slot: u32_at(b, 8) }
             }
             K_CANCEL => {
                 need("cancel frame", b, 16)?;
@@ -183,7 +172,7 @@ impl<'a> Frame<'a> {
         match self {
             Frame::Eager { data, .. } => EAGER_HEADER + data.len(),
             Frame::Rts { .. } => 40,
-            Frame::Chunk { .. } => 32,
+            Frame::Chunk { data, .. } => CHUNK_HEADER + data.len(),
             Frame::Close => 8,
             _ => 16,
         }
@@ -229,18 +218,12 @@ impl<'a> Frame<'a> {
             Frame::Chunk {
                 send_id,
                 offset,
-                slot,
-                len,
+                data,
             } => {
                 out[0] = K_CHUNK;
                 put(out, 8, send_id);
                 put(out, 16, offset);
-                out[24..28].copy_from_slice(&slot.to_le_bytes());
-                out[28..32].copy_from_slice(&len.to_le_bytes());
-            }
-            Frame::ChunkAck { slot } => {
-                out[0] = K_CHUNK_ACK;
-                put(out, 8, u64::from(slot));
+                out[CHUNK_HEADER..].copy_from_slice(data);
             }
             Frame::Cancel { send_id } => {
                 out[0] = K_CANCEL;
@@ -273,10 +256,6 @@ pub struct Hello {
     pub id: u128,
     /// Cells in each ring of the segment.
     pub ring_cells: u32,
-    /// Staging slots in the segment (for the no-CMA fallback).
-    pub staging_slots: u32,
-    /// Bytes per staging slot.
-    pub staging_slot_bytes: u32,
     /// Address of a probe word in the sender's memory: the peer tries a CMA read of it.
     pub probe_addr: u64,
     /// Value the probe word holds.
@@ -355,15 +334,13 @@ impl Hello {
         preamble(&mut o, T_HELLO);
         put_u128(&mut o, 8, self.id);
         o[24..28].copy_from_slice(&self.ring_cells.to_le_bytes());
-        o[28..32].copy_from_slice(&self.staging_slots.to_le_bytes());
-        o[32..36].copy_from_slice(&self.staging_slot_bytes.to_le_bytes());
-        // 36..40 reserved
+        // 28..40 reserved (zero)
         o[40..48].copy_from_slice(&self.probe_addr.to_le_bytes());
         o[48..56].copy_from_slice(&self.probe_value.to_le_bytes());
         o
     }
-    /// Parses and range-checks; `max_cells` and `max_slot_bytes` bound what the peer may ask.
-    pub fn parse(b: &[u8], max_cells: u32, max_slot_bytes: u32) -> Result<Hello, ProtoError> {
+    /// Parses and range-checks; `max_cells` bounds the ring size the peer may ask for.
+    pub fn parse(b: &[u8], max_cells: u32) -> Result<Hello, ProtoError> {
         check_preamble(b, T_HELLO, "hello", HELLO_LEN)?;
         let ring_cells = u32_at(b, 24);
         if ring_cells < 2 || ring_cells > max_cells || !ring_cells.is_power_of_two() {
@@ -373,27 +350,9 @@ impl Hello {
                 limit: max_cells.into(),
             });
         }
-        let staging_slots = u32_at(b, 28);
-        if !(2..=1024).contains(&staging_slots) {
-            return Err(ProtoError::OutOfRange {
-                what: "staging slots",
-                value: staging_slots.into(),
-                limit: 1024,
-            });
-        }
-        let staging_slot_bytes = u32_at(b, 32);
-        if staging_slot_bytes < 4096 || staging_slot_bytes > max_slot_bytes {
-            return Err(ProtoError::OutOfRange {
-                what: "staging slot bytes",
-                value: staging_slot_bytes.into(),
-                limit: max_slot_bytes.into(),
-            });
-        }
         Ok(Hello {
             id: u128_at(b, 8),
             ring_cells,
-            staging_slots,
-            staging_slot_bytes,
             probe_addr: u64_at(b, 40),
             probe_value: u64_at(b, 48),
         })
@@ -454,7 +413,7 @@ mod tests {
         )
     }
 
-    fn build<'a>(k: u8, a: u64, b: u64, c: u64, d: u64, data: &'a [u8]) -> Frame<'a> {
+    fn build(k: u8, a: u64, b: u64, c: u64, d: u64, data: &[u8]) -> Frame<'_> {
         match k {
             1 => Frame::Eager { tag: a, data },
             2 => Frame::Rts {
@@ -468,12 +427,10 @@ mod tests {
             5 => Frame::Chunk {
                 send_id: a,
                 offset: b,
-                slot: c as u32,
-                len: d as u32,
+                data,
             },
-            6 => Frame::ChunkAck { slot: a as u32 },
-            7 => Frame::Cancel { send_id: a },
-            8 => Frame::CancelAck {
+            6 => Frame::Cancel { send_id: a },
+            7 => Frame::CancelAck {
                 send_id: a,
                 cancelled: b & 1 == 1,
             },
@@ -493,7 +450,7 @@ mod tests {
         #[test]
         fn parsing_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
             let _ = Frame::parse(&bytes);
-            let _ = Hello::parse(&bytes, 1 << 20, 1 << 24);
+            let _ = Hello::parse(&bytes, 1 << 20);
             let _ = Welcome::parse(&bytes);
             let _ = Ready::parse(&bytes);
         }
@@ -503,7 +460,7 @@ mod tests {
             let f = build(k, a, b, c, d, &data);
             let mut buf = vec![0u8; f.encoded_len()];
             f.encode(&mut buf);
-            let fixed = if k == 1 { EAGER_HEADER } else { f.encoded_len() };
+            let fixed = match k { 1 => EAGER_HEADER, 5 => CHUNK_HEADER, _ => f.encoded_len() };
             if cut < fixed {
                 let r = Frame::parse(&buf[..cut]);
                 prop_assert!(matches!(r, Err(ProtoError::Truncated { .. })), "{:?}", r);
@@ -516,22 +473,20 @@ mod tests {
         let h = Hello {
             id: 0x1234_5678_9abc_def0_1122_3344_5566_7788,
             ring_cells: 4096,
-            staging_slots: 8,
-            staging_slot_bytes: 1 << 20,
             probe_addr: 77,
             probe_value: 99,
         };
-        assert_eq!(Hello::parse(&h.encode(), 1 << 20, 1 << 24), Ok(h));
+        assert_eq!(Hello::parse(&h.encode(), 1 << 20), Ok(h));
         let mut bad = h.encode();
         bad[0] ^= 1;
         assert!(matches!(
-            Hello::parse(&bad, 1 << 20, 1 << 24),
+            Hello::parse(&bad, 1 << 20),
             Err(ProtoError::BadMagic(_))
         ));
         let mut bad = h.encode();
         bad[4] = 9;
         assert_eq!(
-            Hello::parse(&bad, 1 << 20, 1 << 24),
+            Hello::parse(&bad, 1 << 20),
             Err(ProtoError::BadVersion {
                 got: 9,
                 want: VERSION
@@ -542,7 +497,7 @@ mod tests {
             ..h
         };
         assert!(matches!(
-            Hello::parse(&big.encode(), 1 << 20, 1 << 24),
+            Hello::parse(&big.encode(), 1 << 20),
             Err(ProtoError::OutOfRange { .. })
         ));
         let odd = Hello {
@@ -550,7 +505,7 @@ mod tests {
             ..h
         };
         assert!(matches!(
-            Hello::parse(&odd.encode(), 1 << 20, 1 << 24),
+            Hello::parse(&odd.encode(), 1 << 20),
             Err(ProtoError::OutOfRange { .. })
         ));
         let w = Welcome {

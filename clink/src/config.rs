@@ -8,11 +8,10 @@ use std::time::Duration;
 pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_SPIN_US", "busy-poll time before blocking, microseconds (default 50; 0 = block at once; 'inf' = never block)"),
     ("CLINK_EAGER_MAX", "eager/rendezvous threshold in bytes (default: from the measured cost model)"),
-    ("CLINK_CHUNK", "staged-pipeline chunk size in bytes (default: from the cost model, per message)"),
-    ("CLINK_CMA", "'auto' (default: probe process_vm_readv at connect) or 'off' (force the staged fallback)"),
-    ("CLINK_RING_CELLS", "64-byte cells per ring direction, a power of two (default 4096 = 256 KiB)"),
-    ("CLINK_STAGING_SLOTS", "staging slots per direction for the no-CMA fallback (default 8)"),
-    ("CLINK_STAGING_SLOT_BYTES", "bytes per staging slot (default 262144)"),
+    ("CLINK_CHUNK", "pipelined-rendezvous chunk size in bytes (default: from the cost model, per message)"),
+    ("CLINK_RNDV", "rendezvous copy: 'auto' (default: cost model per size), 'cma' or 'pipeline'"),
+    ("CLINK_CMA", "'auto' (default: probe process_vm_readv at connect) or 'off' (never use CMA: pipeline only)"),
+    ("CLINK_RING_CELLS", "64-byte cells per ring direction, a power of two (default 2048 = 128 KiB: small enough to stay in the caches of both cores)"),
     ("CLINK_SHM_ANY_UID", "'1' lets peers of other uids connect (default: same uid only)"),
     ("CLINK_CALIBRATE", "'1' (default) measures copy and CMA costs at start; '0' uses built-in figures"),
     ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
@@ -27,16 +26,14 @@ pub struct Config {
     pub spin: Option<Duration>,
     /// Forced eager threshold (bytes), or `None` for the cost model's.
     pub eager_max: Option<u64>,
-    /// Forced staged-pipeline chunk size, or `None` for the cost model's.
+    /// Forced pipeline chunk size, or `None` for the cost model's.
     pub chunk: Option<u64>,
+    /// Forced rendezvous copy method, or `None` for the cost model's choice per size.
+    pub rndv: Option<clink_proto::cost::Rndv>,
     /// Whether CMA (process_vm_readv) may be used.
     pub cma: bool,
     /// Cells per ring direction (power of two).
     pub ring_cells: u32,
-    /// Staging slots per direction.
-    pub staging_slots: u32,
-    /// Bytes per staging slot.
-    pub staging_slot_bytes: u32,
     /// Accept shared-memory peers with another uid.
     pub any_uid: bool,
     /// Measure costs at start.
@@ -53,10 +50,9 @@ impl Default for Config {
             spin: Some(Duration::from_micros(50)),
             eager_max: None,
             chunk: None,
+            rndv: None,
             cma: true,
-            ring_cells: 4096,
-            staging_slots: 8,
-            staging_slot_bytes: 256 << 10,
+            ring_cells: 2048,
             any_uid: false,
             calibrate: true,
             connect_timeout: Duration::from_secs(5),
@@ -126,9 +122,13 @@ impl Config {
                     }
                     c.ring_cells = n as u32;
                 }
-                "CLINK_STAGING_SLOTS" => c.staging_slots = num(&k, &v, 2, 1024)? as u32,
-                "CLINK_STAGING_SLOT_BYTES" => {
-                    c.staging_slot_bytes = num(&k, &v, 4096, 16 << 20)? as u32
+                "CLINK_RNDV" => {
+                    c.rndv = match v.trim() {
+                        "auto" => None,
+                        "cma" => Some(clink_proto::cost::Rndv::Cma),
+                        "pipeline" => Some(clink_proto::cost::Rndv::Pipeline),
+                        _ => return Err(bad(&k, &v, "expected 'auto', 'cma' or 'pipeline'")),
+                    }
                 }
                 "CLINK_SHM_ANY_UID" => c.any_uid = flag(&k, &v)?,
                 "CLINK_CALIBRATE" => c.calibrate = flag(&k, &v)?,

@@ -81,6 +81,16 @@ impl Context {
         eager_threshold(&self.inner, cma)
     }
 
+    /// The rendezvous method the cost model (or `CLINK_RNDV`) picks for `n` bytes.
+    pub fn rendezvous_method(&self, n: u64, cma: bool) -> clink_proto::cost::Rndv {
+        rendezvous_method(&self.inner, n, cma)
+    }
+
+    /// Chunk size of the pipelined rendezvous for an `n`-byte message.
+    pub fn pipeline_chunk(&self, n: u64) -> u64 {
+        pipeline_chunk(&self.inner, n)
+    }
+
     /// Host key of this process (machine + network namespace).
     pub fn host(&self) -> u64 {
         self.inner.host
@@ -93,6 +103,32 @@ pub(crate) fn ring_eager_limit(cfg: &Config) -> u64 {
         crate::transport::shm::ring::max_payload(cfg.ring_cells as u64) as u64
             - clink_proto::wire::EAGER_HEADER as u64,
     )
+}
+
+/// Largest chunk of a pipelined rendezvous (a quarter of the ring, so several are in
+/// flight).
+pub(crate) fn ring_chunk_limit(cfg: &Config) -> u64 {
+    ring_eager_limit(cfg) + clink_proto::wire::EAGER_HEADER as u64 - clink_proto::wire::CHUNK_HEADER as u64
+}
+
+/// Chunk size of the pipelined rendezvous for an `n`-byte message.
+pub(crate) fn pipeline_chunk(c: &CtxInner, n: u64) -> u64 {
+    let max = ring_chunk_limit(&c.config);
+    c.config
+        .chunk
+        .unwrap_or_else(|| c.costs.chunk_size(n, 16 << 10, max))
+        .min(max)
+}
+
+/// The rendezvous method for an `n`-byte message from a peer whose memory we can (or
+/// cannot) read with CMA.
+pub(crate) fn rendezvous_method(c: &CtxInner, n: u64, cma: bool) -> clink_proto::cost::Rndv {
+    use clink_proto::cost::Rndv;
+    match c.config.rndv {
+        Some(Rndv::Cma) if cma => Rndv::Cma,
+        Some(_) => Rndv::Pipeline,
+        None => c.costs.rendezvous_method(n, cma),
+    }
 }
 
 pub(crate) fn eager_threshold(c: &CtxInner, cma: bool) -> u64 {

@@ -12,7 +12,7 @@
 //! queued sends. A process that computes for long stretches should call `progress` now
 //! and then, or rendezvous senders waiting on it stall (as in MPI).
 
-use crate::context::{eager_threshold, CtxInner};
+use crate::context::{eager_threshold, pipeline_chunk, rendezvous_method, CtxInner};
 use crate::error::{io_err, Error, Result};
 use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
@@ -142,7 +142,7 @@ impl RecvBuf {
 
 enum RecvState {
     Posted,
-    /// Receiving a staged rendezvous message.
+    /// Receiving a pipelined rendezvous message chunk by chunk.
     Staging {
         status: Status,
         got: u64,
@@ -167,12 +167,11 @@ enum TxItem {
     Ctrl(Frame<'static>),
 }
 
-/// The staged send in progress towards one peer.
+/// A pipelined send in progress towards one peer.
 struct StagedOut {
     send_id: u64,
     next: u64,
     len: u64,
-    inflight: Vec<u32>,
 }
 
 struct Peer {
@@ -180,10 +179,9 @@ struct Peer {
     alive: bool,
     eager_max: u64,
     txq: VecDeque<TxItem>,
-    /// Staged sends the receiver asked for (CTS), in order; the first is active.
+    /// Pipelined sends the receiver asked for (CTS), in order; the first is active.
     staged_out: VecDeque<StagedOut>,
-    free_slots: Vec<u32>,
-    /// Staged receives in progress: send_id -> receive id.
+    /// Pipelined receives in progress: send_id -> receive id.
     staged_in: HashMap<u64, u64>,
     /// The ring's head holds a message no receive wants yet (left in place).
     blocked: bool,
@@ -336,7 +334,6 @@ impl Endpoint {
         self.epoll
             .add(link.sock.raw(), TOK_PEER0 + u64::from(id.0))
             .map_err(io_err("epoll_ctl peer socket"))?;
-        let slots = link.tx_stage.slots;
         let eager_max = eager_threshold(&self.ctx, link.peer_cma);
         self.peers.push(Peer {
             link,
@@ -344,7 +341,6 @@ impl Endpoint {
             eager_max,
             txq: VecDeque::new(),
             staged_out: VecDeque::new(),
-            free_slots: (0..slots).rev().collect(),
             staged_in: HashMap::new(),
             blocked: false,
         });
@@ -657,52 +653,36 @@ impl Endpoint {
         did | self.pump_staging(i)
     }
 
-    /// Pushes chunks of the active staged send into free staging slots.
+    /// Copies chunks of the active pipelined send into the peer's ring while it has room;
+    /// a send whose last chunk is in the ring is complete.
     fn pump_staging(&mut self, i: usize) -> bool {
         let mut did = false;
         let p = &mut self.peers[i];
         if !p.txq.is_empty() {
-            return false; // keep frame order: control frames first
+            return false; // keep frame order: queued frames first
         }
         while let Some(st) = p.staged_out.front_mut() {
-            if st.next >= st.len {
-                break;
-            }
-            let Some(op) = self.sends.get(&st.send_id) else {
-                break;
+            let Some(op) = self.sends.get_mut(&st.send_id) else {
+                p.staged_out.pop_front();
+                continue;
             };
-            let Some(&slot) = p.free_slots.last() else {
-                break;
-            };
-            let chunk = self
-                .ctx
-                .config
-                .chunk
-                .unwrap_or_else(|| {
-                    self.ctx.costs.chunk_size(
-                        st.len,
-                        16 << 10,
-                        u64::from(p.link.tx_stage.slot_bytes),
-                    )
-                })
-                .min(u64::from(p.link.tx_stage.slot_bytes))
-                .min(st.len - st.next);
-            let src = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
-            p.link.tx_stage.put(slot, src);
+            let chunk = pipeline_chunk(&self.ctx, st.len).min(st.len - st.next);
+            let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
             let f = Frame::Chunk {
                 send_id: st.send_id,
                 offset: st.next,
-                slot,
-                len: chunk as u32,
+                data,
             };
             if !p.link.try_send(&f) {
                 break;
             }
             self.stats.frames_sent += 1;
-            p.free_slots.pop();
-            st.inflight.push(slot);
             st.next += chunk;
             did = true;
+            if st.next >= st.len {
+                op.state = SendState::Done(Ok(()));
+                p.staged_out.pop_front();
+            }
         }
         did
     }
@@ -1022,7 +1002,7 @@ impl Endpoint {
             op.state = RecvState::Done(Err(Error::PeerDead(src)));
             return;
         }
-        if p.link.cma {
+        if p.link.cma && rendezvous_method(&self.ctx, len, true) == clink_proto::cost::Rndv::Cma {
             let buf = op.buf.slice();
             let cap = buf.len() as u64;
             let n = len.min(cap) as usize;
@@ -1204,15 +1184,13 @@ impl Endpoint {
                     send_id,
                     next: 0,
                     len,
-                    inflight: Vec::new(),
                 });
                 self.pump_staging(i);
             }
             Frame::Chunk {
                 send_id,
                 offset,
-                slot,
-                len,
+                data,
             } => {
                 let p = &mut self.peers[i];
                 let bad = |what| Error::Proto {
@@ -1232,25 +1210,20 @@ impl Endpoint {
                     .get_mut(&rid)
                     .ok_or_else(|| bad("chunk for unknown receive"))?;
                 let RecvState::Staging { status, got } = &mut op.state else {
-                    return Err(bad("chunk for a receive not staging"));
+                    return Err(bad("chunk for a receive not in progress"));
                 };
-                if offset != *got
-                    || offset + u64::from(len) > status.len
-                    || slot >= p.link.rx_stage.slots
-                    || len > p.link.rx_stage.slot_bytes
-                {
-                    return Err(bad("chunk out of order or range"));
+                let len = data.len() as u64;
+                if offset != *got || offset + len > status.len {
+                    return Err(bad("chunk out of order or beyond the message"));
                 }
                 let buf = op.buf.slice();
                 let cap = buf.len() as u64;
                 if offset < cap {
-                    let end = (offset + u64::from(len)).min(cap);
-                    p.link
-                        .rx_stage
-                        .get(slot, &mut buf[offset as usize..end as usize]);
+                    let end = (offset + len).min(cap);
+                    buf[offset as usize..end as usize].copy_from_slice(&data[..(end - offset) as usize]);
                 }
-                *got += u64::from(len);
-                self.stats.staged_bytes += u64::from(len);
+                *got += len;
+                self.stats.staged_bytes += len;
                 if *got == status.len {
                     let st = *status;
                     op.state = RecvState::Done(if st.len > cap {
@@ -1263,40 +1236,6 @@ impl Endpoint {
                     });
                     p.staged_in.remove(&send_id);
                 }
-                self.push_ctrl(i, Frame::ChunkAck { slot });
-            }
-            Frame::ChunkAck { slot } => {
-                let p = &mut self.peers[i];
-                let Some(st) = p.staged_out.front_mut() else {
-                    return Err(Error::Proto {
-                        peer: src,
-                        source: clink_proto::ProtoError::OutOfRange {
-                            what: "chunk ack without staged send",
-                            value: slot.into(),
-                            limit: 0,
-                        },
-                    });
-                };
-                let Some(pos) = st.inflight.iter().position(|&s| s == slot) else {
-                    return Err(Error::Proto {
-                        peer: src,
-                        source: clink_proto::ProtoError::OutOfRange {
-                            what: "chunk ack for a free slot",
-                            value: slot.into(),
-                            limit: 0,
-                        },
-                    });
-                };
-                st.inflight.swap_remove(pos);
-                p.free_slots.push(slot);
-                if st.next >= st.len && st.inflight.is_empty() {
-                    let id = st.send_id;
-                    p.staged_out.pop_front();
-                    if let Some(op) = self.sends.get_mut(&id) {
-                        op.state = SendState::Done(Ok(()));
-                    }
-                }
-                self.pump_staging(i);
             }
             Frame::Cancel { send_id } => {
                 let mut found = false;

@@ -10,8 +10,9 @@
 //!   notice of the peer.
 //!
 //! Segment layout (direction 0 = connector to acceptor, 1 = the other way):
-//! `[header page][ring 0][ring 1][staging 0][staging 1]`, each ring being a 256-byte
-//! control block followed by its cells, each staging area `slots * slot_bytes`.
+//! `[header page][ring 0][ring 1]`, each ring being a 256-byte control block followed by
+//! its cells. The rings are also the staging area of the pipelined rendezvous (chunks
+//! travel as ring records), so nothing else is shared.
 
 pub mod ring;
 
@@ -31,14 +32,11 @@ const SEG_MAGIC: u64 = 0x434c_494e_4b53_4547; // "CLINKSEG"
 
 /// Largest ring the acceptor agrees to map.
 pub const MAX_RING_CELLS: u32 = 1 << 20;
-/// Largest staging slot the acceptor agrees to map.
-pub const MAX_SLOT_BYTES: u32 = 16 << 20;
 
 /// Byte offsets of the parts of a segment.
 #[derive(Clone, Copy, Debug)]
 struct Layout {
     ring: [usize; 2],
-    stage: [usize; 2],
     total: usize,
 }
 
@@ -47,17 +45,13 @@ fn round_page(n: usize) -> usize {
 }
 
 impl Layout {
-    fn new(cells: u32, slots: u32, slot_bytes: u32) -> Layout {
+    fn new(cells: u32) -> Layout {
         let ring_bytes = round_page(CTRL + cells as usize * CELL);
-        let stage_bytes = round_page(slots as usize * slot_bytes as usize);
         let r0 = PAGE;
         let r1 = r0 + ring_bytes;
-        let s0 = r1 + ring_bytes;
-        let s1 = s0 + stage_bytes;
         Layout {
             ring: [r0, r1],
-            stage: [s0, s1],
-            total: s1 + stage_bytes,
+            total: r1 + ring_bytes,
         }
     }
 }
@@ -161,52 +155,6 @@ unsafe impl RingMem for ShmMem {
     }
 }
 
-/// A staging area (the no-CMA fallback): `slots` buffers of `slot_bytes` in the segment.
-pub struct Staging {
-    base: *mut u8,
-    /// Number of slots.
-    pub slots: u32,
-    /// Bytes per slot.
-    pub slot_bytes: u32,
-    _seg: Arc<Mapping>,
-}
-
-// SAFETY: as ShmMem.
-unsafe impl Send for Staging {}
-
-impl Staging {
-    /// Copies `src` into slot `slot` (producer side). Returns false for a bad slot/len.
-    pub fn put(&self, slot: u32, src: &[u8]) -> bool {
-        if slot >= self.slots || src.len() > self.slot_bytes as usize {
-            return false;
-        }
-        // SAFETY: slot and length checked against the area; the slot is ours until acked.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                src.as_ptr(),
-                self.base.add(slot as usize * self.slot_bytes as usize),
-                src.len(),
-            )
-        };
-        true
-    }
-    /// Copies slot `slot` into `dst` (consumer side). Returns false for a bad slot/len.
-    pub fn get(&self, slot: u32, dst: &mut [u8]) -> bool {
-        if slot >= self.slots || dst.len() > self.slot_bytes as usize {
-            return false;
-        }
-        // SAFETY: slot and length checked against the area.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.base.add(slot as usize * self.slot_bytes as usize),
-                dst.as_mut_ptr(),
-                dst.len(),
-            )
-        };
-        true
-    }
-}
-
 /// What this endpoint tells peers at connect time.
 pub struct Local<'a> {
     /// Endpoint identity.
@@ -225,10 +173,6 @@ pub struct ShmPeer {
     pub tx: Producer<ShmMem>,
     /// Ring we consume from.
     pub rx: Consumer<ShmMem>,
-    /// Staging area we write (our outgoing staged sends).
-    pub tx_stage: Staging,
-    /// Staging area we read.
-    pub rx_stage: Staging,
     /// The connection socket (liveness; late handshake messages).
     pub sock: SeqPacket,
     /// The peer's doorbell.
@@ -287,19 +231,10 @@ impl ShmPeer {
         peer_cma: bool,
         id: u128,
     ) -> ShmPeer {
-        let lay = Layout::new(h.ring_cells, h.staging_slots, h.staging_slot_bytes);
-        let stage = |d: usize| Staging {
-            // SAFETY: the layout places staging areas inside the mapping.
-            base: unsafe { seg.ptr().add(lay.stage[d]) },
-            slots: h.staging_slots,
-            slot_bytes: h.staging_slot_bytes,
-            _seg: seg.clone(),
-        };
+        let lay = Layout::new(h.ring_cells);
         ShmPeer {
             tx: Producer::new(ShmMem::new(&seg, lay.ring[dir_out], h.ring_cells)),
             rx: Consumer::new(ShmMem::new(&seg, lay.ring[1 - dir_out], h.ring_cells)),
-            tx_stage: stage(dir_out),
-            rx_stage: stage(1 - dir_out),
             sock,
             doorbell,
             pid,
@@ -328,16 +263,10 @@ impl ShmPeer {
         let hello = Hello {
             id: me.id,
             ring_cells: cfg.ring_cells,
-            staging_slots: cfg.staging_slots,
-            staging_slot_bytes: cfg.staging_slot_bytes,
             probe_addr: me.probe.0,
             probe_value: me.probe.1,
         };
-        let lay = Layout::new(
-            hello.ring_cells,
-            hello.staging_slots,
-            hello.staging_slot_bytes,
-        );
+        let lay = Layout::new(hello.ring_cells);
         let memfd =
             sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
         let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap segment"))?);
@@ -393,14 +322,14 @@ impl ShmPeer {
         let n = sock
             .recv_with_fds(&mut buf, &mut fds, Duration::from_secs(1))
             .map_err(|e| fail(format!("reading hello: {e}")))?;
-        let h = Hello::parse(&buf[..n.min(HELLO_LEN)], MAX_RING_CELLS, MAX_SLOT_BYTES)
+        let h = Hello::parse(&buf[..n.min(HELLO_LEN)], MAX_RING_CELLS)
             .map_err(|e| fail(e.to_string()))?;
         if fds.len() != 2 {
             return Err(fail(format!("hello carried {} fds, expected 2", fds.len())));
         }
         let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
         let memfd = fds.pop().ok_or_else(|| fail("no segment".into()))?;
-        let lay = Layout::new(h.ring_cells, h.staging_slots, h.staging_slot_bytes);
+        let lay = Layout::new(h.ring_cells);
         sys::check_peer_memfd(&memfd, lay.total).map_err(|e| fail(e.to_string()))?;
         let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap peer segment"))?);
         let cma = probe_cma(cfg, cred.pid, h.probe_addr, h.probe_value);
