@@ -17,25 +17,92 @@ pub fn run() -> Result<(), String> {
     let cfg = ctx.config();
     let (c, measured) = ctx.costs();
     println!("clink {}", env!("CARGO_PKG_VERSION"));
-    println!("host key            {:016x} (boot id + network namespace: shared memory only within one)", ctx.host());
+    println!(
+        "host key            {:016x} (boot id + network namespace: shared memory only within one)",
+        ctx.host()
+    );
     println!("transports          shm: peers on this host and network namespace. Network transports (udp, tcp): not in this build.");
     println!();
-    println!("cost model inputs ({})", if measured { "measured at start; CLINK_CALIBRATE=0 skips" } else { "built-in figures (CLINK_CALIBRATE=0)" });
-    println!("  memcpy            {:.1} GB/s in cache, {:.1} GB/s beyond the {} cache", c.copy_bytes_per_ns, c.copy_dram_bytes_per_ns, size(c.cache_bytes));
-    println!("  CMA read          {:.1} GB/s in cache, {:.1} GB/s beyond, {:.0} ns per call", c.cma_bytes_per_ns, c.cma_dram_bytes_per_ns, c.cma_call_ns);
-    println!("  ring hop          {:.0} ns (cross-core cache-line transfer)", c.hop_ns);
+    println!(
+        "cost model inputs ({})",
+        if measured {
+            "measured at start; CLINK_CALIBRATE=0 skips"
+        } else {
+            "built-in figures (CLINK_CALIBRATE=0)"
+        }
+    );
+    println!(
+        "  memcpy            {:.1} GB/s in cache, {:.1} GB/s beyond the {} cache",
+        c.copy_bytes_per_ns,
+        c.copy_dram_bytes_per_ns,
+        size(c.cache_bytes)
+    );
+    println!(
+        "  CMA read          {:.1} GB/s in cache, {:.1} GB/s beyond, {:.0} ns per call",
+        c.cma_bytes_per_ns, c.cma_dram_bytes_per_ns, c.cma_call_ns
+    );
+    println!(
+        "  ring hop          {:.0} ns (cross-core cache-line transfer)",
+        c.hop_ns
+    );
     println!();
-    let why = if cfg.eager_max.is_some() { "set by CLINK_EAGER_MAX, capped by the ring" } else { "crossover of 2 copies through the ring vs a CMA call + 1 copy, capped at a quarter of the ring" };
-    println!("eager threshold     {} with CMA, {} without ({why})", size(ctx.eager_threshold(true)), size(ctx.eager_threshold(false)));
-    println!("rendezvous method per size ({}):", if cfg.rndv.is_some() { "forced by CLINK_RNDV" } else { "cheaper of CMA = hop + call + n/CMA rate and pipeline = 2 hops + n/copy rate" });
+    let why = if cfg.eager_max.is_some() {
+        "set by CLINK_EAGER_MAX, capped by the ring"
+    } else {
+        "crossover of 2 copies through the ring vs a CMA call + 1 copy, capped at a quarter of the ring"
+    };
+    println!(
+        "eager threshold     {} with CMA, {} without ({why})",
+        size(ctx.eager_threshold(true)),
+        size(ctx.eager_threshold(false))
+    );
+    println!(
+        "rendezvous method per size ({}):",
+        if cfg.rndv.is_some() {
+            "forced by CLINK_RNDV"
+        } else {
+            "cheaper of CMA = hop + call + n/CMA rate and pipeline = 2 hops + n/copy rate"
+        }
+    );
     for n in [256u64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 1 << 30] {
         let m = ctx.rendezvous_method(n, cfg.cma);
-        println!("  {:>8}          {:?}{}", size(n), m, if matches!(m, clink_proto::cost::Rndv::Pipeline) { format!(", chunks of {}", size(ctx.pipeline_chunk(n))) } else { String::new() });
+        println!(
+            "  {:>8}          {:?}{}",
+            size(n),
+            m,
+            if matches!(m, clink_proto::cost::Rndv::Pipeline) {
+                format!(", chunks of {}", size(ctx.pipeline_chunk(n)))
+            } else {
+                String::new()
+            }
+        );
     }
-    println!("CMA                 {}", if cfg.cma { "probed per peer at connect (process_vm_readv of a known word); pipeline where refused" } else { "off (CLINK_CMA=off): pipeline only" });
-    println!("rings               {} cells x 64 B = {} per direction per peer", cfg.ring_cells, size(cfg.ring_cells as u64 * 64));
-    println!("spin before block   {}", cfg.spin.map_or("forever (never blocks)".to_string(), |d| format!("{d:?}")));
-    println!("peers of other uids {}", if cfg.any_uid { "accepted (CLINK_SHM_ANY_UID=1)" } else { "refused (SO_PEERCRED)" });
+    println!(
+        "CMA                 {}",
+        if cfg.cma {
+            "probed per peer at connect (process_vm_readv of a known word); pipeline where refused"
+        } else {
+            "off (CLINK_CMA=off): pipeline only"
+        }
+    );
+    println!(
+        "rings               {} cells x 64 B = {} per direction per peer",
+        cfg.ring_cells,
+        size(cfg.ring_cells as u64 * 64)
+    );
+    println!(
+        "spin before block   {}",
+        cfg.spin
+            .map_or("forever (never blocks)".to_string(), |d| format!("{d:?}"))
+    );
+    println!(
+        "peers of other uids {}",
+        if cfg.any_uid {
+            "accepted (CLINK_SHM_ANY_UID=1)"
+        } else {
+            "refused (SO_PEERCRED)"
+        }
+    );
     println!();
     println!("environment variables:");
     for (name, what) in VARIABLES {

@@ -137,6 +137,7 @@ mod tests {
             cma_bytes_per_ns: 10.0,
             cma_call_ns: 1000.0,
             hop_ns: 300.0,
+            ..Costs::default()
         };
         let t = c.eager_threshold(true, 1 << 20);
         assert_eq!(t, 10_000);
@@ -147,7 +148,15 @@ mod tests {
 
     #[test]
     fn pipeline_in_cache_cma_beyond() {
-        let c = Costs { copy_bytes_per_ns: 30.0, cma_bytes_per_ns: 9.0, cma_call_ns: 1500.0, copy_dram_bytes_per_ns: 6.0, cma_dram_bytes_per_ns: 7.0, cache_bytes: 16 << 20, hop_ns: 100.0 };
+        let c = Costs {
+            copy_bytes_per_ns: 30.0,
+            cma_bytes_per_ns: 9.0,
+            cma_call_ns: 1500.0,
+            copy_dram_bytes_per_ns: 6.0,
+            cma_dram_bytes_per_ns: 7.0,
+            cache_bytes: 16 << 20,
+            hop_ns: 100.0,
+        };
         assert_eq!(c.rendezvous_method(1 << 20, true), Rndv::Pipeline);
         assert_eq!(c.rendezvous_method(64 << 20, true), Rndv::Cma);
         assert_eq!(c.rendezvous_method(64 << 20, false), Rndv::Pipeline);
@@ -160,6 +169,7 @@ mod tests {
             cma_bytes_per_ns: 4.0,
             cma_call_ns: 1000.0,
             hop_ns: 300.0,
+            ..Costs::default()
         };
         assert_eq!(c.eager_threshold(true, 65536), 65536);
     }
@@ -168,7 +178,7 @@ mod tests {
         #[test]
         fn outputs_stay_in_bounds(copy in 0.1f64..100.0, cma in 0.1f64..100.0, call in 0.0f64..1e6, hop in 0.0f64..1e5, n in 0u64..(1u64 << 40), max in 0u64..(1 << 24)) {
             let c = Costs { copy_bytes_per_ns: copy, cma_bytes_per_ns: cma, cma_call_ns: call, hop_ns: hop, ..Costs::default() };
-            if c.rendezvous_method(n, false) != Rndv::Pipeline { prop_assert!(false, "CMA chosen without CMA"); }
+            prop_assert_eq!(c.rendezvous_method(n, false), Rndv::Pipeline);
             let t = c.eager_threshold(true, max);
             prop_assert!(t >= MIN_EAGER && t <= max.max(MIN_EAGER));
             let k = c.chunk_size(n, 16 << 10, 1 << 20);

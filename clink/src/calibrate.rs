@@ -116,7 +116,9 @@ fn llc_bytes() -> Option<u64> {
     let mut best = None;
     for i in 0..8 {
         let p = format!("/sys/devices/system/cpu/cpu0/cache/index{i}/size");
-        let Ok(t) = std::fs::read_to_string(p) else { continue };
+        let Ok(t) = std::fs::read_to_string(p) else {
+            continue;
+        };
         let t = t.trim();
         let (num, mul) = match t.strip_suffix('K') {
             Some(n) => (n, 1024),

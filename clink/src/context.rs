@@ -108,7 +108,8 @@ pub(crate) fn ring_eager_limit(cfg: &Config) -> u64 {
 /// Largest chunk of a pipelined rendezvous (a quarter of the ring, so several are in
 /// flight).
 pub(crate) fn ring_chunk_limit(cfg: &Config) -> u64 {
-    ring_eager_limit(cfg) + clink_proto::wire::EAGER_HEADER as u64 - clink_proto::wire::CHUNK_HEADER as u64
+    ring_eager_limit(cfg) + clink_proto::wire::EAGER_HEADER as u64
+        - clink_proto::wire::CHUNK_HEADER as u64
 }
 
 /// Chunk size of the pipelined rendezvous for an `n`-byte message.

@@ -1220,7 +1220,8 @@ impl Endpoint {
                 let cap = buf.len() as u64;
                 if offset < cap {
                     let end = (offset + len).min(cap);
-                    buf[offset as usize..end as usize].copy_from_slice(&data[..(end - offset) as usize]);
+                    buf[offset as usize..end as usize]
+                        .copy_from_slice(&data[..(end - offset) as usize]);
                 }
                 *got += len;
                 self.stats.staged_bytes += len;
