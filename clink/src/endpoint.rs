@@ -1422,6 +1422,10 @@ impl Endpoint {
     /// After waking, call [`Endpoint::finish_wait`].
     pub fn prepare_wait(&mut self) -> bool {
         for p in self.peers.iter_mut().filter(|p| p.alive) {
+            if !p.txq.is_empty() || !p.staged_out.is_empty() {
+                // Blocked on a full ring: ask for a doorbell when the peer frees space.
+                p.link.tx.arm_wait_any();
+            }
             p.link.rx.arm_sleep();
             if p.link.rx.publish() {
                 p.link.wake();
@@ -1445,6 +1449,7 @@ impl Endpoint {
     pub fn finish_wait(&mut self) {
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             p.link.rx.disarm_sleep();
+            p.link.tx.disarm_wait();
         }
     }
 
