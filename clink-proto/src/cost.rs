@@ -182,7 +182,7 @@ mod tests {
             let t = c.eager_threshold(true, max);
             prop_assert!(t >= MIN_EAGER && t <= max.max(MIN_EAGER));
             let k = c.chunk_size(n, 16 << 10, 1 << 20);
-            prop_assert!(k >= 16 << 10 && k <= 1 << 20);
+            prop_assert!((16 << 10..=1 << 20).contains(&k));
         }
     }
 }

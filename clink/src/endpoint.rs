@@ -1057,7 +1057,9 @@ impl Endpoint {
         } else {
             self.idle_polls += 1;
             // Look at the clock only every 64 idle polls (it is cheap, but not free).
-            if self.idle_polls % 64 == 0 && self.last_check.elapsed() >= self.ctx.config.liveness {
+            if self.idle_polls.is_multiple_of(64)
+                && self.last_check.elapsed() >= self.ctx.config.liveness
+            {
                 did |= self.check_events(Some(Duration::ZERO));
             }
         }
@@ -1390,7 +1392,7 @@ impl Endpoint {
                 return Ok(());
             }
             polls = polls.wrapping_add(1);
-            if did || polls % 16 != 0 {
+            if did || !polls.is_multiple_of(16) {
                 std::hint::spin_loop();
                 continue;
             }

@@ -87,6 +87,8 @@ pub struct Mapping {
 
 // SAFETY: the mapping is plain memory; concurrent access is governed by the ring protocol.
 unsafe impl Send for Mapping {}
+// SAFETY: as above; the handle itself is immutable after creation.
+unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes of `fd` read-write, shared.
@@ -114,9 +116,13 @@ impl Mapping {
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
-    /// Length in bytes.
+    /// Length in bytes (never zero).
     pub fn len(&self) -> usize {
         self.len
+    }
+    /// Always false: a mapping has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

@@ -220,28 +220,17 @@ fn init_header(seg: &Mapping, h: &Hello) {
 }
 
 impl ShmPeer {
-    fn assemble(
-        seg: Arc<Mapping>,
-        h: &Hello,
+    /// The two rings of a segment, seen from the side that produces into `dir_out`.
+    fn rings(
+        seg: &Arc<Mapping>,
+        cells: u32,
         dir_out: usize,
-        sock: SeqPacket,
-        doorbell: OwnedFd,
-        pid: i32,
-        cma: bool,
-        peer_cma: bool,
-        id: u128,
-    ) -> ShmPeer {
-        let lay = Layout::new(h.ring_cells);
-        ShmPeer {
-            tx: Producer::new(ShmMem::new(&seg, lay.ring[dir_out], h.ring_cells)),
-            rx: Consumer::new(ShmMem::new(&seg, lay.ring[1 - dir_out], h.ring_cells)),
-            sock,
-            doorbell,
-            pid,
-            cma,
-            peer_cma,
-            id,
-        }
+    ) -> (Producer<ShmMem>, Consumer<ShmMem>) {
+        let lay = Layout::new(cells);
+        (
+            Producer::new(ShmMem::new(seg, lay.ring[dir_out], cells)),
+            Consumer::new(ShmMem::new(seg, lay.ring[1 - dir_out], cells)),
+        )
     }
 
     /// Connects to the endpoint listening on abstract socket `name`. `while_waiting` is
@@ -302,9 +291,17 @@ impl ShmPeer {
         sock.send_with_fds(&Ready { cma_ok: cma }.encode(), &[])
             .map_err(|e| fail(format!("sending ready: {e}")))?;
         sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
-        Ok(ShmPeer::assemble(
-            seg, &hello, 0, sock, doorbell, cred.pid, cma, w.cma_ok, w.id,
-        ))
+        let (tx, rx) = ShmPeer::rings(&seg, hello.ring_cells, 0);
+        Ok(ShmPeer {
+            tx,
+            rx,
+            sock,
+            doorbell,
+            pid: cred.pid,
+            cma,
+            peer_cma: w.cma_ok,
+            id: w.id,
+        })
     }
 
     /// Completes an incoming connection: reads the hello (sent right after connect),
@@ -342,9 +339,17 @@ impl ShmPeer {
         sock.send_with_fds(&w.encode(), &[me.doorbell])
             .map_err(|e| fail(format!("sending welcome: {e}")))?;
         sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
-        Ok(ShmPeer::assemble(
-            seg, &h, 1, sock, doorbell, cred.pid, cma, false, h.id,
-        ))
+        let (tx, rx) = ShmPeer::rings(&seg, h.ring_cells, 1);
+        Ok(ShmPeer {
+            tx,
+            rx,
+            sock,
+            doorbell,
+            pid: cred.pid,
+            cma,
+            peer_cma: false,
+            id: h.id,
+        })
     }
 
     /// The connection socket became readable: a late handshake message, or the peer hung

@@ -237,14 +237,16 @@ impl<M: RingMem> Producer<M> {
     /// Asks the consumer for a doorbell at its next head publication (the producer is
     /// about to block with frames queued). The caller must retry its sends afterwards.
     pub fn arm_wait_any(&mut self) {
-        self.mem.store_flag(Flag::ProducerWaiting, 1, Ordering::SeqCst);
+        self.mem
+            .store_flag(Flag::ProducerWaiting, 1, Ordering::SeqCst);
         self.mem.fence();
     }
 
     /// Withdraws [`Producer::arm_wait_any`] / [`Producer::arm_wait`].
     pub fn disarm_wait(&mut self) {
         if self.mem.load_flag(Flag::ProducerWaiting, Ordering::Relaxed) != 0 {
-            self.mem.store_flag(Flag::ProducerWaiting, 0, Ordering::Relaxed);
+            self.mem
+                .store_flag(Flag::ProducerWaiting, 0, Ordering::Relaxed);
         }
     }
 

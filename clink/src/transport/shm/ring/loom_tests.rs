@@ -65,10 +65,10 @@ unsafe impl RingMem for Arc<Model> {
     }
     unsafe fn write(&self, idx: u64, off: usize, src: &[u8]) {
         // Payloads in the model are at most one cell (REC_HDR + len <= CELL).
-        self.data[idx as usize].with_mut(|p| (*p)[off..off + src.len()].copy_from_slice(src));
+        self.data[idx as usize].with_mut(|p| (&mut *p)[off..off + src.len()].copy_from_slice(src));
     }
     unsafe fn read(&self, idx: u64, off: usize, dst: &mut [u8]) {
-        self.data[idx as usize].with(|p| dst.copy_from_slice(&(*p)[off..off + dst.len()]));
+        self.data[idx as usize].with(|p| dst.copy_from_slice(&(&*p)[off..off + dst.len()]));
     }
 }
 
@@ -151,6 +151,36 @@ fn no_lost_wakeup() {
                 1,
                 "consumer would sleep forever"
             );
+        }
+    });
+}
+
+/// A producer blocked on a full ring that arms, retries and then "sleeps" is always
+/// woken: either its retry finds the space or the consumer's publish rings the doorbell.
+#[test]
+fn no_lost_wakeup_for_blocked_producer() {
+    loom::model(|| {
+        let m = model();
+        let mut prod = Producer::new(m.clone());
+        let mut cons = Consumer::new(m.clone());
+        for _ in 0..CAP {
+            let r = prod.reserve(1).expect("room for CAP one-cell records");
+            let _ = prod.commit(r);
+        }
+        assert!(prod.reserve(1).is_none(), "ring is full");
+        let m2 = m.clone();
+        let t = loom::thread::spawn(move || {
+            let rec = cons.peek().expect("ok").expect("a record");
+            let wake = cons.release(rec) | cons.publish();
+            if wake {
+                m2.doorbell.store(1, O::SeqCst);
+            }
+        });
+        prod.arm_wait_any();
+        let room = prod.reserve(1).is_some();
+        t.join().unwrap();
+        if !room {
+            assert_eq!(m.doorbell.load(O::SeqCst), 1, "producer would sleep forever");
         }
     });
 }

@@ -1,0 +1,286 @@
+//! Helpers shared by the integration tests: child processes that are always reaped, a
+//! seeded RNG, deterministic message contents, and endpoint set-up.
+//!
+//! Multi-process pattern: a test re-executes its own test binary as the peer process,
+//! running only the test named [`CHILD_ENTRY`] with `CLINKTEST_ROLE` set; that test calls
+//! [`child_main`], which dispatches on the role (and returns at once in a normal run).
+//! The variables are not named `CLINK_*` because `Config::from_env` rejects unknown ones.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use clink::{Config, Context, Endpoint, PeerId, Selector};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Name of the `#[test]` function every multi-process test file defines as the child's
+/// entry point.
+pub const CHILD_ENTRY: &str = "child_entry";
+/// Role of the child process (unset in the normal test run).
+pub const ROLE_VAR: &str = "CLINKTEST_ROLE";
+/// Address of the parent's endpoint, for the child to connect to.
+pub const ADDR_VAR: &str = "CLINKTEST_ADDR";
+/// Seed of the run, passed to the child.
+pub const SEED_VAR: &str = "CLINKTEST_SEED";
+/// Generous bound on any single wait in the tests.
+pub const T: Duration = Duration::from_secs(20);
+
+/// A context for the test process: built-in cost figures (no calibration, which takes time).
+pub fn ctx() -> Context {
+    ctx_with(Config {
+        calibrate: false,
+        ..Config::default()
+    })
+}
+
+/// A context with the given configuration.
+pub fn ctx_with(config: Config) -> Context {
+    Context::with_config(config).expect("context")
+}
+
+/// The seed for this run: `CLINKTEST_SEED` if set, else `default`. Printed so a failure can
+/// be replayed.
+pub fn seed(default: u64) -> u64 {
+    let s = std::env::var(SEED_VAR)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    println!("seed = {s} (replay with {SEED_VAR}={s})");
+    s
+}
+
+/// A child process running this test binary in some role; killed (by PID) and reaped when
+/// dropped, so no test leaves a process behind, whatever happens.
+pub struct ChildProc {
+    child: Option<Child>,
+    role: String,
+}
+
+/// Starts this test binary as a child in `role`, connecting to `addr`, with extra
+/// environment variables (e.g. `CLINK_CMA=off`). Children never calibrate.
+pub fn spawn(role: &str, addr: &str, seed: u64, env: &[(&str, &str)]) -> ChildProc {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([CHILD_ENTRY, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE_VAR, role)
+        .env(ADDR_VAR, addr)
+        .env(SEED_VAR, seed.to_string())
+        .env("CLINK_CALIBRATE", "0")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("spawn child test process");
+    ChildProc {
+        child: Some(child),
+        role: role.to_string(),
+    }
+}
+
+impl ChildProc {
+    /// Process id of the child.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// Waits up to `timeout` for the child to exit by itself and returns its status; kills
+    /// it and panics on timeout.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let child = self.child.as_mut().expect("child already reaped");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = child.try_wait().expect("try_wait") {
+                self.child = None;
+                return st;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                self.child = None;
+                panic!("child '{}' did not exit within {timeout:?}", self.role);
+            }
+            // Polling for process exit only; no correctness depends on this pause.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Waits for the child to exit and asserts it succeeded.
+    pub fn expect_success(&mut self, timeout: Duration) {
+        let st = self.wait(timeout);
+        assert!(st.success(), "child '{}' failed: {st}", self.role);
+    }
+
+    /// Sends SIGKILL (now) without reaping.
+    pub fn kill(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            c.kill().expect("kill child");
+        }
+    }
+
+    /// Reaps a killed child.
+    pub fn reap(&mut self) -> ExitStatus {
+        let st = self
+            .child
+            .as_mut()
+            .expect("child already reaped")
+            .wait()
+            .expect("wait");
+        self.child = None;
+        st
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// In the child entry test: runs `f(role)` when this process is a child, else returns.
+pub fn child_main(f: impl FnOnce(&str)) {
+    if let Ok(role) = std::env::var(ROLE_VAR) {
+        f(&role);
+    }
+}
+
+/// In a child: the seed given by the parent.
+pub fn child_seed() -> u64 {
+    std::env::var(SEED_VAR)
+        .expect("seed variable")
+        .parse()
+        .expect("seed")
+}
+
+/// In a child: a context from the environment (the parent set `CLINK_CALIBRATE=0` and
+/// whatever else the test needs), an endpoint, and the parent as a connected peer.
+pub fn child_connect() -> (Endpoint, PeerId) {
+    let ctx = Context::new().expect("child context from CLINK_* variables");
+    let mut ep = ctx.endpoint().expect("child endpoint");
+    let addr = std::env::var(ADDR_VAR).expect("address variable");
+    let peer = ep.connect(&addr).expect("child connects to parent");
+    (ep, peer)
+}
+
+/// Receives exactly one message with `tag` from `peer` into a fresh buffer of `cap` bytes.
+pub fn recv_vec(ep: &mut Endpoint, peer: PeerId, tag: u64, cap: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; cap];
+    let st = ep
+        .recv_timeout(Selector::exact(Some(peer), tag), &mut buf, Some(T))
+        .unwrap_or_else(|e| panic!("recv tag {tag}: {e}"));
+    buf.truncate(st.len as usize);
+    buf
+}
+
+/// xorshift64* generator: small, fast, deterministic.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed (any value, zero included).
+    pub fn new(seed: u64) -> Rng {
+        Rng(splitmix(seed) | 1)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    /// Uniform in `lo..hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo)
+    }
+    /// Shuffles `v` in place (Fisher-Yates).
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// SplitMix64 finaliser: a good 64-bit mix.
+pub fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Key of message `seq` in a run with `seed`: the contents are derived from it.
+pub fn key(seed: u64, seq: u64) -> u64 {
+    seed ^ seq.wrapping_mul(0xd6e8_feb8_6659_fd93)
+}
+
+/// Fills `buf` with the deterministic contents of the message with key `k`.
+pub fn fill(k: u64, buf: &mut [u8]) {
+    let mut w = splitmix(k);
+    let mut chunks = buf.chunks_exact_mut(8);
+    for c in &mut chunks {
+        c.copy_from_slice(&w.to_le_bytes());
+        w = w.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(k | 1);
+    }
+    let rest = chunks.into_remainder();
+    let n = rest.len();
+    rest.copy_from_slice(&w.to_le_bytes()[..n]);
+}
+
+/// A fresh buffer of `len` bytes with the contents of key `k`.
+pub fn pattern(k: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill(k, &mut v);
+    v
+}
+
+/// Index of the first byte of `buf` that differs from the contents of key `k`, if any.
+pub fn mismatch(k: u64, buf: &[u8]) -> Option<usize> {
+    let mut w = splitmix(k);
+    let mut chunks = buf.chunks_exact(8);
+    let mut off = 0;
+    for c in &mut chunks {
+        if c != w.to_le_bytes() {
+            let b = w.to_le_bytes();
+            return Some(off + (0..8).find(|&i| c[i] != b[i]).unwrap_or(0));
+        }
+        w = w.wrapping_mul(0x5851_f42d_4c95_7f2d).wrapping_add(k | 1);
+        off += 8;
+    }
+    let rest = chunks.remainder();
+    let b = w.to_le_bytes();
+    (0..rest.len()).find(|&i| rest[i] != b[i]).map(|i| off + i)
+}
+
+/// Panics with a precise message when `buf` does not hold the contents of key `k`.
+#[track_caller]
+pub fn check(k: u64, buf: &[u8], what: &str) {
+    if let Some(i) = mismatch(k, buf) {
+        panic!(
+            "{what}: content mismatch at byte {i} of {} (got {:#04x})",
+            buf.len(),
+            buf[i]
+        );
+    }
+}
+
+/// Calls `ep.progress()` until `cond` holds; panics after `timeout`.
+pub fn drive_until(
+    ep: &mut Endpoint,
+    timeout: Duration,
+    what: &str,
+    mut cond: impl FnMut(&mut Endpoint) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while !cond(ep) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        ep.progress();
+        std::hint::spin_loop();
+    }
+}
