@@ -1,0 +1,51 @@
+//! Ping-pong latency between two processes: the example starts its second process itself.
+//!
+//! Run: `cargo run --release -p clink --example pingpong -- [size] [iterations]`
+
+use clink::{Context, Selector};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--pong") {
+        return pong(&args[2]);
+    }
+    let size: usize = args.get(1).map_or(Ok(8), |s| s.parse())?;
+    let iters: u32 = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
+    let ctx = Context::new()?;
+    let mut ep = ctx.endpoint()?;
+    let mut child = Command::new(std::env::current_exe()?).args(["--pong", &ep.address()]).spawn()?;
+    let peer = ep.accept(Some(Duration::from_secs(10)))?;
+    let msg = vec![1u8; size];
+    let mut buf = vec![0u8; size];
+    let sel = Selector::exact(Some(peer), 0);
+    for _ in 0..iters / 10 {
+        ep.send(peer, 0, &msg)?;
+        ep.recv(sel, &mut buf)?;
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        ep.send(peer, 0, &msg)?;
+        ep.recv(sel, &mut buf)?;
+    }
+    let one_way = t.elapsed().as_secs_f64() * 1e6 / f64::from(iters) / 2.0;
+    ep.send(peer, 1, &[])?; // stop
+    child.wait()?;
+    println!("{size} B: {one_way:.3} us one-way (mean of {iters} round trips)");
+    Ok(())
+}
+
+fn pong(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = Context::new()?;
+    let mut ep = ctx.endpoint()?;
+    let peer = ep.connect(addr)?;
+    let mut buf = vec![0u8; 64 << 20];
+    loop {
+        let st = ep.recv(Selector { src: Some(peer), tag: 0, mask: 0 }, &mut buf)?;
+        if st.tag == 1 {
+            return Ok(());
+        }
+        ep.send(peer, 0, &buf[..st.len as usize])?;
+    }
+}
