@@ -64,7 +64,9 @@ pub fn spawn(role: &str, addr: &str, seed: u64, env: &[(&str, &str)]) -> ChildPr
         .env(ADDR_VAR, addr)
         .env(SEED_VAR, seed.to_string())
         .env("CLINK_CALIBRATE", "0")
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        // The child's harness chatter is noise; its panics go to stderr, which is kept.
+        .stdout(Stdio::null());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -140,7 +142,12 @@ impl Drop for ChildProc {
 /// In the child entry test: runs `f(role)` when this process is a child, else returns.
 pub fn child_main(f: impl FnOnce(&str)) {
     if let Ok(role) = std::env::var(ROLE_VAR) {
+        let start = Instant::now();
         f(&role);
+        let el = start.elapsed();
+        if el > Duration::from_secs(5) {
+            eprintln!("note: child '{role}' took {el:?}");
+        }
     }
 }
 

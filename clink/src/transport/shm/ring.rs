@@ -3,17 +3,19 @@
 //!
 //! A record (one frame) occupies `ceil((16 + len) / 64)` consecutive cells; its payload is
 //! contiguous, so a receiver can read it in place. The first 8 bytes of every cell slot
-//! hold a sequence word: `0` means "free", `p + 1` means "a record starts at absolute cell
+//! hold a sequence word: `p + 1` means "a record starts at absolute cell
 //! position `p`". The producer writes the payload and header, then publishes by storing
 //! the sequence word with Release; the consumer polls only the sequence word of the cell at
 //! its head (Acquire), so a small message costs one cache-line transfer and neither side
-//! polls a shared head/tail index. The consumer zeroes the sequence words of the cells it
-//! releases and publishes its head lazily (every 1/8 of the ring, or when it runs dry); the
-//! producer re-reads that head only when its cached copy says the ring is full.
+//! polls a shared head/tail index. A value below `head + 1` is a record of an earlier lap
+//! (or zero): nothing new yet. The consumer zeroes the sequence slots of the continuation
+//! cells it releases (their bytes were payload) and publishes its head lazily (every 1/8 of
+//! the ring, or when it runs dry); the producer re-reads that head only when its cached
+//! copy says the ring is full.
 //!
-//! Any other sequence value at the head is a corrupt ring (a word "from the future" or
-//! garbage) and yields [`RingError`]; lengths are checked against the ring bounds before
-//! any byte is touched.
+//! A sequence value above `head + 1` is a corrupt ring (a word "from the future") and
+//! yields [`RingError`]; lengths are checked against the ring bounds before any byte is
+//! touched.
 //!
 //! Sleep/wake (Dekker-style, no lost wake-up): a consumer about to block sets
 //! `cons_sleeping`, issues a SeqCst fence, and re-polls; a producer, after publishing,
@@ -294,8 +296,8 @@ impl<M: RingMem> Consumer<M> {
         loop {
             let idx = self.head & (cap - 1);
             let seq = self.mem.load_seq(idx, Ordering::Acquire);
-            if seq == 0 {
-                return Ok(None);
+            if seq < self.head + 1 {
+                return Ok(None); // free, or a record of an earlier lap
             }
             if seq != self.head + 1 {
                 return Err(RingError::BadSequence {
@@ -326,8 +328,11 @@ impl<M: RingMem> Consumer<M> {
     fn consume(&mut self, n: u64) {
         let cap = self.mem.cap();
         let idx = self.head & (cap - 1);
-        // Zero every cell's sequence slot so stale payload is never read as a header.
-        for i in idx..idx + n {
+        // Zero the sequence slots of the continuation cells so stale payload is never read
+        // as a header in a later lap. The head cell keeps its (now old-lap) sequence
+        // number: the consumer never writes the line of a one-cell message, so the
+        // producer reuses it without pulling a modified line back.
+        for i in idx + 1..idx + n {
             self.mem.store_seq(i, 0, Ordering::Relaxed);
         }
         self.head += n;
