@@ -28,6 +28,7 @@ pub mod stats;
 pub mod sys;
 pub mod transport;
 
+pub use clink_proto::cost::Rndv;
 pub use clink_proto::matching::Selector;
 pub use clink_proto::PeerId;
 pub use config::Config;
