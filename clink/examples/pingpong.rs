@@ -15,7 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iters: u32 = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
     let ctx = Context::new()?;
     let mut ep = ctx.endpoint()?;
-    let mut child = Command::new(std::env::current_exe()?).args(["--pong", &ep.address()]).spawn()?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--pong", &ep.address()])
+        .spawn()?;
     let peer = ep.accept(Some(Duration::from_secs(10)))?;
     let msg = vec![1u8; size];
     let mut buf = vec![0u8; size];
@@ -42,7 +44,14 @@ fn pong(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
     let peer = ep.connect(addr)?;
     let mut buf = vec![0u8; 64 << 20];
     loop {
-        let st = ep.recv(Selector { src: Some(peer), tag: 0, mask: 0 }, &mut buf)?;
+        let st = ep.recv(
+            Selector {
+                src: Some(peer),
+                tag: 0,
+                mask: 0,
+            },
+            &mut buf,
+        )?;
         if st.tag == 1 {
             return Ok(());
         }

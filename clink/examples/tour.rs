@@ -39,13 +39,31 @@ fn main() -> clink::Result<()> {
     let peer = server.accept(Some(Duration::from_secs(10)))?;
     let mut buf = vec![0u8; 8 << 20];
     let st = server.recv(Selector::exact(Some(peer), 1), &mut buf)?;
-    println!("tag {} from {}: {:?}", st.tag, st.peer, std::str::from_utf8(&buf[..st.len as usize]));
+    println!(
+        "tag {} from {}: {:?}",
+        st.tag,
+        st.peer,
+        std::str::from_utf8(&buf[..st.len as usize])
+    );
     let st = server.recv(Selector::exact(Some(peer), 2), &mut buf)?;
-    println!("tag 2: {} bytes (rendezvous, eager up to {} B)", st.len, server.eager_max(peer)?);
+    println!(
+        "tag 2: {} bytes (rendezvous, eager up to {} B)",
+        st.len,
+        server.eager_max(peer)?
+    );
 
     // Ten receives posted at once, matched by a tag mask (any tag 100..=111 from anyone).
     let reqs: Vec<_> = (0..10)
-        .map(|_| server.irecv(clink::Selector { src: None, tag: 96, mask: !0xf }, vec![0u8; 8]))
+        .map(|_| {
+            server.irecv(
+                clink::Selector {
+                    src: None,
+                    tag: 96,
+                    mask: !0xf,
+                },
+                vec![0u8; 8],
+            )
+        })
         .collect::<Result<_, _>>()?;
     let mut sum = 0;
     for r in &reqs {
@@ -61,11 +79,14 @@ fn main() -> clink::Result<()> {
     println!("probe: {st:?}");
     let mut small = [0u8; 10];
     match server.recv(Selector::exact(Some(peer), 3), &mut small) {
-        Err(Error::Truncated { len, capacity }) => println!("truncated: {len} bytes sent, {capacity} fit"),
+        Err(Error::Truncated { len, capacity }) => {
+            println!("truncated: {len} bytes sent, {capacity} fit")
+        }
         other => println!("unexpected: {other:?}"),
     }
     {
-        let msg = server.recv_in_place(Selector::exact(Some(peer), 4), Some(Duration::from_secs(5)))?;
+        let msg =
+            server.recv_in_place(Selector::exact(Some(peer), 4), Some(Duration::from_secs(5)))?;
         println!("in place: {:?}", std::str::from_utf8(&msg));
     }
     server.send(peer, 99, b"ok")?;

@@ -180,7 +180,11 @@ fn no_lost_wakeup_for_blocked_producer() {
         let room = prod.reserve(1).is_some();
         t.join().unwrap();
         if !room {
-            assert_eq!(m.doorbell.load(O::SeqCst), 1, "producer would sleep forever");
+            assert_eq!(
+                m.doorbell.load(O::SeqCst),
+                1,
+                "producer would sleep forever"
+            );
         }
     });
 }
