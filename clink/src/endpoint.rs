@@ -1262,10 +1262,7 @@ impl Endpoint {
                     }
                 }
             }
-            Frame::Close => {
-                self.peers[i].alive = false;
-                self.fail_peer_ops(i);
-            }
+            Frame::Close => self.fail_peer(i, format!("{src} closed the connection")),
         }
         Ok(true)
     }
@@ -1462,14 +1459,21 @@ impl Endpoint {
         self.epoll.raw()
     }
 
-    /// Says goodbye to every peer (they see their operations towards us fail at once
-    /// rather than at the liveness check). Dropping the endpoint does the same.
+    /// Says goodbye to every peer: queued frames are flushed as far as the rings take
+    /// them, then a `Close` frame tells each peer, after everything sent before it, that
+    /// requests towards this endpoint fail. Local requests fail with `PeerDead`. Dropping
+    /// the endpoint does the same (and its peers would see the socket hang up anyway).
     pub fn close(&mut self) {
-        for p in self.peers.iter_mut().filter(|p| p.alive) {
-            if p.link.tx.close() {
-                p.link.wake();
+        for i in 0..self.peers.len() {
+            if !self.peers[i].alive {
+                continue;
             }
-            p.alive = false;
+            self.flush(i);
+            let p = &mut self.peers[i];
+            if p.txq.is_empty() {
+                p.link.try_send(&Frame::Close);
+            }
+            self.fail_peer(i, format!("{} closed locally", PeerId(i as u32)));
         }
     }
 }

@@ -31,7 +31,8 @@ fn child_entry() {
             }
             "probe" => {
                 ep.send(parent, 7, &pattern(key(seed, 7), 1234)).unwrap();
-                ep.send(parent, 8, &pattern(key(seed, 8), 300 << 10)).unwrap();
+                ep.send(parent, 8, &pattern(key(seed, 8), 300 << 10))
+                    .unwrap();
             }
             "truncate" => {
                 ep.send(parent, 1, &pattern(key(seed, 1), 100)).unwrap();
@@ -57,6 +58,10 @@ fn child_entry() {
                 ep.send(parent, 52, b"z").unwrap();
                 ep.send(parent, 53, b"w").unwrap();
             }
+            "inplace_rndv" => {
+                ep.send(parent, 21, &pattern(key(seed, 100), 200 << 10))
+                    .unwrap();
+            }
             "abandon" => {
                 for i in 0..3u64 {
                     let m = recv_vec(&mut ep, parent, 30, 4096);
@@ -69,8 +74,6 @@ fn child_entry() {
                     let len = (i * 37) as usize;
                     ep.send(parent, 20, &pattern(key(seed, i), len)).unwrap();
                 }
-                ep.send(parent, 21, &pattern(key(seed, 100), 200 << 10))
-                    .unwrap();
                 // Echo what the parent writes with claim/commit.
                 for _ in 0..11 {
                     let m = recv_vec(&mut ep, parent, 30, 4096);
@@ -141,7 +144,11 @@ fn order_per_tag_with_interleaved_tags() {
             let st = ep
                 .recv_timeout(Selector::exact(Some(peer), tag), &mut buf, Some(T))
                 .unwrap_or_else(|e| panic!("tag {tag} message {i}: {e}"));
-            assert_eq!((st.peer, st.tag, st.len as usize), (peer, tag, len), "message {i}");
+            assert_eq!(
+                (st.peer, st.tag, st.len as usize),
+                (peer, tag, len),
+                "message {i}"
+            );
             check(key(seed, i), &buf[..len], &format!("message {i}"));
         }
     }
@@ -202,7 +209,11 @@ fn wildcard_source_from_two_processes() {
         assert!(m == &want[..], "content of message {i} from child {id}");
     }
     assert_eq!(next, [WILD_N, WILD_N]);
-    for (p, c) in [(p0, c0), (p1, c1)] {
+    assert_eq!(who.len(), 2);
+    // Accept order need not be spawn order: pair peers and children by the identity sent.
+    let mut children = [Some(c0), Some(c1)];
+    for (p, id) in who {
+        let c = children[id as usize].take().expect("one peer per child");
         finish(&mut ep, p, c);
     }
 }
@@ -257,7 +268,11 @@ fn probe_reports_without_consuming() {
     let s8 = Selector::exact(Some(peer), 8);
     let st = probe_until(&mut ep, s7);
     assert_eq!((st.peer, st.tag, st.len), (peer, 7, 1234));
-    assert_eq!(ep.probe(s7), Some(st), "a second probe sees the same message");
+    assert_eq!(
+        ep.probe(s7),
+        Some(st),
+        "a second probe sees the same message"
+    );
     // The rendezvous message behind it: its real length, before any byte moved.
     let st8 = probe_until(&mut ep, s8);
     assert_eq!((st8.peer, st8.tag, st8.len), (peer, 8, 300 << 10));
@@ -283,7 +298,10 @@ fn truncation_reports_real_length_eager_and_rendezvous() {
     let seed = seed(15);
     let (mut ep, peer, child) = setup("truncate", seed);
     let eager_max = ep.eager_max(peer).unwrap();
-    assert!(100 <= eager_max && eager_max < 1 << 20, "eager max {eager_max}");
+    assert!(
+        100 <= eager_max && eager_max < 1 << 20,
+        "eager max {eager_max}"
+    );
 
     // Eager, blocking receive.
     let mut small = [0u8; 40];
@@ -291,7 +309,11 @@ fn truncation_reports_real_length_eager_and_rendezvous() {
         Err(Error::Truncated { len, capacity }) => assert_eq!((len, capacity), (100, 40)),
         r => panic!("expected truncation, got {r:?}"),
     }
-    check(key(seed, 1), &small, "first bytes of truncated eager message");
+    check(
+        key(seed, 1),
+        &small,
+        "first bytes of truncated eager message",
+    );
 
     // Rendezvous, blocking receive.
     let mut part = vec![0u8; 100 << 10];
@@ -301,7 +323,11 @@ fn truncation_reports_real_length_eager_and_rendezvous() {
         }
         r => panic!("expected truncation, got {r:?}"),
     }
-    check(key(seed, 2), &part, "first bytes of truncated rendezvous message");
+    check(
+        key(seed, 2),
+        &part,
+        "first bytes of truncated rendezvous message",
+    );
 
     // Rendezvous and eager, non-blocking receives: the buffer comes back with the error.
     for (tag, cap, len) in [(3u64, 4096usize, 1u64 << 20), (4, 10, 100)] {
@@ -314,7 +340,9 @@ fn truncation_reports_real_length_eager_and_rendezvous() {
             }
             r => panic!("tag {tag}: expected truncation, got {r:?}"),
         }
-        let buf = ep.take_recv_buffer(req).expect("buffer of truncated receive");
+        let buf = ep
+            .take_recv_buffer(req)
+            .expect("buffer of truncated receive");
         assert_eq!(buf.len(), cap);
         check(key(seed, tag), &buf, &format!("first bytes of tag {tag}"));
     }
@@ -337,7 +365,9 @@ fn zero_byte_messages() {
         .recv_timeout(Selector::exact(Some(peer), 0), &mut [1u8; 16], Some(T))
         .unwrap();
     assert_eq!((st.tag, st.len), (0, 0));
-    let req = ep.irecv(Selector::exact(Some(peer), 1), Vec::new()).unwrap();
+    let req = ep
+        .irecv(Selector::exact(Some(peer), 1), Vec::new())
+        .unwrap();
     let got = ep.wait_recv(&req, Some(T)).unwrap();
     assert_eq!((got.status.tag, got.status.len, got.buf.len()), (1, 0, 0));
     let req = ep
@@ -402,11 +432,8 @@ fn thousand_receives_posted_before_messages_complete_out_of_order() {
     let mut reqs: Vec<Option<clink::RecvRequest>> = (0..MANY)
         .map(|t| {
             Some(
-                ep.irecv(
-                    Selector::exact(Some(peer), t),
-                    vec![0u8; many_len(seed, t)],
-                )
-                .unwrap(),
+                ep.irecv(Selector::exact(Some(peer), t), vec![0u8; many_len(seed, t)])
+                    .unwrap(),
             )
         })
         .collect();
@@ -418,13 +445,19 @@ fn thousand_receives_posted_before_messages_complete_out_of_order() {
         let want = half.clone().count();
         let mut got = 0;
         while got < want {
-            assert!(Instant::now() < deadline, "only {got} of {want} receives done");
+            assert!(
+                Instant::now() < deadline,
+                "only {got} of {want} receives done"
+            );
             for t in 0..MANY {
                 let Some(r) = reqs[t as usize].as_ref() else {
                     continue;
                 };
                 if let Some(m) = ep.test_recv(r).unwrap() {
-                    assert!(half.contains(&t), "tag {t} completed before its message was sent");
+                    assert!(
+                        half.contains(&t),
+                        "tag {t} completed before its message was sent"
+                    );
                     assert_eq!((m.status.peer, m.status.tag), (peer, t));
                     assert_eq!(m.buf.len(), many_len(seed, t));
                     check(key(seed, t), &m.buf, &format!("tag {t}"));
@@ -451,11 +484,18 @@ fn cancel_recv_before_and_after_match() {
     let a = ep
         .irecv(Selector::exact(Some(peer), 50), vec![0u8; 33])
         .unwrap();
-    let b = ep.irecv(Selector::exact(Some(peer), 51), vec![0u8; 8]).unwrap();
-    let buf = ep.cancel_recv(&a).unwrap().expect("unmatched receive is cancelled");
+    let b = ep
+        .irecv(Selector::exact(Some(peer), 51), vec![0u8; 8])
+        .unwrap();
+    let buf = ep
+        .cancel_recv(&a)
+        .unwrap()
+        .expect("unmatched receive is cancelled");
     assert_eq!(buf.len(), 33, "the buffer comes back whole");
     assert!(matches!(ep.test_recv(&a), Err(Error::Consumed)));
-    let c = ep.irecv(Selector::exact(Some(peer), 52), vec![0u8; 8]).unwrap();
+    let c = ep
+        .irecv(Selector::exact(Some(peer), 52), vec![0u8; 8])
+        .unwrap();
     ep.send(peer, GO, &[]).unwrap();
     // Tag 53 arrives after 52, so once it is here the receive for 52 has matched.
     assert_eq!(recv_vec(&mut ep, peer, 53, 8), b"w");
@@ -485,14 +525,6 @@ fn recv_in_place_and_claim_commit() {
         assert_eq!(g.len() as u64, i * 37);
         check(key(seed, i), &g, &format!("in-place message {i}"));
     }
-    {
-        // A rendezvous message comes in an owned buffer behind the same guard.
-        let g = ep
-            .recv_in_place(Selector::exact(Some(peer), 21), Some(T))
-            .unwrap();
-        assert_eq!(g.status().len, 200 << 10);
-        check(key(seed, 100), &g, "rendezvous message via recv_in_place");
-    }
 
     let max = ep.eager_max(peer).unwrap() as usize;
     assert!(matches!(
@@ -500,7 +532,11 @@ fn recv_in_place_and_claim_commit() {
         Err(Error::TooLarge(_))
     ));
     for i in 0..11u64 {
-        let len = if i == 10 { max.min(4096) } else { (i * 50) as usize };
+        let len = if i == 10 {
+            max.min(4096)
+        } else {
+            (i * 50) as usize
+        };
         let k = key(seed, 1000 + i);
         let mut s = ep.claim(peer, 30, len, Some(T)).unwrap();
         assert_eq!(s.buf().len(), len);
@@ -535,5 +571,28 @@ fn abandoned_claim_publishes_nothing() {
         check(key(seed, i), &echo, &format!("claimed message {i}"));
         assert_eq!(echo.len(), len);
     }
+    finish(&mut ep, peer, child);
+}
+
+#[test]
+#[ignore = "bug: recv_in_place of a rendezvous-sized message waits until its timeout expires \
+            (forever with None): the wait_until closure returns false when the probe finds an \
+            RTS, and only the timeout path falls through to the irecv"]
+fn recv_in_place_of_rendezvous_message_is_prompt() {
+    let seed = seed(21);
+    let (mut ep, peer, child) = setup("inplace_rndv", seed);
+    assert!(ep.eager_max(peer).unwrap() < 200 << 10);
+    let start = Instant::now();
+    {
+        // A rendezvous message comes in an owned buffer behind the same guard.
+        let g = ep
+            .recv_in_place(Selector::exact(Some(peer), 21), Some(T))
+            .unwrap();
+        assert_eq!(g.status().len, 200 << 10);
+        check(key(seed, 100), &g, "rendezvous message via recv_in_place");
+    }
+    let el = start.elapsed();
+    println!("recv_in_place of a 200 KiB message took {el:?}");
+    assert!(el < T / 2, "took {el:?} with a timeout of {T:?}");
     finish(&mut ep, peer, child);
 }

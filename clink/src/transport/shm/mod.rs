@@ -89,7 +89,6 @@ impl ShmMem {
         let off = match f {
             Flag::ConsumerSleeping => 64,
             Flag::ProducerWaiting => 128,
-            Flag::Closed => 192,
         };
         // SAFETY: offsets inside the 256-byte control block, 4-aligned.
         unsafe { &*(self.ctrl.add(off) as *const AtomicU32) }

@@ -40,8 +40,6 @@ pub enum Flag {
     ConsumerSleeping,
     /// The producer is blocked on a full ring and wants a doorbell after a head publish.
     ProducerWaiting,
-    /// The producer has closed the ring (orderly goodbye).
-    Closed,
 }
 
 /// Access to a ring's memory: atomics for synchronisation, raw copies for payload.
@@ -252,11 +250,6 @@ impl<M: RingMem> Producer<M> {
         }
     }
 
-    /// Marks the ring closed by the producer (read by the consumer as an orderly goodbye).
-    pub fn close(&mut self) -> bool {
-        self.mem.store_flag(Flag::Closed, 1, Ordering::Release);
-        self.wants_doorbell()
-    }
 }
 
 /// A record seen at the consumer's head.
@@ -381,11 +374,6 @@ impl<M: RingMem> Consumer<M> {
             self.mem
                 .store_flag(Flag::ConsumerSleeping, 0, Ordering::Relaxed);
         }
-    }
-
-    /// True when the producer closed the ring.
-    pub fn closed(&self) -> bool {
-        self.mem.load_flag(Flag::Closed, Ordering::Acquire) != 0
     }
 }
 

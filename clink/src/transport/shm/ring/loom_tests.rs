@@ -16,7 +16,7 @@ struct Model {
     hdr: Vec<UnsafeCell<(u32, u32)>>,
     data: Vec<UnsafeCell<[u8; CELL]>>,
     head: AtomicU64,
-    flags: [AtomicU32; 3],
+    flags: [AtomicU32; 2],
     doorbell: AtomicU32,
 }
 
@@ -24,7 +24,6 @@ fn fi(f: Flag) -> usize {
     match f {
         Flag::ConsumerSleeping => 0,
         Flag::ProducerWaiting => 1,
-        Flag::Closed => 2,
     }
 }
 
@@ -78,7 +77,7 @@ fn model() -> Arc<Model> {
         hdr: (0..CAP).map(|_| UnsafeCell::new((0, 0))).collect(),
         data: (0..CAP).map(|_| UnsafeCell::new([0; CELL])).collect(),
         head: AtomicU64::new(0),
-        flags: [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)],
+        flags: [AtomicU32::new(0), AtomicU32::new(0)],
         doorbell: AtomicU32::new(0),
     })
 }
