@@ -145,7 +145,7 @@ pub fn child_main(f: impl FnOnce(&str)) {
         let start = Instant::now();
         f(&role);
         let el = start.elapsed();
-        if el > Duration::from_secs(5) {
+        if el > T / 2 {
             eprintln!("note: child '{role}' took {el:?}");
         }
     }
