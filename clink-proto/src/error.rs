@@ -27,6 +27,14 @@ pub enum ProtoError {
     /// Unknown frame kind byte.
     #[error("unknown frame kind {0}")]
     BadKind(u8),
+    /// A handshake message of another type than the one expected at this step.
+    #[error("expected a {want} message, got handshake message type {got}")]
+    UnexpectedMessage {
+        /// The message expected.
+        want: &'static str,
+        /// The type byte received.
+        got: u8,
+    },
     /// A length or index field is outside the range the receiver allows.
     #[error("{what} out of range: {value} (limit {limit})")]
     OutOfRange {

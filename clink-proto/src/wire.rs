@@ -282,6 +282,9 @@ pub struct Ready {
     pub cma_ok: bool,
 }
 
+/// Smallest ring a peer may ask for (every control frame must fit many times over).
+pub const MIN_RING_CELLS: u32 = 64;
+
 /// Bytes of an encoded [`Hello`].
 pub const HELLO_LEN: usize = 56;
 /// Bytes of an encoded [`Welcome`].
@@ -313,7 +316,10 @@ fn check_preamble(b: &[u8], ty: u8, what: &'static str, len: usize) -> Result<()
         });
     }
     if b[6] != ty {
-        return Err(ProtoError::BadKind(b[6]));
+        return Err(ProtoError::UnexpectedMessage {
+            want: what,
+            got: b[6],
+        });
     }
     need(what, b, len)
 }
@@ -343,7 +349,7 @@ impl Hello {
     pub fn parse(b: &[u8], max_cells: u32) -> Result<Hello, ProtoError> {
         check_preamble(b, T_HELLO, "hello", HELLO_LEN)?;
         let ring_cells = u32_at(b, 24);
-        if ring_cells < 2 || ring_cells > max_cells || !ring_cells.is_power_of_two() {
+        if ring_cells < MIN_RING_CELLS || ring_cells > max_cells || !ring_cells.is_power_of_two() {
             return Err(ProtoError::OutOfRange {
                 what: "ring cells (power of two)",
                 value: ring_cells.into(),
@@ -517,7 +523,10 @@ mod tests {
         assert_eq!(Welcome::parse(&w.encode()), Ok(w));
         assert!(matches!(
             Welcome::parse(&h.encode()),
-            Err(ProtoError::BadKind(1))
+            Err(ProtoError::UnexpectedMessage {
+                want: "welcome",
+                got: 1
+            })
         ));
         assert_eq!(
             Ready::parse(&Ready { cma_ok: false }.encode()),

@@ -78,7 +78,7 @@ impl Context {
 
     /// The eager/rendezvous threshold for a peer with or without CMA, and the ring's limit.
     pub fn eager_threshold(&self, cma: bool) -> u64 {
-        eager_threshold(&self.inner, cma)
+        eager_threshold(&self.inner, cma, u64::from(self.inner.config.ring_cells))
     }
 
     /// The rendezvous method the cost model (or `CLINK_RNDV`) picks for `n` bytes.
@@ -88,7 +88,7 @@ impl Context {
 
     /// Chunk size of the pipelined rendezvous for an `n`-byte message.
     pub fn pipeline_chunk(&self, n: u64) -> u64 {
-        pipeline_chunk(&self.inner, n)
+        pipeline_chunk(&self.inner, n, u64::from(self.inner.config.ring_cells))
     }
 
     /// Host key of this process (machine + network namespace).
@@ -97,24 +97,25 @@ impl Context {
     }
 }
 
-/// Largest eager payload the configured ring takes (a quarter of it).
-pub(crate) fn ring_eager_limit(cfg: &Config) -> u64 {
-    (cfg.ring_cells as u64 * crate::transport::shm::ring::CELL as u64 / 4).min(
-        crate::transport::shm::ring::max_payload(cfg.ring_cells as u64) as u64
-            - clink_proto::wire::EAGER_HEADER as u64,
-    )
+/// Largest eager payload a ring of `cells` cells takes (a quarter of it, never more
+/// than one record can hold).
+pub(crate) fn ring_eager_limit(cells: u64) -> u64 {
+    use crate::transport::shm::ring::{max_payload, CELL};
+    (cells * CELL as u64 / 4)
+        .min(max_payload(cells) as u64 - clink_proto::wire::EAGER_HEADER as u64)
 }
 
-/// Largest chunk of a pipelined rendezvous (a quarter of the ring, so several are in
-/// flight).
-pub(crate) fn ring_chunk_limit(cfg: &Config) -> u64 {
-    ring_eager_limit(cfg) + clink_proto::wire::EAGER_HEADER as u64
+/// Largest chunk of a pipelined rendezvous through a ring of `cells` cells (a quarter of
+/// the ring, so several are in flight).
+pub(crate) fn ring_chunk_limit(cells: u64) -> u64 {
+    ring_eager_limit(cells) + clink_proto::wire::EAGER_HEADER as u64
         - clink_proto::wire::CHUNK_HEADER as u64
 }
 
-/// Chunk size of the pipelined rendezvous for an `n`-byte message.
-pub(crate) fn pipeline_chunk(c: &CtxInner, n: u64) -> u64 {
-    let max = ring_chunk_limit(&c.config);
+/// Chunk size of the pipelined rendezvous for an `n`-byte message through a ring of
+/// `cells` cells.
+pub(crate) fn pipeline_chunk(c: &CtxInner, n: u64, cells: u64) -> u64 {
+    let max = ring_chunk_limit(cells);
     c.config
         .chunk
         .unwrap_or_else(|| c.costs.chunk_size(n, 16 << 10, max))
@@ -132,10 +133,13 @@ pub(crate) fn rendezvous_method(c: &CtxInner, n: u64, cma: bool) -> clink_proto:
     }
 }
 
-pub(crate) fn eager_threshold(c: &CtxInner, cma: bool) -> u64 {
-    let limit = ring_eager_limit(&c.config);
+/// The eager threshold towards a peer (CMA or not) over a ring of `cells` cells: the
+/// cost model's (or `CLINK_EAGER_MAX`), never more than the ring takes.
+pub(crate) fn eager_threshold(c: &CtxInner, cma: bool, cells: u64) -> u64 {
+    let limit = ring_eager_limit(cells);
     match c.config.eager_max {
-        Some(v) => v.min(limit),
+        Some(v) => v,
         None => c.costs.eager_threshold(cma, limit),
     }
+    .min(limit)
 }

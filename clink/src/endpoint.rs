@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 const TOK_DOORBELL: u64 = 0;
 const TOK_LISTENER: u64 = 1;
-const TOK_PEER0: u64 = 2;
+/// Epoll token of connections whose hello has not arrived yet.
+const TOK_INCOMING: u64 = 2;
+const TOK_PEER0: u64 = 3;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
 const RX_BUDGET: usize = 64;
 
@@ -199,6 +201,8 @@ pub struct Endpoint {
     probe: Box<u64>,
     peers: Vec<Peer>,
     new_peers: VecDeque<PeerId>,
+    /// Accepted connections waiting for their hello, with their arrival time.
+    incoming: Vec<(SeqPacket, Instant)>,
     matcher: Matcher<u64, Unexp>,
     sends: IdMap<SendOp>,
     recvs: IdMap<RecvOp>,
@@ -240,6 +244,7 @@ impl Endpoint {
             probe,
             peers: Vec::new(),
             new_peers: VecDeque::new(),
+            incoming: Vec::new(),
             matcher: Matcher::default(),
             sends: IdMap::default(),
             recvs: IdMap::default(),
@@ -308,25 +313,42 @@ impl Endpoint {
         if a.host != self.ctx.host {
             return Err(fail("the endpoint is on another host or network namespace, and no network transport is available yet"));
         }
-        let mut pending = Vec::new();
+        let mut incoming = std::mem::take(&mut self.incoming);
+        let mut accepted = Vec::new();
+        let mut refused = Vec::new();
         let link = {
             let me = self.local();
-            let listener = &self.listener;
+            let (listener, epoll) = (&self.listener, &self.epoll);
             ShmPeer::connect(name, &me, || {
-                // Accept peers connecting to us meanwhile (mutual connects must not deadlock).
-                while let Ok(Some(s)) = listener.accept() {
-                    match ShmPeer::accept(s, &me) {
-                        Ok(p) => pending.push(p),
-                        Err(e) => tracing::warn!("incoming connection refused: {e}"),
-                    }
-                }
-            })?
+                // Answer peers connecting to us meanwhile (mutual connects must not deadlock).
+                handshake_incoming(
+                    listener,
+                    epoll,
+                    &mut incoming,
+                    &me,
+                    &mut accepted,
+                    &mut refused,
+                );
+            })
         };
-        for p in pending {
-            let id = self.add_peer(p)?;
-            self.new_peers.push_back(id);
+        self.incoming = incoming;
+        self.adopt(accepted, refused);
+        self.add_peer(link?)
+    }
+
+    /// Registers peers accepted by [`handshake_incoming`] and records refusals.
+    fn adopt(&mut self, accepted: Vec<ShmPeer>, refused: Vec<Error>) {
+        for p in accepted {
+            match self.add_peer(p) {
+                Ok(id) => self.new_peers.push_back(id),
+                Err(e) => self.last_error = Some(e.to_string()),
+            }
         }
-        self.add_peer(link)
+        for e in refused {
+            tracing::warn!("incoming connection refused: {e}");
+            self.stats.handshakes_refused += 1;
+            self.last_error = Some(e.to_string());
+        }
     }
 
     fn add_peer(&mut self, link: ShmPeer) -> Result<PeerId> {
@@ -334,7 +356,8 @@ impl Endpoint {
         self.epoll
             .add(link.sock.raw(), TOK_PEER0 + u64::from(id.0))
             .map_err(io_err("epoll_ctl peer socket"))?;
-        let eager_max = eager_threshold(&self.ctx, link.peer_cma);
+        // Limits follow the connection's rings (the connector chose their size).
+        let eager_max = eager_threshold(&self.ctx, link.peer_cma, link.tx.mem().cap());
         self.peers.push(Peer {
             link,
             alive: true,
@@ -666,7 +689,8 @@ impl Endpoint {
                 p.staged_out.pop_front();
                 continue;
             };
-            let chunk = pipeline_chunk(&self.ctx, st.len).min(st.len - st.next);
+            let chunk =
+                pipeline_chunk(&self.ctx, st.len, p.link.tx.mem().cap()).min(st.len - st.next);
             let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
             let f = Frame::Chunk {
                 send_id: st.send_id,
@@ -707,6 +731,20 @@ impl Endpoint {
     fn post(&mut self, sel: Selector, id: u64) {
         if let Some((_, u)) = self.matcher.post(sel, id) {
             self.deliver(u.src, u.tag, id, u.item);
+            return;
+        }
+        // Nothing it could match has arrived, and a dead (or unknown) source will send
+        // nothing more: fail now rather than at the caller's timeout.
+        if let Some(src) = sel.src.filter(|&p| !self.is_alive(p)) {
+            self.matcher.cancel(&id);
+            let err = if (src.0 as usize) < self.peers.len() {
+                Error::PeerDead(src)
+            } else {
+                Error::UnknownPeer(src)
+            };
+            if let Some(op) = self.recvs.get_mut(&id) {
+                op.state = RecvState::Done(Err(err));
+            }
         }
     }
 
@@ -887,7 +925,7 @@ impl Endpoint {
                         }
                     }
                 }
-                return false; // a rendezvous message: irecv below
+                return true; // a rendezvous message: received into a buffer below
             }
             for i in 0..ep.peers.len() {
                 if sel.src.is_some_and(|s| s.0 as usize != i) || !ep.peers[i].alive {
@@ -1283,13 +1321,19 @@ impl Endpoint {
                 TOK_DOORBELL => {
                     sys::drain_doorbell(self.doorbell.as_raw_fd());
                 }
-                TOK_LISTENER => did |= self.accept_pending(),
+                TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
                 t => {
                     let i = (t - TOK_PEER0) as usize;
-                    if i < self.peers.len()
-                        && self.peers[i].alive
-                        && !self.peers[i].link.on_socket_readable()
-                    {
+                    if i >= self.peers.len() || !self.peers[i].alive {
+                        continue;
+                    }
+                    if self.peers[i].link.on_socket_readable() {
+                        // A late handshake message: the peer's CMA result may change the
+                        // eager threshold towards it.
+                        let p = &mut self.peers[i];
+                        p.eager_max =
+                            eager_threshold(&self.ctx, p.link.peer_cma, p.link.tx.mem().cap());
+                    } else {
                         // Deliver what the peer left in its ring before declaring it dead.
                         self.drain(i, true);
                         if self.peers[i].alive {
@@ -1305,29 +1349,20 @@ impl Endpoint {
     }
 
     fn accept_pending(&mut self) -> bool {
-        let mut did = false;
-        loop {
-            match self.listener.accept() {
-                Ok(Some(s)) => match ShmPeer::accept(s, &self.local()) {
-                    Ok(link) => match self.add_peer(link) {
-                        Ok(id) => {
-                            self.new_peers.push_back(id);
-                            did = true;
-                        }
-                        Err(e) => self.last_error = Some(e.to_string()),
-                    },
-                    Err(e) => {
-                        tracing::warn!("incoming connection refused: {e}");
-                        self.last_error = Some(e.to_string());
-                    }
-                },
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    break;
-                }
-            }
-        }
+        let mut accepted = Vec::new();
+        let mut refused = Vec::new();
+        let mut incoming = std::mem::take(&mut self.incoming);
+        handshake_incoming(
+            &self.listener,
+            &self.epoll,
+            &mut incoming,
+            &self.local(),
+            &mut accepted,
+            &mut refused,
+        );
+        self.incoming = incoming;
+        let did = !accepted.is_empty();
+        self.adopt(accepted, refused);
         did
     }
 
@@ -1478,6 +1513,63 @@ impl Endpoint {
     }
 }
 
+/// Accepts new connections and completes the handshake of those whose hello has arrived,
+/// without ever waiting for one: a connection that stays silent cannot stall the endpoint.
+/// Silent ones are dropped after the connect timeout.
+fn handshake_incoming(
+    listener: &SeqPacket,
+    epoll: &Epoll,
+    incoming: &mut Vec<(SeqPacket, Instant)>,
+    me: &Local,
+    accepted: &mut Vec<ShmPeer>,
+    refused: &mut Vec<Error>,
+) {
+    loop {
+        match listener.accept() {
+            Ok(Some(s)) => {
+                if let Err(e) = epoll.add(s.raw(), TOK_INCOMING) {
+                    refused.push(Error::Io {
+                        what: "epoll_ctl incoming".into(),
+                        source: e,
+                    });
+                    continue;
+                }
+                incoming.push((s, Instant::now()));
+            }
+            Ok(None) => break,
+            Err(e) => {
+                refused.push(Error::Io {
+                    what: "accept".into(),
+                    source: e,
+                });
+                break;
+            }
+        }
+    }
+    let mut i = 0;
+    while i < incoming.len() {
+        let (s, since) = &incoming[i];
+        let ready = sys::poll_readable(s.raw(), Duration::ZERO).unwrap_or(true);
+        if !ready && since.elapsed() < me.config.connect_timeout {
+            i += 1;
+            continue;
+        }
+        let (s, _) = incoming.swap_remove(i);
+        epoll.remove(s.raw());
+        if !ready {
+            refused.push(Error::Connect {
+                addr: "incoming connection".into(),
+                why: format!("no hello within {:?}", me.config.connect_timeout),
+            });
+            continue;
+        }
+        match ShmPeer::accept(s, me) {
+            Ok(p) => accepted.push(p),
+            Err(e) => refused.push(e),
+        }
+    }
+}
+
 fn res_ok(s: &RecvState) -> bool {
     matches!(
         s,
@@ -1545,6 +1637,14 @@ pub struct SendSlot<'a> {
     res: Option<crate::transport::shm::ring::Reservation>,
     len: usize,
     tag: u64,
+}
+
+impl Drop for SendSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.res.take() {
+            self.ep.peers[self.peer].link.tx.abandon(r);
+        }
+    }
 }
 
 impl SendSlot<'_> {

@@ -31,6 +31,8 @@ pub struct Stats {
     pub protocol_errors: u64,
     /// Peers that died, hung up or were dropped.
     pub peers_failed: u64,
+    /// Incoming connections refused (bad handshake, other uid, silent, ...).
+    pub handshakes_refused: u64,
     /// Peers connected (both directions).
     pub peers_connected: u64,
 }

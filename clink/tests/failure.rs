@@ -197,8 +197,6 @@ fn exit_without_close_delivers_sent_messages_then_fails() {
 }
 
 #[test]
-#[ignore = "bug: a receive posted for a peer already declared dead is queued and waits for its \
-            whole timeout (forever with None) instead of failing with PeerDead"]
 fn receive_posted_after_peer_death_fails_at_once() {
     let (mut ep, peer, mut child) = setup("exit_unclosed", Config::default(), &[]);
     child.wait(T);

@@ -163,7 +163,7 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
     let cases: Vec<(&str, Option<Vec<u8>>, Fds, &str)> = vec![
         ("bad magic", with(&|v| v[0] ^= 0xff), Fds::Good, "magic"),
         ("bad version", with(&|v| v[4] = 99), Fds::Good, "version"),
-        ("welcome kind", with(&|v| v[6] = 2), Fds::Good, "kind"),
+        ("welcome kind", with(&|v| v[6] = 2), Fds::Good, "expected a hello"),
         ("ring too large", cells(1 << 21), Fds::Good, "ring cells"),
         (
             "ring not a power of two",
@@ -195,6 +195,7 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
         ),
         ("no hello at all", None, Fds::Good, ""),
     ];
+    let n_cases = cases.len() as u64;
     for (case, msg, fds, keyword) in cases {
         let before = ep.last_error().map(str::to_string);
         let n = name.clone();
@@ -222,6 +223,7 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
         );
     }
     assert_eq!(ep.stats().peers_connected, 0);
+    assert_eq!(ep.stats().handshakes_refused, n_cases);
     assert!(ep.peers().is_empty());
     // A well-behaved peer is served as usual.
     let h = good_peer(ep.address());
@@ -231,9 +233,6 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
 }
 
 #[test]
-#[ignore = "bug: a same-uid connection that never sends its hello stalls the whole endpoint \
-            for ~1 s (ShmPeer::accept blocks in recv_with_fds with a 1 s timeout inside \
-            progress); repeated connections keep it stalled"]
 fn silent_connection_does_not_stall_the_endpoint() {
     let ctx = ctx();
     let mut ep = ctx.endpoint().unwrap();
@@ -452,9 +451,6 @@ fn ring_garbage_kills_only_that_peer() {
 }
 
 #[test]
-#[ignore = "bug: a peer that publishes a consumer head ahead of the endpoint's tail makes \
-            Producer::space compute `tail + need - head` with u64 underflow: panic \
-            ('attempt to subtract with overflow') in debug builds, a bogus 'space' in release"]
 fn corrupt_consumer_head_does_not_panic() {
     let ctx = ctx();
     let mut ep = ctx.endpoint().unwrap();
@@ -479,10 +475,6 @@ fn corrupt_consumer_head_does_not_panic() {
 }
 
 #[test]
-#[ignore = "bug: the eager threshold and pipeline chunk size towards a peer come from this \
-            endpoint's own CLINK_RING_CELLS, not from the ring size the connector chose: an \
-            acceptor with larger rings sends records that do not fit the peer's ring and \
-            panics in Producer::reserve ('record larger than half the ring')"]
 fn peer_with_smaller_rings_is_served() {
     let ctx = ctx();
     let mut ep = ctx.endpoint().unwrap();

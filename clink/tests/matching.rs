@@ -547,10 +547,6 @@ fn recv_in_place_and_claim_commit() {
 }
 
 #[test]
-#[ignore = "bug: a dropped (uncommitted) SendSlot leaves the bytes written into its buffer in \
-            the sequence words of the record's later cells; the next, shorter record exposes \
-            them at the consumer's head and the receiver declares the sender corrupt \
-            (BadSequence 0xeeee..), killing the connection"]
 fn abandoned_claim_publishes_nothing() {
     let seed = seed(20);
     let (mut ep, peer, child) = setup("abandon", seed);
@@ -572,9 +568,6 @@ fn abandoned_claim_publishes_nothing() {
 }
 
 #[test]
-#[ignore = "bug: recv_in_place of a rendezvous-sized message waits until its timeout expires \
-            (forever with None): the wait_until closure returns false when the probe finds an \
-            RTS, and only the timeout path falls through to the irecv"]
 fn recv_in_place_of_rendezvous_message_is_prompt() {
     let seed = seed(21);
     let (mut ep, peer, child) = setup("inplace_rndv", seed);

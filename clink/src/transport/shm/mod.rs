@@ -303,8 +303,8 @@ impl ShmPeer {
         })
     }
 
-    /// Completes an incoming connection: reads the hello (sent right after connect),
-    /// maps the segment and answers. The peer's CMA result arrives later
+    /// Completes an incoming connection whose hello has arrived (the caller checked the
+    /// socket is readable; this never waits): maps the segment and answers. The peer's CMA result arrives later
     /// ([`ShmPeer::on_socket_readable`]).
     pub fn accept(sock: SeqPacket, me: &Local) -> Result<ShmPeer> {
         let cfg = me.config;
@@ -316,8 +316,13 @@ impl ShmPeer {
         let mut buf = [0u8; 128];
         let mut fds = Vec::new();
         let n = sock
-            .recv_with_fds(&mut buf, &mut fds, Duration::from_secs(1))
+            .recv_with_fds(&mut buf, &mut fds, Duration::ZERO)
             .map_err(|e| fail(format!("reading hello: {e}")))?;
+        if n == 0 {
+            return Err(fail(
+                "the peer closed the connection before its hello".into(),
+            ));
+        }
         let h = Hello::parse(&buf[..n.min(HELLO_LEN)], MAX_RING_CELLS)
             .map_err(|e| fail(e.to_string()))?;
         if fds.len() != 2 {

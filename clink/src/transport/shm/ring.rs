@@ -158,13 +158,21 @@ impl<M: RingMem> Producer<M> {
         &self.mem
     }
 
+    fn fits(&self, need: u64) -> bool {
+        // A head beyond our tail is impossible from an honest consumer: treat the ring as
+        // full rather than trust it (no arithmetic on hostile values can wrap).
+        match self.tail.checked_sub(self.cached_head) {
+            Some(used) => used + need <= self.mem.cap(),
+            None => false,
+        }
+    }
+
     fn space(&mut self, need: u64) -> bool {
-        let cap = self.mem.cap();
-        if self.tail + need - self.cached_head <= cap {
+        if self.fits(need) {
             return true;
         }
         self.cached_head = self.mem.load_head(Ordering::Acquire);
-        self.tail + need - self.cached_head <= cap
+        self.fits(need)
     }
 
     /// Reserves a record of `len` payload bytes, or returns `None` when the ring is full.
@@ -234,6 +242,17 @@ impl<M: RingMem> Producer<M> {
         ok
     }
 
+    /// Gives up a reservation without publishing it. The caller may have written payload
+    /// over the sequence slots of the record's later cells: they are zeroed so a later,
+    /// shorter record does not leave them at the consumer's head.
+    pub fn abandon(&mut self, r: Reservation) {
+        let cap = self.mem.cap();
+        let idx = r.idx(cap);
+        for i in idx + 1..idx + cells_for(r.len as usize) {
+            self.mem.store_seq(i, 0, Ordering::Relaxed);
+        }
+    }
+
     /// Asks the consumer for a doorbell at its next head publication (the producer is
     /// about to block with frames queued). The caller must retry its sends afterwards.
     pub fn arm_wait_any(&mut self) {
@@ -249,7 +268,6 @@ impl<M: RingMem> Producer<M> {
                 .store_flag(Flag::ProducerWaiting, 0, Ordering::Relaxed);
         }
     }
-
 }
 
 /// A record seen at the consumer's head.
