@@ -163,7 +163,12 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
     let cases: Vec<(&str, Option<Vec<u8>>, Fds, &str)> = vec![
         ("bad magic", with(&|v| v[0] ^= 0xff), Fds::Good, "magic"),
         ("bad version", with(&|v| v[4] = 99), Fds::Good, "version"),
-        ("welcome kind", with(&|v| v[6] = 2), Fds::Good, "expected a hello"),
+        (
+            "welcome kind",
+            with(&|v| v[6] = 2),
+            Fds::Good,
+            "expected a hello",
+        ),
         ("ring too large", cells(1 << 21), Fds::Good, "ring cells"),
         (
             "ring not a power of two",
