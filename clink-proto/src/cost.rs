@@ -186,3 +186,131 @@ mod tests {
         }
     }
 }
+
+/// Learns which rendezvous method is faster towards one peer, from the transfers it makes.
+///
+/// The start-time model is a snapshot, and the machine changes under it (on the
+/// development VMs the cross-core path flips between two speeds within seconds, which
+/// moves the pipeline by 2x and CMA hardly at all). So the receiver times every
+/// rendezvous it makes, keeps a moving average of nanoseconds per byte per method and
+/// size class (fits in the cache or not), uses the faster one, and tries the other one
+/// message in [`RndvChooser::EXPLORE`] so a change is noticed.
+#[derive(Clone, Debug, Default)]
+pub struct RndvChooser {
+    /// `[size class][method]`: moving average of ns per byte, 0 when not yet measured.
+    ns_per_byte: [[f64; 2]; 2],
+    count: u64,
+}
+
+fn slot(m: Rndv) -> usize {
+    match m {
+        Rndv::Cma => 0,
+        Rndv::Pipeline => 1,
+    }
+}
+
+impl RndvChooser {
+    /// One rendezvous in this many tries the method that is not the current favourite.
+    pub const EXPLORE: u64 = 16;
+    /// Weight of a new sample in the moving average.
+    const ALPHA: f64 = 0.25;
+
+    fn class(costs: &Costs, n: u64) -> usize {
+        usize::from(2 * n > costs.cache_bytes)
+    }
+
+    /// The method for an `n`-byte message. `cma` says whether CMA is possible at all;
+    /// `model` is the cost model's choice, used until both methods have been measured.
+    pub fn choose(&mut self, costs: &Costs, n: u64, cma: bool, model: Rndv) -> Rndv {
+        if !cma {
+            return Rndv::Pipeline;
+        }
+        self.count += 1;
+        let m = self.ns_per_byte[Self::class(costs, n)];
+        let (c, p) = (m[0], m[1]);
+        let best = if c == 0.0 || p == 0.0 {
+            model
+        } else if c <= p {
+            Rndv::Cma
+        } else {
+            Rndv::Pipeline
+        };
+        let other = match best {
+            Rndv::Cma => Rndv::Pipeline,
+            Rndv::Pipeline => Rndv::Cma,
+        };
+        let unmeasured = m[slot(other)] == 0.0;
+        if self.count % Self::EXPLORE == 0 || (unmeasured && self.count % 4 == 0) {
+            other
+        } else {
+            best
+        }
+    }
+
+    /// Records that moving `n` bytes with `method` took `ns` nanoseconds.
+    pub fn record(&mut self, costs: &Costs, method: Rndv, n: u64, ns: f64) {
+        if n == 0 || !ns.is_finite() || ns <= 0.0 {
+            return;
+        }
+        let v = ns / n as f64;
+        let e = &mut self.ns_per_byte[Self::class(costs, n)][slot(method)];
+        *e = if *e == 0.0 {
+            v
+        } else {
+            *e + Self::ALPHA * (v - *e)
+        };
+    }
+
+    /// Moving averages in GB/s as `[size class][Cma, Pipeline]` (0 = not measured), for
+    /// diagnostics.
+    pub fn rates_gbs(&self) -> [[f64; 2]; 2] {
+        self.ns_per_byte
+            .map(|c| c.map(|v| if v > 0.0 { 1.0 / v } else { 0.0 }))
+    }
+}
+
+#[cfg(test)]
+mod chooser_tests {
+    use super::*;
+
+    #[test]
+    fn follows_the_faster_method_and_keeps_exploring() {
+        let c = Costs::default();
+        let mut ch = RndvChooser::default();
+        let n = 1 << 20;
+        // Pipeline is twice as fast: after both are measured it is chosen most of the time.
+        let mut picks = [0u32; 2];
+        for _ in 0..320 {
+            let m = ch.choose(&c, n, true, Rndv::Cma);
+            picks[slot(m)] += 1;
+            let ns = match m {
+                Rndv::Cma => 100_000.0,
+                Rndv::Pipeline => 50_000.0,
+            };
+            ch.record(&c, m, n, ns);
+        }
+        assert!(picks[1] > 250, "{picks:?}");
+        assert!(
+            picks[0] >= 320 / RndvChooser::EXPLORE as u32 - 2,
+            "still explores: {picks:?}"
+        );
+        // The machine changes: CMA becomes faster; the chooser follows.
+        let mut late = [0u32; 2];
+        for i in 0..640 {
+            let m = ch.choose(&c, n, true, Rndv::Cma);
+            if i >= 320 {
+                late[slot(m)] += 1;
+            }
+            let ns = match m {
+                Rndv::Cma => 30_000.0,
+                Rndv::Pipeline => 50_000.0,
+            };
+            ch.record(&c, m, n, ns);
+        }
+        assert!(late[0] > 250, "{late:?}");
+        assert_eq!(
+            RndvChooser::default().choose(&c, n, false, Rndv::Cma),
+            Rndv::Pipeline
+        );
+    }
+}

@@ -20,6 +20,7 @@ use crate::transport::shm::ring::{Record, RingMem};
 use crate::transport::shm::{Local, ShmPeer};
 use bytes::Bytes;
 use clink_proto::addr::Address;
+use clink_proto::cost::{Rndv, RndvChooser};
 use clink_proto::matching::{Matcher, Selector};
 use clink_proto::wire::{Frame, EAGER_HEADER};
 use clink_proto::PeerId;
@@ -144,10 +145,11 @@ impl RecvBuf {
 
 enum RecvState {
     Posted,
-    /// Receiving a pipelined rendezvous message chunk by chunk.
+    /// Receiving a pipelined rendezvous message chunk by chunk (since `since`).
     Staging {
         status: Status,
         got: u64,
+        since: Instant,
     },
     Done(Result<Status>),
 }
@@ -187,6 +189,8 @@ struct Peer {
     staged_in: HashMap<u64, u64>,
     /// The ring's head holds a message no receive wants yet (left in place).
     blocked: bool,
+    /// Which rendezvous method is faster from this peer, as measured.
+    chooser: RndvChooser,
 }
 
 /// A communication port: listens for peers, connects to them, sends and receives tagged
@@ -366,6 +370,7 @@ impl Endpoint {
             staged_out: VecDeque::new(),
             staged_in: HashMap::new(),
             blocked: false,
+            chooser: RndvChooser::default(),
         });
         self.stats.peers_connected += 1;
         Ok(id)
@@ -1109,11 +1114,25 @@ impl Endpoint {
             op.state = RecvState::Done(Err(Error::PeerDead(src)));
             return;
         }
-        if p.link.cma && rendezvous_method(&self.ctx, len, true) == clink_proto::cost::Rndv::Cma {
+        let method = match self.ctx.config.rndv {
+            Some(_) => rendezvous_method(&self.ctx, len, p.link.cma),
+            None => {
+                let model = rendezvous_method(&self.ctx, len, p.link.cma);
+                p.chooser.choose(&self.ctx.costs, len, p.link.cma, model)
+            }
+        };
+        if method == Rndv::Cma {
             let buf = op.buf.slice();
             let cap = buf.len() as u64;
             let n = len.min(cap) as usize;
+            let t = Instant::now();
             let res = sys::cma_read(p.link.pid, addr, &mut buf[..n]);
+            p.chooser.record(
+                &self.ctx.costs,
+                Rndv::Cma,
+                n as u64,
+                t.elapsed().as_nanos() as f64,
+            );
             op.state = RecvState::Done(match res {
                 Ok(()) if len > cap => Err(Error::Truncated { len, capacity: cap }),
                 Ok(()) => Ok(status),
@@ -1127,7 +1146,11 @@ impl Endpoint {
             }
             self.push_ctrl(i, Frame::Fin { send_id });
         } else {
-            op.state = RecvState::Staging { status, got: 0 };
+            op.state = RecvState::Staging {
+                status,
+                got: 0,
+                since: Instant::now(),
+            };
             p.staged_in.insert(send_id, rid);
             self.push_ctrl(i, Frame::Cts { send_id });
         }
@@ -1318,7 +1341,7 @@ impl Endpoint {
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("chunk for unknown receive"))?;
-                let RecvState::Staging { status, got } = &mut op.state else {
+                let RecvState::Staging { status, got, since } = &mut op.state else {
                     return Err(bad("chunk for a receive not in progress"));
                 };
                 let len = data.len() as u64;
@@ -1336,6 +1359,12 @@ impl Endpoint {
                 self.stats.staged_bytes += len;
                 if *got == status.len {
                     let st = *status;
+                    p.chooser.record(
+                        &self.ctx.costs,
+                        Rndv::Pipeline,
+                        st.len,
+                        since.elapsed().as_nanos() as f64,
+                    );
                     op.state = RecvState::Done(if st.len > cap {
                         Err(Error::Truncated {
                             len: st.len,
