@@ -240,7 +240,8 @@ impl RndvChooser {
             Rndv::Pipeline => Rndv::Cma,
         };
         let unmeasured = m[slot(other)] == 0.0;
-        if self.count % Self::EXPLORE == 0 || (unmeasured && self.count % 4 == 0) {
+        if self.count.is_multiple_of(Self::EXPLORE) || (unmeasured && self.count.is_multiple_of(4))
+        {
             other
         } else {
             best
