@@ -850,26 +850,13 @@ impl Endpoint {
                 if !sel.matches(src, tag) {
                     return None;
                 }
-                let n = data.len().min(buf.len());
-                buf[..n].copy_from_slice(&data[..n]);
-                let len = data.len() as u64;
+                let result = copy_eager(src, tag, data, buf);
                 if p.link.rx.release(rec) {
                     p.link.wake();
                     self.stats.doorbells += 1;
                 }
                 self.stats.frames_received += 1;
-                return Some(if n < len as usize {
-                    Err(Error::Truncated {
-                        len,
-                        capacity: buf.len() as u64,
-                    })
-                } else {
-                    Ok(Status {
-                        peer: src,
-                        tag,
-                        len,
-                    })
-                });
+                return Some(result);
             }
             std::hint::spin_loop();
         }
@@ -1073,22 +1060,7 @@ impl Endpoint {
         let Some(op) = self.recvs.get_mut(&rid) else {
             return;
         };
-        let buf = op.buf.slice();
-        let n = data.len().min(buf.len());
-        buf[..n].copy_from_slice(&data[..n]);
-        let len = data.len() as u64;
-        op.state = RecvState::Done(if n < data.len() {
-            Err(Error::Truncated {
-                len,
-                capacity: buf.len() as u64,
-            })
-        } else {
-            Ok(Status {
-                peer: src,
-                tag,
-                len,
-            })
-        });
+        op.state = RecvState::Done(copy_eager(src, tag, data, op.buf.slice()));
     }
 
     fn start_rendezvous(
@@ -1668,6 +1640,26 @@ fn handshake_incoming(
             Ok(p) => accepted.push(p),
             Err(e) => refused.push(e),
         }
+    }
+}
+
+/// Copies an eager message into a receive buffer: its status, or `Truncated` (with the
+/// buffer holding the first bytes) when it is longer than the buffer.
+fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> Result<Status> {
+    let n = data.len().min(buf.len());
+    buf[..n].copy_from_slice(&data[..n]);
+    let len = data.len() as u64;
+    if n < data.len() {
+        Err(Error::Truncated {
+            len,
+            capacity: buf.len() as u64,
+        })
+    } else {
+        Ok(Status {
+            peer: src,
+            tag,
+            len,
+        })
     }
 }
 
