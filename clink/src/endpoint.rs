@@ -71,12 +71,21 @@ pub struct Status {
 
 /// A completed non-blocking receive: the buffer (truncated to the message length) and its
 /// status.
-#[derive(Debug)]
 pub struct Received {
     /// The receive buffer, its length set to the message length.
     pub buf: Vec<u8>,
     /// Who sent what.
     pub status: Status,
+}
+
+impl std::fmt::Debug for Received {
+    /// Shows the length, not the bytes (messages can be gigabytes).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("buf", &format_args!("<{} bytes>", self.buf.len()))
+            .field("status", &self.status)
+            .finish()
+    }
 }
 
 /// Handle of a non-blocking send. Not `Clone`; complete it with `test`/`wait`/`cancel`.
@@ -232,7 +241,7 @@ impl Endpoint {
         let doorbell = sys::eventfd().map_err(io_err("eventfd"))?;
         let epoll = Epoll::new().map_err(io_err("epoll_create"))?;
         epoll
-            .add(doorbell.as_raw_fd(), TOK_DOORBELL)
+            .add_edge(doorbell.as_raw_fd(), TOK_DOORBELL)
             .map_err(io_err("epoll_ctl"))?;
         epoll
             .add(listener.raw(), TOK_LISTENER)
@@ -1388,9 +1397,7 @@ impl Endpoint {
         let mut did = false;
         for &t in &evs {
             match t {
-                TOK_DOORBELL => {
-                    sys::drain_doorbell(self.doorbell.as_raw_fd());
-                }
+                TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
                 t => {
                     let i = (t - TOK_PEER0) as usize;
@@ -1510,7 +1517,7 @@ impl Endpoint {
                 continue;
             }
             // Block: ask producers for a doorbell, re-check, then sleep.
-            if self.prepare_wait() {
+            if self.arm() {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.stats.sleeps += 1;
                 // Wake up at least every second to re-check (belt and braces; every
@@ -1522,11 +1529,18 @@ impl Endpoint {
         }
     }
 
-    /// Prepares to block on [`Endpoint::fd`]: asks every peer for a doorbell on its next
-    /// message, then re-checks. Returns true when it is safe to block (nothing arrived
-    /// meanwhile); false when there is work, in which case call `progress` instead.
-    /// After waking, call [`Endpoint::finish_wait`].
+    /// Prepares to block on [`Endpoint::fd`]: consumes the fd's pending readiness, asks
+    /// every peer for a doorbell on its next message, then re-checks. Returns true when it
+    /// is safe to block (nothing arrived meanwhile); false when there is work, in which
+    /// case call `progress` instead. After waking, call [`Endpoint::finish_wait`].
     pub fn prepare_wait(&mut self) -> bool {
+        self.check_events(Some(Duration::ZERO));
+        self.arm()
+    }
+
+    /// Arm-then-recheck without consuming readiness (the internal wait loop consumes it
+    /// in its own epoll_wait: one system call per sleep).
+    fn arm(&mut self) -> bool {
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if !p.txq.is_empty() || !p.staged_out.is_empty() {
                 // Blocked on a full ring: ask for a doorbell when the peer frees space.

@@ -141,18 +141,12 @@ pub fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Rings a doorbell (adds 1 to an eventfd).
+/// Rings a doorbell (adds 1 to an eventfd). Doorbells are watched edge-triggered and
+/// never read back; the 64-bit counter would take centuries to fill.
 pub fn ring_doorbell(fd: RawFd) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a valid u64. A full counter (EAGAIN) already means "awake".
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
-}
-
-/// Empties an eventfd; true when it had been rung.
-pub fn drain_doorbell(fd: RawFd) -> bool {
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a valid u64; non-blocking fd.
-    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) == 8 }
 }
 
 /// An epoll instance.
@@ -168,8 +162,16 @@ impl Epoll {
     }
     /// Watches `fd` for readability (level-triggered), reporting `token`.
     pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        self.add_with(fd, token, libc::EPOLLIN | libc::EPOLLRDHUP)
+    }
+    /// Watches `fd` for new readability only (edge-triggered): each write to an eventfd is
+    /// reported once, and nothing needs to be read back.
+    pub fn add_edge(&self, fd: RawFd, token: u64) -> io::Result<()> {
+        self.add_with(fd, token, libc::EPOLLIN | libc::EPOLLET)
+    }
+    fn add_with(&self, fd: RawFd, token: u64, events: libc::c_int) -> io::Result<()> {
         let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            events: events as u32,
             u64: token,
         };
         // SAFETY: valid epoll fd and event struct.

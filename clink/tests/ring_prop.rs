@@ -23,6 +23,7 @@ struct Heap {
     cap: u64,
     cells: UnsafeCell<Vec<u64>>,
     head: AtomicU64,
+    wake_at: AtomicU64,
     flags: [AtomicU32; 2],
 }
 
@@ -36,6 +37,7 @@ impl Mem {
             cap,
             cells: UnsafeCell::new(vec![0u64; cap as usize * CELL / 8]),
             head: AtomicU64::new(0),
+            wake_at: AtomicU64::new(0),
             flags: Default::default(),
         }))
     }
@@ -88,6 +90,12 @@ unsafe impl RingMem for Mem {
     }
     fn store_head(&self, v: u64, o: Ordering) {
         self.0.head.store(v, o)
+    }
+    fn load_wake_at(&self, o: Ordering) -> u64 {
+        self.0.wake_at.load(o)
+    }
+    fn store_wake_at(&self, v: u64, o: Ordering) {
+        self.0.wake_at.store(v, o)
     }
     fn load_flag(&self, f: Flag, o: Ordering) -> u32 {
         self.flag(f).load(o)
@@ -174,6 +182,8 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut model: VecDeque<Rec> = VecDeque::new();
     let (mut tail, mut head) = (0u64, 0u64); // positions in cells, padding included
     let (mut sleeping, mut waiting) = (false, false);
+    // The head position a waiting producer asked to be woken at.
+    let mut want_head = 0u64;
     let mut serial = 0u32;
     for op in ops {
         match op {
@@ -186,7 +196,10 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if r.is_none() {
                     // Possibly only the lazily published head: publish and retry.
                     if cons.publish() {
-                        prop_assert!(waiting, "wake-up requested without a waiter");
+                        prop_assert!(
+                            waiting && head >= want_head,
+                            "wake-up requested without a waiter"
+                        );
                         waiting = false;
                     }
                     r = prod.reserve(len);
@@ -245,16 +258,25 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 model.pop_front();
                 head = end;
                 let woke = cons.release(rec);
-                prop_assert!(!woke || waiting, "wake-up requested without a waiter");
-                if waiting {
-                    // A waiting producer is woken by this release or the publish after it.
-                    prop_assert!(woke || cons.publish(), "waiting producer not woken");
+                prop_assert!(
+                    !woke || (waiting && head >= want_head),
+                    "wake-up requested too early or without a waiter"
+                );
+                if woke {
+                    waiting = false;
+                } else if waiting && head >= want_head {
+                    // Once its head is reached, a waiting producer is woken by this
+                    // release or the publish after it.
+                    prop_assert!(cons.publish(), "waiting producer not woken");
                     waiting = false;
                 }
             }
             Op::Publish => {
                 let woke = cons.publish();
-                prop_assert!(!woke || waiting, "wake-up requested without a waiter");
+                prop_assert!(
+                    !woke || (waiting && head >= want_head),
+                    "wake-up requested too early or without a waiter"
+                );
                 if woke {
                     waiting = false;
                 }
@@ -274,6 +296,7 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let ok = prod.arm_wait(len);
                 prop_assert!(!ok || fits, "arm_wait({len}) claims space that is not free");
                 waiting = !ok;
+                want_head = (tail + pad(cap, tail, n) + n).saturating_sub(cap).min(tail);
             }
         }
     }

@@ -122,6 +122,14 @@ unsafe impl RingMem for ShmMem {
     fn store_head(&self, v: u64, o: Ordering) {
         self.atomic64(self.ctrl).store(v, o)
     }
+    fn load_wake_at(&self, o: Ordering) -> u64 {
+        // SAFETY: offset 192 of the 256-byte control block, 8-aligned.
+        self.atomic64(unsafe { self.ctrl.add(192) }).load(o)
+    }
+    fn store_wake_at(&self, v: u64, o: Ordering) {
+        // SAFETY: as above.
+        self.atomic64(unsafe { self.ctrl.add(192) }).store(v, o)
+    }
     fn load_flag(&self, f: Flag, o: Ordering) -> u32 {
         self.flag(f).load(o)
     }

@@ -58,6 +58,10 @@ pub unsafe trait RingMem {
     fn load_head(&self, o: Ordering) -> u64;
     /// Publishes the consumer's head.
     fn store_head(&self, v: u64, o: Ordering);
+    /// Loads the head position a waiting producer wants reached before it is woken.
+    fn load_wake_at(&self, o: Ordering) -> u64;
+    /// Stores the head position a waiting producer wants reached.
+    fn store_wake_at(&self, v: u64, o: Ordering);
     /// Loads a flag.
     fn load_flag(&self, f: Flag, o: Ordering) -> u32;
     /// Stores a flag.
@@ -227,19 +231,27 @@ impl<M: RingMem> Producer<M> {
     /// Declares that the producer will block until space frees; returns true when space
     /// for `len` bytes appeared meanwhile (then do not block).
     pub fn arm_wait(&mut self, len: usize) -> bool {
-        self.mem
-            .store_flag(Flag::ProducerWaiting, 1, Ordering::SeqCst);
-        self.mem.fence();
         let cap = self.mem.cap();
         let n = cells_for(len);
         let idx = self.tail & (cap - 1);
         let pad = if idx + n > cap { cap - idx } else { 0 };
+        // Woken as soon as this record fits.
+        self.arm_until((self.tail + pad + n).saturating_sub(cap));
         let ok = self.space(pad + n);
         if ok {
-            self.mem
-                .store_flag(Flag::ProducerWaiting, 0, Ordering::Relaxed);
+            self.disarm_wait();
         }
         ok
+    }
+
+    /// Asks for a doorbell once the consumer's head reaches `head` (never beyond our
+    /// tail, so a consumer that runs dry always reaches it).
+    fn arm_until(&mut self, head: u64) {
+        self.mem
+            .store_wake_at(head.min(self.tail), Ordering::Relaxed);
+        self.mem
+            .store_flag(Flag::ProducerWaiting, 1, Ordering::SeqCst);
+        self.mem.fence();
     }
 
     /// Gives up a reservation without publishing it. The caller may have written payload
@@ -253,12 +265,12 @@ impl<M: RingMem> Producer<M> {
         }
     }
 
-    /// Asks the consumer for a doorbell at its next head publication (the producer is
-    /// about to block with frames queued). The caller must retry its sends afterwards.
+    /// Asks the consumer for a doorbell once half the ring is free (the producer is about
+    /// to block with frames queued; waking it for every few freed cells would cost a
+    /// wake-up per cell batch). The caller must retry its sends afterwards.
     pub fn arm_wait_any(&mut self) {
-        self.mem
-            .store_flag(Flag::ProducerWaiting, 1, Ordering::SeqCst);
-        self.mem.fence();
+        let half = self.mem.cap() / 2;
+        self.arm_until(self.tail.saturating_sub(half));
     }
 
     /// Withdraws [`Producer::arm_wait_any`] / [`Producer::arm_wait`].
@@ -368,7 +380,8 @@ impl<M: RingMem> Consumer<M> {
         self.published = self.head;
         self.mem.store_head(self.head, Ordering::Release);
         self.mem.fence();
-        self.mem.load_flag(Flag::ProducerWaiting, Ordering::Relaxed) != 0
+        self.mem.load_flag(Flag::ProducerWaiting, Ordering::Acquire) != 0
+            && self.head >= self.mem.load_wake_at(Ordering::Relaxed)
             && self
                 .mem
                 .swap_flag(Flag::ProducerWaiting, 0, Ordering::AcqRel)
