@@ -18,6 +18,8 @@ pub mod addr;
 pub mod cost;
 mod error;
 pub mod matching;
+pub mod netsim;
+pub mod reliable;
 pub mod wire;
 
 pub use error::ProtoError;
