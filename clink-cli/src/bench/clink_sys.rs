@@ -2,8 +2,8 @@
 //!
 //! Busy mode never blocks (`spin = inf`); blocking mode blocks at once (`spin = 0`), the
 //! same contract the socket baselines get. Copies per byte depend on the size: 2 for eager
-//! messages (into the ring, out of it), 1 for rendezvous (a single CMA copy), or 2 through
-//! the staging pipeline when CMA is refused.
+//! messages (into the ring, out of it); for rendezvous 1 (a single CMA copy) or 2 (the
+//! two-core pipeline), reported as the mix this side has received.
 
 use super::channel::{Acceptor, Channel, Mode, System};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
@@ -74,12 +74,17 @@ impl ClinkChannel {
 impl Channel for ClinkChannel {
     fn copies_per_byte(&self) -> f64 {
         let eager = self.ep.eager_max(self.peer).unwrap_or(0);
-        let cma = self.ep.uses_cma(self.peer).unwrap_or(false);
-        if self.last_len as u64 <= eager || !cma {
-            2.0
-        } else {
-            1.0
+        if self.last_len as u64 <= eager {
+            return 2.0; // into the ring, out of it
         }
+        // Rendezvous: 1 copy by CMA, 2 through the pipeline; the receiver picks per
+        // message, so report the mix this endpoint has received so far.
+        let s = self.ep.stats();
+        let total = s.cma_bytes + s.staged_bytes;
+        if total == 0 {
+            return 2.0;
+        }
+        (s.cma_bytes as f64 + 2.0 * s.staged_bytes as f64) / total as f64
     }
 
     fn transport(&self) -> String {
