@@ -75,7 +75,7 @@ impl Costs {
     pub fn eager_threshold(&self, cma: bool, max_eager: u64) -> u64 {
         let max_eager = max_eager.max(MIN_EAGER);
         if !cma {
-            // Without CMA the alternative is a staged pipeline that also copies twice and
+            // Without CMA the alternative is the pipeline, which also copies twice and
             // adds hops per chunk: eager wins up to the ring limit.
             return max_eager;
         }
@@ -110,7 +110,7 @@ impl Costs {
         }
     }
 
-    /// Chunk size of the staged (no-CMA) pipeline for an `n`-byte message: minimises
+    /// Chunk size of the pipeline for an `n`-byte message: minimises
     /// `(n / c) * hop + c / B` (per-chunk hops against the time to fill the pipeline), i.e.
     /// `c = sqrt(n * hop * B)`, clamped to `[min_chunk, slot_bytes]`.
     pub fn chunk_size(&self, n: u64, min_chunk: u64, slot_bytes: u64) -> u64 {

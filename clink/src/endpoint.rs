@@ -121,10 +121,10 @@ impl SendData {
 enum SendState {
     /// Waiting in the peer's transmit queue (eager: ring full; rendezvous: RTS not sent).
     Queued,
-    /// RTS sent; the receiver will read (CMA) or ask for staging (CTS).
+    /// RTS sent; the receiver will read it (CMA, then FIN) or ask for chunks (CTS).
     WaitFin,
-    /// Being pushed through the staging area.
-    Staging,
+    /// Being pushed through the ring in chunks.
+    Pipelining,
     /// Over.
     Done(Result<()>),
 }
@@ -155,7 +155,7 @@ impl RecvBuf {
 enum RecvState {
     Posted,
     /// Receiving a pipelined rendezvous message chunk by chunk (since `since`).
-    Staging {
+    Pipelining {
         status: Status,
         got: u64,
         since: Instant,
@@ -181,7 +181,7 @@ enum TxItem {
 }
 
 /// A pipelined send in progress towards one peer.
-struct StagedOut {
+struct PipelineOut {
     send_id: u64,
     next: u64,
     len: u64,
@@ -193,9 +193,9 @@ struct Peer {
     eager_max: u64,
     txq: VecDeque<TxItem>,
     /// Pipelined sends the receiver asked for (CTS), in order; the first is active.
-    staged_out: VecDeque<StagedOut>,
+    pipeline_out: VecDeque<PipelineOut>,
     /// Pipelined receives in progress: send_id -> receive id.
-    staged_in: HashMap<u64, u64>,
+    pipeline_in: HashMap<u64, u64>,
     /// The ring's head holds a message no receive wants yet (left in place).
     blocked: bool,
     /// Which rendezvous method is faster from this peer, as measured.
@@ -376,8 +376,8 @@ impl Endpoint {
             alive: true,
             eager_max,
             txq: VecDeque::new(),
-            staged_out: VecDeque::new(),
-            staged_in: HashMap::new(),
+            pipeline_out: VecDeque::new(),
+            pipeline_in: HashMap::new(),
             blocked: false,
             chooser: RndvChooser::default(),
         });
@@ -408,7 +408,7 @@ impl Endpoint {
     }
 
     /// Whether this endpoint reads `peer`'s rendezvous messages with one CMA copy (true) or
-    /// through the staging pipeline (false).
+    /// through the two-copy pipeline (false).
     pub fn uses_cma(&self, peer: PeerId) -> Result<bool> {
         Ok(self.peer(peer)?.link.cma)
     }
@@ -429,8 +429,8 @@ impl Endpoint {
 
     /// Starts sending `data` to `peer` with `tag`. Small messages are copied into the
     /// peer's ring at once (the request is then already complete); large ones wait in
-    /// `data` until the receiver has read them (one copy, by CMA) or pulled them through
-    /// the staging area. `data` is kept alive by the request: pass a `Vec<u8>` (moved, not
+    /// `data` until the receiver has read them (one copy, by CMA) or they have been
+    /// pushed through the ring (pipeline). `data` is kept alive by the request: pass a `Vec<u8>` (moved, not
     /// copied) or a `Bytes`.
     pub fn isend(&mut self, peer: PeerId, tag: u64, data: impl Into<Bytes>) -> Result<SendRequest> {
         self.start_send(peer, tag, SendData::Owned(data.into()))
@@ -581,7 +581,7 @@ impl Endpoint {
                     _ => Ok(false),
                 }
             }
-            SendState::Staging => {
+            SendState::Pipelining => {
                 self.wait_until(None, |ep| {
                     matches!(
                         ep.sends.get(&id).map(|s| &s.state),
@@ -687,20 +687,20 @@ impl Endpoint {
             self.stats.frames_sent += 1;
             did = true;
         }
-        did | self.pump_staging(i)
+        did | self.pump_pipeline(i)
     }
 
     /// Copies chunks of the active pipelined send into the peer's ring while it has room;
     /// a send whose last chunk is in the ring is complete.
-    fn pump_staging(&mut self, i: usize) -> bool {
+    fn pump_pipeline(&mut self, i: usize) -> bool {
         let mut did = false;
         let p = &mut self.peers[i];
         if !p.txq.is_empty() {
             return false; // keep frame order: queued frames first
         }
-        while let Some(st) = p.staged_out.front_mut() {
+        while let Some(st) = p.pipeline_out.front_mut() {
             let Some(op) = self.sends.get_mut(&st.send_id) else {
-                p.staged_out.pop_front();
+                p.pipeline_out.pop_front();
                 continue;
             };
             let chunk =
@@ -719,7 +719,7 @@ impl Endpoint {
             did = true;
             if st.next >= st.len {
                 op.state = SendState::Done(Ok(()));
-                p.staged_out.pop_front();
+                p.pipeline_out.pop_front();
             }
         }
         did
@@ -794,13 +794,13 @@ impl Endpoint {
             )
         });
         if let Err(e) = r {
-            // Withdraw before `buf` goes out of scope. A staged receive in flight must
+            // Withdraw before `buf` goes out of scope. A pipelined receive in flight must
             // finish first: its chunks land in `buf`.
             if !self.matcher.cancel(&id) {
                 self.wait_until(None, |ep| {
                     !matches!(
                         ep.recvs.get(&id).map(|r| &r.state),
-                        Some(RecvState::Staging { .. })
+                        Some(RecvState::Pipelining { .. })
                     )
                 })?;
             }
@@ -844,7 +844,7 @@ impl Endpoint {
         for _ in 0..spins {
             for i in lo..hi {
                 let p = &mut self.peers[i];
-                if !p.alive || !p.txq.is_empty() || !p.staged_out.is_empty() {
+                if !p.alive || !p.txq.is_empty() || !p.pipeline_out.is_empty() {
                     return None;
                 }
                 let rec = match p.link.rx.peek() {
@@ -1127,12 +1127,12 @@ impl Endpoint {
             }
             self.push_ctrl(i, Frame::Fin { send_id });
         } else {
-            op.state = RecvState::Staging {
+            op.state = RecvState::Pipelining {
                 status,
                 got: 0,
                 since: Instant::now(),
             };
-            p.staged_in.insert(send_id, rid);
+            p.pipeline_in.insert(send_id, rid);
             self.push_ctrl(i, Frame::Cts { send_id });
         }
     }
@@ -1149,7 +1149,7 @@ impl Endpoint {
             if !self.peers[i].alive {
                 continue;
             }
-            if !self.peers[i].txq.is_empty() || !self.peers[i].staged_out.is_empty() {
+            if !self.peers[i].txq.is_empty() || !self.peers[i].pipeline_out.is_empty() {
                 did |= self.flush(i);
             }
             did |= self.drain(i, false);
@@ -1279,7 +1279,7 @@ impl Endpoint {
             Frame::Cts { send_id } => {
                 let len = match self.sends.get_mut(&send_id) {
                     Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => {
-                        op.state = SendState::Staging;
+                        op.state = SendState::Pipelining;
                         op.data.bytes().len() as u64
                     }
                     _ => {
@@ -1293,12 +1293,12 @@ impl Endpoint {
                         })
                     }
                 };
-                self.peers[i].staged_out.push_back(StagedOut {
+                self.peers[i].pipeline_out.push_back(PipelineOut {
                     send_id,
                     next: 0,
                     len,
                 });
-                self.pump_staging(i);
+                self.pump_pipeline(i);
             }
             Frame::Chunk {
                 send_id,
@@ -1315,14 +1315,14 @@ impl Endpoint {
                     },
                 };
                 let rid = *p
-                    .staged_in
+                    .pipeline_in
                     .get(&send_id)
                     .ok_or_else(|| bad("chunk for unknown send"))?;
                 let op = self
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("chunk for unknown receive"))?;
-                let RecvState::Staging { status, got, since } = &mut op.state else {
+                let RecvState::Pipelining { status, got, since } = &mut op.state else {
                     return Err(bad("chunk for a receive not in progress"));
                 };
                 let len = data.len() as u64;
@@ -1337,7 +1337,7 @@ impl Endpoint {
                         .copy_from_slice(&data[..(end - offset) as usize]);
                 }
                 *got += len;
-                self.stats.staged_bytes += len;
+                self.stats.pipeline_bytes += len;
                 if *got == status.len {
                     let st = *status;
                     p.chooser.record(
@@ -1354,7 +1354,7 @@ impl Endpoint {
                     } else {
                         Ok(st)
                     });
-                    p.staged_in.remove(&send_id);
+                    p.pipeline_in.remove(&send_id);
                 }
             }
             Frame::Cancel { send_id } => {
@@ -1457,8 +1457,8 @@ impl Endpoint {
         let peer = PeerId(i as u32);
         let p = &mut self.peers[i];
         p.txq.clear();
-        p.staged_out.clear();
-        for (_, rid) in p.staged_in.drain() {
+        p.pipeline_out.clear();
+        for (_, rid) in p.pipeline_in.drain() {
             if let Some(op) = self.recvs.get_mut(&rid) {
                 op.state = RecvState::Done(Err(Error::PeerDead(peer)));
             }
@@ -1542,7 +1542,7 @@ impl Endpoint {
     /// in its own epoll_wait: one system call per sleep).
     fn arm(&mut self) -> bool {
         for p in self.peers.iter_mut().filter(|p| p.alive) {
-            if !p.txq.is_empty() || !p.staged_out.is_empty() {
+            if !p.txq.is_empty() || !p.pipeline_out.is_empty() {
                 // Blocked on a full ring: ask for a doorbell when the peer frees space.
                 p.link.tx.arm_wait_any();
             }

@@ -16,7 +16,7 @@
 //! Copies per byte on the same host: eager messages 2 (into the ring, out of it), 1 with
 //! [`Endpoint::claim`] or [`Endpoint::recv_in_place`], 0 with both; rendezvous messages 1
 //! (a single `process_vm_readv` from the sender's buffer into the receive buffer), or 2
-//! through the staging pipeline where CMA is not permitted.
+//! through the two-copy pipeline (chosen when faster, or where CMA is not permitted).
 #![warn(missing_docs)]
 
 mod calibrate;

@@ -15,8 +15,8 @@ pub struct Stats {
     pub eager_bytes: u64,
     /// Payload bytes moved by a single CMA copy (receiver side).
     pub cma_bytes: u64,
-    /// Payload bytes moved through the staging area (receiver side).
-    pub staged_bytes: u64,
+    /// Payload bytes moved by the two-copy pipeline through the ring (receiver side).
+    pub pipeline_bytes: u64,
     /// Eager messages that arrived before their receive and were copied aside.
     pub unexpected: u64,
     /// Times a send found the peer's ring full and queued.

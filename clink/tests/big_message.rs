@@ -63,7 +63,7 @@ fn run(method: Rndv) {
     }
     let s = rx.stats();
     match method {
-        Rndv::Pipeline => assert_eq!(s.staged_bytes, LEN as u64),
+        Rndv::Pipeline => assert_eq!(s.pipeline_bytes, LEN as u64),
         Rndv::Cma => assert_eq!(s.cma_bytes, LEN as u64),
     }
 }

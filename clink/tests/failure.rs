@@ -120,9 +120,9 @@ fn sigkill_mid_pipelined_rendezvous_fails_pending_receive() {
         ep.progress();
     }
     assert!(
-        ep.stats().staged_bytes < 32 << 20,
+        ep.stats().pipeline_bytes < 32 << 20,
         "the transfer is not in progress: {} bytes already in",
-        ep.stats().staged_bytes
+        ep.stats().pipeline_bytes
     );
     let frames = ep.stats().frames_received;
     let t0 = Instant::now();

@@ -80,11 +80,11 @@ impl Channel for ClinkChannel {
         // Rendezvous: 1 copy by CMA, 2 through the pipeline; the receiver picks per
         // message, so report the mix this endpoint has received so far.
         let s = self.ep.stats();
-        let total = s.cma_bytes + s.staged_bytes;
+        let total = s.cma_bytes + s.pipeline_bytes;
         if total == 0 {
             return 2.0;
         }
-        (s.cma_bytes as f64 + 2.0 * s.staged_bytes as f64) / total as f64
+        (s.cma_bytes as f64 + 2.0 * s.pipeline_bytes as f64) / total as f64
     }
 
     fn transport(&self) -> String {
