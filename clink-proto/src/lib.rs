@@ -10,7 +10,11 @@
 //!   MPI's source/tag/mask);
 //! - [`cost`]: the cost model that picks the eager/rendezvous threshold and the pipeline
 //!   chunk size from measured copy and system-call costs (BIP: "model all you can");
-//! - [`addr`]: endpoint address strings.
+//! - [`addr`]: endpoint address strings;
+//! - [`reliable`]: the per-peer reliable datagram protocol of the network path (issue 3,
+//!   first piece: sequencing, SACK/NAK, RTT and retransmission, credits and congestion
+//!   window, fragmentation, an unreliable mode), with [`netsim`], the seeded simulated
+//!   network its tests run on. Not yet used by a transport.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

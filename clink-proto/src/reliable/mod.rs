@@ -1,0 +1,1118 @@
+//! Sans-IO reliable datagram protocol: one [`Conn`] per peer.
+//!
+//! A `Conn` turns tagged messages of any size into datagrams of at most
+//! [`Config::mtu_payload`] payload bytes and back, over a network that may lose, reorder,
+//! duplicate and corrupt them. It does no I/O and reads no clock: the caller passes `now`
+//! (nanoseconds on any monotonic clock) and moves the bytes, in the quinn-proto style:
+//!
+//! - [`Conn::send`] queues a message;
+//! - [`Conn::handle_datagram`] takes a received datagram;
+//! - [`Conn::poll_transmit`] yields the next datagram to send (call it until `None` after
+//!   every other call);
+//! - [`Conn::poll_timeout`] says when [`Conn::handle_timeout`] must be called next;
+//! - [`Conn::poll_event`] yields delivered messages, send completions and peer death.
+//!
+//! # Design
+//!
+//! **Sequencing.** Every data datagram has a packet number (pn), consecutive per
+//! connection; a message's fragments take consecutive pns, so in-order delivery by pn is
+//! in-order delivery of messages, and reassembly is an append. A retransmission reuses its
+//! pn (Karn's rule keeps RTT samples honest: only packets sent once are timed).
+//!
+//! **Why cumulative + selective acks.** The cumulative ack (`cum`: every pn below was
+//! received) is one number that survives any loss of earlier acks and lets the sender free
+//! its buffer in order. Alone it stalls on a loss: everything above a hole looks unacked.
+//! The SACK ranges (at most [`packet::MAX_RANGES`]) say exactly which packets above the hole
+//! arrived, so only the missing ones are resent, and they give the loss detector its
+//! signal: a packet is declared lost when a packet *transmitted* `dup_thresh` transmissions
+//! after it was acked (RACK-like, so lost retransmissions are detected too). On top, the
+//! receiver sends a **NAK** the moment it sees a new gap (fast retransmit without waiting
+//! for three acks); a lost NAK costs nothing because SACK and the retransmission timer
+//! still cover the hole. The timer (RTO) follows RFC 6298 (SRTT/RTTVAR, plus the peer's
+//! ack delay) with exponential backoff, reset by any progress.
+//!
+//! **Why credits and a congestion window.** They answer different questions. Credits
+//! (the `limit` in every ack: "you may send pns below this") protect the *receiver*: it
+//! never has to hold more than its window of out-of-order packets plus its byte budget of
+//! undelivered messages, so memory is bounded whatever the sender does; datagrams beyond the
+//! window are dropped and counted. The congestion window protects the *network*: packets in
+//! flight are capped by `cwnd`, which grows by one per acked packet in slow start, by one
+//! per window afterwards (additive increase), and is halved once per window of data on a
+//! loss (multiplicative decrease, NewReno-like), and drops to 2 on a timeout, so a flow
+//! backs off under loss and shares a bottleneck with TCP. A sender sends a new packet only
+//! when both allow it. When the credit is exhausted and nothing is in flight, the RTO timer
+//! sends a ping as a window probe so a lost window update cannot deadlock.
+//!
+//! **Unreliable mode** ([`Config::reliable`] false, BCL-4's option): the same sequencing,
+//! acks and congestion control, but lost packets are abandoned instead of resent. The
+//! sender's `floor` (in data and ping datagrams: "everything below is acked or abandoned")
+//! tells the receiver to stop waiting for holes; a message with a missing fragment is
+//! dropped and counted. Nothing is ever delivered twice or damaged.
+//!
+//! **Liveness.** With keepalives on, an idle side pings after [`Config::keepalive`] of
+//! silence and the peer answers with an ack. After [`Config::dead_after`] without any valid
+//! datagram while data is outstanding (or keepalives are on), [`Event::PeerDead`] is emitted
+//! once and the connection stops sending.
+//!
+//! **Copies.** `send` copies the message once into a shared buffer (retransmissions borrow
+//! it); encoding copies each fragment into the datagram. On receipt an in-order fragment is
+//! copied once into the message buffer (a single-fragment message once into its own);
+//! an out-of-order one is copied once more into the receive window.
+//!
+//! `Conn` is `Send` and `Sync` (plain owned data; shared message buffers are `Arc`s) and is
+//! driven by one thread at a time through `&mut self`.
+
+pub mod packet;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+pub use packet::{AckInfo, DataHeader, Datagram, PacketError};
+
+/// Identifies a message sent on one connection (consecutive from 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MsgId(pub u64);
+
+/// Tunables of one connection. Times are nanoseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Connection id carried in every datagram; datagrams with another id are dropped.
+    pub conn_id: u32,
+    /// Largest payload per datagram (path MTU minus IP/UDP headers minus
+    /// [`packet::DATA_HEADER`] + [`packet::TRAILER`]). At most [`packet::MAX_PAYLOAD`].
+    pub mtu_payload: usize,
+    /// Reliable (retransmit) or unreliable (abandon lost packets) delivery.
+    pub reliable: bool,
+    /// Receive window in packets: the most out-of-order packets held. At most 2^20.
+    pub recv_window: u64,
+    /// Byte budget for delivered messages not yet taken with [`Conn::poll_event`]; credit
+    /// shrinks as it fills.
+    pub recv_buffer_bytes: usize,
+    /// Byte budget for messages queued by [`Conn::send`] and not yet acknowledged.
+    pub send_buffer_bytes: usize,
+    /// Largest message accepted (sent or received).
+    pub max_message_len: u32,
+    /// Congestion window at start, in packets.
+    pub initial_cwnd: u64,
+    /// Largest congestion window, in packets.
+    pub max_cwnd: u64,
+    /// Retransmission timeout before any RTT sample.
+    pub initial_rto: u64,
+    /// Smallest retransmission timeout.
+    pub min_rto: u64,
+    /// Largest retransmission timeout (after backoff).
+    pub max_rto: u64,
+    /// Longest the receiver delays an ack.
+    pub ack_delay: u64,
+    /// The receiver acks at once after this many new packets.
+    pub ack_every: u32,
+    /// Reordering tolerance: a packet is lost when one transmitted this many later is acked.
+    pub dup_thresh: u64,
+    /// Silence after which the peer is declared dead.
+    pub dead_after: u64,
+    /// Silence after which a ping is sent; 0 disables keepalives.
+    pub keepalive: u64,
+}
+
+impl Default for Config {
+    /// Figures for a LAN or a veth pair with a 1500-byte MTU.
+    fn default() -> Self {
+        Config {
+            conn_id: 0,
+            mtu_payload: 1472 - packet::DATA_HEADER - packet::TRAILER,
+            reliable: true,
+            recv_window: 1024,
+            recv_buffer_bytes: 16 << 20,
+            send_buffer_bytes: 64 << 20,
+            max_message_len: 1 << 30,
+            initial_cwnd: 10,
+            max_cwnd: 4096,
+            initial_rto: 20_000_000,
+            min_rto: 1_000_000,
+            max_rto: 1_000_000_000,
+            ack_delay: 200_000,
+            ack_every: 2,
+            dup_thresh: 3,
+            dead_after: 2_000_000_000,
+            keepalive: 500_000_000,
+        }
+    }
+}
+
+/// Why [`Conn::send`] refused a message.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// Longer than [`Config::max_message_len`].
+    #[error("message of {len} bytes exceeds the limit of {limit}")]
+    TooLarge {
+        /// Message length.
+        len: usize,
+        /// The limit.
+        limit: u32,
+    },
+    /// The send buffer is full; retry after [`Event::Acked`] events.
+    #[error("send buffer full")]
+    BufferFull,
+    /// The peer was declared dead.
+    #[error("peer dead")]
+    PeerDead,
+}
+
+/// Why [`Conn::handle_datagram`] dropped a datagram (each is also counted in [`Stats`]).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum RecvError {
+    /// The bytes are not a valid datagram (includes a failed checksum).
+    #[error(transparent)]
+    Packet(#[from] PacketError),
+    /// A valid datagram of another connection.
+    #[error("datagram for connection {0}")]
+    WrongConnection(u32),
+    /// Well-formed but inconsistent with the connection's state (a buggy or forged peer).
+    #[error("protocol violation: {0}")]
+    Protocol(&'static str),
+    /// The connection is dead and takes nothing more.
+    #[error("peer dead")]
+    PeerDead,
+}
+
+/// Something the application must know about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A whole message, delivered exactly once and in order.
+    Message {
+        /// The sender's id of the message.
+        id: MsgId,
+        /// Its tag.
+        tag: u64,
+        /// Its bytes.
+        data: Vec<u8>,
+    },
+    /// Every fragment of this sent message was acknowledged (reliable mode only).
+    Acked(MsgId),
+    /// No datagram from the peer for [`Config::dead_after`]; the connection stopped.
+    PeerDead,
+}
+
+/// Counters of one connection; `cwnd`, `ssthresh`, `srtt_ns`, `rto_ns` and `in_flight`
+/// are snapshots taken by [`Conn::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams produced by `poll_transmit`.
+    pub datagrams_sent: u64,
+    /// Bytes of those datagrams.
+    pub bytes_sent: u64,
+    /// Datagrams passed to `handle_datagram` that were valid for this connection.
+    pub datagrams_received: u64,
+    /// Bytes of those datagrams.
+    pub bytes_received: u64,
+    /// Data datagrams sent, first transmissions and retransmissions.
+    pub data_sent: u64,
+    /// Data datagrams sent again.
+    pub retransmissions: u64,
+    /// Ack datagrams sent.
+    pub acks_sent: u64,
+    /// Ack datagrams received.
+    pub acks_received: u64,
+    /// Nak datagrams sent.
+    pub naks_sent: u64,
+    /// Nak datagrams received.
+    pub naks_received: u64,
+    /// Pings sent (keepalives and window probes).
+    pub pings_sent: u64,
+    /// Data datagrams received that were already received.
+    pub duplicates: u64,
+    /// Data datagrams received above a hole.
+    pub out_of_order: u64,
+    /// Data datagrams dropped because they were beyond the receive window.
+    pub dropped_window: u64,
+    /// Datagrams dropped for a bad checksum.
+    pub dropped_corrupt: u64,
+    /// Datagrams dropped as malformed or inconsistent (bad magic, version, kind, length,
+    /// range, or a protocol violation).
+    pub dropped_malformed: u64,
+    /// Valid datagrams of another connection.
+    pub dropped_stray: u64,
+    /// Packets declared lost (by SACK, NAK or timeout).
+    pub lost: u64,
+    /// Packets abandoned in unreliable mode.
+    pub abandoned: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// Times the congestion window was reduced.
+    pub congestion_events: u64,
+    /// Messages accepted by `send`.
+    pub messages_sent: u64,
+    /// Messages delivered.
+    pub messages_delivered: u64,
+    /// Messages dropped incomplete (unreliable mode).
+    pub messages_dropped: u64,
+    /// Congestion window, packets (snapshot).
+    pub cwnd: u64,
+    /// Slow-start threshold, packets (snapshot).
+    pub ssthresh: u64,
+    /// Smoothed RTT, ns (snapshot; 0 before a sample).
+    pub srtt_ns: u64,
+    /// Current retransmission timeout with backoff, ns (snapshot).
+    pub rto_ns: u64,
+    /// Packets in flight (snapshot).
+    pub in_flight: u64,
+}
+
+struct MsgData {
+    id: u64,
+    tag: u64,
+    data: Box<[u8]>,
+}
+
+struct Queued {
+    msg: Arc<MsgData>,
+    next_off: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PState {
+    InFlight,
+    Lost,
+    Acked,
+    Abandoned,
+}
+
+struct Sent {
+    msg: Arc<MsgData>,
+    offset: u32,
+    len: u32,
+    tx_seq: u64,
+    sent_at: u64,
+    tx_count: u32,
+    state: PState,
+}
+
+struct Slot {
+    hdr: DataHeader,
+    payload: Vec<u8>,
+}
+
+struct Reasm {
+    id: u64,
+    tag: u64,
+    len: u32,
+    buf: Vec<u8>,
+}
+
+/// RFC 6298 round-trip estimator.
+#[derive(Clone, Copy)]
+struct Rtt {
+    srtt: u64,
+    rttvar: u64,
+    has: bool,
+}
+
+impl Rtt {
+    fn sample(&mut self, r: u64) {
+        if self.has {
+            self.rttvar = (3 * self.rttvar + self.srtt.abs_diff(r)) / 4;
+            self.srtt = (7 * self.srtt + r) / 8;
+        } else {
+            self.srtt = r;
+            self.rttvar = r / 2;
+            self.has = true;
+        }
+    }
+}
+
+/// Most backoff doublings of the retransmission timeout.
+const MAX_BACKOFF: u32 = 16;
+/// Largest receive window allowed.
+const MAX_WINDOW: u64 = 1 << 20;
+
+/// The protocol state of one connection to one peer. See the [module docs](self).
+pub struct Conn {
+    cfg: Config,
+    // --- sender ---
+    send_queue: VecDeque<Queued>,
+    send_bytes: usize,
+    next_msg_id: u64,
+    next_pn: u64,
+    snd_una: u64,
+    sent: VecDeque<Sent>,
+    tx_order: VecDeque<(u64, u64)>,
+    next_tx_seq: u64,
+    largest_acked_tx: Option<u64>,
+    lost: VecDeque<u64>,
+    in_flight: u64,
+    peer_limit: u64,
+    cwnd: u64,
+    ssthresh: u64,
+    cwnd_acc: u64,
+    /// Transmissions numbered from here on belong to the current congestion epoch.
+    recovery_tx: u64,
+    rtt: Rtt,
+    backoff: u32,
+    rto_deadline: Option<u64>,
+    // --- receiver ---
+    rcv_next: u64,
+    rcv_highest: u64,
+    slots: Vec<Option<Slot>>,
+    reasm: Option<Reasm>,
+    rcv_msg_id: u64,
+    events: VecDeque<Event>,
+    event_bytes: usize,
+    unacked: u32,
+    ack_now: bool,
+    ack_deadline: Option<u64>,
+    advertised_limit: u64,
+    nak_ranges: Vec<(u64, u64)>,
+    // --- liveness ---
+    last_recv: u64,
+    last_ping: u64,
+    ping_pending: bool,
+    dead: bool,
+    stats: Stats,
+}
+
+impl Conn {
+    /// A new connection at time `now`. Out-of-range settings are clamped (window to
+    /// `1..=2^20`, `mtu_payload` to `1..=MAX_PAYLOAD`, windows and counts to at least 1).
+    pub fn new(mut cfg: Config, now: u64) -> Conn {
+        cfg.recv_window = cfg.recv_window.clamp(1, MAX_WINDOW);
+        cfg.mtu_payload = cfg.mtu_payload.clamp(1, packet::MAX_PAYLOAD);
+        cfg.initial_cwnd = cfg.initial_cwnd.max(1);
+        cfg.max_cwnd = cfg.max_cwnd.max(cfg.initial_cwnd);
+        cfg.ack_every = cfg.ack_every.max(1);
+        cfg.dup_thresh = cfg.dup_thresh.max(1);
+        let mut slots = Vec::new();
+        slots.resize_with(cfg.recv_window as usize, || None);
+        // Before the first ack, the peer's credit is taken to be what this side's own
+        // configuration would grant (both sides normally share one configuration).
+        let initial_limit = ((cfg.recv_buffer_bytes / cfg.mtu_payload) as u64).min(cfg.recv_window);
+        Conn {
+            send_queue: VecDeque::new(),
+            send_bytes: 0,
+            next_msg_id: 0,
+            next_pn: 0,
+            snd_una: 0,
+            sent: VecDeque::new(),
+            tx_order: VecDeque::new(),
+            next_tx_seq: 0,
+            largest_acked_tx: None,
+            lost: VecDeque::new(),
+            in_flight: 0,
+            peer_limit: initial_limit,
+            cwnd: cfg.initial_cwnd,
+            ssthresh: cfg.max_cwnd,
+            cwnd_acc: 0,
+            recovery_tx: 0,
+            rtt: Rtt {
+                srtt: 0,
+                rttvar: 0,
+                has: false,
+            },
+            backoff: 0,
+            rto_deadline: None,
+            rcv_next: 0,
+            rcv_highest: 0,
+            slots,
+            reasm: None,
+            rcv_msg_id: 0,
+            events: VecDeque::new(),
+            event_bytes: 0,
+            unacked: 0,
+            ack_now: false,
+            ack_deadline: None,
+            advertised_limit: initial_limit,
+            nak_ranges: Vec::new(),
+            last_recv: now,
+            last_ping: now,
+            ping_pending: false,
+            dead: false,
+            stats: Stats::default(),
+            cfg,
+        }
+    }
+
+    /// The configuration in force (after clamping).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Counters, with the congestion and RTT snapshots filled in.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats;
+        s.cwnd = self.cwnd;
+        s.ssthresh = self.ssthresh;
+        s.srtt_ns = self.rtt.srtt;
+        s.rto_ns = self.rto();
+        s.in_flight = self.in_flight;
+        s
+    }
+
+    /// True once the peer was declared dead.
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    /// True when every queued message has been sent and acknowledged (or abandoned).
+    pub fn is_idle(&self) -> bool {
+        self.send_queue.is_empty() && self.sent.is_empty()
+    }
+
+    /// Bytes of messages queued by `send` and not yet acknowledged.
+    pub fn send_buffered(&self) -> usize {
+        self.send_bytes
+    }
+
+    /// Queues a message; it is copied once. Call [`Conn::poll_transmit`] afterwards.
+    pub fn send(&mut self, tag: u64, data: &[u8]) -> Result<MsgId, SendError> {
+        if self.dead {
+            return Err(SendError::PeerDead);
+        }
+        if data.len() > self.cfg.max_message_len as usize {
+            return Err(SendError::TooLarge {
+                len: data.len(),
+                limit: self.cfg.max_message_len,
+            });
+        }
+        if self.send_bytes > 0 && self.send_bytes + data.len() > self.cfg.send_buffer_bytes {
+            return Err(SendError::BufferFull);
+        }
+        let id = self.next_msg_id;
+        self.next_msg_id += 1;
+        self.send_bytes += data.len();
+        self.stats.messages_sent += 1;
+        self.send_queue.push_back(Queued {
+            msg: Arc::new(MsgData {
+                id,
+                tag,
+                data: data.into(),
+            }),
+            next_off: 0,
+        });
+        Ok(MsgId(id))
+    }
+
+    /// Next event, if any. Taking messages frees receive budget (and may prompt a window
+    /// update: call [`Conn::poll_transmit`] afterwards).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        let ev = self.events.pop_front()?;
+        if let Event::Message { data, .. } = &ev {
+            let before = self.credit();
+            self.event_bytes -= data.len();
+            let after = self.credit();
+            if before < self.cfg.recv_window / 4 && after >= self.cfg.recv_window / 4 {
+                self.ack_now = true;
+            }
+        }
+        Some(ev)
+    }
+
+    /// Earliest time at which [`Conn::handle_timeout`] must be called, if any. Valid until
+    /// the next call of any other method.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.dead {
+            return None;
+        }
+        let mut t = self.rto_deadline;
+        let mut min = |x: Option<u64>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        min(self.ack_deadline);
+        if self.cfg.keepalive > 0 {
+            min(Some(
+                self.last_recv.max(self.last_ping) + self.cfg.keepalive,
+            ));
+        }
+        if self.liveness_watched() {
+            min(Some(self.last_recv + self.cfg.dead_after));
+        }
+        t
+    }
+
+    fn liveness_watched(&self) -> bool {
+        self.cfg.keepalive > 0 || !self.is_idle()
+    }
+
+    /// Runs the timers due at `now`. Call [`Conn::poll_transmit`] and
+    /// [`Conn::poll_event`] afterwards.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.dead {
+            return;
+        }
+        if self.liveness_watched() && now >= self.last_recv + self.cfg.dead_after {
+            self.dead = true;
+            self.events.push_back(Event::PeerDead);
+            return;
+        }
+        if self.ack_deadline.is_some_and(|d| d <= now) {
+            self.ack_now = true;
+        }
+        if self.cfg.keepalive > 0 && now >= self.last_recv.max(self.last_ping) + self.cfg.keepalive
+        {
+            self.ping_pending = true;
+            self.last_ping = now;
+        }
+        if self.rto_deadline.is_some_and(|d| d <= now) {
+            self.on_rto(now);
+        }
+    }
+
+    fn rto(&self) -> u64 {
+        let base = if self.rtt.has {
+            self.rtt.srtt + (4 * self.rtt.rttvar).max(1000) + self.cfg.ack_delay
+        } else {
+            self.cfg.initial_rto
+        };
+        let base = base.clamp(self.cfg.min_rto, self.cfg.max_rto);
+        (base << self.backoff).min(self.cfg.max_rto)
+    }
+
+    fn outstanding(&self) -> bool {
+        self.snd_una < self.next_pn || !self.send_queue.is_empty()
+    }
+
+    fn on_rto(&mut self, now: u64) {
+        self.stats.timeouts += 1;
+        let mut any = false;
+        for i in 0..self.sent.len() {
+            if self.sent[i].state == PState::InFlight {
+                let pn = self.snd_una + i as u64;
+                self.mark_lost(pn, false);
+                any = true;
+            }
+        }
+        if any {
+            self.ssthresh = (self.cwnd / 2).max(2);
+            self.cwnd = 2;
+            self.cwnd_acc = 0;
+            self.recovery_tx = self.next_tx_seq;
+            self.stats.congestion_events += 1;
+        } else if self.outstanding() {
+            // Nothing in flight but data waits: the credit is exhausted. Probe.
+            self.ping_pending = true;
+        }
+        self.advance_una();
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
+        self.rto_deadline = self.outstanding().then(|| now + self.rto());
+    }
+
+    /// Marks an in-flight packet lost: queued for retransmission, or abandoned.
+    fn mark_lost(&mut self, pn: u64, congestion: bool) {
+        let idx = (pn - self.snd_una) as usize;
+        let s = &mut self.sent[idx];
+        if s.state != PState::InFlight {
+            return;
+        }
+        self.in_flight -= 1;
+        self.stats.lost += 1;
+        if self.cfg.reliable {
+            s.state = PState::Lost;
+            self.lost.push_back(pn);
+        } else {
+            s.state = PState::Abandoned;
+            self.stats.abandoned += 1;
+        }
+        // One reduction per epoch: only the loss of a transmission made after the last
+        // reduction reduces again (lost retransmissions included).
+        if congestion && s.tx_seq >= self.recovery_tx {
+            self.ssthresh = (self.cwnd / 2).max(2);
+            self.cwnd = self.ssthresh;
+            self.cwnd_acc = 0;
+            self.recovery_tx = self.next_tx_seq;
+            self.stats.congestion_events += 1;
+        }
+    }
+
+    fn advance_una(&mut self) {
+        while let Some(front) = self.sent.front() {
+            if !matches!(front.state, PState::Acked | PState::Abandoned) {
+                break;
+            }
+            let s = self.sent.pop_front().expect("front exists");
+            self.snd_una += 1;
+            if s.offset as usize + s.len as usize == s.msg.data.len() {
+                self.send_bytes -= s.msg.data.len();
+                if self.cfg.reliable {
+                    self.events.push_back(Event::Acked(MsgId(s.msg.id)));
+                }
+            }
+        }
+    }
+
+    /// Feeds one received datagram. Errors say why it was dropped; they are counted and
+    /// need no action. Call [`Conn::poll_transmit`] and [`Conn::poll_event`] afterwards.
+    pub fn handle_datagram(&mut self, now: u64, bytes: &[u8]) -> Result<(), RecvError> {
+        if self.dead {
+            return Err(RecvError::PeerDead);
+        }
+        let d = match Datagram::parse(bytes) {
+            Ok(d) => d,
+            Err(e) => {
+                if matches!(e, PacketError::BadChecksum { .. }) {
+                    self.stats.dropped_corrupt += 1;
+                } else {
+                    self.stats.dropped_malformed += 1;
+                }
+                return Err(e.into());
+            }
+        };
+        let conn = match &d {
+            Datagram::Data { conn, .. }
+            | Datagram::Ack { conn, .. }
+            | Datagram::Nak { conn, .. }
+            | Datagram::Ping { conn, .. } => *conn,
+        };
+        if conn != self.cfg.conn_id {
+            self.stats.dropped_stray += 1;
+            return Err(RecvError::WrongConnection(conn));
+        }
+        let r = match d {
+            Datagram::Data { hdr, payload, .. } => self.on_data(now, hdr, payload),
+            Datagram::Ack { ack, .. } => {
+                self.stats.acks_received += 1;
+                self.on_ack(now, &ack, false)
+            }
+            Datagram::Nak { ack, .. } => {
+                self.stats.naks_received += 1;
+                self.on_ack(now, &ack, true)
+            }
+            Datagram::Ping { floor, .. } => {
+                if floor > self.rcv_highest.max(self.rcv_next) + MAX_WINDOW {
+                    Err(RecvError::Protocol("ping floor far beyond the window"))
+                } else {
+                    if !self.cfg.reliable {
+                        self.skip_to(floor);
+                    }
+                    self.ack_now = true;
+                    Ok(())
+                }
+            }
+        };
+        match r {
+            Ok(()) => {
+                self.last_recv = now;
+                self.stats.datagrams_received += 1;
+                self.stats.bytes_received += bytes.len() as u64;
+            }
+            Err(_) => self.stats.dropped_malformed += 1,
+        }
+        r
+    }
+
+    fn on_ack(&mut self, now: u64, ack: &AckInfo, nak: bool) -> Result<(), RecvError> {
+        if ack.cum > self.next_pn || ack.ranges.last().is_some_and(|r| r.1 > self.next_pn) {
+            return Err(RecvError::Protocol("ack of a packet never sent"));
+        }
+        if ack.limit < ack.cum {
+            return Err(RecvError::Protocol("credit limit below the cumulative ack"));
+        }
+        self.peer_limit = self.peer_limit.max(ack.limit);
+        let mut newly = 0u64;
+        let mut sample: Option<(u64, u64)> = None; // (tx_seq, sent_at) of the latest timed
+        let mut ack_one = |this: &mut Conn, pn: u64| {
+            let idx = (pn - this.snd_una) as usize;
+            let s = &mut this.sent[idx];
+            if matches!(s.state, PState::Acked | PState::Abandoned) {
+                return;
+            }
+            if s.state == PState::InFlight {
+                this.in_flight -= 1;
+            }
+            s.state = PState::Acked;
+            newly += 1;
+            this.largest_acked_tx =
+                Some(this.largest_acked_tx.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
+            if s.tx_count == 1 && sample.is_none_or(|(t, _)| s.tx_seq > t) {
+                sample = Some((s.tx_seq, s.sent_at));
+            }
+        };
+        for pn in self.snd_una..ack.cum.max(self.snd_una) {
+            ack_one(self, pn);
+        }
+        if !nak {
+            for &(s, e) in &ack.ranges {
+                for pn in s.max(self.snd_una)..e {
+                    ack_one(self, pn);
+                }
+            }
+        }
+        if let Some((_, sent_at)) = sample {
+            self.rtt.sample(now.saturating_sub(sent_at));
+        }
+        if newly > 0 {
+            self.backoff = 0;
+            // No growth until a transmission of the current epoch is acked.
+            if self.largest_acked_tx.is_some_and(|t| t >= self.recovery_tx) {
+                if self.cwnd < self.ssthresh {
+                    self.cwnd = (self.cwnd + newly).min(self.cfg.max_cwnd);
+                } else {
+                    self.cwnd_acc += newly;
+                    if self.cwnd_acc >= self.cwnd {
+                        self.cwnd_acc -= self.cwnd;
+                        self.cwnd = (self.cwnd + 1).min(self.cfg.max_cwnd);
+                    }
+                }
+            }
+        }
+        if nak {
+            for &(s, e) in &ack.ranges {
+                for pn in s.max(self.snd_una)..e.min(self.next_pn) {
+                    if self.sent[(pn - self.snd_una) as usize].tx_count == 1 {
+                        self.mark_lost(pn, true);
+                    }
+                }
+            }
+        }
+        // RACK-like detection: lost when a packet transmitted dup_thresh later was acked.
+        if let Some(largest) = self.largest_acked_tx {
+            while let Some(&(pn, tx)) = self.tx_order.front() {
+                if pn < self.snd_una {
+                    self.tx_order.pop_front();
+                    continue;
+                }
+                let s = &self.sent[(pn - self.snd_una) as usize];
+                if s.tx_seq != tx || s.state != PState::InFlight {
+                    self.tx_order.pop_front();
+                    continue;
+                }
+                if tx + self.cfg.dup_thresh <= largest {
+                    self.tx_order.pop_front();
+                    self.mark_lost(pn, true);
+                } else {
+                    break;
+                }
+            }
+        }
+        self.advance_una();
+        if newly > 0 || self.rto_deadline.is_none() {
+            self.rto_deadline = self.outstanding().then(|| now + self.rto());
+        }
+        Ok(())
+    }
+
+    fn credit(&self) -> u64 {
+        let used = self.event_bytes.div_ceil(self.cfg.mtu_payload) as u64;
+        let budget = (self.cfg.recv_buffer_bytes / self.cfg.mtu_payload) as u64;
+        let free = budget.saturating_sub(used);
+        free.min(self.cfg.recv_window)
+    }
+
+    fn on_data(&mut self, now: u64, hdr: DataHeader, payload: &[u8]) -> Result<(), RecvError> {
+        if hdr.msg_len > self.cfg.max_message_len {
+            return Err(RecvError::Protocol("message longer than max_message_len"));
+        }
+        let window = self.cfg.recv_window;
+        if hdr.floor > self.rcv_next + MAX_WINDOW {
+            return Err(RecvError::Protocol("floor far beyond the window"));
+        }
+        if !self.cfg.reliable && hdr.floor > self.rcv_next {
+            self.skip_to(hdr.floor);
+        }
+        let pn = hdr.pn;
+        if pn < self.rcv_next
+            || self.slots[(pn % window) as usize].is_some() && pn < self.rcv_next + window
+        {
+            self.stats.duplicates += 1;
+            self.ack_now = true;
+            return Ok(());
+        }
+        if pn >= self.rcv_next + window {
+            self.stats.dropped_window += 1;
+            self.ack_now = true;
+            return Ok(());
+        }
+        if pn > self.rcv_highest {
+            // A new hole [rcv_highest, pn): NAK it at once.
+            self.push_nak(self.rcv_highest, pn);
+        }
+        if pn != self.rcv_next {
+            self.stats.out_of_order += 1;
+        }
+        let filled_hole = pn < self.rcv_highest;
+        self.rcv_highest = self.rcv_highest.max(pn + 1);
+        if pn == self.rcv_next {
+            self.rcv_next += 1;
+            self.accept(hdr, payload);
+            self.drain_in_order();
+        } else {
+            self.slots[(pn % window) as usize] = Some(Slot {
+                hdr,
+                payload: payload.to_vec(),
+            });
+        }
+        self.unacked += 1;
+        if filled_hole || self.unacked >= self.cfg.ack_every {
+            self.ack_now = true;
+        } else if self.ack_deadline.is_none() {
+            self.ack_deadline = Some(now + self.cfg.ack_delay);
+        }
+        Ok(())
+    }
+
+    fn push_nak(&mut self, s: u64, e: u64) {
+        if let Some(last) = self.nak_ranges.last_mut() {
+            if last.1 == s {
+                last.1 = e;
+                return;
+            }
+        }
+        if self.nak_ranges.len() < packet::MAX_RANGES {
+            self.nak_ranges.push((s, e));
+        }
+    }
+
+    fn drain_in_order(&mut self) {
+        let window = self.cfg.recv_window;
+        while self.rcv_next < self.rcv_highest {
+            let Some(slot) = self.slots[(self.rcv_next % window) as usize].take() else {
+                break;
+            };
+            self.rcv_next += 1;
+            self.accept(slot.hdr, &slot.payload);
+        }
+    }
+
+    /// Unreliable mode: stop waiting for every packet below `floor`.
+    fn skip_to(&mut self, floor: u64) {
+        let window = self.cfg.recv_window;
+        while self.rcv_next < floor.min(self.rcv_highest) {
+            match self.slots[(self.rcv_next % window) as usize].take() {
+                Some(slot) => {
+                    self.rcv_next += 1;
+                    self.accept(slot.hdr, &slot.payload);
+                }
+                None => {
+                    self.rcv_next += 1;
+                    self.drop_partial();
+                }
+            }
+        }
+        if self.rcv_next < floor {
+            self.drop_partial();
+            self.rcv_next = floor;
+            self.rcv_highest = floor;
+        }
+        self.drain_in_order();
+    }
+
+    fn drop_partial(&mut self) {
+        if let Some(r) = self.reasm.take() {
+            self.stats.messages_dropped += 1;
+            self.rcv_msg_id = r.id + 1;
+        }
+    }
+
+    /// Takes the next in-order fragment.
+    fn accept(&mut self, hdr: DataHeader, payload: &[u8]) {
+        if !self.cfg.reliable && hdr.msg_id > self.rcv_msg_id {
+            // Whole messages vanished in a skipped hole.
+            let missing = hdr.msg_id - self.rcv_msg_id - u64::from(self.reasm.is_some());
+            self.stats.messages_dropped += missing;
+            self.drop_partial();
+            self.rcv_msg_id = hdr.msg_id;
+        }
+        if hdr.offset == 0 {
+            if self.reasm.is_some() || hdr.msg_id != self.rcv_msg_id {
+                self.violation();
+                return;
+            }
+            if payload.len() == hdr.msg_len as usize {
+                self.deliver(hdr.msg_id, hdr.tag, payload.to_vec());
+            } else {
+                let mut buf = Vec::with_capacity(hdr.msg_len as usize);
+                buf.extend_from_slice(payload);
+                self.reasm = Some(Reasm {
+                    id: hdr.msg_id,
+                    tag: hdr.tag,
+                    len: hdr.msg_len,
+                    buf,
+                });
+            }
+            return;
+        }
+        match &mut self.reasm {
+            Some(r)
+                if r.id == hdr.msg_id
+                    && r.tag == hdr.tag
+                    && r.len == hdr.msg_len
+                    && r.buf.len() == hdr.offset as usize =>
+            {
+                r.buf.extend_from_slice(payload);
+                if r.buf.len() == r.len as usize {
+                    let r = self.reasm.take().expect("reassembly in progress");
+                    self.deliver(r.id, r.tag, r.buf);
+                }
+            }
+            _ if !self.cfg.reliable && hdr.msg_id < self.rcv_msg_id => {
+                // The tail of a message already dropped.
+            }
+            None if !self.cfg.reliable => {
+                // The head of this message was lost: drop the rest of it.
+                self.stats.messages_dropped += 1;
+                self.rcv_msg_id = hdr.msg_id + 1;
+            }
+            _ => self.violation(),
+        }
+    }
+
+    fn violation(&mut self) {
+        // Checksummed and in sequence yet inconsistent: the peer is buggy or forged.
+        self.stats.dropped_malformed += 1;
+        self.drop_partial();
+    }
+
+    fn deliver(&mut self, id: u64, tag: u64, data: Vec<u8>) {
+        self.rcv_msg_id = id + 1;
+        self.stats.messages_delivered += 1;
+        self.event_bytes += data.len();
+        self.events.push_back(Event::Message {
+            id: MsgId(id),
+            tag,
+            data,
+        });
+    }
+
+    fn build_ack(&self) -> AckInfo {
+        let window = self.cfg.recv_window;
+        let limit = (self.rcv_next + self.credit()).max(self.advertised_limit);
+        let mut ranges = Vec::new();
+        let mut pn = self.rcv_next + 1;
+        let mut run: Option<u64> = None;
+        while pn < self.rcv_highest && ranges.len() < packet::MAX_RANGES {
+            let have = self.slots[(pn % window) as usize].is_some();
+            match (have, run) {
+                (true, None) => run = Some(pn),
+                (false, Some(s)) => {
+                    ranges.push((s, pn));
+                    run = None;
+                }
+                _ => {}
+            }
+            pn += 1;
+        }
+        if let Some(s) = run {
+            if ranges.len() < packet::MAX_RANGES {
+                ranges.push((s, pn));
+            }
+        }
+        AckInfo {
+            cum: self.rcv_next,
+            limit,
+            ranges,
+        }
+    }
+
+    /// Appends the next datagram to send to `buf` and returns its length, or `None` when
+    /// there is nothing to send now. Call repeatedly until `None` after every other call.
+    pub fn poll_transmit(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<usize> {
+        if self.dead {
+            return None;
+        }
+        let conn = self.cfg.conn_id;
+        let n = if !self.nak_ranges.is_empty() {
+            let mut ack = self.build_ack();
+            // Only holes still open are worth a NAK.
+            let ranges = std::mem::take(&mut self.nak_ranges);
+            ack.ranges = ranges
+                .into_iter()
+                .filter_map(|(s, e)| {
+                    let s = s.max(ack.cum + 1);
+                    (s < e).then_some((s, e))
+                })
+                .collect();
+            if ack.ranges.is_empty() {
+                return self.poll_transmit(now, buf);
+            }
+            self.stats.naks_sent += 1;
+            self.advertised_limit = ack.limit;
+            Datagram::Nak { conn, ack }.encode(buf)
+        } else if self.ack_now || self.ack_deadline.is_some_and(|d| d <= now) {
+            let ack = self.build_ack();
+            self.ack_now = false;
+            self.ack_deadline = None;
+            self.unacked = 0;
+            self.stats.acks_sent += 1;
+            self.advertised_limit = ack.limit;
+            Datagram::Ack { conn, ack }.encode(buf)
+        } else if self.ping_pending {
+            self.ping_pending = false;
+            self.stats.pings_sent += 1;
+            Datagram::Ping {
+                conn,
+                floor: self.snd_una,
+            }
+            .encode(buf)
+        } else if self.in_flight < self.cwnd {
+            let pn = self.next_to_send()?;
+            let idx = (pn - self.snd_una) as usize;
+            let tx_seq = self.next_tx_seq;
+            self.next_tx_seq += 1;
+            self.tx_order.push_back((pn, tx_seq));
+            self.in_flight += 1;
+            let s = &mut self.sent[idx];
+            s.tx_seq = tx_seq;
+            s.sent_at = now;
+            s.tx_count += 1;
+            s.state = PState::InFlight;
+            if s.tx_count > 1 {
+                self.stats.retransmissions += 1;
+            }
+            self.stats.data_sent += 1;
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rto());
+            }
+            let s = &self.sent[idx];
+            let hdr = DataHeader {
+                pn,
+                floor: self.snd_una,
+                msg_id: s.msg.id,
+                tag: s.msg.tag,
+                msg_len: s.msg.data.len() as u32,
+                offset: s.offset,
+            };
+            let payload = &s.msg.data[s.offset as usize..(s.offset + s.len) as usize];
+            Datagram::Data { conn, hdr, payload }.encode(buf)
+        } else {
+            return None;
+        };
+        self.stats.datagrams_sent += 1;
+        self.stats.bytes_sent += n as u64;
+        Some(n)
+    }
+
+    /// The pn to transmit next: a lost one, else a new fragment if the credit allows.
+    fn next_to_send(&mut self) -> Option<u64> {
+        while let Some(pn) = self.lost.pop_front() {
+            if pn >= self.snd_una && self.sent[(pn - self.snd_una) as usize].state == PState::Lost {
+                return Some(pn);
+            }
+        }
+        if self.next_pn >= self.peer_limit {
+            return None;
+        }
+        let q = self.send_queue.front_mut()?;
+        let total = q.msg.data.len();
+        let len = (total - q.next_off).min(self.cfg.mtu_payload);
+        let offset = q.next_off as u32;
+        q.next_off += len;
+        let msg = if q.next_off >= total {
+            self.send_queue.pop_front().expect("front exists").msg
+        } else {
+            Arc::clone(&q.msg)
+        };
+        let pn = self.next_pn;
+        self.next_pn += 1;
+        self.sent.push_back(Sent {
+            msg,
+            offset,
+            len: len as u32,
+            tx_seq: 0,
+            sent_at: 0,
+            tx_count: 0,
+            state: PState::Lost,
+        });
+        Some(pn)
+    }
+}

@@ -1,0 +1,460 @@
+//! Datagram format of the reliable protocol, with a total parser.
+//!
+//! Every datagram is `header | body | crc32c`, little-endian throughout:
+//!
+//! ```text
+//! common header (16 bytes)
+//!   0..4   magic "CLRD" (0x4452_4c43)
+//!   4      version (1)
+//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping
+//!   6..8   flags (reserved, must be zero)
+//!   8..12  connection id
+//!   12..16 reserved (must be zero)
+//! data body (44 bytes, then the payload)
+//!   16..24 packet number
+//!   24..32 floor: every packet below it is acknowledged or abandoned by the sender
+//!   32..40 message id
+//!   40..48 tag
+//!   48..52 message length
+//!   52..56 fragment offset in the message
+//!   56..58 payload length
+//!   58..60 reserved (must be zero)
+//! ack / nak body (20 bytes, then the ranges)
+//!   16..24 cumulative ack: every packet below it was received
+//!   24..32 limit: the sender may send packet numbers below it (the credit)
+//!   32     number of ranges (at most MAX_RANGES), 33..36 reserved (zero)
+//!   36..   ranges, 8 bytes each: start (u32, offset from the cumulative ack, >= 1) and
+//!          length (u32, >= 1); ascending, disjoint and not adjacent. For an ack they are
+//!          packets received above the cumulative ack (SACK); for a nak, packets missing.
+//! ping body (8 bytes)
+//!   16..24 floor (as in data)
+//! trailer
+//!   last 4 bytes: CRC-32C of everything before it
+//! ```
+//!
+//! Every data fragment carries the whole message description (id, tag, length, offset), so
+//! each datagram is self-describing: a receiver can place any payload at its final offset
+//! without having seen the first fragment (what speculative defragmentation needs).
+
+use thiserror::Error;
+
+/// Magic number opening every datagram ("CLRD").
+pub const MAGIC: u32 = 0x4452_4c43;
+/// Version of the datagram format spoken by this build.
+pub const VERSION: u8 = 1;
+/// Bytes of the common header.
+pub const COMMON_HEADER: usize = 16;
+/// Bytes before the payload of a data datagram.
+pub const DATA_HEADER: usize = 60;
+/// Bytes before the ranges of an ack or nak datagram.
+pub const ACK_HEADER: usize = 36;
+/// Bytes of a ping datagram without its trailer.
+pub const PING_LEN: usize = 24;
+/// Bytes of the checksum trailer.
+pub const TRAILER: usize = 4;
+/// Most ranges an ack or nak datagram carries.
+pub const MAX_RANGES: usize = 32;
+/// Largest payload a single data datagram can carry (the length field is 16 bits).
+pub const MAX_PAYLOAD: usize = u16::MAX as usize;
+
+const K_DATA: u8 = 1;
+const K_ACK: u8 = 2;
+const K_NAK: u8 = 3;
+const K_PING: u8 = 4;
+
+/// Why a datagram was refused by [`Datagram::parse`].
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum PacketError {
+    /// Shorter than the structure it announces.
+    #[error("truncated {what}: need {need} bytes, have {have}")]
+    Truncated {
+        /// What was being parsed.
+        what: &'static str,
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+    /// Wrong magic number: not a clink datagram.
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    /// Another version of the format.
+    #[error("unsupported datagram version {0} (this build speaks {VERSION})")]
+    BadVersion(u8),
+    /// Unknown kind byte.
+    #[error("unknown datagram kind {0}")]
+    BadKind(u8),
+    /// A reserved field or flag is not zero.
+    #[error("reserved bits set in {0}")]
+    Reserved(&'static str),
+    /// The checksum does not match: the datagram was damaged on the way.
+    #[error("checksum mismatch: carried {carried:#010x}, computed {computed:#010x}")]
+    BadChecksum {
+        /// Checksum in the trailer.
+        carried: u32,
+        /// Checksum of the bytes received.
+        computed: u32,
+    },
+    /// A length, offset or range field is inconsistent.
+    #[error("{what} out of range: {value} (limit {limit})")]
+    OutOfRange {
+        /// Field name.
+        what: &'static str,
+        /// Value received.
+        value: u64,
+        /// Largest allowed value.
+        limit: u64,
+    },
+}
+
+/// The acknowledgement fields shared by ack and nak datagrams.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AckInfo {
+    /// Every packet number below this was received (the next one expected).
+    pub cum: u64,
+    /// The sender may send packet numbers below this (flow-control credit).
+    pub limit: u64,
+    /// Absolute half-open ranges `[start, end)` above `cum`: received ones (ack) or
+    /// missing ones (nak). Ascending, disjoint, non-adjacent, at most [`MAX_RANGES`].
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// Fields of a data datagram (one fragment of one message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataHeader {
+    /// Packet number (per connection, from 0).
+    pub pn: u64,
+    /// Every packet below it has been acknowledged or abandoned by the sender.
+    pub floor: u64,
+    /// Message id (per connection, from 0).
+    pub msg_id: u64,
+    /// Message tag.
+    pub tag: u64,
+    /// Length of the whole message.
+    pub msg_len: u32,
+    /// Offset of this fragment in the message.
+    pub offset: u32,
+}
+
+/// A parsed datagram, borrowing the payload from the received bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Datagram<'a> {
+    /// One fragment of a message.
+    Data {
+        /// Connection id.
+        conn: u32,
+        /// Fragment description.
+        hdr: DataHeader,
+        /// Fragment bytes.
+        payload: &'a [u8],
+    },
+    /// Cumulative + selective acknowledgement with the receiver's credit.
+    Ack {
+        /// Connection id.
+        conn: u32,
+        /// Ack fields; ranges are received packets.
+        ack: AckInfo,
+    },
+    /// Negative acknowledgement: ranges are packets detected missing.
+    Nak {
+        /// Connection id.
+        conn: u32,
+        /// Ack fields; ranges are missing packets.
+        ack: AckInfo,
+    },
+    /// Keepalive / probe; the peer answers with an ack at once.
+    Ping {
+        /// Connection id.
+        conn: u32,
+        /// As [`DataHeader::floor`].
+        floor: u64,
+    },
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[o..o + 4]);
+    u32::from_le_bytes(a)
+}
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), PacketError> {
+    if b.len() < n {
+        Err(PacketError::Truncated {
+            what,
+            need: n,
+            have: b.len(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+impl<'a> Datagram<'a> {
+    /// Parses and verifies one datagram. Total: any input gives a datagram or an error.
+    pub fn parse(b: &'a [u8]) -> Result<Datagram<'a>, PacketError> {
+        need("datagram", b, COMMON_HEADER + TRAILER)?;
+        let magic = u32_at(b, 0);
+        if magic != MAGIC {
+            return Err(PacketError::BadMagic(magic));
+        }
+        if b[4] != VERSION {
+            return Err(PacketError::BadVersion(b[4]));
+        }
+        let kind = b[5];
+        if !(K_DATA..=K_PING).contains(&kind) {
+            return Err(PacketError::BadKind(kind));
+        }
+        let body = b.len() - TRAILER;
+        let carried = u32_at(b, body);
+        let computed = crc32c(&b[..body]);
+        if carried != computed {
+            return Err(PacketError::BadChecksum { carried, computed });
+        }
+        let b = &b[..body];
+        if u16_at(b, 6) != 0 {
+            return Err(PacketError::Reserved("flags"));
+        }
+        if u32_at(b, 12) != 0 {
+            return Err(PacketError::Reserved("common header"));
+        }
+        let conn = u32_at(b, 8);
+        match kind {
+            K_DATA => {
+                need("data header", b, DATA_HEADER)?;
+                if u16_at(b, 58) != 0 {
+                    return Err(PacketError::Reserved("data header"));
+                }
+                let hdr = DataHeader {
+                    pn: u64_at(b, 16),
+                    floor: u64_at(b, 24),
+                    msg_id: u64_at(b, 32),
+                    tag: u64_at(b, 40),
+                    msg_len: u32_at(b, 48),
+                    offset: u32_at(b, 52),
+                };
+                let plen = usize::from(u16_at(b, 56));
+                let have = b.len() - DATA_HEADER;
+                if plen != have {
+                    return Err(PacketError::OutOfRange {
+                        what: "payload length",
+                        value: plen as u64,
+                        limit: have as u64,
+                    });
+                }
+                let end = u64::from(hdr.offset) + plen as u64;
+                if end > u64::from(hdr.msg_len) {
+                    return Err(PacketError::OutOfRange {
+                        what: "fragment end",
+                        value: end,
+                        limit: hdr.msg_len.into(),
+                    });
+                }
+                if plen == 0 && hdr.msg_len != 0 {
+                    return Err(PacketError::OutOfRange {
+                        what: "empty fragment of a non-empty message",
+                        value: 0,
+                        limit: 0,
+                    });
+                }
+                if hdr.floor > hdr.pn {
+                    return Err(PacketError::OutOfRange {
+                        what: "floor",
+                        value: hdr.floor,
+                        limit: hdr.pn,
+                    });
+                }
+                Ok(Datagram::Data {
+                    conn,
+                    hdr,
+                    payload: &b[DATA_HEADER..],
+                })
+            }
+            K_ACK | K_NAK => {
+                need("ack header", b, ACK_HEADER)?;
+                let cum = u64_at(b, 16);
+                let limit = u64_at(b, 24);
+                let n = usize::from(b[32]);
+                if b[33] != 0 || b[34] != 0 || b[35] != 0 {
+                    return Err(PacketError::Reserved("ack header"));
+                }
+                if n > MAX_RANGES {
+                    return Err(PacketError::OutOfRange {
+                        what: "range count",
+                        value: n as u64,
+                        limit: MAX_RANGES as u64,
+                    });
+                }
+                let want = ACK_HEADER + 8 * n;
+                if b.len() != want {
+                    return Err(PacketError::OutOfRange {
+                        what: "ack length",
+                        value: b.len() as u64,
+                        limit: want as u64,
+                    });
+                }
+                let mut ranges = Vec::with_capacity(n);
+                let mut prev_end = cum; // next start must be > prev_end (non-adjacent)
+                for i in 0..n {
+                    let o = ACK_HEADER + 8 * i;
+                    let start = u64::from(u32_at(b, o));
+                    let len = u64::from(u32_at(b, o + 4));
+                    let s = cum.checked_add(start);
+                    let e = s.and_then(|s| s.checked_add(len));
+                    match (s, e) {
+                        (Some(s), Some(e)) if len > 0 && s > prev_end => {
+                            ranges.push((s, e));
+                            prev_end = e;
+                        }
+                        _ => {
+                            return Err(PacketError::OutOfRange {
+                                what: "ack range",
+                                value: start,
+                                limit: prev_end - cum,
+                            })
+                        }
+                    }
+                }
+                let ack = AckInfo { cum, limit, ranges };
+                Ok(if kind == K_ACK {
+                    Datagram::Ack { conn, ack }
+                } else {
+                    Datagram::Nak { conn, ack }
+                })
+            }
+            _ => {
+                if b.len() != PING_LEN {
+                    return Err(PacketError::OutOfRange {
+                        what: "ping length",
+                        value: b.len() as u64,
+                        limit: PING_LEN as u64,
+                    });
+                }
+                Ok(Datagram::Ping {
+                    conn,
+                    floor: u64_at(b, 16),
+                })
+            }
+        }
+    }
+
+    /// Appends the encoded datagram (with its checksum) to `out`; returns bytes written.
+    ///
+    /// # Panics
+    /// On a caller bug: a payload longer than [`MAX_PAYLOAD`], more than [`MAX_RANGES`]
+    /// ranges, or ranges that do not follow the rules of [`AckInfo::ranges`].
+    pub fn encode(&self, out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        let (kind, conn) = match self {
+            Datagram::Data { conn, .. } => (K_DATA, *conn),
+            Datagram::Ack { conn, .. } => (K_ACK, *conn),
+            Datagram::Nak { conn, .. } => (K_NAK, *conn),
+            Datagram::Ping { conn, .. } => (K_PING, *conn),
+        };
+        out.extend_from_slice(&MAGIC.to_le_bytes());
+        out.extend_from_slice(&[VERSION, kind, 0, 0]);
+        out.extend_from_slice(&conn.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        match self {
+            Datagram::Data { hdr, payload, .. } => {
+                let plen = u16::try_from(payload.len()).expect("payload longer than MAX_PAYLOAD");
+                out.extend_from_slice(&hdr.pn.to_le_bytes());
+                out.extend_from_slice(&hdr.floor.to_le_bytes());
+                out.extend_from_slice(&hdr.msg_id.to_le_bytes());
+                out.extend_from_slice(&hdr.tag.to_le_bytes());
+                out.extend_from_slice(&hdr.msg_len.to_le_bytes());
+                out.extend_from_slice(&hdr.offset.to_le_bytes());
+                out.extend_from_slice(&plen.to_le_bytes());
+                out.extend_from_slice(&[0; 2]);
+                out.extend_from_slice(payload);
+            }
+            Datagram::Ack { ack, .. } | Datagram::Nak { ack, .. } => {
+                assert!(ack.ranges.len() <= MAX_RANGES, "too many ranges");
+                out.extend_from_slice(&ack.cum.to_le_bytes());
+                out.extend_from_slice(&ack.limit.to_le_bytes());
+                out.extend_from_slice(&[ack.ranges.len() as u8, 0, 0, 0]);
+                for &(s, e) in &ack.ranges {
+                    let off = u32::try_from(s - ack.cum).expect("range too far above cum");
+                    let len = u32::try_from(e - s).expect("range too long");
+                    out.extend_from_slice(&off.to_le_bytes());
+                    out.extend_from_slice(&len.to_le_bytes());
+                }
+            }
+            Datagram::Ping { floor, .. } => out.extend_from_slice(&floor.to_le_bytes()),
+        }
+        let crc = crc32c(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.len() - start
+    }
+}
+
+const fn crc_tables() -> [[u32; 256]; 8] {
+    let mut t = [[0u32; 256]; 8];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                (c >> 1) ^ 0x82f6_3b78
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 256 {
+        let mut s = 1;
+        while s < 8 {
+            let prev = t[s - 1][i];
+            t[s][i] = (prev >> 8) ^ t[0][(prev & 0xff) as usize];
+            s += 1;
+        }
+        i += 1;
+    }
+    t
+}
+
+static CRC: [[u32; 256]; 8] = crc_tables();
+
+/// CRC-32C (Castagnoli) of `data`, slicing-by-8 in software.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    let mut chunks = data.chunks_exact(8);
+    for ch in &mut chunks {
+        let lo = c ^ u32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+        c = CRC[7][(lo & 0xff) as usize]
+            ^ CRC[6][((lo >> 8) & 0xff) as usize]
+            ^ CRC[5][((lo >> 16) & 0xff) as usize]
+            ^ CRC[4][(lo >> 24) as usize]
+            ^ CRC[3][usize::from(ch[4])]
+            ^ CRC[2][usize::from(ch[5])]
+            ^ CRC[1][usize::from(ch[6])]
+            ^ CRC[0][usize::from(ch[7])];
+    }
+    for &x in chunks.remainder() {
+        c = (c >> 8) ^ CRC[0][((c ^ u32::from(x)) & 0xff) as usize];
+    }
+    !c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_check_value() {
+        // The standard check value of CRC-32C.
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(crc32c(b""), 0);
+    }
+}

@@ -1,0 +1,154 @@
+//! Property tests of the reliable protocol's datagram parser: total, round-tripping, and
+//! never fooled by a damaged datagram.
+
+use clink_proto::reliable::packet::{crc32c, MAX_RANGES};
+use clink_proto::reliable::{AckInfo, Config, Conn, DataHeader, Datagram, PacketError};
+use proptest::prelude::*;
+
+fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> {
+    let hdr = (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        0u32..1 << 20,
+    )
+        .prop_map(|(pn, f, msg_id, tag, off)| DataHeader {
+            pn,
+            floor: f % pn.saturating_add(1),
+            msg_id,
+            tag,
+            msg_len: 0,
+            offset: off,
+        });
+    let ack = (
+        0u64..u64::MAX / 2,
+        any::<u64>(),
+        proptest::collection::vec((1u64..1000, 1u64..1000), 0..MAX_RANGES),
+    )
+        .prop_map(|(cum, limit, gaps)| {
+            let mut ranges = Vec::new();
+            let mut at = cum;
+            for (gap, len) in gaps {
+                let s = at + gap;
+                ranges.push((s, s + len));
+                at = s + len;
+            }
+            AckInfo { cum, limit, ranges }
+        });
+    (
+        0u8..4,
+        any::<u32>(),
+        hdr,
+        proptest::collection::vec(any::<u8>(), 0..1500),
+        ack,
+    )
+}
+
+fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) -> Datagram<'a> {
+    match k {
+        0 => {
+            hdr.msg_len = hdr.offset + p.len() as u32;
+            if p.is_empty() {
+                hdr.offset = 0;
+                hdr.msg_len = 0;
+            }
+            Datagram::Data {
+                conn,
+                hdr,
+                payload: p,
+            }
+        }
+        1 => Datagram::Ack {
+            conn,
+            ack: ack.clone(),
+        },
+        2 => Datagram::Nak {
+            conn,
+            ack: ack.clone(),
+        },
+        _ => Datagram::Ping {
+            conn,
+            floor: hdr.floor,
+        },
+    }
+}
+
+proptest! {
+    #[test]
+    fn parse_of_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = Datagram::parse(&bytes);
+        let mut c = Conn::new(Config::default(), 0);
+        let _ = c.handle_datagram(1, &bytes);
+        prop_assert!(c.poll_event().is_none());
+    }
+
+    #[test]
+    fn arbitrary_bodies_with_a_valid_crc_never_panic(
+        kind in 1u8..5,
+        body in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        // Past the checksum, so the field checks themselves are exercised.
+        let mut b = vec![0x43, 0x4c, 0x52, 0x44, 1, kind, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        b.extend_from_slice(&body);
+        let crc = crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        let _ = Datagram::parse(&b);
+        let mut c = Conn::new(Config::default(), 0);
+        let _ = c.handle_datagram(1, &b);
+        let _ = c.poll_event();
+        let mut out = Vec::new();
+        while c.poll_transmit(2, &mut out).is_some() {}
+    }
+
+    #[test]
+    fn encode_parse_round_trip((k, conn, hdr, p, ack) in datagram()) {
+        let d = build(k, conn, hdr, &p, &ack);
+        let mut buf = vec![7u8; 3]; // encode appends
+        let n = d.encode(&mut buf);
+        prop_assert_eq!(n, buf.len() - 3);
+        prop_assert_eq!(Datagram::parse(&buf[3..]), Ok(d));
+    }
+
+    #[test]
+    fn any_single_byte_damage_or_truncation_is_refused(
+        (k, conn, hdr, p, ack) in datagram(),
+        pos in any::<prop::sample::Index>(),
+        flip in 1u8..=255,
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let d = build(k, conn, hdr, &p, &ack);
+        let mut buf = Vec::new();
+        d.encode(&mut buf);
+        let mut bad = buf.clone();
+        bad[pos.index(buf.len())] ^= flip;
+        prop_assert!(Datagram::parse(&bad).is_err());
+        let c = cut.index(buf.len());
+        prop_assert!(Datagram::parse(&buf[..c]).is_err());
+    }
+}
+
+#[test]
+fn typed_errors() {
+    let mut buf = Vec::new();
+    Datagram::Ping { conn: 1, floor: 2 }.encode(&mut buf);
+    assert!(matches!(
+        Datagram::parse(&buf[..10]),
+        Err(PacketError::Truncated { .. })
+    ));
+    let mut b = buf.clone();
+    b[0] ^= 1;
+    assert!(matches!(Datagram::parse(&b), Err(PacketError::BadMagic(_))));
+    let mut b = buf.clone();
+    b[4] = 2;
+    assert_eq!(Datagram::parse(&b), Err(PacketError::BadVersion(2)));
+    let mut b = buf.clone();
+    b[5] = 9;
+    assert_eq!(Datagram::parse(&b), Err(PacketError::BadKind(9)));
+    let mut b = buf.clone();
+    b[17] ^= 4;
+    assert!(matches!(
+        Datagram::parse(&b),
+        Err(PacketError::BadChecksum { .. })
+    ));
+}
