@@ -4,7 +4,7 @@
 //! message) and that `connect` parses:
 //!
 //! ```text
-//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>
+//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IPv4>:<port>
 //! ```
 //!
 //! `host` names the machine and network namespace (shared memory is only possible when it
@@ -13,6 +13,7 @@
 //! so that newer endpoints can offer more; malformed text is an error.
 
 use crate::ProtoError;
+use std::net::SocketAddrV4;
 
 /// Prefix of every address.
 pub const PREFIX: &str = "clink:";
@@ -26,6 +27,8 @@ pub struct Address {
     pub id: u128,
     /// Abstract Unix socket name of the shared-memory transport, if offered.
     pub shm: Option<String>,
+    /// UDP socket address of the network transport, if offered.
+    pub udp: Option<SocketAddrV4>,
 }
 
 fn bad(addr: &str, why: &'static str) -> ProtoError {
@@ -42,7 +45,7 @@ impl Address {
             .trim()
             .strip_prefix(PREFIX)
             .ok_or_else(|| bad(s, "does not start with \"clink:\""))?;
-        let (mut host, mut id, mut shm) = (None, None, None);
+        let (mut host, mut id, mut shm, mut udp) = (None, None, None, None);
         for item in rest.split(';') {
             let (k, v) = item
                 .split_once('=')
@@ -85,6 +88,18 @@ impl Address {
                     }
                     shm = Some(v.to_string());
                 }
+                "udp" => {
+                    if udp.is_some() {
+                        return Err(bad(s, "duplicate udp"));
+                    }
+                    let a: SocketAddrV4 = v
+                        .parse()
+                        .map_err(|_| bad(s, "udp must be <IPv4 address>:<port>"))?;
+                    if a.port() == 0 || a.ip().is_unspecified() || a.ip().is_multicast() {
+                        return Err(bad(s, "udp needs a unicast address and a non-zero port"));
+                    }
+                    udp = Some(a);
+                }
                 k if k.is_empty() || !k.bytes().all(|b| b.is_ascii_lowercase()) => {
                     return Err(bad(s, "malformed key"));
                 }
@@ -95,6 +110,7 @@ impl Address {
             host: host.ok_or_else(|| bad(s, "missing host"))?,
             id: id.ok_or_else(|| bad(s, "missing id"))?,
             shm,
+            udp,
         })
     }
 }
@@ -104,6 +120,9 @@ impl std::fmt::Display for Address {
         write!(f, "{PREFIX}host={:016x};id={:032x}", self.host, self.id)?;
         if let Some(s) = &self.shm {
             write!(f, ";shm={s}")?;
+        }
+        if let Some(u) = &self.udp {
+            write!(f, ";udp={u}")?;
         }
         Ok(())
     }
@@ -127,10 +146,14 @@ mod tests {
             host: 0xabc,
             id: 7,
             shm: Some("clink-00ff".into()),
+            udp: Some("10.0.0.1:4000".parse().unwrap()),
         };
         assert_eq!(Address::parse(&a.to_string()), Ok(a.clone()));
-        let with_future = format!("{a};udp=10.0.0.1:4000");
+        let with_future = format!("{a};rdma=mlx5:1");
         assert_eq!(Address::parse(&with_future), Ok(a));
+        let only_udp =
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=127.0.0.1:9";
+        assert_eq!(Address::parse(only_udp).unwrap().shm, None);
         for s in [
             "",
             "clink:",
@@ -140,6 +163,10 @@ mod tests {
             "clink:host=0000000000000001",
             "clink:host=0000000000000001;host=0000000000000001",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;shm=a/b",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=0.0.0.0:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:0",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=x:1;udp=x:1",
         ] {
             assert!(Address::parse(s).is_err(), "{s}");
         }

@@ -2,7 +2,7 @@
 //! never fooled by a damaged datagram.
 
 use clink_proto::reliable::packet::{crc32c, MAX_RANGES};
-use clink_proto::reliable::{AckInfo, Config, Conn, DataHeader, Datagram, PacketError};
+use clink_proto::reliable::{AckInfo, Config, Conn, DataHeader, Datagram, Handshake, PacketError};
 use proptest::prelude::*;
 
 fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> {
@@ -37,7 +37,7 @@ fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> 
             AckInfo { cum, limit, ranges }
         });
     (
-        0u8..4,
+        0u8..6,
         any::<u32>(),
         hdr,
         proptest::collection::vec(any::<u8>(), 0..1500),
@@ -67,10 +67,22 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
             conn,
             ack: ack.clone(),
         },
-        _ => Datagram::Ping {
+        3 => Datagram::Ping {
             conn,
             floor: hdr.floor,
         },
+        k => {
+            let hs = Handshake {
+                from: u128::from(hdr.pn) << 64 | u128::from(hdr.tag),
+                to: u128::from(hdr.msg_id) << 32 | u128::from(hdr.floor),
+                mtu_payload: hdr.offset,
+            };
+            if k == 4 {
+                Datagram::Hello { conn, hs }
+            } else {
+                Datagram::Welcome { conn, hs }
+            }
+        }
     }
 }
 
@@ -85,7 +97,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bodies_with_a_valid_crc_never_panic(
-        kind in 1u8..5,
+        kind in 1u8..7,
         body in proptest::collection::vec(any::<u8>(), 0..400),
     ) {
         // Past the checksum, so the field checks themselves are exercised.

@@ -16,6 +16,13 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CALIBRATE", "'1' (default) measures copy and CMA costs at start; '0' uses built-in figures"),
     ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
     ("CLINK_LIVENESS_MS", "how often a busy-polling endpoint checks peers for death (default 10)"),
+    ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise; 'udp': UDP even on the same host (loopback tests and benchmarks)"),
+    ("CLINK_UDP", "'on' (default): offer the UDP network transport to peers on other hosts; 'off': same-host shared memory only"),
+    ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
+    ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
+    ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
+    ("CLINK_NET_DEAD_MS", "silence after which a network peer is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
+    ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
 
 /// Runtime configuration. Build with [`Config::from_env`] or start from `Default` and set
@@ -42,6 +49,10 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Liveness check period while busy-polling.
     pub liveness: Duration,
+    /// Use the network transport even for peers on the same host.
+    pub force_net: bool,
+    /// The UDP network transport's settings, `None` when it is off.
+    pub udp: Option<crate::transport::udp::UdpConfig>,
 }
 
 impl Default for Config {
@@ -57,6 +68,8 @@ impl Default for Config {
             calibrate: true,
             connect_timeout: Duration::from_secs(5),
             liveness: Duration::from_millis(10),
+            force_net: false,
+            udp: Some(crate::transport::udp::UdpConfig::default()),
         }
     }
 }
@@ -94,6 +107,8 @@ impl Config {
     /// are ignored, unknown `CLINK_` names are an error (a typo should not pass silently).
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
         let mut c = Config::default();
+        let mut udp = crate::transport::udp::UdpConfig::default();
+        let mut udp_on = true;
         for (k, v) in vars {
             if !k.starts_with("CLINK_") {
                 continue;
@@ -136,6 +151,29 @@ impl Config {
                     c.connect_timeout = Duration::from_millis(num(&k, &v, 1, 3_600_000)?)
                 }
                 "CLINK_LIVENESS_MS" => c.liveness = Duration::from_millis(num(&k, &v, 1, 10_000)?),
+                "CLINK_UDP" => udp_on = flag(&k, &v)?,
+                "CLINK_TRANSPORT" => {
+                    c.force_net = match v.trim() {
+                        "auto" => false,
+                        "udp" => true,
+                        _ => return Err(bad(&k, &v, "expected 'auto' or 'udp'")),
+                    }
+                }
+                "CLINK_UDP_BIND" => {
+                    udp.bind = v
+                        .trim()
+                        .parse()
+                        .map_err(|_| bad(&k, &v, "expected <IPv4 address>:<port>"))?
+                }
+                "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),
+                "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
+                "CLINK_NET_DEAD_MS" => {
+                    udp.dead_after = Duration::from_millis(num(&k, &v, 10, 3_600_000)?)
+                }
+                "CLINK_FAULTS" => {
+                    udp.faults = crate::transport::udp::FaultConfig::parse(&v)
+                        .map_err(|e| bad(&k, &v, &e))?
+                }
                 _ => {
                     let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();
                     return Err(Error::Config(format!(
@@ -145,6 +183,7 @@ impl Config {
                 }
             }
         }
+        c.udp = udp_on.then_some(udp);
         Ok(c)
     }
 }
@@ -183,6 +222,10 @@ mod tests {
             ("CLINK_CMA", "maybe"),
             ("CLINK_TYPO", "1"),
             ("CLINK_EAGER_MAX", "lots"),
+            ("CLINK_UDP_BIND", "localhost"),
+            ("CLINK_UDP_MTU", "100"),
+            ("CLINK_FAULTS", "drop=5"),
+            ("CLINK_UDP", "maybe"),
         ] {
             let e = Config::from_vars(vars(&[bad])).unwrap_err().to_string();
             assert!(e.contains(bad.0), "{e}");

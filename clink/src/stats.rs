@@ -35,4 +35,31 @@ pub struct Stats {
     pub handshakes_refused: u64,
     /// Peers connected (both directions).
     pub peers_connected: u64,
+    /// Network path (UDP): datagrams sent (GSO segments counted one by one).
+    pub datagrams_sent: u64,
+    /// Network path: datagrams received (after splitting coalesced reads).
+    pub datagrams_received: u64,
+    /// Network path: system calls that sent datagrams (`sendmmsg`).
+    pub send_calls: u64,
+    /// Network path: system calls that received datagrams (`recvmmsg` returning data).
+    pub recv_calls: u64,
+    /// Network path: coalesced (GRO) reads.
+    pub gro_reads: u64,
+    /// Network path: data datagrams sent again.
+    pub retransmissions: u64,
+    /// Network path: negative acknowledgements sent.
+    pub naks_sent: u64,
+    /// Network path: datagrams dropped for a bad checksum.
+    pub corrupt_dropped: u64,
+    /// Network path: malformed or inconsistent datagrams dropped.
+    pub malformed_dropped: u64,
+    /// Network path: duplicate datagrams suppressed.
+    pub duplicates_dropped: u64,
+    /// Network path: datagrams from unknown peers or connections, and bad handshakes.
+    pub stray_dropped: u64,
+    /// Network path: datagrams the kernel refused on send (resent by the protocol).
+    pub send_drops: u64,
+    /// Network path: faults injected (`CLINK_FAULTS`): drops, duplicates, corruptions,
+    /// delays.
+    pub faults_injected: u64,
 }

@@ -496,3 +496,57 @@ pub fn getpid() -> i32 {
     // SAFETY: always succeeds.
     unsafe { libc::getpid() }
 }
+
+/// IPv4 addresses of the interfaces that are up, with the interface MTU (from
+/// `getifaddrs` and /sys/class/net/<if>/mtu), loopback last.
+pub fn ipv4_interfaces() -> Vec<(std::net::Ipv4Addr, usize, bool)> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        let up = ifa.ifa_flags & libc::IFF_UP as u32 != 0;
+        let lo = ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
+        if ifa.ifa_addr.is_null() || !up {
+            continue;
+        }
+        // SAFETY: a non-null ifa_addr points to a sockaddr of its family.
+        if i32::from(unsafe { (*ifa.ifa_addr).sa_family }) != libc::AF_INET {
+            continue;
+        }
+        // SAFETY: the family is AF_INET, so this is a sockaddr_in.
+        let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+        let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1500);
+        out.push((ip, mtu, lo));
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out.sort_by_key(|&(_, _, lo)| lo);
+    out
+}
+
+/// The address to advertise when bound to all interfaces: the first non-loopback IPv4
+/// address that is up (else loopback), with its interface MTU.
+pub fn primary_ipv4() -> Option<(std::net::Ipv4Addr, usize)> {
+    ipv4_interfaces().first().map(|&(ip, mtu, _)| (ip, mtu))
+}
+
+/// The MTU of the interface holding `ip`.
+pub fn ipv4_mtu(ip: std::net::Ipv4Addr) -> Option<usize> {
+    ipv4_interfaces()
+        .into_iter()
+        .find(|&(a, _, _)| a == ip)
+        .map(|(_, mtu, _)| mtu)
+}

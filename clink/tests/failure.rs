@@ -382,10 +382,12 @@ fn bad_addresses_give_clear_errors() {
     let other_host = clink_proto::addr::Address {
         host: me.host ^ 1,
         id: me.id ^ 1,
+        udp: None,
         ..me.clone()
     };
     let no_shm = clink_proto::addr::Address {
         shm: None,
+        udp: None,
         id: me.id ^ 1,
         ..me.clone()
     };

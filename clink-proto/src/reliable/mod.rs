@@ -69,7 +69,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-pub use packet::{AckInfo, DataHeader, Datagram, PacketError};
+pub use packet::{AckInfo, DataHeader, Datagram, Handshake, PacketError};
 
 /// Identifies a message sent on one connection (consecutive from 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -465,28 +465,38 @@ impl Conn {
 
     /// Queues a message; it is copied once. Call [`Conn::poll_transmit`] afterwards.
     pub fn send(&mut self, tag: u64, data: &[u8]) -> Result<MsgId, SendError> {
+        self.send_with(tag, data.len(), |b| b.copy_from_slice(data))
+    }
+
+    /// Queues a `len`-byte message that `fill` writes straight into the send buffer (the
+    /// caller's one copy: no intermediate buffer). `fill` is not called when the message
+    /// is refused.
+    pub fn send_with(
+        &mut self,
+        tag: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<MsgId, SendError> {
         if self.dead {
             return Err(SendError::PeerDead);
         }
-        if data.len() > self.cfg.max_message_len as usize {
+        if len > self.cfg.max_message_len as usize {
             return Err(SendError::TooLarge {
-                len: data.len(),
+                len,
                 limit: self.cfg.max_message_len,
             });
         }
-        if self.send_bytes > 0 && self.send_bytes + data.len() > self.cfg.send_buffer_bytes {
+        if self.send_bytes > 0 && self.send_bytes + len > self.cfg.send_buffer_bytes {
             return Err(SendError::BufferFull);
         }
+        let mut data = vec![0u8; len].into_boxed_slice();
+        fill(&mut data);
         let id = self.next_msg_id;
         self.next_msg_id += 1;
-        self.send_bytes += data.len();
+        self.send_bytes += len;
         self.stats.messages_sent += 1;
         self.send_queue.push_back(Queued {
-            msg: Arc::new(MsgData {
-                id,
-                tag,
-                data: data.into(),
-            }),
+            msg: Arc::new(MsgData { id, tag, data }),
             next_off: 0,
         });
         Ok(MsgId(id))
@@ -658,12 +668,7 @@ impl Conn {
                 return Err(e.into());
             }
         };
-        let conn = match &d {
-            Datagram::Data { conn, .. }
-            | Datagram::Ack { conn, .. }
-            | Datagram::Nak { conn, .. }
-            | Datagram::Ping { conn, .. } => *conn,
-        };
+        let conn = d.conn();
         if conn != self.cfg.conn_id {
             self.stats.dropped_stray += 1;
             return Err(RecvError::WrongConnection(conn));
@@ -689,6 +694,11 @@ impl Conn {
                     Ok(())
                 }
             }
+            // Connection set-up belongs to the transport, which answers it before any
+            // connection sees it.
+            Datagram::Hello { .. } | Datagram::Welcome { .. } => Err(RecvError::Protocol(
+                "handshake datagram on an open connection",
+            )),
         };
         match r {
             Ok(()) => {

@@ -6,7 +6,7 @@
 //! common header (16 bytes)
 //!   0..4   magic "CLRD" (0x4452_4c43)
 //!   4      version (1)
-//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping
+//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome
 //!   6..8   flags (reserved, must be zero)
 //!   8..12  connection id
 //!   12..16 reserved (must be zero)
@@ -28,6 +28,12 @@
 //!          packets received above the cumulative ack (SACK); for a nak, packets missing.
 //! ping body (8 bytes)
 //!   16..24 floor (as in data)
+//! hello / welcome body (40 bytes): connection set-up, outside any connection's state
+//!   16..32 sender's endpoint id
+//!   32..48 addressee's endpoint id (from its address string; a hello to a stale
+//!          address is refused)
+//!   48..52 sender's largest datagram payload (its path MTU)
+//!   52..56 reserved (zero)
 //! trailer
 //!   last 4 bytes: CRC-32C of everything before it
 //! ```
@@ -50,6 +56,8 @@ pub const DATA_HEADER: usize = 60;
 pub const ACK_HEADER: usize = 36;
 /// Bytes of a ping datagram without its trailer.
 pub const PING_LEN: usize = 24;
+/// Bytes of a hello or welcome datagram without its trailer.
+pub const HANDSHAKE_LEN: usize = 56;
 /// Bytes of the checksum trailer.
 pub const TRAILER: usize = 4;
 /// Most ranges an ack or nak datagram carries.
@@ -61,6 +69,20 @@ const K_DATA: u8 = 1;
 const K_ACK: u8 = 2;
 const K_NAK: u8 = 3;
 const K_PING: u8 = 4;
+const K_HELLO: u8 = 5;
+const K_WELCOME: u8 = 6;
+
+/// True when the datagram's kind byte says hello or welcome (connection set-up): a cheap
+/// peek for demultiplexing before [`Datagram::parse`], which still verifies everything.
+pub fn is_handshake(b: &[u8]) -> bool {
+    b.len() > 5 && (b[5] == K_HELLO || b[5] == K_WELCOME)
+}
+
+/// The connection id of a datagram, read without verifying it (for demultiplexing;
+/// [`Datagram::parse`] verifies). `None` when too short to hold one.
+pub fn peek_conn(b: &[u8]) -> Option<u32> {
+    (b.len() >= COMMON_HEADER).then(|| u32_at(b, 8))
+}
 
 /// Why a datagram was refused by [`Datagram::parse`].
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -136,6 +158,17 @@ pub struct DataHeader {
     pub offset: u32,
 }
 
+/// The body of a hello or welcome datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handshake {
+    /// The sender's endpoint id.
+    pub from: u128,
+    /// The addressee's endpoint id.
+    pub to: u128,
+    /// The sender's largest datagram payload.
+    pub mtu_payload: u32,
+}
+
 /// A parsed datagram, borrowing the payload from the received bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Datagram<'a> {
@@ -169,6 +202,20 @@ pub enum Datagram<'a> {
         /// As [`DataHeader::floor`].
         floor: u64,
     },
+    /// Connection request: the sender chose `conn` for the new connection.
+    Hello {
+        /// Connection id proposed by the sender.
+        conn: u32,
+        /// Identities and limits.
+        hs: Handshake,
+    },
+    /// Connection accepted (answer to a hello, same `conn`).
+    Welcome {
+        /// Connection id of the hello.
+        conn: u32,
+        /// Identities and limits.
+        hs: Handshake,
+    },
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -197,6 +244,18 @@ fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), PacketError> {
 }
 
 impl<'a> Datagram<'a> {
+    /// The connection id the datagram carries.
+    pub fn conn(&self) -> u32 {
+        match self {
+            Datagram::Data { conn, .. }
+            | Datagram::Ack { conn, .. }
+            | Datagram::Nak { conn, .. }
+            | Datagram::Ping { conn, .. }
+            | Datagram::Hello { conn, .. }
+            | Datagram::Welcome { conn, .. } => *conn,
+        }
+    }
+
     /// Parses and verifies one datagram. Total: any input gives a datagram or an error.
     pub fn parse(b: &'a [u8]) -> Result<Datagram<'a>, PacketError> {
         need("datagram", b, COMMON_HEADER + TRAILER)?;
@@ -208,7 +267,7 @@ impl<'a> Datagram<'a> {
             return Err(PacketError::BadVersion(b[4]));
         }
         let kind = b[5];
-        if !(K_DATA..=K_PING).contains(&kind) {
+        if !(K_DATA..=K_WELCOME).contains(&kind) {
             return Err(PacketError::BadKind(kind));
         }
         let body = b.len() - TRAILER;
@@ -328,6 +387,28 @@ impl<'a> Datagram<'a> {
                     Datagram::Nak { conn, ack }
                 })
             }
+            K_HELLO | K_WELCOME => {
+                if b.len() != HANDSHAKE_LEN {
+                    return Err(PacketError::OutOfRange {
+                        what: "handshake length",
+                        value: b.len() as u64,
+                        limit: HANDSHAKE_LEN as u64,
+                    });
+                }
+                if u32_at(b, 52) != 0 {
+                    return Err(PacketError::Reserved("handshake"));
+                }
+                let hs = Handshake {
+                    from: u128::from(u64_at(b, 16)) | (u128::from(u64_at(b, 24)) << 64),
+                    to: u128::from(u64_at(b, 32)) | (u128::from(u64_at(b, 40)) << 64),
+                    mtu_payload: u32_at(b, 48),
+                };
+                Ok(if kind == K_HELLO {
+                    Datagram::Hello { conn, hs }
+                } else {
+                    Datagram::Welcome { conn, hs }
+                })
+            }
             _ => {
                 if b.len() != PING_LEN {
                     return Err(PacketError::OutOfRange {
@@ -356,6 +437,8 @@ impl<'a> Datagram<'a> {
             Datagram::Ack { conn, .. } => (K_ACK, *conn),
             Datagram::Nak { conn, .. } => (K_NAK, *conn),
             Datagram::Ping { conn, .. } => (K_PING, *conn),
+            Datagram::Hello { conn, .. } => (K_HELLO, *conn),
+            Datagram::Welcome { conn, .. } => (K_WELCOME, *conn),
         };
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -387,6 +470,12 @@ impl<'a> Datagram<'a> {
                 }
             }
             Datagram::Ping { floor, .. } => out.extend_from_slice(&floor.to_le_bytes()),
+            Datagram::Hello { hs, .. } | Datagram::Welcome { hs, .. } => {
+                out.extend_from_slice(&hs.from.to_le_bytes());
+                out.extend_from_slice(&hs.to.to_le_bytes());
+                out.extend_from_slice(&hs.mtu_payload.to_le_bytes());
+                out.extend_from_slice(&[0; 4]);
+            }
         }
         let crc = crc32c(&out[start..]);
         out.extend_from_slice(&crc.to_le_bytes());

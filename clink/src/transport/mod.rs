@@ -1,9 +1,13 @@
 //! Transports: the "network interfaces" of clink. They move frames and bytes and own the
 //! system calls and `unsafe`; protocol decisions stay in `clink-proto` and the endpoint.
 //!
-//! Only the shared-memory transport exists so far (same host). The network transports
-//! (UDP, TCP) are tracked by their own issue and will implement the same frame-link
-//! contract the endpoint uses on [`shm::ShmPeer`]: send a frame or report full, poll the
-//! next received frame, release it, pull a rendezvous payload.
+//! - [`shm`]: same host; per-peer rings in a shared memfd, CMA or pipelined rendezvous;
+//! - [`udp`]: other hosts; one socket per endpoint, a reliable connection per peer
+//!   (`clink_proto::reliable`), GSO/GRO batching, fault injection.
+//!
+//! Both give the endpoint the same contract, a per-peer ordered and reliable frame link:
+//! send a frame or report full, peek the next received frame, release it; the endpoint's
+//! `Link` type dispatches between them.
 
 pub mod shm;
+pub mod udp;

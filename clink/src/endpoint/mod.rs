@@ -16,24 +16,31 @@ use crate::context::{eager_threshold, pipeline_chunk, rendezvous_method, CtxInne
 use crate::error::{io_err, Error, Result};
 use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
-use crate::transport::shm::ring::{Record, RingMem};
+use crate::transport::shm::ring::RingMem;
 use crate::transport::shm::{Local, ShmPeer};
+use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
 use clink_proto::addr::Address;
 use clink_proto::cost::{Rndv, RndvChooser};
 use clink_proto::matching::{Matcher, Selector};
 use clink_proto::wire::{Frame, EAGER_HEADER};
 use clink_proto::PeerId;
+use link::{Link, Rx};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod link;
+mod net;
+
 const TOK_DOORBELL: u64 = 0;
 const TOK_LISTENER: u64 = 1;
 /// Epoll token of connections whose hello has not arrived yet.
 const TOK_INCOMING: u64 = 2;
-const TOK_PEER0: u64 = 3;
+/// Epoll token of the UDP socket.
+const TOK_UDP: u64 = 3;
+const TOK_PEER0: u64 = 4;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
 const RX_BUDGET: usize = 64;
 
@@ -188,7 +195,7 @@ struct PipelineOut {
 }
 
 struct Peer {
-    link: ShmPeer,
+    link: Link,
     alive: bool,
     eager_max: u64,
     txq: VecDeque<TxItem>,
@@ -225,6 +232,10 @@ pub struct Endpoint {
     last_check: Instant,
     events: Vec<u64>,
     last_error: Option<String>,
+    /// The network transport, when enabled (`CLINK_UDP`).
+    net: Option<UdpTransport>,
+    /// Sends nobody waits for (committed network claims): removed once complete.
+    detached: Vec<u64>,
 }
 
 // The raw pointers inside borrowed send/receive buffers only live during a blocking call
@@ -247,6 +258,16 @@ impl Endpoint {
             .add(listener.raw(), TOK_LISTENER)
             .map_err(io_err("epoll_ctl"))?;
         let probe = Box::new((id as u64) | 1);
+        let net = match &ctx.config.udp {
+            Some(cfg) => {
+                let t = UdpTransport::new(cfg.clone(), id)?;
+                epoll
+                    .add(t.sock.raw(), TOK_UDP)
+                    .map_err(io_err("epoll_ctl UDP socket"))?;
+                Some(t)
+            }
+            None => None,
+        };
         Ok(Endpoint {
             ctx,
             id,
@@ -267,6 +288,8 @@ impl Endpoint {
             last_check: Instant::now(),
             events: Vec::with_capacity(32),
             last_error: None,
+            net,
+            detached: Vec::new(),
         })
     }
 
@@ -276,13 +299,16 @@ impl Endpoint {
             host: self.ctx.host,
             id: self.id,
             shm: Some(self.sock_name.clone()),
+            udp: self.net.as_ref().map(UdpTransport::advertised),
         }
         .to_string()
     }
 
     /// Counters since creation.
     pub fn stats(&self) -> Stats {
-        self.stats
+        let mut s = self.stats;
+        self.add_net_stats(&mut s);
+        s
     }
 
     /// The last peer failure or protocol error seen, for diagnostics.
@@ -318,14 +344,20 @@ impl Endpoint {
         if a.id == self.id {
             return Err(fail("that is this endpoint itself"));
         }
-        let Some(name) = a.shm.as_deref() else {
-            return Err(fail(
-                "the address offers no transport this build supports (shm)",
-            ));
+        let name = match (a.shm.as_deref(), a.udp) {
+            (Some(name), _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
+            (_, Some(dest)) => return self.connect_udp(addr, dest, a.id),
+            (Some(_), None) => {
+                return Err(fail(
+                    "the endpoint is on another host or network namespace and offers no network transport (udp)",
+                ))
+            }
+            (None, None) => {
+                return Err(fail(
+                    "the address offers no transport this build supports (shm, udp)",
+                ))
+            }
         };
-        if a.host != self.ctx.host {
-            return Err(fail("the endpoint is on another host or network namespace, and no network transport is available yet"));
-        }
         let mut incoming = std::mem::take(&mut self.incoming);
         let mut accepted = Vec::new();
         let mut refused = Vec::new();
@@ -346,13 +378,13 @@ impl Endpoint {
         };
         self.incoming = incoming;
         self.adopt(accepted, refused);
-        self.add_peer(link?)
+        self.add_peer(Link::Shm(link?))
     }
 
     /// Registers peers accepted by [`handshake_incoming`] and records refusals.
     fn adopt(&mut self, accepted: Vec<ShmPeer>, refused: Vec<Error>) {
         for p in accepted {
-            match self.add_peer(p) {
+            match self.add_peer(Link::Shm(p)) {
                 Ok(id) => self.new_peers.push_back(id),
                 Err(e) => self.last_error = Some(e.to_string()),
             }
@@ -364,13 +396,23 @@ impl Endpoint {
         }
     }
 
-    fn add_peer(&mut self, link: ShmPeer) -> Result<PeerId> {
+    fn add_peer(&mut self, link: Link) -> Result<PeerId> {
         let id = PeerId(self.peers.len() as u32);
-        self.epoll
-            .add(link.sock.raw(), TOK_PEER0 + u64::from(id.0))
-            .map_err(io_err("epoll_ctl peer socket"))?;
-        // Limits follow the connection's rings (the connector chose their size).
-        let eager_max = eager_threshold(&self.ctx, link.peer_cma, link.tx.mem().cap());
+        let eager_max = match &link {
+            Link::Shm(s) => {
+                self.epoll
+                    .add(s.sock.raw(), TOK_PEER0 + u64::from(id.0))
+                    .map_err(io_err("epoll_ctl peer socket"))?;
+                // Limits follow the connection's rings (the connector chose their size).
+                eager_threshold(&self.ctx, s.peer_cma, s.tx.mem().cap())
+            }
+            Link::Udp(u) => {
+                if let Some(net) = self.net.as_mut() {
+                    net.route(u, id.0 as usize);
+                }
+                net::eager_threshold(&self.ctx)
+            }
+        };
         self.peers.push(Peer {
             link,
             alive: true,
@@ -407,10 +449,15 @@ impl Endpoint {
         Ok(self.peer(peer)?.eager_max)
     }
 
+    /// The transport that reaches `peer`: `"shm"` or `"udp"`.
+    pub fn transport(&self, peer: PeerId) -> Result<&'static str> {
+        Ok(self.peer(peer)?.link.transport())
+    }
+
     /// Whether this endpoint reads `peer`'s rendezvous messages with one CMA copy (true) or
     /// through the two-copy pipeline (false).
     pub fn uses_cma(&self, peer: PeerId) -> Result<bool> {
-        Ok(self.peer(peer)?.link.cma)
+        Ok(self.peer(peer)?.link.cma())
     }
 
     fn peer(&self, peer: PeerId) -> Result<&Peer> {
@@ -451,6 +498,7 @@ impl Endpoint {
             self.stats.eager_bytes += len;
             if p.txq.is_empty() && p.link.try_send(&Frame::Eager { tag, data: bytes }) {
                 self.stats.frames_sent += 1;
+                self.kick(peer.0 as usize);
                 return Ok(SendRequest { id: 0 });
             }
             self.stats.ring_full += 1;
@@ -501,6 +549,13 @@ impl Endpoint {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Lets a send complete on its own: nobody will wait for it.
+    fn detach_send(&mut self, req: SendRequest) {
+        if req.id != 0 {
+            self.detached.push(req.id);
+        }
     }
 
     fn finish_borrowed_send(&mut self, req: SendRequest) -> Result<()> {
@@ -615,20 +670,37 @@ impl Endpoint {
                 "claim of {len} bytes exceeds the eager threshold {max} towards {peer}"
             )));
         }
+        if !self.peers[i].alive {
+            return Err(Error::PeerDead(peer));
+        }
+        if self.peers[i].link.shm().is_none() {
+            // Over the network the message is written into a buffer the link then owns
+            // (one copy less than `send`, none saved on the wire).
+            return Ok(SendSlot {
+                ep: self,
+                peer: i,
+                res: None,
+                owned: Some(vec![0u8; len]),
+                len,
+                tag,
+            });
+        }
         let need = EAGER_HEADER + len;
         self.wait_until(timeout, |ep| {
             let p = &mut ep.peers[i];
-            !p.alive || (p.txq.is_empty() && p.link.tx.arm_wait(need))
+            !p.alive || (p.txq.is_empty() && p.link.shm_mut().is_some_and(|s| s.tx.arm_wait(need)))
         })?;
         let p = &mut self.peers[i];
         if !p.alive {
             return Err(Error::PeerDead(peer));
         }
-        let res = p.link.tx.reserve(need).ok_or(Error::Timeout)?;
+        let shm = p.link.shm_mut().ok_or(Error::PeerDead(peer))?;
+        let res = shm.tx.reserve(need).ok_or(Error::Timeout)?;
         Ok(SendSlot {
             ep: self,
             peer: i,
             res: Some(res),
+            owned: None,
             len,
             tag,
         })
@@ -687,7 +759,11 @@ impl Endpoint {
             self.stats.frames_sent += 1;
             did = true;
         }
-        did | self.pump_pipeline(i)
+        let did = did | self.pump_pipeline(i);
+        if did {
+            self.kick(i);
+        }
+        did
     }
 
     /// Copies chunks of the active pipelined send into the peer's ring while it has room;
@@ -703,8 +779,11 @@ impl Endpoint {
                 p.pipeline_out.pop_front();
                 continue;
             };
-            let chunk =
-                pipeline_chunk(&self.ctx, st.len, p.link.tx.mem().cap()).min(st.len - st.next);
+            let chunk = match &p.link {
+                Link::Shm(s) => pipeline_chunk(&self.ctx, st.len, s.tx.mem().cap()),
+                Link::Udp(_) => net::pipeline_chunk(&self.ctx),
+            }
+            .min(st.len - st.next);
             let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
             let f = Frame::Chunk {
                 send_id: st.send_id,
@@ -847,20 +926,20 @@ impl Endpoint {
                 if !p.alive || !p.txq.is_empty() || !p.pipeline_out.is_empty() {
                     return None;
                 }
-                let rec = match p.link.rx.peek() {
+                let rec = match p.link.peek() {
                     Ok(Some(r)) => r,
                     Ok(None) => continue,
                     Err(_) => return None, // the general path reports it
                 };
                 let src = PeerId(i as u32);
-                let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.record(rec)) else {
+                let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.frame(rec)) else {
                     return None;
                 };
                 if !sel.matches(src, tag) {
                     return None;
                 }
                 let result = copy_eager(src, tag, data, buf);
-                if p.link.rx.release(rec) {
+                if p.link.release(rec) {
                     p.link.wake();
                     self.stats.doorbells += 1;
                 }
@@ -975,7 +1054,7 @@ impl Endpoint {
         sel: Selector,
         timeout: Option<Duration>,
     ) -> Result<InPlace<'_>> {
-        let mut found: Option<(usize, Record, u64)> = None;
+        let mut found: Option<(usize, Rx, u64)> = None;
         let mut owned: Option<(Status, Vec<u8>)> = None;
         self.wait_until(timeout, |ep| {
             if let Some(u) = ep.matcher.probe(&sel) {
@@ -1002,8 +1081,8 @@ impl Endpoint {
                     continue;
                 }
                 let p = &mut ep.peers[i];
-                if let Ok(Some(r)) = p.link.rx.peek() {
-                    if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.record(r)) {
+                if let Ok(Some(r)) = p.link.peek() {
+                    if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.frame(r)) {
                         if sel.matches(PeerId(i as u32), tag)
                             && !ep.matcher.has_posted_for(PeerId(i as u32), tag)
                         {
@@ -1023,12 +1102,17 @@ impl Endpoint {
             }
         })?;
         if let Some((i, r, tag)) = found {
+            let len = self.peers[i]
+                .link
+                .frame(r)
+                .len()
+                .saturating_sub(EAGER_HEADER);
             return Ok(InPlace {
                 ep: self,
                 status: Status {
                     peer: PeerId(i as u32),
                     tag,
-                    len: (r.len - EAGER_HEADER) as u64,
+                    len: len as u64,
                 },
                 data: InPlaceData::Ring(i, r),
             });
@@ -1095,19 +1179,20 @@ impl Endpoint {
             op.state = RecvState::Done(Err(Error::PeerDead(src)));
             return;
         }
+        let cma = p.link.cma();
         let method = match self.ctx.config.rndv {
-            Some(_) => rendezvous_method(&self.ctx, len, p.link.cma),
+            Some(_) => rendezvous_method(&self.ctx, len, cma),
             None => {
-                let model = rendezvous_method(&self.ctx, len, p.link.cma);
-                p.chooser.choose(&self.ctx.costs, len, p.link.cma, model)
+                let model = rendezvous_method(&self.ctx, len, cma);
+                p.chooser.choose(&self.ctx.costs, len, cma, model)
             }
         };
-        if method == Rndv::Cma {
+        if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
             let buf = op.buf.slice();
             let cap = buf.len() as u64;
             let n = len.min(cap) as usize;
             let t = Instant::now();
-            let res = sys::cma_read(p.link.pid, addr, &mut buf[..n]);
+            let res = sys::cma_read(shm.pid, addr, &mut buf[..n]);
             p.chooser.record(
                 &self.ctx.costs,
                 Rndv::Cma,
@@ -1143,7 +1228,7 @@ impl Endpoint {
     /// now and then checks peers' liveness and accepts connections. Returns true when
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
-        let mut did = false;
+        let mut did = self.net_receive();
         let mut blocked = false;
         for i in 0..self.peers.len() {
             if !self.peers[i].alive {
@@ -1162,6 +1247,19 @@ impl Endpoint {
                     did |= self.drain(i, true);
                 }
             }
+        }
+        self.net_transmit();
+        if !self.detached.is_empty() {
+            let sends = &mut self.sends;
+            self.detached
+                .retain(|id| match sends.get(id).map(|s| &s.state) {
+                    Some(SendState::Done(_)) => {
+                        sends.remove(id);
+                        false
+                    }
+                    Some(_) => true,
+                    None => false,
+                });
         }
         if did {
             self.idle_polls = 0;
@@ -1186,10 +1284,10 @@ impl Endpoint {
         let mut n = 0;
         self.peers[i].blocked = false;
         while n < RX_BUDGET {
-            let rec = match self.peers[i].link.rx.peek() {
+            let rec = match self.peers[i].link.peek() {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    if self.peers[i].link.rx.publish() {
+                    if self.peers[i].link.publish() {
                         self.peers[i].link.wake();
                         self.stats.doorbells += 1;
                     }
@@ -1223,7 +1321,7 @@ impl Endpoint {
                 }
             }
             self.stats.frames_received += 1;
-            if self.peers[i].link.rx.release(rec) {
+            if self.peers[i].link.release(rec) {
                 self.peers[i].link.wake();
                 self.stats.doorbells += 1;
             }
@@ -1233,14 +1331,16 @@ impl Endpoint {
     }
 
     /// Handles one frame; `Ok(false)` when it was left in the ring (see `drain`).
-    fn handle(&mut self, i: usize, rec: Record, force: bool) -> Result<bool> {
+    fn handle(&mut self, i: usize, rec: Rx, force: bool) -> Result<bool> {
         let src = PeerId(i as u32);
-        // The record lives in the peer's segment, kept mapped while the peer exists; the
-        // slice is detached from `self` so the handlers below can take `&mut self`.
+        // The record lives in the peer's segment, kept mapped while the peer exists (or in
+        // the heap buffer at the head of a UDP link's queue); the slice is detached from
+        // `self` so the handlers below can take `&mut self`.
         let bytes: &[u8] = {
-            let b = self.peers[i].link.record(rec);
+            let b = self.peers[i].link.frame(rec);
             // SAFETY: the mapping outlives this call (peers are never removed), and the
-            // record is not released until handle() returns.
+            // record is not released until handle() returns (a UDP link's queued frame is
+            // a heap buffer that stays put until it is released after handle()).
             unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) }
         };
         let f = Frame::parse(bytes).map_err(|e| Error::Proto {
@@ -1399,17 +1499,20 @@ impl Endpoint {
             match t {
                 TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
+                TOK_UDP => did |= self.net_receive(),
                 t => {
                     let i = (t - TOK_PEER0) as usize;
                     if i >= self.peers.len() || !self.peers[i].alive {
                         continue;
                     }
-                    if self.peers[i].link.on_socket_readable() {
+                    let p = &mut self.peers[i];
+                    let Some(shm) = p.link.shm_mut() else {
+                        continue;
+                    };
+                    if shm.on_socket_readable() {
                         // A late handshake message: the peer's CMA result may change the
                         // eager threshold towards it.
-                        let p = &mut self.peers[i];
-                        p.eager_max =
-                            eager_threshold(&self.ctx, p.link.peer_cma, p.link.tx.mem().cap());
+                        p.eager_max = eager_threshold(&self.ctx, shm.peer_cma, shm.tx.mem().cap());
                     } else {
                         // Deliver what the peer left in its ring before declaring it dead.
                         self.drain(i, true);
@@ -1448,7 +1551,14 @@ impl Endpoint {
         self.last_error = Some(why);
         self.stats.peers_failed += 1;
         self.peers[i].alive = false;
-        self.epoll.remove(self.peers[i].link.sock.raw());
+        match &self.peers[i].link {
+            Link::Shm(s) => self.epoll.remove(s.sock.raw()),
+            Link::Udp(u) => {
+                if let Some(net) = self.net.as_mut() {
+                    net.unroute(u);
+                }
+            }
+        }
         self.fail_peer_ops(i);
     }
 
@@ -1522,7 +1632,10 @@ impl Endpoint {
                 self.stats.sleeps += 1;
                 // Wake up at least every second to re-check (belt and braces; every
                 // wake-up path is signalled).
-                let t = left.map_or(Duration::from_secs(1), |l| l.min(Duration::from_secs(1)));
+                let mut t = left.map_or(Duration::from_secs(1), |l| l.min(Duration::from_secs(1)));
+                if let Some(n) = self.net_timer() {
+                    t = t.min(n);
+                }
                 self.check_events(Some(t));
                 self.finish_wait();
             }
@@ -1542,13 +1655,17 @@ impl Endpoint {
     /// in its own epoll_wait: one system call per sleep).
     fn arm(&mut self) -> bool {
         for p in self.peers.iter_mut().filter(|p| p.alive) {
-            if !p.txq.is_empty() || !p.pipeline_out.is_empty() {
+            let waiting = !p.txq.is_empty() || !p.pipeline_out.is_empty();
+            let Some(shm) = p.link.shm_mut() else {
+                continue;
+            };
+            if waiting {
                 // Blocked on a full ring: ask for a doorbell when the peer frees space.
-                p.link.tx.arm_wait_any();
+                shm.tx.arm_wait_any();
             }
-            p.link.rx.arm_sleep();
-            if p.link.rx.publish() {
-                p.link.wake();
+            shm.rx.arm_sleep();
+            if shm.rx.publish() {
+                shm.wake();
                 self.stats.doorbells += 1;
             }
         }
@@ -1558,7 +1675,7 @@ impl Endpoint {
             || self
                 .peers
                 .iter_mut()
-                .any(|p| p.alive && matches!(p.link.rx.peek(), Ok(Some(_))))
+                .any(|p| p.alive && matches!(p.link.peek(), Ok(Some(_))))
             || !self.new_peers.is_empty();
         if busy {
             self.finish_wait();
@@ -1569,8 +1686,10 @@ impl Endpoint {
     /// Withdraws the doorbell requests of [`Endpoint::prepare_wait`].
     pub fn finish_wait(&mut self) {
         for p in self.peers.iter_mut().filter(|p| p.alive) {
-            p.link.rx.disarm_sleep();
-            p.link.tx.disarm_wait();
+            if let Some(shm) = p.link.shm_mut() {
+                shm.rx.disarm_sleep();
+                shm.tx.disarm_wait();
+            }
         }
     }
 
@@ -1595,7 +1714,13 @@ impl Endpoint {
             if p.txq.is_empty() {
                 p.link.try_send(&Frame::Close);
             }
-            self.fail_peer(i, format!("{} closed locally", PeerId(i as u32)));
+        }
+        // Over the network, the goodbye must be delivered before the links go quiet.
+        self.net_linger();
+        for i in 0..self.peers.len() {
+            if self.peers[i].alive {
+                self.fail_peer(i, format!("{} closed locally", PeerId(i as u32)));
+            }
         }
     }
 }
@@ -1693,7 +1818,7 @@ impl Drop for Endpoint {
 }
 
 enum InPlaceData {
-    Ring(usize, Record),
+    Ring(usize, Rx),
     Owned(Vec<u8>),
 }
 
@@ -1717,7 +1842,7 @@ impl std::ops::Deref for InPlace<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match &self.data {
-            InPlaceData::Ring(i, r) => &self.ep.peers[*i].link.record(*r)[EAGER_HEADER..],
+            InPlaceData::Ring(i, r) => &self.ep.peers[*i].link.frame(*r)[EAGER_HEADER..],
             InPlaceData::Owned(v) => v,
         }
     }
@@ -1728,7 +1853,7 @@ impl Drop for InPlace<'_> {
         if let InPlaceData::Ring(i, r) = self.data {
             let p = &mut self.ep.peers[i];
             self.ep.stats.frames_received += 1;
-            if p.link.rx.release(r) {
+            if p.link.release(r) {
                 p.link.wake();
             }
         }
@@ -1742,6 +1867,8 @@ pub struct SendSlot<'a> {
     ep: &'a mut Endpoint,
     peer: usize,
     res: Option<crate::transport::shm::ring::Reservation>,
+    /// Over the network: the message's own buffer, sent on commit.
+    owned: Option<Vec<u8>>,
     len: usize,
     tag: u64,
 }
@@ -1749,7 +1876,9 @@ pub struct SendSlot<'a> {
 impl Drop for SendSlot<'_> {
     fn drop(&mut self) {
         if let Some(r) = self.res.take() {
-            self.ep.peers[self.peer].link.tx.abandon(r);
+            if let Some(shm) = self.ep.peers[self.peer].link.shm_mut() {
+                shm.tx.abandon(r);
+            }
         }
     }
 }
@@ -1757,28 +1886,47 @@ impl Drop for SendSlot<'_> {
 impl SendSlot<'_> {
     /// The message bytes, in the peer's ring.
     pub fn buf(&mut self) -> &mut [u8] {
-        let p = &self.ep.peers[self.peer];
+        if let Some(v) = &mut self.owned {
+            return v;
+        }
+        let Some(shm) = self.ep.peers[self.peer].link.shm() else {
+            return &mut [];
+        };
         let Some(r) = &self.res else { return &mut [] };
-        let idx = r.idx(p.link.tx.mem().cap());
+        let idx = r.idx(shm.tx.mem().cap());
         // SAFETY: the reservation owns EAGER_HEADER + len bytes of this record.
         unsafe {
-            std::slice::from_raw_parts_mut(p.link.tx.mem().payload(idx).add(EAGER_HEADER), self.len)
+            std::slice::from_raw_parts_mut(shm.tx.mem().payload(idx).add(EAGER_HEADER), self.len)
         }
     }
 
     /// Publishes the message.
     pub fn commit(mut self) {
+        if let Some(v) = self.owned.take() {
+            let peer = PeerId(self.peer as u32);
+            // The peer may have died meanwhile: its requests fail, and so does this one,
+            // silently as a ring commit would (the caller learns it from the next call).
+            if let Ok(req) = self
+                .ep
+                .start_send(peer, self.tag, SendData::Owned(v.into()))
+            {
+                self.ep.detach_send(req);
+            }
+            return;
+        }
         let Some(r) = self.res.take() else { return };
-        let p = &mut self.ep.peers[self.peer];
-        let idx = r.idx(p.link.tx.mem().cap());
+        let Some(shm) = self.ep.peers[self.peer].link.shm_mut() else {
+            return;
+        };
+        let idx = r.idx(shm.tx.mem().cap());
         let mut hdr = [0u8; EAGER_HEADER];
         Frame::encode_eager_header(self.tag, &mut hdr);
         // SAFETY: the reservation owns the record's first EAGER_HEADER bytes.
         unsafe {
-            std::ptr::copy_nonoverlapping(hdr.as_ptr(), p.link.tx.mem().payload(idx), EAGER_HEADER)
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), shm.tx.mem().payload(idx), EAGER_HEADER)
         };
-        if p.link.tx.commit(r) {
-            p.link.wake();
+        if shm.tx.commit(r) {
+            shm.wake();
             self.ep.stats.doorbells += 1;
         }
         self.ep.stats.frames_sent += 1;

@@ -1,0 +1,198 @@
+//! The endpoint's side of the network transport: connecting over UDP, moving datagrams
+//! between the socket and the peers' reliable connections, their timers, and the limits
+//! that differ from shared memory.
+
+use super::link::Link;
+use super::Endpoint;
+use crate::context::CtxInner;
+use crate::error::{Error, Result};
+use clink_proto::PeerId;
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+/// Eager limit over the network unless `CLINK_EAGER_MAX` says otherwise: above it a
+/// message waits for its receive (rendezvous) instead of filling the receiver's memory.
+const NET_EAGER_MAX: u64 = 64 << 10;
+/// Chunk of a pipelined rendezvous over the network (each is one connection message).
+const NET_CHUNK: u64 = 256 << 10;
+/// Longest `close` waits for its goodbyes to be acknowledged.
+const LINGER: Duration = Duration::from_millis(200);
+
+/// The eager/rendezvous threshold towards a network peer.
+pub(super) fn eager_threshold(c: &CtxInner) -> u64 {
+    c.config.eager_max.unwrap_or(NET_EAGER_MAX)
+}
+
+/// The chunk size of a pipelined rendezvous towards a network peer.
+pub(super) fn pipeline_chunk(c: &CtxInner) -> u64 {
+    c.config.chunk.unwrap_or(NET_CHUNK)
+}
+
+impl Endpoint {
+    /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, repeated until
+    /// answered or the connect timeout).
+    pub(super) fn connect_udp(
+        &mut self,
+        addr: &str,
+        dest: SocketAddrV4,
+        id: u128,
+    ) -> Result<PeerId> {
+        let fail = |why: String| Error::Connect {
+            addr: addr.to_string(),
+            why,
+        };
+        let net = self.net.as_mut().ok_or_else(|| {
+            fail("the endpoint is on another host and this endpoint's UDP transport is off (CLINK_UDP=off)".into())
+        })?;
+        let token = net.start_connect(dest, id)?;
+        let deadline = Instant::now() + self.ctx.config.connect_timeout;
+        loop {
+            // Serve everything else meanwhile (mutual connects must not deadlock).
+            self.progress();
+            let net = self.net.as_mut().expect("checked above");
+            if let Some(link) = net.connected(token) {
+                return self.add_peer(Link::Udp(Box::new(link)));
+            }
+            if Instant::now() >= deadline {
+                net.abandon(token);
+                return Err(fail(format!(
+                    "no answer from {dest} within {:?} (no endpoint with that id listens there, or the network drops everything)",
+                    self.ctx.config.connect_timeout
+                )));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Sends what peer `i`'s link has queued, at once (a UDP link; nothing to do for
+    /// shared memory, whose frames are in the peer's ring already).
+    pub(super) fn kick(&mut self, i: usize) {
+        let (Some(net), Some(p)) = (self.net.as_mut(), self.peers.get_mut(i)) else {
+            return;
+        };
+        if let Link::Udp(u) = &mut p.link {
+            let now = net.now();
+            net.transmit(u, now);
+            net.flush();
+        }
+    }
+
+    /// Reads the UDP socket, runs the connections' timers, moves delivered frames into the
+    /// links' queues, adopts peers that connected, fails peers declared dead. True when
+    /// anything arrived.
+    pub(super) fn net_receive(&mut self) -> bool {
+        let Some(net) = self.net.as_mut() else {
+            return false;
+        };
+        let now = net.now();
+        let peers = &mut self.peers;
+        let got = net.receive(&mut |i, d| {
+            if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
+                if let Link::Udp(u) = &mut p.link {
+                    // Errors are counted by the connection (corrupt, malformed, stray).
+                    let _ = u.conn.handle_datagram(now, d);
+                }
+            }
+        }) > 0;
+        let mut dead = Vec::new();
+        for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
+            let Link::Udp(u) = &mut p.link else { continue };
+            if u.conn.poll_timeout().is_some_and(|t| t <= now) {
+                u.conn.handle_timeout(now);
+            }
+            if u.take_events() {
+                dead.push(i);
+            }
+        }
+        let accepted = net.take_accepted();
+        let adopted = !accepted.is_empty();
+        for link in accepted {
+            match self.add_peer(Link::Udp(Box::new(link))) {
+                Ok(id) => self.new_peers.push_back(id),
+                Err(e) => self.last_error = Some(e.to_string()),
+            }
+        }
+        for i in dead {
+            let silent = self.ctx.config.udp.as_ref().map(|c| c.dead_after);
+            self.fail_peer(
+                i,
+                format!(
+                    "{} sent nothing for {silent:?}: declared dead",
+                    PeerId(i as u32)
+                ),
+            );
+        }
+        got || adopted
+    }
+
+    /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
+    pub(super) fn net_transmit(&mut self) {
+        let Some(net) = self.net.as_mut() else { return };
+        let now = net.now();
+        for p in self.peers.iter_mut().filter(|p| p.alive) {
+            if let Link::Udp(u) = &mut p.link {
+                net.transmit(u, now);
+            }
+        }
+        net.flush();
+    }
+
+    /// How long a sleeping endpoint may wait before a connection timer (retransmission,
+    /// delayed ack, keepalive, liveness) or a held-back injected fault needs it.
+    pub(super) fn net_timer(&self) -> Option<Duration> {
+        let net = self.net.as_ref()?;
+        let now = net.now();
+        let next = self
+            .peers
+            .iter()
+            .filter(|p| p.alive)
+            .filter_map(|p| match &p.link {
+                Link::Udp(u) => u.conn.poll_timeout(),
+                Link::Shm(_) => None,
+            })
+            .chain(net.next_fault_release())
+            .min()?;
+        Some(Duration::from_nanos(next.saturating_sub(now)))
+    }
+
+    /// Progresses until every UDP link has nothing unacknowledged (bounded by [`LINGER`]).
+    pub(super) fn net_linger(&mut self) {
+        let deadline = Instant::now() + LINGER;
+        let pending = |ep: &Endpoint| {
+            ep.peers.iter().any(|p| {
+                p.alive && matches!(&p.link, Link::Udp(u) if !u.conn.is_idle() && !u.conn.is_dead())
+            })
+        };
+        while self.net.is_some() && pending(self) && Instant::now() < deadline {
+            self.progress();
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Adds the network path's counters (transport and every UDP connection) to `s`.
+    pub(super) fn add_net_stats(&self, s: &mut crate::Stats) {
+        let Some(net) = self.net.as_ref() else { return };
+        let k = net.sock.stats;
+        s.datagrams_sent += k.datagrams_sent;
+        s.datagrams_received += k.datagrams_received;
+        s.send_calls += k.send_calls;
+        s.recv_calls += k.recv_calls;
+        s.gro_reads += k.gro_reads;
+        s.send_drops += k.send_drops;
+        let t = net.stats();
+        s.stray_dropped += t.stray + t.bad_handshakes;
+        let f = net.fault_stats();
+        s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
+        for p in &self.peers {
+            if let Link::Udp(u) = &p.link {
+                let c = u.conn.stats();
+                s.retransmissions += c.retransmissions;
+                s.naks_sent += c.naks_sent;
+                s.corrupt_dropped += c.dropped_corrupt;
+                s.malformed_dropped += c.dropped_malformed;
+                s.duplicates_dropped += c.duplicates;
+                s.stray_dropped += c.dropped_stray;
+            }
+        }
+    }
+}

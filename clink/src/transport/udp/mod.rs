@@ -1,0 +1,439 @@
+//! The UDP transport: endpoints on different hosts (here: network namespaces).
+//!
+//! One socket per endpoint ([`sock::UdpSock`]) carries every peer's datagrams; each peer is
+//! a [`UdpLink`] holding the sans-IO reliable connection ([`clink_proto::reliable::Conn`]:
+//! sequencing, SACK/NAK, retransmission, credits, congestion window, fragmentation). The
+//! endpoint's frames (eager messages, rendezvous control, pipelined chunks, close) are the
+//! connection's messages, so the endpoint's protocol above is the same as over shared
+//! memory: a link is an ordered, reliable frame channel, with its own flow control.
+//!
+//! Demultiplexing: datagrams are routed by (source address, connection id). A hello
+//! (connection request, carrying the addressee's endpoint id) creates a connection with the
+//! id the initiator chose; the welcome answers it. Anything else from an unknown
+//! (address, id) is stray: dropped and counted. Corrupt datagrams fail the CRC-32C and are
+//! dropped by the connection; fault injection ([`faults`]) sits between the socket and
+//! the connections.
+
+pub mod faults;
+pub mod sock;
+
+use crate::error::{io_err, Result};
+use clink_proto::reliable::packet::{is_handshake, peek_conn, DATA_HEADER, TRAILER};
+use clink_proto::reliable::{self, Conn, Datagram, Event, Handshake, SendError};
+use clink_proto::wire::Frame;
+use std::collections::{HashMap, VecDeque};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+pub use faults::{FaultConfig, FaultStats, Faults};
+pub use sock::{SockStats, TxBatch, UdpSock};
+
+/// IPv4 + UDP header bytes.
+const IP_UDP_HEADERS: usize = 28;
+/// Received frames held per link before the connection's own receive budget (and so the
+/// sender's credit) takes over.
+const RXQ_BYTES: usize = 4 << 20;
+/// How often a hello is repeated while connecting.
+const HELLO_EVERY: Duration = Duration::from_millis(100);
+
+/// The largest message payload per datagram for a path MTU.
+pub fn mtu_payload(mtu: usize) -> usize {
+    (mtu.saturating_sub(IP_UDP_HEADERS)).min(sock::MAX_UDP_PAYLOAD) - DATA_HEADER - TRAILER
+}
+
+/// Settings of the UDP transport (from `CLINK_*`, see [`crate::config`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct UdpConfig {
+    /// Address to bind; unspecified IP = all interfaces, port 0 = any.
+    pub bind: SocketAddrV4,
+    /// Path MTU; `None`: the MTU of the interface holding the advertised address.
+    pub mtu: Option<usize>,
+    /// Kernel socket buffer size each way.
+    pub sock_buf: usize,
+    /// Silence after which a peer is declared dead.
+    pub dead_after: Duration,
+    /// Reliable (retransmit) or unreliable (BCL-4's choice) delivery.
+    pub reliable: bool,
+    /// Faults to inject on receive.
+    pub faults: FaultConfig,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            mtu: None,
+            sock_buf: 32 << 20,
+            dead_after: Duration::from_millis(2000),
+            reliable: true,
+            faults: FaultConfig::default(),
+        }
+    }
+}
+
+/// Counters of the transport (connection counters are in each link's `Conn`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpStats {
+    /// Datagrams from unknown (address, connection) pairs, dropped.
+    pub stray: u64,
+    /// Handshake datagrams that failed to parse or were addressed to another endpoint.
+    pub bad_handshakes: u64,
+    /// Hellos answered.
+    pub hellos: u64,
+}
+
+/// One peer over UDP: its reliable connection and the frames it delivered.
+pub struct UdpLink {
+    /// The reliable connection.
+    pub conn: Conn,
+    /// Where the peer's datagrams go.
+    pub dest: SocketAddrV4,
+    /// The peer's endpoint id.
+    pub remote_id: u128,
+    rxq: VecDeque<Vec<u8>>,
+    rxq_bytes: usize,
+}
+
+impl UdpLink {
+    fn new(conn: Conn, dest: SocketAddrV4, remote_id: u128) -> UdpLink {
+        UdpLink {
+            conn,
+            dest,
+            remote_id,
+            rxq: VecDeque::new(),
+            rxq_bytes: 0,
+        }
+    }
+
+    /// Queues one frame on the connection (copied once, straight from the frame);
+    /// false when the connection's send buffer is full (retry after progress).
+    pub fn try_send(&mut self, f: &Frame) -> bool {
+        match self.conn.send_with(0, f.encoded_len(), |b| {
+            f.encode(b);
+        }) {
+            Ok(_) => true,
+            Err(SendError::BufferFull) => false,
+            // A dead connection reports itself through its event; a frame too large is a
+            // caller bug the endpoint prevents (chunks are bounded). Either way the frame is
+            // not sent; pretend it left so nothing waits on a queue that cannot drain.
+            Err(e) => {
+                tracing::debug!("UDP link refused a frame: {e}");
+                true
+            }
+        }
+    }
+
+    /// The oldest received frame not yet released.
+    pub fn peek(&self) -> Option<&[u8]> {
+        self.rxq.front().map(Vec::as_slice)
+    }
+
+    /// Releases the frame returned by [`UdpLink::peek`].
+    pub fn release(&mut self) {
+        if let Some(v) = self.rxq.pop_front() {
+            self.rxq_bytes -= v.len();
+        }
+    }
+
+    /// Moves delivered messages from the connection into the frame queue while it has
+    /// room (beyond that the connection's receive budget shrinks the sender's credit).
+    /// Returns true when the connection declared the peer dead.
+    pub fn take_events(&mut self) -> bool {
+        let mut dead = false;
+        while self.rxq_bytes < RXQ_BYTES {
+            match self.conn.poll_event() {
+                Some(Event::Message { data, .. }) => {
+                    self.rxq_bytes += data.len();
+                    self.rxq.push_back(data);
+                }
+                Some(Event::Acked(_)) => {}
+                Some(Event::PeerDead) => dead = true,
+                None => break,
+            }
+        }
+        dead
+    }
+
+    /// Appends the connection's datagrams to `batch`.
+    pub fn transmit(&mut self, now: u64, batch: &mut TxBatch) {
+        let dest = self.dest;
+        while batch.push(dest, |buf| self.conn.poll_transmit(now, buf).unwrap_or(0)) {}
+    }
+
+    /// True while something sent waits for acknowledgement or a frame waits to be read.
+    pub fn busy(&self) -> bool {
+        !self.conn.is_idle() || !self.rxq.is_empty()
+    }
+}
+
+/// An outgoing connection waiting for its welcome.
+struct Pending {
+    dest: SocketAddrV4,
+    conn: u32,
+    remote_id: u128,
+    last_hello: Instant,
+    welcomed: Option<u32>,
+}
+
+/// The endpoint's UDP socket, its routes and connection set-up.
+pub struct UdpTransport {
+    /// The socket.
+    pub sock: UdpSock,
+    faults: Option<Faults>,
+    st: State,
+}
+
+/// Everything but the socket (so a receive can borrow both at once).
+struct State {
+    cfg: UdpConfig,
+    advertised: SocketAddrV4,
+    mtu: usize,
+    my_id: u128,
+    batch: TxBatch,
+    routes: HashMap<(SocketAddrV4, u32), usize>,
+    pending: Vec<Pending>,
+    accepted: Vec<UdpLink>,
+    epoch: Instant,
+    stats: UdpStats,
+}
+
+impl State {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn conn_config(&self, conn_id: u32, peer_mtu_payload: u32) -> reliable::Config {
+        let mine = mtu_payload(self.mtu);
+        let mtu_payload = mine.min(peer_mtu_payload as usize).max(64);
+        reliable::Config {
+            conn_id,
+            mtu_payload,
+            reliable: self.cfg.reliable,
+            dead_after: self.cfg.dead_after.as_nanos() as u64,
+            keepalive: (self.cfg.dead_after.as_nanos() as u64 / 4).max(1),
+            // Enough packets in flight to fill a fast local link at any MTU.
+            recv_window: ((32 << 20) / mtu_payload as u64).clamp(1024, 1 << 16),
+            max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
+            ..reliable::Config::default()
+        }
+    }
+
+    fn handshake(&self, to: u128) -> Handshake {
+        Handshake {
+            from: self.my_id,
+            to,
+            mtu_payload: mtu_payload(self.mtu) as u32,
+        }
+    }
+
+    fn send_handshake(&mut self, dest: SocketAddrV4, d: Datagram) {
+        self.batch.push(dest, |buf| d.encode(buf));
+    }
+
+    /// Routes one received datagram: to its link, or to connection set-up.
+    fn dispatch(&mut self, to_link: &mut impl FnMut(usize, &[u8]), src: SocketAddrV4, d: &[u8]) {
+        if is_handshake(d) {
+            match Datagram::parse(d) {
+                Ok(Datagram::Hello { conn, hs }) if hs.to == self.my_id => {
+                    self.on_hello(src, conn, hs)
+                }
+                Ok(Datagram::Welcome { conn, hs }) if hs.to == self.my_id => {
+                    if let Some(p) = self
+                        .pending
+                        .iter_mut()
+                        .find(|p| p.dest == src && p.conn == conn)
+                    {
+                        p.welcomed = Some(hs.mtu_payload);
+                    }
+                }
+                _ => self.stats.bad_handshakes += 1,
+            }
+            return;
+        }
+        match peek_conn(d).and_then(|c| self.routes.get(&(src, c))) {
+            Some(&i) => to_link(i, d),
+            None => self.stats.stray += 1,
+        }
+    }
+
+    fn on_hello(&mut self, src: SocketAddrV4, conn: u32, hs: Handshake) {
+        self.stats.hellos += 1;
+        // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
+        let known = self.routes.contains_key(&(src, conn))
+            || self
+                .accepted
+                .iter()
+                .any(|l| l.dest == src && l.conn.config().conn_id == conn);
+        if !known {
+            let c = Conn::new(self.conn_config(conn, hs.mtu_payload), self.now());
+            self.accepted.push(UdpLink::new(c, src, hs.from));
+        }
+        let hs = self.handshake(hs.from);
+        self.send_handshake(src, Datagram::Welcome { conn, hs });
+    }
+}
+
+impl UdpTransport {
+    /// Binds the socket and works out the address to advertise and the path MTU.
+    pub fn new(cfg: UdpConfig, my_id: u128) -> Result<UdpTransport> {
+        let sock = UdpSock::bind(cfg.bind, cfg.sock_buf)
+            .map_err(io_err(format!("bind UDP {}", cfg.bind)))?;
+        let (ip, if_mtu) = if cfg.bind.ip().is_unspecified() {
+            crate::sys::primary_ipv4().unwrap_or((Ipv4Addr::LOCALHOST, 65536))
+        } else {
+            let ip = *cfg.bind.ip();
+            (ip, crate::sys::ipv4_mtu(ip).unwrap_or(1500))
+        };
+        let mtu = cfg.mtu.unwrap_or(if_mtu).clamp(576, 65536);
+        let batch = TxBatch::new(sock.gso());
+        Ok(UdpTransport {
+            faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
+            st: State {
+                advertised: SocketAddrV4::new(ip, sock.local().port()),
+                mtu,
+                cfg,
+                my_id,
+                batch,
+                routes: HashMap::new(),
+                pending: Vec::new(),
+                accepted: Vec::new(),
+                epoch: Instant::now(),
+                stats: UdpStats::default(),
+            },
+            sock,
+        })
+    }
+
+    /// Nanoseconds since the transport started (the connections' clock).
+    pub fn now(&self) -> u64 {
+        self.st.now()
+    }
+
+    /// The address peers reach this endpoint at.
+    pub fn advertised(&self) -> SocketAddrV4 {
+        self.st.advertised
+    }
+
+    /// The path MTU in use.
+    pub fn mtu(&self) -> usize {
+        self.st.mtu
+    }
+
+    /// Transport counters.
+    pub fn stats(&self) -> UdpStats {
+        self.st.stats
+    }
+
+    /// Injected-fault counters (zero when no faults are configured).
+    pub fn fault_stats(&self) -> FaultStats {
+        self.faults.as_ref().map(|f| f.stats).unwrap_or_default()
+    }
+
+    /// Starts connecting to the endpoint `remote_id` at `dest`; returns a token for
+    /// [`UdpTransport::connected`].
+    pub fn start_connect(&mut self, dest: SocketAddrV4, remote_id: u128) -> Result<u32> {
+        let conn = loop {
+            let c = (crate::sys::random_u128().map_err(io_err("random connection id"))? as u32) | 1;
+            if !self.st.routes.contains_key(&(dest, c))
+                && self.st.pending.iter().all(|p| p.conn != c)
+            {
+                break c;
+            }
+        };
+        self.st.pending.push(Pending {
+            dest,
+            conn,
+            remote_id,
+            last_hello: Instant::now(),
+            welcomed: None,
+        });
+        let hs = self.st.handshake(remote_id);
+        self.st.send_handshake(dest, Datagram::Hello { conn, hs });
+        self.flush();
+        Ok(conn)
+    }
+
+    /// The link of a connection started with [`UdpTransport::start_connect`] once its
+    /// welcome arrived (repeats the hello meanwhile); `None` while waiting.
+    pub fn connected(&mut self, token: u32) -> Option<UdpLink> {
+        let i = self.st.pending.iter().position(|p| p.conn == token)?;
+        let p = &mut self.st.pending[i];
+        if let Some(mtu) = p.welcomed {
+            let p = self.st.pending.swap_remove(i);
+            let conn = Conn::new(self.st.conn_config(p.conn, mtu), self.now());
+            return Some(UdpLink::new(conn, p.dest, p.remote_id));
+        }
+        if p.last_hello.elapsed() >= HELLO_EVERY {
+            p.last_hello = Instant::now();
+            let (dest, conn, to) = (p.dest, p.conn, p.remote_id);
+            let hs = self.st.handshake(to);
+            self.st.send_handshake(dest, Datagram::Hello { conn, hs });
+            self.flush();
+        }
+        None
+    }
+
+    /// Gives up a connection attempt.
+    pub fn abandon(&mut self, token: u32) {
+        self.st.pending.retain(|p| p.conn != token);
+    }
+
+    /// Makes `link` (a new peer at index `idx` of the endpoint) reachable by its datagrams.
+    pub fn route(&mut self, link: &UdpLink, idx: usize) {
+        self.st
+            .routes
+            .insert((link.dest, link.conn.config().conn_id), idx);
+    }
+
+    /// Forgets a peer's route (it failed or closed); its datagrams become stray.
+    pub fn unroute(&mut self, link: &UdpLink) {
+        self.st
+            .routes
+            .remove(&(link.dest, link.conn.config().conn_id));
+    }
+
+    /// Links of peers that connected to us since the last call.
+    pub fn take_accepted(&mut self) -> Vec<UdpLink> {
+        std::mem::take(&mut self.st.accepted)
+    }
+
+    /// Reads what arrived (one batch) and hands each datagram to `to_link` with the index
+    /// its link was routed under ([`UdpTransport::route`]); answers hellos and welcomes
+    /// itself. Returns the number of datagrams read.
+    pub fn receive(&mut self, to_link: &mut impl FnMut(usize, &[u8])) -> usize {
+        let st = &mut self.st;
+        let now = st.now();
+        match self.faults.as_mut() {
+            // No faults: each datagram is handled in the socket's buffer (no copy).
+            None => self.sock.recv(|src, d| st.dispatch(to_link, src, d)),
+            Some(f) => {
+                let mut arrived: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
+                let n = self.sock.recv(|src, d| {
+                    f.apply(now, src, d, &mut |s, d| arrived.push((s, d.to_vec())));
+                });
+                f.release(now, &mut |s, d| arrived.push((s, d.to_vec())));
+                for (s, d) in arrived {
+                    st.dispatch(to_link, s, &d);
+                }
+                n
+            }
+        }
+    }
+
+    /// When the fault injector next releases a held-back datagram.
+    pub fn next_fault_release(&self) -> Option<u64> {
+        self.faults.as_ref().and_then(Faults::next_release)
+    }
+
+    /// Queues `link`'s datagrams for sending.
+    pub fn transmit(&mut self, link: &mut UdpLink, now: u64) {
+        link.transmit(now, &mut self.st.batch);
+    }
+
+    /// Sends everything queued.
+    pub fn flush(&mut self) {
+        if !self.st.batch.is_empty() {
+            self.sock.send(&mut self.st.batch);
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! The UDP socket of an endpoint: batched sends with segmentation offload, batched
+//! receives with receive coalescing. All the system calls and `unsafe` of the UDP path.
+//!
+//! **Send.** Datagrams are appended to a [`TxBatch`]; consecutive datagrams to the same
+//! destination of the same size become one GSO "virtual frame" (`UDP_SEGMENT`: the kernel
+//! cuts it into datagrams at the lowest level, as the seed's driver did), and all frames go
+//! out with one `sendmmsg`. Where the kernel refuses GSO, each datagram is its own entry.
+//!
+//! **Receive.** `recvmmsg` into slots of 64 KiB (a GRO read can return a whole 64 KiB
+//! virtual frame; a smaller slot would lose the rest silently, see
+//! ../shared/notes/udp-gso-gro.md), split by the `UDP_GRO` segment size.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Largest UDP payload of one send (IPv4).
+pub const MAX_UDP_PAYLOAD: usize = 65507;
+/// Most segments of one GSO send (the kernel allows 128; half keeps bursts short).
+const MAX_GSO_SEGMENTS: usize = 64;
+/// Receive slots per `recvmmsg`.
+const RX_SLOTS: usize = 8;
+/// Bytes per receive slot: a whole coalesced 64 KiB read.
+const RX_SLOT: usize = 65536;
+/// Entries per `sendmmsg`.
+const TX_BATCH: usize = 64;
+
+/// Counters of the socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockStats {
+    /// `sendmmsg` calls.
+    pub send_calls: u64,
+    /// Datagrams handed to the kernel (GSO segments counted one by one).
+    pub datagrams_sent: u64,
+    /// Datagrams the kernel refused (buffer full or an error); the protocol resends them.
+    pub send_drops: u64,
+    /// `recvmmsg` calls that returned data.
+    pub recv_calls: u64,
+    /// Datagrams received (after splitting coalesced reads).
+    pub datagrams_received: u64,
+    /// Coalesced (GRO) reads.
+    pub gro_reads: u64,
+    /// Reads cut short by the slot size (should never happen).
+    pub truncated: u64,
+}
+
+/// A non-blocking UDP socket with GSO/GRO where the kernel offers them.
+pub struct UdpSock {
+    fd: OwnedFd,
+    local: SocketAddrV4,
+    gso: bool,
+    gro: bool,
+    rx: Box<RxBufs>,
+    /// Counters.
+    pub stats: SockStats,
+}
+
+struct RxBufs {
+    data: Vec<u8>,
+    addrs: [libc::sockaddr_in; RX_SLOTS],
+    iovs: [libc::iovec; RX_SLOTS],
+    ctrl: [[u64; 8]; RX_SLOTS],
+    hdrs: [libc::mmsghdr; RX_SLOTS],
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn setsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: a valid fd and a pointer to an int of the size given.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn to_sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
+    // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
+    let mut sa: libc::sockaddr_in = unsafe { zeroed() };
+    sa.sin_family = libc::AF_INET as libc::sa_family_t;
+    sa.sin_port = a.port().to_be();
+    sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+    sa
+}
+
+fn from_sockaddr(sa: &libc::sockaddr_in) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+        u16::from_be(sa.sin_port),
+    )
+}
+
+impl UdpSock {
+    /// Binds a non-blocking socket to `addr` (port 0: any) with `buf_bytes` of kernel
+    /// buffers each way (forced as root, else as large as allowed), and turns on GRO.
+    pub fn bind(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
+        // SAFETY: plain socket(2).
+        let raw = cvt(unsafe {
+            libc::socket(
+                libc::AF_INET,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        })?;
+        // SAFETY: `raw` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let b = buf_bytes.min(i32::MAX as usize) as libc::c_int;
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if setsockopt_int(raw, libc::SOL_SOCKET, force, b).is_err() {
+                setsockopt_int(raw, libc::SOL_SOCKET, plain, b)?;
+            }
+        }
+        let gro = setsockopt_int(raw, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        let sa = to_sockaddr(addr);
+        // SAFETY: a valid sockaddr_in of the size given.
+        cvt(unsafe {
+            libc::bind(
+                raw,
+                (&sa as *const libc::sockaddr_in).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        })?;
+        // SAFETY: sockaddr_in is plain old data.
+        let mut got: libc::sockaddr_in = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: out-pointers to a sockaddr_in and its length.
+        cvt(unsafe {
+            libc::getsockname(raw, (&mut got as *mut libc::sockaddr_in).cast(), &mut len)
+        })?;
+        Ok(UdpSock {
+            fd,
+            local: from_sockaddr(&got),
+            gso: true,
+            gro,
+            rx: Box::new(RxBufs {
+                data: vec![0u8; RX_SLOTS * RX_SLOT],
+                // SAFETY: plain old data; set up before each call.
+                addrs: unsafe { zeroed() },
+                // SAFETY: as above.
+                iovs: unsafe { zeroed() },
+                ctrl: [[0; 8]; RX_SLOTS],
+                // SAFETY: as above.
+                hdrs: unsafe { zeroed() },
+            }),
+            stats: SockStats::default(),
+        })
+    }
+
+    /// The bound address (the port the kernel chose).
+    pub fn local(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// Whether receive coalescing (UDP_GRO) is on.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// Whether segmentation offload (UDP_SEGMENT) is used for sends.
+    pub fn gso(&self) -> bool {
+        self.gso
+    }
+
+    /// The descriptor, for epoll.
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Sends everything in `batch` and empties it. Datagrams the kernel does not take
+    /// (socket buffer full) are dropped and counted: the reliable protocol resends them.
+    pub fn send(&mut self, batch: &mut TxBatch) {
+        let mut i = 0;
+        while i < batch.frames.len() {
+            let n = (batch.frames.len() - i).min(TX_BATCH);
+            let sent = self.send_some(batch, i, n);
+            match sent {
+                Ok(k) if k > 0 => i += k,
+                Err(e) if e.raw_os_error() == Some(libc::EIO) && self.gso => {
+                    // No segmentation offload on this path: one datagram per entry.
+                    tracing::info!("UDP_SEGMENT refused ({e}); sending datagram by datagram");
+                    self.gso = false;
+                    batch.split_all();
+                }
+                r => {
+                    // EAGAIN (buffer full) or a hard error: drop this frame, go on.
+                    if let Err(e) = r {
+                        if e.kind() != io::ErrorKind::WouldBlock {
+                            tracing::debug!("sendmmsg: {e}");
+                        }
+                    }
+                    self.stats.send_drops += u64::from(batch.frames[i].count);
+                    i += 1;
+                }
+            }
+        }
+        batch.clear();
+    }
+
+    fn send_some(&mut self, batch: &TxBatch, first: usize, n: usize) -> io::Result<usize> {
+        let mut addrs = [to_sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); TX_BATCH];
+        // SAFETY: plain old data, filled below.
+        let mut iovs: [libc::iovec; TX_BATCH] = unsafe { zeroed() };
+        let mut ctrl = [[0u64; 4]; TX_BATCH];
+        // SAFETY: plain old data, filled below.
+        let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { zeroed() };
+        for k in 0..n {
+            let f = &batch.frames[first + k];
+            addrs[k] = to_sockaddr(f.dest);
+            iovs[k] = libc::iovec {
+                iov_base: batch.buf[f.start..].as_ptr() as *mut libc::c_void,
+                iov_len: f.len,
+            };
+            let h = &mut hdrs[k].msg_hdr;
+            h.msg_name = (&mut addrs[k] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &mut iovs[k];
+            h.msg_iovlen = 1;
+            if f.count > 1 {
+                // SAFETY: the control buffer is large and aligned enough for one cmsg
+                // carrying a u16 (CMSG_SPACE(2) = 24 bytes, 32 available).
+                unsafe {
+                    h.msg_control = ctrl[k].as_mut_ptr().cast();
+                    h.msg_controllen = libc::CMSG_SPACE(2) as usize;
+                    let c = libc::CMSG_FIRSTHDR(h);
+                    (*c).cmsg_level = libc::SOL_UDP;
+                    (*c).cmsg_type = libc::UDP_SEGMENT;
+                    (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), f.seg as u16);
+                }
+            }
+        }
+        // SAFETY: `n` headers whose pointers refer to live locals and to `batch.buf`.
+        let r = cvt(unsafe {
+            libc::sendmmsg(
+                self.raw(),
+                hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        })? as usize;
+        self.stats.send_calls += 1;
+        for f in &batch.frames[first..first + r] {
+            self.stats.datagrams_sent += u64::from(f.count);
+        }
+        Ok(r)
+    }
+
+    /// Reads what has arrived (one `recvmmsg`, up to 8 slots of 64 KiB) and calls `f` with
+    /// each datagram and its source. Returns the number of datagrams; 0 when nothing was
+    /// waiting.
+    pub fn recv(&mut self, mut f: impl FnMut(SocketAddrV4, &[u8])) -> usize {
+        let rx = &mut *self.rx;
+        for k in 0..RX_SLOTS {
+            rx.iovs[k] = libc::iovec {
+                iov_base: rx.data[k * RX_SLOT..].as_mut_ptr().cast(),
+                iov_len: RX_SLOT,
+            };
+            let h = &mut rx.hdrs[k].msg_hdr;
+            h.msg_name = (&mut rx.addrs[k] as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &mut rx.iovs[k];
+            h.msg_iovlen = 1;
+            h.msg_control = rx.ctrl[k].as_mut_ptr().cast();
+            h.msg_controllen = size_of::<[u64; 8]>();
+            h.msg_flags = 0;
+            rx.hdrs[k].msg_len = 0;
+        }
+        // SAFETY: every header points at live buffers of the sizes given.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                rx.hdrs.as_mut_ptr(),
+                RX_SLOTS as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r <= 0 {
+            return 0;
+        }
+        self.stats.recv_calls += 1;
+        let mut count = 0;
+        for k in 0..r as usize {
+            let h = &rx.hdrs[k];
+            let len = (h.msg_len as usize).min(RX_SLOT);
+            if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                self.stats.truncated += 1;
+            }
+            let seg = gro_segment(&h.msg_hdr).filter(|&s| s > 0 && s < len);
+            let src = from_sockaddr(&rx.addrs[k]);
+            let data = &rx.data[k * RX_SLOT..k * RX_SLOT + len];
+            match seg {
+                Some(s) => {
+                    self.stats.gro_reads += 1;
+                    for d in data.chunks(s) {
+                        f(src, d);
+                        count += 1;
+                    }
+                }
+                None => {
+                    f(src, data);
+                    count += 1;
+                }
+            }
+        }
+        self.stats.datagrams_received += count as u64;
+        count
+    }
+}
+
+/// The segment size of a coalesced read, from its `UDP_GRO` control message.
+fn gro_segment(h: &libc::msghdr) -> Option<usize> {
+    // SAFETY: walking the control messages the kernel wrote into our buffer, within
+    // msg_controllen (the CMSG macros bound every step).
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+                return usize::try_from(v).ok();
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    None
+}
+
+/// One entry of a send batch: `count` datagrams of `seg` bytes (the last may be shorter)
+/// laid end to end from `start`.
+#[derive(Clone, Copy, Debug)]
+struct Frame {
+    dest: SocketAddrV4,
+    start: usize,
+    len: usize,
+    seg: usize,
+    count: u32,
+    /// A shorter datagram ended it: nothing more may join.
+    closed: bool,
+}
+
+/// Datagrams waiting to be sent, grouped into GSO frames.
+#[derive(Default)]
+pub struct TxBatch {
+    buf: Vec<u8>,
+    frames: Vec<Frame>,
+    gso: bool,
+}
+
+impl TxBatch {
+    /// An empty batch; `gso` groups equal-sized datagrams to one destination.
+    pub fn new(gso: bool) -> TxBatch {
+        TxBatch {
+            buf: Vec::with_capacity(1 << 20),
+            frames: Vec::new(),
+            gso,
+        }
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Datagrams queued.
+    pub fn datagrams(&self) -> usize {
+        self.frames.iter().map(|f| f.count as usize).sum()
+    }
+
+    /// Appends one datagram for `dest`: `write` appends its bytes to the buffer it is
+    /// given and returns how many (0: nothing to send, the call is undone).
+    pub fn push(&mut self, dest: SocketAddrV4, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
+        let start = self.buf.len();
+        let n = write(&mut self.buf);
+        if n == 0 {
+            self.buf.truncate(start);
+            return false;
+        }
+        debug_assert_eq!(self.buf.len(), start + n);
+        if self.gso {
+            if let Some(f) = self.frames.last_mut() {
+                if f.dest == dest
+                    && !f.closed
+                    && n <= f.seg
+                    && f.len + n <= MAX_UDP_PAYLOAD
+                    && (f.count as usize) < MAX_GSO_SEGMENTS
+                    && f.start + f.len == start
+                {
+                    f.len += n;
+                    f.count += 1;
+                    f.closed = n < f.seg;
+                    return true;
+                }
+            }
+        }
+        self.frames.push(Frame {
+            dest,
+            start,
+            len: n,
+            seg: n,
+            count: 1,
+            closed: false,
+        });
+        true
+    }
+
+    /// Turns every GSO frame back into single datagrams (GSO refused by the kernel).
+    fn split_all(&mut self) {
+        self.gso = false;
+        let mut out = Vec::with_capacity(self.datagrams());
+        for f in &self.frames {
+            let mut at = f.start;
+            let end = f.start + f.len;
+            while at < end {
+                let n = f.seg.min(end - at);
+                out.push(Frame {
+                    dest: f.dest,
+                    start: at,
+                    len: n,
+                    seg: n,
+                    count: 1,
+                    closed: false,
+                });
+                at += n;
+            }
+        }
+        self.frames = out;
+    }
+
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.frames.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lo() -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)
+    }
+
+    #[test]
+    fn batches_group_equal_datagrams() {
+        let mut b = TxBatch::new(true);
+        let d = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9);
+        for n in [100, 100, 100, 40, 100] {
+            b.push(d, |buf| {
+                buf.extend(std::iter::repeat_n(1u8, n));
+                n
+            });
+        }
+        assert_eq!(b.frames.len(), 2);
+        assert_eq!((b.frames[0].count, b.frames[0].len), (4, 340));
+        assert_eq!(b.datagrams(), 5);
+        b.split_all();
+        assert_eq!(b.frames.len(), 5);
+        assert_eq!(b.frames[3].len, 40);
+    }
+
+    #[test]
+    fn loopback_round_trip_with_segmentation() {
+        let mut a = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let mut b = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let dest = b.local();
+        let mut batch = TxBatch::new(true);
+        let mut want = Vec::new();
+        for i in 0..50u32 {
+            let n = if i == 49 { 7 } else { 1000 };
+            let d: Vec<u8> = (0..n).map(|k| (i as usize * 31 + k) as u8).collect();
+            want.push(d.clone());
+            batch.push(dest, |buf| {
+                buf.extend_from_slice(&d);
+                n
+            });
+        }
+        a.send(&mut batch);
+        assert!(batch.is_empty());
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < want.len() && std::time::Instant::now() < deadline {
+            b.recv(|src, d| {
+                assert_eq!(src.port(), a.local().port());
+                got.push(d.to_vec());
+            });
+        }
+        assert_eq!(got, want);
+    }
+}

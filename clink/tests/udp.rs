@@ -1,0 +1,218 @@
+//! The UDP transport over loopback (CLINK_TRANSPORT=udp semantics: the network path even
+//! on one host): every size class with checksums, injected faults, hostile datagrams, and
+//! peer death. Two endpoints in one process, one thread each.
+
+mod common;
+
+use clink::transport::udp::{FaultConfig, UdpConfig};
+use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
+use common::{fill, T};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::{Duration, Instant};
+
+fn net_ctx(faults: &str, dead_ms: u64) -> Context {
+    let udp = UdpConfig {
+        bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+        mtu: Some(1500),
+        dead_after: Duration::from_millis(dead_ms),
+        faults: FaultConfig::parse(faults).unwrap(),
+        ..UdpConfig::default()
+    };
+    Context::with_config(Config {
+        calibrate: false,
+        force_net: true,
+        spin: Some(Duration::from_micros(20)),
+        udp: Some(udp),
+        ..Config::default()
+    })
+    .unwrap()
+}
+
+/// Connects two endpoints over UDP: (server, its peer id for the client), (client, its
+/// peer id for the server).
+fn pair(faults: &str, dead_ms: u64) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    let mut a = net_ctx(faults, dead_ms).endpoint().unwrap();
+    let addr = a.address();
+    assert!(addr.contains(";udp=127.0.0.1:"), "{addr}");
+    let faults = faults.to_string();
+    let client = std::thread::spawn(move || {
+        let mut b = net_ctx(&faults, dead_ms).endpoint().unwrap();
+        let p = b.connect(&addr).unwrap();
+        assert_eq!(b.transport(p).unwrap(), "udp");
+        (b, p)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), "udp");
+    ((a, pa), client.join().unwrap())
+}
+
+const SIZES: &[usize] = &[
+    0,
+    1,
+    8,
+    1000,
+    1404,
+    1405,
+    4096,
+    65536,
+    65537,
+    300_000,
+    4 << 20,
+];
+
+/// Echo server: returns every message with its tag until tag 0 (answered, then it stops).
+fn echo(mut ep: Endpoint, peer: PeerId) -> Endpoint {
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let st = match ep.recv_timeout(
+            Selector {
+                src: Some(peer),
+                tag: 0,
+                mask: 0,
+            },
+            &mut buf,
+            Some(T),
+        ) {
+            Ok(st) => st,
+            Err(e) => panic!(
+                "echo: {e}: {:?} last error {:?}",
+                ep.stats(),
+                ep.last_error()
+            ),
+        };
+        if st.tag == 0 {
+            // Answered, so the client keeps progressing (and retransmitting) until this
+            // side has everything.
+            ep.send(peer, 0, &[]).unwrap();
+            // Lingers until the answer is acknowledged: nobody progresses this endpoint
+            // afterwards.
+            ep.close();
+            return ep;
+        }
+        ep.send(peer, st.tag, &buf[..st.len as usize]).unwrap();
+    }
+}
+
+fn round_trips(b: &mut Endpoint, pb: PeerId, rounds: usize, seed: u64) {
+    let mut buf = vec![0u8; 8 << 20];
+    for r in 0..rounds {
+        for (k, &n) in SIZES.iter().enumerate() {
+            let tag = (r * 100 + k + 1) as u64;
+            let mut msg = vec![0u8; n];
+            fill(seed ^ tag, &mut msg);
+            b.send(pb, tag, &msg).unwrap();
+            let st = b
+                .recv_timeout(Selector::exact(Some(pb), tag), &mut buf, Some(T))
+                .unwrap();
+            assert_eq!(st.len as usize, n, "size {n}");
+            assert!(buf[..n] == msg[..], "content of {n} bytes, round {r}");
+        }
+    }
+    b.send(pb, 0, &[]).unwrap();
+    b.recv_timeout(Selector::exact(Some(pb), 0), &mut buf, Some(T))
+        .unwrap();
+}
+
+#[test]
+fn every_size_class_round_trips_over_loopback_udp() {
+    let ((a, pa), (mut b, pb)) = pair("", 2000);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 2, 1);
+    let a = server.join().unwrap();
+    let s = b.stats();
+    assert!(s.datagrams_sent > 0 && s.datagrams_received > 0, "{s:?}");
+    assert_eq!(
+        s.corrupt_dropped + s.malformed_dropped + s.stray_dropped,
+        0,
+        "{s:?}"
+    );
+    drop(a);
+}
+
+#[test]
+fn injected_faults_lose_nothing() {
+    let faults = "drop=0.05,dup=0.02,corrupt=0.02,reorder=0.05,delay_us=300,seed=13";
+    let ((a, pa), (mut b, pb)) = pair(faults, 5000);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 2, 2);
+    let a = server.join().unwrap();
+    let (sa, sb) = (a.stats(), b.stats());
+    // Faults really happened, and every kind was repaired.
+    assert!(
+        sa.faults_injected + sb.faults_injected > 100,
+        "{sa:?} {sb:?}"
+    );
+    assert!(sa.retransmissions + sb.retransmissions > 0);
+    assert!(sa.corrupt_dropped + sb.corrupt_dropped > 0);
+    assert!(sa.duplicates_dropped + sb.duplicates_dropped > 0);
+}
+
+#[test]
+fn hostile_datagrams_are_dropped_and_counted() {
+    let ((mut a, pa), (mut b, pb)) = pair("", 2000);
+    let target: SocketAddrV4 = a.address().split(";udp=").nth(1).unwrap().parse().unwrap();
+    let evil = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut rng = common::Rng::new(5);
+    for i in 0..500usize {
+        let mut d = vec![0u8; 1 + rng.below(1500) as usize];
+        fill(i as u64, &mut d);
+        if i % 2 == 0 && d.len() >= 16 {
+            // Looks like ours: magic and version right, the rest random.
+            d[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1]);
+        }
+        evil.send_to(&d, target).unwrap();
+    }
+    // The endpoint still works, and counted what it dropped.
+    let t = std::thread::spawn(move || {
+        b.send(pb, 3, b"still here").unwrap();
+        b
+    });
+    let mut buf = [0u8; 64];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 3), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"still here");
+    let deadline = Instant::now() + T;
+    while a.stats().stray_dropped < 500 && Instant::now() < deadline {
+        a.progress();
+    }
+    assert_eq!(a.stats().stray_dropped, 500, "{:?}", a.stats());
+    drop(t.join().unwrap());
+}
+
+#[test]
+fn a_silent_peer_is_declared_dead_and_its_requests_fail() {
+    let ((mut a, pa), (b, _pb)) = pair("", 300);
+    let r = a
+        .irecv(Selector::exact(Some(pa), 1), vec![0u8; 16])
+        .unwrap();
+    // Vanish without a goodbye (as kill -9 would): leak the endpoint so its Drop does
+    // not close the connection.
+    std::mem::forget(b);
+    let t = Instant::now();
+    match a.wait_recv(&r, Some(T)) {
+        Err(Error::PeerDead(p)) => assert_eq!(p, pa),
+        other => panic!("expected PeerDead, got {other:?}"),
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(!a.is_alive(pa));
+}
+
+#[test]
+fn close_is_delivered_over_udp() {
+    let ((mut a, pa), (mut b, pb)) = pair("", 2000);
+    b.send(pb, 1, b"last words").unwrap();
+    b.close();
+    let mut buf = [0u8; 32];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"last words");
+    // The goodbye arrives well before the liveness timeout would have said it.
+    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_secs(1))),
+        Err(Error::PeerDead(_))
+    ));
+}
