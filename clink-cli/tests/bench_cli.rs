@@ -1,5 +1,5 @@
 //! End-to-end: `clink bench --quick --json` for clink and the kernel sockets, two
-//! processes per system.
+//! processes per system, on the host and between two network namespaces.
 
 use std::process::Command;
 
@@ -50,11 +50,92 @@ fn quick_json_run_over_sockets() {
         if row["metric"] == "latency_us" {
             assert!(row["p99"].as_f64().is_some(), "{row}");
         }
+        assert_eq!(row["placement"], "host", "{row}");
+        if row["metric"] == "bandwidth_gbs" {
+            assert!(
+                row["cpu_s_per_gb"].as_f64().is_some_and(|c| c > 0.0),
+                "{row}"
+            );
+        }
         // Kernel sockets copy twice; clink's eager and pipelined paths too (CMA: once).
         let copies = row["copies_per_byte"].as_f64().unwrap_or(-1.0);
         assert!(
             copies == 2.0 || (row["system"] == "clink" && copies == 1.0),
             "{row}"
         );
+    }
+}
+
+#[test]
+fn quick_netns_run_over_tcp_and_udp() {
+    if let Some(why) = clink::netns::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
+        .args(["bench", "--placement", "netns", "--quick", "--json"])
+        .args([
+            "--systems",
+            "tcp,udp",
+            "--lat-sizes",
+            "0,64",
+            "--bw-sizes",
+            "64K",
+        ])
+        .args(["--timeout-secs", "60"])
+        .output()
+        .expect("run clink bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench failed: {stderr}");
+    assert!(stderr.contains("placement netns"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect();
+    // 2 MTUs (default 1500, 9000) x 2 systems x 2 modes x (2 latency + 1 bandwidth).
+    assert_eq!(rows.len(), 24, "{stdout}");
+    for mtu in [1500, 9000] {
+        for sys in ["tcp", "udp"] {
+            let n = rows
+                .iter()
+                .filter(|r| r["system"] == sys && r["mtu"] == mtu)
+                .count();
+            assert_eq!(n, 6, "{sys} MTU {mtu}: {stdout}");
+        }
+    }
+    for row in &rows {
+        assert_eq!(row["placement"], "netns", "{row}");
+        assert_eq!(row["transport"], "veth", "{row}");
+        assert!(row["median"].as_f64().is_some_and(|m| m > 0.0), "{row}");
+        assert_eq!(row["copies_per_byte"].as_f64(), Some(2.0), "{row}");
+        if row["metric"] == "bandwidth_gbs" {
+            assert!(
+                row["cpu_s_per_gb"].as_f64().is_some_and(|c| c > 0.0),
+                "{row}"
+            );
+            if row["system"] == "udp" {
+                let lost = row["lost_pct"]
+                    .as_f64()
+                    .expect("udp rows say what was lost");
+                assert!((0.0..100.0).contains(&lost), "{row}");
+            }
+        }
+    }
+    // The namespaces this run made (named on stderr) are gone.
+    let made: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("network namespaces "))
+        .flat_map(|l| l.split_whitespace())
+        .filter(|w| w.starts_with(clink::netns::NAME_PREFIX))
+        .collect();
+    assert_eq!(made.len(), 4, "{stderr}");
+    let list = Command::new(clink::netns::ip_binary().expect("ip"))
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let list = String::from_utf8_lossy(&list.stdout);
+    for ns in made {
+        assert!(!list.contains(ns), "{ns} left behind: {list}");
     }
 }

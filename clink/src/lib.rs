@@ -24,6 +24,8 @@ pub mod config;
 mod context;
 mod endpoint;
 mod error;
+/// Network namespace pairs joined by veth, for tests and benchmarks (needs root).
+pub mod netns;
 pub mod stats;
 pub mod sys;
 pub mod transport;

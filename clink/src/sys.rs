@@ -192,13 +192,27 @@ impl Epoll {
     }
     /// Waits up to `timeout` (None: forever) and returns the tokens that are ready.
     pub fn wait(&self, out: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<()> {
-        let ms = match timeout {
-            None => -1,
-            Some(d) => d.as_millis().min(i32::MAX as u128) as i32,
-        };
+        // epoll_pwait2 takes nanoseconds: protocol timers (delayed acks, retransmissions)
+        // are sub-millisecond, and epoll_wait's milliseconds would either spin (rounding
+        // down) or oversleep (rounding up).
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(d.subsec_nanos() as i32),
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
-        // SAFETY: evs is a valid buffer of 32 events.
-        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 32, ms) };
+        // SAFETY: evs is a valid buffer of 32 events; tsp is null or points to `ts`.
+        let n = unsafe {
+            libc::epoll_pwait2(
+                self.0.as_raw_fd(),
+                evs.as_mut_ptr(),
+                32,
+                tsp,
+                std::ptr::null(),
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

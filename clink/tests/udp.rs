@@ -216,3 +216,29 @@ fn close_is_delivered_over_udp() {
         Err(Error::PeerDead(_))
     ));
 }
+
+#[test]
+#[ignore]
+fn zz_debug_latency() {
+    let ((mut a, pa), (mut b, pb)) = pair("", 2000);
+    let n = 3000;
+    let t = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        for _ in 0..n {
+            a.recv(Selector::exact(Some(pa), 1), &mut buf).unwrap();
+            a.send(pa, 1, &buf).unwrap();
+        }
+        a
+    });
+    let mut buf = [0u8; 64];
+    let t0 = Instant::now();
+    for _ in 0..n {
+        b.send(pb, 1, &buf.clone()).unwrap();
+        b.recv(Selector::exact(Some(pb), 1), &mut buf).unwrap();
+    }
+    let el = t0.elapsed();
+    let a = t.join().unwrap();
+    println!("one-way {:?}", el / (2 * n));
+    println!("a {:?}", a.stats());
+    println!("b {:?}", b.stats());
+}

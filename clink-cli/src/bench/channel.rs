@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::io;
+use std::net::Ipv4Addr;
 
 /// How a channel waits for data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,6 +69,17 @@ pub trait Channel {
         }
         Ok(())
     }
+    /// Payload bytes the last [`Channel::recv_stream`] actually received, for channels
+    /// that may lose data (plain UDP); `None` (the default) means a reliable channel that
+    /// received every byte.
+    fn stream_received(&self) -> Option<u64> {
+        None
+    }
+    /// Whether every byte sent arrives (false for plain UDP); unreliable channels get a
+    /// `lost_pct` field on their bandwidth rows.
+    fn reliable(&self) -> bool {
+        true
+    }
 }
 
 /// Accepts the one client of a listening server side (may block until it connects).
@@ -81,7 +93,12 @@ pub trait System {
     ///
     /// The address must be a single line without newlines; the harness passes
     /// it verbatim to [`System::connect`] in the client process.
-    fn listen(&self, mode: Mode) -> io::Result<(String, Acceptor)>;
+    ///
+    /// `advertise`: `None` on the host (IP systems bind 127.0.0.1); with
+    /// `--placement netns` the address of this side's namespace, which IP systems
+    /// put in their address string (binding 0.0.0.0). Systems that choose their own
+    /// address (clink) or use no IP (Unix sockets) ignore it.
+    fn listen(&self, mode: Mode, advertise: Option<Ipv4Addr>) -> io::Result<(String, Acceptor)>;
     /// Client side: connect to the address printed by the server.
     fn connect(&self, mode: Mode, addr: &str) -> io::Result<Box<dyn Channel>>;
 }

@@ -8,6 +8,7 @@
 use super::channel::{Acceptor, Channel, Mode, System};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
 use std::io;
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 const TAG: u64 = 0x5ea;
@@ -29,7 +30,7 @@ impl System for ClinkSystem {
         "clink"
     }
 
-    fn listen(&self, mode: Mode) -> io::Result<(String, Acceptor)> {
+    fn listen(&self, mode: Mode, _advertise: Option<Ipv4Addr>) -> io::Result<(String, Acceptor)> {
         let ctx = context(mode)?;
         let mut ep = ctx.endpoint().map_err(io::Error::other)?;
         let addr = ep.address();
@@ -88,7 +89,11 @@ impl Channel for ClinkChannel {
     }
 
     fn transport(&self) -> String {
-        "shm".into()
+        // "shm" on the host; "udp" (or another network transport) between namespaces.
+        self.ep
+            .transport(self.peer)
+            .map(str::to_string)
+            .unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
     fn send(&mut self, buf: &[u8]) -> io::Result<()> {

@@ -5,10 +5,24 @@
 //! (`op`, `size`, `count`, little-endian u64 each):
 //! - `LAT`: `count` round trips of `size` bytes (server echoes each message);
 //! - `BW`: the client streams `count` messages of `size` bytes, the server
-//!   answers with one 8-byte ack after the last one;
+//!   answers with one 16-byte ack after the last one: a status and the payload
+//!   bytes it received (all of them, except on a lossy channel such as plain UDP,
+//!   where bandwidth is the goodput: bytes received per second);
 //! - `BW_CHECK`: like `BW`, but the server verifies the payload pattern before
-//!   acking (used for the untimed warm-up round only);
+//!   acking (used for the untimed warm-up round only). A lossy channel that lost
+//!   data in this round answers `ACK_LOSSY` instead, and the client repeats the
+//!   round (up to [`CHECK_TRIES`] times) until one arrives whole and verified;
+//! - `CPU`: the server answers with 8 bytes, the CPU seconds (f64 bits) its
+//!   process used during the `BW` rounds since the previous `CPU` command;
 //! - `DONE`: the server returns.
+//!
+//! CPU accounting: each side reads its own process CPU time
+//! (`clock_gettime(CLOCK_PROCESS_CPUTIME_ID)`) around each timed streaming
+//! round (the client from sending the command to receiving the ack, the server
+//! from receiving the command to sending the ack); after the timed rounds the
+//! client asks for the server's sum with `CPU`, and the row's `cpu_s_per_gb` is
+//! (client + server CPU seconds) / GB received. In busy mode both sides spin,
+//! so it is about 2 / (GB/s); blocking mode shows what the work really costs.
 //!
 //! Buffers are allocated once per size and written before use, so their pages
 //! are resident; one buffer per side is reused for every message of a size.
@@ -18,18 +32,23 @@ use std::time::{Duration, Instant};
 
 use super::channel::{Channel, Mode};
 use super::plan::Plan;
-use super::report::{Metric, Row};
+use super::report::{Metric, Row, HOST_PLACEMENT};
 use super::stats::{median, percentile};
 
 const OP_DONE: u64 = 0;
 const OP_LAT: u64 = 1;
 const OP_BW: u64 = 2;
 const OP_BW_CHECK: u64 = 3;
+const OP_CPU: u64 = 4;
 
 const CMD_LEN: usize = 24;
-const ACK_LEN: usize = 8;
+const ACK_LEN: usize = 16;
 const ACK_OK: u64 = 0;
 const ACK_CORRUPT: u64 = 1;
+/// The check round lost data (lossy channels only): nothing could be verified.
+const ACK_LOSSY: u64 = 2;
+/// Attempts at a verification round that loses nothing, on a lossy channel.
+pub const CHECK_TRIES: usize = 5;
 
 /// Ping-pong round trips used to estimate the round-trip time before warm-up.
 const LAT_PROBE_ITERS: usize = 16;
@@ -75,14 +94,44 @@ fn bad_data(msg: String) -> io::Error {
     io::Error::new(ErrorKind::InvalidData, msg)
 }
 
+/// CPU seconds this process has used so far (all threads).
+pub fn process_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return f64::NAN;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn encode_ack(status: u64, received: u64) -> [u8; ACK_LEN] {
+    let mut out = [0u8; ACK_LEN];
+    out[0..8].copy_from_slice(&status.to_le_bytes());
+    out[8..16].copy_from_slice(&received.to_le_bytes());
+    out
+}
+
+fn decode_ack(ack: &[u8; ACK_LEN]) -> (u64, u64) {
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    a.copy_from_slice(&ack[0..8]);
+    b.copy_from_slice(&ack[8..16]);
+    (u64::from_le_bytes(a), u64::from_le_bytes(b))
+}
+
 /// Server side: obeys the client's commands until `DONE` (or an error).
 pub fn serve(ch: &mut dyn Channel) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     let mut cmd = [0u8; CMD_LEN];
+    let mut cpu_secs = 0.0f64;
     loop {
         ch.recv(&mut cmd)?;
         let (op, size, count) = decode_cmd(&cmd)?;
-        if op != OP_DONE && buf.len() != size {
+        if matches!(op, OP_LAT | OP_BW | OP_BW_CHECK) && buf.len() != size {
             // A fresh buffer per size, written so its pages are resident.
             buf = vec![0xEE; size];
         }
@@ -95,14 +144,31 @@ pub fn serve(ch: &mut dyn Channel) -> io::Result<()> {
                 }
             }
             OP_BW | OP_BW_CHECK => {
+                let cpu0 = process_cpu_secs();
                 ch.recv_stream(&mut buf, count)?;
-                let ok = op == OP_BW
-                    || buf
-                        .iter()
-                        .enumerate()
-                        .all(|(i, b)| *b == pattern_byte(size, i));
-                let ack = if ok { ACK_OK } else { ACK_CORRUPT };
-                ch.send(&ack.to_le_bytes())?;
+                let sent = (size as u64).saturating_mul(count as u64);
+                let received = ch.stream_received().unwrap_or(sent);
+                let status = if op == OP_BW {
+                    ACK_OK
+                } else if received != sent {
+                    ACK_LOSSY
+                } else if buf
+                    .iter()
+                    .enumerate()
+                    .all(|(i, b)| *b == pattern_byte(size, i))
+                {
+                    ACK_OK
+                } else {
+                    ACK_CORRUPT
+                };
+                ch.send(&encode_ack(status, received))?;
+                if op == OP_BW {
+                    cpu_secs += process_cpu_secs() - cpu0;
+                }
+            }
+            OP_CPU => {
+                ch.send(&cpu_secs.to_bits().to_le_bytes())?;
+                cpu_secs = 0.0;
             }
             other => return Err(bad_data(format!("unknown command op {other}"))),
         }
@@ -155,6 +221,10 @@ fn base_row(ch: &dyn Channel, label: &RowLabel<'_>, metric: Metric, size: usize)
         pinned: label.pinned,
         round: 0,
         note: None,
+        placement: HOST_PLACEMENT.to_string(),
+        mtu: None,
+        cpu_s_per_gb: None,
+        lost_pct: None,
     }
 }
 
@@ -217,13 +287,18 @@ fn latency(
     Ok(row)
 }
 
-/// Streams `count` messages; returns the time from the first send to the ack.
-fn stream_once(
-    ch: &mut dyn Channel,
-    buf: &[u8],
-    count: usize,
-    check: bool,
-) -> io::Result<Duration> {
+/// What one streaming round measured.
+struct Round {
+    /// From the first send to the ack.
+    elapsed: Duration,
+    /// Payload bytes the server received.
+    received: u64,
+    /// Whether a check round lost data (so nothing was verified).
+    lossy: bool,
+}
+
+/// Streams `count` messages and waits for the server's ack.
+fn stream_once(ch: &mut dyn Channel, buf: &[u8], count: usize, check: bool) -> io::Result<Round> {
     let op = if check { OP_BW_CHECK } else { OP_BW };
     ch.send(&encode_cmd(op, buf.len(), count))?;
     let mut ack = [0u8; ACK_LEN];
@@ -231,14 +306,29 @@ fn stream_once(
     ch.send_stream(buf, count)?;
     ch.recv(&mut ack)?;
     let elapsed = start.elapsed();
-    match u64::from_le_bytes(ack) {
-        ACK_OK => Ok(elapsed),
+    let (status, received) = decode_ack(&ack);
+    let round = |lossy| Round {
+        elapsed,
+        received,
+        lossy,
+    };
+    match status {
+        ACK_OK => Ok(round(false)),
+        ACK_LOSSY if check => Ok(round(true)),
         ACK_CORRUPT => Err(bad_data(format!(
             "bandwidth size {}: the server received a corrupted payload",
             buf.len()
         ))),
         other => Err(bad_data(format!("unexpected ack value {other}"))),
     }
+}
+
+/// Asks the server for its CPU seconds in `BW` rounds since the last ask.
+fn server_cpu_secs(ch: &mut dyn Channel) -> io::Result<f64> {
+    ch.send(&encode_cmd(OP_CPU, 0, 0))?;
+    let mut answer = [0u8; 8];
+    ch.recv(&mut answer)?;
+    Ok(f64::from_bits(u64::from_le_bytes(answer)))
 }
 
 fn bandwidth(
@@ -255,22 +345,57 @@ fn bandwidth(
     }
     let buf = pattern(size);
     let warm_count = (BW_WARM_BYTES / size).max(1);
-    // Untimed round that also verifies the payload, then a round for the rate.
-    stream_once(ch, &buf, warm_count, true)?;
-    let warm = stream_once(ch, &buf, warm_count, false)?;
+    // Untimed round that also verifies the payload (repeated while a lossy channel
+    // loses data in it), then a round for the rate.
+    let mut verified = false;
+    for _ in 0..CHECK_TRIES {
+        if !stream_once(ch, &buf, warm_count, true)?.lossy {
+            verified = true;
+            break;
+        }
+    }
+    if !verified {
+        return Err(bad_data(format!(
+            "bandwidth size {size}: every one of {CHECK_TRIES} verification rounds lost \
+             data, so the payload could not be checked"
+        )));
+    }
+    let warm = stream_once(ch, &buf, warm_count, false)?.elapsed;
     let per_msg = warm / warm_count as u32;
     let count = iters_for(plan.bw_rep_time, per_msg, 1, BW_MAX_COUNT);
+    // Discard the server's CPU time of the warm-up rounds.
+    server_cpu_secs(ch)?;
     let mut gbs = Vec::with_capacity(plan.bw_reps);
+    let mut client_cpu = 0.0;
+    let mut received = 0u64;
     for _ in 0..plan.bw_reps {
-        let t = stream_once(ch, &buf, count, false)?.as_secs_f64().max(1e-9);
-        gbs.push((size as f64 * count as f64) / t / 1e9);
+        let cpu0 = process_cpu_secs();
+        let r = stream_once(ch, &buf, count, false)?;
+        client_cpu += process_cpu_secs() - cpu0;
+        received += r.received;
+        gbs.push(r.received as f64 / r.elapsed.as_secs_f64().max(1e-9) / 1e9);
     }
+    let server_cpu = server_cpu_secs(ch)?;
+    let sent = size as f64 * count as f64 * plan.bw_reps as f64;
     let mut row = base_row(ch, label, Metric::BandwidthGbs, size);
     row.median = median(&gbs).unwrap_or(f64::NAN);
     row.min = gbs.iter().copied().reduce(f64::min);
     row.max = gbs.iter().copied().reduce(f64::max);
     row.iterations = count as u64;
     row.reps = plan.bw_reps as u64;
+    if received > 0 {
+        row.cpu_s_per_gb = Some((client_cpu + server_cpu) / (received as f64 / 1e9));
+    }
+    if !ch.reliable() || received as f64 != sent {
+        let lost_pct = 100.0 * (1.0 - received as f64 / sent);
+        row.lost_pct = Some(lost_pct);
+        if received as f64 != sent {
+            row.note = Some(format!(
+                "lost {lost_pct:.2}% of the bytes sent (no reliability); bandwidth is \
+                 goodput (bytes received)"
+            ));
+        }
+    }
     Ok(row)
 }
 
@@ -303,7 +428,7 @@ mod tests {
 
     #[test]
     fn drive_and_serve_over_unix_socket() {
-        let (addr, accept) = UnixSystem.listen(Mode::Blocking).expect("listen");
+        let (addr, accept) = UnixSystem.listen(Mode::Blocking, None).expect("listen");
         let plan = Plan {
             lat_sizes: vec![0, 100],
             bw_sizes: vec![4096],
@@ -335,5 +460,11 @@ mod tests {
         assert!(rows.iter().all(|r| r.median.is_finite() && r.median > 0.0));
         assert_eq!(rows[2].metric, Metric::BandwidthGbs);
         assert_eq!(rows[2].reps, 2);
+        assert!(
+            rows[2].cpu_s_per_gb.is_some_and(|c| c > 0.0),
+            "{:?}",
+            rows[2]
+        );
+        assert_eq!(rows[2].lost_pct, None);
     }
 }

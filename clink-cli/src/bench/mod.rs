@@ -1,5 +1,5 @@
-//! `clink bench`: latency and bandwidth between two processes on this host,
-//! for clink and its baselines (kernel TCP and Unix sockets, UCX).
+//! `clink bench`: latency and bandwidth between two processes, for clink and
+//! its baselines (kernel TCP, UDP and Unix sockets, UCX).
 //!
 //! The parent ([`run`]) spawns its own executable twice per system and mode
 //! with the hidden subcommand [`CHILD_SUBCOMMAND`] ([`run_child`]): first the
@@ -8,15 +8,40 @@
 //! the server mirroring it, and prints one JSON [`Row`] per line. Every wait
 //! on a child is bounded; children are killed by PID and reaped.
 //!
+//! # Placement
+//!
+//! `--placement host` (default): both children on this host, IP systems over
+//! loopback, clink over shared memory. `--placement netns`: for each `--mtu`
+//! (default 1500 and 9000) the parent makes two network namespaces joined by a
+//! veth pair with that MTU ([`clink::netns::NetnsPair`], needs root), runs every
+//! selected system with the server in namespace 0 and the client in namespace 1
+//! (`ip netns exec`, which execs the child, so pinning is unchanged), then
+//! deletes the pair. The server gets the address of its namespace (hidden
+//! `--host-ip`): TCP and UDP bind 0.0.0.0 and advertise it; clink chooses its
+//! own transport and address, and its rows are named `clink-udp` (or
+//! `clink-tcp` when its channel reports a `tcp...` transport) instead of
+//! `clink`. Unix sockets cannot cross namespaces and are skipped with a note;
+//! UCX runs with `UCX_TLS=tcp`. Rows carry `placement` and, in netns, `mtu`.
+//!
+//! # What a bandwidth row holds
+//!
+//! The median over repetitions of bytes received per second (goodput: for
+//! plain UDP, which may drop, the bytes the receiver counted, with `lost_pct`),
+//! and `cpu_s_per_gb`: the CPU seconds both processes used during the timed
+//! rounds per GB received (see [`measure`]). External tools (UCX) have no CPU
+//! figure.
+//!
 //! Modules: [`channel`] (the plug-in traits), [`sockets`] (TCP / Unix
-//! baselines), [`measure`] (the loops), [`plan`], [`stats`], [`report`],
-//! [`ucx`] (external `ucx_perftest`), [`proc`] (child processes),
-//! [`affinity`] (CPU pinning).
+//! baselines), [`udp`] (UDP baseline, no reliability), [`measure`] (the loops),
+//! [`plan`], [`stats`], [`report`], [`ucx`] (external `ucx_perftest`),
+//! [`proc`] (child processes), [`affinity`] (CPU pinning).
 //!
 //! # Adding a system
 //!
 //! Implement [`System`] (how the two sides meet: `listen` returns an address
-//! string of one line plus an [`Acceptor`], `connect` takes that string) and
+//! string of one line plus an [`Acceptor`], `connect` takes that string; an IP
+//! system binds 0.0.0.0 and advertises the address `listen` is given in netns
+//! placement, else binds 127.0.0.1) and
 //! [`Channel`] (fixed-size `send` / `recv`, optionally pipelined
 //! `send_stream` / `recv_stream`, plus `copies_per_byte` and `transport`),
 //! then add one `Box::new(...)` line to [`systems`]. Each side runs in its own
@@ -34,10 +59,14 @@ pub mod report;
 pub mod sockets;
 pub mod stats;
 pub mod ucx;
+pub mod udp;
 
 use std::io::{self, Write};
+use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use clink::netns::NetnsPair;
 
 // The plug-in interface and result types, re-exported for system implementations.
 #[allow(unused_imports)]
@@ -48,6 +77,7 @@ pub use report::{Metric, Row};
 
 use affinity::{CLIENT_CPU, SERVER_CPU};
 use proc::ChildProc;
+use report::{HOST_PLACEMENT, NETNS_PLACEMENT};
 
 /// Name of the hidden subcommand the harness runs its children with; the CLI
 /// must route it to [`run_child`] with [`ChildArgs`].
@@ -61,14 +91,28 @@ const UCX: &str = "ucx";
 /// Name of clink's own system; accepted (and skipped with a note) before it
 /// is registered in [`systems`].
 const CLINK: &str = "clink";
+/// Name of the Unix socket baseline (host placement only).
+const UNIX: &str = "unix";
+/// Veth MTUs measured with `--placement netns` when `--mtu` is not given.
+pub const DEFAULT_MTUS: [u32; 2] = [1500, 9000];
 
 /// The systems built into this binary. Add a system here with one line.
 pub fn systems() -> Vec<Box<dyn System>> {
     vec![
         Box::new(sockets::TcpSystem),
+        Box::new(udp::UdpSystem),
         Box::new(sockets::UnixSystem),
         Box::new(clink_sys::ClinkSystem),
     ]
+}
+
+/// Where the two sides run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Placement {
+    /// Both on this host: loopback, shared memory.
+    Host,
+    /// Two network namespaces joined by a veth pair (needs root).
+    Netns,
 }
 
 /// Which modes to run.
@@ -130,6 +174,14 @@ pub struct BenchArgs {
     /// their `round`.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub rounds: u64,
+    /// Where the two sides run: `host` (loopback / shared memory) or `netns`
+    /// (two network namespaces joined by a veth pair; needs root).
+    #[arg(long, value_enum, default_value_t = Placement::Host)]
+    pub placement: Placement,
+    /// Veth MTUs for `--placement netns`, comma-separated (default 1500,9000;
+    /// ignored on the host).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(68..=65535))]
+    pub mtu: Option<Vec<u32>>,
 }
 
 impl BenchArgs {
@@ -146,6 +198,8 @@ impl BenchArgs {
             no_pin: false,
             timeout_secs: 120,
             rounds: 1,
+            placement: Placement::Host,
+            mtu: None,
         }
     }
 }
@@ -180,6 +234,10 @@ pub struct ChildArgs {
     /// CPU to pin this process to.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Server only: the IP address to advertise (netns placement); IP systems
+    /// then bind 0.0.0.0. Without it they bind 127.0.0.1.
+    #[arg(long)]
+    pub host_ip: Option<Ipv4Addr>,
 }
 
 fn find_system(name: &str) -> Option<Box<dyn System>> {
@@ -199,7 +257,7 @@ pub fn run_child(args: ChildArgs) -> Result<(), String> {
     match args.role {
         Role::Server => {
             let (addr, accept) = system
-                .listen(mode)
+                .listen(mode, args.host_ip)
                 .map_err(|e| format!("{name} server: listen failed: {e}"))?;
             if addr.contains('\n') {
                 return Err(format!(
@@ -238,20 +296,28 @@ pub fn run_child(args: ChildArgs) -> Result<(), String> {
 }
 
 /// Runs the server and client children of one system+mode and collects the
-/// client's rows.
+/// client's rows (on the host, or with `net` the server in namespace 0 and the
+/// client in namespace 1), labelled with their placement.
 fn run_pair(
     system: &str,
     mode: Mode,
     plan: &Plan,
     pinned: bool,
     timeout: Duration,
+    net: Option<&NetnsPair>,
 ) -> Result<Vec<Row>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let deadline = Instant::now() + timeout;
     let encoded = plan.encode();
     let child_cmd = |role: &str, cpu: usize, addr: Option<&str>| {
-        let mut cmd = Command::new(&exe);
+        let mut cmd = match net {
+            Some(n) => n.command(if role == "server" { 0 } else { 1 }, &exe),
+            None => Command::new(&exe),
+        };
         cmd.args([CHILD_SUBCOMMAND, "--role", role, "--system", system]);
+        if let (Some(n), "server") = (net, role) {
+            cmd.args(["--host-ip", &n.addr(0).to_string()]);
+        }
         cmd.args(["--mode", mode.as_str(), "--plan", &encoded]);
         if pinned {
             cmd.args(["--cpu", &cpu.to_string()]);
@@ -304,9 +370,30 @@ fn run_pair(
     let server_status = server.wait(deadline);
     client_status?;
     server_status?;
-    match bad_line {
-        Some(e) => Err(e),
-        None => Ok(rows),
+    if let Some(e) = bad_line {
+        return Err(e);
+    }
+    for row in &mut rows {
+        label_placement(row, net.map(NetnsPair::mtu));
+    }
+    Ok(rows)
+}
+
+/// Sets a row's `placement` and `mtu` (`mtu` = `Some` in netns placement), and
+/// names clink's rows in netns after the transport its channel reported.
+fn label_placement(row: &mut Row, mtu: Option<u32>) {
+    row.mtu = mtu;
+    if mtu.is_none() {
+        row.placement = HOST_PLACEMENT.to_string();
+        return;
+    }
+    row.placement = NETNS_PLACEMENT.to_string();
+    if row.system == CLINK {
+        row.system = if row.transport.starts_with("tcp") {
+            "clink-tcp".to_string()
+        } else {
+            "clink-udp".to_string()
+        };
     }
 }
 
@@ -401,6 +488,32 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
          message (sizes <= 1M stay cache-resident, larger ones are DRAM-sized)"
             .to_string(),
     );
+    let mtus: Vec<u32> = args.mtu.clone().unwrap_or_else(|| DEFAULT_MTUS.to_vec());
+    let slots: Vec<Option<u32>> = match args.placement {
+        Placement::Host => vec![None],
+        Placement::Netns => {
+            if let Some(why) = clink::netns::unavailable() {
+                return Err(format!("--placement netns: {why}"));
+            }
+            mtus.iter().copied().map(Some).collect()
+        }
+    };
+    header.push(match args.placement {
+        Placement::Host => {
+            "placement host: both sides on this host (IP over loopback, clink over shared \
+             memory)"
+                .to_string()
+        }
+        Placement::Netns => format!(
+            "placement netns: for each veth MTU ({}) a fresh pair of network namespaces \
+             joined by veth, server in namespace 0 (10.201.X.1), client in namespace 1 \
+             (10.201.X.2), started with ip netns exec",
+            mtus.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
     header.push(load_note());
     let print_header = |line: &str| {
         if args.json {
@@ -423,11 +536,38 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         errors: Vec::new(),
         notes: Vec::new(),
     };
+    if args.placement == Placement::Host && args.mtu.is_some() {
+        ctx.note("--mtu ignored: it applies to --placement netns only".into());
+    }
     for round in 0..args.rounds {
-        for mode in args.mode.modes() {
-            for name in &names {
-                run_one(name, mode, round, &mut ctx);
+        for &slot in &slots {
+            let net = match slot {
+                None => None,
+                Some(mtu) => match NetnsPair::create(mtu) {
+                    Ok(pair) => {
+                        eprintln!(
+                            "network namespaces {} ({}) and {} ({}), veth MTU {mtu}",
+                            pair.ns(0),
+                            pair.addr(0),
+                            pair.ns(1),
+                            pair.addr(1)
+                        );
+                        Some(pair)
+                    }
+                    Err(e) => {
+                        ctx.errors
+                            .push(format!("MTU {mtu}: cannot make the namespace pair: {e}"));
+                        continue;
+                    }
+                },
+            };
+            for mode in args.mode.modes() {
+                for name in &names {
+                    run_one(name, mode, round, net.as_ref(), &mut ctx);
+                }
             }
+            // Dropping the pair deletes both namespaces.
+            drop(net);
         }
     }
     if !args.json {
@@ -486,13 +626,25 @@ impl RunCtx {
     }
 }
 
-/// Runs one system in one mode, recording rows, notes or errors in `ctx`.
-fn run_one(name: &str, mode: Mode, round: u64, ctx: &mut RunCtx) {
+/// Runs one system in one mode (on the host, or between the namespaces of
+/// `net`), recording rows, notes or errors in `ctx`.
+fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mut RunCtx) {
     if name == CLINK && !ctx.known.contains(&CLINK) {
         ctx.note("clink: skipped, not registered in this build".into());
         return;
     }
-    eprintln!("running {name}/{mode} (round {}) ...", round + 1);
+    if name == UNIX && net.is_some() {
+        ctx.note(
+            "unix: skipped in netns placement (Unix sockets do not cross network namespaces)"
+                .into(),
+        );
+        return;
+    }
+    let place = match net {
+        Some(n) => format!(", netns MTU {}", n.mtu()),
+        None => String::new(),
+    };
+    eprintln!("running {name}/{mode} (round {}{place}) ...", round + 1);
     if name == UCX {
         let Some(exe) = ctx.ucx_exe.clone() else {
             ctx.note(format!("ucx: skipped, {} not found in PATH", ucx::PERFTEST));
@@ -502,18 +654,21 @@ fn run_one(name: &str, mode: Mode, round: u64, ctx: &mut RunCtx) {
             ctx.note("ucx: blocking mode skipped (ucx_perftest only busy-polls)".into());
             return;
         }
-        match ucx::run(&exe, &ctx.plan, ctx.pinned) {
-            Ok((rows, tls)) => {
+        match ucx::run(&exe, &ctx.plan, ctx.pinned, net) {
+            Ok((mut rows, tls)) => {
                 ctx.note(format!("ucx: {} with {tls}", exe.display()));
+                for row in &mut rows {
+                    label_placement(row, net.map(NetnsPair::mtu));
+                }
                 ctx.add_rows(rows, round);
             }
-            Err(e) => ctx.errors.push(format!("ucx/{mode}: {e}")),
+            Err(e) => ctx.errors.push(format!("ucx/{mode}{place}: {e}")),
         }
         return;
     }
-    match run_pair(name, mode, &ctx.plan, ctx.pinned, ctx.timeout) {
+    match run_pair(name, mode, &ctx.plan, ctx.pinned, ctx.timeout, net) {
         Ok(rows) => ctx.add_rows(rows, round),
-        Err(e) => ctx.errors.push(format!("{name}/{mode}: {e}")),
+        Err(e) => ctx.errors.push(format!("{name}/{mode}{place}: {e}")),
     }
 }
 
@@ -550,5 +705,41 @@ mod tests {
         assert!(selected_systems(&parse(&["--systems", "bogus"])).is_err());
         let default = selected_systems(&parse(&[])).expect("default");
         assert!(default.contains(&"unix".to_string()) && default.contains(&"ucx".to_string()));
+        assert!(default.contains(&"udp".to_string()));
+    }
+
+    #[test]
+    fn placement_args() {
+        let args = parse(&["--placement", "netns", "--mtu", "1500,9000"]);
+        assert_eq!(args.placement, Placement::Netns);
+        assert_eq!(args.mtu, Some(vec![1500, 9000]));
+        assert_eq!(parse(&[]).placement, Placement::Host);
+        let mut full = vec!["bench", "--mtu", "10"];
+        assert!(Cli::try_parse_from(&full).is_err(), "MTU below 68");
+        full.truncate(1);
+        assert!(Cli::try_parse_from(&full).is_ok());
+    }
+
+    #[test]
+    fn netns_rows_are_labelled() {
+        let mut row = report::tests_support::bw_row("clink", "udp");
+        label_placement(&mut row, Some(9000));
+        assert_eq!(row.system, "clink-udp");
+        assert_eq!(
+            (row.placement.as_str(), row.mtu),
+            (NETNS_PLACEMENT, Some(9000))
+        );
+        let mut row = report::tests_support::bw_row("clink", "tcp-veth");
+        label_placement(&mut row, Some(1500));
+        assert_eq!(row.system, "clink-tcp");
+        let mut row = report::tests_support::bw_row("clink", "shm");
+        label_placement(&mut row, None);
+        assert_eq!(
+            (row.system.as_str(), row.placement.as_str()),
+            ("clink", HOST_PLACEMENT)
+        );
+        let mut row = report::tests_support::bw_row("tcp", "veth");
+        label_placement(&mut row, Some(1500));
+        assert_eq!(row.system, "tcp");
     }
 }

@@ -1,11 +1,22 @@
 //! Result rows: their JSON form (one object per line, the child -> parent and
 //! `--json` format) and the human-readable table.
+//!
+//! JSON fields added after the first version (readers of older rows get the
+//! defaults): `placement` (`host` or `netns`; default `host`), `mtu` (veth MTU,
+//! netns rows only), `cpu_s_per_gb` (bandwidth rows of systems the harness drives
+//! itself: client + server CPU seconds per GB received) and `lost_pct` (bandwidth
+//! rows of unreliable channels: percent of the bytes sent that never arrived).
 
 use serde_json::{json, Map, Value};
 
 use super::channel::Mode;
 use super::plan::human_size;
 use super::stats::{median, n_half, NHalf};
+
+/// `placement` of rows measured on the host (loopback, shared memory).
+pub const HOST_PLACEMENT: &str = "host";
+/// `placement` of rows measured between two network namespaces joined by veth.
+pub const NETNS_PLACEMENT: &str = "netns";
 
 /// What a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +80,15 @@ pub struct Row {
     pub round: u64,
     /// Free-form remark (e.g. which UCX transports were used).
     pub note: Option<String>,
+    /// Where the two sides ran: [`HOST_PLACEMENT`] or [`NETNS_PLACEMENT`].
+    pub placement: String,
+    /// MTU of the veth pair (netns placement only).
+    pub mtu: Option<u32>,
+    /// Bandwidth rows: CPU seconds of client + server per GB received during the
+    /// timed rounds (`None` for external tools).
+    pub cpu_s_per_gb: Option<f64>,
+    /// Bandwidth rows of unreliable channels: percent of the bytes sent that were lost.
+    pub lost_pct: Option<f64>,
 }
 
 impl Row {
@@ -93,6 +113,16 @@ impl Row {
         obj.insert("pinned".into(), json!(self.pinned));
         if let Some(note) = &self.note {
             obj.insert("note".into(), json!(note));
+        }
+        obj.insert("placement".into(), json!(self.placement));
+        if let Some(mtu) = self.mtu {
+            obj.insert("mtu".into(), json!(mtu));
+        }
+        if self.cpu_s_per_gb.is_some() {
+            obj.insert("cpu_s_per_gb".into(), num(self.cpu_s_per_gb));
+        }
+        if self.lost_pct.is_some() {
+            obj.insert("lost_pct".into(), num(self.lost_pct));
         }
         Value::Object(obj).to_string()
     }
@@ -148,6 +178,17 @@ impl Row {
             pinned: obj.get("pinned").and_then(Value::as_bool).unwrap_or(false),
             round: obj.get("round").and_then(Value::as_u64).unwrap_or(0),
             note: obj.get("note").and_then(Value::as_str).map(str::to_string),
+            placement: obj
+                .get("placement")
+                .and_then(Value::as_str)
+                .unwrap_or(HOST_PLACEMENT)
+                .to_string(),
+            mtu: obj
+                .get("mtu")
+                .and_then(Value::as_u64)
+                .and_then(|m| u32::try_from(m).ok()),
+            cpu_s_per_gb: opt_f64("cpu_s_per_gb")?,
+            lost_pct: opt_f64("lost_pct")?,
         })
     }
 }
@@ -163,11 +204,21 @@ fn num(v: Option<f64>) -> Value {
     }
 }
 
-/// Merges the rows of several rounds: one row per (system, mode, metric,
-/// size) whose `median` and `p99` are the medians over the rounds and whose
-/// `min` / `max` are the extremes. Rows keep their first-seen order.
+/// Merges the rows of several rounds: one row per (placement, mtu, system, mode,
+/// metric, size) whose `median`, `p99`, `cpu_s_per_gb` and `lost_pct` are the
+/// medians over the rounds and whose `min` / `max` are the extremes. Rows keep
+/// their first-seen order.
 pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
-    let key = |r: &Row| (r.system.clone(), r.mode, r.metric, r.size);
+    let key = |r: &Row| {
+        (
+            r.placement.clone(),
+            r.mtu,
+            r.system.clone(),
+            r.mode,
+            r.metric,
+            r.size,
+        )
+    };
     let mut out: Vec<Row> = Vec::new();
     for row in rows {
         if out.iter().any(|o| key(o) == key(row)) {
@@ -182,6 +233,8 @@ pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
         merged.p99 = median(&collect(&|r| r.p99));
         merged.min = collect(&|r| r.min).into_iter().reduce(f64::min);
         merged.max = collect(&|r| r.max).into_iter().reduce(f64::max);
+        merged.cpu_s_per_gb = median(&collect(&|r| r.cpu_s_per_gb));
+        merged.lost_pct = median(&collect(&|r| r.lost_pct));
         out.push(merged);
     }
     out
@@ -272,8 +325,51 @@ fn fmt_num(x: f64) -> String {
     }
 }
 
-/// The readable report: latency table, bandwidth table, n-half and copies lines.
+/// Heading of a placement group, `None` for the host.
+fn group_heading(placement: &str, mtu: Option<u32>) -> Option<String> {
+    if placement == HOST_PLACEMENT && mtu.is_none() {
+        return None;
+    }
+    Some(match (placement, mtu) {
+        (NETNS_PLACEMENT, Some(m)) => format!(
+            "== placement netns: server and client in two network namespaces joined by a \
+             veth pair, MTU {m} =="
+        ),
+        (p, Some(m)) => format!("== placement {p}, MTU {m} =="),
+        (p, None) => format!("== placement {p} =="),
+    })
+}
+
+/// The readable report: for each placement (and veth MTU) in first-seen order, the
+/// latency table, bandwidth table, CPU-per-GB table, n-half and copies lines.
 pub fn render_table(rows: &[Row]) -> String {
+    let mut groups: Vec<(String, Option<u32>)> = Vec::new();
+    for row in rows {
+        let g = (row.placement.clone(), row.mtu);
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    let mut out = String::new();
+    for (i, (placement, mtu)) in groups.iter().enumerate() {
+        let members: Vec<Row> = rows
+            .iter()
+            .filter(|r| &r.placement == placement && r.mtu == *mtu)
+            .cloned()
+            .collect();
+        if i > 0 {
+            out.push('\n');
+        }
+        if let Some(h) = group_heading(placement, *mtu) {
+            out.push_str(&h);
+            out.push('\n');
+        }
+        out.push_str(&render_group(&members));
+    }
+    out
+}
+
+fn render_group(rows: &[Row]) -> String {
     let mut out = String::new();
     let lat = render_grid(rows, Metric::LatencyUs, |r| {
         let p99 = r.p99.map(fmt_num).unwrap_or_else(|| "-".to_string());
@@ -289,6 +385,42 @@ pub fn render_table(rows: &[Row]) -> String {
         out.push_str("Streaming bandwidth, GB/s (1e9 B/s): median of repetitions\n");
         out.push_str(&bw);
         out.push('\n');
+    }
+    let with_cpu: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.metric == Metric::BandwidthGbs && r.cpu_s_per_gb.is_some())
+        .cloned()
+        .collect();
+    let cpu = render_grid(&with_cpu, Metric::BandwidthGbs, |r| {
+        r.cpu_s_per_gb.map(fmt_num).unwrap_or_else(|| "-".into())
+    });
+    if !cpu.is_empty() {
+        out.push_str(
+            "CPU seconds per GB while streaming, client + server (busy mode spins on both \
+             sides: ~2 / GB/s)\n",
+        );
+        out.push_str(&cpu);
+        out.push('\n');
+    }
+    let lossy: Vec<String> = rows
+        .iter()
+        .filter(|r| r.lost_pct.is_some_and(|l| l > 0.0))
+        .map(|r| {
+            format!(
+                "  {} {} {}: {:.2}% of the bytes lost (bandwidth above is goodput)",
+                column_of(r),
+                human_size(r.size),
+                r.transport,
+                r.lost_pct.unwrap_or(0.0)
+            )
+        })
+        .collect();
+    if !lossy.is_empty() {
+        out.push_str("loss (unreliable baselines):\n");
+        for l in lossy {
+            out.push_str(&l);
+            out.push('\n');
+        }
     }
     let halves = n_halves(rows);
     if !halves.is_empty() {
@@ -335,6 +467,37 @@ pub fn render_table(rows: &[Row]) -> String {
     out
 }
 
+/// Rows for other modules' tests.
+#[cfg(test)]
+pub mod tests_support {
+    use super::*;
+
+    /// A bandwidth row of `system` over `transport`, placed on the host.
+    pub fn bw_row(system: &str, transport: &str) -> Row {
+        Row {
+            system: system.into(),
+            transport: transport.into(),
+            mode: Mode::Busy,
+            metric: Metric::BandwidthGbs,
+            size: 65536,
+            median: 1.0,
+            p99: None,
+            min: None,
+            max: None,
+            copies_per_byte: Some(2.0),
+            iterations: 1,
+            reps: 1,
+            pinned: false,
+            round: 0,
+            note: None,
+            placement: HOST_PLACEMENT.into(),
+            mtu: None,
+            cpu_s_per_gb: None,
+            lost_pct: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,6 +519,10 @@ mod tests {
             pinned: true,
             round: 0,
             note: None,
+            placement: HOST_PLACEMENT.into(),
+            mtu: None,
+            cpu_s_per_gb: None,
+            lost_pct: None,
         }
     }
 
@@ -462,5 +629,68 @@ mod tests {
         assert!(text.contains("16K"), "{text}");
         assert!(text.contains("n-half 16K measured"), "{text}");
         assert!(text.contains("tcp 2 (loopback)"), "{text}");
+        assert!(!text.contains("CPU seconds"), "{text}");
+        assert!(!text.contains("placement"), "{text}");
+    }
+
+    #[test]
+    fn new_fields_roundtrip_and_old_rows_parse() {
+        let row = Row {
+            system: "udp".into(),
+            transport: "veth".into(),
+            metric: Metric::BandwidthGbs,
+            size: 65536,
+            median: 1.5,
+            p99: None,
+            placement: NETNS_PLACEMENT.into(),
+            mtu: Some(9000),
+            cpu_s_per_gb: Some(0.42),
+            lost_pct: Some(0.5),
+            ..lat_row()
+        };
+        let line = row.to_json();
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["placement"], "netns");
+        assert_eq!(v["mtu"], 9000);
+        assert_eq!(v["cpu_s_per_gb"], 0.42);
+        assert_eq!(Row::from_json(&line), Ok(row));
+        // A host latency row has no mtu / cpu / loss fields; an old row has no placement.
+        let v: Value = serde_json::from_str(&lat_row().to_json()).expect("json");
+        assert_eq!(v["placement"], "host");
+        assert!(v.get("mtu").is_none() && v.get("cpu_s_per_gb").is_none());
+        let mut old: Map<String, Value> = match v {
+            Value::Object(o) => o,
+            _ => unreachable!(),
+        };
+        old.remove("placement");
+        let parsed = Row::from_json(&Value::Object(old).to_string()).expect("old row");
+        assert_eq!(parsed.placement, HOST_PLACEMENT);
+    }
+
+    #[test]
+    fn table_groups_placements_and_shows_cpu() {
+        let bw = |placement: &str, mtu, system: &str, cpu| Row {
+            system: system.into(),
+            metric: Metric::BandwidthGbs,
+            size: 65536,
+            median: 2.0,
+            p99: None,
+            placement: placement.into(),
+            mtu,
+            cpu_s_per_gb: cpu,
+            ..lat_row()
+        };
+        let rows = vec![
+            bw(HOST_PLACEMENT, None, "tcp", Some(0.9)),
+            bw(NETNS_PLACEMENT, Some(1500), "udp", Some(0.8)),
+            bw(NETNS_PLACEMENT, Some(9000), "udp", Some(0.7)),
+            bw(NETNS_PLACEMENT, Some(9000), "ucx", None),
+        ];
+        let text = render_table(&rows);
+        assert!(text.contains("MTU 1500"), "{text}");
+        assert!(text.contains("MTU 9000"), "{text}");
+        assert!(text.contains("CPU seconds per GB"), "{text}");
+        assert!(text.contains("0.70"), "{text}");
+        assert_eq!(merge_rounds(&rows).len(), 4);
     }
 }

@@ -1,4 +1,5 @@
-//! Kernel socket baselines: TCP over loopback and Unix stream sockets.
+//! Kernel socket baselines: TCP (over loopback, or over the veth pair with
+//! `--placement netns`) and Unix stream sockets. The UDP baseline is in [`super::udp`].
 //!
 //! Messages have a size both sides know, so framing is just `write_all` /
 //! `read_exact`. In busy mode the socket is non-blocking and both loops spin
@@ -9,7 +10,7 @@
 //! receiver's buffer).
 
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -92,16 +93,28 @@ impl<S: Read + Write> Channel for StreamChannel<S> {
     }
 }
 
-/// Kernel TCP over 127.0.0.1 with `TCP_NODELAY`.
+/// The `transport` label of an IP path: `loopback` for a loopback address, `veth`
+/// otherwise (the harness's only other IP path is the veth pair of `--placement netns`).
+pub fn transport_label(ip: IpAddr) -> &'static str {
+    if ip.is_loopback() {
+        "loopback"
+    } else {
+        "veth"
+    }
+}
+
+/// Kernel TCP with `TCP_NODELAY`: over 127.0.0.1, or, with an advertised address,
+/// listening on 0.0.0.0 and reached at that address.
 pub struct TcpSystem;
 
 fn tcp_channel(stream: TcpStream, mode: Mode) -> io::Result<Box<dyn Channel>> {
     stream.set_nodelay(true)?;
     stream.set_nonblocking(mode == Mode::Busy)?;
+    let label = transport_label(stream.peer_addr()?.ip());
     Ok(Box::new(StreamChannel::new(
         stream,
         mode == Mode::Busy,
-        "loopback",
+        label,
     )))
 }
 
@@ -110,9 +123,15 @@ impl System for TcpSystem {
         "tcp"
     }
 
-    fn listen(&self, mode: Mode) -> io::Result<(String, Acceptor)> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let addr = listener.local_addr()?.to_string();
+    fn listen(&self, mode: Mode, advertise: Option<Ipv4Addr>) -> io::Result<(String, Acceptor)> {
+        let bind_ip = if advertise.is_some() {
+            Ipv4Addr::UNSPECIFIED
+        } else {
+            Ipv4Addr::LOCALHOST
+        };
+        let listener = TcpListener::bind((bind_ip, 0))?;
+        let port = listener.local_addr()?.port();
+        let addr = format!("{}:{port}", advertise.unwrap_or(Ipv4Addr::LOCALHOST));
         let accept: Acceptor = Box::new(move || {
             let (stream, _) = listener.accept()?;
             tcp_channel(stream, mode)
@@ -146,7 +165,7 @@ impl System for UnixSystem {
         "unix"
     }
 
-    fn listen(&self, mode: Mode) -> io::Result<(String, Acceptor)> {
+    fn listen(&self, mode: Mode, _advertise: Option<Ipv4Addr>) -> io::Result<(String, Acceptor)> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -177,7 +196,7 @@ mod tests {
     use super::*;
 
     fn pair(system: &dyn System, mode: Mode) -> (Box<dyn Channel>, Box<dyn Channel>) {
-        let (addr, accept) = system.listen(mode).expect("listen");
+        let (addr, accept) = system.listen(mode, None).expect("listen");
         let client = system.connect(mode, &addr).expect("connect");
         let server = accept().expect("accept");
         (server, client)

@@ -12,6 +12,13 @@
 //! Copies per byte depend on the protocol UCX picks per size (eager through a
 //! shared-memory FIFO: 2; rendezvous through CMA: 1), which it does not print,
 //! so `copies_per_byte` is null with a note.
+//!
+//! With `--placement netns` the server runs in namespace 0 and the client in
+//! namespace 1 (`ip netns exec`, which execs `ucx_perftest`, so pinning and
+//! PIDs are unchanged), the client connects to namespace 0's veth address, and
+//! `UCX_TLS=tcp` is the only setting tried (shared memory cannot cross hosts).
+//! Whether the server listens is read from `/proc/<server pid>/net/tcp`, which
+//! shows the server's own namespace.
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -19,22 +26,28 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use clink::netns::NetnsPair;
+
 use super::affinity::{CLIENT_CPU, SERVER_CPU};
 use super::channel::Mode;
 use super::plan::Plan;
 use super::proc::ChildProc;
-use super::report::{Metric, Row};
+use super::report::{Metric, Row, HOST_PLACEMENT};
 
 /// Name of the program looked up in `PATH`.
 pub const PERFTEST: &str = "ucx_perftest";
 /// `UCX_TLS` values tried in order; `None` = UCX's own choice.
 const TLS_CANDIDATES: [Option<&str>; 3] = [Some("sm"), Some("posix,cma"), None];
+/// `UCX_TLS` between two network namespaces.
+const NETNS_TLS: [Option<&str>; 1] = [Some("tcp")];
 /// Bound on one `ucx_perftest` client + server pair.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bound on the server starting to listen.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy note attached to every UCX row.
 const COPIES_NOTE: &str = "UCX picks per size: eager via shm FIFO = 2, rendezvous via CMA = 1";
+/// Copy note attached to UCX rows between namespaces.
+const NETNS_COPIES_NOTE: &str = "UCX over kernel TCP sockets on the veth pair";
 
 /// The final numbers of one `ucx_perftest` run.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,10 +134,12 @@ fn free_port() -> Result<u16, String> {
 
 fn wait_listening(server: &mut ChildProc, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + LISTEN_TIMEOUT;
+    // The server's own view: right in whatever network namespace it runs.
+    let pid = server.pid();
     loop {
-        let text = ["/proc/net/tcp", "/proc/net/tcp6"]
+        let text = ["tcp", "tcp6"]
             .iter()
-            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .filter_map(|f| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
             .collect::<Vec<_>>();
         if text.iter().any(|t| is_listening(t, port)) {
             return Ok(());
@@ -155,18 +170,24 @@ struct Test<'a> {
     iters: usize,
     warmup: usize,
     pinned: bool,
+    /// Namespaces to run server (0) and client (1) in; `None` = on the host.
+    net: Option<&'a NetnsPair>,
 }
 
 fn run_test(t: &Test<'_>) -> Result<PerfResult, String> {
     let port_num = free_port()?;
     let port = port_num.to_string();
+    let server_ip = t.net.map_or(Ipv4Addr::LOCALHOST, |n| n.addr(0)).to_string();
     let cmd = |server: bool| {
-        let mut c = Command::new(t.exe);
+        let mut c = match t.net {
+            Some(n) => n.command(if server { 0 } else { 1 }, t.exe),
+            None => Command::new(t.exe),
+        };
         if let Some(tls) = t.tls {
             c.env("UCX_TLS", tls);
         }
         if !server {
-            c.arg("127.0.0.1");
+            c.arg(&server_ip);
             c.args(["-t", t.name, "-s", &t.size.to_string()]);
             c.args(["-n", &t.iters.to_string(), "-w", &t.warmup.to_string()]);
             c.arg("-f");
@@ -194,9 +215,15 @@ fn estimate_us(size: usize) -> f64 {
     0.5 + size as f64 / 5e3
 }
 
-/// Runs UCX tag_lat / tag_bw for the plan's sizes. Returns the rows and a note
-/// saying which `UCX_TLS` was used, or an error if no setting worked.
-pub fn run(exe: &Path, plan: &Plan, pinned: bool) -> Result<(Vec<Row>, String), String> {
+/// Runs UCX tag_lat / tag_bw for the plan's sizes, on the host or (with `net`)
+/// between the two namespaces. Returns the rows and a note saying which
+/// `UCX_TLS` was used, or an error if no setting worked.
+pub fn run(
+    exe: &Path,
+    plan: &Plan,
+    pinned: bool,
+    net: Option<&NetnsPair>,
+) -> Result<(Vec<Row>, String), String> {
     let mut test = Test {
         exe,
         tls: None,
@@ -205,10 +232,16 @@ pub fn run(exe: &Path, plan: &Plan, pinned: bool) -> Result<(Vec<Row>, String), 
         iters: 1000,
         warmup: 100,
         pinned,
+        net,
     };
     let mut tried = Vec::new();
     let mut chosen = None;
-    for tls in TLS_CANDIDATES {
+    let candidates: &[Option<&str>] = if net.is_some() {
+        &NETNS_TLS
+    } else {
+        &TLS_CANDIDATES
+    };
+    for &tls in candidates {
         test.tls = tls;
         match run_test(&test) {
             Ok(_) => {
@@ -220,7 +253,11 @@ pub fn run(exe: &Path, plan: &Plan, pinned: bool) -> Result<(Vec<Row>, String), 
     }
     let tls = chosen.ok_or_else(|| format!("no UCX_TLS setting worked:\n{}", tried.join("\n")))?;
     let tls_note = format!("UCX_TLS={}", tls.unwrap_or("(unset)"));
-    let transport = if tls.is_some() { "shm" } else { "ucx-auto" };
+    let (transport, copies_note) = match (net, tls) {
+        (Some(_), _) => ("veth", NETNS_COPIES_NOTE),
+        (None, Some(_)) => ("shm", COPIES_NOTE),
+        (None, None) => ("ucx-auto", COPIES_NOTE),
+    };
     let row = |metric, size, median, p99, iters: usize| Row {
         system: "ucx".into(),
         transport: transport.into(),
@@ -236,7 +273,11 @@ pub fn run(exe: &Path, plan: &Plan, pinned: bool) -> Result<(Vec<Row>, String), 
         reps: 1,
         pinned,
         round: 0,
-        note: Some(format!("{tls_note}; {COPIES_NOTE}")),
+        note: Some(format!("{tls_note}; {copies_note}")),
+        placement: HOST_PLACEMENT.into(),
+        mtu: None,
+        cpu_s_per_gb: None,
+        lost_pct: None,
     };
     let mut rows = Vec::new();
     for &size in &plan.lat_sizes {

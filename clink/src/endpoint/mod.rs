@@ -923,7 +923,13 @@ impl Endpoint {
         for _ in 0..spins {
             for i in lo..hi {
                 let p = &mut self.peers[i];
-                if !p.alive || !p.txq.is_empty() || !p.pipeline_out.is_empty() {
+                // A network peer's frames arrive through the socket, read by `progress`:
+                // the general path.
+                if !p.alive
+                    || !p.txq.is_empty()
+                    || !p.pipeline_out.is_empty()
+                    || p.link.shm().is_none()
+                {
                     return None;
                 }
                 let rec = match p.link.peek() {

@@ -58,7 +58,18 @@ pub struct ChildProc {
 /// environment variables (e.g. `CLINK_CMA=off`). Children never calibrate.
 pub fn spawn(role: &str, addr: &str, seed: u64, env: &[(&str, &str)]) -> ChildProc {
     let exe = std::env::current_exe().expect("current_exe");
-    let mut cmd = Command::new(exe);
+    spawn_with(Command::new(exe), role, addr, seed, env)
+}
+
+/// As [`spawn`], with `cmd` the command that runs this test binary (e.g. wrapped in
+/// `ip netns exec`).
+pub fn spawn_with(
+    mut cmd: Command,
+    role: &str,
+    addr: &str,
+    seed: u64,
+    env: &[(&str, &str)],
+) -> ChildProc {
     cmd.args([CHILD_ENTRY, "--exact", "--nocapture", "--test-threads=1"])
         .env(ROLE_VAR, role)
         .env(ADDR_VAR, addr)

@@ -1,0 +1,370 @@
+//! Two network namespaces joined by a veth pair: a two-"host" network on one machine, for
+//! tests and benchmarks.
+//!
+//! [`NetnsPair::create`] runs iproute2 (`ip netns add`, `ip link add ... type veth`, ...)
+//! and needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN). Names are unique per call
+//! (`clink-<pid>-<random>-0` and `-1`), so tests running in parallel do not collide; the
+//! two ends get `10.201.X.1/24` (side 0) and `10.201.X.2/24` (side 1), with X (1..=250)
+//! taken from the random suffix (the addresses live inside the namespaces, so equal X in
+//! two pairs is harmless). Both veth ends and both `lo` are up, the veth MTU is the one
+//! asked for. Dropping the pair deletes both namespaces (the veth pair goes with them);
+//! a creation that fails half-way removes what it made.
+//!
+//! Processes are placed in a namespace with [`NetnsPair::command`], which wraps
+//! `ip netns exec <ns> <program>`: `ip` switches namespace and then execs the program,
+//! so the spawned process *is* the program (its PID, CPU affinity and parent-death signal
+//! are the program's).
+//!
+//! Where namespaces cannot be made (not root, no `ip`, a sandbox refusing `unshare`),
+//! [`unavailable`] says why, so callers can skip with a message:
+//!
+//! ```no_run
+//! if let Some(why) = clink::netns::unavailable() {
+//!     eprintln!("skipped: {why}");
+//!     return;
+//! }
+//! let pair = clink::netns::NetnsPair::create(1500).expect("netns pair");
+//! let mut server = pair.command(0, "my-server");
+//! server.arg(pair.addr(0).to_string());
+//! ```
+//!
+//! `NetnsPair` is `Send + Sync` (names and addresses only); it has no state that needs
+//! a lock.
+
+use std::ffi::OsStr;
+use std::io;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+/// Prefix of every namespace this module creates.
+pub const NAME_PREFIX: &str = "clink-";
+
+/// Where `ip` is looked for when it is not in `PATH`.
+const IP_FALLBACKS: [&str; 3] = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"];
+
+/// Two network namespaces joined by a veth pair; deleted on drop.
+#[derive(Debug)]
+pub struct NetnsPair {
+    ip: PathBuf,
+    names: [String; 2],
+    /// Which namespaces exist (so a half-made pair cleans up only what it made).
+    made: [bool; 2],
+    addrs: [Ipv4Addr; 2],
+    mtu: u32,
+}
+
+impl NetnsPair {
+    /// Makes the two namespaces, the veth pair between them, addresses, MTU, links up.
+    pub fn create(mtu: u32) -> io::Result<NetnsPair> {
+        let ip = ip_binary().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "the `ip` program (iproute2) is not installed",
+            )
+        })?;
+        let rand = random_u32()?;
+        let base = format!("{NAME_PREFIX}{}-{rand:08x}", std::process::id());
+        let x = (rand % 250 + 1) as u8;
+        let mut pair = NetnsPair {
+            ip,
+            names: [format!("{base}-0"), format!("{base}-1")],
+            made: [false, false],
+            addrs: [Ipv4Addr::new(10, 201, x, 1), Ipv4Addr::new(10, 201, x, 2)],
+            mtu,
+        };
+        // On any error below, dropping `pair` deletes the namespaces made so far.
+        for side in 0..2 {
+            let name = pair.names[side].clone();
+            pair.ip_cmd(&["netns", "add", &name])?;
+            pair.made[side] = true;
+        }
+        // Device names are per namespace; keep them short (IFNAMSIZ) and unique anyway.
+        let dev = [format!("ck{rand:08x}a"), format!("ck{rand:08x}b")];
+        let [ns0, ns1] = pair.names.clone();
+        pair.ip_cmd(&[
+            "link", "add", &dev[0], "netns", &ns0, "type", "veth", "peer", "name", &dev[1],
+            "netns", &ns1,
+        ])?;
+        let mtu_text = mtu.to_string();
+        for (side, dev) in dev.iter().enumerate() {
+            let ns = pair.names[side].clone();
+            let cidr = format!("{}/24", pair.addrs[side]);
+            pair.ip_cmd(&["-n", &ns, "addr", "add", &cidr, "dev", dev])?;
+            pair.ip_cmd(&["-n", &ns, "link", "set", "dev", dev, "mtu", &mtu_text])?;
+            pair.ip_cmd(&["-n", &ns, "link", "set", "dev", dev, "up"])?;
+            pair.ip_cmd(&["-n", &ns, "link", "set", "dev", "lo", "up"])?;
+        }
+        Ok(pair)
+    }
+
+    /// Name of namespace `side` (0 or 1). Panics on any other side.
+    pub fn ns(&self, side: usize) -> &str {
+        &self.names[side]
+    }
+
+    /// IPv4 address of the veth end in namespace `side` (0 or 1). Panics on any other side.
+    pub fn addr(&self, side: usize) -> Ipv4Addr {
+        self.addrs[side]
+    }
+
+    /// The MTU of both veth ends.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// A command that runs `program` inside namespace `side`: `ip netns exec <ns> program`.
+    /// Add the program's arguments, environment and stdio to it as usual.
+    pub fn command(&self, side: usize, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(&self.ip);
+        cmd.args(["netns", "exec"])
+            .arg(&self.names[side])
+            .arg(program);
+        cmd
+    }
+
+    /// Runs `ip ARGS`, failing with its stderr on a non-zero exit.
+    fn ip_cmd(&self, args: &[&str]) -> io::Result<()> {
+        run_ip(&self.ip, args)
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        for side in 0..2 {
+            if self.made[side] {
+                // Deleting the namespace destroys the veth end in it, and with it the pair.
+                if let Err(e) = run_ip(&self.ip, &["netns", "del", &self.names[side]]) {
+                    tracing::warn!(ns = %self.names[side], error = %e, "cannot delete netns");
+                }
+                self.made[side] = false;
+            }
+        }
+    }
+}
+
+fn run_ip(ip: &Path, args: &[&str]) -> io::Result<()> {
+    let out = Command::new(ip)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", ip.display())))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "`ip {}` failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+fn random_u32() -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    getrandom::getrandom(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(u32::from_le_bytes(b))
+}
+
+/// Full path of iproute2's `ip`: from `PATH`, else the usual sbin locations.
+pub fn ip_binary() -> Option<PathBuf> {
+    let from_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("ip"))
+            .find(|p| p.is_file())
+    });
+    from_path.or_else(|| IP_FALLBACKS.iter().map(PathBuf::from).find(|p| p.is_file()))
+}
+
+/// Effective uid of this process, from `/proc/self/status`.
+fn effective_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Why network namespaces cannot be made here, or `None` if they can (a probe namespace
+/// was created and deleted). The answer is computed once per process.
+pub fn unavailable() -> Option<String> {
+    static ANSWER: OnceLock<Option<String>> = OnceLock::new();
+    ANSWER.get_or_init(probe).clone()
+}
+
+fn probe() -> Option<String> {
+    let Some(ip) = ip_binary() else {
+        return Some(
+            "network namespaces unavailable: the `ip` program (iproute2) is not \
+                     installed"
+                .into(),
+        );
+    };
+    match effective_uid() {
+        Some(0) => {}
+        Some(uid) => {
+            return Some(format!(
+                "network namespaces unavailable: they need root, this process runs as uid {uid}"
+            ))
+        }
+        None => {} // unknown: let the probe decide
+    }
+    let name = match random_u32() {
+        Ok(r) => format!("{NAME_PREFIX}probe-{}-{r:08x}", std::process::id()),
+        Err(e) => {
+            return Some(format!(
+                "network namespaces unavailable: no randomness: {e}"
+            ))
+        }
+    };
+    if let Err(e) = run_ip(&ip, &["netns", "add", &name]) {
+        return Some(format!("network namespaces unavailable: {e}"));
+    }
+    if let Err(e) = run_ip(&ip, &["netns", "del", &name]) {
+        return Some(format!(
+            "network namespaces unavailable: made {name} but cannot delete it: {e}"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::sync::Mutex;
+
+    /// The tests look at `ip netns list`, so they run one at a time.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
+    fn netns_list() -> String {
+        let ip = ip_binary().expect("ip");
+        let out = Command::new(ip)
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns list");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn python3() -> Option<PathBuf> {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("python3"))
+            .find(|p| p.is_file())
+    }
+
+    /// Receives one datagram in namespace 0, sent from namespace 1, with python3.
+    fn datagram_crosses(pair: &NetnsPair, py: &Path) {
+        let port = 47_000 + (std::process::id() % 1000) as u16;
+        let recv_src = format!(
+            "import socket,sys\n\
+             s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+             s.bind(('{}',{port}))\n\
+             s.settimeout(10)\n\
+             print('ready',flush=True)\n\
+             d,a=s.recvfrom(100)\n\
+             print(d.decode(),a[0],flush=True)\n",
+            pair.addr(0)
+        );
+        let mut rx = pair
+            .command(0, py)
+            .args(["-c", &recv_src])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn receiver");
+        let mut lines = BufReader::new(rx.stdout.take().expect("stdout")).lines();
+        assert_eq!(lines.next().expect("line").expect("read"), "ready");
+        // A few sends: the first may wait for ARP resolution.
+        let send_src = format!(
+            "import socket,time\n\
+             s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n\
+             for i in range(20):\n    s.sendto(b'hello-clink',('{}',{port})); time.sleep(0.05)\n",
+            pair.addr(0)
+        );
+        let mut tx = pair
+            .command(1, py)
+            .args(["-c", &send_src])
+            .spawn()
+            .expect("spawn sender");
+        let got = lines.next().expect("datagram line").expect("read");
+        assert_eq!(got, format!("hello-clink {}", pair.addr(1)));
+        assert!(rx.wait().expect("wait receiver").success());
+        let _ = tx.kill();
+        let _ = tx.wait();
+    }
+
+    #[test]
+    fn pair_carries_udp_and_is_deleted_on_drop() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let pair = NetnsPair::create(9000).expect("create pair");
+        let names = [pair.ns(0).to_string(), pair.ns(1).to_string()];
+        assert!(names.iter().all(|n| n.starts_with(NAME_PREFIX)));
+        assert_ne!(names[0], names[1]);
+        let list = netns_list();
+        assert!(names.iter().all(|n| list.contains(n.as_str())), "{list}");
+        assert_eq!(pair.addr(0).octets()[..3], pair.addr(1).octets()[..3]);
+        assert_eq!(pair.addr(0).octets()[3], 1);
+        assert_eq!(pair.addr(1).octets()[3], 2);
+        let third = pair.addr(0).octets()[2];
+        assert!((1..=250).contains(&third));
+        // MTU and address as asked, seen from inside namespace 1.
+        let show = pair
+            .command(1, ip_binary().expect("ip"))
+            .args(["-o", "addr", "show"])
+            .output()
+            .expect("ip addr show");
+        let text = String::from_utf8_lossy(&show.stdout);
+        assert!(text.contains(&format!("{}/24", pair.addr(1))), "{text}");
+        let link = pair
+            .command(1, ip_binary().expect("ip"))
+            .args(["-o", "link", "show"])
+            .output()
+            .expect("ip link show");
+        let text = String::from_utf8_lossy(&link.stdout);
+        assert!(text.contains("mtu 9000"), "{text}");
+        match python3() {
+            Some(py) => datagram_crosses(&pair, &py),
+            None => eprintln!("datagram check skipped: python3 not found in PATH"),
+        }
+        drop(pair);
+        let list = netns_list();
+        assert!(!names.iter().any(|n| list.contains(n.as_str())), "{list}");
+    }
+
+    #[test]
+    fn pairs_do_not_collide() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let a = NetnsPair::create(1500).expect("a");
+        let b = NetnsPair::create(1500).expect("b");
+        assert_ne!(a.ns(0), b.ns(0));
+        assert_eq!(a.mtu(), 1500);
+    }
+
+    #[test]
+    fn failed_creation_cleans_up() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = unavailable() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        // An MTU the veth refuses: the namespaces made before the failure must go.
+        let before = netns_list();
+        let err = NetnsPair::create(1_000_000).expect_err("absurd MTU");
+        assert!(err.to_string().contains("mtu"), "{err}");
+        let after = netns_list();
+        let ours = |l: &str| {
+            l.lines()
+                .filter(|x| x.starts_with(&format!("{NAME_PREFIX}{}-", std::process::id())))
+                .count()
+        };
+        assert!(ours(&after) <= ours(&before), "{before}\n---\n{after}");
+    }
+}
