@@ -34,7 +34,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let one_way = t.elapsed().as_secs_f64() * 1e6 / f64::from(iters) / 2.0;
     ep.send(peer, 1, &[])?; // stop
     child.wait()?;
-    println!("{size} B: {one_way:.3} us one-way (mean of {iters} round trips)");
+    let s = ep.stats();
+    let per = |n: u64| n as f64 / f64::from(iters + iters / 10);
+    println!(
+        "{size} B over {}: {one_way:.3} us one-way (mean of {iters} round trips); per round trip: {:.2} sleeps, {:.2} datagrams sent, {:.2} send calls, {:.2} receive calls with data",
+        ep.transport(peer)?,
+        per(s.sleeps),
+        per(s.datagrams_sent),
+        per(s.send_calls),
+        per(s.recv_calls),
+    );
     Ok(())
 }
 

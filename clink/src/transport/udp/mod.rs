@@ -214,6 +214,9 @@ impl State {
             // Enough packets in flight to fill a fast local link at any MTU.
             recv_window: ((32 << 20) / mtu_payload as u64).clamp(1024, 1 << 16),
             max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
+            // Acks ride alone (no piggybacking yet): one per 16 packets or per delay keeps
+            // them off the latency path of a ping-pong and cheap in bulk transfers.
+            ack_every: 16,
             ..reliable::Config::default()
         }
     }
