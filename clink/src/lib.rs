@@ -17,6 +17,13 @@
 //! [`Endpoint::claim`] or [`Endpoint::recv_in_place`], 0 with both; rendezvous messages 1
 //! (a single `process_vm_readv` from the sender's buffer into the receive buffer), or 2
 //! through the two-copy pipeline (chosen when faster, or where CMA is not permitted).
+//!
+//! Between hosts the same API runs over UDP ([`transport::udp`]): a reliable connection per
+//! peer, batched system calls with segmentation offload and receive coalescing. Today it
+//! copies each payload byte four times in user space (the speculative receive that lands
+//! payloads in place is not built yet). There is no background thread: over the network an
+//! endpoint must be called into (any operation, or [`Endpoint::progress`]) more often than
+//! `CLINK_NET_DEAD_MS` (2 s), or its peers declare it dead.
 #![warn(missing_docs)]
 
 mod calibrate;
@@ -24,7 +31,6 @@ pub mod config;
 mod context;
 mod endpoint;
 mod error;
-/// Network namespace pairs joined by veth, for tests and benchmarks (needs root).
 pub mod netns;
 pub mod stats;
 pub mod sys;

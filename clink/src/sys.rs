@@ -512,7 +512,7 @@ pub fn getpid() -> i32 {
 }
 
 /// IPv4 addresses of the interfaces that are up, with the interface MTU (from
-/// `getifaddrs` and /sys/class/net/<if>/mtu), loopback last.
+/// `getifaddrs` and `/sys/class/net/IF/mtu`), loopback last.
 pub fn ipv4_interfaces() -> Vec<(std::net::Ipv4Addr, usize, bool)> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();

@@ -1,4 +1,5 @@
-//! clink's own system in the harness: two endpoints over the shared-memory transport.
+//! clink's own system in the harness: two endpoints, over shared memory on one host or UDP
+//! between network namespaces.
 //!
 //! Busy mode never blocks (`spin = inf`); blocking mode blocks at once (`spin = 0`), the
 //! same contract the socket baselines get. Copies per byte depend on the size: 2 for eager
@@ -74,6 +75,13 @@ impl ClinkChannel {
 
 impl Channel for ClinkChannel {
     fn copies_per_byte(&self) -> f64 {
+        if self.ep.transport(self.peer).is_ok_and(|t| t == "udp") {
+            // The UDP path today (ARCHITECTURE.md, "The network path"): four copies in
+            // user space (into the connection, into the datagram, into the reassembled
+            // message, into the posted receive) plus the kernel's two, which are all the
+            // socket baselines' "2" counts.
+            return 6.0;
+        }
         let eager = self.ep.eager_max(self.peer).unwrap_or(0);
         if self.last_len as u64 <= eager {
             return 2.0; // into the ring, out of it

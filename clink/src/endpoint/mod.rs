@@ -10,7 +10,12 @@
 //! Progress: there is no background thread. Every call that waits, and [`Endpoint::progress`],
 //! moves data: drains the peers' rings, matches, answers rendezvous requests, flushes
 //! queued sends. A process that computes for long stretches should call `progress` now
-//! and then, or rendezvous senders waiting on it stall (as in MPI).
+//! and then, or rendezvous senders waiting on it stall (as in MPI). Over the network it
+//! must: a peer that hears nothing (not even keepalives) for `CLINK_NET_DEAD_MS` declares
+//! it dead.
+//!
+//! Transports: each peer is a [`link::Link`], shared memory on the same host or UDP
+//! otherwise (`CLINK_TRANSPORT=udp` forces UDP); the protocol above is the same for both.
 
 use crate::context::{eager_threshold, pipeline_chunk, rendezvous_method, CtxInner};
 use crate::error::{io_err, Error, Result};
