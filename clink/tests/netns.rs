@@ -53,8 +53,10 @@ fn child_entry() {
                 let r = ep
                     .isend(parent, 1, pattern(key(seed, 1), 256 << 20))
                     .unwrap();
+                // Until killed; with its short liveness timeout this side may declare the
+                // (momentarily quiet) parent dead first, which is fine: it just exits.
                 let _ = ep.wait_send(&r, Some(T));
-                panic!("the parent should have killed us");
+                std::process::exit(3);
             }
             r => panic!("unknown role {r}"),
         }
