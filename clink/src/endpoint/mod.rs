@@ -1239,7 +1239,7 @@ impl Endpoint {
     /// now and then checks peers' liveness and accepts connections. Returns true when
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
-        let mut did = self.net_receive();
+        let mut did = self.net_receive(false);
         let mut blocked = false;
         for i in 0..self.peers.len() {
             if !self.peers[i].alive {
@@ -1510,7 +1510,7 @@ impl Endpoint {
             match t {
                 TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
-                TOK_UDP => did |= self.net_receive(),
+                TOK_UDP => did |= self.net_receive(true),
                 t => {
                     let i = (t - TOK_PEER0) as usize;
                     if i >= self.peers.len() || !self.peers[i].alive {

@@ -80,8 +80,13 @@ impl Endpoint {
     /// Reads the UDP socket, runs the connections' timers, moves delivered frames into the
     /// links' queues, adopts peers that connected, fails peers declared dead. True when
     /// anything arrived.
-    pub(super) fn net_receive(&mut self) -> bool {
-        let Some(net) = self.net.as_mut() else {
+    ///
+    /// Without `readable` (the busy-poll path) it does nothing while the transport has no
+    /// peer and no connection under way: an endpoint with only shared-memory peers makes
+    /// no system call per poll. Hellos from new peers are then read when epoll reports the
+    /// socket readable (liveness checks, sleeps).
+    pub(super) fn net_receive(&mut self, readable: bool) -> bool {
+        let Some(net) = self.net.as_mut().filter(|n| readable || n.active()) else {
             return false;
         };
         let now = net.now();
@@ -122,12 +127,17 @@ impl Endpoint {
                 ),
             );
         }
+        if let Some(net) = self.net.as_mut() {
+            net.flush(); // welcomes answering hellos
+        }
         got || adopted
     }
 
     /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
     pub(super) fn net_transmit(&mut self) {
-        let Some(net) = self.net.as_mut() else { return };
+        let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
+            return;
+        };
         let now = net.now();
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if let Link::Udp(u) = &mut p.link {

@@ -159,11 +159,6 @@ impl UdpLink {
         let dest = self.dest;
         while batch.push(dest, |buf| self.conn.poll_transmit(now, buf).unwrap_or(0)) {}
     }
-
-    /// True while something sent waits for acknowledgement or a frame waits to be read.
-    pub fn busy(&self) -> bool {
-        !self.conn.is_idle() || !self.rxq.is_empty()
-    }
 }
 
 /// An outgoing connection waiting for its welcome.
@@ -374,6 +369,12 @@ impl UdpTransport {
             self.flush();
         }
         None
+    }
+
+    /// True while the transport has peers or connections being set up (the socket needs
+    /// polling); false for an endpoint that only talks over shared memory.
+    pub fn active(&self) -> bool {
+        !self.st.routes.is_empty() || !self.st.pending.is_empty() || !self.st.accepted.is_empty()
     }
 
     /// Gives up a connection attempt.
