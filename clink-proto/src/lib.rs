@@ -14,7 +14,9 @@
 //! - [`reliable`]: the per-peer reliable datagram protocol of the network path (issue 3,
 //!   first piece: sequencing, SACK/NAK, RTT and retransmission, credits and congestion
 //!   window, fragmentation, an unreliable mode), with [`netsim`], the seeded simulated
-//!   network its tests run on. Not yet used by a transport.
+//!   network its tests run on; used by the UDP transport;
+//! - [`spec`]: speculative defragmentation: where a bulk transfer's fragments are expected
+//!   to land, and the verifier that sorts what landed into hits and misses.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -24,6 +26,7 @@ mod error;
 pub mod matching;
 pub mod netsim;
 pub mod reliable;
+pub mod spec;
 pub mod wire;
 
 pub use error::ProtoError;

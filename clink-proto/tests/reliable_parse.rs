@@ -1,8 +1,10 @@
 //! Property tests of the reliable protocol's datagram parser: total, round-tripping, and
 //! never fooled by a damaged datagram.
 
-use clink_proto::reliable::packet::{crc32c, MAX_RANGES};
-use clink_proto::reliable::{AckInfo, Config, Conn, DataHeader, Datagram, Handshake, PacketError};
+use clink_proto::reliable::packet::{crc32c, parse_bulk, BULK_HEADER, MAX_RANGES};
+use clink_proto::reliable::{
+    AckInfo, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
+};
 use proptest::prelude::*;
 
 fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> {
@@ -37,7 +39,7 @@ fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> 
             AckInfo { cum, limit, ranges }
         });
     (
-        0u8..6,
+        0u8..7,
         any::<u32>(),
         hdr,
         proptest::collection::vec(any::<u8>(), 0..1500),
@@ -67,7 +69,18 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
             conn,
             ack: ack.clone(),
         },
-        3 => Datagram::Ping {
+        6 if !p.is_empty() => Datagram::Bulk {
+            conn,
+            hdr: BulkHeader {
+                pn: hdr.pn,
+                floor: hdr.floor,
+                xfer: hdr.msg_id,
+                offset: u64::from(hdr.offset) << 12,
+                total: (u64::from(hdr.offset) << 12) + p.len() as u64 + (hdr.tag & 0xffff),
+            },
+            payload: p,
+        },
+        3 | 6 => Datagram::Ping {
             conn,
             floor: hdr.floor,
         },
@@ -119,7 +132,31 @@ proptest! {
         let mut buf = vec![7u8; 3]; // encode appends
         let n = d.encode(&mut buf);
         prop_assert_eq!(n, buf.len() - 3);
-        prop_assert_eq!(Datagram::parse(&buf[3..]), Ok(d));
+        prop_assert_eq!(Datagram::parse(&buf[3..]), Ok(d.clone()));
+        if let Datagram::Bulk { conn, hdr, .. } = d {
+            // Split as a scatter receive splits it: header slot, payload elsewhere.
+            let (h, pl) = buf[3..].split_at(BULK_HEADER);
+            prop_assert_eq!(parse_bulk(h, pl), Ok((conn, hdr)));
+        }
+    }
+
+    #[test]
+    fn bulk_headers_with_a_valid_crc_never_panic(
+        mut h in proptest::collection::vec(any::<u8>(), BULK_HEADER),
+        payload in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        // Past the checksum, so the field checks themselves are exercised.
+        h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1, 7]);
+        let crc = crc32c::crc32c_append(crc32c(&h[..60]), &payload);
+        h[60..].copy_from_slice(&crc.to_le_bytes());
+        if let Ok((_, hdr)) = parse_bulk(&h, &payload) {
+            prop_assert!(hdr.offset + payload.len() as u64 <= hdr.total && !payload.is_empty());
+            prop_assert!(hdr.floor <= hdr.pn);
+        }
+        let mut c = Conn::new(Config::default(), 0);
+        let mut d = h.clone();
+        d.extend_from_slice(&payload);
+        let _ = c.handle_datagram_with(1, &d, &mut |_, _| false);
     }
 
     #[test]

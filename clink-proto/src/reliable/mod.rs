@@ -69,7 +69,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-pub use packet::{AckInfo, DataHeader, Datagram, Handshake, PacketError};
+pub use packet::{AckInfo, BulkHeader, DataHeader, Datagram, Handshake, PacketError};
 
 /// Identifies a message sent on one connection (consecutive from 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -114,6 +114,11 @@ pub struct Config {
     pub dead_after: u64,
     /// Silence after which a ping is sent; 0 disables keepalives.
     pub keepalive: u64,
+    /// Fragments of a bulk transfer sent as one group (one GSO send, one speculative
+    /// receive entry): a new group starts only when the congestion window and the credit
+    /// have room for all of it, so groups stay aligned to multiples of this many fragments
+    /// from the transfer's start. 1 disables grouping.
+    pub bulk_group: u64,
 }
 
 impl Default for Config {
@@ -137,6 +142,7 @@ impl Default for Config {
             dup_thresh: 3,
             dead_after: 2_000_000_000,
             keepalive: 500_000_000,
+            bulk_group: 1,
         }
     }
 }
@@ -191,6 +197,9 @@ pub enum Event {
     },
     /// Every fragment of this sent message was acknowledged (reliable mode only).
     Acked(MsgId),
+    /// Every fragment of this bulk transfer was acknowledged (reliable mode only): the
+    /// caller's source memory is no longer needed.
+    BulkSent(u64),
     /// No datagram from the peer for [`Config::dead_after`]; the connection stopped.
     PeerDead,
 }
@@ -248,6 +257,13 @@ pub struct Stats {
     pub messages_delivered: u64,
     /// Messages dropped incomplete (unreliable mode).
     pub messages_dropped: u64,
+    /// Bulk transfers accepted by `send_bulk`.
+    pub bulk_transfers: u64,
+    /// New bulk fragments received (placed by the caller, or found in place).
+    pub bulk_fragments: u64,
+    /// New bulk fragments the caller had no destination for (dropped after their pn was
+    /// accepted, so the sender does not resend them).
+    pub bulk_discarded: u64,
     /// Congestion window, packets (snapshot).
     pub cwnd: u64,
     /// Slow-start threshold, packets (snapshot).
@@ -266,9 +282,26 @@ struct MsgData {
     data: Box<[u8]>,
 }
 
+/// What a queued or sent packet carries: part of a message (its bytes owned here), or of
+/// a bulk transfer (its bytes in the caller's memory, fetched at each transmission).
+#[derive(Clone)]
+enum Item {
+    Msg(Arc<MsgData>),
+    Bulk { xfer: u64, total: u64 },
+}
+
+impl Item {
+    fn len(&self) -> u64 {
+        match self {
+            Item::Msg(m) => m.data.len() as u64,
+            Item::Bulk { total, .. } => *total,
+        }
+    }
+}
+
 struct Queued {
-    msg: Arc<MsgData>,
-    next_off: usize,
+    item: Item,
+    next_off: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -280,8 +313,8 @@ enum PState {
 }
 
 struct Sent {
-    msg: Arc<MsgData>,
-    offset: u32,
+    item: Item,
+    offset: u64,
     len: u32,
     tx_seq: u64,
     sent_at: u64,
@@ -289,9 +322,12 @@ struct Sent {
     state: PState,
 }
 
-struct Slot {
-    hdr: DataHeader,
-    payload: Vec<u8>,
+/// A packet received above a hole.
+enum Slot {
+    /// A message fragment, kept until the hole fills.
+    Frag { hdr: DataHeader, payload: Vec<u8> },
+    /// A bulk fragment, already at its destination: only its pn is remembered.
+    Placed,
 }
 
 struct Reasm {
@@ -320,6 +356,16 @@ impl Rtt {
             self.has = true;
         }
     }
+}
+
+/// One datagram produced by [`Conn::poll_transmit_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Its length in bytes.
+    pub len: usize,
+    /// It opens a bulk group (or is a bulk retransmission): a GSO batcher should start a
+    /// new send with it, so the receiver's speculative layout lines up.
+    pub group_start: bool,
 }
 
 /// Most backoff doublings of the retransmission timeout.
@@ -496,10 +542,32 @@ impl Conn {
         self.send_bytes += len;
         self.stats.messages_sent += 1;
         self.send_queue.push_back(Queued {
-            msg: Arc::new(MsgData { id, tag, data }),
+            item: Item::Msg(Arc::new(MsgData { id, tag, data })),
             next_off: 0,
         });
         Ok(MsgId(id))
+    }
+
+    /// Queues a bulk transfer of `len` bytes (`len` > 0) named `xfer` by the receiver. Its
+    /// bytes are not copied: each transmission asks the `fill` callback of
+    /// [`Conn::poll_transmit_with`] for them, so the caller keeps them unchanged until
+    /// [`Event::BulkSent`]. The receiver gets the fragments through the `place` callback of
+    /// [`Conn::handle_datagram_with`] (or finds them in place, [`Conn::accept_placed`]);
+    /// they are ordered with the messages around them only for acknowledgement, not for
+    /// delivery.
+    pub fn send_bulk(&mut self, xfer: u64, len: u64) -> Result<(), SendError> {
+        if self.dead {
+            return Err(SendError::PeerDead);
+        }
+        if len == 0 {
+            return Err(SendError::TooLarge { len: 0, limit: 0 });
+        }
+        self.stats.bulk_transfers += 1;
+        self.send_queue.push_back(Queued {
+            item: Item::Bulk { xfer, total: len },
+            next_off: 0,
+        });
+        Ok(())
     }
 
     /// Next event, if any. Taking messages frees receive budget (and may prompt a window
@@ -642,10 +710,19 @@ impl Conn {
             }
             let s = self.sent.pop_front().expect("front exists");
             self.snd_una += 1;
-            if s.offset as usize + s.len as usize == s.msg.data.len() {
-                self.send_bytes -= s.msg.data.len();
-                if self.cfg.reliable {
-                    self.events.push_back(Event::Acked(MsgId(s.msg.id)));
+            if s.offset + u64::from(s.len) == s.item.len() {
+                match s.item {
+                    Item::Msg(m) => {
+                        self.send_bytes -= m.data.len();
+                        if self.cfg.reliable {
+                            self.events.push_back(Event::Acked(MsgId(m.id)));
+                        }
+                    }
+                    Item::Bulk { xfer, .. } => {
+                        if self.cfg.reliable {
+                            self.events.push_back(Event::BulkSent(xfer));
+                        }
+                    }
                 }
             }
         }
@@ -653,7 +730,20 @@ impl Conn {
 
     /// Feeds one received datagram. Errors say why it was dropped; they are counted and
     /// need no action. Call [`Conn::poll_transmit`] and [`Conn::poll_event`] afterwards.
+    /// Bulk fragments are discarded (counted): see [`Conn::handle_datagram_with`].
     pub fn handle_datagram(&mut self, now: u64, bytes: &[u8]) -> Result<(), RecvError> {
+        self.handle_datagram_with(now, bytes, &mut |_, _| false)
+    }
+
+    /// As [`Conn::handle_datagram`]; a new bulk fragment is handed to `place`, which puts
+    /// the payload at its destination and returns false when it has none for that transfer
+    /// (the fragment is then dropped and counted). Duplicates never reach `place`.
+    pub fn handle_datagram_with(
+        &mut self,
+        now: u64,
+        bytes: &[u8],
+        place: &mut dyn FnMut(&BulkHeader, &[u8]) -> bool,
+    ) -> Result<(), RecvError> {
         if self.dead {
             return Err(RecvError::PeerDead);
         }
@@ -675,6 +765,11 @@ impl Conn {
         }
         let r = match d {
             Datagram::Data { hdr, payload, .. } => self.on_data(now, hdr, payload),
+            Datagram::Bulk { hdr, payload, .. } => self.on_bulk(now, &hdr).map(|fresh| {
+                if fresh && !place(&hdr, payload) {
+                    self.stats.bulk_discarded += 1;
+                }
+            }),
             Datagram::Ack { ack, .. } => {
                 self.stats.acks_received += 1;
                 self.on_ack(now, &ack, false)
@@ -813,25 +908,87 @@ impl Conn {
         if hdr.msg_len > self.cfg.max_message_len {
             return Err(RecvError::Protocol("message longer than max_message_len"));
         }
+        if !self.admit(now, hdr.pn, hdr.floor)? {
+            return Ok(());
+        }
+        if hdr.pn == self.rcv_next {
+            self.rcv_next += 1;
+            self.accept(hdr, payload);
+            self.drain_in_order();
+        } else {
+            let window = self.cfg.recv_window;
+            self.slots[(hdr.pn % window) as usize] = Some(Slot::Frag {
+                hdr,
+                payload: payload.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A bulk fragment's pn: true when new (its payload must be, or is, at its place).
+    fn on_bulk(&mut self, now: u64, hdr: &BulkHeader) -> Result<bool, RecvError> {
+        if !self.admit(now, hdr.pn, hdr.floor)? {
+            return Ok(false);
+        }
+        self.stats.bulk_fragments += 1;
+        if hdr.pn == self.rcv_next {
+            self.rcv_next += 1;
+            self.drain_in_order();
+        } else {
+            let window = self.cfg.recv_window;
+            self.slots[(hdr.pn % window) as usize] = Some(Slot::Placed);
+        }
+        Ok(true)
+    }
+
+    /// Accounts a bulk fragment that a speculative receive found at its place, verified
+    /// already ([`packet::parse_bulk`]), `wire_len` bytes on the wire. `Ok(true)`: new, the
+    /// caller marks its bytes valid; `Ok(false)`: a duplicate or beyond the window, its
+    /// bytes must be ignored.
+    pub fn accept_placed(
+        &mut self,
+        now: u64,
+        hdr: &BulkHeader,
+        wire_len: usize,
+    ) -> Result<bool, RecvError> {
+        if self.dead {
+            return Err(RecvError::PeerDead);
+        }
+        match self.on_bulk(now, hdr) {
+            Ok(fresh) => {
+                self.last_recv = now;
+                self.stats.datagrams_received += 1;
+                self.stats.bytes_received += wire_len as u64;
+                Ok(fresh)
+            }
+            Err(e) => {
+                self.stats.dropped_malformed += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// The sequencing shared by data and bulk fragments: floor, duplicates, window, NAK
+    /// of new holes, ack scheduling. True when the packet is new and inside the window.
+    fn admit(&mut self, now: u64, pn: u64, floor: u64) -> Result<bool, RecvError> {
         let window = self.cfg.recv_window;
-        if hdr.floor > self.rcv_next + MAX_WINDOW {
+        if floor > self.rcv_next + MAX_WINDOW {
             return Err(RecvError::Protocol("floor far beyond the window"));
         }
-        if !self.cfg.reliable && hdr.floor > self.rcv_next {
-            self.skip_to(hdr.floor);
+        if !self.cfg.reliable && floor > self.rcv_next {
+            self.skip_to(floor);
         }
-        let pn = hdr.pn;
         if pn < self.rcv_next
             || self.slots[(pn % window) as usize].is_some() && pn < self.rcv_next + window
         {
             self.stats.duplicates += 1;
             self.ack_now = true;
-            return Ok(());
+            return Ok(false);
         }
         if pn >= self.rcv_next + window {
             self.stats.dropped_window += 1;
             self.ack_now = true;
-            return Ok(());
+            return Ok(false);
         }
         if pn > self.rcv_highest {
             // A new hole [rcv_highest, pn): NAK it at once.
@@ -842,23 +999,13 @@ impl Conn {
         }
         let filled_hole = pn < self.rcv_highest;
         self.rcv_highest = self.rcv_highest.max(pn + 1);
-        if pn == self.rcv_next {
-            self.rcv_next += 1;
-            self.accept(hdr, payload);
-            self.drain_in_order();
-        } else {
-            self.slots[(pn % window) as usize] = Some(Slot {
-                hdr,
-                payload: payload.to_vec(),
-            });
-        }
         self.unacked += 1;
         if filled_hole || self.unacked >= self.cfg.ack_every {
             self.ack_now = true;
         } else if self.ack_deadline.is_none() {
             self.ack_deadline = Some(now + self.cfg.ack_delay);
         }
-        Ok(())
+        Ok(true)
     }
 
     fn push_nak(&mut self, s: u64, e: u64) {
@@ -880,7 +1027,9 @@ impl Conn {
                 break;
             };
             self.rcv_next += 1;
-            self.accept(slot.hdr, &slot.payload);
+            if let Slot::Frag { hdr, payload } = slot {
+                self.accept(hdr, &payload);
+            }
         }
     }
 
@@ -889,10 +1038,11 @@ impl Conn {
         let window = self.cfg.recv_window;
         while self.rcv_next < floor.min(self.rcv_highest) {
             match self.slots[(self.rcv_next % window) as usize].take() {
-                Some(slot) => {
+                Some(Slot::Frag { hdr, payload }) => {
                     self.rcv_next += 1;
-                    self.accept(slot.hdr, &slot.payload);
+                    self.accept(hdr, &payload);
                 }
+                Some(Slot::Placed) => self.rcv_next += 1,
                 None => {
                     self.rcv_next += 1;
                     self.drop_partial();
@@ -1016,10 +1166,25 @@ impl Conn {
 
     /// Appends the next datagram to send to `buf` and returns its length, or `None` when
     /// there is nothing to send now. Call repeatedly until `None` after every other call.
+    /// For a connection with bulk transfers use [`Conn::poll_transmit_with`].
     pub fn poll_transmit(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<usize> {
+        self.poll_transmit_with(now, buf, &mut |_, _, _| false)
+            .map(|t| t.len)
+    }
+
+    /// As [`Conn::poll_transmit`]; a bulk fragment's payload is written by `fill(xfer,
+    /// offset, dest)` straight into the datagram (the sender's one copy). `fill` returning
+    /// false (no such transfer: a caller bug) fails the connection.
+    pub fn poll_transmit_with(
+        &mut self,
+        now: u64,
+        buf: &mut Vec<u8>,
+        fill: &mut dyn FnMut(u64, u64, &mut [u8]) -> bool,
+    ) -> Option<Transmit> {
         if self.dead {
             return None;
         }
+        let mut group_start = false;
         let conn = self.cfg.conn_id;
         let n = if !self.nak_ranges.is_empty() {
             let mut ack = self.build_ack();
@@ -1033,7 +1198,7 @@ impl Conn {
                 })
                 .collect();
             if ack.ranges.is_empty() {
-                return self.poll_transmit(now, buf);
+                return self.poll_transmit_with(now, buf, fill);
             }
             self.stats.naks_sent += 1;
             self.advertised_limit = ack.limit;
@@ -1074,22 +1239,56 @@ impl Conn {
                 self.rto_deadline = Some(now + self.rto());
             }
             let s = &self.sent[idx];
-            let hdr = DataHeader {
-                pn,
-                floor: self.snd_una,
-                msg_id: s.msg.id,
-                tag: s.msg.tag,
-                msg_len: s.msg.data.len() as u32,
-                offset: s.offset,
-            };
-            let payload = &s.msg.data[s.offset as usize..(s.offset + s.len) as usize];
-            Datagram::Data { conn, hdr, payload }.encode(buf)
+            let floor = self.snd_una;
+            match &s.item {
+                Item::Msg(m) => {
+                    let hdr = DataHeader {
+                        pn,
+                        floor,
+                        msg_id: m.id,
+                        tag: m.tag,
+                        msg_len: m.data.len() as u32,
+                        offset: s.offset as u32,
+                    };
+                    let payload =
+                        &m.data[s.offset as usize..(s.offset + u64::from(s.len)) as usize];
+                    Datagram::Data { conn, hdr, payload }.encode(buf)
+                }
+                &Item::Bulk { xfer, total } => {
+                    let hdr = BulkHeader {
+                        pn,
+                        floor,
+                        xfer,
+                        offset: s.offset,
+                        total,
+                    };
+                    let frag = self.cfg.mtu_payload as u64;
+                    group_start = s.tx_count > 1
+                        || (s.offset / frag).is_multiple_of(self.cfg.bulk_group.max(1));
+                    let start = buf.len();
+                    let body = start + packet::BULK_HEADER;
+                    buf.resize(body + s.len as usize, 0);
+                    if !fill(xfer, s.offset, &mut buf[body..]) {
+                        buf.truncate(start);
+                        self.stats.dropped_malformed += 1;
+                        self.dead = true;
+                        self.events.push_back(Event::PeerDead);
+                        return None;
+                    }
+                    let h = packet::encode_bulk_header(conn, &hdr, &buf[body..]);
+                    buf[start..body].copy_from_slice(&h);
+                    buf.len() - start
+                }
+            }
         } else {
             return None;
         };
         self.stats.datagrams_sent += 1;
         self.stats.bytes_sent += n as u64;
-        Some(n)
+        Some(Transmit {
+            len: n,
+            group_start,
+        })
     }
 
     /// The pn to transmit next: a lost one, else a new fragment if the credit allows.
@@ -1103,19 +1302,34 @@ impl Conn {
             return None;
         }
         let q = self.send_queue.front_mut()?;
-        let total = q.msg.data.len();
-        let len = (total - q.next_off).min(self.cfg.mtu_payload);
-        let offset = q.next_off as u32;
+        let total = q.item.len();
+        let frag = self.cfg.mtu_payload as u64;
+        let group = self.cfg.bulk_group.max(1);
+        if matches!(q.item, Item::Bulk { .. }) && (q.next_off / frag).is_multiple_of(group) {
+            // Start a group only when all of it can go at once (capped by what the window
+            // and the peer's whole credit could ever allow, so this never deadlocks).
+            let need = group
+                .min((total - q.next_off).div_ceil(frag))
+                .min(self.cwnd)
+                .min(self.peer_limit.saturating_sub(self.snd_una).max(1));
+            if self.cwnd.saturating_sub(self.in_flight) < need
+                || self.peer_limit - self.next_pn < need
+            {
+                return None;
+            }
+        }
+        let len = (total - q.next_off).min(frag);
+        let offset = q.next_off;
         q.next_off += len;
-        let msg = if q.next_off >= total {
-            self.send_queue.pop_front().expect("front exists").msg
+        let item = if q.next_off >= total {
+            self.send_queue.pop_front().expect("front exists").item
         } else {
-            Arc::clone(&q.msg)
+            q.item.clone()
         };
         let pn = self.next_pn;
         self.next_pn += 1;
         self.sent.push_back(Sent {
-            msg,
+            item,
             offset,
             len: len as u32,
             tx_seq: 0,

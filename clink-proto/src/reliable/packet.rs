@@ -6,7 +6,7 @@
 //! common header (16 bytes)
 //!   0..4   magic "CLRD" (0x4452_4c43)
 //!   4      version (1)
-//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome
+//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk
 //!   6..8   flags (reserved, must be zero)
 //!   8..12  connection id
 //!   12..16 reserved (must be zero)
@@ -34,9 +34,23 @@
 //!          address is refused)
 //!   48..52 sender's largest datagram payload (its path MTU)
 //!   52..56 reserved (zero)
-//! trailer
+//! trailer (every kind but bulk)
 //!   last 4 bytes: CRC-32C of everything before it
+//! bulk header (64 bytes, then the payload; no trailer)
+//!   16..24 packet number
+//!   24..32 floor (as in data)
+//!   32..40 transfer id (the receiver's name for the transfer, from its clear-to-send)
+//!   40..48 offset of the payload in the transfer
+//!   48..56 length of the whole transfer
+//!   56..58 payload length
+//!   58..60 reserved (must be zero)
+//!   60..64 CRC-32C of bytes 0..60, then of the payload
 //! ```
+//!
+//! A bulk datagram is one fragment of a rendezvous transfer whose destination is the
+//! receiver's posted buffer. Its checksum sits in the header, so the datagram is exactly
+//! `header | payload` and a receive vector `[header slot, destination + offset]` splits it
+//! with nothing of it landing past the payload (see [`crate::spec`]).
 //!
 //! Every data fragment carries the whole message description (id, tag, length, offset), so
 //! each datagram is self-describing: a receiver can place any payload at its final offset
@@ -58,6 +72,8 @@ pub const ACK_HEADER: usize = 36;
 pub const PING_LEN: usize = 24;
 /// Bytes of a hello or welcome datagram without its trailer.
 pub const HANDSHAKE_LEN: usize = 56;
+/// Bytes before the payload of a bulk datagram (its checksum included).
+pub const BULK_HEADER: usize = 64;
 /// Bytes of the checksum trailer.
 pub const TRAILER: usize = 4;
 /// Most ranges an ack or nak datagram carries.
@@ -71,6 +87,7 @@ const K_NAK: u8 = 3;
 const K_PING: u8 = 4;
 const K_HELLO: u8 = 5;
 const K_WELCOME: u8 = 6;
+const K_BULK: u8 = 7;
 
 /// True when the datagram's kind byte says hello or welcome (connection set-up): a cheap
 /// peek for demultiplexing before [`Datagram::parse`], which still verifies everything.
@@ -158,6 +175,21 @@ pub struct DataHeader {
     pub offset: u32,
 }
 
+/// Fields of a bulk datagram (one fragment of a rendezvous transfer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BulkHeader {
+    /// Packet number (shared with data datagrams).
+    pub pn: u64,
+    /// As [`DataHeader::floor`].
+    pub floor: u64,
+    /// Transfer id, chosen by the receiver.
+    pub xfer: u64,
+    /// Offset of the payload in the transfer.
+    pub offset: u64,
+    /// Length of the whole transfer.
+    pub total: u64,
+}
+
 /// The body of a hello or welcome datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handshake {
@@ -178,6 +210,15 @@ pub enum Datagram<'a> {
         conn: u32,
         /// Fragment description.
         hdr: DataHeader,
+        /// Fragment bytes.
+        payload: &'a [u8],
+    },
+    /// One fragment of a bulk (rendezvous) transfer.
+    Bulk {
+        /// Connection id.
+        conn: u32,
+        /// Fragment description.
+        hdr: BulkHeader,
         /// Fragment bytes.
         payload: &'a [u8],
     },
@@ -248,6 +289,7 @@ impl<'a> Datagram<'a> {
     pub fn conn(&self) -> u32 {
         match self {
             Datagram::Data { conn, .. }
+            | Datagram::Bulk { conn, .. }
             | Datagram::Ack { conn, .. }
             | Datagram::Nak { conn, .. }
             | Datagram::Ping { conn, .. }
@@ -259,16 +301,15 @@ impl<'a> Datagram<'a> {
     /// Parses and verifies one datagram. Total: any input gives a datagram or an error.
     pub fn parse(b: &'a [u8]) -> Result<Datagram<'a>, PacketError> {
         need("datagram", b, COMMON_HEADER + TRAILER)?;
-        let magic = u32_at(b, 0);
-        if magic != MAGIC {
-            return Err(PacketError::BadMagic(magic));
-        }
-        if b[4] != VERSION {
-            return Err(PacketError::BadVersion(b[4]));
-        }
-        let kind = b[5];
-        if !(K_DATA..=K_WELCOME).contains(&kind) {
-            return Err(PacketError::BadKind(kind));
+        let kind = common(b)?;
+        if kind == K_BULK {
+            need("bulk header", b, BULK_HEADER)?;
+            let (conn, hdr) = parse_bulk(&b[..BULK_HEADER], &b[BULK_HEADER..])?;
+            return Ok(Datagram::Bulk {
+                conn,
+                hdr,
+                payload: &b[BULK_HEADER..],
+            });
         }
         let body = b.len() - TRAILER;
         let carried = u32_at(b, body);
@@ -434,6 +475,11 @@ impl<'a> Datagram<'a> {
         let start = out.len();
         let (kind, conn) = match self {
             Datagram::Data { conn, .. } => (K_DATA, *conn),
+            Datagram::Bulk { conn, hdr, payload } => {
+                out.extend_from_slice(&encode_bulk_header(*conn, hdr, payload));
+                out.extend_from_slice(payload);
+                return out.len() - start;
+            }
             Datagram::Ack { conn, .. } => (K_ACK, *conn),
             Datagram::Nak { conn, .. } => (K_NAK, *conn),
             Datagram::Ping { conn, .. } => (K_PING, *conn),
@@ -457,6 +503,7 @@ impl<'a> Datagram<'a> {
                 out.extend_from_slice(&[0; 2]);
                 out.extend_from_slice(payload);
             }
+            Datagram::Bulk { .. } => unreachable!("encoded above"),
             Datagram::Ack { ack, .. } | Datagram::Nak { ack, .. } => {
                 assert!(ack.ranges.len() <= MAX_RANGES, "too many ranges");
                 out.extend_from_slice(&ack.cum.to_le_bytes());
@@ -481,6 +528,111 @@ impl<'a> Datagram<'a> {
         out.extend_from_slice(&crc.to_le_bytes());
         out.len() - start
     }
+}
+
+/// Checks magic, version and kind of the common header; returns the kind.
+fn common(b: &[u8]) -> Result<u8, PacketError> {
+    let magic = u32_at(b, 0);
+    if magic != MAGIC {
+        return Err(PacketError::BadMagic(magic));
+    }
+    if b[4] != VERSION {
+        return Err(PacketError::BadVersion(b[4]));
+    }
+    let kind = b[5];
+    if !(K_DATA..=K_BULK).contains(&kind) {
+        return Err(PacketError::BadKind(kind));
+    }
+    Ok(kind)
+}
+
+/// True when the kind byte says bulk (a cheap peek; [`parse_bulk`] verifies).
+pub fn is_bulk(b: &[u8]) -> bool {
+    b.len() > 5 && b[5] == K_BULK
+}
+
+/// Parses and verifies a bulk datagram whose header and payload lie apart (a speculative
+/// scatter receive put the payload straight into its destination). `header` must be the
+/// [`BULK_HEADER`] bytes, `payload` the bytes that followed them. Returns the connection
+/// id and the fields. Total: any input gives a header or an error.
+pub fn parse_bulk(header: &[u8], payload: &[u8]) -> Result<(u32, BulkHeader), PacketError> {
+    if header.len() != BULK_HEADER {
+        return Err(PacketError::Truncated {
+            what: "bulk header",
+            need: BULK_HEADER,
+            have: header.len(),
+        });
+    }
+    if common(header)? != K_BULK {
+        return Err(PacketError::BadKind(header[5]));
+    }
+    let carried = u32_at(header, 60);
+    let computed = ::crc32c::crc32c_append(crc32c(&header[..60]), payload);
+    if carried != computed {
+        return Err(PacketError::BadChecksum { carried, computed });
+    }
+    if u16_at(header, 6) != 0 || u32_at(header, 12) != 0 {
+        return Err(PacketError::Reserved("common header"));
+    }
+    if u16_at(header, 58) != 0 {
+        return Err(PacketError::Reserved("bulk header"));
+    }
+    let hdr = BulkHeader {
+        pn: u64_at(header, 16),
+        floor: u64_at(header, 24),
+        xfer: u64_at(header, 32),
+        offset: u64_at(header, 40),
+        total: u64_at(header, 48),
+    };
+    let plen = usize::from(u16_at(header, 56));
+    if plen != payload.len() {
+        return Err(PacketError::OutOfRange {
+            what: "bulk payload length",
+            value: plen as u64,
+            limit: payload.len() as u64,
+        });
+    }
+    let end = hdr.offset.checked_add(plen as u64);
+    if plen == 0 || end.is_none_or(|e| e > hdr.total) {
+        return Err(PacketError::OutOfRange {
+            what: "bulk fragment end",
+            value: hdr.offset.saturating_add(plen as u64),
+            limit: hdr.total,
+        });
+    }
+    if hdr.floor > hdr.pn {
+        return Err(PacketError::OutOfRange {
+            what: "floor",
+            value: hdr.floor,
+            limit: hdr.pn,
+        });
+    }
+    Ok((u32_at(header, 8), hdr))
+}
+
+/// The [`BULK_HEADER`] bytes of a bulk datagram carrying `payload` (its checksum
+/// included): what a sender puts before the payload, in one buffer or as the first of two
+/// send vectors.
+///
+/// # Panics
+/// On a caller bug: an empty payload or one longer than [`MAX_PAYLOAD`].
+pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; BULK_HEADER] {
+    assert!(!payload.is_empty(), "empty bulk payload");
+    let plen = u16::try_from(payload.len()).expect("payload longer than MAX_PAYLOAD");
+    let mut h = [0u8; BULK_HEADER];
+    h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4] = VERSION;
+    h[5] = K_BULK;
+    h[8..12].copy_from_slice(&conn.to_le_bytes());
+    h[16..24].copy_from_slice(&hdr.pn.to_le_bytes());
+    h[24..32].copy_from_slice(&hdr.floor.to_le_bytes());
+    h[32..40].copy_from_slice(&hdr.xfer.to_le_bytes());
+    h[40..48].copy_from_slice(&hdr.offset.to_le_bytes());
+    h[48..56].copy_from_slice(&hdr.total.to_le_bytes());
+    h[56..58].copy_from_slice(&plen.to_le_bytes());
+    let crc = ::crc32c::crc32c_append(crc32c(&h[..60]), payload);
+    h[60..64].copy_from_slice(&crc.to_le_bytes());
+    h
 }
 
 /// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has

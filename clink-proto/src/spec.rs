@@ -1,0 +1,402 @@
+//! Speculative defragmentation, sans-IO: where a receiver expects the fragments of a bulk
+//! transfer to land, and how it checks afterwards what really arrived.
+//!
+//! The receiver of a bulk transfer (a rendezvous whose destination is the posted buffer)
+//! pre-loads its receive vectors so that each expected datagram's [`BULK_HEADER`] lands in a
+//! header slot and its payload straight at its final offset in the destination: the
+//! seed's two descriptors per fragment. After the read the transport asks this module
+//! what happened:
+//!
+//! - [`Layout::segments`] cuts a read (one datagram, or a coalesced GRO read of equal-sized
+//!   segments) into datagrams and says which landed exactly on a (header slot, payload
+//!   slot) pair — **candidates** — and which did not (straddling slots or the spill area);
+//! - [`check`] verifies a candidate: a bulk datagram of the expected connection and
+//!   transfer, for exactly the offset that slot was armed for, with a good checksum. That
+//!   is a **hit**: zero copies, the bytes are final.
+//! - Anything else is a **miss**: the transport gathers the datagram's bytes (one copy)
+//!   and hands them to the ordinary path, where a bulk fragment is copied to its real
+//!   offset through [`Placement::mark`] (the cleanup move) and anything else is handled as
+//!   usual.
+//!
+//! **Invariant: speculation only places bytes where nothing valid is yet.** A slot is
+//! armed only for a fragment [`Placement`] records as missing, and two slots are never
+//! armed for one fragment, so whatever lands there — the right fragment, a stray
+//! datagram, a corrupted copy — overwrites nothing of value; a miss costs a copy, never
+//! data. And [`Placement::mark`] refuses a fragment already placed, so a duplicate or a
+//! forged datagram never overwrites a valid one.
+//!
+//! **Prediction.** [`Placement::plan`] arms the fragments following the highest one placed
+//! (the stream goes on where it was), grouped as the sender groups its sends
+//! ([`crate::reliable::Config::bulk_group`]: one group per GSO send, one group per receive
+//! entry), then the holes below it (retransmissions). A loss thus costs a miss for the
+//! late retransmission only, not for everything behind it.
+
+use crate::reliable::packet::{parse_bulk, BulkHeader, BULK_HEADER};
+
+/// The receiver's record of one bulk transfer: which fragments are at their place.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    xfer: u64,
+    total: u64,
+    cap: u64,
+    frag: u64,
+    placed: Vec<u64>,
+    count: u64,
+    highest: Option<u64>,
+}
+
+/// What [`Placement::mark`] decided about a fragment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// New: its bytes (the part below the capacity) belong at `offset`.
+    New,
+    /// Already placed: its bytes must not be written.
+    Duplicate,
+    /// Not a fragment of this transfer (wrong offset, length or total): a forged or
+    /// buggy datagram.
+    Invalid,
+}
+
+impl Placement {
+    /// A transfer of `total` bytes named `xfer`, cut into fragments of `frag` bytes (the
+    /// connection's payload per datagram), into a destination of `cap` bytes (less than
+    /// `total`: the message is truncated; the bytes beyond are received and dropped).
+    pub fn new(xfer: u64, total: u64, cap: u64, frag: usize) -> Placement {
+        let frag = frag.max(1) as u64;
+        let n = total.div_ceil(frag);
+        Placement {
+            xfer,
+            total,
+            cap: cap.min(total),
+            frag,
+            placed: vec![0; n.div_ceil(64) as usize],
+            count: 0,
+            highest: None,
+        }
+    }
+
+    /// The transfer id.
+    pub fn xfer(&self) -> u64 {
+        self.xfer
+    }
+
+    /// The transfer's length.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Bytes of the destination the transfer fills (`min(total, cap)`).
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
+    /// Fragments in the transfer.
+    pub fn fragments(&self) -> u64 {
+        self.total.div_ceil(self.frag)
+    }
+
+    /// True once every fragment arrived.
+    pub fn complete(&self) -> bool {
+        self.count == self.fragments()
+    }
+
+    /// Offset and length of fragment `i`.
+    pub fn fragment(&self, i: u64) -> (u64, usize) {
+        let off = i * self.frag;
+        (off, (self.total - off).min(self.frag) as usize)
+    }
+
+    /// True when fragment `i` is at its place.
+    pub fn is_placed(&self, i: u64) -> bool {
+        self.placed
+            .get((i / 64) as usize)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+
+    /// Records a received fragment (`hdr` verified, `len` payload bytes).
+    pub fn mark(&mut self, hdr: &BulkHeader, len: usize) -> Mark {
+        if hdr.xfer != self.xfer || hdr.total != self.total || !hdr.offset.is_multiple_of(self.frag)
+        {
+            return Mark::Invalid;
+        }
+        let i = hdr.offset / self.frag;
+        if i >= self.fragments() || self.fragment(i).1 != len {
+            return Mark::Invalid;
+        }
+        if self.is_placed(i) {
+            return Mark::Duplicate;
+        }
+        self.placed[(i / 64) as usize] |= 1 << (i % 64);
+        self.count += 1;
+        self.highest = Some(self.highest.map_or(i, |h| h.max(i)));
+        Mark::New
+    }
+
+    /// Fragments to arm, as up to `entries` lists of at most `group` fragment indices:
+    /// the missing fragments after the highest placed one, cut at multiples of `group`
+    /// (how the sender groups its sends), then the holes below it. Only fragments that
+    /// lie wholly inside the destination are armed.
+    pub fn plan(&self, group: u64, entries: usize, out: &mut Vec<Vec<u64>>) {
+        out.clear();
+        let group = group.max(1);
+        let n = self.fragments();
+        let first = self.highest.map_or(0, |h| h + 1);
+        let mut cur: Vec<u64> = Vec::new();
+        let order = (first..n).chain(0..first.min(n));
+        for i in order {
+            if out.len() >= entries {
+                return;
+            }
+            if self.is_placed(i) {
+                continue;
+            }
+            let (off, len) = self.fragment(i);
+            if off + len as u64 > self.cap {
+                continue;
+            }
+            // A new entry at a group boundary, when full, or where the order wraps.
+            let boundary =
+                i.is_multiple_of(group) || i < first && cur.first().is_some_and(|&c| c >= first);
+            if !cur.is_empty() && (boundary || cur.len() as u64 >= group) {
+                out.push(std::mem::take(&mut cur));
+                if out.len() >= entries {
+                    return;
+                }
+            }
+            cur.push(i);
+        }
+        if !cur.is_empty() && out.len() < entries {
+            out.push(cur);
+        }
+    }
+}
+
+/// The receive vectors of one armed entry, by length: a header slot and a payload slot
+/// per armed fragment, then a spill area that takes whatever does not fit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Payload slot lengths, one per armed fragment (each after its [`BULK_HEADER`] slot).
+    pub payloads: Vec<usize>,
+    /// Length of the spill area after the last slot.
+    pub spill: usize,
+}
+
+/// One datagram of a read, as [`Layout::segments`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Segment {
+    /// Exactly header slot `slot` followed by `len` bytes of its payload slot.
+    Candidate {
+        /// Offset in the logical stream (where its header slot starts).
+        start: usize,
+        /// Armed slot index.
+        slot: usize,
+        /// Payload bytes received.
+        len: usize,
+    },
+    /// Anywhere else: bytes `start..start + len` of the read's logical stream (header
+    /// slot, payload slot, header slot, ..., spill), to be gathered.
+    Gather {
+        /// Offset in the logical stream.
+        start: usize,
+        /// Length.
+        len: usize,
+    },
+}
+
+impl Layout {
+    /// Total bytes the vectors can take.
+    pub fn capacity(&self) -> usize {
+        self.payloads.iter().map(|p| BULK_HEADER + p).sum::<usize>() + self.spill
+    }
+
+    /// Cuts a read of `n` bytes with segment size `seg` (a coalesced read; `None` or 0:
+    /// one datagram) into datagrams, in order.
+    pub fn segments(&self, n: usize, seg: Option<usize>, out: &mut Vec<Segment>) {
+        out.clear();
+        let n = n.min(self.capacity());
+        let seg = seg.filter(|&s| s > 0).unwrap_or(n.max(1));
+        let mut slot = 0usize; // next armed slot
+        let mut slot_start = 0usize; // its logical start
+        let mut at = 0usize;
+        while at < n {
+            let len = seg.min(n - at);
+            // Skip slots that end before this datagram starts.
+            while slot < self.payloads.len() && slot_start + BULK_HEADER + self.payloads[slot] <= at
+            {
+                slot_start += BULK_HEADER + self.payloads[slot];
+                slot += 1;
+            }
+            let fits = slot < self.payloads.len()
+                && at == slot_start
+                && len > BULK_HEADER
+                && len <= BULK_HEADER + self.payloads[slot];
+            out.push(if fits {
+                Segment::Candidate {
+                    start: at,
+                    slot,
+                    len: len - BULK_HEADER,
+                }
+            } else {
+                Segment::Gather { start: at, len }
+            });
+            at += len;
+        }
+    }
+}
+
+/// The verdict of [`check`] on a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// The expected fragment, intact, at its place.
+    Hit(BulkHeader),
+    /// Anything else: gather it and take the ordinary path.
+    Miss,
+}
+
+/// Verifies a candidate: `header` from its header slot, `payload` as it landed in the
+/// destination at `offset` (the offset the slot was armed for), for connection `conn` and
+/// transfer `xfer`. A hit needs a valid bulk datagram of that connection and transfer, for
+/// exactly that offset and a payload of the fragment's length.
+pub fn check(
+    conn: u32,
+    placement: &Placement,
+    offset: u64,
+    header: &[u8],
+    payload: &[u8],
+) -> Check {
+    match parse_bulk(header, payload) {
+        Ok((c, h))
+            if c == conn
+                && h.xfer == placement.xfer
+                && h.total == placement.total
+                && h.offset == offset
+                && offset.is_multiple_of(placement.frag)
+                && placement.fragment(offset / placement.frag).1 == payload.len() =>
+        {
+            Check::Hit(h)
+        }
+        _ => Check::Miss,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hdr(xfer: u64, offset: u64, total: u64) -> BulkHeader {
+        BulkHeader {
+            pn: 0,
+            floor: 0,
+            xfer,
+            offset,
+            total,
+        }
+    }
+
+    #[test]
+    fn mark_refuses_duplicates_and_strangers() {
+        let mut p = Placement::new(7, 2500, 2500, 1000);
+        assert_eq!(p.fragments(), 3);
+        assert_eq!(p.mark(&hdr(7, 1000, 2500), 1000), Mark::New);
+        assert_eq!(p.mark(&hdr(7, 1000, 2500), 1000), Mark::Duplicate);
+        assert_eq!(p.mark(&hdr(8, 0, 2500), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 500, 2500), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 2000, 2500), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 2000, 2500), 500), Mark::New);
+        assert_eq!(p.mark(&hdr(7, 0, 2600), 1000), Mark::Invalid);
+        assert!(!p.complete());
+        assert_eq!(p.mark(&hdr(7, 0, 2500), 1000), Mark::New);
+        assert!(p.complete());
+    }
+
+    #[test]
+    fn plan_follows_the_stream_then_the_holes() {
+        let mut p = Placement::new(1, 10 * 100, 10 * 100, 100);
+        let mut out = Vec::new();
+        p.plan(4, 8, &mut out);
+        assert_eq!(out, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+        for i in [0u64, 1, 3, 4, 5] {
+            assert_eq!(p.mark(&hdr(1, i * 100, 1000), 100), Mark::New);
+        }
+        p.plan(4, 8, &mut out);
+        // After the highest placed (5): 6, 7 | 8, 9; then the hole 2.
+        assert_eq!(out, vec![vec![6, 7], vec![8, 9], vec![2]]);
+        p.plan(4, 2, &mut out);
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn plan_skips_fragments_beyond_the_capacity() {
+        let p = Placement::new(1, 1000, 450, 100);
+        let mut out = Vec::new();
+        p.plan(8, 4, &mut out);
+        assert_eq!(out, vec![vec![0, 1, 2, 3]]);
+    }
+
+    #[test]
+    fn segments_find_candidates() {
+        let l = Layout {
+            payloads: vec![100, 100, 40],
+            spill: 1000,
+        };
+        let mut out = Vec::new();
+        let s = BULK_HEADER + 100;
+        // A coalesced read of 3 full segments and a short one.
+        l.segments(3 * s + 10, Some(s), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Segment::Candidate {
+                    start: 0,
+                    slot: 0,
+                    len: 100
+                },
+                Segment::Candidate {
+                    start: s,
+                    slot: 1,
+                    len: 100
+                },
+                Segment::Gather {
+                    start: 2 * s,
+                    len: s
+                },
+                Segment::Gather {
+                    start: 3 * s,
+                    len: 10
+                },
+            ]
+        );
+        // One short datagram fits slot 0.
+        l.segments(BULK_HEADER + 40, None, &mut out);
+        assert_eq!(
+            out,
+            vec![Segment::Candidate {
+                start: 0,
+                slot: 0,
+                len: 40
+            }]
+        );
+        // A read with another segment size straddles the slots.
+        l.segments(400, Some(200), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                Segment::Gather { start: 0, len: 200 },
+                Segment::Gather {
+                    start: 200,
+                    len: 200
+                }
+            ]
+        );
+        // A shorter datagram at a slot's start is a candidate ([`check`] decides).
+        l.segments(150, None, &mut out);
+        assert_eq!(
+            out,
+            vec![Segment::Candidate {
+                start: 0,
+                slot: 0,
+                len: 86
+            }]
+        );
+    }
+}
