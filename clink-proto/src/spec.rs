@@ -244,6 +244,32 @@ impl Layout {
     }
 }
 
+/// What a hit must be: the connection and transfer an armed entry waits for (a small
+/// copy of the [`Placement`]'s identity, so a transport can check without borrowing it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expect {
+    /// Connection id.
+    pub conn: u32,
+    /// Transfer id.
+    pub xfer: u64,
+    /// Transfer length.
+    pub total: u64,
+    /// Fragment payload size.
+    pub frag: u64,
+}
+
+impl Placement {
+    /// What a hit for this transfer on connection `conn` must carry.
+    pub fn expect(&self, conn: u32) -> Expect {
+        Expect {
+            conn,
+            xfer: self.xfer,
+            total: self.total,
+            frag: self.frag,
+        }
+    }
+}
+
 /// The verdict of [`check`] on a candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Check {
@@ -254,24 +280,18 @@ pub enum Check {
 }
 
 /// Verifies a candidate: `header` from its header slot, `payload` as it landed in the
-/// destination at `offset` (the offset the slot was armed for), for connection `conn` and
-/// transfer `xfer`. A hit needs a valid bulk datagram of that connection and transfer, for
-/// exactly that offset and a payload of the fragment's length.
-pub fn check(
-    conn: u32,
-    placement: &Placement,
-    offset: u64,
-    header: &[u8],
-    payload: &[u8],
-) -> Check {
+/// destination at `offset` (the offset the slot was armed for). A hit needs a valid bulk
+/// datagram of the expected connection and transfer, for exactly that offset, with a
+/// payload of the fragment's length.
+pub fn check(e: &Expect, offset: u64, header: &[u8], payload: &[u8]) -> Check {
     match parse_bulk(header, payload) {
         Ok((c, h))
-            if c == conn
-                && h.xfer == placement.xfer
-                && h.total == placement.total
+            if c == e.conn
+                && h.xfer == e.xfer
+                && h.total == e.total
                 && h.offset == offset
-                && offset.is_multiple_of(placement.frag)
-                && placement.fragment(offset / placement.frag).1 == payload.len() =>
+                && offset.is_multiple_of(e.frag)
+                && (e.total - offset).min(e.frag) == payload.len() as u64 =>
         {
             Check::Hit(h)
         }

@@ -180,7 +180,7 @@ fn run(seed: u64, total: usize, cap: usize, f: &Faults) -> Counts {
                         Segment::Candidate { start, slot, len } => {
                             let (off, _) = pl.fragment(plan[slot]);
                             let payload = &dest[off as usize..off as usize + len];
-                            match spec::check(0, &pl, off, &hdrs[slot], payload) {
+                            match spec::check(&pl.expect(0), off, &hdrs[slot], payload) {
                                 Check::Hit(h) => {
                                     c.hits += 1;
                                     if b.accept_placed(now, &h, BULK_HEADER + len).unwrap() {

@@ -62,4 +62,15 @@ pub struct Stats {
     /// Network path: faults injected (`CLINK_FAULTS`): drops, duplicates, corruptions,
     /// delays.
     pub faults_injected: u64,
+    /// Network path: bulk (rendezvous) fragments found intact at their place by a
+    /// speculative receive: zero user-space copies.
+    pub spec_hits: u64,
+    /// Network path: payload bytes of those hits.
+    pub spec_hit_bytes: u64,
+    /// Network path: datagrams read into a speculative layout that were not the expected
+    /// fragment (gathered, then handled by the ordinary path).
+    pub spec_misses: u64,
+    /// Network path: bulk payload bytes copied to their place by the ordinary path
+    /// (misses, reads beyond the armed layout, speculation off).
+    pub cleanup_bytes: u64,
 }

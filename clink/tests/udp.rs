@@ -11,11 +11,13 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
 fn net_ctx(faults: &str, dead_ms: u64) -> Context {
+    // "nospec" in the fault string: speculative receive off.
     let udp = UdpConfig {
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         mtu: Some(1500),
         dead_after: Duration::from_millis(dead_ms),
-        faults: FaultConfig::parse(faults).unwrap(),
+        speculate: !faults.contains("nospec"),
+        faults: FaultConfig::parse(&faults.replace("nospec", "")).unwrap(),
         ..UdpConfig::default()
     };
     Context::with_config(Config {
@@ -126,7 +128,28 @@ fn every_size_class_round_trips_over_loopback_udp() {
         0,
         "{s:?}"
     );
+    // The large echoes came back as bulk transfers, received speculatively.
+    println!("client: {s:?}");
+    assert!(s.spec_hits > 0, "{s:?}");
     drop(a);
+}
+
+#[test]
+fn bulk_transfers_without_speculation_take_the_copy_path() {
+    let ((a, pa), (mut b, pb)) = pair("nospec", 2000);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 1, 3);
+    let a = server.join().unwrap();
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sa.spec_hits + sb.spec_hits, 0);
+    // Both directions: 65537 + 300000 + 4 MiB bytes each, placed by the copy path.
+    let big: u64 = SIZES
+        .iter()
+        .filter(|&&n| n > 65536)
+        .map(|&n| n as u64)
+        .sum();
+    assert_eq!(sa.cleanup_bytes, big, "{sa:?}");
+    assert_eq!(sb.cleanup_bytes, big, "{sb:?}");
 }
 
 #[test]

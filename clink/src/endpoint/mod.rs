@@ -1223,6 +1223,17 @@ impl Endpoint {
             }
             self.push_ctrl(i, Frame::Fin { send_id });
         } else {
+            if let Link::Udp(u) = &mut p.link {
+                if u.conn.config().reliable {
+                    // A bulk transfer straight into the posted buffer (speculatively).
+                    let buf = op.buf.slice();
+                    let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
+                    // SAFETY: the receive op owns the buffer (heap or a blocking caller's
+                    // slice) and keeps it until the transfer completes (finish_bulk) or
+                    // the peer fails (fail_peer_ops clears the link's transfers first).
+                    unsafe { u.expect_bulk(send_id, len, ptr, cap) };
+                }
+            }
             op.state = RecvState::Pipelining {
                 status,
                 got: 0,
@@ -1391,6 +1402,20 @@ impl Endpoint {
                 let len = match self.sends.get_mut(&send_id) {
                     Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => {
                         op.state = SendState::Pipelining;
+                        if let Link::Udp(u) = &mut self.peers[i].link {
+                            if u.conn.config().reliable {
+                                let d = op.data.bytes();
+                                // SAFETY: the send op owns (or borrows from a blocking
+                                // caller) the bytes until it completes, which happens only
+                                // when the link reports the transfer acknowledged, or the
+                                // peer fails (the link's transfers are cleared first).
+                                if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
+                                    op.state = SendState::Done(Err(Error::PeerDead(src)));
+                                }
+                                self.kick(i);
+                                return Ok(true);
+                            }
+                        }
                         op.data.bytes().len() as u64
                     }
                     _ => {
@@ -1579,6 +1604,10 @@ impl Endpoint {
         let p = &mut self.peers[i];
         p.txq.clear();
         p.pipeline_out.clear();
+        if let Link::Udp(u) = &mut p.link {
+            // No pointer into a request buffer survives the requests' failure.
+            u.bulk.clear();
+        }
         for (_, rid) in p.pipeline_in.drain() {
             if let Some(op) = self.recvs.get_mut(&rid) {
                 op.state = RecvState::Done(Err(Error::PeerDead(peer)));

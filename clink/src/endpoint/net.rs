@@ -3,7 +3,7 @@
 //! that differ from shared memory.
 
 use super::link::Link;
-use super::Endpoint;
+use super::{Endpoint, RecvState, SendState};
 use crate::context::CtxInner;
 use crate::error::{Error, Result};
 use clink_proto::PeerId;
@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 const NET_EAGER_MAX: u64 = 64 << 10;
 /// Chunk of a pipelined rendezvous over the network (each is one connection message).
 const NET_CHUNK: u64 = 256 << 10;
+/// Receive entries a speculative read arms (the socket reads up to this many at once).
+const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// Longest `close` waits for its goodbyes to be acknowledged.
 const LINGER: Duration = Duration::from_millis(200);
 
@@ -90,12 +92,28 @@ impl Endpoint {
             return false;
         };
         let now = net.now();
+        // Arm a speculative receive for the first peer with a bulk transfer coming in (one
+        // stream at a time: the others' fragments take the ordinary path).
+        let arm = if net.speculate() {
+            self.peers
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, p)| match &mut p.link {
+                    Link::Udp(u) if p.alive && u.bulk.receiving() => {
+                        let c = u.conn.config();
+                        let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
+                        u.bulk.arm(conn, group, RX_ENTRIES).map(|a| (i, a))
+                    }
+                    _ => None,
+                })
+        } else {
+            None
+        };
         let peers = &mut self.peers;
-        let got = net.receive(&mut |i, d| {
+        let got = net.receive(arm.as_ref().map(|(i, a)| (*i, a)), &mut |i, g| {
             if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
                 if let Link::Udp(u) = &mut p.link {
-                    // Errors are counted by the connection (corrupt, malformed, stray).
-                    let _ = u.conn.handle_datagram(now, d);
+                    u.handle(now, g);
                 }
             }
         }) > 0;
@@ -110,6 +128,7 @@ impl Endpoint {
             }
         }
         let accepted = net.take_accepted();
+        self.finish_bulk();
         let adopted = !accepted.is_empty();
         for link in accepted {
             match self.add_peer(Link::Udp(Box::new(link))) {
@@ -131,6 +150,47 @@ impl Endpoint {
             net.flush(); // welcomes answering hellos
         }
         got || adopted
+    }
+
+    /// Completes the rendezvous sends and receives whose bulk transfers are over.
+    fn finish_bulk(&mut self) {
+        for i in 0..self.peers.len() {
+            let Link::Udp(u) = &mut self.peers[i].link else {
+                continue;
+            };
+            if u.bulk.done_in.is_empty() && u.bulk.done_out.is_empty() {
+                continue;
+            }
+            let done_in = std::mem::take(&mut u.bulk.done_in);
+            let done_out = std::mem::take(&mut u.bulk.done_out);
+            for x in done_out {
+                if let Some(op) = self.sends.get_mut(&x) {
+                    if matches!(op.state, SendState::Pipelining) {
+                        op.state = SendState::Done(Ok(()));
+                    }
+                }
+            }
+            for x in done_in {
+                let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
+                    continue;
+                };
+                let Some(op) = self.recvs.get_mut(&rid) else {
+                    continue;
+                };
+                if let RecvState::Pipelining { status, .. } = op.state {
+                    let cap = op.buf.slice().len() as u64;
+                    self.stats.pipeline_bytes += status.len;
+                    op.state = RecvState::Done(if status.len > cap {
+                        Err(Error::Truncated {
+                            len: status.len,
+                            capacity: cap,
+                        })
+                    } else {
+                        Ok(status)
+                    });
+                }
+            }
+        }
     }
 
     /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
@@ -191,6 +251,7 @@ impl Endpoint {
         s.send_drops += k.send_drops;
         let t = net.stats();
         s.stray_dropped += t.stray + t.bad_handshakes;
+        s.spec_misses += t.spec_misses;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {
@@ -202,6 +263,10 @@ impl Endpoint {
                 s.malformed_dropped += c.dropped_malformed;
                 s.duplicates_dropped += c.duplicates;
                 s.stray_dropped += c.dropped_stray;
+                let b = u.bulk.stats;
+                s.spec_hits += b.hits;
+                s.spec_hit_bytes += b.hit_bytes;
+                s.cleanup_bytes += b.cleanup_bytes;
             }
         }
     }

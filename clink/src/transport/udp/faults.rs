@@ -88,6 +88,22 @@ pub struct FaultStats {
     pub delayed: u64,
 }
 
+/// What the injector decided for one datagram (and its duplicate).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fate {
+    drop: bool,
+    dup: bool,
+    corrupt: [bool; 2],
+    hold: [bool; 2],
+}
+
+impl Fate {
+    /// Delivered once, now, intact.
+    pub fn is_clean(&self) -> bool {
+        !self.drop && !self.dup && !self.corrupt[0] && !self.hold[0]
+    }
+}
+
 /// The injector: decides per datagram, holds back delayed ones.
 pub struct Faults {
     cfg: FaultConfig,
@@ -108,6 +124,28 @@ impl Faults {
         }
     }
 
+    /// Draws what happens to the next arrived datagram (apply it with
+    /// [`Faults::apply_fate`]). A transport checks [`Fate::is_clean`] to keep a datagram
+    /// it received in place (speculatively) where it is.
+    pub fn fate(&mut self) -> Fate {
+        if self.rng.chance(self.cfg.drop) {
+            return Fate {
+                drop: true,
+                ..Fate::default()
+            };
+        }
+        let dup = self.rng.chance(self.cfg.dup);
+        let mut f = Fate {
+            dup,
+            ..Fate::default()
+        };
+        for k in 0..if dup { 2 } else { 1 } {
+            f.corrupt[k] = self.rng.chance(self.cfg.corrupt);
+            f.hold[k] = self.rng.chance(self.cfg.reorder);
+        }
+        f
+    }
+
     /// Passes one arrived datagram through the faults at time `now` (ns); what survives
     /// goes to `deliver` (now, twice, damaged, or later through [`Faults::release`]).
     pub fn apply(
@@ -117,19 +155,29 @@ impl Faults {
         d: &[u8],
         deliver: &mut impl FnMut(SocketAddrV4, &[u8]),
     ) {
-        if self.rng.chance(self.cfg.drop) {
+        let fate = self.fate();
+        self.apply_fate(fate, now, src, d, deliver);
+    }
+
+    /// Applies a fate drawn by [`Faults::fate`] to datagram `d`.
+    pub fn apply_fate(
+        &mut self,
+        fate: Fate,
+        now: u64,
+        src: SocketAddrV4,
+        d: &[u8],
+        deliver: &mut impl FnMut(SocketAddrV4, &[u8]),
+    ) {
+        if fate.drop {
             self.stats.dropped += 1;
             return;
         }
-        let copies = if self.rng.chance(self.cfg.dup) {
+        if fate.dup {
             self.stats.duplicated += 1;
-            2
-        } else {
-            1
-        };
-        for _ in 0..copies {
-            let corrupt = self.rng.chance(self.cfg.corrupt) && !d.is_empty();
-            let hold = self.rng.chance(self.cfg.reorder);
+        }
+        for k in 0..if fate.dup { 2 } else { 1 } {
+            let corrupt = fate.corrupt[k] && !d.is_empty();
+            let hold = fate.hold[k];
             if !corrupt && !hold {
                 deliver(src, d);
                 continue;

@@ -14,19 +14,22 @@
 //! dropped by the connection; fault injection ([`faults`]) sits between the socket and
 //! the connections.
 
+pub mod bulk;
 pub mod faults;
 pub mod sock;
 
 use crate::error::{io_err, Result};
-use clink_proto::reliable::packet::{is_handshake, peek_conn, DATA_HEADER, TRAILER};
-use clink_proto::reliable::{self, Conn, Datagram, Event, Handshake, SendError};
+use clink_proto::reliable::packet::{is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER};
+use clink_proto::reliable::{self, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
+use clink_proto::spec::{self, Check, Layout, Segment};
 use clink_proto::wire::Frame;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
+pub use bulk::{Arm, Bulk, BulkStats};
 pub use faults::{FaultConfig, FaultStats, Faults};
-pub use sock::{SockStats, TxBatch, UdpSock};
+pub use sock::{IoVec, SockStats, TxBatch, UdpSock};
 
 /// IPv4 + UDP header bytes.
 const IP_UDP_HEADERS: usize = 28;
@@ -39,6 +42,45 @@ const HELLO_EVERY: Duration = Duration::from_millis(100);
 /// The largest message payload per datagram for a path MTU.
 pub fn mtu_payload(mtu: usize) -> usize {
     (mtu.saturating_sub(IP_UDP_HEADERS)).min(sock::MAX_UDP_PAYLOAD) - DATA_HEADER - TRAILER
+}
+
+/// Bytes `start..start + len` of an armed entry's logical stream: its leading vectors,
+/// then its slot (the copy a miss costs).
+fn gather(lead: &[IoVec], slot: &[u8], start: usize, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut at = 0usize; // logical start of the current piece
+    let end = start + len;
+    for v in lead {
+        let (a, b) = (at.max(start), (at + v.len).min(end));
+        if a < b {
+            // SAFETY: inside a vector the kernel just wrote (header slot or destination
+            // range, valid per the receive's contract).
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(v.ptr.add(a - at), b - a) });
+        }
+        at += v.len;
+    }
+    if end > at {
+        let (a, b) = (start.max(at) - at, (end - at).min(slot.len()));
+        if a < b {
+            out.extend_from_slice(&slot[a..b]);
+        }
+    }
+    out
+}
+
+/// Fragments per bulk group for a payload size: as many full datagrams as one GSO send
+/// carries (so one group is one send and, with GRO, one read).
+pub fn bulk_group(mtu_payload: usize) -> u64 {
+    (sock::MAX_UDP_PAYLOAD / (mtu_payload + BULK_HEADER)).clamp(1, sock::MAX_GSO_SEGMENTS) as u64
+}
+
+/// What a receive hands to the endpoint for a link.
+pub enum Got<'a> {
+    /// A datagram for the link's connection.
+    Datagram(&'a [u8]),
+    /// A bulk fragment a speculative receive found intact at its place (header verified),
+    /// with its length on the wire.
+    Placed(BulkHeader, usize),
 }
 
 /// Settings of the UDP transport (from `CLINK_*`, see [`crate::config`]).
@@ -54,6 +96,8 @@ pub struct UdpConfig {
     pub dead_after: Duration,
     /// Reliable (retransmit) or unreliable (BCL-4's choice) delivery.
     pub reliable: bool,
+    /// Speculative scatter receive of bulk transfers.
+    pub speculate: bool,
     /// Faults to inject on receive.
     pub faults: FaultConfig,
 }
@@ -66,6 +110,7 @@ impl Default for UdpConfig {
             sock_buf: 32 << 20,
             dead_after: Duration::from_millis(2000),
             reliable: true,
+            speculate: true,
             faults: FaultConfig::default(),
         }
     }
@@ -80,6 +125,9 @@ pub struct UdpStats {
     pub bad_handshakes: u64,
     /// Hellos answered.
     pub hellos: u64,
+    /// Datagrams read into a speculative layout that were not the expected fragment
+    /// (gathered and handled by the ordinary path).
+    pub spec_misses: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -90,6 +138,8 @@ pub struct UdpLink {
     pub dest: SocketAddrV4,
     /// The peer's endpoint id.
     pub remote_id: u128,
+    /// Bulk transfers in progress.
+    pub bulk: Bulk,
     rxq: VecDeque<Vec<u8>>,
     rxq_bytes: usize,
 }
@@ -100,9 +150,53 @@ impl UdpLink {
             conn,
             dest,
             remote_id,
+            bulk: Bulk::default(),
             rxq: VecDeque::new(),
             rxq_bytes: 0,
         }
+    }
+
+    /// Feeds what a receive got for this link to its connection; bulk fragments go to
+    /// their destination.
+    pub fn handle(&mut self, now: u64, got: Got<'_>) {
+        // Errors are counted by the connection (corrupt, malformed, stray).
+        match got {
+            Got::Datagram(d) => {
+                let bulk = &mut self.bulk;
+                let _ = self
+                    .conn
+                    .handle_datagram_with(now, d, &mut |h, p| bulk.place(h, p));
+            }
+            Got::Placed(h, wire_len) => {
+                if self.conn.accept_placed(now, &h, wire_len) == Ok(true) {
+                    self.bulk.placed(&h, wire_len - BULK_HEADER);
+                }
+            }
+        }
+    }
+
+    /// Starts sending `len` bytes at `ptr` as bulk transfer `xfer` (the receiver's clear to
+    /// send named it); false when the connection is dead.
+    ///
+    /// # Safety
+    /// As [`Bulk::add_source`].
+    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+        if self.conn.send_bulk(xfer, len as u64).is_err() {
+            return false;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.bulk.add_source(xfer, ptr, len) };
+        true
+    }
+
+    /// Expects bulk transfer `xfer` of `total` bytes into `ptr` (`cap` bytes).
+    ///
+    /// # Safety
+    /// As [`Bulk::add_dest`].
+    pub unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+        let frag = self.conn.config().mtu_payload;
+        // SAFETY: forwarded contract.
+        unsafe { self.bulk.add_dest(xfer, total, ptr, cap, frag) };
     }
 
     /// Queues one frame on the connection (copied once, straight from the frame);
@@ -147,6 +241,7 @@ impl UdpLink {
                     self.rxq.push_back(data);
                 }
                 Some(Event::Acked(_)) => {}
+                Some(Event::BulkSent(x)) => self.bulk.sent(x),
                 Some(Event::PeerDead) => dead = true,
                 None => break,
             }
@@ -157,7 +252,12 @@ impl UdpLink {
     /// Appends the connection's datagrams to `batch`.
     pub fn transmit(&mut self, now: u64, batch: &mut TxBatch) {
         let dest = self.dest;
-        while batch.push(dest, |buf| self.conn.poll_transmit(now, buf).unwrap_or(0)) {}
+        let bulk = &self.bulk;
+        let conn = &mut self.conn;
+        while batch.push_grouped(dest, |buf| {
+            conn.poll_transmit_with(now, buf, &mut |x, o, d| bulk.fill(x, o, d))
+                .map(|t| (t.len, t.group_start))
+        }) {}
     }
 }
 
@@ -190,6 +290,10 @@ struct State {
     accepted: Vec<UdpLink>,
     epoch: Instant,
     stats: UdpStats,
+    /// Header slots of the speculative layouts: [`sock::MAX_GSO_SEGMENTS`] per entry.
+    hdr_slots: Vec<[u8; BULK_HEADER]>,
+    /// The receive vectors of the armed entries.
+    lead: Vec<Vec<IoVec>>,
 }
 
 impl State {
@@ -212,6 +316,7 @@ impl State {
             // Acks ride alone (no piggybacking yet): one per 16 packets or per delay keeps
             // them off the latency path of a ping-pong and cheap in bulk transfers.
             ack_every: 16,
+            bulk_group: bulk_group(mtu_payload),
             ..reliable::Config::default()
         }
     }
@@ -297,6 +402,8 @@ impl UdpTransport {
                 accepted: Vec::new(),
                 epoch: Instant::now(),
                 stats: UdpStats::default(),
+                hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
+                lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
             },
             sock,
         })
@@ -401,15 +508,152 @@ impl UdpTransport {
         std::mem::take(&mut self.st.accepted)
     }
 
-    /// Reads what arrived (one batch) and hands each datagram to `to_link` with the index
-    /// its link was routed under ([`UdpTransport::route`]); answers hellos and welcomes
-    /// itself. Returns the number of datagrams read.
-    pub fn receive(&mut self, to_link: &mut impl FnMut(usize, &[u8])) -> usize {
+    /// Fragments per receive entry a speculative layout arms: one GSO group when the
+    /// kernel coalesces reads, else one datagram.
+    pub fn rx_group(&self, mtu_payload: usize) -> u64 {
+        if self.sock.gro() {
+            bulk_group(mtu_payload)
+        } else {
+            1
+        }
+    }
+
+    /// True when bulk transfers are received speculatively.
+    pub fn speculate(&self) -> bool {
+        self.st.cfg.speculate
+    }
+
+    /// Reads what arrived (one batch) and hands each datagram to `sink` with the index its
+    /// link was routed under ([`UdpTransport::route`]); answers hellos and welcomes
+    /// itself. With `arm` (for the link routed under `arm.0`), the read is speculative:
+    /// the armed fragments land straight in the destination; verified hits are handed
+    /// over as [`Got::Placed`], everything else is gathered (the miss's copy) and takes the
+    /// ordinary path. Returns the number of datagrams read.
+    pub fn receive(
+        &mut self,
+        arm: Option<(usize, &Arm)>,
+        sink: &mut impl FnMut(usize, Got<'_>),
+    ) -> usize {
+        let Some((idx, arm)) = arm else {
+            return self.receive_plain(sink);
+        };
         let st = &mut self.st;
         let now = st.now();
+        let Some(src) = st
+            .routes
+            .iter()
+            .find(|(_, &i)| i == idx)
+            .map(|((a, _), _)| *a)
+        else {
+            return self.receive_plain(sink);
+        };
+        // The layout: per armed entry, [header slot, destination + offset] per fragment.
+        let max = sock::MAX_GSO_SEGMENTS;
+        for (e, lead) in st.lead.iter_mut().enumerate() {
+            lead.clear();
+            if let Some(frags) = arm.entries.get(e) {
+                for (k, &(off, len)) in frags.iter().take(max).enumerate() {
+                    lead.push(IoVec {
+                        ptr: st.hdr_slots[e * max + k].as_mut_ptr(),
+                        len: BULK_HEADER,
+                    });
+                    lead.push(IoVec {
+                        // SAFETY: `off + len` lies inside the destination (Bulk::arm arms
+                        // only fragments inside it).
+                        ptr: unsafe { arm.dest.add(off as usize) },
+                        len,
+                    });
+                }
+            }
+        }
+        // SAFETY: header slots are ours; destination ranges are distinct missing fragments
+        // of a buffer kept valid by the Bulk contract; nothing else aliases them now.
+        let r = unsafe { self.sock.recv_vectored(&st.lead) };
+        let mut gathered: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
+        let mut segs = Vec::new();
+        let mut count = 0;
+        // Pass 1: verify the armed entries; copy out everything that is not a hit, before
+        // any cleanup writes into the destination.
+        for k in 0..r {
+            let got = self.sock.received(k);
+            let frags = arm.entries.get(k).map(Vec::as_slice).unwrap_or(&[]);
+            if frags.is_empty() {
+                continue;
+            }
+            let layout = Layout {
+                payloads: frags.iter().take(max).map(|f| f.1).collect(),
+                spill: sock::RX_SLOT,
+            };
+            layout.segments(got.len, got.seg, &mut segs);
+            for seg in &segs {
+                count += 1;
+                let fate = self.faults.as_mut().map(|f| f.fate());
+                let (start, len) = match *seg {
+                    Segment::Candidate { start, slot, len } if got.src == src => {
+                        let (off, _) = frags[slot];
+                        // SAFETY: the armed payload slot, `len` <= its length.
+                        let payload =
+                            unsafe { std::slice::from_raw_parts(arm.dest.add(off as usize), len) };
+                        let clean = fate.is_none_or(|f| f.is_clean());
+                        match spec::check(&arm.expect, off, &st.hdr_slots[k * max + slot], payload)
+                        {
+                            Check::Hit(h) if clean => {
+                                sink(idx, Got::Placed(h, BULK_HEADER + len));
+                                continue;
+                            }
+                            _ => (start, BULK_HEADER + len),
+                        }
+                    }
+                    Segment::Candidate { start, len, .. } => (start, BULK_HEADER + len),
+                    Segment::Gather { start, len } => (start, len),
+                };
+                st.stats.spec_misses += 1;
+                let bytes = gather(&st.lead[k], self.sock.slot(k, sock::RX_SLOT), start, len);
+                match (fate, self.faults.as_mut()) {
+                    (Some(fate), Some(f)) => {
+                        f.apply_fate(fate, now, got.src, &bytes, &mut |s, d| {
+                            gathered.push((s, d.to_vec()))
+                        })
+                    }
+                    _ => gathered.push((got.src, bytes)),
+                }
+            }
+        }
+        // Pass 2: unarmed entries from their slots, then the gathered misses.
+        let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
+        for k in 0..r {
+            if arm.entries.get(k).is_some_and(|f| !f.is_empty()) {
+                continue;
+            }
+            let got = self.sock.received(k);
+            let data = self.sock.slot(k, got.len);
+            let seg = got.seg.unwrap_or(data.len().max(1));
+            for d in data.chunks(seg) {
+                count += 1;
+                match self.faults.as_mut() {
+                    None => st.dispatch(&mut to_link, got.src, d),
+                    Some(f) => f.apply(now, got.src, d, &mut |s, d| gathered.push((s, d.to_vec()))),
+                }
+            }
+        }
+        if let Some(f) = self.faults.as_mut() {
+            f.release(now, &mut |s, d| gathered.push((s, d.to_vec())));
+        }
+        for (s, d) in gathered {
+            st.dispatch(&mut to_link, s, &d);
+        }
+        self.sock.stats.datagrams_received += count as u64;
+        count
+    }
+
+    /// A receive without speculation: every datagram through the socket's slots.
+    fn receive_plain(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
+        let st = &mut self.st;
+        let now = st.now();
+        let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
         match self.faults.as_mut() {
             // No faults: each datagram is handled in the socket's buffer (no copy).
-            None => self.sock.recv(|src, d| st.dispatch(to_link, src, d)),
+            None => self.sock.recv(|src, d| st.dispatch(&mut to_link, src, d)),
             Some(f) => {
                 let mut arrived: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
                 let n = self.sock.recv(|src, d| {
@@ -417,7 +661,7 @@ impl UdpTransport {
                 });
                 f.release(now, &mut |s, d| arrived.push((s, d.to_vec())));
                 for (s, d) in arrived {
-                    st.dispatch(to_link, s, &d);
+                    st.dispatch(&mut to_link, s, &d);
                 }
                 n
             }

@@ -18,11 +18,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 /// Largest UDP payload of one send (IPv4).
 pub const MAX_UDP_PAYLOAD: usize = 65507;
 /// Most segments of one GSO send (the kernel allows 128; half keeps bursts short).
-const MAX_GSO_SEGMENTS: usize = 64;
+pub const MAX_GSO_SEGMENTS: usize = 64;
 /// Receive slots per `recvmmsg`.
-const RX_SLOTS: usize = 8;
+pub const RX_SLOTS: usize = 8;
 /// Bytes per receive slot: a whole coalesced 64 KiB read.
-const RX_SLOT: usize = 65536;
+pub const RX_SLOT: usize = 65536;
 /// Entries per `sendmmsg`.
 const TX_BATCH: usize = 64;
 
@@ -59,9 +59,32 @@ pub struct UdpSock {
 struct RxBufs {
     data: Vec<u8>,
     addrs: [libc::sockaddr_in; RX_SLOTS],
-    iovs: [libc::iovec; RX_SLOTS],
+    /// Each entry's vectors: the caller's leading ones (a speculative layout), then its
+    /// 64 KiB slot.
+    iovs: Vec<Vec<libc::iovec>>,
     ctrl: [[u64; 8]; RX_SLOTS],
     hdrs: [libc::mmsghdr; RX_SLOTS],
+    got: [RxEntry; RX_SLOTS],
+}
+
+/// What one entry of the last [`UdpSock::recv_vectored`] received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RxEntry {
+    /// Source address.
+    pub src: SocketAddrV4,
+    /// Bytes received (over the leading vectors, then the slot).
+    pub len: usize,
+    /// Segment size of a coalesced (GRO) read.
+    pub seg: Option<usize>,
+}
+
+/// One receive vector given to [`UdpSock::recv_vectored`]: raw memory the kernel writes.
+#[derive(Clone, Copy, Debug)]
+pub struct IoVec {
+    /// Start.
+    pub ptr: *mut u8,
+    /// Length.
+    pub len: usize,
 }
 
 fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
@@ -156,11 +179,17 @@ impl UdpSock {
                 data: vec![0u8; RX_SLOTS * RX_SLOT],
                 // SAFETY: plain old data; set up before each call.
                 addrs: unsafe { zeroed() },
-                // SAFETY: as above.
-                iovs: unsafe { zeroed() },
+                iovs: (0..RX_SLOTS)
+                    .map(|_| Vec::with_capacity(2 * MAX_GSO_SEGMENTS + 1))
+                    .collect(),
                 ctrl: [[0; 8]; RX_SLOTS],
                 // SAFETY: as above.
                 hdrs: unsafe { zeroed() },
+                got: [RxEntry {
+                    src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+                    len: 0,
+                    seg: None,
+                }; RX_SLOTS],
             }),
             stats: SockStats::default(),
         })
@@ -269,17 +298,67 @@ impl UdpSock {
     /// each datagram and its source. Returns the number of datagrams; 0 when nothing was
     /// waiting.
     pub fn recv(&mut self, mut f: impl FnMut(SocketAddrV4, &[u8])) -> usize {
+        // SAFETY: no leading vectors.
+        let r = unsafe { self.recv_vectored(&[]) };
+        let mut count = 0;
+        for k in 0..r {
+            let e = self.rx.got[k];
+            let data = &self.rx.data[k * RX_SLOT..k * RX_SLOT + e.len];
+            match e.seg {
+                Some(s) => {
+                    for d in data.chunks(s) {
+                        f(e.src, d);
+                        count += 1;
+                    }
+                }
+                None => {
+                    f(e.src, data);
+                    count += 1;
+                }
+            }
+        }
+        self.stats.datagrams_received += count as u64;
+        count
+    }
+
+    /// The bytes entry `k` of the last [`UdpSock::recv_vectored`] put in its own slot
+    /// (after its leading vectors).
+    pub fn slot(&self, k: usize, len: usize) -> &[u8] {
+        &self.rx.data[k * RX_SLOT..k * RX_SLOT + len.min(RX_SLOT)]
+    }
+
+    /// A raw pointer to entry `k`'s slot (for gathering across vectors).
+    pub fn slot_ptr(&mut self, k: usize) -> *mut u8 {
+        self.rx.data[k * RX_SLOT..].as_mut_ptr()
+    }
+
+    /// One `recvmmsg` of up to [`RX_SLOTS`] entries; entry `k` is read into `lead[k]`'s
+    /// vectors (if any) and then its own 64 KiB slot. Returns the entries read; see
+    /// [`UdpSock::received`]. Datagram counters are the caller's to keep.
+    ///
+    /// # Safety
+    /// Every vector of `lead` must be valid for writes of its length, not overlap any
+    /// other, and stay so for the call.
+    pub unsafe fn recv_vectored(&mut self, lead: &[Vec<IoVec>]) -> usize {
         let rx = &mut *self.rx;
         for k in 0..RX_SLOTS {
-            rx.iovs[k] = libc::iovec {
+            let v = &mut rx.iovs[k];
+            v.clear();
+            if let Some(l) = lead.get(k) {
+                v.extend(l.iter().map(|x| libc::iovec {
+                    iov_base: x.ptr.cast(),
+                    iov_len: x.len,
+                }));
+            }
+            v.push(libc::iovec {
                 iov_base: rx.data[k * RX_SLOT..].as_mut_ptr().cast(),
                 iov_len: RX_SLOT,
-            };
+            });
             let h = &mut rx.hdrs[k].msg_hdr;
             h.msg_name = (&mut rx.addrs[k] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            h.msg_iov = &mut rx.iovs[k];
-            h.msg_iovlen = 1;
+            h.msg_iov = v.as_mut_ptr();
+            h.msg_iovlen = v.len();
             h.msg_control = rx.ctrl[k].as_mut_ptr().cast();
             h.msg_controllen = size_of::<[u64; 8]>();
             h.msg_flags = 0;
@@ -299,32 +378,29 @@ impl UdpSock {
             return 0;
         }
         self.stats.recv_calls += 1;
-        let mut count = 0;
         for k in 0..r as usize {
             let h = &rx.hdrs[k];
-            let len = (h.msg_len as usize).min(RX_SLOT);
+            let cap: usize = rx.iovs[k].iter().map(|v| v.iov_len).sum();
+            let len = (h.msg_len as usize).min(cap);
             if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 self.stats.truncated += 1;
             }
             let seg = gro_segment(&h.msg_hdr).filter(|&s| s > 0 && s < len);
-            let src = from_sockaddr(&rx.addrs[k]);
-            let data = &rx.data[k * RX_SLOT..k * RX_SLOT + len];
-            match seg {
-                Some(s) => {
-                    self.stats.gro_reads += 1;
-                    for d in data.chunks(s) {
-                        f(src, d);
-                        count += 1;
-                    }
-                }
-                None => {
-                    f(src, data);
-                    count += 1;
-                }
+            if seg.is_some() {
+                self.stats.gro_reads += 1;
             }
+            rx.got[k] = RxEntry {
+                src: from_sockaddr(&rx.addrs[k]),
+                len,
+                seg,
+            };
         }
-        self.stats.datagrams_received += count as u64;
-        count
+        r as usize
+    }
+
+    /// What entry `k` of the last [`UdpSock::recv_vectored`] received.
+    pub fn received(&self, k: usize) -> RxEntry {
+        self.rx.got[k]
     }
 }
 
@@ -389,14 +465,25 @@ impl TxBatch {
     /// Appends one datagram for `dest`: `write` appends its bytes to the buffer it is
     /// given and returns how many (0: nothing to send, the call is undone).
     pub fn push(&mut self, dest: SocketAddrV4, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
+        self.push_grouped(dest, |b| Some((write(b), false)))
+    }
+
+    /// As [`TxBatch::push`]; `write` also says whether the datagram must open a new GSO
+    /// send (a bulk group boundary: the receiver's speculative layout expects each group
+    /// in one read).
+    pub fn push_grouped(
+        &mut self,
+        dest: SocketAddrV4,
+        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, bool)>,
+    ) -> bool {
         let start = self.buf.len();
-        let n = write(&mut self.buf);
+        let (n, boundary) = write(&mut self.buf).unwrap_or((0, false));
         if n == 0 {
             self.buf.truncate(start);
             return false;
         }
         debug_assert_eq!(self.buf.len(), start + n);
-        if self.gso {
+        if self.gso && !boundary {
             if let Some(f) = self.frames.last_mut() {
                 if f.dest == dest
                     && !f.closed

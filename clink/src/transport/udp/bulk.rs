@@ -1,0 +1,195 @@
+//! Bulk (rendezvous) transfers of one UDP link: the sources the connection reads at each
+//! transmission (the sender's own buffer, no staging copy) and the destinations the
+//! fragments land in (the posted receive buffer), speculatively or by the cleanup copy.
+//!
+//! The memory behind the raw pointers belongs to the endpoint's send and receive
+//! requests, which stay alive (and their buffers in place) until the transfer reports
+//! done here or the link is cleared ([`Bulk::clear`]) when the peer fails.
+
+use clink_proto::reliable::BulkHeader;
+use clink_proto::spec::{Expect, Mark, Placement};
+use std::collections::HashMap;
+
+/// A transfer being sent: the caller's bytes.
+struct Source {
+    ptr: *const u8,
+    len: usize,
+}
+
+/// A transfer being received into the caller's buffer.
+struct Dest {
+    pl: Placement,
+    ptr: *mut u8,
+}
+
+/// Counters of the bulk path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BulkStats {
+    /// Fragments found at their place by a speculative receive (zero copies).
+    pub hits: u64,
+    /// Payload bytes of those.
+    pub hit_bytes: u64,
+    /// Datagrams read into an armed layout that were not the expected fragment.
+    pub misses: u64,
+    /// Payload bytes copied to their place by the ordinary path (misses, unarmed reads,
+    /// speculation off).
+    pub cleanup_bytes: u64,
+    /// Transfers received completely.
+    pub received: u64,
+    /// Transfers sent and acknowledged.
+    pub sent: u64,
+}
+
+/// What a speculative receive arms for one link: where the fragments go and which.
+pub struct Arm {
+    /// What a hit must carry.
+    pub expect: Expect,
+    /// Destination start.
+    pub dest: *mut u8,
+    /// Per receive entry, the (offset, length) of each armed fragment.
+    pub entries: Vec<Vec<(u64, usize)>>,
+}
+
+/// The bulk transfers of one link.
+#[derive(Default)]
+pub struct Bulk {
+    out: HashMap<u64, Source>,
+    dests: Vec<Dest>,
+    plan: Vec<Vec<u64>>,
+    /// Transfers received completely since the endpoint last looked.
+    pub done_in: Vec<u64>,
+    /// Transfers sent and acknowledged since the endpoint last looked.
+    pub done_out: Vec<u64>,
+    /// Counters.
+    pub stats: BulkStats,
+}
+
+// SAFETY: the raw pointers are into request buffers owned by the endpoint that owns this
+// link; they move with it between threads and are only used by its (single) driver.
+unsafe impl Send for Bulk {}
+
+impl Bulk {
+    /// Registers the source of transfer `xfer`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay valid and unchanged until `xfer` appears in
+    /// [`Bulk::done_out`] or [`Bulk::clear`] is called.
+    pub unsafe fn add_source(&mut self, xfer: u64, ptr: *const u8, len: usize) {
+        self.out.insert(xfer, Source { ptr, len });
+    }
+
+    /// Registers the destination of transfer `xfer`: `total` bytes arriving in fragments of
+    /// `frag`, of which the first `cap` fit at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + min(cap, total)` must stay valid for writes, and untouched by anyone
+    /// else, until `xfer` appears in [`Bulk::done_in`] or [`Bulk::clear`] is called.
+    pub unsafe fn add_dest(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64, frag: usize) {
+        self.dests.push(Dest {
+            pl: Placement::new(xfer, total, cap, frag),
+            ptr,
+        });
+    }
+
+    /// Forgets every transfer (the peer failed): no pointer is used afterwards.
+    pub fn clear(&mut self) {
+        self.out.clear();
+        self.dests.clear();
+    }
+
+    /// True while a transfer is being received.
+    pub fn receiving(&self) -> bool {
+        !self.dests.is_empty()
+    }
+
+    /// Copies `d.len()` bytes of transfer `xfer` from `off` into `d` (a datagram being
+    /// built); false when there is no such source or range.
+    pub fn fill(&self, xfer: u64, off: u64, d: &mut [u8]) -> bool {
+        let Some(s) = self.out.get(&xfer) else {
+            return false;
+        };
+        let Some(end) = (off as usize).checked_add(d.len()).filter(|&e| e <= s.len) else {
+            return false;
+        };
+        // SAFETY: in bounds of a source kept valid by the contract of `add_source`.
+        let src =
+            unsafe { std::slice::from_raw_parts(s.ptr.add(off as usize), end - off as usize) };
+        d.copy_from_slice(src);
+        true
+    }
+
+    /// The sender's side of a transfer is over (acknowledged).
+    pub fn sent(&mut self, xfer: u64) {
+        if self.out.remove(&xfer).is_some() {
+            self.stats.sent += 1;
+            self.done_out.push(xfer);
+        }
+    }
+
+    /// The ordinary path's placement (a miss, an unarmed read, speculation off): copies a
+    /// new fragment's payload to its place (the part inside the destination). False when
+    /// no transfer of that id is being received.
+    pub fn place(&mut self, hdr: &BulkHeader, payload: &[u8]) -> bool {
+        let Some(i) = self.dests.iter().position(|d| d.pl.xfer() == hdr.xfer) else {
+            return false;
+        };
+        let d = &mut self.dests[i];
+        if d.pl.mark(hdr, payload.len()) == Mark::New {
+            let cap = d.pl.cap();
+            if hdr.offset < cap {
+                let n = (payload.len() as u64).min(cap - hdr.offset) as usize;
+                // SAFETY: `offset + n <= cap`, inside the destination of `add_dest`; the
+                // fragment was missing, so nothing valid is overwritten.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        payload.as_ptr(),
+                        d.ptr.add(hdr.offset as usize),
+                        n,
+                    )
+                };
+                self.stats.cleanup_bytes += n as u64;
+            }
+            self.finish_if_complete(i);
+        }
+        true
+    }
+
+    /// A speculative hit the connection accepted as new: its bytes are in place.
+    pub fn placed(&mut self, hdr: &BulkHeader, len: usize) {
+        let Some(i) = self.dests.iter().position(|d| d.pl.xfer() == hdr.xfer) else {
+            return;
+        };
+        if self.dests[i].pl.mark(hdr, len) == Mark::New {
+            self.stats.hits += 1;
+            self.stats.hit_bytes += len as u64;
+            self.finish_if_complete(i);
+        }
+    }
+
+    fn finish_if_complete(&mut self, i: usize) {
+        if self.dests[i].pl.complete() {
+            let d = self.dests.swap_remove(i);
+            self.stats.received += 1;
+            self.done_in.push(d.pl.xfer());
+        }
+    }
+
+    /// The layout to arm for the oldest transfer being received: up to `entries` receive
+    /// entries of at most `group` fragments each (see [`Placement::plan`]).
+    pub fn arm(&mut self, conn: u32, group: u64, entries: usize) -> Option<Arm> {
+        let d = self.dests.first()?;
+        d.pl.plan(group, entries, &mut self.plan);
+        if self.plan.is_empty() {
+            return None;
+        }
+        Some(Arm {
+            expect: d.pl.expect(conn),
+            dest: d.ptr,
+            entries: self
+                .plan
+                .iter()
+                .map(|e| e.iter().map(|&i| d.pl.fragment(i)).collect())
+                .collect(),
+        })
+    }
+}
