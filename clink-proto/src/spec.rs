@@ -43,6 +43,8 @@ pub struct Placement {
     placed: Vec<u64>,
     count: u64,
     highest: Option<u64>,
+    /// Every fragment below it is placed.
+    low: u64,
 }
 
 /// What [`Placement::mark`] decided about a fragment.
@@ -72,6 +74,7 @@ impl Placement {
             placed: vec![0; n.div_ceil(64) as usize],
             count: 0,
             highest: None,
+            low: 0,
         }
     }
 
@@ -129,7 +132,24 @@ impl Placement {
         self.placed[(i / 64) as usize] |= 1 << (i % 64);
         self.count += 1;
         self.highest = Some(self.highest.map_or(i, |h| h.max(i)));
+        while self.low < self.fragments() && self.is_placed(self.low) {
+            self.low += 1;
+        }
         Mark::New
+    }
+
+    /// The first missing fragment in `from..to` (whole words of placed ones skipped).
+    fn next_missing(&self, mut from: u64, to: u64) -> Option<u64> {
+        while from < to {
+            let w = self.placed[(from / 64) as usize] | ((1u64 << (from % 64)) - 1);
+            if w == u64::MAX {
+                from = (from / 64 + 1) * 64;
+                continue;
+            }
+            let i = (from / 64) * 64 + u64::from(w.trailing_ones());
+            return (i < to).then_some(i);
+        }
+        None
     }
 
     /// Fragments to arm, as up to `entries` lists of at most `group` fragment indices:
@@ -142,13 +162,26 @@ impl Placement {
         let n = self.fragments();
         let first = self.highest.map_or(0, |h| h + 1);
         let mut cur: Vec<u64> = Vec::new();
-        let order = (first..n).chain(0..first.min(n));
-        for i in order {
+        let mut at = first;
+        let mut wrapped = false;
+        loop {
+            let next = if wrapped {
+                self.next_missing(at, first.min(n))
+            } else {
+                self.next_missing(at, n)
+            };
+            let i = match next {
+                Some(i) => i,
+                None if !wrapped => {
+                    wrapped = true;
+                    at = self.low;
+                    continue;
+                }
+                None => break,
+            };
+            at = i + 1;
             if out.len() >= entries {
                 return;
-            }
-            if self.is_placed(i) {
-                continue;
             }
             let (off, len) = self.fragment(i);
             if off + len as u64 > self.cap {

@@ -1,7 +1,7 @@
 //! Property tests of the reliable protocol's datagram parser: total, round-tripping, and
 //! never fooled by a damaged datagram.
 
-use clink_proto::reliable::packet::{crc32c, parse_bulk, BULK_HEADER, MAX_RANGES};
+use clink_proto::reliable::packet::{bulk_checksum, crc32c, parse_bulk, BULK_HEADER, MAX_RANGES};
 use clink_proto::reliable::{
     AckInfo, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
 };
@@ -147,8 +147,8 @@ proptest! {
     ) {
         // Past the checksum, so the field checks themselves are exercised.
         h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1, 7]);
-        let crc = crc32c::crc32c_append(crc32c(&h[..60]), &payload);
-        h[60..].copy_from_slice(&crc.to_le_bytes());
+        let sum = bulk_checksum(&h[..60], &payload);
+        h[60..].copy_from_slice(&sum.to_le_bytes());
         if let Ok((_, hdr)) = parse_bulk(&h, &payload) {
             prop_assert!(hdr.offset + payload.len() as u64 <= hdr.total && !payload.is_empty());
             prop_assert!(hdr.floor <= hdr.pn);

@@ -75,14 +75,26 @@ impl ClinkChannel {
 
 impl Channel for ClinkChannel {
     fn copies_per_byte(&self) -> f64 {
-        if self.ep.transport(self.peer).is_ok_and(|t| t == "udp") {
-            // The UDP path today (ARCHITECTURE.md, "The network path"): four copies in
-            // user space (into the connection, into the datagram, into the reassembled
-            // message, into the posted receive) plus the kernel's two, which are all the
-            // socket baselines' "2" counts.
-            return 6.0;
-        }
         let eager = self.ep.eager_max(self.peer).unwrap_or(0);
+        if self.ep.transport(self.peer).is_ok_and(|t| t == "udp") {
+            // ARCHITECTURE.md, "The network path". Eager: four copies in user space (into
+            // the connection, into the datagram, into the reassembled message, into the
+            // posted receive) plus the kernel's two. Rendezvous (bulk): the sender's one
+            // (its buffer into the datagram), the kernel's two, and on the receiver the
+            // cleanup copies of what speculation missed: measured on this endpoint's own
+            // receipts (the server's are not visible here), 0 on a clean hit path.
+            if self.last_len as u64 <= eager {
+                return 6.0;
+            }
+            let s = self.ep.stats();
+            let placed = s.spec_hit_bytes + s.cleanup_bytes;
+            let missed = if placed == 0 {
+                0.0
+            } else {
+                s.cleanup_bytes as f64 / placed as f64
+            };
+            return 3.0 + missed;
+        }
         if self.last_len as u64 <= eager {
             return 2.0; // into the ring, out of it
         }

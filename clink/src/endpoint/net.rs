@@ -93,24 +93,32 @@ impl Endpoint {
         };
         let now = net.now();
         // Arm a speculative receive for the first peer with a bulk transfer coming in (one
-        // stream at a time: the others' fragments take the ordinary path).
-        let arm = if net.speculate() {
+        // stream at a time: the others' fragments take the ordinary path). Re-planned only
+        // when that link's transfers changed, not on every poll.
+        let key = if net.speculate() {
             self.peers
-                .iter_mut()
+                .iter()
                 .enumerate()
-                .find_map(|(i, p)| match &mut p.link {
-                    Link::Udp(u) if p.alive && u.bulk.receiving() => {
-                        let c = u.conn.config();
-                        let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
-                        u.bulk.arm(conn, group, RX_ENTRIES).map(|a| (i, a))
-                    }
+                .find_map(|(i, p)| match &p.link {
+                    Link::Udp(u) if p.alive && u.bulk.receiving() => Some((i, u.bulk.generation())),
                     _ => None,
                 })
         } else {
             None
         };
+        if net.armed_key() != key {
+            let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
+                Link::Udp(u) => {
+                    let c = u.conn.config();
+                    let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
+                    u.bulk.arm(conn, group, RX_ENTRIES).map(|a| ((i, g), a))
+                }
+                Link::Shm(_) => None,
+            });
+            net.set_arm(arm);
+        }
         let peers = &mut self.peers;
-        let got = net.receive(arm.as_ref().map(|(i, a)| (*i, a)), &mut |i, g| {
+        let got = net.receive(&mut |i, g| {
             if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
                 if let Link::Udp(u) = &mut p.link {
                     u.handle(now, g);

@@ -8,10 +8,10 @@
 
 use clink_proto::reliable::BulkHeader;
 use clink_proto::spec::{Expect, Mark, Placement};
-use std::collections::HashMap;
 
 /// A transfer being sent: the caller's bytes.
 struct Source {
+    xfer: u64,
     ptr: *const u8,
     len: usize,
 }
@@ -53,9 +53,13 @@ pub struct Arm {
 /// The bulk transfers of one link.
 #[derive(Default)]
 pub struct Bulk {
-    out: HashMap<u64, Source>,
+    /// Few at a time (one per rendezvous send in flight): a vector beats hashing on the
+    /// per-datagram lookup.
+    out: Vec<Source>,
     dests: Vec<Dest>,
     plan: Vec<Vec<u64>>,
+    /// Changes whenever what [`Bulk::arm`] would return may change.
+    gen: u64,
     /// Transfers received completely since the endpoint last looked.
     pub done_in: Vec<u64>,
     /// Transfers sent and acknowledged since the endpoint last looked.
@@ -75,7 +79,7 @@ impl Bulk {
     /// `ptr..ptr + len` must stay valid and unchanged until `xfer` appears in
     /// [`Bulk::done_out`] or [`Bulk::clear`] is called.
     pub unsafe fn add_source(&mut self, xfer: u64, ptr: *const u8, len: usize) {
-        self.out.insert(xfer, Source { ptr, len });
+        self.out.push(Source { xfer, ptr, len });
     }
 
     /// Registers the destination of transfer `xfer`: `total` bytes arriving in fragments of
@@ -89,12 +93,20 @@ impl Bulk {
             pl: Placement::new(xfer, total, cap, frag),
             ptr,
         });
+        self.gen += 1;
+    }
+
+    /// A number that changes whenever the layout to arm may change (a fragment placed, a
+    /// transfer added, finished or cleared): a transport re-plans only then.
+    pub fn generation(&self) -> u64 {
+        self.gen
     }
 
     /// Forgets every transfer (the peer failed): no pointer is used afterwards.
     pub fn clear(&mut self) {
         self.out.clear();
         self.dests.clear();
+        self.gen += 1;
     }
 
     /// True while a transfer is being received.
@@ -105,7 +117,7 @@ impl Bulk {
     /// Copies `d.len()` bytes of transfer `xfer` from `off` into `d` (a datagram being
     /// built); false when there is no such source or range.
     pub fn fill(&self, xfer: u64, off: u64, d: &mut [u8]) -> bool {
-        let Some(s) = self.out.get(&xfer) else {
+        let Some(s) = self.out.iter().find(|s| s.xfer == xfer) else {
             return false;
         };
         let Some(end) = (off as usize).checked_add(d.len()).filter(|&e| e <= s.len) else {
@@ -120,7 +132,8 @@ impl Bulk {
 
     /// The sender's side of a transfer is over (acknowledged).
     pub fn sent(&mut self, xfer: u64) {
-        if self.out.remove(&xfer).is_some() {
+        if let Some(i) = self.out.iter().position(|s| s.xfer == xfer) {
+            self.out.swap_remove(i);
             self.stats.sent += 1;
             self.done_out.push(xfer);
         }
@@ -135,6 +148,7 @@ impl Bulk {
         };
         let d = &mut self.dests[i];
         if d.pl.mark(hdr, payload.len()) == Mark::New {
+            self.gen += 1;
             let cap = d.pl.cap();
             if hdr.offset < cap {
                 let n = (payload.len() as u64).min(cap - hdr.offset) as usize;
@@ -160,6 +174,7 @@ impl Bulk {
             return;
         };
         if self.dests[i].pl.mark(hdr, len) == Mark::New {
+            self.gen += 1;
             self.stats.hits += 1;
             self.stats.hit_bytes += len as u64;
             self.finish_if_complete(i);

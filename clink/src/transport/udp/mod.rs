@@ -294,6 +294,10 @@ struct State {
     hdr_slots: Vec<[u8; BULK_HEADER]>,
     /// The receive vectors of the armed entries.
     lead: Vec<Vec<IoVec>>,
+    /// The armed layout: (route index, the link's bulk generation), the plan, and the
+    /// armed link's source address. Rebuilt only when the key changes.
+    armed: Option<((usize, u64), Arm, SocketAddrV4)>,
+    segs: Vec<Segment>,
 }
 
 impl State {
@@ -404,6 +408,8 @@ impl UdpTransport {
                 stats: UdpStats::default(),
                 hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
                 lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
+                armed: None,
+                segs: Vec::new(),
             },
             sock,
         })
@@ -523,34 +529,32 @@ impl UdpTransport {
         self.st.cfg.speculate
     }
 
-    /// Reads what arrived (one batch) and hands each datagram to `sink` with the index its
-    /// link was routed under ([`UdpTransport::route`]); answers hellos and welcomes
-    /// itself. With `arm` (for the link routed under `arm.0`), the read is speculative:
-    /// the armed fragments land straight in the destination; verified hits are handed
-    /// over as [`Got::Placed`], everything else is gathered (the miss's copy) and takes the
-    /// ordinary path. Returns the number of datagrams read.
-    pub fn receive(
-        &mut self,
-        arm: Option<(usize, &Arm)>,
-        sink: &mut impl FnMut(usize, Got<'_>),
-    ) -> usize {
-        let Some((idx, arm)) = arm else {
-            return self.receive_plain(sink);
-        };
+    /// The layout armed now, by key (route index, the link's bulk generation), if any.
+    pub fn armed_key(&self) -> Option<(usize, u64)> {
+        self.st.armed.as_ref().map(|a| a.0)
+    }
+
+    /// Arms (or, with `None`, disarms) the speculative layout for the link routed under
+    /// `key.0`. Keep the key current: the layout points into that link's destination
+    /// buffer, valid only while its bulk generation (`key.1`) is unchanged.
+    pub fn set_arm(&mut self, armed: Option<((usize, u64), Arm)>) {
         let st = &mut self.st;
-        let now = st.now();
+        st.armed = None;
+        for lead in st.lead.iter_mut() {
+            lead.clear();
+        }
+        let Some((key, arm)) = armed else { return };
         let Some(src) = st
             .routes
             .iter()
-            .find(|(_, &i)| i == idx)
+            .find(|(_, &i)| i == key.0)
             .map(|((a, _), _)| *a)
         else {
-            return self.receive_plain(sink);
+            return;
         };
         // The layout: per armed entry, [header slot, destination + offset] per fragment.
         let max = sock::MAX_GSO_SEGMENTS;
         for (e, lead) in st.lead.iter_mut().enumerate() {
-            lead.clear();
             if let Some(frags) = arm.entries.get(e) {
                 for (k, &(off, len)) in frags.iter().take(max).enumerate() {
                     lead.push(IoVec {
@@ -566,11 +570,41 @@ impl UdpTransport {
                 }
             }
         }
+        st.armed = Some((key, arm, src));
+    }
+
+    /// Reads what arrived (one batch) and hands each datagram to `sink` with the index its
+    /// link was routed under ([`UdpTransport::route`]); answers hellos and welcomes
+    /// itself. With a layout armed ([`UdpTransport::set_arm`]) the read is speculative:
+    /// the armed fragments land straight in the destination; verified hits are handed
+    /// over as [`Got::Placed`], everything else is gathered (the miss's copy) and takes the
+    /// ordinary path. Returns the number of datagrams read.
+    pub fn receive(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
+        let Some((key, arm, src)) = self.st.armed.take() else {
+            return self.receive_plain(sink);
+        };
+        let n = self.receive_armed(key.0, &arm, src, sink);
+        // Hits change the link's generation: the next call re-plans (see set_arm).
+        self.st.armed = Some((key, arm, src));
+        n
+    }
+
+    fn receive_armed(
+        &mut self,
+        idx: usize,
+        arm: &Arm,
+        src: SocketAddrV4,
+        sink: &mut impl FnMut(usize, Got<'_>),
+    ) -> usize {
+        let st = &mut self.st;
+        let now = st.now();
+        let max = sock::MAX_GSO_SEGMENTS;
         // SAFETY: header slots are ours; destination ranges are distinct missing fragments
-        // of a buffer kept valid by the Bulk contract; nothing else aliases them now.
+        // of a buffer kept valid by the Bulk contract (the key is current, set_arm); nothing
+        // else aliases them now.
         let r = unsafe { self.sock.recv_vectored(&st.lead) };
         let mut gathered: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
-        let mut segs = Vec::new();
+        let mut segs = std::mem::take(&mut st.segs);
         let mut count = 0;
         // Pass 1: verify the armed entries; copy out everything that is not a hit, before
         // any cleanup writes into the destination.
@@ -642,6 +676,7 @@ impl UdpTransport {
         for (s, d) in gathered {
             st.dispatch(&mut to_link, s, &d);
         }
+        st.segs = segs;
         self.sock.stats.datagrams_received += count as u64;
         count
     }
