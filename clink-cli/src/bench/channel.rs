@@ -47,8 +47,9 @@ impl fmt::Display for Mode {
 ///
 /// A channel is used by one thread only; it need not be `Send` or `Sync`.
 pub trait Channel {
-    /// Copies of each payload byte on this path (documented property of the system).
-    fn copies_per_byte(&self) -> f64;
+    /// Copies of each payload byte of a `size`-byte message on this path (documented
+    /// property of the system, or measured by it).
+    fn copies_per_byte(&self, size: usize) -> f64;
     /// Human label of the transport, for the `transport` JSON field.
     fn transport(&self) -> String;
     /// Send one message of exactly `buf.len()` bytes.

@@ -59,7 +59,6 @@ pub struct ClinkChannel {
     _ctx: Context,
     ep: Endpoint,
     peer: PeerId,
-    last_len: usize,
 }
 
 impl ClinkChannel {
@@ -68,13 +67,12 @@ impl ClinkChannel {
             _ctx: ctx,
             ep,
             peer,
-            last_len: 0,
         }
     }
 }
 
 impl Channel for ClinkChannel {
-    fn copies_per_byte(&self) -> f64 {
+    fn copies_per_byte(&self, size: usize) -> f64 {
         let eager = self.ep.eager_max(self.peer).unwrap_or(0);
         if self.ep.transport(self.peer).is_ok_and(|t| t == "udp") {
             // ARCHITECTURE.md, "The network path". Eager: four copies in user space (into
@@ -83,7 +81,7 @@ impl Channel for ClinkChannel {
             // (its buffer into the datagram), the kernel's two, and on the receiver the
             // cleanup copies of what speculation missed: measured on this endpoint's own
             // receipts (the server's are not visible here), 0 on a clean hit path.
-            if self.last_len as u64 <= eager {
+            if size as u64 <= eager {
                 return 6.0;
             }
             let s = self.ep.stats();
@@ -95,7 +93,7 @@ impl Channel for ClinkChannel {
             };
             return 3.0 + missed;
         }
-        if self.last_len as u64 <= eager {
+        if size as u64 <= eager {
             return 2.0; // into the ring, out of it
         }
         // Rendezvous: 1 copy by CMA, 2 through the pipeline; the receiver picks per
@@ -117,12 +115,10 @@ impl Channel for ClinkChannel {
     }
 
     fn send(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.last_len = buf.len();
         self.ep.send(self.peer, TAG, buf).map_err(io::Error::other)
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<()> {
-        self.last_len = buf.len();
         let st = self
             .ep
             .recv(Selector::exact(Some(self.peer), TAG), buf)
@@ -138,7 +134,6 @@ impl Channel for ClinkChannel {
     }
 
     fn send_stream(&mut self, buf: &[u8], count: usize) -> io::Result<()> {
-        self.last_len = buf.len();
         // All messages in flight at once: rendezvous requests pipeline.
         const WINDOW: usize = 64;
         let mut left = count;

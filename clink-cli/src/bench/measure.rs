@@ -215,7 +215,7 @@ fn base_row(ch: &dyn Channel, label: &RowLabel<'_>, metric: Metric, size: usize)
         p99: None,
         min: None,
         max: None,
-        copies_per_byte: Some(ch.copies_per_byte()),
+        copies_per_byte: Some(ch.copies_per_byte(size)),
         iterations: 0,
         reps: 1,
         pinned: label.pinned,

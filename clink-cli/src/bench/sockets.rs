@@ -65,7 +65,7 @@ impl<S: Read + Write> StreamChannel<S> {
 }
 
 impl<S: Read + Write> Channel for StreamChannel<S> {
-    fn copies_per_byte(&self) -> f64 {
+    fn copies_per_byte(&self, _size: usize) -> f64 {
         KERNEL_SOCKET_COPIES
     }
 
@@ -215,7 +215,7 @@ mod tests {
                     server.recv(&mut back).expect("recv");
                     assert_eq!(back, out, "{} {mode} size {size}", system.name());
                 }
-                assert_eq!(client.copies_per_byte(), 2.0);
+                assert_eq!(client.copies_per_byte(64), 2.0);
             }
         }
     }

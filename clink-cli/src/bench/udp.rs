@@ -291,7 +291,7 @@ impl UdpChannel {
 }
 
 impl Channel for UdpChannel {
-    fn copies_per_byte(&self) -> f64 {
+    fn copies_per_byte(&self, _size: usize) -> f64 {
         KERNEL_SOCKET_COPIES
     }
 
