@@ -161,45 +161,31 @@ impl Placement {
         let group = group.max(1);
         let n = self.fragments();
         let first = self.highest.map_or(0, |h| h + 1);
-        let mut cur: Vec<u64> = Vec::new();
-        let mut at = first;
-        let mut wrapped = false;
-        loop {
-            let next = if wrapped {
-                self.next_missing(at, first.min(n))
-            } else {
-                self.next_missing(at, n)
-            };
-            let i = match next {
-                Some(i) => i,
-                None if !wrapped => {
-                    wrapped = true;
-                    at = self.low;
-                    continue;
+        // The stream's continuation, then the holes: each cut into entries at group
+        // boundaries and at most `group` long.
+        for (from, to) in [(first, n), (self.low, first.min(n))] {
+            let mut cur: Vec<u64> = Vec::new();
+            let mut at = from;
+            while let Some(i) = self.next_missing(at, to) {
+                at = i + 1;
+                let (off, len) = self.fragment(i);
+                if off + len as u64 > self.cap {
+                    break; // so are all later ones
                 }
-                None => break,
-            };
-            at = i + 1;
-            if out.len() >= entries {
-                return;
+                if !cur.is_empty() && (i.is_multiple_of(group) || cur.len() as u64 >= group) {
+                    out.push(std::mem::take(&mut cur));
+                    if out.len() >= entries {
+                        return;
+                    }
+                }
+                cur.push(i);
             }
-            let (off, len) = self.fragment(i);
-            if off + len as u64 > self.cap {
-                continue;
-            }
-            // A new entry at a group boundary, when full, or where the order wraps.
-            let boundary =
-                i.is_multiple_of(group) || i < first && cur.first().is_some_and(|&c| c >= first);
-            if !cur.is_empty() && (boundary || cur.len() as u64 >= group) {
-                out.push(std::mem::take(&mut cur));
+            if !cur.is_empty() {
+                out.push(cur);
                 if out.len() >= entries {
                     return;
                 }
             }
-            cur.push(i);
-        }
-        if !cur.is_empty() && out.len() < entries {
-            out.push(cur);
         }
     }
 }

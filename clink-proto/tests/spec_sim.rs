@@ -113,8 +113,8 @@ fn run(seed: u64, total: usize, cap: usize, f: &Faults) -> Counts {
         let mut frames: Vec<Frame> = Vec::new();
         loop {
             buf.clear();
-            let Some(t) = a.poll_transmit_with(now, &mut buf, &mut |_, off, d| {
-                d.copy_from_slice(&src[off as usize..off as usize + d.len()]);
+            let Some(t) = a.poll_transmit_with(now, &mut buf, &mut |_, off, n, b| {
+                b.extend_from_slice(&src[off as usize..off as usize + n]);
                 true
             }) else {
                 break;

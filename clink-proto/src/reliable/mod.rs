@@ -164,6 +164,9 @@ pub enum SendError {
     /// The peer was declared dead.
     #[error("peer dead")]
     PeerDead,
+    /// A bulk transfer of zero bytes (send it as a message).
+    #[error("empty bulk transfer")]
+    EmptyBulk,
 }
 
 /// Why [`Conn::handle_datagram`] dropped a datagram (each is also counted in [`Stats`]).
@@ -357,6 +360,10 @@ impl Rtt {
         }
     }
 }
+
+/// The payload source of [`Conn::poll_transmit_with`]: `(xfer, offset, len, datagram)`
+/// appends `len` bytes of transfer `xfer` from `offset` to the datagram.
+pub type BulkFill<'a> = dyn FnMut(u64, u64, usize, &mut Vec<u8>) -> bool + 'a;
 
 /// One datagram produced by [`Conn::poll_transmit_with`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -560,7 +567,7 @@ impl Conn {
             return Err(SendError::PeerDead);
         }
         if len == 0 {
-            return Err(SendError::TooLarge { len: 0, limit: 0 });
+            return Err(SendError::EmptyBulk);
         }
         self.stats.bulk_transfers += 1;
         self.send_queue.push_back(Queued {
@@ -1168,18 +1175,19 @@ impl Conn {
     /// there is nothing to send now. Call repeatedly until `None` after every other call.
     /// For a connection with bulk transfers use [`Conn::poll_transmit_with`].
     pub fn poll_transmit(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<usize> {
-        self.poll_transmit_with(now, buf, &mut |_, _, _| false)
+        self.poll_transmit_with(now, buf, &mut |_, _, _, _| false)
             .map(|t| t.len)
     }
 
-    /// As [`Conn::poll_transmit`]; a bulk fragment's payload is written by `fill(xfer,
-    /// offset, dest)` straight into the datagram (the sender's one copy). `fill` returning
-    /// false (no such transfer: a caller bug) fails the connection.
+    /// As [`Conn::poll_transmit`]; a bulk fragment's payload is appended by `fill(xfer,
+    /// offset, len, buf)` straight to the datagram (the sender's one copy). `fill`
+    /// returning false or appending another length (no such transfer or range: a caller
+    /// bug) fails the connection.
     pub fn poll_transmit_with(
         &mut self,
         now: u64,
         buf: &mut Vec<u8>,
-        fill: &mut dyn FnMut(u64, u64, &mut [u8]) -> bool,
+        fill: &mut BulkFill<'_>,
     ) -> Option<Transmit> {
         if self.dead {
             return None;
@@ -1267,8 +1275,9 @@ impl Conn {
                         || (s.offset / frag).is_multiple_of(self.cfg.bulk_group.max(1));
                     let start = buf.len();
                     let body = start + packet::BULK_HEADER;
-                    buf.resize(body + s.len as usize, 0);
-                    if !fill(xfer, s.offset, &mut buf[body..]) {
+                    let len = s.len as usize;
+                    buf.extend_from_slice(&[0; packet::BULK_HEADER]); // written below
+                    if !fill(xfer, s.offset, len, buf) || buf.len() != body + len {
                         buf.truncate(start);
                         self.stats.dropped_malformed += 1;
                         self.dead = true;

@@ -46,6 +46,15 @@ impl Link {
         }
     }
 
+    /// The UDP link, when a rendezvous over it is a bulk transfer (reliable mode; the
+    /// unreliable mode keeps pipelined chunks).
+    pub fn bulk(&mut self) -> Option<&mut UdpLink> {
+        match self {
+            Link::Udp(u) if u.conn.config().reliable => Some(u),
+            _ => None,
+        }
+    }
+
     /// Whether rendezvous messages from this peer can be read with one CMA copy.
     pub fn cma(&self) -> bool {
         self.shm().is_some_and(|s| s.cma)

@@ -1211,8 +1211,7 @@ impl Endpoint {
                 t.elapsed().as_nanos() as f64,
             );
             op.state = RecvState::Done(match res {
-                Ok(()) if len > cap => Err(Error::Truncated { len, capacity: cap }),
-                Ok(()) => Ok(status),
+                Ok(()) => rendezvous_result(status, cap),
                 Err(e) => Err(Error::Io {
                     what: format!("reading rendezvous message from {src}"),
                     source: e,
@@ -1223,16 +1222,14 @@ impl Endpoint {
             }
             self.push_ctrl(i, Frame::Fin { send_id });
         } else {
-            if let Link::Udp(u) = &mut p.link {
-                if u.conn.config().reliable {
-                    // A bulk transfer straight into the posted buffer (speculatively).
-                    let buf = op.buf.slice();
-                    let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
-                    // SAFETY: the receive op owns the buffer (heap or a blocking caller's
-                    // slice) and keeps it until the transfer completes (finish_bulk) or
-                    // the peer fails (fail_peer_ops clears the link's transfers first).
-                    unsafe { u.expect_bulk(send_id, len, ptr, cap) };
-                }
+            if let Some(u) = p.link.bulk() {
+                // A bulk transfer straight into the posted buffer (speculatively).
+                let buf = op.buf.slice();
+                let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
+                // SAFETY: the receive op owns the buffer (heap or a blocking caller's
+                // slice) and keeps it until the transfer completes (finish_bulk) or the
+                // peer fails (fail_peer_ops clears the link's transfers first).
+                unsafe { u.expect_bulk(send_id, len, ptr, cap) };
             }
             op.state = RecvState::Pipelining {
                 status,
@@ -1402,19 +1399,17 @@ impl Endpoint {
                 let len = match self.sends.get_mut(&send_id) {
                     Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => {
                         op.state = SendState::Pipelining;
-                        if let Link::Udp(u) = &mut self.peers[i].link {
-                            if u.conn.config().reliable {
-                                let d = op.data.bytes();
-                                // SAFETY: the send op owns (or borrows from a blocking
-                                // caller) the bytes until it completes, which happens only
-                                // when the link reports the transfer acknowledged, or the
-                                // peer fails (the link's transfers are cleared first).
-                                if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
-                                    op.state = SendState::Done(Err(Error::PeerDead(src)));
-                                }
-                                self.kick(i);
-                                return Ok(true);
+                        if let Some(u) = self.peers[i].link.bulk() {
+                            let d = op.data.bytes();
+                            // SAFETY: the send op owns (or borrows from a blocking caller)
+                            // the bytes until it completes, which happens only when the
+                            // link reports the transfer acknowledged, or the peer fails
+                            // (the link's transfers are cleared first).
+                            if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
+                                op.state = SendState::Done(Err(Error::PeerDead(src)));
                             }
+                            self.kick(i);
+                            return Ok(true);
                         }
                         op.data.bytes().len() as u64
                     }
@@ -1482,14 +1477,7 @@ impl Endpoint {
                         st.len,
                         since.elapsed().as_nanos() as f64,
                     );
-                    op.state = RecvState::Done(if st.len > cap {
-                        Err(Error::Truncated {
-                            len: st.len,
-                            capacity: cap,
-                        })
-                    } else {
-                        Ok(st)
-                    });
+                    op.state = RecvState::Done(rendezvous_result(st, cap));
                     p.pipeline_in.remove(&send_id);
                 }
             }
@@ -1824,6 +1812,19 @@ fn handshake_incoming(
 
 /// Copies an eager message into a receive buffer: its status, or `Truncated` (with the
 /// buffer holding the first bytes) when it is longer than the buffer.
+/// The outcome of a rendezvous receive whose bytes are all in: its status, or `Truncated`
+/// when the message was longer than the `cap`-byte buffer (which holds its head).
+fn rendezvous_result(status: Status, cap: u64) -> Result<Status> {
+    if status.len > cap {
+        Err(Error::Truncated {
+            len: status.len,
+            capacity: cap,
+        })
+    } else {
+        Ok(status)
+    }
+}
+
 fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> Result<Status> {
     let n = data.len().min(buf.len());
     buf[..n].copy_from_slice(&data[..n]);

@@ -3,7 +3,7 @@
 //! that differ from shared memory.
 
 use super::link::Link;
-use super::{Endpoint, RecvState, SendState};
+use super::{rendezvous_result, Endpoint, RecvState, SendState};
 use crate::context::CtxInner;
 use crate::error::{Error, Result};
 use clink_proto::PeerId;
@@ -111,7 +111,10 @@ impl Endpoint {
                 Link::Udp(u) => {
                     let c = u.conn.config();
                     let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
-                    u.bulk.arm(conn, group, RX_ENTRIES).map(|a| ((i, g), a))
+                    let src = u.dest;
+                    u.bulk
+                        .arm(conn, group, RX_ENTRIES)
+                        .map(|a| ((i, g), src, a))
                 }
                 Link::Shm(_) => None,
             });
@@ -186,16 +189,9 @@ impl Endpoint {
                     continue;
                 };
                 if let RecvState::Pipelining { status, .. } = op.state {
+                    // Its bytes are counted by the link (hits and cleanup copies).
                     let cap = op.buf.slice().len() as u64;
-                    self.stats.pipeline_bytes += status.len;
-                    op.state = RecvState::Done(if status.len > cap {
-                        Err(Error::Truncated {
-                            len: status.len,
-                            capacity: cap,
-                        })
-                    } else {
-                        Ok(status)
-                    });
+                    op.state = RecvState::Done(rendezvous_result(status, cap));
                 }
             }
         }

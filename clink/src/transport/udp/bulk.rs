@@ -34,10 +34,6 @@ pub struct BulkStats {
     /// Payload bytes copied to their place by the ordinary path (misses, unarmed reads,
     /// speculation off).
     pub cleanup_bytes: u64,
-    /// Transfers received completely.
-    pub received: u64,
-    /// Transfers sent and acknowledged.
-    pub sent: u64,
 }
 
 /// What a speculative receive arms for one link: where the fragments go and which.
@@ -114,19 +110,17 @@ impl Bulk {
         !self.dests.is_empty()
     }
 
-    /// Copies `d.len()` bytes of transfer `xfer` from `off` into `d` (a datagram being
+    /// Appends `len` bytes of transfer `xfer` from `off` to `buf` (a datagram being
     /// built); false when there is no such source or range.
-    pub fn fill(&self, xfer: u64, off: u64, d: &mut [u8]) -> bool {
+    pub fn fill(&self, xfer: u64, off: u64, len: usize, buf: &mut Vec<u8>) -> bool {
         let Some(s) = self.out.iter().find(|s| s.xfer == xfer) else {
             return false;
         };
-        let Some(end) = (off as usize).checked_add(d.len()).filter(|&e| e <= s.len) else {
+        if (off as usize).checked_add(len).is_none_or(|e| e > s.len) {
             return false;
-        };
+        }
         // SAFETY: in bounds of a source kept valid by the contract of `add_source`.
-        let src =
-            unsafe { std::slice::from_raw_parts(s.ptr.add(off as usize), end - off as usize) };
-        d.copy_from_slice(src);
+        buf.extend_from_slice(unsafe { std::slice::from_raw_parts(s.ptr.add(off as usize), len) });
         true
     }
 
@@ -134,7 +128,6 @@ impl Bulk {
     pub fn sent(&mut self, xfer: u64) {
         if let Some(i) = self.out.iter().position(|s| s.xfer == xfer) {
             self.out.swap_remove(i);
-            self.stats.sent += 1;
             self.done_out.push(xfer);
         }
     }
@@ -184,7 +177,6 @@ impl Bulk {
     fn finish_if_complete(&mut self, i: usize) {
         if self.dests[i].pl.complete() {
             let d = self.dests.swap_remove(i);
-            self.stats.received += 1;
             self.done_in.push(d.pl.xfer());
         }
     }

@@ -10,9 +10,10 @@
 //! Demultiplexing: datagrams are routed by (source address, connection id). A hello
 //! (connection request, carrying the addressee's endpoint id) creates a connection with the
 //! id the initiator chose; the welcome answers it. Anything else from an unknown
-//! (address, id) is stray: dropped and counted. Corrupt datagrams fail the CRC-32C and are
-//! dropped by the connection; fault injection ([`faults`]) sits between the socket and
-//! the connections.
+//! (address, id) is stray: dropped and counted. Corrupt datagrams fail their checksum and
+//! are dropped by the connection; fault injection ([`faults`]) sits between the socket and
+//! the connections. Rendezvous transfers travel as bulk fragments received speculatively
+//! straight into the posted buffer ([`bulk`], [`clink_proto::spec`]).
 
 pub mod bulk;
 pub mod faults;
@@ -255,7 +256,7 @@ impl UdpLink {
         let bulk = &self.bulk;
         let conn = &mut self.conn;
         while batch.push_grouped(dest, |buf| {
-            conn.poll_transmit_with(now, buf, &mut |x, o, d| bulk.fill(x, o, d))
+            conn.poll_transmit_with(now, buf, &mut |x, o, n, b| bulk.fill(x, o, n, b))
                 .map(|t| (t.len, t.group_start))
         }) {}
     }
@@ -294,10 +295,18 @@ struct State {
     hdr_slots: Vec<[u8; BULK_HEADER]>,
     /// The receive vectors of the armed entries.
     lead: Vec<Vec<IoVec>>,
-    /// The armed layout: (route index, the link's bulk generation), the plan, and the
-    /// armed link's source address. Rebuilt only when the key changes.
-    armed: Option<((usize, u64), Arm, SocketAddrV4)>,
+    /// The armed layout, rebuilt only when its key changes.
+    armed: Option<Armed>,
     segs: Vec<Segment>,
+}
+
+/// A speculative layout in force.
+struct Armed {
+    /// (route index of the link, the link's bulk generation when planned).
+    key: (usize, u64),
+    /// The link's address: only its datagrams can be hits.
+    src: SocketAddrV4,
+    arm: Arm,
 }
 
 impl State {
@@ -531,37 +540,28 @@ impl UdpTransport {
 
     /// The layout armed now, by key (route index, the link's bulk generation), if any.
     pub fn armed_key(&self) -> Option<(usize, u64)> {
-        self.st.armed.as_ref().map(|a| a.0)
+        self.st.armed.as_ref().map(|a| a.key)
     }
 
-    /// Arms (or, with `None`, disarms) the speculative layout for the link routed under
-    /// `key.0`. Keep the key current: the layout points into that link's destination
-    /// buffer, valid only while its bulk generation (`key.1`) is unchanged.
-    pub fn set_arm(&mut self, armed: Option<((usize, u64), Arm)>) {
+    /// Arms (or, with `None`, disarms) the speculative layout `arm` for the link routed
+    /// under `key.0`, whose datagrams come from `src`. Keep the key current: the layout
+    /// points into that link's destination buffer, valid only while its bulk generation
+    /// (`key.1`) is unchanged.
+    pub fn set_arm(&mut self, armed: Option<((usize, u64), SocketAddrV4, Arm)>) {
         let st = &mut self.st;
-        st.armed = None;
         for lead in st.lead.iter_mut() {
             lead.clear();
         }
-        let Some((key, arm)) = armed else { return };
-        let Some(src) = st
-            .routes
-            .iter()
-            .find(|(_, &i)| i == key.0)
-            .map(|((a, _), _)| *a)
-        else {
-            return;
-        };
-        // The layout: per armed entry, [header slot, destination + offset] per fragment.
-        let max = sock::MAX_GSO_SEGMENTS;
-        for (e, lead) in st.lead.iter_mut().enumerate() {
-            if let Some(frags) = arm.entries.get(e) {
+        st.armed = armed.map(|(key, src, arm)| {
+            // Per armed entry, [header slot, destination + offset] per fragment.
+            let max = sock::MAX_GSO_SEGMENTS;
+            for (e, frags) in arm.entries.iter().take(sock::RX_SLOTS).enumerate() {
                 for (k, &(off, len)) in frags.iter().take(max).enumerate() {
-                    lead.push(IoVec {
+                    st.lead[e].push(IoVec {
                         ptr: st.hdr_slots[e * max + k].as_mut_ptr(),
                         len: BULK_HEADER,
                     });
-                    lead.push(IoVec {
+                    st.lead[e].push(IoVec {
                         // SAFETY: `off + len` lies inside the destination (Bulk::arm arms
                         // only fragments inside it).
                         ptr: unsafe { arm.dest.add(off as usize) },
@@ -569,8 +569,12 @@ impl UdpTransport {
                     });
                 }
             }
-        }
-        st.armed = Some((key, arm, src));
+            Armed { key, src, arm }
+        });
+        // SAFETY: header slots are ours; destination ranges are distinct missing fragments
+        // of a buffer the Bulk contract keeps valid while the key is current, and the
+        // endpoint re-arms (replacing these vectors) before using a changed key.
+        unsafe { self.sock.set_lead(&st.lead) };
     }
 
     /// Reads what arrived (one batch) and hands each datagram to `sink` with the index its
@@ -580,40 +584,34 @@ impl UdpTransport {
     /// over as [`Got::Placed`], everything else is gathered (the miss's copy) and takes the
     /// ordinary path. Returns the number of datagrams read.
     pub fn receive(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
-        let Some((key, arm, src)) = self.st.armed.take() else {
-            return self.receive_plain(sink);
-        };
-        let n = self.receive_armed(key.0, &arm, src, sink);
-        // Hits change the link's generation: the next call re-plans (see set_arm).
-        self.st.armed = Some((key, arm, src));
+        let r = self.sock.recv_batch();
+        let armed = self.st.armed.take();
+        let n = self.deliver(r, armed.as_ref(), sink);
+        // Hits change the link's generation: the endpoint re-plans before the next read.
+        self.st.armed = armed;
         n
     }
 
-    fn receive_armed(
+    /// Hands the `r` entries just read to `sink`: the armed ones (`armed`, entry k < its
+    /// plan's length) verified in place first, then the others from their slots.
+    fn deliver(
         &mut self,
-        idx: usize,
-        arm: &Arm,
-        src: SocketAddrV4,
+        r: usize,
+        armed: Option<&Armed>,
         sink: &mut impl FnMut(usize, Got<'_>),
     ) -> usize {
-        let st = &mut self.st;
+        let (sock, faults, st) = (&self.sock, &mut self.faults, &mut self.st);
         let now = st.now();
         let max = sock::MAX_GSO_SEGMENTS;
-        // SAFETY: header slots are ours; destination ranges are distinct missing fragments
-        // of a buffer kept valid by the Bulk contract (the key is current, set_arm); nothing
-        // else aliases them now.
-        let r = unsafe { self.sock.recv_vectored(&st.lead) };
+        let n_armed = armed.map_or(0, |a| a.arm.entries.len().min(r));
         let mut gathered: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
         let mut segs = std::mem::take(&mut st.segs);
         let mut count = 0;
         // Pass 1: verify the armed entries; copy out everything that is not a hit, before
         // any cleanup writes into the destination.
-        for k in 0..r {
-            let got = self.sock.received(k);
-            let frags = arm.entries.get(k).map(Vec::as_slice).unwrap_or(&[]);
-            if frags.is_empty() {
-                continue;
-            }
+        for (k, a) in armed.iter().flat_map(|a| (0..n_armed).map(move |k| (k, a))) {
+            let got = sock.received(k);
+            let frags = &a.arm.entries[k];
             let layout = Layout {
                 payloads: frags.iter().take(max).map(|f| f.1).collect(),
                 spill: sock::RX_SLOT,
@@ -621,18 +619,19 @@ impl UdpTransport {
             layout.segments(got.len, got.seg, &mut segs);
             for seg in &segs {
                 count += 1;
-                let fate = self.faults.as_mut().map(|f| f.fate());
+                let fate = faults.as_mut().map(|f| f.fate());
                 let (start, len) = match *seg {
-                    Segment::Candidate { start, slot, len } if got.src == src => {
+                    Segment::Candidate { start, slot, len } if got.src == a.src => {
                         let (off, _) = frags[slot];
                         // SAFETY: the armed payload slot, `len` <= its length.
-                        let payload =
-                            unsafe { std::slice::from_raw_parts(arm.dest.add(off as usize), len) };
+                        let payload = unsafe {
+                            std::slice::from_raw_parts(a.arm.dest.add(off as usize), len)
+                        };
                         let clean = fate.is_none_or(|f| f.is_clean());
-                        match spec::check(&arm.expect, off, &st.hdr_slots[k * max + slot], payload)
-                        {
+                        let header = &st.hdr_slots[k * max + slot];
+                        match spec::check(&a.arm.expect, off, header, payload) {
                             Check::Hit(h) if clean => {
-                                sink(idx, Got::Placed(h, BULK_HEADER + len));
+                                sink(a.key.0, Got::Placed(h, BULK_HEADER + len));
                                 continue;
                             }
                             _ => (start, BULK_HEADER + len),
@@ -642,8 +641,8 @@ impl UdpTransport {
                     Segment::Gather { start, len } => (start, len),
                 };
                 st.stats.spec_misses += 1;
-                let bytes = gather(&st.lead[k], self.sock.slot(k, sock::RX_SLOT), start, len);
-                match (fate, self.faults.as_mut()) {
+                let bytes = gather(&st.lead[k], sock.slot(k, sock::RX_SLOT), start, len);
+                match (fate, faults.as_mut()) {
                     (Some(fate), Some(f)) => {
                         f.apply_fate(fate, now, got.src, &bytes, &mut |s, d| {
                             gathered.push((s, d.to_vec()))
@@ -653,54 +652,24 @@ impl UdpTransport {
                 }
             }
         }
-        // Pass 2: unarmed entries from their slots, then the gathered misses.
+        st.segs = segs;
+        // Pass 2: the unarmed entries from their slots (no copy without faults), then
+        // what was gathered or held back.
         let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
-        for k in 0..r {
-            if arm.entries.get(k).is_some_and(|f| !f.is_empty()) {
-                continue;
-            }
-            let got = self.sock.received(k);
-            let data = self.sock.slot(k, got.len);
-            let seg = got.seg.unwrap_or(data.len().max(1));
-            for d in data.chunks(seg) {
-                count += 1;
-                match self.faults.as_mut() {
-                    None => st.dispatch(&mut to_link, got.src, d),
-                    Some(f) => f.apply(now, got.src, d, &mut |s, d| gathered.push((s, d.to_vec()))),
-                }
-            }
+        for k in n_armed..r {
+            count += sock.for_each_datagram(k, |src, d| match faults.as_mut() {
+                None => st.dispatch(&mut to_link, src, d),
+                Some(f) => f.apply(now, src, d, &mut |s, d| gathered.push((s, d.to_vec()))),
+            });
         }
-        if let Some(f) = self.faults.as_mut() {
+        if let Some(f) = faults.as_mut() {
             f.release(now, &mut |s, d| gathered.push((s, d.to_vec())));
         }
         for (s, d) in gathered {
             st.dispatch(&mut to_link, s, &d);
         }
-        st.segs = segs;
         self.sock.stats.datagrams_received += count as u64;
         count
-    }
-
-    /// A receive without speculation: every datagram through the socket's slots.
-    fn receive_plain(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
-        let st = &mut self.st;
-        let now = st.now();
-        let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
-        match self.faults.as_mut() {
-            // No faults: each datagram is handled in the socket's buffer (no copy).
-            None => self.sock.recv(|src, d| st.dispatch(&mut to_link, src, d)),
-            Some(f) => {
-                let mut arrived: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
-                let n = self.sock.recv(|src, d| {
-                    f.apply(now, src, d, &mut |s, d| arrived.push((s, d.to_vec())));
-                });
-                f.release(now, &mut |s, d| arrived.push((s, d.to_vec())));
-                for (s, d) in arrived {
-                    st.dispatch(&mut to_link, s, &d);
-                }
-                n
-            }
-        }
     }
 
     /// When the fault injector next releases a held-back datagram.

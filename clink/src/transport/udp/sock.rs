@@ -8,7 +8,9 @@
 //!
 //! **Receive.** `recvmmsg` into slots of 64 KiB (a GRO read can return a whole 64 KiB
 //! virtual frame; a smaller slot would lose the rest silently, see
-//! ../shared/notes/udp-gso-gro.md), split by the `UDP_GRO` segment size.
+//! ../shared/notes/udp-gso-gro.md), split by the `UDP_GRO` segment size. A speculative
+//! layout puts caller-given vectors before each slot ([`UdpSock::set_lead`]); they are
+//! built once per layout, not per read.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -59,15 +61,18 @@ pub struct UdpSock {
 struct RxBufs {
     data: Vec<u8>,
     addrs: [libc::sockaddr_in; RX_SLOTS],
-    /// Each entry's vectors: the caller's leading ones (a speculative layout), then its
-    /// 64 KiB slot.
+    /// Each entry's vectors: the caller's leading ones (a speculative layout, see
+    /// [`UdpSock::set_lead`]), then its 64 KiB slot. Built when the layout changes, not
+    /// per read; the headers point at them.
     iovs: Vec<Vec<libc::iovec>>,
+    /// Total length of each entry's vectors.
+    caps: [usize; RX_SLOTS],
     ctrl: [[u64; 8]; RX_SLOTS],
     hdrs: [libc::mmsghdr; RX_SLOTS],
     got: [RxEntry; RX_SLOTS],
 }
 
-/// What one entry of the last [`UdpSock::recv_vectored`] received.
+/// What one entry of the last [`UdpSock::recv_batch`] received.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RxEntry {
     /// Source address.
@@ -78,7 +83,7 @@ pub struct RxEntry {
     pub seg: Option<usize>,
 }
 
-/// One receive vector given to [`UdpSock::recv_vectored`]: raw memory the kernel writes.
+/// One receive vector given to [`UdpSock::set_lead`]: raw memory the kernel writes.
 #[derive(Clone, Copy, Debug)]
 pub struct IoVec {
     /// Start.
@@ -170,7 +175,7 @@ impl UdpSock {
         cvt(unsafe {
             libc::getsockname(raw, (&mut got as *mut libc::sockaddr_in).cast(), &mut len)
         })?;
-        Ok(UdpSock {
+        let mut sock = UdpSock {
             fd,
             local: from_sockaddr(&got),
             gso: true,
@@ -182,6 +187,7 @@ impl UdpSock {
                 iovs: (0..RX_SLOTS)
                     .map(|_| Vec::with_capacity(2 * MAX_GSO_SEGMENTS + 1))
                     .collect(),
+                caps: [0; RX_SLOTS],
                 ctrl: [[0; 8]; RX_SLOTS],
                 // SAFETY: as above.
                 hdrs: unsafe { zeroed() },
@@ -192,7 +198,10 @@ impl UdpSock {
                 }; RX_SLOTS],
             }),
             stats: SockStats::default(),
-        })
+        };
+        // SAFETY: no leading vectors.
+        unsafe { sock.set_lead(&[]) };
+        Ok(sock)
     }
 
     /// The bound address (the port the kernel chose).
@@ -294,52 +303,34 @@ impl UdpSock {
         Ok(r)
     }
 
-    /// Reads what has arrived (one `recvmmsg`, up to 8 slots of 64 KiB) and calls `f` with
-    /// each datagram and its source. Returns the number of datagrams; 0 when nothing was
-    /// waiting.
-    pub fn recv(&mut self, mut f: impl FnMut(SocketAddrV4, &[u8])) -> usize {
-        // SAFETY: no leading vectors.
-        let r = unsafe { self.recv_vectored(&[]) };
-        let mut count = 0;
-        for k in 0..r {
-            let e = self.rx.got[k];
-            let data = &self.rx.data[k * RX_SLOT..k * RX_SLOT + e.len];
-            match e.seg {
-                Some(s) => {
-                    for d in data.chunks(s) {
-                        f(e.src, d);
-                        count += 1;
-                    }
-                }
-                None => {
-                    f(e.src, data);
-                    count += 1;
-                }
-            }
+    /// Calls `f` with each datagram entry `k` of the last [`UdpSock::recv_batch`] put in
+    /// its own slot (a coalesced read split by its segment size); returns how many. For an
+    /// entry without leading vectors that is everything it received.
+    pub fn for_each_datagram(&self, k: usize, mut f: impl FnMut(SocketAddrV4, &[u8])) -> usize {
+        let e = self.rx.got[k];
+        let data = self.slot(k, e.len);
+        let seg = e.seg.unwrap_or(data.len()).max(1);
+        let mut n = 0;
+        for d in data.chunks(seg) {
+            f(e.src, d);
+            n += 1;
         }
-        self.stats.datagrams_received += count as u64;
-        count
+        n
     }
 
-    /// The bytes entry `k` of the last [`UdpSock::recv_vectored`] put in its own slot
-    /// (after its leading vectors).
+    /// The first `len` bytes entry `k` of the last [`UdpSock::recv_batch`] put in its own
+    /// slot (after its leading vectors).
     pub fn slot(&self, k: usize, len: usize) -> &[u8] {
         &self.rx.data[k * RX_SLOT..k * RX_SLOT + len.min(RX_SLOT)]
     }
 
-    /// A raw pointer to entry `k`'s slot (for gathering across vectors).
-    pub fn slot_ptr(&mut self, k: usize) -> *mut u8 {
-        self.rx.data[k * RX_SLOT..].as_mut_ptr()
-    }
-
-    /// One `recvmmsg` of up to [`RX_SLOTS`] entries; entry `k` is read into `lead[k]`'s
-    /// vectors (if any) and then its own 64 KiB slot. Returns the entries read; see
-    /// [`UdpSock::received`]. Datagram counters are the caller's to keep.
+    /// Sets the vectors every later [`UdpSock::recv_batch`] reads entry `k` into first:
+    /// `lead[k]` (none for entries beyond `lead`), then the entry's own 64 KiB slot.
     ///
     /// # Safety
-    /// Every vector of `lead` must be valid for writes of its length, not overlap any
-    /// other, and stay so for the call.
-    pub unsafe fn recv_vectored(&mut self, lead: &[Vec<IoVec>]) -> usize {
+    /// Every vector of `lead` must be valid for writes of its length and overlap no other
+    /// until the next call of this function (later reads write into them).
+    pub unsafe fn set_lead(&mut self, lead: &[Vec<IoVec>]) {
         let rx = &mut *self.rx;
         for k in 0..RX_SLOTS {
             let v = &mut rx.iovs[k];
@@ -354,17 +345,29 @@ impl UdpSock {
                 iov_base: rx.data[k * RX_SLOT..].as_mut_ptr().cast(),
                 iov_len: RX_SLOT,
             });
+            rx.caps[k] = v.iter().map(|x| x.iov_len).sum();
             let h = &mut rx.hdrs[k].msg_hdr;
             h.msg_name = (&mut rx.addrs[k] as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_iov = v.as_mut_ptr();
             h.msg_iovlen = v.len();
             h.msg_control = rx.ctrl[k].as_mut_ptr().cast();
+        }
+    }
+
+    /// One `recvmmsg` of up to [`RX_SLOTS`] entries into the vectors of
+    /// [`UdpSock::set_lead`]. Returns the entries read; see [`UdpSock::received`].
+    /// Datagram counters are the caller's to keep.
+    pub fn recv_batch(&mut self) -> usize {
+        let rx = &mut *self.rx;
+        for k in 0..RX_SLOTS {
+            let h = &mut rx.hdrs[k].msg_hdr;
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_controllen = size_of::<[u64; 8]>();
             h.msg_flags = 0;
             rx.hdrs[k].msg_len = 0;
         }
-        // SAFETY: every header points at live buffers of the sizes given.
+        // SAFETY: every header points at live buffers of the sizes given: our slots,
+        // names and control buffers, and leading vectors valid per `set_lead`'s contract.
         let r = unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
@@ -380,8 +383,7 @@ impl UdpSock {
         self.stats.recv_calls += 1;
         for k in 0..r as usize {
             let h = &rx.hdrs[k];
-            let cap: usize = rx.iovs[k].iter().map(|v| v.iov_len).sum();
-            let len = (h.msg_len as usize).min(cap);
+            let len = (h.msg_len as usize).min(rx.caps[k]);
             if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 self.stats.truncated += 1;
             }
@@ -398,7 +400,7 @@ impl UdpSock {
         r as usize
     }
 
-    /// What entry `k` of the last [`UdpSock::recv_vectored`] received.
+    /// What entry `k` of the last [`UdpSock::recv_batch`] received.
     pub fn received(&self, k: usize) -> RxEntry {
         self.rx.got[k]
     }
@@ -586,10 +588,12 @@ mod tests {
         let mut got: Vec<Vec<u8>> = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while got.len() < want.len() && std::time::Instant::now() < deadline {
-            b.recv(|src, d| {
-                assert_eq!(src.port(), a.local().port());
-                got.push(d.to_vec());
-            });
+            for k in 0..b.recv_batch() {
+                b.for_each_datagram(k, |src, d| {
+                    assert_eq!(src.port(), a.local().port());
+                    got.push(d.to_vec());
+                });
+            }
         }
         assert_eq!(got, want);
     }
