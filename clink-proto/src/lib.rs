@@ -16,7 +16,11 @@
 //!   window, fragmentation, an unreliable mode), with [`netsim`], the seeded simulated
 //!   network its tests run on; used by the UDP transport;
 //! - [`spec`]: speculative defragmentation: where a bulk transfer's fragments are expected
-//!   to land, and the verifier that sorts what landed into hits and misses.
+//!   to land, and the verifier that sorts what landed into hits and misses;
+//! - [`rma`]: one-sided access to apertures: capability cookies, the access check, and
+//!   the RMA frames (put, get, atomics, notify, map) carried on a peer's link;
+//! - [`tripwire`]: CLAN's tripwires, byte ranges of an aperture that fire on access, matched
+//!   through per-page buckets.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -26,7 +30,9 @@ mod error;
 pub mod matching;
 pub mod netsim;
 pub mod reliable;
+pub mod rma;
 pub mod spec;
+pub mod tripwire;
 pub mod wire;
 
 pub use error::ProtoError;

@@ -82,6 +82,8 @@ pub enum Frame<'a> {
     },
     /// Orderly goodbye: no further frames follow.
     Close,
+    /// One-sided access to an aperture (see [`crate::rma`]).
+    Rma(crate::rma::RmaFrame<'a>),
 }
 
 fn u64_at(b: &[u8], off: usize) -> u64 {
@@ -162,6 +164,7 @@ impl<'a> Frame<'a> {
                 }
             }
             K_CLOSE => Frame::Close,
+            k if crate::rma::is_rma_kind(k) => Frame::Rma(crate::rma::RmaFrame::parse(b)?),
             k => return Err(ProtoError::BadKind(k)),
         };
         Ok(f)
@@ -174,6 +177,7 @@ impl<'a> Frame<'a> {
             Frame::Rts { .. } => 40,
             Frame::Chunk { data, .. } => CHUNK_HEADER + data.len(),
             Frame::Close => 8,
+            Frame::Rma(r) => r.encoded_len(),
             _ => 16,
         }
     }
@@ -235,6 +239,9 @@ impl<'a> Frame<'a> {
                 put(out, 8, send_id);
             }
             Frame::Close => out[0] = K_CLOSE,
+            Frame::Rma(r) => {
+                r.encode(out);
+            }
         }
         n
     }

@@ -69,6 +69,18 @@ pub enum Error {
     /// A size is outside what the operation supports.
     #[error("{0}")]
     TooLarge(String),
+    /// The target of a one-sided access refused it (bad, revoked or forged cookie, access
+    /// out of the exported window, missing right), or a local check did.
+    #[error("access refused by {peer}: {}", .status.describe())]
+    Refused {
+        /// The target (the owner of the aperture).
+        peer: PeerId,
+        /// Why.
+        status: clink_proto::rma::Status,
+    },
+    /// A local aperture or tripwire argument is invalid.
+    #[error("{0}")]
+    Invalid(String),
     /// The endpoint was used from a forked child process.
     #[error("endpoint used after fork (created by pid {0}); create a new Context in the child")]
     Forked(i32),

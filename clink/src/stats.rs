@@ -73,4 +73,13 @@ pub struct Stats {
     /// Network path: bulk payload bytes copied to their place by the ordinary path
     /// (misses, reads beyond the armed layout, speculation off).
     pub cleanup_bytes: u64,
+    /// One-sided requests this endpoint refused as a target (bad key, revoked, out of
+    /// range, missing right, unknown export).
+    pub rma_refused: u64,
+    /// Bytes peers put into this endpoint's apertures (applied).
+    pub rma_put_bytes: u64,
+    /// Bytes peers got from this endpoint's apertures.
+    pub rma_get_bytes: u64,
+    /// Tripwire firings.
+    pub tripwires_fired: u64,
 }

@@ -93,12 +93,21 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of `fd` read-write, shared.
     pub fn new(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        Self::with_prot(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Maps `len` bytes of `fd` read-only, shared (the fd may be read-only).
+    pub fn new_read_only(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        Self::with_prot(fd, len, libc::PROT_READ)
+    }
+
+    fn with_prot(fd: &OwnedFd, len: usize, prot: libc::c_int) -> io::Result<Mapping> {
         // SAFETY: a fresh mapping chosen by the kernel; fd is valid and len non-zero.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
                 0,
@@ -488,6 +497,51 @@ pub fn cma_read(pid: i32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
         done += r;
     }
     Ok(())
+}
+
+/// Copies `src` to address `remote` in process `pid` with process_vm_writev (the
+/// same-host copy engine writing a get's answer into the initiator's buffer).
+pub fn cma_write(pid: i32, remote: u64, src: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < src.len() {
+        let n = (src.len() - done).min(1 << 30);
+        let local = libc::iovec {
+            iov_base: src[done..].as_ptr() as *mut libc::c_void,
+            iov_len: n,
+        };
+        let rem = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: n,
+        };
+        // SAFETY: the local iovec covers memory we own; the kernel checks the remote side
+        // against the peer's address space.
+        let r = cvt_isize(unsafe { libc::process_vm_writev(pid, &local, 1, &rem, 1, 0) })?;
+        if r == 0 {
+            return Err(io::Error::other("process_vm_writev made no progress"));
+        }
+        done += r;
+    }
+    Ok(())
+}
+
+/// A read-only descriptor of the same memory file (opened through /proc/self/fd), so a
+/// peer given it cannot map the memory writable.
+pub fn reopen_read_only(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::Error::other("fd path has NUL"))?;
+    // SAFETY: a valid C string; the result is a new fd we own.
+    let r = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    // SAFETY: just returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Size of a memory file in bytes.
+pub fn fd_size(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: zeroed stat is a valid out-parameter for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.st_size as u64)
 }
 
 /// Pins the calling thread to one CPU.

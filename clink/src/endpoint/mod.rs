@@ -19,6 +19,7 @@
 
 use crate::context::{eager_threshold, pipeline_chunk, rendezvous_method, CtxInner};
 use crate::error::{io_err, Error, Result};
+use crate::events::{self, Event, EventQueue};
 use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
 use crate::transport::shm::ring::RingMem;
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant};
 
 mod link;
 mod net;
+mod rma;
 
 const TOK_DOORBELL: u64 = 0;
 const TOK_LISTENER: u64 = 1;
@@ -48,6 +50,8 @@ const TOK_UDP: u64 = 3;
 const TOK_PEER0: u64 = 4;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
 const RX_BUDGET: usize = 64;
+/// Slots of the event queue's ring (beyond, events spill in order; see [`crate::events`]).
+const EVENT_QUEUE_CAP: usize = 4096;
 
 /// Hasher for request ids (small sequential integers): a multiply, not SipHash, on the
 /// per-message path.
@@ -190,6 +194,8 @@ enum Unexp {
 enum TxItem {
     Send(u64),
     Ctrl(Frame<'static>),
+    /// An encoded frame (one-sided requests and answers that found the link full).
+    Raw(Vec<u8>),
 }
 
 /// A pipelined send in progress towards one peer.
@@ -212,6 +218,13 @@ struct Peer {
     blocked: bool,
     /// Which rendezvous method is faster from this peer, as measured.
     chooser: RndvChooser,
+    /// The copy engine's queue of this peer's large one-sided requests (and the requests
+    /// behind them).
+    engine: VecDeque<rma::EngineItem>,
+    /// The message at the head of the ring was announced by an event.
+    announced: bool,
+    /// The peer said goodbye (or we closed): its end is reported as closed, not failed.
+    closing: bool,
 }
 
 /// A communication port: listens for peers, connects to them, sends and receives tagged
@@ -221,7 +234,7 @@ pub struct Endpoint {
     id: u128,
     sock_name: String,
     listener: SeqPacket,
-    doorbell: OwnedFd,
+    doorbell: Arc<OwnedFd>,
     epoll: Epoll,
     probe: Box<u64>,
     peers: Vec<Peer>,
@@ -241,6 +254,10 @@ pub struct Endpoint {
     net: Option<UdpTransport>,
     /// Sends nobody waits for (committed network claims): removed once complete.
     detached: Vec<u64>,
+    /// Apertures, exports, tripwires and one-sided requests.
+    rma: rma::RmaState,
+    /// The event queue.
+    evq: EventQueue,
 }
 
 // The raw pointers inside borrowed send/receive buffers only live during a blocking call
@@ -254,7 +271,7 @@ impl Endpoint {
         let sock_name = format!("clink-{id:032x}");
         let listener =
             SeqPacket::listen(&sock_name).map_err(io_err("listen on abstract socket"))?;
-        let doorbell = sys::eventfd().map_err(io_err("eventfd"))?;
+        let doorbell = Arc::new(sys::eventfd().map_err(io_err("eventfd"))?);
         let epoll = Epoll::new().map_err(io_err("epoll_create"))?;
         epoll
             .add_edge(doorbell.as_raw_fd(), TOK_DOORBELL)
@@ -295,6 +312,8 @@ impl Endpoint {
             last_error: None,
             net,
             detached: Vec::new(),
+            rma: rma::RmaState::default(),
+            evq: EventQueue::new(EVENT_QUEUE_CAP),
         })
     }
 
@@ -427,8 +446,12 @@ impl Endpoint {
             pipeline_in: HashMap::new(),
             blocked: false,
             chooser: RndvChooser::default(),
+            engine: VecDeque::new(),
+            announced: false,
+            closing: false,
         });
         self.stats.peers_connected += 1;
+        self.evq.push(events::PEERS, Event::PeerConnected(id));
         Ok(id)
     }
 
@@ -729,9 +752,13 @@ impl Endpoint {
         loop {
             let p = &mut self.peers[i];
             let Some(item) = p.txq.front() else { break };
-            let ok = match *item {
-                TxItem::Ctrl(f) => p.link.try_send(&f),
-                TxItem::Send(id) => match self.sends.get_mut(&id) {
+            let ok = match item {
+                TxItem::Ctrl(f) => p.link.try_send(f),
+                TxItem::Raw(v) => match Frame::parse(v) {
+                    Ok(f) => p.link.try_send(&f),
+                    Err(_) => true, // we encoded it: cannot happen; drop rather than stall
+                },
+                TxItem::Send(id) => match self.sends.get_mut(id) {
                     None => true, // cancelled meanwhile
                     Some(op) => {
                         let data = op.data.bytes();
@@ -746,7 +773,7 @@ impl Endpoint {
                             let ok = p.link.try_send(&Frame::Rts {
                                 tag: op.tag,
                                 len,
-                                send_id: id,
+                                send_id: *id,
                                 addr: data.as_ptr() as u64,
                             });
                             if ok {
@@ -950,6 +977,7 @@ impl Endpoint {
                     return None;
                 }
                 let result = copy_eager(src, tag, data, buf);
+                p.announced = false;
                 if p.link.release(rec) {
                     p.link.wake();
                     self.stats.doorbells += 1;
@@ -1267,6 +1295,9 @@ impl Endpoint {
                 }
             }
         }
+        if self.rma.engine_busy > 0 {
+            did |= self.run_engine();
+        }
         self.net_transmit();
         if !self.detached.is_empty() {
             let sends = &mut self.sends;
@@ -1340,6 +1371,7 @@ impl Endpoint {
                 }
             }
             self.stats.frames_received += 1;
+            self.peers[i].announced = false;
             if self.peers[i].link.release(rec) {
                 self.peers[i].link.wake();
                 self.stats.doorbells += 1;
@@ -1369,8 +1401,12 @@ impl Endpoint {
         match f {
             Frame::Eager { tag, data } => match self.matcher.take_posted(src, tag) {
                 Some(rid) => self.complete_eager(src, tag, rid, data),
-                None if !force => return Ok(false),
+                None if !force => {
+                    self.announce(i, tag);
+                    return Ok(false);
+                }
                 None => {
+                    self.announce(i, tag);
                     self.stats.unexpected += 1;
                     self.matcher
                         .push_unexpected(src, tag, Unexp::Eager(data.to_vec()));
@@ -1383,10 +1419,15 @@ impl Endpoint {
                 addr,
             } => match self.matcher.take_posted(src, tag) {
                 Some(rid) => self.start_rendezvous(src, tag, rid, len, send_id, addr),
-                None if !force => return Ok(false),
-                None => self
-                    .matcher
-                    .push_unexpected(src, tag, Unexp::Rts { len, send_id, addr }),
+                None if !force => {
+                    self.announce(i, tag);
+                    return Ok(false);
+                }
+                None => {
+                    self.announce(i, tag);
+                    self.matcher
+                        .push_unexpected(src, tag, Unexp::Rts { len, send_id, addr })
+                }
             },
             Frame::Fin { send_id } => {
                 if let Some(op) = self.sends.get_mut(&send_id) {
@@ -1503,7 +1544,11 @@ impl Endpoint {
                     }
                 }
             }
-            Frame::Close => self.fail_peer(i, format!("{src} closed the connection")),
+            Frame::Close => {
+                self.peers[i].closing = true;
+                self.fail_peer(i, format!("{src} closed the connection"))
+            }
+            Frame::Rma(r) => self.handle_rma(i, bytes, r)?,
         }
         Ok(true)
     }
@@ -1570,11 +1615,31 @@ impl Endpoint {
         did
     }
 
+    /// Queues a message-arrival event for the frame at the head of peer `i`'s queue, once.
+    fn announce(&mut self, i: usize, tag: u64) {
+        let p = &mut self.peers[i];
+        if !p.announced {
+            p.announced = true;
+            let peer = PeerId(i as u32);
+            self.evq
+                .push(events::MESSAGES, Event::Message { peer, tag });
+        }
+    }
+
     fn fail_peer(&mut self, i: usize, why: String) {
         tracing::debug!("peer {i} failed: {why}");
         self.last_error = Some(why);
         self.stats.peers_failed += 1;
         self.peers[i].alive = false;
+        let peer = PeerId(i as u32);
+        self.evq.push(
+            events::PEERS,
+            if self.peers[i].closing {
+                Event::PeerClosed(peer)
+            } else {
+                Event::PeerFailed(peer)
+            },
+        );
         match &self.peers[i].link {
             Link::Shm(s) => self.epoll.remove(s.sock.raw()),
             Link::Udp(u) => {
@@ -1606,6 +1671,7 @@ impl Endpoint {
                 op.state = SendState::Done(Err(Error::PeerDead(peer)));
             }
         }
+        self.fail_peer_rma(i);
         for rid in self.matcher.drain_posted_from(peer) {
             if let Some(op) = self.recvs.get_mut(&rid) {
                 op.state = RecvState::Done(Err(Error::PeerDead(peer)));
@@ -1699,12 +1765,15 @@ impl Endpoint {
         }
         // (The doorbell is drained when epoll reports it, not here: one system call less
         // per sleep; a stale ring only costs one spurious wake-up.)
+        self.evq.arm_sleep();
         let busy = self.progress()
             || self
                 .peers
                 .iter_mut()
                 .any(|p| p.alive && matches!(p.link.peek(), Ok(Some(_))))
-            || !self.new_peers.is_empty();
+            || !self.new_peers.is_empty()
+            || !self.evq.is_empty()
+            || self.rma.engine_busy > 0;
         if busy {
             self.finish_wait();
         }
@@ -1713,6 +1782,7 @@ impl Endpoint {
 
     /// Withdraws the doorbell requests of [`Endpoint::prepare_wait`].
     pub fn finish_wait(&mut self) {
+        self.evq.disarm_sleep();
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if let Some(shm) = p.link.shm_mut() {
                 shm.rx.disarm_sleep();
@@ -1747,6 +1817,7 @@ impl Endpoint {
         self.net_linger();
         for i in 0..self.peers.len() {
             if self.peers[i].alive {
+                self.peers[i].closing = true;
                 self.fail_peer(i, format!("{} closed locally", PeerId(i as u32)));
             }
         }
@@ -1894,6 +1965,7 @@ impl Drop for InPlace<'_> {
         if let InPlaceData::Ring(i, r) = self.data {
             let p = &mut self.ep.peers[i];
             self.ep.stats.frames_received += 1;
+            p.announced = false;
             if p.link.release(r) {
                 p.link.wake();
             }

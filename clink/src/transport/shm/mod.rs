@@ -192,7 +192,16 @@ pub struct ShmPeer {
     pub peer_cma: bool,
     /// Peer identity.
     pub id: u128,
+    /// Aperture memory files the peer sent for our map requests, by request id, until the
+    /// request's acknowledgement takes them.
+    pub fds: Vec<(u64, OwnedFd)>,
 }
+
+/// Opens a socket packet carrying an aperture's memory file ("CLNKAPFD" + request id).
+const AP_FD_MAGIC: &[u8; 8] = b"CLNKAPFD";
+/// Map answers kept waiting for their acknowledgement at most (a peer cannot make us
+/// hoard descriptors).
+const MAX_STASHED_FDS: usize = 16;
 
 fn check_uid(sock: &SeqPacket, cfg: &Config) -> Result<sys::PeerCred> {
     let cred = sock.peer_cred().map_err(io_err("SO_PEERCRED"))?;
@@ -308,6 +317,7 @@ impl ShmPeer {
             cma,
             peer_cma: w.cma_ok,
             id: w.id,
+            fds: Vec::new(),
         })
     }
 
@@ -361,6 +371,7 @@ impl ShmPeer {
             cma,
             peer_cma: false,
             id: h.id,
+            fds: Vec::new(),
         })
     }
 
@@ -371,6 +382,17 @@ impl ShmPeer {
         let mut fds = Vec::new();
         match self.sock.recv_with_fds(&mut buf, &mut fds, Duration::ZERO) {
             Ok(0) => false,
+            Ok(16) if &buf[..8] == AP_FD_MAGIC => {
+                let mut id = [0u8; 8];
+                id.copy_from_slice(&buf[8..16]);
+                if let Some(fd) = fds.pop() {
+                    if self.fds.len() == MAX_STASHED_FDS {
+                        self.fds.remove(0);
+                    }
+                    self.fds.push((u64::from_le_bytes(id), fd));
+                }
+                true
+            }
             Ok(n) => match Ready::parse(&buf[..n.min(READY_LEN)]) {
                 Ok(r) => {
                     self.peer_cma = r.cma_ok;
@@ -389,6 +411,31 @@ impl ShmPeer {
             }
             Err(_) => false,
         }
+    }
+
+    /// Sends an aperture's memory file for map request `req` (before its acknowledgement
+    /// goes into the ring, so the file is there when the ack is read).
+    pub fn send_fd(&self, req: u64, fd: &OwnedFd) -> std::io::Result<()> {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(AP_FD_MAGIC);
+        b[8..].copy_from_slice(&req.to_le_bytes());
+        self.sock.send_with_fds(&b, &[fd.as_raw_fd()])
+    }
+
+    /// Takes the memory file sent for map request `req`, reading the socket if it has not
+    /// been read yet (it was sent before the ack that prompts this call).
+    pub fn take_fd(&mut self, req: u64) -> Option<OwnedFd> {
+        for _ in 0..MAX_STASHED_FDS + 1 {
+            if let Some(k) = self.fds.iter().position(|(r, _)| *r == req) {
+                return Some(self.fds.swap_remove(k).1);
+            }
+            if !sys::poll_readable(self.sock.raw(), Duration::ZERO).unwrap_or(false)
+                || !self.on_socket_readable()
+            {
+                return None;
+            }
+        }
+        None
     }
 
     /// Tries to put one frame in the ring; false when the ring is full.

@@ -1,0 +1,770 @@
+//! One-sided access to apertures (CLAN): capability cookies, the target's access check, and
+//! the RMA frames carried on a peer's link.
+//!
+//! An aperture is a memory region of an endpoint; an *export* of it grants a window
+//! (`base..base+len` of the aperture) with rights, guarded by a 128-bit random key. The
+//! [`Cookie`] names the export and carries the key; whoever holds it may access the window
+//! through the owner. The owner checks every access with [`check`] (key in constant time,
+//! then revocation, rights and bounds) before touching memory.
+//!
+//! Frame layout (inside a [`crate::wire::Frame::Rma`]): byte 0 the kind, byte 1 a
+//! kind-specific flag (status, atomic op, rights), bytes 2..8 zero, then `u64` fields. A
+//! request names its target as `req | export | key | offset`, offsets relative to the
+//! export's window. Every integer is little-endian; parsing is total.
+
+use crate::ProtoError;
+
+/// Right to read (get, fetch from atomics).
+pub const READ: u8 = 1;
+/// Right to write (put, atomics, notify).
+pub const WRITE: u8 = 2;
+
+/// Bytes of an encoded [`Cookie`].
+pub const COOKIE_LEN: usize = 64;
+const COOKIE_MAGIC: u32 = 0x4549_4b43; // "CKIE"
+
+/// An exported, unforgeable capability to one window of an aperture.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Cookie {
+    /// Identity of the endpoint owning the aperture.
+    pub owner: u128,
+    /// Export number at the owner.
+    pub export: u32,
+    /// Start of the window within the aperture (informational: accesses are relative to
+    /// the window).
+    pub base: u64,
+    /// Length of the window in bytes.
+    pub len: u64,
+    /// [`READ`] and/or [`WRITE`].
+    pub rights: u8,
+    /// The random key the owner checks.
+    pub key: u128,
+}
+
+impl std::fmt::Debug for Cookie {
+    /// Never prints the key (cookies end up in logs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cookie")
+            .field("owner", &format_args!("{:032x}", self.owner))
+            .field("export", &self.export)
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .field("rights", &self.rights)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cookie {
+    /// The cookie as bytes, to send in any message.
+    pub fn to_bytes(&self) -> [u8; COOKIE_LEN] {
+        let mut b = [0u8; COOKIE_LEN];
+        b[0..4].copy_from_slice(&COOKIE_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.export.to_le_bytes());
+        b[8..24].copy_from_slice(&self.owner.to_le_bytes());
+        b[24..32].copy_from_slice(&self.base.to_le_bytes());
+        b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        b[40] = self.rights;
+        b[48..64].copy_from_slice(&self.key.to_le_bytes());
+        b
+    }
+
+    /// Parses a cookie received from anywhere. Only the form is checked here; the owner
+    /// checks the key on every access.
+    pub fn from_bytes(b: &[u8]) -> Result<Cookie, ProtoError> {
+        need("cookie", b, COOKIE_LEN)?;
+        if b.len() != COOKIE_LEN {
+            return Err(ProtoError::OutOfRange {
+                what: "cookie length",
+                value: b.len() as u64,
+                limit: COOKIE_LEN as u64,
+            });
+        }
+        let magic = u32_at(b, 0);
+        if magic != COOKIE_MAGIC {
+            return Err(ProtoError::BadMagic(magic));
+        }
+        let rights = b[40];
+        if rights == 0 || rights & !(READ | WRITE) != 0 || b[41..48].iter().any(|&x| x != 0) {
+            return Err(ProtoError::OutOfRange {
+                what: "cookie rights",
+                value: u64::from(rights),
+                limit: u64::from(READ | WRITE),
+            });
+        }
+        let (base, len) = (u64_at(b, 24), u64_at(b, 32));
+        if base.checked_add(len).is_none() {
+            return Err(ProtoError::OutOfRange {
+                what: "cookie window end",
+                value: base,
+                limit: u64::MAX - len,
+            });
+        }
+        Ok(Cookie {
+            export: u32_at(b, 4),
+            owner: u128_at(b, 8),
+            base,
+            len,
+            rights,
+            key: u128_at(b, 48),
+        })
+    }
+}
+
+/// What the owner holds for one export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The aperture exported.
+    pub aperture: u32,
+    /// Start of the window within the aperture.
+    pub base: u64,
+    /// Length of the window.
+    pub len: u64,
+    /// Rights granted.
+    pub rights: u8,
+    /// The key a request must present.
+    pub key: u128,
+    /// Revoked exports stay known so that their holders get a clear answer.
+    pub revoked: bool,
+}
+
+/// Outcome of an access as carried on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    /// Done.
+    Ok = 0,
+    /// The export does not exist (never did, or its aperture was destroyed).
+    NoSuchExport = 1,
+    /// The key does not match: a forged or corrupted cookie.
+    BadKey = 2,
+    /// The export was revoked.
+    Revoked = 3,
+    /// The access leaves the exported window.
+    OutOfRange = 4,
+    /// The cookie does not grant the right needed.
+    NotPermitted = 5,
+    /// An atomic on an address that is not 8-byte aligned.
+    Misaligned = 6,
+    /// The target could not perform it (e.g. a copy from the initiator's memory failed).
+    Failed = 7,
+    /// Not possible over this transport (e.g. mapping across hosts).
+    Unsupported = 8,
+}
+
+impl Status {
+    /// Decodes a status byte; unknown values are `None` (a protocol error).
+    pub fn from_u8(v: u8) -> Option<Status> {
+        Some(match v {
+            0 => Status::Ok,
+            1 => Status::NoSuchExport,
+            2 => Status::BadKey,
+            3 => Status::Revoked,
+            4 => Status::OutOfRange,
+            5 => Status::NotPermitted,
+            6 => Status::Misaligned,
+            7 => Status::Failed,
+            8 => Status::Unsupported,
+            _ => return None,
+        })
+    }
+
+    /// A sentence for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::NoSuchExport => "no such export at the target",
+            Status::BadKey => "the cookie's key does not match (forged or corrupted cookie)",
+            Status::Revoked => "the cookie was revoked",
+            Status::OutOfRange => "the access leaves the exported window",
+            Status::NotPermitted => "the cookie does not grant this access",
+            Status::Misaligned => "atomics need an 8-byte aligned offset",
+            Status::Failed => "the target could not perform the access",
+            Status::Unsupported => "not possible over this transport",
+        }
+    }
+}
+
+/// Compares keys in time independent of where they differ.
+pub fn key_eq(a: u128, b: u128) -> bool {
+    let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+    let mut diff = 0u8;
+    for i in 0..16 {
+        diff |= a[i] ^ b[i];
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// The owner's check of one access of `len` bytes at `offset` in the window of `grant`
+/// needing `need` rights. Returns the offset within the aperture. The key is checked
+/// first, so a forger learns nothing about revocation, rights or bounds.
+pub fn check(
+    grant: Option<&Grant>,
+    key: u128,
+    offset: u64,
+    len: u64,
+    need: u8,
+) -> Result<u64, Status> {
+    let g = grant.ok_or(Status::NoSuchExport)?;
+    if !key_eq(g.key, key) {
+        return Err(Status::BadKey);
+    }
+    if g.revoked {
+        return Err(Status::Revoked);
+    }
+    if g.rights & need != need {
+        return Err(Status::NotPermitted);
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= g.len => Ok(g.base + offset),
+        _ => Err(Status::OutOfRange),
+    }
+}
+
+/// Word-sized atomic operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Adds `a`, returns the old value.
+    FetchAdd,
+    /// Stores `b` if the value is `a`; returns the old value.
+    CompareSwap,
+}
+
+/// Names the target of a request: export, key and offset within the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Export number.
+    pub export: u32,
+    /// Key presented.
+    pub key: u128,
+    /// Offset within the export's window.
+    pub offset: u64,
+}
+
+/// Size of the fixed part of put and get frames: `kind | req | export | key | offset`.
+pub const RMA_HEADER: usize = 48;
+
+const K_PUT: u8 = 16;
+const K_PUT_CMA: u8 = 17;
+const K_GET: u8 = 18;
+const K_GET_DATA: u8 = 19;
+const K_GET_CMA: u8 = 20;
+const K_ATOMIC: u8 = 21;
+const K_ATOMIC_REPLY: u8 = 22;
+const K_NOTIFY: u8 = 23;
+const K_MAP: u8 = 24;
+const K_ACK: u8 = 25;
+/// Size of the fixed part of a get reply: `kind | req | offset`, the bytes follow.
+pub const GET_DATA_HEADER: usize = 24;
+
+/// True when the frame kind byte is one of the RMA kinds.
+pub fn is_rma_kind(k: u8) -> bool {
+    (K_PUT..=K_ACK).contains(&k)
+}
+
+/// One RMA frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RmaFrame<'a> {
+    /// Write `data` at the target.
+    Put {
+        /// Initiator's request id (echoed in the ack).
+        req: u64,
+        /// Where.
+        to: Target,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// Write `len` bytes the target copies from the initiator's memory at `addr` (same
+    /// host: one copy by the target's copy engine).
+    PutCma {
+        /// Request id.
+        req: u64,
+        /// Where.
+        to: Target,
+        /// Bytes.
+        len: u64,
+        /// Address of the bytes in the initiator.
+        addr: u64,
+    },
+    /// Read `len` bytes; answered by [`RmaFrame::GetData`] frames then an ack.
+    Get {
+        /// Request id.
+        req: u64,
+        /// From where.
+        from: Target,
+        /// Bytes.
+        len: u64,
+    },
+    /// Part of a get's answer: `data` belongs at `offset` of the get's buffer.
+    GetData {
+        /// The get answered.
+        req: u64,
+        /// Offset within the get.
+        offset: u64,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// Read `len` bytes, which the target writes into the initiator's memory at `addr`.
+    GetCma {
+        /// Request id.
+        req: u64,
+        /// From where.
+        from: Target,
+        /// Bytes.
+        len: u64,
+        /// Address of the initiator's buffer.
+        addr: u64,
+    },
+    /// A word-sized atomic on an 8-byte aligned word.
+    Atomic {
+        /// Request id.
+        req: u64,
+        /// Which word.
+        at: Target,
+        /// The operation.
+        op: AtomicOp,
+        /// Addend, or the expected value.
+        a: u64,
+        /// The new value (compare-swap).
+        b: u64,
+    },
+    /// The answer to an atomic.
+    AtomicReply {
+        /// The atomic answered.
+        req: u64,
+        /// Outcome.
+        status: Status,
+        /// The word's previous value.
+        old: u64,
+    },
+    /// Doorbell after direct stores through a mapping: fires the write tripwires of the
+    /// range as if the bytes had been put.
+    Notify {
+        /// Request id.
+        req: u64,
+        /// Start of the range.
+        at: Target,
+        /// Bytes.
+        len: u64,
+    },
+    /// Asks for the export's memory to map (same host); the file descriptor comes on the
+    /// connection's socket, then the ack.
+    Map {
+        /// Request id.
+        req: u64,
+        /// The export (offset unused, zero).
+        of: Target,
+    },
+    /// Completion of a put, notify, map or get.
+    Ack {
+        /// The request completed.
+        req: u64,
+        /// Outcome.
+        status: Status,
+    },
+}
+
+fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), ProtoError> {
+    if b.len() < n {
+        return Err(ProtoError::Truncated {
+            what,
+            need: n,
+            have: b.len(),
+        });
+    }
+    Ok(())
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u128_at(b: &[u8], off: usize) -> u128 {
+    u128::from(u64_at(b, off)) | (u128::from(u64_at(b, off + 8)) << 64)
+}
+
+fn target_at(b: &[u8]) -> Target {
+    Target {
+        export: u32_at(b, 16),
+        key: u128_at(b, 24),
+        offset: u64_at(b, 40),
+    }
+}
+
+fn status(b: u8) -> Result<Status, ProtoError> {
+    Status::from_u8(b).ok_or(ProtoError::OutOfRange {
+        what: "rma status",
+        value: u64::from(b),
+        limit: Status::Unsupported as u64,
+    })
+}
+
+impl<'a> RmaFrame<'a> {
+    /// Parses an RMA frame (the whole record, kind byte included).
+    pub fn parse(b: &'a [u8]) -> Result<RmaFrame<'a>, ProtoError> {
+        need("rma frame", b, 16)?;
+        let req = u64_at(b, 8);
+        let f = match b[0] {
+            K_PUT => {
+                need("put frame", b, RMA_HEADER)?;
+                RmaFrame::Put {
+                    req,
+                    to: target_at(b),
+                    data: &b[RMA_HEADER..],
+                }
+            }
+            K_PUT_CMA | K_GET_CMA => {
+                need("cma rma frame", b, RMA_HEADER + 16)?;
+                let (t, len, addr) = (target_at(b), u64_at(b, 48), u64_at(b, 56));
+                if b[0] == K_PUT_CMA {
+                    RmaFrame::PutCma {
+                        req,
+                        to: t,
+                        len,
+                        addr,
+                    }
+                } else {
+                    RmaFrame::GetCma {
+                        req,
+                        from: t,
+                        len,
+                        addr,
+                    }
+                }
+            }
+            K_GET | K_NOTIFY => {
+                need("get/notify frame", b, RMA_HEADER + 8)?;
+                let (t, len) = (target_at(b), u64_at(b, 48));
+                if b[0] == K_GET {
+                    RmaFrame::Get { req, from: t, len }
+                } else {
+                    RmaFrame::Notify { req, at: t, len }
+                }
+            }
+            K_GET_DATA => {
+                need("get data frame", b, GET_DATA_HEADER)?;
+                RmaFrame::GetData {
+                    req,
+                    offset: u64_at(b, 16),
+                    data: &b[GET_DATA_HEADER..],
+                }
+            }
+            K_ATOMIC => {
+                need("atomic frame", b, RMA_HEADER + 16)?;
+                let op = match b[1] {
+                    1 => AtomicOp::FetchAdd,
+                    2 => AtomicOp::CompareSwap,
+                    v => {
+                        return Err(ProtoError::OutOfRange {
+                            what: "atomic op",
+                            value: u64::from(v),
+                            limit: 2,
+                        })
+                    }
+                };
+                RmaFrame::Atomic {
+                    req,
+                    at: target_at(b),
+                    op,
+                    a: u64_at(b, 48),
+                    b: u64_at(b, 56),
+                }
+            }
+            K_ATOMIC_REPLY => {
+                need("atomic reply frame", b, 24)?;
+                RmaFrame::AtomicReply {
+                    req,
+                    status: status(b[1])?,
+                    old: u64_at(b, 16),
+                }
+            }
+            K_MAP => {
+                need("map frame", b, RMA_HEADER)?;
+                RmaFrame::Map {
+                    req,
+                    of: target_at(b),
+                }
+            }
+            K_ACK => RmaFrame::Ack {
+                req,
+                status: status(b[1])?,
+            },
+            k => return Err(ProtoError::BadKind(k)),
+        };
+        Ok(f)
+    }
+
+    /// Bytes [`RmaFrame::encode`] writes.
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            RmaFrame::Put { data, .. } => RMA_HEADER + data.len(),
+            RmaFrame::PutCma { .. } | RmaFrame::GetCma { .. } | RmaFrame::Atomic { .. } => {
+                RMA_HEADER + 16
+            }
+            RmaFrame::Get { .. } | RmaFrame::Notify { .. } => RMA_HEADER + 8,
+            RmaFrame::GetData { data, .. } => GET_DATA_HEADER + data.len(),
+            RmaFrame::AtomicReply { .. } => 24,
+            RmaFrame::Map { .. } => RMA_HEADER,
+            RmaFrame::Ack { .. } => 16,
+        }
+    }
+
+    /// Writes the frame into `out` (at least [`RmaFrame::encoded_len`] bytes); returns the
+    /// bytes written.
+    ///
+    /// # Panics
+    /// If `out` is too short (a caller bug).
+    pub fn encode(&self, out: &mut [u8]) -> usize {
+        let n = self.encoded_len();
+        let out = &mut out[..n];
+        out[..8].fill(0);
+        let put =
+            |o: &mut [u8], off: usize, v: u64| o[off..off + 8].copy_from_slice(&v.to_le_bytes());
+        let target = |o: &mut [u8], t: &Target| {
+            o[16..20].copy_from_slice(&t.export.to_le_bytes());
+            o[20..24].fill(0);
+            o[24..40].copy_from_slice(&t.key.to_le_bytes());
+            o[40..48].copy_from_slice(&t.offset.to_le_bytes());
+        };
+        match *self {
+            RmaFrame::Put { req, to, data } => {
+                out[0] = K_PUT;
+                put(out, 8, req);
+                target(out, &to);
+                out[RMA_HEADER..].copy_from_slice(data);
+            }
+            RmaFrame::PutCma { req, to, len, addr } => {
+                out[0] = K_PUT_CMA;
+                put(out, 8, req);
+                target(out, &to);
+                put(out, 48, len);
+                put(out, 56, addr);
+            }
+            RmaFrame::GetCma {
+                req,
+                from,
+                len,
+                addr,
+            } => {
+                out[0] = K_GET_CMA;
+                put(out, 8, req);
+                target(out, &from);
+                put(out, 48, len);
+                put(out, 56, addr);
+            }
+            RmaFrame::Get { req, from, len } => {
+                out[0] = K_GET;
+                put(out, 8, req);
+                target(out, &from);
+                put(out, 48, len);
+            }
+            RmaFrame::Notify { req, at, len } => {
+                out[0] = K_NOTIFY;
+                put(out, 8, req);
+                target(out, &at);
+                put(out, 48, len);
+            }
+            RmaFrame::GetData { req, offset, data } => {
+                out[0] = K_GET_DATA;
+                put(out, 8, req);
+                put(out, 16, offset);
+                out[GET_DATA_HEADER..].copy_from_slice(data);
+            }
+            RmaFrame::Atomic { req, at, op, a, b } => {
+                out[0] = K_ATOMIC;
+                out[1] = match op {
+                    AtomicOp::FetchAdd => 1,
+                    AtomicOp::CompareSwap => 2,
+                };
+                put(out, 8, req);
+                target(out, &at);
+                put(out, 48, a);
+                put(out, 56, b);
+            }
+            RmaFrame::AtomicReply { req, status, old } => {
+                out[0] = K_ATOMIC_REPLY;
+                out[1] = status as u8;
+                put(out, 8, req);
+                put(out, 16, old);
+            }
+            RmaFrame::Map { req, of } => {
+                out[0] = K_MAP;
+                put(out, 8, req);
+                target(out, &of);
+            }
+            RmaFrame::Ack { req, status } => {
+                out[0] = K_ACK;
+                out[1] = status as u8;
+                put(out, 8, req);
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn grant() -> Grant {
+        Grant {
+            aperture: 3,
+            base: 100,
+            len: 64,
+            rights: READ | WRITE,
+            key: 0x1234_5678_9abc_def0_0fed_cba9_8765_4321,
+            revoked: false,
+        }
+    }
+
+    #[test]
+    fn check_orders_key_before_everything() {
+        let g = grant();
+        assert_eq!(check(Some(&g), g.key, 8, 8, WRITE), Ok(108));
+        assert_eq!(check(None, g.key, 0, 1, READ), Err(Status::NoSuchExport));
+        assert_eq!(check(Some(&g), g.key ^ 1, 0, 1, READ), Err(Status::BadKey));
+        let r = Grant { revoked: true, ..g };
+        // A wrong key on a revoked export still says BadKey: revocation is not leaked.
+        assert_eq!(check(Some(&r), g.key ^ 1, 0, 1, READ), Err(Status::BadKey));
+        assert_eq!(check(Some(&r), g.key, 0, 1, READ), Err(Status::Revoked));
+        let ro = Grant { rights: READ, ..g };
+        assert_eq!(
+            check(Some(&ro), g.key, 0, 1, WRITE),
+            Err(Status::NotPermitted)
+        );
+        assert_eq!(check(Some(&g), g.key, 60, 5, READ), Err(Status::OutOfRange));
+        assert_eq!(check(Some(&g), g.key, 64, 0, READ), Ok(164));
+        assert_eq!(
+            check(Some(&g), g.key, u64::MAX, 2, READ),
+            Err(Status::OutOfRange)
+        );
+    }
+
+    #[test]
+    fn cookie_roundtrip_and_refusals() {
+        let c = Cookie {
+            owner: 77,
+            export: 9,
+            base: 4096,
+            len: 8192,
+            rights: READ,
+            key: u128::MAX - 5,
+        };
+        assert_eq!(Cookie::from_bytes(&c.to_bytes()), Ok(c));
+        let mut b = c.to_bytes();
+        b[40] = 4;
+        assert!(Cookie::from_bytes(&b).is_err());
+        let mut b = c.to_bytes();
+        b[0] ^= 1;
+        assert!(matches!(
+            Cookie::from_bytes(&b),
+            Err(ProtoError::BadMagic(_))
+        ));
+        assert!(Cookie::from_bytes(&c.to_bytes()[..63]).is_err());
+        assert!(!format!("{c:?}").contains(&format!("{}", c.key)));
+    }
+
+    fn target() -> impl Strategy<Value = Target> {
+        (any::<u32>(), any::<u128>(), any::<u64>()).prop_map(|(export, key, offset)| Target {
+            export,
+            key,
+            offset,
+        })
+    }
+
+    fn frame(data: &[u8]) -> impl Strategy<Value = RmaFrame<'_>> {
+        let st = (0u8..=8).prop_map(|v| Status::from_u8(v).unwrap());
+        prop_oneof![
+            (any::<u64>(), target()).prop_map(move |(req, to)| RmaFrame::Put { req, to, data }),
+            (any::<u64>(), target(), any::<u64>(), any::<u64>())
+                .prop_map(|(req, to, len, addr)| RmaFrame::PutCma { req, to, len, addr }),
+            (any::<u64>(), target(), any::<u64>()).prop_map(|(req, from, len)| RmaFrame::Get {
+                req,
+                from,
+                len
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(move |(req, offset)| RmaFrame::GetData {
+                req,
+                offset,
+                data
+            }),
+            (any::<u64>(), target(), any::<u64>(), any::<u64>()).prop_map(
+                |(req, from, len, addr)| RmaFrame::GetCma {
+                    req,
+                    from,
+                    len,
+                    addr
+                }
+            ),
+            (
+                any::<u64>(),
+                target(),
+                any::<bool>(),
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(|(req, at, cas, a, b)| RmaFrame::Atomic {
+                    req,
+                    at,
+                    op: if cas {
+                        AtomicOp::CompareSwap
+                    } else {
+                        AtomicOp::FetchAdd
+                    },
+                    a,
+                    b
+                }),
+            (any::<u64>(), st.clone(), any::<u64>())
+                .prop_map(|(req, status, old)| RmaFrame::AtomicReply { req, status, old }),
+            (any::<u64>(), target(), any::<u64>()).prop_map(|(req, at, len)| RmaFrame::Notify {
+                req,
+                at,
+                len
+            }),
+            (any::<u64>(), target()).prop_map(|(req, of)| RmaFrame::Map { req, of }),
+            (any::<u64>(), st).prop_map(|(req, status)| RmaFrame::Ack { req, status }),
+        ]
+    }
+
+    fn seed32(seed: u64) -> [u8; 32] {
+        let mut s = [0u8; 32];
+        s[..8].copy_from_slice(&seed.to_le_bytes());
+        s
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics(b in proptest::collection::vec(any::<u8>(), 0..200), k in 14u8..28) {
+            let mut b = b;
+            if !b.is_empty() { b[0] = k; }
+            let _ = RmaFrame::parse(&b);
+            let _ = Cookie::from_bytes(&b);
+        }
+
+        #[test]
+        fn roundtrip(data in proptest::collection::vec(any::<u8>(), 0..100), seed in any::<u64>()) {
+            let mut runner = proptest::test_runner::TestRunner::new_with_rng(
+                Default::default(),
+                proptest::test_runner::TestRng::from_seed(
+                    proptest::test_runner::RngAlgorithm::ChaCha, &seed32(seed)));
+            let f = frame(&data).new_tree(&mut runner).unwrap().current();
+            let mut out = vec![0u8; f.encoded_len()];
+            prop_assert_eq!(f.encode(&mut out), out.len());
+            prop_assert_eq!(RmaFrame::parse(&out), Ok(f));
+            // Every strict prefix is refused or parses to a frame with a shorter payload.
+            for cut in 0..out.len() {
+                if let Ok(g) = RmaFrame::parse(&out[..cut]) {
+                    prop_assert!(g.encoded_len() == cut);
+                }
+            }
+        }
+    }
+}

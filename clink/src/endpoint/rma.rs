@@ -1,0 +1,1226 @@
+//! Apertures, one-sided access, tripwires and the event queue on the endpoint (issue 4).
+//!
+//! Initiator side: every access is a frame on the peer's link (put data inline; large puts
+//! and gets on the same host by the target's copy engine with one CMA copy), answered by an
+//! ack, get data or an atomic reply. Target side: the progress engine checks each request
+//! against its export table ([`clink_proto::rma::check`]), applies it, fires the matching
+//! tripwires, and answers. Requests from one peer are applied in the order sent (PRAM):
+//! while a large copy is in the engine, that peer's later requests wait behind it.
+
+use super::{Endpoint, RecvBuf, SendData, TxItem};
+use crate::error::{io_err, Error, Result};
+use crate::events::{self, Event, EventSender};
+use crate::rma::{ApertureId, Remote, RmaRequest, TripOptions, Tripset, Window};
+use crate::sys::{self, Mapping};
+use bytes::Bytes;
+use clink_proto::rma::{self, AtomicOp, Cookie, Grant, RmaFrame, Status, Target, READ, WRITE};
+use clink_proto::tripwire::{self, TripId};
+use clink_proto::wire::Frame;
+use clink_proto::PeerId;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes the copy engine moves for one peer before serving the next (fairness quantum).
+const ENGINE_QUANTUM: u64 = 256 << 10;
+
+enum ApMem {
+    /// clink's memory file, mappable by same-host peers.
+    File { fd: OwnedFd, map: Arc<Mapping> },
+    /// A user buffer handed over; given back by `aperture_destroy`.
+    User(Vec<u8>),
+}
+
+struct LocalAp {
+    mem: ApMem,
+    len: u64,
+}
+
+impl LocalAp {
+    fn ptr(&mut self) -> *mut u8 {
+        match &mut self.mem {
+            ApMem::File { map, .. } => map.ptr(),
+            ApMem::User(v) => v.as_mut_ptr(),
+        }
+    }
+}
+
+enum OpKind {
+    Put,
+    Get { buf: RecvBuf },
+    Atomic { old: u64 },
+    Notify,
+    Map { fd: Option<OwnedFd> },
+}
+
+/// An initiator's outstanding one-sided request.
+struct RmaOp {
+    peer: PeerId,
+    /// Answers still expected (a put cut into frames gets one ack per frame).
+    parts: u32,
+    /// First refusal seen.
+    status: Status,
+    kind: OpKind,
+    /// Keeps a put's bytes alive until the target has them.
+    _keep: Option<SendData>,
+    /// Queue an RmaDone event (non-blocking requests).
+    event: bool,
+    /// The peer died before answering.
+    dead: bool,
+}
+
+impl RmaOp {
+    fn done(&self) -> bool {
+        self.parts == 0
+    }
+}
+
+/// A large copy queued in the target's copy engine.
+pub(super) struct EngineCopy {
+    req: u64,
+    ap: u32,
+    /// Offset in the aperture.
+    at: u64,
+    len: u64,
+    /// Initiator's address.
+    addr: u64,
+    done: u64,
+    /// True: put (read the initiator, write the aperture); false: get.
+    put: bool,
+}
+
+/// The per-peer copy-engine queue: a large copy, or a later request waiting behind it.
+pub(super) enum EngineItem {
+    Copy(EngineCopy),
+    Frame(Vec<u8>),
+}
+
+#[derive(Clone, Copy, Default)]
+struct TripMeta {
+    count: u64,
+    event: bool,
+}
+
+/// The endpoint's aperture, export, tripwire and one-sided request state.
+#[derive(Default)]
+pub(super) struct RmaState {
+    aps: HashMap<u32, LocalAp>,
+    next_ap: u32,
+    exports: HashMap<u32, Grant>,
+    next_export: u32,
+    trips: tripwire::Matcher,
+    meta: Vec<TripMeta>,
+    /// Fired bits by tripwire index: read without a system call.
+    bits: Vec<u64>,
+    ops: super::IdMap<RmaOp>,
+    /// Peers with a non-empty engine queue.
+    pub(super) engine_busy: usize,
+    engine_next: usize,
+}
+
+/// What a target needs to apply one request.
+struct Applied {
+    ap: u32,
+    at: u64,
+}
+
+impl Endpoint {
+    // ------------------------------------------------------------ apertures
+
+    /// Allocates a zeroed aperture of `len` bytes in a memory file (mappable by same-host
+    /// peers through [`Endpoint::map`]).
+    pub fn aperture_alloc(&mut self, len: usize) -> Result<ApertureId> {
+        if len == 0 {
+            return Err(Error::Invalid("an aperture needs at least one byte".into()));
+        }
+        let page = 4096;
+        let size = len.div_ceil(page) * page;
+        let fd = sys::memfd_sealed("clink-aperture", size).map_err(io_err("aperture memfd"))?;
+        let map = Arc::new(Mapping::new(&fd, size).map_err(io_err("mmap aperture"))?);
+        Ok(self.add_aperture(ApMem::File { fd, map }, len as u64))
+    }
+
+    /// Makes `buf` an aperture (peers put and get it; it cannot be mapped by them). It is
+    /// given back by [`Endpoint::aperture_destroy`].
+    pub fn aperture_register(&mut self, buf: Vec<u8>) -> Result<ApertureId> {
+        if buf.is_empty() {
+            return Err(Error::Invalid("an aperture needs at least one byte".into()));
+        }
+        let len = buf.len() as u64;
+        Ok(self.add_aperture(ApMem::User(buf), len))
+    }
+
+    fn add_aperture(&mut self, mem: ApMem, len: u64) -> ApertureId {
+        let id = self.rma.next_ap;
+        self.rma.next_ap += 1;
+        self.rma.aps.insert(id, LocalAp { mem, len });
+        ApertureId(id)
+    }
+
+    /// Destroys an aperture: its exports become unknown (later accesses are refused), its
+    /// tripwires are removed, and a registered buffer is given back. Peers that mapped it
+    /// keep their mapping of memory this endpoint no longer reads.
+    pub fn aperture_destroy(&mut self, ap: ApertureId) -> Result<Option<Vec<u8>>> {
+        let a = self.rma.aps.remove(&ap.0).ok_or_else(|| no_aperture(ap))?;
+        self.rma.exports.retain(|_, g| g.aperture != ap.0);
+        self.rma.trips.remove_aperture(ap.0);
+        Ok(match a.mem {
+            ApMem::User(v) => Some(v),
+            ApMem::File { .. } => None,
+        })
+    }
+
+    /// Length of an aperture in bytes.
+    pub fn aperture_len(&self, ap: ApertureId) -> Result<u64> {
+        Ok(self.rma.aps.get(&ap.0).ok_or_else(|| no_aperture(ap))?.len)
+    }
+
+    /// A window on this endpoint's own aperture (allocated ones only), for direct loads and
+    /// stores by the owner, e.g. polling a flag a peer writes.
+    pub fn aperture_window(&self, ap: ApertureId) -> Result<Window> {
+        let a = self.rma.aps.get(&ap.0).ok_or_else(|| no_aperture(ap))?;
+        match &a.mem {
+            ApMem::File { map, .. } => Ok(Window::new(map.clone(), 0, a.len, true, None)),
+            ApMem::User(_) => Err(Error::Invalid(
+                "a registered buffer has no window: use aperture_read/aperture_write".into(),
+            )),
+        }
+    }
+
+    /// Writes `data` into this endpoint's own aperture at `offset`, firing its write
+    /// tripwires (an access made through clink).
+    pub fn aperture_write(&mut self, ap: ApertureId, offset: u64, data: &[u8]) -> Result<()> {
+        let p = self.local_range(ap, offset, data.len() as u64)?;
+        // SAFETY: in bounds of the aperture (checked); the source is a distinct slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        self.fire(ap.0, offset, data.len() as u64, WRITE, None);
+        Ok(())
+    }
+
+    /// Reads this endpoint's own aperture at `offset` into `buf`, firing its read
+    /// tripwires.
+    pub fn aperture_read(&mut self, ap: ApertureId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let p = self.local_range(ap, offset, buf.len() as u64)?;
+        // SAFETY: in bounds (checked); the destination is a distinct slice.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        self.fire(ap.0, offset, buf.len() as u64, READ, None);
+        Ok(())
+    }
+
+    fn local_range(&mut self, ap: ApertureId, offset: u64, len: u64) -> Result<*mut u8> {
+        let a = self.rma.aps.get_mut(&ap.0).ok_or_else(|| no_aperture(ap))?;
+        match offset.checked_add(len) {
+            // SAFETY: offset is within the aperture.
+            Some(end) if end <= a.len => Ok(unsafe { a.ptr().add(offset as usize) }),
+            _ => Err(Error::Invalid(format!(
+                "access {offset}+{len} outside aperture of {} bytes",
+                a.len
+            ))),
+        }
+    }
+
+    /// Exports the window `offset..offset+len` of an aperture with `rights`
+    /// ([`crate::rma::READ`] | [`crate::rma::WRITE`]): the cookie to send to peers.
+    pub fn export(&mut self, ap: ApertureId, offset: u64, len: u64, rights: u8) -> Result<Cookie> {
+        let a = self.rma.aps.get(&ap.0).ok_or_else(|| no_aperture(ap))?;
+        if offset.checked_add(len).is_none_or(|e| e > a.len) {
+            return Err(Error::Invalid(format!(
+                "export {offset}+{len} outside aperture of {} bytes",
+                a.len
+            )));
+        }
+        if rights == 0 || rights & !(READ | WRITE) != 0 {
+            return Err(Error::Invalid(format!("bad rights {rights:#x}")));
+        }
+        let key = sys::random_u128().map_err(io_err("random cookie key"))?;
+        let export = self.rma.next_export;
+        self.rma.next_export += 1;
+        self.rma.exports.insert(
+            export,
+            Grant {
+                aperture: ap.0,
+                base: offset,
+                len,
+                rights,
+                key,
+                revoked: false,
+            },
+        );
+        Ok(Cookie {
+            owner: self.id,
+            export,
+            base: offset,
+            len,
+            rights,
+            key,
+        })
+    }
+
+    /// Revokes an export: every later access with the cookie is refused
+    /// ([`crate::rma::AccessStatus::Revoked`]). Mappings already made stay (see the trust
+    /// model in [`crate::rma`]).
+    pub fn revoke(&mut self, cookie: &Cookie) -> Result<()> {
+        match self.rma.exports.get_mut(&cookie.export) {
+            Some(g) if cookie.owner == self.id && rma::key_eq(g.key, cookie.key) => {
+                g.revoked = true;
+                Ok(())
+            }
+            _ => Err(Error::Invalid(
+                "revoke: not a cookie of this endpoint".into(),
+            )),
+        }
+    }
+
+    /// Turns a cookie received from `peer` (its owner) into a handle for one-sided access.
+    /// Only checks that it names that peer; the owner checks everything else on access.
+    pub fn import(&mut self, peer: PeerId, cookie: Cookie) -> Result<Remote> {
+        let p = self.peer(peer)?;
+        let owner = match &p.link {
+            super::Link::Shm(s) => s.id,
+            super::Link::Udp(u) => u.remote_id,
+        };
+        if owner != cookie.owner {
+            return Err(Error::Invalid(format!(
+                "the cookie belongs to endpoint {:032x}, not to {peer}",
+                cookie.owner
+            )));
+        }
+        Ok(Remote { peer, cookie })
+    }
+
+    // ------------------------------------------------------------ one-sided access
+
+    fn target(r: &Remote, offset: u64) -> Target {
+        Target {
+            export: r.cookie.export,
+            key: r.cookie.key,
+            offset,
+        }
+    }
+
+    /// Largest payload of one RMA frame towards peer `i`.
+    fn rma_chunk(&self, i: usize) -> usize {
+        (self.peers[i].eager_max as usize)
+            .saturating_sub(64)
+            .max(64)
+    }
+
+    fn start_op(&mut self, peer: PeerId, kind: OpKind, keep: Option<SendData>) -> Result<u64> {
+        let p = self.peer(peer)?;
+        if !p.alive {
+            return Err(Error::PeerDead(peer));
+        }
+        let id = self.alloc_id();
+        self.rma.ops.insert(
+            id,
+            RmaOp {
+                peer,
+                parts: 0,
+                status: Status::Ok,
+                kind,
+                _keep: keep,
+                event: false,
+                dead: false,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Sends one RMA frame to peer `i`, queueing it (encoded) when the link is full.
+    fn send_rma(&mut self, i: usize, f: RmaFrame) {
+        let p = &mut self.peers[i];
+        if !p.alive {
+            return;
+        }
+        let f = Frame::Rma(f);
+        if p.txq.is_empty() && p.link.try_send(&f) {
+            self.stats.frames_sent += 1;
+            self.kick(i);
+            return;
+        }
+        let mut v = vec![0u8; f.encoded_len()];
+        f.encode(&mut v);
+        p.txq.push_back(TxItem::Raw(v));
+        self.flush(i);
+    }
+
+    /// Issues the frames of a put of `data` (which `keep` keeps alive) at `offset`.
+    fn issue_put(&mut self, r: &Remote, offset: u64, data: &[u8], id: u64) {
+        let i = r.peer.0 as usize;
+        let chunk = self.rma_chunk(i);
+        let use_cma = data.len() > chunk
+            && self.peers[i]
+                .link
+                .shm()
+                .is_some_and(|s| s.peer_cma && self.ctx.config.cma);
+        if use_cma {
+            self.op_parts(id, 1);
+            self.send_rma(
+                i,
+                RmaFrame::PutCma {
+                    req: id,
+                    to: Self::target(r, offset),
+                    len: data.len() as u64,
+                    addr: data.as_ptr() as u64,
+                },
+            );
+            return;
+        }
+        let n = data.len().div_ceil(chunk).max(1);
+        self.op_parts(id, n as u32);
+        for k in 0..n {
+            let lo = k * chunk;
+            let hi = (lo + chunk).min(data.len());
+            self.send_rma(
+                i,
+                RmaFrame::Put {
+                    req: id,
+                    to: Self::target(r, offset + lo as u64),
+                    data: &data[lo..hi],
+                },
+            );
+        }
+    }
+
+    fn op_parts(&mut self, id: u64, n: u32) {
+        if let Some(op) = self.rma.ops.get_mut(&id) {
+            op.parts += n;
+        }
+    }
+
+    /// Writes `data` at `offset` of a remote window and waits until the owner applied it.
+    pub fn put(&mut self, r: &Remote, offset: u64, data: &[u8]) -> Result<()> {
+        let id = self.start_op(
+            r.peer,
+            OpKind::Put,
+            Some(SendData::Borrowed(data.as_ptr(), data.len())),
+        )?;
+        self.issue_put(r, offset, data, id);
+        self.finish_op(id).map(|_| ())
+    }
+
+    /// Starts a put of `data` (kept alive by the request); completes with
+    /// [`Endpoint::wait_rma`] and an [`Event::RmaDone`].
+    pub fn iput(&mut self, r: &Remote, offset: u64, data: impl Into<Bytes>) -> Result<RmaRequest> {
+        let data: Bytes = data.into();
+        let (ptr, len) = (data.as_ptr(), data.len());
+        let id = self.start_op(r.peer, OpKind::Put, Some(SendData::Owned(data)))?;
+        // SAFETY: the op keeps the Bytes (heap memory that does not move) alive.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        self.issue_put(r, offset, bytes, id);
+        self.mark_event(id);
+        Ok(RmaRequest { id })
+    }
+
+    fn issue_get(&mut self, r: &Remote, offset: u64, id: u64, addr: u64, len: u64) {
+        let i = r.peer.0 as usize;
+        let use_cma = len as usize > self.rma_chunk(i)
+            && self.peers[i]
+                .link
+                .shm()
+                .is_some_and(|s| s.peer_cma && self.ctx.config.cma);
+        self.op_parts(id, 1);
+        let from = Self::target(r, offset);
+        let f = if use_cma {
+            RmaFrame::GetCma {
+                req: id,
+                from,
+                len,
+                addr,
+            }
+        } else {
+            RmaFrame::Get { req: id, from, len }
+        };
+        self.send_rma(i, f);
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of a remote window.
+    pub fn get(&mut self, r: &Remote, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (addr, len) = (buf.as_mut_ptr(), buf.len());
+        let id = self.start_op(
+            r.peer,
+            OpKind::Get {
+                buf: RecvBuf::Borrowed(addr, len),
+            },
+            None,
+        )?;
+        self.issue_get(r, offset, id, addr as u64, len as u64);
+        self.finish_op(id).map(|_| ())
+    }
+
+    /// Starts a get of `len` bytes; [`Endpoint::wait_rma`] returns them.
+    pub fn iget(&mut self, r: &Remote, offset: u64, len: usize) -> Result<RmaRequest> {
+        let mut v = vec![0u8; len];
+        let addr = v.as_mut_ptr() as u64;
+        let id = self.start_op(
+            r.peer,
+            OpKind::Get {
+                buf: RecvBuf::Owned(v),
+            },
+            None,
+        )?;
+        self.issue_get(r, offset, id, addr, len as u64);
+        self.mark_event(id);
+        Ok(RmaRequest { id })
+    }
+
+    fn atomic(&mut self, r: &Remote, offset: u64, op: AtomicOp, a: u64, b: u64) -> Result<u64> {
+        let id = self.start_op(r.peer, OpKind::Atomic { old: 0 }, None)?;
+        self.op_parts(id, 1);
+        self.send_rma(
+            r.peer.0 as usize,
+            RmaFrame::Atomic {
+                req: id,
+                at: Self::target(r, offset),
+                op,
+                a,
+                b,
+            },
+        );
+        match self.finish_op(id)?.kind {
+            OpKind::Atomic { old } => Ok(old),
+            _ => Err(Error::Consumed),
+        }
+    }
+
+    /// Atomically adds `v` to the aligned word at `offset` of a remote window; returns its
+    /// previous value.
+    pub fn fetch_add(&mut self, r: &Remote, offset: u64, v: u64) -> Result<u64> {
+        self.atomic(r, offset, AtomicOp::FetchAdd, v, 0)
+    }
+
+    /// Atomically replaces the aligned word at `offset` by `new` if it equals `expect`;
+    /// returns its previous value (equal to `expect` when swapped).
+    pub fn compare_swap(&mut self, r: &Remote, offset: u64, expect: u64, new: u64) -> Result<u64> {
+        self.atomic(r, offset, AtomicOp::CompareSwap, expect, new)
+    }
+
+    /// Doorbell for direct stores through a mapped [`Window`]: fires the owner's write
+    /// tripwires on `offset..offset+len` as a put there would. Ordered after every
+    /// earlier request to that peer and, on this host, after the stores made before it.
+    pub fn notify(&mut self, r: &Remote, offset: u64, len: u64) -> Result<()> {
+        let id = self.start_op(r.peer, OpKind::Notify, None)?;
+        self.op_parts(id, 1);
+        std::sync::atomic::fence(Ordering::Release);
+        self.send_rma(
+            r.peer.0 as usize,
+            RmaFrame::Notify {
+                req: id,
+                at: Self::target(r, offset),
+                len,
+            },
+        );
+        self.finish_op(id).map(|_| ())
+    }
+
+    /// Maps a same-host peer's window into this process. The owner checks the cookie and
+    /// sends its memory file (read-only unless the cookie grants writes).
+    pub fn map(&mut self, r: &Remote) -> Result<Window> {
+        let i = r.peer.0 as usize;
+        if self.peer(r.peer)?.link.shm().is_none() {
+            return Err(Error::Refused {
+                peer: r.peer,
+                status: Status::Unsupported,
+            });
+        }
+        let id = self.start_op(r.peer, OpKind::Map { fd: None }, None)?;
+        self.op_parts(id, 1);
+        self.send_rma(
+            i,
+            RmaFrame::Map {
+                req: id,
+                of: Self::target(r, 0),
+            },
+        );
+        let op = self.finish_op(id)?;
+        let OpKind::Map { fd: Some(fd) } = op.kind else {
+            return Err(Error::Invalid(format!(
+                "{} acknowledged a map without sending the memory",
+                r.peer
+            )));
+        };
+        let size = sys::fd_size(&fd).map_err(io_err("fstat mapped aperture"))?;
+        let c = &r.cookie;
+        if c.base.checked_add(c.len).is_none_or(|e| e > size) || size > usize::MAX as u64 {
+            return Err(Error::Invalid(format!(
+                "{}'s aperture ({size} bytes) does not hold the cookie's window",
+                r.peer
+            )));
+        }
+        sys::check_peer_memfd(&fd, size as usize).map_err(io_err("mapped aperture"))?;
+        let writable = c.rights & WRITE != 0;
+        let map = if writable {
+            Mapping::new(&fd, size as usize)
+        } else {
+            Mapping::new_read_only(&fd, size as usize)
+        }
+        .map_err(io_err("mmap peer aperture"))?;
+        Ok(Window::new(
+            Arc::new(map),
+            c.base,
+            c.len,
+            writable,
+            Some(r.peer),
+        ))
+    }
+
+    fn mark_event(&mut self, id: u64) {
+        let done = match self.rma.ops.get_mut(&id) {
+            Some(op) => {
+                op.event = true;
+                op.done()
+            }
+            None => false,
+        };
+        if done {
+            // Completed while being issued (a refusal of a dead peer): report it now.
+            let op = &self.rma.ops[&id];
+            let ok = op.status == Status::Ok && !op.dead;
+            self.evq.push(events::RMA, Event::RmaDone { req: id, ok });
+        }
+    }
+
+    /// Waits for a blocking op (no timeout: its buffers are borrowed) and removes it.
+    fn finish_op(&mut self, id: u64) -> Result<RmaOp> {
+        let r = self.wait_until(None, |ep| ep.rma.ops.get(&id).is_none_or(|o| o.done()));
+        let op = self.rma.ops.remove(&id).ok_or(Error::Consumed)?;
+        r?;
+        op_result(op)
+    }
+
+    /// Tests a non-blocking one-sided request: `Ok(Some(data))` when complete (`data` is
+    /// the bytes of a get, empty for a put), `Ok(None)` while pending.
+    pub fn test_rma(&mut self, req: &RmaRequest) -> Result<Option<Vec<u8>>> {
+        self.progress();
+        match self.rma.ops.get(&req.id) {
+            None => Err(Error::Consumed),
+            Some(op) if !op.done() => Ok(None),
+            Some(_) => {
+                let op = self.rma.ops.remove(&req.id).ok_or(Error::Consumed)?;
+                op_result(op).map(|op| Some(op_bytes(op)))
+            }
+        }
+    }
+
+    /// Waits for a non-blocking one-sided request, at most `timeout` (the request stays
+    /// valid on timeout); returns the bytes of a get (empty for a put).
+    pub fn wait_rma(&mut self, req: &RmaRequest, timeout: Option<Duration>) -> Result<Vec<u8>> {
+        let id = req.id;
+        self.wait_until(timeout, |ep| ep.rma.ops.get(&id).is_none_or(|o| o.done()))?;
+        let op = self.rma.ops.remove(&id).ok_or(Error::Consumed)?;
+        op_result(op).map(op_bytes)
+    }
+
+    /// Waits until every one-sided request issued so far to `peer` (or to every peer) is
+    /// complete at its target: puts applied, gets delivered.
+    pub fn flush_rma(&mut self, peer: Option<PeerId>) -> Result<()> {
+        let pending = |ep: &Endpoint| {
+            ep.rma
+                .ops
+                .values()
+                .any(|o| !o.done() && peer.is_none_or(|p| p == o.peer))
+        };
+        self.wait_until(None, |ep| !pending(ep))
+    }
+
+    /// Orders what follows after what preceded towards `peer`. Puts, gets, atomics and
+    /// notifies to one peer are applied in the order issued already (PRAM); the fence
+    /// matters for direct stores through a mapped [`Window`], which bypass the queue: it
+    /// waits until the earlier requests are applied (as [`Endpoint::flush_rma`]).
+    pub fn fence(&mut self, peer: PeerId) -> Result<()> {
+        self.flush_rma(Some(peer))?;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ tripwires
+
+    /// Arms a tripwire on `offset..offset+len` of an aperture.
+    pub fn tripwire(
+        &mut self,
+        ap: ApertureId,
+        offset: u64,
+        len: u64,
+        opts: TripOptions,
+    ) -> Result<TripId> {
+        let a = self.rma.aps.get(&ap.0).ok_or_else(|| no_aperture(ap))?;
+        if offset.checked_add(len).is_none_or(|e| e > a.len) {
+            return Err(Error::Invalid(format!(
+                "tripwire {offset}+{len} outside aperture of {} bytes",
+                a.len
+            )));
+        }
+        let on = if opts.reads { READ } else { 0 } | if opts.writes { WRITE } else { 0 };
+        let id = self
+            .rma
+            .trips
+            .insert(tripwire::Spec {
+                aperture: ap.0,
+                start: offset,
+                len,
+                on,
+                once: opts.once,
+            })
+            .map_err(|e| Error::Invalid(format!("tripwire: {e}")))?;
+        let n = self.rma.trips.index_bound();
+        let st = &mut self.rma;
+        if st.meta.len() < n {
+            st.meta.resize(n, TripMeta::default());
+            st.bits.resize(n.div_ceil(64), 0);
+        }
+        let k = id.index as usize;
+        st.meta[k] = TripMeta {
+            count: 0,
+            event: opts.event,
+        };
+        st.bits[k / 64] &= !(1 << (k % 64));
+        Ok(id)
+    }
+
+    /// Disarms a tripwire; false when it was not armed (stale id, or a once-only one that
+    /// fired).
+    pub fn tripwire_remove(&mut self, id: TripId) -> bool {
+        self.rma.trips.remove(id).is_some()
+    }
+
+    /// Whether the tripwire fired since armed or last cleared (a bit read, no system call;
+    /// no progress is made: call [`Endpoint::progress`] to apply what peers sent).
+    pub fn tripwire_fired(&self, id: TripId) -> bool {
+        let k = id.index as usize;
+        self.rma
+            .bits
+            .get(k / 64)
+            .is_some_and(|w| w & (1 << (k % 64)) != 0)
+    }
+
+    /// Clears the fired bit of a tripwire.
+    pub fn tripwire_clear(&mut self, id: TripId) {
+        let k = id.index as usize;
+        if let Some(w) = self.rma.bits.get_mut(k / 64) {
+            *w &= !(1 << (k % 64));
+        }
+    }
+
+    /// How many times the tripwire fired since armed.
+    pub fn tripwire_count(&self, id: TripId) -> u64 {
+        self.rma.meta.get(id.index as usize).map_or(0, |m| m.count)
+    }
+
+    /// The fired bitmap, one bit per tripwire index ([`TripId::index`]).
+    pub fn tripwire_bits(&self) -> &[u64] {
+        &self.rma.bits
+    }
+
+    /// Waits (spinning, then blocking) until a tripwire of `set` fires; returns it with its
+    /// bit cleared. Bits that were already set count.
+    pub fn wait_tripset(&mut self, set: &Tripset, timeout: Option<Duration>) -> Result<TripId> {
+        if set.ids.is_empty() {
+            return Err(Error::Invalid("wait on an empty tripset".into()));
+        }
+        let mut hit = None;
+        self.wait_until(timeout, |ep| {
+            hit = set.ids.iter().copied().find(|&t| ep.tripwire_fired(t));
+            hit.is_some()
+        })?;
+        let t = hit.ok_or(Error::Timeout)?;
+        self.tripwire_clear(t);
+        Ok(t)
+    }
+
+    /// Waits until one tripwire fires (see [`Endpoint::wait_tripset`]).
+    pub fn wait_tripwire(&mut self, id: TripId, timeout: Option<Duration>) -> Result<()> {
+        let set = Tripset { ids: vec![id] };
+        self.wait_tripset(&set, timeout).map(|_| ())
+    }
+
+    /// Fires the tripwires an access of `len` bytes at `at` of aperture `ap` touches.
+    pub(super) fn fire(&mut self, ap: u32, at: u64, len: u64, kind: u8, peer: Option<PeerId>) {
+        if self.rma.trips.is_empty() {
+            return;
+        }
+        let RmaState {
+            trips, meta, bits, ..
+        } = &mut self.rma;
+        let (evq, stats) = (&mut self.evq, &mut self.stats);
+        trips.fire(ap, at, len, kind, |id, _| {
+            let k = id.index as usize;
+            let m = &mut meta[k];
+            m.count += 1;
+            bits[k / 64] |= 1 << (k % 64);
+            stats.tripwires_fired += 1;
+            if m.event {
+                evq.push(
+                    events::TRIPWIRES,
+                    Event::Tripwire {
+                        id,
+                        peer,
+                        offset: at,
+                        len,
+                        write: kind & WRITE != 0,
+                    },
+                );
+            }
+        });
+    }
+
+    // ------------------------------------------------------------ event queue
+
+    /// Chooses the event sources queued ([`crate::events::ALL`] or a mask of
+    /// [`crate::events::MESSAGES`], `RMA`, `TRIPWIRES`, `PEERS`). Nothing is queued by
+    /// default.
+    pub fn set_interest(&mut self, mask: u32) {
+        self.evq.interest = mask;
+    }
+
+    /// The next event, without a system call when one is queued; otherwise makes progress
+    /// once and looks again.
+    pub fn next_event(&mut self) -> Option<Event> {
+        if let Some(e) = self.evq.pop() {
+            return Some(e);
+        }
+        self.progress();
+        self.evq.pop()
+    }
+
+    /// Waits (spin, then block on the endpoint's fd) for the next event, at most `timeout`.
+    pub fn wait_event(&mut self, timeout: Option<Duration>) -> Result<Event> {
+        if let Some(e) = self.evq.pop() {
+            return Ok(e);
+        }
+        self.wait_until(timeout, |ep| !ep.evq.is_empty())?;
+        self.evq.pop().ok_or(Error::Timeout)
+    }
+
+    /// A handle other threads use to post [`Event::User`] events into this endpoint's
+    /// queue (waking it when it sleeps).
+    pub fn event_sender(&self) -> EventSender {
+        self.evq.sender(self.doorbell.clone())
+    }
+
+    // ------------------------------------------------------------ target side
+
+    /// Handles an RMA frame from peer `i` (both roles).
+    pub(super) fn handle_rma(&mut self, i: usize, bytes: &[u8], f: RmaFrame) -> Result<()> {
+        let src = PeerId(i as u32);
+        let is_request = !matches!(
+            f,
+            RmaFrame::Ack { .. } | RmaFrame::AtomicReply { .. } | RmaFrame::GetData { .. }
+        );
+        if is_request && !self.peers[i].engine.is_empty() {
+            // Keep the peer's order: behind the copy in the engine.
+            self.peers[i]
+                .engine
+                .push_back(EngineItem::Frame(bytes.to_vec()));
+            return Ok(());
+        }
+        match f {
+            RmaFrame::Ack { req, status } => {
+                let is_map = matches!(
+                    self.rma.ops.get(&req).map(|o| &o.kind),
+                    Some(OpKind::Map { fd: None })
+                );
+                let fd = match self.peers[i].link.shm_mut() {
+                    Some(s) if is_map && status == Status::Ok => s.take_fd(req),
+                    _ => None,
+                };
+                self.answer(src, req, status, |k| {
+                    if let (OpKind::Map { fd: slot }, Some(fd)) = (k, fd) {
+                        *slot = Some(fd);
+                    }
+                    Ok(())
+                })
+            }
+            RmaFrame::AtomicReply { req, status, old } => self.answer(src, req, status, |k| {
+                if let OpKind::Atomic { old: o } = k {
+                    *o = old;
+                }
+                Ok(())
+            }),
+            RmaFrame::GetData { req, offset, data } => {
+                let op = self
+                    .rma
+                    .ops
+                    .get_mut(&req)
+                    .filter(|o| o.peer == src)
+                    .ok_or_else(|| bad(src, "get data for an unknown request", req))?;
+                let OpKind::Get { buf } = &mut op.kind else {
+                    return Err(bad(src, "get data for a request that is not a get", req));
+                };
+                let b = buf.slice();
+                let end = offset
+                    .checked_add(data.len() as u64)
+                    .filter(|&e| e <= b.len() as u64)
+                    .ok_or_else(|| bad(src, "get data beyond the buffer", offset))?;
+                b[offset as usize..end as usize].copy_from_slice(data);
+                Ok(())
+            }
+            req => {
+                self.serve(i, req);
+                Ok(())
+            }
+        }
+    }
+
+    /// Completes one part of an initiator's op.
+    fn answer(
+        &mut self,
+        src: PeerId,
+        req: u64,
+        status: Status,
+        set: impl FnOnce(&mut OpKind) -> Result<()>,
+    ) -> Result<()> {
+        let op = self
+            .rma
+            .ops
+            .get_mut(&req)
+            .filter(|o| o.peer == src && o.parts > 0)
+            .ok_or_else(|| bad(src, "answer to an unknown request", req))?;
+        set(&mut op.kind)?;
+        if status != Status::Ok && op.status == Status::Ok {
+            op.status = status;
+        }
+        op.parts -= 1;
+        if op.done() && op.event {
+            let ok = op.status == Status::Ok;
+            self.evq.push(events::RMA, Event::RmaDone { req, ok });
+        }
+        Ok(())
+    }
+
+    /// Checks a request against the export table; counts refusals.
+    fn admit(&mut self, t: &Target, len: u64, need: u8) -> Result<Applied, Status> {
+        let g = self.rma.exports.get(&t.export);
+        match rma::check(g, t.key, t.offset, len, need) {
+            Ok(at) => Ok(Applied {
+                ap: g.map_or(0, |g| g.aperture),
+                at,
+            }),
+            Err(s) => {
+                self.stats.rma_refused += 1;
+                Err(s)
+            }
+        }
+    }
+
+    fn ap_ptr(&mut self, a: &Applied) -> *mut u8 {
+        let ap = self
+            .rma
+            .aps
+            .get_mut(&a.ap)
+            .expect("export of a live aperture");
+        // SAFETY: `check` kept the access inside the export, which is inside the aperture.
+        unsafe { ap.ptr().add(a.at as usize) }
+    }
+
+    /// Applies one request from peer `i` and answers it.
+    fn serve(&mut self, i: usize, f: RmaFrame) {
+        let src = Some(PeerId(i as u32));
+        match f {
+            RmaFrame::Put { req, to, data } => {
+                let status = match self.admit(&to, data.len() as u64, WRITE) {
+                    Ok(a) => {
+                        let p = self.ap_ptr(&a);
+                        // SAFETY: inside the aperture (checked); the frame is distinct memory.
+                        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+                        self.stats.rma_put_bytes += data.len() as u64;
+                        self.fire(a.ap, a.at, data.len() as u64, WRITE, src);
+                        Status::Ok
+                    }
+                    Err(s) => s,
+                };
+                self.send_rma(i, RmaFrame::Ack { req, status });
+            }
+            RmaFrame::PutCma { req, to, len, addr }
+            | RmaFrame::GetCma {
+                req,
+                from: to,
+                len,
+                addr,
+            } => {
+                let put = matches!(f, RmaFrame::PutCma { .. });
+                let need = if put { WRITE } else { READ };
+                match self.admit(&to, len, need) {
+                    Ok(_) if !self.peers[i].link.cma() => {
+                        self.send_rma(
+                            i,
+                            RmaFrame::Ack {
+                                req,
+                                status: Status::Unsupported,
+                            },
+                        );
+                    }
+                    Ok(a) => {
+                        if self.peers[i].engine.is_empty() {
+                            self.rma.engine_busy += 1;
+                        }
+                        self.peers[i].engine.push_back(EngineItem::Copy(EngineCopy {
+                            req,
+                            ap: a.ap,
+                            at: a.at,
+                            len,
+                            addr,
+                            done: 0,
+                            put,
+                        }));
+                    }
+                    Err(status) => self.send_rma(i, RmaFrame::Ack { req, status }),
+                }
+            }
+            RmaFrame::Get { req, from, len } => {
+                let status = match self.admit(&from, len, READ) {
+                    Ok(a) => {
+                        let p = self.ap_ptr(&a) as *const u8;
+                        let chunk = self.rma_chunk(i);
+                        let mut off = 0usize;
+                        while off < len as usize {
+                            let n = chunk.min(len as usize - off);
+                            // SAFETY: inside the aperture (checked).
+                            let data = unsafe { std::slice::from_raw_parts(p.add(off), n) };
+                            self.send_rma(
+                                i,
+                                RmaFrame::GetData {
+                                    req,
+                                    offset: off as u64,
+                                    data,
+                                },
+                            );
+                            off += n;
+                        }
+                        self.stats.rma_get_bytes += len;
+                        self.fire(a.ap, a.at, len, READ, src);
+                        Status::Ok
+                    }
+                    Err(s) => s,
+                };
+                self.send_rma(i, RmaFrame::Ack { req, status });
+            }
+            RmaFrame::Atomic { req, at, op, a, b } => {
+                let (status, old) = match self.admit(&at, 8, READ | WRITE) {
+                    Ok(ap) => {
+                        let p = self.ap_ptr(&ap);
+                        if !(p as usize).is_multiple_of(8) {
+                            self.stats.rma_refused += 1;
+                            (Status::Misaligned, 0)
+                        } else {
+                            // SAFETY: aligned, inside the aperture; aperture memory is
+                            // only accessed atomically or by raw copies.
+                            let w = unsafe { AtomicU64::from_ptr(p.cast()) };
+                            let old = match op {
+                                AtomicOp::FetchAdd => w.fetch_add(a, Ordering::AcqRel),
+                                AtomicOp::CompareSwap => {
+                                    match w.compare_exchange(
+                                        a,
+                                        b,
+                                        Ordering::AcqRel,
+                                        Ordering::Acquire,
+                                    ) {
+                                        Ok(v) | Err(v) => v,
+                                    }
+                                }
+                            };
+                            self.fire(ap.ap, ap.at, 8, READ | WRITE, src);
+                            (Status::Ok, old)
+                        }
+                    }
+                    Err(s) => (s, 0),
+                };
+                self.send_rma(i, RmaFrame::AtomicReply { req, status, old });
+            }
+            RmaFrame::Notify { req, at, len } => {
+                let status = match self.admit(&at, len, WRITE) {
+                    Ok(a) => {
+                        std::sync::atomic::fence(Ordering::Acquire);
+                        self.fire(a.ap, a.at, len, WRITE, src);
+                        Status::Ok
+                    }
+                    Err(s) => s,
+                };
+                self.send_rma(i, RmaFrame::Ack { req, status });
+            }
+            RmaFrame::Map { req, of } => {
+                let status = self.serve_map(i, req, &of);
+                self.send_rma(i, RmaFrame::Ack { req, status });
+            }
+            RmaFrame::Ack { .. } | RmaFrame::AtomicReply { .. } | RmaFrame::GetData { .. } => {}
+        }
+    }
+
+    /// Sends the memory file of a checked map request before its ack.
+    fn serve_map(&mut self, i: usize, req: u64, of: &Target) -> Status {
+        let g = self.rma.exports.get(&of.export).copied();
+        if let Err(s) = self.admit(of, 0, READ) {
+            // A write-only cookie may map too (below); only its key must be right.
+            if !(s == Status::NotPermitted && g.is_some_and(|g| g.rights & WRITE != 0)) {
+                return s;
+            }
+        }
+        let Some(g) = g else {
+            return Status::NoSuchExport;
+        };
+        let Some(shm) = self.peers[i].link.shm() else {
+            return Status::Unsupported;
+        };
+        let Some(LocalAp {
+            mem: ApMem::File { fd, .. },
+            ..
+        }) = self.rma.aps.get(&g.aperture)
+        else {
+            return Status::Unsupported;
+        };
+        let sent = if g.rights & WRITE != 0 {
+            shm.send_fd(req, fd)
+        } else {
+            sys::reopen_read_only(fd).and_then(|ro| shm.send_fd(req, &ro))
+        };
+        match sent {
+            Ok(()) => Status::Ok,
+            Err(e) => {
+                tracing::warn!("sending aperture to {}: {e}", PeerId(i as u32));
+                Status::Failed
+            }
+        }
+    }
+
+    /// One turn of the copy engine: up to [`ENGINE_QUANTUM`] bytes for each peer with a
+    /// queued copy, round-robin, so one peer's bulk cannot starve another's. True when
+    /// anything moved.
+    pub(super) fn run_engine(&mut self) -> bool {
+        let n = self.peers.len();
+        let mut did = false;
+        for k in 0..n {
+            let i = (self.rma.engine_next + k) % n;
+            if self.peers[i].engine.is_empty() {
+                continue;
+            }
+            did = true;
+            self.engine_turn(i);
+            if self.peers[i].engine.is_empty() {
+                self.rma.engine_busy -= 1;
+            }
+        }
+        self.rma.engine_next = (self.rma.engine_next + 1) % n.max(1);
+        did
+    }
+
+    fn engine_turn(&mut self, i: usize) {
+        let src = PeerId(i as u32);
+        let pid = self.peers[i].link.shm().map_or(0, |s| s.pid);
+        let Some(EngineItem::Copy(c)) = self.peers[i].engine.front_mut() else {
+            return;
+        };
+        let n = (c.len - c.done).min(ENGINE_QUANTUM);
+        let (ap, at, put) = (c.ap, c.at + c.done, c.put);
+        let addr = c.addr + c.done;
+        let res = match self.rma.aps.get_mut(&ap) {
+            None => Err(std::io::Error::other("aperture destroyed")),
+            Some(a) => {
+                // SAFETY: the copy was checked inside the export, inside the aperture.
+                let mem =
+                    unsafe { std::slice::from_raw_parts_mut(a.ptr().add(at as usize), n as usize) };
+                if put {
+                    sys::cma_read(pid, addr, mem)
+                } else {
+                    sys::cma_write(pid, addr, mem)
+                }
+            }
+        };
+        let Some(EngineItem::Copy(c)) = self.peers[i].engine.front_mut() else {
+            return;
+        };
+        let status = match res {
+            Ok(()) => {
+                c.done += n;
+                if c.done < c.len {
+                    return;
+                }
+                Status::Ok
+            }
+            Err(e) => {
+                tracing::warn!("copy engine for {src}: {e}");
+                Status::Failed
+            }
+        };
+        let (req, ap, at, len, put) = (c.req, c.ap, c.at, c.len, c.put);
+        self.peers[i].engine.pop_front();
+        if status == Status::Ok {
+            if put {
+                self.stats.rma_put_bytes += len;
+            } else {
+                self.stats.rma_get_bytes += len;
+            }
+            self.fire(ap, at, len, if put { WRITE } else { READ }, Some(src));
+        }
+        self.send_rma(i, RmaFrame::Ack { req, status });
+        // Requests that waited behind the copy, up to the next copy.
+        while let Some(EngineItem::Frame(_)) = self.peers[i].engine.front() {
+            let Some(EngineItem::Frame(v)) = self.peers[i].engine.pop_front() else {
+                break;
+            };
+            if let Ok(Frame::Rma(f)) = Frame::parse(&v) {
+                self.serve(i, f);
+            }
+        }
+    }
+
+    /// Fails the one-sided requests towards a dead peer and drops its engine queue.
+    pub(super) fn fail_peer_rma(&mut self, i: usize) {
+        let peer = PeerId(i as u32);
+        if !self.peers[i].engine.is_empty() {
+            self.peers[i].engine.clear();
+            self.rma.engine_busy -= 1;
+        }
+        let mut done = Vec::new();
+        for (&id, op) in self.rma.ops.iter_mut() {
+            if op.peer == peer && !op.done() {
+                op.parts = 0;
+                op.dead = true;
+                if op.event {
+                    done.push(id);
+                }
+            }
+        }
+        for req in done {
+            self.evq
+                .push(events::RMA, Event::RmaDone { req, ok: false });
+        }
+    }
+}
+
+fn op_result(op: RmaOp) -> Result<RmaOp> {
+    if op.dead {
+        return Err(Error::PeerDead(op.peer));
+    }
+    match op.status {
+        Status::Ok => Ok(op),
+        status => Err(Error::Refused {
+            peer: op.peer,
+            status,
+        }),
+    }
+}
+
+fn op_bytes(op: RmaOp) -> Vec<u8> {
+    match op.kind {
+        OpKind::Get {
+            buf: RecvBuf::Owned(v),
+        } => v,
+        _ => Vec::new(),
+    }
+}
+
+fn no_aperture(ap: ApertureId) -> Error {
+    Error::Invalid(format!("no aperture {} on this endpoint", ap.0))
+}
+
+fn bad(peer: PeerId, what: &'static str, value: u64) -> Error {
+    Error::Proto {
+        peer,
+        source: clink_proto::ProtoError::OutOfRange {
+            what,
+            value,
+            limit: 0,
+        },
+    }
+}

@@ -1,0 +1,182 @@
+//! The endpoint's asynchronous event queue (CLAN section 3.3): completions, message
+//! arrivals, tripwire firings and peer events, in one queue an event-driven program
+//! dequeues without system calls.
+//!
+//! Events are produced by the endpoint's progress engine (which turns what peers wrote into
+//! its rings, and RMA requests it applied, into events) and by [`EventSender`]s on any
+//! thread. Delivery is O(1) into a lock-free bounded ring ([`crate::evq`]). When the ring
+//! is full, events go to an overflow list in order, and the consumer first receives an
+//! [`Event::Overflow`] saying so: nothing is lost unless the overflow list itself passes
+//! [`SPILL_MAX`] events, and then the loss is counted and reported in the next
+//! `Overflow` event (recover by checking request states and tripwire bits).
+
+use crate::evq::{Consumer, EventRing};
+use clink_proto::tripwire::TripId;
+use clink_proto::PeerId;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// Interest in message arrivals ([`Event::Message`]).
+pub const MESSAGES: u32 = 1;
+/// Interest in one-sided access completions ([`Event::RmaDone`]).
+pub const RMA: u32 = 2;
+/// Interest in tripwire firings ([`Event::Tripwire`]).
+pub const TRIPWIRES: u32 = 4;
+/// Interest in peers connecting, closing and failing.
+pub const PEERS: u32 = 8;
+/// Every source.
+pub const ALL: u32 = MESSAGES | RMA | TRIPWIRES | PEERS;
+
+/// Events kept in the overflow list at most before further ones are counted as lost.
+pub const SPILL_MAX: usize = 1 << 20;
+
+/// Something that happened on an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A message from `peer` is waiting that no posted receive wanted (one event per
+    /// message, when it reaches the head of its sender's queue): receive it.
+    Message {
+        /// Sender.
+        peer: PeerId,
+        /// Its tag.
+        tag: u64,
+    },
+    /// A non-blocking one-sided request completed; take its result with
+    /// [`crate::Endpoint::wait_rma`].
+    RmaDone {
+        /// The request.
+        req: u64,
+        /// Whether it succeeded.
+        ok: bool,
+    },
+    /// A tripwire fired.
+    Tripwire {
+        /// Which.
+        id: TripId,
+        /// The peer whose access fired it (`None`: this endpoint's own access).
+        peer: Option<PeerId>,
+        /// Offset of the access within the aperture.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// True for a write (put, atomic, notify), false for a read.
+        write: bool,
+    },
+    /// A peer connected (either direction).
+    PeerConnected(PeerId),
+    /// A peer said goodbye, or this endpoint closed.
+    PeerClosed(PeerId),
+    /// A peer died, hung up or broke the protocol.
+    PeerFailed(PeerId),
+    /// The ring was full: the next `spilled` events come from the overflow list (in
+    /// order), and `lost` events were dropped beyond it since the last report.
+    Overflow {
+        /// Events waiting in the overflow list.
+        spilled: u64,
+        /// Events lost (overflow list full).
+        lost: u64,
+    },
+    /// A value posted by an [`EventSender`].
+    User(u64),
+}
+
+/// Posts [`Event::User`] events into an endpoint's queue from any thread, waking it if it
+/// sleeps. Cheap to clone.
+#[derive(Clone)]
+pub struct EventSender {
+    ring: Arc<EventRing<Event>>,
+    doorbell: Arc<OwnedFd>,
+}
+
+impl EventSender {
+    /// Posts `v`; `false` when the queue is full (nothing was posted: retry later).
+    pub fn post(&self, v: u64) -> bool {
+        match self.ring.push(Event::User(v)) {
+            Ok(wake) => {
+                if wake {
+                    crate::sys::ring_doorbell(self.doorbell.as_raw_fd());
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// The queue as the endpoint holds it.
+pub(crate) struct EventQueue {
+    ring: Arc<EventRing<Event>>,
+    rx: Consumer<Event>,
+    spill: VecDeque<Event>,
+    lost: u64,
+    /// An Overflow event is owed to the consumer before the spilled ones.
+    report: bool,
+    pub interest: u32,
+}
+
+impl EventQueue {
+    pub fn new(cap: usize) -> EventQueue {
+        let (ring, rx) = EventRing::new(cap);
+        EventQueue {
+            ring,
+            rx,
+            spill: VecDeque::new(),
+            lost: 0,
+            report: false,
+            interest: 0,
+        }
+    }
+
+    pub fn sender(&self, doorbell: Arc<OwnedFd>) -> EventSender {
+        EventSender {
+            ring: self.ring.clone(),
+            doorbell,
+        }
+    }
+
+    /// Queues an event of source `src` if the endpoint is interested in it.
+    pub fn push(&mut self, src: u32, ev: Event) {
+        if self.interest & src == 0 {
+            return;
+        }
+        // Once anything spilled, later events spill too (order is kept).
+        if self.spill.is_empty() && self.ring.push(ev).is_ok() {
+            return;
+        }
+        if self.spill.len() >= SPILL_MAX {
+            self.lost += 1;
+        } else {
+            self.spill.push_back(ev);
+        }
+        self.report = true;
+    }
+
+    pub fn pop(&mut self) -> Option<Event> {
+        if let Some(e) = self.rx.pop() {
+            return Some(e);
+        }
+        if self.report {
+            self.report = false;
+            let lost = std::mem::take(&mut self.lost);
+            return Some(Event::Overflow {
+                spilled: self.spill.len() as u64,
+                lost,
+            });
+        }
+        self.spill.pop_front()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty_hint() && self.spill.is_empty() && !self.report
+    }
+
+    /// Asks producers on other threads for a doorbell on their next event.
+    pub fn arm_sleep(&mut self) {
+        self.rx.arm_sleep();
+    }
+
+    pub fn disarm_sleep(&mut self) {
+        self.rx.disarm_sleep();
+    }
+}

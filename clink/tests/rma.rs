@@ -1,0 +1,435 @@
+//! Apertures and one-sided access between processes, over shared memory and over UDP
+//! (loopback): puts and gets of every size class (inline frames and the copy engine),
+//! atomics, tripwires firing on remote accesses (with events), forged, revoked,
+//! out-of-range and read-only cookies refused at the initiator and counted at the target,
+//! mapped windows with plain stores and the notify doorbell, a peer killed while holding a
+//! mapping and while writing, and the event queue under overflow.
+
+mod common;
+
+use clink::events::{self, Event};
+use clink::rma::{AccessStatus, Cookie, TripOptions, Tripset, COOKIE_LEN, READ, WRITE};
+use clink::transport::udp::UdpConfig;
+use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
+use common::*;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+const AP_LEN: usize = 4 << 20;
+/// Window of the small read-write export.
+const SMALL: (u64, u64) = ((3 << 20) + 65536, 128);
+/// Offset of the write tripwire.
+const TRIP_AT: u64 = 3 << 20;
+const TAG_COOKIES: u64 = 1;
+const TAG_REVOKE: u64 = 2;
+const TAG_STOP: u64 = 3;
+const TAG_REPORT: u64 = 4;
+const SIZES: &[usize] = &[1, 8, 100, 4000, 65536, 300_000, 1 << 20];
+
+fn udp_env() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("CLINK_TRANSPORT", "udp"),
+        ("CLINK_UDP_BIND", "127.0.0.1:0"),
+    ]
+}
+
+fn parent_ctx(net: bool) -> Context {
+    if !net {
+        return ctx();
+    }
+    ctx_with(Config {
+        calibrate: false,
+        force_net: true,
+        udp: Some(UdpConfig {
+            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            ..UdpConfig::default()
+        }),
+        ..Config::default()
+    })
+}
+
+fn cookie_bytes(cs: &[Cookie]) -> Vec<u8> {
+    cs.iter().flat_map(|c| c.to_bytes()).collect()
+}
+
+fn cookies(b: &[u8]) -> Vec<Cookie> {
+    b.chunks(COOKIE_LEN)
+        .map(|c| Cookie::from_bytes(c).expect("cookie"))
+        .collect()
+}
+
+/// The owner: an aperture with three exports and two tripwires, served until told to stop;
+/// then reports its counters and checks what the parent wrote.
+fn owner(seed: u64) {
+    let (mut ep, parent) = child_connect();
+    ep.set_interest(events::ALL);
+    let ap = ep.aperture_alloc(AP_LEN).unwrap();
+    let rw = ep.export(ap, 0, AP_LEN as u64, READ | WRITE).unwrap();
+    let ro = ep.export(ap, 0, 4096, READ).unwrap();
+    let small = ep.export(ap, SMALL.0, SMALL.1, READ | WRITE).unwrap();
+    let trip = ep
+        .tripwire(ap, TRIP_AT, 64, TripOptions::default())
+        .unwrap();
+    let once = ep
+        .tripwire(
+            ap,
+            0,
+            8,
+            TripOptions {
+                reads: true,
+                writes: false,
+                once: true,
+                event: true,
+            },
+        )
+        .unwrap();
+    ep.send(parent, TAG_COOKIES, &cookie_bytes(&[rw, ro, small]))
+        .unwrap();
+    let mut trip_events = 0u64;
+    let mut once_events = 0u64;
+    loop {
+        match ep.wait_event(Some(T)).expect("owner waits for events") {
+            Event::Tripwire { id, peer, .. } => {
+                assert_eq!(peer, Some(parent));
+                if id == trip {
+                    trip_events += 1;
+                } else if id == once {
+                    once_events += 1;
+                }
+            }
+            Event::Message {
+                tag: TAG_REVOKE, ..
+            } => {
+                let _ = recv_vec(&mut ep, parent, TAG_REVOKE, 8);
+                ep.revoke(&small).unwrap();
+                ep.send(parent, TAG_REVOKE, b"done").unwrap();
+            }
+            Event::Message { tag: TAG_STOP, .. } => break,
+            _ => {}
+        }
+    }
+    let _ = recv_vec(&mut ep, parent, TAG_STOP, 8);
+    // The parent wrote pattern(seed) over the first 1 MiB (the largest put).
+    let mut mine = vec![0u8; 1 << 20];
+    ep.aperture_read(ap, 0, &mut mine).unwrap();
+    check(key(seed, 1 << 20), &mine, "owner's view of the largest put");
+    let s = ep.stats();
+    let report: Vec<u8> = [
+        s.rma_refused,
+        ep.tripwire_count(trip),
+        trip_events,
+        once_events,
+        ep.tripwire_fired(once) as u64,
+    ]
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .collect();
+    ep.send(parent, TAG_REPORT, &report).unwrap();
+    // Wait for the parent to go (its close), so our goodbye does not race its last reads.
+    let _ = ep.recv_timeout(Selector::exact(Some(parent), 99), &mut [0u8; 1], Some(T));
+}
+
+#[test]
+fn child_entry() {
+    child_main(|role| {
+        let seed = child_seed();
+        match role {
+            "owner" => owner(seed),
+            "mapper" => {
+                // Maps the parent's aperture and stores into it until killed.
+                let (mut ep, parent) = child_connect();
+                let c = cookies(&recv_vec(&mut ep, parent, TAG_COOKIES, 1024));
+                let r = ep.import(parent, c[0]).unwrap();
+                let w = ep.map(&r).unwrap();
+                ep.send(parent, TAG_COOKIES, b"mapped").unwrap();
+                let mut v = 0u64;
+                loop {
+                    v += 1;
+                    w.store_u64(0, v).unwrap();
+                    if v.is_multiple_of(1 << 16) {
+                        ep.progress();
+                    }
+                }
+            }
+            "flooder" => {
+                // Puts one word N times into the parent's tripwired aperture.
+                let (mut ep, parent) = child_connect();
+                let c = cookies(&recv_vec(&mut ep, parent, TAG_COOKIES, 1024));
+                let r = ep.import(parent, c[0]).unwrap();
+                for i in 0..FLOOD {
+                    ep.put(&r, 0, &i.to_le_bytes()).unwrap();
+                }
+                ep.send(parent, TAG_STOP, b"done").unwrap();
+                let _ = ep.recv_timeout(Selector::exact(Some(parent), 99), &mut [0u8; 1], Some(T));
+            }
+            r => panic!("unknown role {r}"),
+        }
+    });
+}
+
+const FLOOD: u64 = 10_000;
+
+fn refused(r: clink::Result<impl std::fmt::Debug>) -> AccessStatus {
+    match r {
+        Err(Error::Refused { status, .. }) => status,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn one_sided(net: bool) {
+    let seed = seed(41);
+    let mut ep = parent_ctx(net).endpoint().unwrap();
+    let env = if net { udp_env() } else { vec![] };
+    let mut child = spawn("owner", &ep.address(), seed, &env);
+    let peer = ep.accept(Some(T)).unwrap();
+    assert_eq!(ep.transport(peer).unwrap(), if net { "udp" } else { "shm" });
+    let c = cookies(&recv_vec(&mut ep, peer, TAG_COOKIES, 1024));
+    let (rw, ro, small) = (
+        ep.import(peer, c[0]).unwrap(),
+        ep.import(peer, c[1]).unwrap(),
+        ep.import(peer, c[2]).unwrap(),
+    );
+
+    // Puts and gets of every size class, blocking and not.
+    for &n in SIZES {
+        let k = key(seed, n as u64);
+        let data = pattern(k, n);
+        let off = 1u64 << 20;
+        ep.put(&rw, off, &data).unwrap();
+        let mut back = vec![0u8; n];
+        ep.get(&rw, off, &mut back).unwrap();
+        check(k, &back, &format!("get after put of {n} bytes"));
+        let q = ep.iput(&rw, 0, pattern(k ^ 1, n)).unwrap();
+        assert!(ep.wait_rma(&q, Some(T)).unwrap().is_empty());
+        let g = ep.iget(&rw, 0, n).unwrap();
+        check(k ^ 1, &ep.wait_rma(&g, Some(T)).unwrap(), "iget");
+    }
+    // The last large put, checked by the owner at the end.
+    ep.put(&rw, 0, &pattern(key(seed, 1 << 20), 1 << 20))
+        .unwrap();
+
+    // Atomics on the small window's first words.
+    assert_eq!(ep.fetch_add(&small, 0, 5).unwrap(), 0);
+    assert_eq!(ep.fetch_add(&small, 0, 7).unwrap(), 5);
+    assert_eq!(ep.compare_swap(&small, 0, 11, 100).unwrap(), 12);
+    assert_eq!(ep.compare_swap(&small, 0, 12, 100).unwrap(), 12);
+    assert_eq!(ep.fetch_add(&small, 0, 0).unwrap(), 100);
+    assert_eq!(
+        refused(ep.fetch_add(&small, 4, 1)),
+        AccessStatus::Misaligned
+    );
+
+    // Tripwire: three puts touching it, one beside it.
+    for _ in 0..3 {
+        ep.put(&rw, TRIP_AT + 10, b"trip").unwrap();
+    }
+    ep.put(&rw, TRIP_AT + 64, b"beside").unwrap();
+    // The read-once tripwire on 0..8: two gets, fires once.
+    let mut w = [0u8; 8];
+    ep.get(&rw, 0, &mut w).unwrap();
+    ep.get(&rw, 4, &mut w).unwrap();
+
+    // Refusals: out of range, read-only, forged key, unknown export, revoked.
+    let mut refusals = 0;
+    assert_eq!(
+        refused(ep.put(&small, SMALL.1 - 4, &[0u8; 8])),
+        AccessStatus::OutOfRange
+    );
+    assert_eq!(
+        refused(ep.get(&ro, 4000, &mut [0u8; 200])),
+        AccessStatus::OutOfRange
+    );
+    assert_eq!(refused(ep.put(&ro, 0, b"no")), AccessStatus::NotPermitted);
+    let mut forged = rw;
+    forged.cookie.key ^= 1 << 77;
+    assert_eq!(refused(ep.put(&forged, 0, b"forged")), AccessStatus::BadKey);
+    assert_eq!(
+        refused(ep.get(&forged, 0, &mut [0u8; 8])),
+        AccessStatus::BadKey
+    );
+    let mut unknown = rw;
+    unknown.cookie.export = 999;
+    assert_eq!(
+        refused(ep.put(&unknown, 0, b"x")),
+        AccessStatus::NoSuchExport
+    );
+    refusals += 7; // with the misaligned atomic
+    ep.send(peer, TAG_REVOKE, b"revoke").unwrap();
+    assert_eq!(recv_vec(&mut ep, peer, TAG_REVOKE, 8), b"done");
+    assert_eq!(refused(ep.put(&small, 0, b"late")), AccessStatus::Revoked);
+    refusals += 1;
+    // The other windows still work.
+    ep.put(&rw, 2 << 20, b"still fine").unwrap();
+
+    // Mapping: same host only.
+    if net {
+        assert_eq!(refused(ep.map(&rw)), AccessStatus::Unsupported);
+    } else {
+        let m = ep.map(&rw).unwrap();
+        assert!(m.writable());
+        m.store_u64(TRIP_AT + 8, 0xfeed).unwrap();
+        ep.notify(&rw, TRIP_AT + 8, 8).unwrap(); // fires the tripwire: the 4th firing
+        let mut b = [0u8; 8];
+        ep.get(&rw, TRIP_AT + 8, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), 0xfeed, "a store through the mapping");
+        assert!(matches!(
+            m.store_u64(AP_LEN as u64, 1),
+            Err(Error::Refused {
+                status: AccessStatus::OutOfRange,
+                ..
+            })
+        ));
+        let r = ep.map(&ro).unwrap();
+        assert!(!r.writable());
+        assert_eq!(refused(r.store_u64(0, 1)), AccessStatus::NotPermitted);
+        assert_eq!(r.load_u64(0).unwrap(), m.load_u64(0).unwrap());
+        assert_eq!(refused(ep.map(&forged)), AccessStatus::BadKey);
+        refusals += 1;
+    }
+
+    ep.send(peer, TAG_STOP, b"stop").unwrap();
+    let rep = recv_vec(&mut ep, peer, TAG_REPORT, 64);
+    let v: Vec<u64> = rep
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let fired = if net { 3 } else { 4 };
+    assert_eq!(v[0], refusals, "refusals counted at the target");
+    assert_eq!(v[1], fired, "tripwire count");
+    assert_eq!(v[2], fired, "tripwire events");
+    assert_eq!(v[3], 1, "the once-only tripwire fired once");
+    assert_eq!(v[4], 1, "its bit is set");
+    drop(ep);
+    child.expect_success(T);
+}
+
+#[test]
+fn one_sided_access_over_shared_memory() {
+    one_sided(false);
+}
+
+#[test]
+fn one_sided_access_over_udp() {
+    one_sided(true);
+}
+
+/// A peer that mapped our aperture and stores into it is killed: our aperture and endpoint
+/// stay sound; a peer whose aperture we mapped is killed: our stores keep working (the
+/// memory stays mapped) and one-sided requests to it fail with PeerDead.
+#[test]
+fn peer_killed_while_holding_a_mapping() {
+    let seed = seed(43);
+    let mut ep = ctx().endpoint().unwrap();
+    let ap = ep.aperture_alloc(4096).unwrap();
+    let c = ep.export(ap, 0, 4096, READ | WRITE).unwrap();
+    let mut child = spawn("mapper", &ep.address(), seed, &[]);
+    let peer = ep.accept(Some(T)).unwrap();
+    ep.send(peer, TAG_COOKIES, &c.to_bytes()).unwrap();
+    assert_eq!(recv_vec(&mut ep, peer, TAG_COOKIES, 16), b"mapped");
+    let win = ep.aperture_window(ap).unwrap();
+    // The child is storing: watch the word move, then kill it mid-stream.
+    let first = win.load_u64(0).unwrap();
+    drive_until(&mut ep, T, "the mapper's stores", |_| {
+        win.load_u64(0).unwrap() > first + 1000
+    });
+    child.kill();
+    child.reap();
+    drive_until(&mut ep, T, "the mapper's death", |ep| !ep.is_alive(peer));
+    let last = win.load_u64(0).unwrap();
+    ep.aperture_write(ap, 8, b"after").unwrap();
+    let mut b = [0u8; 5];
+    ep.aperture_read(ap, 8, &mut b).unwrap();
+    assert_eq!(&b, b"after");
+    assert_eq!(win.load_u64(0).unwrap(), last, "nobody writes any more");
+
+    // The other way round: we map a child's aperture, the child dies.
+    let mut owner = spawn("owner", &ep.address(), seed, &[]);
+    let peer = ep.accept(Some(T)).unwrap();
+    let c = cookies(&recv_vec(&mut ep, peer, TAG_COOKIES, 1024));
+    let rw = ep.import(peer, c[0]).unwrap();
+    let m = ep.map(&rw).unwrap();
+    m.store_u64(0, 1).unwrap();
+    owner.kill();
+    owner.reap();
+    for i in 0..1000 {
+        m.store_u64(8 * (i % 512), i).unwrap(); // no SIGBUS: the memory file is sealed
+    }
+    drive_until(&mut ep, T, "the owner's death", |ep| !ep.is_alive(peer));
+    assert!(matches!(ep.put(&rw, 0, b"x"), Err(Error::PeerDead(p)) if p == peer));
+}
+
+/// Ten thousand tripwire events with nobody dequeuing: the ring (4096) overflows into the
+/// ordered overflow list; the consumer gets one Overflow report, then every event, none
+/// lost.
+#[test]
+fn event_queue_overflow_loses_nothing() {
+    let seed = seed(44);
+    let mut ep = ctx().endpoint().unwrap();
+    ep.set_interest(events::TRIPWIRES | events::PEERS);
+    let ap = ep.aperture_alloc(4096).unwrap();
+    let t = ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+    let c = ep.export(ap, 0, 4096, WRITE).unwrap();
+    let mut child = spawn("flooder", &ep.address(), seed, &[]);
+    let peer = ep.accept(Some(T)).unwrap();
+    ep.send(peer, TAG_COOKIES, &c.to_bytes()).unwrap();
+    // Drive progress only (no dequeue) until the flooder says it is done.
+    let _ = recv_vec(&mut ep, peer, TAG_STOP, 8);
+    assert_eq!(ep.tripwire_count(t), FLOOD);
+    let mut trips = 0;
+    let mut overflow = None;
+    let mut connected = 0;
+    while let Some(e) = ep.next_event() {
+        match e {
+            Event::Tripwire { id, .. } => {
+                assert_eq!(id, t);
+                trips += 1;
+            }
+            Event::Overflow { spilled, lost } => {
+                assert!(overflow.is_none(), "one report");
+                assert_eq!(lost, 0);
+                overflow = Some(spilled);
+            }
+            Event::PeerConnected(p) => {
+                assert_eq!(p, peer);
+                connected += 1;
+            }
+            e => panic!("unexpected event {e:?}"),
+        }
+    }
+    assert_eq!(trips, FLOOD, "every firing delivered");
+    assert_eq!(connected, 1);
+    let spilled = overflow.expect("an overflow report");
+    assert_eq!(
+        spilled,
+        FLOOD + 1 - 4096,
+        "ring capacity 4096, the rest spilled"
+    );
+    let mut set = Tripset::new();
+    set.add(t);
+    assert_eq!(ep.wait_tripset(&set, Some(T)).unwrap(), t, "its bit is set");
+    assert!(!ep.tripwire_fired(t), "cleared by the wait");
+    drop(ep);
+    child.expect_success(T);
+}
+
+/// Local misuse gets clear errors.
+#[test]
+fn local_misuse_is_refused() {
+    let mut ep: Endpoint = ctx().endpoint().unwrap();
+    assert!(ep.aperture_alloc(0).is_err());
+    let ap = ep.aperture_alloc(100).unwrap();
+    assert!(ep.export(ap, 50, 51, READ).is_err());
+    assert!(ep.export(ap, 0, 10, 0).is_err());
+    assert!(ep.export(ap, 0, 10, 4).is_err());
+    assert!(ep.tripwire(ap, 90, 11, TripOptions::default()).is_err());
+    assert!(ep.aperture_write(ap, 99, b"ab").is_err());
+    let c = ep.export(ap, 0, 10, READ).unwrap();
+    assert!(ep.import(PeerId(0), c).is_err(), "no such peer");
+    let buf = ep.aperture_register(vec![7u8; 10]).unwrap();
+    assert!(ep.aperture_window(buf).is_err());
+    assert_eq!(ep.aperture_destroy(buf).unwrap(), Some(vec![7u8; 10]));
+    assert!(ep.aperture_destroy(buf).is_err());
+    let mut fake = c;
+    fake.key ^= 1;
+    assert!(ep.revoke(&fake).is_err());
+    ep.revoke(&c).unwrap();
+}
