@@ -613,6 +613,7 @@ impl<'a> RmaFrame<'a> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
 
     fn grant() -> Grant {
         Grant {

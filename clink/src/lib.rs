@@ -34,6 +34,7 @@ mod error;
 pub mod events;
 pub(crate) mod evq;
 pub mod netns;
+pub mod patterns;
 pub mod rma;
 pub mod stats;
 pub mod sys;

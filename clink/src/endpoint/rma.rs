@@ -69,6 +69,8 @@ struct RmaOp {
     event: bool,
     /// The peer died before answering.
     dead: bool,
+    /// Nobody waits for it: removed when complete (a failure is kept in `last_error`).
+    detached: bool,
 }
 
 impl RmaOp {
@@ -323,6 +325,7 @@ impl Endpoint {
                 _keep: keep,
                 event: false,
                 dead: false,
+                detached: false,
             },
         );
         Ok(id)
@@ -399,6 +402,57 @@ impl Endpoint {
         )?;
         self.issue_put(r, offset, data, id);
         self.finish_op(id).map(|_| ())
+    }
+
+    /// Puts a small `data` (at most one frame, see [`Endpoint::rma_inline_max`]) without
+    /// waiting: the bytes are copied into the link at once; the put is applied in order
+    /// with the other requests to that peer. A refusal is reported by
+    /// [`Endpoint::last_error`]; [`Endpoint::flush_rma`] waits for it. Larger data is put
+    /// blocking.
+    pub fn put_nowait(&mut self, r: &Remote, offset: u64, data: &[u8]) -> Result<()> {
+        let i = r.peer.0 as usize;
+        if data.len() > self.peer(r.peer).map(|_| self.rma_chunk(i))? {
+            return self.put(r, offset, data);
+        }
+        let id = self.start_op(r.peer, OpKind::Put, None)?;
+        self.op_parts(id, 1);
+        if let Some(op) = self.rma.ops.get_mut(&id) {
+            op.detached = true;
+        }
+        self.send_rma(
+            i,
+            RmaFrame::Put {
+                req: id,
+                to: Self::target(r, offset),
+                data,
+            },
+        );
+        Ok(())
+    }
+
+    /// As [`Endpoint::notify`], without waiting for the acknowledgement.
+    pub fn notify_nowait(&mut self, r: &Remote, offset: u64, len: u64) -> Result<()> {
+        let id = self.start_op(r.peer, OpKind::Notify, None)?;
+        self.op_parts(id, 1);
+        if let Some(op) = self.rma.ops.get_mut(&id) {
+            op.detached = true;
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        self.send_rma(
+            r.peer.0 as usize,
+            RmaFrame::Notify {
+                req: id,
+                at: Self::target(r, offset),
+                len,
+            },
+        );
+        Ok(())
+    }
+
+    /// Largest put towards `peer` carried inline in one frame.
+    pub fn rma_inline_max(&self, peer: PeerId) -> Result<usize> {
+        self.peer(peer)?;
+        Ok(self.rma_chunk(peer.0 as usize))
     }
 
     /// Starts a put of `data` (kept alive by the request); completes with
@@ -886,6 +940,15 @@ impl Endpoint {
             let ok = op.status == Status::Ok;
             self.evq.push(events::RMA, Event::RmaDone { req, ok });
         }
+        if op.done() && op.detached {
+            if op.status != Status::Ok {
+                self.last_error = Some(format!(
+                    "unacknowledged access refused by {src}: {}",
+                    op.status.describe()
+                ));
+            }
+            self.rma.ops.remove(&req);
+        }
         Ok(())
     }
 
@@ -1185,6 +1248,7 @@ impl Endpoint {
             self.evq
                 .push(events::RMA, Event::RmaDone { req, ok: false });
         }
+        self.rma.ops.retain(|_, o| !(o.detached && o.done()));
     }
 }
 

@@ -1,0 +1,439 @@
+//! The distributed queue (CLAN Example 2) and the flagged mailbox (Example 1).
+//!
+//! Memory: the receiver's aperture holds `slots` slots of `stride` bytes (the element,
+//! padding, and an 8-byte sequence word at the end); the sender's aperture holds the read
+//! counter. The sender writes element `w` into slot `w % slots` and then its sequence word
+//! `w + 1` (so a slot's word says which lap it holds: no ABA across wrap-arounds), with no
+//! message and no system call. The receiver polls the next slot's word, copies the element
+//! out and, lazily (every half queue, and whenever it finds the queue empty), writes its
+//! read counter into the sender's aperture. The sender re-reads that counter only when
+//! its cached copy says full; the queue is full when one slot is empty (`slots - 1`
+//! elements in flight), so `w == r` means empty without a shared flag.
+//!
+//! Waiting: the receiver spins, then sleeps on a tripwire over its slots. Puts (network)
+//! fire it themselves; direct stores (same host) do not, so before sleeping the receiver
+//! raises a `sleeping` word in the sender's aperture, and a sender that finds it raised
+//! after writing an element lowers it and rings the doorbell (one notify). Both sides
+//! store, fence, then load (Dekker), so a wake-up is never lost; a receiver that keeps up
+//! by spinning costs the sender no doorbell at all.
+
+use super::{swap_cookies, Far};
+use crate::rma::{ApertureId, TripId, TripOptions, Window, WRITE};
+use crate::{Endpoint, Error, PeerId, Result};
+use std::time::{Duration, Instant};
+
+/// Polls before a waiting side looks at the clock or goes to sleep.
+const SPIN: u32 = 1 << 12;
+/// The sender's control window: read counter, then the receiver's `sleeping` word.
+const CTRL_LEN: u64 = 16;
+const SLEEPING: u64 = 8;
+
+fn stride(elem: usize) -> usize {
+    (elem + 8).div_ceil(64) * 64
+}
+
+fn check_geometry(elem: usize, slots: usize) -> Result<()> {
+    if elem == 0 || slots < 2 || elem > 1 << 20 || slots > 1 << 20 {
+        return Err(Error::Invalid(format!(
+            "queue of {slots} slots of {elem} bytes: need 1..=1 MiB elements and 2..=2^20 slots"
+        )));
+    }
+    Ok(())
+}
+
+fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + t)
+}
+
+fn expired(d: Option<Instant>) -> bool {
+    d.is_some_and(|d| Instant::now() >= d)
+}
+
+/// The writing side of a distributed queue.
+pub struct QueueSender {
+    peer: PeerId,
+    elem: usize,
+    slots: u64,
+    stride: usize,
+    far: Far,
+    /// Our aperture with the receiver's read counter (kept for the export's lifetime).
+    _ap: ApertureId,
+    near: Window,
+    w: u64,
+    r_cache: u64,
+    buf: Vec<u8>,
+}
+
+impl QueueSender {
+    /// Sets up the sending side towards `peer`, which calls [`QueueReceiver::connect`]
+    /// with the same `tag`, `elem` and `slots`.
+    pub fn connect(
+        ep: &mut Endpoint,
+        peer: PeerId,
+        tag: u64,
+        elem: usize,
+        slots: usize,
+        timeout: Option<Duration>,
+    ) -> Result<QueueSender> {
+        check_geometry(elem, slots)?;
+        let ap = ep.aperture_alloc(64)?;
+        let cookie = ep.export(ap, 0, CTRL_LEN, WRITE)?;
+        let remote = swap_cookies(ep, peer, tag, &cookie, timeout)?;
+        let st = stride(elem);
+        if remote.len() != (slots * st) as u64 {
+            return Err(Error::Invalid(format!(
+                "{peer}'s queue is {} bytes, expected {slots} slots of {st}",
+                remote.len()
+            )));
+        }
+        let far = Far::open(ep, remote)?;
+        Ok(QueueSender {
+            peer,
+            elem,
+            slots: slots as u64,
+            stride: st,
+            far,
+            near: ep.aperture_window(ap)?,
+            _ap: ap,
+            w: 0,
+            r_cache: 0,
+            buf: vec![0u8; st],
+        })
+    }
+
+    /// Appends one element (`data.len()` must be the element size); `Ok(false)` when the
+    /// queue is full.
+    pub fn try_push(&mut self, ep: &mut Endpoint, data: &[u8]) -> Result<bool> {
+        if data.len() != self.elem {
+            return Err(Error::Invalid(format!(
+                "queue element is {} bytes, got {}",
+                self.elem,
+                data.len()
+            )));
+        }
+        if self.w - self.r_cache >= self.slots - 1 {
+            self.r_cache = self.near.load_u64(0)?;
+            if self.w - self.r_cache >= self.slots - 1 {
+                return Ok(false);
+            }
+        }
+        let base = (self.w % self.slots) as usize * self.stride;
+        let seq_at = (base + self.stride - 8) as u64;
+        if self.far.mapped() {
+            self.far.write(ep, base as u64, data)?;
+            self.far.store_u64(ep, seq_at, self.w + 1)?;
+        } else {
+            // One put carries element and sequence word (applied in order, in one go).
+            self.buf[..data.len()].copy_from_slice(data);
+            let n = self.stride;
+            self.buf[n - 8..].copy_from_slice(&(self.w + 1).to_le_bytes());
+            let buf = std::mem::take(&mut self.buf);
+            let r = self.far.write(ep, base as u64, &buf);
+            self.buf = buf;
+            r?;
+        }
+        self.w += 1;
+        if self.far.mapped() {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            if self.near.load_u64(SLEEPING)? != 0 {
+                self.near.store_u64(SLEEPING, 0)?;
+                self.flush(ep)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Appends one element, waiting (spinning, making progress) while the queue is full.
+    pub fn push(
+        &mut self,
+        ep: &mut Endpoint,
+        data: &[u8],
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let end = deadline(timeout);
+        let mut polls = 0u32;
+        while !self.try_push(ep, data)? {
+            polls += 1;
+            if polls.is_multiple_of(64) {
+                ep.progress();
+                if !ep.is_alive(self.peer) {
+                    return Err(Error::PeerDead(self.peer));
+                }
+            }
+            if polls.is_multiple_of(SPIN) && expired(end) {
+                return Err(Error::Timeout);
+            }
+            std::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Rings the receiver's doorbell (same host: one notify; over the network the puts
+    /// fired its tripwire already). `push` does it when the receiver said it sleeps.
+    pub fn flush(&mut self, ep: &mut Endpoint) -> Result<()> {
+        let len = self.slots * self.stride as u64;
+        self.far.doorbell(ep, 0, len)
+    }
+
+    /// Elements written so far.
+    pub fn written(&self) -> u64 {
+        self.w
+    }
+}
+
+/// The reading side of a distributed queue.
+pub struct QueueReceiver {
+    peer: PeerId,
+    elem: usize,
+    slots: u64,
+    stride: usize,
+    _ap: ApertureId,
+    near: Window,
+    far: Far,
+    trip: TripId,
+    r: u64,
+    r_pub: u64,
+}
+
+impl QueueReceiver {
+    /// Sets up the receiving side of a queue of `slots` slots (`slots - 1` elements in
+    /// flight) of `elem`-byte elements from `peer`.
+    pub fn connect(
+        ep: &mut Endpoint,
+        peer: PeerId,
+        tag: u64,
+        elem: usize,
+        slots: usize,
+        timeout: Option<Duration>,
+    ) -> Result<QueueReceiver> {
+        check_geometry(elem, slots)?;
+        let st = stride(elem);
+        let len = slots * st;
+        let ap = ep.aperture_alloc(len)?;
+        let cookie = ep.export(ap, 0, len as u64, WRITE)?;
+        let trip = ep.tripwire(
+            ap,
+            0,
+            len as u64,
+            TripOptions {
+                event: false,
+                ..TripOptions::default()
+            },
+        )?;
+        let remote = swap_cookies(ep, peer, tag, &cookie, timeout)?;
+        if remote.len() != CTRL_LEN {
+            return Err(Error::Invalid(format!(
+                "{peer}'s control window is {} bytes, expected {CTRL_LEN}",
+                remote.len()
+            )));
+        }
+        let far = Far::open(ep, remote)?;
+        Ok(QueueReceiver {
+            peer,
+            elem,
+            slots: slots as u64,
+            stride: st,
+            near: ep.aperture_window(ap)?,
+            _ap: ap,
+            far,
+            trip,
+            r: 0,
+            r_pub: 0,
+        })
+    }
+
+    /// Element size in bytes.
+    pub fn elem(&self) -> usize {
+        self.elem
+    }
+
+    /// The tripwire over the slots (for waiting on several queues with a tripset).
+    pub fn tripwire(&self) -> TripId {
+        self.trip
+    }
+
+    /// Takes the next element into `buf[..elem]` if there is one.
+    pub fn try_pop(&mut self, ep: &mut Endpoint, buf: &mut [u8]) -> Result<bool> {
+        if buf.len() < self.elem {
+            return Err(Error::Invalid(format!(
+                "buffer of {} bytes for {}-byte elements",
+                buf.len(),
+                self.elem
+            )));
+        }
+        let base = (self.r % self.slots) as usize * self.stride;
+        let seq = self.near.load_u64((base + self.stride - 8) as u64)?;
+        if seq != self.r + 1 {
+            // Empty: hand the sender every slot we freed before anyone waits.
+            if self.r != self.r_pub {
+                self.publish(ep)?;
+            }
+            return Ok(false);
+        }
+        self.near.read(base as u64, &mut buf[..self.elem])?;
+        self.r += 1;
+        if self.r - self.r_pub >= (self.slots / 2).max(1) {
+            self.publish(ep)?;
+        }
+        Ok(true)
+    }
+
+    fn publish(&mut self, ep: &mut Endpoint) -> Result<()> {
+        self.far.store_u64(ep, 0, self.r)?;
+        self.r_pub = self.r;
+        Ok(())
+    }
+
+    /// Takes the next element, spinning (with progress) and then sleeping on the queue's
+    /// tripwire, at most `timeout`.
+    pub fn pop(
+        &mut self,
+        ep: &mut Endpoint,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        let end = deadline(timeout);
+        let mut polls = 0u32;
+        loop {
+            if self.try_pop(ep, buf)? {
+                return Ok(());
+            }
+            polls += 1;
+            if polls.is_multiple_of(64) {
+                ep.progress();
+                if !ep.is_alive(self.peer) {
+                    return Err(Error::PeerDead(self.peer));
+                }
+            }
+            if polls.is_multiple_of(SPIN) {
+                if expired(end) {
+                    return Err(Error::Timeout);
+                }
+                // Sleep: clear the bit, say so, look once more, then wait for a firing.
+                self.prepare_sleep(ep)?;
+                if self.try_pop(ep, buf)? {
+                    return Ok(());
+                }
+                let left = end.map(|d| d.saturating_duration_since(Instant::now()));
+                match ep.wait_tripwire(self.trip, left) {
+                    Ok(()) | Err(Error::Timeout) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+
+    /// Before sleeping on [`QueueReceiver::tripwire`]: clears its bit and asks the sender
+    /// for a doorbell on its next element. Look at the queue once more afterwards, then
+    /// wait.
+    pub fn prepare_sleep(&mut self, ep: &mut Endpoint) -> Result<()> {
+        ep.tripwire_clear(self.trip);
+        self.far.store_u64(ep, SLEEPING, 1)?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Elements read so far.
+    pub fn read(&self) -> u64 {
+        self.r
+    }
+}
+
+/// CLAN's Example 1: one message buffer in the receiver's memory with an `rx_ready` flag
+/// (here the slot's sequence word) and a `tx_ready` flag in the sender's (the read
+/// counter): the distributed queue with exactly one usable slot, carrying messages of up
+/// to `max` bytes with their length.
+pub struct Mailbox;
+
+impl Mailbox {
+    fn elem(max: usize) -> usize {
+        max + 8
+    }
+
+    /// The sending side (see [`QueueSender::connect`]).
+    pub fn sender(
+        ep: &mut Endpoint,
+        peer: PeerId,
+        tag: u64,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<MailboxSender> {
+        let q = QueueSender::connect(ep, peer, tag, Self::elem(max), 2, timeout)?;
+        Ok(MailboxSender {
+            buf: vec![0u8; Self::elem(max)],
+            q,
+        })
+    }
+
+    /// The receiving side.
+    pub fn receiver(
+        ep: &mut Endpoint,
+        peer: PeerId,
+        tag: u64,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<MailboxReceiver> {
+        let q = QueueReceiver::connect(ep, peer, tag, Self::elem(max), 2, timeout)?;
+        Ok(MailboxReceiver {
+            buf: vec![0u8; Self::elem(max)],
+            q,
+        })
+    }
+}
+
+/// Sending side of a [`Mailbox`].
+pub struct MailboxSender {
+    q: QueueSender,
+    buf: Vec<u8>,
+}
+
+impl MailboxSender {
+    /// Waits for `tx_ready`, writes the message and raises `rx_ready`.
+    pub fn send(&mut self, ep: &mut Endpoint, msg: &[u8], timeout: Option<Duration>) -> Result<()> {
+        let max = self.buf.len() - 8;
+        if msg.len() > max {
+            return Err(Error::TooLarge(format!(
+                "mailbox message of {} bytes exceeds {max}",
+                msg.len()
+            )));
+        }
+        self.buf[..8].copy_from_slice(&(msg.len() as u64).to_le_bytes());
+        self.buf[8..8 + msg.len()].copy_from_slice(msg);
+        let buf = std::mem::take(&mut self.buf);
+        let r = self.q.push(ep, &buf, timeout);
+        self.buf = buf;
+        r
+    }
+}
+
+/// Receiving side of a [`Mailbox`].
+pub struct MailboxReceiver {
+    q: QueueReceiver,
+    buf: Vec<u8>,
+}
+
+impl MailboxReceiver {
+    /// Waits for `rx_ready`, copies the message into `out` and raises `tx_ready`; returns
+    /// its length.
+    pub fn recv(
+        &mut self,
+        ep: &mut Endpoint,
+        out: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<usize> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let r = self.q.pop(ep, &mut buf, timeout);
+        self.buf = buf;
+        r?;
+        let n = u64::from_le_bytes(self.buf[..8].try_into().expect("8 bytes")) as usize;
+        let max = self.buf.len() - 8;
+        if n > max || n > out.len() {
+            return Err(Error::Invalid(format!(
+                "mailbox message of {n} bytes (buffer {}, maximum {max})",
+                out.len()
+            )));
+        }
+        out[..n].copy_from_slice(&self.buf[8..8 + n]);
+        Ok(n)
+    }
+}

@@ -1,0 +1,86 @@
+//! Communication patterns built only on apertures and tripwires (CLAN section 4). The
+//! setup swaps cookies in one tagged message each way; after that, data moves only by
+//! one-sided writes into the peer's aperture and is noticed by polling local memory or by
+//! a tripwire.
+//!
+//! - [`dqueue`]: the distributed queue of CLAN's Example 2: fixed-size elements written
+//!   remotely into the receiver's ring, lazy read counter written back into the sender's
+//!   aperture, full when one slot is empty. With one usable slot it is Example 1's message
+//!   transfer with `tx_ready` / `rx_ready` flags ([`dqueue::Mailbox`]).
+//! - [`rpc`]: request/response over a pair of queues, and an event-driven server that waits
+//!   on a tripset over all its clients.
+//!
+//! Each pattern works on the same host (the peer's window mapped: plain stores, no system
+//! call, no help from the peer) and across hosts (puts, applied by the owner's progress).
+
+pub mod dqueue;
+pub mod rpc;
+
+use crate::rma::{Cookie, Remote, Window, COOKIE_LEN};
+use crate::{Endpoint, Error, PeerId, Result, Selector};
+use std::time::Duration;
+
+/// A peer's window written by direct stores when it is mapped (same host) or by puts.
+pub(crate) enum Far {
+    Mapped { win: Window, remote: Remote },
+    Put(Remote),
+}
+
+impl Far {
+    /// Maps the window on the same host; uses puts otherwise.
+    pub(crate) fn open(ep: &mut Endpoint, remote: Remote) -> Result<Far> {
+        if ep.transport(remote.peer)? == "shm" {
+            let win = ep.map(&remote)?;
+            Ok(Far::Mapped { win, remote })
+        } else {
+            Ok(Far::Put(remote))
+        }
+    }
+
+    pub(crate) fn write(&self, ep: &mut Endpoint, offset: u64, data: &[u8]) -> Result<()> {
+        match self {
+            Far::Mapped { win, .. } => win.write(offset, data),
+            Far::Put(r) => ep.put_nowait(r, offset, data),
+        }
+    }
+
+    pub(crate) fn store_u64(&self, ep: &mut Endpoint, offset: u64, v: u64) -> Result<()> {
+        match self {
+            Far::Mapped { win, .. } => win.store_u64(offset, v),
+            Far::Put(r) => ep.put_nowait(r, offset, &v.to_le_bytes()),
+        }
+    }
+
+    /// Makes direct stores visible to the owner's tripwires (puts fire them already).
+    pub(crate) fn doorbell(&self, ep: &mut Endpoint, offset: u64, len: u64) -> Result<()> {
+        match self {
+            Far::Mapped { remote, .. } => ep.notify_nowait(remote, offset, len),
+            Far::Put(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn mapped(&self) -> bool {
+        matches!(self, Far::Mapped { .. })
+    }
+}
+
+/// Sends our cookie to `peer` with `tag` and receives its cookie (same tag).
+pub(crate) fn swap_cookies(
+    ep: &mut Endpoint,
+    peer: PeerId,
+    tag: u64,
+    mine: &Cookie,
+    timeout: Option<Duration>,
+) -> Result<Remote> {
+    ep.send(peer, tag, &mine.to_bytes())?;
+    let mut b = [0u8; COOKIE_LEN];
+    let st = ep.recv_timeout(Selector::exact(Some(peer), tag), &mut b, timeout)?;
+    if st.len as usize != COOKIE_LEN {
+        return Err(Error::Invalid(format!(
+            "pattern setup: expected a {COOKIE_LEN}-byte cookie from {peer}, got {} bytes",
+            st.len
+        )));
+    }
+    let c = Cookie::from_bytes(&b).map_err(|e| Error::Invalid(format!("pattern setup: {e}")))?;
+    ep.import(peer, c)
+}
