@@ -253,12 +253,13 @@ const K_ATOMIC_REPLY: u8 = 22;
 const K_NOTIFY: u8 = 23;
 const K_MAP: u8 = 24;
 const K_ACK: u8 = 25;
+const K_SYNC: u8 = 26;
 /// Size of the fixed part of a get reply: `kind | req | offset`, the bytes follow.
 pub const GET_DATA_HEADER: usize = 24;
 
 /// True when the frame kind byte is one of the RMA kinds.
 pub fn is_rma_kind(k: u8) -> bool {
-    (K_PUT..=K_ACK).contains(&k)
+    (K_PUT..=K_SYNC).contains(&k)
 }
 
 /// One RMA frame.
@@ -266,7 +267,8 @@ pub fn is_rma_kind(k: u8) -> bool {
 pub enum RmaFrame<'a> {
     /// Write `data` at the target.
     Put {
-        /// Initiator's request id (echoed in the ack).
+        /// Initiator's request id (echoed in the ack). Zero: acknowledge only a refusal
+        /// (unacknowledged puts; a later [`RmaFrame::Sync`] confirms them).
         req: u64,
         /// Where.
         to: Target,
@@ -354,7 +356,12 @@ pub enum RmaFrame<'a> {
         /// The export (offset unused, zero).
         of: Target,
     },
-    /// Completion of a put, notify, map or get.
+    /// Answered by an ack once every earlier request from this initiator is applied.
+    Sync {
+        /// Request id.
+        req: u64,
+    },
+    /// Completion of a put, notify, map, get or sync.
     Ack {
         /// The request completed.
         req: u64,
@@ -496,6 +503,7 @@ impl<'a> RmaFrame<'a> {
                 req,
                 status: status(b[1])?,
             },
+            K_SYNC => RmaFrame::Sync { req },
             k => return Err(ProtoError::BadKind(k)),
         };
         Ok(f)
@@ -512,7 +520,7 @@ impl<'a> RmaFrame<'a> {
             RmaFrame::GetData { data, .. } => GET_DATA_HEADER + data.len(),
             RmaFrame::AtomicReply { .. } => 24,
             RmaFrame::Map { .. } => RMA_HEADER,
-            RmaFrame::Ack { .. } => 16,
+            RmaFrame::Ack { .. } | RmaFrame::Sync { .. } => 16,
         }
     }
 
@@ -602,6 +610,10 @@ impl<'a> RmaFrame<'a> {
             RmaFrame::Ack { req, status } => {
                 out[0] = K_ACK;
                 out[1] = status as u8;
+                put(out, 8, req);
+            }
+            RmaFrame::Sync { req } => {
+                out[0] = K_SYNC;
                 put(out, 8, req);
             }
         }
@@ -731,7 +743,12 @@ mod tests {
                 len
             }),
             (any::<u64>(), target()).prop_map(|(req, of)| RmaFrame::Map { req, of }),
-            (any::<u64>(), st).prop_map(|(req, status)| RmaFrame::Ack { req, status }),
+            // (prop_oneof! takes at most 10 borrowed arms: ack and sync share one.)
+            (any::<u64>(), st, any::<bool>()).prop_map(|(req, status, sync)| if sync {
+                RmaFrame::Sync { req }
+            } else {
+                RmaFrame::Ack { req, status }
+            }),
         ]
     }
 

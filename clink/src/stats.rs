@@ -82,4 +82,6 @@ pub struct Stats {
     pub rma_get_bytes: u64,
     /// Tripwire firings.
     pub tripwires_fired: u64,
+    /// Unacknowledged puts of this endpoint that a target refused.
+    pub rma_unacked_refused: u64,
 }

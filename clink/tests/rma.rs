@@ -259,6 +259,16 @@ fn one_sided(net: bool) {
     refusals += 1;
     // The other windows still work.
     ep.put(&rw, 2 << 20, b"still fine").unwrap();
+    // Unacknowledged puts: a refusal still comes back; flush_rma waits for them.
+    ep.put_nowait(&ro, 0, b"nope").unwrap();
+    ep.put_nowait(&rw, (2 << 20) + 16, b"unacked").unwrap();
+    ep.flush_rma(Some(peer)).unwrap();
+    assert_eq!(ep.stats().rma_unacked_refused, 1);
+    assert!(ep.last_error().unwrap().contains("does not grant"));
+    let mut b = [0u8; 7];
+    ep.get(&rw, (2 << 20) + 16, &mut b).unwrap();
+    assert_eq!(&b, b"unacked");
+    refusals += 1;
 
     // Mapping: same host only.
     if net {

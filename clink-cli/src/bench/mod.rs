@@ -56,6 +56,7 @@ pub mod measure;
 pub mod plan;
 pub mod proc;
 pub mod report;
+pub mod rma;
 pub mod sockets;
 pub mod stats;
 pub mod ucx;
@@ -182,6 +183,10 @@ pub struct BenchArgs {
     /// ignored on the host).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(68..=65535))]
     pub mtu: Option<Vec<u32>>,
+    /// Run the aperture experiments (one-word round trips, distributed queue, put
+    /// bandwidth; rows with an `experiment` field) instead of the system comparison.
+    #[arg(long)]
+    pub rma: bool,
 }
 
 impl BenchArgs {
@@ -199,6 +204,7 @@ impl BenchArgs {
             timeout_secs: 120,
             rounds: 1,
             placement: Placement::Host,
+            rma: false,
             mtu: None,
         }
     }
@@ -455,6 +461,10 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 
 /// Entry point of `clink bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if args.rma {
+        let pin = !args.no_pin && affinity::can_pin_pair();
+        return rma::run(args.quick, args.json, pin, args.rounds);
+    }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;
     let pinned = !args.no_pin && affinity::can_pin_pair();

@@ -225,6 +225,8 @@ struct Peer {
     announced: bool,
     /// The peer said goodbye (or we closed): its end is reported as closed, not failed.
     closing: bool,
+    /// Unacknowledged puts were sent since the last sync.
+    unacked: bool,
 }
 
 /// A communication port: listens for peers, connects to them, sends and receives tagged
@@ -449,6 +451,7 @@ impl Endpoint {
             engine: VecDeque::new(),
             announced: false,
             closing: false,
+            unacked: false,
         });
         self.stats.peers_connected += 1;
         self.evq.push(events::PEERS, Event::PeerConnected(id));

@@ -405,24 +405,27 @@ impl Endpoint {
     }
 
     /// Puts a small `data` (at most one frame, see [`Endpoint::rma_inline_max`]) without
-    /// waiting: the bytes are copied into the link at once; the put is applied in order
-    /// with the other requests to that peer. A refusal is reported by
-    /// [`Endpoint::last_error`]; [`Endpoint::flush_rma`] waits for it. Larger data is put
+    /// waiting and without an acknowledgement: the bytes are copied into the link at once
+    /// and applied in order with the other requests to that peer. A refusal is reported by
+    /// [`Endpoint::last_error`] and [`crate::Stats::rma_unacked_refused`];
+    /// [`Endpoint::flush_rma`] waits until such puts are applied. Larger data is put
     /// blocking.
     pub fn put_nowait(&mut self, r: &Remote, offset: u64, data: &[u8]) -> Result<()> {
         let i = r.peer.0 as usize;
-        if data.len() > self.peer(r.peer).map(|_| self.rma_chunk(i))? {
+        let p = self.peer(r.peer)?;
+        if !p.alive {
+            return Err(Error::PeerDead(r.peer));
+        }
+        if data.len() > self.rma_chunk(i) {
             return self.put(r, offset, data);
         }
-        let id = self.start_op(r.peer, OpKind::Put, None)?;
-        self.op_parts(id, 1);
-        if let Some(op) = self.rma.ops.get_mut(&id) {
-            op.detached = true;
-        }
+        // Unacknowledged (request 0): no request state, no ack frame; a refusal still
+        // comes back, and `flush_rma` confirms these puts with one sync.
+        self.peers[i].unacked = true;
         self.send_rma(
             i,
             RmaFrame::Put {
-                req: id,
+                req: 0,
                 to: Self::target(r, offset),
                 data,
             },
@@ -670,6 +673,20 @@ impl Endpoint {
     /// Waits until every one-sided request issued so far to `peer` (or to every peer) is
     /// complete at its target: puts applied, gets delivered.
     pub fn flush_rma(&mut self, peer: Option<PeerId>) -> Result<()> {
+        // Unacknowledged puts are confirmed by a sync behind them.
+        for i in 0..self.peers.len() {
+            if peer.is_some_and(|p| p.0 as usize != i) || !self.peers[i].unacked {
+                continue;
+            }
+            self.peers[i].unacked = false;
+            if let Ok(id) = self.start_op(PeerId(i as u32), OpKind::Notify, None) {
+                self.op_parts(id, 1);
+                if let Some(op) = self.rma.ops.get_mut(&id) {
+                    op.detached = true;
+                }
+                self.send_rma(i, RmaFrame::Sync { req: id });
+            }
+        }
         let pending = |ep: &Endpoint| {
             ep.rma
                 .ops
@@ -870,6 +887,15 @@ impl Endpoint {
             return Ok(());
         }
         match f {
+            RmaFrame::Ack { req: 0, status } => {
+                // Refusal of an unacknowledged put.
+                self.stats.rma_unacked_refused += 1;
+                self.last_error = Some(format!(
+                    "unacknowledged put refused by {src}: {}",
+                    status.describe()
+                ));
+                Ok(())
+            }
             RmaFrame::Ack { req, status } => {
                 let is_map = matches!(
                     self.rma.ops.get(&req).map(|o| &o.kind),
@@ -993,7 +1019,18 @@ impl Endpoint {
                     }
                     Err(s) => s,
                 };
-                self.send_rma(i, RmaFrame::Ack { req, status });
+                if req != 0 || status != Status::Ok {
+                    self.send_rma(i, RmaFrame::Ack { req, status });
+                }
+            }
+            RmaFrame::Sync { req } => {
+                self.send_rma(
+                    i,
+                    RmaFrame::Ack {
+                        req,
+                        status: Status::Ok,
+                    },
+                );
             }
             RmaFrame::PutCma { req, to, len, addr }
             | RmaFrame::GetCma {

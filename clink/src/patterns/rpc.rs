@@ -2,7 +2,7 @@
 //! aperture and a response queue into its own ([`super::dqueue`]); the server waits on a
 //! tripset over every client's request queue, so it sleeps until some client writes.
 
-use super::dqueue::{QueueReceiver, QueueSender};
+use super::dqueue::{QueueReceiver, QueueSender, MAX_SLEEP};
 use crate::rma::Tripset;
 use crate::{Endpoint, Error, PeerId, Result};
 use std::time::{Duration, Instant};
@@ -148,7 +148,7 @@ impl RpcServer {
                 return Ok(n);
             }
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 ep.progress();
             }
             if spins < 1 << 12 {
@@ -166,7 +166,8 @@ impl RpcServer {
             if left.is_some_and(|l| l.is_zero()) {
                 return Err(Error::Timeout);
             }
-            match ep.wait_tripset(&self.set, left) {
+            let nap = left.map_or(MAX_SLEEP, |l| l.min(MAX_SLEEP));
+            match ep.wait_tripset(&self.set, Some(nap)) {
                 Ok(_) | Err(Error::Timeout) => {}
                 Err(e) => return Err(e),
             }

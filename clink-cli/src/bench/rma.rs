@@ -1,0 +1,405 @@
+//! `clink bench --rma`: the aperture experiments of CLAN section 5, each beside a baseline
+//! measured by the same code in the same run, on this host (shared memory).
+//!
+//! Two endpoints in one process, one thread each, pinned to CPUs 0 and 1 (unless
+//! `--no-pin`), connected over shared memory exactly as two processes would be (rings in
+//! a memory file, apertures mapped through a passed descriptor, CMA for the copy engine).
+//! Rows (`--json`: one object per line) carry an `experiment` field:
+//!
+//! - `word_rtt`: one-way latency (round trip / 2) of one 8-byte word, variants
+//!   `tagged` (baseline: 8-byte tagged messages), `mapped_spin` (a store into the peer's
+//!   mapped window, the peer spinning on its own memory), `put_tripwire` (a put, the peer
+//!   waiting for the tripwire event in its event queue);
+//! - `dqueue_rate`: distributed-queue elements per second (millions) for 8, 64 and 256
+//!   bytes, variant `mapped`; baseline `tagged`: a stream of tagged messages of that size;
+//! - `put_bw`: bandwidth (GB/s) of puts by size, variants `mapped_store` (memcpy into the
+//!   peer's mapped window), `put` (inline frames, or the target's copy engine with one
+//!   CMA copy above the inline size), baseline `tagged` (a stream of messages).
+//!
+//! Not built yet: the event-driven server with 1 to 1000 endpoints against epoll + TCP.
+
+use clink::events::{self, Event};
+use clink::patterns::dqueue::{QueueReceiver, QueueSender};
+use clink::rma::{Cookie, TripOptions, COOKIE_LEN, READ, WRITE};
+use clink::{Config, Context, Endpoint, PeerId, Selector};
+use serde_json::json;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const T: Option<Duration> = Some(Duration::from_secs(30));
+const TAG_SETUP: u64 = 0x7000;
+const TAG_MSG: u64 = 0x7001;
+
+/// One measured figure.
+pub struct RmaRow {
+    experiment: &'static str,
+    variant: &'static str,
+    metric: &'static str,
+    size: usize,
+    median: f64,
+    min: f64,
+    max: f64,
+    iterations: u64,
+    reps: u64,
+}
+
+impl RmaRow {
+    fn json(&self, pinned: bool, round: u64) -> String {
+        json!({
+            "system": "clink",
+            "transport": "shm",
+            "mode": "busy",
+            "experiment": self.experiment,
+            "variant": self.variant,
+            "metric": self.metric,
+            "size": self.size,
+            "median": self.median,
+            "min": self.min,
+            "max": self.max,
+            "iterations": self.iterations,
+            "reps": self.reps,
+            "pinned": pinned,
+            "round": round,
+            "placement": "host",
+        })
+        .to_string()
+    }
+}
+
+fn median(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+/// Runs `a` and `b` on two threads (pinned to CPUs 0 and 1) with connected endpoints.
+fn pair<R: Send + 'static>(
+    pin: bool,
+    a: impl FnOnce(&mut Endpoint, PeerId) -> R + Send + 'static,
+    b: impl FnOnce(&mut Endpoint, PeerId) + Send + 'static,
+) -> Result<R, String> {
+    let cfg = || Config {
+        calibrate: false,
+        spin: None,
+        ..Config::default()
+    };
+    let ctx_a = Context::with_config(cfg()).map_err(|e| e.to_string())?;
+    let mut ep_a = ctx_a.endpoint().map_err(|e| e.to_string())?;
+    let addr = ep_a.address();
+    let (tx, rx) = mpsc::channel();
+    let tb = std::thread::spawn(move || {
+        if pin {
+            let _ = clink::sys::pin_to_cpu(1);
+        }
+        let ctx_b = Context::with_config(cfg()).expect("context");
+        let mut ep_b = ctx_b.endpoint().expect("endpoint");
+        let p = ep_b.connect(&addr).expect("connect");
+        tx.send(()).ok();
+        b(&mut ep_b, p);
+    });
+    let ta = std::thread::spawn(move || {
+        if pin {
+            let _ = clink::sys::pin_to_cpu(0);
+        }
+        let p = ep_a.accept(T).expect("accept");
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("peer ready");
+        let r = a(&mut ep_a, p);
+        drop(ctx_a);
+        r
+    });
+    let r = ta.join().map_err(|_| "bench side A panicked".to_string())?;
+    tb.join().map_err(|_| "bench side B panicked".to_string())?;
+    Ok(r)
+}
+
+fn swap(ep: &mut Endpoint, peer: PeerId, mine: &Cookie) -> clink::rma::Remote {
+    ep.send(peer, TAG_SETUP, &mine.to_bytes())
+        .expect("send cookie");
+    let mut b = [0u8; COOKIE_LEN];
+    ep.recv_timeout(Selector::exact(Some(peer), TAG_SETUP), &mut b, T)
+        .expect("recv cookie");
+    ep.import(peer, Cookie::from_bytes(&b).expect("cookie"))
+        .expect("import")
+}
+
+fn ns_samples(iters: usize, mut one: impl FnMut()) -> Vec<f64> {
+    (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            one();
+            t.elapsed().as_nanos() as f64 / 2.0 / 1000.0
+        })
+        .collect()
+}
+
+fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
+    let mut rows = Vec::new();
+    let row = |variant, mut s: Vec<f64>| {
+        let (m, lo, hi) = median(&mut s);
+        RmaRow {
+            experiment: "word_rtt",
+            variant,
+            metric: "latency_us",
+            size: 8,
+            median: m,
+            min: lo,
+            max: hi,
+            iterations: s.len() as u64,
+            reps: 1,
+        }
+    };
+    // Baseline: 8-byte tagged messages.
+    let n = iters;
+    let s = pair(
+        pin,
+        move |ep, p| {
+            let mut b = [0u8; 8];
+            ns_samples(n, || {
+                ep.send(p, TAG_MSG, &b).unwrap();
+                ep.recv(Selector::exact(Some(p), TAG_MSG), &mut b).unwrap();
+            })
+        },
+        move |ep, p| {
+            let mut b = [0u8; 8];
+            for _ in 0..n {
+                ep.recv(Selector::exact(Some(p), TAG_MSG), &mut b).unwrap();
+                ep.send(p, TAG_MSG, &b).unwrap();
+            }
+        },
+    )?;
+    rows.push(row("tagged", s));
+    // Mapped stores, spinning on local memory.
+    let side = |ep: &mut Endpoint, p: PeerId| {
+        let ap = ep.aperture_alloc(4096).unwrap();
+        let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
+        let r = swap(ep, p, &c);
+        let far = ep.map(&r).unwrap();
+        (ep.aperture_window(ap).unwrap(), far)
+    };
+    let s = pair(
+        pin,
+        move |ep, p| {
+            let (near, far) = side(ep, p);
+            let mut v = 0u64;
+            ns_samples(n, || {
+                v += 1;
+                far.store_u64(0, v).unwrap();
+                while near.load_u64(0).unwrap() != v {
+                    std::hint::spin_loop();
+                }
+            })
+        },
+        move |ep, p| {
+            let (near, far) = side(ep, p);
+            for v in 1..=n as u64 {
+                while near.load_u64(0).unwrap() != v {
+                    std::hint::spin_loop();
+                }
+                far.store_u64(0, v).unwrap();
+            }
+        },
+    )?;
+    rows.push(row("mapped_spin", s));
+    // A put, the peer waiting for its tripwire event.
+    let side = |ep: &mut Endpoint, p: PeerId| {
+        ep.set_interest(events::TRIPWIRES);
+        let ap = ep.aperture_alloc(4096).unwrap();
+        ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+        let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
+        swap(ep, p, &c)
+    };
+    let wait_trip = |ep: &mut Endpoint| loop {
+        if let Event::Tripwire { .. } = ep.wait_event(T).unwrap() {
+            return;
+        }
+    };
+    let s = pair(
+        pin,
+        move |ep, p| {
+            let r = side(ep, p);
+            let mut v = 0u64;
+            ns_samples(n, || {
+                v += 1;
+                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
+                wait_trip(ep);
+            })
+        },
+        move |ep, p| {
+            let r = side(ep, p);
+            for v in 1..=n as u64 {
+                wait_trip(ep);
+                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
+            }
+            ep.flush_rma(None).unwrap();
+        },
+    )?;
+    rows.push(row("put_tripwire", s));
+    Ok(rows)
+}
+
+/// Distributed queue vs a stream of tagged messages: millions of elements per second.
+fn dqueue_rate(pin: bool, count: u64, reps: usize) -> Result<Vec<RmaRow>, String> {
+    let mut rows = Vec::new();
+    for &size in &[8usize, 64, 256] {
+        for variant in ["tagged", "mapped"] {
+            let mut rates = Vec::new();
+            for _ in 0..reps {
+                let secs = pair(
+                    pin,
+                    move |ep, p| {
+                        let mut buf = vec![0u8; size];
+                        if variant == "tagged" {
+                            let t = Instant::now();
+                            for _ in 0..count {
+                                ep.recv(Selector::exact(Some(p), TAG_MSG), &mut buf)
+                                    .unwrap();
+                            }
+                            return t.elapsed().as_secs_f64();
+                        }
+                        let mut q = QueueReceiver::connect(ep, p, TAG_SETUP, size, 256, T).unwrap();
+                        q.pop(ep, &mut buf, T).unwrap(); // the first element starts the clock
+                        let t = Instant::now();
+                        for _ in 1..count {
+                            q.pop(ep, &mut buf, T).unwrap();
+                        }
+                        t.elapsed().as_secs_f64() * count as f64 / (count - 1) as f64
+                    },
+                    move |ep, p| {
+                        let buf = vec![7u8; size];
+                        if variant == "tagged" {
+                            for _ in 0..count {
+                                ep.send(p, TAG_MSG, &buf).unwrap();
+                            }
+                            return;
+                        }
+                        let mut q = QueueSender::connect(ep, p, TAG_SETUP, size, 256, T).unwrap();
+                        for _ in 0..count {
+                            q.push(ep, &buf, T).unwrap();
+                        }
+                    },
+                )?;
+                rates.push(count as f64 / secs / 1e6);
+            }
+            let (m, lo, hi) = median(&mut rates);
+            rows.push(RmaRow {
+                experiment: "dqueue_rate",
+                variant,
+                metric: "rate_mps",
+                size,
+                median: m,
+                min: lo,
+                max: hi,
+                iterations: count,
+                reps: reps as u64,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Put bandwidth by size: mapped stores and puts, against streamed tagged messages.
+fn put_bw(pin: bool, total: usize, reps: usize) -> Result<Vec<RmaRow>, String> {
+    let mut rows = Vec::new();
+    for &size in &[4096usize, 65536, 1 << 20, 4 << 20] {
+        let count = (total / size).max(8);
+        for variant in ["tagged", "mapped_store", "put"] {
+            let mut bw = Vec::new();
+            for _ in 0..reps {
+                let secs = pair(
+                    pin,
+                    move |ep, p| {
+                        let data = vec![3u8; size];
+                        if variant == "tagged" {
+                            let t = Instant::now();
+                            let msgs = vec![&data[..]; count];
+                            ep.send_batch(p, TAG_MSG, &msgs).unwrap();
+                            let mut ack = [0u8; 1];
+                            ep.recv(Selector::exact(Some(p), TAG_MSG + 1), &mut ack)
+                                .unwrap();
+                            return t.elapsed().as_secs_f64();
+                        }
+                        let mut b = [0u8; COOKIE_LEN];
+                        ep.recv_timeout(Selector::exact(Some(p), TAG_SETUP), &mut b, T)
+                            .unwrap();
+                        let r = ep.import(p, Cookie::from_bytes(&b).unwrap()).unwrap();
+                        let win = (variant == "mapped_store").then(|| ep.map(&r).unwrap());
+                        let t = Instant::now();
+                        for _ in 0..count {
+                            match &win {
+                                Some(w) => w.write(0, &data).unwrap(),
+                                None => ep.put(&r, 0, &data).unwrap(),
+                            }
+                        }
+                        let s = t.elapsed().as_secs_f64();
+                        ep.send(p, TAG_MSG + 2, b"done").unwrap();
+                        s
+                    },
+                    move |ep, p| {
+                        if variant == "tagged" {
+                            let mut buf = vec![0u8; size];
+                            for _ in 0..count {
+                                ep.recv(Selector::exact(Some(p), TAG_MSG), &mut buf)
+                                    .unwrap();
+                            }
+                            ep.send(p, TAG_MSG + 1, b"k").unwrap();
+                            return;
+                        }
+                        let ap = ep.aperture_alloc(size).unwrap();
+                        let c = ep.export(ap, 0, size as u64, WRITE).unwrap();
+                        ep.send(p, TAG_SETUP, &c.to_bytes()).unwrap();
+                        let mut b = [0u8; 8];
+                        ep.recv(Selector::exact(Some(p), TAG_MSG + 2), &mut b)
+                            .unwrap();
+                    },
+                )?;
+                bw.push((count * size) as f64 / secs / 1e9);
+            }
+            let (m, lo, hi) = median(&mut bw);
+            rows.push(RmaRow {
+                experiment: "put_bw",
+                variant,
+                metric: "bandwidth_gbs",
+                size,
+                median: m,
+                min: lo,
+                max: hi,
+                iterations: count as u64,
+                reps: reps as u64,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs every experiment `rounds` times and prints rows (JSON) or a table.
+pub fn run(quick: bool, json: bool, pin: bool, rounds: u64) -> Result<(), String> {
+    eprintln!(
+        "clink bench --rma: two endpoints over shared memory, one thread each{}",
+        if pin {
+            ", pinned to CPUs 0 and 1"
+        } else {
+            ", not pinned"
+        }
+    );
+    let (iters, count, total, reps) = if quick {
+        (2_000, 200_000, 64 << 20, 3)
+    } else {
+        (20_000, 2_000_000, 512 << 20, 5)
+    };
+    for round in 0..rounds {
+        let mut rows = word_rtt(pin, iters)?;
+        rows.extend(dqueue_rate(pin, count, reps)?);
+        rows.extend(put_bw(pin, total, reps)?);
+        for r in &rows {
+            if json {
+                println!("{}", r.json(pin, round));
+            } else {
+                println!(
+                    "{:<12} {:<13} {:>8} B  {:<14} median {:>10.3}  (min {:.3}, max {:.3})",
+                    r.experiment, r.variant, r.size, r.metric, r.median, r.min, r.max
+                );
+            }
+        }
+    }
+    Ok(())
+}
