@@ -1149,14 +1149,11 @@ impl Endpoint {
 
     /// Sends the memory file of a checked map request before its ack.
     fn serve_map(&mut self, i: usize, req: u64, of: &Target) -> Status {
-        let g = self.rma.exports.get(&of.export).copied();
-        if let Err(s) = self.admit(of, 0, READ) {
-            // A write-only cookie may map too (below); only its key must be right.
-            if !(s == Status::NotPermitted && g.is_some_and(|g| g.rights & WRITE != 0)) {
-                return s;
-            }
+        // Any right allows mapping (the descriptor's mode follows the rights, below).
+        if let Err(s) = self.admit(of, 0, 0) {
+            return s;
         }
-        let Some(g) = g else {
+        let Some(g) = self.rma.exports.get(&of.export).copied() else {
             return Status::NoSuchExport;
         };
         let Some(shm) = self.peers[i].link.shm() else {
