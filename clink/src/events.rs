@@ -10,7 +10,7 @@
 //! [`SPILL_MAX`] events, and then the loss is counted and reported in the next
 //! `Overflow` event (recover by checking request states and tripwire bits).
 
-use crate::evq::{Consumer, EventRing};
+use crate::evq::{Consumer, EventRing, SharedRing};
 use clink_proto::tripwire::TripId;
 use clink_proto::PeerId;
 use std::collections::VecDeque;
@@ -85,7 +85,7 @@ pub enum Event {
 /// sleeps. Cheap to clone.
 #[derive(Clone)]
 pub struct EventSender {
-    ring: Arc<EventRing<Event>>,
+    ring: SharedRing<Event>,
     doorbell: Arc<OwnedFd>,
 }
 
@@ -106,7 +106,7 @@ impl EventSender {
 
 /// The queue as the endpoint holds it.
 pub(crate) struct EventQueue {
-    ring: Arc<EventRing<Event>>,
+    ring: SharedRing<Event>,
     rx: Consumer<Event>,
     spill: VecDeque<Event>,
     lost: u64,

@@ -116,6 +116,9 @@ fn backoff() {
     std::hint::spin_loop();
 }
 
+/// The shared side as the queue's users hold it (loom's `Arc` under the model checker).
+pub type SharedRing<T> = Arc<EventRing<T>>;
+
 /// Shared side of the queue: producers push through `&EventRing` (usually an `Arc`).
 pub struct EventRing<T: Copy + Send> {
     /// Next position to claim (producers, CAS).
@@ -277,7 +280,10 @@ impl<T: Copy + Send> Consumer<T> {
     /// ([`Consumer::pop`] or [`Consumer::is_empty`]) and block only if that finds nothing,
     /// calling [`Consumer::disarm_sleep`] otherwise.
     pub fn arm_sleep(&mut self) {
-        self.ring.consumer_sleeping.0.store(1, Ordering::SeqCst);
+        // A swap, not a store: as a read-modify-write it lands after any producer's clearing
+        // swap in the flag's modification order, which loom's approximate model of that
+        // order needs to prove the protocol (a plain store is an `xchg` on x86 anyway).
+        self.ring.consumer_sleeping.0.swap(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
     }
 
