@@ -463,7 +463,7 @@ mod tests {
                     }
                     None => {
                         idle += 1;
-                        if idle % 1024 == 0 {
+                        if idle.is_multiple_of(1024) {
                             assert!(Instant::now() < deadline, "consumer timed out");
                         }
                         std::thread::yield_now();
