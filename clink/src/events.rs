@@ -168,7 +168,7 @@ impl EventQueue {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ring.is_empty_hint() && self.spill.is_empty() && !self.report
+        self.rx.is_empty() && self.spill.is_empty() && !self.report
     }
 
     /// Asks producers on other threads for a doorbell on their next event.

@@ -14,8 +14,8 @@
 //!
 //! Sleep/wake (Dekker-style, no lost wake-up), for a consumer that spins and then blocks on
 //! a doorbell (an eventfd, outside this module):
-//! - the consumer stores `consumer_sleeping = 1`, issues a SeqCst fence, then re-checks the
-//!   slot at its head ([`Consumer::arm_sleep`], then [`Consumer::pop`] or
+//! - the consumer sets `consumer_sleeping = 1` (a swap), issues a SeqCst fence, then
+//!   re-checks the slot at its head ([`Consumer::arm_sleep`], then [`Consumer::pop`] or
 //!   [`Consumer::is_empty`]); it blocks only if that re-check finds nothing;
 //! - a producer stores the slot's sequence number (publication), issues a SeqCst fence,
 //!   then loads the flag; if it is set, it clears it with a swap and [`EventRing::push`]
@@ -32,8 +32,6 @@
 //!
 //! Under `cfg(loom)` the atomics, cells and `Arc` come from loom so that the model checks
 //! in `loom_tests` run this very code.
-// used by the endpoint's event queue (issue 4), being wired in
-#![allow(dead_code)]
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -106,8 +104,8 @@ struct Slot<T> {
 #[repr(align(64))]
 struct Padded<V>(V);
 
-/// A consumer spinning on an empty queue (or a producer re-reading a moved tail): under
-/// loom, a yield so the model lets the other threads progress.
+/// A producer re-reading a tail that moved on: under loom, a yield so the model lets the
+/// other threads progress.
 #[inline]
 fn backoff() {
     #[cfg(loom)]
@@ -223,11 +221,6 @@ impl<T: Copy + Send> EventRing<T> {
         (tail.saturating_sub(head) as usize).min(self.capacity())
     }
 
-    /// Approximately whether the queue is empty (racy; see [`Consumer::is_empty`]).
-    pub fn is_empty_hint(&self) -> bool {
-        self.len_hint() == 0
-    }
-
     /// Number of slots.
     pub fn capacity(&self) -> usize {
         self.slots.len()
@@ -294,11 +287,6 @@ impl<T: Copy + Send> Consumer<T> {
             self.ring.consumer_sleeping.0.store(0, Ordering::Relaxed);
         }
     }
-
-    /// The shared side (for `len_hint`, `capacity`, or pushing from the consumer's thread).
-    pub fn ring(&self) -> &Arc<EventRing<T>> {
-        &self.ring
-    }
 }
 
 impl<T: Copy + Send> fmt::Debug for Consumer<T> {
@@ -341,7 +329,7 @@ mod tests {
     fn fifo_single_thread() {
         let (q, mut c) = EventRing::<(u16, u32)>::new(8);
         assert_eq!(q.capacity(), 8);
-        assert!(q.is_empty_hint() && c.is_empty());
+        assert!(q.len_hint() == 0 && c.is_empty());
         assert_eq!(c.pop(), None);
         for i in 0..5u32 {
             assert_eq!(q.push((i as u16, i * 10)), Ok(false));
@@ -352,7 +340,7 @@ mod tests {
             assert_eq!(c.pop(), Some((i as u16, i * 10)));
         }
         assert_eq!(c.pop(), None);
-        assert!(q.is_empty_hint());
+        assert_eq!(q.len_hint(), 0);
     }
 
     #[test]
@@ -478,9 +466,9 @@ mod tests {
         }
         let next = consumer.join().expect("consumer");
         assert!(next.iter().all(|&n| n == PER));
-        assert!(q.is_empty_hint());
+        assert_eq!(q.len_hint(), 0);
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(test, loom))]
 mod loom_tests;
