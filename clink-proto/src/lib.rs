@@ -27,6 +27,7 @@
 pub mod addr;
 pub mod cost;
 mod error;
+mod le;
 pub mod matching;
 pub mod netsim;
 pub mod reliable;

@@ -12,6 +12,7 @@
 //! request names its target as `req | export | key | offset`, offsets relative to the
 //! export's window. Every integer is little-endian; parsing is total.
 
+use crate::le::{need, u128_at, u32_at, u64_at};
 use crate::ProtoError;
 
 /// Right to read (get, fetch from atomics).
@@ -368,33 +369,6 @@ pub enum RmaFrame<'a> {
         /// Outcome.
         status: Status,
     },
-}
-
-fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), ProtoError> {
-    if b.len() < n {
-        return Err(ProtoError::Truncated {
-            what,
-            need: n,
-            have: b.len(),
-        });
-    }
-    Ok(())
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u128_at(b: &[u8], off: usize) -> u128 {
-    u128::from(u64_at(b, off)) | (u128::from(u64_at(b, off + 8)) << 64)
 }
 
 fn target_at(b: &[u8]) -> Target {

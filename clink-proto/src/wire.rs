@@ -7,6 +7,7 @@
 //! Frame layout: byte 0 is the kind, bytes 1..8 are reserved (zero), then the fixed fields of
 //! that kind as `u64`s, then (for [`Frame::Eager`]) the payload.
 
+use crate::le::{need, u128_at, u16_at, u32_at, u64_at};
 use crate::ProtoError;
 
 /// Protocol version spoken by this build; the handshake refuses any other.
@@ -84,29 +85,6 @@ pub enum Frame<'a> {
     Close,
     /// One-sided access to an aperture (see [`crate::rma`]).
     Rma(crate::rma::RmaFrame<'a>),
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(a)
-}
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), ProtoError> {
-    if b.len() < n {
-        return Err(ProtoError::Truncated {
-            what,
-            need: n,
-            have: b.len(),
-        });
-    }
-    Ok(())
 }
 
 impl<'a> Frame<'a> {
@@ -315,7 +293,7 @@ fn check_preamble(b: &[u8], ty: u8, what: &'static str, len: usize) -> Result<()
     if magic != MAGIC {
         return Err(ProtoError::BadMagic(magic));
     }
-    let v = u16::from_le_bytes([b[4], b[5]]);
+    let v = u16_at(b, 4);
     if v != VERSION {
         return Err(ProtoError::BadVersion {
             got: v,
@@ -329,10 +307,6 @@ fn check_preamble(b: &[u8], ty: u8, what: &'static str, len: usize) -> Result<()
         });
     }
     need(what, b, len)
-}
-
-fn u128_at(b: &[u8], off: usize) -> u128 {
-    u128::from(u64_at(b, off)) | (u128::from(u64_at(b, off + 8)) << 64)
 }
 
 fn put_u128(out: &mut [u8], off: usize, v: u128) {

@@ -473,51 +473,54 @@ pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
 }
 
 /// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst` with
-/// process_vm_readv (one copy, no staging). Loops over partial reads.
+/// process_vm_readv (one copy, no staging).
 pub fn cma_read(pid: i32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
-    let mut done = 0usize;
-    while done < dst.len() {
-        // Bounded pieces keep each call's latency (and the time the peer can't be served)
-        // reasonable and stay under the kernel's per-call limits.
-        let n = (dst.len() - done).min(1 << 30);
-        let local = libc::iovec {
-            iov_base: dst[done..].as_mut_ptr().cast(),
-            iov_len: n,
-        };
-        let rem = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: n,
-        };
-        // SAFETY: local iovec covers memory we own mutably; the remote side is checked by
-        // the kernel against the peer's address space.
-        let r = cvt_isize(unsafe { libc::process_vm_readv(pid, &local, 1, &rem, 1, 0) })?;
-        if r == 0 {
-            return Err(io::Error::other("process_vm_readv made no progress"));
-        }
-        done += r;
-    }
-    Ok(())
+    // SAFETY: `dst` is memory we own mutably for the whole call.
+    unsafe { cma(pid, remote, dst.as_mut_ptr(), dst.len(), false) }
 }
 
 /// Copies `src` to address `remote` in process `pid` with process_vm_writev (the
 /// same-host copy engine writing a get's answer into the initiator's buffer).
 pub fn cma_write(pid: i32, remote: u64, src: &[u8]) -> io::Result<()> {
+    // SAFETY: `src` is only read (process_vm_writev does not write the local side).
+    unsafe { cma(pid, remote, src.as_ptr().cast_mut(), src.len(), true) }
+}
+
+/// One CMA copy of `len` bytes between `local` and `remote` in process `pid`, looping
+/// over partial transfers.
+///
+/// # Safety
+/// `local` must be valid for `len` bytes: for writes when `to_remote` is false (the
+/// kernel writes it), for reads otherwise.
+unsafe fn cma(
+    pid: i32,
+    remote: u64,
+    local: *mut u8,
+    len: usize,
+    to_remote: bool,
+) -> io::Result<()> {
     let mut done = 0usize;
-    while done < src.len() {
-        let n = (src.len() - done).min(1 << 30);
-        let local = libc::iovec {
-            iov_base: src[done..].as_ptr() as *mut libc::c_void,
+    while done < len {
+        // Bounded pieces keep each call's latency (and the time the peer can't be served)
+        // reasonable and stay under the kernel's per-call limits.
+        let n = (len - done).min(1 << 30);
+        let l = libc::iovec {
+            iov_base: local.add(done).cast(),
             iov_len: n,
         };
         let rem = libc::iovec {
             iov_base: (remote as usize + done) as *mut libc::c_void,
             iov_len: n,
         };
-        // SAFETY: the local iovec covers memory we own; the kernel checks the remote side
-        // against the peer's address space.
-        let r = cvt_isize(unsafe { libc::process_vm_writev(pid, &local, 1, &rem, 1, 0) })?;
+        // SAFETY: the local iovec is valid per the caller; the kernel checks the remote
+        // side against the peer's address space.
+        let r = cvt_isize(if to_remote {
+            libc::process_vm_writev(pid, &l, 1, &rem, 1, 0)
+        } else {
+            libc::process_vm_readv(pid, &l, 1, &rem, 1, 0)
+        })?;
         if r == 0 {
-            return Err(io::Error::other("process_vm_writev made no progress"));
+            return Err(io::Error::other("cross-memory copy made no progress"));
         }
         done += r;
     }

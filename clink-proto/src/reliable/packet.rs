@@ -61,6 +61,7 @@
 //! each datagram is self-describing: a receiver can place any payload at its final offset
 //! without having seen the first fragment (what speculative defragmentation needs).
 
+use crate::le::{u16_at, u32_at, u64_at};
 use thiserror::Error;
 
 /// Magic number opening every datagram ("CLRD").
@@ -264,19 +265,6 @@ pub enum Datagram<'a> {
     },
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[o..o + 4]);
-    u32::from_le_bytes(a)
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[o..o + 8]);
-    u64::from_le_bytes(a)
-}
 fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), PacketError> {
     if b.len() < n {
         Err(PacketError::Truncated {

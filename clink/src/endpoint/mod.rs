@@ -1298,9 +1298,7 @@ impl Endpoint {
                 }
             }
         }
-        if self.rma.engine_busy > 0 {
-            did |= self.run_engine();
-        }
+        did |= self.run_engine();
         self.net_transmit();
         if !self.detached.is_empty() {
             let sends = &mut self.sends;
@@ -1776,7 +1774,7 @@ impl Endpoint {
                 .any(|p| p.alive && matches!(p.link.peek(), Ok(Some(_))))
             || !self.new_peers.is_empty()
             || !self.evq.is_empty()
-            || self.rma.engine_busy > 0;
+            || self.peers.iter().any(|p| !p.engine.is_empty());
         if busy {
             self.finish_wait();
         }

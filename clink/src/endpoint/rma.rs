@@ -65,12 +65,20 @@ struct RmaOp {
     kind: OpKind,
     /// Keeps a put's bytes alive until the target has them.
     _keep: Option<SendData>,
-    /// Queue an RmaDone event (non-blocking requests).
-    event: bool,
+    reap: Reap,
     /// The peer died before answering.
     dead: bool,
-    /// Nobody waits for it: removed when complete (a failure is kept in `last_error`).
-    detached: bool,
+}
+
+/// Who takes an op's result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reap {
+    /// A blocking call waiting for it.
+    Caller,
+    /// A non-blocking request: `wait_rma`/`test_rma`, with an RmaDone event.
+    Request,
+    /// Nobody: removed when complete (a refusal is kept in `last_error`).
+    Detached,
 }
 
 impl RmaOp {
@@ -117,8 +125,7 @@ pub(super) struct RmaState {
     /// Fired bits by tripwire index: read without a system call.
     bits: Vec<u64>,
     ops: super::IdMap<RmaOp>,
-    /// Peers with a non-empty engine queue.
-    pub(super) engine_busy: usize,
+    /// Where the copy engine's next round-robin turn starts.
     engine_next: usize,
 }
 
@@ -309,7 +316,13 @@ impl Endpoint {
             .max(64)
     }
 
-    fn start_op(&mut self, peer: PeerId, kind: OpKind, keep: Option<SendData>) -> Result<u64> {
+    fn start_op(
+        &mut self,
+        peer: PeerId,
+        kind: OpKind,
+        keep: Option<SendData>,
+        reap: Reap,
+    ) -> Result<u64> {
         let p = self.peer(peer)?;
         if !p.alive {
             return Err(Error::PeerDead(peer));
@@ -323,9 +336,8 @@ impl Endpoint {
                 status: Status::Ok,
                 kind,
                 _keep: keep,
-                event: false,
+                reap,
                 dead: false,
-                detached: false,
             },
         );
         Ok(id)
@@ -399,6 +411,7 @@ impl Endpoint {
             r.peer,
             OpKind::Put,
             Some(SendData::Borrowed(data.as_ptr(), data.len())),
+            Reap::Caller,
         )?;
         self.issue_put(r, offset, data, id);
         self.finish_op(id).map(|_| ())
@@ -435,11 +448,14 @@ impl Endpoint {
 
     /// As [`Endpoint::notify`], without waiting for the acknowledgement.
     pub fn notify_nowait(&mut self, r: &Remote, offset: u64, len: u64) -> Result<()> {
-        let id = self.start_op(r.peer, OpKind::Notify, None)?;
+        self.issue_notify(r, offset, len, Reap::Detached)
+            .map(|_| ())
+    }
+
+    fn issue_notify(&mut self, r: &Remote, offset: u64, len: u64, reap: Reap) -> Result<u64> {
+        let id = self.start_op(r.peer, OpKind::Notify, None, reap)?;
         self.op_parts(id, 1);
-        if let Some(op) = self.rma.ops.get_mut(&id) {
-            op.detached = true;
-        }
+        // The stores before the doorbell are visible before it.
         std::sync::atomic::fence(Ordering::Release);
         self.send_rma(
             r.peer.0 as usize,
@@ -449,7 +465,7 @@ impl Endpoint {
                 len,
             },
         );
-        Ok(())
+        Ok(id)
     }
 
     /// Largest put towards `peer` carried inline in one frame.
@@ -463,11 +479,15 @@ impl Endpoint {
     pub fn iput(&mut self, r: &Remote, offset: u64, data: impl Into<Bytes>) -> Result<RmaRequest> {
         let data: Bytes = data.into();
         let (ptr, len) = (data.as_ptr(), data.len());
-        let id = self.start_op(r.peer, OpKind::Put, Some(SendData::Owned(data)))?;
+        let id = self.start_op(
+            r.peer,
+            OpKind::Put,
+            Some(SendData::Owned(data)),
+            Reap::Request,
+        )?;
         // SAFETY: the op keeps the Bytes (heap memory that does not move) alive.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         self.issue_put(r, offset, bytes, id);
-        self.mark_event(id);
         Ok(RmaRequest { id })
     }
 
@@ -502,6 +522,7 @@ impl Endpoint {
                 buf: RecvBuf::Borrowed(addr, len),
             },
             None,
+            Reap::Caller,
         )?;
         self.issue_get(r, offset, id, addr as u64, len as u64);
         self.finish_op(id).map(|_| ())
@@ -517,14 +538,14 @@ impl Endpoint {
                 buf: RecvBuf::Owned(v),
             },
             None,
+            Reap::Request,
         )?;
         self.issue_get(r, offset, id, addr, len as u64);
-        self.mark_event(id);
         Ok(RmaRequest { id })
     }
 
     fn atomic(&mut self, r: &Remote, offset: u64, op: AtomicOp, a: u64, b: u64) -> Result<u64> {
-        let id = self.start_op(r.peer, OpKind::Atomic { old: 0 }, None)?;
+        let id = self.start_op(r.peer, OpKind::Atomic { old: 0 }, None, Reap::Caller)?;
         self.op_parts(id, 1);
         self.send_rma(
             r.peer.0 as usize,
@@ -558,17 +579,7 @@ impl Endpoint {
     /// tripwires on `offset..offset+len` as a put there would. Ordered after every
     /// earlier request to that peer and, on this host, after the stores made before it.
     pub fn notify(&mut self, r: &Remote, offset: u64, len: u64) -> Result<()> {
-        let id = self.start_op(r.peer, OpKind::Notify, None)?;
-        self.op_parts(id, 1);
-        std::sync::atomic::fence(Ordering::Release);
-        self.send_rma(
-            r.peer.0 as usize,
-            RmaFrame::Notify {
-                req: id,
-                at: Self::target(r, offset),
-                len,
-            },
-        );
+        let id = self.issue_notify(r, offset, len, Reap::Caller)?;
         self.finish_op(id).map(|_| ())
     }
 
@@ -582,7 +593,7 @@ impl Endpoint {
                 status: Status::Unsupported,
             });
         }
-        let id = self.start_op(r.peer, OpKind::Map { fd: None }, None)?;
+        let id = self.start_op(r.peer, OpKind::Map { fd: None }, None, Reap::Caller)?;
         self.op_parts(id, 1);
         self.send_rma(
             i,
@@ -621,22 +632,6 @@ impl Endpoint {
             writable,
             Some(r.peer),
         ))
-    }
-
-    fn mark_event(&mut self, id: u64) {
-        let done = match self.rma.ops.get_mut(&id) {
-            Some(op) => {
-                op.event = true;
-                op.done()
-            }
-            None => false,
-        };
-        if done {
-            // Completed while being issued (a refusal of a dead peer): report it now.
-            let op = &self.rma.ops[&id];
-            let ok = op.status == Status::Ok && !op.dead;
-            self.evq.push(events::RMA, Event::RmaDone { req: id, ok });
-        }
     }
 
     /// Waits for a blocking op (no timeout: its buffers are borrowed) and removes it.
@@ -679,11 +674,8 @@ impl Endpoint {
                 continue;
             }
             self.peers[i].unacked = false;
-            if let Ok(id) = self.start_op(PeerId(i as u32), OpKind::Notify, None) {
+            if let Ok(id) = self.start_op(PeerId(i as u32), OpKind::Notify, None, Reap::Detached) {
                 self.op_parts(id, 1);
-                if let Some(op) = self.rma.ops.get_mut(&id) {
-                    op.detached = true;
-                }
                 self.send_rma(i, RmaFrame::Sync { req: id });
             }
         }
@@ -937,7 +929,10 @@ impl Endpoint {
                 Ok(())
             }
             req => {
-                self.serve(i, req);
+                // The engine is idle for this peer (else the frame was queued above).
+                if let Some(c) = self.serve(i, req) {
+                    self.peers[i].engine.push_back(EngineItem::Copy(c));
+                }
                 Ok(())
             }
         }
@@ -962,18 +957,24 @@ impl Endpoint {
             op.status = status;
         }
         op.parts -= 1;
-        if op.done() && op.event {
-            let ok = op.status == Status::Ok;
-            self.evq.push(events::RMA, Event::RmaDone { req, ok });
+        if !op.done() {
+            return Ok(());
         }
-        if op.done() && op.detached {
-            if op.status != Status::Ok {
-                self.last_error = Some(format!(
-                    "unacknowledged access refused by {src}: {}",
-                    op.status.describe()
-                ));
+        match op.reap {
+            Reap::Caller => {}
+            Reap::Request => {
+                let ok = op.status == Status::Ok;
+                self.evq.push(events::RMA, Event::RmaDone { req, ok });
             }
-            self.rma.ops.remove(&req);
+            Reap::Detached => {
+                if op.status != Status::Ok {
+                    self.last_error = Some(format!(
+                        "unacknowledged access refused by {src}: {}",
+                        op.status.describe()
+                    ));
+                }
+                self.rma.ops.remove(&req);
+            }
         }
         Ok(())
     }
@@ -1003,8 +1004,10 @@ impl Endpoint {
         unsafe { ap.ptr().add(a.at as usize) }
     }
 
-    /// Applies one request from peer `i` and answers it.
-    fn serve(&mut self, i: usize, f: RmaFrame) {
+    /// Applies one request from peer `i` and answers it; a large copy admitted for the copy
+    /// engine is returned instead (the caller queues it where the peer's order wants it).
+    #[must_use]
+    fn serve(&mut self, i: usize, f: RmaFrame) -> Option<EngineCopy> {
         let src = Some(PeerId(i as u32));
         match f {
             RmaFrame::Put { req, to, data } => {
@@ -1052,10 +1055,7 @@ impl Endpoint {
                         );
                     }
                     Ok(a) => {
-                        if self.peers[i].engine.is_empty() {
-                            self.rma.engine_busy += 1;
-                        }
-                        self.peers[i].engine.push_back(EngineItem::Copy(EngineCopy {
+                        return Some(EngineCopy {
                             req,
                             ap: a.ap,
                             at: a.at,
@@ -1063,7 +1063,7 @@ impl Endpoint {
                             addr,
                             done: 0,
                             put,
-                        }));
+                        })
                     }
                     Err(status) => self.send_rma(i, RmaFrame::Ack { req, status }),
                 }
@@ -1145,6 +1145,7 @@ impl Endpoint {
             }
             RmaFrame::Ack { .. } | RmaFrame::AtomicReply { .. } | RmaFrame::GetData { .. } => {}
         }
+        None
     }
 
     /// Sends the memory file of a checked map request before its ack.
@@ -1193,9 +1194,6 @@ impl Endpoint {
             }
             did = true;
             self.engine_turn(i);
-            if self.peers[i].engine.is_empty() {
-                self.rma.engine_busy -= 1;
-            }
         }
         self.rma.engine_next = (self.rma.engine_next + 1) % n.max(1);
         did
@@ -1250,13 +1248,18 @@ impl Endpoint {
             self.fire(ap, at, len, if put { WRITE } else { READ }, Some(src));
         }
         self.send_rma(i, RmaFrame::Ack { req, status });
-        // Requests that waited behind the copy, up to the next copy.
-        while let Some(EngineItem::Frame(_)) = self.peers[i].engine.front() {
+        // Requests that waited behind the copy, in order, until one needs the engine: its
+        // copy takes the head of the queue, ahead of the requests still waiting.
+        while matches!(self.peers[i].engine.front(), Some(EngineItem::Frame(_))) {
             let Some(EngineItem::Frame(v)) = self.peers[i].engine.pop_front() else {
                 break;
             };
-            if let Ok(Frame::Rma(f)) = Frame::parse(&v) {
-                self.serve(i, f);
+            let Ok(Frame::Rma(f)) = Frame::parse(&v) else {
+                continue; // we checked it on arrival
+            };
+            if let Some(c) = self.serve(i, f) {
+                self.peers[i].engine.push_front(EngineItem::Copy(c));
+                break;
             }
         }
     }
@@ -1264,16 +1267,13 @@ impl Endpoint {
     /// Fails the one-sided requests towards a dead peer and drops its engine queue.
     pub(super) fn fail_peer_rma(&mut self, i: usize) {
         let peer = PeerId(i as u32);
-        if !self.peers[i].engine.is_empty() {
-            self.peers[i].engine.clear();
-            self.rma.engine_busy -= 1;
-        }
+        self.peers[i].engine.clear();
         let mut done = Vec::new();
         for (&id, op) in self.rma.ops.iter_mut() {
             if op.peer == peer && !op.done() {
                 op.parts = 0;
                 op.dead = true;
-                if op.event {
+                if op.reap == Reap::Request {
                     done.push(id);
                 }
             }
@@ -1282,7 +1282,9 @@ impl Endpoint {
             self.evq
                 .push(events::RMA, Event::RmaDone { req, ok: false });
         }
-        self.rma.ops.retain(|_, o| !(o.detached && o.done()));
+        self.rma
+            .ops
+            .retain(|_, o| !(o.reap == Reap::Detached && o.done()));
     }
 }
 
