@@ -137,6 +137,30 @@ impl Model {
     }
 }
 
+/// One access on both the matcher and the model: the same hits, in the same order.
+fn same_fire(
+    m: &mut Matcher,
+    model: &mut Model,
+    aperture: u32,
+    start: u64,
+    len: u64,
+    kind: u8,
+) -> Result<(), TestCaseError> {
+    let mut got = Vec::new();
+    m.fire(aperture, start, len, kind, |id, s| got.push((id, *s)));
+    let want = model.fire(aperture, start, len, kind);
+    prop_assert_eq!(
+        got,
+        want,
+        "fire {} [{}, +{}) kind {}",
+        aperture,
+        start,
+        len,
+        kind
+    );
+    Ok(())
+}
+
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut m = Matcher::new();
     let mut model = Model::default();
@@ -170,18 +194,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 len,
                 kind,
             } => {
-                let mut got = Vec::new();
-                m.fire(aperture, start, len, kind, |id, s| got.push((id, *s)));
-                let want = model.fire(aperture, start, len, kind);
-                prop_assert_eq!(
-                    got,
-                    want,
-                    "fire {} [{}, +{}) kind {}",
-                    aperture,
-                    start,
-                    len,
-                    kind
-                );
+                same_fire(&mut m, &mut model, aperture, start, len, kind)?;
             }
             Op::FireAtEdge {
                 pick,
@@ -202,18 +215,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     true => edge.saturating_add_signed(delta),
                     false => edge.saturating_sub(len).saturating_add_signed(delta),
                 };
-                let mut got = Vec::new();
-                m.fire(aperture, start, len, kind, |id, s| got.push((id, *s)));
-                let want = model.fire(aperture, start, len, kind);
-                prop_assert_eq!(
-                    got,
-                    want,
-                    "fire {} [{}, +{}) kind {}",
-                    aperture,
-                    start,
-                    len,
-                    kind
-                );
+                same_fire(&mut m, &mut model, aperture, start, len, kind)?;
             }
             Op::RemoveAperture(aperture) => {
                 let mut want: Vec<TripId> = model

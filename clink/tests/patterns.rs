@@ -7,10 +7,7 @@ mod common;
 
 use clink::patterns::dqueue::{Mailbox, QueueReceiver, QueueSender};
 use clink::patterns::rpc::{RpcClient, RpcServer};
-use clink::transport::udp::UdpConfig;
-use clink::{Config, Context};
 use common::*;
-use std::net::{Ipv4Addr, SocketAddrV4};
 
 const N: u64 = 20_000;
 const ELEM: usize = 64;
@@ -18,32 +15,6 @@ const SLOTS: usize = 64;
 const TAG: u64 = 100;
 const RPC_SIZE: usize = 32;
 const CALLS: u64 = 300;
-
-fn parent_ctx(net: bool) -> Context {
-    if !net {
-        return ctx();
-    }
-    ctx_with(Config {
-        calibrate: false,
-        force_net: true,
-        udp: Some(UdpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
-            ..UdpConfig::default()
-        }),
-        ..Config::default()
-    })
-}
-
-fn env(net: bool) -> Vec<(&'static str, &'static str)> {
-    if net {
-        vec![
-            ("CLINK_TRANSPORT", "udp"),
-            ("CLINK_UDP_BIND", "127.0.0.1:0"),
-        ]
-    } else {
-        vec![]
-    }
-}
 
 #[test]
 fn child_entry() {
@@ -89,8 +60,8 @@ fn child_entry() {
 
 fn queue_and_mailbox(net: bool) {
     let seed = seed(51);
-    let mut ep = parent_ctx(net).endpoint().unwrap();
-    let mut child = spawn("producer", &ep.address(), seed, &env(net));
+    let mut ep = transport_ctx(net).endpoint().unwrap();
+    let mut child = spawn("producer", &ep.address(), seed, &transport_env(net));
     let peer = ep.accept(Some(T)).unwrap();
     let mut q = QueueReceiver::connect(&mut ep, peer, TAG, ELEM, SLOTS, Some(T)).unwrap();
     let mut buf = [0u8; ELEM];
@@ -126,9 +97,9 @@ fn distributed_queue_and_mailbox_over_udp() {
 
 fn rpc(net: bool) {
     let seed = seed(52);
-    let mut ep = parent_ctx(net).endpoint().unwrap();
+    let mut ep = transport_ctx(net).endpoint().unwrap();
     let mut kids: Vec<_> = (0..3)
-        .map(|k| spawn("client", &ep.address(), seed + k, &env(net)))
+        .map(|k| spawn("client", &ep.address(), seed + k, &transport_env(net)))
         .collect();
     let mut server = RpcServer::new(RPC_SIZE);
     let mut peers = Vec::new();

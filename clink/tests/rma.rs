@@ -9,10 +9,8 @@ mod common;
 
 use clink::events::{self, Event};
 use clink::rma::{AccessStatus, Cookie, TripOptions, Tripset, COOKIE_LEN, READ, WRITE};
-use clink::transport::udp::UdpConfig;
-use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
+use clink::{Endpoint, Error, PeerId, Selector};
 use common::*;
-use std::net::{Ipv4Addr, SocketAddrV4};
 
 const AP_LEN: usize = 4 << 20;
 /// Window of the small read-write export.
@@ -24,28 +22,6 @@ const TAG_REVOKE: u64 = 2;
 const TAG_STOP: u64 = 3;
 const TAG_REPORT: u64 = 4;
 const SIZES: &[usize] = &[1, 8, 100, 4000, 65536, 300_000, 1 << 20];
-
-fn udp_env() -> Vec<(&'static str, &'static str)> {
-    vec![
-        ("CLINK_TRANSPORT", "udp"),
-        ("CLINK_UDP_BIND", "127.0.0.1:0"),
-    ]
-}
-
-fn parent_ctx(net: bool) -> Context {
-    if !net {
-        return ctx();
-    }
-    ctx_with(Config {
-        calibrate: false,
-        force_net: true,
-        udp: Some(UdpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
-            ..UdpConfig::default()
-        }),
-        ..Config::default()
-    })
-}
 
 fn cookie_bytes(cs: &[Cookie]) -> Vec<u8> {
     cs.iter().flat_map(|c| c.to_bytes()).collect()
@@ -177,8 +153,8 @@ fn refused(r: clink::Result<impl std::fmt::Debug>) -> AccessStatus {
 
 fn one_sided(net: bool) {
     let seed = seed(41);
-    let mut ep = parent_ctx(net).endpoint().unwrap();
-    let env = if net { udp_env() } else { vec![] };
+    let mut ep = transport_ctx(net).endpoint().unwrap();
+    let env = transport_env(net);
     let mut child = spawn("owner", &ep.address(), seed, &env);
     let peer = ep.accept(Some(T)).unwrap();
     assert_eq!(ep.transport(peer).unwrap(), if net { "udp" } else { "shm" });
@@ -368,12 +344,10 @@ fn peer_killed_while_holding_a_mapping() {
     child.kill();
     child.reap();
     drive_until(&mut ep, T, "the mapper's death", |ep| !ep.is_alive(peer));
-    let last = win.load_u64(0).unwrap();
     ep.aperture_write(ap, 8, b"after").unwrap();
     let mut b = [0u8; 5];
     ep.aperture_read(ap, 8, &mut b).unwrap();
     assert_eq!(&b, b"after");
-    assert_eq!(win.load_u64(0).unwrap(), last, "nobody writes any more");
 
     // The other way round: we map a child's aperture, the child dies.
     let mut owner = spawn("owner", &ep.address(), seed, &[]);

@@ -229,6 +229,15 @@ struct Peer {
     unacked: bool,
 }
 
+impl Peer {
+    /// Releases the frame at the head of the peer's queue (the next one is announced
+    /// afresh); true when the peer must be woken.
+    fn release(&mut self, rx: Rx) -> bool {
+        self.announced = false;
+        self.link.release(rx)
+    }
+}
+
 /// A communication port: listens for peers, connects to them, sends and receives tagged
 /// messages. See the module docs for threading and progress rules.
 pub struct Endpoint {
@@ -980,8 +989,7 @@ impl Endpoint {
                     return None;
                 }
                 let result = copy_eager(src, tag, data, buf);
-                p.announced = false;
-                if p.link.release(rec) {
+                if p.release(rec) {
                     p.link.wake();
                     self.stats.doorbells += 1;
                 }
@@ -1280,6 +1288,7 @@ impl Endpoint {
     pub fn progress(&mut self) -> bool {
         let mut did = self.net_receive(false);
         let mut blocked = false;
+        let mut copies = false;
         for i in 0..self.peers.len() {
             if !self.peers[i].alive {
                 continue;
@@ -1289,6 +1298,7 @@ impl Endpoint {
             }
             did |= self.drain(i, false);
             blocked |= self.peers[i].blocked;
+            copies |= !self.peers[i].engine.is_empty();
         }
         if !did && blocked {
             // Nothing moves: copy unwanted messages aside to reach the frames behind them.
@@ -1298,7 +1308,9 @@ impl Endpoint {
                 }
             }
         }
-        did |= self.run_engine();
+        if copies {
+            did |= self.run_engine();
+        }
         self.net_transmit();
         if !self.detached.is_empty() {
             let sends = &mut self.sends;
@@ -1372,8 +1384,7 @@ impl Endpoint {
                 }
             }
             self.stats.frames_received += 1;
-            self.peers[i].announced = false;
-            if self.peers[i].link.release(rec) {
+            if self.peers[i].release(rec) {
                 self.peers[i].link.wake();
                 self.stats.doorbells += 1;
             }
@@ -1966,8 +1977,7 @@ impl Drop for InPlace<'_> {
         if let InPlaceData::Ring(i, r) = self.data {
             let p = &mut self.ep.peers[i];
             self.ep.stats.frames_received += 1;
-            p.announced = false;
-            if p.link.release(r) {
+            if p.release(r) {
                 p.link.wake();
             }
         }

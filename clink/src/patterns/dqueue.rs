@@ -20,8 +20,8 @@
 //! being raised: the receiver therefore sleeps at most [`MAX_SLEEP`] at a time and looks
 //! again, which bounds a missed wake-up to that delay.
 
-use super::{swap_cookies, Far};
-use crate::rma::{ApertureId, TripId, TripOptions, Window, WRITE};
+use super::{open_pair, Far};
+use crate::rma::{ApertureId, TripId, TripOptions, Window};
 use crate::{Endpoint, Error, PeerId, Result};
 use std::time::{Duration, Instant};
 
@@ -81,24 +81,15 @@ impl QueueSender {
         timeout: Option<Duration>,
     ) -> Result<QueueSender> {
         check_geometry(elem, slots)?;
-        let ap = ep.aperture_alloc(64)?;
-        let cookie = ep.export(ap, 0, CTRL_LEN, WRITE)?;
-        let remote = swap_cookies(ep, peer, tag, &cookie, timeout)?;
         let st = stride(elem);
-        if remote.len() != (slots * st) as u64 {
-            return Err(Error::Invalid(format!(
-                "{peer}'s queue is {} bytes, expected {slots} slots of {st}",
-                remote.len()
-            )));
-        }
-        let far = Far::open(ep, remote)?;
+        let (ap, near, far) = open_pair(ep, peer, tag, CTRL_LEN, (slots * st) as u64, timeout)?;
         Ok(QueueSender {
             peer,
             elem,
             slots: slots as u64,
             stride: st,
             far,
-            near: ep.aperture_window(ap)?,
+            near,
             _ap: ap,
             w: 0,
             r_cache: 0,
@@ -213,32 +204,25 @@ impl QueueReceiver {
     ) -> Result<QueueReceiver> {
         check_geometry(elem, slots)?;
         let st = stride(elem);
-        let len = slots * st;
-        let ap = ep.aperture_alloc(len)?;
-        let cookie = ep.export(ap, 0, len as u64, WRITE)?;
+        let len = (slots * st) as u64;
+        let (ap, near, far) = open_pair(ep, peer, tag, len, CTRL_LEN, timeout)?;
+        // Armed after the swap: a write before it is found by the next look at the slots
+        // (the tripwire only matters to a receiver about to sleep, which looks again).
         let trip = ep.tripwire(
             ap,
             0,
-            len as u64,
+            len,
             TripOptions {
                 event: false,
                 ..TripOptions::default()
             },
         )?;
-        let remote = swap_cookies(ep, peer, tag, &cookie, timeout)?;
-        if remote.len() != CTRL_LEN {
-            return Err(Error::Invalid(format!(
-                "{peer}'s control window is {} bytes, expected {CTRL_LEN}",
-                remote.len()
-            )));
-        }
-        let far = Far::open(ep, remote)?;
         Ok(QueueReceiver {
             peer,
             elem,
             slots: slots as u64,
             stride: st,
-            near: ep.aperture_window(ap)?,
+            near,
             _ap: ap,
             far,
             trip,

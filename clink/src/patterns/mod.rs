@@ -16,7 +16,7 @@
 pub mod dqueue;
 pub mod rpc;
 
-use crate::rma::{Cookie, Remote, Window, COOKIE_LEN};
+use crate::rma::{ApertureId, Cookie, Remote, Window, COOKIE_LEN, WRITE};
 use crate::{Endpoint, Error, PeerId, Result, Selector};
 use std::time::Duration;
 
@@ -62,6 +62,30 @@ impl Far {
     pub(crate) fn mapped(&self) -> bool {
         matches!(self, Far::Mapped { .. })
     }
+}
+
+/// Sets up one side of a pattern: allocates our `mine`-byte aperture, exports it for the
+/// peer's writes, swaps cookies with `tag`, and opens the peer's window, which must be
+/// `theirs` bytes. Returns our aperture, a window on it, and the peer's window.
+pub(crate) fn open_pair(
+    ep: &mut Endpoint,
+    peer: PeerId,
+    tag: u64,
+    mine: u64,
+    theirs: u64,
+    timeout: Option<Duration>,
+) -> Result<(ApertureId, Window, Far)> {
+    let ap = ep.aperture_alloc(mine as usize)?;
+    let cookie = ep.export(ap, 0, mine, WRITE)?;
+    let remote = swap_cookies(ep, peer, tag, &cookie, timeout)?;
+    if remote.len() != theirs {
+        return Err(Error::Invalid(format!(
+            "{peer}'s window is {} bytes, this side expects {theirs} (same element size and slots on both sides?)",
+            remote.len()
+        )));
+    }
+    let far = Far::open(ep, remote)?;
+    Ok((ap, ep.aperture_window(ap)?, far))
 }
 
 /// Sends our cookie to `peer` with `tag` and receives its cookie (same tag).

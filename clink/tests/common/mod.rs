@@ -31,6 +31,35 @@ pub fn ctx() -> Context {
     })
 }
 
+/// The parent's context of a test that runs over shared memory (`net` false) or over UDP
+/// on loopback even on one host (`net` true); the child gets [`transport_env`].
+pub fn transport_ctx(net: bool) -> Context {
+    if !net {
+        return ctx();
+    }
+    ctx_with(Config {
+        calibrate: false,
+        force_net: true,
+        udp: Some(clink::transport::udp::UdpConfig {
+            bind: std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0),
+            ..Default::default()
+        }),
+        ..Config::default()
+    })
+}
+
+/// The child's environment matching [`transport_ctx`].
+pub fn transport_env(net: bool) -> Vec<(&'static str, &'static str)> {
+    if net {
+        vec![
+            ("CLINK_TRANSPORT", "udp"),
+            ("CLINK_UDP_BIND", "127.0.0.1:0"),
+        ]
+    } else {
+        vec![]
+    }
+}
+
 /// A context with the given configuration.
 pub fn ctx_with(config: Config) -> Context {
     Context::with_config(config).expect("context")
