@@ -16,6 +16,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CALIBRATE", "'1' (default) measures copy and CMA costs at start; '0' uses built-in figures"),
     ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
     ("CLINK_LIVENESS_MS", "how often a busy-polling endpoint checks peers for death (default 10)"),
+    ("CLINK_BOARD_PEERS", "same-host peers from which progress visits only the peers that raised their bit on the activity board (default 4; 0 = never)"),
     ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise; 'udp': UDP even on the same host (loopback tests and benchmarks)"),
     ("CLINK_UDP", "'on' (default): offer the UDP network transport to peers on other hosts; 'off': same-host shared memory only"),
     ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
@@ -50,6 +51,8 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Liveness check period while busy-polling.
     pub liveness: Duration,
+    /// Same-host peers from which the activity board is used (0 = never).
+    pub board_peers: usize,
     /// Use the network transport even for peers on the same host.
     pub force_net: bool,
     /// The UDP network transport's settings, `None` when it is off.
@@ -69,6 +72,7 @@ impl Default for Config {
             calibrate: true,
             connect_timeout: Duration::from_secs(5),
             liveness: Duration::from_millis(10),
+            board_peers: 4,
             force_net: false,
             udp: Some(crate::transport::udp::UdpConfig::default()),
         }
@@ -152,6 +156,9 @@ impl Config {
                     c.connect_timeout = Duration::from_millis(num(&k, &v, 1, 3_600_000)?)
                 }
                 "CLINK_LIVENESS_MS" => c.liveness = Duration::from_millis(num(&k, &v, 1, 10_000)?),
+                "CLINK_BOARD_PEERS" => {
+                    c.board_peers = num(&k, &v, 0, crate::transport::shm::board::SLOTS as u64)? as usize
+                }
                 "CLINK_UDP" => udp_on = flag(&k, &v)?,
                 "CLINK_TRANSPORT" => {
                     c.force_net = match v.trim() {

@@ -101,7 +101,9 @@ enum Fds {
     Good,
     None,
     One,
-    Three,
+    /// Segment and doorbell but no activity board.
+    Two,
+    Four,
     Unsealed,
     TooSmall,
 }
@@ -134,13 +136,16 @@ fn send_hello(name: String, msg: Option<Vec<u8>>, fds: Fds) -> std::io::Result<u
     let unsealed = unsealed_memfd(len);
     let db = sys::eventfd()?;
     let db2 = sys::eventfd()?;
+    let board = sys::memfd_sealed("clinktest-board", 4096)?;
+    let (seg, db, board) = (seg.as_raw_fd(), db.as_raw_fd(), board.as_raw_fd());
     let list: Vec<RawFd> = match fds {
-        Fds::Good => vec![seg.as_raw_fd(), db.as_raw_fd()],
+        Fds::Good => vec![seg, db, board],
         Fds::None => vec![],
-        Fds::One => vec![seg.as_raw_fd()],
-        Fds::Three => vec![seg.as_raw_fd(), db.as_raw_fd(), db2.as_raw_fd()],
-        Fds::Unsealed => vec![unsealed.as_raw_fd(), db.as_raw_fd()],
-        Fds::TooSmall => vec![small.as_raw_fd(), db.as_raw_fd()],
+        Fds::One => vec![seg],
+        Fds::Two => vec![seg, db],
+        Fds::Four => vec![seg, db, board, db2.as_raw_fd()],
+        Fds::Unsealed => vec![unsealed.as_raw_fd(), db, board],
+        Fds::TooSmall => vec![small.as_raw_fd(), db, board],
     };
     sock.send_with_fds(&msg, &list)?;
     let mut buf = [0u8; 64];
@@ -185,7 +190,8 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
         ),
         ("no fds", Some(good.clone()), Fds::None, "fds"),
         ("one fd", Some(good.clone()), Fds::One, "fds"),
-        ("three fds", Some(good.clone()), Fds::Three, "fds"),
+        ("two fds", Some(good.clone()), Fds::Two, "fds"),
+        ("four fds", Some(good.clone()), Fds::Four, "fds"),
         (
             "unsealed segment",
             Some(good.clone()),
@@ -278,13 +284,19 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
     let memfd = sys::memfd_sealed("clinktest-fake", len)?;
     let seg = Mapping::new(&memfd, len)?;
     let db = sys::eventfd()?;
-    sock.send_with_fds(&hello(cells).encode(), &[memfd.as_raw_fd(), db.as_raw_fd()])?;
+    // A board file that is too small: the endpoint polls this peer's ring directly.
+    let board = sys::memfd_sealed("clinktest-board", 64)?;
+    sock.send_with_fds(
+        &hello(cells).encode(),
+        &[memfd.as_raw_fd(), db.as_raw_fd(), board.as_raw_fd()],
+    )?;
     let mut buf = [0u8; 64];
     let mut fds = Vec::new();
     let n = sock.recv_with_fds(&mut buf, &mut fds, T)?;
     let w = Welcome::parse(&buf[..n]).map_err(|e| std::io::Error::other(e.to_string()))?;
     assert!(!w.cma_ok, "the probe address 0 cannot be read");
-    assert_eq!(fds.len(), 1, "welcome carries the endpoint's doorbell");
+    assert_eq!(fds.len(), 2, "welcome carries the endpoint's doorbell and board");
+    fds.truncate(1);
     sock.send_with_fds(&Ready { cma_ok: false }.encode(), &[])?;
     Ok(Fake {
         _sock: sock,

@@ -23,6 +23,7 @@ use crate::events::{self, Event, EventQueue};
 use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
 use crate::transport::shm::ring::RingMem;
+use crate::transport::shm::board::Board;
 use crate::transport::shm::{Local, ShmPeer};
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 mod link;
 mod net;
+mod ready;
 mod rma;
 
 const TOK_DOORBELL: u64 = 0;
@@ -227,6 +229,8 @@ struct Peer {
     closing: bool,
     /// Unacknowledged puts were sent since the last sync.
     unacked: bool,
+    /// On the busy list (see `ready`).
+    listed: bool,
 }
 
 impl Peer {
@@ -269,6 +273,9 @@ pub struct Endpoint {
     rma: rma::RmaState,
     /// The event queue.
     evq: EventQueue,
+    /// Our activity board and which peers a progress pass visits.
+    board: Board,
+    ready: ready::Ready,
 }
 
 // The raw pointers inside borrowed send/receive buffers only live during a blocking call
@@ -325,6 +332,8 @@ impl Endpoint {
             detached: Vec::new(),
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
+            board: Board::new()?,
+            ready: ready::Ready::default(),
         })
     }
 
@@ -356,6 +365,7 @@ impl Endpoint {
             id: self.id,
             doorbell: self.doorbell.as_raw_fd(),
             probe: (&*self.probe as *const u64 as u64, *self.probe),
+            board: &self.board,
             config: &self.ctx.config,
         }
     }
@@ -461,7 +471,9 @@ impl Endpoint {
             announced: false,
             closing: false,
             unacked: false,
+            listed: false,
         });
+        self.ready_add(id.0 as usize);
         self.stats.peers_connected += 1;
         self.evq.push(events::PEERS, Event::PeerConnected(id));
         Ok(id)
@@ -548,6 +560,7 @@ impl Endpoint {
         let id = self.alloc_id();
         let p = &mut self.peers[peer.0 as usize];
         p.txq.push_back(TxItem::Send(id));
+        self.mark_busy(peer.0 as usize);
         self.sends.insert(
             id,
             SendOp {
@@ -756,6 +769,7 @@ impl Endpoint {
             return;
         }
         p.txq.push_back(TxItem::Ctrl(f));
+        self.mark_busy(i);
     }
 
     /// Moves queued frames of peer `i` into its ring; true when something moved.
@@ -1286,29 +1300,25 @@ impl Endpoint {
     /// now and then checks peers' liveness and accepts connections. Returns true when
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
-        let mut did = self.net_receive(false);
-        let mut blocked = false;
-        let mut copies = false;
-        for i in 0..self.peers.len() {
-            if !self.peers[i].alive {
-                continue;
-            }
-            if !self.peers[i].txq.is_empty() || !self.peers[i].pipeline_out.is_empty() {
-                did |= self.flush(i);
-            }
-            did |= self.drain(i, false);
-            blocked |= self.peers[i].blocked;
-            copies |= !self.peers[i].engine.is_empty();
-        }
-        if !did && blocked {
-            // Nothing moves: copy unwanted messages aside to reach the frames behind them.
+        let mut pass = ready::Pass {
+            did: self.net_receive(false),
+            ..Default::default()
+        };
+        if self.ready.on {
+            self.visit_board(&mut pass);
+        } else {
             for i in 0..self.peers.len() {
-                if self.peers[i].alive && self.peers[i].blocked {
-                    did |= self.drain(i, true);
-                }
+                self.visit(i, &mut pass);
             }
         }
-        if copies {
+        let mut did = pass.did;
+        if !did && pass.blocked {
+            // Nothing moves: copy unwanted messages aside to reach the frames behind them.
+            for i in self.blocked_peers() {
+                did |= self.drain(i, true);
+            }
+        }
+        if pass.copies {
             did |= self.run_engine();
         }
         self.net_transmit();
@@ -1333,9 +1343,24 @@ impl Endpoint {
                 && self.last_check.elapsed() >= self.ctx.config.liveness
             {
                 did |= self.check_events(Some(Duration::ZERO));
+                // A peer tampering with the board delays the others at most this long.
+                self.mark_all();
             }
         }
         did
+    }
+
+    /// Flushes what is queued towards peer `i` and drains what it sent.
+    fn visit(&mut self, i: usize, pass: &mut ready::Pass) {
+        if !self.peers[i].alive {
+            return;
+        }
+        if !self.peers[i].txq.is_empty() || !self.peers[i].pipeline_out.is_empty() {
+            pass.did |= self.flush(i);
+        }
+        pass.did |= self.drain(i, false);
+        pass.blocked |= self.peers[i].blocked;
+        pass.copies |= !self.peers[i].engine.is_empty();
     }
 
     /// Handles up to RX_BUDGET frames from peer `i`.
@@ -1643,6 +1668,7 @@ impl Endpoint {
         self.last_error = Some(why);
         self.stats.peers_failed += 1;
         self.peers[i].alive = false;
+        self.ready_remove(i);
         let peer = PeerId(i as u32);
         self.evq.push(
             events::PEERS,
@@ -1760,7 +1786,14 @@ impl Endpoint {
     /// Arm-then-recheck without consuming readiness (the internal wait loop consumes it
     /// in its own epoll_wait: one system call per sleep).
     fn arm(&mut self) -> bool {
-        for p in self.peers.iter_mut().filter(|p| p.alive) {
+        let board = self.ready.on;
+        if board {
+            // One flag for every peer on the board.
+            self.board.arm_sleep();
+        }
+        let list = self.arm_list();
+        for &i in &list {
+            let p = &mut self.peers[i];
             let waiting = !p.txq.is_empty() || !p.pipeline_out.is_empty();
             let Some(shm) = p.link.shm_mut() else {
                 continue;
@@ -1769,7 +1802,9 @@ impl Endpoint {
                 // Blocked on a full ring: ask for a doorbell when the peer frees space.
                 shm.tx.arm_wait_any();
             }
-            shm.rx.arm_sleep();
+            if !board || shm.slot.is_none() {
+                shm.rx.arm_sleep();
+            }
             if shm.rx.publish() {
                 shm.wake();
                 self.stats.doorbells += 1;
@@ -1779,13 +1814,14 @@ impl Endpoint {
         // per sleep; a stale ring only costs one spurious wake-up.)
         self.evq.arm_sleep();
         let busy = self.progress()
+            || (board && self.board.any())
             || self
-                .peers
-                .iter_mut()
-                .any(|p| p.alive && matches!(p.link.peek(), Ok(Some(_))))
+                .arm_list()
+                .into_iter()
+                .any(|i| matches!(self.peers[i].link.peek(), Ok(Some(_))))
             || !self.new_peers.is_empty()
             || !self.evq.is_empty()
-            || self.peers.iter().any(|p| !p.engine.is_empty());
+            || self.arm_list().into_iter().any(|i| !self.peers[i].engine.is_empty());
         if busy {
             self.finish_wait();
         }
@@ -1795,8 +1831,9 @@ impl Endpoint {
     /// Withdraws the doorbell requests of [`Endpoint::prepare_wait`].
     pub fn finish_wait(&mut self) {
         self.evq.disarm_sleep();
-        for p in self.peers.iter_mut().filter(|p| p.alive) {
-            if let Some(shm) = p.link.shm_mut() {
+        self.board.disarm_sleep();
+        for i in self.arm_list() {
+            if let Some(shm) = self.peers[i].link.shm_mut() {
                 shm.rx.disarm_sleep();
                 shm.tx.disarm_wait();
             }
@@ -2049,8 +2086,7 @@ impl SendSlot<'_> {
         unsafe {
             std::ptr::copy_nonoverlapping(hdr.as_ptr(), shm.tx.mem().payload(idx), EAGER_HEADER)
         };
-        if shm.tx.commit(r) {
-            shm.wake();
+        if shm.commit(r) {
             self.ep.stats.doorbells += 1;
         }
         self.ep.stats.frames_sent += 1;

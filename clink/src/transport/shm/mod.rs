@@ -11,16 +11,19 @@
 //!
 //! Segment layout (direction 0 = connector to acceptor, 1 = the other way):
 //! `[header page][ring 0][ring 1]`, each ring being a 256-byte control block followed by
-//! its cells. The rings are also the staging area of the pipelined rendezvous (chunks
+//! its cells. The header holds the magic, the ring size, and each side's slot on the
+//! other's activity board ([`board`], sent with the handshake; 0 = no slot, else slot + 1). The rings are also the staging area of the pipelined rendezvous (chunks
 //! travel as ring records), so nothing else is shared.
 
+pub mod board;
 pub mod ring;
 
 use crate::config::Config;
 use crate::error::{io_err, Error, Result};
 use crate::sys::{self, Mapping, SeqPacket};
 use clink_proto::wire::{Frame, Hello, Ready, Welcome, HELLO_LEN, READY_LEN, WELCOME_LEN};
-use ring::{Consumer, Flag, Producer, RingMem, CELL, REC_HDR};
+use board::{Board, Post};
+use ring::{Consumer, Flag, Producer, Reservation, RingMem, CELL, REC_HDR};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,6 +32,9 @@ use std::time::Duration;
 const PAGE: usize = 4096;
 const CTRL: usize = 256;
 const SEG_MAGIC: u64 = 0x434c_494e_4b53_4547; // "CLINKSEG"
+/// Header words: the acceptor's slot on the connector's board, and the reverse.
+const HDR_SLOT_OF_ACCEPTOR: usize = 2;
+const HDR_SLOT_OF_CONNECTOR: usize = 3;
 
 /// Largest ring the acceptor agrees to map.
 pub const MAX_RING_CELLS: u32 = 1 << 20;
@@ -170,6 +176,8 @@ pub struct Local<'a> {
     pub doorbell: RawFd,
     /// Address and value of our CMA probe word.
     pub probe: (u64, u64),
+    /// Our activity board (its file is sent to the peer, which gets a slot on it).
+    pub board: &'a Board,
     /// Configuration.
     pub config: &'a Config,
 }
@@ -195,6 +203,11 @@ pub struct ShmPeer {
     /// Aperture memory files the peer sent for our map requests, by request id, until the
     /// request's acknowledgement takes them.
     pub fds: Vec<(u64, OwnedFd)>,
+    /// The peer's activity board, on which we raise our bit after publishing (`None`:
+    /// the peer polls our ring directly).
+    pub post: Option<Post>,
+    /// The slot this peer has on our board (`None`: we poll its ring directly).
+    pub slot: Option<u32>,
 }
 
 /// Opens a socket packet carrying an aperture's memory file ("CLNKAPFD" + request id).
@@ -235,6 +248,24 @@ fn init_header(seg: &Mapping, h: &Hello) {
     }
 }
 
+/// Word `i` of a segment's header page (shared: read and written atomically).
+fn header(seg: &Mapping, i: usize) -> &AtomicU64 {
+    assert!((i + 1) * 8 <= PAGE);
+    // SAFETY: inside the header page of the live mapping, 8-aligned.
+    unsafe { &*(seg.ptr().add(i * 8) as *const AtomicU64) }
+}
+
+/// Encodes an optional board slot for the header.
+fn slot_word(slot: Option<u32>) -> u64 {
+    slot.map_or(0, |s| u64::from(s) + 1)
+}
+
+/// Maps the peer's board with the slot it wrote in header word `i` (if any).
+fn open_post(seg: &Mapping, i: usize, board: &OwnedFd) -> Option<Post> {
+    let w = header(seg, i).load(Ordering::Acquire);
+    w.checked_sub(1).and_then(|slot| Post::open(board, slot))
+}
+
 impl ShmPeer {
     /// The two rings of a segment, seen from the side that produces into `dir_out`.
     fn rings(
@@ -252,7 +283,21 @@ impl ShmPeer {
     /// Connects to the endpoint listening on abstract socket `name`. `while_waiting` is
     /// called while the answer is pending, so two endpoints connecting to each other at
     /// once can each accept the other.
-    pub fn connect(name: &str, me: &Local, mut while_waiting: impl FnMut()) -> Result<ShmPeer> {
+    pub fn connect(name: &str, me: &Local, while_waiting: impl FnMut()) -> Result<ShmPeer> {
+        let slot = me.board.alloc();
+        let r = Self::connect_with(name, me, slot, while_waiting);
+        if let (Err(_), Some(s)) = (&r, slot) {
+            me.board.release(s);
+        }
+        r
+    }
+
+    fn connect_with(
+        name: &str,
+        me: &Local,
+        slot: Option<u32>,
+        mut while_waiting: impl FnMut(),
+    ) -> Result<ShmPeer> {
         let cfg = me.config;
         let fail = |why: String| Error::Connect {
             addr: name.to_string(),
@@ -276,8 +321,12 @@ impl ShmPeer {
             sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
         let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap segment"))?);
         init_header(&seg, &hello);
-        sock.send_with_fds(&hello.encode(), &[memfd.as_raw_fd(), me.doorbell])
-            .map_err(|e| fail(format!("sending hello: {e}")))?;
+        header(&seg, HDR_SLOT_OF_ACCEPTOR).store(slot_word(slot), Ordering::Release);
+        sock.send_with_fds(
+            &hello.encode(),
+            &[memfd.as_raw_fd(), me.doorbell, me.board.fd()],
+        )
+        .map_err(|e| fail(format!("sending hello: {e}")))?;
         drop(memfd);
         let deadline = std::time::Instant::now() + cfg.connect_timeout;
         let mut buf = [0u8; 64];
@@ -296,13 +345,15 @@ impl ShmPeer {
             return Err(fail("peer refused the connection (see its log)".into()));
         }
         let w = Welcome::parse(&buf[..n.min(WELCOME_LEN)]).map_err(|e| fail(e.to_string()))?;
-        if fds.len() != 1 {
+        if fds.len() != 2 {
             return Err(fail(format!(
-                "welcome carried {} fds, expected 1",
+                "welcome carried {} fds, expected 2",
                 fds.len()
             )));
         }
+        let board = fds.pop().ok_or_else(|| fail("no board".into()))?;
         let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
+        let post = open_post(&seg, HDR_SLOT_OF_CONNECTOR, &board);
         let cma = probe_cma(cfg, cred.pid, w.probe_addr, w.probe_value);
         sock.send_with_fds(&Ready { cma_ok: cma }.encode(), &[])
             .map_err(|e| fail(format!("sending ready: {e}")))?;
@@ -318,6 +369,8 @@ impl ShmPeer {
             peer_cma: w.cma_ok,
             id: w.id,
             fds: Vec::new(),
+            post,
+            slot,
         })
     }
 
@@ -343,24 +396,32 @@ impl ShmPeer {
         }
         let h = Hello::parse(&buf[..n.min(HELLO_LEN)], MAX_RING_CELLS)
             .map_err(|e| fail(e.to_string()))?;
-        if fds.len() != 2 {
-            return Err(fail(format!("hello carried {} fds, expected 2", fds.len())));
+        if fds.len() != 3 {
+            return Err(fail(format!("hello carried {} fds, expected 3", fds.len())));
         }
+        let board = fds.pop().ok_or_else(|| fail("no board".into()))?;
         let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
         let memfd = fds.pop().ok_or_else(|| fail("no segment".into()))?;
         let lay = Layout::new(h.ring_cells);
         sys::check_peer_memfd(&memfd, lay.total).map_err(|e| fail(e.to_string()))?;
         let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap peer segment"))?);
         let cma = probe_cma(cfg, cred.pid, h.probe_addr, h.probe_value);
+        let post = open_post(&seg, HDR_SLOT_OF_ACCEPTOR, &board);
+        sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+        let slot = me.board.alloc();
+        header(&seg, HDR_SLOT_OF_CONNECTOR).store(slot_word(slot), Ordering::Release);
         let w = Welcome {
             id: me.id,
             probe_addr: me.probe.0,
             probe_value: me.probe.1,
             cma_ok: cma,
         };
-        sock.send_with_fds(&w.encode(), &[me.doorbell])
-            .map_err(|e| fail(format!("sending welcome: {e}")))?;
-        sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
+        if let Err(e) = sock.send_with_fds(&w.encode(), &[me.doorbell, me.board.fd()]) {
+            if let Some(s) = slot {
+                me.board.release(s);
+            }
+            return Err(fail(format!("sending welcome: {e}")));
+        }
         let (tx, rx) = ShmPeer::rings(&seg, h.ring_cells, 1);
         Ok(ShmPeer {
             tx,
@@ -372,6 +433,8 @@ impl ShmPeer {
             peer_cma: false,
             id: h.id,
             fds: Vec::new(),
+            post,
+            slot,
         })
     }
 
@@ -448,10 +511,21 @@ impl ShmPeer {
         // SAFETY: the reservation owns `len` payload bytes at this record.
         let out = unsafe { std::slice::from_raw_parts_mut(self.tx.mem().payload(idx), len) };
         f.encode(out);
-        if self.tx.commit(r) {
+        self.commit(r);
+        true
+    }
+
+    /// Publishes a reserved record, raises our bit on the peer's board, and rings the
+    /// peer's doorbell when it sleeps. Returns true when it rang.
+    pub fn commit(&mut self, r: Reservation) -> bool {
+        // Evaluate both: the board's sleeping flag must be cleared even when the ring's
+        // flag already asks for a doorbell.
+        let ring = self.tx.commit(r);
+        let board = self.post.as_ref().is_some_and(|p| p.raise());
+        if ring | board {
             sys::ring_doorbell(self.doorbell.as_raw_fd());
         }
-        true
+        ring | board
     }
 
     /// Rings the peer's doorbell.
