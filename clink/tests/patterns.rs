@@ -7,7 +7,10 @@ mod common;
 
 use clink::patterns::dqueue::{Mailbox, QueueReceiver, QueueSender};
 use clink::patterns::rpc::{RpcClient, RpcServer};
+use clink::patterns::stream::{StreamReader, StreamWriter};
+use clink::{Error, PeerId};
 use common::*;
+use std::time::Duration;
 
 const N: u64 = 20_000;
 const ELEM: usize = 64;
@@ -15,6 +18,25 @@ const SLOTS: usize = 64;
 const TAG: u64 = 100;
 const RPC_SIZE: usize = 32;
 const CALLS: u64 = 300;
+const STREAM_LEN: usize = 8 << 20;
+const STREAM_CAP: usize = 16 << 10;
+
+/// The bytes of the stream in a run with `seed`.
+fn stream_bytes(seed: u64) -> Vec<u8> {
+    pattern(key(seed, 7777), STREAM_LEN)
+}
+
+/// A random transfer size: tiny, below the ring, or larger than the ring (split across
+/// waits and wrap-arounds), at most `left`.
+fn chunk(rng: &mut Rng, left: usize) -> usize {
+    let n = match rng.below(4) {
+        0 => rng.range(1, 64),
+        1 => rng.range(64, STREAM_CAP as u64),
+        2 => rng.range(STREAM_CAP as u64, 3 * STREAM_CAP as u64),
+        _ => rng.range(1, 2 * STREAM_CAP as u64),
+    } as usize;
+    n.min(left)
+}
 
 #[test]
 fn child_entry() {
@@ -51,6 +73,31 @@ fn child_entry() {
                     let v = u64::from_le_bytes(resp[..8].try_into().unwrap());
                     assert_eq!(v, key(seed, i).wrapping_mul(3), "response to call {i}");
                 }
+                let _ = recv_vec(&mut ep, parent, 99, 8);
+            }
+            "stream-writer" => {
+                let data = stream_bytes(seed);
+                let mut rng = Rng::new(seed ^ 1);
+                let mut w =
+                    StreamWriter::connect(&mut ep, parent, TAG + 20, STREAM_CAP, Some(T)).unwrap();
+                let mut pos = 0;
+                while pos < data.len() {
+                    let n = chunk(&mut rng, data.len() - pos);
+                    let mut part = &data[pos..pos + n];
+                    if rng.below(4) == 0 {
+                        let k = w.try_write(&mut ep, part).unwrap();
+                        assert!(k <= n);
+                        part = &part[k..];
+                    }
+                    w.write(&mut ep, part, Some(T)).unwrap();
+                    pos += n;
+                    if rng.below(64) == 0 {
+                        // A pause longer than the reader's spin: it goes to sleep.
+                        std::thread::sleep(Duration::from_millis(3));
+                    }
+                }
+                w.flush(&mut ep).unwrap();
+                assert_eq!(w.written(), data.len() as u64);
                 let _ = recv_vec(&mut ep, parent, 99, 8);
             }
             r => panic!("unknown role {r}"),
@@ -137,4 +184,68 @@ fn rpc_server_with_three_clients_over_shared_memory() {
 #[test]
 fn rpc_server_with_three_clients_over_udp() {
     rpc(true);
+}
+
+fn byte_stream(net: bool) {
+    let seed = seed(53);
+    let data = stream_bytes(seed);
+    let mut ep = transport_ctx(net).endpoint().unwrap();
+    let mut child = spawn("stream-writer", &ep.address(), seed, &transport_env(net));
+    let peer = ep.accept(Some(T)).unwrap();
+    let mut r = StreamReader::connect(&mut ep, peer, TAG + 20, STREAM_CAP, Some(T)).unwrap();
+    let mut rng = Rng::new(seed ^ 2);
+    let mut buf = vec![0u8; 3 * STREAM_CAP];
+    let mut pos = 0;
+    let (mut reads, mut empty) = (0u64, 0u64);
+    while pos < data.len() {
+        let want = chunk(&mut rng, data.len() - pos);
+        let n = if rng.below(4) == 0 {
+            r.try_read(&mut ep, &mut buf[..want]).unwrap()
+        } else {
+            r.read(&mut ep, &mut buf[..want], Some(T)).unwrap()
+        };
+        assert!(n <= want);
+        if n == 0 {
+            empty += 1;
+            continue;
+        }
+        if let Some(i) = (0..n).find(|&i| buf[i] != data[pos + i]) {
+            panic!("stream byte {} differs after {reads} reads", pos + i);
+        }
+        pos += n;
+        reads += 1;
+        if rng.below(64) == 0 {
+            // A pause with the ring filling: the writer goes to sleep.
+            std::thread::sleep(Duration::from_millis(3));
+        }
+    }
+    assert_eq!(r.consumed(), data.len() as u64);
+    assert_eq!(r.try_read(&mut ep, &mut buf).unwrap(), 0, "nothing more");
+    println!("{reads} reads, {empty} empty try_reads");
+    ep.send(peer, 99, b"bye").unwrap();
+    child.expect_success(T);
+    if !net {
+        assert_eq!(ep.stats().rma_put_bytes, 0, "same host: stores only");
+    }
+}
+
+#[test]
+fn byte_stream_over_shared_memory() {
+    byte_stream(false);
+}
+
+#[test]
+fn byte_stream_over_udp() {
+    byte_stream(true);
+}
+
+#[test]
+fn byte_stream_rejects_bad_capacity() {
+    let mut ep = ctx().endpoint().unwrap();
+    for cap in [0, 1, 32, 1000, 3 << 20, 1 << 31] {
+        let w = StreamWriter::connect(&mut ep, PeerId(0), 1, cap, Some(T));
+        assert!(matches!(w, Err(Error::Invalid(_))), "capacity {cap}");
+        let r = StreamReader::connect(&mut ep, PeerId(0), 1, cap, Some(T));
+        assert!(matches!(r, Err(Error::Invalid(_))), "capacity {cap}");
+    }
 }

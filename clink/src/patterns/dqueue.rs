@@ -26,7 +26,7 @@ use crate::{Endpoint, Error, PeerId, Result};
 use std::time::{Duration, Instant};
 
 /// Polls before a waiting side looks at the clock or goes to sleep.
-const SPIN: u32 = 1 << 12;
+pub(super) const SPIN: u32 = 1 << 12;
 /// The sender's control window: read counter, then the receiver's `sleeping` word.
 const CTRL_LEN: u64 = 16;
 /// Longest sleep of a waiting receiver before it looks at its queue again.
@@ -46,11 +46,11 @@ fn check_geometry(elem: usize, slots: usize) -> Result<()> {
     Ok(())
 }
 
-fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+pub(super) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
     timeout.map(|t| Instant::now() + t)
 }
 
-fn expired(d: Option<Instant>) -> bool {
+pub(super) fn expired(d: Option<Instant>) -> bool {
     d.is_some_and(|d| Instant::now() >= d)
 }
 

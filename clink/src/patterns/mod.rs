@@ -7,6 +7,9 @@
 //!   remotely into the receiver's ring, lazy read counter written back into the sender's
 //!   aperture, full when one slot is empty. With one usable slot it is Example 1's message
 //!   transfer with `tx_ready` / `rx_ready` flags ([`dqueue::Mailbox`]).
+//! - [`stream`]: a byte stream (the queue adapted to unstructured data): a ring of bytes
+//!   in the reader's aperture, a write counter published after the bytes, a lazy read
+//!   counter in the writer's; reads return what is there, like a socket.
 //! - [`rpc`]: request/response over a pair of queues, and an event-driven server that waits
 //!   on a tripset over all its clients.
 //!
@@ -15,6 +18,7 @@
 
 pub mod dqueue;
 pub mod rpc;
+pub mod stream;
 
 use crate::rma::{ApertureId, Cookie, Remote, Window, COOKIE_LEN, WRITE};
 use crate::{Endpoint, Error, PeerId, Result, Selector};
