@@ -157,7 +157,8 @@ impl Config {
                 }
                 "CLINK_LIVENESS_MS" => c.liveness = Duration::from_millis(num(&k, &v, 1, 10_000)?),
                 "CLINK_BOARD_PEERS" => {
-                    c.board_peers = num(&k, &v, 0, crate::transport::shm::board::SLOTS as u64)? as usize
+                    c.board_peers =
+                        num(&k, &v, 0, crate::transport::shm::board::SLOTS as u64)? as usize
                 }
                 "CLINK_UDP" => udp_on = flag(&k, &v)?,
                 "CLINK_TRANSPORT" => {

@@ -84,4 +84,6 @@ pub struct Stats {
     pub tripwires_fired: u64,
     /// Unacknowledged puts of this endpoint that a target refused.
     pub rma_unacked_refused: u64,
+    /// Peer visits prompted by a bit on the activity board.
+    pub board_wakeups: u64,
 }

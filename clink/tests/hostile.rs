@@ -295,7 +295,11 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
     let n = sock.recv_with_fds(&mut buf, &mut fds, T)?;
     let w = Welcome::parse(&buf[..n]).map_err(|e| std::io::Error::other(e.to_string()))?;
     assert!(!w.cma_ok, "the probe address 0 cannot be read");
-    assert_eq!(fds.len(), 2, "welcome carries the endpoint's doorbell and board");
+    assert_eq!(
+        fds.len(),
+        2,
+        "welcome carries the endpoint's doorbell and board"
+    );
     fds.truncate(1);
     sock.send_with_fds(&Ready { cma_ok: false }.encode(), &[])?;
     Ok(Fake {

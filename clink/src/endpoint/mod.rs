@@ -22,8 +22,8 @@ use crate::error::{io_err, Error, Result};
 use crate::events::{self, Event, EventQueue};
 use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
-use crate::transport::shm::ring::RingMem;
 use crate::transport::shm::board::Board;
+use crate::transport::shm::ring::RingMem;
 use crate::transport::shm::{Local, ShmPeer};
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
@@ -1821,7 +1821,10 @@ impl Endpoint {
                 .any(|i| matches!(self.peers[i].link.peek(), Ok(Some(_))))
             || !self.new_peers.is_empty()
             || !self.evq.is_empty()
-            || self.arm_list().into_iter().any(|i| !self.peers[i].engine.is_empty());
+            || self
+                .arm_list()
+                .into_iter()
+                .any(|i| !self.peers[i].engine.is_empty());
         if busy {
             self.finish_wait();
         }

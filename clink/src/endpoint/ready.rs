@@ -136,7 +136,8 @@ impl Endpoint {
 
     /// One pass over the peers the board and the lists name.
     pub(super) fn visit_board(&mut self, pass: &mut Pass) {
-        let mut list = std::mem::replace(&mut self.ready.busy, std::mem::take(&mut self.ready.spare));
+        let mut list =
+            std::mem::replace(&mut self.ready.busy, std::mem::take(&mut self.ready.spare));
         for &i in &list {
             self.peers[i].listed = false;
         }
@@ -152,6 +153,7 @@ impl Endpoint {
                 bits &= bits - 1;
                 let i = self.ready.slot_peer[w * 64 + b];
                 if i != NO_PEER {
+                    self.stats.board_wakeups += 1;
                     self.visit_ready(i as usize, pass);
                 }
             }
@@ -173,7 +175,12 @@ impl Endpoint {
     /// on the busy list).
     pub(super) fn blocked_peers(&self) -> Vec<usize> {
         if self.ready.on {
-            self.ready.busy.iter().copied().filter(|&i| self.peers[i].blocked).collect()
+            self.ready
+                .busy
+                .iter()
+                .copied()
+                .filter(|&i| self.peers[i].blocked)
+                .collect()
         } else {
             (0..self.peers.len())
                 .filter(|&i| self.peers[i].alive && self.peers[i].blocked)
@@ -189,7 +196,9 @@ impl Endpoint {
             v.extend_from_slice(&self.ready.direct);
             v
         } else {
-            (0..self.peers.len()).filter(|&i| self.peers[i].alive).collect()
+            (0..self.peers.len())
+                .filter(|&i| self.peers[i].alive)
+                .collect()
         }
     }
 }
