@@ -52,6 +52,7 @@
 pub mod affinity;
 pub mod channel;
 pub mod clink_sys;
+pub mod evserver;
 pub mod measure;
 pub mod plan;
 pub mod proc;
@@ -187,6 +188,14 @@ pub struct BenchArgs {
     /// bandwidth; rows with an `experiment` field) instead of the system comparison.
     #[arg(long)]
     pub rma: bool,
+    /// With `--rma`: only these experiments (comma-separated: word_rtt, dqueue_rate,
+    /// put_bw, event_server).
+    #[arg(long, value_delimiter = ',')]
+    pub experiments: Vec<String>,
+    /// With `--rma`: client connections of the event-server experiment (default
+    /// 1,10,100,1000).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4000))]
+    pub conns: Vec<u64>,
 }
 
 impl BenchArgs {
@@ -205,6 +214,8 @@ impl BenchArgs {
             rounds: 1,
             placement: Placement::Host,
             rma: false,
+            experiments: Vec::new(),
+            conns: Vec::new(),
             mtu: None,
         }
     }
@@ -463,7 +474,19 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.rma {
         let pin = !args.no_pin && affinity::can_pin_pair();
-        return rma::run(args.quick, args.json, pin, args.rounds);
+        let conns: Vec<usize> = if args.conns.is_empty() {
+            vec![1, 10, 100, 1000]
+        } else {
+            args.conns.iter().map(|&c| c as usize).collect()
+        };
+        return rma::run(
+            args.quick,
+            args.json,
+            pin,
+            args.rounds,
+            &args.experiments,
+            &conns,
+        );
     }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;

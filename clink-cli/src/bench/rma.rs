@@ -14,9 +14,9 @@
 //!   bytes, variant `mapped`; baseline `tagged`: a stream of tagged messages of that size;
 //! - `put_bw`: bandwidth (GB/s) of puts by size, variants `mapped_store` (memcpy into the
 //!   peer's mapped window), `put` (inline frames, or the target's copy engine with one
-//!   CMA copy above the inline size), baseline `tagged` (a stream of messages).
-//!
-//! Not built yet: the event-driven server with 1 to 1000 endpoints against epoll + TCP.
+//!   CMA copy above the inline size), baseline `tagged` (a stream of messages);
+//! - `event_server`: an event-driven server with 1 to 1000 client connections against an
+//!   epoll server over kernel TCP ([`super::evserver`]).
 
 use clink::events::{self, Event};
 use clink::patterns::dqueue::{QueueReceiver, QueueSender};
@@ -371,8 +371,26 @@ fn put_bw(pin: bool, total: usize, reps: usize) -> Result<Vec<RmaRow>, String> {
     Ok(rows)
 }
 
-/// Runs every experiment `rounds` times and prints rows (JSON) or a table.
-pub fn run(quick: bool, json: bool, pin: bool, rounds: u64) -> Result<(), String> {
+/// The experiments, in the order they run.
+pub const EXPERIMENTS: [&str; 4] = ["word_rtt", "dqueue_rate", "put_bw", "event_server"];
+
+/// Runs the experiments named in `only` (all when empty) `rounds` times and prints rows
+/// (JSON) or a table.
+pub fn run(
+    quick: bool,
+    json: bool,
+    pin: bool,
+    rounds: u64,
+    only: &[String],
+    conns: &[usize],
+) -> Result<(), String> {
+    if let Some(bad) = only.iter().find(|e| !EXPERIMENTS.contains(&e.as_str())) {
+        return Err(format!(
+            "unknown experiment {bad:?}; known: {}",
+            EXPERIMENTS.join(", ")
+        ));
+    }
+    let want = |e: &str| only.is_empty() || only.iter().any(|o| o == e);
     eprintln!(
         "clink bench --rma: two endpoints over shared memory, one thread each{}",
         if pin {
@@ -386,10 +404,35 @@ pub fn run(quick: bool, json: bool, pin: bool, rounds: u64) -> Result<(), String
     } else {
         (20_000, 2_000_000, 512 << 20, 5)
     };
+    let server_iters = if quick { 5_000 } else { 50_000 };
     for round in 0..rounds {
-        let mut rows = word_rtt(pin, iters)?;
-        rows.extend(dqueue_rate(pin, count, reps)?);
-        rows.extend(put_bw(pin, total, reps)?);
+        let mut rows = Vec::new();
+        if want("word_rtt") {
+            rows.extend(word_rtt(pin, iters)?);
+        }
+        if want("dqueue_rate") {
+            rows.extend(dqueue_rate(pin, count, reps)?);
+        }
+        if want("put_bw") {
+            rows.extend(put_bw(pin, total, reps)?);
+        }
+        if want("event_server") {
+            for r in super::evserver::run(pin, conns, server_iters)? {
+                if json {
+                    println!("{}", r.json(pin, round));
+                } else {
+                    println!(
+                        "event_server {:<6} {:<9} {:>5} conns  median {:>10.3}  p99 {:.3}  ({})",
+                        r.system,
+                        r.variant,
+                        r.endpoints,
+                        r.median,
+                        r.p99,
+                        if r.variant == "rate" { "M req/s" } else { "us" }
+                    );
+                }
+            }
+        }
         for r in &rows {
             if json {
                 println!("{}", r.json(pin, round));

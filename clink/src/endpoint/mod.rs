@@ -482,7 +482,14 @@ impl Endpoint {
     /// Waits up to `timeout` for a peer to connect to us and returns it. Peers that
     /// connected earlier are returned first, one per call.
     pub fn accept(&mut self, timeout: Option<Duration>) -> Result<PeerId> {
-        self.wait_until(timeout, |ep| !ep.new_peers.is_empty())?;
+        // Progress looks at the listener only at liveness checks (no system call per poll);
+        // a caller waiting for a connection looks at it on every poll.
+        self.wait_until(timeout, |ep| {
+            if ep.new_peers.is_empty() {
+                ep.accept_pending();
+            }
+            !ep.new_peers.is_empty()
+        })?;
         self.new_peers.pop_front().ok_or(Error::Timeout)
     }
 
@@ -1343,8 +1350,8 @@ impl Endpoint {
                 && self.last_check.elapsed() >= self.ctx.config.liveness
             {
                 did |= self.check_events(Some(Duration::ZERO));
-                // A peer tampering with the board delays the others at most this long.
-                self.mark_all();
+                // Bounds what a peer tampering with the board can delay (see `ready`).
+                self.sweep();
             }
         }
         did

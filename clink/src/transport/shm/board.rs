@@ -13,7 +13,7 @@
 //!
 //! Protocol (both halves are Dekker pairs over SeqCst operations):
 //! - producer: publish the record, fence (the ring's commit does it), load `on`; if on,
-//!   raise the bit unless already raised, then load `sleeping` and, when set, clear it
+//!   raise the bit (fetch-or), then load `sleeping` and, when set, clear it
 //!   and ring the doorbell;
 //! - consumer: for each non-zero word, swap it to zero, fence, poll the rings of its bits.
 //!   Either the consumer's poll sees the record, or the producer's load sees the cleared
@@ -45,7 +45,7 @@ struct Page(Mapping);
 
 impl Page {
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off + 4 <= LEN && off % 4 == 0);
+        debug_assert!(off + 4 <= LEN && off.is_multiple_of(4));
         // SAFETY: a constant, aligned offset inside the live page; AtomicU32 has u32's
         // layout and shared memory is only ever accessed atomically.
         unsafe { &*(self.0.ptr().add(off) as *const AtomicU32) }
@@ -172,11 +172,11 @@ impl Post {
         if self.page.u32_at(ON).load(Ordering::SeqCst) == 0 {
             return false;
         }
-        let word = self.page.word(self.slot / 64);
-        let bit = 1u64 << (self.slot % 64);
-        if word.load(Ordering::SeqCst) & bit == 0 {
-            word.fetch_or(bit, Ordering::SeqCst);
-        }
+        // Straight to the read-modify-write: a load first would cost one more transfer of
+        // the line (the consumer took the bits since, so it is rarely already raised).
+        self.page
+            .word(self.slot / 64)
+            .fetch_or(1u64 << (self.slot % 64), Ordering::SeqCst);
         let sleeping = self.page.u32_at(SLEEPING);
         sleeping.load(Ordering::SeqCst) != 0 && sleeping.swap(0, Ordering::SeqCst) != 0
     }

@@ -319,7 +319,8 @@ impl ShmPeer {
         let lay = Layout::new(hello.ring_cells);
         let memfd =
             sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
-        let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap segment"))?);
+        let seg =
+            Arc::new(Mapping::new_populated(&memfd, lay.total).map_err(io_err("mmap segment"))?);
         init_header(&seg, &hello);
         header(&seg, HDR_SLOT_OF_ACCEPTOR).store(slot_word(slot), Ordering::Release);
         sock.send_with_fds(
@@ -404,7 +405,9 @@ impl ShmPeer {
         let memfd = fds.pop().ok_or_else(|| fail("no segment".into()))?;
         let lay = Layout::new(h.ring_cells);
         sys::check_peer_memfd(&memfd, lay.total).map_err(|e| fail(e.to_string()))?;
-        let seg = Arc::new(Mapping::new(&memfd, lay.total).map_err(io_err("mmap peer segment"))?);
+        let seg = Arc::new(
+            Mapping::new_populated(&memfd, lay.total).map_err(io_err("mmap peer segment"))?,
+        );
         let cma = probe_cma(cfg, cred.pid, h.probe_addr, h.probe_value);
         let post = open_post(&seg, HDR_SLOT_OF_ACCEPTOR, &board);
         sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
