@@ -175,3 +175,48 @@ fn twelve_peers_on_the_board_sleeping() {
         },
     );
 }
+
+/// A server driven by message events receives each message where it arrived: the event
+/// is progress, so the endpoint does not copy the message aside before `recv` runs.
+#[test]
+fn message_events_leave_messages_in_place() {
+    use clink::events::{self, Event};
+    // The server sleeps after each empty poll: the event is found while arming to sleep.
+    let ctx = ctx_with(clink::Config {
+        calibrate: false,
+        spin: Some(Duration::ZERO),
+        ..Default::default()
+    });
+    let mut server = ctx.endpoint().unwrap();
+    let addr = server.address();
+    let client = std::thread::spawn(move || {
+        let ctx = ctx_with(clink::Config {
+            calibrate: false,
+            ..Default::default()
+        });
+        let mut ep = ctx.endpoint().unwrap();
+        let p = ep.connect(&addr).unwrap();
+        let mut b = [0u8; 8];
+        for k in 0u64..200 {
+            ep.send(p, 1, &k.to_le_bytes()).unwrap();
+            ep.recv_timeout(Selector::exact(Some(p), 2), &mut b, Some(T))
+                .unwrap();
+            assert_eq!(u64::from_le_bytes(b), k);
+        }
+    });
+    server.set_interest(events::MESSAGES);
+    let mut b = [0u8; 8];
+    let mut served = 0;
+    while served < 200 {
+        let Event::Message { peer, tag } = server.wait_event(Some(T)).unwrap() else {
+            continue;
+        };
+        server
+            .recv_timeout(Selector::exact(Some(peer), tag), &mut b, Some(T))
+            .unwrap();
+        server.send(peer, 2, &b).unwrap();
+        served += 1;
+    }
+    client.join().unwrap();
+    assert_eq!(server.stats().unexpected, 0, "messages were copied aside");
+}

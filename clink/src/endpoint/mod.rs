@@ -1403,11 +1403,17 @@ impl Endpoint {
                     return true;
                 }
             };
+            let announced = self.peers[i].announced;
             match self.handle(i, rec, force) {
                 Ok(true) => {}
                 Ok(false) => {
                     self.peers[i].blocked = true;
-                    break;
+                    // A message event just queued is progress: the pass must not copy the
+                    // message aside before the user had a chance to receive it in place.
+                    return n > 0
+                        || !announced
+                            && self.peers[i].announced
+                            && self.evq.interest & events::MESSAGES != 0;
                 }
                 Err(e) => {
                     self.stats.protocol_errors += 1;
@@ -1777,6 +1783,11 @@ impl Endpoint {
                 }
                 self.check_events(Some(t));
                 self.finish_wait();
+            }
+            // Arming polls too: what it found (a message event, say) is looked at before
+            // another pass, which could copy an announced message aside.
+            if done(self) {
+                return Ok(());
             }
         }
     }
