@@ -2,7 +2,7 @@
 //!
 //! A ring record carries exactly one [`Frame`]. Every integer is little-endian. Parsing is
 //! total: any byte string yields either a frame that borrows from it or a [`ProtoError`],
-//! never a panic (see the property tests below and `tests/fuzz_wire.rs`).
+//! never a panic (see the property tests below; the RMA frames are also mutation-fuzzed in `tests/rma_fuzz.rs`).
 //!
 //! Frame layout: byte 0 is the kind, bytes 1..8 are reserved (zero), then the fixed fields of
 //! that kind as `u64`s, then (for [`Frame::Eager`]) the payload.
