@@ -27,6 +27,7 @@
 pub mod addr;
 pub mod cost;
 mod error;
+pub mod idhash;
 mod le;
 pub mod matching;
 pub mod netsim;

@@ -241,8 +241,10 @@ pub struct Target {
     pub offset: u64,
 }
 
-/// Size of the fixed part of put and get frames: `kind | req | export | key | offset`.
-pub const RMA_HEADER: usize = 48;
+/// Size of the fixed part of put and get frames: `kind, op/status, 2 zero bytes, export |
+/// req | key | offset` (40 bytes, so a put of one word fills exactly one 64-byte ring
+/// cell with the ring's 16-byte record header).
+pub const RMA_HEADER: usize = 40;
 
 const K_PUT: u8 = 16;
 const K_PUT_CMA: u8 = 17;
@@ -373,9 +375,9 @@ pub enum RmaFrame<'a> {
 
 fn target_at(b: &[u8]) -> Target {
     Target {
-        export: u32_at(b, 16),
-        key: u128_at(b, 24),
-        offset: u64_at(b, 40),
+        export: u32_at(b, 4),
+        key: u128_at(b, 16),
+        offset: u64_at(b, 32),
     }
 }
 
@@ -403,7 +405,11 @@ impl<'a> RmaFrame<'a> {
             }
             K_PUT_CMA | K_GET_CMA => {
                 need("cma rma frame", b, RMA_HEADER + 16)?;
-                let (t, len, addr) = (target_at(b), u64_at(b, 48), u64_at(b, 56));
+                let (t, len, addr) = (
+                    target_at(b),
+                    u64_at(b, RMA_HEADER),
+                    u64_at(b, RMA_HEADER + 8),
+                );
                 if b[0] == K_PUT_CMA {
                     RmaFrame::PutCma {
                         req,
@@ -422,7 +428,7 @@ impl<'a> RmaFrame<'a> {
             }
             K_GET | K_NOTIFY => {
                 need("get/notify frame", b, RMA_HEADER + 8)?;
-                let (t, len) = (target_at(b), u64_at(b, 48));
+                let (t, len) = (target_at(b), u64_at(b, RMA_HEADER));
                 if b[0] == K_GET {
                     RmaFrame::Get { req, from: t, len }
                 } else {
@@ -454,8 +460,8 @@ impl<'a> RmaFrame<'a> {
                     req,
                     at: target_at(b),
                     op,
-                    a: u64_at(b, 48),
-                    b: u64_at(b, 56),
+                    a: u64_at(b, RMA_HEADER),
+                    b: u64_at(b, RMA_HEADER + 8),
                 }
             }
             K_ATOMIC_REPLY => {
@@ -510,10 +516,9 @@ impl<'a> RmaFrame<'a> {
         let put =
             |o: &mut [u8], off: usize, v: u64| o[off..off + 8].copy_from_slice(&v.to_le_bytes());
         let target = |o: &mut [u8], t: &Target| {
-            o[16..20].copy_from_slice(&t.export.to_le_bytes());
-            o[20..24].fill(0);
-            o[24..40].copy_from_slice(&t.key.to_le_bytes());
-            o[40..48].copy_from_slice(&t.offset.to_le_bytes());
+            o[4..8].copy_from_slice(&t.export.to_le_bytes());
+            o[16..32].copy_from_slice(&t.key.to_le_bytes());
+            o[32..40].copy_from_slice(&t.offset.to_le_bytes());
         };
         match *self {
             RmaFrame::Put { req, to, data } => {
@@ -526,8 +531,8 @@ impl<'a> RmaFrame<'a> {
                 out[0] = K_PUT_CMA;
                 put(out, 8, req);
                 target(out, &to);
-                put(out, 48, len);
-                put(out, 56, addr);
+                put(out, RMA_HEADER, len);
+                put(out, RMA_HEADER + 8, addr);
             }
             RmaFrame::GetCma {
                 req,
@@ -538,20 +543,20 @@ impl<'a> RmaFrame<'a> {
                 out[0] = K_GET_CMA;
                 put(out, 8, req);
                 target(out, &from);
-                put(out, 48, len);
-                put(out, 56, addr);
+                put(out, RMA_HEADER, len);
+                put(out, RMA_HEADER + 8, addr);
             }
             RmaFrame::Get { req, from, len } => {
                 out[0] = K_GET;
                 put(out, 8, req);
                 target(out, &from);
-                put(out, 48, len);
+                put(out, RMA_HEADER, len);
             }
             RmaFrame::Notify { req, at, len } => {
                 out[0] = K_NOTIFY;
                 put(out, 8, req);
                 target(out, &at);
-                put(out, 48, len);
+                put(out, RMA_HEADER, len);
             }
             RmaFrame::GetData { req, offset, data } => {
                 out[0] = K_GET_DATA;
@@ -567,8 +572,8 @@ impl<'a> RmaFrame<'a> {
                 };
                 put(out, 8, req);
                 target(out, &at);
-                put(out, 48, a);
-                put(out, 56, b);
+                put(out, RMA_HEADER, a);
+                put(out, RMA_HEADER + 8, b);
             }
             RmaFrame::AtomicReply { req, status, old } => {
                 out[0] = K_ATOMIC_REPLY;

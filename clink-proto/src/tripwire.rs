@@ -12,7 +12,8 @@
 //! per page, so they go to a per-aperture `wide` list that every access on the aperture checks
 //! linearly; they are expected to be few.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::idhash::IdMap;
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use crate::ProtoError;
@@ -112,7 +113,7 @@ pub struct Matcher {
     /// Free slab slots, reused before the slab grows.
     free: Vec<u32>,
     /// Only apertures with at least one armed tripwire have an entry.
-    apertures: HashMap<u32, Aperture>,
+    apertures: IdMap<u32, Aperture>,
     live: usize,
     /// Stamp of the latest fire call.
     epoch: u64,

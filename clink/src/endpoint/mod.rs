@@ -55,26 +55,8 @@ const RX_BUDGET: usize = 64;
 /// Slots of the event queue's ring (beyond, events spill in order; see [`crate::events`]).
 const EVENT_QUEUE_CAP: usize = 4096;
 
-/// Hasher for request ids (small sequential integers): a multiply, not SipHash, on the
-/// per-message path.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// Request ids are small sequential integers: a multiply, not SipHash, per message.
+type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;
 
 /// What a completed receive reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

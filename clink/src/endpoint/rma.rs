@@ -13,11 +13,11 @@ use crate::events::{self, Event, EventSender};
 use crate::rma::{ApertureId, Remote, RmaRequest, TripOptions, Tripset, Window};
 use crate::sys::{self, Mapping};
 use bytes::Bytes;
+use clink_proto::idhash::IdMap;
 use clink_proto::rma::{self, AtomicOp, Cookie, Grant, RmaFrame, Status, Target, READ, WRITE};
 use clink_proto::tripwire::{self, TripId};
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -116,9 +116,9 @@ struct TripMeta {
 /// The endpoint's aperture, export, tripwire and one-sided request state.
 #[derive(Default)]
 pub(super) struct RmaState {
-    aps: HashMap<u32, LocalAp>,
+    aps: IdMap<u32, LocalAp>,
     next_ap: u32,
-    exports: HashMap<u32, Grant>,
+    exports: IdMap<u32, Grant>,
     next_export: u32,
     trips: tripwire::Matcher,
     meta: Vec<TripMeta>,
