@@ -20,8 +20,8 @@
 //! being raised: the receiver therefore sleeps at most [`MAX_SLEEP`] at a time and looks
 //! again, which bounds a missed wake-up to that delay.
 
-use super::{open_pair, Far};
-use crate::rma::{ApertureId, TripId, TripOptions, Window};
+use super::{open_pair, quiet_tripwire, Far};
+use crate::rma::{ApertureId, TripId, Window};
 use crate::{Endpoint, Error, PeerId, Result};
 use std::time::{Duration, Instant};
 
@@ -208,15 +208,7 @@ impl QueueReceiver {
         let (ap, near, far) = open_pair(ep, peer, tag, len, CTRL_LEN, timeout)?;
         // Armed after the swap: a write before it is found by the next look at the slots
         // (the tripwire only matters to a receiver about to sleep, which looks again).
-        let trip = ep.tripwire(
-            ap,
-            0,
-            len,
-            TripOptions {
-                event: false,
-                ..TripOptions::default()
-            },
-        )?;
+        let trip = quiet_tripwire(ep, ap, 0, len)?;
         Ok(QueueReceiver {
             peer,
             elem,

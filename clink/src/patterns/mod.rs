@@ -68,6 +68,25 @@ impl Far {
     }
 }
 
+/// A tripwire on writes to `len` bytes at `offset` of `ap` that only sets its bit (no
+/// event): what a pattern's waiting side sleeps on.
+pub(crate) fn quiet_tripwire(
+    ep: &mut Endpoint,
+    ap: ApertureId,
+    offset: u64,
+    len: u64,
+) -> Result<crate::rma::TripId> {
+    ep.tripwire(
+        ap,
+        offset,
+        len,
+        crate::rma::TripOptions {
+            event: false,
+            ..Default::default()
+        },
+    )
+}
+
 /// Sets up one side of a pattern: allocates our `mine`-byte aperture, exports it for the
 /// peer's writes, swaps cookies with `tag`, and opens the peer's window, which must be
 /// `theirs` bytes. Returns our aperture, a window on it, and the peer's window.

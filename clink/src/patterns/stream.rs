@@ -21,8 +21,8 @@
 //! (one notify). Sleeps last at most [`MAX_SLEEP`], which bounds any missed wake-up.
 
 use super::dqueue::{deadline, expired, MAX_SLEEP, SPIN};
-use super::{open_pair, Far};
-use crate::rma::{ApertureId, TripId, TripOptions, Window};
+use super::{open_pair, quiet_tripwire, Far};
+use crate::rma::{ApertureId, TripId, Window};
 use crate::{Endpoint, Error, PeerId, Result};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -105,15 +105,7 @@ impl StreamWriter {
         check_capacity(capacity)?;
         let cap = capacity as u64;
         let (ap, near, far) = open_pair(ep, peer, tag, CTRL_LEN, cap + TAIL_LEN, timeout)?;
-        let trip = ep.tripwire(
-            ap,
-            0,
-            8,
-            TripOptions {
-                event: false,
-                ..TripOptions::default()
-            },
-        )?;
+        let trip = quiet_tripwire(ep, ap, 0, 8)?;
         let chunk = ep.rma_inline_max(peer)?;
         Ok(StreamWriter {
             peer,
@@ -258,15 +250,7 @@ impl StreamReader {
         let cap = capacity as u64;
         let (ap, near, far) = open_pair(ep, peer, tag, cap + TAIL_LEN, CTRL_LEN, timeout)?;
         // Over the write counter only: it is written after the bytes it covers.
-        let trip = ep.tripwire(
-            ap,
-            cap,
-            8,
-            TripOptions {
-                event: false,
-                ..TripOptions::default()
-            },
-        )?;
+        let trip = quiet_tripwire(ep, ap, cap, 8)?;
         Ok(StreamReader {
             peer,
             cap,
