@@ -441,3 +441,72 @@ fn local_misuse_is_refused() {
     assert!(ep.revoke(&fake).is_err());
     ep.revoke(&c).unwrap();
 }
+
+/// Tagged messages received into an aperture fire its write tripwires (with the sender as
+/// the accessing peer), eager and rendezvous alike; a truncated one fires over what landed.
+#[test]
+fn messages_landing_in_an_aperture_fire_tripwires() {
+    let mut ep = ctx().endpoint().unwrap();
+    let addr = ep.address();
+    let sender = std::thread::spawn(move || {
+        let mut s = ctx().endpoint().unwrap();
+        let p = s.connect(&addr).unwrap();
+        s.send(p, 5, b"small").unwrap();
+        s.send(p, 5, &vec![9u8; 300_000]).unwrap();
+        s.send(p, 5, &[1u8; 100]).unwrap();
+        // Wait for the receiver's word before closing.
+        let mut b = [0u8; 1];
+        s.recv_timeout(Selector::exact(Some(p), 6), &mut b, Some(T))
+            .unwrap();
+    });
+    let peer = ep.accept(Some(T)).unwrap();
+    ep.set_interest(events::TRIPWIRES);
+    let ap = ep.aperture_alloc(1 << 20).unwrap();
+    let head = ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+    let far = ep.tripwire(ap, 200_000, 8, TripOptions::default()).unwrap();
+    let sel = Selector::exact(Some(peer), 5);
+    let st = ep.recv_into_aperture(sel, ap, 0, 1 << 20, Some(T)).unwrap();
+    assert_eq!(st.len, 5);
+    let mut got = [0u8; 5];
+    ep.aperture_read(ap, 0, &mut got).unwrap();
+    assert_eq!(&got, b"small");
+    match ep.next_event() {
+        Some(Event::Tripwire {
+            id,
+            peer: p,
+            offset,
+            len,
+            write,
+        }) => {
+            assert_eq!((id, p, offset, len, write), (head, Some(peer), 0, 5, true));
+        }
+        e => panic!("expected the head tripwire, got {e:?}"),
+    }
+    assert!(
+        !ep.tripwire_fired(far),
+        "5 bytes do not reach offset 200000"
+    );
+    ep.recv_into_aperture(sel, ap, 0, 1 << 20, Some(T)).unwrap();
+    assert!(
+        ep.tripwire_fired(far),
+        "a rendezvous message landed over it"
+    );
+    // Truncated: 100 bytes into 50: fires over the 50 that landed.
+    let before = ep.tripwire_count(head);
+    let r = ep.recv_into_aperture(sel, ap, 0, 50, Some(T));
+    assert!(matches!(
+        r,
+        Err(Error::Truncated {
+            len: 100,
+            capacity: 50
+        })
+    ));
+    assert_eq!(ep.tripwire_count(head), before + 1);
+    assert!(
+        ep.recv_into_aperture(sel, ap, (1 << 20) - 4, 8, Some(T))
+            .is_err(),
+        "out of range"
+    );
+    ep.send(peer, 6, b"k").unwrap();
+    sender.join().unwrap();
+}

@@ -218,6 +218,39 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Receives a tagged message straight into this endpoint's aperture at `offset` (at
+    /// most `len` bytes) and fires the write tripwires over the bytes that landed, with
+    /// the sender as the accessing peer: a message landing in an aperture is an access
+    /// made through clink. Truncation is reported as by [`Endpoint::recv`] (the first
+    /// `len` bytes landed, and fire).
+    ///
+    /// Only blocking receives into apertures fire tripwires; a message received into a
+    /// plain buffer that happens to alias an aperture does not.
+    pub fn recv_into_aperture(
+        &mut self,
+        sel: clink_proto::matching::Selector,
+        ap: ApertureId,
+        offset: u64,
+        len: u64,
+        timeout: Option<Duration>,
+    ) -> Result<super::Status> {
+        let p = self.local_range(ap, offset, len)?;
+        // SAFETY: in bounds of the aperture (checked). The memory stays mapped during the
+        // call: destroying the aperture needs `&mut self`, which the receive holds.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
+        let res = self.recv_timeout(sel, buf, timeout);
+        // (A truncation error does not name the sender: the selector's source, if any.)
+        let landed = match &res {
+            Ok(st) => Some((Some(st.peer), st.len.min(len))),
+            Err(Error::Truncated { .. }) => Some((sel.src, len)),
+            Err(_) => None,
+        };
+        if let Some((peer, n)) = landed.filter(|&(_, n)| n > 0) {
+            self.fire(ap.0, offset, n, WRITE, peer);
+        }
+        res
+    }
+
     fn local_range(&mut self, ap: ApertureId, offset: u64, len: u64) -> Result<*mut u8> {
         let a = self.rma.aps.get_mut(&ap.0).ok_or_else(|| no_aperture(ap))?;
         match offset.checked_add(len) {
