@@ -25,8 +25,11 @@ pub const RMA: u32 = 2;
 pub const TRIPWIRES: u32 = 4;
 /// Interest in peers connecting, closing and failing.
 pub const PEERS: u32 = 8;
+/// Interest in completions of non-blocking tagged requests ([`Event::SendDone`],
+/// [`Event::RecvDone`]) started while it is set.
+pub const REQUESTS: u32 = 16;
 /// Every source.
-pub const ALL: u32 = MESSAGES | RMA | TRIPWIRES | PEERS;
+pub const ALL: u32 = MESSAGES | RMA | TRIPWIRES | PEERS | REQUESTS;
 
 /// Events kept in the overflow list at most before further ones are counted as lost.
 pub const SPILL_MAX: usize = 1 << 20;
@@ -48,6 +51,22 @@ pub enum Event {
         /// The request.
         req: u64,
         /// Whether it succeeded.
+        ok: bool,
+    },
+    /// A non-blocking send (`isend`) completed: take its result with
+    /// [`crate::Endpoint::test_send`] or `wait_send` (it will not wait).
+    SendDone {
+        /// The request ([`crate::SendRequest::id`]).
+        req: u64,
+        /// Whether it succeeded.
+        ok: bool,
+    },
+    /// A non-blocking receive (`irecv`) completed: take it with
+    /// [`crate::Endpoint::test_recv`] or `wait_recv` (it will not wait).
+    RecvDone {
+        /// The request ([`crate::RecvRequest::id`]).
+        req: u64,
+        /// Whether it succeeded (false for a truncated message, too).
         ok: bool,
     },
     /// A tripwire fired.

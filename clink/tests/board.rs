@@ -220,3 +220,69 @@ fn message_events_leave_messages_in_place() {
     client.join().unwrap();
     assert_eq!(server.stats().unexpected, 0, "messages were copied aside");
 }
+
+/// With `events::REQUESTS`, every non-blocking send and receive reports its completion
+/// once, under its request number: eager sends complete at once, rendezvous sends when
+/// the peer has read them, receives when the message is in.
+#[test]
+fn request_completion_events() {
+    use clink::events::{self, Event};
+    let ctx = ctx();
+    let mut ep = ctx.endpoint().unwrap();
+    let addr = ep.address();
+    let peer_thread = std::thread::spawn(move || {
+        let ctx = ctx_with(clink::Config {
+            calibrate: false,
+            ..Default::default()
+        });
+        let mut ep = ctx.endpoint().unwrap();
+        let p = ep.connect(&addr).unwrap();
+        let mut big = vec![0u8; 1 << 20];
+        let st = ep
+            .recv_timeout(Selector::exact(Some(p), 1), &mut big, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 1 << 20);
+        ep.send(p, 2, b"reply").unwrap();
+        let mut b = [0u8; 1];
+        ep.recv_timeout(Selector::exact(Some(p), 3), &mut b, Some(T))
+            .unwrap();
+    });
+    let p = ep.accept(Some(T)).unwrap();
+    ep.set_interest(events::REQUESTS);
+    let small = ep.isend(p, 9, vec![1u8; 8]).unwrap();
+    let big = ep.isend(p, 1, vec![7u8; 1 << 20]).unwrap();
+    let rx = ep
+        .irecv(Selector::exact(Some(p), 2), vec![0u8; 16])
+        .unwrap();
+    let mut want = vec![
+        Event::SendDone {
+            req: small.id(),
+            ok: true,
+        },
+        Event::SendDone {
+            req: big.id(),
+            ok: true,
+        },
+        Event::RecvDone {
+            req: rx.id(),
+            ok: true,
+        },
+    ];
+    assert!(small.id() != 0 && small.id() != big.id());
+    while !want.is_empty() {
+        let e = ep.wait_event(Some(T)).unwrap();
+        let k = want
+            .iter()
+            .position(|w| *w == e)
+            .unwrap_or_else(|| panic!("unexpected or repeated event {e:?}"));
+        want.remove(k);
+    }
+    // Completed requests are taken without waiting; nothing else is reported.
+    ep.wait_send(&small, Some(Duration::ZERO)).unwrap();
+    ep.wait_send(&big, Some(Duration::ZERO)).unwrap();
+    let got = ep.wait_recv(&rx, Some(Duration::ZERO)).unwrap();
+    assert_eq!(&got.buf[..got.status.len as usize], b"reply");
+    assert_eq!(ep.next_event(), None);
+    ep.send(p, 3, b"k").unwrap();
+    peer_thread.join().unwrap();
+}

@@ -95,11 +95,26 @@ pub struct SendRequest {
     id: u64, // 0: completed at once
 }
 
+impl SendRequest {
+    /// The request's number, as in [`Event::SendDone`] (0 for a send that completed at
+    /// once while completion events were not wanted).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 /// Handle of a non-blocking receive.
 #[derive(Debug)]
 #[must_use = "a receive request must be waited on, tested to completion or cancelled"]
 pub struct RecvRequest {
     id: u64,
+}
+
+impl RecvRequest {
+    /// The request's number, as in [`Event::RecvDone`].
+    pub fn id(&self) -> u64 {
+        self.id
+    }
 }
 
 enum SendData {
@@ -255,6 +270,8 @@ pub struct Endpoint {
     rma: rma::RmaState,
     /// The event queue.
     evq: EventQueue,
+    /// Non-blocking requests whose completion is to be reported: (is a send, id).
+    watched: Vec<(bool, u64)>,
     /// Our activity board and which peers a progress pass visits.
     board: Board,
     ready: ready::Ready,
@@ -314,6 +331,7 @@ impl Endpoint {
             detached: Vec::new(),
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
+            watched: Vec::new(),
             board: Board::new()?,
             ready: ready::Ready::default(),
         })
@@ -520,8 +538,68 @@ impl Endpoint {
     /// `data` until the receiver has read them (one copy, by CMA) or they have been
     /// pushed through the ring (pipeline). `data` is kept alive by the request: pass a `Vec<u8>` (moved, not
     /// copied) or a `Bytes`.
+    ///
+    /// With [`events::REQUESTS`] in the interest mask, its completion is reported by an
+    /// [`Event::SendDone`] (a send complete at once included, under its own number).
     pub fn isend(&mut self, peer: PeerId, tag: u64, data: impl Into<Bytes>) -> Result<SendRequest> {
-        self.start_send(peer, tag, SendData::Owned(data.into()))
+        let req = self.start_send(peer, tag, SendData::Owned(data.into()))?;
+        if self.evq.interest & events::REQUESTS == 0 {
+            return Ok(req);
+        }
+        let id = if req.id == 0 {
+            // Complete already: give it a number and a finished entry to report and take.
+            let id = self.alloc_id();
+            self.sends.insert(
+                id,
+                SendOp {
+                    peer,
+                    tag,
+                    data: SendData::Owned(Bytes::new()),
+                    state: SendState::Done(Ok(())),
+                },
+            );
+            id
+        } else {
+            req.id
+        };
+        self.watched.push((true, id));
+        self.report_done();
+        Ok(SendRequest { id })
+    }
+
+    /// Queues completion events for the watched requests that are done (see
+    /// [`events::REQUESTS`]); a request taken by `test`/`wait`/`cancel` first is dropped
+    /// from the watch silently.
+    fn report_done(&mut self) {
+        let (sends, recvs, evq) = (&self.sends, &self.recvs, &mut self.evq);
+        self.watched.retain(|&(send, id)| {
+            let done = if send {
+                match sends.get(&id).map(|o| &o.state) {
+                    None => return false,
+                    Some(SendState::Done(r)) => Some(Event::SendDone {
+                        req: id,
+                        ok: r.is_ok(),
+                    }),
+                    Some(_) => None,
+                }
+            } else {
+                match recvs.get(&id).map(|o| &o.state) {
+                    None => return false,
+                    Some(RecvState::Done(r)) => Some(Event::RecvDone {
+                        req: id,
+                        ok: r.is_ok(),
+                    }),
+                    Some(_) => None,
+                }
+            };
+            match done {
+                Some(e) => {
+                    evq.push(events::REQUESTS, e);
+                    false
+                }
+                None => true,
+            }
+        });
     }
 
     fn start_send(&mut self, peer: PeerId, tag: u64, data: SendData) -> Result<SendRequest> {
@@ -854,7 +932,9 @@ impl Endpoint {
     // ---------------------------------------------------------------- receiving
 
     /// Posts a receive into `buf` (its length is the capacity) for a message matching
-    /// `sel`. Complete it with [`Endpoint::wait_recv`] or [`Endpoint::test_recv`].
+    /// `sel`. Complete it with [`Endpoint::wait_recv`] or [`Endpoint::test_recv`]. With
+    /// [`events::REQUESTS`] in the interest mask, its completion is reported by an
+    /// [`Event::RecvDone`].
     pub fn irecv(&mut self, sel: Selector, buf: Vec<u8>) -> Result<RecvRequest> {
         let id = self.alloc_id();
         self.recvs.insert(
@@ -865,6 +945,10 @@ impl Endpoint {
             },
         );
         self.post(sel, id);
+        if self.evq.interest & events::REQUESTS != 0 {
+            self.watched.push((false, id));
+            self.report_done();
+        }
         Ok(RecvRequest { id })
     }
 
@@ -1311,6 +1395,9 @@ impl Endpoint {
             did |= self.run_engine();
         }
         self.net_transmit();
+        if !self.watched.is_empty() {
+            self.report_done();
+        }
         if !self.detached.is_empty() {
             let sends = &mut self.sends;
             self.detached
