@@ -34,14 +34,19 @@
 use crate::reliable::packet::{parse_bulk, BulkHeader, BULK_HEADER};
 
 /// The receiver's record of one bulk transfer: which fragments are at their place.
+///
+/// Only fragments that touch the destination are tracked (one bit each), so the memory
+/// follows the posted buffer, not the length a peer announces; the transfer is complete
+/// once they are all placed (the rest of a truncated message is dropped as it comes).
 #[derive(Debug, Clone)]
 pub struct Placement {
     xfer: u64,
     total: u64,
     cap: u64,
     frag: u64,
+    /// Fragments touching the destination: `cap.div_ceil(frag)`.
+    tracked: u64,
     placed: Vec<u64>,
-    count: u64,
     highest: Option<u64>,
     /// Every fragment below it is placed.
     low: u64,
@@ -54,6 +59,9 @@ pub enum Mark {
     New,
     /// Already placed: its bytes must not be written.
     Duplicate,
+    /// A fragment of this transfer wholly beyond the destination (a truncated message):
+    /// its bytes are dropped.
+    Beyond,
     /// Not a fragment of this transfer (wrong offset, length or total): a forged or
     /// buggy datagram.
     Invalid,
@@ -65,14 +73,15 @@ impl Placement {
     /// `total`: the message is truncated; the bytes beyond are received and dropped).
     pub fn new(xfer: u64, total: u64, cap: u64, frag: usize) -> Placement {
         let frag = frag.max(1) as u64;
-        let n = total.div_ceil(frag);
+        let cap = cap.min(total);
+        let tracked = cap.div_ceil(frag);
         Placement {
             xfer,
             total,
-            cap: cap.min(total),
+            cap,
             frag,
-            placed: vec![0; n.div_ceil(64) as usize],
-            count: 0,
+            tracked,
+            placed: vec![0; tracked.div_ceil(64) as usize],
             highest: None,
             low: 0,
         }
@@ -81,11 +90,6 @@ impl Placement {
     /// The transfer id.
     pub fn xfer(&self) -> u64 {
         self.xfer
-    }
-
-    /// The transfer's length.
-    pub fn total(&self) -> u64 {
-        self.total
     }
 
     /// Bytes of the destination the transfer fills (`min(total, cap)`).
@@ -98,9 +102,9 @@ impl Placement {
         self.total.div_ceil(self.frag)
     }
 
-    /// True once every fragment arrived.
+    /// True once every fragment touching the destination is placed.
     pub fn complete(&self) -> bool {
-        self.count == self.fragments()
+        self.low == self.tracked
     }
 
     /// Offset and length of fragment `i`.
@@ -126,13 +130,15 @@ impl Placement {
         if i >= self.fragments() || self.fragment(i).1 != len {
             return Mark::Invalid;
         }
+        if i >= self.tracked {
+            return Mark::Beyond;
+        }
         if self.is_placed(i) {
             return Mark::Duplicate;
         }
         self.placed[(i / 64) as usize] |= 1 << (i % 64);
-        self.count += 1;
         self.highest = Some(self.highest.map_or(i, |h| h.max(i)));
-        while self.low < self.fragments() && self.is_placed(self.low) {
+        while self.low < self.tracked && self.is_placed(self.low) {
             self.low += 1;
         }
         Mark::New
@@ -159,7 +165,7 @@ impl Placement {
     pub fn plan(&self, group: u64, entries: usize, out: &mut Vec<Vec<u64>>) {
         out.clear();
         let group = group.max(1);
-        let n = self.fragments();
+        let n = self.tracked;
         let first = self.highest.map_or(0, |h| h + 1);
         // The stream's continuation, then the holes: each cut into entries at group
         // boundaries and at most `group` long.
@@ -172,7 +178,8 @@ impl Placement {
                 if off + len as u64 > self.cap {
                     break; // so are all later ones
                 }
-                if !cur.is_empty() && (i.is_multiple_of(group) || cur.len() as u64 >= group) {
+                // A new sender group (the holes may skip its first fragment), or full.
+                if !cur.is_empty() && (i / group != cur[0] / group || cur.len() as u64 >= group) {
                     out.push(std::mem::take(&mut cur));
                     if out.len() >= entries {
                         return;
@@ -362,6 +369,38 @@ mod tests {
         assert_eq!(out, vec![vec![6, 7], vec![8, 9], vec![2]]);
         p.plan(4, 2, &mut out);
         assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn plan_never_mixes_sender_groups() {
+        let mut p = Placement::new(1, 1000, 1000, 100);
+        for i in [0u64, 1, 4, 6, 7] {
+            assert_eq!(p.mark(&hdr(1, i * 100, 1000), 100), Mark::New);
+        }
+        let mut out = Vec::new();
+        p.plan(4, 8, &mut out);
+        // After 7: 8, 9; then the holes 2, 3 | 5 (5 is in the group of 4..8, not 0..4).
+        assert_eq!(out, vec![vec![8, 9], vec![2, 3], vec![5]]);
+    }
+
+    #[test]
+    fn a_truncated_transfer_tracks_only_the_destination() {
+        // A peer may announce any length: memory follows the 250-byte destination.
+        let mut p = Placement::new(3, u64::MAX, 250, 100);
+        assert_eq!(p.placed.len(), 1);
+        assert_eq!(p.mark(&hdr(3, 0, u64::MAX), 100), Mark::New);
+        assert_eq!(p.mark(&hdr(3, 1000, u64::MAX), 100), Mark::Beyond);
+        assert_eq!(p.mark(&hdr(3, 100, u64::MAX), 100), Mark::New);
+        assert!(
+            !p.complete(),
+            "fragment 2 holds bytes 200..250 of the destination"
+        );
+        assert_eq!(p.mark(&hdr(3, 200, u64::MAX), 100), Mark::New);
+        assert!(p.complete());
+        assert!(
+            Placement::new(4, 500, 0, 100).complete(),
+            "nothing to place"
+        );
     }
 
     #[test]

@@ -573,31 +573,33 @@ impl Endpoint {
     fn report_done(&mut self) {
         let (sends, recvs, evq) = (&self.sends, &self.recvs, &mut self.evq);
         self.watched.retain(|&(send, id)| {
-            let done = if send {
-                match sends.get(&id).map(|o| &o.state) {
-                    None => return false,
-                    Some(SendState::Done(r)) => Some(Event::SendDone {
-                        req: id,
-                        ok: r.is_ok(),
-                    }),
-                    Some(_) => None,
-                }
+            // None: gone (taken by the caller); Some(None): pending; Some(Some(ok)): done.
+            let state = if send {
+                sends.get(&id).map(|o| match &o.state {
+                    SendState::Done(r) => Some(r.is_ok()),
+                    _ => None,
+                })
             } else {
-                match recvs.get(&id).map(|o| &o.state) {
-                    None => return false,
-                    Some(RecvState::Done(r)) => Some(Event::RecvDone {
-                        req: id,
-                        ok: r.is_ok(),
-                    }),
-                    Some(_) => None,
-                }
+                recvs.get(&id).map(|o| match &o.state {
+                    RecvState::Done(r) => Some(r.is_ok()),
+                    _ => None,
+                })
             };
-            match done {
-                Some(e) => {
-                    evq.push(events::REQUESTS, e);
+            match state {
+                None => false,
+                Some(None) => true,
+                Some(Some(ok)) => {
+                    let req = id;
+                    evq.push(
+                        events::REQUESTS,
+                        if send {
+                            Event::SendDone { req, ok }
+                        } else {
+                            Event::RecvDone { req, ok }
+                        },
+                    );
                     false
                 }
-                None => true,
             }
         });
     }
@@ -1902,16 +1904,12 @@ impl Endpoint {
         self.evq.arm_sleep();
         let busy = self.progress()
             || (board && self.board.any())
-            || self
-                .arm_list()
-                .into_iter()
-                .any(|i| matches!(self.peers[i].link.peek(), Ok(Some(_))))
+            || self.arm_list().into_iter().any(|i| {
+                let p = &mut self.peers[i];
+                !p.engine.is_empty() || matches!(p.link.peek(), Ok(Some(_)))
+            })
             || !self.new_peers.is_empty()
-            || !self.evq.is_empty()
-            || self
-                .arm_list()
-                .into_iter()
-                .any(|i| !self.peers[i].engine.is_empty());
+            || !self.evq.is_empty();
         if busy {
             self.finish_wait();
         }

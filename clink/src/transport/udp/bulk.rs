@@ -90,6 +90,8 @@ impl Bulk {
             ptr,
         });
         self.gen += 1;
+        // A zero-byte destination has nothing to wait for.
+        self.finish_if_complete(self.dests.len() - 1);
     }
 
     /// A number that changes whenever the layout to arm may change (a fragment placed, a
