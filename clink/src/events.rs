@@ -8,7 +8,9 @@
 //! is full, events go to an overflow list in order, and the consumer first receives an
 //! [`Event::Overflow`] saying so: nothing is lost unless the overflow list itself passes
 //! [`SPILL_MAX`] events, and then the loss is counted and reported in the next
-//! `Overflow` event (recover by checking request states and tripwire bits).
+//! `Overflow` event (recover by checking request states and tripwire bits). The order
+//! kept is the endpoint's own: a `User` event posted by an [`EventSender`] goes straight
+//! into the ring and may come before endpoint events still waiting in the overflow list.
 
 use crate::evq::{Consumer, EventRing, SharedRing};
 use clink_proto::tripwire::TripId;
@@ -159,16 +161,20 @@ impl EventQueue {
         if self.interest & src == 0 {
             return;
         }
-        // Once anything spilled, later events spill too (order is kept).
-        if self.spill.is_empty() && self.ring.push(ev).is_ok() {
-            return;
+        // Once anything spilled, later events spill too (order is kept). One report when
+        // spilling starts, and another whenever events are lost.
+        if self.spill.is_empty() {
+            if self.ring.push(ev).is_ok() {
+                return;
+            }
+            self.report = true;
         }
         if self.spill.len() >= SPILL_MAX {
             self.lost += 1;
+            self.report = true;
         } else {
             self.spill.push_back(ev);
         }
-        self.report = true;
     }
 
     pub fn pop(&mut self) -> Option<Event> {

@@ -73,6 +73,24 @@ fn child_entry() {
                     let v = u64::from_le_bytes(resp[..8].try_into().unwrap());
                     assert_eq!(v, key(seed, i).wrapping_mul(3), "response to call {i}");
                 }
+                // Pipelined: 15 requests in flight, a 16th refused, all answered in order.
+                let req = |i: u64| {
+                    let mut r = [0u8; RPC_SIZE];
+                    r[..8].copy_from_slice(&key(seed, CALLS + i).to_le_bytes());
+                    r
+                };
+                for i in 0..15 {
+                    c.send(&mut ep, &req(i), Some(T)).unwrap();
+                }
+                assert!(matches!(
+                    c.send(&mut ep, &req(15), Some(T)),
+                    Err(Error::Invalid(_))
+                ));
+                for i in 0..15 {
+                    c.recv(&mut ep, &mut resp, Some(T)).unwrap();
+                    let v = u64::from_le_bytes(resp[..8].try_into().unwrap());
+                    assert_eq!(v, key(seed, CALLS + i).wrapping_mul(3), "pipelined {i}");
+                }
                 let _ = recv_vec(&mut ep, parent, 99, 8);
             }
             "stream-writer" => {
@@ -119,11 +137,24 @@ fn queue_and_mailbox(net: bool) {
     assert!(!q.try_pop(&mut ep, &mut buf).unwrap(), "nothing more");
     let mut m = Mailbox::receiver(&mut ep, peer, TAG + 10, 1000, Some(T)).unwrap();
     let mut out = vec![0u8; 1000];
-    for i in 0..10usize {
+    for i in 0..9usize {
         let n = m.recv(&mut ep, &mut out, Some(T)).unwrap();
         assert_eq!(n, i * 100);
         check(key(seed, 1000 + i as u64), &out[..n], "mailbox message");
     }
+    // The last (900 bytes) into 500: truncated, its head kept.
+    let r = m.recv(&mut ep, &mut out[..500], Some(T));
+    assert!(
+        matches!(
+            r,
+            Err(Error::Truncated {
+                len: 900,
+                capacity: 500
+            })
+        ),
+        "{r:?}"
+    );
+    check(key(seed, 1009), &out[..500], "truncated mailbox message");
     ep.send(peer, 99, b"bye").unwrap();
     child.expect_success(T);
     if !net {
@@ -156,7 +187,7 @@ fn rpc(net: bool) {
         peers.push(p);
     }
     let mut served = 0;
-    while served < 3 * CALLS as usize {
+    while served < 3 * (CALLS as usize + 15) {
         served += server
             .serve(
                 &mut ep,

@@ -223,7 +223,8 @@ fn one_sided(net: bool) {
         ep.put(&rw, TRIP_AT + 10, b"trip").unwrap();
     }
     ep.put(&rw, TRIP_AT + 64, b"beside").unwrap();
-    // The read-once tripwire on 0..8: two gets, fires once.
+    // Two gets over 0..8: the read-once tripwire there fired on the earlier `iget` and
+    // disarmed itself, so these fire nothing (its events are counted below).
     let mut w = [0u8; 8];
     ep.get(&rw, 0, &mut w).unwrap();
     ep.get(&rw, 4, &mut w).unwrap();
@@ -509,4 +510,34 @@ fn messages_landing_in_an_aperture_fire_tripwires() {
     );
     ep.send(peer, 6, b"k").unwrap();
     sender.join().unwrap();
+}
+
+/// A tripwire id whose slot was reused by a later tripwire reads nothing of the new one.
+#[test]
+fn stale_tripwire_ids_see_nothing() {
+    let mut ep: Endpoint = ctx().endpoint().unwrap();
+    let ap = ep.aperture_alloc(4096).unwrap();
+    let once = TripOptions {
+        once: true,
+        ..TripOptions::default()
+    };
+    let old = ep.tripwire(ap, 0, 8, once).unwrap();
+    ep.aperture_write(ap, 0, &[1]).unwrap();
+    assert!(ep.tripwire_fired(old));
+    assert_eq!(ep.tripwire_count(old), 1);
+    // The once-only tripwire disarmed itself: its slot goes to the next one.
+    let new = ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+    assert_eq!(new.index, old.index, "the slot is reused");
+    ep.aperture_write(ap, 0, &[2]).unwrap();
+    assert!(ep.tripwire_fired(new));
+    assert!(
+        !ep.tripwire_fired(old),
+        "the old id reads the new tripwire's bit"
+    );
+    assert_eq!(ep.tripwire_count(old), 0);
+    ep.tripwire_clear(old);
+    assert!(
+        ep.tripwire_fired(new),
+        "clearing the old id clears the new one"
+    );
 }

@@ -109,6 +109,8 @@ pub(super) enum EngineItem {
 
 #[derive(Clone, Copy, Default)]
 struct TripMeta {
+    /// Generation of the tripwire in this slot: an old id of a reused slot reads nothing.
+    gen: u32,
     count: u64,
     event: bool,
 }
@@ -125,8 +127,6 @@ pub(super) struct RmaState {
     /// Fired bits by tripwire index: read without a system call.
     bits: Vec<u64>,
     ops: super::IdMap<RmaOp>,
-    /// Where the copy engine's next round-robin turn starts.
-    engine_next: usize,
 }
 
 /// What a target needs to apply one request.
@@ -239,7 +239,8 @@ impl Endpoint {
         // call: destroying the aperture needs `&mut self`, which the receive holds.
         let buf = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
         let res = self.recv_timeout(sel, buf, timeout);
-        // (A truncation error does not name the sender: the selector's source, if any.)
+        // (A truncation error does not name the sender: the selector's source, if any;
+        // with an any-source selector the tripwire event says `peer: None`.)
         let landed = match &res {
             Ok(st) => Some((Some(st.peer), st.len.min(len))),
             Err(Error::Truncated { .. }) => Some((sel.src, len)),
@@ -399,12 +400,7 @@ impl Endpoint {
     fn issue_put(&mut self, r: &Remote, offset: u64, data: &[u8], id: u64) {
         let i = r.peer.0 as usize;
         let chunk = self.rma_chunk(i);
-        let use_cma = data.len() > chunk
-            && self.peers[i]
-                .link
-                .shm()
-                .is_some_and(|s| s.peer_cma && self.ctx.config.cma);
-        if use_cma {
+        if self.by_engine(i, data.len()) {
             self.op_parts(id, 1);
             self.send_rma(
                 i,
@@ -433,6 +429,16 @@ impl Endpoint {
         }
     }
 
+    /// Whether `len` bytes to or from peer `i` go by the target's copy engine (one CMA
+    /// copy) rather than in frames.
+    fn by_engine(&self, i: usize, len: usize) -> bool {
+        len > self.rma_chunk(i)
+            && self.peers[i]
+                .link
+                .shm()
+                .is_some_and(|s| s.peer_cma && self.ctx.config.cma)
+    }
+
     fn op_parts(&mut self, id: u64, n: u32) {
         if let Some(op) = self.rma.ops.get_mut(&id) {
             op.parts += n;
@@ -444,7 +450,7 @@ impl Endpoint {
         let id = self.start_op(
             r.peer,
             OpKind::Put,
-            Some(SendData::Borrowed(data.as_ptr(), data.len())),
+            None, // the caller's slice outlives the blocking call
             Reap::Caller,
         )?;
         self.issue_put(r, offset, data, id);
@@ -527,11 +533,7 @@ impl Endpoint {
 
     fn issue_get(&mut self, r: &Remote, offset: u64, id: u64, addr: u64, len: u64) {
         let i = r.peer.0 as usize;
-        let use_cma = len as usize > self.rma_chunk(i)
-            && self.peers[i]
-                .link
-                .shm()
-                .is_some_and(|s| s.peer_cma && self.ctx.config.cma);
+        let use_cma = self.by_engine(i, len as usize);
         self.op_parts(id, 1);
         let from = Self::target(r, offset);
         let f = if use_cma {
@@ -769,6 +771,7 @@ impl Endpoint {
         }
         let k = id.index as usize;
         st.meta[k] = TripMeta {
+            gen: id.gen,
             count: 0,
             event: opts.event,
         };
@@ -785,24 +788,26 @@ impl Endpoint {
     /// Whether the tripwire fired since armed or last cleared (a bit read, no system call;
     /// no progress is made: call [`Endpoint::progress`] to apply what peers sent).
     pub fn tripwire_fired(&self, id: TripId) -> bool {
-        let k = id.index as usize;
-        self.rma
-            .bits
-            .get(k / 64)
-            .is_some_and(|w| w & (1 << (k % 64)) != 0)
+        self.trip_slot(id)
+            .is_some_and(|k| self.rma.bits[k / 64] & (1 << (k % 64)) != 0)
     }
 
     /// Clears the fired bit of a tripwire.
     pub fn tripwire_clear(&mut self, id: TripId) {
-        let k = id.index as usize;
-        if let Some(w) = self.rma.bits.get_mut(k / 64) {
-            *w &= !(1 << (k % 64));
+        if let Some(k) = self.trip_slot(id) {
+            self.rma.bits[k / 64] &= !(1 << (k % 64));
         }
     }
 
     /// How many times the tripwire fired since armed.
     pub fn tripwire_count(&self, id: TripId) -> u64 {
-        self.rma.meta.get(id.index as usize).map_or(0, |m| m.count)
+        self.trip_slot(id).map_or(0, |k| self.rma.meta[k].count)
+    }
+
+    /// The slot of tripwire `id`, unless it was reused by a later tripwire since.
+    fn trip_slot(&self, id: TripId) -> Option<usize> {
+        let k = id.index as usize;
+        self.rma.meta.get(k).filter(|m| m.gen == id.gen).map(|_| k)
     }
 
     /// The fired bitmap, one bit per tripwire index ([`TripId::index`]).
@@ -813,23 +818,31 @@ impl Endpoint {
     /// Waits (spinning, then blocking) until a tripwire of `set` fires; returns it with its
     /// bit cleared. Bits that were already set count.
     pub fn wait_tripset(&mut self, set: &Tripset, timeout: Option<Duration>) -> Result<TripId> {
-        if set.ids.is_empty() {
+        self.wait_trips(&set.ids, timeout)
+    }
+
+    /// Waits until one tripwire fires (see [`Endpoint::wait_tripset`]).
+    pub fn wait_tripwire(&mut self, id: TripId, timeout: Option<Duration>) -> Result<()> {
+        self.wait_trips(&[id], timeout).map(|_| ())
+    }
+
+    /// As [`Endpoint::wait_tripset`], over a slice of ids.
+    pub(crate) fn wait_trips(
+        &mut self,
+        ids: &[TripId],
+        timeout: Option<Duration>,
+    ) -> Result<TripId> {
+        if ids.is_empty() {
             return Err(Error::Invalid("wait on an empty tripset".into()));
         }
         let mut hit = None;
         self.wait_until(timeout, |ep| {
-            hit = set.ids.iter().copied().find(|&t| ep.tripwire_fired(t));
+            hit = ids.iter().copied().find(|&t| ep.tripwire_fired(t));
             hit.is_some()
         })?;
         let t = hit.ok_or(Error::Timeout)?;
         self.tripwire_clear(t);
         Ok(t)
-    }
-
-    /// Waits until one tripwire fires (see [`Endpoint::wait_tripset`]).
-    pub fn wait_tripwire(&mut self, id: TripId, timeout: Option<Duration>) -> Result<()> {
-        let set = Tripset { ids: vec![id] };
-        self.wait_tripset(&set, timeout).map(|_| ())
     }
 
     /// Fires the tripwires an access of `len` bytes at `at` of aperture `ap` touches.
@@ -865,8 +878,8 @@ impl Endpoint {
     // ------------------------------------------------------------ event queue
 
     /// Chooses the event sources queued ([`crate::events::ALL`] or a mask of
-    /// [`crate::events::MESSAGES`], `RMA`, `TRIPWIRES`, `PEERS`). Nothing is queued by
-    /// default.
+    /// [`crate::events::MESSAGES`], `RMA`, `TRIPWIRES`, `PEERS`, `REQUESTS`). Nothing is
+    /// queued by default.
     pub fn set_interest(&mut self, mask: u32) {
         self.evq.interest = mask;
     }
@@ -1219,17 +1232,13 @@ impl Endpoint {
     /// queued copy, round-robin, so one peer's bulk cannot starve another's. True when
     /// anything moved.
     pub(super) fn run_engine(&mut self) -> bool {
-        let n = self.peers.len();
         let mut did = false;
-        for k in 0..n {
-            let i = (self.rma.engine_next + k) % n;
-            if self.peers[i].engine.is_empty() {
-                continue;
+        for i in 0..self.peers.len() {
+            if !self.peers[i].engine.is_empty() {
+                did = true;
+                self.engine_turn(i);
             }
-            did = true;
-            self.engine_turn(i);
         }
-        self.rma.engine_next = (self.rma.engine_next + 1) % n.max(1);
         did
     }
 

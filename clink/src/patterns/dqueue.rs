@@ -20,17 +20,14 @@
 //! being raised: the receiver therefore sleeps at most [`MAX_SLEEP`] at a time and looks
 //! again, which bounds a missed wake-up to that delay.
 
-use super::{open_pair, quiet_tripwire, Far};
+pub use super::MAX_SLEEP;
+use super::{deadline, nap, open_pair, quiet_tripwire, spin, Far};
 use crate::rma::{ApertureId, TripId, Window};
 use crate::{Endpoint, Error, PeerId, Result};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Polls before a waiting side looks at the clock or goes to sleep.
-pub(super) const SPIN: u32 = 1 << 12;
 /// The sender's control window: read counter, then the receiver's `sleeping` word.
 const CTRL_LEN: u64 = 16;
-/// Longest sleep of a waiting receiver before it looks at its queue again.
-pub const MAX_SLEEP: Duration = Duration::from_millis(1);
 const SLEEPING: u64 = 8;
 
 fn stride(elem: usize) -> usize {
@@ -44,14 +41,6 @@ fn check_geometry(elem: usize, slots: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-pub(super) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.map(|t| Instant::now() + t)
-}
-
-pub(super) fn expired(d: Option<Instant>) -> bool {
-    d.is_some_and(|d| Instant::now() >= d)
 }
 
 /// The writing side of a distributed queue.
@@ -123,19 +112,14 @@ impl QueueSender {
             self.buf[..data.len()].copy_from_slice(data);
             let n = self.stride;
             self.buf[n - 8..].copy_from_slice(&(self.w + 1).to_le_bytes());
-            let buf = std::mem::take(&mut self.buf);
-            let r = self.far.write(ep, base as u64, &buf);
-            self.buf = buf;
-            r?;
+            self.far.write(ep, base as u64, &self.buf)?;
         }
         self.w += 1;
         // No fence before this load (a full fence per element waits for the element's
         // cache lines to reach the receiver and halves the rate); the race it leaves is
         // covered by the receiver's bounded sleep (see the module docs).
-        if self.far.mapped() && self.near.load_u64(SLEEPING)? != 0 {
-            self.near.store_u64(SLEEPING, 0)?;
-            self.flush(ep)?;
-        }
+        let bell = (0, self.ring_len());
+        self.far.wake_if_sleeping(ep, &self.near, SLEEPING, bell)?;
         Ok(true)
     }
 
@@ -149,17 +133,7 @@ impl QueueSender {
         let end = deadline(timeout);
         let mut polls = 0u32;
         while !self.try_push(ep, data)? {
-            polls += 1;
-            if polls.is_multiple_of(64) {
-                ep.progress();
-                if !ep.is_alive(self.peer) {
-                    return Err(Error::PeerDead(self.peer));
-                }
-            }
-            if polls.is_multiple_of(SPIN) && expired(end) {
-                return Err(Error::Timeout);
-            }
-            std::hint::spin_loop();
+            spin(ep, self.peer, &mut polls, end)?;
         }
         Ok(())
     }
@@ -167,8 +141,12 @@ impl QueueSender {
     /// Rings the receiver's doorbell (same host: one notify; over the network the puts
     /// fired its tripwire already). `push` does it when the receiver said it sleeps.
     pub fn flush(&mut self, ep: &mut Endpoint) -> Result<()> {
-        let len = self.slots * self.stride as u64;
-        self.far.doorbell(ep, 0, len)
+        self.far.doorbell(ep, 0, self.ring_len())
+    }
+
+    /// Bytes of the receiver's slots.
+    fn ring_len(&self) -> u64 {
+        self.slots * self.stride as u64
     }
 
     /// Elements written so far.
@@ -279,29 +257,13 @@ impl QueueReceiver {
             if self.try_pop(ep, buf)? {
                 return Ok(());
             }
-            polls += 1;
-            if polls.is_multiple_of(64) {
-                ep.progress();
-                if !ep.is_alive(self.peer) {
-                    return Err(Error::PeerDead(self.peer));
-                }
-            }
-            if polls.is_multiple_of(SPIN) {
-                if expired(end) {
-                    return Err(Error::Timeout);
-                }
+            if spin(ep, self.peer, &mut polls, end)? {
                 // Sleep: clear the bit, say so, look once more, then wait for a firing.
                 self.prepare_sleep(ep)?;
                 if self.try_pop(ep, buf)? {
                     return Ok(());
                 }
-                let left = end.map_or(MAX_SLEEP, |d| {
-                    d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
-                });
-                match ep.wait_tripwire(self.trip, Some(left)) {
-                    Ok(()) | Err(Error::Timeout) => {}
-                    Err(e) => return Err(e),
-                }
+                nap(ep, &[self.trip], end)?;
             }
         }
     }
@@ -311,9 +273,7 @@ impl QueueReceiver {
     /// wait.
     pub fn prepare_sleep(&mut self, ep: &mut Endpoint) -> Result<()> {
         ep.tripwire_clear(self.trip);
-        self.far.store_u64(ep, SLEEPING, 1)?;
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        Ok(())
+        self.far.announce_sleep(ep, SLEEPING)
     }
 
     /// Elements read so far.
@@ -382,10 +342,7 @@ impl MailboxSender {
         }
         self.buf[..8].copy_from_slice(&(msg.len() as u64).to_le_bytes());
         self.buf[8..8 + msg.len()].copy_from_slice(msg);
-        let buf = std::mem::take(&mut self.buf);
-        let r = self.q.push(ep, &buf, timeout);
-        self.buf = buf;
-        r
+        self.q.push(ep, &self.buf, timeout)
     }
 }
 
@@ -397,26 +354,29 @@ pub struct MailboxReceiver {
 
 impl MailboxReceiver {
     /// Waits for `rx_ready`, copies the message into `out` and raises `tx_ready`; returns
-    /// its length.
+    /// its length. A message longer than `out` fills it and gives [`Error::Truncated`].
     pub fn recv(
         &mut self,
         ep: &mut Endpoint,
         out: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<usize> {
-        let mut buf = std::mem::take(&mut self.buf);
-        let r = self.q.pop(ep, &mut buf, timeout);
-        self.buf = buf;
-        r?;
+        self.q.pop(ep, &mut self.buf, timeout)?;
         let n = u64::from_le_bytes(self.buf[..8].try_into().expect("8 bytes")) as usize;
         let max = self.buf.len() - 8;
-        if n > max || n > out.len() {
+        if n > max {
             return Err(Error::Invalid(format!(
-                "mailbox message of {n} bytes (buffer {}, maximum {max})",
-                out.len()
+                "mailbox message of {n} bytes from the peer exceeds the maximum {max}"
             )));
         }
-        out[..n].copy_from_slice(&self.buf[8..8 + n]);
+        let k = n.min(out.len());
+        out[..k].copy_from_slice(&self.buf[8..8 + k]);
+        if k < n {
+            return Err(Error::Truncated {
+                len: n as u64,
+                capacity: k as u64,
+            });
+        }
         Ok(n)
     }
 }

@@ -20,9 +20,56 @@ pub mod dqueue;
 pub mod rpc;
 pub mod stream;
 
-use crate::rma::{ApertureId, Cookie, Remote, Window, COOKIE_LEN, WRITE};
+use crate::rma::{ApertureId, Cookie, Remote, TripId, Window, COOKIE_LEN, WRITE};
 use crate::{Endpoint, Error, PeerId, Result, Selector};
-use std::time::Duration;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+/// Polls before a waiting side looks at the clock or goes to sleep.
+const SPIN: u32 = 1 << 12;
+/// Longest sleep of a waiting side before it looks again: bounds a wake-up missed by a
+/// writer that reads the `sleeping` word without a fence (see [`dqueue`]).
+pub const MAX_SLEEP: Duration = Duration::from_millis(1);
+
+pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + t)
+}
+
+/// One step of a waiting loop: progress and a liveness look every 64 polls; `Ok(true)`
+/// when it is time to sleep (every [`SPIN`] polls), `Err(Timeout)` past `end`.
+pub(crate) fn spin(
+    ep: &mut Endpoint,
+    peer: PeerId,
+    polls: &mut u32,
+    end: Option<Instant>,
+) -> Result<bool> {
+    *polls += 1;
+    if polls.is_multiple_of(64) {
+        ep.progress();
+        if !ep.is_alive(peer) {
+            return Err(Error::PeerDead(peer));
+        }
+    }
+    if polls.is_multiple_of(SPIN) {
+        if end.is_some_and(|d| Instant::now() >= d) {
+            return Err(Error::Timeout);
+        }
+        return Ok(true);
+    }
+    std::hint::spin_loop();
+    Ok(false)
+}
+
+/// Sleeps until one of `trips` fires, at most [`MAX_SLEEP`] (less if `end` is nearer).
+pub(crate) fn nap(ep: &mut Endpoint, trips: &[TripId], end: Option<Instant>) -> Result<()> {
+    let left = end.map_or(MAX_SLEEP, |d| {
+        d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
+    });
+    match ep.wait_trips(trips, Some(left)) {
+        Ok(_) | Err(Error::Timeout) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
 
 /// A peer's window written by direct stores when it is mapped (same host) or by puts.
 pub(crate) enum Far {
@@ -66,6 +113,35 @@ impl Far {
     pub(crate) fn mapped(&self) -> bool {
         matches!(self, Far::Mapped { .. })
     }
+
+    /// Before sleeping on a tripwire that the peer's direct stores cannot fire: raises our
+    /// `sleeping` word at `at` of its window, then fences, so its next write is followed
+    /// by a doorbell ([`Far::wake_if_sleeping`]). Nothing over the network, where puts
+    /// fire the tripwire themselves.
+    pub(crate) fn announce_sleep(&self, ep: &mut Endpoint, at: u64) -> Result<()> {
+        if self.mapped() {
+            self.store_u64(ep, at, 1)?;
+            fence(Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// After a write: when the peer raised its `sleeping` word at `at` of our own window
+    /// `near`, lowers it and rings the doorbell over `bell` (offset, length) of its
+    /// window. Same host only. The caller decides whether to fence before.
+    pub(crate) fn wake_if_sleeping(
+        &self,
+        ep: &mut Endpoint,
+        near: &Window,
+        at: u64,
+        bell: (u64, u64),
+    ) -> Result<()> {
+        if self.mapped() && near.load_u64(at)? != 0 {
+            near.store_u64(at, 0)?;
+            self.doorbell(ep, bell.0, bell.1)?;
+        }
+        Ok(())
+    }
 }
 
 /// A tripwire on writes to `len` bytes at `offset` of `ap` that only sets its bit (no
@@ -75,7 +151,7 @@ pub(crate) fn quiet_tripwire(
     ap: ApertureId,
     offset: u64,
     len: u64,
-) -> Result<crate::rma::TripId> {
+) -> Result<TripId> {
     ep.tripwire(
         ap,
         offset,

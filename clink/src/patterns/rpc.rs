@@ -2,7 +2,8 @@
 //! aperture and a response queue into its own ([`super::dqueue`]); the server waits on a
 //! tripset over every client's request queue, so it sleeps until some client writes.
 
-use super::dqueue::{QueueReceiver, QueueSender, MAX_SLEEP};
+use super::dqueue::{QueueReceiver, QueueSender};
+use super::{deadline, nap};
 use crate::rma::Tripset;
 use crate::{Endpoint, Error, PeerId, Result};
 use std::time::{Duration, Instant};
@@ -14,6 +15,8 @@ const SLOTS: usize = 16;
 pub struct RpcClient {
     tx: QueueSender,
     rx: QueueReceiver,
+    /// Requests sent whose responses were not received yet.
+    outstanding: usize,
 }
 
 impl RpcClient {
@@ -28,12 +31,26 @@ impl RpcClient {
     ) -> Result<RpcClient> {
         let tx = QueueSender::connect(ep, peer, tag, size, SLOTS, timeout)?;
         let rx = QueueReceiver::connect(ep, peer, tag + 1, size, SLOTS, timeout)?;
-        Ok(RpcClient { tx, rx })
+        Ok(RpcClient {
+            tx,
+            rx,
+            outstanding: 0,
+        })
     }
 
-    /// Sends a request without waiting for its response (up to 15 in flight).
+    /// Sends a request without waiting for its response. At most 15 may be in flight
+    /// (their responses must fit the response queue, or the server would block on it):
+    /// a 16th is refused with `Error::Invalid`.
     pub fn send(&mut self, ep: &mut Endpoint, req: &[u8], timeout: Option<Duration>) -> Result<()> {
-        self.tx.push(ep, req, timeout)
+        if self.outstanding == SLOTS - 1 {
+            return Err(Error::Invalid(format!(
+                "{} RPC requests in flight: receive a response first",
+                SLOTS - 1
+            )));
+        }
+        self.tx.push(ep, req, timeout)?;
+        self.outstanding += 1;
+        Ok(())
     }
 
     /// Receives the next response, in request order.
@@ -43,7 +60,9 @@ impl RpcClient {
         resp: &mut [u8],
         timeout: Option<Duration>,
     ) -> Result<()> {
-        self.rx.pop(ep, resp, timeout)
+        self.rx.pop(ep, resp, timeout)?;
+        self.outstanding = self.outstanding.saturating_sub(1);
+        Ok(())
     }
 
     /// One call: request, then its response.
@@ -119,10 +138,16 @@ impl RpcServer {
         let mut served = 0;
         for k in 0..n {
             let c = &mut self.clients[(self.next + k) % n];
-            while c.rx.try_pop(ep, &mut self.req)? {
+            // A client that died is skipped (its last requests go unanswered); the
+            // others go on being served.
+            while ep.is_alive(c.peer) && c.rx.try_pop(ep, &mut self.req)? {
                 handler(c.peer, &self.req, &mut self.resp);
-                c.tx.push(ep, &self.resp, None)?;
-                served += 1;
+                // Never full: a client has at most `SLOTS - 1` requests in flight.
+                match c.tx.push(ep, &self.resp, None) {
+                    Ok(()) => served += 1,
+                    Err(Error::PeerDead(_)) => break,
+                    Err(e) => return Err(e),
+                }
             }
         }
         self.next = (self.next + 1) % n.max(1);
@@ -140,7 +165,7 @@ impl RpcServer {
         if self.clients.is_empty() {
             return Err(Error::Invalid("an RPC server without clients".into()));
         }
-        let end = timeout.map(|t| Instant::now() + t);
+        let end = deadline(timeout);
         let mut spins = 0u32;
         loop {
             let n = self.poll(ep, &mut handler)?;
@@ -156,21 +181,18 @@ impl RpcServer {
             }
             spins = 0;
             for c in &mut self.clients {
-                c.rx.prepare_sleep(ep)?;
+                if ep.is_alive(c.peer) {
+                    c.rx.prepare_sleep(ep)?;
+                }
             }
             let n = self.poll(ep, &mut handler)?;
             if n > 0 {
                 return Ok(n);
             }
-            let left = end.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
+            if end.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout);
             }
-            let nap = left.map_or(MAX_SLEEP, |l| l.min(MAX_SLEEP));
-            match ep.wait_tripset(&self.set, Some(nap)) {
-                Ok(_) | Err(Error::Timeout) => {}
-                Err(e) => return Err(e),
-            }
+            nap(ep, &self.set.ids, end)?;
         }
     }
 }

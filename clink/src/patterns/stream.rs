@@ -20,8 +20,7 @@
 //! storing its counter, fences, finds the word raised, lowers it and rings the doorbell
 //! (one notify). Sleeps last at most [`MAX_SLEEP`], which bounds any missed wake-up.
 
-use super::dqueue::{deadline, expired, MAX_SLEEP, SPIN};
-use super::{open_pair, quiet_tripwire, Far};
+use super::{deadline, nap, open_pair, quiet_tripwire, spin, Far};
 use crate::rma::{ApertureId, TripId, Window};
 use crate::{Endpoint, Error, PeerId, Result};
 use std::sync::atomic::{fence, Ordering};
@@ -45,37 +44,6 @@ fn check_capacity(capacity: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Sleeps on `trip` for at most [`MAX_SLEEP`] (less if `end` is nearer).
-fn nap(ep: &mut Endpoint, trip: TripId, end: Option<Instant>) -> Result<()> {
-    let left = end.map_or(MAX_SLEEP, |d| {
-        d.saturating_duration_since(Instant::now()).min(MAX_SLEEP)
-    });
-    match ep.wait_tripwire(trip, Some(left)) {
-        Ok(()) | Err(Error::Timeout) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// One step of a waiting loop: progress and liveness every 64 polls; `Some(true)` when it
-/// is time to sleep (every [`SPIN`] polls), `Err(Timeout)` past `end`.
-fn spin(ep: &mut Endpoint, peer: PeerId, polls: &mut u32, end: Option<Instant>) -> Result<bool> {
-    *polls += 1;
-    if polls.is_multiple_of(64) {
-        ep.progress();
-        if !ep.is_alive(peer) {
-            return Err(Error::PeerDead(peer));
-        }
-    }
-    if polls.is_multiple_of(SPIN) {
-        if expired(end) {
-            return Err(Error::Timeout);
-        }
-        return Ok(true);
-    }
-    std::hint::spin_loop();
-    Ok(false)
 }
 
 /// The writing side of a byte stream.
@@ -151,11 +119,10 @@ impl StreamWriter {
         self.far.store_u64(ep, self.cap, self.w)?;
         if self.far.mapped() {
             fence(Ordering::SeqCst);
-            if self.near.load_u64(READER_SLEEPING)? != 0 {
-                self.near.store_u64(READER_SLEEPING, 0)?;
-                self.far.doorbell(ep, self.cap, 8)?;
-            }
         }
+        let bell = (self.cap, 8);
+        self.far
+            .wake_if_sleeping(ep, &self.near, READER_SLEEPING, bell)?;
         Ok(n)
     }
 
@@ -191,14 +158,11 @@ impl StreamWriter {
                 continue;
             }
             ep.tripwire_clear(self.trip);
-            if self.far.mapped() {
-                self.far.store_u64(ep, self.cap + 8, 1)?;
-                fence(Ordering::SeqCst);
-            }
+            self.far.announce_sleep(ep, self.cap + 8)?;
             if self.near.load_u64(0)? != self.r_cache {
                 continue;
             }
-            nap(ep, self.trip, end)?;
+            nap(ep, &[self.trip], end)?;
         }
         Ok(())
     }
@@ -304,12 +268,9 @@ impl StreamReader {
         self.r_pub = self.r;
         if self.far.mapped() {
             fence(Ordering::SeqCst);
-            if self.near.load_u64(self.cap + 8)? != 0 {
-                self.near.store_u64(self.cap + 8, 0)?;
-                self.far.doorbell(ep, 0, 8)?;
-            }
         }
-        Ok(())
+        self.far
+            .wake_if_sleeping(ep, &self.near, self.cap + 8, (0, 8))
     }
 
     /// Reads at least one byte (up to `buf.len()`), spinning and then sleeping on the write
@@ -334,15 +295,12 @@ impl StreamReader {
                 continue;
             }
             ep.tripwire_clear(self.trip);
-            if self.far.mapped() {
-                self.far.store_u64(ep, READER_SLEEPING, 1)?;
-                fence(Ordering::SeqCst);
-            }
+            self.far.announce_sleep(ep, READER_SLEEPING)?;
             let n = self.try_read(ep, buf)?;
             if n > 0 {
                 return Ok(n);
             }
-            nap(ep, self.trip, end)?;
+            nap(ep, &[self.trip], end)?;
         }
     }
 
