@@ -95,7 +95,11 @@ impl Address {
                     let a: SocketAddrV4 = v
                         .parse()
                         .map_err(|_| bad(s, "udp must be <IPv4 address>:<port>"))?;
-                    if a.port() == 0 || a.ip().is_unspecified() || a.ip().is_multicast() {
+                    if a.port() == 0
+                        || a.ip().is_unspecified()
+                        || a.ip().is_multicast()
+                        || a.ip().is_broadcast()
+                    {
                         return Err(bad(s, "udp needs a unicast address and a non-zero port"));
                     }
                     udp = Some(a);
@@ -166,7 +170,8 @@ mod tests {
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=0.0.0.0:5",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:0",
-            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=x:1;udp=x:1",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=255.255.255.255:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5;udp=1.2.3.4:5",
         ] {
             assert!(Address::parse(s).is_err(), "{s}");
         }

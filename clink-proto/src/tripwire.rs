@@ -18,10 +18,8 @@ use std::ops::RangeInclusive;
 
 use crate::ProtoError;
 
-/// Access kind bit: a read.
-pub const READ: u8 = 1;
-/// Access kind bit: a write.
-pub const WRITE: u8 = 2;
+/// Access kind bits (the same as the rights of an export).
+pub use crate::rma::{READ, WRITE};
 
 /// log2 of the bucket page size.
 const PAGE_SHIFT: u32 = 12;

@@ -144,9 +144,17 @@ proptest! {
     fn bulk_headers_with_a_valid_crc_never_panic(
         mut h in proptest::collection::vec(any::<u8>(), BULK_HEADER),
         payload in proptest::collection::vec(any::<u8>(), 0..200),
+        honest_len in any::<bool>(),
     ) {
-        // Past the checksum, so the field checks themselves are exercised.
+        // Past the checksum and the reserved fields (most of the time with the right
+        // payload length), so the field checks themselves are exercised.
         h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1, 7]);
+        h[6..8].fill(0);
+        h[12..16].fill(0);
+        h[58..60].fill(0);
+        if honest_len {
+            h[56..58].copy_from_slice(&(payload.len() as u16).to_le_bytes());
+        }
         let sum = bulk_checksum(&h[..60], &payload);
         h[60..].copy_from_slice(&sum.to_le_bytes());
         if let Ok((_, hdr)) = parse_bulk(&h, &payload) {

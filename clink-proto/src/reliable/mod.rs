@@ -725,11 +725,9 @@ impl Conn {
                             self.events.push_back(Event::Acked(MsgId(m.id)));
                         }
                     }
-                    Item::Bulk { xfer, .. } => {
-                        if self.cfg.reliable {
-                            self.events.push_back(Event::BulkSent(xfer));
-                        }
-                    }
+                    // Acknowledged or (unreliable mode) given up: either way the source
+                    // bytes are no longer needed.
+                    Item::Bulk { xfer, .. } => self.events.push_back(Event::BulkSent(xfer)),
                 }
             }
         }

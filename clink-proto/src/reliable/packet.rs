@@ -61,7 +61,7 @@
 //! each datagram is self-describing: a receiver can place any payload at its final offset
 //! without having seen the first fragment (what speculative defragmentation needs).
 
-use crate::le::{u16_at, u32_at, u64_at};
+use crate::le::{u128_at, u16_at, u32_at, u64_at};
 use thiserror::Error;
 
 /// Magic number opening every datagram ("CLRD").
@@ -433,8 +433,8 @@ impl<'a> Datagram<'a> {
                     return Err(PacketError::Reserved("handshake"));
                 }
                 let hs = Handshake {
-                    from: u128::from(u64_at(b, 16)) | (u128::from(u64_at(b, 24)) << 64),
-                    to: u128::from(u64_at(b, 32)) | (u128::from(u64_at(b, 40)) << 64),
+                    from: u128_at(b, 16),
+                    to: u128_at(b, 32),
                     mtu_payload: u32_at(b, 48),
                 };
                 Ok(if kind == K_HELLO {
@@ -539,11 +539,6 @@ fn common(b: &[u8]) -> Result<u8, PacketError> {
     Ok(kind)
 }
 
-/// True when the kind byte says bulk (a cheap peek; [`parse_bulk`] verifies).
-pub fn is_bulk(b: &[u8]) -> bool {
-    b.len() > 5 && b[5] == K_BULK
-}
-
 /// Parses and verifies a bulk datagram whose header and payload lie apart (a speculative
 /// scatter receive put the payload straight into its destination). `header` must be the
 /// [`BULK_HEADER`] bytes, `payload` the bytes that followed them. Returns the connection
@@ -635,9 +630,9 @@ pub fn bulk_checksum(header60: &[u8], payload: &[u8]) -> u32 {
 }
 
 /// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has
-/// it (the `crc32c` crate checks at run time), software otherwise. Every payload byte
-/// passes through it on both sides, so at bulk rates a table-driven CRC (2-3 GB/s here) was
-/// a bottleneck of its own.
+/// it (the `crc32c` crate checks at run time), software otherwise. It covers every byte of
+/// ordinary datagrams and the header of bulk ones (whose payloads go through XXH3, see
+/// [`bulk_checksum`]); a table-driven CRC (2-3 GB/s here) was a bottleneck of its own.
 pub fn crc32c(data: &[u8]) -> u32 {
     ::crc32c::crc32c(data)
 }
