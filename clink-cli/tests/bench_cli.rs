@@ -19,7 +19,9 @@ fn quick_json_run_over_sockets() {
         .expect("run clink bench");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "clink bench failed: {stderr}");
-    assert!(stderr.contains("pinned"), "{stderr}");
+    // Rows say they were pinned exactly when the header says so.
+    let pinned = stderr.contains("server pinned to CPU 0");
+    assert!(pinned || stderr.contains("NOT pinned"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<serde_json::Value> = stdout
         .lines()
@@ -51,6 +53,7 @@ fn quick_json_run_over_sockets() {
             assert!(row["p99"].as_f64().is_some(), "{row}");
         }
         assert_eq!(row["placement"], "host", "{row}");
+        assert_eq!(row["pinned"], pinned, "{row}");
         if row["metric"] == "bandwidth_gbs" {
             assert!(
                 row["cpu_s_per_gb"].as_f64().is_some_and(|c| c > 0.0),
@@ -137,5 +140,36 @@ fn quick_netns_run_over_tcp_and_udp() {
     let list = String::from_utf8_lossy(&list.stdout);
     for ns in made {
         assert!(!list.contains(ns), "{ns} left behind: {list}");
+    }
+}
+
+#[test]
+fn quick_rma_run_with_the_event_server() {
+    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
+        .args(["bench", "--rma", "--quick", "--json"])
+        .args(["--experiments", "word_rtt,event_server", "--conns", "1,3"])
+        .output()
+        .expect("run clink bench --rma");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench --rma failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect();
+    let of = |e: &str| rows.iter().filter(|r| r["experiment"] == e).count();
+    assert_eq!(
+        of("word_rtt"),
+        3,
+        "tagged, mapped_spin, put_tripwire: {stdout}"
+    );
+    // tcp and clink at N = 1 and 3, clink-direct at N = 1; three rows each.
+    assert_eq!(of("event_server"), 15, "{stdout}");
+    for r in &rows {
+        assert!(r["median"].as_f64().is_some_and(|m| m > 0.0), "{r}");
+        if r["experiment"] == "event_server" {
+            assert!(r["endpoints"] == 1 || r["endpoints"] == 3, "{r}");
+            assert_eq!(r["p99"].is_null(), r["variant"] == "rate", "{r}");
+        }
     }
 }

@@ -568,21 +568,6 @@ pub fn fd_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
-/// Pins the calling thread to one CPU.
-pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; CPU_SET stays in bounds for cpu < 1024.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu % 1024, &mut set);
-        cvt(libc::sched_setaffinity(
-            0,
-            std::mem::size_of::<libc::cpu_set_t>(),
-            &set,
-        ))?;
-    }
-    Ok(())
-}
-
 /// This process's id (used only for fork detection and CMA, never as an identity).
 pub fn getpid() -> i32 {
     // SAFETY: always succeeds.

@@ -80,3 +80,21 @@ fn set_mask(set: &libc::cpu_set_t) -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// Spawns a thread named `name`, pinned to `cpu` when given (the caller checked with
+/// [`can_pin_pair`] that it may; a refusal then is a bug and panics the thread).
+pub fn spawn_thread<R: Send + 'static>(
+    name: &str,
+    cpu: Option<usize>,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> std::thread::JoinHandle<R> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            if let Some(c) = cpu {
+                pin_self(c).unwrap_or_else(|e| panic!("cannot pin to CPU {c}: {e}"));
+            }
+            f()
+        })
+        .expect("spawn a bench thread")
+}

@@ -28,6 +28,8 @@
 //! - `rtt_busy`: the median round trip of the requests of the `rate` run (the server busy
 //!   with the others).
 
+use super::affinity::{spawn_thread, CLIENT_CPU, SERVER_CPU};
+use super::stats;
 use clink::events::{self, Event};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
 use serde_json::json;
@@ -47,8 +49,8 @@ const T: Option<Duration> = Some(Duration::from_secs(60));
 
 /// One measured figure.
 pub struct ServerRow {
-    /// "clink" (the board from the first peer), "clink-direct" (the default: the board
-    /// from 4 peers; run at N = 1 only) or "tcp".
+    /// "clink" (the board from the first peer), "clink-direct" (the board threshold at its
+    /// default of 4 peers, so rings polled directly; run at N = 1 only) or "tcp".
     pub system: &'static str,
     /// "rtt_idle", "rtt_busy" or "rate".
     pub variant: &'static str,
@@ -56,8 +58,8 @@ pub struct ServerRow {
     pub endpoints: usize,
     /// Median (microseconds or millions of requests per second).
     pub median: f64,
-    /// p99 of the round trips (rtt rows), or the median again (rate).
-    pub p99: f64,
+    /// p99 of the round trips (rtt rows; none for the rate, a single figure per run).
+    pub p99: Option<f64>,
     /// Requests measured.
     pub iterations: u64,
 }
@@ -86,7 +88,7 @@ impl ServerRow {
 }
 
 /// `board`: the server uses its activity board from the first peer on (the same code path
-/// at every N); otherwise the default (the board from `CLINK_BOARD_PEERS` = 4 peers on).
+/// at every N); otherwise from the default threshold (`CLINK_BOARD_PEERS` = 4 peers).
 fn config(board: bool) -> Config {
     let d = Config::default();
     Config {
@@ -97,23 +99,6 @@ fn config(board: bool) -> Config {
         ring_cells: 256,
         udp: None,
         ..d
-    }
-}
-
-/// A named thread (names show in `perf` and `top`).
-fn spawn<R: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> R + Send + 'static,
-) -> std::thread::JoinHandle<R> {
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(f)
-        .expect("spawn a bench thread")
-}
-
-fn pin(on: bool, cpu: usize) {
-    if on {
-        let _ = clink::sys::pin_to_cpu(cpu);
     }
 }
 
@@ -155,11 +140,10 @@ fn drive<C: Conn>(conns: &mut [C], iters: usize) -> ClientResult {
     let mut req = [0u8; REQ];
     let mut idle = Vec::with_capacity(iters);
     for k in 0..iters {
-        let c = 0;
         req[..8].copy_from_slice(&(k as u64).to_le_bytes());
         let t = Instant::now();
-        conns[c].send(&req);
-        while !conns[c].poll(&mut rep) {
+        conns[0].send(&req);
+        while !conns[0].poll(&mut rep) {
             std::hint::spin_loop();
         }
         idle.push(t.elapsed().as_nanos() as f64);
@@ -186,9 +170,11 @@ fn drive<C: Conn>(conns: &mut [C], iters: usize) -> ClientResult {
         next_conn = (next_conn + 1) % n;
         let mut r = [0u8; REQ];
         r[..8].copy_from_slice(&sent.to_le_bytes());
+        // The clock starts before the send, as in the idle loop.
+        let t = Instant::now();
         conns[c].send(&r);
         sent += 1;
-        (c, sent - 1, Instant::now())
+        (c, sent - 1, t)
     };
     for _ in 0..k_in {
         slots.push(issue(conns, &mut in_flight));
@@ -273,16 +259,14 @@ fn run_clink(pinned: bool, n: usize, iters: usize, board: bool) -> Result<Client
     let mut server = ctx.endpoint().map_err(|e| e.to_string())?;
     let addr = server.address();
     let (tx, rx) = mpsc::channel();
-    let st = spawn("clink-server", move || {
-        pin(pinned, 0);
+    let st = spawn_thread("clink-server", pinned.then_some(SERVER_CPU), move || {
         for _ in 0..n {
             server.accept(T).expect("accept");
         }
         rx.recv().ok();
         clink_server(&mut server);
     });
-    let ct = spawn("clink-clients", move || {
-        pin(pinned, 1);
+    let ct = spawn_thread("clink-clients", pinned.then_some(CLIENT_CPU), move || {
         // Each client endpoint has one peer: the default (no board) whatever the server does.
         let cctx = Context::with_config(config(false)).expect("context");
         let mut conns: Vec<ClinkConn> = (0..n)
@@ -306,52 +290,67 @@ fn run_clink(pinned: bool, n: usize, iters: usize, board: bool) -> Result<Client
 
 // ------------------------------------------------------------------ TCP + epoll
 
-struct TcpConn {
+/// One end of a TCP connection carrying `REQ`-byte messages: the bytes of the one being
+/// assembled.
+struct Framed {
     s: TcpStream,
     got: usize,
     buf: [u8; REQ],
 }
 
-impl Conn for TcpConn {
+impl Framed {
+    fn new(s: TcpStream) -> Framed {
+        s.set_nodelay(true).expect("nodelay");
+        s.set_nonblocking(true).expect("nonblocking");
+        Framed {
+            s,
+            got: 0,
+            buf: [0; REQ],
+        }
+    }
+
+    /// Reads what is there; `Some` with a complete message, `None` for more to come.
+    /// Errors on end of stream.
+    fn try_frame(&mut self) -> std::io::Result<Option<[u8; REQ]>> {
+        loop {
+            match self.s.read(&mut self.buf[self.got..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => {
+                    self.got += k;
+                    if self.got == REQ {
+                        self.got = 0;
+                        return Ok(Some(self.buf));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+impl Conn for Framed {
     fn send(&mut self, req: &[u8; REQ]) {
         self.s.write_all(req).expect("tcp send");
     }
     fn poll(&mut self, rep: &mut [u8; REQ]) -> bool {
-        match self.s.read(&mut self.buf[self.got..]) {
-            Ok(0) => panic!("tcp server closed"),
-            Ok(k) => self.got += k,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("tcp read: {e}"),
+        match self.try_frame().expect("tcp client read") {
+            Some(m) => {
+                *rep = m;
+                true
+            }
+            None => false,
         }
-        if self.got < REQ {
-            return false;
-        }
-        *rep = self.buf;
-        self.got = 0;
-        true
     }
-}
-
-/// A connection of the TCP server: bytes of the request being assembled.
-struct TcpPeer {
-    s: TcpStream,
-    got: usize,
-    buf: [u8; REQ],
 }
 
 fn tcp_server(listener: TcpListener, n: usize) {
     let ep = clink::sys::Epoll::new().expect("epoll");
-    let mut peers: Vec<TcpPeer> = (0..n)
+    let mut peers: Vec<Framed> = (0..n)
         .map(|i| {
             let (s, _) = listener.accept().expect("tcp accept");
-            s.set_nodelay(true).expect("nodelay");
-            s.set_nonblocking(true).expect("nonblocking");
             ep.add(s.as_raw_fd(), i as u64).expect("epoll add");
-            TcpPeer {
-                s,
-                got: 0,
-                buf: [0; REQ],
-            }
+            Framed::new(s)
         })
         .collect();
     let mut ready = Vec::with_capacity(64);
@@ -362,16 +361,10 @@ fn tcp_server(listener: TcpListener, n: usize) {
         for &t in &ready {
             let p = &mut peers[t as usize];
             loop {
-                match p.s.read(&mut p.buf[p.got..]) {
-                    Ok(0) => return, // the client is done
-                    Ok(k) => {
-                        p.got += k;
-                        if p.got == REQ {
-                            p.got = 0;
-                            p.s.write_all(&p.buf).expect("tcp server write");
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                match p.try_frame() {
+                    Ok(Some(m)) => p.s.write_all(&m).expect("tcp server write"),
+                    Ok(None) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return, // done
                     Err(e) => panic!("tcp server read: {e}"),
                 }
             }
@@ -382,23 +375,12 @@ fn tcp_server(listener: TcpListener, n: usize) {
 fn run_tcp(pinned: bool, n: usize, iters: usize) -> Result<ClientResult, String> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let st = spawn("tcp-server", move || {
-        pin(pinned, 0);
+    let st = spawn_thread("tcp-server", pinned.then_some(SERVER_CPU), move || {
         tcp_server(listener, n);
     });
-    let ct = spawn("tcp-clients", move || {
-        pin(pinned, 1);
-        let mut conns: Vec<TcpConn> = (0..n)
-            .map(|_| {
-                let s = TcpStream::connect(addr).expect("tcp connect");
-                s.set_nodelay(true).expect("nodelay");
-                s.set_nonblocking(true).expect("nonblocking");
-                TcpConn {
-                    s,
-                    got: 0,
-                    buf: [0; REQ],
-                }
-            })
+    let ct = spawn_thread("tcp-clients", pinned.then_some(CLIENT_CPU), move || {
+        let mut conns: Vec<Framed> = (0..n)
+            .map(|_| Framed::new(TcpStream::connect(addr).expect("tcp connect")))
             .collect();
         drive(&mut conns, iters)
         // Dropping the sockets ends the server (it returns on the first end of stream).
@@ -408,24 +390,18 @@ fn run_tcp(pinned: bool, n: usize, iters: usize) -> Result<ClientResult, String>
     Ok(r)
 }
 
-fn percentile(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
 /// Runs both systems for each N in `endpoints` (`iters` requests per workload).
 pub fn run(pinned: bool, endpoints: &[usize], iters: usize) -> Result<Vec<ServerRow>, String> {
     raise_fd_limit();
     let mut rows = Vec::new();
     for &n in endpoints {
         for system in ["tcp", "clink", "clink-direct"] {
-            let mut r = match system {
+            let r = match system {
                 "clink" => run_clink(pinned, n, iters, true)?,
                 "clink-direct" if n == 1 => run_clink(pinned, n, iters, false)?,
                 "tcp" => run_tcp(pinned, n, iters)?,
                 _ => continue,
             };
-            let us = |v: f64| v / 1000.0;
             let mut row = |variant, median, p99| {
                 rows.push(ServerRow {
                     system,
@@ -436,12 +412,12 @@ pub fn run(pinned: bool, endpoints: &[usize], iters: usize) -> Result<Vec<Server
                     iterations: iters as u64,
                 })
             };
-            let (m, p) = (percentile(&mut r.idle, 0.5), percentile(&mut r.idle, 0.99));
-            row("rtt_idle", us(m), us(p));
-            let (m, p) = (percentile(&mut r.busy, 0.5), percentile(&mut r.busy, 0.99));
-            row("rtt_busy", us(m), us(p));
-            let rate = iters as f64 / r.busy_secs / 1e6;
-            row("rate", rate, rate);
+            // Round trips in microseconds.
+            let med = |v: &[f64]| stats::median(v).unwrap_or(f64::NAN) / 1000.0;
+            let p99 = |v: &[f64]| stats::percentile(v, 99.0).map(|p| p / 1000.0);
+            row("rtt_idle", med(&r.idle), p99(&r.idle));
+            row("rtt_busy", med(&r.busy), p99(&r.busy));
+            row("rate", iters as f64 / r.busy_secs / 1e6, None);
         }
     }
     Ok(rows)

@@ -90,8 +90,7 @@ const ADDR_PREFIX: &str = "clink-bench-addr ";
 
 /// Name of the external UCX baseline in `--systems`.
 const UCX: &str = "ucx";
-/// Name of clink's own system; accepted (and skipped with a note) before it
-/// is registered in [`systems`].
+/// Name of clink's own system.
 const CLINK: &str = "clink";
 /// Name of the Unix socket baseline (host placement only).
 const UNIX: &str = "unix";
@@ -173,7 +172,7 @@ pub struct BenchArgs {
     pub timeout_secs: u64,
     /// Repeat the whole run this many times, interleaving the systems
     /// (A B A B ...); tables show the median over rounds, JSON rows carry
-    /// their `round`.
+    /// their `round` (with `--rma`, every round's rows are printed).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub rounds: u64,
     /// Where the two sides run: `host` (loopback / shared memory) or `netns`
@@ -185,39 +184,30 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(68..=65535))]
     pub mtu: Option<Vec<u32>>,
     /// Run the aperture experiments (one-word round trips, distributed queue, put
-    /// bandwidth; rows with an `experiment` field) instead of the system comparison.
-    #[arg(long)]
+    /// bandwidth, event-driven server; rows with an `experiment` field) instead of the
+    /// system comparison.
+    #[arg(long, conflicts_with_all = ["systems", "mode", "sizes", "lat_sizes", "bw_sizes", "placement", "mtu"])]
     pub rma: bool,
     /// With `--rma`: only these experiments (comma-separated: word_rtt, dqueue_rate,
     /// put_bw, event_server).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', requires = "rma")]
     pub experiments: Vec<String>,
-    /// With `--rma`: client connections of the event-server experiment (default
-    /// 1,10,100,1000).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..=4000))]
+    /// With `--rma`: client connections of the event-server experiment.
+    #[arg(long, value_delimiter = ',', requires = "rma", default_values_t = [1u64, 10, 100, 1000],
+          value_parser = clap::value_parser!(u64).range(1..=4000))]
     pub conns: Vec<u64>,
 }
 
 impl BenchArgs {
-    /// The default run, as `clink bench` with no options (used by `clink demo`).
+    /// The default run, as `clink bench` with no options (used by `clink demo`): the
+    /// defaults declared on the arguments above, parsed from an empty command line.
     pub fn default_for_demo() -> Self {
-        BenchArgs {
-            systems: None,
-            mode: ModeArg::Both,
-            sizes: None,
-            lat_sizes: None,
-            bw_sizes: None,
-            quick: false,
-            json: false,
-            no_pin: false,
-            timeout_secs: 120,
-            rounds: 1,
-            placement: Placement::Host,
-            rma: false,
-            experiments: Vec::new(),
-            conns: Vec::new(),
-            mtu: None,
+        #[derive(clap::Parser)]
+        struct Bench {
+            #[command(flatten)]
+            args: BenchArgs,
         }
+        <Bench as clap::Parser>::parse_from(["bench"]).args
     }
 }
 
@@ -460,9 +450,9 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
             .collect(),
     };
     for name in &names {
-        if name != UCX && name != CLINK && !known.contains(&name.as_str()) {
+        if name != UCX && !known.contains(&name.as_str()) {
             return Err(format!(
-                "unknown system {name:?}: this build has {}, {UCX} ({CLINK} once registered)",
+                "unknown system {name:?}: this build has {}, {UCX}",
                 known.join(", ")
             ));
         }
@@ -474,11 +464,7 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if args.rma {
         let pin = !args.no_pin && affinity::can_pin_pair();
-        let conns: Vec<usize> = if args.conns.is_empty() {
-            vec![1, 10, 100, 1000]
-        } else {
-            args.conns.iter().map(|&c| c as usize).collect()
-        };
+        let conns: Vec<usize> = args.conns.iter().map(|&c| c as usize).collect();
         return rma::run(
             args.quick,
             args.json,
@@ -563,7 +549,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         pinned,
         json: args.json,
         timeout,
-        known: systems().iter().map(|s| s.name()).collect(),
         ucx_exe: ucx::find_perftest(),
         rows: Vec::new(),
         errors: Vec::new(),
@@ -633,7 +618,6 @@ struct RunCtx {
     pinned: bool,
     json: bool,
     timeout: Duration,
-    known: Vec<&'static str>,
     ucx_exe: Option<std::path::PathBuf>,
     rows: Vec<Row>,
     errors: Vec<String>,
@@ -662,10 +646,6 @@ impl RunCtx {
 /// Runs one system in one mode (on the host, or between the namespaces of
 /// `net`), recording rows, notes or errors in `ctx`.
 fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mut RunCtx) {
-    if name == CLINK && !ctx.known.contains(&CLINK) {
-        ctx.note("clink: skipped, not registered in this build".into());
-        return;
-    }
     if name == UNIX && net.is_some() {
         ctx.note(
             "unix: skipped in netns placement (Unix sockets do not cross network namespaces)"
@@ -739,6 +719,25 @@ mod tests {
         let default = selected_systems(&parse(&[])).expect("default");
         assert!(default.contains(&"unix".to_string()) && default.contains(&"ucx".to_string()));
         assert!(default.contains(&"udp".to_string()));
+    }
+
+    #[test]
+    fn rma_args() {
+        let args = parse(&["--rma", "--experiments", "word_rtt", "--conns", "1,2"]);
+        assert_eq!(args.experiments, vec!["word_rtt"]);
+        assert_eq!(args.conns, vec![1, 2]);
+        assert_eq!(parse(&["--rma"]).conns, vec![1, 10, 100, 1000]);
+        for bad in [
+            &["--experiments", "word_rtt"][..],
+            &["--conns", "5"],
+            &["--rma", "--systems", "tcp"],
+            &["--rma", "--placement", "netns"],
+        ] {
+            let mut full = vec!["bench"];
+            full.extend_from_slice(bad);
+            assert!(Cli::try_parse_from(&full).is_err(), "{bad:?}");
+        }
+        assert!(!BenchArgs::default_for_demo().rma);
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - `event_server`: an event-driven server with 1 to 1000 client connections against an
 //!   epoll server over kernel TCP ([`super::evserver`]).
 
+use super::affinity::{spawn_thread, CLIENT_CPU, SERVER_CPU};
+use super::stats;
 use clink::events::{self, Event};
 use clink::patterns::dqueue::{QueueReceiver, QueueSender};
 use clink::rma::{Cookie, TripOptions, COOKIE_LEN, READ, WRITE};
@@ -66,9 +68,11 @@ impl RmaRow {
     }
 }
 
-fn median(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
+/// Median, minimum and maximum of `v` (not empty).
+fn summary(v: &[f64]) -> (f64, f64, f64) {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (stats::median(v).unwrap_or(f64::NAN), min, max)
 }
 
 /// Runs `a` and `b` on two threads (pinned to CPUs 0 and 1) with connected endpoints.
@@ -86,20 +90,14 @@ fn pair<R: Send + 'static>(
     let mut ep_a = ctx_a.endpoint().map_err(|e| e.to_string())?;
     let addr = ep_a.address();
     let (tx, rx) = mpsc::channel();
-    let tb = std::thread::spawn(move || {
-        if pin {
-            let _ = clink::sys::pin_to_cpu(1);
-        }
+    let tb = spawn_thread("rma-b", pin.then_some(CLIENT_CPU), move || {
         let ctx_b = Context::with_config(cfg()).expect("context");
         let mut ep_b = ctx_b.endpoint().expect("endpoint");
         let p = ep_b.connect(&addr).expect("connect");
         tx.send(()).ok();
         b(&mut ep_b, p);
     });
-    let ta = std::thread::spawn(move || {
-        if pin {
-            let _ = clink::sys::pin_to_cpu(0);
-        }
+    let ta = spawn_thread("rma-a", pin.then_some(SERVER_CPU), move || {
         let p = ep_a.accept(T).expect("accept");
         rx.recv_timeout(Duration::from_secs(30))
             .expect("peer ready");
@@ -122,7 +120,8 @@ fn swap(ep: &mut Endpoint, peer: PeerId, mine: &Cookie) -> clink::rma::Remote {
         .expect("import")
 }
 
-fn ns_samples(iters: usize, mut one: impl FnMut()) -> Vec<f64> {
+/// One-way latencies in microseconds (half of each timed round trip).
+fn one_way_us(iters: usize, mut one: impl FnMut()) -> Vec<f64> {
     (0..iters)
         .map(|_| {
             let t = Instant::now();
@@ -134,8 +133,8 @@ fn ns_samples(iters: usize, mut one: impl FnMut()) -> Vec<f64> {
 
 fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
     let mut rows = Vec::new();
-    let row = |variant, mut s: Vec<f64>| {
-        let (m, lo, hi) = median(&mut s);
+    let row = |variant, s: Vec<f64>| {
+        let (m, lo, hi) = summary(&s);
         RmaRow {
             experiment: "word_rtt",
             variant,
@@ -154,7 +153,7 @@ fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
         pin,
         move |ep, p| {
             let mut b = [0u8; 8];
-            ns_samples(n, || {
+            one_way_us(n, || {
                 ep.send(p, TAG_MSG, &b).unwrap();
                 ep.recv(Selector::exact(Some(p), TAG_MSG), &mut b).unwrap();
             })
@@ -181,7 +180,7 @@ fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
         move |ep, p| {
             let (near, far) = side(ep, p);
             let mut v = 0u64;
-            ns_samples(n, || {
+            one_way_us(n, || {
                 v += 1;
                 far.store_u64(0, v).unwrap();
                 while near.load_u64(0).unwrap() != v {
@@ -218,7 +217,7 @@ fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
         move |ep, p| {
             let r = side(ep, p);
             let mut v = 0u64;
-            ns_samples(n, || {
+            one_way_us(n, || {
                 v += 1;
                 ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
                 wait_trip(ep);
@@ -280,7 +279,7 @@ fn dqueue_rate(pin: bool, count: u64, reps: usize) -> Result<Vec<RmaRow>, String
                 )?;
                 rates.push(count as f64 / secs / 1e6);
             }
-            let (m, lo, hi) = median(&mut rates);
+            let (m, lo, hi) = summary(&rates);
             rows.push(RmaRow {
                 experiment: "dqueue_rate",
                 variant,
@@ -310,8 +309,8 @@ fn put_bw(pin: bool, total: usize, reps: usize) -> Result<Vec<RmaRow>, String> {
                     move |ep, p| {
                         let data = vec![3u8; size];
                         if variant == "tagged" {
-                            let t = Instant::now();
                             let msgs = vec![&data[..]; count];
+                            let t = Instant::now();
                             ep.send_batch(p, TAG_MSG, &msgs).unwrap();
                             let mut ack = [0u8; 1];
                             ep.recv(Selector::exact(Some(p), TAG_MSG + 1), &mut ack)
@@ -354,7 +353,7 @@ fn put_bw(pin: bool, total: usize, reps: usize) -> Result<Vec<RmaRow>, String> {
                 )?;
                 bw.push((count * size) as f64 / secs / 1e9);
             }
-            let (m, lo, hi) = median(&mut bw);
+            let (m, lo, hi) = summary(&bw);
             rows.push(RmaRow {
                 experiment: "put_bw",
                 variant,
@@ -406,41 +405,43 @@ pub fn run(
     };
     let server_iters = if quick { 5_000 } else { 50_000 };
     for round in 0..rounds {
-        let mut rows = Vec::new();
+        // Each experiment's rows are printed as soon as it is over.
+        let print = |rows: Vec<RmaRow>| {
+            for r in &rows {
+                if json {
+                    println!("{}", r.json(pin, round));
+                } else {
+                    println!(
+                        "{:<12} {:<13} {:>8} B  {:<14} median {:>10.3}  (min {:.3}, max {:.3})",
+                        r.experiment, r.variant, r.size, r.metric, r.median, r.min, r.max
+                    );
+                }
+            }
+        };
         if want("word_rtt") {
-            rows.extend(word_rtt(pin, iters)?);
+            print(word_rtt(pin, iters)?);
         }
         if want("dqueue_rate") {
-            rows.extend(dqueue_rate(pin, count, reps)?);
+            print(dqueue_rate(pin, count, reps)?);
         }
         if want("put_bw") {
-            rows.extend(put_bw(pin, total, reps)?);
+            print(put_bw(pin, total, reps)?);
         }
         if want("event_server") {
             for r in super::evserver::run(pin, conns, server_iters)? {
                 if json {
                     println!("{}", r.json(pin, round));
                 } else {
+                    let p99 = r.p99.map_or(String::new(), |p| format!("  p99 {p:.3}"));
                     println!(
-                        "event_server {:<6} {:<9} {:>5} conns  median {:>10.3}  p99 {:.3}  ({})",
+                        "event_server {:<12} {:<9} {:>5} conns  median {:>10.3}{p99}  ({})",
                         r.system,
                         r.variant,
                         r.endpoints,
                         r.median,
-                        r.p99,
                         if r.variant == "rate" { "M req/s" } else { "us" }
                     );
                 }
-            }
-        }
-        for r in &rows {
-            if json {
-                println!("{}", r.json(pin, round));
-            } else {
-                println!(
-                    "{:<12} {:<13} {:>8} B  {:<14} median {:>10.3}  (min {:.3}, max {:.3})",
-                    r.experiment, r.variant, r.size, r.metric, r.median, r.min, r.max
-                );
             }
         }
     }
