@@ -31,6 +31,7 @@
 //! `NetnsPair` is `Send + Sync` (names and addresses only); it has no state that needs
 //! a lock.
 
+use crate::sys;
 use std::ffi::OsStr;
 use std::io;
 use std::net::Ipv4Addr;
@@ -64,7 +65,7 @@ impl NetnsPair {
                 "the `ip` program (iproute2) is not installed",
             )
         })?;
-        let rand = random_u32()?;
+        let rand = sys::random_u128().map(|r| r as u32)?;
         let base = format!("{NAME_PREFIX}{}-{rand:08x}", std::process::id());
         let x = (rand % 250 + 1) as u8;
         let mut pair = NetnsPair {
@@ -162,12 +163,6 @@ fn run_ip(ip: &Path, args: &[&str]) -> io::Result<()> {
     }
 }
 
-fn random_u32() -> io::Result<u32> {
-    let mut b = [0u8; 4];
-    getrandom::getrandom(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
-    Ok(u32::from_le_bytes(b))
-}
-
 /// Full path of iproute2's `ip`: from `PATH`, else the usual sbin locations.
 pub fn ip_binary() -> Option<PathBuf> {
     let from_path = std::env::var_os("PATH").and_then(|path| {
@@ -176,13 +171,6 @@ pub fn ip_binary() -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     from_path.or_else(|| IP_FALLBACKS.iter().map(PathBuf::from).find(|p| p.is_file()))
-}
-
-/// Effective uid of this process, from `/proc/self/status`.
-fn effective_uid() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
 }
 
 /// Why network namespaces cannot be made here, or `None` if they can (a probe namespace
@@ -200,16 +188,13 @@ fn probe() -> Option<String> {
                 .into(),
         );
     };
-    match effective_uid() {
-        Some(0) => {}
-        Some(uid) => {
-            return Some(format!(
-                "network namespaces unavailable: they need root, this process runs as uid {uid}"
-            ))
-        }
-        None => {} // unknown: let the probe decide
+    let uid = sys::geteuid();
+    if uid != 0 {
+        return Some(format!(
+            "network namespaces unavailable: they need root, this process runs as uid {uid}"
+        ));
     }
-    let name = match random_u32() {
+    let name = match sys::random_u128().map(|r| r as u32) {
         Ok(r) => format!("{NAME_PREFIX}probe-{}-{r:08x}", std::process::id()),
         Err(e) => {
             return Some(format!(

@@ -1,12 +1,13 @@
-//! Thin, safe wrappers over the Linux system calls clink needs. All `unsafe` of the runtime
-//! outside the shared-memory ring lives here, each block with its reason.
+//! Thin, safe wrappers over the Linux system calls clink needs, each `unsafe` block with its
+//! reason. (Other `unsafe` lives next to the memory it touches: the shared-memory ring and
+//! board, the UDP socket's vectored calls and speculative placement, aperture memory.)
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::time::Duration;
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -66,18 +67,17 @@ pub fn check_peer_memfd(fd: &OwnedFd, len: usize) -> io::Result<()> {
             "peer segment is not sealed against shrinking",
         ));
     }
-    // SAFETY: zeroed stat is a valid out-parameter for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    if (st.st_size as u64) < len as u64 {
+    let size = fd_size(fd)?;
+    if size < len as u64 {
         return Err(io::Error::other(format!(
-            "peer segment has {} bytes, protocol needs {len}",
-            st.st_size
+            "peer segment has {size} bytes, protocol needs {len}"
         )));
     }
     Ok(())
 }
+
+/// `epoll_pwait2` is missing or refused here: waits use `epoll_wait` (milliseconds).
+static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A shared mapping of a memory file; unmapped on drop.
 pub struct Mapping {
@@ -93,12 +93,12 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of `fd` read-write, shared.
     pub fn new(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
-        Self::with_prot(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+        Self::with_flags(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)
     }
 
     /// Maps `len` bytes of `fd` read-only, shared (the fd may be read-only).
     pub fn new_read_only(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
-        Self::with_prot(fd, len, libc::PROT_READ)
+        Self::with_flags(fd, len, libc::PROT_READ, 0)
     }
 
     /// As [`Mapping::new`], with every page allocated and mapped now (MAP_POPULATE): for
@@ -111,10 +111,6 @@ impl Mapping {
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_POPULATE,
         )
-    }
-
-    fn with_prot(fd: &OwnedFd, len: usize, prot: libc::c_int) -> io::Result<Mapping> {
-        Self::with_flags(fd, len, prot, 0)
     }
 
     fn with_flags(
@@ -233,16 +229,32 @@ impl Epoll {
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 32];
-        // SAFETY: evs is a valid buffer of 32 events; tsp is null or points to `ts`.
-        let n = unsafe {
-            libc::epoll_pwait2(
-                self.0.as_raw_fd(),
-                evs.as_mut_ptr(),
-                32,
-                tsp,
-                std::ptr::null(),
-            )
-        };
+        let mut n = -1;
+        if !NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: evs is a valid buffer of 32 events; tsp is null or points to `ts`.
+            n = unsafe {
+                libc::epoll_pwait2(
+                    self.0.as_raw_fd(),
+                    evs.as_mut_ptr(),
+                    32,
+                    tsp,
+                    std::ptr::null(),
+                )
+            };
+            let e = io::Error::last_os_error().raw_os_error();
+            if n < 0 && matches!(e, Some(libc::ENOSYS) | Some(libc::EPERM)) {
+                // Before Linux 5.11, or refused by a seccomp profile: milliseconds then.
+                NO_PWAIT2.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if NO_PWAIT2.load(std::sync::atomic::Ordering::Relaxed) {
+            // Rounded up, so a short timer never turns a sleep into a spin.
+            let ms = timeout.map_or(-1, |d| {
+                d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as libc::c_int
+            });
+            // SAFETY: evs is a valid buffer of 32 events.
+            n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 32, ms) };
+        }
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -272,6 +284,12 @@ pub struct PeerCred {
 pub fn getuid() -> u32 {
     // SAFETY: always succeeds.
     unsafe { libc::getuid() }
+}
+
+/// This process's effective uid.
+pub fn geteuid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::geteuid() }
 }
 
 /// A SOCK_SEQPACKET Unix socket.

@@ -11,13 +11,15 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
 fn net_ctx(faults: &str, dead_ms: u64) -> Context {
-    // "nospec" in the fault string: speculative receive off.
+    // "nospec" in the fault string: speculative receive off; "unreliable": unreliable mode.
     let udp = UdpConfig {
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         mtu: Some(1500),
         dead_after: Duration::from_millis(dead_ms),
         speculate: !faults.contains("nospec"),
-        faults: FaultConfig::parse(&faults.replace("nospec", "")).unwrap(),
+        reliable: !faults.contains("unreliable"),
+        faults: FaultConfig::parse(&faults.replace("nospec", "").replace("unreliable", ""))
+            .unwrap(),
         ..UdpConfig::default()
     };
     Context::with_config(Config {
@@ -271,4 +273,49 @@ fn latency_probe() {
     println!("one-way {:?}", el / (2 * n));
     println!("a {:?}", a.stats());
     println!("b {:?}", b.stats());
+}
+
+/// Unreliable mode carries eager messages and refuses larger ones (no rendezvous: a lost
+/// chunk or FIN would leave it hanging).
+#[test]
+fn unreliable_mode_refuses_messages_beyond_one_frame() {
+    let ((mut a, pa), (mut b, pb)) = pair("unreliable", 2000);
+    let msg = vec![7u8; 1000];
+    b.send(pb, 1, &msg).unwrap();
+    let mut buf = [0u8; 1000];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!((st.len, &buf[..]), (1000, &msg[..]));
+    let big = vec![0u8; 200_000];
+    assert!(matches!(b.send(pb, 1, &big), Err(Error::TooLarge(_))));
+}
+
+/// A bulk-sized message received into an empty buffer completes at once as truncated
+/// (nothing of it is to be placed), and the sender's send completes too.
+#[test]
+fn a_large_message_into_an_empty_buffer_is_truncated() {
+    let ((mut a, pa), (mut b, pb)) = pair("", 2000);
+    let sender = std::thread::spawn(move || {
+        b.send(pb, 3, &vec![1u8; 300_000]).unwrap();
+        b
+    });
+    let r = a.recv_timeout(Selector::exact(Some(pa), 3), &mut [], Some(T));
+    assert!(
+        matches!(
+            r,
+            Err(Error::Truncated {
+                len: 300_000,
+                capacity: 0
+            })
+        ),
+        "{r:?}"
+    );
+    // The receiver keeps acknowledging while the sender finishes.
+    let deadline = Instant::now() + T;
+    while !sender.is_finished() {
+        assert!(Instant::now() < deadline, "the send never completed");
+        a.progress();
+    }
+    sender.join().unwrap();
 }

@@ -55,6 +55,11 @@ impl Link {
         }
     }
 
+    /// A UDP link in unreliable mode (no rendezvous: messages are single eager frames).
+    pub fn unreliable(&self) -> bool {
+        matches!(self, Link::Udp(u) if !u.conn.config().reliable)
+    }
+
     /// Whether rendezvous messages from this peer can be read with one CMA copy.
     pub fn cma(&self) -> bool {
         self.shm().is_some_and(|s| s.cma)

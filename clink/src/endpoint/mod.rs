@@ -277,9 +277,11 @@ pub struct Endpoint {
     ready: ready::Ready,
 }
 
-// The raw pointers inside borrowed send/receive buffers only live during a blocking call
-// on the owning thread; everything else is owned.
-// SAFETY: see above; no borrowed buffer outlives the `&mut self` call that created it.
+// The raw pointers an endpoint holds point into memory it owns or that stays valid while
+// it holds them: borrowed send/receive buffers during the blocking call that lent them, a
+// UDP link's bulk sources and destinations (request buffers the endpoint owns), aperture
+// memory, mapped segments. None is tied to a thread.
+// SAFETY: see above; moving the endpoint to another thread moves all of it.
 unsafe impl Send for Endpoint {}
 
 impl Endpoint {
@@ -623,6 +625,13 @@ impl Endpoint {
                 return Ok(SendRequest { id: 0 });
             }
             self.stats.ring_full += 1;
+        } else if p.link.unreliable() {
+            // A lost chunk or FIN would leave the rendezvous hanging: in unreliable mode
+            // (BCL-4's datagram service) messages are at most one eager frame.
+            return Err(Error::TooLarge(format!(
+                "{len} bytes over an unreliable link: at most {} (CLINK_EAGER_MAX)",
+                p.eager_max
+            )));
         } else {
             self.stats.rendezvous_sends += 1;
         }
@@ -908,7 +917,9 @@ impl Endpoint {
             };
             let chunk = match &p.link {
                 Link::Shm(s) => pipeline_chunk(&self.ctx, st.len, s.tx.mem().cap()),
-                Link::Udp(_) => net::pipeline_chunk(&self.ctx),
+                // (Not reached over UDP, where a rendezvous is a bulk transfer; bounded
+                // like an eager frame all the same.)
+                Link::Udp(_) => net::eager_threshold(&self.ctx),
             }
             .min(st.len - st.next);
             let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];

@@ -13,21 +13,21 @@ use std::time::{Duration, Instant};
 /// Eager limit over the network unless `CLINK_EAGER_MAX` says otherwise: above it a
 /// message waits for its receive (rendezvous) instead of filling the receiver's memory.
 const NET_EAGER_MAX: u64 = 64 << 10;
-/// Chunk of a pipelined rendezvous over the network (each is one connection message).
-const NET_CHUNK: u64 = 256 << 10;
 /// Receive entries a speculative read arms (the socket reads up to this many at once).
 const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// Longest `close` waits for its goodbyes to be acknowledged.
 const LINGER: Duration = Duration::from_millis(200);
 
+/// Largest frame payload a connection message carries, with room for the frame header
+/// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
+const NET_FRAME_MAX: u64 = (1 << 30) - 64;
+
 /// The eager/rendezvous threshold towards a network peer.
 pub(super) fn eager_threshold(c: &CtxInner) -> u64 {
-    c.config.eager_max.unwrap_or(NET_EAGER_MAX)
-}
-
-/// The chunk size of a pipelined rendezvous towards a network peer.
-pub(super) fn pipeline_chunk(c: &CtxInner) -> u64 {
-    c.config.chunk.unwrap_or(NET_CHUNK)
+    c.config
+        .eager_max
+        .unwrap_or(NET_EAGER_MAX)
+        .min(NET_FRAME_MAX)
 }
 
 impl Endpoint {
@@ -106,7 +106,7 @@ impl Endpoint {
         } else {
             None
         };
-        if net.armed_key() != key {
+        if net.planned_key() != key {
             let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
                 Link::Udp(u) => {
                     let c = u.conn.config();
@@ -118,7 +118,7 @@ impl Endpoint {
                 }
                 Link::Shm(_) => None,
             });
-            net.set_arm(arm);
+            net.set_arm(key, arm);
         }
         let peers = &mut self.peers;
         let got = net.receive(&mut |i, g| {
@@ -148,7 +148,12 @@ impl Endpoint {
             }
         }
         for i in dead {
-            let silent = self.ctx.config.udp.as_ref().map(|c| c.dead_after);
+            let silent = self
+                .ctx
+                .config
+                .udp
+                .as_ref()
+                .map_or(Duration::ZERO, |c| c.dead_after);
             self.fail_peer(
                 i,
                 format!(
@@ -253,6 +258,8 @@ impl Endpoint {
         s.recv_calls += k.recv_calls;
         s.gro_reads += k.gro_reads;
         s.send_drops += k.send_drops;
+        // A read cut short by its slot lost bytes: counted with the malformed drops.
+        s.malformed_dropped += k.truncated;
         let t = net.stats();
         s.stray_dropped += t.stray + t.bad_handshakes;
         s.spec_misses += t.spec_misses;

@@ -29,8 +29,6 @@ pub struct BulkStats {
     pub hits: u64,
     /// Payload bytes of those.
     pub hit_bytes: u64,
-    /// Datagrams read into an armed layout that were not the expected fragment.
-    pub misses: u64,
     /// Payload bytes copied to their place by the ordinary path (misses, unarmed reads,
     /// speculation off).
     pub cleanup_bytes: u64,

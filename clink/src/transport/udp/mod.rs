@@ -124,8 +124,6 @@ pub struct UdpStats {
     pub stray: u64,
     /// Handshake datagrams that failed to parse or were addressed to another endpoint.
     pub bad_handshakes: u64,
-    /// Hellos answered.
-    pub hellos: u64,
     /// Datagrams read into a speculative layout that were not the expected fragment
     /// (gathered and handled by the ordinary path).
     pub spec_misses: u64,
@@ -297,6 +295,9 @@ struct State {
     lead: Vec<Vec<IoVec>>,
     /// The armed layout, rebuilt only when its key changes.
     armed: Option<Armed>,
+    /// The key last planned, armed or not (a plan with nothing to arm is not redone until
+    /// the key changes).
+    planned: Option<(usize, u64)>,
     segs: Vec<Segment>,
 }
 
@@ -373,7 +374,6 @@ impl State {
     }
 
     fn on_hello(&mut self, src: SocketAddrV4, conn: u32, hs: Handshake) {
-        self.stats.hellos += 1;
         // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
         let known = self.routes.contains_key(&(src, conn))
             || self
@@ -418,6 +418,7 @@ impl UdpTransport {
                 hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
                 lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
                 armed: None,
+                planned: None,
                 segs: Vec::new(),
             },
             sock,
@@ -432,11 +433,6 @@ impl UdpTransport {
     /// The address peers reach this endpoint at.
     pub fn advertised(&self) -> SocketAddrV4 {
         self.st.advertised
-    }
-
-    /// The path MTU in use.
-    pub fn mtu(&self) -> usize {
-        self.st.mtu
     }
 
     /// Transport counters.
@@ -538,17 +534,23 @@ impl UdpTransport {
         self.st.cfg.speculate
     }
 
-    /// The layout armed now, by key (route index, the link's bulk generation), if any.
-    pub fn armed_key(&self) -> Option<(usize, u64)> {
-        self.st.armed.as_ref().map(|a| a.key)
+    /// The key (route index, the link's bulk generation) of the last [`UdpTransport::set_arm`],
+    /// whether it armed a layout or found nothing to arm.
+    pub fn planned_key(&self) -> Option<(usize, u64)> {
+        self.st.planned
     }
 
     /// Arms (or, with `None`, disarms) the speculative layout `arm` for the link routed
     /// under `key.0`, whose datagrams come from `src`. Keep the key current: the layout
     /// points into that link's destination buffer, valid only while its bulk generation
     /// (`key.1`) is unchanged.
-    pub fn set_arm(&mut self, armed: Option<((usize, u64), SocketAddrV4, Arm)>) {
+    pub fn set_arm(
+        &mut self,
+        key: Option<(usize, u64)>,
+        armed: Option<((usize, u64), SocketAddrV4, Arm)>,
+    ) {
         let st = &mut self.st;
+        st.planned = key;
         for lead in st.lead.iter_mut() {
             lead.clear();
         }

@@ -1,5 +1,6 @@
 //! The UDP socket of an endpoint: batched sends with segmentation offload, batched
-//! receives with receive coalescing. All the system calls and `unsafe` of the UDP path.
+//! receives with receive coalescing. The system calls of the UDP path (the speculative
+//! placement's `unsafe` is in `mod.rs` and `bulk.rs`, next to the buffers it writes).
 //!
 //! **Send.** Datagrams are appended to a [`TxBatch`]; consecutive datagrams to the same
 //! destination of the same size become one GSO "virtual frame" (`UDP_SEGMENT`: the kernel
@@ -12,6 +13,7 @@
 //! layout puts caller-given vectors before each slot ([`UdpSock::set_lead`]); they are
 //! built once per layout, not per read.
 
+use crate::sys::cvt;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -90,14 +92,6 @@ pub struct IoVec {
     pub ptr: *mut u8,
     /// Length.
     pub len: usize,
-}
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
 }
 
 fn setsockopt_int(
@@ -239,12 +233,16 @@ impl UdpSock {
                     self.gso = false;
                     batch.split_all();
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The socket buffer is full: the rest would fail the same way.
+                    let rest = &batch.frames[i..];
+                    self.stats.send_drops += rest.iter().map(|f| u64::from(f.count)).sum::<u64>();
+                    break;
+                }
                 r => {
-                    // EAGAIN (buffer full) or a hard error: drop this frame, go on.
+                    // A hard error on this frame: drop it, go on with the others.
                     if let Err(e) = r {
-                        if e.kind() != io::ErrorKind::WouldBlock {
-                            tracing::debug!("sendmmsg: {e}");
-                        }
+                        tracing::debug!("sendmmsg: {e}");
                     }
                     self.stats.send_drops += u64::from(batch.frames[i].count);
                     i += 1;
