@@ -3,6 +3,9 @@
 system/mode/size, and the ratios the issues' targets are stated in.
 
 Usage: clink bench --rounds 3 --json > bench.jsonl; python3 scripts/bench-summary.py bench.jsonl
+
+Rows of `clink bench --rma` (they carry an `experiment`) are summarised per experiment,
+system, variant, size and number of endpoints: each round's median, and their median.
 """
 import json
 import statistics as st
@@ -10,6 +13,19 @@ import sys
 from collections import defaultdict
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rma = defaultdict(list)
+for r in rows:
+    if "experiment" in r:
+        key = (r["experiment"], r["system"], r["variant"], r["size"], r.get("endpoints", ""))
+        rma[key].append((r["round"], r["median"]))
+if rma:
+    print("| experiment | system | variant | size | endpoints | rounds | median |")
+    print("|---|---|---|---|---|---|---|")
+    for k in sorted(rma, key=lambda k: tuple(str(x) for x in k)):
+        v = [m for _, m in sorted(rma[k])]
+        rounds = ", ".join(f"{m:.3g}" for m in v)
+        print("| " + " | ".join(str(x) for x in k) + f" | {rounds} | {st.median(v):.3g} |")
+rows = [r for r in rows if "experiment" not in r]
 d = defaultdict(list)
 for r in rows:
     d[(r["system"], r["mode"], r["metric"], r["size"])].append(r["median"])
