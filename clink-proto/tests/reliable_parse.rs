@@ -1,7 +1,9 @@
 //! Property tests of the reliable protocol's datagram parser: total, round-tripping, and
 //! never fooled by a damaged datagram.
 
-use clink_proto::reliable::packet::{bulk_checksum, crc32c, parse_bulk, BULK_HEADER, MAX_RANGES};
+use clink_proto::reliable::packet::{
+    bulk_checksum, crc32c, parse_bulk, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
+};
 use clink_proto::reliable::{
     AckInfo, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
 };
@@ -27,8 +29,9 @@ fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> 
         0u64..u64::MAX / 2,
         any::<u64>(),
         proptest::collection::vec((1u64..1000, 1u64..1000), 0..MAX_RANGES),
+        0..=MAX_ACK_DELAY_US,
     )
-        .prop_map(|(cum, limit, gaps)| {
+        .prop_map(|(cum, limit, gaps, delay_us)| {
             let mut ranges = Vec::new();
             let mut at = cum;
             for (gap, len) in gaps {
@@ -36,7 +39,12 @@ fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> 
                 ranges.push((s, s + len));
                 at = s + len;
             }
-            AckInfo { cum, limit, ranges }
+            AckInfo {
+                cum,
+                limit,
+                delay_us,
+                ranges,
+            }
         });
     (
         0u8..7,
@@ -65,10 +73,16 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
             conn,
             ack: ack.clone(),
         },
-        2 => Datagram::Nak {
-            conn,
-            ack: ack.clone(),
-        },
+        2 => {
+            // A nak may name the cumulative ack itself as missing.
+            let mut ack = ack.clone();
+            if hdr.tag & 1 == 1 {
+                if let Some(first) = ack.ranges.first_mut() {
+                    first.0 = ack.cum;
+                }
+            }
+            Datagram::Nak { conn, ack }
+        }
         6 if !p.is_empty() => Datagram::Bulk {
             conn,
             hdr: BulkHeader {

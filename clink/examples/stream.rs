@@ -60,9 +60,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (size * (count - 1)) as f64 / secs / 1e9
     );
     println!(
-        "receiver: {} datagrams in {} reads ({} coalesced); speculation: {} hits ({} B), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent",
+        "receiver: {} datagrams in {} reads ({} coalesced); speculation: {} hits ({} B), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short",
         s.datagrams_received, s.recv_calls, s.gro_reads, s.spec_hits, s.spec_hit_bytes,
-        s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent
+        s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent, s.malformed_dropped
     );
     Ok(())
 }
@@ -83,8 +83,15 @@ fn send(addr: &str, size: usize, count: usize) -> Result<(), Box<dyn std::error:
     ep.recv(Selector::exact(Some(peer), 1), &mut stop)?;
     let s = ep.stats();
     println!(
-        "sender: {} datagrams in {} send calls, {} retransmissions, {} refused by the kernel",
-        s.datagrams_sent, s.send_calls, s.retransmissions, s.send_drops
+        "sender: {} datagrams in {} send calls, {} retransmissions ({} timeouts, {} window \
+         cuts, {} random losses), {} refused by the kernel",
+        s.datagrams_sent,
+        s.send_calls,
+        s.retransmissions,
+        s.timeouts,
+        s.window_cuts,
+        s.random_losses,
+        s.send_drops
     );
     Ok(())
 }

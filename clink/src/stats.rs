@@ -49,6 +49,12 @@ pub struct Stats {
     pub retransmissions: u64,
     /// Network path: negative acknowledgements sent.
     pub naks_sent: u64,
+    /// Network path: retransmission timer expiries.
+    pub timeouts: u64,
+    /// Network path: congestion-window reductions.
+    pub window_cuts: u64,
+    /// Network path: losses taken for random link loss (resent, window kept).
+    pub random_losses: u64,
     /// Network path: datagrams dropped for a bad checksum.
     pub corrupt_dropped: u64,
     /// Network path: malformed or inconsistent datagrams dropped.

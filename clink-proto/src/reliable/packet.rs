@@ -22,10 +22,14 @@
 //! ack / nak body (20 bytes, then the ranges)
 //!   16..24 cumulative ack: every packet below it was received
 //!   24..32 limit: the sender may send packet numbers below it (the credit)
-//!   32     number of ranges (at most MAX_RANGES), 33..36 reserved (zero)
-//!   36..   ranges, 8 bytes each: start (u32, offset from the cumulative ack, >= 1) and
+//!   32     number of ranges (at most MAX_RANGES)
+//!   33..36 ack delay: microseconds between the arrival of the highest packet received
+//!          and this ack (24 bits, saturated), so the sender can take it out of its RTT
+//!   36..   ranges, 8 bytes each: start (u32, offset from the cumulative ack) and
 //!          length (u32, >= 1); ascending, disjoint and not adjacent. For an ack they are
-//!          packets received above the cumulative ack (SACK); for a nak, packets missing.
+//!          packets received above the cumulative ack (SACK), so start >= 1; for a nak,
+//!          packets missing, and the first may start at the cumulative ack itself (offset
+//!          0: the first missing packet is the commonest one to nak).
 //! ping body (8 bytes)
 //!   16..24 floor (as in data)
 //! hello / welcome body (40 bytes): connection set-up, outside any connection's state
@@ -152,6 +156,9 @@ pub enum PacketError {
     },
 }
 
+/// Largest ack delay an ack can carry (24 bits of microseconds, about 16.8 s).
+pub const MAX_ACK_DELAY_US: u32 = 0xff_ffff;
+
 /// The acknowledgement fields shared by ack and nak datagrams.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AckInfo {
@@ -159,8 +166,12 @@ pub struct AckInfo {
     pub cum: u64,
     /// The sender may send packet numbers below this (flow-control credit).
     pub limit: u64,
+    /// Microseconds the receiver held the ack since the highest packet arrived (at most
+    /// [`MAX_ACK_DELAY_US`]).
+    pub delay_us: u32,
     /// Absolute half-open ranges `[start, end)` above `cum`: received ones (ack) or
-    /// missing ones (nak). Ascending, disjoint, non-adjacent, at most [`MAX_RANGES`].
+    /// missing ones (nak, whose first range may also start at `cum`). Ascending,
+    /// disjoint, non-adjacent, at most [`MAX_RANGES`].
     pub ranges: Vec<(u64, u64)>,
 }
 
@@ -374,9 +385,7 @@ impl<'a> Datagram<'a> {
                 let cum = u64_at(b, 16);
                 let limit = u64_at(b, 24);
                 let n = usize::from(b[32]);
-                if b[33] != 0 || b[34] != 0 || b[35] != 0 {
-                    return Err(PacketError::Reserved("ack header"));
-                }
+                let delay_us = u32::from_le_bytes([b[33], b[34], b[35], 0]);
                 if n > MAX_RANGES {
                     return Err(PacketError::OutOfRange {
                         what: "range count",
@@ -395,13 +404,15 @@ impl<'a> Datagram<'a> {
                 let mut ranges = Vec::with_capacity(n);
                 let mut prev_end = cum; // next start must be > prev_end (non-adjacent)
                 for i in 0..n {
+                    // A nak's first range may start at `cum` (offset 0).
+                    let floor_ok = |s: u64| s > prev_end || (i == 0 && kind == K_NAK && s == cum);
                     let o = ACK_HEADER + 8 * i;
                     let start = u64::from(u32_at(b, o));
                     let len = u64::from(u32_at(b, o + 4));
                     let s = cum.checked_add(start);
                     let e = s.and_then(|s| s.checked_add(len));
                     match (s, e) {
-                        (Some(s), Some(e)) if len > 0 && s > prev_end => {
+                        (Some(s), Some(e)) if len > 0 && floor_ok(s) => {
                             ranges.push((s, e));
                             prev_end = e;
                         }
@@ -414,7 +425,12 @@ impl<'a> Datagram<'a> {
                         }
                     }
                 }
-                let ack = AckInfo { cum, limit, ranges };
+                let ack = AckInfo {
+                    cum,
+                    limit,
+                    delay_us,
+                    ranges,
+                };
                 Ok(if kind == K_ACK {
                     Datagram::Ack { conn, ack }
                 } else {
@@ -501,7 +517,8 @@ impl<'a> Datagram<'a> {
                 assert!(ack.ranges.len() <= MAX_RANGES, "too many ranges");
                 out.extend_from_slice(&ack.cum.to_le_bytes());
                 out.extend_from_slice(&ack.limit.to_le_bytes());
-                out.extend_from_slice(&[ack.ranges.len() as u8, 0, 0, 0]);
+                let d = ack.delay_us.min(MAX_ACK_DELAY_US).to_le_bytes();
+                out.extend_from_slice(&[ack.ranges.len() as u8, d[0], d[1], d[2]]);
                 for &(s, e) in &ack.ranges {
                     let off = u32::try_from(s - ack.cum).expect("range too far above cum");
                     let len = u32::try_from(e - s).expect("range too long");
@@ -646,5 +663,38 @@ mod tests {
         // The standard check value of CRC-32C.
         assert_eq!(crc32c(b"123456789"), 0xe306_9283);
         assert_eq!(crc32c(b""), 0);
+    }
+
+    #[test]
+    fn only_a_nak_may_name_the_cumulative_ack() {
+        let ack = AckInfo {
+            cum: 7,
+            limit: 100,
+            delay_us: 0,
+            ranges: vec![(7, 9), (12, 13)],
+        };
+        let mut buf = Vec::new();
+        Datagram::Nak {
+            conn: 1,
+            ack: ack.clone(),
+        }
+        .encode(&mut buf);
+        assert_eq!(
+            Datagram::parse(&buf),
+            Ok(Datagram::Nak {
+                conn: 1,
+                ack: ack.clone()
+            })
+        );
+        // The same ranges in an ack would claim the first missing packet arrived.
+        buf.clear();
+        Datagram::Ack { conn: 1, ack }.encode(&mut buf);
+        assert!(matches!(
+            Datagram::parse(&buf),
+            Err(PacketError::OutOfRange {
+                what: "ack range",
+                ..
+            })
+        ));
     }
 }

@@ -270,6 +270,9 @@ impl Endpoint {
                 let c = u.conn.stats();
                 s.retransmissions += c.retransmissions;
                 s.naks_sent += c.naks_sent;
+                s.timeouts += c.timeouts;
+                s.window_cuts += c.congestion_events;
+                s.random_losses += c.random_losses;
                 s.corrupt_dropped += c.dropped_corrupt;
                 s.malformed_dropped += c.dropped_malformed;
                 s.duplicates_dropped += c.duplicates;

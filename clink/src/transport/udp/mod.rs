@@ -327,10 +327,10 @@ impl State {
             // Enough packets in flight to fill a fast local link at any MTU.
             recv_window: ((32 << 20) / mtu_payload as u64).clamp(1024, 1 << 16),
             max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
+            bulk_group: bulk_group(mtu_payload),
             // Acks ride alone (no piggybacking yet): one per 16 packets or per delay keeps
             // them off the latency path of a ping-pong and cheap in bulk transfers.
             ack_every: 16,
-            bulk_group: bulk_group(mtu_payload),
             ..reliable::Config::default()
         }
     }
