@@ -1335,6 +1335,28 @@ impl Conn {
         });
     }
 
+    /// The packets of `ranges` (from `from` on) not received yet, as at most
+    /// [`packet::MAX_RANGES`] ranges.
+    fn still_missing(&self, ranges: &[(u64, u64)], from: u64) -> Vec<(u64, u64)> {
+        let window = self.cfg.recv_window;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &(s, e) in ranges {
+            for pn in s.max(from)..e.min(self.rcv_highest) {
+                if self.slots[(pn % window) as usize].is_some() {
+                    continue;
+                }
+                if let Some(last) = out.last_mut().filter(|l| l.1 == pn) {
+                    last.1 = pn + 1;
+                } else if out.len() == packet::MAX_RANGES {
+                    return out;
+                } else {
+                    out.push((pn, pn + 1));
+                }
+            }
+        }
+        out
+    }
+
     fn build_ack(&self, now: u64) -> AckInfo {
         let window = self.cfg.recv_window;
         let limit = (self.rcv_next + self.credit()).max(self.advertised_limit);
@@ -1392,17 +1414,14 @@ impl Conn {
         let conn = self.cfg.conn_id;
         let n = if !self.nak_ranges.is_empty() {
             let mut ack = self.build_ack(now);
-            // Only holes still open are worth a NAK. (Naming `cum` itself, the first
-            // missing packet, stalled the 5% loss simulation for seconds of timeouts, for a
-            // reason not found; the hole at `cum` is left to SACK and the tail probe.)
+            // Only holes still open are worth a NAK: packets that arrived since the hole
+            // was seen (a batch's misses are handed over after its hits) are left out, or
+            // the sender would resend them and count a burst of losses. (Naming `cum`
+            // itself, the first missing packet, stalled the 5% loss simulation for
+            // seconds of timeouts, for a reason not found; the hole at `cum` is left to
+            // SACK and the tail probe.)
             let ranges = std::mem::take(&mut self.nak_ranges);
-            ack.ranges = ranges
-                .into_iter()
-                .filter_map(|(s, e)| {
-                    let s = s.max(ack.cum + 1);
-                    (s < e).then_some((s, e))
-                })
-                .collect();
+            ack.ranges = self.still_missing(&ranges, ack.cum + 1);
             if ack.ranges.is_empty() {
                 return self.poll_transmit_with(now, buf, fill);
             }
