@@ -4,7 +4,7 @@
 //! `--nocapture`), never asserted tightly.
 
 use clink_proto::netsim::{NetConfig, Pair, Rng};
-use clink_proto::reliable::{Config, Conn, Event, SendError};
+use clink_proto::reliable::{Config, Conn, Datagram, Event, SendError};
 
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000_000_000;
@@ -539,4 +539,29 @@ fn a_lost_tail_is_probed_before_the_retransmission_timer() {
         s.cwnd >= Config::default().initial_cwnd,
         "window cut: {s:?}"
     );
+}
+
+#[test]
+fn a_nak_names_only_packets_still_missing() {
+    // Packets 0, 4 and 3 arrive in one batch before the receiver transmits: the hole seen
+    // at 4 was [1, 4), but 3 has filled since. The NAK must not name 3 (the sender would
+    // resend it and count a loss). 1 is the cumulative ack, left to SACK and probes.
+    let cfg = Config::default();
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    for i in 0..5 {
+        a.send(i, b"x").unwrap();
+    }
+    let sent = transmit_all(&mut a, 0);
+    assert_eq!(sent.len(), 5);
+    for &i in &[0usize, 4, 3] {
+        b.handle_datagram(10, &sent[i]).unwrap();
+    }
+    let naks: Vec<_> = transmit_all(&mut b, 10)
+        .into_iter()
+        .filter_map(|d| match Datagram::parse(&d) {
+            Ok(Datagram::Nak { ack, .. }) => Some(ack.ranges),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(naks, vec![vec![(2, 3)]]);
 }
