@@ -131,7 +131,8 @@ pub struct Config {
     /// batching and scheduling alone inflate a short RTT several times.
     pub congestion_queue_floor: u64,
     /// A loss is congestion when the last two rounds lost more than this percentage of
-    /// the packets they sent (and at least 3; rounds count at least 64 packets).
+    /// the packets they sent (and at least 3; a round counts at least
+    /// [`MIN_ROUND_PACKETS`]).
     pub congestion_loss_pct: u64,
     /// Silence after which the peer is declared dead.
     pub dead_after: u64,
@@ -380,8 +381,6 @@ struct Rtt {
     srtt: u64,
     rttvar: u64,
     has: bool,
-    /// The latest sample.
-    last: u64,
     /// The smallest sample since `min_at` (the path's propagation delay, no queue).
     min: u64,
     min_at: u64,
@@ -393,7 +392,6 @@ const MIN_RTT_WINDOW: u64 = 10_000_000_000;
 impl Rtt {
     /// A raw sample `r` and the same without the peer's ack delay.
     fn sample(&mut self, now: u64, raw: u64, r: u64) {
-        self.last = r;
         if !self.has || raw <= self.min || now.saturating_sub(self.min_at) > MIN_RTT_WINDOW {
             self.min = raw;
             self.min_at = now;
@@ -537,7 +535,6 @@ impl Conn {
                 srtt: 0,
                 rttvar: 0,
                 has: false,
-                last: 0,
                 min: 0,
                 min_at: 0,
             },
@@ -683,14 +680,12 @@ impl Conn {
             return None;
         }
         let mut t = self.rto_deadline;
-        if let Some(p) = self.tlp_deadline {
-            t = Some(t.map_or(p, |t| t.min(p)));
-        }
         let mut min = |x: Option<u64>| {
             if let Some(x) = x {
                 t = Some(t.map_or(x, |t| t.min(x)));
             }
         };
+        min(self.tlp_deadline);
         min(self.ack_deadline);
         if self.cfg.keepalive > 0 {
             min(Some(
@@ -1192,16 +1187,14 @@ impl Conn {
         if pn != self.rcv_next {
             self.stats.out_of_order += 1;
         }
-        // While a hole is open every arrival is acked at once (TCP's rule for
-        // out-of-order segments): the sender's SACK-based loss detection and window then
-        // keep moving during recovery instead of waiting for `ack_every` or the delay.
-        let hole = pn < self.rcv_highest;
+        // A packet that fills a hole is acked at once: the sender learns of the repair.
+        let filled_hole = pn < self.rcv_highest;
         if pn >= self.rcv_highest {
             self.rcv_highest_at = now;
         }
         self.rcv_highest = self.rcv_highest.max(pn + 1);
         self.unacked += 1;
-        if hole || self.unacked >= self.cfg.ack_every {
+        if filled_hole || self.unacked >= self.cfg.ack_every {
             self.ack_now = true;
         } else if self.ack_deadline.is_none() {
             self.ack_deadline = Some(now + self.cfg.ack_delay);
@@ -1444,8 +1437,7 @@ impl Conn {
                 floor: self.snd_una,
             }
             .encode(buf)
-        } else if self.in_flight < self.cwnd || self.probe.is_some() {
-            let pn = self.next_to_send()?;
+        } else if let Some(pn) = self.next_to_send() {
             let idx = (pn - self.snd_una) as usize;
             let tx_seq = self.next_tx_seq;
             self.next_tx_seq += 1;
@@ -1521,8 +1513,8 @@ impl Conn {
         })
     }
 
-    /// The pn to transmit next: a tail probe, a lost one, else a new fragment if the
-    /// credit allows.
+    /// The pn to transmit next: a tail probe (whatever the window), else, if the window
+    /// has room, a lost one or a new fragment the credit allows.
     fn next_to_send(&mut self) -> Option<u64> {
         if let Some(pn) = self.probe.take() {
             if pn >= self.snd_una
@@ -1530,6 +1522,9 @@ impl Conn {
             {
                 return Some(pn);
             }
+        }
+        if self.in_flight >= self.cwnd {
+            return None;
         }
         while let Some(pn) = self.lost.pop_front() {
             if pn >= self.snd_una && self.sent[(pn - self.snd_una) as usize].state == PState::Lost {

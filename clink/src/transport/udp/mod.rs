@@ -308,6 +308,8 @@ struct Armed {
     /// The link's address: only its datagrams can be hits.
     src: SocketAddrV4,
     arm: Arm,
+    /// Per armed entry, how a read into its vectors splits (made once per arming).
+    layouts: Vec<Layout>,
 }
 
 impl State {
@@ -571,7 +573,20 @@ impl UdpTransport {
                     });
                 }
             }
-            Armed { key, src, arm }
+            let layouts = arm
+                .entries
+                .iter()
+                .map(|frags| Layout {
+                    payloads: frags.iter().take(max).map(|f| f.1).collect(),
+                    spill: sock::RX_SLOT,
+                })
+                .collect();
+            Armed {
+                key,
+                src,
+                arm,
+                layouts,
+            }
         });
         // SAFETY: header slots are ours; destination ranges are distinct missing fragments
         // of a buffer the Bulk contract keeps valid while the key is current, and the
@@ -614,11 +629,7 @@ impl UdpTransport {
         for (k, a) in armed.iter().flat_map(|a| (0..n_armed).map(move |k| (k, a))) {
             let got = sock.received(k);
             let frags = &a.arm.entries[k];
-            let layout = Layout {
-                payloads: frags.iter().take(max).map(|f| f.1).collect(),
-                spill: sock::RX_SLOT,
-            };
-            layout.segments(got.len, got.seg, &mut segs);
+            a.layouts[k].segments(got.len, got.seg, &mut segs);
             for seg in &segs {
                 count += 1;
                 let fate = faults.as_mut().map(|f| f.fate());
