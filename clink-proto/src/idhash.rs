@@ -54,5 +54,9 @@ mod tests {
             h(2) >> 57,
             "the top bits (hashbrown's tags) differ too"
         );
+        // Consecutive ids spread over the tags (an identity hash would put them all in
+        // tag 0 and make every probe compare keys).
+        let tags: std::collections::HashSet<u64> = (0..1024).map(|v| h(v) >> 57).collect();
+        assert!(tags.len() >= 100, "only {} of 128 tags used", tags.len());
     }
 }

@@ -13,7 +13,7 @@
 //! request's target continues with `key | offset` ([`RMA_HEADER`]), offsets relative to
 //! the export's window. Every integer is little-endian; parsing is total.
 
-use crate::le::{need, u128_at, u32_at, u64_at};
+use crate::le::{need, put_u128, put_u64, u128_at, u32_at, u64_at};
 use crate::ProtoError;
 
 /// Right to read (get, fetch from atomics).
@@ -32,8 +32,10 @@ pub struct Cookie {
     pub owner: u128,
     /// Export number at the owner.
     pub export: u32,
-    /// Start of the window within the aperture (informational: accesses are relative to
-    /// the window).
+    /// Start of the window within the aperture. Accesses are relative to the window (the
+    /// owner checks them against its own export, never this field); a same-host mapping
+    /// uses it to place the window in the mapped file (which holds the whole aperture), so
+    /// a forged base only misplaces the forger's own view.
     pub base: u64,
     /// Length of the window in bytes.
     pub len: u64,
@@ -514,26 +516,24 @@ impl<'a> RmaFrame<'a> {
         let n = self.encoded_len();
         let out = &mut out[..n];
         out[..8].fill(0);
-        let put =
-            |o: &mut [u8], off: usize, v: u64| o[off..off + 8].copy_from_slice(&v.to_le_bytes());
         let target = |o: &mut [u8], t: &Target| {
             o[4..8].copy_from_slice(&t.export.to_le_bytes());
-            o[16..32].copy_from_slice(&t.key.to_le_bytes());
-            o[32..40].copy_from_slice(&t.offset.to_le_bytes());
+            put_u128(o, 16, t.key);
+            put_u64(o, 32, t.offset);
         };
         match *self {
             RmaFrame::Put { req, to, data } => {
                 out[0] = K_PUT;
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &to);
                 out[RMA_HEADER..].copy_from_slice(data);
             }
             RmaFrame::PutCma { req, to, len, addr } => {
                 out[0] = K_PUT_CMA;
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &to);
-                put(out, RMA_HEADER, len);
-                put(out, RMA_HEADER + 8, addr);
+                put_u64(out, RMA_HEADER, len);
+                put_u64(out, RMA_HEADER + 8, addr);
             }
             RmaFrame::GetCma {
                 req,
@@ -542,27 +542,27 @@ impl<'a> RmaFrame<'a> {
                 addr,
             } => {
                 out[0] = K_GET_CMA;
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &from);
-                put(out, RMA_HEADER, len);
-                put(out, RMA_HEADER + 8, addr);
+                put_u64(out, RMA_HEADER, len);
+                put_u64(out, RMA_HEADER + 8, addr);
             }
             RmaFrame::Get { req, from, len } => {
                 out[0] = K_GET;
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &from);
-                put(out, RMA_HEADER, len);
+                put_u64(out, RMA_HEADER, len);
             }
             RmaFrame::Notify { req, at, len } => {
                 out[0] = K_NOTIFY;
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &at);
-                put(out, RMA_HEADER, len);
+                put_u64(out, RMA_HEADER, len);
             }
             RmaFrame::GetData { req, offset, data } => {
                 out[0] = K_GET_DATA;
-                put(out, 8, req);
-                put(out, 16, offset);
+                put_u64(out, 8, req);
+                put_u64(out, 16, offset);
                 out[GET_DATA_HEADER..].copy_from_slice(data);
             }
             RmaFrame::Atomic { req, at, op, a, b } => {
@@ -571,30 +571,30 @@ impl<'a> RmaFrame<'a> {
                     AtomicOp::FetchAdd => 1,
                     AtomicOp::CompareSwap => 2,
                 };
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &at);
-                put(out, RMA_HEADER, a);
-                put(out, RMA_HEADER + 8, b);
+                put_u64(out, RMA_HEADER, a);
+                put_u64(out, RMA_HEADER + 8, b);
             }
             RmaFrame::AtomicReply { req, status, old } => {
                 out[0] = K_ATOMIC_REPLY;
                 out[1] = status as u8;
-                put(out, 8, req);
-                put(out, 16, old);
+                put_u64(out, 8, req);
+                put_u64(out, 16, old);
             }
             RmaFrame::Map { req, of } => {
                 out[0] = K_MAP;
-                put(out, 8, req);
+                put_u64(out, 8, req);
                 target(out, &of);
             }
             RmaFrame::Ack { req, status } => {
                 out[0] = K_ACK;
                 out[1] = status as u8;
-                put(out, 8, req);
+                put_u64(out, 8, req);
             }
             RmaFrame::Sync { req } => {
                 out[0] = K_SYNC;
-                put(out, 8, req);
+                put_u64(out, 8, req);
             }
         }
         n

@@ -112,7 +112,6 @@ pub struct Matcher {
     free: Vec<u32>,
     /// Only apertures with at least one armed tripwire have an entry.
     apertures: IdMap<u32, Aperture>,
-    live: usize,
     /// Stamp of the latest fire call.
     epoch: u64,
     /// Hit list reused across fire calls, to not allocate per access.
@@ -167,7 +166,6 @@ impl Matcher {
             Some(pages) => pages.for_each(|p| ap.buckets.entry(p).or_default().push(index)),
             None => ap.wide.push(index),
         }
-        self.live += 1;
         Ok(id)
     }
 
@@ -204,12 +202,13 @@ impl Matcher {
 
     /// Number of armed tripwires.
     pub fn len(&self) -> usize {
-        self.live
+        // Every slot is either free or armed.
+        self.slab.len() - self.free.len()
     }
 
     /// True if no tripwire is armed.
     pub fn is_empty(&self) -> bool {
-        self.live == 0
+        self.len() == 0
     }
 
     /// Largest slab index ever used + 1 (the runtime sizes a per-index bitmap with it).
@@ -312,7 +311,6 @@ impl Matcher {
         let spec = entry.spec.take()?;
         entry.gen = entry.gen.wrapping_add(1);
         self.free.push(index);
-        self.live -= 1;
         Some(spec)
     }
 }

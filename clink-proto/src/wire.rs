@@ -5,9 +5,10 @@
 //! never a panic (see the property tests below; the RMA frames are also mutation-fuzzed in `tests/rma_fuzz.rs`).
 //!
 //! Frame layout: byte 0 is the kind, bytes 1..8 are reserved (zero), then the fixed fields of
-//! that kind as `u64`s, then (for [`Frame::Eager`]) the payload.
+//! that kind as `u64`s, then (for [`Frame::Eager`]) the payload. (RMA frames use bytes
+//! 1..8 and a 128-bit key: see [`crate::rma`].)
 
-use crate::le::{need, u128_at, u16_at, u32_at, u64_at};
+use crate::le::{need, put_u128, put_u64, u128_at, u16_at, u32_at, u64_at};
 use crate::ProtoError;
 
 /// Protocol version spoken by this build; the handshake refuses any other.
@@ -166,15 +167,16 @@ impl<'a> Frame<'a> {
     /// # Panics
     /// If `out` is shorter than `encoded_len()` (a caller bug, not outside input).
     pub fn encode(&self, out: &mut [u8]) -> usize {
+        if let Frame::Rma(r) = self {
+            return r.encode(out);
+        }
         let n = self.encoded_len();
         let out = &mut out[..n];
         out[..8].fill(0);
-        let put =
-            |o: &mut [u8], off: usize, v: u64| o[off..off + 8].copy_from_slice(&v.to_le_bytes());
         match *self {
             Frame::Eager { tag, data } => {
                 out[0] = K_EAGER;
-                put(out, 8, tag);
+                put_u64(out, 8, tag);
                 out[EAGER_HEADER..].copy_from_slice(data);
             }
             Frame::Rts {
@@ -184,18 +186,18 @@ impl<'a> Frame<'a> {
                 addr,
             } => {
                 out[0] = K_RTS;
-                put(out, 8, tag);
-                put(out, 16, len);
-                put(out, 24, send_id);
-                put(out, 32, addr);
+                put_u64(out, 8, tag);
+                put_u64(out, 16, len);
+                put_u64(out, 24, send_id);
+                put_u64(out, 32, addr);
             }
             Frame::Fin { send_id } => {
                 out[0] = K_FIN;
-                put(out, 8, send_id);
+                put_u64(out, 8, send_id);
             }
             Frame::Cts { send_id } => {
                 out[0] = K_CTS;
-                put(out, 8, send_id);
+                put_u64(out, 8, send_id);
             }
             Frame::Chunk {
                 send_id,
@@ -203,23 +205,21 @@ impl<'a> Frame<'a> {
                 data,
             } => {
                 out[0] = K_CHUNK;
-                put(out, 8, send_id);
-                put(out, 16, offset);
+                put_u64(out, 8, send_id);
+                put_u64(out, 16, offset);
                 out[CHUNK_HEADER..].copy_from_slice(data);
             }
             Frame::Cancel { send_id } => {
                 out[0] = K_CANCEL;
-                put(out, 8, send_id);
+                put_u64(out, 8, send_id);
             }
             Frame::CancelAck { send_id, cancelled } => {
                 out[0] = K_CANCEL_ACK;
                 out[1] = u8::from(cancelled);
-                put(out, 8, send_id);
+                put_u64(out, 8, send_id);
             }
             Frame::Close => out[0] = K_CLOSE,
-            Frame::Rma(r) => {
-                r.encode(out);
-            }
+            Frame::Rma(_) => unreachable!("encoded above"),
         }
         n
     }
@@ -307,11 +307,6 @@ fn check_preamble(b: &[u8], ty: u8, what: &'static str, len: usize) -> Result<()
         });
     }
     need(what, b, len)
-}
-
-fn put_u128(out: &mut [u8], off: usize, v: u128) {
-    out[off..off + 8].copy_from_slice(&(v as u64).to_le_bytes());
-    out[off + 8..off + 16].copy_from_slice(&((v >> 64) as u64).to_le_bytes());
 }
 
 impl Hello {

@@ -8,8 +8,8 @@
 //!   [`Cookie::to_bytes`] in any message); the receiver [`crate::Endpoint::import`]s it
 //!   into a [`Remote`] and calls `put`, `get`, `fetch_add`, `compare_swap`, `notify` on it.
 //!   The owner checks the key (constant time), revocation, rights and bounds of every
-//!   access; refusals come back as [`crate::Error::Refused`] and are counted in
-//!   [`crate::Stats::rma_refused`].
+//!   access; refusals come back as [`crate::Error::Refused`] and are counted in the
+//!   owner's [`crate::Stats::rma_refused`].
 //! - On the same host, [`crate::Endpoint::map`] maps an imported window into this process:
 //!   a [`Window`] whose small writes are plain stores (zero copies, no system call, no
 //!   help from the owner). The owner cannot see such stores: call

@@ -126,13 +126,15 @@ pub(super) struct RmaState {
     meta: Vec<TripMeta>,
     /// Fired bits by tripwire index: read without a system call.
     bits: Vec<u64>,
-    ops: super::IdMap<RmaOp>,
+    ops: IdMap<u64, RmaOp>,
 }
 
 /// What a target needs to apply one request.
 struct Applied {
     ap: u32,
     at: u64,
+    /// The export's rights.
+    rights: u8,
 }
 
 impl Endpoint {
@@ -343,7 +345,10 @@ impl Endpoint {
         }
     }
 
-    /// Largest payload of one RMA frame towards peer `i`.
+    /// Largest payload of one RMA frame towards peer `i`: an eager message's worth, less
+    /// 64 bytes for the larger RMA header (`RMA_HEADER` is 24 bytes more than
+    /// `EAGER_HEADER`; the rest is margin), so a put frame fits wherever an eager frame
+    /// does.
     fn rma_chunk(&self, i: usize) -> usize {
         (self.peers[i].eager_max as usize)
             .saturating_sub(64)
@@ -356,6 +361,7 @@ impl Endpoint {
         kind: OpKind,
         keep: Option<SendData>,
         reap: Reap,
+        parts: u32,
     ) -> Result<u64> {
         let p = self.peer(peer)?;
         if !p.alive {
@@ -366,7 +372,7 @@ impl Endpoint {
             id,
             RmaOp {
                 peer,
-                parts: 0,
+                parts,
                 status: Status::Ok,
                 kind,
                 _keep: keep,
@@ -377,7 +383,10 @@ impl Endpoint {
         Ok(id)
     }
 
-    /// Sends one RMA frame to peer `i`, queueing it (encoded) when the link is full.
+    /// Sends one RMA frame to peer `i`, queueing it (encoded) when the link is full. Over
+    /// UDP the datagrams go with the next `net_transmit` (every progress pass) or an
+    /// explicit [`Endpoint::kick`] by a call that returns without progressing: one
+    /// `sendmmsg` per batch, not per frame.
     fn send_rma(&mut self, i: usize, f: RmaFrame) {
         let p = &mut self.peers[i];
         if !p.alive {
@@ -386,17 +395,15 @@ impl Endpoint {
         let f = Frame::Rma(f);
         if p.txq.is_empty() && p.link.try_send(&f) {
             self.stats.frames_sent += 1;
-            self.kick(i);
             return;
         }
         let mut v = vec![0u8; f.encoded_len()];
         f.encode(&mut v);
         p.txq.push_back(TxItem::Raw(v));
         self.mark_busy(i);
-        self.flush(i);
     }
 
-    /// Issues the frames of a put of `data` (which `keep` keeps alive) at `offset`.
+    /// Issues the frames of a put of `data` at `offset` (and counts them as the op's parts).
     fn issue_put(&mut self, r: &Remote, offset: u64, data: &[u8], id: u64) {
         let i = r.peer.0 as usize;
         let chunk = self.rma_chunk(i);
@@ -452,6 +459,7 @@ impl Endpoint {
             OpKind::Put,
             None, // the caller's slice outlives the blocking call
             Reap::Caller,
+            0, // counted by issue_put
         )?;
         self.issue_put(r, offset, data, id);
         self.finish_op(id).map(|_| ())
@@ -483,18 +491,19 @@ impl Endpoint {
                 data,
             },
         );
+        self.kick(i);
         Ok(())
     }
 
     /// As [`Endpoint::notify`], without waiting for the acknowledgement.
     pub fn notify_nowait(&mut self, r: &Remote, offset: u64, len: u64) -> Result<()> {
-        self.issue_notify(r, offset, len, Reap::Detached)
-            .map(|_| ())
+        self.issue_notify(r, offset, len, Reap::Detached)?;
+        self.kick(r.peer.0 as usize);
+        Ok(())
     }
 
     fn issue_notify(&mut self, r: &Remote, offset: u64, len: u64, reap: Reap) -> Result<u64> {
-        let id = self.start_op(r.peer, OpKind::Notify, None, reap)?;
-        self.op_parts(id, 1);
+        let id = self.start_op(r.peer, OpKind::Notify, None, reap, 1)?;
         // The stores before the doorbell are visible before it.
         std::sync::atomic::fence(Ordering::Release);
         self.send_rma(
@@ -524,17 +533,18 @@ impl Endpoint {
             OpKind::Put,
             Some(SendData::Owned(data)),
             Reap::Request,
+            0, // counted by issue_put
         )?;
         // SAFETY: the op keeps the Bytes (heap memory that does not move) alive.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         self.issue_put(r, offset, bytes, id);
+        self.kick(r.peer.0 as usize);
         Ok(RmaRequest { id })
     }
 
     fn issue_get(&mut self, r: &Remote, offset: u64, id: u64, addr: u64, len: u64) {
         let i = r.peer.0 as usize;
         let use_cma = self.by_engine(i, len as usize);
-        self.op_parts(id, 1);
         let from = Self::target(r, offset);
         let f = if use_cma {
             RmaFrame::GetCma {
@@ -559,6 +569,7 @@ impl Endpoint {
             },
             None,
             Reap::Caller,
+            1,
         )?;
         self.issue_get(r, offset, id, addr as u64, len as u64);
         self.finish_op(id).map(|_| ())
@@ -575,14 +586,15 @@ impl Endpoint {
             },
             None,
             Reap::Request,
+            1,
         )?;
         self.issue_get(r, offset, id, addr, len as u64);
+        self.kick(r.peer.0 as usize);
         Ok(RmaRequest { id })
     }
 
     fn atomic(&mut self, r: &Remote, offset: u64, op: AtomicOp, a: u64, b: u64) -> Result<u64> {
-        let id = self.start_op(r.peer, OpKind::Atomic { old: 0 }, None, Reap::Caller)?;
-        self.op_parts(id, 1);
+        let id = self.start_op(r.peer, OpKind::Atomic { old: 0 }, None, Reap::Caller, 1)?;
         self.send_rma(
             r.peer.0 as usize,
             RmaFrame::Atomic {
@@ -629,8 +641,7 @@ impl Endpoint {
                 status: Status::Unsupported,
             });
         }
-        let id = self.start_op(r.peer, OpKind::Map { fd: None }, None, Reap::Caller)?;
-        self.op_parts(id, 1);
+        let id = self.start_op(r.peer, OpKind::Map { fd: None }, None, Reap::Caller, 1)?;
         self.send_rma(
             i,
             RmaFrame::Map {
@@ -710,8 +721,8 @@ impl Endpoint {
                 continue;
             }
             self.peers[i].unacked = false;
-            if let Ok(id) = self.start_op(PeerId(i as u32), OpKind::Notify, None, Reap::Detached) {
-                self.op_parts(id, 1);
+            let peer = PeerId(i as u32);
+            if let Ok(id) = self.start_op(peer, OpKind::Notify, None, Reap::Detached, 1) {
                 self.send_rma(i, RmaFrame::Sync { req: id });
             }
         }
@@ -948,14 +959,12 @@ impl Endpoint {
                     if let (OpKind::Map { fd: slot }, Some(fd)) = (k, fd) {
                         *slot = Some(fd);
                     }
-                    Ok(())
                 })
             }
             RmaFrame::AtomicReply { req, status, old } => self.answer(src, req, status, |k| {
                 if let OpKind::Atomic { old: o } = k {
                     *o = old;
                 }
-                Ok(())
             }),
             RmaFrame::GetData { req, offset, data } => {
                 let op = self
@@ -991,7 +1000,7 @@ impl Endpoint {
         src: PeerId,
         req: u64,
         status: Status,
-        set: impl FnOnce(&mut OpKind) -> Result<()>,
+        set: impl FnOnce(&mut OpKind),
     ) -> Result<()> {
         let op = self
             .rma
@@ -999,7 +1008,7 @@ impl Endpoint {
             .get_mut(&req)
             .filter(|o| o.peer == src && o.parts > 0)
             .ok_or_else(|| bad(src, "answer to an unknown request", req))?;
-        set(&mut op.kind)?;
+        set(&mut op.kind);
         if status != Status::Ok && op.status == Status::Ok {
             op.status = status;
         }
@@ -1028,17 +1037,24 @@ impl Endpoint {
 
     /// Checks a request against the export table; counts refusals.
     fn admit(&mut self, t: &Target, len: u64, need: u8) -> Result<Applied, Status> {
-        let g = self.rma.exports.get(&t.export);
-        match rma::check(g, t.key, t.offset, len, need) {
-            Ok(at) => Ok(Applied {
-                ap: g.map_or(0, |g| g.aperture),
-                at,
-            }),
-            Err(s) => {
-                self.stats.rma_refused += 1;
-                Err(s)
+        let g = self.rma.exports.get(&t.export).copied();
+        match rma::check(g.as_ref(), t.key, t.offset, len, need) {
+            Ok(at) => {
+                let g = g.expect("check admits only an existing export");
+                Ok(Applied {
+                    ap: g.aperture,
+                    at,
+                    rights: g.rights,
+                })
             }
+            Err(s) => Err(self.refuse(s)),
         }
+    }
+
+    /// Counts a refused request (as a target) and returns its status.
+    fn refuse(&mut self, s: Status) -> Status {
+        self.stats.rma_refused += 1;
+        s
     }
 
     fn ap_ptr(&mut self, a: &Applied) -> *mut u8 {
@@ -1148,8 +1164,7 @@ impl Endpoint {
                     Ok(ap) => {
                         let p = self.ap_ptr(&ap);
                         if !(p as usize).is_multiple_of(8) {
-                            self.stats.rma_refused += 1;
-                            (Status::Misaligned, 0)
+                            (self.refuse(Status::Misaligned), 0)
                         } else {
                             // SAFETY: aligned, inside the aperture; aperture memory is
                             // only accessed atomically or by raw copies.
@@ -1198,11 +1213,9 @@ impl Endpoint {
     /// Sends the memory file of a checked map request before its ack.
     fn serve_map(&mut self, i: usize, req: u64, of: &Target) -> Status {
         // Any right allows mapping (the descriptor's mode follows the rights, below).
-        if let Err(s) = self.admit(of, 0, 0) {
-            return s;
-        }
-        let Some(g) = self.rma.exports.get(&of.export).copied() else {
-            return Status::NoSuchExport;
+        let a = match self.admit(of, 0, 0) {
+            Ok(a) => a,
+            Err(s) => return s,
         };
         let Some(shm) = self.peers[i].link.shm() else {
             return Status::Unsupported;
@@ -1210,11 +1223,11 @@ impl Endpoint {
         let Some(LocalAp {
             mem: ApMem::File { fd, .. },
             ..
-        }) = self.rma.aps.get(&g.aperture)
+        }) = self.rma.aps.get(&a.ap)
         else {
             return Status::Unsupported;
         };
-        let sent = if g.rights & WRITE != 0 {
+        let sent = if a.rights & WRITE != 0 {
             shm.send_fd(req, fd)
         } else {
             sys::reopen_read_only(fd).and_then(|ro| shm.send_fd(req, &ro))
