@@ -78,7 +78,10 @@ pub enum Error {
         /// Why.
         status: clink_proto::rma::Status,
     },
-    /// A local aperture or tripwire argument is invalid.
+    /// An argument is invalid (an aperture, tripwire or pattern argument, or a limit such
+    /// as the RPC client's requests in flight), or a pattern's peer wrote a value it cannot
+    /// have written honestly (a stream counter, mailbox length, cookie size or window size
+    /// out of range).
     #[error("{0}")]
     Invalid(String),
     /// The endpoint was used from a forked child process.

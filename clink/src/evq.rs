@@ -121,8 +121,6 @@ pub type SharedRing<T> = Arc<EventRing<T>>;
 pub struct EventRing<T: Copy + Send> {
     /// Next position to claim (producers, CAS).
     tail: Padded<AtomicU64>,
-    /// Consumer's position, stored after each pop; read only by [`EventRing::len_hint`].
-    head: Padded<AtomicU64>,
     /// 1 while the consumer is (about to be) blocked and wants a doorbell.
     consumer_sleeping: Padded<AtomicU32>,
     mask: u64,
@@ -157,7 +155,6 @@ impl<T: Copy + Send> EventRing<T> {
             .collect();
         let ring = Arc::new(EventRing {
             tail: Padded(AtomicU64::new(0)),
-            head: Padded(AtomicU64::new(0)),
             consumer_sleeping: Padded(AtomicU32::new(0)),
             mask: cap as u64 - 1,
             slots,
@@ -213,14 +210,6 @@ impl<T: Copy + Send> EventRing<T> {
             && self.consumer_sleeping.0.swap(0, Ordering::AcqRel) != 0
     }
 
-    /// Approximate number of queued items (claimed positions minus consumed ones; racy).
-    pub fn len_hint(&self) -> usize {
-        let head = self.head.0.load(Ordering::Relaxed);
-        let tail = self.tail.0.load(Ordering::Relaxed);
-        // The two loads are not a snapshot: clamp to the possible range.
-        (tail.saturating_sub(head) as usize).min(self.capacity())
-    }
-
     /// Number of slots.
     pub fn capacity(&self) -> usize {
         self.slots.len()
@@ -231,7 +220,6 @@ impl<T: Copy + Send> fmt::Debug for EventRing<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventRing")
             .field("capacity", &self.capacity())
-            .field("len_hint", &self.len_hint())
             .finish()
     }
 }
@@ -239,7 +227,7 @@ impl<T: Copy + Send> fmt::Debug for EventRing<T> {
 /// The unique consuming side (not `Clone`: single consumer is what makes `pop` sound).
 pub struct Consumer<T: Copy + Send> {
     ring: Arc<EventRing<T>>,
-    /// Next position to read; mirrored into `ring.head` for `len_hint`.
+    /// Next position to read.
     head: u64,
 }
 
@@ -257,8 +245,15 @@ impl<T: Copy + Send> Consumer<T> {
         slot.seq
             .store(pos + self.ring.slots.len() as u64, Ordering::Release);
         self.head = pos + 1;
-        self.ring.head.0.store(self.head, Ordering::Relaxed);
         Some(v)
+    }
+
+    /// Number of positions claimed by producers and not yet read (some may still be
+    /// being written, so `pop` can return `None` while this is not 0). For tests.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        let tail = self.ring.tail.0.load(Ordering::Relaxed);
+        (tail.saturating_sub(self.head) as usize).min(self.ring.capacity())
     }
 
     /// Whether the slot at the head holds no published item (exact for this consumer at
@@ -329,18 +324,19 @@ mod tests {
     fn fifo_single_thread() {
         let (q, mut c) = EventRing::<(u16, u32)>::new(8);
         assert_eq!(q.capacity(), 8);
-        assert!(q.len_hint() == 0 && c.is_empty());
+        assert_eq!(c.len(), 0);
+        assert!(c.is_empty());
         assert_eq!(c.pop(), None);
         for i in 0..5u32 {
             assert_eq!(q.push((i as u16, i * 10)), Ok(false));
         }
-        assert_eq!(q.len_hint(), 5);
+        assert_eq!(c.len(), 5);
         assert!(!c.is_empty());
         for i in 0..5u32 {
             assert_eq!(c.pop(), Some((i as u16, i * 10)));
         }
         assert_eq!(c.pop(), None);
-        assert_eq!(q.len_hint(), 0);
+        assert_eq!(c.len(), 0);
     }
 
     #[test]
@@ -350,7 +346,7 @@ mod tests {
             assert_eq!(q.push(i), Ok(false));
         }
         assert_eq!(q.push(99), Err(99));
-        assert_eq!(q.len_hint(), 4);
+        assert_eq!(c.len(), 4);
         assert_eq!(c.pop(), Some(0));
         assert_eq!(q.push(4), Ok(false));
         assert_eq!(q.push(100), Err(100));
@@ -374,7 +370,7 @@ mod tests {
                     Ok(_) => next_in += 1,
                     Err(v) => {
                         assert_eq!(v, next_in);
-                        assert_eq!(q.len_hint(), 4);
+                        assert_eq!(c.len(), 4);
                         refused += 1;
                     }
                 }
@@ -459,6 +455,7 @@ mod tests {
                 }
             }
             assert_eq!(c.pop(), None);
+            assert_eq!(c.len(), 0);
             next
         });
         for t in producers {
@@ -466,7 +463,6 @@ mod tests {
         }
         let next = consumer.join().expect("consumer");
         assert!(next.iter().all(|&n| n == PER));
-        assert_eq!(q.len_hint(), 0);
     }
 }
 

@@ -241,8 +241,12 @@ impl Epoll {
                     std::ptr::null(),
                 )
             };
-            let e = io::Error::last_os_error().raw_os_error();
-            if n < 0 && matches!(e, Some(libc::ENOSYS) | Some(libc::EPERM)) {
+            if n < 0
+                && matches!(
+                    io::Error::last_os_error().raw_os_error(),
+                    Some(libc::ENOSYS) | Some(libc::EPERM)
+                )
+            {
                 // Before Linux 5.11, or refused by a seccomp profile: milliseconds then.
                 NO_PWAIT2.store(true, std::sync::atomic::Ordering::Relaxed);
             }

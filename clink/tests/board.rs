@@ -27,10 +27,9 @@ fn len_of(seed: u64, c: u64, k: u64) -> usize {
     }
 }
 
-fn fill(c: u64, k: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64 ^ c.wrapping_mul(131) ^ k.wrapping_mul(7)) as u8)
-        .collect()
+/// The content key of client `c`'s message `k` (for `common::pattern` / `check`).
+fn msg_key(c: u64, k: u64) -> u64 {
+    c << 32 ^ k
 }
 
 #[test]
@@ -67,7 +66,7 @@ fn clients() {
         for (n, (ep, p)) in eps.iter_mut().enumerate() {
             let c = ids[n];
             let len = len_of(seed, c, k);
-            let msg = fill(c, k, len);
+            let msg = pattern(msg_key(c, k), len);
             ep.send(*p, k % 2, &msg).expect("send");
             let mut buf = vec![0u8; len];
             let st = ep
@@ -118,9 +117,10 @@ fn serve(ep: &mut Endpoint, seed: u64, env: &[(&str, &str)]) {
             len_of(seed, c, *k),
             "client {c} message {k}"
         );
-        assert!(
-            buf[..st.len as usize] == fill(c, *k, st.len as usize)[..],
-            "client {c} message {k} corrupt"
+        check(
+            msg_key(c, *k),
+            &buf[..st.len as usize],
+            &format!("client {c} message {k}"),
         );
         *k += 2;
         ep.send(st.peer, 10 + st.tag, &buf[..st.len as usize])
@@ -190,10 +190,7 @@ fn message_events_leave_messages_in_place() {
     let mut server = ctx.endpoint().unwrap();
     let addr = server.address();
     let client = std::thread::spawn(move || {
-        let ctx = ctx_with(clink::Config {
-            calibrate: false,
-            ..Default::default()
-        });
+        let ctx = common::ctx();
         let mut ep = ctx.endpoint().unwrap();
         let p = ep.connect(&addr).unwrap();
         let mut b = [0u8; 8];
@@ -231,10 +228,7 @@ fn request_completion_events() {
     let mut ep = ctx.endpoint().unwrap();
     let addr = ep.address();
     let peer_thread = std::thread::spawn(move || {
-        let ctx = ctx_with(clink::Config {
-            calibrate: false,
-            ..Default::default()
-        });
+        let ctx = common::ctx();
         let mut ep = ctx.endpoint().unwrap();
         let p = ep.connect(&addr).unwrap();
         let mut big = vec![0u8; 1 << 20];

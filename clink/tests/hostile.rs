@@ -284,7 +284,10 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
     let memfd = sys::memfd_sealed("clinktest-fake", len)?;
     let seg = Mapping::new(&memfd, len)?;
     let db = sys::eventfd()?;
-    // A board file that is too small: the endpoint polls this peer's ring directly.
+    // A board file too small to be one (and no slot on it in the segment header): the
+    // endpoint keeps no post on this peer's board and must take no harm from it. (It
+    // still gives the fake a slot on its own board; with fewer than CLINK_BOARD_PEERS
+    // peers every ring is polled on each pass anyway.)
     let board = sys::memfd_sealed("clinktest-board", 64)?;
     sock.send_with_fds(
         &hello(cells).encode(),

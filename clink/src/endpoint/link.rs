@@ -47,7 +47,7 @@ impl Link {
     }
 
     /// The UDP link, when a rendezvous over it is a bulk transfer (reliable mode; the
-    /// unreliable mode keeps pipelined chunks).
+    /// unreliable mode refuses rendezvous messages altogether).
     pub fn bulk(&mut self) -> Option<&mut UdpLink> {
         match self {
             Link::Udp(u) if u.conn.config().reliable => Some(u),

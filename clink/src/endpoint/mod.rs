@@ -564,8 +564,9 @@ impl Endpoint {
         } else {
             req.id
         };
+        // Reported by the next progress pass (which `next_event`, `wait_event` and
+        // `prepare_wait` all run first), not here: one scan per pass, not per request.
         self.watched.push((true, id));
-        self.report_done();
         Ok(SendRequest { id })
     }
 
@@ -960,7 +961,6 @@ impl Endpoint {
         self.post(sel, id);
         if self.evq.interest & events::REQUESTS != 0 {
             self.watched.push((false, id));
-            self.report_done();
         }
         Ok(RecvRequest { id })
     }
@@ -1350,7 +1350,7 @@ impl Endpoint {
                 t.elapsed().as_nanos() as f64,
             );
             op.state = RecvState::Done(match res {
-                Ok(()) => rendezvous_result(status, cap),
+                Ok(()) => receive_result(status, cap),
                 Err(e) => Err(Error::Io {
                     what: format!("reading rendezvous message from {src}"),
                     source: e,
@@ -1492,10 +1492,7 @@ impl Endpoint {
                     self.peers[i].blocked = true;
                     // A message event just queued is progress: the pass must not copy the
                     // message aside before the user had a chance to receive it in place.
-                    return n > 0
-                        || !announced
-                            && self.peers[i].announced
-                            && self.evq.interest & events::MESSAGES != 0;
+                    return n > 0 || !announced && self.peers[i].announced;
                 }
                 Err(e) => {
                     self.stats.protocol_errors += 1;
@@ -1650,7 +1647,7 @@ impl Endpoint {
                         st.len,
                         since.elapsed().as_nanos() as f64,
                     );
-                    op.state = RecvState::Done(rendezvous_result(st, cap));
+                    op.state = RecvState::Done(receive_result(st, cap));
                     p.pipeline_in.remove(&send_id);
                 }
             }
@@ -1748,9 +1745,11 @@ impl Endpoint {
     }
 
     /// Queues a message-arrival event for the frame at the head of peer `i`'s queue, once.
+    /// Only with message events of interest: a message passed over while they were off
+    /// is announced when interest is turned on.
     fn announce(&mut self, i: usize, tag: u64) {
         let p = &mut self.peers[i];
-        if !p.announced {
+        if !p.announced && self.evq.interest & events::MESSAGES != 0 {
             p.announced = true;
             let peer = PeerId(i as u32);
             self.evq
@@ -1910,6 +1909,7 @@ impl Endpoint {
                 self.stats.doorbells += 1;
             }
         }
+        self.ready.armed = list;
         // (The doorbell is drained when epoll reports it, not here: one system call less
         // per sleep; a stale ring only costs one spurious wake-up.)
         self.evq.arm_sleep();
@@ -1931,7 +1931,7 @@ impl Endpoint {
     pub fn finish_wait(&mut self) {
         self.evq.disarm_sleep();
         self.board.disarm_sleep();
-        for i in self.arm_list() {
+        for &i in &self.ready.armed {
             if let Some(shm) = self.peers[i].link.shm_mut() {
                 shm.rx.disarm_sleep();
                 shm.tx.disarm_wait();
@@ -2029,11 +2029,9 @@ fn handshake_incoming(
     }
 }
 
-/// Copies an eager message into a receive buffer: its status, or `Truncated` (with the
-/// buffer holding the first bytes) when it is longer than the buffer.
-/// The outcome of a rendezvous receive whose bytes are all in: its status, or `Truncated`
-/// when the message was longer than the `cap`-byte buffer (which holds its head).
-fn rendezvous_result(status: Status, cap: u64) -> Result<Status> {
+/// The outcome of a receive whose bytes are all in: its status, or `Truncated` when the
+/// message was longer than the `cap`-byte buffer (which holds its head).
+fn receive_result(status: Status, cap: u64) -> Result<Status> {
     if status.len > cap {
         Err(Error::Truncated {
             len: status.len,
@@ -2044,22 +2042,17 @@ fn rendezvous_result(status: Status, cap: u64) -> Result<Status> {
     }
 }
 
+/// Copies an eager message into a receive buffer: its status, or `Truncated` (with the
+/// buffer holding the first bytes) when it is longer than the buffer.
 fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> Result<Status> {
     let n = data.len().min(buf.len());
     buf[..n].copy_from_slice(&data[..n]);
-    let len = data.len() as u64;
-    if n < data.len() {
-        Err(Error::Truncated {
-            len,
-            capacity: buf.len() as u64,
-        })
-    } else {
-        Ok(Status {
-            peer: src,
-            tag,
-            len,
-        })
-    }
+    let status = Status {
+        peer: src,
+        tag,
+        len: data.len() as u64,
+    };
+    receive_result(status, buf.len() as u64)
 }
 
 fn res_ok(s: &RecvState) -> bool {

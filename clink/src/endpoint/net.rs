@@ -3,7 +3,7 @@
 //! that differ from shared memory.
 
 use super::link::Link;
-use super::{rendezvous_result, Endpoint, RecvState, SendState};
+use super::{receive_result, Endpoint, RecvState, SendState};
 use crate::context::CtxInner;
 use crate::error::{Error, Result};
 use clink_proto::PeerId;
@@ -196,7 +196,7 @@ impl Endpoint {
                 if let RecvState::Pipelining { status, .. } = op.state {
                     // Its bytes are counted by the link (hits and cleanup copies).
                     let cap = op.buf.slice().len() as u64;
-                    op.state = RecvState::Done(rendezvous_result(status, cap));
+                    op.state = RecvState::Done(receive_result(status, cap));
                 }
             }
         }

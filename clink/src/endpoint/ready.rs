@@ -47,6 +47,9 @@ pub(super) struct Ready {
     spare: Vec<usize>,
     /// Live peers outside the board.
     pub direct: Vec<usize>,
+    /// The peers the last arming armed individually: `finish_wait` disarms exactly these
+    /// (the lists may change in between).
+    pub armed: Vec<usize>,
     /// Where the next liveness sweep starts.
     sweep_at: usize,
 }
@@ -61,6 +64,7 @@ impl Default for Ready {
             busy: Vec::new(),
             spare: Vec::new(),
             direct: Vec::new(),
+            armed: Vec::new(),
             sweep_at: 0,
         }
     }
@@ -214,14 +218,12 @@ impl Endpoint {
     /// The peers whose rings a sleeping endpoint must arm individually: all of them, or in
     /// board mode those the board does not cover (busy and direct ones).
     pub(super) fn arm_list(&self) -> Vec<usize> {
+        let alive = |&i: &usize| self.peers[i].alive;
         if self.ready.on {
-            let mut v = self.ready.busy.clone();
-            v.extend_from_slice(&self.ready.direct);
-            v
+            let listed = self.ready.busy.iter().chain(&self.ready.direct).copied();
+            listed.filter(alive).collect()
         } else {
-            (0..self.peers.len())
-                .filter(|&i| self.peers[i].alive)
-                .collect()
+            (0..self.peers.len()).filter(alive).collect()
         }
     }
 }

@@ -176,7 +176,7 @@ impl RpcServer {
             if spins.is_multiple_of(64) {
                 ep.progress();
             }
-            if spins < 1 << 12 {
+            if spins < super::SPIN {
                 continue;
             }
             spins = 0;

@@ -21,8 +21,9 @@
 //!   ring. Sleeping is `sleeping = 1`, fence, re-scan the words.
 //!
 //! Every peer can write the whole page. A hostile peer can raise bits (spurious polls) or
-//! clear other peers' bits; the endpoint therefore polls every ring at each liveness check,
-//! which bounds the delay such a peer can cause to `CLINK_LIVENESS_MS`.
+//! clear other peers' bits; the endpoint therefore also polls the next 32 peers' rings in
+//! turn at each liveness check (`endpoint::ready`), which bounds the delay such a peer can
+//! cause to `CLINK_LIVENESS_MS` times the number of peers / 32.
 
 use crate::error::{io_err, Result};
 use crate::sys::{self, Mapping};
