@@ -21,11 +21,14 @@ for r in rows:
 if rma:
     print("| experiment | system | variant | size | endpoints | rounds | median |")
     print("|---|---|---|---|---|---|---|")
-    for k in sorted(rma, key=lambda k: tuple(str(x) for x in k)):
+    # Names as text, sizes and endpoint counts as numbers ("" when a row has none).
+    for k in sorted(rma, key=lambda k: (*k[:3], k[3], k[4] if k[4] != "" else 0)):
         v = [m for _, m in sorted(rma[k])]
         rounds = ", ".join(f"{m:.3g}" for m in v)
         print("| " + " | ".join(str(x) for x in k) + f" | {rounds} | {st.median(v):.3g} |")
 rows = [r for r in rows if "experiment" not in r]
+if not rows:
+    sys.exit(0)
 d = defaultdict(list)
 for r in rows:
     d[(r["system"], r["mode"], r["metric"], r["size"])].append(r["median"])

@@ -84,13 +84,14 @@ fn send(addr: &str, size: usize, count: usize) -> Result<(), Box<dyn std::error:
     let s = ep.stats();
     println!(
         "sender: {} datagrams in {} send calls, {} retransmissions ({} timeouts, {} window \
-         cuts, {} random losses), {} refused by the kernel",
+         cuts, {} random losses, {} tail probes), {} refused by the kernel",
         s.datagrams_sent,
         s.send_calls,
         s.retransmissions,
         s.timeouts,
         s.window_cuts,
         s.random_losses,
+        s.tail_probes,
         s.send_drops
     );
     Ok(())

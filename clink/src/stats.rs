@@ -55,6 +55,8 @@ pub struct Stats {
     pub window_cuts: u64,
     /// Network path: losses taken for random link loss (resent, window kept).
     pub random_losses: u64,
+    /// Network path: tail loss probes sent.
+    pub tail_probes: u64,
     /// Network path: datagrams dropped for a bad checksum.
     pub corrupt_dropped: u64,
     /// Network path: malformed or inconsistent datagrams dropped.

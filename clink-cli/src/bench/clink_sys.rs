@@ -2,9 +2,10 @@
 //! between network namespaces.
 //!
 //! Busy mode never blocks (`spin = inf`); blocking mode blocks at once (`spin = 0`), the
-//! same contract the socket baselines get. Copies per byte depend on the size: 2 for eager
-//! messages (into the ring, out of it); for rendezvous 1 (a single CMA copy) or 2 (the
-//! two-core pipeline), reported as the mix this side has received.
+//! same contract the socket baselines get. Copies per byte depend on the size: over shared
+//! memory 2 for eager messages (into the ring, out of it), for rendezvous 1 (a single CMA
+//! copy) or 2 (the two-core pipeline), reported as the mix this side has received; over
+//! UDP 6 for eager messages and 3 for bulk ones (nominal, see `copies_per_byte`).
 
 use super::channel::{Acceptor, Channel, Mode, System};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
@@ -78,20 +79,10 @@ impl Channel for ClinkChannel {
             // ARCHITECTURE.md, "The network path". Eager: four copies in user space (into
             // the connection, into the datagram, into the reassembled message, into the
             // posted receive) plus the kernel's two. Rendezvous (bulk): the sender's one
-            // (its buffer into the datagram), the kernel's two, and on the receiver the
-            // cleanup copies of what speculation missed: measured on this endpoint's own
-            // receipts (the server's are not visible here), 0 on a clean hit path.
-            if size as u64 <= eager {
-                return 6.0;
-            }
-            let s = self.ep.stats();
-            let placed = s.spec_hit_bytes + s.cleanup_bytes;
-            let missed = if placed == 0 {
-                0.0
-            } else {
-                s.cleanup_bytes as f64 / placed as f64
-            };
-            return 3.0 + missed;
+            // (its buffer into the datagram) and the kernel's two, on the speculation-hit
+            // path (nominal: the receiver's misses, which cost more, are counted on the
+            // server, which this side cannot see; `examples/stream` prints them).
+            return if size as u64 <= eager { 6.0 } else { 3.0 };
         }
         if size as u64 <= eager {
             return 2.0; // into the ring, out of it

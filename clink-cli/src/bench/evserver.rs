@@ -44,7 +44,7 @@ const TAG_REQ: u64 = 0x7100;
 const TAG_REP: u64 = 0x7101;
 const TAG_STOP: u64 = 0x7102;
 /// Requests in flight in the rate run (at most N).
-pub const INFLIGHT: usize = 16;
+const INFLIGHT: usize = 16;
 const T: Option<Duration> = Some(Duration::from_secs(60));
 
 /// One measured figure.
@@ -223,7 +223,7 @@ impl Conn for ClinkConn {
         self.ep.send(self.peer, TAG_REQ, req).expect("clink send");
     }
     fn poll(&mut self, rep: &mut [u8; REQ]) -> bool {
-        self.ep.progress();
+        // (`probe` runs a progress pass itself.)
         match self.ep.probe(Selector::exact(Some(self.peer), TAG_REP)) {
             Some(_) => {
                 self.ep

@@ -34,7 +34,9 @@
 //! Modules: [`channel`] (the plug-in traits), [`sockets`] (TCP / Unix
 //! baselines), [`udp`] (UDP baseline, no reliability), [`measure`] (the loops),
 //! [`plan`], [`stats`], [`report`], [`ucx`] (external `ucx_perftest`),
-//! [`proc`] (child processes), [`affinity`] (CPU pinning).
+//! [`proc`] (child processes), [`affinity`] (CPU pinning), [`clink_sys`] (clink
+//! itself as a system), [`rma`] and [`evserver`] (the `--rma` experiments, two
+//! pinned threads of one process).
 //!
 //! # Adding a system
 //!
@@ -186,11 +188,12 @@ pub struct BenchArgs {
     /// Run the aperture experiments (one-word round trips, distributed queue, put
     /// bandwidth, event-driven server; rows with an `experiment` field) instead of the
     /// system comparison.
-    #[arg(long, conflicts_with_all = ["systems", "mode", "sizes", "lat_sizes", "bw_sizes", "placement", "mtu"])]
+    #[arg(long, conflicts_with_all = ["systems", "mode", "sizes", "lat_sizes", "bw_sizes", "placement", "mtu", "timeout_secs"])]
     pub rma: bool,
     /// With `--rma`: only these experiments (comma-separated: word_rtt, dqueue_rate,
     /// put_bw, event_server).
-    #[arg(long, value_delimiter = ',', requires = "rma")]
+    #[arg(long, value_delimiter = ',', requires = "rma",
+          value_parser = clap::builder::PossibleValuesParser::new(rma::EXPERIMENTS))]
     pub experiments: Vec<String>,
     /// With `--rma`: client connections of the event-server experiment.
     #[arg(long, value_delimiter = ',', requires = "rma", default_values_t = [1u64, 10, 100, 1000],
@@ -202,13 +205,15 @@ impl BenchArgs {
     /// The default run, as `clink bench` with no options (used by `clink demo`): the
     /// defaults declared on the arguments above, parsed from an empty command line.
     pub fn default_for_demo() -> Self {
-        #[derive(clap::Parser)]
-        struct Bench {
-            #[command(flatten)]
-            args: BenchArgs,
-        }
-        <Bench as clap::Parser>::parse_from(["bench"]).args
+        <BenchCli as clap::Parser>::parse_from(["bench"]).args
     }
+}
+
+/// `BenchArgs` as a command of its own (the defaults for the demo; the tests' parser).
+#[derive(clap::Parser)]
+struct BenchCli {
+    #[command(flatten)]
+    args: BenchArgs,
 }
 
 /// Role of a child process.
@@ -462,13 +467,13 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 
 /// Entry point of `clink bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
-        let pin = !args.no_pin && affinity::can_pin_pair();
         let conns: Vec<usize> = args.conns.iter().map(|&c| c as usize).collect();
         return rma::run(
             args.quick,
             args.json,
-            pin,
+            pinned,
             args.rounds,
             &args.experiments,
             &conns,
@@ -476,7 +481,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;
-    let pinned = !args.no_pin && affinity::can_pin_pair();
     let timeout = Duration::from_secs(args.timeout_secs.max(1));
     let mut header = Vec::new();
     header.push(if pinned {
@@ -690,16 +694,10 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: BenchArgs,
-    }
-
     fn parse(argv: &[&str]) -> BenchArgs {
         let mut full = vec!["bench"];
         full.extend_from_slice(argv);
-        Cli::try_parse_from(full).expect("args").args
+        BenchCli::try_parse_from(full).expect("args").args
     }
 
     #[test]
@@ -732,10 +730,12 @@ mod tests {
             &["--conns", "5"],
             &["--rma", "--systems", "tcp"],
             &["--rma", "--placement", "netns"],
+            &["--rma", "--timeout-secs", "5"],
+            &["--rma", "--experiments", "nonsense"],
         ] {
             let mut full = vec!["bench"];
             full.extend_from_slice(bad);
-            assert!(Cli::try_parse_from(&full).is_err(), "{bad:?}");
+            assert!(BenchCli::try_parse_from(&full).is_err(), "{bad:?}");
         }
         assert!(!BenchArgs::default_for_demo().rma);
     }
@@ -747,9 +747,9 @@ mod tests {
         assert_eq!(args.mtu, Some(vec![1500, 9000]));
         assert_eq!(parse(&[]).placement, Placement::Host);
         let mut full = vec!["bench", "--mtu", "10"];
-        assert!(Cli::try_parse_from(&full).is_err(), "MTU below 68");
+        assert!(BenchCli::try_parse_from(&full).is_err(), "MTU below 68");
         full.truncate(1);
-        assert!(Cli::try_parse_from(&full).is_ok());
+        assert!(BenchCli::try_parse_from(&full).is_ok());
     }
 
     #[test]

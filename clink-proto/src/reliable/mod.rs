@@ -47,7 +47,7 @@
 //! [`Config::congestion_queue_floor`] above it, or when the last two
 //! rounds lost more than [`Config::congestion_loss_pct`] of their packets (a queue too
 //! shallow to show in the RTT); other losses are only resent. NewReno, cutting on every
-//! loss, held goodput at 1% random loss to 0.18x lossless in the simulator and 0.03x
+//! loss, held goodput at 1% random loss to 0.18x lossless in the simulator and 0.02x
 //! across the veth pair; a flow at a full queue (TCP's, or its own) still halves as TCP
 //! does. (TCP Veno's packet-count test of the queue was tried first, then the factor
 //! alone: busy-polling across the veth pair the RTT is 11 us idle and 45-100 us while

@@ -273,6 +273,7 @@ impl Endpoint {
                 s.timeouts += c.timeouts;
                 s.window_cuts += c.congestion_events;
                 s.random_losses += c.random_losses;
+                s.tail_probes += c.tail_probes;
                 s.corrupt_dropped += c.dropped_corrupt;
                 s.malformed_dropped += c.dropped_malformed;
                 s.duplicates_dropped += c.duplicates;
