@@ -15,6 +15,8 @@
 //!   first piece: sequencing, SACK/NAK, RTT and retransmission, credits and congestion
 //!   window, fragmentation, an unreliable mode), with [`netsim`], the seeded simulated
 //!   network its tests run on; used by the UDP transport;
+//! - [`admission`]: admission control of fast bulk streams (the seed's Fast_Req /
+//!   Fast_Ack / Fast_NAck): one granted stream per receive queue;
 //! - [`spec`]: speculative defragmentation: where a bulk transfer's fragments are expected
 //!   to land, and the verifier that sorts what landed into hits and misses;
 //! - [`rma`]: one-sided access to apertures: capability cookies, the access check, and
@@ -25,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+pub mod admission;
 pub mod cost;
 mod error;
 pub mod idhash;

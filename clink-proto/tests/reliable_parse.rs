@@ -5,7 +5,7 @@ use clink_proto::reliable::packet::{
     bulk_checksum, crc32c, parse_bulk, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
 };
 use clink_proto::reliable::{
-    AckInfo, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
+    AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
 };
 use proptest::prelude::*;
 
@@ -47,7 +47,7 @@ fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> 
             }
         });
     (
-        0u8..7,
+        0u8..9,
         any::<u32>(),
         hdr,
         proptest::collection::vec(any::<u8>(), 0..1500),
@@ -98,6 +98,19 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
             conn,
             floor: hdr.floor,
         },
+        7 | 8 => {
+            let grant = hdr.offset;
+            let admit = match (k, hdr.tag % 4) {
+                (_, 0) => Admit::Req,
+                (_, 1) => Admit::Ack {
+                    grant,
+                    port: hdr.msg_len as u16,
+                },
+                (_, 2) => Admit::NAck,
+                _ => Admit::Release { grant },
+            };
+            Datagram::Admit { conn, admit }
+        }
         k => {
             let hs = Handshake {
                 from: u128::from(hdr.pn) << 64 | u128::from(hdr.tag),
@@ -124,7 +137,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bodies_with_a_valid_crc_never_panic(
-        kind in 1u8..7,
+        kind in 1u8..9,
         body in proptest::collection::vec(any::<u8>(), 0..400),
     ) {
         // Past the checksum, so the field checks themselves are exercised.
@@ -216,6 +229,34 @@ fn typed_errors() {
     let mut b = buf.clone();
     b[5] = 9;
     assert_eq!(Datagram::parse(&b), Err(PacketError::BadKind(9)));
+    // An admit datagram: an unknown op, a grant in a request and a port in a NAck are
+    // refused.
+    let admit = |op: u8, port: u16, grant: u32| {
+        let mut b = vec![
+            0x43, 0x4c, 0x52, 0x44, 1, 8, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, op, 0,
+        ];
+        b.extend_from_slice(&port.to_le_bytes());
+        b.extend_from_slice(&grant.to_le_bytes());
+        let crc = crc32c(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        Datagram::parse(&b).map(|d| match d {
+            Datagram::Admit { admit, .. } => Some(admit),
+            _ => None,
+        })
+    };
+    assert_eq!(
+        admit(2, 9000, 7),
+        Ok(Some(Admit::Ack {
+            grant: 7,
+            port: 9000
+        }))
+    );
+    assert!(matches!(
+        admit(5, 0, 0),
+        Err(PacketError::OutOfRange { .. })
+    ));
+    assert_eq!(admit(1, 0, 3), Err(PacketError::Reserved("admit grant")));
+    assert_eq!(admit(3, 1, 0), Err(PacketError::Reserved("admit port")));
     let mut b = buf.clone();
     b[17] ^= 4;
     assert!(matches!(

@@ -22,6 +22,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
+    ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_NET_DEAD_MS", "silence after which a network peer is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
@@ -177,6 +178,15 @@ impl Config {
                 "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
+                "CLINK_UDP_ADMISSION" => {
+                    use clink_proto::admission::Mode;
+                    udp.admission = match v.trim() {
+                        "implicit" => Mode::Implicit,
+                        "explicit" => Mode::Explicit,
+                        "off" => Mode::Off,
+                        _ => return Err(bad(&k, &v, "expected 'implicit', 'explicit' or 'off'")),
+                    }
+                }
                 "CLINK_NET_DEAD_MS" => {
                     udp.dead_after = Duration::from_millis(num(&k, &v, 10, 3_600_000)?)
                 }
@@ -236,6 +246,7 @@ mod tests {
             ("CLINK_UDP_MTU", "100"),
             ("CLINK_FAULTS", "drop=5"),
             ("CLINK_UDP", "maybe"),
+            ("CLINK_UDP_ADMISSION", "sometimes"),
         ] {
             let e = Config::from_vars(vars(&[bad])).unwrap_err().to_string();
             assert!(e.contains(bad.0), "{e}");

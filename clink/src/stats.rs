@@ -81,6 +81,16 @@ pub struct Stats {
     /// Network path: bulk payload bytes copied to their place by the ordinary path
     /// (misses, reads beyond the armed layout, speculation off).
     pub cleanup_bytes: u64,
+    /// Network path, admission control as a receiver: fast streams granted (Fast_Ack).
+    pub fast_grants: u64,
+    /// Network path: fast-stream requests refused (Fast_NAck).
+    pub fast_refusals: u64,
+    /// Network path: grants taken back (idle, or held too long while others waited).
+    pub fast_revocations: u64,
+    /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
+    pub fast_granted: u64,
+    /// Network path, as a sender: times they were refused or revoked (then sent slowly).
+    pub fast_refused: u64,
     /// One-sided requests this endpoint refused as a target (bad key, revoked, out of
     /// range, missing right, unknown export).
     pub rma_refused: u64,

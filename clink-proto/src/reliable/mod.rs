@@ -80,9 +80,11 @@ pub mod packet;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use crate::admission::{Asker, AskerConfig, Mode, Standing};
+
 use thiserror::Error;
 
-pub use packet::{AckInfo, BulkHeader, DataHeader, Datagram, Handshake, PacketError};
+pub use packet::{AckInfo, Admit, BulkHeader, DataHeader, Datagram, Handshake, PacketError};
 
 /// Identifies a message sent on one connection (consecutive from 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,8 +143,15 @@ pub struct Config {
     /// Fragments of a bulk transfer sent as one group (one GSO send, one speculative
     /// receive entry): a new group starts only when the congestion window and the credit
     /// have room for all of it, so groups stay aligned to multiples of this many fragments
-    /// from the transfer's start. 1 disables grouping.
+    /// from the transfer's start.
+    /// 1 disables grouping.
     pub bulk_group: u64,
+    /// Admission control of this side's bulk stream ([`crate::admission`]); off by
+    /// default here (every bulk stream fast), implicit by default in the UDP transport.
+    pub admission: AskerConfig,
+    /// Bulk fragments in flight at most while the stream is not granted (the seed's slow
+    /// mode: it keeps going without disturbing the granted stream).
+    pub slow_window: u64,
 }
 
 impl Default for Config {
@@ -170,6 +179,11 @@ impl Default for Config {
             dead_after: 2_000_000_000,
             keepalive: 500_000_000,
             bulk_group: 1,
+            admission: AskerConfig {
+                mode: Mode::Off,
+                ..AskerConfig::default()
+            },
+            slow_window: 4,
         }
     }
 }
@@ -232,6 +246,19 @@ pub enum Event {
     BulkSent(u64),
     /// No datagram from the peer for [`Config::dead_after`]; the connection stopped.
     PeerDead,
+    /// The peer asks to send its bulk stream fast (Fast_Req): answer with
+    /// [`Conn::answer_admit`] (the receive queue's [`crate::admission::Gate`] decides).
+    FastRequest,
+    /// The peer gives back grant `grant` or (another id) withdraws its request.
+    FastRelease {
+        /// The grant given back (0: a request withdrawn).
+        grant: u32,
+    },
+    /// This side's bulk stream was granted (true) or refused / revoked (false).
+    Fast {
+        /// Granted or not.
+        granted: bool,
+    },
 }
 
 /// Counters of one connection; `cwnd`, `ssthresh`, `srtt_ns`, `rto_ns` and `in_flight`
@@ -294,6 +321,10 @@ pub struct Stats {
     pub messages_dropped: u64,
     /// Bulk transfers accepted by `send_bulk`.
     pub bulk_transfers: u64,
+    /// Times this side's bulk stream was granted fast (Fast_Ack received).
+    pub fast_granted: u64,
+    /// Times it was refused or revoked (Fast_NAck received).
+    pub fast_refused: u64,
     /// New bulk fragments received (placed by the caller, or found in place).
     pub bulk_fragments: u64,
     /// New bulk fragments the caller had no destination for (dropped after their pn was
@@ -419,6 +450,8 @@ pub struct Transmit {
     /// It opens a bulk group (or is a bulk retransmission): a GSO batcher should start a
     /// new send with it, so the receiver's speculative layout lines up.
     pub group_start: bool,
+    /// It is a bulk fragment (which goes to [`Conn::steered_port`] when there is one).
+    pub bulk: bool,
 }
 
 /// Packets sent and lost in the current round trip and the one before (a round ends
@@ -475,6 +508,12 @@ pub struct Conn {
     probe: Option<u64>,
     /// Probes sent since the last progress (at most [`MAX_PROBES`]).
     probes: u32,
+    /// Admission control of this side's bulk stream.
+    asker: Asker,
+    /// Bulk transfers queued and not yet wholly acknowledged.
+    bulk_outstanding: u64,
+    /// Answers to the peer's admission requests, to send.
+    admit_out: VecDeque<packet::Admit>,
     // --- receiver ---
     rcv_next: u64,
     rcv_highest: u64,
@@ -508,6 +547,7 @@ impl Conn {
         cfg.max_cwnd = cfg.max_cwnd.max(cfg.initial_cwnd);
         cfg.ack_every = cfg.ack_every.max(1);
         cfg.dup_thresh = cfg.dup_thresh.max(1);
+        cfg.slow_window = cfg.slow_window.max(1);
         let mut slots = Vec::new();
         slots.resize_with(cfg.recv_window as usize, || None);
         // Before the first ack, the peer's credit is taken to be what this side's own
@@ -543,6 +583,9 @@ impl Conn {
             tlp_deadline: None,
             probe: None,
             probes: 0,
+            asker: Asker::new(cfg.admission.clone()),
+            bulk_outstanding: 0,
+            admit_out: VecDeque::new(),
             rcv_next: 0,
             rcv_highest: 0,
             rcv_highest_at: now,
@@ -651,6 +694,7 @@ impl Conn {
             return Err(SendError::EmptyBulk);
         }
         self.stats.bulk_transfers += 1;
+        self.bulk_outstanding += 1;
         self.send_queue.push_back(Queued {
             item: Item::Bulk { xfer, total: len },
             next_off: 0,
@@ -687,6 +731,7 @@ impl Conn {
         };
         min(self.tlp_deadline);
         min(self.ack_deadline);
+        min(self.asker.poll_timeout());
         if self.cfg.keepalive > 0 {
             min(Some(
                 self.last_recv.max(self.last_ping) + self.cfg.keepalive,
@@ -721,6 +766,7 @@ impl Conn {
             self.ping_pending = true;
             self.last_ping = now;
         }
+        self.asker.handle_timeout(now, self.bulk_outstanding > 0);
         if self.rto_deadline.is_some_and(|d| d <= now) {
             self.on_rto(now);
         } else if self.tlp_deadline.is_some_and(|d| d <= now) {
@@ -790,6 +836,7 @@ impl Conn {
 
     fn on_rto(&mut self, now: u64) {
         self.stats.timeouts += 1;
+        self.asker.on_timeout(now);
         let mut any = false;
         for i in 0..self.sent.len() {
             if self.sent[i].state == PState::InFlight {
@@ -889,7 +936,10 @@ impl Conn {
                     }
                     // Acknowledged or (unreliable mode) given up: either way the source
                     // bytes are no longer needed.
-                    Item::Bulk { xfer, .. } => self.events.push_back(Event::BulkSent(xfer)),
+                    Item::Bulk { xfer, .. } => {
+                        self.bulk_outstanding -= 1;
+                        self.events.push_back(Event::BulkSent(xfer));
+                    }
                 }
             }
         }
@@ -956,12 +1006,34 @@ impl Conn {
                     Ok(())
                 }
             }
+            Datagram::Admit { admit, .. } => {
+                match admit {
+                    packet::Admit::Req => self.events.push_back(Event::FastRequest),
+                    packet::Admit::Release { grant } => {
+                        self.events.push_back(Event::FastRelease { grant })
+                    }
+                    a => {
+                        if let Some(granted) = self.asker.on_answer(now, a) {
+                            if granted {
+                                self.stats.fast_granted += 1;
+                            } else {
+                                self.stats.fast_refused += 1;
+                            }
+                            self.events.push_back(Event::Fast { granted });
+                        }
+                    }
+                }
+                Ok(())
+            }
             // Connection set-up belongs to the transport, which answers it before any
             // connection sees it.
             Datagram::Hello { .. } | Datagram::Welcome { .. } => Err(RecvError::Protocol(
                 "handshake datagram on an open connection",
             )),
         };
+        if self.bulk_outstanding == 0 {
+            self.asker.bulk_idle(now);
+        }
         match r {
             Ok(()) => {
                 self.last_recv = now;
@@ -1404,7 +1476,11 @@ impl Conn {
             return None;
         }
         let mut group_start = false;
+        let mut bulk = false;
         let conn = self.cfg.conn_id;
+        if self.bulk_outstanding > 0 {
+            self.asker.bulk_queued(now);
+        }
         let n = if !self.nak_ranges.is_empty() {
             let mut ack = self.build_ack(now);
             // Only holes still open are worth a NAK: packets that arrived since the hole
@@ -1437,6 +1513,12 @@ impl Conn {
                 floor: self.snd_una,
             }
             .encode(buf)
+        } else if let Some(admit) = self
+            .admit_out
+            .pop_front()
+            .or_else(|| self.asker.poll_transmit())
+        {
+            Datagram::Admit { conn, admit }.encode(buf)
         } else if let Some(pn) = self.next_to_send() {
             let idx = (pn - self.snd_una) as usize;
             let tx_seq = self.next_tx_seq;
@@ -1484,8 +1566,9 @@ impl Conn {
                         total,
                     };
                     let frag = self.cfg.mtu_payload as u64;
-                    group_start = s.tx_count > 1
-                        || (s.offset / frag).is_multiple_of(self.cfg.bulk_group.max(1));
+                    bulk = true;
+                    group_start =
+                        s.tx_count > 1 || (s.offset / frag).is_multiple_of(self.bulk_group());
                     let start = buf.len();
                     let body = start + packet::BULK_HEADER;
                     let len = s.len as usize;
@@ -1510,7 +1593,57 @@ impl Conn {
         Some(Transmit {
             len: n,
             group_start,
+            bulk,
         })
+    }
+
+    /// Fragments per bulk group: the configured group while fast, single fragments
+    /// while slow (a refused stream sends no bursts).
+    fn bulk_group(&self) -> u64 {
+        if self.asker.fast() {
+            self.cfg.bulk_group.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// Answers the peer's admission request (a Fast_Ack or Fast_NAck) or revokes its
+    /// grant (Fast_NAck); sent with the next [`Conn::poll_transmit`].
+    pub fn answer_admit(&mut self, a: packet::Admit) {
+        if self.admit_out.len() < 4 {
+            self.admit_out.push_back(a);
+        }
+    }
+
+    /// Asks the peer for a fast bulk stream now (the explicit API; the answer comes as
+    /// [`Event::Fast`]). Nothing happens with admission control off.
+    pub fn request_fast(&mut self, now: u64) {
+        self.asker.request(now);
+    }
+
+    /// Gives the fast stream back, or withdraws the request.
+    pub fn release_fast(&mut self) {
+        self.asker.release();
+    }
+
+    /// Where this side's bulk stream stands with the peer's admission control.
+    pub fn fast_standing(&self) -> Standing {
+        self.asker.standing()
+    }
+
+    /// New bulk fragments received so far (placed by the caller or found in place).
+    pub fn bulk_received(&self) -> u64 {
+        self.stats.bulk_fragments
+    }
+
+    /// Whether bulk fragments go fast now (granted, or admission control off).
+    pub fn is_fast(&self) -> bool {
+        self.asker.fast()
+    }
+
+    /// The peer's port for this side's granted stream alone (flow steering), if any.
+    pub fn steered_port(&self) -> Option<u16> {
+        self.asker.steered_port()
     }
 
     /// The pn to transmit next: a tail probe (whatever the window), else, if the window
@@ -1534,10 +1667,14 @@ impl Conn {
         if self.next_pn >= self.peer_limit {
             return None;
         }
+        let group = self.bulk_group();
+        let slow = !self.asker.fast() && self.in_flight >= self.cfg.slow_window;
         let q = self.send_queue.front_mut()?;
         let total = q.item.len();
         let frag = self.cfg.mtu_payload as u64;
-        let group = self.cfg.bulk_group.max(1);
+        if slow && matches!(q.item, Item::Bulk { .. }) {
+            return None;
+        }
         if matches!(q.item, Item::Bulk { .. }) && (q.next_off / frag).is_multiple_of(group) {
             // Start a group only when all of it can go at once (capped by what the window
             // and the peer's whole credit could ever allow, so this never deadlocks).

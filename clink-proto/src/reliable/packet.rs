@@ -6,7 +6,7 @@
 //! common header (16 bytes)
 //!   0..4   magic "CLRD" (0x4452_4c43)
 //!   4      version (1)
-//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk
+//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk, 8 admit
 //!   6..8   flags (reserved, must be zero)
 //!   8..12  connection id
 //!   12..16 reserved (must be zero)
@@ -32,6 +32,13 @@
 //!          0: the first missing packet is the commonest one to nak).
 //! ping body (8 bytes)
 //!   16..24 floor (as in data)
+//! admit body (8 bytes): admission control of fast bulk streams (see [`crate::admission`])
+//!   16     op: 1 Fast_Req, 2 Fast_Ack, 3 Fast_NAck, 4 release
+//!   17     reserved (zero)
+//!   18..20 steered port: in a Fast_Ack, the receiver's socket for this stream alone
+//!          (0: none, send to the endpoint's socket); zero in the other ops
+//!   20..24 grant id (Fast_Ack and release; zero in Fast_Req and Fast_NAck, and in a
+//!          release that withdraws a request not granted)
 //! hello / welcome body (40 bytes): connection set-up, outside any connection's state
 //!   16..32 sender's endpoint id
 //!   32..48 addressee's endpoint id (from its address string; a hello to a stale
@@ -80,6 +87,8 @@ pub const DATA_HEADER: usize = 60;
 pub const ACK_HEADER: usize = 36;
 /// Bytes of a ping datagram without its trailer.
 pub const PING_LEN: usize = 24;
+/// Bytes of an admit datagram (same as a ping).
+pub const ADMIT_LEN: usize = 24;
 /// Bytes of a hello or welcome datagram without its trailer.
 pub const HANDSHAKE_LEN: usize = 56;
 /// Bytes before the payload of a bulk datagram (its checksum included).
@@ -98,6 +107,7 @@ const K_PING: u8 = 4;
 const K_HELLO: u8 = 5;
 const K_WELCOME: u8 = 6;
 const K_BULK: u8 = 7;
+const K_ADMIT: u8 = 8;
 
 /// True when the datagram's kind byte says hello or welcome (connection set-up): a cheap
 /// peek for demultiplexing before [`Datagram::parse`], which still verifies everything.
@@ -218,6 +228,28 @@ pub struct Handshake {
     pub mtu_payload: u32,
 }
 
+/// What an admit datagram says (admission control of fast bulk streams, the seed's
+/// Fast_Req / Fast_Ack / Fast_NAck; see [`crate::admission`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// The sender asks to send its bulk transfers fast (Fast_Req).
+    Req,
+    /// The receiver grants the fast stream (Fast_Ack).
+    Ack {
+        /// The grant's id (echoed by the release).
+        grant: u32,
+        /// A port of the receiver's that takes this stream alone (flow steering), or 0.
+        port: u16,
+    },
+    /// The receiver refuses or revokes the fast stream (Fast_NAck): send slowly.
+    NAck,
+    /// The sender gives the grant back (or, with grant 0, withdraws its request).
+    Release {
+        /// The grant given back; 0 for a request not granted.
+        grant: u32,
+    },
+}
+
 /// A parsed datagram, borrowing the payload from the received bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Datagram<'a> {
@@ -274,6 +306,13 @@ pub enum Datagram<'a> {
         /// Identities and limits.
         hs: Handshake,
     },
+    /// Admission control of fast bulk streams.
+    Admit {
+        /// Connection id.
+        conn: u32,
+        /// Request, answer or release.
+        admit: Admit,
+    },
 }
 
 fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), PacketError> {
@@ -298,7 +337,8 @@ impl<'a> Datagram<'a> {
             | Datagram::Nak { conn, .. }
             | Datagram::Ping { conn, .. }
             | Datagram::Hello { conn, .. }
-            | Datagram::Welcome { conn, .. } => *conn,
+            | Datagram::Welcome { conn, .. }
+            | Datagram::Admit { conn, .. } => *conn,
         }
     }
 
@@ -459,6 +499,37 @@ impl<'a> Datagram<'a> {
                     Datagram::Welcome { conn, hs }
                 })
             }
+            K_ADMIT => {
+                if b.len() != ADMIT_LEN {
+                    return Err(PacketError::OutOfRange {
+                        what: "admit length",
+                        value: b.len() as u64,
+                        limit: ADMIT_LEN as u64,
+                    });
+                }
+                if b[17] != 0 {
+                    return Err(PacketError::Reserved("admit"));
+                }
+                let (port, grant) = (u16_at(b, 18), u32_at(b, 20));
+                let admit = match b[16] {
+                    1 if grant == 0 => Admit::Req,
+                    2 => Admit::Ack { grant, port },
+                    3 if grant == 0 => Admit::NAck,
+                    4 => Admit::Release { grant },
+                    1 | 3 => return Err(PacketError::Reserved("admit grant")),
+                    op => {
+                        return Err(PacketError::OutOfRange {
+                            what: "admit op",
+                            value: op.into(),
+                            limit: 4,
+                        })
+                    }
+                };
+                if port != 0 && !matches!(admit, Admit::Ack { .. }) {
+                    return Err(PacketError::Reserved("admit port"));
+                }
+                Ok(Datagram::Admit { conn, admit })
+            }
             _ => {
                 if b.len() != PING_LEN {
                     return Err(PacketError::OutOfRange {
@@ -494,6 +565,7 @@ impl<'a> Datagram<'a> {
             Datagram::Ping { conn, .. } => (K_PING, *conn),
             Datagram::Hello { conn, .. } => (K_HELLO, *conn),
             Datagram::Welcome { conn, .. } => (K_WELCOME, *conn),
+            Datagram::Admit { conn, .. } => (K_ADMIT, *conn),
         };
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&[VERSION, kind, 0, 0]);
@@ -533,6 +605,17 @@ impl<'a> Datagram<'a> {
                 out.extend_from_slice(&hs.mtu_payload.to_le_bytes());
                 out.extend_from_slice(&[0; 4]);
             }
+            Datagram::Admit { admit, .. } => {
+                let (op, grant, port) = match *admit {
+                    Admit::Req => (1u8, 0u32, 0u16),
+                    Admit::Ack { grant, port } => (2, grant, port),
+                    Admit::NAck => (3, 0, 0),
+                    Admit::Release { grant } => (4, grant, 0),
+                };
+                out.extend_from_slice(&[op, 0]);
+                out.extend_from_slice(&port.to_le_bytes());
+                out.extend_from_slice(&grant.to_le_bytes());
+            }
         }
         let crc = crc32c(&out[start..]);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -550,7 +633,7 @@ fn common(b: &[u8]) -> Result<u8, PacketError> {
         return Err(PacketError::BadVersion(b[4]));
     }
     let kind = b[5];
-    if !(K_DATA..=K_BULK).contains(&kind) {
+    if !(K_DATA..=K_ADMIT).contains(&kind) {
         return Err(PacketError::BadKind(kind));
     }
     Ok(kind)

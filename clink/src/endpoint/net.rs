@@ -66,6 +66,72 @@ impl Endpoint {
         }
     }
 
+    /// Asks `peer` (a network peer) to take this endpoint's bulk transfers as its one fast
+    /// stream (admission control's Fast_Req, the explicit form of what `CLINK_UDP_ADMISSION=
+    /// implicit` does by itself) and waits up to `timeout` for the answer: `Ok(true)`
+    /// granted (bulk transfers go at full speed, received straight in place), `Ok(false)`
+    /// refused (they go slowly, and the request stays queued at the peer: a later grant
+    /// shows in [`Endpoint::is_fast`]). With admission control off every stream is fast:
+    /// `Ok(true)` at once.
+    pub fn request_fast(&mut self, peer: PeerId, timeout: Duration) -> Result<bool> {
+        let i = self.net_peer(peer)?;
+        let net = self.net.as_ref().expect("a network peer has a transport");
+        let now = net.now();
+        if let Link::Udp(u) = &mut self.peers[i].link {
+            if u.conn.is_fast() {
+                return Ok(true);
+            }
+            u.fast_answer = None;
+            u.conn.request_fast(now);
+        }
+        self.kick(i);
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.progress();
+            let p = &self.peers[i];
+            if !p.alive {
+                return Err(Error::PeerDead(peer));
+            }
+            if let Link::Udp(u) = &p.link {
+                if let Some(granted) = u.fast_answer {
+                    return Ok(granted);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Gives back the fast stream `peer` granted (or withdraws the request); needed only
+    /// with `CLINK_UDP_ADMISSION=explicit` (implicit grants go back by themselves when no
+    /// bulk transfer has been sent for a while).
+    pub fn release_fast(&mut self, peer: PeerId) -> Result<()> {
+        let i = self.net_peer(peer)?;
+        if let Link::Udp(u) = &mut self.peers[i].link {
+            u.conn.release_fast();
+        }
+        self.kick(i);
+        Ok(())
+    }
+
+    /// Whether this endpoint's bulk transfers to `peer` go fast now (granted by its
+    /// admission control, or admission control off); false for a shared-memory peer.
+    pub fn is_fast(&self, peer: PeerId) -> Result<bool> {
+        Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn.is_fast()))
+    }
+
+    fn net_peer(&self, peer: PeerId) -> Result<usize> {
+        match &self.peer(peer)?.link {
+            _ if !self.peer(peer)?.alive => Err(Error::PeerDead(peer)),
+            Link::Udp(_) => Ok(peer.0 as usize),
+            Link::Shm(_) => Err(Error::Invalid(format!(
+                "{peer} is reached over shared memory: admission control is for network peers"
+            ))),
+        }
+    }
+
     /// Sends what peer `i`'s link has queued, at once (a UDP link; nothing to do for
     /// shared memory, whose frames are in the peer's ring already).
     pub(super) fn kick(&mut self, i: usize) {
@@ -92,19 +158,22 @@ impl Endpoint {
             return false;
         };
         let now = net.now();
-        // Arm a speculative receive for the first peer with a bulk transfer coming in (one
-        // stream at a time: the others' fragments take the ordinary path). Re-planned only
-        // when that link's transfers changed, not on every poll.
-        let key = if net.speculate() {
-            self.peers
+        // Arm a speculative receive for one stream at a time (the others' fragments take the
+        // ordinary path): the one admission control granted, or with no grant in force the
+        // first peer with a bulk transfer coming in. Re-planned only when that link's
+        // transfers changed, not on every poll.
+        let receiving = |i: usize, p: &super::Peer| match &p.link {
+            Link::Udp(u) if p.alive && u.bulk.receiving() => Some((i, u.bulk.generation())),
+            _ => None,
+        };
+        let key = match (net.speculate(), net.fast_holder()) {
+            (false, _) => None,
+            (true, Some(h)) => self.peers.get(h).and_then(|p| receiving(h, p)),
+            (true, None) => self
+                .peers
                 .iter()
                 .enumerate()
-                .find_map(|(i, p)| match &p.link {
-                    Link::Udp(u) if p.alive && u.bulk.receiving() => Some((i, u.bulk.generation())),
-                    _ => None,
-                })
-        } else {
-            None
+                .find_map(|(i, p)| receiving(i, p)),
         };
         if net.planned_key() != key {
             let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
@@ -137,6 +206,19 @@ impl Endpoint {
             if u.take_events() {
                 dead.push(i);
             }
+        }
+        if net.admission() {
+            net.admit(
+                now,
+                self.peers
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(_, p)| p.alive)
+                    .filter_map(|(i, p)| match &mut p.link {
+                        Link::Udp(u) => Some((i, &mut **u)),
+                        Link::Shm(_) => None,
+                    }),
+            );
         }
         let accepted = net.take_accepted();
         self.finish_bulk();
@@ -230,6 +312,7 @@ impl Endpoint {
                 Link::Shm(_) => None,
             })
             .chain(net.next_fault_release())
+            .chain(net.admit_timeout())
             .min()?;
         Some(Duration::from_nanos(next.saturating_sub(now)))
     }
@@ -263,6 +346,9 @@ impl Endpoint {
         let t = net.stats();
         s.stray_dropped += t.stray + t.bad_handshakes;
         s.spec_misses += t.spec_misses;
+        s.fast_grants += t.fast_grants;
+        s.fast_refusals += t.fast_refusals;
+        s.fast_revocations += t.fast_revocations;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {
@@ -274,6 +360,8 @@ impl Endpoint {
                 s.window_cuts += c.congestion_events;
                 s.random_losses += c.random_losses;
                 s.tail_probes += c.tail_probes;
+                s.fast_granted += c.fast_granted;
+                s.fast_refused += c.fast_refused;
                 s.corrupt_dropped += c.dropped_corrupt;
                 s.malformed_dropped += c.dropped_malformed;
                 s.duplicates_dropped += c.duplicates;

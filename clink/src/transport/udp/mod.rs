@@ -20,8 +20,9 @@ pub mod faults;
 pub mod sock;
 
 use crate::error::{io_err, Result};
+use clink_proto::admission::{Decision, Gate, GateConfig, Mode};
 use clink_proto::reliable::packet::{is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER};
-use clink_proto::reliable::{self, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
+use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
 use clink_proto::spec::{self, Check, Layout, Segment};
 use clink_proto::wire::Frame;
 use std::collections::{HashMap, VecDeque};
@@ -101,6 +102,8 @@ pub struct UdpConfig {
     pub speculate: bool,
     /// Faults to inject on receive.
     pub faults: FaultConfig,
+    /// Admission control of fast bulk streams (one granted stream per socket).
+    pub admission: Mode,
 }
 
 impl Default for UdpConfig {
@@ -113,6 +116,7 @@ impl Default for UdpConfig {
             reliable: true,
             speculate: true,
             faults: FaultConfig::default(),
+            admission: Mode::Implicit,
         }
     }
 }
@@ -127,6 +131,12 @@ pub struct UdpStats {
     /// Datagrams read into a speculative layout that were not the expected fragment
     /// (gathered and handled by the ordinary path).
     pub spec_misses: u64,
+    /// Fast streams granted by this endpoint's admission control (Fast_Ack).
+    pub fast_grants: u64,
+    /// Fast-stream requests it refused (Fast_NAck).
+    pub fast_refusals: u64,
+    /// Grants it took back (idle, or held too long while others waited).
+    pub fast_revocations: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -141,6 +151,17 @@ pub struct UdpLink {
     pub bulk: Bulk,
     rxq: VecDeque<Vec<u8>>,
     rxq_bytes: usize,
+    /// The peer's admission requests (true) and releases (false, with the grant) not
+    /// yet taken to the gate.
+    admit_in: Vec<(bool, u32)>,
+    /// The latest answer to this side's own request (granted or not), for
+    /// [`crate::Endpoint::request_fast`].
+    pub fast_answer: Option<bool>,
+    /// Its grant was revoked: a Fast_NAck is repeated while its bulk keeps coming.
+    revoked: bool,
+    last_nack: u64,
+    /// Bulk fragments received so far (to see the stream's activity).
+    bulk_seen: u64,
 }
 
 impl UdpLink {
@@ -152,6 +173,11 @@ impl UdpLink {
             bulk: Bulk::default(),
             rxq: VecDeque::new(),
             rxq_bytes: 0,
+            admit_in: Vec::new(),
+            fast_answer: None,
+            revoked: false,
+            last_nack: 0,
+            bulk_seen: 0,
         }
     }
 
@@ -242,21 +268,59 @@ impl UdpLink {
                 Some(Event::Acked(_)) => {}
                 Some(Event::BulkSent(x)) => self.bulk.sent(x),
                 Some(Event::PeerDead) => dead = true,
+                Some(Event::FastRequest) => self.admit_in.push((true, 0)),
+                Some(Event::FastRelease { grant }) => self.admit_in.push((false, grant)),
+                Some(Event::Fast { granted }) => self.fast_answer = Some(granted),
                 None => break,
             }
         }
         dead
     }
 
-    /// Appends the connection's datagrams to `batch`.
+    /// Appends the connection's datagrams to `batch`. Bulk fragments of a stream the peer
+    /// steered to a socket of its own go to that port.
     pub fn transmit(&mut self, now: u64, batch: &mut TxBatch) {
         let dest = self.dest;
         let bulk = &self.bulk;
         let conn = &mut self.conn;
-        while batch.push_grouped(dest, |buf| {
-            conn.poll_transmit_with(now, buf, &mut |x, o, n, b| bulk.fill(x, o, n, b))
-                .map(|t| (t.len, t.group_start))
+        while batch.push_grouped(|buf| {
+            let t = conn.poll_transmit_with(now, buf, &mut |x, o, n, b| bulk.fill(x, o, n, b))?;
+            let to = match conn.steered_port() {
+                Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
+                _ => dest,
+            };
+            Some((t.len, t.group_start, to))
         }) {}
+    }
+
+    /// Moves the peer's admission requests and releases to `gate` (under route `idx`), and
+    /// notes its bulk stream's activity: the holder's keeps its grant, a revoked sender's
+    /// gets its Fast_NAck again (at most once per millisecond: the first may be lost).
+    fn admit(
+        &mut self,
+        now: u64,
+        idx: usize,
+        gate: &mut Gate<usize>,
+        out: &mut Vec<Decision<usize>>,
+    ) {
+        for (req, grant) in self.admit_in.drain(..) {
+            self.revoked = false;
+            if req {
+                gate.request(now, idx, out);
+            } else {
+                gate.release(now, idx, grant, out);
+            }
+        }
+        let seen = self.conn.bulk_received();
+        if seen != self.bulk_seen {
+            self.bulk_seen = seen;
+            if gate.holder().is_some_and(|h| h.peer == idx) {
+                gate.active(now, idx);
+            } else if self.revoked && now >= self.last_nack + 1_000_000 {
+                self.last_nack = now;
+                self.conn.answer_admit(Admit::NAck);
+            }
+        }
     }
 }
 
@@ -295,6 +359,10 @@ struct State {
     lead: Vec<Vec<IoVec>>,
     /// The armed layout, rebuilt only when its key changes.
     armed: Option<Armed>,
+    /// Admission control: which peer (route index) may send fast.
+    gate: Gate<usize>,
+    /// Its decisions not yet told to the peers.
+    decisions: Vec<Decision<usize>>,
     /// The key last planned, armed or not (a plan with nothing to arm is not redone until
     /// the key changes).
     planned: Option<(usize, u64)>,
@@ -330,6 +398,10 @@ impl State {
             recv_window: ((32 << 20) / mtu_payload as u64).clamp(1024, 1 << 16),
             max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
             bulk_group: bulk_group(mtu_payload),
+            admission: clink_proto::admission::AskerConfig {
+                mode: self.cfg.admission,
+                ..Default::default()
+            },
             // Acks ride alone (no piggybacking yet): one per 16 packets or per delay keeps
             // them off the latency path of a ping-pong and cheap in bulk transfers.
             ack_every: 16,
@@ -420,6 +492,8 @@ impl UdpTransport {
                 hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
                 lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
                 armed: None,
+                gate: Gate::new(GateConfig::default()),
+                decisions: Vec::new(),
                 planned: None,
                 segs: Vec::new(),
             },
@@ -439,7 +513,13 @@ impl UdpTransport {
 
     /// Transport counters.
     pub fn stats(&self) -> UdpStats {
-        self.st.stats
+        let g = self.st.gate.stats();
+        UdpStats {
+            fast_grants: g.grants,
+            fast_refusals: g.refusals,
+            fast_revocations: g.revocations,
+            ..self.st.stats
+        }
     }
 
     /// Injected-fault counters (zero when no faults are configured).
@@ -509,11 +589,54 @@ impl UdpTransport {
             .insert((link.dest, link.conn.config().conn_id), idx);
     }
 
-    /// Forgets a peer's route (it failed or closed); its datagrams become stray.
+    /// Forgets a peer's route (it failed or closed); its datagrams become stray, its
+    /// fast-stream grant passes on.
     pub fn unroute(&mut self, link: &UdpLink) {
-        self.st
-            .routes
-            .remove(&(link.dest, link.conn.config().conn_id));
+        let st = &mut self.st;
+        if let Some(i) = st.routes.remove(&(link.dest, link.conn.config().conn_id)) {
+            let now = st.now();
+            st.gate.forget(now, i, &mut st.decisions);
+        }
+    }
+
+    /// Whether admission control is on.
+    pub fn admission(&self) -> bool {
+        self.st.cfg.admission != Mode::Off
+    }
+
+    /// The peer (route index) holding the fast-stream grant, if any.
+    pub fn fast_holder(&self) -> Option<usize> {
+        self.st.gate.holder().map(|h| h.peer)
+    }
+
+    /// Runs admission control for the links (by route index): their requests and releases
+    /// to the gate, its timers, and its decisions back to the peers as Fast_Ack or
+    /// Fast_NAck.
+    pub fn admit<'a>(&mut self, now: u64, links: impl Iterator<Item = (usize, &'a mut UdpLink)>) {
+        let st = &mut self.st;
+        let mut links: Vec<(usize, &mut UdpLink)> = links.collect();
+        for (i, l) in links.iter_mut() {
+            l.admit(now, *i, &mut st.gate, &mut st.decisions);
+        }
+        if st.gate.poll_timeout().is_some_and(|t| t <= now) {
+            st.gate.handle_timeout(now, &mut st.decisions);
+        }
+        for d in st.decisions.drain(..) {
+            let (peer, answer) = match d {
+                Decision::Grant { peer, grant } => (peer, Admit::Ack { grant, port: 0 }),
+                Decision::Refuse { peer } => (peer, Admit::NAck),
+                Decision::Revoke { peer } => (peer, Admit::NAck),
+            };
+            if let Some((_, l)) = links.iter_mut().find(|(i, _)| *i == peer) {
+                l.revoked = matches!(d, Decision::Revoke { .. });
+                l.conn.answer_admit(answer);
+            }
+        }
+    }
+
+    /// When the admission gate's timer runs out (an idle holder, a rotation).
+    pub fn admit_timeout(&self) -> Option<u64> {
+        self.st.gate.poll_timeout()
     }
 
     /// Links of peers that connected to us since the last call.

@@ -465,19 +465,21 @@ impl TxBatch {
     /// Appends one datagram for `dest`: `write` appends its bytes to the buffer it is
     /// given and returns how many (0: nothing to send, the call is undone).
     pub fn push(&mut self, dest: SocketAddrV4, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
-        self.push_grouped(dest, |b| Some((write(b), false)))
+        self.push_grouped(|b| Some((write(b), false, dest)))
     }
 
     /// As [`TxBatch::push`]; `write` also says whether the datagram must open a new GSO
     /// send (a bulk group boundary: the receiver's speculative layout expects each group
-    /// in one read).
+    /// in one read), and where it goes (`None`: nothing to send, the call is undone).
     pub fn push_grouped(
         &mut self,
-        dest: SocketAddrV4,
-        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, bool)>,
+        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, bool, SocketAddrV4)>,
     ) -> bool {
         let start = self.buf.len();
-        let (n, boundary) = write(&mut self.buf).unwrap_or((0, false));
+        let Some((n, boundary, dest)) = write(&mut self.buf) else {
+            self.buf.truncate(start);
+            return false;
+        };
         if n == 0 {
             self.buf.truncate(start);
             return false;
