@@ -8,8 +8,10 @@
 //! ```
 //!
 //! With `STREAM_SENDER_NETNS=NAME` the sender runs in network namespace NAME (through
-//! `ip netns exec`; run this side in another namespace). With `--send ADDR SIZE COUNT` it
-//! is the sending child.
+//! `ip netns exec`; run this side in another namespace). With `STREAM_SENDERS=N` (default
+//! 1) N sender processes stream `count` messages each at once (the seed's two-senders
+//! experiment: admission control, `CLINK_UDP_ADMISSION`, decides which one is received
+//! in place). With `--send ADDR SIZE COUNT` it is the sending child.
 
 use clink::{Context, Selector};
 use std::process::Command;
@@ -22,47 +24,95 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let size: usize = args.get(1).map_or(Ok(1 << 20), |s| s.parse())?;
     let count: usize = args.get(2).map_or(Ok(1000), |s| s.parse())?;
+    let senders: usize = std::env::var("STREAM_SENDERS").map_or(Ok(1), |s| s.parse())?;
     let ctx = Context::new()?;
     let mut ep = ctx.endpoint()?;
     let exe = std::env::current_exe()?;
-    let mut cmd = match std::env::var("STREAM_SENDER_NETNS") {
-        Ok(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", &ns]).arg(exe);
-            c
-        }
-        Err(_) => Command::new(exe),
-    };
-    let mut child = cmd
-        .args([
-            "--send",
-            &ep.address(),
-            &size.to_string(),
-            &count.to_string(),
-        ])
-        .spawn()?;
-    let peer = ep.accept(Some(Duration::from_secs(10)))?;
-    let mut buf = vec![0u8; size];
-    let sel = Selector::exact(Some(peer), 0);
-    ep.recv(sel, &mut buf)?; // the first message starts the clock
-    let t = Instant::now();
-    for _ in 1..count {
-        ep.recv(sel, &mut buf)?;
+    let mut children = Vec::new();
+    for _ in 0..senders {
+        let mut cmd = match std::env::var("STREAM_SENDER_NETNS") {
+            Ok(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns]).arg(&exe);
+                c
+            }
+            Err(_) => Command::new(&exe),
+        };
+        children.push(
+            cmd.args([
+                "--send",
+                &ep.address(),
+                &size.to_string(),
+                &count.to_string(),
+            ])
+            .spawn()?,
+        );
     }
+    let peers = (0..senders)
+        .map(|_| ep.accept(Some(Duration::from_secs(10))))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Two receives posted per sender at all times, so every sender's transfers can be
+    // under way together (with one receive for all, the receiver would clear one
+    // rendezvous at a time and the senders could never interfere).
+    let mut posted = Vec::new();
+    for (k, &p) in peers.iter().enumerate() {
+        for _ in 0..2.min(count) {
+            posted.push((k, ep.irecv(Selector::exact(Some(p), 0), vec![0u8; size])?));
+        }
+    }
+    let mut got = vec![0usize; senders];
+    let mut done_at = vec![0.0; senders];
+    let mut t = None; // the first message starts the clock
+    while got.iter().sum::<usize>() < count * senders {
+        let mut i = 0;
+        while i < posted.len() {
+            let Some(r) = ep.test_recv(&posted[i].1)? else {
+                i += 1;
+                continue;
+            };
+            let k = posted[i].0;
+            assert!(r.buf.len() == size && r.buf.iter().all(|&b| b == 7), "payload damaged");
+            let start = *t.get_or_insert_with(Instant::now);
+            got[k] += 1;
+            if got[k] == count {
+                done_at[k] = start.elapsed().as_secs_f64();
+            }
+            let mut buf = r.buf;
+            buf.resize(size, 0);
+            if got[k] + 2 <= count {
+                posted[i].1 = ep.irecv(Selector::exact(Some(peers[k]), 0), buf)?;
+            } else {
+                let _completed = posted.swap_remove(i);
+            }
+        }
+    }
+    let t = t.expect("messages arrived");
     let secs = t.elapsed().as_secs_f64();
-    assert!(buf.iter().all(|&b| b == 7), "payload damaged");
-    ep.send(peer, 1, &[])?;
-    child.wait()?;
+    for &p in &peers {
+        ep.send(p, 1, &[])?;
+    }
+    for mut c in children {
+        c.wait()?;
+    }
     let s = ep.stats();
     println!(
-        "{size} B x {count} over {}: {:.2} GB/s",
-        ep.transport(peer)?,
-        (size * (count - 1)) as f64 / secs / 1e9
+        "{size} B x {count} x {senders} sender(s) over {}: {:.2} GB/s aggregate (senders done at {})",
+        ep.transport(peers[0])?,
+        (size * (count * senders - 1)) as f64 / secs / 1e9,
+        done_at
+            .iter()
+            .map(|d| format!("{:.3} s", d))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
+    let placed = s.spec_hit_bytes + s.cleanup_bytes;
     println!(
-        "receiver: {} datagrams in {} reads ({} coalesced); speculation: {} hits ({} B), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short",
+        "receiver: {} datagrams in {} reads ({} coalesced); speculation: {} hits ({} B, {:.2}% of bulk bytes), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short; admission: {} grants, {} refusals, {} revocations; the granted stream's hit rate {:.2}% of {} fragments",
         s.datagrams_received, s.recv_calls, s.gro_reads, s.spec_hits, s.spec_hit_bytes,
-        s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent, s.malformed_dropped
+        100.0 * s.spec_hit_bytes as f64 / placed.max(1) as f64,
+        s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent, s.malformed_dropped,
+        s.fast_grants, s.fast_refusals, s.fast_revocations,
+        100.0 * s.granted_hits as f64 / s.granted_fragments.max(1) as f64, s.granted_fragments
     );
     Ok(())
 }
@@ -84,7 +134,8 @@ fn send(addr: &str, size: usize, count: usize) -> Result<(), Box<dyn std::error:
     let s = ep.stats();
     println!(
         "sender: {} datagrams in {} send calls, {} retransmissions ({} timeouts, {} window \
-         cuts, {} random losses, {} tail probes), {} refused by the kernel",
+         cuts, {} random losses, {} tail probes), {} refused by the kernel; fast stream \
+         granted {} times, refused {}",
         s.datagrams_sent,
         s.send_calls,
         s.retransmissions,
@@ -92,7 +143,9 @@ fn send(addr: &str, size: usize, count: usize) -> Result<(), Box<dyn std::error:
         s.window_cuts,
         s.random_losses,
         s.tail_probes,
-        s.send_drops
+        s.send_drops,
+        s.fast_granted,
+        s.fast_refused
     );
     Ok(())
 }

@@ -87,6 +87,10 @@ pub struct Stats {
     pub fast_refusals: u64,
     /// Network path: grants taken back (idle, or held too long while others waited).
     pub fast_revocations: u64,
+    /// Network path: bulk fragments received from the stream holding the grant.
+    pub granted_fragments: u64,
+    /// Network path: those found in place (the granted stream's speculation hits).
+    pub granted_hits: u64,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).

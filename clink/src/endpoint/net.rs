@@ -349,6 +349,8 @@ impl Endpoint {
         s.fast_grants += t.fast_grants;
         s.fast_refusals += t.fast_refusals;
         s.fast_revocations += t.fast_revocations;
+        s.granted_fragments += t.granted_fragments;
+        s.granted_hits += t.granted_hits;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {

@@ -137,6 +137,10 @@ pub struct UdpStats {
     pub fast_refusals: u64,
     /// Grants it took back (idle, or held too long while others waited).
     pub fast_revocations: u64,
+    /// Bulk fragments received from the stream holding the grant (while it held it).
+    pub granted_fragments: u64,
+    /// Those found in place by the speculative receive (the granted stream's hits).
+    pub granted_hits: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -160,8 +164,10 @@ pub struct UdpLink {
     /// Its grant was revoked: a Fast_NAck is repeated while its bulk keeps coming.
     revoked: bool,
     last_nack: u64,
-    /// Bulk fragments received so far (to see the stream's activity).
+    /// Bulk fragments received so far (to see the stream's activity), and how many of
+    /// them were speculation hits.
     bulk_seen: u64,
+    hits_seen: u64,
 }
 
 impl UdpLink {
@@ -178,6 +184,7 @@ impl UdpLink {
             revoked: false,
             last_nack: 0,
             bulk_seen: 0,
+            hits_seen: 0,
         }
     }
 
@@ -302,6 +309,7 @@ impl UdpLink {
         idx: usize,
         gate: &mut Gate<usize>,
         out: &mut Vec<Decision<usize>>,
+        stats: &mut UdpStats,
     ) {
         for (req, grant) in self.admit_in.drain(..) {
             self.revoked = false;
@@ -313,9 +321,13 @@ impl UdpLink {
         }
         let seen = self.conn.bulk_received();
         if seen != self.bulk_seen {
-            self.bulk_seen = seen;
+            let hits = self.bulk.stats.hits;
+            let (new, new_hits) = (seen - self.bulk_seen, hits - self.hits_seen);
+            (self.bulk_seen, self.hits_seen) = (seen, hits);
             if gate.holder().is_some_and(|h| h.peer == idx) {
                 gate.active(now, idx);
+                stats.granted_fragments += new;
+                stats.granted_hits += new_hits;
             } else if self.revoked && now >= self.last_nack + 1_000_000 {
                 self.last_nack = now;
                 self.conn.answer_admit(Admit::NAck);
@@ -616,7 +628,7 @@ impl UdpTransport {
         let st = &mut self.st;
         let mut links: Vec<(usize, &mut UdpLink)> = links.collect();
         for (i, l) in links.iter_mut() {
-            l.admit(now, *i, &mut st.gate, &mut st.decisions);
+            l.admit(now, *i, &mut st.gate, &mut st.decisions, &mut st.stats);
         }
         if st.gate.poll_timeout().is_some_and(|t| t <= now) {
             st.gate.handle_timeout(now, &mut st.decisions);
