@@ -71,7 +71,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             };
             let k = posted[i].0;
-            assert!(r.buf.len() == size && r.buf.iter().all(|&b| b == 7), "payload damaged");
+            assert!(
+                r.buf.len() == size && r.buf.iter().all(|&b| b == 7),
+                "payload damaged"
+            );
             let start = *t.get_or_insert_with(Instant::now);
             got[k] += 1;
             if got[k] == count {
