@@ -9,9 +9,9 @@
 //!
 //! With `STREAM_SENDER_NETNS=NAME` the sender runs in network namespace NAME (through
 //! `ip netns exec`; run this side in another namespace). With `STREAM_SENDERS=N` (default
-//! 1) N sender processes stream `count` messages each at once (the seed's two-senders
-//! experiment: admission control, `CLINK_UDP_ADMISSION`, decides which one is received
-//! in place). With `--send ADDR SIZE COUNT` it is the sending child.
+//! one) N sender processes stream `count` messages each at once (the seed's two-senders
+//! experiment, where admission control, `CLINK_UDP_ADMISSION`, decides which stream is
+//! received in place). With `--send ADDR SIZE COUNT` it is the sending child.
 
 use clink::{Context, Selector};
 use std::process::Command;
