@@ -260,6 +260,8 @@ pub struct Prediction {
     pub offset: u64,
     /// Its length.
     pub len: usize,
+    /// It is the transfer's last piece (what follows is not more of it).
+    pub last: bool,
 }
 
 impl Prediction {
@@ -300,10 +302,12 @@ impl Incoming {
     /// the oldest transfer's next piece of at most [`CHUNK`] bytes.
     pub fn predict(&self) -> Option<Prediction> {
         let t = self.q.front()?;
+        let len = (t.total - t.announced).min(CHUNK as u64);
         Some(Prediction {
             xfer: t.xfer,
             offset: t.announced,
-            len: (t.total - t.announced).min(CHUNK as u64) as usize,
+            len: len as usize,
+            last: t.announced + len == t.total,
         })
     }
 
@@ -391,7 +395,7 @@ mod tests {
         inc.expect(5, CHUNK as u64 + 10);
         inc.expect(6, 0);
         let p = inc.predict().unwrap();
-        assert_eq!((p.xfer, p.offset, p.len), (5, 0, CHUNK));
+        assert_eq!((p.xfer, p.offset, p.len, p.last), (5, 0, CHUNK, false));
         // Out of order, unknown, beyond the end: refused, state unchanged.
         assert!(inc.begin(&Header::data(5, 1, 3)).is_err());
         assert!(inc.begin(&Header::data(9, 0, 3)).is_err());
@@ -399,7 +403,7 @@ mod tests {
         assert!(inc.begin(&Header::frame(3)).is_err());
         assert_eq!(inc.begin(&p.header()), Ok(false));
         let p = inc.predict().unwrap();
-        assert_eq!((p.offset, p.len), (CHUNK as u64, 10));
+        assert_eq!((p.offset, p.len, p.last), (CHUNK as u64, 10, true));
         assert_eq!(inc.begin(&p.header()), Ok(true));
         assert_eq!(inc.predict().map(|p| (p.xfer, p.len)), Some((6, 0)));
         assert_eq!(inc.begin(&Header::data(6, 0, 0)), Ok(true));

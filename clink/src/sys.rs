@@ -204,6 +204,21 @@ impl Epoll {
         cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
         Ok(())
     }
+    /// Changes how `fd` is watched: readability (level-triggered, with hang-ups), plus
+    /// writability when `out`.
+    pub fn modify(&self, fd: RawFd, token: u64, out: bool) -> io::Result<()> {
+        let mut events = libc::EPOLLIN | libc::EPOLLRDHUP;
+        if out {
+            events |= libc::EPOLLOUT;
+        }
+        let mut ev = libc::epoll_event {
+            events: events as u32,
+            u64: token,
+        };
+        // SAFETY: valid epoll fd and event struct.
+        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) })?;
+        Ok(())
+    }
     /// Stops watching `fd`.
     pub fn remove(&self, fd: RawFd) {
         // SAFETY: valid epoll fd; a stale fd only yields an error we ignore.

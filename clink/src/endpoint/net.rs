@@ -69,6 +69,9 @@ impl Endpoint {
     /// Sends what peer `i`'s link has queued, at once (a UDP link; nothing to do for
     /// shared memory, whose frames are in the peer's ring already).
     pub(super) fn kick(&mut self, i: usize) {
+        if matches!(self.peers.get(i).map(|p| &p.link), Some(Link::Tcp(_))) {
+            return self.tcp_kick(i);
+        }
         let (Some(net), Some(p)) = (self.net.as_mut(), self.peers.get_mut(i)) else {
             return;
         };
@@ -116,7 +119,7 @@ impl Endpoint {
                         .arm(conn, group, RX_ENTRIES)
                         .map(|a| ((i, g), src, a))
                 }
-                Link::Shm(_) => None,
+                _ => None,
             });
             net.set_arm(key, arm);
         }
@@ -227,7 +230,7 @@ impl Endpoint {
             .filter(|p| p.alive)
             .filter_map(|p| match &p.link {
                 Link::Udp(u) => u.conn.poll_timeout(),
-                Link::Shm(_) => None,
+                _ => None,
             })
             .chain(net.next_fault_release())
             .min()?;

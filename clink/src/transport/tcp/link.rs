@@ -1,0 +1,713 @@
+//! One peer over TCP: the connection's send queue (frames copied once, rendezvous payloads
+//! referenced in place and written with `writev`), its receive buffer, and the
+//! speculative receive of rendezvous payloads straight into the posted buffer.
+
+use clink_proto::stream::{self, Handshake, Header, Incoming, Kind, CHUNK, HEADER, MAX_RECORD};
+use clink_proto::wire::Frame;
+use clink_proto::ProtoError;
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::net::{Shutdown, SocketAddrV4, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+
+/// Frame bytes queued (not yet written) beyond which `try_send` reports the link full.
+const TX_BOUND: usize = 4 << 20;
+/// Rendezvous bytes queued ahead of the socket: frames sent meanwhile wait behind at most
+/// this much of a large transfer.
+const TX_WINDOW: usize = 2 << 20;
+/// Frames are coalesced into owned segments of up to this size (fewer vectors per write).
+const OWN_SEG: usize = 64 << 10;
+/// Vectors per `writev`.
+const MAX_IOV: usize = 64;
+/// Receive buffer room after a speculative layout (and the least a plain read asks for).
+const RX_SPARE: usize = 256 << 10;
+/// Receive buffer size: a header, one whole piece, and the spare (see `read_spec`).
+const RX_BUF: usize = HEADER + CHUNK + RX_SPARE;
+/// Received frames held before the link stops reading (the kernel's window then pushes
+/// back on the sender).
+const RXQ_BYTES: usize = 4 << 20;
+/// Reads per `receive` call at most (one progress pass).
+const MAX_READS: usize = 16;
+/// Writes per `write` call at most.
+const MAX_WRITES: usize = 16;
+
+/// Why a link stopped working.
+#[derive(Debug)]
+pub enum LinkError {
+    /// The peer closed its end (end of stream).
+    Closed,
+    /// A system call failed (reset, broken pipe, ...).
+    Io(io::Error),
+    /// The peer sent bytes that are not a valid record stream.
+    Malformed(ProtoError),
+}
+
+impl From<ProtoError> for LinkError {
+    fn from(e: ProtoError) -> Self {
+        LinkError::Malformed(e)
+    }
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Closed => write!(f, "closed its TCP connection"),
+            LinkError::Io(e) => write!(f, "TCP connection failed: {e}"),
+            LinkError::Malformed(e) => write!(f, "sent a malformed TCP stream: {e}"),
+        }
+    }
+}
+
+/// Counters of one TCP link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpStats {
+    /// `writev` calls that wrote something.
+    pub writes: u64,
+    /// Bytes written to the socket.
+    pub bytes_sent: u64,
+    /// `read`/`readv` calls that read something.
+    pub reads: u64,
+    /// Bytes read from the socket.
+    pub bytes_received: u64,
+    /// Speculative reads whose header was exactly the predicted piece.
+    pub spec_hits: u64,
+    /// Payload bytes those reads landed in place.
+    pub spec_hit_bytes: u64,
+    /// Speculative reads that found another record (its bytes moved back in order).
+    pub spec_misses: u64,
+    /// Payload bytes read straight into the posted buffer after their header was seen
+    /// (the rest of a piece: no copy either).
+    pub direct_bytes: u64,
+    /// Bytes copied by cleanup: misplaced bytes moved back out of a destination, and
+    /// payload bytes copied from the receive buffer to their place.
+    pub cleanup_bytes: u64,
+}
+
+/// A queued piece of the outgoing stream.
+enum Seg {
+    /// Encoded records (headers and frames).
+    Own(Vec<u8>),
+    /// Rendezvous payload bytes in the send request's buffer; `done` names the transfer
+    /// this piece completes.
+    Ext {
+        ptr: *const u8,
+        len: usize,
+        done: Option<u64>,
+    },
+}
+
+impl Seg {
+    fn len(&self) -> usize {
+        match self {
+            Seg::Own(v) => v.len(),
+            Seg::Ext { len, .. } => *len,
+        }
+    }
+}
+
+/// A rendezvous send not yet entirely queued.
+struct Source {
+    xfer: u64,
+    ptr: *const u8,
+    len: usize,
+    next: usize,
+}
+
+/// A posted receive buffer of an incoming transfer.
+#[derive(Clone, Copy)]
+struct Dest {
+    ptr: *mut u8,
+    cap: usize,
+}
+
+/// The data record whose payload is being received.
+#[derive(Clone, Copy)]
+struct Cur {
+    xfer: u64,
+    /// Offset in the transfer of the next payload byte.
+    at: u64,
+    /// Payload bytes of the record still to come.
+    left: usize,
+    /// The record is the transfer's last.
+    last: bool,
+}
+
+/// One peer's TCP connection (see the module docs of [`super`]).
+///
+/// `Send`, not `Sync`: it holds raw pointers into request buffers the endpoint owns (see
+/// [`TcpLink::send_bulk`], [`TcpLink::expect_bulk`]).
+pub struct TcpLink {
+    sock: TcpStream,
+    /// The peer's endpoint id (from the handshake).
+    pub remote_id: u128,
+    /// The peer's socket address.
+    pub peer_addr: Option<SocketAddrV4>,
+    tx: VecDeque<Seg>,
+    /// Bytes of the front segment already written.
+    tx_off: usize,
+    /// Unwritten bytes queued, and how many of them are owned (frames, headers).
+    tx_queued: usize,
+    tx_owned: usize,
+    out: VecDeque<Source>,
+    /// Rendezvous sends whose every byte the kernel has taken (the send is complete).
+    pub done_out: Vec<u64>,
+    rx: Vec<u8>,
+    start: usize,
+    end: usize,
+    frames: VecDeque<Vec<u8>>,
+    frames_bytes: usize,
+    cur: Option<Cur>,
+    incoming: Incoming,
+    dests: HashMap<u64, Dest>,
+    /// Incoming transfers whose every byte is at its place (the receive is complete).
+    pub done_in: Vec<u64>,
+    hdr: [u8; HEADER],
+    speculate: bool,
+    /// The handshake record received (a hello on the accepting side, a welcome on the
+    /// connecting side); frames are refused before it and handshakes after it.
+    pub handshake: Option<(Kind, Handshake)>,
+    /// Counters.
+    pub stats: TcpStats,
+    /// The endpoint watches the socket for writability too (set by the endpoint).
+    pub out_armed: bool,
+}
+
+// SAFETY: the raw pointers point into request buffers owned by the endpoint that owns
+// this link, valid while the transfers are registered; nothing is tied to a thread.
+unsafe impl Send for TcpLink {}
+
+impl TcpLink {
+    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`.
+    pub fn new(sock: TcpStream, speculate: bool) -> io::Result<TcpLink> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let peer_addr = match sock.peer_addr() {
+            Ok(std::net::SocketAddr::V4(a)) => Some(a),
+            _ => None,
+        };
+        Ok(TcpLink {
+            sock,
+            remote_id: 0,
+            peer_addr,
+            tx: VecDeque::new(),
+            tx_off: 0,
+            tx_queued: 0,
+            tx_owned: 0,
+            out: VecDeque::new(),
+            done_out: Vec::new(),
+            rx: vec![0; RX_BUF],
+            start: 0,
+            end: 0,
+            frames: VecDeque::new(),
+            frames_bytes: 0,
+            cur: None,
+            incoming: Incoming::default(),
+            dests: HashMap::new(),
+            done_in: Vec::new(),
+            hdr: [0; HEADER],
+            speculate,
+            handshake: None,
+            stats: TcpStats::default(),
+            out_armed: false,
+        })
+    }
+
+    /// The socket's file descriptor (for epoll).
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Queues raw record bytes (the handshake).
+    pub fn queue_record(&mut self, bytes: &[u8]) {
+        self.push_own(bytes.len(), |b| b.copy_from_slice(bytes));
+    }
+
+    fn push_own(&mut self, n: usize, fill: impl FnOnce(&mut [u8])) {
+        let v = match self.tx.back_mut() {
+            Some(Seg::Own(v)) if v.len() + n <= OWN_SEG => v,
+            _ => {
+                self.tx
+                    .push_back(Seg::Own(Vec::with_capacity(n.clamp(4096, OWN_SEG))));
+                match self.tx.back_mut() {
+                    Some(Seg::Own(v)) => v,
+                    _ => unreachable!("just pushed"),
+                }
+            }
+        };
+        let at = v.len();
+        v.resize(at + n, 0);
+        fill(&mut v[at..]);
+        self.tx_queued += n;
+        self.tx_owned += n;
+    }
+
+    /// Queues one frame (copied once, into the send queue); false when the queue is over
+    /// its bound (retry after progress).
+    pub fn try_send(&mut self, f: &Frame) -> bool {
+        let n = f.encoded_len();
+        if self.tx_owned > 0 && self.tx_owned + n > TX_BOUND {
+            return false;
+        }
+        self.push_own(HEADER + n, |b| {
+            b[..HEADER].copy_from_slice(&Header::frame(n).encode());
+            f.encode(&mut b[HEADER..]);
+        });
+        true
+    }
+
+    /// Starts sending `len` bytes at `ptr` as transfer `xfer` (the receiver's clear to
+    /// send named it): data records of [`CHUNK`] bytes written straight from the buffer.
+    /// The transfer is reported in [`TcpLink::done_out`] once the kernel has every byte.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay valid and unchanged until the transfer is reported done
+    /// or [`TcpLink::clear_bulk`] is called.
+    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+        self.out.push_back(Source {
+            xfer,
+            ptr,
+            len,
+            next: 0,
+        });
+        true
+    }
+
+    /// Expects transfer `xfer` of `total` bytes into `ptr` (`cap` bytes; bytes beyond it
+    /// are read and dropped). Reported in [`TcpLink::done_in`] when complete.
+    ///
+    /// # Safety
+    /// `ptr..ptr + cap` must stay valid, and not be used by anything else, until the
+    /// transfer is reported done or [`TcpLink::clear_bulk`] is called.
+    pub unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+        self.incoming.expect(xfer, total);
+        self.dests.insert(
+            xfer,
+            Dest {
+                ptr,
+                cap: cap.min(total) as usize,
+            },
+        );
+    }
+
+    /// Forgets every transfer: no pointer into a request buffer survives (the peer failed).
+    pub fn clear_bulk(&mut self) {
+        self.out.clear();
+        self.tx.retain(|s| matches!(s, Seg::Own(_)));
+        self.tx_off = 0;
+        self.tx_queued = self.tx_owned;
+        self.incoming.clear();
+        self.dests.clear();
+        self.cur = None;
+    }
+
+    /// The oldest received frame not yet released.
+    pub fn peek(&self) -> Option<&[u8]> {
+        self.frames.front().map(Vec::as_slice)
+    }
+
+    /// Releases the frame returned by [`TcpLink::peek`].
+    pub fn release(&mut self) {
+        if let Some(v) = self.frames.pop_front() {
+            self.frames_bytes -= v.len();
+        }
+    }
+
+    /// True while something waits to be written.
+    pub fn wants_write(&self) -> bool {
+        !self.tx.is_empty() || !self.out.is_empty()
+    }
+
+    /// Closes our sending side after what was written (the peer reads the end of stream).
+    pub fn shutdown(&self) {
+        let _ = self.sock.shutdown(Shutdown::Write);
+    }
+
+    /// Cuts queued rendezvous sends into data records while the queue is short.
+    fn fill_tx(&mut self) {
+        while self.tx_queued < TX_WINDOW {
+            let Some(s) = self.out.front_mut() else { break };
+            let n = (s.len - s.next).min(CHUNK);
+            let (xfer, off) = (s.xfer, s.next);
+            let last = off + n == s.len;
+            // SAFETY: `off + n <= len`: inside the source (send_bulk's contract).
+            let ptr = unsafe { s.ptr.add(off) };
+            s.next += n;
+            if last {
+                self.out.pop_front();
+            }
+            self.push_own(HEADER, |b| {
+                b.copy_from_slice(&Header::data(xfer, off as u64, n).encode())
+            });
+            self.tx.push_back(Seg::Ext {
+                ptr,
+                len: n,
+                done: last.then_some(xfer),
+            });
+            self.tx_queued += n;
+        }
+    }
+
+    /// Marks `n` bytes written: frees written segments, reports completed transfers.
+    fn advance(&mut self, mut n: usize) {
+        self.tx_queued -= n;
+        while let Some(s) = self.tx.front() {
+            let left = s.len() - self.tx_off;
+            if left > n {
+                if matches!(s, Seg::Own(_)) {
+                    self.tx_owned -= n;
+                }
+                self.tx_off += n;
+                return;
+            }
+            n -= left;
+            self.tx_off = 0;
+            match self.tx.pop_front() {
+                Some(Seg::Own(_)) => self.tx_owned -= left,
+                Some(Seg::Ext { done: Some(x), .. }) => self.done_out.push(x),
+                _ => {}
+            }
+        }
+    }
+
+    /// Writes what is queued with `writev` (up to [`MAX_IOV`] pieces per call) until the
+    /// queue is empty or the socket is full. True when anything was written.
+    pub fn write(&mut self) -> Result<bool, LinkError> {
+        let mut did = false;
+        for _ in 0..MAX_WRITES {
+            self.fill_tx();
+            if self.tx.is_empty() {
+                break;
+            }
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut k = 0;
+            for (j, s) in self.tx.iter().enumerate().take(MAX_IOV) {
+                let skip = if j == 0 { self.tx_off } else { 0 };
+                let bytes: &[u8] = match s {
+                    Seg::Own(v) => &v[skip..],
+                    // SAFETY: a live source range (send_bulk's contract).
+                    Seg::Ext { ptr, len, .. } => unsafe {
+                        std::slice::from_raw_parts(ptr.add(skip), len - skip)
+                    },
+                };
+                if !bytes.is_empty() {
+                    iov[k] = IoSlice::new(bytes);
+                    k += 1;
+                }
+            }
+            let n = if k == 0 {
+                0 // only empty pieces (a zero-length transfer): nothing to write
+            } else {
+                match (&self.sock).write_vectored(&iov[..k]) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(LinkError::Io(e)),
+                }
+            };
+            if n > 0 {
+                self.stats.writes += 1;
+                self.stats.bytes_sent += n as u64;
+            }
+            self.advance(n);
+            did = true;
+        }
+        Ok(did)
+    }
+
+    /// Reads what arrived (at most [`MAX_READS`] reads) and parses it: frames into the
+    /// frame queue, rendezvous payloads to their place, the handshake into
+    /// [`TcpLink::handshake`]. True when anything was read. An error means the link is
+    /// dead (frames parsed before it are still queued).
+    pub fn receive(&mut self) -> Result<bool, LinkError> {
+        let mut did = false;
+        for _ in 0..MAX_READS {
+            if self.frames_bytes >= RXQ_BYTES {
+                break;
+            }
+            match self.read_once()? {
+                None => break,
+                Some(0) => return Err(LinkError::Closed),
+                Some(n) => {
+                    did = true;
+                    self.stats.reads += 1;
+                    self.stats.bytes_received += n as u64;
+                }
+            }
+            self.parse()?;
+        }
+        Ok(did)
+    }
+
+    /// One read: `None` when nothing is there, `Some(0)` at the end of the stream.
+    fn read_once(&mut self) -> Result<Option<usize>, LinkError> {
+        if self.cur.is_some() {
+            return self.read_direct();
+        }
+        if self.speculate && self.start == self.end {
+            if let Some(p) = self.incoming.predict() {
+                if let Some(d) = self.dests.get(&p.xfer).copied() {
+                    if p.len > 0 && p.offset as usize + p.len <= d.cap {
+                        return self.read_spec(p, d);
+                    }
+                }
+            }
+        }
+        self.read_plain()
+    }
+
+    fn sys_read(sock: &TcpStream, iov: &mut [IoSliceMut<'_>]) -> Result<Option<usize>, LinkError> {
+        loop {
+            return match (&*sock).read_vectored(iov) {
+                Ok(n) => Ok(Some(n)),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(LinkError::Io(e)),
+            };
+        }
+    }
+
+    /// Plain read into the receive buffer (compacted, or grown for a frame larger than
+    /// it, as the bytes arrive).
+    fn read_plain(&mut self) -> Result<Option<usize>, LinkError> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.rx.len() > RX_BUF {
+                self.rx.truncate(RX_BUF);
+                self.rx.shrink_to_fit();
+            }
+        } else if self.rx.len() - self.end < RX_SPARE && self.start > 0 {
+            self.rx.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.rx.len() {
+            // A frame larger than the buffer: grow as its bytes arrive, not on its word.
+            let max = HEADER + MAX_RECORD as usize + RX_SPARE;
+            let n = (self.rx.len() * 2).min(max);
+            self.rx.resize(n, 0);
+        }
+        let end = self.end;
+        let n = Self::sys_read(&self.sock, &mut [IoSliceMut::new(&mut self.rx[end..])])?;
+        if let Some(n) = n {
+            self.end += n;
+        }
+        Ok(n)
+    }
+
+    /// The rest of a data record's payload, straight into its place (when it fits the
+    /// posted buffer), then whatever follows into the receive buffer. Entered with the
+    /// receive buffer empty (`parse` consumed it).
+    fn read_direct(&mut self) -> Result<Option<usize>, LinkError> {
+        let Some(c) = self.cur else { return Ok(None) };
+        let (direct, ptr) = match self.dests.get(&c.xfer) {
+            Some(d) if (c.at as usize) < d.cap => {
+                let n = c.left.min(d.cap - c.at as usize);
+                // SAFETY: `at + n <= cap`: inside the posted buffer (expect_bulk).
+                (n, unsafe { d.ptr.add(c.at as usize) })
+            }
+            _ => (0, std::ptr::null_mut()),
+        };
+        self.start = 0;
+        self.end = 0;
+        // More pieces of the transfer follow: read only the next header behind this
+        // piece, so the next payload is not caught in the receive buffer (and copied).
+        let spare = if c.last || direct < c.left {
+            self.rx.len()
+        } else {
+            HEADER
+        };
+        let r = {
+            // SAFETY: the posted buffer's range (see above); nothing valid is there yet
+            // (bytes arrive in order and `at` is the next one).
+            let dest: &mut [u8] = if direct > 0 {
+                unsafe { std::slice::from_raw_parts_mut(ptr, direct) }
+            } else {
+                &mut []
+            };
+            let mut iov = [IoSliceMut::new(dest), IoSliceMut::new(&mut self.rx[..spare])];
+            Self::sys_read(&self.sock, &mut iov)?
+        };
+        let Some(n) = r else { return Ok(None) };
+        let d = n.min(direct);
+        self.end = n - d;
+        self.stats.direct_bytes += d as u64;
+        if let Some(c) = &mut self.cur {
+            c.at += d as u64;
+            c.left -= d;
+            if c.left == 0 {
+                self.end_record();
+            }
+        }
+        Ok(Some(n))
+    }
+
+    /// The speculative read: `[header slot, destination + predicted offset, spare]` (the
+    /// spare only after the transfer's last piece). If
+    /// the header is the predicted one the payload is in place (a hit); if not, the
+    /// bytes are put back in stream order in the receive buffer (cleanup) for `parse`.
+    /// Only bytes of the destination not yet received are targeted, so a miss costs a
+    /// copy, never data.
+    fn read_spec(
+        &mut self,
+        p: stream::Prediction,
+        d: Dest,
+    ) -> Result<Option<usize>, LinkError> {
+        let off = p.offset as usize;
+        self.start = 0;
+        self.end = 0;
+        if self.rx.len() < HEADER + p.len + RX_SPARE {
+            self.rx.resize(HEADER + p.len + RX_SPARE, 0);
+        }
+        // SAFETY: `off + len <= cap` (checked by the caller): inside the posted buffer,
+        // bytes of the transfer not yet received.
+        let dest = unsafe { std::slice::from_raw_parts_mut(d.ptr.add(off), p.len) };
+        // More pieces of the transfer follow: no spare, so the next piece is read by the
+        // next speculative read rather than caught in the receive buffer (and copied).
+        let spare_len = if p.last { RX_SPARE } else { 0 };
+        let r = {
+            let spare = &mut self.rx[HEADER + p.len..HEADER + p.len + spare_len];
+            let mut iov = [
+                IoSliceMut::new(&mut self.hdr),
+                IoSliceMut::new(dest),
+                IoSliceMut::new(spare),
+            ];
+            Self::sys_read(&self.sock, &mut iov)?
+        };
+        let n = match r {
+            None | Some(0) => return Ok(r),
+            Some(n) => n,
+        };
+        if n < HEADER {
+            self.rx[..n].copy_from_slice(&self.hdr[..n]);
+            self.end = n;
+            return Ok(Some(n));
+        }
+        let landed = (n - HEADER).min(p.len);
+        // SAFETY: as above; the read wrote `landed` bytes there.
+        let dest = unsafe { std::slice::from_raw_parts(d.ptr.add(off), landed) };
+        if Header::parse(&self.hdr).ok() == Some(p.header()) {
+            let last = self.incoming.begin(&p.header())?;
+            self.stats.spec_hits += 1;
+            self.stats.spec_hit_bytes += landed as u64;
+            if n - HEADER > p.len {
+                // What followed the piece is in the spare, in order.
+                self.start = HEADER + p.len;
+                self.end = n;
+            }
+            self.cur = Some(Cur {
+                xfer: p.xfer,
+                at: (off + landed) as u64,
+                left: p.len - landed,
+                last,
+            });
+            if landed == p.len {
+                self.end_record();
+            }
+        } else {
+            // Header, then what landed in the destination, then the spare (already right
+            // after it when the destination range was filled).
+            self.stats.spec_misses += 1;
+            self.stats.cleanup_bytes += landed as u64;
+            self.rx[..HEADER].copy_from_slice(&self.hdr);
+            self.rx[HEADER..HEADER + landed].copy_from_slice(dest);
+            self.end = n;
+        }
+        Ok(Some(n))
+    }
+
+    /// The current data record is complete.
+    fn end_record(&mut self) {
+        if let Some(c) = self.cur.take() {
+            if c.last {
+                self.dests.remove(&c.xfer);
+                self.done_in.push(c.xfer);
+            }
+        }
+    }
+
+    /// Parses the receive buffer: payload bytes of the current data record to their place
+    /// (what fits), frames into the queue, the handshake aside. Stops at an incomplete
+    /// frame, or at an incomplete data payload (whose rest `read_direct` takes).
+    fn parse(&mut self) -> Result<(), LinkError> {
+        loop {
+            if let Some(c) = &mut self.cur {
+                let k = (self.end - self.start).min(c.left);
+                if k > 0 {
+                    if let Some(d) = self.dests.get(&c.xfer) {
+                        let at = c.at as usize;
+                        if at < d.cap {
+                            let m = k.min(d.cap - at);
+                            // SAFETY: `at + m <= cap`: inside the posted buffer, which the
+                            // receive buffer does not overlap.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    self.rx[self.start..].as_ptr(),
+                                    d.ptr.add(at),
+                                    m,
+                                )
+                            };
+                            self.stats.cleanup_bytes += m as u64;
+                        }
+                    }
+                    c.at += k as u64;
+                    c.left -= k;
+                    self.start += k;
+                }
+                if c.left > 0 {
+                    break;
+                }
+                self.end_record();
+                continue;
+            }
+            let avail = &self.rx[self.start..self.end];
+            if avail.len() < HEADER {
+                break;
+            }
+            let h = Header::parse(avail)?;
+            match h.kind {
+                Kind::Data => {
+                    if self.handshake.is_none() {
+                        return Err(ProtoError::BadKind(2).into());
+                    }
+                    let last = self.incoming.begin(&h)?;
+                    self.start += HEADER;
+                    self.cur = Some(Cur {
+                        xfer: h.xfer,
+                        at: h.offset,
+                        left: h.len as usize,
+                        last,
+                    });
+                }
+                Kind::Frame | Kind::Hello | Kind::Welcome => {
+                    let Some((h, total)) = stream::next_record(avail)? else {
+                        break;
+                    };
+                    let payload = &avail[HEADER..total];
+                    if h.kind == Kind::Frame {
+                        if self.handshake.is_none() {
+                            return Err(ProtoError::BadKind(1).into());
+                        }
+                        self.frames_bytes += payload.len();
+                        self.frames.push_back(payload.to_vec());
+                    } else {
+                        if self.handshake.is_some() {
+                            return Err(ProtoError::UnexpectedMessage {
+                                want: "frame or data record",
+                                got: avail[0],
+                            }
+                            .into());
+                        }
+                        self.handshake = Some((h.kind, Handshake::parse(payload)?));
+                    }
+                    self.start += total;
+                }
+            }
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(())
+    }
+}
