@@ -311,6 +311,12 @@ impl Incoming {
         })
     }
 
+    /// Bytes of transfer `xfer` announced by data headers so far, `None` when it is not
+    /// (any more) expected.
+    pub fn predict_for(&self, xfer: u64) -> Option<u64> {
+        self.q.iter().find(|t| t.xfer == xfer).map(|t| t.announced)
+    }
+
     /// Validates a data header and accounts its piece. Pieces of a transfer must come in
     /// order without gaps and stay inside it; transfers may interleave. Returns true when
     /// the piece is the transfer's last (the transfer is then forgotten).
