@@ -325,11 +325,11 @@ impl Incoming {
         if h.kind != Kind::Data {
             return Err(ProtoError::BadKind(h.kind.byte()));
         }
-        let i = self
-            .q
-            .iter()
-            .position(|t| t.xfer == h.xfer)
-            .ok_or(bad("data for an unknown transfer", h.xfer, 0))?;
+        let i = self.q.iter().position(|t| t.xfer == h.xfer).ok_or(bad(
+            "data for an unknown transfer",
+            h.xfer,
+            0,
+        ))?;
         let t = &mut self.q[i];
         if h.offset != t.announced {
             return Err(bad("data record offset", h.offset, t.announced));

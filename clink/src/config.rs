@@ -249,8 +249,16 @@ mod tests {
         .unwrap();
         assert!(t.force_net && t.prefer_tcp);
         let tc = t.tcp.unwrap();
-        assert_eq!((tc.bind.to_string(), tc.speculate), ("127.0.0.1:0".into(), false));
-        assert_eq!(Config::from_vars(vars(&[("CLINK_TCP", "off")])).unwrap().tcp, None);
+        assert_eq!(
+            (tc.bind.to_string(), tc.speculate),
+            ("127.0.0.1:0".into(), false)
+        );
+        assert_eq!(
+            Config::from_vars(vars(&[("CLINK_TCP", "off")]))
+                .unwrap()
+                .tcp,
+            None
+        );
         assert_eq!(
             Config::from_vars(vars(&[("CLINK_SPIN_US", "inf")]))
                 .unwrap()

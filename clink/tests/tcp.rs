@@ -107,7 +107,11 @@ fn round_trips(b: &mut Endpoint, pb: PeerId, rounds: usize, seed: u64) {
                 .recv_timeout(Selector::exact(Some(pb), tag), &mut buf, Some(T))
                 .unwrap_or_else(|e| panic!("size {n}: {e}: {:?}", b.stats()));
             assert_eq!(st.len as usize, n, "size {n}");
-            check(key(seed, tag), &buf[..n], &format!("echo of {n} bytes, round {r}"));
+            check(
+                key(seed, tag),
+                &buf[..n],
+                &format!("echo of {n} bytes, round {r}"),
+            );
         }
     }
     b.send(pb, 0, &[]).unwrap();
@@ -401,7 +405,9 @@ fn malformed_streams_kill_only_their_own_link() {
             h
         },
         // data for a transfer nobody expects
-        clink_proto::stream::Header::data(12345, 0, 10).encode().to_vec(),
+        clink_proto::stream::Header::data(12345, 0, 10)
+            .encode()
+            .to_vec(),
         // a second hello
         hello(my_id).to_vec(),
         // a length beyond the limit
@@ -433,7 +439,9 @@ fn malformed_streams_kill_only_their_own_link() {
     for (s, r) in &mut welcomed {
         let w = read_welcome(s);
         assert_eq!(
-            clink_proto::stream::Handshake::parse(&w[24..]).unwrap().status,
+            clink_proto::stream::Handshake::parse(&w[24..])
+                .unwrap()
+                .status,
             0
         );
         // Random noise after the bad record does not matter: the link is dead by then.
@@ -566,7 +574,11 @@ fn peer_killed_mid_transfer_fails_the_receive_promptly() {
     while ep.stats().stream_bytes_received < (8 << 20) && t.elapsed() < T {
         ep.progress();
     }
-    assert!(ep.stats().stream_bytes_received >= 8 << 20, "{:?}", ep.stats());
+    assert!(
+        ep.stats().stream_bytes_received >= 8 << 20,
+        "{:?}",
+        ep.stats()
+    );
     child.kill();
     child.reap();
     let t = Instant::now();

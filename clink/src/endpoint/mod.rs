@@ -411,8 +411,8 @@ impl Endpoint {
         if a.id == self.id {
             return Err(fail("that is this endpoint itself"));
         }
-        let tcp_first =
-            self.tcp.is_some() && (self.ctx.config.prefer_tcp || a.udp.is_none() || self.net.is_none());
+        let tcp_first = self.tcp.is_some()
+            && (self.ctx.config.prefer_tcp || a.udp.is_none() || self.net.is_none());
         let name = match (a.shm.as_deref(), a.udp, a.tcp) {
             (Some(name), _, _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
             (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id),

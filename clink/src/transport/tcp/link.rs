@@ -525,7 +525,10 @@ impl TcpLink {
             } else {
                 &mut []
             };
-            let mut iov = [IoSliceMut::new(dest), IoSliceMut::new(&mut self.rx[..spare])];
+            let mut iov = [
+                IoSliceMut::new(dest),
+                IoSliceMut::new(&mut self.rx[..spare]),
+            ];
             Self::sys_read(&self.sock, &mut iov)?
         };
         let Some(n) = r else { return Ok(None) };
@@ -548,11 +551,7 @@ impl TcpLink {
     /// bytes are put back in stream order in the receive buffer (cleanup) for `parse`.
     /// Only bytes of the destination not yet received are targeted, so a miss costs a
     /// copy, never data.
-    fn read_spec(
-        &mut self,
-        p: stream::Prediction,
-        d: Dest,
-    ) -> Result<Option<usize>, LinkError> {
+    fn read_spec(&mut self, p: stream::Prediction, d: Dest) -> Result<Option<usize>, LinkError> {
         let off = p.offset as usize;
         self.start = 0;
         self.end = 0;
@@ -780,7 +779,9 @@ mod tests {
         } else {
             total
         };
-        let want: Vec<u8> = (0..total).map(|i| (i as u64 ^ seed) as u8 ^ (i >> 8) as u8).collect();
+        let want: Vec<u8> = (0..total)
+            .map(|i| (i as u64 ^ seed) as u8 ^ (i >> 8) as u8)
+            .collect();
         let mut dest = vec![0xeeu8; cap];
         // SAFETY: `dest` outlives the link's use of it (the link is dropped first).
         unsafe { link.expect_bulk(7, total as u64, dest.as_mut_ptr(), cap as u64) };
@@ -792,7 +793,11 @@ mod tests {
         while off < total {
             if rng.below(3) == 0 {
                 let big = rng.below(8) == 0;
-                let n = if big { RX_BUF + rng.below(1 << 20) as usize } else { rng.below(3000) as usize };
+                let n = if big {
+                    RX_BUF + rng.below(1 << 20) as usize
+                } else {
+                    rng.below(3000) as usize
+                };
                 let data: Vec<u8> = (0..n).map(|i| (i as u64 + seed) as u8).collect();
                 stream.extend(frame_record(frames.len() as u64, &data));
                 frames.push(data);
@@ -820,10 +825,14 @@ mod tests {
                 w.write_all(&stream[at..at + n]).unwrap();
                 at += n;
             }
-            link.receive().unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            link.receive()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             let valid = link.valid_prefix(7).unwrap_or(total as u64) as usize;
             let v = valid.min(cap);
-            assert!(dest[..v] == want[..v], "seed {seed}: valid prefix {v} clobbered");
+            assert!(
+                dest[..v] == want[..v],
+                "seed {seed}: valid prefix {v} clobbered"
+            );
             while let Some(f) = link.peek() {
                 match Frame::parse(f).unwrap() {
                     Frame::Eager { data, .. } => got_frames.push(data.to_vec()),
