@@ -664,3 +664,16 @@ pub fn ipv4_mtu(ip: std::net::Ipv4Addr) -> Option<usize> {
         .find(|&(a, _, _)| a == ip)
         .map(|(_, mtu, _)| mtu)
 }
+
+/// Writes `bufs` to the connected stream socket `fd` with one `sendmsg` (a gathering
+/// write, as `writev`), with `MSG_NOSIGNAL`: a peer that reset the connection gives
+/// `EPIPE`, never a `SIGPIPE` that would kill a process that did not ignore it.
+pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec on Unix (documented by std).
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: the vectors point into live slices for the duration of the call.
+    cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
+}

@@ -39,18 +39,21 @@ impl Endpoint {
             .connect(dest, id, timeout)
             .map_err(|e| fail(format!("TCP connect to {dest}: {e}")))?;
         loop {
-            if let Err(e) = link.write().and_then(|_| link.receive()) {
-                return Err(fail(format!("TCP handshake with {dest}: {e}")));
-            }
-            match TcpTransport::welcomed(&link) {
-                Some(Ok(())) => {
+            let r = link.write().and_then(|_| link.receive());
+            // A refusal is followed by the end of the stream, often in the same read: the
+            // welcome's reason comes first.
+            match (TcpTransport::welcomed(&link), r) {
+                (Some(Ok(())), _) => {
+                    // (A stream that ended right after the welcome fails the new peer at
+                    // its first read.)
                     let id = self.add_peer(Link::Tcp(Box::new(link)))?;
                     // Frames that came with the welcome are waiting in the link.
                     self.mark_busy(id.0 as usize);
                     return Ok(id);
                 }
-                Some(Err(why)) => return Err(fail(why)),
-                None => {}
+                (Some(Err(why)), _) => return Err(fail(why)),
+                (None, Err(e)) => return Err(fail(format!("TCP handshake with {dest}: {e}"))),
+                (None, Ok(_)) => {}
             }
             if Instant::now() >= deadline {
                 return Err(fail(format!(
@@ -107,11 +110,27 @@ impl Endpoint {
         if tcp.handshaking() {
             did |= self.tcp_accept();
         }
-        let peers = self.tcp.as_ref().map_or(Vec::new(), |t| t.peers.clone());
-        for i in peers {
+        let mut k = 0;
+        while let Some(i) = self.tcp_peer(k) {
             did |= self.tcp_read(i);
+            k = self.tcp_next(k, i);
         }
         did
+    }
+
+    /// The `k`th peer on the TCP transport's list.
+    fn tcp_peer(&self, k: usize) -> Option<usize> {
+        self.tcp.as_ref().and_then(|t| t.peers.get(k).copied())
+    }
+
+    /// The list position after visiting peer `i` at `k` (a peer that failed meanwhile left
+    /// the list, so its successor is at `k` now).
+    fn tcp_next(&self, k: usize, i: usize) -> usize {
+        if self.tcp_peer(k) == Some(i) {
+            k + 1
+        } else {
+            k
+        }
     }
 
     /// Reads peer `i`'s connection; fails the peer when it ended or sent garbage.
@@ -156,15 +175,13 @@ impl Endpoint {
         }
     }
 
-    /// Writes every TCP link's queue (one `writev` batch per link per pass) and keeps
+    /// Writes every TCP link's queue (one batch of gathering writes per link per pass) and keeps
     /// epoll's interest in writability in step with what is left.
     pub(super) fn tcp_transmit(&mut self) {
-        let Some(tcp) = self.tcp.as_ref() else { return };
-        if tcp.peers.is_empty() {
-            return;
-        }
-        for i in tcp.peers.clone() {
+        let mut k = 0;
+        while let Some(i) = self.tcp_peer(k) {
             self.tcp_write(i);
+            k = self.tcp_next(k, i);
         }
     }
 

@@ -1,12 +1,12 @@
 //! One peer over TCP: the connection's send queue (frames copied once, rendezvous payloads
-//! referenced in place and written with `writev`), its receive buffer, and the
+//! referenced in place and written with gathering `sendmsg`), its receive buffer, and the
 //! speculative receive of rendezvous payloads straight into the posted buffer.
 
 use clink_proto::stream::{self, Handshake, Header, Incoming, Kind, CHUNK, HEADER, MAX_RECORD};
 use clink_proto::wire::Frame;
 use clink_proto::ProtoError;
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -17,7 +17,7 @@ const TX_BOUND: usize = 4 << 20;
 const TX_WINDOW: usize = 2 << 20;
 /// Frames are coalesced into owned segments of up to this size (fewer vectors per write).
 const OWN_SEG: usize = 64 << 10;
-/// Vectors per `writev`.
+/// Vectors per gathering write.
 const MAX_IOV: usize = 64;
 /// Receive buffer room after a speculative layout (and the least a plain read asks for).
 const RX_SPARE: usize = 256 << 10;
@@ -61,7 +61,7 @@ impl std::fmt::Display for LinkError {
 /// Counters of one TCP link.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TcpStats {
-    /// `writev` calls that wrote something.
+    /// Gathering writes (`sendmsg`) that wrote something.
     pub writes: u64,
     /// Bytes written to the socket.
     pub bytes_sent: u64,
@@ -369,8 +369,9 @@ impl TcpLink {
         }
     }
 
-    /// Writes what is queued with `writev` (up to [`MAX_IOV`] pieces per call) until the
-    /// queue is empty or the socket is full. True when anything was written.
+    /// Writes what is queued with gathering `sendmsg` calls (`MSG_NOSIGNAL`; up to
+    /// [`MAX_IOV`] pieces per call) until the queue is empty or the socket is full. True
+    /// when anything was written.
     pub fn write(&mut self) -> Result<bool, LinkError> {
         let mut did = false;
         for _ in 0..MAX_WRITES {
@@ -397,7 +398,7 @@ impl TcpLink {
             let n = if k == 0 {
                 0 // only empty pieces (a zero-length transfer): nothing to write
             } else {
-                match (&self.sock).write_vectored(&iov[..k]) {
+                match crate::sys::send_vectored(self.sock.as_raw_fd(), &iov[..k]) {
                     Ok(n) => n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,

@@ -10,7 +10,7 @@
 //! already the ordered, reliable frame link the endpoint's protocol needs.
 //!
 //! Rendezvous payloads bypass the frame queue on both sides: the sender writes them
-//! straight from the send buffer (`writev` of a header and the buffer range), the receiver
+//! straight from the send buffer (a gathering `sendmsg` of a header and the buffer range), the receiver
 //! reads them with one vectored read `[header slot, posted buffer + expected offset,
 //! spare]`, checks the header, and on a miss moves the bytes back in stream order
 //! ([`link`]). Errors (end of stream, reset, malformed records) kill that peer's link only.
