@@ -732,6 +732,7 @@ mod tests {
     //! link calls valid must be the right ones (speculation never clobbers valid data),
     //! and at the end everything must be in place.
     use super::*;
+    use std::io::Write;
     use std::net::TcpListener;
 
     struct Rng(u64);
