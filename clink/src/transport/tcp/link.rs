@@ -26,6 +26,10 @@ const RX_BUF: usize = HEADER + CHUNK + RX_SPARE;
 /// Received frames held before the link stops reading (the kernel's window then pushes
 /// back on the sender).
 const RXQ_BYTES: usize = 4 << 20;
+/// Payload bytes a speculative read lands at most: a miss (another record where a piece
+/// was predicted) costs at most this much cleanup; on a hit, the rest of the piece is
+/// read directly (one more read per piece).
+const SPEC_FIRST: usize = 8 << 10;
 /// Reads per `receive` call at most (one progress pass).
 const MAX_READS: usize = 16;
 /// Writes per `write` call at most.
@@ -546,27 +550,34 @@ impl TcpLink {
         Ok(Some(n))
     }
 
-    /// The speculative read: `[header slot, destination + predicted offset, spare]` (the
-    /// spare only after the transfer's last piece). If
+    /// The speculative read: `[header slot, destination + predicted offset (at most
+    /// [`SPEC_FIRST`] bytes), spare]` (the spare only after the transfer's last bytes). If
     /// the header is the predicted one the payload is in place (a hit); if not, the
     /// bytes are put back in stream order in the receive buffer (cleanup) for `parse`.
     /// Only bytes of the destination not yet received are targeted, so a miss costs a
     /// copy, never data.
     fn read_spec(&mut self, p: stream::Prediction, d: Dest) -> Result<Option<usize>, LinkError> {
         let off = p.offset as usize;
+        // The first read takes at most SPEC_FIRST bytes of the piece (a miss costs at most
+        // that much copying); on a hit the rest is read directly.
+        let first = p.len.min(SPEC_FIRST);
         self.start = 0;
         self.end = 0;
-        if self.rx.len() < HEADER + p.len + RX_SPARE {
-            self.rx.resize(HEADER + p.len + RX_SPARE, 0);
+        if self.rx.len() < HEADER + first + RX_SPARE {
+            self.rx.resize(HEADER + first + RX_SPARE, 0);
         }
         // SAFETY: `off + len <= cap` (checked by the caller): inside the posted buffer,
         // bytes of the transfer not yet received.
-        let dest = unsafe { std::slice::from_raw_parts_mut(d.ptr.add(off), p.len) };
-        // More pieces of the transfer follow: no spare, so the next piece is read by the
-        // next speculative read rather than caught in the receive buffer (and copied).
-        let spare_len = if p.last { RX_SPARE } else { 0 };
+        let dest = unsafe { std::slice::from_raw_parts_mut(d.ptr.add(off), first) };
+        // More of the transfer follows: no spare, so it is read directly or by the next
+        // speculative read rather than caught in the receive buffer (and copied).
+        let spare_len = if p.last && first == p.len {
+            RX_SPARE
+        } else {
+            0
+        };
         let r = {
-            let spare = &mut self.rx[HEADER + p.len..HEADER + p.len + spare_len];
+            let spare = &mut self.rx[HEADER + first..HEADER + first + spare_len];
             let mut iov = [
                 IoSliceMut::new(&mut self.hdr),
                 IoSliceMut::new(dest),
@@ -583,16 +594,16 @@ impl TcpLink {
             self.end = n;
             return Ok(Some(n));
         }
-        let landed = (n - HEADER).min(p.len);
+        let landed = (n - HEADER).min(first);
         // SAFETY: as above; the read wrote `landed` bytes there.
         let dest = unsafe { std::slice::from_raw_parts(d.ptr.add(off), landed) };
         if Header::parse(&self.hdr).ok() == Some(p.header()) {
             let last = self.incoming.begin(&p.header())?;
             self.stats.spec_hits += 1;
             self.stats.spec_hit_bytes += landed as u64;
-            if n - HEADER > p.len {
+            if n - HEADER > first {
                 // What followed the piece is in the spare, in order.
-                self.start = HEADER + p.len;
+                self.start = HEADER + first;
                 self.end = n;
             }
             self.cur = Some(Cur {
