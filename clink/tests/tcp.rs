@@ -484,6 +484,42 @@ fn malformed_streams_kill_only_their_own_link() {
 }
 
 #[test]
+fn a_receiver_that_does_not_read_pushes_back_on_the_sender() {
+    let ((mut a, pa), (mut b, pb)) = pair(true, 20);
+    // 400 eager messages of 64 KiB (25 MiB): more than the kernel's socket buffers and the
+    // link's 4 MiB send queue hold while nobody reads.
+    const N: u64 = 400;
+    let mut reqs = Vec::new();
+    for i in 0..N {
+        reqs.push(b.isend(pb, 1, pattern(i, 65536)).unwrap());
+        b.progress();
+    }
+    let s = b.stats();
+    assert!(
+        s.ring_full > 0,
+        "the sender never found the link full: {s:?}"
+    );
+    // Now the receiver reads everything, in order, intact; the sender's queue drains.
+    let sender = std::thread::spawn(move || {
+        for r in &reqs {
+            b.wait_send(r, Some(T)).unwrap();
+        }
+        recv_vec(&mut b, pb, 2, 8);
+        b
+    });
+    let mut buf = vec![0u8; 65536];
+    for i in 0..N {
+        let st = a
+            .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 65536);
+        check(i, &buf, "pushed-back message");
+    }
+    a.send(pa, 2, b"ok").unwrap();
+    drop(sender.join().unwrap());
+}
+
+#[test]
 fn close_is_delivered_over_tcp() {
     let ((mut a, pa), (mut b, pb)) = pair(true, 20);
     b.send(pb, 1, b"last words").unwrap();

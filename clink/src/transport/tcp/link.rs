@@ -827,17 +827,24 @@ mod tests {
         }
         stream.extend(frame_record(999, b"end"));
         frames.push(b"end".to_vec());
-        // Write in random pieces, receiving in between; check the valid prefix each time.
-        let mut at = 0;
+        // A writer thread writes in random pieces (a blocking write never stalls the
+        // reader); the reader checks the valid prefix after every receive.
+        let cuts: Vec<usize> = (0..64).map(|_| 1 + rng.below(400_000) as usize).collect();
+        let writer = std::thread::spawn(move || {
+            let (mut at, mut k) = (0, 0);
+            while at < stream.len() {
+                let n = cuts[k % cuts.len()].min(stream.len() - at);
+                w.write_all(&stream[at..at + n]).unwrap();
+                w.flush().unwrap();
+                at += n;
+                k += 1;
+            }
+            w
+        });
         let mut got_frames = Vec::new();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while got_frames.len() < frames.len() {
             assert!(std::time::Instant::now() < deadline, "stuck (seed {seed})");
-            if at < stream.len() {
-                let n = (1 + rng.below(400_000) as usize).min(stream.len() - at);
-                w.write_all(&stream[at..at + n]).unwrap();
-                at += n;
-            }
             link.receive()
                 .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             let valid = link.valid_prefix(7).unwrap_or(total as u64) as usize;
@@ -854,10 +861,78 @@ mod tests {
                 link.release();
             }
         }
+        drop(writer.join().unwrap());
         assert_eq!(got_frames, frames, "seed {seed}");
         assert_eq!(link.done_in, vec![7], "seed {seed}");
         assert!(dest[..] == want[..cap], "seed {seed}: final content");
         link.stats
+    }
+
+    /// Mutated streams (valid records with bytes flipped, cut, or garbage inserted): the
+    /// link parses them to the end or stops with a `Malformed` error; it never panics,
+    /// never reports an I/O error, and never writes outside the posted buffer (a guard
+    /// zone after it stays intact).
+    #[test]
+    fn mutated_streams_fail_cleanly() {
+        let mut malformed = 0;
+        for seed in 0..300u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+            let (mut w, mut link) = connected(rng.below(2) == 0);
+            let total = 1 + rng.below(200_000) as usize;
+            let mut dest = vec![0u8; total + 4096];
+            // SAFETY: `dest` outlives the link's use of it; only `total` bytes are offered.
+            unsafe { link.expect_bulk(3, total as u64, dest.as_mut_ptr(), total as u64) };
+            let mut stream = Vec::new();
+            let mut off = 0;
+            while off < total {
+                if rng.below(2) == 0 {
+                    stream.extend(frame_record(1, &vec![7u8; rng.below(500) as usize]));
+                }
+                let n = (1 + rng.below(70_000) as usize).min(total - off);
+                stream.extend_from_slice(&Header::data(3, off as u64, n).encode());
+                stream.extend(std::iter::repeat_n(9u8, n));
+                off += n;
+            }
+            for _ in 0..1 + rng.below(4) {
+                let at = rng.below(stream.len() as u64) as usize;
+                match rng.below(3) {
+                    0 => stream[at] ^= 1 << rng.below(8),
+                    1 => stream.truncate(at.max(1)),
+                    _ => {
+                        let junk: Vec<u8> = (0..rng.below(40)).map(|_| rng.next() as u8).collect();
+                        stream.splice(at..at, junk);
+                    }
+                }
+            }
+            // The end of the stream ends the test; written by a thread so a blocking write
+            // never stalls the reader.
+            let writer = std::thread::spawn(move || {
+                let _ = w.write_all(&stream);
+            });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                assert!(std::time::Instant::now() < deadline, "seed {seed}: stuck");
+                match link.receive() {
+                    Ok(_) => {}
+                    Err(LinkError::Closed) => break,
+                    Err(LinkError::Malformed(_)) => {
+                        malformed += 1;
+                        break;
+                    }
+                    Err(e) => panic!("seed {seed}: {e}"),
+                }
+                while link.peek().is_some() {
+                    link.release();
+                }
+            }
+            drop(link); // a writer still blocked on a dead link gets an error
+            writer.join().unwrap();
+            assert!(
+                dest[total..].iter().all(|&b| b == 0),
+                "seed {seed}: wrote past the buffer"
+            );
+        }
+        assert!(malformed > 100, "{malformed}");
     }
 
     #[test]
