@@ -11,7 +11,7 @@
 //! (little-endian). Kinds: [`Kind::Frame`] (one endpoint [`crate::wire::Frame`]),
 //! [`Kind::Data`] (a piece of a rendezvous payload: bytes `offset..offset + len` of bulk
 //! transfer `xfer`), [`Kind::Hello`] and [`Kind::Welcome`] (the connection handshake,
-//! [`Handshake`]). The header has a fixed size so that a receiver expecting the next piece
+//! [`Handshake`]), [`Kind::Keepalive`] (no payload: "still here" on an idle connection). The header has a fixed size so that a receiver expecting the next piece
 //! of a transfer can read with one vector pair `[header slot, destination + offset]`:
 //! the speculative receive of the issue, applied to a byte stream. [`Incoming`] keeps the
 //! receiver's transfers, predicts the next piece ([`Incoming::predict`]) and validates
@@ -48,6 +48,9 @@ pub enum Kind {
     Hello,
     /// Answer to a hello: accepted or refused.
     Welcome,
+    /// Sent on a connection with nothing else to say, so the peer can tell an idle
+    /// endpoint from one that stopped (no payload).
+    Keepalive,
 }
 
 impl Kind {
@@ -57,6 +60,7 @@ impl Kind {
             Kind::Data => 2,
             Kind::Hello => 3,
             Kind::Welcome => 4,
+            Kind::Keepalive => 5,
         }
     }
 }
@@ -80,6 +84,16 @@ impl Header {
         Header {
             kind: Kind::Frame,
             len: len as u32,
+            xfer: 0,
+            offset: 0,
+        }
+    }
+
+    /// The keepalive record (a header alone).
+    pub fn keepalive() -> Header {
+        Header {
+            kind: Kind::Keepalive,
+            len: 0,
             xfer: 0,
             offset: 0,
         }
@@ -120,6 +134,7 @@ impl Header {
             2 => Kind::Data,
             3 => Kind::Hello,
             4 => Kind::Welcome,
+            5 => Kind::Keepalive,
             k => return Err(ProtoError::BadKind(k)),
         };
         if b[1..4] != [0, 0, 0] {
@@ -150,6 +165,13 @@ impl Header {
                 what: "handshake record length",
                 value: u64::from(len),
                 limit: HANDSHAKE_LEN as u64,
+            });
+        }
+        if kind == Kind::Keepalive && len != 0 {
+            return Err(ProtoError::OutOfRange {
+                what: "keepalive record length",
+                value: u64::from(len),
+                limit: 0,
             });
         }
         if kind == Kind::Data && offset.checked_add(u64::from(len)).is_none() {
@@ -358,6 +380,7 @@ mod tests {
             Header::frame(0),
             Header::frame(70_000),
             Header::data(7, 1 << 40, CHUNK),
+            Header::keepalive(),
         ] {
             assert_eq!(Header::parse(&h.encode()), Ok(h));
         }
@@ -374,6 +397,9 @@ mod tests {
         b[8] = 1; // a frame naming a transfer
         assert!(Header::parse(&b).is_err());
         assert!(Header::parse(&Header::data(1, u64::MAX, 2).encode()).is_err());
+        let mut b = Header::keepalive().encode();
+        b[4] = 1; // a keepalive with a payload
+        assert!(Header::parse(&b).is_err());
         assert!(Header::parse(&b[..HEADER - 1]).is_err());
         let hs = Handshake {
             from: 1 << 100,

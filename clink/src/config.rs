@@ -26,7 +26,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
     ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
     ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
-    ("CLINK_NET_DEAD_MS", "silence after which a network peer is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
+    ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
 
@@ -198,7 +198,8 @@ impl Config {
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
                 "CLINK_NET_DEAD_MS" => {
-                    udp.dead_after = Duration::from_millis(num(&k, &v, 10, 3_600_000)?)
+                    udp.dead_after = Duration::from_millis(num(&k, &v, 10, 3_600_000)?);
+                    tcp.dead_after = udp.dead_after;
                 }
                 "CLINK_FAULTS" => {
                     udp.faults = crate::transport::udp::FaultConfig::parse(&v)

@@ -13,6 +13,10 @@ use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
 fn tcp_config(speculate: bool, spin_us: u64) -> Config {
+    tcp_config_dead(speculate, spin_us, 2000)
+}
+
+fn tcp_config_dead(speculate: bool, spin_us: u64, dead_ms: u64) -> Config {
     Config {
         calibrate: false,
         force_net: true,
@@ -21,6 +25,7 @@ fn tcp_config(speculate: bool, spin_us: u64) -> Config {
         tcp: Some(TcpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
             speculate,
+            dead_after: Duration::from_millis(dead_ms),
         }),
         udp: Some(clink::transport::udp::UdpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
@@ -37,11 +42,21 @@ fn tcp_ctx(speculate: bool, spin_us: u64) -> Context {
 /// Connects two endpoints over TCP: (server, its peer id for the client), (client, its
 /// peer id for the server).
 fn pair(speculate: bool, spin_us: u64) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
-    let mut a = tcp_ctx(speculate, spin_us).endpoint().unwrap();
+    pair_dead(speculate, spin_us, 2000)
+}
+
+/// As [`pair`], with the liveness timeout `dead_ms`.
+fn pair_dead(
+    speculate: bool,
+    spin_us: u64,
+    dead_ms: u64,
+) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    let ctx = move || Context::with_config(tcp_config_dead(speculate, spin_us, dead_ms)).unwrap();
+    let mut a = ctx().endpoint().unwrap();
     let addr = a.address();
     assert!(addr.contains(";tcp=127.0.0.1:"), "{addr}");
     let client = std::thread::spawn(move || {
-        let mut b = tcp_ctx(speculate, spin_us).endpoint().unwrap();
+        let mut b = ctx().endpoint().unwrap();
         let p = b.connect(&addr).unwrap();
         assert_eq!(b.transport(p).unwrap(), "tcp");
         (b, p)
@@ -485,7 +500,8 @@ fn malformed_streams_kill_only_their_own_link() {
 
 #[test]
 fn a_receiver_that_does_not_read_pushes_back_on_the_sender() {
-    let ((mut a, pa), (mut b, pb)) = pair(true, 20);
+    // (The receiver does not progress for a while: a long liveness timeout.)
+    let ((mut a, pa), (mut b, pb)) = pair_dead(true, 20, 60_000);
     // 400 eager messages of 64 KiB (25 MiB): more than the kernel's socket buffers and the
     // link's 4 MiB send queue hold while nobody reads.
     const N: u64 = 400;
@@ -517,6 +533,46 @@ fn a_receiver_that_does_not_read_pushes_back_on_the_sender() {
     }
     a.send(pa, 2, b"ok").unwrap();
     drop(sender.join().unwrap());
+}
+
+#[test]
+fn a_silent_peer_is_declared_dead_and_its_requests_fail() {
+    let ((mut a, pa), (b, _pb)) = pair_dead(true, 20, 300);
+    let r = a
+        .irecv(Selector::exact(Some(pa), 1), vec![0u8; 16])
+        .unwrap();
+    // Stop without a goodbye and without the kernel closing the connection (a hung or
+    // stopped process): leak the endpoint, its socket stays open.
+    std::mem::forget(b);
+    let t = Instant::now();
+    match a.wait_recv(&r, Some(T)) {
+        Err(Error::PeerDead(p)) => assert_eq!(p, pa),
+        other => panic!("expected PeerDead, got {other:?}"),
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(a.last_error().unwrap().contains("declared dead"));
+}
+
+#[test]
+fn an_idle_connection_stays_up_on_keepalives() {
+    // Both sides progress (sleeping in their waits) but say nothing for 4x the liveness
+    // timeout: the keepalives keep the peers alive.
+    let ((mut a, pa), (mut b, pb)) = pair_dead(true, 0, 200);
+    let t = std::thread::spawn(move || {
+        let st = b.recv_timeout(Selector::exact(Some(pb), 1), &mut [0u8; 8], Some(T));
+        (st.map(|s| s.len), b)
+    });
+    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_millis(800))),
+        Err(Error::Timeout)
+    ));
+    assert!(a.is_alive(pa), "{:?}", a.last_error());
+    a.send(pa, 1, b"hi").unwrap();
+    let (len, b) = t.join().unwrap();
+    assert_eq!(len.unwrap(), 2);
+    drop(b);
 }
 
 #[test]

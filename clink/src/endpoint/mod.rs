@@ -1901,6 +1901,9 @@ impl Endpoint {
                 if let Some(n) = self.net_timer() {
                     t = t.min(n);
                 }
+                if let Some(n) = self.tcp_timer() {
+                    t = t.min(n);
+                }
                 self.check_events(Some(t));
                 self.finish_wait();
             }

@@ -9,6 +9,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
 use std::net::{Shutdown, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
 
 /// Frame bytes queued (not yet written) beyond which `try_send` reports the link full.
 const TX_BOUND: usize = 4 << 20;
@@ -174,6 +175,12 @@ pub struct TcpLink {
     pub stats: TcpStats,
     /// The endpoint watches the socket for writability too (set by the endpoint).
     pub out_armed: bool,
+    /// Bytes were read / written since the last [`TcpLink::tick`].
+    rx_seen: bool,
+    tx_done: bool,
+    /// When bytes were last read from the peer / written to it (as of the last tick).
+    last_rx: Instant,
+    last_tx: Instant,
 }
 
 // SAFETY: the raw pointers point into request buffers owned by the endpoint that owns
@@ -213,6 +220,10 @@ impl TcpLink {
             handshake: None,
             stats: TcpStats::default(),
             out_armed: false,
+            rx_seen: false,
+            tx_done: false,
+            last_rx: Instant::now(),
+            last_tx: Instant::now(),
         })
     }
 
@@ -316,6 +327,29 @@ impl TcpLink {
         }
     }
 
+    /// Liveness, once per progress pass: queues a keepalive when nothing was written for
+    /// `keepalive`, and returns true when the peer sent nothing for `dead_after` (it
+    /// stopped: exited without a trace, hung, or its network is gone). A link that stopped
+    /// reading because its own frame queue is full does not count the peer as silent.
+    pub fn tick(&mut self, now: Instant, keepalive: Duration, dead_after: Duration) -> bool {
+        if std::mem::take(&mut self.rx_seen) || self.frames_bytes >= RXQ_BYTES {
+            self.last_rx = now;
+        }
+        if std::mem::take(&mut self.tx_done) || self.wants_write() {
+            self.last_tx = now;
+        } else if now.saturating_duration_since(self.last_tx) >= keepalive {
+            self.queue_record(&Header::keepalive().encode());
+            self.last_tx = now;
+        }
+        now.saturating_duration_since(self.last_rx) >= dead_after
+    }
+
+    /// When [`TcpLink::tick`] next has something to do (a keepalive or the liveness
+    /// deadline).
+    pub fn next_tick(&self, keepalive: Duration, dead_after: Duration) -> Instant {
+        (self.last_tx + keepalive).min(self.last_rx + dead_after)
+    }
+
     /// True while something waits to be written.
     pub fn wants_write(&self) -> bool {
         !self.tx.is_empty() || !self.out.is_empty()
@@ -412,6 +446,7 @@ impl TcpLink {
             if n > 0 {
                 self.stats.writes += 1;
                 self.stats.bytes_sent += n as u64;
+                self.tx_done = true;
             }
             self.advance(n);
             did = true;
@@ -434,6 +469,7 @@ impl TcpLink {
                 Some(0) => return Err(LinkError::Closed),
                 Some(n) => {
                     did = true;
+                    self.rx_seen = true;
                     self.stats.reads += 1;
                     self.stats.bytes_received += n as u64;
                 }
@@ -689,6 +725,12 @@ impl TcpLink {
                         left: h.len as usize,
                         last,
                     });
+                }
+                Kind::Keepalive => {
+                    if self.handshake.is_none() {
+                        return Err(ProtoError::BadKind(5).into());
+                    }
+                    self.start += HEADER;
                 }
                 Kind::Frame | Kind::Hello | Kind::Welcome => {
                     let Some((h, total)) = stream::next_record(avail)? else {

@@ -32,6 +32,9 @@ pub struct TcpConfig {
     pub bind: SocketAddrV4,
     /// Speculative receive of rendezvous payloads straight into the posted buffer.
     pub speculate: bool,
+    /// Silence after which a peer is declared dead (`CLINK_NET_DEAD_MS`, shared with UDP);
+    /// keepalives go every quarter of it on an otherwise idle connection.
+    pub dead_after: Duration,
 }
 
 impl Default for TcpConfig {
@@ -39,6 +42,7 @@ impl Default for TcpConfig {
         TcpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             speculate: true,
+            dead_after: Duration::from_millis(2000),
         }
     }
 }
@@ -106,6 +110,11 @@ impl TcpTransport {
             stats: TcpTransportStats::default(),
             peers: Vec::new(),
         })
+    }
+
+    /// Silence after which a peer is declared dead, and the keepalive period.
+    pub fn liveness(&self) -> (Duration, Duration) {
+        (self.cfg.dead_after, self.cfg.dead_after / 4)
     }
 
     /// The address peers reach this endpoint at.
