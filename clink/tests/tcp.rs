@@ -235,12 +235,15 @@ fn tags_and_any_source_across_two_senders() {
     // unexpected.
     let mut buf = vec![0u8; 2 << 20];
     let mut next = [[0u64; 3]; 2]; // per sender, per kind: next message index
+    let mut owner = std::collections::HashMap::new();
     let mut got = 0;
     let want2: u64 = 2 * (0..N).filter(|i| i % 3 == 2).count() as u64;
     let mut take = |a: &mut Endpoint, sel: Selector, got: &mut u64| {
         let st = a.recv_timeout(sel, &mut buf, Some(T)).unwrap();
         let (s, kind) = (st.tag >> 8, st.tag & 0xff);
-        assert_eq!(peers[s as usize], st.peer, "sender in the tag");
+        // Each peer is one sender (accepted in whatever order they connected).
+        let who = *owner.entry(st.peer).or_insert(s);
+        assert_eq!(who, s, "sender in the tag vs the peer it came from");
         // Per (sender, tag) order: the next index of this kind.
         let mut i = next[s as usize][kind as usize];
         while i % 3 != kind {
@@ -264,6 +267,8 @@ fn tags_and_any_source_across_two_senders() {
     while got < 2 * N {
         take(&mut a, Selector::any(), &mut got);
     }
+    assert_eq!(owner.len(), 2);
+    assert_ne!(owner[&peers[0]], owner[&peers[1]]);
     for &p in &peers {
         a.send(p, 99, b"done").unwrap();
     }

@@ -321,14 +321,15 @@ impl Endpoint {
     }
 
     /// Peer `i` failed or closed: flush what its link can still take, end our side of the
-    /// stream (the peer reads the end), forget its transfers and stop watching it.
+    /// stream (the peer reads the end), forget its transfers, free its buffers and stop
+    /// watching it.
     pub(super) fn tcp_removed(&mut self, i: usize) {
         let Link::Tcp(t) = &mut self.peers[i].link else {
             return;
         };
         let _ = t.write();
-        t.clear_bulk();
         t.shutdown();
+        t.free();
         self.epoll.remove(t.fd());
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.peers.retain(|&p| p != i);

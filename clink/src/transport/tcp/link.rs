@@ -355,6 +355,21 @@ impl TcpLink {
         !self.tx.is_empty() || !self.out.is_empty()
     }
 
+    /// Frees the buffers of a link whose peer is gone (peers are never removed from the
+    /// endpoint, so a dead link should not keep its megabyte of receive buffer).
+    pub fn free(&mut self) {
+        self.clear_bulk();
+        self.tx.clear();
+        self.tx_off = 0;
+        self.tx_queued = 0;
+        self.tx_owned = 0;
+        self.frames.clear();
+        self.frames_bytes = 0;
+        self.rx = Vec::new();
+        self.start = 0;
+        self.end = 0;
+    }
+
     /// Closes our sending side after what was written (the peer reads the end of stream).
     pub fn shutdown(&self) {
         let _ = self.sock.shutdown(Shutdown::Write);
@@ -525,7 +540,7 @@ impl TcpLink {
         if self.end == self.rx.len() {
             // A frame larger than the buffer: grow as its bytes arrive, not on its word.
             let max = HEADER + MAX_RECORD as usize + RX_SPARE;
-            let n = (self.rx.len() * 2).min(max);
+            let n = (self.rx.len() * 2).max(RX_BUF).min(max);
             self.rx.resize(n, 0);
         }
         let end = self.end;
