@@ -356,15 +356,14 @@ impl TcpLink {
     }
 
     /// Frees the buffers of a link whose peer is gone (peers are never removed from the
-    /// endpoint, so a dead link should not keep its megabyte of receive buffer).
+    /// endpoint, so a dead link should not keep its megabyte of receive buffer). Received
+    /// frames are kept: the endpoint may be handling the one at the head (a `Close`).
     pub fn free(&mut self) {
         self.clear_bulk();
         self.tx.clear();
         self.tx_off = 0;
         self.tx_queued = 0;
         self.tx_owned = 0;
-        self.frames.clear();
-        self.frames_bytes = 0;
         self.rx = Vec::new();
         self.start = 0;
         self.end = 0;
