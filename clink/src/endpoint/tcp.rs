@@ -189,7 +189,10 @@ impl Endpoint {
         if !p.alive {
             return false;
         }
-        let r = t.receive();
+        let r = match t.write_failed.take() {
+            Some(e) => Err(e),
+            None => t.receive(),
+        };
         let did = matches!(r, Ok(true));
         self.tcp_finish(i);
         if did {
@@ -256,10 +259,12 @@ impl Endpoint {
                 tracing::warn!("epoll_ctl TCP connection: {e}");
             }
         }
-        self.tcp_finish(i);
         if let Err(e) = r {
-            self.tcp_failed(i, e);
+            // Failed at the next read (see `TcpLink::write_failed`), which comes at once:
+            // the hang-up makes the socket readable.
+            t.write_failed = Some(e);
         }
+        self.tcp_finish(i);
     }
 
     /// Epoll reported peer `i`'s socket (readable, writable or hung up).

@@ -175,6 +175,10 @@ pub struct TcpLink {
     pub stats: TcpStats,
     /// The endpoint watches the socket for writability too (set by the endpoint).
     pub out_armed: bool,
+    /// A write failed: the link is dead; the endpoint fails the peer at its next read
+    /// (a write can happen inside the handling of a frame, where failing the peer at once
+    /// would handle the frames again).
+    pub write_failed: Option<LinkError>,
     /// Bytes were read / written since the last [`TcpLink::tick`].
     rx_seen: bool,
     tx_done: bool,
@@ -220,6 +224,7 @@ impl TcpLink {
             handshake: None,
             stats: TcpStats::default(),
             out_armed: false,
+            write_failed: None,
             rx_seen: false,
             tx_done: false,
             last_rx: Instant::now(),
