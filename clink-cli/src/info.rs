@@ -21,7 +21,45 @@ pub fn run() -> Result<(), String> {
         "host key            {:016x} (boot id + network namespace: shared memory only within one)",
         ctx.host()
     );
-    println!("transports          shm: peers on this host and network namespace. Network transports (udp, tcp): not in this build.");
+    println!(
+        "transports          shm: peers on this host and network namespace{}",
+        if cfg.force_net {
+            " (not used: CLINK_TRANSPORT forces the network)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "                    udp: {}",
+        match &cfg.udp {
+            Some(u) => format!(
+                "on, socket bound to {} (reliable datagrams, speculative bulk receive)",
+                u.bind
+            ),
+            None => "off (CLINK_UDP=off)".into(),
+        }
+    );
+    println!(
+        "                    tcp: {}",
+        match &cfg.tcp {
+            Some(t) =>
+                format!(
+                "on, listening on {} (one connection per peer, speculative rendezvous receive {})",
+                t.bind,
+                if t.speculate { "on" } else { "off: CLINK_TCP_SPECULATE=0" }
+            ),
+            None => "off (CLINK_TCP=off)".into(),
+        }
+    );
+    let choice = match (cfg.prefer_tcp, cfg.force_net, cfg.udp.is_some(), cfg.tcp.is_some()) {
+        (true, _, _, true) => "TCP for every peer, even on this host (CLINK_TRANSPORT=tcp)",
+        (true, _, _, false) => "CLINK_TRANSPORT=tcp but TCP is off (CLINK_TCP=off): UDP",
+        (false, true, _, _) => "UDP for every peer, even on this host (CLINK_TRANSPORT=udp); TCP when the peer offers only TCP",
+        (false, false, true, _) => "shared memory on this host; other hosts over UDP, or TCP when the peer offers only TCP (CLINK_TRANSPORT=tcp forces TCP)",
+        (false, false, false, true) => "shared memory on this host; other hosts over TCP (UDP is off here)",
+        (false, false, false, false) => "shared memory only (CLINK_UDP=off, CLINK_TCP=off)",
+    };
+    println!("connect picks       {choice}");
     println!();
     println!(
         "cost model inputs ({})",

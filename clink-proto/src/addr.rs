@@ -4,7 +4,7 @@
 //! message) and that `connect` parses:
 //!
 //! ```text
-//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IPv4>:<port>
+//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IPv4>:<port>;tcp=<IPv4>:<port>
 //! ```
 //!
 //! `host` names the machine and network namespace (shared memory is only possible when it
@@ -29,6 +29,8 @@ pub struct Address {
     pub shm: Option<String>,
     /// UDP socket address of the network transport, if offered.
     pub udp: Option<SocketAddrV4>,
+    /// TCP listening address of the stream transport, if offered.
+    pub tcp: Option<SocketAddrV4>,
 }
 
 fn bad(addr: &str, why: &'static str) -> ProtoError {
@@ -45,7 +47,7 @@ impl Address {
             .trim()
             .strip_prefix(PREFIX)
             .ok_or_else(|| bad(s, "does not start with \"clink:\""))?;
-        let (mut host, mut id, mut shm, mut udp) = (None, None, None, None);
+        let (mut host, mut id, mut shm, mut udp, mut tcp) = (None, None, None, None, None);
         for item in rest.split(';') {
             let (k, v) = item
                 .split_once('=')
@@ -104,6 +106,22 @@ impl Address {
                     }
                     udp = Some(a);
                 }
+                "tcp" => {
+                    if tcp.is_some() {
+                        return Err(bad(s, "duplicate tcp"));
+                    }
+                    let a: SocketAddrV4 = v
+                        .parse()
+                        .map_err(|_| bad(s, "tcp must be <IPv4 address>:<port>"))?;
+                    if a.port() == 0
+                        || a.ip().is_unspecified()
+                        || a.ip().is_multicast()
+                        || a.ip().is_broadcast()
+                    {
+                        return Err(bad(s, "tcp needs a unicast address and a non-zero port"));
+                    }
+                    tcp = Some(a);
+                }
                 k if k.is_empty() || !k.bytes().all(|b| b.is_ascii_lowercase()) => {
                     return Err(bad(s, "malformed key"));
                 }
@@ -115,6 +133,7 @@ impl Address {
             id: id.ok_or_else(|| bad(s, "missing id"))?,
             shm,
             udp,
+            tcp,
         })
     }
 }
@@ -127,6 +146,9 @@ impl std::fmt::Display for Address {
         }
         if let Some(u) = &self.udp {
             write!(f, ";udp={u}")?;
+        }
+        if let Some(t) = &self.tcp {
+            write!(f, ";tcp={t}")?;
         }
         Ok(())
     }
@@ -151,6 +173,7 @@ mod tests {
             id: 7,
             shm: Some("clink-00ff".into()),
             udp: Some("10.0.0.1:4000".parse().unwrap()),
+            tcp: Some("10.0.0.1:4001".parse().unwrap()),
         };
         assert_eq!(Address::parse(&a.to_string()), Ok(a.clone()));
         let with_future = format!("{a};rdma=mlx5:1");
@@ -158,6 +181,10 @@ mod tests {
         let only_udp =
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=127.0.0.1:9";
         assert_eq!(Address::parse(only_udp).unwrap().shm, None);
+        let only_tcp =
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=127.0.0.1:9";
+        let t = Address::parse(only_tcp).unwrap();
+        assert_eq!((t.udp, t.tcp), (None, Some("127.0.0.1:9".parse().unwrap())));
         for s in [
             "",
             "clink:",
@@ -172,6 +199,9 @@ mod tests {
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:0",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=255.255.255.255:5",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5;udp=1.2.3.4:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=1.2.3.4:5;tcp=1.2.3.4:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=1.2.3.4:0",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=1.2.3.4",
         ] {
             assert!(Address::parse(s).is_err(), "{s}");
         }

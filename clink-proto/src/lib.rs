@@ -19,6 +19,9 @@
 //!   Fast_Ack / Fast_NAck): one granted stream per receive queue;
 //! - [`spec`]: speculative defragmentation: where a bulk transfer's fragments are expected
 //!   to land, and the verifier that sorts what landed into hits and misses;
+//! - [`stream`]: the TCP transport's record framing (fixed headers, so a receiver can
+//!   land the next rendezvous piece straight in its buffer) and handshake, with the
+//!   receiver's prediction of the next piece;
 //! - [`rma`]: one-sided access to apertures: capability cookies, the access check, and
 //!   the RMA frames (put, get, atomics, notify, map) carried on a peer's link;
 //! - [`tripwire`]: CLAN's tripwires, byte ranges of an aperture that fire on access, matched
@@ -37,6 +40,7 @@ pub mod netsim;
 pub mod reliable;
 pub mod rma;
 pub mod spec;
+pub mod stream;
 pub mod tripwire;
 pub mod wire;
 

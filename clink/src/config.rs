@@ -17,14 +17,17 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
     ("CLINK_LIVENESS_MS", "how often a busy-polling endpoint checks peers for death (default 10)"),
     ("CLINK_BOARD_PEERS", "same-host peers from which progress visits only the peers that raised their bit on the activity board (default 4; 0 = never)"),
-    ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise; 'udp': UDP even on the same host (loopback tests and benchmarks)"),
+    ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise (TCP when the peer offers only TCP or UDP is off); 'udp': UDP even on the same host (loopback tests and benchmarks); 'tcp': TCP for every peer, even on the same host"),
     ("CLINK_UDP", "'on' (default): offer the UDP network transport to peers on other hosts; 'off': same-host shared memory only"),
     ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
     ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
-    ("CLINK_NET_DEAD_MS", "silence after which a network peer is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
+    ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
+    ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
+    ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
+    ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
 
@@ -58,6 +61,10 @@ pub struct Config {
     pub force_net: bool,
     /// The UDP network transport's settings, `None` when it is off.
     pub udp: Option<crate::transport::udp::UdpConfig>,
+    /// Network peers over TCP rather than UDP (`CLINK_TRANSPORT=tcp`).
+    pub prefer_tcp: bool,
+    /// The TCP transport's settings, `None` when it is off.
+    pub tcp: Option<crate::transport::tcp::TcpConfig>,
 }
 
 impl Default for Config {
@@ -76,6 +83,8 @@ impl Default for Config {
             board_peers: 4,
             force_net: false,
             udp: Some(crate::transport::udp::UdpConfig::default()),
+            prefer_tcp: false,
+            tcp: Some(crate::transport::tcp::TcpConfig::default()),
         }
     }
 }
@@ -115,6 +124,8 @@ impl Config {
         let mut c = Config::default();
         let mut udp = crate::transport::udp::UdpConfig::default();
         let mut udp_on = true;
+        let mut tcp = crate::transport::tcp::TcpConfig::default();
+        let mut tcp_on = true;
         for (k, v) in vars {
             if !k.starts_with("CLINK_") {
                 continue;
@@ -163,10 +174,11 @@ impl Config {
                 }
                 "CLINK_UDP" => udp_on = flag(&k, &v)?,
                 "CLINK_TRANSPORT" => {
-                    c.force_net = match v.trim() {
-                        "auto" => false,
-                        "udp" => true,
-                        _ => return Err(bad(&k, &v, "expected 'auto' or 'udp'")),
+                    (c.force_net, c.prefer_tcp) = match v.trim() {
+                        "auto" => (false, false),
+                        "udp" => (true, false),
+                        "tcp" => (true, true),
+                        _ => return Err(bad(&k, &v, "expected 'auto', 'udp' or 'tcp'")),
                     }
                 }
                 "CLINK_UDP_BIND" => {
@@ -175,6 +187,14 @@ impl Config {
                         .parse()
                         .map_err(|_| bad(&k, &v, "expected <IPv4 address>:<port>"))?
                 }
+                "CLINK_TCP" => tcp_on = flag(&k, &v)?,
+                "CLINK_TCP_BIND" => {
+                    tcp.bind = v
+                        .trim()
+                        .parse()
+                        .map_err(|_| bad(&k, &v, "expected <IPv4 address>:<port>"))?
+                }
+                "CLINK_TCP_SPECULATE" => tcp.speculate = flag(&k, &v)?,
                 "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
@@ -188,7 +208,8 @@ impl Config {
                     }
                 }
                 "CLINK_NET_DEAD_MS" => {
-                    udp.dead_after = Duration::from_millis(num(&k, &v, 10, 3_600_000)?)
+                    udp.dead_after = Duration::from_millis(num(&k, &v, 10, 3_600_000)?);
+                    tcp.dead_after = udp.dead_after;
                 }
                 "CLINK_FAULTS" => {
                     udp.faults = crate::transport::udp::FaultConfig::parse(&v)
@@ -204,6 +225,7 @@ impl Config {
             }
         }
         c.udp = udp_on.then_some(udp);
+        c.tcp = tcp_on.then_some(tcp);
         Ok(c)
     }
 }
@@ -230,6 +252,24 @@ mod tests {
         assert_eq!(c.spin, Some(Duration::ZERO));
         assert!(!c.cma);
         assert_eq!(c.ring_cells, 1024);
+        let t = Config::from_vars(vars(&[
+            ("CLINK_TRANSPORT", "tcp"),
+            ("CLINK_TCP_BIND", "127.0.0.1:0"),
+            ("CLINK_TCP_SPECULATE", "0"),
+        ]))
+        .unwrap();
+        assert!(t.force_net && t.prefer_tcp);
+        let tc = t.tcp.unwrap();
+        assert_eq!(
+            (tc.bind.to_string(), tc.speculate),
+            ("127.0.0.1:0".into(), false)
+        );
+        assert_eq!(
+            Config::from_vars(vars(&[("CLINK_TCP", "off")]))
+                .unwrap()
+                .tcp,
+            None
+        );
         assert_eq!(
             Config::from_vars(vars(&[("CLINK_SPIN_US", "inf")]))
                 .unwrap()
@@ -247,6 +287,9 @@ mod tests {
             ("CLINK_FAULTS", "drop=5"),
             ("CLINK_UDP", "maybe"),
             ("CLINK_UDP_ADMISSION", "sometimes"),
+            ("CLINK_TCP", "maybe"),
+            ("CLINK_TCP_BIND", "localhost"),
+            ("CLINK_TRANSPORT", "sctp"),
         ] {
             let e = Config::from_vars(vars(&[bad])).unwrap_err().to_string();
             assert!(e.contains(bad.0), "{e}");

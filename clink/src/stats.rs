@@ -70,13 +70,14 @@ pub struct Stats {
     /// Network path: faults injected (`CLINK_FAULTS`): drops, duplicates, corruptions,
     /// delays.
     pub faults_injected: u64,
-    /// Network path: bulk (rendezvous) fragments found intact at their place by a
-    /// speculative receive: zero user-space copies.
+    /// Network path: bulk (rendezvous) fragments (UDP) or pieces (TCP) found intact at
+    /// their place by a speculative receive: zero user-space copies.
     pub spec_hits: u64,
     /// Network path: payload bytes of those hits.
     pub spec_hit_bytes: u64,
-    /// Network path: datagrams read into a speculative layout that were not the expected
-    /// fragment (gathered, then handled by the ordinary path).
+    /// Network path: datagrams (UDP) or records (TCP) read into a speculative layout that
+    /// were not the expected fragment or piece (moved back, then handled by the ordinary
+    /// path).
     pub spec_misses: u64,
     /// Network path: bulk payload bytes copied to their place by the ordinary path
     /// (misses, reads beyond the armed layout, speculation off).
@@ -95,6 +96,17 @@ pub struct Stats {
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).
     pub fast_refused: u64,
+    /// TCP path: `writev` calls that wrote something.
+    pub stream_writes: u64,
+    /// TCP path: bytes written to the connections.
+    pub stream_bytes_sent: u64,
+    /// TCP path: reads that returned data.
+    pub stream_reads: u64,
+    /// TCP path: bytes read from the connections.
+    pub stream_bytes_received: u64,
+    /// TCP path: rendezvous payload bytes read straight into the posted buffer after
+    /// their header had been seen (no copy; the speculative hits are in `spec_hit_bytes`).
+    pub stream_direct_bytes: u64,
     /// One-sided requests this endpoint refused as a target (bad key, revoked, out of
     /// range, missing right, unknown export).
     pub rma_refused: u64,

@@ -204,6 +204,21 @@ impl Epoll {
         cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
         Ok(())
     }
+    /// Changes how `fd` is watched: readability (level-triggered, with hang-ups), plus
+    /// writability when `out`.
+    pub fn modify(&self, fd: RawFd, token: u64, out: bool) -> io::Result<()> {
+        let mut events = libc::EPOLLIN | libc::EPOLLRDHUP;
+        if out {
+            events |= libc::EPOLLOUT;
+        }
+        let mut ev = libc::epoll_event {
+            events: events as u32,
+            u64: token,
+        };
+        // SAFETY: valid epoll fd and event struct.
+        cvt(unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, &mut ev) })?;
+        Ok(())
+    }
     /// Stops watching `fd`.
     pub fn remove(&self, fd: RawFd) {
         // SAFETY: valid epoll fd; a stale fd only yields an error we ignore.
@@ -648,4 +663,17 @@ pub fn ipv4_mtu(ip: std::net::Ipv4Addr) -> Option<usize> {
         .into_iter()
         .find(|&(a, _, _)| a == ip)
         .map(|(_, mtu, _)| mtu)
+}
+
+/// Writes `bufs` to the connected stream socket `fd` with one `sendmsg` (a gathering
+/// write, as `writev`), with `MSG_NOSIGNAL`: a peer that reset the connection gives
+/// `EPIPE`, never a `SIGPIPE` that would kill a process that did not ignore it.
+pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec on Unix (documented by std).
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: the vectors point into live slices for the duration of the call.
+    cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
 }

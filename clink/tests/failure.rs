@@ -383,11 +383,13 @@ fn bad_addresses_give_clear_errors() {
         host: me.host ^ 1,
         id: me.id ^ 1,
         udp: None,
+        tcp: None,
         ..me.clone()
     };
     let no_shm = clink_proto::addr::Address {
         shm: None,
         udp: None,
+        tcp: None,
         id: me.id ^ 1,
         ..me.clone()
     };

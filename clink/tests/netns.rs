@@ -1,6 +1,7 @@
 //! Two "hosts": the test enters one network namespace on a thread (its endpoint's UDP
 //! socket lives there) and runs the peer as a child process in the other, joined by a veth
-//! pair. Random sizes with checksums, injected faults, and a peer killed mid-transfer.
+//! pair. Random sizes with checksums (over UDP and over TCP), injected faults, and a peer
+//! killed mid-transfer.
 //! Skipped, with the reason printed, where namespaces cannot be made (not root, no `ip`).
 
 mod common;
@@ -27,7 +28,11 @@ fn child_entry() {
     child_main(|role| {
         let seed = child_seed();
         let (mut ep, parent) = child_connect();
-        assert_eq!(ep.transport(parent).unwrap(), "udp");
+        let want = match std::env::var("CLINK_TRANSPORT").as_deref() {
+            Ok("tcp") => "tcp",
+            _ => "udp",
+        };
+        assert_eq!(ep.transport(parent).unwrap(), want);
         match role {
             "sender" => {
                 // Non-blocking sends, up to 64 outstanding: the receiver takes the tags
@@ -107,9 +112,9 @@ fn child_in_ns1(
     spawn_with(pair.command(1, exe), role, addr, seed, env)
 }
 
-fn receive_all(ep: &mut Endpoint, seed: u64) -> PeerId {
+fn receive_all(ep: &mut Endpoint, seed: u64, transport: &'static str) -> PeerId {
     let peer = ep.accept(Some(T)).unwrap();
-    assert_eq!(ep.transport(peer).unwrap(), "udp");
+    assert_eq!(ep.transport(peer).unwrap(), transport);
     let mut rng = Rng::new(seed);
     let mut buf = vec![0u8; 4 << 20];
     // Receive per tag in order, but the tags round-robin in reverse, so messages of other
@@ -142,10 +147,16 @@ fn receive_all(ep: &mut Endpoint, seed: u64) -> PeerId {
 }
 
 fn random_sizes(faults: &str) {
+    random_sizes_over(faults, "udp");
+}
+
+/// The random-sizes run over `transport` ("udp", or "tcp": the child connects with
+/// `CLINK_TRANSPORT=tcp`).
+fn random_sizes_over(faults: &str, transport: &'static str) {
     let Some(pair) = pair_or_skip() else { return };
     let seed = seed(41);
     let (addr, h) = in_ns0(&pair, move |mut ep| {
-        receive_all(&mut ep, seed);
+        receive_all(&mut ep, seed, transport);
         // The child closes after our "done": wait for its goodbye (bounded).
         let r = ep.irecv(Selector::any(), vec![0u8; 8]).unwrap();
         let _ = ep.wait_recv(&r, Some(T));
@@ -155,11 +166,33 @@ fn random_sizes(faults: &str) {
     if !faults.is_empty() {
         env.push(("CLINK_FAULTS", faults));
     }
+    if transport == "tcp" {
+        env.push(("CLINK_TRANSPORT", "tcp"));
+    }
     let mut child = child_in_ns1(&pair, "sender", &addr, seed, &env);
     let stats = h.join().expect("receiver thread");
     child.expect_success(T);
     println!("receiver stats: {stats:?}");
-    assert!(stats.datagrams_received > MSGS);
+    if transport == "tcp" {
+        assert!(
+            stats.stream_reads > 0 && stats.datagrams_received == 0,
+            "{stats:?}"
+        );
+        // Rendezvous payloads landed in place, by speculation or straight after their
+        // header, not through the receive buffer.
+        assert!(stats.spec_hits > 0, "{stats:?}");
+        assert!(
+            stats.cleanup_bytes * 10 < stats.spec_hit_bytes + stats.stream_direct_bytes,
+            "{stats:?}"
+        );
+    } else {
+        assert!(stats.datagrams_received > MSGS);
+    }
+}
+
+#[test]
+fn random_sizes_with_checksums_across_namespaces_over_tcp() {
+    random_sizes_over("", "tcp");
 }
 
 #[test]

@@ -1,9 +1,11 @@
 //! A peer's frame link, over whichever transport reaches it: the one contract the
 //! endpoint's protocol needs (send a frame or report full, peek the next received frame,
-//! release it), dispatched to the shared-memory ring or the UDP connection.
+//! release it), dispatched to the shared-memory ring, the UDP connection or the TCP
+//! connection.
 
 use crate::transport::shm::ring::{Record, RingError};
 use crate::transport::shm::ShmPeer;
+use crate::transport::tcp::TcpLink;
 use crate::transport::udp::UdpLink;
 use clink_proto::wire::Frame;
 
@@ -12,9 +14,52 @@ pub(crate) enum Link {
     Shm(ShmPeer),
     /// Boxed: a reliable connection is far larger than a ring pair's handle.
     Udp(Box<UdpLink>),
+    /// Boxed, as UDP.
+    Tcp(Box<TcpLink>),
 }
 
-/// A received frame not yet released: a ring record, or the head of a UDP link's queue.
+/// A link over which a rendezvous is a bulk transfer the link moves itself: the sender's
+/// buffer is read in place, the receiver's posted buffer is written in place, and the
+/// link reports completions (UDP: `Bulk::done_in/out`; TCP: `TcpLink::done_in/out`).
+pub(crate) trait BulkLink {
+    /// Starts sending `len` bytes at `ptr` as transfer `xfer`; false when the link is dead.
+    ///
+    /// # Safety
+    /// The bytes must stay valid and unchanged until the link reports the transfer done or
+    /// forgets its transfers (peer failure).
+    unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool;
+    /// Expects transfer `xfer` of `total` bytes into `ptr` (`cap` bytes).
+    ///
+    /// # Safety
+    /// The buffer must stay valid and otherwise unused until the link reports the transfer
+    /// done or forgets its transfers (peer failure).
+    unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64);
+}
+
+impl BulkLink for UdpLink {
+    unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { UdpLink::send_bulk(self, xfer, ptr, len) }
+    }
+    unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+        // SAFETY: forwarded contract.
+        unsafe { UdpLink::expect_bulk(self, xfer, total, ptr, cap) }
+    }
+}
+
+impl BulkLink for TcpLink {
+    unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { TcpLink::send_bulk(self, xfer, ptr, len) }
+    }
+    unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+        // SAFETY: forwarded contract.
+        unsafe { TcpLink::expect_bulk(self, xfer, total, ptr, cap) }
+    }
+}
+
+/// A received frame not yet released: a ring record, or the head of a network link's
+/// queue.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Rx {
     Ring(Record),
@@ -27,6 +72,7 @@ impl Link {
         match self {
             Link::Shm(_) => "shm",
             Link::Udp(_) => "udp",
+            Link::Tcp(_) => "tcp",
         }
     }
 
@@ -34,7 +80,7 @@ impl Link {
     pub fn shm(&self) -> Option<&ShmPeer> {
         match self {
             Link::Shm(s) => Some(s),
-            Link::Udp(_) => None,
+            _ => None,
         }
     }
 
@@ -42,15 +88,16 @@ impl Link {
     pub fn shm_mut(&mut self) -> Option<&mut ShmPeer> {
         match self {
             Link::Shm(s) => Some(s),
-            Link::Udp(_) => None,
+            _ => None,
         }
     }
 
-    /// The UDP link, when a rendezvous over it is a bulk transfer (reliable mode; the
-    /// unreliable mode refuses rendezvous messages altogether).
-    pub fn bulk(&mut self) -> Option<&mut UdpLink> {
+    /// The link, when a rendezvous over it is a bulk transfer: UDP in reliable mode (the
+    /// unreliable mode refuses rendezvous messages altogether) and TCP.
+    pub fn bulk(&mut self) -> Option<&mut dyn BulkLink> {
         match self {
-            Link::Udp(u) if u.conn.config().reliable => Some(u),
+            Link::Udp(u) if u.conn.config().reliable => Some(&mut **u),
+            Link::Tcp(t) => Some(&mut **t),
             _ => None,
         }
     }
@@ -70,6 +117,7 @@ impl Link {
         match self {
             Link::Shm(s) => s.try_send(f),
             Link::Udp(u) => u.try_send(f),
+            Link::Tcp(t) => t.try_send(f),
         }
     }
 
@@ -78,6 +126,7 @@ impl Link {
         match self {
             Link::Shm(s) => Ok(s.rx.peek()?.map(Rx::Ring)),
             Link::Udp(u) => Ok(u.peek().map(|_| Rx::Net)),
+            Link::Tcp(t) => Ok(t.peek().map(|_| Rx::Net)),
         }
     }
 
@@ -86,6 +135,7 @@ impl Link {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record(r),
             (Link::Udp(u), Rx::Net) => u.peek().unwrap_or(&[]),
+            (Link::Tcp(t), Rx::Net) => t.peek().unwrap_or(&[]),
             _ => &[],
         }
     }
@@ -99,6 +149,10 @@ impl Link {
                 u.release();
                 false
             }
+            (Link::Tcp(t), Rx::Net) => {
+                t.release();
+                false
+            }
             _ => false,
         }
     }
@@ -107,11 +161,11 @@ impl Link {
     pub fn publish(&mut self) -> bool {
         match self {
             Link::Shm(s) => s.rx.publish(),
-            Link::Udp(_) => false,
+            Link::Udp(_) | Link::Tcp(_) => false,
         }
     }
 
-    /// Rings the peer's doorbell (shared memory only; a UDP peer reads its socket).
+    /// Rings the peer's doorbell (shared memory only; a network peer reads its socket).
     pub fn wake(&self) {
         if let Link::Shm(s) = self {
             s.wake();

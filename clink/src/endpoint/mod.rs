@@ -25,6 +25,7 @@ use crate::sys::{self, Epoll, SeqPacket};
 use crate::transport::shm::board::Board;
 use crate::transport::shm::ring::RingMem;
 use crate::transport::shm::{Local, ShmPeer};
+use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
 use clink_proto::addr::Address;
@@ -42,6 +43,7 @@ mod link;
 mod net;
 mod ready;
 mod rma;
+mod tcp;
 
 const TOK_DOORBELL: u64 = 0;
 const TOK_LISTENER: u64 = 1;
@@ -264,6 +266,8 @@ pub struct Endpoint {
     last_error: Option<String>,
     /// The network transport, when enabled (`CLINK_UDP`).
     net: Option<UdpTransport>,
+    /// The TCP transport, when enabled (`CLINK_TCP`).
+    tcp: Option<TcpTransport>,
     /// Sends nobody waits for (committed network claims): removed once complete.
     detached: Vec<u64>,
     /// Apertures, exports, tripwires and one-sided requests.
@@ -309,6 +313,16 @@ impl Endpoint {
             }
             None => None,
         };
+        let tcp = match &ctx.config.tcp {
+            Some(cfg) => {
+                let t = TcpTransport::new(cfg.clone(), id)?;
+                epoll
+                    .add(t.listener_fd(), tcp::TOK_TCP_LISTENER)
+                    .map_err(io_err("epoll_ctl TCP listener"))?;
+                Some(t)
+            }
+            None => None,
+        };
         Ok(Endpoint {
             ctx,
             id,
@@ -330,6 +344,7 @@ impl Endpoint {
             events: Vec::with_capacity(32),
             last_error: None,
             net,
+            tcp,
             detached: Vec::new(),
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
@@ -346,6 +361,7 @@ impl Endpoint {
             id: self.id,
             shm: Some(self.sock_name.clone()),
             udp: self.net.as_ref().map(UdpTransport::advertised),
+            tcp: self.tcp.as_ref().map(TcpTransport::advertised),
         }
         .to_string()
     }
@@ -354,6 +370,7 @@ impl Endpoint {
     pub fn stats(&self) -> Stats {
         let mut s = self.stats;
         self.add_net_stats(&mut s);
+        self.add_tcp_stats(&mut s);
         s
     }
 
@@ -380,7 +397,10 @@ impl Endpoint {
     }
 
     /// Connects to the endpoint at `addr` (a string from its [`Endpoint::address`]).
-    /// Shared memory is used when the address is on this host and network namespace.
+    /// Shared memory is used when the address is on this host and network namespace
+    /// (unless `CLINK_TRANSPORT` says otherwise); else UDP, or TCP when configured
+    /// (`CLINK_TRANSPORT=tcp`), when the peer offers only TCP, or when this endpoint's
+    /// UDP is off.
     pub fn connect(&mut self, addr: &str) -> Result<PeerId> {
         self.check_fork()?;
         let a = Address::parse(addr)?;
@@ -391,17 +411,21 @@ impl Endpoint {
         if a.id == self.id {
             return Err(fail("that is this endpoint itself"));
         }
-        let name = match (a.shm.as_deref(), a.udp) {
-            (Some(name), _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
-            (_, Some(dest)) => return self.connect_udp(addr, dest, a.id),
-            (Some(_), None) => {
+        let tcp_first = self.tcp.is_some()
+            && (self.ctx.config.prefer_tcp || a.udp.is_none() || self.net.is_none());
+        let name = match (a.shm.as_deref(), a.udp, a.tcp) {
+            (Some(name), _, _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
+            (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id),
+            (_, Some(dest), _) => return self.connect_udp(addr, dest, a.id),
+            (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id),
+            (Some(_), None, None) => {
                 return Err(fail(
-                    "the endpoint is on another host or network namespace and offers no network transport (udp)",
+                    "the endpoint is on another host or network namespace and offers no network transport (udp, tcp)",
                 ))
             }
-            (None, None) => {
+            (None, None, None) => {
                 return Err(fail(
-                    "the address offers no transport this build supports (shm, udp)",
+                    "the address offers no transport this build supports (shm, udp, tcp)",
                 ))
             }
         };
@@ -459,7 +483,9 @@ impl Endpoint {
                 }
                 net::eager_threshold(&self.ctx)
             }
+            Link::Tcp(_) => net::eager_threshold(&self.ctx),
         };
+        let tcp = matches!(link, Link::Tcp(_));
         self.peers.push(Peer {
             link,
             alive: true,
@@ -475,6 +501,12 @@ impl Endpoint {
             unacked: false,
             listed: false,
         });
+        if tcp {
+            if let Err(e) = self.tcp_added(id.0 as usize) {
+                self.peers.pop();
+                return Err(e);
+            }
+        }
         self.ready_add(id.0 as usize);
         self.stats.peers_connected += 1;
         self.evq.push(events::PEERS, Event::PeerConnected(id));
@@ -510,7 +542,7 @@ impl Endpoint {
         Ok(self.peer(peer)?.eager_max)
     }
 
-    /// The transport that reaches `peer`: `"shm"` or `"udp"`.
+    /// The transport that reaches `peer`: `"shm"`, `"udp"` or `"tcp"`.
     pub fn transport(&self, peer: PeerId) -> Result<&'static str> {
         Ok(self.peer(peer)?.link.transport())
     }
@@ -920,7 +952,7 @@ impl Endpoint {
                 Link::Shm(s) => pipeline_chunk(&self.ctx, st.len, s.tx.mem().cap()),
                 // (Not reached over UDP, where a rendezvous is a bulk transfer; bounded
                 // like an eager frame all the same.)
-                Link::Udp(_) => net::eager_threshold(&self.ctx),
+                Link::Udp(_) | Link::Tcp(_) => net::eager_threshold(&self.ctx),
             }
             .min(st.len - st.next);
             let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
@@ -1387,7 +1419,7 @@ impl Endpoint {
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
         let mut pass = ready::Pass {
-            did: self.net_receive(false),
+            did: self.net_receive(false) | self.tcp_receive(),
             ..Default::default()
         };
         if self.ready.on {
@@ -1408,6 +1440,7 @@ impl Endpoint {
             did |= self.run_engine();
         }
         self.net_transmit();
+        self.tcp_transmit();
         if !self.watched.is_empty() {
             self.report_done();
         }
@@ -1698,9 +1731,14 @@ impl Endpoint {
                 TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
                 TOK_UDP => did |= self.net_receive(true),
+                tcp::TOK_TCP_LISTENER | tcp::TOK_TCP_INCOMING => did |= self.tcp_accept(),
                 t => {
                     let i = (t - TOK_PEER0) as usize;
                     if i >= self.peers.len() || !self.peers[i].alive {
+                        continue;
+                    }
+                    if matches!(self.peers[i].link, Link::Tcp(_)) {
+                        did |= self.tcp_event(i);
                         continue;
                     }
                     let p = &mut self.peers[i];
@@ -1741,7 +1779,7 @@ impl Endpoint {
         self.incoming = incoming;
         let did = !accepted.is_empty();
         self.adopt(accepted, refused);
-        did
+        did | self.tcp_accept()
     }
 
     /// Queues a message-arrival event for the frame at the head of peer `i`'s queue, once.
@@ -1779,6 +1817,7 @@ impl Endpoint {
                     net.unroute(u);
                 }
             }
+            Link::Tcp(_) => self.tcp_removed(i),
         }
         self.fail_peer_ops(i);
     }
@@ -1860,6 +1899,9 @@ impl Endpoint {
                 // wake-up path is signalled).
                 let mut t = left.map_or(Duration::from_secs(1), |l| l.min(Duration::from_secs(1)));
                 if let Some(n) = self.net_timer() {
+                    t = t.min(n);
+                }
+                if let Some(n) = self.tcp_timer() {
                     t = t.min(n);
                 }
                 self.check_events(Some(t));
@@ -1963,6 +2005,7 @@ impl Endpoint {
         }
         // Over the network, the goodbye must be delivered before the links go quiet.
         self.net_linger();
+        self.tcp_linger();
         for i in 0..self.peers.len() {
             if self.peers[i].alive {
                 self.peers[i].closing = true;

@@ -117,7 +117,8 @@ impl Endpoint {
     }
 
     /// Whether this endpoint's bulk transfers to `peer` go fast now (granted by its
-    /// admission control, or admission control off); false for a shared-memory peer.
+    /// admission control, or admission control off); false for a shared-memory or TCP
+    /// peer.
     pub fn is_fast(&self, peer: PeerId) -> Result<bool> {
         Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn.is_fast()))
     }
@@ -126,8 +127,10 @@ impl Endpoint {
         match &self.peer(peer)?.link {
             _ if !self.peer(peer)?.alive => Err(Error::PeerDead(peer)),
             Link::Udp(_) => Ok(peer.0 as usize),
-            Link::Shm(_) => Err(Error::Invalid(format!(
-                "{peer} is reached over shared memory: admission control is for network peers"
+            l => Err(Error::Invalid(format!(
+                "{peer} is reached over {}: admission control is for UDP peers (a TCP stream \
+                 or a shared-memory ring has no speculation for another stream to disturb)",
+                l.transport()
             ))),
         }
     }
@@ -135,6 +138,9 @@ impl Endpoint {
     /// Sends what peer `i`'s link has queued, at once (a UDP link; nothing to do for
     /// shared memory, whose frames are in the peer's ring already).
     pub(super) fn kick(&mut self, i: usize) {
+        if matches!(self.peers.get(i).map(|p| &p.link), Some(Link::Tcp(_))) {
+            return self.tcp_kick(i);
+        }
         let (Some(net), Some(p)) = (self.net.as_mut(), self.peers.get_mut(i)) else {
             return;
         };
@@ -185,7 +191,7 @@ impl Endpoint {
                         .arm(conn, group, RX_ENTRIES)
                         .map(|a| ((i, g), src, a))
                 }
-                Link::Shm(_) => None,
+                _ => None,
             });
             net.set_arm(key, arm);
         }
@@ -216,7 +222,7 @@ impl Endpoint {
                     .filter(|(_, p)| p.alive)
                     .filter_map(|(i, p)| match &mut p.link {
                         Link::Udp(u) => Some((i, &mut **u)),
-                        Link::Shm(_) => None,
+                        _ => None,
                     }),
             );
         }
@@ -309,7 +315,7 @@ impl Endpoint {
             .filter(|p| p.alive)
             .filter_map(|p| match &p.link {
                 Link::Udp(u) => u.conn.poll_timeout(),
-                Link::Shm(_) => None,
+                _ => None,
             })
             .chain(net.next_fault_release())
             .chain(net.admit_timeout())

@@ -325,6 +325,7 @@ impl Endpoint {
         let owner = match &p.link {
             super::Link::Shm(s) => s.id,
             super::Link::Udp(u) => u.remote_id,
+            super::Link::Tcp(t) => t.remote_id,
         };
         if owner != cookie.owner {
             return Err(Error::Invalid(format!(

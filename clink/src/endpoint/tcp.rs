@@ -1,0 +1,378 @@
+//! The endpoint's side of the TCP transport: connecting, accepting (hello / welcome),
+//! reading and writing every TCP link once per progress pass, completing rendezvous
+//! transfers the links finished, and failing peers whose connection ended.
+
+use super::link::Link;
+use super::{receive_result, Endpoint, RecvState, SendState, TOK_PEER0};
+use crate::error::{Error, Result};
+use crate::transport::tcp::{LinkError, TcpTransport};
+use clink_proto::PeerId;
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+/// Epoll token of the TCP listening socket.
+pub(super) const TOK_TCP_LISTENER: u64 = u64::MAX - 1;
+/// Epoll token of accepted TCP connections waiting for their hello.
+pub(super) const TOK_TCP_INCOMING: u64 = u64::MAX - 2;
+/// Longest `close` waits for the TCP send queues to drain.
+const LINGER: Duration = Duration::from_millis(200);
+
+impl Endpoint {
+    /// Connects over TCP to the endpoint `id` at `dest`: connect (bounded by the connect
+    /// timeout), hello, then progress everything else until the welcome arrives.
+    pub(super) fn connect_tcp(
+        &mut self,
+        addr: &str,
+        dest: SocketAddrV4,
+        id: u128,
+    ) -> Result<PeerId> {
+        let fail = |why: String| Error::Connect {
+            addr: addr.to_string(),
+            why,
+        };
+        let timeout = self.ctx.config.connect_timeout;
+        let tcp = self.tcp.as_ref().ok_or_else(|| {
+            fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into())
+        })?;
+        let deadline = Instant::now() + timeout;
+        let mut link = tcp
+            .connect(dest, id, timeout)
+            .map_err(|e| fail(format!("TCP connect to {dest}: {e}")))?;
+        loop {
+            let r = link.write().and_then(|_| link.receive());
+            // A refusal is followed by the end of the stream, often in the same read: the
+            // welcome's reason comes first.
+            match (TcpTransport::welcomed(&link), r) {
+                (Some(Ok(())), _) => {
+                    // (A stream that ended right after the welcome fails the new peer at
+                    // its first read.)
+                    let id = self.add_peer(Link::Tcp(Box::new(link)))?;
+                    // Frames that came with the welcome are waiting in the link.
+                    self.mark_busy(id.0 as usize);
+                    return Ok(id);
+                }
+                (Some(Err(why)), _) => return Err(fail(why)),
+                (None, Err(e)) => return Err(fail(format!("TCP handshake with {dest}: {e}"))),
+                (None, Ok(_)) => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(fail(format!(
+                    "no welcome from {dest} within {timeout:?} (no clink endpoint listens there, or it is not progressing)"
+                )));
+            }
+            // Serve everything else meanwhile (mutual connects must not deadlock).
+            self.progress();
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Accepts TCP connections and reads the hellos of those being set up; welcomed ones
+    /// become peers. True when a peer was added.
+    pub(super) fn tcp_accept(&mut self) -> bool {
+        let Some(tcp) = self.tcp.as_mut() else {
+            return false;
+        };
+        for fd in tcp.accept_new() {
+            if let Err(e) = self.epoll.add(fd, TOK_TCP_INCOMING) {
+                tracing::warn!("epoll_ctl TCP connection: {e}");
+            }
+        }
+        if !tcp.handshaking() {
+            return false;
+        }
+        let hs = tcp.poll_incoming(self.ctx.config.connect_timeout);
+        for why in hs.dropped {
+            self.stats.handshakes_refused += 1;
+            self.last_error = Some(why);
+        }
+        let mut did = false;
+        for link in hs.accepted {
+            match self.add_peer(Link::Tcp(Box::new(link))) {
+                Ok(id) => {
+                    self.new_peers.push_back(id);
+                    self.mark_busy(id.0 as usize);
+                    did = true;
+                }
+                Err(e) => self.last_error = Some(e.to_string()),
+            }
+        }
+        did
+    }
+
+    /// One progress pass over the TCP transport: handshakes under way, then every TCP
+    /// link's socket read (frames queued, rendezvous payloads placed), finished transfers
+    /// completed, dead links failed. True when anything arrived.
+    pub(super) fn tcp_receive(&mut self) -> bool {
+        let Some(tcp) = self.tcp.as_ref() else {
+            return false;
+        };
+        let mut did = false;
+        if tcp.handshaking() {
+            did |= self.tcp_accept();
+        }
+        let mut k = 0;
+        while let Some(i) = self.tcp_peer(k) {
+            did |= self.tcp_read(i);
+            k = self.tcp_next(k, i);
+        }
+        if self.tcp_peer(0).is_some() {
+            self.tcp_liveness();
+        }
+        did
+    }
+
+    /// Keepalives on idle connections; peers silent for the liveness timeout are declared
+    /// dead (a process that stopped without its kernel closing the connection: hung,
+    /// stopped, or behind a network that is gone).
+    fn tcp_liveness(&mut self) {
+        let Some((dead_after, keepalive)) = self.tcp.as_ref().map(TcpTransport::liveness) else {
+            return;
+        };
+        let now = Instant::now();
+        let mut k = 0;
+        while let Some(i) = self.tcp_peer(k) {
+            let dead = match &mut self.peers[i].link {
+                Link::Tcp(t) => t.tick(now, keepalive, dead_after),
+                _ => false,
+            };
+            if dead {
+                self.fail_peer(
+                    i,
+                    format!(
+                        "{} sent nothing over TCP for {dead_after:?}: declared dead",
+                        PeerId(i as u32)
+                    ),
+                );
+            }
+            k = self.tcp_next(k, i);
+        }
+    }
+
+    /// How long a sleeping endpoint may wait before a TCP keepalive or liveness deadline
+    /// needs it.
+    pub(super) fn tcp_timer(&self) -> Option<Duration> {
+        let (dead_after, keepalive) = self.tcp.as_ref()?.liveness();
+        let next = self
+            .tcp
+            .as_ref()?
+            .peers
+            .iter()
+            .filter_map(|&i| match &self.peers[i].link {
+                Link::Tcp(t) => Some(t.next_tick(keepalive, dead_after)),
+                _ => None,
+            })
+            .min()?;
+        Some(next.saturating_duration_since(Instant::now()))
+    }
+
+    /// The `k`th peer on the TCP transport's list.
+    fn tcp_peer(&self, k: usize) -> Option<usize> {
+        self.tcp.as_ref().and_then(|t| t.peers.get(k).copied())
+    }
+
+    /// The list position after visiting peer `i` at `k` (a peer that failed meanwhile left
+    /// the list, so its successor is at `k` now).
+    fn tcp_next(&self, k: usize, i: usize) -> usize {
+        if self.tcp_peer(k) == Some(i) {
+            k + 1
+        } else {
+            k
+        }
+    }
+
+    /// Reads peer `i`'s connection; fails the peer when it ended or sent garbage.
+    fn tcp_read(&mut self, i: usize) -> bool {
+        let p = &mut self.peers[i];
+        let Link::Tcp(t) = &mut p.link else {
+            return false;
+        };
+        if !p.alive {
+            return false;
+        }
+        let r = match t.write_failed.take() {
+            Some(e) => Err(e),
+            None => t.receive(),
+        };
+        let did = matches!(r, Ok(true));
+        self.tcp_finish(i);
+        if did {
+            self.mark_busy(i);
+        }
+        if let Err(e) = r {
+            self.tcp_failed(i, e);
+            return true;
+        }
+        did
+    }
+
+    /// Fails peer `i` after its link reported `e`; frames it delivered before are handled
+    /// first (its eager messages still arrive).
+    fn tcp_failed(&mut self, i: usize, e: LinkError) {
+        let peer = PeerId(i as u32);
+        if let LinkError::Malformed(m) = &e {
+            self.stats.protocol_errors += 1;
+            self.stats.malformed_dropped += 1;
+            let err = Error::Proto {
+                peer,
+                source: m.clone(),
+            };
+            self.fail_peer(i, err.to_string());
+            return;
+        }
+        self.drain(i, true);
+        if self.peers[i].alive {
+            self.fail_peer(i, format!("{peer} {e}"));
+        }
+    }
+
+    /// Writes every TCP link's queue (one batch of gathering writes per link per pass) and keeps
+    /// epoll's interest in writability in step with what is left.
+    pub(super) fn tcp_transmit(&mut self) {
+        let mut k = 0;
+        while let Some(i) = self.tcp_peer(k) {
+            self.tcp_write(i);
+            k = self.tcp_next(k, i);
+        }
+    }
+
+    /// Writes peer `i`'s queue now (after a send: no need to wait for the pass's end).
+    pub(super) fn tcp_kick(&mut self, i: usize) {
+        self.tcp_write(i);
+    }
+
+    fn tcp_write(&mut self, i: usize) {
+        let p = &mut self.peers[i];
+        let Link::Tcp(t) = &mut p.link else { return };
+        if !p.alive || !t.wants_write() {
+            if t.out_armed && p.alive {
+                t.out_armed = false;
+                let _ = self.epoll.modify(t.fd(), TOK_PEER0 + i as u64, false);
+            }
+            return;
+        }
+        let r = t.write();
+        // Asleep, wake when the socket takes more (level-triggered).
+        let want = t.wants_write();
+        if want != t.out_armed {
+            t.out_armed = want;
+            if let Err(e) = self.epoll.modify(t.fd(), TOK_PEER0 + i as u64, want) {
+                tracing::warn!("epoll_ctl TCP connection: {e}");
+            }
+        }
+        if let Err(e) = r {
+            // Failed at the next read (see `TcpLink::write_failed`), which comes at once:
+            // the hang-up makes the socket readable.
+            t.write_failed = Some(e);
+        }
+        self.tcp_finish(i);
+    }
+
+    /// Epoll reported peer `i`'s socket (readable, writable or hung up).
+    pub(super) fn tcp_event(&mut self, i: usize) -> bool {
+        let did = self.tcp_read(i);
+        self.tcp_write(i);
+        did
+    }
+
+    /// Completes the rendezvous sends and receives whose transfers peer `i`'s link
+    /// finished.
+    fn tcp_finish(&mut self, i: usize) {
+        let Link::Tcp(t) = &mut self.peers[i].link else {
+            return;
+        };
+        if t.done_in.is_empty() && t.done_out.is_empty() {
+            return;
+        }
+        let done_in = std::mem::take(&mut t.done_in);
+        let done_out = std::mem::take(&mut t.done_out);
+        for x in done_out {
+            if let Some(op) = self.sends.get_mut(&x) {
+                if matches!(op.state, SendState::Pipelining) {
+                    op.state = SendState::Done(Ok(()));
+                }
+            }
+        }
+        for x in done_in {
+            let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
+                continue;
+            };
+            let Some(op) = self.recvs.get_mut(&rid) else {
+                continue;
+            };
+            if let RecvState::Pipelining { status, .. } = op.state {
+                let cap = op.buf.slice().len() as u64;
+                op.state = RecvState::Done(receive_result(status, cap));
+            }
+        }
+    }
+
+    /// A peer joins the TCP transport's list (its socket goes in the epoll set under the
+    /// peer's token).
+    pub(super) fn tcp_added(&mut self, i: usize) -> Result<()> {
+        let Link::Tcp(t) = &self.peers[i].link else {
+            return Ok(());
+        };
+        let (fd, tok) = (t.fd(), TOK_PEER0 + i as u64);
+        // An accepted connection is watched already (under the handshake token).
+        if self.epoll.modify(fd, tok, false).is_err() {
+            self.epoll
+                .add(fd, tok)
+                .map_err(crate::error::io_err("epoll_ctl TCP connection"))?;
+        }
+        if let Some(tcp) = self.tcp.as_mut() {
+            tcp.peers.push(i);
+        }
+        Ok(())
+    }
+
+    /// Peer `i` failed or closed: flush what its link can still take, end our side of the
+    /// stream (the peer reads the end), forget its transfers, free its buffers and stop
+    /// watching it.
+    pub(super) fn tcp_removed(&mut self, i: usize) {
+        let Link::Tcp(t) = &mut self.peers[i].link else {
+            return;
+        };
+        let _ = t.write();
+        t.shutdown();
+        t.free();
+        self.epoll.remove(t.fd());
+        if let Some(tcp) = self.tcp.as_mut() {
+            tcp.peers.retain(|&p| p != i);
+        }
+    }
+
+    /// Progresses until every TCP link's send queue is written (bounded by [`LINGER`]).
+    pub(super) fn tcp_linger(&mut self) {
+        let deadline = Instant::now() + LINGER;
+        let pending = |ep: &Endpoint| {
+            ep.peers
+                .iter()
+                .any(|p| p.alive && matches!(&p.link, Link::Tcp(t) if t.wants_write()))
+        };
+        while pending(self) && Instant::now() < deadline {
+            self.progress();
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Adds the TCP transport's counters to `s`.
+    pub(super) fn add_tcp_stats(&self, s: &mut crate::Stats) {
+        if self.tcp.is_none() {
+            return;
+        }
+        for p in &self.peers {
+            if let Link::Tcp(t) = &p.link {
+                let k = t.stats;
+                s.stream_writes += k.writes;
+                s.stream_bytes_sent += k.bytes_sent;
+                s.stream_reads += k.reads;
+                s.stream_bytes_received += k.bytes_received;
+                s.stream_direct_bytes += k.direct_bytes;
+                s.spec_hits += k.spec_hits;
+                s.spec_hit_bytes += k.spec_hit_bytes;
+                s.spec_misses += k.spec_misses;
+                s.cleanup_bytes += k.cleanup_bytes;
+            }
+        }
+    }
+}

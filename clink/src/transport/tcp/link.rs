@@ -1,0 +1,1016 @@
+//! One peer over TCP: the connection's send queue (frames copied once, rendezvous payloads
+//! referenced in place and written with gathering `sendmsg`), its receive buffer, and the
+//! speculative receive of rendezvous payloads straight into the posted buffer.
+
+use clink_proto::stream::{self, Handshake, Header, Incoming, Kind, CHUNK, HEADER, MAX_RECORD};
+use clink_proto::wire::Frame;
+use clink_proto::ProtoError;
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
+use std::net::{Shutdown, SocketAddrV4, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+/// Frame bytes queued (not yet written) beyond which `try_send` reports the link full.
+const TX_BOUND: usize = 4 << 20;
+/// Rendezvous bytes queued ahead of the socket: frames sent meanwhile wait behind at most
+/// this much of a large transfer.
+const TX_WINDOW: usize = 2 << 20;
+/// Frames are coalesced into owned segments of up to this size (fewer vectors per write).
+const OWN_SEG: usize = 64 << 10;
+/// Vectors per gathering write.
+const MAX_IOV: usize = 64;
+/// Receive buffer room after a speculative layout (and the least a plain read asks for).
+const RX_SPARE: usize = 256 << 10;
+/// Receive buffer size: a header, one whole piece, and the spare (see `read_spec`).
+const RX_BUF: usize = HEADER + CHUNK + RX_SPARE;
+/// Received frames held before the link stops reading (the kernel's window then pushes
+/// back on the sender).
+const RXQ_BYTES: usize = 4 << 20;
+/// Payload bytes a speculative read lands at most: a miss (another record where a piece
+/// was predicted) costs at most this much cleanup; on a hit, the rest of the piece is
+/// read directly (one more read per piece).
+const SPEC_FIRST: usize = 8 << 10;
+/// Reads per `receive` call at most (one progress pass).
+const MAX_READS: usize = 16;
+/// Writes per `write` call at most.
+const MAX_WRITES: usize = 16;
+
+/// Why a link stopped working.
+#[derive(Debug)]
+pub enum LinkError {
+    /// The peer closed its end (end of stream).
+    Closed,
+    /// A system call failed (reset, broken pipe, ...).
+    Io(io::Error),
+    /// The peer sent bytes that are not a valid record stream.
+    Malformed(ProtoError),
+}
+
+impl From<ProtoError> for LinkError {
+    fn from(e: ProtoError) -> Self {
+        LinkError::Malformed(e)
+    }
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Closed => write!(f, "closed its TCP connection"),
+            LinkError::Io(e) => write!(f, "TCP connection failed: {e}"),
+            LinkError::Malformed(e) => write!(f, "sent a malformed TCP stream: {e}"),
+        }
+    }
+}
+
+/// Counters of one TCP link.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpStats {
+    /// Gathering writes (`sendmsg`) that wrote something.
+    pub writes: u64,
+    /// Bytes written to the socket.
+    pub bytes_sent: u64,
+    /// `read`/`readv` calls that read something.
+    pub reads: u64,
+    /// Bytes read from the socket.
+    pub bytes_received: u64,
+    /// Speculative reads whose header was exactly the predicted piece.
+    pub spec_hits: u64,
+    /// Payload bytes those reads landed in place.
+    pub spec_hit_bytes: u64,
+    /// Speculative reads that found another record (its bytes moved back in order).
+    pub spec_misses: u64,
+    /// Payload bytes read straight into the posted buffer after their header was seen
+    /// (the rest of a piece: no copy either).
+    pub direct_bytes: u64,
+    /// Bytes copied by cleanup: misplaced bytes moved back out of a destination, and
+    /// payload bytes copied from the receive buffer to their place.
+    pub cleanup_bytes: u64,
+}
+
+/// A queued piece of the outgoing stream.
+enum Seg {
+    /// Encoded records (headers and frames).
+    Own(Vec<u8>),
+    /// Rendezvous payload bytes in the send request's buffer; `done` names the transfer
+    /// this piece completes.
+    Ext {
+        ptr: *const u8,
+        len: usize,
+        done: Option<u64>,
+    },
+}
+
+impl Seg {
+    fn len(&self) -> usize {
+        match self {
+            Seg::Own(v) => v.len(),
+            Seg::Ext { len, .. } => *len,
+        }
+    }
+}
+
+/// A rendezvous send not yet entirely queued.
+struct Source {
+    xfer: u64,
+    ptr: *const u8,
+    len: usize,
+    next: usize,
+}
+
+/// A posted receive buffer of an incoming transfer.
+#[derive(Clone, Copy)]
+struct Dest {
+    ptr: *mut u8,
+    cap: usize,
+}
+
+/// The data record whose payload is being received.
+#[derive(Clone, Copy)]
+struct Cur {
+    xfer: u64,
+    /// Offset in the transfer of the next payload byte.
+    at: u64,
+    /// Payload bytes of the record still to come.
+    left: usize,
+    /// The record is the transfer's last.
+    last: bool,
+}
+
+/// One peer's TCP connection (see the module docs of [`super`]).
+///
+/// `Send`, not `Sync`: it holds raw pointers into request buffers the endpoint owns (see
+/// [`TcpLink::send_bulk`], [`TcpLink::expect_bulk`]).
+pub struct TcpLink {
+    sock: TcpStream,
+    /// The peer's endpoint id (from the handshake).
+    pub remote_id: u128,
+    /// The peer's socket address.
+    pub peer_addr: Option<SocketAddrV4>,
+    tx: VecDeque<Seg>,
+    /// Bytes of the front segment already written.
+    tx_off: usize,
+    /// Unwritten bytes queued, and how many of them are owned (frames, headers).
+    tx_queued: usize,
+    tx_owned: usize,
+    out: VecDeque<Source>,
+    /// Rendezvous sends whose every byte the kernel has taken (the send is complete).
+    pub done_out: Vec<u64>,
+    rx: Vec<u8>,
+    start: usize,
+    end: usize,
+    frames: VecDeque<Vec<u8>>,
+    frames_bytes: usize,
+    cur: Option<Cur>,
+    incoming: Incoming,
+    dests: HashMap<u64, Dest>,
+    /// Incoming transfers whose every byte is at its place (the receive is complete).
+    pub done_in: Vec<u64>,
+    hdr: [u8; HEADER],
+    speculate: bool,
+    /// The handshake record received (a hello on the accepting side, a welcome on the
+    /// connecting side); frames are refused before it and handshakes after it.
+    pub handshake: Option<(Kind, Handshake)>,
+    /// Counters.
+    pub stats: TcpStats,
+    /// The endpoint watches the socket for writability too (set by the endpoint).
+    pub out_armed: bool,
+    /// A write failed: the link is dead; the endpoint fails the peer at its next read
+    /// (a write can happen inside the handling of a frame, where failing the peer at once
+    /// would handle the frames again).
+    pub write_failed: Option<LinkError>,
+    /// Bytes were read / written since the last [`TcpLink::tick`].
+    rx_seen: bool,
+    tx_done: bool,
+    /// When bytes were last read from the peer / written to it (as of the last tick).
+    last_rx: Instant,
+    last_tx: Instant,
+}
+
+// SAFETY: the raw pointers point into request buffers owned by the endpoint that owns
+// this link, valid while the transfers are registered; nothing is tied to a thread.
+unsafe impl Send for TcpLink {}
+
+impl TcpLink {
+    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`.
+    pub fn new(sock: TcpStream, speculate: bool) -> io::Result<TcpLink> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let peer_addr = match sock.peer_addr() {
+            Ok(std::net::SocketAddr::V4(a)) => Some(a),
+            _ => None,
+        };
+        Ok(TcpLink {
+            sock,
+            remote_id: 0,
+            peer_addr,
+            tx: VecDeque::new(),
+            tx_off: 0,
+            tx_queued: 0,
+            tx_owned: 0,
+            out: VecDeque::new(),
+            done_out: Vec::new(),
+            rx: vec![0; RX_BUF],
+            start: 0,
+            end: 0,
+            frames: VecDeque::new(),
+            frames_bytes: 0,
+            cur: None,
+            incoming: Incoming::default(),
+            dests: HashMap::new(),
+            done_in: Vec::new(),
+            hdr: [0; HEADER],
+            speculate,
+            handshake: None,
+            stats: TcpStats::default(),
+            out_armed: false,
+            write_failed: None,
+            rx_seen: false,
+            tx_done: false,
+            last_rx: Instant::now(),
+            last_tx: Instant::now(),
+        })
+    }
+
+    /// The socket's file descriptor (for epoll).
+    pub fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Queues raw record bytes (the handshake).
+    pub fn queue_record(&mut self, bytes: &[u8]) {
+        self.push_own(bytes.len(), |b| b.copy_from_slice(bytes));
+    }
+
+    fn push_own(&mut self, n: usize, fill: impl FnOnce(&mut [u8])) {
+        let v = match self.tx.back_mut() {
+            Some(Seg::Own(v)) if v.len() + n <= OWN_SEG => v,
+            _ => {
+                self.tx
+                    .push_back(Seg::Own(Vec::with_capacity(n.clamp(4096, OWN_SEG))));
+                match self.tx.back_mut() {
+                    Some(Seg::Own(v)) => v,
+                    _ => unreachable!("just pushed"),
+                }
+            }
+        };
+        let at = v.len();
+        v.resize(at + n, 0);
+        fill(&mut v[at..]);
+        self.tx_queued += n;
+        self.tx_owned += n;
+    }
+
+    /// Queues one frame (copied once, into the send queue); false when the queue is over
+    /// its bound (retry after progress).
+    pub fn try_send(&mut self, f: &Frame) -> bool {
+        let n = f.encoded_len();
+        if self.tx_owned > 0 && self.tx_owned + n > TX_BOUND {
+            return false;
+        }
+        self.push_own(HEADER + n, |b| {
+            b[..HEADER].copy_from_slice(&Header::frame(n).encode());
+            f.encode(&mut b[HEADER..]);
+        });
+        true
+    }
+
+    /// Starts sending `len` bytes at `ptr` as transfer `xfer` (the receiver's clear to
+    /// send named it): data records of [`CHUNK`] bytes written straight from the buffer.
+    /// The transfer is reported in [`TcpLink::done_out`] once the kernel has every byte.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay valid and unchanged until the transfer is reported done
+    /// or [`TcpLink::clear_bulk`] is called.
+    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+        self.out.push_back(Source {
+            xfer,
+            ptr,
+            len,
+            next: 0,
+        });
+        true
+    }
+
+    /// Expects transfer `xfer` of `total` bytes into `ptr` (`cap` bytes; bytes beyond it
+    /// are read and dropped). Reported in [`TcpLink::done_in`] when complete.
+    ///
+    /// # Safety
+    /// `ptr..ptr + cap` must stay valid, and not be used by anything else, until the
+    /// transfer is reported done or [`TcpLink::clear_bulk`] is called.
+    pub unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+        self.incoming.expect(xfer, total);
+        self.dests.insert(
+            xfer,
+            Dest {
+                ptr,
+                cap: cap.min(total) as usize,
+            },
+        );
+    }
+
+    /// Forgets every transfer: no pointer into a request buffer survives (the peer failed).
+    pub fn clear_bulk(&mut self) {
+        self.out.clear();
+        self.tx.retain(|s| matches!(s, Seg::Own(_)));
+        self.tx_off = 0;
+        self.tx_queued = self.tx_owned;
+        self.incoming.clear();
+        self.dests.clear();
+        self.cur = None;
+    }
+
+    /// The oldest received frame not yet released.
+    pub fn peek(&self) -> Option<&[u8]> {
+        self.frames.front().map(Vec::as_slice)
+    }
+
+    /// Releases the frame returned by [`TcpLink::peek`].
+    pub fn release(&mut self) {
+        if let Some(v) = self.frames.pop_front() {
+            self.frames_bytes -= v.len();
+        }
+    }
+
+    /// Liveness, once per progress pass: queues a keepalive when nothing was written for
+    /// `keepalive`, and returns true when the peer sent nothing for `dead_after` (it
+    /// stopped: exited without a trace, hung, or its network is gone). A link that stopped
+    /// reading because its own frame queue is full does not count the peer as silent.
+    pub fn tick(&mut self, now: Instant, keepalive: Duration, dead_after: Duration) -> bool {
+        if std::mem::take(&mut self.rx_seen) || self.frames_bytes >= RXQ_BYTES {
+            self.last_rx = now;
+        }
+        if std::mem::take(&mut self.tx_done) || self.wants_write() {
+            self.last_tx = now;
+        } else if now.saturating_duration_since(self.last_tx) >= keepalive {
+            self.queue_record(&Header::keepalive().encode());
+            self.last_tx = now;
+        }
+        now.saturating_duration_since(self.last_rx) >= dead_after
+    }
+
+    /// When [`TcpLink::tick`] next has something to do (a keepalive or the liveness
+    /// deadline).
+    pub fn next_tick(&self, keepalive: Duration, dead_after: Duration) -> Instant {
+        (self.last_tx + keepalive).min(self.last_rx + dead_after)
+    }
+
+    /// True while something waits to be written.
+    pub fn wants_write(&self) -> bool {
+        !self.tx.is_empty() || !self.out.is_empty()
+    }
+
+    /// Frees the buffers of a link whose peer is gone (peers are never removed from the
+    /// endpoint, so a dead link should not keep its megabyte of receive buffer). Received
+    /// frames are kept: the endpoint may be handling the one at the head (a `Close`).
+    pub fn free(&mut self) {
+        self.clear_bulk();
+        self.tx.clear();
+        self.tx_off = 0;
+        self.tx_queued = 0;
+        self.tx_owned = 0;
+        self.rx = Vec::new();
+        self.start = 0;
+        self.end = 0;
+    }
+
+    /// Closes our sending side after what was written (the peer reads the end of stream).
+    pub fn shutdown(&self) {
+        let _ = self.sock.shutdown(Shutdown::Write);
+    }
+
+    /// Cuts queued rendezvous sends into data records while the queue is short.
+    fn fill_tx(&mut self) {
+        while self.tx_queued < TX_WINDOW {
+            let Some(s) = self.out.front_mut() else { break };
+            let n = (s.len - s.next).min(CHUNK);
+            let (xfer, off) = (s.xfer, s.next);
+            let last = off + n == s.len;
+            // SAFETY: `off + n <= len`: inside the source (send_bulk's contract).
+            let ptr = unsafe { s.ptr.add(off) };
+            s.next += n;
+            if last {
+                self.out.pop_front();
+            }
+            self.push_own(HEADER, |b| {
+                b.copy_from_slice(&Header::data(xfer, off as u64, n).encode())
+            });
+            self.tx.push_back(Seg::Ext {
+                ptr,
+                len: n,
+                done: last.then_some(xfer),
+            });
+            self.tx_queued += n;
+        }
+    }
+
+    /// Marks `n` bytes written: frees written segments, reports completed transfers.
+    fn advance(&mut self, mut n: usize) {
+        self.tx_queued -= n;
+        while let Some(s) = self.tx.front() {
+            let left = s.len() - self.tx_off;
+            if left > n {
+                if matches!(s, Seg::Own(_)) {
+                    self.tx_owned -= n;
+                }
+                self.tx_off += n;
+                return;
+            }
+            n -= left;
+            self.tx_off = 0;
+            match self.tx.pop_front() {
+                Some(Seg::Own(_)) => self.tx_owned -= left,
+                Some(Seg::Ext { done: Some(x), .. }) => self.done_out.push(x),
+                _ => {}
+            }
+        }
+    }
+
+    /// Writes what is queued with gathering `sendmsg` calls (`MSG_NOSIGNAL`; up to
+    /// [`MAX_IOV`] pieces per call) until the queue is empty or the socket is full. True
+    /// when anything was written.
+    pub fn write(&mut self) -> Result<bool, LinkError> {
+        let mut did = false;
+        for _ in 0..MAX_WRITES {
+            self.fill_tx();
+            if self.tx.is_empty() {
+                break;
+            }
+            let mut iov = [IoSlice::new(&[]); MAX_IOV];
+            let mut k = 0;
+            for (j, s) in self.tx.iter().enumerate().take(MAX_IOV) {
+                let skip = if j == 0 { self.tx_off } else { 0 };
+                let bytes: &[u8] = match s {
+                    Seg::Own(v) => &v[skip..],
+                    // SAFETY: a live source range (send_bulk's contract).
+                    Seg::Ext { ptr, len, .. } => unsafe {
+                        std::slice::from_raw_parts(ptr.add(skip), len - skip)
+                    },
+                };
+                if !bytes.is_empty() {
+                    iov[k] = IoSlice::new(bytes);
+                    k += 1;
+                }
+            }
+            let n = if k == 0 {
+                0 // only empty pieces (a zero-length transfer): nothing to write
+            } else {
+                match crate::sys::send_vectored(self.sock.as_raw_fd(), &iov[..k]) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(LinkError::Io(e)),
+                }
+            };
+            if n > 0 {
+                self.stats.writes += 1;
+                self.stats.bytes_sent += n as u64;
+                self.tx_done = true;
+            }
+            self.advance(n);
+            did = true;
+        }
+        Ok(did)
+    }
+
+    /// Reads what arrived (at most [`MAX_READS`] reads) and parses it: frames into the
+    /// frame queue, rendezvous payloads to their place, the handshake into
+    /// [`TcpLink::handshake`]. True when anything was read. An error means the link is
+    /// dead (frames parsed before it are still queued).
+    pub fn receive(&mut self) -> Result<bool, LinkError> {
+        let mut did = false;
+        for _ in 0..MAX_READS {
+            if self.frames_bytes >= RXQ_BYTES {
+                break;
+            }
+            match self.read_once()? {
+                None => break,
+                Some(0) => return Err(LinkError::Closed),
+                Some(n) => {
+                    did = true;
+                    self.rx_seen = true;
+                    self.stats.reads += 1;
+                    self.stats.bytes_received += n as u64;
+                }
+            }
+            self.parse()?;
+        }
+        Ok(did)
+    }
+
+    /// One read: `None` when nothing is there, `Some(0)` at the end of the stream.
+    fn read_once(&mut self) -> Result<Option<usize>, LinkError> {
+        if self.cur.is_some() {
+            return self.read_direct();
+        }
+        if self.speculate && self.start == self.end {
+            if let Some(p) = self.incoming.predict() {
+                if let Some(d) = self.dests.get(&p.xfer).copied() {
+                    if p.len > 0 && p.offset as usize + p.len <= d.cap {
+                        return self.read_spec(p, d);
+                    }
+                }
+            }
+        }
+        self.read_plain()
+    }
+
+    fn sys_read(sock: &TcpStream, iov: &mut [IoSliceMut<'_>]) -> Result<Option<usize>, LinkError> {
+        loop {
+            return match (&*sock).read_vectored(iov) {
+                Ok(n) => Ok(Some(n)),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(LinkError::Io(e)),
+            };
+        }
+    }
+
+    /// Plain read into the receive buffer (compacted, or grown for a frame larger than
+    /// it, as the bytes arrive).
+    fn read_plain(&mut self) -> Result<Option<usize>, LinkError> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.rx.len() > RX_BUF {
+                self.rx.truncate(RX_BUF);
+                self.rx.shrink_to_fit();
+            }
+        } else if self.rx.len() - self.end < RX_SPARE && self.start > 0 {
+            self.rx.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.rx.len() {
+            // A frame larger than the buffer: grow as its bytes arrive, not on its word.
+            let max = HEADER + MAX_RECORD as usize + RX_SPARE;
+            let n = (self.rx.len() * 2).max(RX_BUF).min(max);
+            self.rx.resize(n, 0);
+        }
+        let end = self.end;
+        let n = Self::sys_read(&self.sock, &mut [IoSliceMut::new(&mut self.rx[end..])])?;
+        if let Some(n) = n {
+            self.end += n;
+        }
+        Ok(n)
+    }
+
+    /// The rest of a data record's payload, straight into its place (when it fits the
+    /// posted buffer), then whatever follows into the receive buffer. Entered with the
+    /// receive buffer empty (`parse` consumed it).
+    fn read_direct(&mut self) -> Result<Option<usize>, LinkError> {
+        let Some(c) = self.cur else { return Ok(None) };
+        let (direct, ptr) = match self.dests.get(&c.xfer) {
+            Some(d) if (c.at as usize) < d.cap => {
+                let n = c.left.min(d.cap - c.at as usize);
+                // SAFETY: `at + n <= cap`: inside the posted buffer (expect_bulk).
+                (n, unsafe { d.ptr.add(c.at as usize) })
+            }
+            _ => (0, std::ptr::null_mut()),
+        };
+        self.start = 0;
+        self.end = 0;
+        // More pieces of the transfer follow: read only the next header behind this
+        // piece, so the next payload is not caught in the receive buffer (and copied).
+        let spare = if c.last || direct < c.left {
+            self.rx.len()
+        } else {
+            HEADER
+        };
+        let r = {
+            // SAFETY: the posted buffer's range (see above); nothing valid is there yet
+            // (bytes arrive in order and `at` is the next one).
+            let dest: &mut [u8] = if direct > 0 {
+                unsafe { std::slice::from_raw_parts_mut(ptr, direct) }
+            } else {
+                &mut []
+            };
+            let mut iov = [
+                IoSliceMut::new(dest),
+                IoSliceMut::new(&mut self.rx[..spare]),
+            ];
+            Self::sys_read(&self.sock, &mut iov)?
+        };
+        let Some(n) = r else { return Ok(None) };
+        let d = n.min(direct);
+        self.end = n - d;
+        self.stats.direct_bytes += d as u64;
+        if let Some(c) = &mut self.cur {
+            c.at += d as u64;
+            c.left -= d;
+            if c.left == 0 {
+                self.end_record();
+            }
+        }
+        Ok(Some(n))
+    }
+
+    /// The speculative read: `[header slot, destination + predicted offset (at most
+    /// [`SPEC_FIRST`] bytes), spare]` (the spare only after the transfer's last bytes). If
+    /// the header is the predicted one the payload is in place (a hit); if not, the
+    /// bytes are put back in stream order in the receive buffer (cleanup) for `parse`.
+    /// Only bytes of the destination not yet received are targeted, so a miss costs a
+    /// copy, never data.
+    fn read_spec(&mut self, p: stream::Prediction, d: Dest) -> Result<Option<usize>, LinkError> {
+        let off = p.offset as usize;
+        // The first read takes at most SPEC_FIRST bytes of the piece (a miss costs at most
+        // that much copying); on a hit the rest is read directly.
+        let first = p.len.min(SPEC_FIRST);
+        self.start = 0;
+        self.end = 0;
+        if self.rx.len() < HEADER + first + RX_SPARE {
+            self.rx.resize(HEADER + first + RX_SPARE, 0);
+        }
+        // SAFETY: `off + len <= cap` (checked by the caller): inside the posted buffer,
+        // bytes of the transfer not yet received.
+        let dest = unsafe { std::slice::from_raw_parts_mut(d.ptr.add(off), first) };
+        // More of the transfer follows: no spare, so it is read directly or by the next
+        // speculative read rather than caught in the receive buffer (and copied).
+        let spare_len = if p.last && first == p.len {
+            RX_SPARE
+        } else {
+            0
+        };
+        let r = {
+            let spare = &mut self.rx[HEADER + first..HEADER + first + spare_len];
+            let mut iov = [
+                IoSliceMut::new(&mut self.hdr),
+                IoSliceMut::new(dest),
+                IoSliceMut::new(spare),
+            ];
+            Self::sys_read(&self.sock, &mut iov)?
+        };
+        let n = match r {
+            None | Some(0) => return Ok(r),
+            Some(n) => n,
+        };
+        if n < HEADER {
+            self.rx[..n].copy_from_slice(&self.hdr[..n]);
+            self.end = n;
+            return Ok(Some(n));
+        }
+        let landed = (n - HEADER).min(first);
+        // SAFETY: as above; the read wrote `landed` bytes there.
+        let dest = unsafe { std::slice::from_raw_parts(d.ptr.add(off), landed) };
+        if Header::parse(&self.hdr).ok() == Some(p.header()) {
+            let last = self.incoming.begin(&p.header())?;
+            self.stats.spec_hits += 1;
+            self.stats.spec_hit_bytes += landed as u64;
+            if n - HEADER > first {
+                // What followed the piece is in the spare, in order.
+                self.start = HEADER + first;
+                self.end = n;
+            }
+            self.cur = Some(Cur {
+                xfer: p.xfer,
+                at: (off + landed) as u64,
+                left: p.len - landed,
+                last,
+            });
+            if landed == p.len {
+                self.end_record();
+            }
+        } else {
+            // Header, then what landed in the destination, then the spare (already right
+            // after it when the destination range was filled).
+            self.stats.spec_misses += 1;
+            self.stats.cleanup_bytes += landed as u64;
+            self.rx[..HEADER].copy_from_slice(&self.hdr);
+            self.rx[HEADER..HEADER + landed].copy_from_slice(dest);
+            self.end = n;
+        }
+        Ok(Some(n))
+    }
+
+    /// The current data record is complete.
+    fn end_record(&mut self) {
+        if let Some(c) = self.cur.take() {
+            if c.last {
+                self.dests.remove(&c.xfer);
+                self.done_in.push(c.xfer);
+            }
+        }
+    }
+
+    /// Parses the receive buffer: payload bytes of the current data record to their place
+    /// (what fits), frames into the queue, the handshake aside. Stops at an incomplete
+    /// frame, or at an incomplete data payload (whose rest `read_direct` takes).
+    fn parse(&mut self) -> Result<(), LinkError> {
+        loop {
+            if let Some(c) = &mut self.cur {
+                let k = (self.end - self.start).min(c.left);
+                if k > 0 {
+                    if let Some(d) = self.dests.get(&c.xfer) {
+                        let at = c.at as usize;
+                        if at < d.cap {
+                            let m = k.min(d.cap - at);
+                            // SAFETY: `at + m <= cap`: inside the posted buffer, which the
+                            // receive buffer does not overlap.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    self.rx[self.start..].as_ptr(),
+                                    d.ptr.add(at),
+                                    m,
+                                )
+                            };
+                            self.stats.cleanup_bytes += m as u64;
+                        }
+                    }
+                    c.at += k as u64;
+                    c.left -= k;
+                    self.start += k;
+                }
+                if c.left > 0 {
+                    break;
+                }
+                self.end_record();
+                continue;
+            }
+            let avail = &self.rx[self.start..self.end];
+            if avail.len() < HEADER {
+                break;
+            }
+            let h = Header::parse(avail)?;
+            match h.kind {
+                Kind::Data => {
+                    if self.handshake.is_none() {
+                        return Err(ProtoError::BadKind(2).into());
+                    }
+                    let last = self.incoming.begin(&h)?;
+                    self.start += HEADER;
+                    self.cur = Some(Cur {
+                        xfer: h.xfer,
+                        at: h.offset,
+                        left: h.len as usize,
+                        last,
+                    });
+                }
+                Kind::Keepalive => {
+                    if self.handshake.is_none() {
+                        return Err(ProtoError::BadKind(5).into());
+                    }
+                    self.start += HEADER;
+                }
+                Kind::Frame | Kind::Hello | Kind::Welcome => {
+                    let Some((h, total)) = stream::next_record(avail)? else {
+                        break;
+                    };
+                    let payload = &avail[HEADER..total];
+                    if h.kind == Kind::Frame {
+                        if self.handshake.is_none() {
+                            return Err(ProtoError::BadKind(1).into());
+                        }
+                        self.frames_bytes += payload.len();
+                        self.frames.push_back(payload.to_vec());
+                    } else {
+                        if self.handshake.is_some() {
+                            return Err(ProtoError::UnexpectedMessage {
+                                want: "frame or data record",
+                                got: avail[0],
+                            }
+                            .into());
+                        }
+                        self.handshake = Some((h.kind, Handshake::parse(payload)?));
+                    }
+                    self.start += total;
+                }
+            }
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl TcpLink {
+    /// Bytes of transfer `xfer` known valid at its place (a prefix: pieces arrive in
+    /// order), `None` when the link does not know the transfer (any more).
+    fn valid_prefix(&self, xfer: u64) -> Option<u64> {
+        match self.cur {
+            Some(c) if c.xfer == xfer => Some(c.at),
+            _ => self.incoming.predict_for(xfer),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The receive side against hand-made streams over a real loopback connection:
+    //! pieces cut as predicted and not, frames between them, frames larger than the
+    //! receive buffer, arbitrary read boundaries. After every `receive` the bytes the
+    //! link calls valid must be the right ones (speculation never clobbers valid data),
+    //! and at the end everything must be in place.
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+    }
+
+    fn connected(speculate: bool) -> (TcpStream, TcpLink) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (r, _) = l.accept().unwrap();
+        let mut link = TcpLink::new(r, speculate).unwrap();
+        link.handshake = Some((
+            Kind::Hello,
+            Handshake {
+                from: 1,
+                to: 2,
+                status: 0,
+            },
+        ));
+        (w, link)
+    }
+
+    fn frame_record(tag: u64, data: &[u8]) -> Vec<u8> {
+        let f = Frame::Eager { tag, data };
+        let mut v = vec![0u8; HEADER + f.encoded_len()];
+        v[..HEADER].copy_from_slice(&Header::frame(f.encoded_len()).encode());
+        f.encode(&mut v[HEADER..]);
+        v
+    }
+
+    fn run(seed: u64, speculate: bool) -> TcpStats {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let (mut w, mut link) = connected(speculate);
+        let total = 1 + rng.below(3 * CHUNK as u64 + 5000) as usize;
+        let cap = if rng.below(5) == 0 {
+            rng.below(total as u64) as usize
+        } else {
+            total
+        };
+        let want: Vec<u8> = (0..total)
+            .map(|i| (i as u64 ^ seed) as u8 ^ (i >> 8) as u8)
+            .collect();
+        let mut dest = vec![0xeeu8; cap];
+        // SAFETY: `dest` outlives the link's use of it (the link is dropped first).
+        unsafe { link.expect_bulk(7, total as u64, dest.as_mut_ptr(), cap as u64) };
+        // The stream: pieces of the transfer (mostly as predicted, sometimes cut
+        // otherwise), frames in between.
+        let mut stream = Vec::new();
+        let mut frames = Vec::new();
+        let mut off = 0usize;
+        while off < total {
+            if rng.below(3) == 0 {
+                let big = rng.below(8) == 0;
+                let n = if big {
+                    RX_BUF + rng.below(1 << 20) as usize
+                } else {
+                    rng.below(3000) as usize
+                };
+                let data: Vec<u8> = (0..n).map(|i| (i as u64 + seed) as u8).collect();
+                stream.extend(frame_record(frames.len() as u64, &data));
+                frames.push(data);
+            }
+            let n = if rng.below(4) == 0 {
+                1 + rng.below(CHUNK as u64 + 1000) as usize
+            } else {
+                CHUNK
+            }
+            .min(total - off);
+            stream.extend_from_slice(&Header::data(7, off as u64, n).encode());
+            stream.extend_from_slice(&want[off..off + n]);
+            off += n;
+        }
+        stream.extend(frame_record(999, b"end"));
+        frames.push(b"end".to_vec());
+        // A writer thread writes in random pieces (a blocking write never stalls the
+        // reader); the reader checks the valid prefix after every receive.
+        let cuts: Vec<usize> = (0..64).map(|_| 1 + rng.below(400_000) as usize).collect();
+        let writer = std::thread::spawn(move || {
+            let (mut at, mut k) = (0, 0);
+            while at < stream.len() {
+                let n = cuts[k % cuts.len()].min(stream.len() - at);
+                w.write_all(&stream[at..at + n]).unwrap();
+                w.flush().unwrap();
+                at += n;
+                k += 1;
+            }
+            w
+        });
+        let mut got_frames = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while got_frames.len() < frames.len() {
+            assert!(std::time::Instant::now() < deadline, "stuck (seed {seed})");
+            link.receive()
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let valid = link.valid_prefix(7).unwrap_or(total as u64) as usize;
+            let v = valid.min(cap);
+            assert!(
+                dest[..v] == want[..v],
+                "seed {seed}: valid prefix {v} clobbered"
+            );
+            while let Some(f) = link.peek() {
+                match Frame::parse(f).unwrap() {
+                    Frame::Eager { data, .. } => got_frames.push(data.to_vec()),
+                    f => panic!("unexpected {f:?}"),
+                }
+                link.release();
+            }
+        }
+        drop(writer.join().unwrap());
+        assert_eq!(got_frames, frames, "seed {seed}");
+        assert_eq!(link.done_in, vec![7], "seed {seed}");
+        assert!(dest[..] == want[..cap], "seed {seed}: final content");
+        link.stats
+    }
+
+    /// Mutated streams (valid records with bytes flipped, cut, or garbage inserted): the
+    /// link parses them to the end or stops with a `Malformed` error; it never panics,
+    /// never reports an I/O error, and never writes outside the posted buffer (a guard
+    /// zone after it stays intact).
+    #[test]
+    fn mutated_streams_fail_cleanly() {
+        let mut malformed = 0;
+        for seed in 0..300u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+            let (mut w, mut link) = connected(rng.below(2) == 0);
+            let total = 1 + rng.below(200_000) as usize;
+            let mut dest = vec![0u8; total + 4096];
+            // SAFETY: `dest` outlives the link's use of it; only `total` bytes are offered.
+            unsafe { link.expect_bulk(3, total as u64, dest.as_mut_ptr(), total as u64) };
+            let mut stream = Vec::new();
+            let mut off = 0;
+            while off < total {
+                if rng.below(2) == 0 {
+                    stream.extend(frame_record(1, &vec![7u8; rng.below(500) as usize]));
+                }
+                let n = (1 + rng.below(70_000) as usize).min(total - off);
+                stream.extend_from_slice(&Header::data(3, off as u64, n).encode());
+                stream.extend(std::iter::repeat_n(9u8, n));
+                off += n;
+            }
+            for _ in 0..1 + rng.below(4) {
+                let at = rng.below(stream.len() as u64) as usize;
+                match rng.below(3) {
+                    0 => stream[at] ^= 1 << rng.below(8),
+                    1 => stream.truncate(at.max(1)),
+                    _ => {
+                        let junk: Vec<u8> = (0..rng.below(40)).map(|_| rng.next() as u8).collect();
+                        stream.splice(at..at, junk);
+                    }
+                }
+            }
+            // The end of the stream ends the test; written by a thread so a blocking write
+            // never stalls the reader.
+            let writer = std::thread::spawn(move || {
+                let _ = w.write_all(&stream);
+            });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                assert!(std::time::Instant::now() < deadline, "seed {seed}: stuck");
+                match link.receive() {
+                    Ok(_) => {}
+                    Err(LinkError::Closed) => break,
+                    Err(LinkError::Malformed(_)) => {
+                        malformed += 1;
+                        break;
+                    }
+                    Err(e) => panic!("seed {seed}: {e}"),
+                }
+                while link.peek().is_some() {
+                    link.release();
+                }
+            }
+            drop(link); // a writer still blocked on a dead link gets an error
+            writer.join().unwrap();
+            assert!(
+                dest[total..].iter().all(|&b| b == 0),
+                "seed {seed}: wrote past the buffer"
+            );
+        }
+        assert!(malformed > 100, "{malformed}");
+    }
+
+    #[test]
+    fn any_stream_lands_right_with_and_without_speculation() {
+        let mut sum = TcpStats::default();
+        for seed in 0..60 {
+            for spec in [true, false] {
+                let s = run(seed, spec);
+                sum.spec_hits += s.spec_hits;
+                sum.spec_misses += s.spec_misses;
+                sum.cleanup_bytes += s.cleanup_bytes;
+                if !spec {
+                    assert_eq!(s.spec_hits + s.spec_misses, 0);
+                }
+            }
+        }
+        // Both paths were taken.
+        assert!(sum.spec_hits > 0 && sum.spec_misses > 0, "{sum:?}");
+    }
+}

@@ -1,0 +1,259 @@
+//! The TCP transport: endpoints on other hosts where UDP is not wanted or not reachable
+//! (`CLINK_TRANSPORT=tcp`, or a peer that offers only TCP).
+//!
+//! One listening socket per endpoint (advertised as `tcp=IP:port`, the same IP choice as
+//! UDP) and one non-blocking connection per peer pair, `TCP_NODELAY`. The connection
+//! carries the records of [`clink_proto::stream`]: endpoint frames, rendezvous payload
+//! pieces, and the handshake: the connector's hello names the endpoint it wants (a stale
+//! address is refused by the listener's welcome, with a clear error on the connecting
+//! side). The kernel does reliability, ordering and flow control, so a [`TcpLink`] is
+//! already the ordered, reliable frame link the endpoint's protocol needs.
+//!
+//! Rendezvous payloads bypass the frame queue on both sides: the sender writes them
+//! straight from the send buffer (a gathering `sendmsg` of a header and the buffer range), the receiver
+//! reads them with one vectored read `[header slot, posted buffer + expected offset,
+//! spare]`, checks the header, and on a miss moves the bytes back in stream order
+//! ([`link`]). Errors (end of stream, reset, malformed records) kill that peer's link only.
+
+pub mod link;
+
+use crate::error::{io_err, Result};
+use clink_proto::stream::{Handshake, Kind, REFUSED_WRONG_ID};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+pub use link::{LinkError, TcpLink, TcpStats};
+
+/// Settings of the TCP transport (from `CLINK_*`, see [`crate::config`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TcpConfig {
+    /// Address the listening socket binds; unspecified IP = all interfaces, port 0 = any.
+    pub bind: SocketAddrV4,
+    /// Speculative receive of rendezvous payloads straight into the posted buffer.
+    pub speculate: bool,
+    /// Silence after which a peer is declared dead (`CLINK_NET_DEAD_MS`, shared with UDP);
+    /// keepalives go every quarter of it on an otherwise idle connection.
+    pub dead_after: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            speculate: true,
+            dead_after: Duration::from_millis(2000),
+        }
+    }
+}
+
+/// Counters of the transport (per-link counters are in each [`TcpLink`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpTransportStats {
+    /// Incoming connections refused: a hello naming another endpoint, a malformed or
+    /// missing hello.
+    pub refused: u64,
+}
+
+/// An accepted connection waiting for its hello.
+struct Incoming {
+    link: TcpLink,
+    since: Instant,
+}
+
+/// What [`TcpTransport::poll_incoming`] decided about connections waiting for a hello.
+#[derive(Default)]
+pub struct Handshakes {
+    /// Links whose hello named us: welcomed, ready to become peers.
+    pub accepted: Vec<TcpLink>,
+    /// Why connections were dropped (refused, malformed, silent); closing them took them
+    /// out of the endpoint's epoll set.
+    pub dropped: Vec<String>,
+}
+
+/// The endpoint's listening socket and the connections being set up.
+pub struct TcpTransport {
+    listener: TcpListener,
+    advertised: SocketAddrV4,
+    my_id: u128,
+    cfg: TcpConfig,
+    incoming: Vec<Incoming>,
+    /// Counters.
+    pub stats: TcpTransportStats,
+    /// Endpoint peer indices reached over TCP (progress visits only these).
+    pub peers: Vec<usize>,
+}
+
+impl TcpTransport {
+    /// Binds the listening socket and works out the address to advertise.
+    pub fn new(cfg: TcpConfig, my_id: u128) -> Result<TcpTransport> {
+        let listener =
+            TcpListener::bind(cfg.bind).map_err(io_err(format!("bind TCP {}", cfg.bind)))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("non-blocking TCP listener"))?;
+        let port = listener
+            .local_addr()
+            .map_err(io_err("TCP listener address"))?
+            .port();
+        let ip = if cfg.bind.ip().is_unspecified() {
+            crate::sys::primary_ipv4().map_or(Ipv4Addr::LOCALHOST, |(ip, _)| ip)
+        } else {
+            *cfg.bind.ip()
+        };
+        Ok(TcpTransport {
+            listener,
+            advertised: SocketAddrV4::new(ip, port),
+            my_id,
+            cfg,
+            incoming: Vec::new(),
+            stats: TcpTransportStats::default(),
+            peers: Vec::new(),
+        })
+    }
+
+    /// Silence after which a peer is declared dead, and the keepalive period.
+    pub fn liveness(&self) -> (Duration, Duration) {
+        (self.cfg.dead_after, self.cfg.dead_after / 4)
+    }
+
+    /// The address peers reach this endpoint at.
+    pub fn advertised(&self) -> SocketAddrV4 {
+        self.advertised
+    }
+
+    /// The listening socket's descriptor (for epoll).
+    pub fn listener_fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// True while accepted connections wait for their hello.
+    pub fn handshaking(&self) -> bool {
+        !self.incoming.is_empty()
+    }
+
+    /// Connects to the endpoint `remote_id` at `dest` (bounded by `timeout`) and queues
+    /// the hello; the caller drives the link until its welcome arrives
+    /// ([`TcpTransport::welcomed`]).
+    pub fn connect(
+        &self,
+        dest: SocketAddrV4,
+        remote_id: u128,
+        timeout: Duration,
+    ) -> std::io::Result<TcpLink> {
+        let sock = TcpStream::connect_timeout(&dest.into(), timeout)?;
+        let mut link = TcpLink::new(sock, self.cfg.speculate)?;
+        link.remote_id = remote_id;
+        link.queue_record(
+            &Handshake {
+                from: self.my_id,
+                to: remote_id,
+                status: 0,
+            }
+            .record(Kind::Hello),
+        );
+        Ok(link)
+    }
+
+    /// The outcome of a connection's handshake on the connecting side: `None` while no
+    /// welcome has arrived, `Some(Ok)` when accepted, `Some(Err(why))` when refused.
+    pub fn welcomed(link: &TcpLink) -> Option<std::result::Result<(), String>> {
+        let (kind, hs) = link.handshake?;
+        Some(match (kind, hs.status) {
+            (Kind::Welcome, 0) if hs.from == link.remote_id => Ok(()),
+            (Kind::Welcome, REFUSED_WRONG_ID) => Err(format!(
+                "the endpoint listening there is not {:032x} (a stale address: that endpoint is gone)",
+                link.remote_id
+            )),
+            (Kind::Welcome, s) => Err(format!(
+                "refused (welcome status {s}, from endpoint {:032x})",
+                hs.from
+            )),
+            (k, _) => Err(format!("answered a hello with a {k:?} record")),
+        })
+    }
+
+    /// Accepts new connections (non-blocking); returns their descriptors, to be watched
+    /// until their hello arrives.
+    pub fn accept_new(&mut self) -> Vec<RawFd> {
+        let mut fds = Vec::new();
+        loop {
+            match self.listener.accept() {
+                Ok((sock, _)) => match TcpLink::new(sock, self.cfg.speculate) {
+                    Ok(link) => {
+                        fds.push(link.fd());
+                        self.incoming.push(Incoming {
+                            link,
+                            since: Instant::now(),
+                        });
+                    }
+                    Err(e) => tracing::warn!("TCP accept: {e}"),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of descriptors and the like: try again at the next readiness.
+                    tracing::warn!("TCP accept: {e}");
+                    break;
+                }
+            }
+        }
+        fds
+    }
+
+    /// Reads the hellos of accepted connections: a hello naming this endpoint is
+    /// welcomed, one naming another is refused (the welcome says why), a malformed one or
+    /// none within `timeout` drops the connection.
+    pub fn poll_incoming(&mut self, timeout: Duration) -> Handshakes {
+        let mut out = Handshakes::default();
+        let my_id = self.my_id;
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let inc = &mut self.incoming[i];
+            let r = inc.link.receive();
+            let verdict = match (r, inc.link.handshake) {
+                (_, Some((Kind::Hello, hs))) => {
+                    let ok = hs.to == my_id;
+                    let answer = Handshake {
+                        from: my_id,
+                        to: hs.from,
+                        status: if ok { 0 } else { REFUSED_WRONG_ID },
+                    };
+                    inc.link.queue_record(&answer.record(Kind::Welcome));
+                    let wrote = inc.link.write();
+                    if ok {
+                        inc.link.remote_id = hs.from;
+                        Some(wrote.map_err(|e| e.to_string()))
+                    } else {
+                        Some(Err(format!(
+                            "TCP hello for endpoint {:032x}, this is {my_id:032x} (a stale address)",
+                            hs.to
+                        )))
+                    }
+                }
+                (_, Some((k, _))) => Some(Err(format!("TCP connection opened with a {k:?}"))),
+                (Err(e), None) => Some(Err(format!("TCP connection before its hello: {e}"))),
+                (Ok(_), None) if inc.since.elapsed() >= timeout => {
+                    Some(Err(format!("TCP connection silent for {timeout:?}")))
+                }
+                (Ok(_), None) => None,
+            };
+            match verdict {
+                None => i += 1,
+                Some(v) => {
+                    let inc = self.incoming.swap_remove(i);
+                    match v {
+                        Ok(_) => out.accepted.push(inc.link),
+                        Err(why) => {
+                            self.stats.refused += 1;
+                            tracing::warn!("incoming TCP connection refused: {why}");
+                            inc.link.shutdown();
+                            out.dropped.push(why);
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}

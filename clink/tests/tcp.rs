@@ -1,0 +1,689 @@
+//! The TCP transport over loopback (CLINK_TRANSPORT=tcp semantics: TCP even on one host):
+//! every size class with checksums, speculative receive on and off, sleeping waiters,
+//! tags and any-source matching across two senders, transport selection, stale
+//! addresses, malformed bytes on the stream, a peer killed mid-transfer, and close.
+
+mod common;
+
+use clink::transport::tcp::TcpConfig;
+use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
+use common::*;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::time::{Duration, Instant};
+
+fn tcp_config(speculate: bool, spin_us: u64) -> Config {
+    tcp_config_dead(speculate, spin_us, 2000)
+}
+
+fn tcp_config_dead(speculate: bool, spin_us: u64, dead_ms: u64) -> Config {
+    Config {
+        calibrate: false,
+        force_net: true,
+        prefer_tcp: true,
+        spin: Some(Duration::from_micros(spin_us)),
+        tcp: Some(TcpConfig {
+            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            speculate,
+            dead_after: Duration::from_millis(dead_ms),
+        }),
+        udp: Some(clink::transport::udp::UdpConfig {
+            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            ..Default::default()
+        }),
+        ..Config::default()
+    }
+}
+
+fn tcp_ctx(speculate: bool, spin_us: u64) -> Context {
+    Context::with_config(tcp_config(speculate, spin_us)).unwrap()
+}
+
+/// Connects two endpoints over TCP: (server, its peer id for the client), (client, its
+/// peer id for the server).
+fn pair(speculate: bool, spin_us: u64) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    pair_dead(speculate, spin_us, 2000)
+}
+
+/// As [`pair`], with the liveness timeout `dead_ms`.
+fn pair_dead(
+    speculate: bool,
+    spin_us: u64,
+    dead_ms: u64,
+) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    let ctx = move || Context::with_config(tcp_config_dead(speculate, spin_us, dead_ms)).unwrap();
+    let mut a = ctx().endpoint().unwrap();
+    let addr = a.address();
+    assert!(addr.contains(";tcp=127.0.0.1:"), "{addr}");
+    let client = std::thread::spawn(move || {
+        let mut b = ctx().endpoint().unwrap();
+        let p = b.connect(&addr).unwrap();
+        assert_eq!(b.transport(p).unwrap(), "tcp");
+        (b, p)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), "tcp");
+    ((a, pa), client.join().unwrap())
+}
+
+const SIZES: &[usize] = &[
+    0,
+    1,
+    8,
+    1000,
+    4096,
+    65535,
+    65536,
+    65537,
+    300_000,
+    (1 << 20) - 1,
+    1 << 20,
+    (1 << 20) + 1,
+    5 << 20,
+];
+
+/// Echo server: returns every message with its tag until tag 0 (answered, then it stops).
+fn echo(mut ep: Endpoint, peer: PeerId) -> Endpoint {
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let st = match ep.recv_timeout(
+            Selector {
+                src: Some(peer),
+                tag: 0,
+                mask: 0,
+            },
+            &mut buf,
+            Some(T),
+        ) {
+            Ok(st) => st,
+            Err(e) => panic!(
+                "echo: {e}: {:?} last error {:?}",
+                ep.stats(),
+                ep.last_error()
+            ),
+        };
+        if st.tag == 0 {
+            ep.send(peer, 0, &[]).unwrap();
+            ep.close();
+            return ep;
+        }
+        ep.send(peer, st.tag, &buf[..st.len as usize]).unwrap();
+    }
+}
+
+fn round_trips(b: &mut Endpoint, pb: PeerId, rounds: usize, seed: u64) {
+    let mut buf = vec![0u8; 8 << 20];
+    for r in 0..rounds {
+        for (k, &n) in SIZES.iter().enumerate() {
+            let tag = (r * 100 + k + 1) as u64;
+            let msg = pattern(key(seed, tag), n);
+            b.send(pb, tag, &msg).unwrap();
+            let st = b
+                .recv_timeout(Selector::exact(Some(pb), tag), &mut buf, Some(T))
+                .unwrap_or_else(|e| panic!("size {n}: {e}: {:?}", b.stats()));
+            assert_eq!(st.len as usize, n, "size {n}");
+            check(
+                key(seed, tag),
+                &buf[..n],
+                &format!("echo of {n} bytes, round {r}"),
+            );
+        }
+    }
+    b.send(pb, 0, &[]).unwrap();
+    b.recv_timeout(Selector::exact(Some(pb), 0), &mut buf, Some(T))
+        .unwrap();
+}
+
+/// Bytes of the SIZES sent by rendezvous (above the 64 KiB network eager limit).
+fn rendezvous_bytes() -> u64 {
+    SIZES
+        .iter()
+        .filter(|&&n| n > 65536)
+        .map(|&n| n as u64)
+        .sum()
+}
+
+#[test]
+fn every_size_class_round_trips_over_loopback_tcp() {
+    let ((a, pa), (mut b, pb)) = pair(true, 20);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 2, 1);
+    let a = server.join().unwrap();
+    let (sa, sb) = (a.stats(), b.stats());
+    println!("server: {sa:?}\nclient: {sb:?}");
+    assert!(sb.stream_writes > 0 && sb.stream_reads > 0, "{sb:?}");
+    assert_eq!(sa.protocol_errors + sb.protocol_errors, 0);
+    // The large messages and echoes came as rendezvous payloads received in place: every
+    // payload byte either landed by speculation or was read straight into the buffer after
+    // its header, apart from what cleanup copied; most of it without a copy.
+    for s in [sa, sb] {
+        let placed = s.spec_hit_bytes + s.stream_direct_bytes + s.cleanup_bytes;
+        assert_eq!(placed, 2 * rendezvous_bytes(), "{s:?}");
+        assert!(s.spec_hits > 0, "{s:?}");
+        assert!(
+            s.cleanup_bytes * 10 < placed,
+            "more than a tenth copied: {s:?}"
+        );
+    }
+}
+
+#[test]
+fn rendezvous_without_speculation_takes_the_copy_path() {
+    let ((a, pa), (mut b, pb)) = pair(false, 20);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 1, 3);
+    let a = server.join().unwrap();
+    for s in [a.stats(), b.stats()] {
+        assert_eq!((s.spec_hits, s.spec_misses), (0, 0), "{s:?}");
+        assert_eq!(
+            s.stream_direct_bytes + s.cleanup_bytes,
+            rendezvous_bytes(),
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn sleeping_waiters_are_woken_by_tcp_data() {
+    // No spinning: every wait sleeps in epoll_wait on the endpoint's fd, so each message
+    // must wake it through the TCP socket's readiness (and a full socket's writability).
+    let ((a, pa), (mut b, pb)) = pair(true, 0);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 1, 5);
+    let a = server.join().unwrap();
+    assert!(a.stats().sleeps > 0 && b.stats().sleeps > 0);
+}
+
+#[test]
+fn tags_and_any_source_across_two_senders() {
+    let mut a = tcp_ctx(true, 20).endpoint().unwrap();
+    let addr = a.address();
+    let seed = seed(11);
+    const N: u64 = 200;
+    let senders: Vec<_> = (0..2u64)
+        .map(|s| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut b = tcp_ctx(true, 20).endpoint().unwrap();
+                let p = b.connect(&addr).unwrap();
+                let mut rng = Rng::new(seed ^ s);
+                let mut reqs = Vec::new();
+                for i in 0..N {
+                    let n = match rng.below(8) {
+                        0 => rng.range(65537, 2 << 20),
+                        _ => rng.below(4000),
+                    } as usize;
+                    // Tag: sender in bit 8, kind (i % 3) in the low bits.
+                    let tag = (s << 8) | (i % 3);
+                    let msg = pattern(key(seed, (s << 32) | i), n);
+                    reqs.push(b.isend(p, tag, msg).unwrap());
+                }
+                for r in &reqs {
+                    b.wait_send(r, Some(T)).unwrap();
+                }
+                // Stay until the receiver has everything.
+                recv_vec(&mut b, p, 99, 8);
+                b
+            })
+        })
+        .collect();
+    let mut peers = Vec::new();
+    for _ in 0..2 {
+        peers.push(a.accept(Some(T)).unwrap());
+    }
+    // First: the kind-2 messages only (a tag mask), from any source; the others wait as
+    // unexpected.
+    let mut buf = vec![0u8; 2 << 20];
+    let mut next = [[0u64; 3]; 2]; // per sender, per kind: next message index
+    let mut owner = std::collections::HashMap::new();
+    let mut got = 0;
+    let want2: u64 = 2 * (0..N).filter(|i| i % 3 == 2).count() as u64;
+    let mut take = |a: &mut Endpoint, sel: Selector, got: &mut u64| {
+        let st = a.recv_timeout(sel, &mut buf, Some(T)).unwrap();
+        let (s, kind) = (st.tag >> 8, st.tag & 0xff);
+        // Each peer is one sender (accepted in whatever order they connected).
+        let who = *owner.entry(st.peer).or_insert(s);
+        assert_eq!(who, s, "sender in the tag vs the peer it came from");
+        // Per (sender, tag) order: the next index of this kind.
+        let mut i = next[s as usize][kind as usize];
+        while i % 3 != kind {
+            i += 1;
+        }
+        next[s as usize][kind as usize] = i + 1;
+        check(key(seed, (s << 32) | i), &buf[..st.len as usize], "message");
+        *got += 1;
+    };
+    for _ in 0..want2 {
+        take(
+            &mut a,
+            Selector {
+                src: None,
+                tag: 2,
+                mask: 0xff,
+            },
+            &mut got,
+        );
+    }
+    while got < 2 * N {
+        take(&mut a, Selector::any(), &mut got);
+    }
+    assert_eq!(owner.len(), 2);
+    assert_ne!(owner[&peers[0]], owner[&peers[1]]);
+    for &p in &peers {
+        a.send(p, 99, b"done").unwrap();
+    }
+    for s in senders {
+        drop(s.join().unwrap());
+    }
+}
+
+#[test]
+fn selection_prefers_udp_unless_told_or_only_tcp_is_offered() {
+    // Both offer UDP and TCP; the connector is in plain network mode: UDP.
+    let udp_mode = Config {
+        prefer_tcp: false,
+        ..tcp_config(true, 20)
+    };
+    let mut a = Context::with_config(udp_mode.clone())
+        .unwrap()
+        .endpoint()
+        .unwrap();
+    let addr = a.address();
+    assert!(addr.contains(";udp=") && addr.contains(";tcp="), "{addr}");
+    let t = std::thread::spawn(move || {
+        let mut b = Context::with_config(udp_mode).unwrap().endpoint().unwrap();
+        let p = b.connect(&addr).unwrap();
+        (b.transport(p).unwrap(), b)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), "udp");
+    assert_eq!(t.join().unwrap().0, "udp");
+
+    // The listener offers only TCP (UDP off): a UDP-preferring connector takes TCP.
+    let mut a = Context::with_config(Config {
+        udp: None,
+        ..tcp_config(true, 20)
+    })
+    .unwrap()
+    .endpoint()
+    .unwrap();
+    let addr = a.address();
+    assert!(!addr.contains(";udp="), "{addr}");
+    let t = std::thread::spawn(move || {
+        let cfg = Config {
+            prefer_tcp: false,
+            ..tcp_config(true, 20)
+        };
+        let mut b = Context::with_config(cfg).unwrap().endpoint().unwrap();
+        let p = b.connect(&addr).unwrap();
+        (b.transport(p).unwrap(), b)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), "tcp");
+    assert_eq!(t.join().unwrap().0, "tcp");
+
+    // TCP off on the connector and only TCP offered: a clear error.
+    let mut c = Context::with_config(Config {
+        tcp: None,
+        ..tcp_config(true, 20)
+    })
+    .unwrap()
+    .endpoint()
+    .unwrap();
+    match c.connect(&a.address()) {
+        Err(e @ Error::Connect { .. }) => assert!(e.to_string().contains("CLINK_TCP"), "{e}"),
+        r => panic!("expected Error::Connect, got {r:?}"),
+    }
+}
+
+#[test]
+fn a_stale_address_is_refused_with_a_clear_error() {
+    let mut a = tcp_ctx(true, 20).endpoint().unwrap();
+    let good = a.address();
+    // The same TCP address with another endpoint id: what a restarted server leaves.
+    let id = good.split(";id=").nth(1).unwrap()[..32].to_string();
+    let other = format!("{:032x}", u128::from_str_radix(&id, 16).unwrap() ^ 1);
+    let stale = good.replace(&id, &other);
+    let t = std::thread::spawn(move || {
+        let mut b = tcp_ctx(true, 20).endpoint().unwrap();
+        let r = b.connect(&stale);
+        (r.map(|_| ()), b)
+    });
+    // Serve the listener until the connector has its answer.
+    let deadline = Instant::now() + T;
+    while !t.is_finished() {
+        assert!(Instant::now() < deadline, "connect never returned");
+        a.progress();
+        let _ = a.accept(Some(Duration::from_millis(1)));
+    }
+    match t.join().unwrap().0 {
+        Err(e @ Error::Connect { .. }) => assert!(e.to_string().contains("stale"), "{e}"),
+        r => panic!("expected Error::Connect, got {r:?}"),
+    }
+    assert_eq!(a.peers().len(), 0);
+    assert!(a.stats().handshakes_refused >= 1, "{:?}", a.stats());
+}
+
+/// Reads the listener's welcome on a raw socket, bounded.
+fn read_welcome(s: &mut TcpStream) -> Vec<u8> {
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut w = vec![0u8; 64];
+    s.read_exact(&mut w).unwrap();
+    w
+}
+
+#[test]
+fn malformed_streams_kill_only_their_own_link() {
+    let ((mut a, pa), (b, pb)) = pair(true, 20);
+    let target: SocketAddrV4 = a
+        .address()
+        .split(';')
+        .find_map(|s| s.strip_prefix("tcp="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let my_id = {
+        let addr = a.address();
+        let id = &addr.split(";id=").nth(1).unwrap()[..32];
+        u128::from_str_radix(id, 16).unwrap()
+    };
+    let hello = |to: u128| {
+        clink_proto::stream::Handshake {
+            from: 77,
+            to,
+            status: 0,
+        }
+        .record(clink_proto::stream::Kind::Hello)
+    };
+    let mut rng = Rng::new(9);
+    let mut evil = Vec::new();
+    // 1. Garbage instead of a hello: the connection is refused.
+    let mut s = TcpStream::connect(target).unwrap();
+    let mut junk = vec![0u8; 100];
+    fill(1, &mut junk);
+    junk[0] = 9;
+    s.write_all(&junk).unwrap();
+    evil.push(s);
+    // 2. A hello naming another endpoint: refused, with a welcome saying so.
+    let mut s = TcpStream::connect(target).unwrap();
+    s.write_all(&hello(my_id ^ 5)).unwrap();
+    evil.push(s);
+    // 3..8. A proper hello, then a malformed record: a peer that dies of it.
+    let bad_records: Vec<Vec<u8>> = vec![
+        // unknown kind
+        [9u8; 24].to_vec(),
+        // reserved bytes set
+        {
+            let mut h = clink_proto::stream::Header::frame(4).encode().to_vec();
+            h[1] = 1;
+            h
+        },
+        // a frame record whose frame does not parse
+        {
+            let mut h = clink_proto::stream::Header::frame(4).encode().to_vec();
+            h.extend_from_slice(&[0xff; 4]);
+            h
+        },
+        // data for a transfer nobody expects
+        clink_proto::stream::Header::data(12345, 0, 10)
+            .encode()
+            .to_vec(),
+        // a second hello
+        hello(my_id).to_vec(),
+        // a length beyond the limit
+        {
+            let mut h = clink_proto::stream::Header::frame(0).encode().to_vec();
+            h[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+            h
+        },
+    ];
+    let n_bad = bad_records.len();
+    let mut welcomed = Vec::new();
+    for r in &bad_records {
+        let mut s = TcpStream::connect(target).unwrap();
+        s.write_all(&hello(my_id)).unwrap();
+        welcomed.push((s, r.clone()));
+    }
+    // Serve until every hello was answered: 2 refused, n_bad accepted.
+    let deadline = Instant::now() + T;
+    let mut new_peers = Vec::new();
+    while new_peers.len() < n_bad || a.stats().handshakes_refused < 2 {
+        assert!(Instant::now() < deadline, "{:?}", a.stats());
+        if let Ok(p) = a.accept(Some(Duration::from_millis(5))) {
+            new_peers.push(p);
+        }
+    }
+    let w = read_welcome(&mut evil[1]);
+    let hs = clink_proto::stream::Handshake::parse(&w[24..]).unwrap();
+    assert_eq!(hs.status, clink_proto::stream::REFUSED_WRONG_ID);
+    for (s, r) in &mut welcomed {
+        let w = read_welcome(s);
+        assert_eq!(
+            clink_proto::stream::Handshake::parse(&w[24..])
+                .unwrap()
+                .status,
+            0
+        );
+        // Random noise after the bad record does not matter: the link is dead by then.
+        let mut tail = vec![0u8; rng.below(64) as usize];
+        fill(rng.next_u64(), &mut tail);
+        s.write_all(r).unwrap();
+        s.write_all(&tail).unwrap();
+    }
+    let deadline = Instant::now() + T;
+    while new_peers.iter().any(|&p| a.is_alive(p)) {
+        assert!(Instant::now() < deadline, "{:?}", a.stats());
+        a.progress();
+    }
+    let s = a.stats();
+    assert_eq!(s.protocol_errors, n_bad as u64, "{s:?}");
+    // The honest peer still works both ways.
+    let t = std::thread::spawn(move || {
+        let mut b = b;
+        b.send(pb, 3, b"still here").unwrap();
+        let mut buf = [0u8; 16];
+        let st = b
+            .recv_timeout(Selector::exact(Some(pb), 4), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(&buf[..st.len as usize], b"and you");
+        b
+    });
+    let mut buf = [0u8; 64];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 3), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"still here");
+    a.send(pa, 4, b"and you").unwrap();
+    drop(t.join().unwrap());
+    // The refused connections were closed by the endpoint: the raw sockets read the end.
+    for mut s in evil {
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+    }
+}
+
+#[test]
+fn a_receiver_that_does_not_read_pushes_back_on_the_sender() {
+    // (The receiver does not progress for a while: a long liveness timeout.)
+    let ((mut a, pa), (mut b, pb)) = pair_dead(true, 20, 60_000);
+    // 400 eager messages of 64 KiB (25 MiB): more than the kernel's socket buffers and the
+    // link's 4 MiB send queue hold while nobody reads.
+    const N: u64 = 400;
+    let mut reqs = Vec::new();
+    for i in 0..N {
+        reqs.push(b.isend(pb, 1, pattern(i, 65536)).unwrap());
+        b.progress();
+    }
+    let s = b.stats();
+    assert!(
+        s.ring_full > 0,
+        "the sender never found the link full: {s:?}"
+    );
+    // Now the receiver reads everything, in order, intact; the sender's queue drains.
+    let sender = std::thread::spawn(move || {
+        for r in &reqs {
+            b.wait_send(r, Some(T)).unwrap();
+        }
+        recv_vec(&mut b, pb, 2, 8);
+        b
+    });
+    let mut buf = vec![0u8; 65536];
+    for i in 0..N {
+        let st = a
+            .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 65536);
+        check(i, &buf, "pushed-back message");
+    }
+    a.send(pa, 2, b"ok").unwrap();
+    drop(sender.join().unwrap());
+}
+
+#[test]
+fn a_silent_peer_is_declared_dead_and_its_requests_fail() {
+    let ((mut a, pa), (b, _pb)) = pair_dead(true, 20, 300);
+    let r = a
+        .irecv(Selector::exact(Some(pa), 1), vec![0u8; 16])
+        .unwrap();
+    // Stop without a goodbye and without the kernel closing the connection (a hung or
+    // stopped process): leak the endpoint, its socket stays open.
+    std::mem::forget(b);
+    let t = Instant::now();
+    match a.wait_recv(&r, Some(T)) {
+        Err(Error::PeerDead(p)) => assert_eq!(p, pa),
+        other => panic!("expected PeerDead, got {other:?}"),
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(a.last_error().unwrap().contains("declared dead"));
+}
+
+#[test]
+fn an_idle_connection_stays_up_on_keepalives() {
+    // Both sides progress (sleeping in their waits) but say nothing for 4x the liveness
+    // timeout: the keepalives keep the peers alive.
+    let ((mut a, pa), (mut b, pb)) = pair_dead(true, 0, 200);
+    let t = std::thread::spawn(move || {
+        let st = b.recv_timeout(Selector::exact(Some(pb), 1), &mut [0u8; 8], Some(T));
+        (st.map(|s| s.len), b)
+    });
+    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_millis(800))),
+        Err(Error::Timeout)
+    ));
+    assert!(a.is_alive(pa), "{:?}", a.last_error());
+    a.send(pa, 1, b"hi").unwrap();
+    let (len, b) = t.join().unwrap();
+    assert_eq!(len.unwrap(), 2);
+    drop(b);
+}
+
+#[test]
+fn close_is_delivered_over_tcp() {
+    let ((mut a, pa), (mut b, pb)) = pair(true, 20);
+    b.send(pb, 1, b"last words").unwrap();
+    b.close();
+    let mut buf = [0u8; 32];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"last words");
+    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_secs(1))),
+        Err(Error::PeerDead(_))
+    ));
+}
+
+#[test]
+fn a_large_message_into_a_short_buffer_is_truncated() {
+    let ((mut a, pa), (mut b, pb)) = pair(true, 20);
+    let sender = std::thread::spawn(move || {
+        b.send(pb, 3, &pattern(3, 3 << 20)).unwrap();
+        b.send(pb, 4, b"after").unwrap();
+        b
+    });
+    let mut small = vec![0u8; 100_000];
+    let r = a.recv_timeout(Selector::exact(Some(pa), 3), &mut small, Some(T));
+    assert!(
+        matches!(
+            r,
+            Err(Error::Truncated {
+                len: 3_145_728,
+                capacity: 100_000
+            })
+        ),
+        "{r:?}"
+    );
+    assert!(small[..] == pattern(3, 3 << 20)[..100_000]);
+    // The stream is intact after the dropped bytes.
+    let mut buf = [0u8; 8];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 4), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"after");
+    drop(sender.join().unwrap());
+}
+
+#[test]
+fn child_entry() {
+    child_main(|role| {
+        let seed = child_seed();
+        let (mut ep, parent) = child_connect();
+        assert_eq!(ep.transport(parent).unwrap(), "tcp");
+        match role {
+            "big_sender" => {
+                let r = ep
+                    .isend(parent, 1, pattern(key(seed, 1), 256 << 20))
+                    .unwrap();
+                // Until killed.
+                let _ = ep.wait_send(&r, Some(T));
+                std::process::exit(3);
+            }
+            r => panic!("unknown role {r}"),
+        }
+    });
+}
+
+#[test]
+fn peer_killed_mid_transfer_fails_the_receive_promptly() {
+    let seed = seed(42);
+    let mut ep = tcp_ctx(true, 20).endpoint().unwrap();
+    let mut child = spawn(
+        "big_sender",
+        &ep.address(),
+        seed,
+        &[
+            ("CLINK_TRANSPORT", "tcp"),
+            ("CLINK_TCP_BIND", "127.0.0.1:0"),
+            ("CLINK_UDP_BIND", "127.0.0.1:0"),
+        ],
+    );
+    let peer = ep.accept(Some(T)).unwrap();
+    assert_eq!(ep.transport(peer).unwrap(), "tcp");
+    let r = ep
+        .irecv(Selector::exact(Some(peer), 1), vec![0u8; 256 << 20])
+        .unwrap();
+    // Wait until the transfer is under way, then kill the sender.
+    let t = Instant::now();
+    while ep.stats().stream_bytes_received < (8 << 20) && t.elapsed() < T {
+        ep.progress();
+    }
+    assert!(
+        ep.stats().stream_bytes_received >= 8 << 20,
+        "{:?}",
+        ep.stats()
+    );
+    child.kill();
+    child.reap();
+    let t = Instant::now();
+    match ep.wait_recv(&r, Some(Duration::from_secs(10))) {
+        Err(Error::PeerDead(p)) => assert_eq!(p, peer),
+        other => panic!("expected PeerDead, got {other:?}"),
+    }
+    println!("declared dead after {:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(!ep.is_alive(peer));
+}
