@@ -19,11 +19,14 @@
 //! through the two-copy pipeline (chosen when faster, or where CMA is not permitted).
 //!
 //! Between hosts the same API runs over UDP ([`transport::udp`]): a reliable connection per
-//! peer, batched system calls with segmentation offload and receive coalescing. Today it
-//! copies each payload byte four times in user space (the speculative receive that lands
-//! payloads in place is not built yet). There is no background thread: over the network an
-//! endpoint must be called into (any operation, or [`Endpoint::progress`]) more often than
-//! `CLINK_NET_DEAD_MS` (2 s), or its peers declare it dead.
+//! peer, batched system calls with segmentation offload and receive coalescing, and
+//! rendezvous payloads received speculatively straight into the posted buffer. Where UDP is
+//! not wanted or not reachable, over TCP ([`transport::tcp`], `CLINK_TRANSPORT=tcp` or a peer
+//! that offers only TCP): one connection per peer, rendezvous payloads written from the
+//! send buffer and read by one vectored read into the posted buffer. There is no background
+//! thread: over the network an endpoint must be called into (any operation, or
+//! [`Endpoint::progress`]) more often than `CLINK_NET_DEAD_MS` (2 s), or its peers declare
+//! it dead.
 #![warn(missing_docs)]
 
 mod calibrate;

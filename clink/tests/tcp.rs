@@ -12,8 +12,11 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
+/// A TCP-everywhere configuration. The liveness timeout is long (10 s): a test thread
+/// that generates megabytes of message content between calls into its endpoint must not
+/// be taken for dead on a loaded machine (the liveness tests set their own).
 fn tcp_config(speculate: bool, spin_us: u64) -> Config {
-    tcp_config_dead(speculate, spin_us, 2000)
+    tcp_config_dead(speculate, spin_us, 10_000)
 }
 
 fn tcp_config_dead(speculate: bool, spin_us: u64, dead_ms: u64) -> Config {
@@ -42,7 +45,7 @@ fn tcp_ctx(speculate: bool, spin_us: u64) -> Context {
 /// Connects two endpoints over TCP: (server, its peer id for the client), (client, its
 /// peer id for the server).
 fn pair(speculate: bool, spin_us: u64) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
-    pair_dead(speculate, spin_us, 2000)
+    pair_dead(speculate, spin_us, 10_000)
 }
 
 /// As [`pair`], with the liveness timeout `dead_ms`.
@@ -631,13 +634,14 @@ fn a_large_message_into_a_short_buffer_is_truncated() {
 fn child_entry() {
     child_main(|role| {
         let seed = child_seed();
+        // The message is made before connecting: the parent would take a long silence
+        // for death.
+        let msg = pattern(key(seed, 1), 256 << 20);
         let (mut ep, parent) = child_connect();
         assert_eq!(ep.transport(parent).unwrap(), "tcp");
         match role {
             "big_sender" => {
-                let r = ep
-                    .isend(parent, 1, pattern(key(seed, 1), 256 << 20))
-                    .unwrap();
+                let r = ep.isend(parent, 1, msg).unwrap();
                 // Until killed.
                 let _ = ep.wait_send(&r, Some(T));
                 std::process::exit(3);
@@ -650,7 +654,12 @@ fn child_entry() {
 #[test]
 fn peer_killed_mid_transfer_fails_the_receive_promptly() {
     let seed = seed(42);
-    let mut ep = tcp_ctx(true, 20).endpoint().unwrap();
+    // A liveness timeout far beyond the bound below: the kill must be seen through the
+    // connection's end, not through silence.
+    let mut ep = Context::with_config(tcp_config_dead(true, 20, 60_000))
+        .unwrap()
+        .endpoint()
+        .unwrap();
     let mut child = spawn(
         "big_sender",
         &ep.address(),

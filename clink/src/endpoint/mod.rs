@@ -15,7 +15,8 @@
 //! it dead.
 //!
 //! Transports: each peer is a [`link::Link`], shared memory on the same host or UDP
-//! otherwise (`CLINK_TRANSPORT=udp` forces UDP); the protocol above is the same for both.
+//! otherwise (`CLINK_TRANSPORT=udp` forces UDP), or TCP (`CLINK_TRANSPORT=tcp`, or a peer
+//! that offers only TCP); the protocol above is the same for all.
 
 use crate::context::{eager_threshold, pipeline_chunk, rendezvous_method, CtxInner};
 use crate::error::{io_err, Error, Result};

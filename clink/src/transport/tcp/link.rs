@@ -427,7 +427,7 @@ impl TcpLink {
     }
 
     /// Writes what is queued with gathering `sendmsg` calls (`MSG_NOSIGNAL`; up to
-    /// [`MAX_IOV`] pieces per call) until the queue is empty or the socket is full. True
+    /// `MAX_IOV` (64) pieces per call) until the queue is empty or the socket is full. True
     /// when anything was written.
     pub fn write(&mut self) -> Result<bool, LinkError> {
         let mut did = false;
@@ -473,7 +473,7 @@ impl TcpLink {
         Ok(did)
     }
 
-    /// Reads what arrived (at most [`MAX_READS`] reads) and parses it: frames into the
+    /// Reads what arrived (at most `MAX_READS` (16) reads) and parses it: frames into the
     /// frame queue, rendezvous payloads to their place, the handshake into
     /// [`TcpLink::handshake`]. True when anything was read. An error means the link is
     /// dead (frames parsed before it are still queued).
