@@ -116,11 +116,6 @@ impl Asker {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &AskerConfig {
-        &self.cfg
-    }
-
     /// Where the sender stands.
     pub fn standing(&self) -> Standing {
         self.standing
@@ -145,18 +140,19 @@ impl Asker {
         self.retry_at = Some(now + self.cfg.retry);
     }
 
-    /// A bulk transfer was queued (implicit mode asks, unless already asking or granted).
-    pub fn bulk_queued(&mut self, now: u64) {
-        self.idle_since = None;
-        if self.cfg.mode == Mode::Implicit && self.standing == Standing::Idle {
-            self.ask(now);
+    /// Whether a bulk transfer is outstanding (queued or not yet acknowledged). In
+    /// implicit mode a new one asks (unless already asking or granted), and none starts
+    /// the linger time, after which the grant (or the request) is given back.
+    pub fn bulk_active(&mut self, now: u64, active: bool) {
+        if self.cfg.mode != Mode::Implicit || self.wanted {
+            return;
         }
-    }
-
-    /// No bulk transfer is outstanding any more: in implicit mode the linger time starts
-    /// (the grant, or the request, is given back when it ends).
-    pub fn bulk_idle(&mut self, now: u64) {
-        if self.cfg.mode == Mode::Implicit && !self.wanted && self.standing != Standing::Idle {
+        if active {
+            self.idle_since = None;
+            if self.standing == Standing::Idle {
+                self.ask(now);
+            }
+        } else if self.standing != Standing::Idle {
             self.idle_since.get_or_insert(now);
         }
     }
@@ -241,18 +237,11 @@ impl Asker {
     }
 
     /// Repeats an unanswered request, and (implicit mode) gives the grant back once no
-    /// bulk transfer has been outstanding (`bulk_active` false) for the linger time.
-    pub fn handle_timeout(&mut self, now: u64, bulk_active: bool) {
-        if self.cfg.mode == Mode::Implicit && !self.wanted && self.standing != Standing::Idle {
-            if bulk_active {
-                self.idle_since = None;
-            } else {
-                let since = *self.idle_since.get_or_insert(now);
-                if now >= since + self.cfg.linger {
-                    self.give_back();
-                    return;
-                }
-            }
+    /// bulk transfer has been outstanding for the linger time ([`Asker::bulk_active`]).
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.idle_since.is_some_and(|t| now >= t + self.cfg.linger) {
+            self.give_back();
+            return;
         }
         if self.retry_at.is_some_and(|t| now >= t) {
             let again = match self.standing {
@@ -547,11 +536,11 @@ mod tests {
         let cfg = AskerConfig::default();
         let mut a = Asker::new(cfg.clone());
         assert!(!a.fast());
-        a.bulk_queued(0);
+        a.bulk_active(0, true);
         assert_eq!(a.poll_transmit(), Some(Admit::Req));
         assert_eq!(a.poll_transmit(), None);
         assert_eq!(a.poll_timeout(), Some(cfg.retry));
-        a.handle_timeout(cfg.retry, true);
+        a.handle_timeout(cfg.retry);
         assert_eq!(
             a.poll_transmit(),
             Some(Admit::Req),
@@ -571,9 +560,11 @@ mod tests {
         assert_eq!(a.steered_port(), Some(4000));
         assert_eq!(a.poll_timeout(), None);
         // No bulk outstanding for the linger time: the grant goes back.
-        a.handle_timeout(10 * MS, false);
+        a.bulk_active(10 * MS, false);
+        assert_eq!(a.poll_timeout(), Some(10 * MS + cfg.linger));
+        a.handle_timeout(10 * MS + cfg.linger - 1);
         assert!(a.fast(), "lingers first");
-        a.handle_timeout(10 * MS + cfg.linger, false);
+        a.handle_timeout(10 * MS + cfg.linger);
         assert_eq!(a.poll_transmit(), Some(Admit::Release { grant: 7 }));
         assert_eq!(a.standing(), Standing::Idle);
         // A late Fast_Ack while idle is given straight back.
@@ -585,17 +576,17 @@ mod tests {
     fn a_refused_asker_is_slow_asks_now_and_then_and_drops_a_grant_on_timeout() {
         let cfg = AskerConfig::default();
         let mut a = Asker::new(cfg.clone());
-        a.bulk_queued(0);
+        a.bulk_active(0, true);
         a.poll_transmit();
         assert_eq!(a.on_answer(1, Admit::NAck), Some(false));
         assert!(!a.fast());
         assert_eq!(a.poll_timeout(), Some(1 + cfg.refused_retry));
-        a.handle_timeout(1 + cfg.refused_retry, true);
+        a.handle_timeout(1 + cfg.refused_retry);
         assert_eq!(a.poll_transmit(), Some(Admit::Req));
         assert_eq!(a.on_answer(2, Admit::Ack { grant: 3, port: 0 }), Some(true));
         a.on_timeout(3);
         assert!(!a.fast());
-        a.handle_timeout(3 + cfg.retry, true);
+        a.handle_timeout(3 + cfg.retry);
         assert_eq!(a.poll_transmit(), Some(Admit::Req));
     }
 
@@ -605,12 +596,13 @@ mod tests {
             mode: Mode::Explicit,
             ..AskerConfig::default()
         });
-        a.bulk_queued(0);
+        a.bulk_active(0, true);
         assert_eq!(a.poll_transmit(), None);
         a.request(1);
         assert_eq!(a.poll_transmit(), Some(Admit::Req));
         a.on_answer(2, Admit::Ack { grant: 1, port: 0 });
-        a.handle_timeout(u64::MAX / 2, false);
+        a.bulk_active(3, false);
+        a.handle_timeout(u64::MAX / 2);
         assert!(a.fast(), "explicit grants are kept until released");
         a.release();
         assert_eq!(a.poll_transmit(), Some(Admit::Release { grant: 1 }));

@@ -80,7 +80,7 @@ pub mod packet;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::admission::{Asker, AskerConfig, Mode, Standing};
+use crate::admission::{Asker, AskerConfig, Mode};
 
 use thiserror::Error;
 
@@ -143,8 +143,7 @@ pub struct Config {
     /// Fragments of a bulk transfer sent as one group (one GSO send, one speculative
     /// receive entry): a new group starts only when the congestion window and the credit
     /// have room for all of it, so groups stay aligned to multiples of this many fragments
-    /// from the transfer's start.
-    /// 1 disables grouping.
+    /// from the transfer's start. 1 disables grouping.
     pub bulk_group: u64,
     /// Admission control of this side's bulk stream ([`crate::admission`]); off by
     /// default here (every bulk stream fast), implicit by default in the UDP transport.
@@ -766,7 +765,7 @@ impl Conn {
             self.ping_pending = true;
             self.last_ping = now;
         }
-        self.asker.handle_timeout(now, self.bulk_outstanding > 0);
+        self.asker.handle_timeout(now);
         if self.rto_deadline.is_some_and(|d| d <= now) {
             self.on_rto(now);
         } else if self.tlp_deadline.is_some_and(|d| d <= now) {
@@ -1031,9 +1030,7 @@ impl Conn {
                 "handshake datagram on an open connection",
             )),
         };
-        if self.bulk_outstanding == 0 {
-            self.asker.bulk_idle(now);
-        }
+        self.asker.bulk_active(now, self.bulk_outstanding > 0);
         match r {
             Ok(()) => {
                 self.last_recv = now;
@@ -1478,9 +1475,7 @@ impl Conn {
         let mut group_start = false;
         let mut bulk = false;
         let conn = self.cfg.conn_id;
-        if self.bulk_outstanding > 0 {
-            self.asker.bulk_queued(now);
-        }
+        self.asker.bulk_active(now, self.bulk_outstanding > 0);
         let n = if !self.nak_ranges.is_empty() {
             let mut ack = self.build_ack(now);
             // Only holes still open are worth a NAK: packets that arrived since the hole
@@ -1624,11 +1619,6 @@ impl Conn {
     /// Gives the fast stream back, or withdraws the request.
     pub fn release_fast(&mut self) {
         self.asker.release();
-    }
-
-    /// Where this side's bulk stream stands with the peer's admission control.
-    pub fn fast_standing(&self) -> Standing {
-        self.asker.standing()
     }
 
     /// New bulk fragments received so far (placed by the caller or found in place).

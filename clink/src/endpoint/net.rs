@@ -75,8 +75,7 @@ impl Endpoint {
     /// `Ok(true)` at once.
     pub fn request_fast(&mut self, peer: PeerId, timeout: Duration) -> Result<bool> {
         let i = self.net_peer(peer)?;
-        let net = self.net.as_ref().expect("a network peer has a transport");
-        let now = net.now();
+        let now = self.net.as_ref().map_or(0, |n| n.now());
         if let Link::Udp(u) = &mut self.peers[i].link {
             if u.conn.is_fast() {
                 return Ok(true);
@@ -85,23 +84,14 @@ impl Endpoint {
             u.conn.request_fast(now);
         }
         self.kick(i);
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.progress();
-            let p = &self.peers[i];
-            if !p.alive {
-                return Err(Error::PeerDead(peer));
-            }
-            if let Link::Udp(u) = &p.link {
-                if let Some(granted) = u.fast_answer {
-                    return Ok(granted);
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout);
-            }
-            std::hint::spin_loop();
-        }
+        let answer = |ep: &Endpoint| match &ep.peers[i].link {
+            Link::Udp(u) => u.fast_answer,
+            _ => None,
+        };
+        self.wait_until(Some(timeout), |ep| {
+            !ep.peers[i].alive || answer(ep).is_some()
+        })?;
+        answer(self).ok_or(Error::PeerDead(peer))
     }
 
     /// Gives back the fast stream `peer` granted (or withdraws the request); needed only
@@ -123,9 +113,11 @@ impl Endpoint {
         Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn.is_fast()))
     }
 
+    /// `peer`'s index when it is a live UDP peer (admission control's scope).
     fn net_peer(&self, peer: PeerId) -> Result<usize> {
-        match &self.peer(peer)?.link {
-            _ if !self.peer(peer)?.alive => Err(Error::PeerDead(peer)),
+        let p = self.peer(peer)?;
+        match &p.link {
+            _ if !p.alive => Err(Error::PeerDead(peer)),
             Link::Udp(_) => Ok(peer.0 as usize),
             l => Err(Error::Invalid(format!(
                 "{peer} is reached over {}: admission control is for UDP peers (a TCP stream \
@@ -212,19 +204,13 @@ impl Endpoint {
             if u.take_events() {
                 dead.push(i);
             }
+            net.admit(now, i, u);
         }
-        if net.admission() {
-            net.admit(
-                now,
-                self.peers
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(_, p)| p.alive)
-                    .filter_map(|(i, p)| match &mut p.link {
-                        Link::Udp(u) => Some((i, &mut **u)),
-                        _ => None,
-                    }),
-            );
+        // The gate's decisions (usually none) back to the peers as Fast_Ack / Fast_NAck.
+        for (i, answer, revoked) in net.admit_decisions(now) {
+            if let Some(Link::Udp(u)) = self.peers.get_mut(i).map(|p| &mut p.link) {
+                u.answer_admit(answer, revoked);
+            }
         }
         let accepted = net.take_accepted();
         self.finish_bulk();

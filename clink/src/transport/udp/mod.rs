@@ -300,6 +300,13 @@ impl UdpLink {
         }) {}
     }
 
+    /// Sends the gate's answer (Fast_Ack or Fast_NAck) to the peer; `revoked`: it takes a
+    /// grant back (repeated while the peer's bulk keeps coming).
+    pub fn answer_admit(&mut self, answer: Admit, revoked: bool) {
+        self.revoked = revoked;
+        self.conn.answer_admit(answer);
+    }
+
     /// Moves the peer's admission requests and releases to `gate` (under route `idx`), and
     /// notes its bulk stream's activity: the holder's keeps its grant, a revoked sender's
     /// gets its Fast_NAck again (at most once per millisecond: the first may be lost).
@@ -611,39 +618,32 @@ impl UdpTransport {
         }
     }
 
-    /// Whether admission control is on.
-    pub fn admission(&self) -> bool {
-        self.st.cfg.admission != Mode::Off
-    }
-
     /// The peer (route index) holding the fast-stream grant, if any.
     pub fn fast_holder(&self) -> Option<usize> {
         self.st.gate.holder().map(|h| h.peer)
     }
 
-    /// Runs admission control for the links (by route index): their requests and releases
-    /// to the gate, its timers, and its decisions back to the peers as Fast_Ack or
-    /// Fast_NAck.
-    pub fn admit<'a>(&mut self, now: u64, links: impl Iterator<Item = (usize, &'a mut UdpLink)>) {
+    /// Admission control for the link routed under `idx`: its requests and releases to
+    /// the gate, its bulk stream's activity (nothing to do with admission control off).
+    pub fn admit(&mut self, now: u64, idx: usize, link: &mut UdpLink) {
         let st = &mut self.st;
-        let mut links: Vec<(usize, &mut UdpLink)> = links.collect();
-        for (i, l) in links.iter_mut() {
-            l.admit(now, *i, &mut st.gate, &mut st.decisions, &mut st.stats);
+        if st.cfg.admission != Mode::Off {
+            link.admit(now, idx, &mut st.gate, &mut st.decisions, &mut st.stats);
         }
+    }
+
+    /// After [`UdpTransport::admit`] for every link: runs the gate's timer and drains its
+    /// decisions as (route index, answer, whether it revokes a grant).
+    pub fn admit_decisions(&mut self, now: u64) -> impl Iterator<Item = (usize, Admit, bool)> + '_ {
+        let st = &mut self.st;
         if st.gate.poll_timeout().is_some_and(|t| t <= now) {
             st.gate.handle_timeout(now, &mut st.decisions);
         }
-        for d in st.decisions.drain(..) {
-            let (peer, answer) = match d {
-                Decision::Grant { peer, grant } => (peer, Admit::Ack { grant, port: 0 }),
-                Decision::Refuse { peer } => (peer, Admit::NAck),
-                Decision::Revoke { peer } => (peer, Admit::NAck),
-            };
-            if let Some((_, l)) = links.iter_mut().find(|(i, _)| *i == peer) {
-                l.revoked = matches!(d, Decision::Revoke { .. });
-                l.conn.answer_admit(answer);
-            }
-        }
+        st.decisions.drain(..).map(|d| match d {
+            Decision::Grant { peer, grant } => (peer, Admit::Ack { grant, port: 0 }, false),
+            Decision::Refuse { peer } => (peer, Admit::NAck, false),
+            Decision::Revoke { peer } => (peer, Admit::NAck, true),
+        })
     }
 
     /// When the admission gate's timer runs out (an idle holder, a rotation).
