@@ -5,7 +5,8 @@ system/mode/size, and the ratios the issues' targets are stated in.
 Usage: clink bench --rounds 3 --json > bench.jsonl; python3 scripts/bench-summary.py bench.jsonl
 
 Rows of `clink bench --rma` (they carry an `experiment`) are summarised per experiment,
-system, variant, size and number of endpoints: each round's median, and their median.
+system, variant, size and number of endpoints: each round's median, and their median
+(and the rounds' p99s, for the rows that have one).
 """
 import json
 import statistics as st
@@ -17,15 +18,16 @@ rma = defaultdict(list)
 for r in rows:
     if "experiment" in r:
         key = (r["experiment"], r["system"], r["variant"], r["size"], r.get("endpoints", ""))
-        rma[key].append((r["round"], r["median"]))
+        rma[key].append((r["round"], r["median"], r.get("p99")))
 if rma:
-    print("| experiment | system | variant | size | endpoints | rounds | median |")
-    print("|---|---|---|---|---|---|---|")
+    print("| experiment | system | variant | size | endpoints | rounds | median | p99 by round |")
+    print("|---|---|---|---|---|---|---|---|")
     # Names as text, sizes and endpoint counts as numbers ("" when a row has none).
-    for k in sorted(rma, key=lambda k: (*k[:3], k[3], k[4] if k[4] != "" else 0)):
-        v = [m for _, m in sorted(rma[k])]
+    for k in sorted(rma, key=lambda k: (*k[:4], k[4] or 0)):
+        v = [m for _, m, _ in sorted(rma[k])]
+        p99 = ", ".join(f"{p:.3g}" for _, _, p in sorted(rma[k]) if p is not None) or "-"
         rounds = ", ".join(f"{m:.3g}" for m in v)
-        print("| " + " | ".join(str(x) for x in k) + f" | {rounds} | {st.median(v):.3g} |")
+        print("| " + " | ".join(str(x) for x in k) + f" | {rounds} | {st.median(v):.3g} | {p99} |")
 rows = [r for r in rows if "experiment" not in r]
 if not rows:
     sys.exit(0)

@@ -252,6 +252,26 @@ mod tests {
         assert_eq!(c.spin, Some(Duration::ZERO));
         assert!(!c.cma);
         assert_eq!(c.ring_cells, 1024);
+        let udp = |k: &str, v: &str| {
+            Config::from_vars(vars(&[(k, v)]))
+                .unwrap()
+                .udp
+                .expect("UDP on by default")
+        };
+        use clink_proto::admission::Mode;
+        assert_eq!(
+            udp("CLINK_UDP_ADMISSION", "explicit").admission,
+            Mode::Explicit
+        );
+        assert_eq!(udp("CLINK_UDP_ADMISSION", "off").admission, Mode::Off);
+        assert_eq!(
+            udp("CLINK_UDP_ADMISSION", "implicit").admission,
+            Mode::Implicit
+        );
+        let board = |v: &str| Config::from_vars(vars(&[("CLINK_BOARD_PEERS", v)]));
+        let slots = crate::transport::shm::board::SLOTS;
+        assert_eq!(board(&slots.to_string()).unwrap().board_peers, slots);
+        assert!(board(&(slots + 1).to_string()).is_err());
         let t = Config::from_vars(vars(&[
             ("CLINK_TRANSPORT", "tcp"),
             ("CLINK_TCP_BIND", "127.0.0.1:0"),

@@ -458,11 +458,10 @@ impl SeqPacket {
         fds: &mut Vec<OwnedFd>,
         timeout: Duration,
     ) -> io::Result<usize> {
-        if !poll_readable(self.0.as_raw_fd(), timeout)? {
-            return Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "peer did not answer in time",
-            ));
+        let late = || io::Error::new(io::ErrorKind::TimedOut, "peer did not answer in time");
+        // With no timeout, MSG_DONTWAIT below says "nothing yet" by itself: no poll.
+        if !timeout.is_zero() && !poll_readable(self.0.as_raw_fd(), timeout)? {
+            return Err(late());
         }
         let mut iov = libc::iovec {
             iov_base: buf.as_mut_ptr().cast(),
@@ -482,6 +481,10 @@ impl SeqPacket {
                 &mut msg,
                 libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
             )
+        })
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock => late(),
+            _ => e,
         })?;
         // SAFETY: walking the control buffer the kernel filled, bounded by msg_controllen.
         unsafe {

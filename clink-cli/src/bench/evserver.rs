@@ -90,14 +90,11 @@ impl ServerRow {
 /// `board`: the server uses its activity board from the first peer on (the same code path
 /// at every N); otherwise from the default threshold (`CLINK_BOARD_PEERS` = 4 peers).
 fn config(board: bool) -> Config {
-    let d = Config::default();
+    let d = super::rma::same_host_config();
     Config {
-        calibrate: false,
-        spin: None,
         board_peers: if board { 1 } else { d.board_peers },
         // Small rings: a thousand connections, each carrying one 64-byte request at a time.
         ring_cells: 256,
-        udp: None,
         ..d
     }
 }

@@ -75,17 +75,26 @@ fn summary(v: &[f64]) -> (f64, f64, f64) {
     (stats::median(v).unwrap_or(f64::NAN), min, max)
 }
 
+/// The configuration of the aperture benchmarks' endpoints: no calibration, busy-poll,
+/// and no network transports (both sides are on one host: a UDP socket or a TCP listener
+/// per endpoint would only add descriptors and epoll entries).
+pub(super) fn same_host_config() -> Config {
+    Config {
+        calibrate: false,
+        spin: None,
+        udp: None,
+        tcp: None,
+        ..Config::default()
+    }
+}
+
 /// Runs `a` and `b` on two threads (pinned to CPUs 0 and 1) with connected endpoints.
 fn pair<R: Send + 'static>(
     pin: bool,
     a: impl FnOnce(&mut Endpoint, PeerId) -> R + Send + 'static,
     b: impl FnOnce(&mut Endpoint, PeerId) + Send + 'static,
 ) -> Result<R, String> {
-    let cfg = || Config {
-        calibrate: false,
-        spin: None,
-        ..Config::default()
-    };
+    let cfg = same_host_config;
     let ctx_a = Context::with_config(cfg()).map_err(|e| e.to_string())?;
     let mut ep_a = ctx_a.endpoint().map_err(|e| e.to_string())?;
     let addr = ep_a.address();

@@ -11,8 +11,9 @@
 //!
 //! Segment layout (direction 0 = connector to acceptor, 1 = the other way):
 //! `[header page][ring 0][ring 1]`, each ring being a 256-byte control block followed by
-//! its cells. The header holds the magic, the ring size, and each side's slot on the
-//! other's activity board ([`board`], sent with the handshake; 0 = no slot, else slot + 1). The rings are also the staging area of the pipelined rendezvous (chunks
+//! its cells. The header holds each side's slot on the other's activity board ([`board`],
+//! sent with the handshake; 0 = no slot, else slot + 1); the ring size comes with the
+//! hello. The rings are also the staging area of the pipelined rendezvous (chunks
 //! travel as ring records), so nothing else is shared.
 
 pub mod board;
@@ -31,7 +32,6 @@ use std::time::Duration;
 
 const PAGE: usize = 4096;
 const CTRL: usize = 256;
-const SEG_MAGIC: u64 = 0x434c_494e_4b53_4547; // "CLINKSEG"
 /// Header words: the acceptor's slot on the connector's board, and the reverse.
 const HDR_SLOT_OF_ACCEPTOR: usize = 2;
 const HDR_SLOT_OF_CONNECTOR: usize = 3;
@@ -239,15 +239,6 @@ fn probe_cma(cfg: &Config, pid: i32, addr: u64, value: u64) -> bool {
     sys::cma_read(pid, addr, &mut b).is_ok() && u64::from_le_bytes(b) == value
 }
 
-fn init_header(seg: &Mapping, h: &Hello) {
-    // SAFETY: the header page is at the start of a fresh mapping we own alone.
-    unsafe {
-        let p = seg.ptr() as *mut u64;
-        p.write(SEG_MAGIC);
-        p.add(1).write(u64::from(h.ring_cells));
-    }
-}
-
 /// Word `i` of a segment's header page (shared: read and written atomically).
 fn header(seg: &Mapping, i: usize) -> &AtomicU64 {
     assert!((i + 1) * 8 <= PAGE);
@@ -321,7 +312,6 @@ impl ShmPeer {
             sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
         let seg =
             Arc::new(Mapping::new_populated(&memfd, lay.total).map_err(io_err("mmap segment"))?);
-        init_header(&seg, &hello);
         header(&seg, HDR_SLOT_OF_ACCEPTOR).store(slot_word(slot), Ordering::Release);
         sock.send_with_fds(
             &hello.encode(),
