@@ -11,6 +11,29 @@ fn size(n: u64) -> String {
     }
 }
 
+/// What `Endpoint::connect` picks, in words: shared memory for a peer on this host unless
+/// the network is forced; else TCP first when it is on and preferred or UDP is off, UDP
+/// otherwise, TCP when the peer offers only TCP.
+fn connect_choice(prefer_tcp: bool, force_net: bool, udp: bool, tcp: bool) -> String {
+    let net = match (udp, tcp, prefer_tcp) {
+        (true, true, true) => "TCP, or UDP when the peer offers only UDP (CLINK_TRANSPORT=tcp)",
+        (false, true, true) => "TCP (CLINK_TRANSPORT=tcp)",
+        (true, true, false) => "UDP, or TCP when the peer offers only TCP",
+        (false, true, false) => "TCP (UDP is off here: CLINK_UDP=off)",
+        (true, false, true) => "UDP (CLINK_TRANSPORT=tcp but TCP is off: CLINK_TCP=off)",
+        (true, false, false) => "UDP (TCP is off here: CLINK_TCP=off)",
+        (false, false, _) => "",
+    };
+    match (force_net, net.is_empty()) {
+        (true, false) => format!("every peer, even on this host, over {net}"),
+        (false, false) => format!("shared memory on this host; other hosts over {net}"),
+        (false, true) => "shared memory only (CLINK_UDP=off, CLINK_TCP=off)".into(),
+        (true, true) => {
+            "nothing: CLINK_TRANSPORT forces the network, but UDP and TCP are off".into()
+        }
+    }
+}
+
 /// Prints configuration, measured costs and the thresholds derived from them.
 pub fn run() -> Result<(), String> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
@@ -51,14 +74,12 @@ pub fn run() -> Result<(), String> {
             None => "off (CLINK_TCP=off)".into(),
         }
     );
-    let choice = match (cfg.prefer_tcp, cfg.force_net, cfg.udp.is_some(), cfg.tcp.is_some()) {
-        (true, _, _, true) => "TCP for every peer, even on this host (CLINK_TRANSPORT=tcp)",
-        (true, _, _, false) => "CLINK_TRANSPORT=tcp but TCP is off (CLINK_TCP=off): UDP",
-        (false, true, _, _) => "UDP for every peer, even on this host (CLINK_TRANSPORT=udp); TCP when the peer offers only TCP",
-        (false, false, true, _) => "shared memory on this host; other hosts over UDP, or TCP when the peer offers only TCP (CLINK_TRANSPORT=tcp forces TCP)",
-        (false, false, false, true) => "shared memory on this host; other hosts over TCP (UDP is off here)",
-        (false, false, false, false) => "shared memory only (CLINK_UDP=off, CLINK_TCP=off)",
-    };
+    let choice = connect_choice(
+        cfg.prefer_tcp,
+        cfg.force_net,
+        cfg.udp.is_some(),
+        cfg.tcp.is_some(),
+    );
     println!("connect picks       {choice}");
     println!();
     println!(
@@ -148,4 +169,32 @@ pub fn run() -> Result<(), String> {
         println!("  {name:<26} {val:<10} {what}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_choice;
+
+    #[test]
+    fn the_choice_follows_connect() {
+        // CLINK_TRANSPORT=udp with UDP off: TCP for every peer, not UDP.
+        let c = connect_choice(false, true, false, true);
+        assert!(c.starts_with("every peer") && c.contains("over TCP"), "{c}");
+        // CLINK_TRANSPORT=tcp.
+        let c = connect_choice(true, true, true, true);
+        assert!(c.starts_with("every peer") && c.contains("over TCP"), "{c}");
+        // Defaults.
+        let c = connect_choice(false, false, true, true);
+        assert!(
+            c.starts_with("shared memory") && c.contains("over UDP, or TCP"),
+            "{c}"
+        );
+        // TCP off: no TCP fall-back.
+        let c = connect_choice(false, false, true, false);
+        assert!(!c.contains("or TCP"), "{c}");
+        // UDP off: other hosts over TCP.
+        let c = connect_choice(false, false, false, true);
+        assert!(c.contains("other hosts over TCP"), "{c}");
+        assert!(connect_choice(false, false, false, false).contains("shared memory only"));
+    }
 }

@@ -54,7 +54,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn byte(self) -> u8 {
+    /// The kind's byte on the wire.
+    pub fn byte(self) -> u8 {
         match self {
             Kind::Frame => 1,
             Kind::Data => 2,

@@ -6,7 +6,7 @@ mod common;
 
 use clink::transport::udp::{FaultConfig, UdpConfig};
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
-use common::{fill, T};
+use common::{echo, fill, T};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -33,32 +33,20 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
         },
         ..UdpConfig::default()
     };
-    Context::with_config(Config {
+    common::ctx_with(Config {
         calibrate: false,
         force_net: true,
         spin: Some(Duration::from_micros(20)),
         udp: Some(udp),
         ..Config::default()
     })
-    .unwrap()
 }
 
 /// Connects two endpoints over UDP: (server, its peer id for the client), (client, its
 /// peer id for the server).
 fn pair(faults: &str, dead_ms: u64) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
-    let mut a = net_ctx(faults, dead_ms).endpoint().unwrap();
-    let addr = a.address();
-    assert!(addr.contains(";udp=127.0.0.1:"), "{addr}");
     let faults = faults.to_string();
-    let client = std::thread::spawn(move || {
-        let mut b = net_ctx(&faults, dead_ms).endpoint().unwrap();
-        let p = b.connect(&addr).unwrap();
-        assert_eq!(b.transport(p).unwrap(), "udp");
-        (b, p)
-    });
-    let pa = a.accept(Some(T)).unwrap();
-    assert_eq!(a.transport(pa).unwrap(), "udp");
-    ((a, pa), client.join().unwrap())
+    common::connect_pair(move || net_ctx(&faults, dead_ms), "udp")
 }
 
 const SIZES: &[usize] = &[
@@ -74,39 +62,6 @@ const SIZES: &[usize] = &[
     300_000,
     4 << 20,
 ];
-
-/// Echo server: returns every message with its tag until tag 0 (answered, then it stops).
-fn echo(mut ep: Endpoint, peer: PeerId) -> Endpoint {
-    let mut buf = vec![0u8; 8 << 20];
-    loop {
-        let st = match ep.recv_timeout(
-            Selector {
-                src: Some(peer),
-                tag: 0,
-                mask: 0,
-            },
-            &mut buf,
-            Some(T),
-        ) {
-            Ok(st) => st,
-            Err(e) => panic!(
-                "echo: {e}: {:?} last error {:?}",
-                ep.stats(),
-                ep.last_error()
-            ),
-        };
-        if st.tag == 0 {
-            // Answered, so the client keeps progressing (and retransmitting) until this
-            // side has everything.
-            ep.send(peer, 0, &[]).unwrap();
-            // Lingers until the answer is acknowledged: nobody progresses this endpoint
-            // afterwards.
-            ep.close();
-            return ep;
-        }
-        ep.send(peer, st.tag, &buf[..st.len as usize]).unwrap();
-    }
-}
 
 fn round_trips(b: &mut Endpoint, pb: PeerId, rounds: usize, seed: u64) {
     let mut buf = vec![0u8; 8 << 20];

@@ -20,7 +20,7 @@ pub(crate) enum Link {
 
 /// A link over which a rendezvous is a bulk transfer the link moves itself: the sender's
 /// buffer is read in place, the receiver's posted buffer is written in place, and the
-/// link reports completions (UDP: `Bulk::done_in/out`; TCP: `TcpLink::done_in/out`).
+/// link reports completions ([`BulkLink::take_done`]).
 pub(crate) trait BulkLink {
     /// Starts sending `len` bytes at `ptr` as transfer `xfer`; false when the link is dead.
     ///
@@ -34,6 +34,11 @@ pub(crate) trait BulkLink {
     /// The buffer must stay valid and otherwise unused until the link reports the transfer
     /// done or forgets its transfers (peer failure).
     unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64);
+    /// The transfers finished since the last call: (received, sent).
+    fn take_done(&mut self) -> (Vec<u64>, Vec<u64>);
+    /// Forgets every transfer (the peer failed): no pointer into a request buffer is used
+    /// afterwards.
+    fn clear_bulk(&mut self);
 }
 
 impl BulkLink for UdpLink {
@@ -45,6 +50,15 @@ impl BulkLink for UdpLink {
         // SAFETY: forwarded contract.
         unsafe { UdpLink::expect_bulk(self, xfer, total, ptr, cap) }
     }
+    fn take_done(&mut self) -> (Vec<u64>, Vec<u64>) {
+        (
+            std::mem::take(&mut self.bulk.done_in),
+            std::mem::take(&mut self.bulk.done_out),
+        )
+    }
+    fn clear_bulk(&mut self) {
+        self.bulk.clear();
+    }
 }
 
 impl BulkLink for TcpLink {
@@ -55,6 +69,15 @@ impl BulkLink for TcpLink {
     unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
         // SAFETY: forwarded contract.
         unsafe { TcpLink::expect_bulk(self, xfer, total, ptr, cap) }
+    }
+    fn take_done(&mut self) -> (Vec<u64>, Vec<u64>) {
+        (
+            std::mem::take(&mut self.done_in),
+            std::mem::take(&mut self.done_out),
+        )
+    }
+    fn clear_bulk(&mut self) {
+        TcpLink::clear_bulk(self);
     }
 }
 

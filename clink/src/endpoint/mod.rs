@@ -1399,7 +1399,7 @@ impl Endpoint {
                 let buf = op.buf.slice();
                 let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
                 // SAFETY: the receive op owns the buffer (heap or a blocking caller's
-                // slice) and keeps it until the transfer completes (finish_bulk) or the
+                // slice) and keeps it until the transfer completes (finish_bulk_peer) or the
                 // peer fails (fail_peer_ops clears the link's transfers first).
                 unsafe { u.expect_bulk(send_id, len, ptr, cap) };
             }
@@ -1823,15 +1823,44 @@ impl Endpoint {
         self.fail_peer_ops(i);
     }
 
+    /// Completes the rendezvous sends and receives whose bulk transfers peer `i`'s link
+    /// finished (UDP or TCP).
+    fn finish_bulk_peer(&mut self, i: usize) {
+        let Some(b) = self.peers[i].link.bulk() else {
+            return;
+        };
+        let (done_in, done_out) = b.take_done();
+        for x in done_out {
+            if let Some(op) = self.sends.get_mut(&x) {
+                if matches!(op.state, SendState::Pipelining) {
+                    op.state = SendState::Done(Ok(()));
+                }
+            }
+        }
+        for x in done_in {
+            let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
+                continue;
+            };
+            let Some(op) = self.recvs.get_mut(&rid) else {
+                continue;
+            };
+            if let RecvState::Pipelining { status, .. } = op.state {
+                // Its bytes are counted by the link (hits, direct reads, cleanup copies).
+                let cap = op.buf.slice().len() as u64;
+                op.state = RecvState::Done(receive_result(status, cap));
+            }
+        }
+    }
+
     /// Fails every operation that needs the (dead or closed) peer `i`.
     fn fail_peer_ops(&mut self, i: usize) {
         let peer = PeerId(i as u32);
         let p = &mut self.peers[i];
         p.txq.clear();
         p.pipeline_out.clear();
-        if let Link::Udp(u) = &mut p.link {
+        if let Some(b) = p.link.bulk() {
             // No pointer into a request buffer survives the requests' failure.
-            u.bulk.clear();
+            b.clear_bulk();
         }
         for (_, rid) in p.pipeline_in.drain() {
             if let Some(op) = self.recvs.get_mut(&rid) {

@@ -3,7 +3,7 @@
 //! that differ from shared memory.
 
 use super::link::Link;
-use super::{receive_result, Endpoint, RecvState, SendState};
+use super::Endpoint;
 use crate::context::CtxInner;
 use crate::error::{Error, Result};
 use clink_proto::PeerId;
@@ -127,19 +127,20 @@ impl Endpoint {
         }
     }
 
-    /// Sends what peer `i`'s link has queued, at once (a UDP link; nothing to do for
-    /// shared memory, whose frames are in the peer's ring already).
+    /// Sends what peer `i`'s link has queued, at once, rather than at the end of the
+    /// progress pass: a UDP link's datagrams, a TCP link's send queue; nothing for shared
+    /// memory, whose frames are in the peer's ring already.
     pub(super) fn kick(&mut self, i: usize) {
-        if matches!(self.peers.get(i).map(|p| &p.link), Some(Link::Tcp(_))) {
-            return self.tcp_kick(i);
-        }
-        let (Some(net), Some(p)) = (self.net.as_mut(), self.peers.get_mut(i)) else {
-            return;
-        };
-        if let Link::Udp(u) = &mut p.link {
-            let now = net.now();
-            net.transmit(u, now);
-            net.flush();
+        match self.peers.get_mut(i).map(|p| &mut p.link) {
+            Some(Link::Tcp(_)) => self.tcp_write(i),
+            Some(Link::Udp(u)) => {
+                if let Some(net) = self.net.as_mut() {
+                    let now = net.now();
+                    net.transmit(u, now);
+                    net.flush();
+                }
+            }
+            Some(Link::Shm(_)) | None => {}
         }
     }
 
@@ -242,36 +243,11 @@ impl Endpoint {
         got || adopted
     }
 
-    /// Completes the rendezvous sends and receives whose bulk transfers are over.
+    /// Completes the rendezvous sends and receives whose UDP bulk transfers are over.
     fn finish_bulk(&mut self) {
         for i in 0..self.peers.len() {
-            let Link::Udp(u) = &mut self.peers[i].link else {
-                continue;
-            };
-            if u.bulk.done_in.is_empty() && u.bulk.done_out.is_empty() {
-                continue;
-            }
-            let done_in = std::mem::take(&mut u.bulk.done_in);
-            let done_out = std::mem::take(&mut u.bulk.done_out);
-            for x in done_out {
-                if let Some(op) = self.sends.get_mut(&x) {
-                    if matches!(op.state, SendState::Pipelining) {
-                        op.state = SendState::Done(Ok(()));
-                    }
-                }
-            }
-            for x in done_in {
-                let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
-                    continue;
-                };
-                let Some(op) = self.recvs.get_mut(&rid) else {
-                    continue;
-                };
-                if let RecvState::Pipelining { status, .. } = op.state {
-                    // Its bytes are counted by the link (hits and cleanup copies).
-                    let cap = op.buf.slice().len() as u64;
-                    op.state = RecvState::Done(receive_result(status, cap));
-                }
+            if matches!(self.peers[i].link, Link::Udp(_)) {
+                self.finish_bulk_peer(i);
             }
         }
     }

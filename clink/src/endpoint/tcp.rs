@@ -3,7 +3,7 @@
 //! transfers the links finished, and failing peers whose connection ended.
 
 use super::link::Link;
-use super::{receive_result, Endpoint, RecvState, SendState, TOK_PEER0};
+use super::{Endpoint, TOK_PEER0};
 use crate::error::{Error, Result};
 use crate::transport::tcp::{LinkError, TcpTransport};
 use clink_proto::PeerId;
@@ -194,7 +194,7 @@ impl Endpoint {
             None => t.receive(),
         };
         let did = matches!(r, Ok(true));
-        self.tcp_finish(i);
+        self.finish_bulk_peer(i);
         if did {
             self.mark_busy(i);
         }
@@ -235,12 +235,9 @@ impl Endpoint {
         }
     }
 
-    /// Writes peer `i`'s queue now (after a send: no need to wait for the pass's end).
-    pub(super) fn tcp_kick(&mut self, i: usize) {
-        self.tcp_write(i);
-    }
-
-    fn tcp_write(&mut self, i: usize) {
+    /// Writes peer `i`'s queue (at the pass's end, on writability, or at once after a
+    /// send: [`Endpoint::kick`]).
+    pub(super) fn tcp_write(&mut self, i: usize) {
         let p = &mut self.peers[i];
         let Link::Tcp(t) = &mut p.link else { return };
         if !p.alive || !t.wants_write() {
@@ -264,7 +261,7 @@ impl Endpoint {
             // the hang-up makes the socket readable.
             t.write_failed = Some(e);
         }
-        self.tcp_finish(i);
+        self.finish_bulk_peer(i);
     }
 
     /// Epoll reported peer `i`'s socket (readable, writable or hung up).
@@ -272,38 +269,6 @@ impl Endpoint {
         let did = self.tcp_read(i);
         self.tcp_write(i);
         did
-    }
-
-    /// Completes the rendezvous sends and receives whose transfers peer `i`'s link
-    /// finished.
-    fn tcp_finish(&mut self, i: usize) {
-        let Link::Tcp(t) = &mut self.peers[i].link else {
-            return;
-        };
-        if t.done_in.is_empty() && t.done_out.is_empty() {
-            return;
-        }
-        let done_in = std::mem::take(&mut t.done_in);
-        let done_out = std::mem::take(&mut t.done_out);
-        for x in done_out {
-            if let Some(op) = self.sends.get_mut(&x) {
-                if matches!(op.state, SendState::Pipelining) {
-                    op.state = SendState::Done(Ok(()));
-                }
-            }
-        }
-        for x in done_in {
-            let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
-                continue;
-            };
-            let Some(op) = self.recvs.get_mut(&rid) else {
-                continue;
-            };
-            if let RecvState::Pipelining { status, .. } = op.state {
-                let cap = op.buf.slice().len() as u64;
-                op.state = RecvState::Done(receive_result(status, cap));
-            }
-        }
     }
 
     /// A peer joins the TCP transport's list (its socket goes in the epoll set under the
@@ -326,8 +291,8 @@ impl Endpoint {
     }
 
     /// Peer `i` failed or closed: flush what its link can still take, end our side of the
-    /// stream (the peer reads the end), forget its transfers, free its buffers and stop
-    /// watching it.
+    /// stream (the peer reads the end), free its buffers (its transfers are forgotten
+    /// with them) and stop watching it.
     pub(super) fn tcp_removed(&mut self, i: usize) {
         let Link::Tcp(t) = &mut self.peers[i].link else {
             return;

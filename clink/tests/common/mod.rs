@@ -317,6 +317,60 @@ pub fn check(k: u64, buf: &[u8], what: &str) {
     }
 }
 
+/// Connects two endpoints of contexts made by `ctx` (the client in another thread) over
+/// `transport` on loopback, which the address must offer and both sides must pick:
+/// (server, its peer id for the client), (client, its peer id for the server).
+pub fn connect_pair(
+    ctx: impl Fn() -> Context + Clone + Send + 'static,
+    transport: &'static str,
+) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    let mut a = ctx().endpoint().unwrap();
+    let addr = a.address();
+    assert!(addr.contains(&format!(";{transport}=127.0.0.1:")), "{addr}");
+    let client_ctx = ctx.clone();
+    let client = std::thread::spawn(move || {
+        let mut b = client_ctx().endpoint().unwrap();
+        let p = b.connect(&addr).unwrap();
+        assert_eq!(b.transport(p).unwrap(), transport);
+        (b, p)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), transport);
+    ((a, pa), client.join().unwrap())
+}
+
+/// Echo server: returns every message from `peer` with its tag until tag 0 (answered, so
+/// the client keeps progressing, and retransmitting over UDP, until this side has
+/// everything; then it closes, lingering until the answer is out, and stops).
+pub fn echo(mut ep: Endpoint, peer: PeerId) -> Endpoint {
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let st = match ep.recv_timeout(
+            Selector {
+                src: Some(peer),
+                tag: 0,
+                mask: 0,
+            },
+            &mut buf,
+            Some(T),
+        ) {
+            Ok(st) => st,
+            Err(e) => panic!(
+                "echo: {e}: {:?} last error {:?}",
+                ep.stats(),
+                ep.last_error()
+            ),
+        };
+        if st.tag == 0 {
+            ep.send(peer, 0, &[]).unwrap();
+            // Nobody progresses this endpoint afterwards.
+            ep.close();
+            return ep;
+        }
+        ep.send(peer, st.tag, &buf[..st.len as usize]).unwrap();
+    }
+}
+
 /// Calls `ep.progress()` until `cond` holds; panics after `timeout`.
 pub fn drive_until(
     ep: &mut Endpoint,

@@ -7,7 +7,7 @@ use clink_proto::wire::Frame;
 use clink_proto::ProtoError;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
-use std::net::{Shutdown, SocketAddrV4, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -145,8 +145,6 @@ pub struct TcpLink {
     sock: TcpStream,
     /// The peer's endpoint id (from the handshake).
     pub remote_id: u128,
-    /// The peer's socket address.
-    pub peer_addr: Option<SocketAddrV4>,
     tx: VecDeque<Seg>,
     /// Bytes of the front segment already written.
     tx_off: usize,
@@ -196,14 +194,9 @@ impl TcpLink {
     pub fn new(sock: TcpStream, speculate: bool) -> io::Result<TcpLink> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
-        let peer_addr = match sock.peer_addr() {
-            Ok(std::net::SocketAddr::V4(a)) => Some(a),
-            _ => None,
-        };
         Ok(TcpLink {
             sock,
             remote_id: 0,
-            peer_addr,
             tx: VecDeque::new(),
             tx_off: 0,
             tx_queued: 0,
@@ -731,11 +724,22 @@ impl TcpLink {
                 break;
             }
             let h = Header::parse(avail)?;
+            // The handshake record comes first and once: frames, data and keepalives
+            // are refused before it, another handshake after it.
+            let handshake = matches!(h.kind, Kind::Hello | Kind::Welcome);
+            match (self.handshake.is_some(), handshake) {
+                (false, false) => return Err(ProtoError::BadKind(h.kind.byte()).into()),
+                (true, true) => {
+                    return Err(ProtoError::UnexpectedMessage {
+                        want: "frame or data record",
+                        got: h.kind.byte(),
+                    }
+                    .into())
+                }
+                _ => {}
+            }
             match h.kind {
                 Kind::Data => {
-                    if self.handshake.is_none() {
-                        return Err(ProtoError::BadKind(2).into());
-                    }
                     let last = self.incoming.begin(&h)?;
                     self.start += HEADER;
                     self.cur = Some(Cur {
@@ -745,31 +749,17 @@ impl TcpLink {
                         last,
                     });
                 }
-                Kind::Keepalive => {
-                    if self.handshake.is_none() {
-                        return Err(ProtoError::BadKind(5).into());
-                    }
-                    self.start += HEADER;
-                }
+                Kind::Keepalive => self.start += HEADER,
                 Kind::Frame | Kind::Hello | Kind::Welcome => {
-                    let Some((h, total)) = stream::next_record(avail)? else {
+                    let total = HEADER + h.len as usize;
+                    if avail.len() < total {
                         break;
-                    };
+                    }
                     let payload = &avail[HEADER..total];
                     if h.kind == Kind::Frame {
-                        if self.handshake.is_none() {
-                            return Err(ProtoError::BadKind(1).into());
-                        }
                         self.frames_bytes += payload.len();
                         self.frames.push_back(payload.to_vec());
                     } else {
-                        if self.handshake.is_some() {
-                            return Err(ProtoError::UnexpectedMessage {
-                                want: "frame or data record",
-                                got: avail[0],
-                            }
-                            .into());
-                        }
                         self.handshake = Some((h.kind, Handshake::parse(payload)?));
                     }
                     self.start += total;

@@ -47,14 +47,6 @@ impl Default for TcpConfig {
     }
 }
 
-/// Counters of the transport (per-link counters are in each [`TcpLink`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TcpTransportStats {
-    /// Incoming connections refused: a hello naming another endpoint, a malformed or
-    /// missing hello.
-    pub refused: u64,
-}
-
 /// An accepted connection waiting for its hello.
 struct Incoming {
     link: TcpLink,
@@ -78,8 +70,6 @@ pub struct TcpTransport {
     my_id: u128,
     cfg: TcpConfig,
     incoming: Vec<Incoming>,
-    /// Counters.
-    pub stats: TcpTransportStats,
     /// Endpoint peer indices reached over TCP (progress visits only these).
     pub peers: Vec<usize>,
 }
@@ -107,7 +97,6 @@ impl TcpTransport {
             my_id,
             cfg,
             incoming: Vec::new(),
-            stats: TcpTransportStats::default(),
             peers: Vec::new(),
         })
     }
@@ -245,7 +234,6 @@ impl TcpTransport {
                     match v {
                         Ok(_) => out.accepted.push(inc.link),
                         Err(why) => {
-                            self.stats.refused += 1;
                             tracing::warn!("incoming TCP connection refused: {why}");
                             inc.link.shutdown();
                             out.dropped.push(why);
