@@ -23,6 +23,11 @@ pub(crate) fn u128_at(b: &[u8], off: usize) -> u128 {
     u128::from(u64_at(b, off)) | (u128::from(u64_at(b, off + 8)) << 64)
 }
 
+/// Writes `v` little-endian at `off` (the encoders' counterpart of [`u32_at`]).
+pub(crate) fn put_u32(out: &mut [u8], off: usize, v: u32) {
+    out[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
 /// Writes `v` little-endian at `off` (the encoders' counterpart of [`u64_at`]).
 pub(crate) fn put_u64(out: &mut [u8], off: usize, v: u64) {
     out[off..off + 8].copy_from_slice(&v.to_le_bytes());

@@ -13,7 +13,7 @@
 //! request's target continues with `key | offset` ([`RMA_HEADER`]), offsets relative to
 //! the export's window. Every integer is little-endian; parsing is total.
 
-use crate::le::{need, put_u128, put_u64, u128_at, u32_at, u64_at};
+use crate::le::{need, put_u128, put_u32, put_u64, u128_at, u32_at, u64_at};
 use crate::ProtoError;
 
 /// Right to read (get, fetch from atomics).
@@ -62,13 +62,13 @@ impl Cookie {
     /// The cookie as bytes, to send in any message.
     pub fn to_bytes(&self) -> [u8; COOKIE_LEN] {
         let mut b = [0u8; COOKIE_LEN];
-        b[0..4].copy_from_slice(&COOKIE_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&self.export.to_le_bytes());
-        b[8..24].copy_from_slice(&self.owner.to_le_bytes());
-        b[24..32].copy_from_slice(&self.base.to_le_bytes());
-        b[32..40].copy_from_slice(&self.len.to_le_bytes());
+        put_u32(&mut b, 0, COOKIE_MAGIC);
+        put_u32(&mut b, 4, self.export);
+        put_u128(&mut b, 8, self.owner);
+        put_u64(&mut b, 24, self.base);
+        put_u64(&mut b, 32, self.len);
         b[40] = self.rights;
-        b[48..64].copy_from_slice(&self.key.to_le_bytes());
+        put_u128(&mut b, 48, self.key);
         b
     }
 
@@ -224,13 +224,25 @@ pub fn check(
     }
 }
 
-/// Word-sized atomic operations.
+/// Word-sized atomic operations (the discriminant is the frame's op byte).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum AtomicOp {
     /// Adds `a`, returns the old value.
-    FetchAdd,
+    FetchAdd = 1,
     /// Stores `b` if the value is `a`; returns the old value.
-    CompareSwap,
+    CompareSwap = 2,
+}
+
+impl AtomicOp {
+    /// Decodes an op byte; unknown values are `None` (a protocol error).
+    pub fn from_u8(v: u8) -> Option<AtomicOp> {
+        Some(match v {
+            1 => AtomicOp::FetchAdd,
+            2 => AtomicOp::CompareSwap,
+            _ => return None,
+        })
+    }
 }
 
 /// Names the target of a request: export, key and offset within the window.
@@ -448,17 +460,11 @@ impl<'a> RmaFrame<'a> {
             }
             K_ATOMIC => {
                 need("atomic frame", b, RMA_HEADER + 16)?;
-                let op = match b[1] {
-                    1 => AtomicOp::FetchAdd,
-                    2 => AtomicOp::CompareSwap,
-                    v => {
-                        return Err(ProtoError::OutOfRange {
-                            what: "atomic op",
-                            value: u64::from(v),
-                            limit: 2,
-                        })
-                    }
-                };
+                let op = AtomicOp::from_u8(b[1]).ok_or(ProtoError::OutOfRange {
+                    what: "atomic op",
+                    value: u64::from(b[1]),
+                    limit: AtomicOp::CompareSwap as u64,
+                })?;
                 RmaFrame::Atomic {
                     req,
                     at: target_at(b),
@@ -515,87 +521,49 @@ impl<'a> RmaFrame<'a> {
     pub fn encode(&self, out: &mut [u8]) -> usize {
         let n = self.encoded_len();
         let out = &mut out[..n];
-        out[..8].fill(0);
-        let target = |o: &mut [u8], t: &Target| {
-            o[4..8].copy_from_slice(&t.export.to_le_bytes());
-            put_u128(o, 16, t.key);
-            put_u64(o, 32, t.offset);
+        // Byte 0 the kind, 1 the flag, 2..8 zero unless a target follows, 8..16 the
+        // request; then a request's target, then the kind's own fields.
+        let (kind, flag, req, target) = match *self {
+            RmaFrame::Put { req, to, .. } => (K_PUT, 0, req, Some(to)),
+            RmaFrame::PutCma { req, to, .. } => (K_PUT_CMA, 0, req, Some(to)),
+            RmaFrame::Get { req, from, .. } => (K_GET, 0, req, Some(from)),
+            RmaFrame::GetData { req, .. } => (K_GET_DATA, 0, req, None),
+            RmaFrame::GetCma { req, from, .. } => (K_GET_CMA, 0, req, Some(from)),
+            RmaFrame::Atomic { req, at, op, .. } => (K_ATOMIC, op as u8, req, Some(at)),
+            RmaFrame::AtomicReply { req, status, .. } => (K_ATOMIC_REPLY, status as u8, req, None),
+            RmaFrame::Notify { req, at, .. } => (K_NOTIFY, 0, req, Some(at)),
+            RmaFrame::Map { req, of } => (K_MAP, 0, req, Some(of)),
+            RmaFrame::Ack { req, status } => (K_ACK, status as u8, req, None),
+            RmaFrame::Sync { req } => (K_SYNC, 0, req, None),
         };
+        out[..8].fill(0);
+        out[0] = kind;
+        out[1] = flag;
+        put_u64(out, 8, req);
+        if let Some(t) = target {
+            put_u32(out, 4, t.export);
+            put_u128(out, 16, t.key);
+            put_u64(out, 32, t.offset);
+        }
         match *self {
-            RmaFrame::Put { req, to, data } => {
-                out[0] = K_PUT;
-                put_u64(out, 8, req);
-                target(out, &to);
-                out[RMA_HEADER..].copy_from_slice(data);
-            }
-            RmaFrame::PutCma { req, to, len, addr } => {
-                out[0] = K_PUT_CMA;
-                put_u64(out, 8, req);
-                target(out, &to);
+            RmaFrame::Put { data, .. } => out[RMA_HEADER..].copy_from_slice(data),
+            RmaFrame::PutCma { len, addr, .. } | RmaFrame::GetCma { len, addr, .. } => {
                 put_u64(out, RMA_HEADER, len);
                 put_u64(out, RMA_HEADER + 8, addr);
             }
-            RmaFrame::GetCma {
-                req,
-                from,
-                len,
-                addr,
-            } => {
-                out[0] = K_GET_CMA;
-                put_u64(out, 8, req);
-                target(out, &from);
-                put_u64(out, RMA_HEADER, len);
-                put_u64(out, RMA_HEADER + 8, addr);
-            }
-            RmaFrame::Get { req, from, len } => {
-                out[0] = K_GET;
-                put_u64(out, 8, req);
-                target(out, &from);
+            RmaFrame::Get { len, .. } | RmaFrame::Notify { len, .. } => {
                 put_u64(out, RMA_HEADER, len);
             }
-            RmaFrame::Notify { req, at, len } => {
-                out[0] = K_NOTIFY;
-                put_u64(out, 8, req);
-                target(out, &at);
-                put_u64(out, RMA_HEADER, len);
-            }
-            RmaFrame::GetData { req, offset, data } => {
-                out[0] = K_GET_DATA;
-                put_u64(out, 8, req);
+            RmaFrame::GetData { offset, data, .. } => {
                 put_u64(out, 16, offset);
                 out[GET_DATA_HEADER..].copy_from_slice(data);
             }
-            RmaFrame::Atomic { req, at, op, a, b } => {
-                out[0] = K_ATOMIC;
-                out[1] = match op {
-                    AtomicOp::FetchAdd => 1,
-                    AtomicOp::CompareSwap => 2,
-                };
-                put_u64(out, 8, req);
-                target(out, &at);
+            RmaFrame::Atomic { a, b, .. } => {
                 put_u64(out, RMA_HEADER, a);
                 put_u64(out, RMA_HEADER + 8, b);
             }
-            RmaFrame::AtomicReply { req, status, old } => {
-                out[0] = K_ATOMIC_REPLY;
-                out[1] = status as u8;
-                put_u64(out, 8, req);
-                put_u64(out, 16, old);
-            }
-            RmaFrame::Map { req, of } => {
-                out[0] = K_MAP;
-                put_u64(out, 8, req);
-                target(out, &of);
-            }
-            RmaFrame::Ack { req, status } => {
-                out[0] = K_ACK;
-                out[1] = status as u8;
-                put_u64(out, 8, req);
-            }
-            RmaFrame::Sync { req } => {
-                out[0] = K_SYNC;
-                put_u64(out, 8, req);
-            }
+            RmaFrame::AtomicReply { old, .. } => put_u64(out, 16, old),
+            RmaFrame::Map { .. } | RmaFrame::Ack { .. } | RmaFrame::Sync { .. } => {}
         }
         n
     }

@@ -183,7 +183,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     0 if !model.live.is_empty() => pick.get(&model.live).0,
                     1 if !model.stale.is_empty() => *pick.get(&model.stale),
                     // Small indices and generations, so some arbitrary ids are live.
-                    _ => TripId::from_u64(raw & (3 << 32 | 63)),
+                    _ => TripId {
+                        index: (raw & 63) as u32,
+                        gen: (raw >> 32 & 3) as u32,
+                    },
                 };
                 let want = model.remove(id);
                 prop_assert_eq!(m.remove(id), want, "remove {:?}", id);

@@ -156,7 +156,12 @@ impl EventQueue {
         }
     }
 
-    /// Queues an event of source `src` if the endpoint is interested in it.
+    /// Queues an event of source `src` if the endpoint is interested in it. Only the
+    /// endpoint's own thread calls this (`&mut self`), and the endpoint cannot be asleep
+    /// while it runs: `Endpoint::arm` re-checks `is_empty` after everything it pushes
+    /// (its progress pass) and blocks only if that finds the queue empty; so no doorbell,
+    /// and no fence to decide on one ([`Consumer::push_local`]). [`EventSender`]s, on
+    /// other threads, use the ring's `push`, which rings when the consumer sleeps.
     pub fn push(&mut self, src: u32, ev: Event) {
         if self.interest & src == 0 {
             return;
@@ -164,7 +169,7 @@ impl EventQueue {
         // Once anything spilled, later events spill too (order is kept). One report when
         // spilling starts, and another whenever events are lost.
         if self.spill.is_empty() {
-            if self.ring.push(ev).is_ok() {
+            if self.rx.push_local(ev).is_ok() {
                 return;
             }
             self.report = true;

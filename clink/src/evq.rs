@@ -170,6 +170,12 @@ impl<T: Copy + Send> EventRing<T> {
     /// must ring its doorbell; `Ok(false)`: delivered, nothing more to do; `Err(v)`: the
     /// queue is full and `v` is handed back (the caller decides: retry, drop, overflow).
     pub fn push(&self, v: T) -> Result<bool, T> {
+        self.publish(v)?;
+        Ok(self.wants_doorbell())
+    }
+
+    /// Claims a position, writes `v` and publishes it; `Err(v)` when the queue is full.
+    fn publish(&self, v: T) -> Result<(), T> {
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         let slot = loop {
             let slot = &self.slots[(pos & self.mask) as usize];
@@ -198,7 +204,7 @@ impl<T: Copy + Send> EventRing<T> {
         // else touches it until we publish.
         unsafe { slot.val.write(v) };
         slot.seq.store(pos + 1, Ordering::Release);
-        Ok(self.wants_doorbell())
+        Ok(())
     }
 
     /// After a publish: true when the consumer sleeps and must be woken (clears its flag).
@@ -262,6 +268,17 @@ impl<T: Copy + Send> Consumer<T> {
         let pos = self.head;
         let slot = &self.ring.slots[(pos & self.ring.mask) as usize];
         slot.seq.load(Ordering::Acquire) != pos + 1
+    }
+
+    /// Appends `v` from the consumer's own thread (`&mut self` proves it): the same claim
+    /// and publication as [`EventRing::push`], racing other producers alike, but without
+    /// the fence and the doorbell check, because a consumer pushing cannot be blocked: it
+    /// sees its own item at its next look (program order), and the sleep protocol has it
+    /// look ([`Consumer::arm_sleep`], then re-check) after anything it pushed before
+    /// blocking. Leaves the sleep flag alone (a remote producer still rings for it).
+    /// `Err(v)`: the queue is full.
+    pub fn push_local(&mut self, v: T) -> Result<(), T> {
+        self.ring.publish(v)
     }
 
     /// Declares that the consumer is about to block; the caller must then re-check

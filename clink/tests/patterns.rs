@@ -199,6 +199,17 @@ fn rpc(net: bool) {
             )
             .unwrap();
     }
+    // Every request was served and the clients wait for their "bye": an idle server
+    // sleeps on its tripset (each nap blocks after the endpoint's 50 us spin) rather
+    // than spinning until the timeout.
+    let before = ep.stats().sleeps;
+    let idle = server.serve(
+        &mut ep,
+        |c, _, _| panic!("{c} sent a request after its last one"),
+        Some(Duration::from_millis(50)),
+    );
+    assert!(matches!(idle, Err(Error::Timeout)), "{idle:?}");
+    assert!(ep.stats().sleeps > before, "the idle server never slept");
     for p in peers {
         ep.send(p, 99, b"bye").unwrap();
     }

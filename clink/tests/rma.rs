@@ -421,25 +421,46 @@ fn event_queue_overflow_loses_nothing() {
 }
 
 /// Local misuse gets clear errors.
+/// `r` failed with `Error::Invalid` saying `what`.
+#[track_caller]
+fn invalid<T: std::fmt::Debug>(r: clink::Result<T>, what: &str) {
+    match r {
+        Err(Error::Invalid(m)) => assert!(m.contains(what), "{m:?} does not say {what:?}"),
+        r => panic!("expected Invalid({what:?}), got {r:?}"),
+    }
+}
+
 #[test]
 fn local_misuse_is_refused() {
     let mut ep: Endpoint = ctx().endpoint().unwrap();
-    assert!(ep.aperture_alloc(0).is_err());
+    invalid(ep.aperture_alloc(0), "at least one byte");
     let ap = ep.aperture_alloc(100).unwrap();
-    assert!(ep.export(ap, 50, 51, READ).is_err());
-    assert!(ep.export(ap, 0, 10, 0).is_err());
-    assert!(ep.export(ap, 0, 10, 4).is_err());
-    assert!(ep.tripwire(ap, 90, 11, TripOptions::default()).is_err());
-    assert!(ep.aperture_write(ap, 99, b"ab").is_err());
+    invalid(
+        ep.export(ap, 50, 51, READ),
+        "50+51 outside aperture of 100 bytes",
+    );
+    invalid(ep.export(ap, 0, 10, 0), "bad rights 0x0");
+    invalid(ep.export(ap, 0, 10, 4), "bad rights 0x4");
+    invalid(
+        ep.tripwire(ap, 90, 11, TripOptions::default()),
+        "tripwire 90+11 outside aperture of 100 bytes",
+    );
+    invalid(
+        ep.aperture_write(ap, 99, b"ab"),
+        "99+2 outside aperture of 100 bytes",
+    );
     let c = ep.export(ap, 0, 10, READ).unwrap();
-    assert!(ep.import(PeerId(0), c).is_err(), "no such peer");
+    assert!(
+        matches!(ep.import(PeerId(0), c), Err(Error::UnknownPeer(PeerId(0)))),
+        "no such peer"
+    );
     let buf = ep.aperture_register(vec![7u8; 10]).unwrap();
-    assert!(ep.aperture_window(buf).is_err());
+    invalid(ep.aperture_window(buf), "registered buffer has no window");
     assert_eq!(ep.aperture_destroy(buf).unwrap(), Some(vec![7u8; 10]));
-    assert!(ep.aperture_destroy(buf).is_err());
+    invalid(ep.aperture_destroy(buf), "no aperture");
     let mut fake = c;
     fake.key ^= 1;
-    assert!(ep.revoke(&fake).is_err());
+    invalid(ep.revoke(&fake), "not a cookie of this endpoint");
     ep.revoke(&c).unwrap();
 }
 

@@ -473,6 +473,16 @@ impl Endpoint {
     /// [`Endpoint::flush_rma`] waits until such puts are applied. Larger data is put
     /// blocking.
     pub fn put_nowait(&mut self, r: &Remote, offset: u64, data: &[u8]) -> Result<()> {
+        self.put_queued(r, offset, data)?;
+        self.kick(r.peer.0 as usize);
+        Ok(())
+    }
+
+    /// As [`Endpoint::put_nowait`], but a network link only queues the frame: it leaves
+    /// with the next frame that is sent at once (a later `put_nowait` or `notify_nowait`
+    /// to the peer sends everything queued before it, in order) or at the next progress.
+    /// For a batch of puts ended by one that kicks: one system call instead of one per put.
+    pub(crate) fn put_queued(&mut self, r: &Remote, offset: u64, data: &[u8]) -> Result<()> {
         let i = r.peer.0 as usize;
         let p = self.peer(r.peer)?;
         if !p.alive {
@@ -492,7 +502,6 @@ impl Endpoint {
                 data,
             },
         );
-        self.kick(i);
         Ok(())
     }
 
@@ -820,11 +829,6 @@ impl Endpoint {
     fn trip_slot(&self, id: TripId) -> Option<usize> {
         let k = id.index as usize;
         self.rma.meta.get(k).filter(|m| m.gen == id.gen).map(|_| k)
-    }
-
-    /// The fired bitmap, one bit per tripwire index ([`TripId::index`]).
-    pub fn tripwire_bits(&self) -> &[u64] {
-        &self.rma.bits
     }
 
     /// Waits (spinning, then blocking) until a tripwire of `set` fires; returns it with its

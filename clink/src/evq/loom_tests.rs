@@ -205,3 +205,49 @@ fn blocking_consumer_two_producers() {
         assert_eq!(got, [true, true]);
     });
 }
+
+/// The consumer's own items (`push_local`: no fence, no doorbell check) racing a remote
+/// producer's: as the endpoint's progress does inside `arm`, the consumer pushes its item
+/// after arming, re-checks, and blocks only if the re-check finds nothing. It receives
+/// both items and never blocks forever (loom reports a deadlock otherwise), including
+/// when the remote producer has claimed the head slot but not published it.
+#[test]
+fn local_push_while_armed() {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(|| {
+        let (q, mut c) = EventRing::<u8>::new(2);
+        let bell = Arc::new(Notify::new());
+        let t = {
+            let bell = bell.clone();
+            thread::spawn(move || {
+                if q.push(0).expect("two slots for two items") {
+                    bell.notify();
+                }
+            })
+        };
+        let mut local = Some(1u8);
+        let mut got = [false; 2];
+        for _ in 0..2 {
+            let v = loop {
+                if let Some(v) = c.pop() {
+                    break v;
+                }
+                c.arm_sleep();
+                if let Some(v) = local.take() {
+                    c.push_local(v).expect("two slots for two items");
+                }
+                if let Some(v) = c.pop() {
+                    c.disarm_sleep();
+                    break v;
+                }
+                bell.wait();
+                c.disarm_sleep();
+            };
+            assert!(!got[v as usize], "item {v} delivered twice");
+            got[v as usize] = true;
+        }
+        t.join().unwrap();
+        assert_eq!(got, [true, true]);
+    });
+}

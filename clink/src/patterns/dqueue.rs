@@ -133,15 +133,9 @@ impl QueueSender {
         let end = deadline(timeout);
         let mut polls = 0u32;
         while !self.try_push(ep, data)? {
-            spin(ep, self.peer, &mut polls, end)?;
+            spin(ep, Some(self.peer), &mut polls, end)?;
         }
         Ok(())
-    }
-
-    /// Rings the receiver's doorbell (same host: one notify; over the network the puts
-    /// fired its tripwire already). `push` does it when the receiver said it sleeps.
-    pub fn flush(&mut self, ep: &mut Endpoint) -> Result<()> {
-        self.far.doorbell(ep, 0, self.ring_len())
     }
 
     /// Bytes of the receiver's slots.
@@ -201,11 +195,6 @@ impl QueueReceiver {
         })
     }
 
-    /// Element size in bytes.
-    pub fn elem(&self) -> usize {
-        self.elem
-    }
-
     /// The tripwire over the slots (for waiting on several queues with a tripset).
     pub fn tripwire(&self) -> TripId {
         self.trip
@@ -231,7 +220,8 @@ impl QueueReceiver {
         }
         self.near.read(base as u64, &mut buf[..self.elem])?;
         self.r += 1;
-        if self.r - self.r_pub >= (self.slots / 2).max(1) {
+        // At least one: a queue has two slots or more.
+        if self.r - self.r_pub >= self.slots / 2 {
             self.publish(ep)?;
         }
         Ok(true)
@@ -257,7 +247,7 @@ impl QueueReceiver {
             if self.try_pop(ep, buf)? {
                 return Ok(());
             }
-            if spin(ep, self.peer, &mut polls, end)? {
+            if spin(ep, Some(self.peer), &mut polls, end)? {
                 // Sleep: clear the bit, say so, look once more, then wait for a firing.
                 self.prepare_sleep(ep)?;
                 if self.try_pop(ep, buf)? {
@@ -272,13 +262,7 @@ impl QueueReceiver {
     /// for a doorbell on its next element. Look at the queue once more afterwards, then
     /// wait.
     pub fn prepare_sleep(&mut self, ep: &mut Endpoint) -> Result<()> {
-        ep.tripwire_clear(self.trip);
-        self.far.announce_sleep(ep, SLEEPING)
-    }
-
-    /// Elements read so far.
-    pub fn read(&self) -> u64 {
-        self.r
+        self.far.prepare_sleep(ep, self.trip, SLEEPING)
     }
 }
 

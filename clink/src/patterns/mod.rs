@@ -35,18 +35,19 @@ pub(crate) fn deadline(timeout: Option<Duration>) -> Option<Instant> {
     timeout.map(|t| Instant::now() + t)
 }
 
-/// One step of a waiting loop: progress and a liveness look every 64 polls; `Ok(true)`
-/// when it is time to sleep (every [`SPIN`] polls), `Err(Timeout)` past `end`.
+/// One step of a waiting loop: progress every 64 polls, and then a look at `peer`'s
+/// liveness (`None`: no single peer to watch, as for a server over many clients);
+/// `Ok(true)` when it is time to sleep (every [`SPIN`] polls), `Err(Timeout)` past `end`.
 pub(crate) fn spin(
     ep: &mut Endpoint,
-    peer: PeerId,
+    peer: Option<PeerId>,
     polls: &mut u32,
     end: Option<Instant>,
 ) -> Result<bool> {
     *polls += 1;
     if polls.is_multiple_of(64) {
         ep.progress();
-        if !ep.is_alive(peer) {
+        if let Some(peer) = peer.filter(|&p| !ep.is_alive(p)) {
             return Err(Error::PeerDead(peer));
         }
     }
@@ -95,6 +96,18 @@ impl Far {
         }
     }
 
+    /// As [`Far::write`], but a put is only queued on the link, not sent: the next
+    /// [`Far::store_u64`] (a `put_nowait`) sends it with everything queued before, in
+    /// order. Same host, the same plain stores as `write`.
+    pub(crate) fn write_queued(&self, ep: &mut Endpoint, offset: u64, data: &[u8]) -> Result<()> {
+        match self {
+            Far::Mapped { win, .. } => win.write(offset, data),
+            Far::Put(r) => ep.put_queued(r, offset, data),
+        }
+    }
+
+    /// Stores `v` (little-endian) at `offset`: same host a release store, network a put
+    /// sent at once (with any put [`Far::write_queued`] left queued before it).
     pub(crate) fn store_u64(&self, ep: &mut Endpoint, offset: u64, v: u64) -> Result<()> {
         match self {
             Far::Mapped { win, .. } => win.store_u64(offset, v),
@@ -114,11 +127,15 @@ impl Far {
         matches!(self, Far::Mapped { .. })
     }
 
-    /// Before sleeping on a tripwire that the peer's direct stores cannot fire: raises our
-    /// `sleeping` word at `at` of its window, then fences, so its next write is followed
-    /// by a doorbell ([`Far::wake_if_sleeping`]). Nothing over the network, where puts
-    /// fire the tripwire themselves.
-    pub(crate) fn announce_sleep(&self, ep: &mut Endpoint, at: u64) -> Result<()> {
+    /// Before sleeping on `trip`, which the peer's writes fire: clears its bit, then (same
+    /// host, where the peer's direct stores cannot fire it) raises our `sleeping` word at
+    /// `at` of the peer's window and fences, so its next write is followed by a doorbell
+    /// ([`Far::wake_if_sleeping`]). Over the network puts fire the tripwire themselves.
+    /// The caller must look at its memory once more afterwards and [`nap`] only if that
+    /// finds nothing: a write that landed before the clear is seen by that look, one after
+    /// it fires the tripwire (no lost wake-up).
+    pub(crate) fn prepare_sleep(&self, ep: &mut Endpoint, trip: TripId, at: u64) -> Result<()> {
+        ep.tripwire_clear(trip);
         if self.mapped() {
             self.store_u64(ep, at, 1)?;
             fence(Ordering::SeqCst);

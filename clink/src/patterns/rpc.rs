@@ -3,10 +3,10 @@
 //! tripset over every client's request queue, so it sleeps until some client writes.
 
 use super::dqueue::{QueueReceiver, QueueSender};
-use super::{deadline, nap};
+use super::{deadline, nap, spin};
 use crate::rma::Tripset;
 use crate::{Endpoint, Error, PeerId, Result};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Slots per queue (requests in flight per client: one less).
 const SLOTS: usize = 16;
@@ -86,7 +86,6 @@ struct Client {
 
 /// An event-driven server: any number of clients, one thread, sleeping on a tripset.
 pub struct RpcServer {
-    size: usize,
     clients: Vec<Client>,
     set: Tripset,
     next: usize,
@@ -98,7 +97,6 @@ impl RpcServer {
     /// A server for `size`-byte requests and responses.
     pub fn new(size: usize) -> RpcServer {
         RpcServer {
-            size,
             clients: Vec::new(),
             set: Tripset::new(),
             next: 0,
@@ -115,16 +113,12 @@ impl RpcServer {
         tag: u64,
         timeout: Option<Duration>,
     ) -> Result<()> {
-        let rx = QueueReceiver::connect(ep, peer, tag, self.size, SLOTS, timeout)?;
-        let tx = QueueSender::connect(ep, peer, tag + 1, self.size, SLOTS, timeout)?;
+        let size = self.req.len();
+        let rx = QueueReceiver::connect(ep, peer, tag, size, SLOTS, timeout)?;
+        let tx = QueueSender::connect(ep, peer, tag + 1, size, SLOTS, timeout)?;
         self.set.add(rx.tripwire());
         self.clients.push(Client { peer, rx, tx });
         Ok(())
-    }
-
-    /// Number of clients.
-    pub fn clients(&self) -> usize {
-        self.clients.len()
     }
 
     /// Serves every request waiting (one sweep over the clients, round-robin), calling
@@ -166,20 +160,16 @@ impl RpcServer {
             return Err(Error::Invalid("an RPC server without clients".into()));
         }
         let end = deadline(timeout);
-        let mut spins = 0u32;
+        let mut polls = 0u32;
         loop {
             let n = self.poll(ep, &mut handler)?;
             if n > 0 {
                 return Ok(n);
             }
-            spins += 1;
-            if spins.is_multiple_of(64) {
-                ep.progress();
-            }
-            if spins < super::SPIN {
+            // No single peer to watch: `poll` skips dead clients.
+            if !spin(ep, None, &mut polls, end)? {
                 continue;
             }
-            spins = 0;
             for c in &mut self.clients {
                 if ep.is_alive(c.peer) {
                     c.rx.prepare_sleep(ep)?;
@@ -188,9 +178,6 @@ impl RpcServer {
             let n = self.poll(ep, &mut handler)?;
             if n > 0 {
                 return Ok(n);
-            }
-            if end.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::Timeout);
             }
             nap(ep, &self.set.ids, end)?;
         }

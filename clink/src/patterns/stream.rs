@@ -115,7 +115,8 @@ impl StreamWriter {
         self.copy_in(ep, 0, &data[first..n])?;
         self.w += n as u64;
         // After the bytes: same host, a release store behind the window's release fence;
-        // network, a put behind the data's puts (a peer applies them in order).
+        // network, a put behind the data's puts (a peer applies them in order), which
+        // sends them all at once (one system call per write, not one per chunk).
         self.far.store_u64(ep, self.cap, self.w)?;
         if self.far.mapped() {
             fence(Ordering::SeqCst);
@@ -130,9 +131,10 @@ impl StreamWriter {
         if self.far.mapped() {
             return self.far.write(ep, at, data);
         }
-        // Frame-sized puts never wait for an acknowledgement.
+        // Frame-sized puts never wait for an acknowledgement; they are queued and leave
+        // with the counter's put (`try_write`).
         for (k, c) in data.chunks(self.chunk).enumerate() {
-            self.far.write(ep, at + (k * self.chunk) as u64, c)?;
+            self.far.write_queued(ep, at + (k * self.chunk) as u64, c)?;
         }
         Ok(())
     }
@@ -154,11 +156,10 @@ impl StreamWriter {
                 data = &data[n..];
                 continue;
             }
-            if !spin(ep, self.peer, &mut polls, end)? {
+            if !spin(ep, Some(self.peer), &mut polls, end)? {
                 continue;
             }
-            ep.tripwire_clear(self.trip);
-            self.far.announce_sleep(ep, self.cap + 8)?;
+            self.far.prepare_sleep(ep, self.trip, self.cap + 8)?;
             if self.near.load_u64(0)? != self.r_cache {
                 continue;
             }
@@ -180,11 +181,6 @@ impl StreamWriter {
     /// Bytes written so far.
     pub fn written(&self) -> u64 {
         self.w
-    }
-
-    /// Ring size in bytes.
-    pub fn capacity(&self) -> usize {
-        self.cap as usize
     }
 }
 
@@ -291,11 +287,10 @@ impl StreamReader {
             if n > 0 {
                 return Ok(n);
             }
-            if !spin(ep, self.peer, &mut polls, end)? {
+            if !spin(ep, Some(self.peer), &mut polls, end)? {
                 continue;
             }
-            ep.tripwire_clear(self.trip);
-            self.far.announce_sleep(ep, READER_SLEEPING)?;
+            self.far.prepare_sleep(ep, self.trip, READER_SLEEPING)?;
             let n = self.try_read(ep, buf)?;
             if n > 0 {
                 return Ok(n);
@@ -323,10 +318,5 @@ impl StreamReader {
     /// Bytes read so far.
     pub fn consumed(&self) -> u64 {
         self.r
-    }
-
-    /// Ring size in bytes.
-    pub fn capacity(&self) -> usize {
-        self.cap as usize
     }
 }

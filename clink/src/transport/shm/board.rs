@@ -7,7 +7,7 @@
 //! (`CLINK_BOARD_PEERS`): with few peers, polling the rings directly is cheaper, and the
 //! producer then pays one load of a line that never changes.
 //!
-//! Page layout: magic at 0; `on` (u32) at 64; `sleeping` (u32) at 128; the bitmap of
+//! Page layout: `on` (u32) at 64; `sleeping` (u32) at 128; the bitmap of
 //! [`SLOTS`] bits from 512. Each peer is told its slot at connect time (in the pair
 //! segment's header); a peer outside the board (no slot left) is polled directly.
 //!
@@ -36,7 +36,6 @@ pub const SLOTS: usize = 4096;
 /// Words of the bitmap.
 pub const WORDS: usize = SLOTS / 64;
 const LEN: usize = 4096;
-const MAGIC: u64 = 0x434c_494e_4b42_5244; // "CLINKBRD"
 const ON: usize = 64;
 const SLEEPING: usize = 128;
 const BITS: usize = 512;
@@ -69,9 +68,10 @@ impl Board {
     /// Creates a fresh board in a sealed memory file.
     pub fn new() -> Result<Board> {
         let fd = sys::memfd_sealed("clink-board", LEN).map_err(io_err("memfd_create board"))?;
+        // No magic number: every peer can write the page, so a check of one at
+        // `Post::open` would let a stray write keep later peers off the board while this
+        // side counts them on it (they would then wait for the liveness sweep).
         let map = Mapping::new(&fd, LEN).map_err(io_err("mmap board"))?;
-        // SAFETY: a fresh page nobody else has yet.
-        unsafe { (map.ptr() as *mut u64).write(MAGIC) };
         Ok(Board {
             page: Page(map),
             fd,
