@@ -154,8 +154,10 @@ pub struct Post {
 }
 
 impl Post {
-    /// Maps a peer's board; `None` when the peer gave no valid slot or a bad file (then
-    /// the peer polls our ring directly).
+    /// Maps a peer's board; `None` when the peer gave no valid slot or a bad file. With no
+    /// slot the peer polls our ring on every pass; with a slot but a bad file we raise no
+    /// bit, and the peer, which counts us on its board, finds our records only at its
+    /// periodic sweep: a peer that hands out a bad board slows only its own receipt.
     pub fn open(fd: &OwnedFd, slot: u64) -> Option<Post> {
         let slot = usize::try_from(slot).ok().filter(|&s| s < SLOTS)?;
         sys::check_peer_memfd(fd, LEN).ok()?;
