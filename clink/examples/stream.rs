@@ -60,6 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             posted.push((k, ep.irecv(Selector::exact(Some(p), 0), vec![0u8; size])?));
         }
     }
+    let expect = vec![7u8; size];
     let mut got = vec![0usize; senders];
     let mut done_at = vec![0.0; senders];
     let mut t = None; // the first message starts the clock
@@ -71,10 +72,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 continue;
             };
             let k = posted[i].0;
-            assert!(
-                r.buf.len() == size && r.buf.iter().all(|&b| b == 7),
-                "payload damaged"
-            );
+            // A slice comparison (memcmp): a byte-by-byte `all` loop here was the
+            // receiver's hottest code in some builds and cost a third of the goodput.
+            assert!(r.buf == expect, "payload damaged");
             let start = *t.get_or_insert_with(Instant::now);
             got[k] += 1;
             if got[k] == count {
