@@ -765,6 +765,8 @@ impl Conn {
             self.ping_pending = true;
             self.last_ping = now;
         }
+        // (A transfer queued since the last datagram must stop the linger first.)
+        self.asker.bulk_active(now, self.bulk_outstanding > 0);
         self.asker.handle_timeout(now);
         if self.rto_deadline.is_some_and(|d| d <= now) {
             self.on_rto(now);
