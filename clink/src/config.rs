@@ -23,6 +23,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
     ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
+    ("CLINK_UDP_STEER", "'1' (default): a receiver steers the fast stream admission control granted to a UDP socket of its own, connected to that sender (the kernel keeps other traffic out of its speculative layout); '0': every stream arrives on the endpoint's one socket"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
     ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
@@ -198,6 +199,7 @@ impl Config {
                 "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
+                "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
                 "CLINK_UDP_ADMISSION" => {
                     use clink_proto::admission::Mode;
                     udp.admission = match v.trim() {

@@ -92,6 +92,9 @@ pub struct Stats {
     pub granted_fragments: u64,
     /// Network path: those found in place (the granted stream's speculation hits).
     pub granted_hits: u64,
+    /// Network path: datagrams read from the socket of a steered fast stream (flow
+    /// steering, `CLINK_UDP_STEER`).
+    pub steered_datagrams: u64,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // "nospec" in the fault string: speculative receive off; "unreliable": unreliable mode;
-    // "explicit": admission control by the API only.
+    // "explicit": admission control by the API only; "nosteer": no flow steering.
     let udp = UdpConfig {
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         mtu: Some(1500),
@@ -23,7 +23,8 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
             &faults
                 .replace("nospec", "")
                 .replace("unreliable", "")
-                .replace("explicit", ""),
+                .replace("explicit", "")
+                .replace("nosteer", ""),
         )
         .unwrap(),
         admission: if faults.contains("explicit") {
@@ -31,6 +32,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
         } else {
             clink_proto::admission::Mode::Implicit
         },
+        steer: !faults.contains("nosteer"),
         ..UdpConfig::default()
     };
     common::ctx_with(Config {
@@ -122,16 +124,31 @@ fn bulk_transfers_without_speculation_take_the_copy_path() {
 
 #[test]
 fn admission_control_grants_one_sender_at_a_time_and_both_deliver() {
-    // One receiver, two senders (explicit API): the first is granted, the second refused
-    // until the first gives the grant back; then both send large messages, intact.
-    let mut r = net_ctx("explicit", 5000).endpoint().unwrap();
+    let s = two_senders_under_admission_control("explicit");
+    assert!(
+        s.steered_datagrams > 0,
+        "the granted stream came through its own socket: {s:?}"
+    );
+}
+
+#[test]
+fn admission_control_without_flow_steering_delivers_too() {
+    let s = two_senders_under_admission_control("explicit nosteer");
+    assert_eq!(s.steered_datagrams, 0, "{s:?}");
+}
+
+/// One receiver, two senders (explicit API): the first is granted, the second refused
+/// until the first gives the grant back; then both send large messages, intact. Returns
+/// the receiver's counters.
+fn two_senders_under_admission_control(cfg: &'static str) -> clink::Stats {
+    let mut r = net_ctx(cfg, 5000).endpoint().unwrap();
     let addr = r.address();
     const N: usize = 3;
     const LEN: usize = 3 << 20;
     let senders = std::thread::spawn(move || {
-        let mut s1 = net_ctx("explicit", 5000).endpoint().unwrap();
+        let mut s1 = net_ctx(cfg, 5000).endpoint().unwrap();
         let p1 = s1.connect(&addr).unwrap();
-        let mut s2 = net_ctx("explicit", 5000).endpoint().unwrap();
+        let mut s2 = net_ctx(cfg, 5000).endpoint().unwrap();
         let p2 = s2.connect(&addr).unwrap();
         assert!(
             s1.request_fast(p1, T).unwrap(),
@@ -172,6 +189,7 @@ fn admission_control_grants_one_sender_at_a_time_and_both_deliver() {
         s.spec_hits > 0,
         "the granted streams were received in place: {s:?}"
     );
+    s
 }
 
 #[test]
@@ -190,6 +208,12 @@ fn injected_faults_lose_nothing() {
     assert!(sa.retransmissions + sb.retransmissions > 0);
     assert!(sa.corrupt_dropped + sb.corrupt_dropped > 0);
     assert!(sa.duplicates_dropped + sb.duplicates_dropped > 0);
+    // The bulk transfers were steered (implicit admission control grants the one sender),
+    // so the faults hit the steered sockets' reads too.
+    assert!(
+        sa.steered_datagrams + sb.steered_datagrams > 0,
+        "{sa:?} {sb:?}"
+    );
 }
 
 #[test]

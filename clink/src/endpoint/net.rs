@@ -208,9 +208,16 @@ impl Endpoint {
             net.admit(now, i, u);
         }
         // The gate's decisions (usually none) back to the peers as Fast_Ack / Fast_NAck.
-        for (i, answer, revoked) in net.admit_decisions(now) {
-            if let Some(Link::Udp(u)) = self.peers.get_mut(i).map(|p| &mut p.link) {
+        let peers = &mut self.peers;
+        net.admit_decisions(now, |i, answer, revoked| {
+            if let Some(Link::Udp(u)) = peers.get_mut(i).map(|p| &mut p.link) {
                 u.answer_admit(answer, revoked);
+            }
+        });
+        // Sockets flow steering made for a grant: sleeps watch them too.
+        for fd in net.take_new_fds() {
+            if let Err(e) = self.epoll.add(fd, super::TOK_UDP) {
+                tracing::warn!("epoll_ctl steered UDP socket: {e}");
             }
         }
         let accepted = net.take_accepted();
@@ -302,7 +309,7 @@ impl Endpoint {
     /// Adds the network path's counters (transport and every UDP connection) to `s`.
     pub(super) fn add_net_stats(&self, s: &mut crate::Stats) {
         let Some(net) = self.net.as_ref() else { return };
-        let k = net.sock.stats;
+        let k = net.sock_stats();
         s.datagrams_sent += k.datagrams_sent;
         s.datagrams_received += k.datagrams_received;
         s.send_calls += k.send_calls;
@@ -319,6 +326,7 @@ impl Endpoint {
         s.fast_revocations += t.fast_revocations;
         s.granted_fragments += t.granted_fragments;
         s.granted_hits += t.granted_hits;
+        s.steered_datagrams += t.steered_datagrams;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {

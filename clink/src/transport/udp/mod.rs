@@ -18,6 +18,7 @@
 pub mod bulk;
 pub mod faults;
 pub mod sock;
+pub mod steer;
 
 use crate::error::{io_err, Result};
 use clink_proto::admission::{Decision, Gate, GateConfig, Mode};
@@ -27,11 +28,13 @@ use clink_proto::spec::{self, Check, Layout, Segment};
 use clink_proto::wire::Frame;
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 pub use bulk::{Arm, Bulk, BulkStats};
 pub use faults::{FaultConfig, FaultStats, Faults};
 pub use sock::{IoVec, SockStats, TxBatch, UdpSock};
+pub use steer::Steering;
 
 /// IPv4 + UDP header bytes.
 const IP_UDP_HEADERS: usize = 28;
@@ -104,6 +107,8 @@ pub struct UdpConfig {
     pub faults: FaultConfig,
     /// Admission control of fast bulk streams (one granted stream per socket).
     pub admission: Mode,
+    /// Flow steering: the granted stream gets a socket of its own.
+    pub steer: bool,
 }
 
 impl Default for UdpConfig {
@@ -117,6 +122,7 @@ impl Default for UdpConfig {
             speculate: true,
             faults: FaultConfig::default(),
             admission: Mode::Implicit,
+            steer: true,
         }
     }
 }
@@ -141,6 +147,8 @@ pub struct UdpStats {
     pub granted_fragments: u64,
     /// Those found in place by the speculative receive (the granted stream's hits).
     pub granted_hits: u64,
+    /// Datagrams read from the steered sockets.
+    pub steered_datagrams: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -356,6 +364,8 @@ struct Pending {
 pub struct UdpTransport {
     /// The socket.
     pub sock: UdpSock,
+    /// The sockets granted fast streams are steered to (flow steering).
+    steer: Steering,
     faults: Option<Faults>,
     st: State,
 }
@@ -378,6 +388,10 @@ struct State {
     lead: Vec<Vec<IoVec>>,
     /// The armed layout, rebuilt only when its key changes.
     armed: Option<Armed>,
+    /// The steered socket the layout is armed on (`None`: the main one).
+    armed_on: Option<usize>,
+    /// The grant holder when decisions were last drained (a change re-plans the layout).
+    last_holder: Option<usize>,
     /// Admission control: which peer (route index) may send fast.
     gate: Gate<usize>,
     /// Its decisions not yet told to the peers.
@@ -495,6 +509,7 @@ impl UdpTransport {
         };
         let mtu = cfg.mtu.unwrap_or(if_mtu).clamp(576, 65536);
         let batch = TxBatch::new(sock.gso());
+        let steer = Steering::new(cfg.steer, cfg.bind, cfg.sock_buf);
         Ok(UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             st: State {
@@ -511,11 +526,14 @@ impl UdpTransport {
                 hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
                 lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
                 armed: None,
+                armed_on: None,
+                last_holder: None,
                 gate: Gate::new(GateConfig::default()),
                 decisions: Vec::new(),
                 planned: None,
                 segs: Vec::new(),
             },
+            steer,
             sock,
         })
     }
@@ -632,18 +650,72 @@ impl UdpTransport {
         }
     }
 
-    /// After [`UdpTransport::admit`] for every link: runs the gate's timer and drains its
-    /// decisions as (route index, answer, whether it revokes a grant).
-    pub fn admit_decisions(&mut self, now: u64) -> impl Iterator<Item = (usize, Admit, bool)> + '_ {
-        let st = &mut self.st;
-        if st.gate.poll_timeout().is_some_and(|t| t <= now) {
+    /// After [`UdpTransport::admit`] for every link: runs the gate's timer and hands its
+    /// decisions to `answer` as (route index, answer, whether it revokes a grant). A grant
+    /// steers the stream to the steered socket when flow steering is on (its port goes in
+    /// the Fast_Ack).
+    pub fn admit_decisions(&mut self, now: u64, mut answer: impl FnMut(usize, Admit, bool)) {
+        if self.st.gate.poll_timeout().is_some_and(|t| t <= now) {
+            let st = &mut self.st;
             st.gate.handle_timeout(now, &mut st.decisions);
         }
-        st.decisions.drain(..).map(|d| match d {
-            Decision::Grant { peer, grant } => (peer, Admit::Ack { grant, port: 0 }, false),
-            Decision::Refuse { peer } => (peer, Admit::NAck, false),
-            Decision::Revoke { peer } => (peer, Admit::NAck, true),
-        })
+        let mut decisions = std::mem::take(&mut self.st.decisions);
+        for d in decisions.drain(..) {
+            match d {
+                Decision::Grant { peer, grant } => {
+                    let port = self.steer_to(peer).unwrap_or(0);
+                    answer(peer, Admit::Ack { grant, port }, false)
+                }
+                Decision::Refuse { peer } => answer(peer, Admit::NAck, false),
+                Decision::Revoke { peer } => answer(peer, Admit::NAck, true),
+            }
+        }
+        self.st.decisions = decisions;
+        // A new holder (or none) may move the layout between the sockets: plan afresh.
+        let holder = self.st.gate.holder().map(|h| h.peer);
+        if holder != self.st.last_holder {
+            self.st.last_holder = holder;
+            self.disarm();
+        }
+        if self.steer.idle_close_due(now, holder.is_some()) {
+            self.disarm();
+            self.steer.close();
+        }
+    }
+
+    /// Steers `peer`'s granted stream to a socket of its own: its port, or `None`.
+    fn steer_to(&mut self, peer: usize) -> Option<u16> {
+        let dest = self
+            .st
+            .routes
+            .iter()
+            .find(|(_, &i)| i == peer)
+            .map(|(k, _)| k.0)?;
+        self.steer.steer(peer, dest)
+    }
+
+    /// Sockets the endpoint must add to its epoll set (once; closing one removes it).
+    pub fn take_new_fds(&mut self) -> impl Iterator<Item = RawFd> + '_ {
+        self.steer.take_new_fds()
+    }
+
+    /// Drops the speculative layout (the endpoint plans a new one before the next read).
+    fn disarm(&mut self) {
+        self.st.planned = None;
+        self.st.armed = None;
+        self.st.armed_on = None;
+        for lead in self.st.lead.iter_mut() {
+            lead.clear();
+        }
+        // SAFETY: no leading vectors.
+        unsafe {
+            self.sock.set_lead(&[]);
+            for i in 0..steer::SOCKETS {
+                if let Some(s) = self.steer.sock_mut(i) {
+                    s.set_lead(&[]);
+                }
+            }
+        }
     }
 
     /// When the admission gate's timer runs out (an idle holder, a rotation).
@@ -723,10 +795,33 @@ impl UdpTransport {
                 layouts,
             }
         });
-        // SAFETY: header slots are ours; destination ranges are distinct missing fragments
-        // of a buffer the Bulk contract keeps valid while the key is current, and the
-        // endpoint re-arms (replacing these vectors) before using a changed key.
-        unsafe { self.sock.set_lead(&st.lead) };
+        // The layout goes on the socket the stream arrives on: the holder's steered one,
+        // else the main one. The others get none.
+        let holder = st.gate.holder().map(|h| h.peer);
+        st.armed_on = st
+            .armed
+            .as_ref()
+            .filter(|a| Some(a.key.0) == holder)
+            .and_then(|a| self.steer.socket_of(a.key.0));
+        for i in 0..=steer::SOCKETS {
+            let lead: &[Vec<IoVec>] = if st.armed.is_some() && st.armed_on == i.checked_sub(1) {
+                &st.lead
+            } else {
+                &[]
+            };
+            let sock = match i {
+                0 => &mut self.sock,
+                _ => match self.steer.sock_mut(i - 1) {
+                    Some(s) => s,
+                    None => continue,
+                },
+            };
+            // SAFETY: header slots are ours; destination ranges are distinct missing
+            // fragments of a buffer the Bulk contract keeps valid while the key is
+            // current, and the endpoint re-arms (replacing these vectors) before using a
+            // changed key.
+            unsafe { sock.set_lead(lead) };
+        }
     }
 
     /// Reads what arrived (one batch) and hands each datagram to `sink` with the index its
@@ -735,89 +830,40 @@ impl UdpTransport {
     /// the armed fragments land straight in the destination; verified hits are handed
     /// over as [`Got::Placed`], everything else is gathered (the miss's copy) and takes the
     /// ordinary path. Returns the number of datagrams read.
+    ///
+    /// With streams steered to sockets of their own every socket is read, the one holding
+    /// the layout first: the other's cleanup copies may fill fragments the layout names, so
+    /// no speculative read may follow them before the endpoint re-plans.
     pub fn receive(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
-        let r = self.sock.recv_batch();
         let armed = self.st.armed.take();
-        let n = self.deliver(r, armed.as_ref(), sink);
+        // Socket 0 is the main one, 1.. the steered ones; the armed one first.
+        let first = self.st.armed_on.map_or(0, |i| i + 1);
+        let mut n = 0;
+        for i in std::iter::once(first).chain((0..=steer::SOCKETS).filter(|&i| i != first)) {
+            let a = if i == first { armed.as_ref() } else { None };
+            if i == 0 {
+                // Read even when empty: held-back injected faults are released here.
+                let r = self.sock.recv_batch();
+                n += deliver(&mut self.sock, &mut self.faults, &mut self.st, r, a, sink);
+            } else if let Some(sock) = self.steer.sock_mut(i - 1) {
+                let r = sock.recv_batch();
+                if r > 0 {
+                    let got = deliver(sock, &mut self.faults, &mut self.st, r, a, sink);
+                    self.st.stats.steered_datagrams += got as u64;
+                    n += got;
+                }
+            }
+        }
         // Hits change the link's generation: the endpoint re-plans before the next read.
         self.st.armed = armed;
         n
     }
 
-    /// Hands the `r` entries just read to `sink`: the armed ones (`armed`, entry k < its
-    /// plan's length) verified in place first, then the others from their slots.
-    fn deliver(
-        &mut self,
-        r: usize,
-        armed: Option<&Armed>,
-        sink: &mut impl FnMut(usize, Got<'_>),
-    ) -> usize {
-        let (sock, faults, st) = (&self.sock, &mut self.faults, &mut self.st);
-        let now = st.now();
-        let max = sock::MAX_GSO_SEGMENTS;
-        let n_armed = armed.map_or(0, |a| a.arm.entries.len().min(r));
-        let mut gathered: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
-        let mut segs = std::mem::take(&mut st.segs);
-        let mut count = 0;
-        // Pass 1: verify the armed entries; copy out everything that is not a hit, before
-        // any cleanup writes into the destination.
-        for (k, a) in armed.iter().flat_map(|a| (0..n_armed).map(move |k| (k, a))) {
-            let got = sock.received(k);
-            let frags = &a.arm.entries[k];
-            a.layouts[k].segments(got.len, got.seg, &mut segs);
-            for seg in &segs {
-                count += 1;
-                let fate = faults.as_mut().map(|f| f.fate());
-                let (start, len) = match *seg {
-                    Segment::Candidate { start, slot, len } if got.src == a.src => {
-                        let (off, _) = frags[slot];
-                        // SAFETY: the armed payload slot, `len` <= its length.
-                        let payload = unsafe {
-                            std::slice::from_raw_parts(a.arm.dest.add(off as usize), len)
-                        };
-                        let clean = fate.is_none_or(|f| f.is_clean());
-                        let header = &st.hdr_slots[k * max + slot];
-                        match spec::check(&a.arm.expect, off, header, payload) {
-                            Check::Hit(h) if clean => {
-                                sink(a.key.0, Got::Placed(h, BULK_HEADER + len));
-                                continue;
-                            }
-                            _ => (start, BULK_HEADER + len),
-                        }
-                    }
-                    Segment::Candidate { start, len, .. } => (start, BULK_HEADER + len),
-                    Segment::Gather { start, len } => (start, len),
-                };
-                st.stats.spec_misses += 1;
-                let bytes = gather(&st.lead[k], sock.slot(k, sock::RX_SLOT), start, len);
-                match (fate, faults.as_mut()) {
-                    (Some(fate), Some(f)) => {
-                        f.apply_fate(fate, now, got.src, &bytes, &mut |s, d| {
-                            gathered.push((s, d.to_vec()))
-                        })
-                    }
-                    _ => gathered.push((got.src, bytes)),
-                }
-            }
-        }
-        st.segs = segs;
-        // Pass 2: the unarmed entries from their slots (no copy without faults), then
-        // what was gathered or held back.
-        let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
-        for k in n_armed..r {
-            count += sock.for_each_datagram(k, |src, d| match faults.as_mut() {
-                None => st.dispatch(&mut to_link, src, d),
-                Some(f) => f.apply(now, src, d, &mut |s, d| gathered.push((s, d.to_vec()))),
-            });
-        }
-        if let Some(f) = faults.as_mut() {
-            f.release(now, &mut |s, d| gathered.push((s, d.to_vec())));
-        }
-        for (s, d) in gathered {
-            st.dispatch(&mut to_link, s, &d);
-        }
-        self.sock.stats.datagrams_received += count as u64;
-        count
+    /// The main and the steered sockets' counters together.
+    pub fn sock_stats(&self) -> SockStats {
+        let mut k = self.sock.stats;
+        steer::add_stats(&mut k, &self.steer.stats());
+        k
     }
 
     /// When the fault injector next releases a held-back datagram.
@@ -836,4 +882,78 @@ impl UdpTransport {
             self.sock.send(&mut self.st.batch);
         }
     }
+}
+
+/// Hands the `r` entries just read from `sock` to `sink`: the armed ones (`armed`, entry k
+/// < its plan's length) verified in place first, then the others from their slots.
+fn deliver(
+    sock: &mut UdpSock,
+    faults: &mut Option<Faults>,
+    st: &mut State,
+    r: usize,
+    armed: Option<&Armed>,
+    sink: &mut impl FnMut(usize, Got<'_>),
+) -> usize {
+    let now = st.now();
+    let max = sock::MAX_GSO_SEGMENTS;
+    let n_armed = armed.map_or(0, |a| a.arm.entries.len().min(r));
+    let mut gathered: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
+    let mut segs = std::mem::take(&mut st.segs);
+    let mut count = 0;
+    // Pass 1: verify the armed entries; copy out everything that is not a hit, before
+    // any cleanup writes into the destination.
+    for (k, a) in armed.iter().flat_map(|a| (0..n_armed).map(move |k| (k, a))) {
+        let got = sock.received(k);
+        let frags = &a.arm.entries[k];
+        a.layouts[k].segments(got.len, got.seg, &mut segs);
+        for seg in &segs {
+            count += 1;
+            let fate = faults.as_mut().map(|f| f.fate());
+            let (start, len) = match *seg {
+                Segment::Candidate { start, slot, len } if got.src == a.src => {
+                    let (off, _) = frags[slot];
+                    // SAFETY: the armed payload slot, `len` <= its length.
+                    let payload =
+                        unsafe { std::slice::from_raw_parts(a.arm.dest.add(off as usize), len) };
+                    let clean = fate.is_none_or(|f| f.is_clean());
+                    let header = &st.hdr_slots[k * max + slot];
+                    match spec::check(&a.arm.expect, off, header, payload) {
+                        Check::Hit(h) if clean => {
+                            sink(a.key.0, Got::Placed(h, BULK_HEADER + len));
+                            continue;
+                        }
+                        _ => (start, BULK_HEADER + len),
+                    }
+                }
+                Segment::Candidate { start, len, .. } => (start, BULK_HEADER + len),
+                Segment::Gather { start, len } => (start, len),
+            };
+            st.stats.spec_misses += 1;
+            let bytes = gather(&st.lead[k], sock.slot(k, sock::RX_SLOT), start, len);
+            match (fate, faults.as_mut()) {
+                (Some(fate), Some(f)) => f.apply_fate(fate, now, got.src, &bytes, &mut |s, d| {
+                    gathered.push((s, d.to_vec()))
+                }),
+                _ => gathered.push((got.src, bytes)),
+            }
+        }
+    }
+    st.segs = segs;
+    // Pass 2: the unarmed entries from their slots (no copy without faults), then
+    // what was gathered or held back.
+    let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
+    for k in n_armed..r {
+        count += sock.for_each_datagram(k, |src, d| match faults.as_mut() {
+            None => st.dispatch(&mut to_link, src, d),
+            Some(f) => f.apply(now, src, d, &mut |s, d| gathered.push((s, d.to_vec()))),
+        });
+    }
+    if let Some(f) = faults.as_mut() {
+        f.release(now, &mut |s, d| gathered.push((s, d.to_vec())));
+    }
+    for (s, d) in gathered {
+        st.dispatch(&mut to_link, s, &d);
+    }
+    sock.stats.datagrams_received += count as u64;
+    count
 }

@@ -198,6 +198,21 @@ impl UdpSock {
         Ok(sock)
     }
 
+    /// Connects the socket to `peer`: from now on the kernel gives it only `peer`'s
+    /// datagrams (flow steering; datagrams already queued stay).
+    pub fn connect(&self, peer: SocketAddrV4) -> io::Result<()> {
+        let sa = to_sockaddr(peer);
+        // SAFETY: a valid sockaddr_in of the size given.
+        cvt(unsafe {
+            libc::connect(
+                self.fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_in).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        })
+        .map(|_| ())
+    }
+
     /// The bound address (the port the kernel chose).
     pub fn local(&self) -> SocketAddrV4 {
         self.local
