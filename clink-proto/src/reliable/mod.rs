@@ -449,7 +449,11 @@ pub struct Transmit {
     /// It opens a bulk group (or is a bulk retransmission): a GSO batcher should start a
     /// new send with it, so the receiver's speculative layout lines up.
     pub group_start: bool,
-    /// It is a bulk fragment (which goes to [`Conn::steered_port`] when there is one).
+    /// It is a bulk fragment sent for the first time, which goes to
+    /// [`Conn::steered_port`] when there is one. A retransmission is not: it goes to the
+    /// peer's main socket, because arriving out of order in the steered one it would
+    /// take a receive entry armed for the next group and shift every later group of that
+    /// read off its place; so the steered socket sees the stream in order.
     pub bulk: bool,
 }
 
@@ -1563,7 +1567,7 @@ impl Conn {
                         total,
                     };
                     let frag = self.cfg.mtu_payload as u64;
-                    bulk = true;
+                    bulk = s.tx_count <= 1;
                     group_start =
                         s.tx_count > 1 || (s.offset / frag).is_multiple_of(self.bulk_group());
                     let start = buf.len();
