@@ -79,7 +79,7 @@ fn quick_netns_run_over_tcp_and_udp() {
         .args(["bench", "--placement", "netns", "--quick", "--json"])
         .args([
             "--systems",
-            "tcp,udp",
+            "tcp,udp,clink-tcp",
             "--lat-sizes",
             "0,64",
             "--bw-sizes",
@@ -96,10 +96,10 @@ fn quick_netns_run_over_tcp_and_udp() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
         .collect();
-    // 2 MTUs (default 1500, 9000) x 2 systems x 2 modes x (2 latency + 1 bandwidth).
-    assert_eq!(rows.len(), 24, "{stdout}");
+    // 2 MTUs (default 1500, 9000) x 3 systems x 2 modes x (2 latency + 1 bandwidth).
+    assert_eq!(rows.len(), 36, "{stdout}");
     for mtu in [1500, 9000] {
-        for sys in ["tcp", "udp"] {
+        for sys in ["tcp", "udp", "clink-tcp"] {
             let n = rows
                 .iter()
                 .filter(|r| r["system"] == sys && r["mtu"] == mtu)
@@ -109,9 +109,16 @@ fn quick_netns_run_over_tcp_and_udp() {
     }
     for row in &rows {
         assert_eq!(row["placement"], "netns", "{row}");
-        assert_eq!(row["transport"], "veth", "{row}");
         assert!(row["median"].as_f64().is_some_and(|m| m > 0.0), "{row}");
-        assert_eq!(row["copies_per_byte"].as_f64(), Some(2.0), "{row}");
+        let copies = row["copies_per_byte"].as_f64();
+        if row["system"] == "clink-tcp" {
+            // clink over TCP: eager 3 user-space copies + the kernel's 2, rendezvous 2.
+            assert_eq!(row["transport"], "tcp", "{row}");
+            assert!(copies == Some(5.0) || copies == Some(2.0), "{row}");
+        } else {
+            assert_eq!(row["transport"], "veth", "{row}");
+            assert_eq!(copies, Some(2.0), "{row}");
+        }
         if row["metric"] == "bandwidth_gbs" {
             assert!(
                 row["cpu_s_per_gb"].as_f64().is_some_and(|c| c > 0.0),

@@ -20,7 +20,9 @@
 //! `--host-ip`): TCP and UDP bind 0.0.0.0 and advertise it; clink chooses its
 //! own transport and address, and its rows are named `clink-udp` (or
 //! `clink-tcp` when its channel reports a `tcp...` transport) instead of
-//! `clink`. Unix sockets cannot cross namespaces and are skipped with a note;
+//! `clink`; the system `clink-tcp` (in the default selection in netns placement
+//! only; on the host, over loopback, when named) runs clink over TCP in the same
+//! run. Unix sockets cannot cross namespaces and are skipped with a note;
 //! UCX runs with `UCX_TLS=tcp`. Rows carry `placement` and, in netns, `mtu`.
 //!
 //! # What a bandwidth row holds
@@ -92,8 +94,7 @@ const ADDR_PREFIX: &str = "clink-bench-addr ";
 
 /// Name of the external UCX baseline in `--systems`.
 const UCX: &str = "ucx";
-/// Name of clink's own system.
-const CLINK: &str = "clink";
+use clink_sys::{CLINK, CLINK_TCP};
 /// Name of the Unix socket baseline (host placement only).
 const UNIX: &str = "unix";
 /// Veth MTUs measured with `--placement netns` when `--mtu` is not given.
@@ -105,7 +106,8 @@ pub fn systems() -> Vec<Box<dyn System>> {
         Box::new(sockets::TcpSystem),
         Box::new(udp::UdpSystem),
         Box::new(sockets::UnixSystem),
-        Box::new(clink_sys::ClinkSystem),
+        Box::new(clink_sys::ClinkSystem::AUTO),
+        Box::new(clink_sys::ClinkSystem::TCP),
     ]
 }
 
@@ -443,13 +445,16 @@ fn build_plan(args: &BenchArgs) -> Result<Plan, String> {
     Ok(plan)
 }
 
-/// The systems to run, in order, validated against the registry.
+/// The systems to run, in order, validated against the registry. The default is every
+/// system plus ucx, except `clink-tcp` on the host (clink over loopback TCP: only when
+/// named).
 fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
     let known: Vec<&'static str> = systems().iter().map(|s| s.name()).collect();
     let names: Vec<String> = match &args.systems {
         Some(list) => list.iter().map(|s| s.trim().to_string()).collect(),
         None => known
             .iter()
+            .filter(|&&s| s != CLINK_TCP || args.placement == Placement::Netns)
             .map(|s| s.to_string())
             .chain(std::iter::once(UCX.to_string()))
             .collect(),
@@ -717,6 +722,14 @@ mod tests {
         let default = selected_systems(&parse(&[])).expect("default");
         assert!(default.contains(&"unix".to_string()) && default.contains(&"ucx".to_string()));
         assert!(default.contains(&"udp".to_string()));
+        assert!(
+            !default.contains(&CLINK_TCP.to_string()),
+            "not on the host by default"
+        );
+        let netns = selected_systems(&parse(&["--placement", "netns"])).expect("netns");
+        assert!(netns.contains(&CLINK.to_string()) && netns.contains(&CLINK_TCP.to_string()));
+        let named = selected_systems(&parse(&["--systems", "clink-tcp"])).expect("named");
+        assert_eq!(named, vec![CLINK_TCP]);
     }
 
     #[test]
