@@ -63,6 +63,7 @@ pub mod proc;
 pub mod report;
 pub mod rma;
 pub mod sockets;
+pub mod spec;
 pub mod stats;
 pub mod ucx;
 pub mod udp;
@@ -143,6 +144,7 @@ impl ModeArg {
 
 /// Arguments of `clink bench`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
 pub struct BenchArgs {
     /// Systems to measure, comma-separated (default: every built-in system,
     /// plus ucx when ucx_perftest is installed).
@@ -192,10 +194,22 @@ pub struct BenchArgs {
     /// system comparison.
     #[arg(long, conflicts_with_all = ["systems", "mode", "sizes", "lat_sizes", "bw_sizes", "placement", "mtu", "timeout_secs"])]
     pub rma: bool,
-    /// With `--rma`: only these experiments (comma-separated: word_rtt, dqueue_rate,
-    /// put_bw, event_server).
-    #[arg(long, value_delimiter = ',', requires = "rma",
-          value_parser = clap::builder::PossibleValuesParser::new(rma::EXPERIMENTS))]
+    /// With `--placement netns`: run the seed's speculation experiments (interfering
+    /// datagrams, the fallback penalty, two senders, loss; clink over UDP; bandwidth and
+    /// hit-rate rows with `experiment` and `variant` fields) instead of the system
+    /// comparison. `--mtu` defaults to 1500 here.
+    #[arg(long, conflicts_with_all = ["rma", "systems", "mode", "sizes", "lat_sizes", "bw_sizes"])]
+    pub spec: bool,
+    /// With `--spec`: bulk fragments each sender streams per run (default 100000, with
+    /// --quick 5000), in messages of 1 MiB.
+    #[arg(long, requires = "spec", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub fragments: Option<u64>,
+    /// With `--rma`: only these experiments (word_rtt, dqueue_rate, put_bw,
+    /// event_server); with `--spec`: only these (interference, fallback, two_senders,
+    /// loss). Comma-separated.
+    #[arg(long, value_delimiter = ',', requires = "experiment_mode",
+          value_parser = clap::builder::PossibleValuesParser::new(
+              rma::EXPERIMENTS.iter().chain(spec::EXPERIMENTS).copied()))]
     pub experiments: Vec<String>,
     /// With `--rma`: client connections of the event-server experiment.
     #[arg(long, value_delimiter = ',', requires = "rma", default_values_t = [1u64, 10, 100, 1000],
@@ -474,6 +488,16 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
+        if let Some(e) = args
+            .experiments
+            .iter()
+            .find(|e| !rma::EXPERIMENTS.contains(&e.as_str()))
+        {
+            return Err(format!(
+                "--experiments {e}: not an experiment of --rma ({})",
+                rma::EXPERIMENTS.join(", ")
+            ));
+        }
         let conns: Vec<usize> = args.conns.iter().map(|&c| c as usize).collect();
         return rma::run(
             args.quick,
@@ -483,6 +507,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             &args.experiments,
             &conns,
         );
+    }
+    if args.spec {
+        return run_spec(args, pinned);
     }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;
@@ -619,6 +646,35 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     } else {
         Err(format!("some runs failed:\n{}", ctx.errors.join("\n")))
     }
+}
+
+/// `clink bench --placement netns --spec`: checks the options, then [`spec::run`].
+fn run_spec(args: BenchArgs, pinned: bool) -> Result<(), String> {
+    if args.placement != Placement::Netns {
+        return Err(
+            "--spec runs between two network namespaces: add --placement netns".to_string(),
+        );
+    }
+    if let Some(e) = args
+        .experiments
+        .iter()
+        .find(|e| !spec::EXPERIMENTS.contains(&e.as_str()))
+    {
+        return Err(format!(
+            "--experiments {e}: not an experiment of --spec ({})",
+            spec::EXPERIMENTS.join(", ")
+        ));
+    }
+    spec::run(spec::Opts {
+        quick: args.quick,
+        json: args.json,
+        pinned,
+        rounds: args.rounds,
+        experiments: args.experiments,
+        mtus: args.mtu.unwrap_or_else(|| vec![1500]),
+        fragments: args.fragments,
+        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+    })
 }
 
 /// State shared by the runs of one `clink bench` invocation.
