@@ -12,6 +12,9 @@
 //! one) N sender processes stream `count` messages each at once (the seed's two-senders
 //! experiment, where admission control, `CLINK_UDP_ADMISSION`, decides which stream is
 //! received in place). With `--send ADDR SIZE COUNT` it is the sending child.
+//!
+//! `clink bench --placement netns --spec` runs these experiments (and the others of the
+//! seed) with payload checks, interleaved rounds and JSON rows.
 
 use clink::{Context, Selector};
 use std::process::Command;

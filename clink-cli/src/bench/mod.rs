@@ -38,7 +38,9 @@
 //! [`plan`], [`stats`], [`report`], [`ucx`] (external `ucx_perftest`),
 //! [`proc`] (child processes), [`affinity`] (CPU pinning), [`clink_sys`] (clink
 //! itself as a system), [`rma`] and [`evserver`] (the `--rma` experiments, two
-//! pinned threads of one process).
+//! pinned threads of one process), [`spec`] (the `--spec` experiments: the seed's
+//! speculative defragmentation between network namespaces, a receiver and one or two
+//! sender processes per run, rows with `experiment` and `variant`).
 //!
 //! # Adding a system
 //!

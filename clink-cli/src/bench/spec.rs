@@ -52,7 +52,7 @@
 //!
 //! Without `--json`: a table per MTU and experiment, medians over `--rounds` (which
 //! interleave the variants: A B C A B C ...), with each variant's goodput as a multiple
-//! of the experiment's reference ([`reference`]).
+//! of the experiment's reference ([`reference()`]).
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
