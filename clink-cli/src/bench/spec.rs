@@ -27,10 +27,11 @@
 //!   receiver: every fragment by the copy path); `forced_miss` (`CLINK_UDP_FORCE_MISS=1` on
 //!   the sender: fragments misordered within each group, so speculation is armed and
 //!   misses, and every fragment is gathered and cleaned up).
-//! - `two_senders`: `one_sender` (the reference, in the same round); `admission_off`
-//!   (`CLINK_UDP_ADMISSION=off`), `admission` (`implicit`, the default), `steered`
-//!   (flow-steered sockets: [`STEERED_ENV`], skipped with a note while it is `None`); each
-//!   of the two senders streams the full `--fragments`.
+//! - `two_senders`: `one_sender` (the reference, in the same round, clink's defaults);
+//!   `admission_off` (`CLINK_UDP_ADMISSION=off`), `admission` (`implicit`, the default),
+//!   both without flow steering, and `steered` (admission control and flow-steered sockets,
+//!   [`STEER`]; skipped with a note in a build that does not know its variable); each of
+//!   the two senders streams the full `--fragments`.
 //! - `loss`: `loss_0`, `loss_0.1`, `loss_1`, `loss_5`: `CLINK_FAULTS=drop=P,seed=N` on the
 //!   receiver (percent in the name; `N` = round + 1).
 //!
@@ -80,12 +81,17 @@ pub const CHILD_SUBCOMMAND: &str = "bench-spec-child";
 /// The experiments, in the order they run (the `experiment` field).
 pub const EXPERIMENTS: &[&str] = &["interference", "fallback", "two_senders", "loss"];
 
-/// The setting that turns flow-steered sockets on for the `two_senders/steered` variant,
-/// set on the receiver and both senders. `None` while this build has no flow steering:
-/// the variant is then skipped with a note.
-///
-/// FILL IN when flow steering lands, e.g. `Some(("CLINK_UDP_ADMISSION", "steered"))`.
-pub const STEERED_ENV: Option<(&str, &str)> = None;
+/// The flow-steering setting of the `two_senders` variants, set on the receiver and both
+/// senders: (variable, value for `steered`, value for `admission` and `admission_off`).
+/// Used only when this build knows the variable ([`clink::config::VARIABLES`]); otherwise
+/// `steered` is skipped with a note and the others leave it unset. Change this one line if
+/// flow steering is turned on by another setting.
+pub const STEER: (&str, &str, &str) = ("CLINK_UDP_STEER", "1", "0");
+
+/// Whether this build knows [`STEER`]'s variable.
+fn steering_known() -> bool {
+    clink::config::VARIABLES.iter().any(|(n, _)| *n == STEER.0)
+}
 
 /// Bytes per message.
 pub const MSG_SIZE: usize = 1 << 20;
@@ -188,26 +194,34 @@ pub fn variants(experiment: &str, round: u64) -> (Vec<Variant>, Vec<String>) {
             Variant::new("fallback", "forced_miss").sender("CLINK_UDP_FORCE_MISS", "1"),
         ],
         "two_senders" => {
+            let (var, on, off) = STEER;
+            let known = steering_known();
+            let unsteered = |v: Variant| if known { v.both(var, off) } else { v };
             let mut v = vec![
                 Variant::new("two_senders", "one_sender"),
-                Variant::new("two_senders", "admission_off")
-                    .senders(2)
-                    .both("CLINK_UDP_ADMISSION", "off"),
-                Variant::new("two_senders", "admission")
-                    .senders(2)
-                    .both("CLINK_UDP_ADMISSION", "implicit"),
+                unsteered(
+                    Variant::new("two_senders", "admission_off")
+                        .senders(2)
+                        .both("CLINK_UDP_ADMISSION", "off"),
+                ),
+                unsteered(
+                    Variant::new("two_senders", "admission")
+                        .senders(2)
+                        .both("CLINK_UDP_ADMISSION", "implicit"),
+                ),
             ];
-            match STEERED_ENV {
-                Some((k, val)) => v.push(
+            if known {
+                v.push(
                     Variant::new("two_senders", "steered")
                         .senders(2)
-                        .both(k, val),
-                ),
-                None => notes.push(
+                        .both("CLINK_UDP_ADMISSION", "implicit")
+                        .both(var, on),
+                );
+            } else {
+                notes.push(format!(
                     "two_senders/steered: skipped, this build has no flow-steered sockets \
-                     (set STEERED_ENV in clink-cli/src/bench/spec.rs)"
-                        .to_string(),
-                ),
+                     ({var} unknown; see STEER in clink-cli/src/bench/spec.rs)"
+                ));
             }
             v
         }
@@ -1163,7 +1177,16 @@ mod tests {
         assert!(loss[0].receiver_env.is_empty());
         let (two, notes) = variants("two_senders", 0);
         assert_eq!(two.iter().filter(|v| v.senders == 2).count() + 1, two.len());
-        assert_eq!(STEERED_ENV.is_none(), notes.len() == 1);
+        assert_eq!(steering_known(), notes.is_empty());
+        if steering_known() {
+            let steered = two.iter().find(|v| v.name == "steered").expect("steered");
+            assert!(steered
+                .receiver_env
+                .contains(&(STEER.0.into(), STEER.1.into())));
+            assert!(two[2]
+                .sender_env
+                .contains(&(STEER.0.into(), STEER.2.into())));
+        }
         let (f, _) = variants("fallback", 0);
         assert_eq!(
             f[2].sender_env,
