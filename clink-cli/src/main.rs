@@ -28,6 +28,9 @@ enum Cmd {
     /// Internal: one side of a benchmark run (spawned by `clink bench`).
     #[command(name = "bench-child", hide = true)]
     BenchChild(bench::ChildArgs),
+    /// Internal: one process of a `clink bench --spec` run.
+    #[command(name = "bench-spec-child", hide = true)]
+    BenchSpecChild(bench::spec::ChildArgs),
     /// Internal: the second process of `clink demo`.
     #[command(name = "demo-peer", hide = true)]
     DemoPeer {
@@ -41,6 +44,7 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Bench(args) => bench::run(args),
         Cmd::BenchChild(args) => bench::run_child(args),
+        Cmd::BenchSpecChild(args) => bench::spec::run_child(args),
         Cmd::Info => info::run(),
         Cmd::Demo(args) => demo::run(args),
         Cmd::DemoPeer { addr } => demo::peer(&addr),

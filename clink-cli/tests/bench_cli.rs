@@ -1,5 +1,6 @@
 //! End-to-end: `clink bench --quick --json` for clink and the kernel sockets, two
-//! processes per system, on the host and between two network namespaces.
+//! processes per system, on the host and between two network namespaces; the aperture
+//! experiments (`--rma`) and the speculation experiments (`--spec`, between namespaces).
 
 use std::process::Command;
 
@@ -79,7 +80,7 @@ fn quick_netns_run_over_tcp_and_udp() {
         .args(["bench", "--placement", "netns", "--quick", "--json"])
         .args([
             "--systems",
-            "tcp,udp",
+            "tcp,udp,clink-tcp",
             "--lat-sizes",
             "0,64",
             "--bw-sizes",
@@ -96,10 +97,10 @@ fn quick_netns_run_over_tcp_and_udp() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
         .collect();
-    // 2 MTUs (default 1500, 9000) x 2 systems x 2 modes x (2 latency + 1 bandwidth).
-    assert_eq!(rows.len(), 24, "{stdout}");
+    // 2 MTUs (default 1500, 9000) x 3 systems x 2 modes x (2 latency + 1 bandwidth).
+    assert_eq!(rows.len(), 36, "{stdout}");
     for mtu in [1500, 9000] {
-        for sys in ["tcp", "udp"] {
+        for sys in ["tcp", "udp", "clink-tcp"] {
             let n = rows
                 .iter()
                 .filter(|r| r["system"] == sys && r["mtu"] == mtu)
@@ -109,9 +110,16 @@ fn quick_netns_run_over_tcp_and_udp() {
     }
     for row in &rows {
         assert_eq!(row["placement"], "netns", "{row}");
-        assert_eq!(row["transport"], "veth", "{row}");
         assert!(row["median"].as_f64().is_some_and(|m| m > 0.0), "{row}");
-        assert_eq!(row["copies_per_byte"].as_f64(), Some(2.0), "{row}");
+        let copies = row["copies_per_byte"].as_f64();
+        if row["system"] == "clink-tcp" {
+            // clink over TCP: eager 3 user-space copies + the kernel's 2, rendezvous 2.
+            assert_eq!(row["transport"], "tcp", "{row}");
+            assert!(copies == Some(5.0) || copies == Some(2.0), "{row}");
+        } else {
+            assert_eq!(row["transport"], "veth", "{row}");
+            assert_eq!(copies, Some(2.0), "{row}");
+        }
         if row["metric"] == "bandwidth_gbs" {
             assert!(
                 row["cpu_s_per_gb"].as_f64().is_some_and(|c| c > 0.0),
@@ -171,5 +179,121 @@ fn quick_rma_run_with_the_event_server() {
             assert!(r["endpoints"] == 1 || r["endpoints"] == 3, "{r}");
             assert_eq!(r["p99"].is_null(), r["variant"] == "rate", "{r}");
         }
+    }
+}
+
+#[test]
+fn quick_spec_run_between_namespaces() {
+    if let Some(why) = clink::netns::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
+        .args([
+            "bench",
+            "--placement",
+            "netns",
+            "--spec",
+            "--quick",
+            "--json",
+        ])
+        .args(["--fragments", "2000", "--timeout-secs", "60"])
+        .output()
+        .expect("run clink bench --spec");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench --spec failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect();
+    let expected = [
+        ("interference", "clean"),
+        ("interference", "interfere_100"),
+        ("interference", "interfere_10000"),
+        ("fallback", "normal"),
+        ("fallback", "speculate_off"),
+        ("fallback", "forced_miss"),
+        ("two_senders", "one_sender"),
+        ("two_senders", "admission_off"),
+        ("two_senders", "admission"),
+        ("loss", "loss_0"),
+        ("loss", "loss_0.1"),
+        ("loss", "loss_1"),
+        ("loss", "loss_5"),
+    ];
+    let find = |exp: &str, var: &str, metric: &str| {
+        let of: Vec<&serde_json::Value> = rows
+            .iter()
+            .filter(|r| r["experiment"] == exp && r["variant"] == var && r["metric"] == metric)
+            .collect();
+        assert_eq!(of.len(), 1, "{exp}/{var} {metric}: {stdout}");
+        of[0].clone()
+    };
+    for (exp, var) in expected {
+        let bw = find(exp, var, "bandwidth_gbs");
+        assert!(bw["median"].as_f64().is_some_and(|m| m > 0.0), "{bw}");
+        assert!(bw["cpu_s_per_gb"].as_f64().is_some_and(|c| c > 0.0), "{bw}");
+        let hit = find(exp, var, "hit_rate");
+        let rate = hit["median"].as_f64().expect("a hit rate");
+        assert!((0.0..=1.0).contains(&rate), "{hit}");
+        for row in [&bw, &hit] {
+            for key in [
+                "system",
+                "transport",
+                "mode",
+                "size",
+                "round",
+                "mtu",
+                "senders",
+            ] {
+                assert!(row.get(key).is_some(), "missing {key} in {row}");
+            }
+            assert_eq!(row["system"], "clink-udp", "{row}");
+            assert_eq!(row["placement"], "netns", "{row}");
+            assert_eq!(row["mtu"], 1500, "{row}");
+            // Every message of every run compared equal to what was sent.
+            assert_eq!(row["verified"], true, "{row}");
+        }
+    }
+    // The variants do what they say.
+    assert_eq!(find("fallback", "speculate_off", "hit_rate")["median"], 0.0);
+    let forced = find("fallback", "forced_miss", "hit_rate");
+    assert!(
+        forced["median"].as_f64().is_some_and(|r| r < 0.25),
+        "{forced}"
+    );
+    let strays = find("interference", "interfere_10000", "hit_rate");
+    // 10 000 per 100 000 fragments: 200, less those still due when the stream ended.
+    let sent = strays["interfering"].as_u64().expect("strays sent");
+    assert!((1..=200).contains(&sent), "{strays}");
+    assert!(
+        strays["stray_dropped"].as_u64().is_some_and(|d| d > 0),
+        "{strays}"
+    );
+    let lossy = find("loss", "loss_5", "hit_rate");
+    assert!(
+        lossy["faults_injected"].as_u64().is_some_and(|f| f > 0),
+        "{lossy}"
+    );
+    assert_eq!(
+        find("two_senders", "admission", "bandwidth_gbs")["senders"],
+        2
+    );
+    // The namespaces this run made are gone.
+    let made: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("network namespaces "))
+        .flat_map(|l| l.split_whitespace())
+        .filter(|w| w.starts_with(clink::netns::NAME_PREFIX))
+        .collect();
+    assert_eq!(made.len(), 2, "{stderr}");
+    let list = Command::new(clink::netns::ip_binary().expect("ip"))
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let list = String::from_utf8_lossy(&list.stdout);
+    for ns in made {
+        assert!(!list.contains(ns), "{ns} left behind: {list}");
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Checked on every read: speculation never overwrites a fragment already placed; at the
 //! end the destination equals the source, whatever was lost, duplicated, corrupted,
-//! reordered or injected.
+//! reordered or injected, and whether or not the sender misorders its groups on purpose
+//! ([`Config::bulk_misorder`], the fallback experiment's sender that makes every
+//! fragment miss).
 
 use clink_proto::netsim::Rng;
 use clink_proto::reliable::packet::BULK_HEADER;
@@ -83,6 +85,10 @@ fn gather(
 }
 
 fn run(seed: u64, total: usize, cap: usize, f: &Faults) -> Counts {
+    run_with(seed, total, cap, f, false)
+}
+
+fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> Counts {
     let mut rng = Rng::new(seed);
     let src: Vec<u8> = (0..total).map(|_| rng.next_u64() as u8).collect();
     let cfg = Config {
@@ -91,6 +97,7 @@ fn run(seed: u64, total: usize, cap: usize, f: &Faults) -> Counts {
         recv_window: 4096,
         max_cwnd: 256,
         ack_every: 8,
+        bulk_misorder: misorder,
         ..Config::default()
     };
     let mut a = Conn::new(cfg.clone(), 0);
@@ -318,4 +325,32 @@ fn truncated_destination_gets_the_head_only() {
         noise: 0.1,
     };
     run(9, 300_000, 123_456, &f);
+}
+
+#[test]
+fn a_misordering_sender_misses_everything_and_loses_nothing() {
+    // Clean: every fragment misses (the data still arrives intact: `run` checks it).
+    let total = 2_000_000 + 123;
+    let c = run_with(3, total, total, &CLEAN, true);
+    println!("misordered, clean: {c:?}");
+    let frags = total.div_ceil(FRAG) as u64;
+    // 2001 fragments in groups of 16: the last one is alone in its group and hits.
+    assert_eq!(frags % GROUP, 1);
+    assert!(c.hits <= 1, "only the lone last fragment may hit: {c:?}");
+    assert!(
+        c.misses + 1 >= frags,
+        "every other fragment must miss: {c:?}"
+    );
+    // With faults: still exactly the source.
+    for seed in 0..4 {
+        let f = Faults {
+            loss: 0.05,
+            dup: 0.05,
+            corrupt: 0.05,
+            reorder: 0.1,
+            noise: 0.3,
+        };
+        let c = run_with(seed, 500_000 + seed as usize * 999, 500_000, &f, true);
+        println!("misordered, faults, seed {seed}: {c:?}");
+    }
 }

@@ -12,6 +12,9 @@
 //! one) N sender processes stream `count` messages each at once (the seed's two-senders
 //! experiment, where admission control, `CLINK_UDP_ADMISSION`, decides which stream is
 //! received in place). With `--send ADDR SIZE COUNT` it is the sending child.
+//!
+//! `clink bench --placement netns --spec` runs these experiments (and the others of the
+//! seed) with payload checks, interleaved rounds and JSON rows.
 
 use clink::{Context, Selector};
 use std::process::Command;
@@ -108,14 +111,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let placed = s.spec_hit_bytes + s.cleanup_bytes;
     println!(
         "receiver: {} datagrams in {} reads ({} coalesced); speculation: {} hits ({} B, {:.2}% of bulk bytes), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short; admission: {} grants, {} refusals, {} revocations, {} datagrams on the steered socket; the granted stream's hit rate {:.2}% of {} fragments",
         s.datagrams_received, s.recv_calls, s.gro_reads, s.spec_hits, s.spec_hit_bytes,
-        100.0 * s.spec_hit_bytes as f64 / placed.max(1) as f64,
+        100.0 * s.spec_hit_rate().unwrap_or(0.0),
         s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent, s.malformed_dropped,
         s.fast_grants, s.fast_refusals, s.fast_revocations, s.steered_datagrams,
-        100.0 * s.granted_hits as f64 / s.granted_fragments.max(1) as f64, s.granted_fragments
+        100.0 * s.granted_hit_rate().unwrap_or(0.0), s.granted_fragments
     );
     Ok(())
 }

@@ -22,6 +22,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
+    ("CLINK_UDP_FORCE_MISS", "experiment knob, '0' (default): '1' makes this endpoint send its bulk fragments misordered within each group (neighbours swapped), so the receiver's speculation misses every one and all take the cleanup path; the data still arrives intact (the fallback experiment of clink bench --spec)"),
     ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
     ("CLINK_UDP_STEER", "'1' (default): a receiver steers the fast stream admission control granted to a UDP socket of its own, connected to that sender (the kernel keeps other traffic out of its speculative layout); '0': every stream arrives on the endpoint's one socket"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
@@ -200,6 +201,7 @@ impl Config {
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
                 "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
+                "CLINK_UDP_FORCE_MISS" => udp.force_miss = flag(&k, &v)?,
                 "CLINK_UDP_ADMISSION" => {
                     use clink_proto::admission::Mode;
                     udp.admission = match v.trim() {
@@ -270,6 +272,8 @@ mod tests {
             udp("CLINK_UDP_ADMISSION", "implicit").admission,
             Mode::Implicit
         );
+        assert!(udp("CLINK_UDP_FORCE_MISS", "1").force_miss);
+        assert!(!udp("PATH", "x").force_miss);
         let board = |v: &str| Config::from_vars(vars(&[("CLINK_BOARD_PEERS", v)]));
         let slots = crate::transport::shm::board::SLOTS;
         assert_eq!(board(&slots.to_string()).unwrap().board_peers, slots);
@@ -309,6 +313,7 @@ mod tests {
             ("CLINK_FAULTS", "drop=5"),
             ("CLINK_UDP", "maybe"),
             ("CLINK_UDP_ADMISSION", "sometimes"),
+            ("CLINK_UDP_FORCE_MISS", "always"),
             ("CLINK_TCP", "maybe"),
             ("CLINK_TCP_BIND", "localhost"),
             ("CLINK_TRANSPORT", "sctp"),

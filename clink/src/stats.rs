@@ -124,3 +124,42 @@ pub struct Stats {
     /// Peer visits prompted by a bit on the activity board.
     pub board_wakeups: u64,
 }
+
+impl Stats {
+    /// The network path's speculation hit rate as a receiver: the fraction of the bulk
+    /// (rendezvous) payload bytes received that a speculative receive found at their
+    /// place, `spec_hit_bytes / (spec_hit_bytes + cleanup_bytes)` (all fragments but a
+    /// transfer's last have one size, so this is the fraction of fragments too). `None`
+    /// before any bulk byte arrived.
+    pub fn spec_hit_rate(&self) -> Option<f64> {
+        let placed = self.spec_hit_bytes + self.cleanup_bytes;
+        (placed > 0).then(|| self.spec_hit_bytes as f64 / placed as f64)
+    }
+
+    /// The hit rate of the streams admission control granted (`granted_hits /
+    /// granted_fragments`, in fragments); `None` when no granted stream sent any.
+    pub fn granted_hit_rate(&self) -> Option<f64> {
+        (self.granted_fragments > 0)
+            .then(|| self.granted_hits as f64 / self.granted_fragments as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stats;
+
+    #[test]
+    fn hit_rates() {
+        let s = Stats::default();
+        assert_eq!((s.spec_hit_rate(), s.granted_hit_rate()), (None, None));
+        let s = Stats {
+            spec_hit_bytes: 300,
+            cleanup_bytes: 100,
+            granted_fragments: 10,
+            granted_hits: 9,
+            ..Stats::default()
+        };
+        assert_eq!(s.spec_hit_rate(), Some(0.75));
+        assert_eq!(s.granted_hit_rate(), Some(0.9));
+    }
+}

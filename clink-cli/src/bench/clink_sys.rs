@@ -1,11 +1,14 @@
-//! clink's own system in the harness: two endpoints, over shared memory on one host or UDP
-//! between network namespaces.
+//! clink's own systems in the harness: two endpoints, over shared memory on one host or UDP
+//! between network namespaces (`clink`, whose rows are named `clink-udp` in netns
+//! placement), or over TCP wherever they are (`clink-tcp`: `CLINK_TRANSPORT=tcp` set on
+//! the children's [`Config`], not in their environment).
 //!
 //! Busy mode never blocks (`spin = inf`); blocking mode blocks at once (`spin = 0`), the
 //! same contract the socket baselines get. Copies per byte depend on the size: over shared
 //! memory 2 for eager messages (into the ring, out of it), for rendezvous 1 (a single CMA
 //! copy) or 2 (the two-core pipeline), reported as the mix this side has received; over
-//! UDP 6 for eager messages and 3 for bulk ones (nominal, see `copies_per_byte`).
+//! UDP 6 for eager messages and 3 for bulk ones; over TCP 5 for eager messages and 2 for
+//! rendezvous ones (nominal, see `copies_per_byte`).
 
 use super::channel::{Acceptor, Channel, Mode, System};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
@@ -15,25 +18,49 @@ use std::time::Duration;
 
 const TAG: u64 = 0x5ea;
 
-/// The clink system.
-pub struct ClinkSystem;
+/// Name of the clink system that chooses its own transport.
+pub const CLINK: &str = "clink";
+/// Name of the clink system over TCP.
+pub const CLINK_TCP: &str = "clink-tcp";
 
-fn context(mode: Mode) -> io::Result<Context> {
-    let mut cfg = Config::from_env().map_err(io::Error::other)?;
-    cfg.spin = match mode {
-        Mode::Busy => None,
-        Mode::Blocking => Some(Duration::ZERO),
-    };
-    Context::with_config(cfg).map_err(io::Error::other)
+/// A clink system: [`ClinkSystem::AUTO`] (shared memory on one host, UDP between hosts) or
+/// [`ClinkSystem::TCP`] (TCP for every peer).
+pub struct ClinkSystem {
+    tcp: bool,
+}
+
+impl ClinkSystem {
+    /// clink choosing its transport (`CLINK_TRANSPORT` from the environment, default auto).
+    pub const AUTO: ClinkSystem = ClinkSystem { tcp: false };
+    /// clink over TCP (`CLINK_TRANSPORT=tcp`), even on one host (then over loopback).
+    pub const TCP: ClinkSystem = ClinkSystem { tcp: true };
+
+    fn context(&self, mode: Mode) -> io::Result<Context> {
+        let mut cfg = Config::from_env().map_err(io::Error::other)?;
+        cfg.spin = match mode {
+            Mode::Busy => None,
+            Mode::Blocking => Some(Duration::ZERO),
+        };
+        if self.tcp {
+            // What CLINK_TRANSPORT=tcp sets.
+            cfg.force_net = true;
+            cfg.prefer_tcp = true;
+        }
+        Context::with_config(cfg).map_err(io::Error::other)
+    }
 }
 
 impl System for ClinkSystem {
     fn name(&self) -> &'static str {
-        "clink"
+        if self.tcp {
+            CLINK_TCP
+        } else {
+            CLINK
+        }
     }
 
     fn listen(&self, mode: Mode, _advertise: Option<Ipv4Addr>) -> io::Result<(String, Acceptor)> {
-        let ctx = context(mode)?;
+        let ctx = self.context(mode)?;
         let mut ep = ctx.endpoint().map_err(io::Error::other)?;
         let addr = ep.address();
         Ok((
@@ -48,7 +75,7 @@ impl System for ClinkSystem {
     }
 
     fn connect(&self, mode: Mode, addr: &str) -> io::Result<Box<dyn Channel>> {
-        let ctx = context(mode)?;
+        let ctx = self.context(mode)?;
         let mut ep = ctx.endpoint().map_err(io::Error::other)?;
         let peer = ep.connect(addr).map_err(io::Error::other)?;
         Ok(Box::new(ClinkChannel::new(ctx, ep, peer)))
@@ -75,7 +102,18 @@ impl ClinkChannel {
 impl Channel for ClinkChannel {
     fn copies_per_byte(&self, size: usize) -> f64 {
         let eager = self.ep.eager_max(self.peer).unwrap_or(0);
-        if self.ep.transport(self.peer).is_ok_and(|t| t == "udp") {
+        let transport = self.ep.transport(self.peer).unwrap_or("unknown");
+        if transport == "tcp" {
+            // ARCHITECTURE.md, "The network path (TCP)". Eager: three copies in user space
+            // (into the link's send queue, out of the receive buffer into the frame queue,
+            // into the posted receive) plus the kernel's two. Rendezvous: none in user
+            // space (the sender's link gathers the send buffer with sendmsg, the receiver
+            // reads the pieces straight into the posted buffer) plus the kernel's two
+            // (nominal: a speculative read that misses adds one for the bytes it
+            // misplaced, counted on the receiver, which this side cannot see).
+            return if size as u64 <= eager { 5.0 } else { 2.0 };
+        }
+        if transport == "udp" {
             // ARCHITECTURE.md, "The network path". Eager: four copies in user space (into
             // the connection, into the datagram, into the reassembled message, into the
             // posted receive) plus the kernel's two. Rendezvous (bulk): the sender's one

@@ -20,7 +20,9 @@
 //! `--host-ip`): TCP and UDP bind 0.0.0.0 and advertise it; clink chooses its
 //! own transport and address, and its rows are named `clink-udp` (or
 //! `clink-tcp` when its channel reports a `tcp...` transport) instead of
-//! `clink`. Unix sockets cannot cross namespaces and are skipped with a note;
+//! `clink`; the system `clink-tcp` (in the default selection in netns placement
+//! only; on the host, over loopback, when named) runs clink over TCP in the same
+//! run. Unix sockets cannot cross namespaces and are skipped with a note;
 //! UCX runs with `UCX_TLS=tcp`. Rows carry `placement` and, in netns, `mtu`.
 //!
 //! # What a bandwidth row holds
@@ -36,7 +38,9 @@
 //! [`plan`], [`stats`], [`report`], [`ucx`] (external `ucx_perftest`),
 //! [`proc`] (child processes), [`affinity`] (CPU pinning), [`clink_sys`] (clink
 //! itself as a system), [`rma`] and [`evserver`] (the `--rma` experiments, two
-//! pinned threads of one process).
+//! pinned threads of one process), [`spec`] (the `--spec` experiments: the seed's
+//! speculative defragmentation between network namespaces, a receiver and one or two
+//! sender processes per run, rows with `experiment` and `variant`).
 //!
 //! # Adding a system
 //!
@@ -61,6 +65,7 @@ pub mod proc;
 pub mod report;
 pub mod rma;
 pub mod sockets;
+pub mod spec;
 pub mod stats;
 pub mod ucx;
 pub mod udp;
@@ -92,8 +97,7 @@ const ADDR_PREFIX: &str = "clink-bench-addr ";
 
 /// Name of the external UCX baseline in `--systems`.
 const UCX: &str = "ucx";
-/// Name of clink's own system.
-const CLINK: &str = "clink";
+use clink_sys::{CLINK, CLINK_TCP};
 /// Name of the Unix socket baseline (host placement only).
 const UNIX: &str = "unix";
 /// Veth MTUs measured with `--placement netns` when `--mtu` is not given.
@@ -105,7 +109,8 @@ pub fn systems() -> Vec<Box<dyn System>> {
         Box::new(sockets::TcpSystem),
         Box::new(udp::UdpSystem),
         Box::new(sockets::UnixSystem),
-        Box::new(clink_sys::ClinkSystem),
+        Box::new(clink_sys::ClinkSystem::AUTO),
+        Box::new(clink_sys::ClinkSystem::TCP),
     ]
 }
 
@@ -141,6 +146,7 @@ impl ModeArg {
 
 /// Arguments of `clink bench`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
 pub struct BenchArgs {
     /// Systems to measure, comma-separated (default: every built-in system,
     /// plus ucx when ucx_perftest is installed).
@@ -190,10 +196,22 @@ pub struct BenchArgs {
     /// system comparison.
     #[arg(long, conflicts_with_all = ["systems", "mode", "sizes", "lat_sizes", "bw_sizes", "placement", "mtu", "timeout_secs"])]
     pub rma: bool,
-    /// With `--rma`: only these experiments (comma-separated: word_rtt, dqueue_rate,
-    /// put_bw, event_server).
-    #[arg(long, value_delimiter = ',', requires = "rma",
-          value_parser = clap::builder::PossibleValuesParser::new(rma::EXPERIMENTS))]
+    /// With `--placement netns`: run the seed's speculation experiments (interfering
+    /// datagrams, the fallback penalty, two senders, loss; clink over UDP; bandwidth and
+    /// hit-rate rows with `experiment` and `variant` fields) instead of the system
+    /// comparison. `--mtu` defaults to 1500 here.
+    #[arg(long, conflicts_with_all = ["rma", "systems", "mode", "sizes", "lat_sizes", "bw_sizes"])]
+    pub spec: bool,
+    /// With `--spec`: bulk fragments each sender streams per run (default 100000, with
+    /// --quick 5000), in messages of 1 MiB.
+    #[arg(long, requires = "spec", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub fragments: Option<u64>,
+    /// With `--rma`: only these experiments (word_rtt, dqueue_rate, put_bw,
+    /// event_server); with `--spec`: only these (interference, fallback, two_senders,
+    /// loss). Comma-separated.
+    #[arg(long, value_delimiter = ',', requires = "experiment_mode",
+          value_parser = clap::builder::PossibleValuesParser::new(
+              rma::EXPERIMENTS.iter().chain(spec::EXPERIMENTS).copied()))]
     pub experiments: Vec<String>,
     /// With `--rma`: client connections of the event-server experiment.
     #[arg(long, value_delimiter = ',', requires = "rma", default_values_t = [1u64, 10, 100, 1000],
@@ -443,13 +461,16 @@ fn build_plan(args: &BenchArgs) -> Result<Plan, String> {
     Ok(plan)
 }
 
-/// The systems to run, in order, validated against the registry.
+/// The systems to run, in order, validated against the registry. The default is every
+/// system plus ucx, except `clink-tcp` on the host (clink over loopback TCP: only when
+/// named).
 fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
     let known: Vec<&'static str> = systems().iter().map(|s| s.name()).collect();
     let names: Vec<String> = match &args.systems {
         Some(list) => list.iter().map(|s| s.trim().to_string()).collect(),
         None => known
             .iter()
+            .filter(|&&s| s != CLINK_TCP || args.placement == Placement::Netns)
             .map(|s| s.to_string())
             .chain(std::iter::once(UCX.to_string()))
             .collect(),
@@ -469,6 +490,16 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
+        if let Some(e) = args
+            .experiments
+            .iter()
+            .find(|e| !rma::EXPERIMENTS.contains(&e.as_str()))
+        {
+            return Err(format!(
+                "--experiments {e}: not an experiment of --rma ({})",
+                rma::EXPERIMENTS.join(", ")
+            ));
+        }
         let conns: Vec<usize> = args.conns.iter().map(|&c| c as usize).collect();
         return rma::run(
             args.quick,
@@ -478,6 +509,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             &args.experiments,
             &conns,
         );
+    }
+    if args.spec {
+        return run_spec(args, pinned);
     }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;
@@ -616,6 +650,35 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
 }
 
+/// `clink bench --placement netns --spec`: checks the options, then [`spec::run`].
+fn run_spec(args: BenchArgs, pinned: bool) -> Result<(), String> {
+    if args.placement != Placement::Netns {
+        return Err(
+            "--spec runs between two network namespaces: add --placement netns".to_string(),
+        );
+    }
+    if let Some(e) = args
+        .experiments
+        .iter()
+        .find(|e| !spec::EXPERIMENTS.contains(&e.as_str()))
+    {
+        return Err(format!(
+            "--experiments {e}: not an experiment of --spec ({})",
+            spec::EXPERIMENTS.join(", ")
+        ));
+    }
+    spec::run(spec::Opts {
+        quick: args.quick,
+        json: args.json,
+        pinned,
+        rounds: args.rounds,
+        experiments: args.experiments,
+        mtus: args.mtu.unwrap_or_else(|| vec![1500]),
+        fragments: args.fragments,
+        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+    })
+}
+
 /// State shared by the runs of one `clink bench` invocation.
 struct RunCtx {
     plan: Plan,
@@ -717,6 +780,14 @@ mod tests {
         let default = selected_systems(&parse(&[])).expect("default");
         assert!(default.contains(&"unix".to_string()) && default.contains(&"ucx".to_string()));
         assert!(default.contains(&"udp".to_string()));
+        assert!(
+            !default.contains(&CLINK_TCP.to_string()),
+            "not on the host by default"
+        );
+        let netns = selected_systems(&parse(&["--placement", "netns"])).expect("netns");
+        assert!(netns.contains(&CLINK.to_string()) && netns.contains(&CLINK_TCP.to_string()));
+        let named = selected_systems(&parse(&["--systems", "clink-tcp"])).expect("named");
+        assert_eq!(named, vec![CLINK_TCP]);
     }
 
     #[test]

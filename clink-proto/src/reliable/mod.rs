@@ -151,6 +151,12 @@ pub struct Config {
     /// Bulk fragments in flight at most while the stream is not granted (the seed's slow
     /// mode: it keeps going without disturbing the granted stream).
     pub slow_window: u64,
+    /// Experiment knob, off by default: send each bulk group's fragments out of order
+    /// (see [`misordered`]: neighbours swapped in pairs, an odd group's last three
+    /// rotated), so that no fragment arrives in the slot a receiver's speculation armed for
+    /// it and every one takes the cleanup path (the seed's fallback penalty). Groups stay
+    /// whole and the data arrives intact; only the order within a group changes.
+    pub bulk_misorder: bool,
 }
 
 impl Default for Config {
@@ -183,6 +189,7 @@ impl Default for Config {
                 ..AskerConfig::default()
             },
             slow_window: 4,
+            bulk_misorder: false,
         }
     }
 }
@@ -384,6 +391,9 @@ struct Sent {
     item: Item,
     offset: u64,
     len: u32,
+    /// A bulk fragment sent first in its group (decided when it was cut: with
+    /// [`Config::bulk_misorder`] its offset no longer says).
+    opens_group: bool,
     tx_seq: u64,
     sent_at: u64,
     tx_count: u32,
@@ -1566,10 +1576,8 @@ impl Conn {
                         offset: s.offset,
                         total,
                     };
-                    let frag = self.cfg.mtu_payload as u64;
                     bulk = s.tx_count <= 1;
-                    group_start =
-                        s.tx_count > 1 || (s.offset / frag).is_multiple_of(self.bulk_group());
+                    group_start = s.tx_count > 1 || s.opens_group;
                     let start = buf.len();
                     let body = start + packet::BULK_HEADER;
                     let len = s.len as usize;
@@ -1684,9 +1692,18 @@ impl Conn {
                 return None;
             }
         }
-        let len = (total - q.next_off).min(frag);
-        let offset = q.next_off;
-        q.next_off += len;
+        // `q.next_off` walks the transfer in sending order (groups are cut by it); the
+        // fragment sent at that position is normally the same one, or, with the
+        // experiment's misorder, another of its group.
+        let seq = q.next_off / frag;
+        let opens_group = matches!(q.item, Item::Bulk { .. }) && seq.is_multiple_of(group);
+        let offset = if self.cfg.bulk_misorder && matches!(q.item, Item::Bulk { .. }) {
+            misordered(seq, total.div_ceil(frag), group) * frag
+        } else {
+            q.next_off
+        };
+        let len = (total - offset).min(frag);
+        q.next_off += (total - q.next_off).min(frag);
         let item = if q.next_off >= total {
             self.send_queue.pop_front().expect("front exists").item
         } else {
@@ -1698,11 +1715,63 @@ impl Conn {
             item,
             offset,
             len: len as u32,
+            opens_group,
             tx_seq: 0,
             sent_at: 0,
             tx_count: 0,
             state: PState::Lost,
         });
         Some(pn)
+    }
+}
+
+/// The fragment sent at position `k` of a bulk transfer of `n` fragments under
+/// [`Config::bulk_misorder`]. Positions are cut into units of `group` (at least 2; the
+/// sender's groups, aligned from the transfer's start); within a unit neighbours are
+/// swapped in pairs, and in a unit of odd length the last three rotate (positions
+/// `len-3, len-2, len-1` carry fragments `len-2, len-1, len-3`). So no position carries its
+/// own fragment, except the lone last fragment of a transfer whose last unit has only one.
+/// A permutation of each unit: every fragment is sent exactly once.
+pub fn misordered(k: u64, n: u64, group: u64) -> u64 {
+    let unit = group.max(2);
+    let start = k / unit * unit;
+    let len = unit.min(n.saturating_sub(start));
+    let p = k - start;
+    let q = if len < 2 {
+        p
+    } else if len.is_multiple_of(2) || p + 3 < len {
+        p ^ 1
+    } else if p + 1 < len {
+        p + 1 // len - 3 -> len - 2, len - 2 -> len - 1
+    } else {
+        len - 3
+    };
+    start + q
+}
+
+#[cfg(test)]
+mod tests {
+    use super::misordered;
+
+    #[test]
+    fn misorder_permutes_each_group_without_fixed_points() {
+        for group in [1u64, 2, 3, 7, 16, 44] {
+            for n in 1..=200u64 {
+                let mut seen = vec![false; n as usize];
+                for k in 0..n {
+                    let i = misordered(k, n, group);
+                    assert!(i < n, "group {group}, n {n}: {k} -> {i}");
+                    let unit = group.max(2);
+                    assert_eq!(i / unit, k / unit, "stays in its unit");
+                    assert!(!seen[i as usize], "sent twice");
+                    seen[i as usize] = true;
+                    let lone_last = k == n - 1 && n % unit == 1;
+                    assert_eq!(i == k, lone_last, "group {group}, n {n}: {k} -> {i}");
+                }
+            }
+        }
+        // Pairs swapped; an odd unit's tail rotates.
+        let order: Vec<u64> = (0..7).map(|k| misordered(k, 7, 7)).collect();
+        assert_eq!(order, vec![1, 0, 3, 2, 5, 6, 4]);
     }
 }

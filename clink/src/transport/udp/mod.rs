@@ -103,6 +103,9 @@ pub struct UdpConfig {
     pub reliable: bool,
     /// Speculative scatter receive of bulk transfers.
     pub speculate: bool,
+    /// Experiment knob: send bulk fragments misordered within their groups, so that the
+    /// receiver's speculation misses every one (`reliable::Config::bulk_misorder`).
+    pub force_miss: bool,
     /// Faults to inject on receive.
     pub faults: FaultConfig,
     /// Admission control of fast bulk streams (one granted stream per socket).
@@ -120,6 +123,7 @@ impl Default for UdpConfig {
             dead_after: Duration::from_millis(2000),
             reliable: true,
             speculate: true,
+            force_miss: false,
             faults: FaultConfig::default(),
             admission: Mode::Implicit,
             steer: true,
@@ -431,6 +435,7 @@ impl State {
             recv_window: ((32 << 20) / mtu_payload as u64).clamp(1024, 1 << 16),
             max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
             bulk_group: bulk_group(mtu_payload),
+            bulk_misorder: self.cfg.force_miss,
             admission: clink_proto::admission::AskerConfig {
                 mode: self.cfg.admission,
                 ..Default::default()
