@@ -22,7 +22,10 @@
 //!   `interfere_10000`: a thread of the sender process sends that many stray datagrams
 //!   per 100 000 fragments (random bytes, 64 to 1400 long, from a socket clink does not
 //!   know) to the receiver's UDP port, paced by the sender's progress so that they are
-//!   spread over the transfer. Its CPU time is not counted in `cpu_s_per_gb`.
+//!   spread over the transfer. Its CPU time is not counted in `cpu_s_per_gb`, but it
+//!   shares the sender's core. With flow steering (the default) the strays reach the
+//!   main socket, not the granted stream's; `interfere_10000_unsteered`
+//!   (`CLINK_UDP_STEER=0`) is the seed's situation, strays in the stream's socket.
 //! - `fallback` (Fig. 6): `normal`; `speculate_off` (`CLINK_UDP_SPECULATE=0` on the
 //!   receiver: every fragment by the copy path); `forced_miss` (`CLINK_UDP_FORCE_MISS=1` on
 //!   the sender: fragments misordered within each group, so speculation is armed and
@@ -38,7 +41,7 @@
 //! # Rows
 //!
 //! Per run two JSON rows (`--json`, one per line, printed as each run ends), both with
-//! `system` `clink-udp`, `transport` `udp`, `mode` `busy`, `placement` `netns`, `mtu`,
+//! `system` `clink-udp`, `transport` `udp`, `mode` `default` (spin, then block), `placement` `netns`, `mtu`,
 //! `round`, `experiment`, `variant`, `senders`, `size` (message size), `iterations`
 //! (messages received), `fragments` (received, all senders) and `verified`:
 //! - `metric` `bandwidth_gbs`: goodput in GB/s (1e9 B/s) in `median` (= `min` = `max`: one
@@ -177,6 +180,11 @@ pub fn variants(experiment: &str, round: u64) -> Vec<Variant> {
                 interfere: 10_000,
                 ..Variant::new("interference", "interfere_10000")
             },
+            // The seed's situation: strays share the stream's socket (no flow steering).
+            Variant {
+                interfere: 10_000,
+                ..Variant::new("interference", "interfere_10000_unsteered").both(STEER, "0")
+            },
         ],
         "fallback" => vec![
             Variant::new("fallback", "normal"),
@@ -300,11 +308,12 @@ pub fn run_child(args: ChildArgs) -> Result<(), String> {
 }
 
 /// The children's configuration: the environment's `CLINK_*` (the variant's settings),
-/// busy-polling, no calibration (nothing here depends on the cost model: messages of 1
-/// MiB go by rendezvous over UDP), UDP only.
+/// clink's default waiting (spin, then block: two senders share one core here, and a
+/// refused sender that never blocked would take half of it from the granted one; the
+/// receiver tests its receives in a loop and so never blocks), no calibration (nothing
+/// here depends on the cost model: messages of 1 MiB go by rendezvous over UDP), UDP only.
 fn context() -> Result<Context, String> {
     let mut cfg = Config::from_env().map_err(|e| e.to_string())?;
-    cfg.spin = None;
     cfg.calibrate = false;
     cfg.prefer_tcp = false;
     cfg.tcp = None;
@@ -529,12 +538,13 @@ impl Interferer {
                             break; // (ENOBUFS and the like: try again at the next turn)
                         }
                     }
-                    // Sleep until the next stray is due at this pace (at least 20 us, at
-                    // most a tenth of a message, so a completion is noticed in time): a
-                    // sparse interferer wakes rarely and takes little of the sender's CPU.
+                    // Sleep until the next stray is due at this pace, at least 200 us (a
+                    // dense interferer sends its strays in bursts of a few dozen) and at
+                    // most 2 ms: every wake-up preempts the sender on its core (waking
+                    // every 20-40 us cost a quarter of the goodput even with 100 strays).
                     let next_at = (sent + 1) as f64 / share - 0.5 - done as f64; // messages
-                    let wait = (next_at * per_msg - (now - last_change).as_secs_f64())
-                        .clamp(20e-6, (per_msg / 10.0).max(20e-6));
+                    let wait =
+                        (next_at * per_msg - (now - last_change).as_secs_f64()).clamp(200e-6, 2e-3);
                     thread::sleep(Duration::from_secs_f64(wait));
                 }
                 (sent, thread_cpu_secs())
@@ -679,7 +689,7 @@ impl Measured {
         let base = json!({
             "system": "clink-udp",
             "transport": "udp",
-            "mode": "busy",
+            "mode": "default",
             "experiment": self.experiment,
             "variant": self.variant,
             "senders": self.senders,
