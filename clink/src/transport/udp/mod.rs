@@ -49,10 +49,35 @@ pub fn mtu_payload(mtu: usize) -> usize {
     (mtu.saturating_sub(IP_UDP_HEADERS)).min(sock::MAX_UDP_PAYLOAD) - DATA_HEADER - TRAILER
 }
 
-/// Bytes `start..start + len` of an armed entry's logical stream: its leading vectors,
-/// then its slot (the copy a miss costs).
-fn gather(lead: &[IoVec], slot: &[u8], start: usize, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len);
+/// Datagrams copied out of a read to be handled after it (a speculative read's misses,
+/// injected faults): one buffer reused from read to read, not an allocation each.
+#[derive(Default)]
+struct Gathered {
+    bytes: Vec<u8>,
+    /// (source, end in `bytes`), in arrival order.
+    items: Vec<(SocketAddrV4, usize)>,
+}
+
+impl Gathered {
+    fn push(&mut self, src: SocketAddrV4, d: &[u8]) {
+        self.bytes.extend_from_slice(d);
+        self.items.push((src, self.bytes.len()));
+    }
+
+    /// Ends the datagram appended to `bytes` since the last one.
+    fn close(&mut self, src: SocketAddrV4) {
+        self.items.push((src, self.bytes.len()));
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.items.clear();
+    }
+}
+
+/// Appends bytes `start..start + len` of an armed entry's logical stream (its leading
+/// vectors, then its slot) to `out`: the copy a miss costs.
+fn gather(out: &mut Vec<u8>, lead: &[IoVec], slot: &[u8], start: usize, len: usize) {
     let mut at = 0usize; // logical start of the current piece
     let end = start + len;
     for v in lead {
@@ -70,7 +95,6 @@ fn gather(lead: &[IoVec], slot: &[u8], start: usize, len: usize) -> Vec<u8> {
             out.extend_from_slice(&slot[a..b]);
         }
     }
-    out
 }
 
 /// Fragments per bulk group for a payload size: as many full datagrams as one GSO send
@@ -404,6 +428,8 @@ struct State {
     /// the key changes).
     planned: Option<(usize, u64)>,
     segs: Vec<Segment>,
+    /// What a read copied out, reused.
+    gathered: Gathered,
 }
 
 /// A speculative layout in force.
@@ -537,6 +563,7 @@ impl UdpTransport {
                 decisions: Vec::new(),
                 planned: None,
                 segs: Vec::new(),
+                gathered: Gathered::default(),
             },
             steer,
             sock,
@@ -902,7 +929,8 @@ fn deliver(
     let now = st.now();
     let max = sock::MAX_GSO_SEGMENTS;
     let n_armed = armed.map_or(0, |a| a.arm.entries.len().min(r));
-    let mut gathered: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
+    let mut gathered = std::mem::take(&mut st.gathered);
+    gathered.clear();
     let mut segs = std::mem::take(&mut st.segs);
     let mut count = 0;
     // Pass 1: verify the armed entries; copy out everything that is not a hit, before
@@ -934,12 +962,17 @@ fn deliver(
                 Segment::Gather { start, len } => (start, len),
             };
             st.stats.spec_misses += 1;
-            let bytes = gather(&st.lead[k], sock.slot(k, sock::RX_SLOT), start, len);
+            let slot = sock.slot(k, sock::RX_SLOT);
             match (fate, faults.as_mut()) {
-                (Some(fate), Some(f)) => f.apply_fate(fate, now, got.src, &bytes, &mut |s, d| {
-                    gathered.push((s, d.to_vec()))
-                }),
-                _ => gathered.push((got.src, bytes)),
+                (Some(fate), Some(f)) => {
+                    let mut bytes = Vec::with_capacity(len);
+                    gather(&mut bytes, &st.lead[k], slot, start, len);
+                    f.apply_fate(fate, now, got.src, &bytes, &mut |s, d| gathered.push(s, d))
+                }
+                _ => {
+                    gather(&mut gathered.bytes, &st.lead[k], slot, start, len);
+                    gathered.close(got.src);
+                }
             }
         }
     }
@@ -950,15 +983,18 @@ fn deliver(
     for k in n_armed..r {
         count += sock.for_each_datagram(k, |src, d| match faults.as_mut() {
             None => st.dispatch(&mut to_link, src, d),
-            Some(f) => f.apply(now, src, d, &mut |s, d| gathered.push((s, d.to_vec()))),
+            Some(f) => f.apply(now, src, d, &mut |s, d| gathered.push(s, d)),
         });
     }
     if let Some(f) = faults.as_mut() {
-        f.release(now, &mut |s, d| gathered.push((s, d.to_vec())));
+        f.release(now, &mut |s, d| gathered.push(s, d));
     }
-    for (s, d) in gathered {
-        st.dispatch(&mut to_link, s, &d);
+    let mut from = 0;
+    for &(s, end) in &gathered.items {
+        st.dispatch(&mut to_link, s, &gathered.bytes[from..end]);
+        from = end;
     }
+    st.gathered = gathered;
     sock.stats.datagrams_received += count as u64;
     count
 }
