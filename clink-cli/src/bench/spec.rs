@@ -793,6 +793,13 @@ pub fn run(opts: Opts) -> Result<(), String> {
                 pair.ns(1),
                 pair.addr(1)
             );
+            // An untimed warm-up transfer first: the first run in a fresh pair measured
+            // up to half the goodput of the same run later (neighbour discovery, cold
+            // kernel paths), which would handicap whichever variant comes first.
+            let warm = Variant::new("warm_up", "warm_up");
+            if let Err(e) = run_variant(&exe, &pair, &warm, QUICK_FRAGMENTS, round, &opts) {
+                errors.push(format!("warm-up (round {}, MTU {mtu}): {e}", round + 1));
+            }
             for &exp in &wanted {
                 for v in variants(exp, round) {
                     eprintln!(
