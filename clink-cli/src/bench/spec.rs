@@ -23,18 +23,18 @@
 //!   per 100 000 fragments (random bytes, 64 to 1400 long, from a socket clink does not
 //!   know) to the receiver's UDP port, paced by the sender's progress so that they are
 //!   spread over the transfer. Its CPU time is not counted in `cpu_s_per_gb`, but it
-//!   shares the sender's core. With flow steering (the default) the strays reach the
-//!   main socket, not the granted stream's; `interfere_10000_unsteered`
-//!   (`CLINK_UDP_STEER=0`) is the seed's situation, strays in the stream's socket.
+//!   shares the sender's core. The strays share the stream's socket (the seed's
+//!   situation) except in `interfere_10000_steered` (`CLINK_UDP_STEER=1`: flow steering
+//!   gives the granted stream a socket of its own and the strays reach the main one).
 //! - `fallback` (Fig. 6): `normal`; `speculate_off` (`CLINK_UDP_SPECULATE=0` on the
 //!   receiver: every fragment by the copy path); `forced_miss` (`CLINK_UDP_FORCE_MISS=1` on
 //!   the sender: fragments misordered within each group, so speculation is armed and
 //!   misses, and every fragment is gathered and cleaned up).
 //! - `two_senders`: `one_sender` (the reference, in the same round, clink's defaults);
 //!   `admission_off` (`CLINK_UDP_ADMISSION=off`), `admission` (`implicit`, the default),
-//!   both without flow steering (`CLINK_UDP_STEER=0`), and `steered` (admission control
-//!   and flow-steered sockets, clink's defaults); each of the two senders streams the full
-//!   `--fragments`.
+//!   both without flow steering (`CLINK_UDP_STEER=0`, the default), and `steered`
+//!   (admission control and flow-steered sockets, `CLINK_UDP_STEER=1`); each of the two
+//!   senders streams the full `--fragments`.
 //! - `loss`: `loss_0`, `loss_0.1`, `loss_1`, `loss_5`: `CLINK_FAULTS=drop=P,seed=N` on the
 //!   receiver (percent in the name; `N` = round + 1).
 //!
@@ -180,10 +180,10 @@ pub fn variants(experiment: &str, round: u64) -> Vec<Variant> {
                 interfere: 10_000,
                 ..Variant::new("interference", "interfere_10000")
             },
-            // The seed's situation: strays share the stream's socket (no flow steering).
+            // Flow steering keeps the strays out of the stream's socket.
             Variant {
                 interfere: 10_000,
-                ..Variant::new("interference", "interfere_10000_unsteered").both(STEER, "0")
+                ..Variant::new("interference", "interfere_10000_steered").both(STEER, "1")
             },
         ],
         "fallback" => vec![

@@ -150,7 +150,7 @@ impl Default for UdpConfig {
             force_miss: false,
             faults: FaultConfig::default(),
             admission: Mode::Implicit,
-            steer: true,
+            steer: false,
         }
     }
 }
