@@ -364,22 +364,7 @@ fn run_pair(
         child_cmd("server", SERVER_CPU, None),
         pin(SERVER_CPU),
     )?;
-    let addr = loop {
-        match server.read_line(deadline)? {
-            Some(line) => {
-                if let Some(a) = line.strip_prefix(ADDR_PREFIX) {
-                    break a.to_string();
-                }
-            }
-            None => {
-                let status = server.wait(deadline);
-                return Err(format!(
-                    "{label} ended without printing its address ({})",
-                    status.err().unwrap_or_else(|| "exit 0".into())
-                ));
-            }
-        }
-    };
+    let addr = server.read_prefixed(ADDR_PREFIX, &label, deadline)?;
     let label = format!("{system}/{mode} client");
     let mut client = ChildProc::spawn(
         &label,

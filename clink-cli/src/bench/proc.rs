@@ -169,6 +169,33 @@ impl ChildProc {
         }
     }
 
+    /// Reads lines until one starts with `prefix` and returns the rest (a server's
+    /// address line); an error naming `who` when the child ends first or `deadline`
+    /// passes.
+    pub fn read_prefixed(
+        &mut self,
+        prefix: &str,
+        who: &str,
+        deadline: Instant,
+    ) -> Result<String, String> {
+        loop {
+            match self.read_line(deadline)? {
+                Some(line) => {
+                    if let Some(a) = line.strip_prefix(prefix) {
+                        return Ok(a.to_string());
+                    }
+                }
+                None => {
+                    let status = self.wait(deadline);
+                    return Err(format!(
+                        "{who} ended without printing its address ({})",
+                        status.err().unwrap_or_else(|| "exit 0".into())
+                    ));
+                }
+            }
+        }
+    }
+
     /// Waits for the child to exit until `deadline`, then kills it and fails.
     /// A non-zero exit is an error carrying the stderr tail.
     pub fn wait(&mut self, deadline: Instant) -> Result<(), String> {

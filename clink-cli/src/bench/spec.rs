@@ -936,22 +936,7 @@ fn run_variant(
         child_cmd(exe, pair, 0, &v.receiver_env, &args),
         pin(SERVER_CPU),
     )?;
-    let addr = loop {
-        match receiver.read_line(deadline)? {
-            Some(line) => {
-                if let Some(a) = line.strip_prefix(ADDR_PREFIX) {
-                    break a.to_string();
-                }
-            }
-            None => {
-                let status = receiver.wait(deadline);
-                return Err(format!(
-                    "the receiver ended without printing its address ({})",
-                    status.err().unwrap_or_else(|| "exit 0".into())
-                ));
-            }
-        }
-    };
+    let addr = receiver.read_prefixed(ADDR_PREFIX, "the receiver", deadline)?;
     let strays = v.interfere * fragments / INTERFERE_PER;
     let mut senders = Vec::new();
     for i in 0..v.senders {
