@@ -41,6 +41,9 @@ const IP_UDP_HEADERS: usize = 28;
 /// Received frames held per link before the connection's own receive budget (and so the
 /// sender's credit) takes over.
 const RXQ_BYTES: usize = 4 << 20;
+/// Receive batches read from a steered socket other than the armed one per pass (a
+/// previous holder's stragglers).
+const STRAGGLER_BATCHES: usize = 4;
 /// How often a hello is repeated while connecting.
 const HELLO_EVERY: Duration = Duration::from_millis(100);
 
@@ -868,21 +871,37 @@ impl UdpTransport {
     /// no speculative read may follow them before the endpoint re-plans.
     pub fn receive(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
         let armed = self.st.armed.take();
-        // Socket 0 is the main one, 1.. the steered ones; the armed one first.
+        // Socket 0 is the main one, 1.. the steered ones. The armed one first; then the
+        // other steered ones, before the main one: a previous holder's fast fragments
+        // wait there while its newer, slow ones reach the main socket, and read out of
+        // order they would look like losses (NAKs, and the sender's loss detection).
+        // They are drained (a few batches at most), not read one batch per pass.
         let first = self.st.armed_on.map_or(0, |i| i + 1);
+        let order = std::iter::once(first)
+            .chain((1..=steer::SOCKETS).filter(|&i| i != first))
+            .chain((first != 0).then_some(0));
         let mut n = 0;
-        for i in std::iter::once(first).chain((0..=steer::SOCKETS).filter(|&i| i != first)) {
+        for i in order {
             let a = if i == first { armed.as_ref() } else { None };
             if i == 0 {
                 // Read even when empty: held-back injected faults are released here.
                 let r = self.sock.recv_batch();
                 n += deliver(&mut self.sock, &mut self.faults, &mut self.st, r, a, sink);
-            } else if let Some(sock) = self.steer.sock_mut(i - 1) {
+                continue;
+            }
+            let batches = if i == first { 1 } else { STRAGGLER_BATCHES };
+            for _ in 0..batches {
+                let Some(sock) = self.steer.sock_mut(i - 1) else {
+                    break;
+                };
                 let r = sock.recv_batch();
                 if r > 0 {
                     let got = deliver(sock, &mut self.faults, &mut self.st, r, a, sink);
                     self.st.stats.steered_datagrams += got as u64;
                     n += got;
+                }
+                if r < sock::RX_SLOTS {
+                    break;
                 }
             }
         }
