@@ -4,7 +4,7 @@
 //! `--nocapture`), never asserted tightly.
 
 use clink_proto::netsim::{NetConfig, Pair, Rng};
-use clink_proto::reliable::{Config, Conn, Datagram, Event, SendError};
+use clink_proto::reliable::{Admit, Config, Conn, Datagram, Event, SendError};
 
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000_000_000;
@@ -628,4 +628,86 @@ fn packets_beyond_the_acks_ranges_are_not_declared_lost() {
         "only the missing packets are declared lost: {s:?}"
     );
     assert_eq!(s.retransmissions, holes, "{s:?}");
+}
+
+/// Every datagram `c` has to send now, bulk payloads filled with zeros, with what
+/// `poll_transmit_with` said of each.
+fn transmit_bulk(c: &mut Conn, now: u64) -> Vec<(Vec<u8>, clink_proto::reliable::Transmit)> {
+    let mut out = Vec::new();
+    loop {
+        let mut buf = Vec::new();
+        let fill = &mut |_x: u64, _o: u64, n: usize, b: &mut Vec<u8>| {
+            b.resize(b.len() + n, 0);
+            true
+        };
+        let Some(t) = c.poll_transmit_with(now, &mut buf, fill) else {
+            return out;
+        };
+        out.push((buf, t));
+    }
+}
+
+#[test]
+fn a_steered_stream_switches_ports_only_after_its_earlier_packets_are_acked() {
+    // A sender streams slowly (refused) to the receiver's main socket, then is granted a
+    // steered port. New fragments must wait until the ones already in flight are acked:
+    // sent to the new port meanwhile, they would arrive on another socket before the
+    // older ones and look like losses.
+    use clink_proto::admission::{AskerConfig, Mode};
+    let cfg = Config {
+        ack_every: 1,
+        bulk_group: 4,
+        admission: AskerConfig {
+            mode: Mode::Explicit,
+            ..AskerConfig::default()
+        },
+        ..Config::default()
+    };
+    let frag = cfg.mtu_payload as u64;
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
+    a.send_bulk(7, 64 * frag).unwrap();
+    let mut now = 1_000;
+    a.request_fast(now);
+    // Not granted: at most the slow window in flight, all to the main port.
+    let before = transmit_bulk(&mut a, now);
+    let slow = before.iter().filter(|(_, t)| t.bulk).count();
+    assert!(
+        slow > 0 && slow as u64 <= Config::default().slow_window,
+        "{slow}"
+    );
+    assert_eq!(a.steered_port(), None);
+    // The grant, with a port, arrives while those are in flight.
+    b.answer_admit(Admit::Ack {
+        grant: 1,
+        port: 4000,
+    });
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now, &d).unwrap();
+    }
+    assert!(a.is_fast());
+    assert_eq!(
+        a.steered_port(),
+        None,
+        "earlier packets are still in flight"
+    );
+    assert!(
+        transmit_bulk(&mut a, now).iter().all(|(_, t)| !t.bulk),
+        "no new fragment before they are acked"
+    );
+    // Their acks come back: now the stream goes fast, to the steered port.
+    now += 10_000;
+    for (d, _) in &before {
+        b.handle_datagram_with(now, d, place).unwrap();
+    }
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now, &d).unwrap();
+    }
+    assert_eq!(a.steered_port(), Some(4000));
+    let after = transmit_bulk(&mut a, now);
+    assert!(
+        after.iter().filter(|(_, t)| t.bulk).count() > slow,
+        "the granted stream sends more than the slow window: {} datagrams",
+        after.len()
+    );
 }

@@ -512,6 +512,11 @@ pub struct Conn {
     /// [`packet::MAX_RANGES`] ranges, so with more holes than that the packets above
     /// are unknown, not missing).
     sack_top: u64,
+    /// A grant steered this side's stream to a port of its own when the next pn was this:
+    /// new bulk fragments wait until everything sent before is acknowledged, so the
+    /// stream does not arrive on two sockets at once (read out of order, it would look
+    /// like losses).
+    steer_after: Option<u64>,
     lost: VecDeque<u64>,
     in_flight: u64,
     peer_limit: u64,
@@ -586,6 +591,7 @@ impl Conn {
             next_tx_seq: 0,
             largest_acked_tx: None,
             sack_top: 0,
+            steer_after: None,
             lost: VecDeque::new(),
             in_flight: 0,
             peer_limit: initial_limit,
@@ -1040,6 +1046,9 @@ impl Conn {
                     a => {
                         if let Some(granted) = self.asker.on_answer(now, a) {
                             if granted {
+                                if self.asker.steered_port().is_some() {
+                                    self.steer_after = Some(self.next_pn);
+                                }
                                 self.stats.fast_granted += 1;
                             } else {
                                 self.stats.fast_refused += 1;
@@ -1661,9 +1670,16 @@ impl Conn {
         self.asker.fast()
     }
 
-    /// The peer's port for this side's granted stream alone (flow steering), if any.
+    /// The peer's port for this side's granted stream alone (flow steering), if any:
+    /// once everything sent before the grant is acknowledged.
     pub fn steered_port(&self) -> Option<u16> {
-        self.asker.steered_port()
+        self.asker.steered_port().filter(|_| !self.steer_pending())
+    }
+
+    /// Granted a steered port, but packets sent before the grant are still unacknowledged:
+    /// new bulk fragments wait (see `steer_after`).
+    fn steer_pending(&self) -> bool {
+        self.steer_after.is_some_and(|p| self.snd_una < p) && self.asker.steered_port().is_some()
     }
 
     /// The pn to transmit next: a tail probe (whatever the window), else, if the window
@@ -1688,11 +1704,13 @@ impl Conn {
             return None;
         }
         let group = self.bulk_group();
-        let slow = !self.asker.fast() && self.in_flight >= self.cfg.slow_window;
+        // Slow (refused), or waiting for the acks that let a steered stream switch ports.
+        let hold_bulk =
+            !self.asker.fast() && self.in_flight >= self.cfg.slow_window || self.steer_pending();
         let q = self.send_queue.front_mut()?;
         let total = q.item.len();
         let frag = self.cfg.mtu_payload as u64;
-        if slow && matches!(q.item, Item::Bulk { .. }) {
+        if hold_bulk && matches!(q.item, Item::Bulk { .. }) {
             return None;
         }
         if matches!(q.item, Item::Bulk { .. }) && (q.next_off / frag).is_multiple_of(group) {
