@@ -168,8 +168,8 @@ fn quick_rma_run_with_the_event_server() {
     let of = |e: &str| rows.iter().filter(|r| r["experiment"] == e).count();
     assert_eq!(
         of("word_rtt"),
-        3,
-        "tagged, mapped_spin, put_tripwire: {stdout}"
+        4,
+        "tagged, mapped_spin, put_tripwire, put_progress: {stdout}"
     );
     // tcp and clink at N = 1 and 3, clink-direct at N = 1; three rows each.
     assert_eq!(of("event_server"), 15, "{stdout}");

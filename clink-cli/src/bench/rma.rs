@@ -9,7 +9,9 @@
 //! - `word_rtt`: one-way latency (round trip / 2) of one 8-byte word, variants
 //!   `tagged` (baseline: 8-byte tagged messages), `mapped_spin` (a store into the peer's
 //!   mapped window, the peer spinning on its own memory), `put_tripwire` (a put, the peer
-//!   waiting for the tripwire event in its event queue);
+//!   waiting for the tripwire event in its event queue), `put_progress` (a put, the peer
+//!   making progress passes until the word changes: no tripwire, no event; with
+//!   `put_tripwire` it splits the put's cost from the event's);
 //! - `dqueue_rate`: distributed-queue elements per second (millions) for 8, 64 and 256
 //!   bytes, variant `mapped`; baseline `tagged`: a stream of tagged messages of that size;
 //! - `put_bw`: bandwidth (GB/s) of puts by size, variants `mapped_store` (memcpy into the
@@ -242,6 +244,38 @@ fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
         },
     )?;
     rows.push(row("put_tripwire", s));
+    // A put, the peer making progress until its word changes (no tripwire, no event).
+    let side = |ep: &mut Endpoint, p: PeerId| {
+        let ap = ep.aperture_alloc(4096).unwrap();
+        let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
+        let r = swap(ep, p, &c);
+        (ep.aperture_window(ap).unwrap(), r)
+    };
+    let s = pair(
+        pin,
+        move |ep, p| {
+            let (near, r) = side(ep, p);
+            let mut v = 0u64;
+            one_way_us(n, || {
+                v += 1;
+                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
+                while near.load_u64(0).unwrap() != v {
+                    ep.progress();
+                }
+            })
+        },
+        move |ep, p| {
+            let (near, r) = side(ep, p);
+            for v in 1..=n as u64 {
+                while near.load_u64(0).unwrap() != v {
+                    ep.progress();
+                }
+                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
+            }
+            ep.flush_rma(None).unwrap();
+        },
+    )?;
+    rows.push(row("put_progress", s));
     Ok(rows)
 }
 
