@@ -2,7 +2,7 @@
 //! never fooled by a damaged datagram.
 
 use clink_proto::reliable::packet::{
-    bulk_checksum, crc32c, parse_bulk, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
+    bulk_checksum, crc32c, parse_bulk, Piggy, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
 };
 use clink_proto::reliable::{
     AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
@@ -16,14 +16,21 @@ fn datagram() -> impl Strategy<Value = (u8, u32, DataHeader, Vec<u8>, AckInfo)> 
         any::<u64>(),
         any::<u64>(),
         0u32..1 << 20,
+        proptest::option::of((0u64..u64::MAX / 2, 0u64..1 << 40, 0..=MAX_ACK_DELAY_US)),
     )
-        .prop_map(|(pn, f, msg_id, tag, off)| DataHeader {
+        .prop_map(|(pn, f, msg_id, tag, off, piggy)| DataHeader {
             pn,
             floor: f % pn.saturating_add(1),
             msg_id,
             tag,
             msg_len: 0,
             offset: off,
+            // A piggybacked ack (limit >= cum), or none.
+            ack: piggy.map(|(cum, credit, delay_us)| Piggy {
+                cum,
+                limit: cum + credit,
+                delay_us,
+            }),
         });
     let ack = (
         0u64..u64::MAX / 2,

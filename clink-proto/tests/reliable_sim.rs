@@ -711,3 +711,47 @@ fn a_steered_stream_switches_ports_only_after_its_earlier_packets_are_acked() {
         after.len()
     );
 }
+
+#[test]
+fn answers_carry_the_acks_of_their_requests() {
+    // A request/response exchange: each side's data datagram carries the ack of what it
+    // received (a piggybacked ack), so no ack datagram of its own is needed, and the
+    // requester's send buffer is freed by the answers.
+    let cfg = Config::default();
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    // The next message of `c`, counting the acks reported before it.
+    let next = |c: &mut Conn, acked: &mut u64| loop {
+        match c.poll_event() {
+            Some(Event::Acked(_)) => *acked += 1,
+            Some(Event::Message { data, .. }) => return data,
+            e => panic!("{e:?}"),
+        }
+    };
+    let (mut acked_a, mut acked_b) = (0, 0);
+    let mut now = 0;
+    for i in 0..100u64 {
+        a.send(i, &content(i, 64)).unwrap();
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + 10_000, &d).unwrap();
+        }
+        now += 10_000;
+        let req = next(&mut b, &mut acked_b);
+        b.send(i, &req).unwrap();
+        for d in transmit_all(&mut b, now) {
+            a.handle_datagram(now + 10_000, &d).unwrap();
+        }
+        now += 10_000;
+        assert_eq!(next(&mut a, &mut acked_a), content(i, 64));
+        assert_eq!(acked_a, i + 1, "the answer acknowledged request {i}");
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(sb.acks_sent, 0, "{sb:?}");
+    assert_eq!(sb.acks_piggybacked, 100, "{sb:?}");
+    // The requester's acks ride on its next request (the last one is still owed).
+    assert_eq!(sa.acks_sent, 0, "{sa:?}");
+    assert_eq!(sa.acks_piggybacked, 99, "{sa:?}");
+    assert_eq!(acked_b, 99);
+    assert_eq!(sa.datagrams_sent + sb.datagrams_sent, 200);
+    // Round trips of 20 us, sampled from the piggybacked acks.
+    assert!(sa.srtt_ns >= 20_000 && sa.srtt_ns < 30_000, "{sa:?}");
+}

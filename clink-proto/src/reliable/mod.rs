@@ -289,6 +289,8 @@ pub struct Stats {
     pub retransmissions: u64,
     /// Ack datagrams sent.
     pub acks_sent: u64,
+    /// Acks carried by data datagrams instead (see [`packet::Piggy`]).
+    pub acks_piggybacked: u64,
     /// Ack datagrams received.
     pub acks_received: u64,
     /// Nak datagrams sent.
@@ -1012,7 +1014,13 @@ impl Conn {
             return Err(RecvError::WrongConnection(conn));
         }
         let r = match d {
-            Datagram::Data { hdr, payload, .. } => self.on_data(now, hdr, payload),
+            Datagram::Data { hdr, payload, .. } => {
+                if let Some(a) = hdr.ack {
+                    self.stats.acks_received += 1;
+                    self.on_ack(now, &a.ack_info(), false)?;
+                }
+                self.on_data(now, hdr, payload)
+            }
             Datagram::Bulk { hdr, payload, .. } => self.on_bulk(now, &hdr).map(|fresh| {
                 if fresh && !place(&hdr, payload) {
                     self.stats.bulk_discarded += 1;
@@ -1460,6 +1468,30 @@ impl Conn {
         out
     }
 
+    /// An ack for a data datagram of `len` payload bytes to carry, when one is due and
+    /// needs no ranges (nothing received out of order) and the datagram has room: it
+    /// then counts as sent (no ack datagram of its own follows).
+    fn take_piggy(&mut self, now: u64, len: usize) -> Option<packet::Piggy> {
+        let due = self.ack_now || self.ack_deadline.is_some();
+        if !due
+            || self.rcv_highest > self.rcv_next
+            || len + packet::PIGGY_LEN > self.cfg.mtu_payload
+        {
+            return None;
+        }
+        let ack = self.build_ack(now);
+        self.ack_now = false;
+        self.ack_deadline = None;
+        self.unacked = 0;
+        self.stats.acks_piggybacked += 1;
+        self.advertised_limit = ack.limit;
+        Some(packet::Piggy {
+            cum: ack.cum,
+            limit: ack.limit,
+            delay_us: ack.delay_us,
+        })
+    }
+
     fn build_ack(&self, now: u64) -> AckInfo {
         let window = self.cfg.recv_window;
         let limit = (self.rcv_next + self.credit()).max(self.advertised_limit);
@@ -1577,6 +1609,10 @@ impl Conn {
                 self.rto_deadline = Some(now + self.rto());
             }
             self.arm_tail_probe(now);
+            let piggy = match self.sent[idx].item {
+                Item::Msg(_) => self.take_piggy(now, self.sent[idx].len as usize),
+                Item::Bulk { .. } => None,
+            };
             let s = &self.sent[idx];
             let floor = self.snd_una;
             match &s.item {
@@ -1588,6 +1624,7 @@ impl Conn {
                         tag: m.tag,
                         msg_len: m.data.len() as u32,
                         offset: s.offset as u32,
+                        ack: piggy,
                     };
                     let payload =
                         &m.data[s.offset as usize..(s.offset + u64::from(s.len)) as usize];

@@ -7,7 +7,8 @@
 //!   0..4   magic "CLRD" (0x4452_4c43)
 //!   4      version (1)
 //!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk, 8 admit
-//!   6..8   flags (reserved, must be zero)
+//!   6..8   flags: bit 0 in a data datagram, "an ack rides along" (below); every other
+//!          bit, and bit 0 in any other kind, must be zero
 //!   8..12  connection id
 //!   12..16 reserved (must be zero)
 //! data body (44 bytes, then the payload)
@@ -19,6 +20,8 @@
 //!   52..56 fragment offset in the message
 //!   56..58 payload length
 //!   58..60 reserved (must be zero)
+//!   then the payload, then with flag bit 0 a piggybacked ack (20 bytes): cumulative ack
+//!   (u64), limit (u64) and ack delay in microseconds (u32), as in an ack without ranges
 //! ack / nak body (20 bytes, then the ranges)
 //!   16..24 cumulative ack: every packet below it was received
 //!   24..32 limit: the sender may send packet numbers below it (the credit)
@@ -83,6 +86,10 @@ pub const VERSION: u8 = 1;
 pub const COMMON_HEADER: usize = 16;
 /// Bytes before the payload of a data datagram.
 pub const DATA_HEADER: usize = 60;
+/// Bytes of an ack riding on a data datagram ([`DataHeader::ack`]).
+pub const PIGGY_LEN: usize = 20;
+/// Flag bit of a data datagram carrying an ack.
+const FLAG_ACK: u16 = 1;
 /// Bytes before the ranges of an ack or nak datagram.
 pub const ACK_HEADER: usize = 36;
 /// Bytes of a ping datagram without its trailer.
@@ -200,6 +207,32 @@ pub struct DataHeader {
     pub msg_len: u32,
     /// Offset of this fragment in the message.
     pub offset: u32,
+    /// An ack riding along (cumulative ack, limit, delay; no ranges): the answer to a
+    /// request acknowledges it without a datagram of its own.
+    pub ack: Option<Piggy>,
+}
+
+/// An ack carried by a data datagram: an [`AckInfo`] without ranges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piggy {
+    /// As [`AckInfo::cum`].
+    pub cum: u64,
+    /// As [`AckInfo::limit`].
+    pub limit: u64,
+    /// As [`AckInfo::delay_us`].
+    pub delay_us: u32,
+}
+
+impl Piggy {
+    /// The ack it stands for.
+    pub fn ack_info(&self) -> AckInfo {
+        AckInfo {
+            cum: self.cum,
+            limit: self.limit,
+            delay_us: self.delay_us,
+            ranges: Vec::new(),
+        }
+    }
 }
 
 /// Fields of a bulk datagram (one fragment of a rendezvous transfer).
@@ -362,7 +395,8 @@ impl<'a> Datagram<'a> {
             return Err(PacketError::BadChecksum { carried, computed });
         }
         let b = &b[..body];
-        if u16_at(b, 6) != 0 {
+        let flags = u16_at(b, 6);
+        if flags != 0 && !(kind == K_DATA && flags == FLAG_ACK) {
             return Err(PacketError::Reserved("flags"));
         }
         if u32_at(b, 12) != 0 {
@@ -375,6 +409,20 @@ impl<'a> Datagram<'a> {
                 if u16_at(b, 58) != 0 {
                     return Err(PacketError::Reserved("data header"));
                 }
+                let piggy = flags == FLAG_ACK;
+                if piggy {
+                    need("piggybacked ack", b, DATA_HEADER + PIGGY_LEN)?;
+                }
+                let plen = usize::from(u16_at(b, 56));
+                let have = b.len() - DATA_HEADER - if piggy { PIGGY_LEN } else { 0 };
+                let ack = piggy.then(|| {
+                    let at = b.len() - PIGGY_LEN;
+                    Piggy {
+                        cum: u64_at(b, at),
+                        limit: u64_at(b, at + 8),
+                        delay_us: u32_at(b, at + 16),
+                    }
+                });
                 let hdr = DataHeader {
                     pn: u64_at(b, 16),
                     floor: u64_at(b, 24),
@@ -382,9 +430,8 @@ impl<'a> Datagram<'a> {
                     tag: u64_at(b, 40),
                     msg_len: u32_at(b, 48),
                     offset: u32_at(b, 52),
+                    ack,
                 };
-                let plen = usize::from(u16_at(b, 56));
-                let have = b.len() - DATA_HEADER;
                 if plen != have {
                     return Err(PacketError::OutOfRange {
                         what: "payload length",
@@ -414,10 +461,26 @@ impl<'a> Datagram<'a> {
                         limit: hdr.pn,
                     });
                 }
+                if let Some(a) = ack {
+                    if a.limit < a.cum {
+                        return Err(PacketError::OutOfRange {
+                            what: "piggybacked ack limit",
+                            value: a.limit,
+                            limit: a.cum,
+                        });
+                    }
+                    if a.delay_us > MAX_ACK_DELAY_US {
+                        return Err(PacketError::OutOfRange {
+                            what: "piggybacked ack delay",
+                            value: a.delay_us.into(),
+                            limit: MAX_ACK_DELAY_US.into(),
+                        });
+                    }
+                }
                 Ok(Datagram::Data {
                     conn,
                     hdr,
-                    payload: &b[DATA_HEADER..],
+                    payload: &b[DATA_HEADER..DATA_HEADER + plen],
                 })
             }
             K_ACK | K_NAK => {
@@ -567,8 +630,13 @@ impl<'a> Datagram<'a> {
             Datagram::Welcome { conn, .. } => (K_WELCOME, *conn),
             Datagram::Admit { conn, .. } => (K_ADMIT, *conn),
         };
+        let flags = match self {
+            Datagram::Data { hdr, .. } if hdr.ack.is_some() => FLAG_ACK,
+            _ => 0,
+        };
         out.extend_from_slice(&MAGIC.to_le_bytes());
-        out.extend_from_slice(&[VERSION, kind, 0, 0]);
+        out.extend_from_slice(&[VERSION, kind]);
+        out.extend_from_slice(&flags.to_le_bytes());
         out.extend_from_slice(&conn.to_le_bytes());
         out.extend_from_slice(&[0; 4]);
         match self {
@@ -583,6 +651,11 @@ impl<'a> Datagram<'a> {
                 out.extend_from_slice(&plen.to_le_bytes());
                 out.extend_from_slice(&[0; 2]);
                 out.extend_from_slice(payload);
+                if let Some(a) = hdr.ack {
+                    out.extend_from_slice(&a.cum.to_le_bytes());
+                    out.extend_from_slice(&a.limit.to_le_bytes());
+                    out.extend_from_slice(&a.delay_us.min(MAX_ACK_DELAY_US).to_le_bytes());
+                }
             }
             Datagram::Bulk { .. } => unreachable!("encoded above"),
             Datagram::Ack { ack, .. } | Datagram::Nak { ack, .. } => {

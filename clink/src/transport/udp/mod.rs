@@ -469,8 +469,8 @@ impl State {
                 mode: self.cfg.admission,
                 ..Default::default()
             },
-            // Acks ride alone (no piggybacking yet): one per 16 packets or per delay keeps
-            // them off the latency path of a ping-pong and cheap in bulk transfers.
+            // One ack per 16 packets or per delay keeps them cheap in bulk transfers; in a
+            // ping-pong they ride on the answers (piggybacked).
             ack_every: 16,
             ..reliable::Config::default()
         }
