@@ -262,6 +262,9 @@ pub struct Endpoint {
     next_id: u64,
     stats: Stats,
     idle_polls: u32,
+    /// The network clock read by this progress pass's receive, for its transmit (one
+    /// clock read per pass, not one per step).
+    net_now: Option<u64>,
     last_check: Instant,
     events: Vec<u64>,
     last_error: Option<String>,
@@ -341,6 +344,7 @@ impl Endpoint {
             next_id: 1,
             stats: Stats::default(),
             idle_polls: 0,
+            net_now: None,
             last_check: Instant::now(),
             events: Vec::with_capacity(32),
             last_error: None,
@@ -1419,6 +1423,7 @@ impl Endpoint {
     /// now and then checks peers' liveness and accepts connections. Returns true when
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
+        self.net_now = None;
         let mut pass = ready::Pass {
             did: self.net_receive(false) | self.tcp_receive(),
             ..Default::default()

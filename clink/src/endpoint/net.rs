@@ -157,6 +157,7 @@ impl Endpoint {
             return false;
         };
         let now = net.now();
+        self.net_now = Some(now);
         // Arm a speculative receive for one stream at a time (the others' fragments take the
         // ordinary path): the one admission control granted, or with no grant in force the
         // first peer with a bulk transfer coming in. Re-planned only when that link's
@@ -189,7 +190,7 @@ impl Endpoint {
             net.set_arm(key, arm);
         }
         let peers = &mut self.peers;
-        let got = net.receive(&mut |i, g| {
+        let got = net.receive(now, &mut |i, g| {
             if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
                 if let Link::Udp(u) = &mut p.link {
                     u.handle(now, g);
@@ -264,7 +265,7 @@ impl Endpoint {
         let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
             return;
         };
-        let now = net.now();
+        let now = self.net_now.take().unwrap_or_else(|| net.now());
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if let Link::Udp(u) = &mut p.link {
                 net.transmit(u, now);

@@ -859,7 +859,8 @@ impl UdpTransport {
         }
     }
 
-    /// Reads what arrived (one batch) and hands each datagram to `sink` with the index its
+    /// Reads what arrived (one batch; `now`: [`UdpTransport::now`], read once per progress
+    /// pass) and hands each datagram to `sink` with the index its
     /// link was routed under ([`UdpTransport::route`]); answers hellos and welcomes
     /// itself. With a layout armed ([`UdpTransport::set_arm`]) the read is speculative:
     /// the armed fragments land straight in the destination; verified hits are handed
@@ -869,7 +870,7 @@ impl UdpTransport {
     /// With streams steered to sockets of their own every socket is read, the one holding
     /// the layout first: the other's cleanup copies may fill fragments the layout names, so
     /// no speculative read may follow them before the endpoint re-plans.
-    pub fn receive(&mut self, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
+    pub fn receive(&mut self, now: u64, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
         let armed = self.st.armed.take();
         // Socket 0 is the main one, 1.. the steered ones. The armed one first; then the
         // other steered ones, before the main one: a previous holder's fast fragments
@@ -886,7 +887,15 @@ impl UdpTransport {
             if i == 0 {
                 // Read even when empty: held-back injected faults are released here.
                 let r = self.sock.recv_batch();
-                n += deliver(&mut self.sock, &mut self.faults, &mut self.st, r, a, sink);
+                n += deliver(
+                    &mut self.sock,
+                    &mut self.faults,
+                    &mut self.st,
+                    now,
+                    r,
+                    a,
+                    sink,
+                );
                 continue;
             }
             let batches = if i == first { 1 } else { STRAGGLER_BATCHES };
@@ -896,7 +905,7 @@ impl UdpTransport {
                 };
                 let r = sock.recv_batch();
                 if r > 0 {
-                    let got = deliver(sock, &mut self.faults, &mut self.st, r, a, sink);
+                    let got = deliver(sock, &mut self.faults, &mut self.st, now, r, a, sink);
                     self.st.stats.steered_datagrams += got as u64;
                     n += got;
                 }
@@ -941,11 +950,11 @@ fn deliver(
     sock: &mut UdpSock,
     faults: &mut Option<Faults>,
     st: &mut State,
+    now: u64,
     r: usize,
     armed: Option<&Armed>,
     sink: &mut impl FnMut(usize, Got<'_>),
 ) -> usize {
-    let now = st.now();
     let max = sock::MAX_GSO_SEGMENTS;
     let n_armed = armed.map_or(0, |a| a.arm.entries.len().min(r));
     let mut gathered = std::mem::take(&mut st.gathered);
