@@ -519,6 +519,8 @@ pub struct Conn {
     /// stream does not arrive on two sockets at once (read out of order, it would look
     /// like losses).
     steer_after: Option<u64>,
+    /// Scratch list of the loss detector (packets passed over, kept in order).
+    rack_unknown: Vec<(u64, u64)>,
     lost: VecDeque<u64>,
     in_flight: u64,
     peer_limit: u64,
@@ -594,6 +596,7 @@ impl Conn {
             largest_acked_tx: None,
             sack_top: 0,
             steer_after: None,
+            rack_unknown: Vec::new(),
             lost: VecDeque::new(),
             in_flight: 0,
             peer_limit: initial_limit,
@@ -1015,11 +1018,11 @@ impl Conn {
         }
         let r = match d {
             Datagram::Data { hdr, payload, .. } => {
-                if let Some(a) = hdr.ack {
+                let acked = hdr.ack.map_or(Ok(()), |a| {
                     self.stats.acks_received += 1;
-                    self.on_ack(now, &a.ack_info(), false)?;
-                }
-                self.on_data(now, hdr, payload)
+                    self.on_ack(now, &a.ack_info(), false)
+                });
+                acked.and_then(|()| self.on_data(now, hdr, payload))
             }
             Datagram::Bulk { hdr, payload, .. } => self.on_bulk(now, &hdr).map(|fresh| {
                 if fresh && !place(&hdr, payload) {
@@ -1171,7 +1174,13 @@ impl Conn {
             }
         }
         // RACK-like detection: lost when a packet transmitted dup_thresh later was acked.
+        // Only a packet the acks have reported on can be missing: above the last SACK
+        // range its fate is unknown (a retransmission's ack, raising `largest`, would
+        // otherwise condemn every packet beyond the ranges an ack has room for; at 1% loss
+        // that resent 4-5x the packets lost). Those stay queued, in order, while the scan
+        // goes on past them: a lost retransmission behind them is still found.
         if let Some(largest) = self.largest_acked_tx {
+            let mut unknown = std::mem::take(&mut self.rack_unknown);
             while let Some(&(pn, tx)) = self.tx_order.front() {
                 if pn < self.snd_una {
                     self.tx_order.pop_front();
@@ -1182,17 +1191,21 @@ impl Conn {
                     self.tx_order.pop_front();
                     continue;
                 }
-                // Only a packet the acks have reported on can be missing: above the last
-                // SACK range its fate is unknown (a retransmission's ack, raising
-                // `largest`, would otherwise condemn every packet beyond the ranges an
-                // ack has room for; at 1% loss that resent 4-5x the packets lost).
-                if tx + self.cfg.dup_thresh <= largest && pn < self.sack_top {
-                    self.tx_order.pop_front();
-                    self.mark_lost(pn, true);
-                } else {
+                if tx + self.cfg.dup_thresh > largest {
                     break;
                 }
+                self.tx_order.pop_front();
+                if pn < self.sack_top {
+                    self.mark_lost(pn, true);
+                } else {
+                    unknown.push((pn, tx));
+                }
             }
+            for &e in unknown.iter().rev() {
+                self.tx_order.push_front(e);
+            }
+            unknown.clear();
+            self.rack_unknown = unknown;
         }
         self.advance_una();
         if newly > 0 || self.rto_deadline.is_none() {
