@@ -262,9 +262,6 @@ pub struct Endpoint {
     next_id: u64,
     stats: Stats,
     idle_polls: u32,
-    /// The network clock read by this progress pass's receive, for its transmit (one
-    /// clock read per pass, not one per step).
-    net_now: Option<u64>,
     last_check: Instant,
     events: Vec<u64>,
     last_error: Option<String>,
@@ -344,7 +341,6 @@ impl Endpoint {
             next_id: 1,
             stats: Stats::default(),
             idle_polls: 0,
-            net_now: None,
             last_check: Instant::now(),
             events: Vec::with_capacity(32),
             last_error: None,
@@ -1423,7 +1419,6 @@ impl Endpoint {
     /// now and then checks peers' liveness and accepts connections. Returns true when
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
-        self.net_now = None;
         let mut pass = ready::Pass {
             did: self.net_receive(false) | self.tcp_receive(),
             ..Default::default()
@@ -1732,11 +1727,17 @@ impl Endpoint {
             tracing::warn!("epoll_wait: {e}");
         }
         let mut did = false;
+        let mut udp_read = false;
         for &t in &evs {
             match t {
                 TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
-                TOK_UDP => did |= self.net_receive(true),
+                // One receive pass for however many UDP sockets (main and steered) woke us.
+                TOK_UDP if !udp_read => {
+                    udp_read = true;
+                    did |= self.net_receive(true);
+                }
+                TOK_UDP => {}
                 tcp::TOK_TCP_LISTENER | tcp::TOK_TCP_INCOMING => did |= self.tcp_accept(),
                 t => {
                     let i = (t - TOK_PEER0) as usize;

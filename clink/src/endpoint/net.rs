@@ -157,7 +157,6 @@ impl Endpoint {
             return false;
         };
         let now = net.now();
-        self.net_now = Some(now);
         // Arm a speculative receive for one stream at a time (the others' fragments take the
         // ordinary path): the one admission control granted, or with no grant in force the
         // first peer with a bulk transfer coming in. Re-planned only when that link's
@@ -216,10 +215,13 @@ impl Endpoint {
             }
         });
         // Sockets flow steering made for a grant: sleeps watch them too.
-        for fd in net.take_new_fds() {
-            if let Err(e) = self.epoll.add(fd, super::TOK_UDP) {
-                tracing::warn!("epoll_ctl steered UDP socket: {e}");
-            }
+        let failed = net
+            .take_new_fds()
+            .any(|fd| self.epoll.add(fd, super::TOK_UDP).is_err());
+        if failed {
+            // A sleep would not wake for it: no steering rather than a deaf socket.
+            tracing::warn!("epoll_ctl of a steered UDP socket failed: flow steering off");
+            net.stop_steering();
         }
         let accepted = net.take_accepted();
         self.finish_bulk();
@@ -265,7 +267,8 @@ impl Endpoint {
         let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
             return;
         };
-        let now = self.net_now.take().unwrap_or_else(|| net.now());
+        // A fresh reading: the pass may have spent long (copies) since its receive.
+        let now = net.now();
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if let Link::Udp(u) = &mut p.link {
                 net.transmit(u, now);

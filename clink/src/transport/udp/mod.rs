@@ -729,6 +729,14 @@ impl UdpTransport {
         self.steer.steer(peer, dest)
     }
 
+    /// Turns flow steering off and closes its sockets (the endpoint could not watch them);
+    /// grants from now on carry no port.
+    pub fn stop_steering(&mut self) {
+        self.disarm();
+        self.steer.close();
+        self.steer.turn_off();
+    }
+
     /// Sockets the endpoint must add to its epoll set (once; closing one removes it).
     pub fn take_new_fds(&mut self) -> impl Iterator<Item = RawFd> + '_ {
         self.steer.take_new_fds()

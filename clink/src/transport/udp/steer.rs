@@ -133,6 +133,11 @@ impl Steering {
         self.idle_since = None;
     }
 
+    /// No more sockets: later grants are not steered.
+    pub fn turn_off(&mut self) {
+        self.on = false;
+    }
+
     /// Counters of every steered socket, open or closed.
     pub fn stats(&self) -> SockStats {
         let mut k = self.retired;
