@@ -270,6 +270,14 @@ pub struct ChildArgs {
     pub host_ip: Option<Ipv4Addr>,
 }
 
+/// The blank line and, with several rounds, the note that opens a table of medians.
+pub(crate) fn print_rounds_note(rounds: u64) {
+    println!();
+    if rounds > 1 {
+        println!("(each cell: median over {rounds} interleaved rounds)");
+    }
+}
+
 fn find_system(name: &str) -> Option<Box<dyn System>> {
     systems().into_iter().find(|s| s.name() == name)
 }
@@ -612,13 +620,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         }
     }
     if !args.json {
-        println!();
-        if args.rounds > 1 {
-            println!(
-                "(each cell: median over {} interleaved rounds)",
-                args.rounds
-            );
-        }
+        print_rounds_note(args.rounds);
         print!("{}", report::render_table(&report::merge_rounds(&ctx.rows)));
     }
     for note in &ctx.notes {

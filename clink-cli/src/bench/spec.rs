@@ -840,13 +840,7 @@ pub fn run(opts: Opts) -> Result<(), String> {
         }
     }
     if !opts.json {
-        println!();
-        if opts.rounds > 1 {
-            println!(
-                "(each cell: median over {} interleaved rounds)",
-                opts.rounds
-            );
-        }
+        super::print_rounds_note(opts.rounds);
         print!("{}", render_table(&all));
     }
     if errors.is_empty() {
