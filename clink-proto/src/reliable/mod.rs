@@ -777,6 +777,11 @@ impl Conn {
         t
     }
 
+    /// When a delayed ack is due (included in [`Conn::poll_timeout`]).
+    pub fn ack_timeout(&self) -> Option<u64> {
+        self.ack_deadline.filter(|_| !self.dead)
+    }
+
     fn liveness_watched(&self) -> bool {
         self.cfg.keepalive > 0 || !self.is_idle()
     }
