@@ -1419,8 +1419,16 @@ impl Endpoint {
     /// now and then checks peers' liveness and accepts connections. Returns true when
     /// anything happened. Never blocks.
     pub fn progress(&mut self) -> bool {
+        self.progress_pass(true)
+    }
+
+    /// A progress pass; without `read_sockets` it leaves the network sockets unread (the
+    /// re-check before a sleep: epoll reports them level-triggered, so what arrives
+    /// between the last read and the sleep wakes it at once, and a read there would be
+    /// one more system call per sleep).
+    fn progress_pass(&mut self, read_sockets: bool) -> bool {
         let mut pass = ready::Pass {
-            did: self.net_receive(false) | self.tcp_receive(),
+            did: read_sockets && (self.net_receive(false) | self.tcp_receive()),
             ..Default::default()
         };
         if self.ready.on {
@@ -1991,7 +1999,7 @@ impl Endpoint {
         // (The doorbell is drained when epoll reports it, not here: one system call less
         // per sleep; a stale ring only costs one spurious wake-up.)
         self.evq.arm_sleep();
-        let busy = self.progress()
+        let busy = self.progress_pass(false)
             || (board && self.board.any())
             || self.arm_list().into_iter().any(|i| {
                 let p = &mut self.peers[i];
