@@ -230,10 +230,7 @@ impl Asker {
     /// When [`Asker::handle_timeout`] must run next.
     pub fn poll_timeout(&self) -> Option<u64> {
         let linger = self.idle_since.map(|t| t + self.cfg.linger);
-        match (self.retry_at, linger) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.retry_at.into_iter().chain(linger).min()
     }
 
     /// Repeats an unanswered request, and (implicit mode) gives the grant back once no

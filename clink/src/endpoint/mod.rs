@@ -522,6 +522,7 @@ impl Endpoint {
         self.wait_until(timeout, |ep| {
             if ep.new_peers.is_empty() {
                 ep.accept_pending();
+                ep.tcp_accept();
             }
             !ep.new_peers.is_empty()
         })?;
@@ -1794,7 +1795,7 @@ impl Endpoint {
         self.incoming = incoming;
         let did = !accepted.is_empty();
         self.adopt(accepted, refused);
-        did | self.tcp_accept()
+        did
     }
 
     /// Queues a message-arrival event for the frame at the head of peer `i`'s queue, once.

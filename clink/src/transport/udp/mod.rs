@@ -744,21 +744,7 @@ impl UdpTransport {
 
     /// Drops the speculative layout (the endpoint plans a new one before the next read).
     fn disarm(&mut self) {
-        self.st.planned = None;
-        self.st.armed = None;
-        self.st.armed_on = None;
-        for lead in self.st.lead.iter_mut() {
-            lead.clear();
-        }
-        // SAFETY: no leading vectors.
-        unsafe {
-            self.sock.set_lead(&[]);
-            for i in 0..steer::SOCKETS {
-                if let Some(s) = self.steer.sock_mut(i) {
-                    s.set_lead(&[]);
-                }
-            }
-        }
+        self.set_arm(None, None);
     }
 
     /// When the admission gate's timer runs out (an idle holder, a rotation).
@@ -852,12 +838,8 @@ impl UdpTransport {
             } else {
                 &[]
             };
-            let sock = match i {
-                0 => &mut self.sock,
-                _ => match self.steer.sock_mut(i - 1) {
-                    Some(s) => s,
-                    None => continue,
-                },
+            let Some(sock) = socket(&mut self.sock, &mut self.steer, i) else {
+                continue;
             };
             // SAFETY: header slots are ours; destination ranges are distinct missing
             // fragments of a buffer the Bulk contract keeps valid while the key is
@@ -892,29 +874,23 @@ impl UdpTransport {
         let mut n = 0;
         for i in order {
             let a = if i == first { armed.as_ref() } else { None };
-            if i == 0 {
-                // Read even when empty: held-back injected faults are released here.
-                let r = self.sock.recv_batch();
-                n += deliver(
-                    &mut self.sock,
-                    &mut self.faults,
-                    &mut self.st,
-                    now,
-                    r,
-                    a,
-                    sink,
-                );
-                continue;
-            }
-            let batches = if i == first { 1 } else { STRAGGLER_BATCHES };
+            let batches = if i == 0 || i == first {
+                1
+            } else {
+                STRAGGLER_BATCHES
+            };
             for _ in 0..batches {
-                let Some(sock) = self.steer.sock_mut(i - 1) else {
+                let Some(sock) = socket(&mut self.sock, &mut self.steer, i) else {
                     break;
                 };
                 let r = sock.recv_batch();
-                if r > 0 {
+                // The main socket is handed over even when empty: held-back injected
+                // faults are released there.
+                if r > 0 || i == 0 {
                     let got = deliver(sock, &mut self.faults, &mut self.st, now, r, a, sink);
-                    self.st.stats.steered_datagrams += got as u64;
+                    if i > 0 {
+                        self.st.stats.steered_datagrams += got as u64;
+                    }
                     n += got;
                 }
                 if r < sock::RX_SLOTS {
@@ -949,6 +925,14 @@ impl UdpTransport {
         if !self.st.batch.is_empty() {
             self.sock.send(&mut self.st.batch);
         }
+    }
+}
+
+/// Socket `i` of a transport: 0 the main one, 1.. the steered ones (if open).
+fn socket<'a>(main: &'a mut UdpSock, steer: &'a mut Steering, i: usize) -> Option<&'a mut UdpSock> {
+    match i {
+        0 => Some(main),
+        _ => steer.sock_mut(i - 1),
     }
 }
 
