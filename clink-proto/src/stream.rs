@@ -20,7 +20,7 @@
 //!
 //! Every parser here is total: a malformed header is a [`ProtoError`], never a panic.
 
-use crate::le::{put_u128, put_u64, u128_at, u16_at, u32_at, u64_at};
+use crate::le::{need, put_u128, put_u32, put_u64, u128_at, u16_at, u32_at, u64_at};
 use crate::ProtoError;
 use std::collections::VecDeque;
 
@@ -114,7 +114,7 @@ impl Header {
     pub fn encode(&self) -> [u8; HEADER] {
         let mut b = [0u8; HEADER];
         b[0] = self.kind.byte();
-        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        put_u32(&mut b, 4, self.len);
         put_u64(&mut b, 8, self.xfer);
         put_u64(&mut b, 16, self.offset);
         b
@@ -123,13 +123,7 @@ impl Header {
     /// Parses a header from the first [`HEADER`] bytes of `b` (total: every malformed
     /// input is an error).
     pub fn parse(b: &[u8]) -> Result<Header, ProtoError> {
-        if b.len() < HEADER {
-            return Err(ProtoError::Truncated {
-                what: "stream record header",
-                need: HEADER,
-                have: b.len(),
-            });
-        }
+        need("stream record header", b, HEADER)?;
         let kind = match b[0] {
             1 => Kind::Frame,
             2 => Kind::Data,
@@ -191,17 +185,6 @@ impl Header {
     }
 }
 
-/// The next complete record at the start of `b`: its header and total length (header +
-/// payload), `Ok(None)` while incomplete. Total: a malformed header is an error.
-pub fn next_record(b: &[u8]) -> Result<Option<(Header, usize)>, ProtoError> {
-    if b.len() < HEADER {
-        return Ok(None);
-    }
-    let h = Header::parse(b)?;
-    let total = HEADER + h.len as usize;
-    Ok((b.len() >= total).then_some((h, total)))
-}
-
 /// A hello (connector -> listener) or welcome (answer) payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handshake {
@@ -229,7 +212,7 @@ impl Handshake {
         };
         b[..HEADER].copy_from_slice(&h.encode());
         let p = &mut b[HEADER..];
-        p[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        put_u32(p, 0, MAGIC);
         p[4..6].copy_from_slice(&VERSION.to_le_bytes());
         p[6..8].copy_from_slice(&self.status.to_le_bytes());
         put_u128(p, 8, self.from);
@@ -441,6 +424,18 @@ mod tests {
         assert_eq!(inc.predict().map(|p| (p.xfer, p.len)), Some((6, 0)));
         assert_eq!(inc.begin(&Header::data(6, 0, 0)), Ok(true));
         assert!(inc.is_empty());
+    }
+
+    /// The next complete record at the start of `b`: its header and total length (with
+    /// the payload), `Ok(None)` while incomplete. A deframer of whole records for the
+    /// tests' receiver; the TCP link streams data payloads instead of waiting for them.
+    fn next_record(b: &[u8]) -> Result<Option<(Header, usize)>, ProtoError> {
+        if b.len() < HEADER {
+            return Ok(None);
+        }
+        let h = Header::parse(b)?;
+        let total = HEADER + h.len as usize;
+        Ok((b.len() >= total).then_some((h, total)))
     }
 
     /// A record of the model: kind and payload (data records: transfer, offset).

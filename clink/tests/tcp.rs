@@ -153,9 +153,27 @@ fn rendezvous_without_speculation_takes_the_copy_path() {
 fn sleeping_waiters_are_woken_by_tcp_data() {
     // No spinning: every wait sleeps in epoll_wait on the endpoint's fd, so each message
     // must wake it through the TCP socket's readiness (and a full socket's writability).
+    // Each answer must come well within the endpoint's 1 s safety wake-up: a sleeper
+    // that only the timer woke would fail the 500 ms bound.
     let ((a, pa), (mut b, pb)) = pair(true, 0);
     let server = std::thread::spawn(move || echo(a, pa));
-    round_trips(&mut b, pb, 1, 5);
+    let mut buf = vec![0u8; 8 << 20];
+    for (k, &n) in SIZES.iter().enumerate() {
+        let tag = k as u64 + 1;
+        let msg = pattern(key(5, tag), n);
+        b.send(pb, tag, &msg).unwrap();
+        let st = b
+            .recv_timeout(
+                Selector::exact(Some(pb), tag),
+                &mut buf,
+                Some(Duration::from_millis(500)),
+            )
+            .unwrap_or_else(|e| panic!("size {n}: {e}: {:?}", b.stats()));
+        check(key(5, tag), &buf[..st.len as usize], "echo");
+    }
+    b.send(pb, 0, &[]).unwrap();
+    b.recv_timeout(Selector::exact(Some(pb), 0), &mut buf, Some(T))
+        .unwrap();
     let a = server.join().unwrap();
     assert!(a.stats().sleeps > 0 && b.stats().sleeps > 0);
 }

@@ -64,7 +64,9 @@ impl BulkLink for UdpLink {
 impl BulkLink for TcpLink {
     unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
         // SAFETY: forwarded contract.
-        unsafe { TcpLink::send_bulk(self, xfer, ptr, len) }
+        unsafe { TcpLink::send_bulk(self, xfer, ptr, len) };
+        // Queued: a dead connection shows at its next read, which fails the transfer.
+        true
     }
     unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
         // SAFETY: forwarded contract.
@@ -90,6 +92,17 @@ pub(crate) enum Rx {
 }
 
 impl Link {
+    /// Whether the link still has data the peer has not taken: a UDP connection with
+    /// packets unacknowledged (and alive), a TCP send queue not yet written. Shared memory
+    /// has none (its frames are in the peer's ring).
+    pub fn has_unsent(&self) -> bool {
+        match self {
+            Link::Shm(_) => false,
+            Link::Udp(u) => !u.conn.is_idle() && !u.conn.is_dead(),
+            Link::Tcp(t) => t.wants_write(),
+        }
+    }
+
     /// The transport's name, for `clink info` and diagnostics.
     pub fn transport(&self) -> &'static str {
         match self {
@@ -148,8 +161,8 @@ impl Link {
     pub fn peek(&mut self) -> Result<Option<Rx>, RingError> {
         match self {
             Link::Shm(s) => Ok(s.rx.peek()?.map(Rx::Ring)),
-            Link::Udp(u) => Ok(u.peek().map(|_| Rx::Net)),
-            Link::Tcp(t) => Ok(t.peek().map(|_| Rx::Net)),
+            Link::Udp(u) => Ok(u.rxq.peek().map(|_| Rx::Net)),
+            Link::Tcp(t) => Ok(t.rxq.peek().map(|_| Rx::Net)),
         }
     }
 
@@ -157,8 +170,8 @@ impl Link {
     pub fn frame(&self, rx: Rx) -> &[u8] {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record(r),
-            (Link::Udp(u), Rx::Net) => u.peek().unwrap_or(&[]),
-            (Link::Tcp(t), Rx::Net) => t.peek().unwrap_or(&[]),
+            (Link::Udp(u), Rx::Net) => u.rxq.peek().unwrap_or(&[]),
+            (Link::Tcp(t), Rx::Net) => t.rxq.peek().unwrap_or(&[]),
             _ => &[],
         }
     }
@@ -169,11 +182,11 @@ impl Link {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.rx.release(r),
             (Link::Udp(u), Rx::Net) => {
-                u.release();
+                u.rxq.release();
                 false
             }
             (Link::Tcp(t), Rx::Net) => {
-                t.release();
+                t.rxq.release();
                 false
             }
             _ => false,

@@ -52,6 +52,8 @@ const TOK_LISTENER: u64 = 1;
 const TOK_INCOMING: u64 = 2;
 /// Epoll token of the UDP socket.
 const TOK_UDP: u64 = 3;
+/// Longest `close` waits for its goodbyes to reach network peers.
+const LINGER: Duration = Duration::from_millis(200);
 const TOK_PEER0: u64 = 4;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
 const RX_BUDGET: usize = 64;
@@ -2032,6 +2034,16 @@ impl Endpoint {
     pub fn fd(&self) -> RawFd {
         self.epoll.raw()
     }
+    /// Progresses until no live network link has data its peer has not taken (bounded by
+    /// [`LINGER`]).
+    fn linger(&mut self) {
+        let deadline = Instant::now() + LINGER;
+        let pending = |ep: &Endpoint| ep.peers.iter().any(|p| p.alive && p.link.has_unsent());
+        while pending(self) && Instant::now() < deadline {
+            self.progress();
+            std::hint::spin_loop();
+        }
+    }
 
     /// Says goodbye to every peer: queued frames are flushed as far as the rings take
     /// them, then a `Close` frame tells each peer, after everything sent before it, that
@@ -2049,8 +2061,7 @@ impl Endpoint {
             }
         }
         // Over the network, the goodbye must be delivered before the links go quiet.
-        self.net_linger();
-        self.tcp_linger();
+        self.linger();
         for i in 0..self.peers.len() {
             if self.peers[i].alive {
                 self.peers[i].closing = true;

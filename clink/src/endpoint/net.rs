@@ -22,8 +22,6 @@ const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// `CLINK_SPIN_US=0`, 64 B: 28.0-35.0 us one-way with this floor against 29.5-36.9
 /// without, 6 interleaved pairs). A busy-polling endpoint runs every timer on time.
 const SLEEP_TIMER_FLOOR: u64 = 2_000_000;
-/// Longest `close` waits for its goodbyes to be acknowledged.
-const LINGER: Duration = Duration::from_millis(200);
 
 /// Largest frame payload a connection message carries, with room for the frame header
 /// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
@@ -307,20 +305,6 @@ impl Endpoint {
             .chain(net.admit_timeout().map(|t| t.max(now + SLEEP_TIMER_FLOOR)))
             .min()?;
         Some(Duration::from_nanos(next.saturating_sub(now)))
-    }
-
-    /// Progresses until every UDP link has nothing unacknowledged (bounded by [`LINGER`]).
-    pub(super) fn net_linger(&mut self) {
-        let deadline = Instant::now() + LINGER;
-        let pending = |ep: &Endpoint| {
-            ep.peers.iter().any(|p| {
-                p.alive && matches!(&p.link, Link::Udp(u) if !u.conn.is_idle() && !u.conn.is_dead())
-            })
-        };
-        while self.net.is_some() && pending(self) && Instant::now() < deadline {
-            self.progress();
-            std::hint::spin_loop();
-        }
     }
 
     /// Adds the network path's counters (transport and every UDP connection) to `s`.

@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 pub(super) const TOK_TCP_LISTENER: u64 = u64::MAX - 1;
 /// Epoll token of accepted TCP connections waiting for their hello.
 pub(super) const TOK_TCP_INCOMING: u64 = u64::MAX - 2;
-/// Longest `close` waits for the TCP send queues to drain.
-const LINGER: Duration = Duration::from_millis(200);
 
 impl Endpoint {
     /// Connects over TCP to the endpoint `id` at `dest`: connect (bounded by the connect
@@ -77,9 +75,15 @@ impl Endpoint {
                 tracing::warn!("epoll_ctl TCP connection: {e}");
             }
         }
-        if !tcp.handshaking() {
+        self.tcp_handshakes()
+    }
+
+    /// Reads the hellos of accepted connections and adopts the peers they name (no
+    /// `accept` call: new connections are the listener's, which epoll reports).
+    fn tcp_handshakes(&mut self) -> bool {
+        let Some(tcp) = self.tcp.as_mut().filter(|t| t.handshaking()) else {
             return false;
-        }
+        };
         let hs = tcp.poll_incoming(self.ctx.config.connect_timeout);
         for why in hs.dropped {
             self.stats.handshakes_refused += 1;
@@ -108,7 +112,7 @@ impl Endpoint {
         };
         let mut did = false;
         if tcp.handshaking() {
-            did |= self.tcp_accept();
+            did |= self.tcp_handshakes();
         }
         let mut k = 0;
         while let Some(i) = self.tcp_peer(k) {
@@ -303,20 +307,6 @@ impl Endpoint {
         self.epoll.remove(t.fd());
         if let Some(tcp) = self.tcp.as_mut() {
             tcp.peers.retain(|&p| p != i);
-        }
-    }
-
-    /// Progresses until every TCP link's send queue is written (bounded by [`LINGER`]).
-    pub(super) fn tcp_linger(&mut self) {
-        let deadline = Instant::now() + LINGER;
-        let pending = |ep: &Endpoint| {
-            ep.peers
-                .iter()
-                .any(|p| p.alive && matches!(&p.link, Link::Tcp(t) if t.wants_write()))
-        };
-        while pending(self) && Instant::now() < deadline {
-            self.progress();
-            std::hint::spin_loop();
         }
     }
 

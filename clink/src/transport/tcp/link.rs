@@ -2,6 +2,7 @@
 //! referenced in place and written with gathering `sendmsg`), its receive buffer, and the
 //! speculative receive of rendezvous payloads straight into the posted buffer.
 
+use crate::transport::FrameQueue;
 use clink_proto::stream::{self, Handshake, Header, Incoming, Kind, CHUNK, HEADER, MAX_RECORD};
 use clink_proto::wire::Frame;
 use clink_proto::ProtoError;
@@ -24,9 +25,6 @@ const MAX_IOV: usize = 64;
 const RX_SPARE: usize = 256 << 10;
 /// Receive buffer size: a header, one whole piece, and the spare (see `read_spec`).
 const RX_BUF: usize = HEADER + CHUNK + RX_SPARE;
-/// Received frames held before the link stops reading (the kernel's window then pushes
-/// back on the sender).
-const RXQ_BYTES: usize = 4 << 20;
 /// Payload bytes a speculative read lands at most: a miss (another record where a piece
 /// was predicted) costs at most this much cleanup; on a hit, the rest of the piece is
 /// read directly (one more read per piece).
@@ -157,8 +155,9 @@ pub struct TcpLink {
     rx: Vec<u8>,
     start: usize,
     end: usize,
-    frames: VecDeque<Vec<u8>>,
-    frames_bytes: usize,
+    /// Frames received and not yet released (once full, the link stops reading and the
+    /// kernel's window pushes back on the sender).
+    pub rxq: FrameQueue,
     cur: Option<Cur>,
     incoming: Incoming,
     dests: HashMap<u64, Dest>,
@@ -206,8 +205,7 @@ impl TcpLink {
             rx: vec![0; RX_BUF],
             start: 0,
             end: 0,
-            frames: VecDeque::new(),
-            frames_bytes: 0,
+            rxq: FrameQueue::default(),
             cur: None,
             incoming: Incoming::default(),
             dests: HashMap::new(),
@@ -275,14 +273,13 @@ impl TcpLink {
     /// # Safety
     /// `ptr..ptr + len` must stay valid and unchanged until the transfer is reported done
     /// or [`TcpLink::clear_bulk`] is called.
-    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) {
         self.out.push_back(Source {
             xfer,
             ptr,
             len,
             next: 0,
         });
-        true
     }
 
     /// Expects transfer `xfer` of `total` bytes into `ptr` (`cap` bytes; bytes beyond it
@@ -313,24 +310,12 @@ impl TcpLink {
         self.cur = None;
     }
 
-    /// The oldest received frame not yet released.
-    pub fn peek(&self) -> Option<&[u8]> {
-        self.frames.front().map(Vec::as_slice)
-    }
-
-    /// Releases the frame returned by [`TcpLink::peek`].
-    pub fn release(&mut self) {
-        if let Some(v) = self.frames.pop_front() {
-            self.frames_bytes -= v.len();
-        }
-    }
-
     /// Liveness, once per progress pass: queues a keepalive when nothing was written for
     /// `keepalive`, and returns true when the peer sent nothing for `dead_after` (it
     /// stopped: exited without a trace, hung, or its network is gone). A link that stopped
     /// reading because its own frame queue is full does not count the peer as silent.
     pub fn tick(&mut self, now: Instant, keepalive: Duration, dead_after: Duration) -> bool {
-        if std::mem::take(&mut self.rx_seen) || self.frames_bytes >= RXQ_BYTES {
+        if std::mem::take(&mut self.rx_seen) || self.rxq.full() {
             self.last_rx = now;
         }
         if std::mem::take(&mut self.tx_done) || self.wants_write() {
@@ -473,7 +458,7 @@ impl TcpLink {
     pub fn receive(&mut self) -> Result<bool, LinkError> {
         let mut did = false;
         for _ in 0..MAX_READS {
-            if self.frames_bytes >= RXQ_BYTES {
+            if self.rxq.full() {
                 break;
             }
             match self.read_once()? {
@@ -757,8 +742,7 @@ impl TcpLink {
                     }
                     let payload = &avail[HEADER..total];
                     if h.kind == Kind::Frame {
-                        self.frames_bytes += payload.len();
-                        self.frames.push_back(payload.to_vec());
+                        self.rxq.push(payload.to_vec());
                     } else {
                         self.handshake = Some((h.kind, Handshake::parse(payload)?));
                     }
@@ -904,12 +888,12 @@ mod tests {
                 dest[..v] == want[..v],
                 "seed {seed}: valid prefix {v} clobbered"
             );
-            while let Some(f) = link.peek() {
+            while let Some(f) = link.rxq.peek() {
                 match Frame::parse(f).unwrap() {
                     Frame::Eager { data, .. } => got_frames.push(data.to_vec()),
                     f => panic!("unexpected {f:?}"),
                 }
-                link.release();
+                link.rxq.release();
             }
         }
         drop(writer.join().unwrap());
@@ -972,8 +956,8 @@ mod tests {
                     }
                     Err(e) => panic!("seed {seed}: {e}"),
                 }
-                while link.peek().is_some() {
-                    link.release();
+                while link.rxq.peek().is_some() {
+                    link.rxq.release();
                 }
             }
             drop(link); // a writer still blocked on a dead link gets an error

@@ -21,12 +21,13 @@ pub mod sock;
 pub mod steer;
 
 use crate::error::{io_err, Result};
+use crate::transport::FrameQueue;
 use clink_proto::admission::{Decision, Gate, GateConfig, Mode};
 use clink_proto::reliable::packet::{is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER};
 use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
 use clink_proto::spec::{self, Check, Layout, Segment};
 use clink_proto::wire::Frame;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -38,9 +39,6 @@ pub use steer::Steering;
 
 /// IPv4 + UDP header bytes.
 const IP_UDP_HEADERS: usize = 28;
-/// Received frames held per link before the connection's own receive budget (and so the
-/// sender's credit) takes over.
-const RXQ_BYTES: usize = 4 << 20;
 /// Receive batches read from a steered socket other than the armed one per pass (a
 /// previous holder's stragglers).
 const STRAGGLER_BATCHES: usize = 4;
@@ -192,8 +190,9 @@ pub struct UdpLink {
     pub remote_id: u128,
     /// Bulk transfers in progress.
     pub bulk: Bulk,
-    rxq: VecDeque<Vec<u8>>,
-    rxq_bytes: usize,
+    /// Frames delivered and not yet released (beyond its bound the connection's own
+    /// receive budget, and so the sender's credit, takes over).
+    pub rxq: FrameQueue,
     /// The peer's admission requests (true) and releases (false, with the grant) not
     /// yet taken to the gate.
     admit_in: Vec<(bool, u32)>,
@@ -216,8 +215,7 @@ impl UdpLink {
             dest,
             remote_id,
             bulk: Bulk::default(),
-            rxq: VecDeque::new(),
-            rxq_bytes: 0,
+            rxq: FrameQueue::default(),
             admit_in: Vec::new(),
             fast_answer: None,
             revoked: false,
@@ -288,29 +286,14 @@ impl UdpLink {
         }
     }
 
-    /// The oldest received frame not yet released.
-    pub fn peek(&self) -> Option<&[u8]> {
-        self.rxq.front().map(Vec::as_slice)
-    }
-
-    /// Releases the frame returned by [`UdpLink::peek`].
-    pub fn release(&mut self) {
-        if let Some(v) = self.rxq.pop_front() {
-            self.rxq_bytes -= v.len();
-        }
-    }
-
     /// Moves delivered messages from the connection into the frame queue while it has
     /// room (beyond that the connection's receive budget shrinks the sender's credit).
     /// Returns true when the connection declared the peer dead.
     pub fn take_events(&mut self) -> bool {
         let mut dead = false;
-        while self.rxq_bytes < RXQ_BYTES {
+        while !self.rxq.full() {
             match self.conn.poll_event() {
-                Some(Event::Message { data, .. }) => {
-                    self.rxq_bytes += data.len();
-                    self.rxq.push_back(data);
-                }
+                Some(Event::Message { data, .. }) => self.rxq.push(data),
                 Some(Event::Acked(_)) => {}
                 Some(Event::BulkSent(x)) => self.bulk.sent(x),
                 Some(Event::PeerDead) => dead = true,
