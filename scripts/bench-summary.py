@@ -4,9 +4,11 @@ system/mode/size, and the ratios the issues' targets are stated in.
 
 Usage: clink bench --rounds 3 --json > bench.jsonl; python3 scripts/bench-summary.py bench.jsonl
 
-Rows of `clink bench --rma` (they carry an `experiment`) are summarised per experiment,
-system, variant, size and number of endpoints: each round's median, and their median
-(and the rounds' p99s, for the rows that have one).
+Rows of `clink bench --rma` and `--spec` (they carry an `experiment`) are summarised per
+experiment, system, variant, metric, size, MTU and number of endpoints: each round's
+median, and their median (and the rounds' p99s, for the rows that have one). Rows without
+a value (a `--spec` hit rate of a run with no bulk bytes) are left out. Rows from network
+namespaces are told apart by MTU (`system@mtu`).
 """
 import json
 import statistics as st
@@ -16,14 +18,14 @@ from collections import defaultdict
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rma = defaultdict(list)
 for r in rows:
-    if "experiment" in r:
-        key = (r["experiment"], r["system"], r["variant"], r["size"], r.get("endpoints", ""))
+    if "experiment" in r and r["median"] is not None:
+        key = (r["experiment"], r["system"], r["variant"], r["metric"], r["size"],
+               r.get("mtu") or 0, r.get("endpoints") or 0)
         rma[key].append((r["round"], r["median"], r.get("p99")))
 if rma:
-    print("| experiment | system | variant | size | endpoints | rounds | median | p99 by round |")
-    print("|---|---|---|---|---|---|---|---|")
-    # Names as text, sizes and endpoint counts as numbers ("" when a row has none).
-    for k in sorted(rma, key=lambda k: (*k[:4], k[4] or 0)):
+    print("| experiment | system | variant | metric | size | mtu | endpoints | rounds | median | p99 by round |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for k in sorted(rma):
         v = [m for _, m, _ in sorted(rma[k])]
         p99 = ", ".join(f"{p:.3g}" for _, _, p in sorted(rma[k]) if p is not None) or "-"
         rounds = ", ".join(f"{m:.3g}" for m in v)
@@ -33,7 +35,8 @@ if not rows:
     sys.exit(0)
 d = defaultdict(list)
 for r in rows:
-    d[(r["system"], r["mode"], r["metric"], r["size"])].append(r["median"])
+    system = f'{r["system"]}@{r["mtu"]}' if r.get("mtu") else r["system"]
+    d[(system, r["mode"], r["metric"], r["size"])].append(r["median"])
 cols = sorted({(k[0], k[1]) for k in d})
 
 

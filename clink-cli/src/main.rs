@@ -29,7 +29,7 @@ enum Cmd {
     #[command(name = "bench-child", hide = true)]
     BenchChild(bench::ChildArgs),
     /// Internal: one process of a `clink bench --spec` run.
-    #[command(name = "bench-spec-child", hide = true)]
+    #[command(name = bench::spec::CHILD_SUBCOMMAND, hide = true)]
     BenchSpecChild(bench::spec::ChildArgs),
     /// Internal: the second process of `clink demo`.
     #[command(name = "demo-peer", hide = true)]

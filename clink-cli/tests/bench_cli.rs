@@ -4,6 +4,34 @@
 
 use std::process::Command;
 
+/// The JSON rows a `--json` run printed on stdout (every line must be one).
+fn json_rows(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect()
+}
+
+/// The namespaces a run named on stderr ("network namespaces A (...) and B (...)"): there
+/// must be `n`, and none may be left.
+fn assert_namespaces_removed(stderr: &str, n: usize) {
+    let made: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("network namespaces "))
+        .flat_map(|l| l.split_whitespace())
+        .filter(|w| w.starts_with(clink::netns::NAME_PREFIX))
+        .collect();
+    assert_eq!(made.len(), n, "{stderr}");
+    let list = Command::new(clink::netns::ip_binary().expect("ip"))
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let list = String::from_utf8_lossy(&list.stdout);
+    for ns in made {
+        assert!(!list.contains(ns), "{ns} left behind: {list}");
+    }
+}
+
 #[test]
 fn quick_json_run_over_sockets() {
     let out = Command::new(env!("CARGO_BIN_EXE_clink"))
@@ -24,10 +52,7 @@ fn quick_json_run_over_sockets() {
     let pinned = stderr.contains("server pinned to CPU 0");
     assert!(pinned || stderr.contains("NOT pinned"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
-        .collect();
+    let rows = json_rows(&stdout);
     // 3 systems x 2 modes x (2 latency + 1 bandwidth) rows.
     assert_eq!(rows.len(), 18, "{stdout}");
     for sys in ["tcp", "unix", "clink"] {
@@ -93,10 +118,7 @@ fn quick_netns_run_over_tcp_and_udp() {
     assert!(out.status.success(), "clink bench failed: {stderr}");
     assert!(stderr.contains("placement netns"), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
-        .collect();
+    let rows = json_rows(&stdout);
     // 2 MTUs (default 1500, 9000) x 3 systems x 2 modes x (2 latency + 1 bandwidth).
     assert_eq!(rows.len(), 36, "{stdout}");
     for mtu in [1500, 9000] {
@@ -134,21 +156,7 @@ fn quick_netns_run_over_tcp_and_udp() {
         }
     }
     // The namespaces this run made (named on stderr) are gone.
-    let made: Vec<&str> = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("network namespaces "))
-        .flat_map(|l| l.split_whitespace())
-        .filter(|w| w.starts_with(clink::netns::NAME_PREFIX))
-        .collect();
-    assert_eq!(made.len(), 4, "{stderr}");
-    let list = Command::new(clink::netns::ip_binary().expect("ip"))
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    let list = String::from_utf8_lossy(&list.stdout);
-    for ns in made {
-        assert!(!list.contains(ns), "{ns} left behind: {list}");
-    }
+    assert_namespaces_removed(&stderr, 4);
 }
 
 #[test]
@@ -161,10 +169,7 @@ fn quick_rma_run_with_the_event_server() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "clink bench --rma failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
-        .collect();
+    let rows = json_rows(&stdout);
     let of = |e: &str| rows.iter().filter(|r| r["experiment"] == e).count();
     assert_eq!(
         of("word_rtt"),
@@ -203,20 +208,19 @@ fn quick_spec_run_between_namespaces() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "clink bench --spec failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
-        .collect();
+    let rows = json_rows(&stdout);
     let expected = [
         ("interference", "clean"),
         ("interference", "interfere_100"),
         ("interference", "interfere_10000"),
+        ("interference", "interfere_10000_steered"),
         ("fallback", "normal"),
         ("fallback", "speculate_off"),
         ("fallback", "forced_miss"),
         ("two_senders", "one_sender"),
         ("two_senders", "admission_off"),
         ("two_senders", "admission"),
+        ("two_senders", "steered"),
         ("loss", "loss_0"),
         ("loss", "loss_0.1"),
         ("loss", "loss_1"),
@@ -281,19 +285,5 @@ fn quick_spec_run_between_namespaces() {
         2
     );
     // The namespaces this run made are gone.
-    let made: Vec<&str> = stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("network namespaces "))
-        .flat_map(|l| l.split_whitespace())
-        .filter(|w| w.starts_with(clink::netns::NAME_PREFIX))
-        .collect();
-    assert_eq!(made.len(), 2, "{stderr}");
-    let list = Command::new(clink::netns::ip_binary().expect("ip"))
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
-    let list = String::from_utf8_lossy(&list.stdout);
-    for ns in made {
-        assert!(!list.contains(ns), "{ns} left behind: {list}");
-    }
+    assert_namespaces_removed(&stderr, 2);
 }

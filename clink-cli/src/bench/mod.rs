@@ -270,6 +270,40 @@ pub struct ChildArgs {
     pub host_ip: Option<Ipv4Addr>,
 }
 
+/// Tells (on stderr) which namespace pair the next runs use; the CLI tests read these
+/// lines to check that every pair is removed afterwards.
+pub(crate) fn announce_pair(pair: &NetnsPair) {
+    eprintln!(
+        "network namespaces {} ({}) and {} ({}), veth MTU {}",
+        pair.ns(0),
+        pair.addr(0),
+        pair.ns(1),
+        pair.addr(1),
+        pair.mtu()
+    );
+}
+
+/// `--experiments` names `given` must all be among `known` (of `mode`, for the message).
+fn check_experiments(mode: &str, known: &[&str], given: &[String]) -> Result<(), String> {
+    match given.iter().find(|e| !known.contains(&e.as_str())) {
+        Some(e) => Err(format!(
+            "--experiments {e}: not an experiment of {mode} ({})",
+            known.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Prints a line for the reader: on stdout with the tables, on stderr beside `--json`
+/// rows (stdout then holds only rows).
+pub(crate) fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
+
 /// The blank line and, with several rounds, the note that opens a table of medians.
 pub(crate) fn print_rounds_note(rounds: u64) {
     println!();
@@ -372,7 +406,7 @@ fn run_pair(
         child_cmd("server", SERVER_CPU, None),
         pin(SERVER_CPU),
     )?;
-    let addr = server.read_prefixed(ADDR_PREFIX, &label, deadline)?;
+    let addr = server.read_prefixed(ADDR_PREFIX, &label, "its address", deadline)?;
     let label = format!("{system}/{mode} client");
     let mut client = ChildProc::spawn(
         &label,
@@ -413,7 +447,7 @@ fn label_placement(row: &mut Row, mtu: Option<u32>) {
     row.placement = NETNS_PLACEMENT.to_string();
     if row.system == CLINK {
         row.system = if row.transport.starts_with("tcp") {
-            "clink-tcp".to_string()
+            CLINK_TCP.to_string()
         } else {
             "clink-udp".to_string()
         };
@@ -483,16 +517,7 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
-        if let Some(e) = args
-            .experiments
-            .iter()
-            .find(|e| !rma::EXPERIMENTS.contains(&e.as_str()))
-        {
-            return Err(format!(
-                "--experiments {e}: not an experiment of --rma ({})",
-                rma::EXPERIMENTS.join(", ")
-            ));
-        }
+        check_experiments("--rma", &rma::EXPERIMENTS, &args.experiments)?;
         let conns: Vec<usize> = args.conns.iter().map(|&c| c as usize).collect();
         return rma::run(
             args.quick,
@@ -565,15 +590,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         ),
     });
     header.push(load_note());
-    let print_header = |line: &str| {
-        if args.json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-    };
     for line in &header {
-        print_header(line);
+        say(args.json, line);
     }
     let mut ctx = RunCtx {
         plan,
@@ -594,13 +612,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 None => None,
                 Some(mtu) => match NetnsPair::create(mtu) {
                     Ok(pair) => {
-                        eprintln!(
-                            "network namespaces {} ({}) and {} ({}), veth MTU {mtu}",
-                            pair.ns(0),
-                            pair.addr(0),
-                            pair.ns(1),
-                            pair.addr(1)
-                        );
+                        announce_pair(&pair);
                         Some(pair)
                     }
                     Err(e) => {
@@ -624,11 +636,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         print!("{}", report::render_table(&report::merge_rounds(&ctx.rows)));
     }
     for note in &ctx.notes {
-        if args.json {
-            eprintln!("note: {note}");
-        } else {
-            println!("note: {note}");
-        }
+        say(args.json, &format!("note: {note}"));
     }
     if ctx.errors.is_empty() {
         Ok(())
@@ -644,24 +652,18 @@ fn run_spec(args: BenchArgs, pinned: bool) -> Result<(), String> {
             "--spec runs between two network namespaces: add --placement netns".to_string(),
         );
     }
-    if let Some(e) = args
-        .experiments
-        .iter()
-        .find(|e| !spec::EXPERIMENTS.contains(&e.as_str()))
-    {
-        return Err(format!(
-            "--experiments {e}: not an experiment of --spec ({})",
-            spec::EXPERIMENTS.join(", ")
-        ));
-    }
+    check_experiments("--spec", spec::EXPERIMENTS, &args.experiments)?;
     spec::run(spec::Opts {
-        quick: args.quick,
         json: args.json,
         pinned,
         rounds: args.rounds,
         experiments: args.experiments,
         mtus: args.mtu.unwrap_or_else(|| vec![1500]),
-        fragments: args.fragments,
+        fragments: args.fragments.unwrap_or(if args.quick {
+            spec::QUICK_FRAGMENTS
+        } else {
+            spec::FRAGMENTS
+        }),
         timeout: Duration::from_secs(args.timeout_secs.max(1)),
     })
 }

@@ -170,12 +170,13 @@ impl ChildProc {
     }
 
     /// Reads lines until one starts with `prefix` and returns the rest (a server's
-    /// address line); an error naming `who` when the child ends first or `deadline`
-    /// passes.
+    /// address, a child's result); an error naming `who` and `what` it never printed when
+    /// the child ends first or `deadline` passes.
     pub fn read_prefixed(
         &mut self,
         prefix: &str,
         who: &str,
+        what: &str,
         deadline: Instant,
     ) -> Result<String, String> {
         loop {
@@ -188,7 +189,7 @@ impl ChildProc {
                 None => {
                     let status = self.wait(deadline);
                     return Err(format!(
-                        "{who} ended without printing its address ({})",
+                        "{who} ended without printing {what} ({})",
                         status.err().unwrap_or_else(|| "exit 0".into())
                     ));
                 }

@@ -282,7 +282,18 @@ fn render_grid(rows: &[Row], metric: Metric, cell: impl Fn(&Row) -> String) -> S
         }
         grid.push(line);
     }
-    let widths: Vec<usize> = (0..grid[0].len())
+    format_grid(&grid, "", |_, _| false)
+}
+
+/// Lays out `grid` (a header line first, every line as long) in columns two spaces apart,
+/// each line after `indent`; cells right-aligned except where `left(column, columns)`.
+pub fn format_grid(
+    grid: &[Vec<String>],
+    indent: &str,
+    left: impl Fn(usize, usize) -> bool,
+) -> String {
+    let n = grid.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..n)
         .map(|i| grid.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -290,8 +301,16 @@ fn render_grid(rows: &[Row], metric: Metric, cell: impl Fn(&Row) -> String) -> S
         let cells: Vec<String> = line
             .iter()
             .zip(&widths)
-            .map(|(c, w)| format!("{c:>w$}"))
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if left(i, n) {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
             .collect();
+        out.push_str(indent);
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }

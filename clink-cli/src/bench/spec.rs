@@ -1,9 +1,9 @@
 //! `clink bench --placement netns --spec`: the seed's speculative-defragmentation
 //! experiments (Kurmann/Rauch/Stricker), clink over UDP across a veth pair.
 //!
-//! For each `--mtu` (default 1500 only) the parent makes a pair of network namespaces
-//! ([`clink::netns::NetnsPair`]) and, for every round, experiment and variant, runs one
-//! bulk transfer between real processes: the **receiver** in namespace 0 (pinned to CPU
+//! For every round and `--mtu` (default 1500 only) the parent makes a fresh pair of network
+//! namespaces ([`clink::netns::NetnsPair`]), runs an untimed warm-up transfer, then for
+//! every experiment and variant one bulk transfer between real processes: the **receiver** in namespace 0 (pinned to CPU
 //! 0), one or two **senders** in namespace 1 (pinned to CPU 1), all started by the parent
 //! as the hidden subcommand [`CHILD_SUBCOMMAND`] ([`run_child`]) with the variant's
 //! `CLINK_*` settings in their environment. Each sender streams `--fragments` bulk
@@ -43,7 +43,8 @@
 //! Per run two JSON rows (`--json`, one per line, printed as each run ends), both with
 //! `system` `clink-udp`, `transport` `udp`, `mode` `default` (spin, then block), `placement` `netns`, `mtu`,
 //! `round`, `experiment`, `variant`, `senders`, `size` (message size), `iterations`
-//! (messages received), `fragments` (received, all senders) and `verified`:
+//! (messages received), `fragments` (bulk fragments those messages make, all senders) and
+//! `verified`:
 //! - `metric` `bandwidth_gbs`: goodput in GB/s (1e9 B/s) in `median` (= `min` = `max`: one
 //!   transfer per round), `cpu_s_per_gb`: CPU seconds of the receiver and the senders
 //!   during the transfer per GB received;
@@ -84,15 +85,16 @@ pub const CHILD_SUBCOMMAND: &str = "bench-spec-child";
 /// The experiments, in the order they run (the `experiment` field).
 pub const EXPERIMENTS: &[&str] = &["interference", "fallback", "two_senders", "loss"];
 
-/// The flow-steering variable of the `two_senders` variants, set on the receiver and both
-/// senders ("1" for `steered`, "0" for `admission` and `admission_off`).
+/// The flow-steering variable, set on the receiver and the senders by the variants that
+/// name it ("1" for `steered` and `interfere_10000_steered`, "0" for `admission` and
+/// `admission_off`).
 const STEER: &str = "CLINK_UDP_STEER";
 
 /// Bytes per message.
 pub const MSG_SIZE: usize = 1 << 20;
 /// Messages each sender keeps in flight.
 pub const WINDOW: usize = 16;
-/// Bulk fragments per sender and run, by default and with `--quick`.
+/// Bulk fragments per sender and run by default.
 pub const FRAGMENTS: u64 = 100_000;
 /// Bulk fragments per sender and run with `--quick`.
 pub const QUICK_FRAGMENTS: u64 = 5_000;
@@ -439,7 +441,6 @@ fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
     }
     let result = json!({
         "bytes": total * size as u64,
-        "messages": total,
         "secs": secs,
         "cpu_s": cpu,
         "bad": bad,
@@ -646,8 +647,6 @@ fn sender(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
 
 /// What `clink bench --spec` was asked for.
 pub struct Opts {
-    /// Short run (fewer fragments).
-    pub quick: bool,
     /// JSON rows on stdout instead of tables.
     pub json: bool,
     /// Pin the receiver to CPU 0 and the senders to CPU 1.
@@ -658,8 +657,8 @@ pub struct Opts {
     pub experiments: Vec<String>,
     /// Veth MTUs.
     pub mtus: Vec<u32>,
-    /// Fragments per sender and run (`None`: [`FRAGMENTS`], or [`QUICK_FRAGMENTS`]).
-    pub fragments: Option<u64>,
+    /// Fragments per sender and run.
+    pub fragments: u64,
     /// Bound on one run.
     pub timeout: Duration,
 }
@@ -748,23 +747,13 @@ pub fn run(opts: Opts) -> Result<(), String> {
         return Err(format!("--spec: {why}"));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
-    let fragments = opts.fragments.unwrap_or(if opts.quick {
-        QUICK_FRAGMENTS
-    } else {
-        FRAGMENTS
-    });
+    let fragments = opts.fragments;
     let wanted: Vec<&'static str> = EXPERIMENTS
         .iter()
         .copied()
         .filter(|e| opts.experiments.is_empty() || opts.experiments.iter().any(|o| o == e))
         .collect();
-    let say = |line: &str| {
-        if opts.json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-    };
+    let say = |line: &str| super::say(opts.json, line);
     say(&format!(
         "clink bench --spec: the seed's speculation experiments, clink over UDP across a veth \
          pair; receiver in namespace 0{}, sender(s) in namespace 1{}; {fragments} bulk \
@@ -786,13 +775,7 @@ pub fn run(opts: Opts) -> Result<(), String> {
                     continue;
                 }
             };
-            eprintln!(
-                "network namespaces {} ({}) and {} ({}), veth MTU {mtu}",
-                pair.ns(0),
-                pair.addr(0),
-                pair.ns(1),
-                pair.addr(1)
-            );
+            super::announce_pair(&pair);
             // An untimed warm-up transfer first: the first run in a fresh pair measured
             // up to half the goodput of the same run later (neighbour discovery, cold
             // kernel paths), which would handicap whichever variant comes first.
@@ -868,19 +851,11 @@ fn child_cmd(
 
 /// The JSON object of a child's result line.
 fn read_result(child: &mut ChildProc, deadline: Instant) -> Result<Map<String, Value>, String> {
-    while let Some(line) = child.read_line(deadline)? {
-        if let Some(json) = line.strip_prefix(RESULT_PREFIX) {
-            return match serde_json::from_str(json) {
-                Ok(Value::Object(m)) => Ok(m),
-                _ => Err(format!("unreadable result line: {line:?}")),
-            };
-        }
+    let json = child.read_prefixed(RESULT_PREFIX, "it", "a result", deadline)?;
+    match serde_json::from_str(&json) {
+        Ok(Value::Object(m)) => Ok(m),
+        _ => Err(format!("unreadable result line: {json:?}")),
     }
-    let status = child.wait(deadline);
-    Err(format!(
-        "ended without a result ({})",
-        status.err().unwrap_or_else(|| "exit 0".into())
-    ))
 }
 
 fn num(m: &Map<String, Value>, k: &str) -> f64 {
@@ -930,7 +905,7 @@ fn run_variant(
         child_cmd(exe, pair, 0, &v.receiver_env, &args),
         pin(SERVER_CPU),
     )?;
-    let addr = receiver.read_prefixed(ADDR_PREFIX, "the receiver", deadline)?;
+    let addr = receiver.read_prefixed(ADDR_PREFIX, "the receiver", "its address", deadline)?;
     let strays = v.interfere * fragments / INTERFERE_PER;
     let mut senders = Vec::new();
     for i in 0..v.senders {
@@ -977,7 +952,6 @@ fn run_variant(
     }
     for k in [
         "bytes",
-        "messages",
         "secs",
         "cpu_s",
         "bad",
@@ -996,13 +970,14 @@ fn run_variant(
         mtu: pair.mtu(),
         round,
         senders: v.senders,
-        messages: count(&rx, "messages"),
+        messages: msgs * v.senders as u64,
         fragments: msgs * MSG_SIZE.div_ceil(frag) as u64 * v.senders as u64,
         gbps: bytes as f64 / secs / 1e9,
         cpu_s_per_gb: cpu / (bytes as f64 / 1e9),
         hit_rate: opt("hit_rate"),
         granted_hit_rate: opt("granted_hit_rate"),
-        verified: count(&rx, "bad") == 0 && count(&rx, "messages") == msgs * v.senders as u64,
+        // (The receiver returns only once it has every message.)
+        verified: count(&rx, "bad") == 0,
         counters,
     })
 }
@@ -1016,7 +991,6 @@ fn pct(x: Option<f64>) -> String {
 fn render_table(all: &[Measured]) -> String {
     let mut out = String::new();
     let mut mtus: Vec<u32> = all.iter().map(|m| m.mtu).collect();
-    mtus.dedup();
     mtus.sort_unstable();
     mtus.dedup();
     for mtu in mtus {
@@ -1055,7 +1029,6 @@ fn render_table(all: &[Measured]) -> String {
             .map(String::from)
             .to_vec()];
             for name in names {
-                let runs: Vec<&&Measured> = of_exp.iter().filter(|m| m.variant == name).collect();
                 let gbps = med(name, &|m| Some(m.gbps));
                 let ratio = match (gbps, ref_gbps) {
                     (Some(g), Some(r)) if r > 0.0 => format!("{:.2}", g / r),
@@ -1063,7 +1036,7 @@ fn render_table(all: &[Measured]) -> String {
                 };
                 let c = |k: &str| med(name, &|m| m.counters.get(k).and_then(Value::as_f64));
                 let mut notes = Vec::new();
-                if runs.iter().any(|m| !m.verified) {
+                if of_exp.iter().any(|m| m.variant == name && !m.verified) {
                     notes.push("PAYLOAD CHECK FAILED".to_string());
                 }
                 for (k, label) in [
@@ -1085,26 +1058,10 @@ fn render_table(all: &[Measured]) -> String {
                     notes.join(", "),
                 ]);
             }
-            let widths: Vec<usize> = (0..grid[0].len())
-                .map(|i| grid.iter().map(|l| l[i].chars().count()).max().unwrap_or(0))
-                .collect();
-            for line in grid {
-                let cells: Vec<String> = line
-                    .iter()
-                    .zip(&widths)
-                    .enumerate()
-                    .map(|(i, (c, w))| {
-                        if i == 0 || i + 1 == line.len() {
-                            format!("{c:<w$}")
-                        } else {
-                            format!("{c:>w$}")
-                        }
-                    })
-                    .collect();
-                out.push_str("  ");
-                out.push_str(cells.join("  ").trim_end());
-                out.push('\n');
-            }
+            // The variant and the notes left-aligned, the figures right-aligned.
+            out.push_str(&super::report::format_grid(&grid, "  ", |i, n| {
+                i == 0 || i + 1 == n
+            }));
         }
         out.push('\n');
     }
