@@ -571,7 +571,7 @@ fn packets_beyond_the_acks_ranges_are_not_declared_lost() {
     // 50 holes in 200 packets: more than an ack's MAX_RANGES SACK ranges can describe.
     // Packets above the last range are unknown to the sender, not missing: when the ack
     // of a retransmission raises the highest acknowledged transmission, they must not be
-    // declared lost (that resent 4-5x the lost packets at 1% loss across the veth pair).
+    // declared lost.
     let cfg = Config {
         ack_every: 1,
         initial_cwnd: 256, // all 200 packets in one flight

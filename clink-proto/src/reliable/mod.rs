@@ -27,9 +27,8 @@
 //! signal: a packet is declared lost when a packet *transmitted* `dup_thresh` transmissions
 //! after it was acked (RACK-like, so lost retransmissions are detected too), provided the
 //! acks have reported on it: with more holes than an ack has ranges for, the packets above
-//! its last range are unknown, not missing (declaring them lost resent 4-5x the lost
-//! packets at 1% loss across the veth pair, and the loss-rate test then cut the window
-//! 50-80 times per 500 MiB). On top, the
+//! its last range are unknown, not missing (declaring them lost, at 1% loss across the
+//! veth pair, tripped the loss-rate test 54-83 times per 500 MiB). On top, the
 //! receiver sends a **NAK** the moment it sees a new gap (fast retransmit without waiting
 //! for three acks); a lost NAK costs nothing because SACK and the retransmission timer
 //! still cover the hole. The timer (RTO) follows RFC 6298 (SRTT/RTTVAR, plus the peer's
@@ -1181,8 +1180,8 @@ impl Conn {
         // RACK-like detection: lost when a packet transmitted dup_thresh later was acked.
         // Only a packet the acks have reported on can be missing: above the last SACK
         // range its fate is unknown (a retransmission's ack, raising `largest`, would
-        // otherwise condemn every packet beyond the ranges an ack has room for; at 1% loss
-        // that resent 4-5x the packets lost). Those stay queued, in order, while the scan
+        // otherwise condemn every packet beyond the ranges an ack has room for). Those stay
+        // queued, in order, while the scan
         // goes on past them: a lost retransmission behind them is still found.
         if let Some(largest) = self.largest_acked_tx {
             let mut unknown = std::mem::take(&mut self.rack_unknown);

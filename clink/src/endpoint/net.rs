@@ -19,7 +19,7 @@ const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// keepalive or admission timer, nanoseconds from now (a due ack wakes it on time). Every
 /// request arms a tail probe a few hundred microseconds out, and a sleep with that
 /// timeout cost a blocking UDP ping-pong time (`examples/pingpong` over UDP with
-/// `CLINK_SPIN_US=0`, 64 B: 28.0-35.0 us one-way with this floor against 29.5-36.9
+/// `CLINK_SPIN_US=0`, 64 B: 27.9-35.0 us one-way with this floor against 29.5-36.9
 /// without, 6 interleaved pairs). A busy-polling endpoint runs every timer on time.
 const SLEEP_TIMER_FLOOR: u64 = 2_000_000;
 
