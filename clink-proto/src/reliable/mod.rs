@@ -1181,8 +1181,8 @@ impl Conn {
         // Only a packet the acks have reported on can be missing: above the last SACK
         // range its fate is unknown (a retransmission's ack, raising `largest`, would
         // otherwise condemn every packet beyond the ranges an ack has room for). Those stay
-        // queued, in order, while the scan
-        // goes on past them: a lost retransmission behind them is still found.
+        // queued, in order, while the scan goes on past them: a lost retransmission behind
+        // them is still found.
         if let Some(largest) = self.largest_acked_tx {
             let mut unknown = std::mem::take(&mut self.rack_unknown);
             while let Some(&(pn, tx)) = self.tx_order.front() {
