@@ -250,19 +250,34 @@ impl Matcher {
         if end <= start {
             return 0;
         }
-        self.epoch = self.epoch.wrapping_add(1);
-        let stamp = self.epoch;
+        let hits = |s: &Option<Spec>| {
+            s.as_ref()
+                .is_some_and(|s| s.on & kind != 0 && s.start < end && start < s.end())
+        };
+        let pages = pages(start, end);
         let mut examined = 0;
-        let buckets = ap.buckets.range(pages(start, end)).flat_map(|(_, b)| b);
-        for &index in buckets.chain(&ap.wide) {
-            let entry = &mut self.slab[index as usize];
-            if entry.stamp == stamp {
-                continue; // already seen through another page's bucket
+        if pages.start() == pages.end() {
+            // One page (the usual small access): one bucket lookup, and no tripwire can be
+            // met twice (it is listed once per page, or only in the wide list).
+            let bucket = ap.buckets.get(pages.start()).map_or(&[][..], Vec::as_slice);
+            for &index in bucket.iter().chain(&ap.wide) {
+                examined += 1;
+                if hits(&self.slab[index as usize].spec) {
+                    out.push(index);
+                }
             }
-            entry.stamp = stamp;
-            examined += 1;
-            if let Some(s) = &entry.spec {
-                if s.on & kind != 0 && s.start < end && start < s.end() {
+        } else {
+            self.epoch = self.epoch.wrapping_add(1);
+            let stamp = self.epoch;
+            let buckets = ap.buckets.range(pages).flat_map(|(_, b)| b);
+            for &index in buckets.chain(&ap.wide) {
+                let entry = &mut self.slab[index as usize];
+                if entry.stamp == stamp {
+                    continue; // already seen through another page's bucket
+                }
+                entry.stamp = stamp;
+                examined += 1;
+                if hits(&entry.spec) {
                     out.push(index);
                 }
             }

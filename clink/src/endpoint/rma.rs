@@ -915,8 +915,62 @@ impl Endpoint {
         if let Some(e) = self.evq.pop() {
             return Ok(e);
         }
+        if let Some(e) = self.event_fast() {
+            return Ok(e);
+        }
         self.wait_until(timeout, |ep| !ep.evq.is_empty())?;
         self.evq.pop().ok_or(Error::Timeout)
+    }
+
+    /// The latency fast path of [`Endpoint::wait_event`] (what `recv_fast` is to a
+    /// receive): while only shared-memory peers with nothing queued either way are polled,
+    /// apply small puts straight off their rings until an event is queued. Gives up
+    /// (`None`) at anything else at a ring's head, or after a short spin, leaving it to
+    /// the general path (a full progress pass per poll).
+    fn event_fast(&mut self) -> Option<Event> {
+        if self.ready.on {
+            return None; // many peers: the activity board says which rings to read
+        }
+        let spins = match self.ctx.config.spin {
+            Some(d) if d.is_zero() => 1,
+            _ => 4096,
+        };
+        for _ in 0..spins {
+            for i in 0..self.peers.len() {
+                let p = &mut self.peers[i];
+                if !p.alive
+                    || !p.txq.is_empty()
+                    || !p.pipeline_out.is_empty()
+                    || !p.engine.is_empty()
+                    || p.link.shm().is_none()
+                {
+                    return None;
+                }
+                let rec = match p.link.peek() {
+                    Ok(Some(r)) => r,
+                    Ok(None) => continue,
+                    Err(_) => return None, // the general path reports it
+                };
+                let b = p.link.frame(rec);
+                // SAFETY: as in `handle`: the segment stays mapped and the record is not
+                // released before `serve` returns.
+                let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+                let Some(RmaFrame::Put { req, to, data }) = rma_put(bytes) else {
+                    return None;
+                };
+                self.serve_put(i, req, to, data);
+                self.stats.frames_received += 1;
+                if self.peers[i].release(rec) {
+                    self.peers[i].link.wake();
+                    self.stats.doorbells += 1;
+                }
+            }
+            if let Some(e) = self.evq.pop() {
+                return Some(e);
+            }
+            std::hint::spin_loop();
+        }
+        None
     }
 
     /// A handle other threads use to post [`Event::User`] events into this endpoint's
@@ -1078,22 +1132,7 @@ impl Endpoint {
     fn serve(&mut self, i: usize, f: RmaFrame) -> Option<EngineCopy> {
         let src = Some(PeerId(i as u32));
         match f {
-            RmaFrame::Put { req, to, data } => {
-                let status = match self.admit(&to, data.len() as u64, WRITE) {
-                    Ok(a) => {
-                        let p = self.ap_ptr(&a);
-                        // SAFETY: inside the aperture (checked); the frame is distinct memory.
-                        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
-                        self.stats.rma_put_bytes += data.len() as u64;
-                        self.fire(a.ap, a.at, data.len() as u64, WRITE, src);
-                        Status::Ok
-                    }
-                    Err(s) => s,
-                };
-                if req != 0 || status != Status::Ok {
-                    self.send_rma(i, RmaFrame::Ack { req, status });
-                }
-            }
+            RmaFrame::Put { req, to, data } => self.serve_put(i, req, to, data),
             RmaFrame::Sync { req } => {
                 self.send_rma(
                     i,
@@ -1213,6 +1252,24 @@ impl Endpoint {
             RmaFrame::Ack { .. } | RmaFrame::AtomicReply { .. } | RmaFrame::GetData { .. } => {}
         }
         None
+    }
+
+    /// Applies a put frame from peer `i` (and answers it when asked to, or to refuse it).
+    fn serve_put(&mut self, i: usize, req: u64, to: Target, data: &[u8]) {
+        let status = match self.admit(&to, data.len() as u64, WRITE) {
+            Ok(a) => {
+                let p = self.ap_ptr(&a);
+                // SAFETY: inside the aperture (checked); the frame is distinct memory.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+                self.stats.rma_put_bytes += data.len() as u64;
+                self.fire(a.ap, a.at, data.len() as u64, WRITE, Some(PeerId(i as u32)));
+                Status::Ok
+            }
+            Err(s) => s,
+        };
+        if req != 0 || status != Status::Ok {
+            self.send_rma(i, RmaFrame::Ack { req, status });
+        }
     }
 
     /// Sends the memory file of a checked map request before its ack.
@@ -1384,4 +1441,13 @@ fn bad(peer: PeerId, what: &'static str, value: u64) -> Error {
             limit: 0,
         },
     }
+}
+
+/// `bytes` as a put frame, or `None` for any other frame (left to the general path,
+/// which also reports malformed ones).
+fn rma_put(bytes: &[u8]) -> Option<RmaFrame<'_>> {
+    if !rma::is_put_kind(*bytes.first()?) {
+        return None;
+    }
+    RmaFrame::parse(bytes).ok()
 }
