@@ -4,13 +4,16 @@
 //!
 //! Events are produced by the endpoint's progress engine (which turns what peers wrote into
 //! its rings, and RMA requests it applied, into events) and by [`EventSender`]s on any
-//! thread. Delivery is O(1) into a lock-free bounded ring ([`crate::evq`]). When the ring
-//! is full, events go to an overflow list in order, and the consumer first receives an
-//! [`Event::Overflow`] saying so: nothing is lost unless the overflow list itself passes
-//! [`SPILL_MAX`] events, and then the loss is counted and reported in the next
-//! `Overflow` event (recover by checking request states and tripwire bits). The order
-//! kept is the endpoint's own: a `User` event posted by an [`EventSender`] goes straight
-//! into the ring and may come before endpoint events still waiting in the overflow list.
+//! thread. Delivery is O(1) either way: the endpoint's own events go into a bounded FIFO
+//! only its thread touches (no atomic read-modify-write per event), `User` events from
+//! other threads into a lock-free bounded ring ([`crate::evq`]) that wakes the endpoint
+//! when it sleeps. The consumer takes from the two in turn, so neither starves the other.
+//! When the FIFO is full, events go to an overflow list in order, and the consumer first
+//! receives an [`Event::Overflow`] saying so: nothing is lost unless the overflow list
+//! itself passes [`SPILL_MAX`] events, and then the loss is counted and reported in the
+//! next `Overflow` event (recover by checking request states and tripwire bits). The order
+//! kept is the endpoint's own; a `User` event is ordered only against other `User` events
+//! (a full ring refuses it: [`EventSender::post`] returns false).
 
 use crate::evq::{Consumer, EventRing, SharedRing};
 use clink_proto::tripwire::TripId;
@@ -128,11 +131,17 @@ impl EventSender {
 /// The queue as the endpoint holds it.
 pub(crate) struct EventQueue {
     ring: SharedRing<Event>,
+    /// `User` events from other threads.
     rx: Consumer<Event>,
+    /// The endpoint's own events, at most `cap` of them (then `spill`).
+    local: VecDeque<Event>,
+    cap: usize,
     spill: VecDeque<Event>,
     lost: u64,
     /// An Overflow event is owed to the consumer before the spilled ones.
     report: bool,
+    /// Which source `pop` tries first, alternating.
+    ring_first: bool,
     pub interest: u32,
 }
 
@@ -142,9 +151,12 @@ impl EventQueue {
         EventQueue {
             ring,
             rx,
+            local: VecDeque::with_capacity(cap),
+            cap,
             spill: VecDeque::new(),
             lost: 0,
             report: false,
+            ring_first: false,
             interest: 0,
         }
     }
@@ -159,9 +171,9 @@ impl EventQueue {
     /// Queues an event of source `src` if the endpoint is interested in it. Only the
     /// endpoint's own thread calls this (`&mut self`), and the endpoint cannot be asleep
     /// while it runs: `Endpoint::arm` re-checks `is_empty` after everything it pushes
-    /// (its progress pass) and blocks only if that finds the queue empty; so no doorbell,
-    /// and no fence to decide on one ([`Consumer::push_local`]). [`EventSender`]s, on
-    /// other threads, use the ring's `push`, which rings when the consumer sleeps.
+    /// (its progress pass) and blocks only if that finds the queue empty; so no doorbell.
+    /// [`EventSender`]s, on other threads, use the ring's `push`, which rings when the
+    /// consumer sleeps.
     pub fn push(&mut self, src: u32, ev: Event) {
         if self.interest & src == 0 {
             return;
@@ -169,7 +181,8 @@ impl EventQueue {
         // Once anything spilled, later events spill too (order is kept). One report when
         // spilling starts, and another whenever events are lost.
         if self.spill.is_empty() {
-            if self.rx.push_local(ev).is_ok() {
+            if self.local.len() < self.cap {
+                self.local.push_back(ev);
                 return;
             }
             self.report = true;
@@ -183,8 +196,14 @@ impl EventQueue {
     }
 
     pub fn pop(&mut self) -> Option<Event> {
-        if let Some(e) = self.rx.pop() {
-            return Some(e);
+        self.ring_first = !self.ring_first;
+        let next = if self.ring_first {
+            self.rx.pop().or_else(|| self.local.pop_front())
+        } else {
+            self.local.pop_front().or_else(|| self.rx.pop())
+        };
+        if next.is_some() {
+            return next;
         }
         if self.report {
             self.report = false;
@@ -198,7 +217,7 @@ impl EventQueue {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rx.is_empty() && self.spill.is_empty() && !self.report
+        self.local.is_empty() && self.rx.is_empty() && self.spill.is_empty() && !self.report
     }
 
     /// Asks producers on other threads for a doorbell on their next event.
@@ -208,5 +227,88 @@ impl EventQueue {
 
     pub fn disarm_sleep(&mut self) {
         self.rx.disarm_sleep();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(cap: usize) -> EventQueue {
+        let mut q = EventQueue::new(cap);
+        q.interest = ALL;
+        q
+    }
+
+    /// The endpoint's own events and other threads' `User` events both arrive, each in its
+    /// own order, taken in turn while both have some.
+    #[test]
+    fn own_and_user_events_in_turn() {
+        let mut q = queue(8);
+        let ring = q.ring.clone();
+        for p in 0..3 {
+            q.push(PEERS, Event::PeerConnected(PeerId(p)));
+        }
+        for v in 0..3 {
+            assert_eq!(ring.push(Event::User(v)), Ok(false), "nobody sleeps");
+        }
+        let got: Vec<Event> = std::iter::from_fn(|| q.pop()).collect();
+        let own: Vec<Event> = (0..3).map(|p| Event::PeerConnected(PeerId(p))).collect();
+        let user: Vec<Event> = (0..3).map(Event::User).collect();
+        let of = |user_ev: bool| -> Vec<Event> {
+            got.iter()
+                .copied()
+                .filter(|e| matches!(e, Event::User(_)) == user_ev)
+                .collect()
+        };
+        assert_eq!(of(false), own);
+        assert_eq!(of(true), user);
+        // Taken in turn: neither source waits for the other to run dry.
+        assert!(got[..2].iter().any(|e| matches!(e, Event::User(_))));
+        assert!(got[..2].iter().any(|e| !matches!(e, Event::User(_))));
+        assert!(q.is_empty());
+    }
+
+    /// Own events beyond the capacity spill in order behind one Overflow report; `User`
+    /// events meanwhile still arrive; uninteresting sources are not queued.
+    #[test]
+    fn own_events_spill_in_order() {
+        let mut q = queue(2);
+        q.interest = PEERS;
+        q.push(TRIPWIRES, Event::User(99)); // not of interest: dropped
+        for p in 0..5 {
+            q.push(PEERS, Event::PeerClosed(PeerId(p)));
+        }
+        assert_eq!(q.ring.push(Event::User(7)), Ok(false));
+        let got: Vec<Event> = std::iter::from_fn(|| q.pop()).collect();
+        let closed: Vec<u32> = got
+            .iter()
+            .filter_map(|e| match e {
+                Event::PeerClosed(p) => Some(p.0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(closed, [0, 1, 2, 3, 4]);
+        let report = got
+            .iter()
+            .position(|e| matches!(e, Event::Overflow { .. }))
+            .expect("an overflow report");
+        assert_eq!(
+            got[report],
+            Event::Overflow {
+                spilled: 3,
+                lost: 0
+            }
+        );
+        let first_spilled = got
+            .iter()
+            .position(|e| *e == Event::PeerClosed(PeerId(2)))
+            .unwrap();
+        assert!(
+            report < first_spilled,
+            "the report comes before the spilled events"
+        );
+        assert_eq!(got.iter().filter(|e| **e == Event::User(7)).count(), 1);
+        assert_eq!(got.len(), 7);
     }
 }

@@ -270,17 +270,6 @@ impl<T: Copy + Send> Consumer<T> {
         slot.seq.load(Ordering::Acquire) != pos + 1
     }
 
-    /// Appends `v` from the consumer's own thread (`&mut self` proves it): the same claim
-    /// and publication as [`EventRing::push`], racing other producers alike, but without
-    /// the fence and the doorbell check, because a consumer pushing cannot be blocked: it
-    /// sees its own item at its next look (program order), and the sleep protocol has it
-    /// look ([`Consumer::arm_sleep`], then re-check) after anything it pushed before
-    /// blocking. Leaves the sleep flag alone (a remote producer still rings for it).
-    /// `Err(v)`: the queue is full.
-    pub fn push_local(&mut self, v: T) -> Result<(), T> {
-        self.ring.publish(v)
-    }
-
     /// Declares that the consumer is about to block; the caller must then re-check
     /// ([`Consumer::pop`] or [`Consumer::is_empty`]) and block only if that finds nothing,
     /// calling [`Consumer::disarm_sleep`] otherwise.

@@ -420,6 +420,43 @@ fn event_queue_overflow_loses_nothing() {
     child.expect_success(T);
 }
 
+/// `User` events posted from another thread reach an endpoint blocked in `wait_event`
+/// (no spinning: each post after it sleeps must ring its doorbell), in the order posted.
+/// All 200 must arrive within 5 s: without the doorbell each would wait for the 1 s
+/// safety wake-up or its timeout.
+#[test]
+fn event_sender_wakes_a_sleeping_endpoint() {
+    let mut ep = ctx_with(clink::Config {
+        calibrate: false,
+        spin: Some(std::time::Duration::ZERO),
+        ..clink::Config::default()
+    })
+    .endpoint()
+    .unwrap();
+    let tx = ep.event_sender();
+    let (ready, go) = std::sync::mpsc::channel::<()>();
+    let poster = std::thread::spawn(move || {
+        for v in 0..200u64 {
+            // Wait until the endpoint has taken the previous event, so most posts find
+            // it asleep (or about to be).
+            go.recv_timeout(T).expect("endpoint alive");
+            assert!(tx.post(v), "queue has room");
+        }
+    });
+    let before = ep.stats().sleeps;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    for v in 0..200u64 {
+        ready.send(()).unwrap();
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        assert_eq!(ep.wait_event(Some(left)).unwrap(), Event::User(v));
+    }
+    poster.join().unwrap();
+    assert!(
+        ep.stats().sleeps > before,
+        "the endpoint slept at least once"
+    );
+}
+
 /// Local misuse gets clear errors.
 /// `r` failed with `Error::Invalid` saying `what`.
 #[track_caller]
