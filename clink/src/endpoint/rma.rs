@@ -947,7 +947,14 @@ impl Endpoint {
             Some(d) if d.is_zero() => 1,
             _ => 4096,
         };
-        for _ in 0..spins {
+        for spin in 0..spins {
+            // Only a put applied here queues an event (looked at right after it), or a
+            // post from another thread: that ring is looked at every 64 polls.
+            if spin % 64 == 63 {
+                if let Some(e) = self.evq.pop() {
+                    return Some(e);
+                }
+            }
             for i in 0..self.peers.len() {
                 let p = &mut self.peers[i];
                 if !p.alive
@@ -976,9 +983,9 @@ impl Endpoint {
                     self.peers[i].link.wake();
                     self.stats.doorbells += 1;
                 }
-            }
-            if let Some(e) = self.evq.pop() {
-                return Some(e);
+                if let Some(e) = self.evq.pop() {
+                    return Some(e);
+                }
             }
             std::hint::spin_loop();
         }
