@@ -1,0 +1,75 @@
+//! CPU cost of one hop on the same-host paths, without the cross-core transfer: two
+//! endpoints connected over shared memory, driven alternately by one thread. Per hop: an
+//! 8-byte tagged send + receive, a one-word put applied by a progress pass, and a
+//! one-word put whose tripwire event `wait_event` returns. `clink bench --rma` measures
+//! the same hops across two cores (`word_rtt`).
+//!
+//! Run: `cargo run --release -p clink --example path_cost -- [hops]`
+
+use clink::events::{self, Event};
+use clink::rma::{TripOptions, READ, WRITE};
+use clink::{Config, Context, Selector};
+use std::time::{Duration, Instant};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .map_or(Ok(1_000_000), |s| s.parse())?;
+    let cfg = || Config {
+        calibrate: false,
+        udp: None,
+        tcp: None,
+        ..Config::default()
+    };
+    let ctx_a = Context::with_config(cfg())?;
+    let mut a = ctx_a.endpoint()?;
+    let addr = a.address();
+    // `connect` waits for the handshake, which `accept` on this thread answers.
+    let joined = std::thread::spawn(move || -> clink::Result<_> {
+        let ctx_b = Context::with_config(cfg())?;
+        let mut b = ctx_b.endpoint()?;
+        let p = b.connect(&addr)?;
+        Ok((ctx_b, b, p))
+    });
+    let pa = a.accept(Some(Duration::from_secs(10)))?;
+    let (_ctx_b, mut b, pb) = joined.join().expect("connecting thread")?;
+    b.set_interest(events::TRIPWIRES);
+    let watched = b.aperture_alloc(4096)?;
+    b.tripwire(watched, 0, 8, TripOptions::default())?;
+    let plain = b.aperture_alloc(4096)?;
+    let plain_window = b.aperture_window(plain)?;
+    // Cookies normally travel in a message; here both ends are at hand.
+    let r_watched = a.import(pa, b.export(watched, 0, 64, READ | WRITE)?)?;
+    let r_plain = a.import(pa, b.export(plain, 0, 64, READ | WRITE)?)?;
+    let per_hop = |t: Instant| t.elapsed().as_nanos() as f64 / n as f64;
+    for round in 0..3 {
+        let mut buf = [0u8; 8];
+        let t = Instant::now();
+        for _ in 0..n {
+            a.send(pa, 5, &buf)?;
+            b.recv(Selector::exact(Some(pb), 5), &mut buf)?;
+        }
+        let tagged = per_hop(t);
+        let t = Instant::now();
+        for v in 1..=n {
+            a.put_nowait(&r_plain, 0, &v.to_le_bytes())?;
+            while plain_window.load_u64(0)? != v {
+                b.progress();
+            }
+        }
+        let put_progress = per_hop(t);
+        let t = Instant::now();
+        for v in 1..=n {
+            a.put_nowait(&r_watched, 0, &v.to_le_bytes())?;
+            while !matches!(
+                b.wait_event(Some(Duration::from_secs(10)))?,
+                Event::Tripwire { .. }
+            ) {}
+        }
+        let put_tripwire = per_hop(t);
+        println!(
+            "round {round}: ns per hop: tagged {tagged:.1}, put_progress {put_progress:.1}, put_tripwire {put_tripwire:.1}"
+        );
+    }
+    Ok(())
+}
