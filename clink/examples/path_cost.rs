@@ -1,10 +1,11 @@
-//! CPU cost of one hop on the same-host paths, without the cross-core transfer: two
-//! endpoints connected over shared memory, driven alternately by one thread. Per hop: an
-//! 8-byte tagged send + receive, a one-word put applied by a progress pass, and a
-//! one-word put whose tripwire event `wait_event` returns. `clink bench --rma` measures
-//! the same hops across two cores (`word_rtt`).
+//! CPU cost of one hop, without the cross-core transfer: two endpoints connected over
+//! shared memory, driven alternately by one thread. Per hop: an 8-byte tagged send +
+//! receive, a one-word put applied by a progress pass, and a one-word put whose tripwire
+//! event `wait_event` returns. `clink bench --rma` measures the same hops across two cores
+//! (`word_rtt`). With `udp`, the endpoints talk UDP over loopback instead, and only the
+//! tagged hop is measured, as a ping-pong (each side must read the other's acks).
 //!
-//! Run: `cargo run --release -p clink --example path_cost -- [hops]`
+//! Run: `cargo run --release -p clink --example path_cost -- [hops] [udp]`
 
 use clink::events::{self, Event};
 use clink::rma::{TripOptions, READ, WRITE};
@@ -15,9 +16,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: u64 = std::env::args()
         .nth(1)
         .map_or(Ok(1_000_000), |s| s.parse())?;
-    let cfg = || Config {
+    let udp = std::env::args().nth(2).as_deref() == Some("udp");
+    let cfg = move || Config {
         calibrate: false,
-        udp: None,
+        force_net: udp,
+        udp: if udp { Config::default().udp } else { None },
         tcp: None,
         ..Config::default()
     };
@@ -33,6 +36,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let pa = a.accept(Some(Duration::from_secs(10)))?;
     let (_ctx_b, mut b, pb) = joined.join().expect("connecting thread")?;
+    if udp {
+        println!("transport: {}", a.transport(pa)?);
+        for round in 0..3 {
+            let mut buf = [0u8; 64];
+            let sel = |p| Selector::exact(Some(p), 5);
+            let t = Instant::now();
+            for _ in 0..n {
+                a.send(pa, 5, &buf)?;
+                b.recv(sel(pb), &mut buf)?;
+                b.send(pb, 5, &buf)?;
+                a.recv(sel(pa), &mut buf)?;
+            }
+            let hop = t.elapsed().as_nanos() as f64 / n as f64 / 2.0;
+            println!("round {round}: ns per hop: tagged 64 B over UDP {hop:.0}");
+        }
+        return Ok(());
+    }
     b.set_interest(events::TRIPWIRES);
     let watched = b.aperture_alloc(4096)?;
     b.tripwire(watched, 0, 8, TripOptions::default())?;
