@@ -242,6 +242,24 @@ impl Peer {
         self.announced = false;
         self.link.release(rx)
     }
+
+    /// For the latency fast paths (`recv_fast`, `event_fast`): the record at the head of
+    /// a live shared-memory peer's ring with nothing queued either way (`Ok(None)`: the
+    /// ring is empty). `Err(())` hands over to the general path: a network peer (its
+    /// frames arrive through the socket, read by `progress`), queued or engine work, or a
+    /// ring error (which the general path reports).
+    #[inline]
+    fn quiet_head(&mut self) -> std::result::Result<Option<Rx>, ()> {
+        if !self.alive
+            || !self.txq.is_empty()
+            || !self.pipeline_out.is_empty()
+            || !self.engine.is_empty()
+            || self.link.shm().is_none()
+        {
+            return Err(());
+        }
+        self.link.peek().map_err(|_| ())
+    }
 }
 
 /// A communication port: listens for peers, connects to them, sends and receives tagged
@@ -1103,19 +1121,10 @@ impl Endpoint {
         for _ in 0..spins {
             for i in lo..hi {
                 let p = &mut self.peers[i];
-                // A network peer's frames arrive through the socket, read by `progress`:
-                // the general path.
-                if !p.alive
-                    || !p.txq.is_empty()
-                    || !p.pipeline_out.is_empty()
-                    || p.link.shm().is_none()
-                {
-                    return None;
-                }
-                let rec = match p.link.peek() {
+                let rec = match p.quiet_head() {
                     Ok(Some(r)) => r,
                     Ok(None) => continue,
-                    Err(_) => return None, // the general path reports it
+                    Err(()) => return None,
                 };
                 let src = PeerId(i as u32);
                 let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.frame(rec)) else {

@@ -957,18 +957,10 @@ impl Endpoint {
             }
             for i in 0..self.peers.len() {
                 let p = &mut self.peers[i];
-                if !p.alive
-                    || !p.txq.is_empty()
-                    || !p.pipeline_out.is_empty()
-                    || !p.engine.is_empty()
-                    || p.link.shm().is_none()
-                {
-                    return None;
-                }
-                let rec = match p.link.peek() {
+                let rec = match p.quiet_head() {
                     Ok(Some(r)) => r,
                     Ok(None) => continue,
-                    Err(_) => return None, // the general path reports it
+                    Err(()) => return None,
                 };
                 let b = p.link.frame(rec);
                 // SAFETY: as in `handle`: the segment stays mapped and the record is not
