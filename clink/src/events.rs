@@ -93,8 +93,9 @@ pub enum Event {
     PeerClosed(PeerId),
     /// A peer died, hung up or broke the protocol.
     PeerFailed(PeerId),
-    /// The ring was full: the next `spilled` events come from the overflow list (in
-    /// order), and `lost` events were dropped beyond it since the last report.
+    /// The queue of the endpoint's own events was full: the next `spilled` of them come
+    /// from the overflow list (in order), and `lost` events were dropped beyond it since
+    /// the last report.
     Overflow {
         /// Events waiting in the overflow list.
         spilled: u64,
@@ -197,13 +198,18 @@ impl EventQueue {
 
     pub fn pop(&mut self) -> Option<Event> {
         self.ring_first = !self.ring_first;
-        let next = if self.ring_first {
-            self.rx.pop().or_else(|| self.local.pop_front())
+        if self.ring_first {
+            self.rx.pop().or_else(|| self.pop_own())
         } else {
-            self.local.pop_front().or_else(|| self.rx.pop())
-        };
-        if next.is_some() {
-            return next;
+            self.pop_own().or_else(|| self.rx.pop())
+        }
+    }
+
+    /// The endpoint's next own event: the FIFO's, then the overflow report, then the
+    /// spilled ones (so a stream of posts cannot hold back a report or the spill).
+    fn pop_own(&mut self) -> Option<Event> {
+        if let Some(e) = self.local.pop_front() {
+            return Some(e);
         }
         if self.report {
             self.report = false;
@@ -310,5 +316,35 @@ mod tests {
         );
         assert_eq!(got.iter().filter(|e| **e == Event::User(7)).count(), 1);
         assert_eq!(got.len(), 7);
+    }
+
+    /// A steady stream of posts (one per pop: the ring never runs dry) holds back neither
+    /// the endpoint's own events nor the overflow report and the spilled events behind
+    /// them: they get every other pop.
+    #[test]
+    fn posts_do_not_starve_spilled_events() {
+        let mut q = queue(16);
+        for p in 0..19 {
+            q.push(PEERS, Event::PeerClosed(PeerId(p)));
+        }
+        let mut own = Vec::new();
+        for v in 0..40 {
+            // Refused once the ring is full: it is not empty either way.
+            let _ = q.ring.push(Event::User(v));
+            match q.pop() {
+                Some(Event::User(_)) => {}
+                Some(e) => own.push(e),
+                None => panic!("queue empty with posts in it"),
+            }
+        }
+        assert_eq!(own.len(), 20, "16 queued, the report, 3 spilled: {own:?}");
+        assert_eq!(
+            own[16],
+            Event::Overflow {
+                spilled: 3,
+                lost: 0
+            }
+        );
+        assert_eq!(own[19], Event::PeerClosed(PeerId(18)));
     }
 }

@@ -1,6 +1,6 @@
-//! Bounded lock-free multi-producer/single-consumer queue of small `Copy` items: the
-//! per-endpoint event queue (CLAN-style: a producer delivers an event in O(1) and the
-//! consumer dequeues it without a system call).
+//! Bounded lock-free multi-producer/single-consumer queue of small `Copy` items: the part
+//! of the per-endpoint event queue that other threads post into (CLAN-style: a producer
+//! delivers an event in O(1) and the consumer dequeues it without a system call).
 //!
 //! The algorithm is Vyukov's bounded MPMC array queue restricted to one consumer. Every
 //! slot carries a sequence number: slot `i` starts at `i`. A producer reads `tail = pos`,
@@ -170,12 +170,6 @@ impl<T: Copy + Send> EventRing<T> {
     /// must ring its doorbell; `Ok(false)`: delivered, nothing more to do; `Err(v)`: the
     /// queue is full and `v` is handed back (the caller decides: retry, drop, overflow).
     pub fn push(&self, v: T) -> Result<bool, T> {
-        self.publish(v)?;
-        Ok(self.wants_doorbell())
-    }
-
-    /// Claims a position, writes `v` and publishes it; `Err(v)` when the queue is full.
-    fn publish(&self, v: T) -> Result<(), T> {
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         let slot = loop {
             let slot = &self.slots[(pos & self.mask) as usize];
@@ -204,7 +198,7 @@ impl<T: Copy + Send> EventRing<T> {
         // else touches it until we publish.
         unsafe { slot.val.write(v) };
         slot.seq.store(pos + 1, Ordering::Release);
-        Ok(())
+        Ok(self.wants_doorbell())
     }
 
     /// After a publish: true when the consumer sleeps and must be woken (clears its flag).

@@ -410,7 +410,7 @@ fn event_queue_overflow_loses_nothing() {
     assert_eq!(
         spilled,
         FLOOD + 1 - 4096,
-        "ring capacity 4096, the rest spilled"
+        "queue capacity 4096, the rest spilled"
     );
     let mut set = Tripset::new();
     set.add(t);
@@ -455,6 +455,66 @@ fn event_sender_wakes_a_sleeping_endpoint() {
         ep.stats().sleeps > before,
         "the endpoint slept at least once"
     );
+}
+
+/// `wait_event`'s fast path keeps a peer's order and answers refusals: a large put (the
+/// target's copy engine, or many frames without CMA) followed by a one-word put with a
+/// tripwire, then a forged put and a good one. The tripwire event of the word comes after
+/// the large put landed, and the forged put is refused (counted at the target, reported
+/// to the initiator) without an event. The initiator runs on its own thread.
+#[test]
+fn wait_event_fast_path_keeps_order_and_refuses() {
+    const BIG: usize = 1 << 20;
+    let mut b = ctx().endpoint().unwrap();
+    b.set_interest(events::TRIPWIRES);
+    let ap = b.aperture_alloc(8 + BIG).unwrap();
+    let trip = b.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+    let cookie = b.export(ap, 0, (8 + BIG) as u64, READ | WRITE).unwrap();
+    let addr = b.address();
+    let initiator = std::thread::spawn(move || {
+        let mut a = ctx().endpoint().unwrap();
+        let pa = a.connect(&addr).unwrap();
+        let r = a.import(pa, cookie).unwrap();
+        let mut forged = cookie;
+        forged.key ^= 1;
+        let bad = a.import(pa, forged).unwrap();
+        let req = a.iput(&r, 8, pattern(7, BIG)).unwrap();
+        a.put_nowait(&r, 0, &1u64.to_le_bytes()).unwrap();
+        a.put_nowait(&bad, 0, &2u64.to_le_bytes()).unwrap();
+        a.put_nowait(&r, 0, &3u64.to_le_bytes()).unwrap();
+        a.wait_rma(&req, Some(T)).unwrap();
+        drive_until(&mut a, T, "the refusal reaching the initiator", |a| {
+            a.stats().rma_unacked_refused == 1
+        });
+        assert!(a.last_error().is_some_and(|e| e.contains("refused")));
+        a.flush_rma(None).unwrap();
+    });
+    let _pb = b.accept(Some(T)).unwrap();
+    let wait_trip = |b: &mut Endpoint| match b.wait_event(Some(T)).unwrap() {
+        Event::Tripwire { id, offset, .. } => {
+            assert_eq!(id, trip);
+            assert_eq!(offset, 0);
+        }
+        e => panic!("unexpected event {e:?}"),
+    };
+    wait_trip(&mut b);
+    let mut landed = vec![0u8; BIG];
+    b.aperture_read(ap, 8, &mut landed).unwrap();
+    check(
+        7,
+        &landed,
+        "the large put, before the word's tripwire event",
+    );
+    wait_trip(&mut b);
+    let mut word = [0u8; 8];
+    b.aperture_read(ap, 0, &mut word).unwrap();
+    assert_eq!(u64::from_le_bytes(word), 3, "the forged put wrote nothing");
+    assert_eq!(b.stats().rma_refused, 1, "the forged put is refused");
+    // The initiator's flush needs this side's progress.
+    while !initiator.is_finished() {
+        b.progress();
+    }
+    initiator.join().unwrap();
 }
 
 /// Local misuse gets clear errors.

@@ -57,8 +57,11 @@ const LINGER: Duration = Duration::from_millis(200);
 const TOK_PEER0: u64 = 4;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
 const RX_BUDGET: usize = 64;
-/// Slots of the event queue's ring (beyond, events spill in order; see [`crate::events`]).
+/// Capacity of the event queue: of the endpoint's own events (beyond, they spill in
+/// order) and of other threads' posts (beyond, a post is refused); see [`crate::events`].
 const EVENT_QUEUE_CAP: usize = 4096;
+/// Events `wait_event`'s fast path may return in a row before a full progress pass.
+const FAST_STREAK: u32 = 64;
 
 /// Request ids are small sequential integers: a multiply, not SipHash, per message.
 type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;
@@ -245,13 +248,15 @@ impl Peer {
 
     /// For the latency fast paths (`recv_fast`, `event_fast`): the record at the head of
     /// a live shared-memory peer's ring with nothing queued either way (`Ok(None)`: the
-    /// ring is empty). `Err(())` hands over to the general path: a network peer (its
-    /// frames arrive through the socket, read by `progress`), queued or engine work, or a
-    /// ring error (which the general path reports).
+    /// ring is empty, or the peer is dead: skipped). `Err(())` hands over to the general
+    /// path: a network peer (its frames arrive through the socket, read by `progress`),
+    /// queued or engine work, or a ring error (which the general path reports).
     #[inline]
     fn quiet_head(&mut self) -> std::result::Result<Option<Rx>, ()> {
-        if !self.alive
-            || !self.txq.is_empty()
+        if !self.alive {
+            return Ok(None);
+        }
+        if !self.txq.is_empty()
             || !self.pipeline_out.is_empty()
             || !self.engine.is_empty()
             || self.link.shm().is_none()
@@ -283,6 +288,9 @@ pub struct Endpoint {
     stats: Stats,
     idle_polls: u32,
     last_check: Instant,
+    /// Events `wait_event`'s fast path returned since the last progress pass (it gives
+    /// way to a pass after [`FAST_STREAK`]).
+    fast_streak: u32,
     events: Vec<u64>,
     last_error: Option<String>,
     /// The network transport, when enabled (`CLINK_UDP`).
@@ -362,6 +370,7 @@ impl Endpoint {
             stats: Stats::default(),
             idle_polls: 0,
             last_check: Instant::now(),
+            fast_streak: 0,
             events: Vec::with_capacity(32),
             last_error: None,
             net,
@@ -619,7 +628,8 @@ impl Endpoint {
             req.id
         };
         // Reported by the next progress pass (which `next_event`, `wait_event` and
-        // `prepare_wait` all run first), not here: one scan per pass, not per request.
+        // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
+        // request is watched), not here: one scan per pass, not per request.
         self.watched.push((true, id));
         Ok(SendRequest { id })
     }
@@ -1439,6 +1449,7 @@ impl Endpoint {
     /// between the last read and the sleep wakes it at once, and a read there would be
     /// one more system call per sleep).
     fn progress_pass(&mut self, read_sockets: bool) -> bool {
+        self.fast_streak = 0;
         let mut pass = ready::Pass {
             did: read_sockets && (self.net_receive(false) | self.tcp_receive()),
             ..Default::default()

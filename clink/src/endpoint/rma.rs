@@ -7,7 +7,7 @@
 //! tripwires, and answers. Requests from one peer are applied in the order sent (PRAM):
 //! while a large copy is in the engine, that peer's later requests wait behind it.
 
-use super::{Endpoint, RecvBuf, SendData, TxItem};
+use super::{Endpoint, RecvBuf, SendData, TxItem, FAST_STREAK};
 use crate::error::{io_err, Error, Result};
 use crate::events::{self, Event, EventSender};
 use crate::rma::{ApertureId, Remote, RmaRequest, TripOptions, Tripset, Window};
@@ -21,7 +21,7 @@ use clink_proto::PeerId;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes the copy engine moves for one peer before serving the next (fairness quantum).
 const ENGINE_QUANTUM: u64 = 256 << 10;
@@ -133,10 +133,15 @@ pub(super) struct RmaState {
 #[derive(Clone, Copy)]
 struct Export {
     grant: Grant,
-    /// Address of the aperture's first byte: it stays put while the aperture lives, and
-    /// destroying the aperture removes its exports. Saves a second table lookup per access.
-    mem: usize,
+    /// The aperture's first byte: it stays put while the aperture lives (a memory file's
+    /// mapping, or a registered `Vec`'s buffer, never resized), and destroying the
+    /// aperture removes its exports. Saves a second table lookup per access.
+    mem: *mut u8,
 }
+
+// SAFETY: `mem` points into an aperture owned by the same endpoint; the export moves
+// between threads only with the endpoint that owns both.
+unsafe impl Send for Export {}
 
 /// What a target needs to apply one request.
 struct Applied {
@@ -281,7 +286,7 @@ impl Endpoint {
     /// ([`crate::rma::READ`] | [`crate::rma::WRITE`]): the cookie to send to peers.
     pub fn export(&mut self, ap: ApertureId, offset: u64, len: u64, rights: u8) -> Result<Cookie> {
         let a = self.rma.aps.get_mut(&ap.0).ok_or_else(|| no_aperture(ap))?;
-        let mem = a.ptr() as usize;
+        let mem = a.ptr();
         if offset.checked_add(len).is_none_or(|e| e > a.len) {
             return Err(Error::Invalid(format!(
                 "export {offset}+{len} outside aperture of {} bytes",
@@ -927,7 +932,7 @@ impl Endpoint {
         if let Some(e) = self.evq.pop() {
             return Ok(e);
         }
-        if let Some(e) = self.event_fast() {
+        if let Some(e) = self.event_fast(timeout) {
             return Ok(e);
         }
         self.wait_until(timeout, |ep| !ep.evq.is_empty())?;
@@ -937,22 +942,40 @@ impl Endpoint {
     /// The latency fast path of [`Endpoint::wait_event`] (what `recv_fast` is to a
     /// receive): while only shared-memory peers with nothing queued either way are polled,
     /// apply small puts straight off their rings until an event is queued. Gives up
-    /// (`None`) at anything else at a ring's head, or after a short spin, leaving it to
-    /// the general path (a full progress pass per poll).
-    fn event_fast(&mut self) -> Option<Event> {
-        if self.ready.on {
-            return None; // many peers: the activity board says which rings to read
+    /// (`None`) at anything else at a ring's head, after the spin time or `timeout`
+    /// (whichever is shorter, looked at every 64 polls, at most 4096 polls), or after
+    /// [`FAST_STREAK`] events in a row, leaving it to the general path (a full progress
+    /// pass per poll: transmits, timers, request completions, and when idle connections
+    /// and liveness). It stands aside while a pass has work of its own: watched requests,
+    /// detached sends, pending handshakes, the activity board.
+    fn event_fast(&mut self, timeout: Option<Duration>) -> Option<Event> {
+        if self.ready.on
+            || self.peers.is_empty()
+            || self.fast_streak >= FAST_STREAK
+            || !self.watched.is_empty()
+            || !self.detached.is_empty()
+            || !self.incoming.is_empty()
+        {
+            return None;
         }
-        let spins = match self.ctx.config.spin {
-            Some(d) if d.is_zero() => 1,
-            _ => 4096,
-        };
-        for spin in 0..spins {
+        let limit = [self.ctx.config.spin, timeout].into_iter().flatten().min();
+        if limit.is_some_and(|l| l.is_zero()) {
+            return None;
+        }
+        let mut start = None;
+        for spin in 0..4096u32 {
             // Only a put applied here queues an event (looked at right after it), or a
-            // post from another thread: that ring is looked at every 64 polls.
+            // post from another thread: that ring is looked at every 64 polls, and the
+            // clock too (first read at the first such look).
             if spin % 64 == 63 {
                 if let Some(e) = self.evq.pop() {
+                    self.fast_streak += 1;
                     return Some(e);
+                }
+                let now = Instant::now();
+                let since = *start.get_or_insert(now);
+                if limit.is_some_and(|l| now - since >= l) {
+                    return None;
                 }
             }
             for i in 0..self.peers.len() {
@@ -976,6 +999,7 @@ impl Endpoint {
                     self.stats.doorbells += 1;
                 }
                 if let Some(e) = self.evq.pop() {
+                    self.fast_streak += 1;
                     return Some(e);
                 }
             }
@@ -1116,7 +1140,7 @@ impl Endpoint {
                     at,
                     // SAFETY: `check` kept the access inside the export, which is inside
                     // the aperture starting at `mem`.
-                    ptr: unsafe { (e.mem as *mut u8).add(at as usize) },
+                    ptr: unsafe { e.mem.add(at as usize) },
                     rights: e.grant.rights,
                 })
             }
