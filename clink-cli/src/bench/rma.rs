@@ -6,7 +6,8 @@
 //! a memory file, apertures mapped through a passed descriptor, CMA for the copy engine).
 //! Rows (`--json`: one object per line) carry an `experiment` field:
 //!
-//! - `word_rtt`: one-way latency (round trip / 2) of one 8-byte word, variants
+//! - `word_rtt`: one-way latency (half the mean round trip of each batch of 16; the
+//!   median over batches) of one 8-byte word, variants
 //!   `tagged` (baseline: 8-byte tagged messages), `mapped_spin` (a store into the peer's
 //!   mapped window, the peer spinning on its own memory), `put_tripwire` (a put, the peer
 //!   waiting for the tripwire event in its event queue), `put_progress` (a put, the peer
@@ -131,13 +132,21 @@ fn swap(ep: &mut Endpoint, peer: PeerId, mine: &Cookie) -> clink::rma::Remote {
         .expect("import")
 }
 
-/// One-way latencies in microseconds (half of each timed round trip).
+/// Round trips timed together per sample: one round trip is 150-700 ns here and the clock
+/// reads in steps of about 10 ns, which quantized a per-round-trip median to 5 ns steps of
+/// the one-way figure (enough to move a ratio of two such medians by 0.1).
+const RTT_BATCH: usize = 16;
+
+/// One-way latencies in microseconds: half the mean round trip of each batch of
+/// [`RTT_BATCH`] (the `iters` round trips give `iters / RTT_BATCH` samples).
 fn one_way_us(iters: usize, mut one: impl FnMut()) -> Vec<f64> {
-    (0..iters)
+    (0..iters / RTT_BATCH)
         .map(|_| {
             let t = Instant::now();
-            one();
-            t.elapsed().as_nanos() as f64 / 2.0 / 1000.0
+            for _ in 0..RTT_BATCH {
+                one();
+            }
+            t.elapsed().as_nanos() as f64 / (2 * RTT_BATCH) as f64 / 1000.0
         })
         .collect()
 }
@@ -154,12 +163,13 @@ fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
             median: m,
             min: lo,
             max: hi,
-            iterations: s.len() as u64,
+            iterations: (s.len() * RTT_BATCH) as u64, // round trips
             reps: 1,
         }
     };
     // Baseline: 8-byte tagged messages.
-    let n = iters;
+    // Whole batches: the responder answers exactly `n` round trips.
+    let n = iters - iters % RTT_BATCH;
     let s = pair(
         pin,
         move |ep, p| {

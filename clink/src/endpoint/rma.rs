@@ -958,7 +958,10 @@ impl Endpoint {
         {
             return None;
         }
-        let limit = [self.ctx.config.spin, timeout].into_iter().flatten().min();
+        let limit = match (self.ctx.config.spin, timeout) {
+            (Some(s), Some(t)) => Some(s.min(t)),
+            (s, t) => s.or(t),
+        };
         if limit.is_some_and(|l| l.is_zero()) {
             return None;
         }
