@@ -126,11 +126,16 @@ impl Channel for ClinkChannel {
             return 2.0; // into the ring, out of it
         }
         // Rendezvous: 1 copy by CMA, 2 through the pipeline; the receiver picks per
-        // message, so report the mix this endpoint has received so far.
+        // message, so report the mix this endpoint has received so far. A side that only
+        // sent (a streaming client) cannot see the receiver's choice: nominal then, CMA
+        // where this pair can use it (it is symmetric on one host).
         let s = self.ep.stats();
         let total = s.cma_bytes + s.pipeline_bytes;
         if total == 0 {
-            return 2.0;
+            return match self.ep.uses_cma(self.peer) {
+                Ok(true) => 1.0,
+                _ => 2.0,
+            };
         }
         (s.cma_bytes as f64 + 2.0 * s.pipeline_bytes as f64) / total as f64
     }

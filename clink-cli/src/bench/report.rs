@@ -459,24 +459,7 @@ fn render_group(rows: &[Row]) -> String {
             ));
         }
     }
-    let mut copies: Vec<String> = Vec::new();
-    for row in rows {
-        let label = match row.copies_per_byte {
-            Some(c) => format!("{} {} ({})", row.system, c, row.transport),
-            None => format!(
-                "{} n/a ({}{})",
-                row.system,
-                row.transport,
-                row.note
-                    .as_deref()
-                    .map(|n| format!("; {n}"))
-                    .unwrap_or_default()
-            ),
-        };
-        if !copies.contains(&label) {
-            copies.push(label);
-        }
-    }
+    let copies = copies_lines(rows);
     if !copies.is_empty() {
         out.push_str("copies per byte:\n");
         for c in copies {
@@ -484,6 +467,65 @@ fn render_group(rows: &[Row]) -> String {
         }
     }
     out
+}
+
+/// The "copies per byte" lines: per system and transport, the value by message size (it
+/// changes where a protocol changes, e.g. eager to rendezvous), from the bandwidth rows
+/// when there are any (the median where rounds or modes differ), consecutive sizes with
+/// the same value merged: `clink (shm): 2 at 4K-16K; 1.06 at 256K-64M`.
+fn copies_lines(rows: &[Row]) -> Vec<String> {
+    let bw = rows.iter().any(|r| r.metric == Metric::BandwidthGbs);
+    let mut systems: Vec<(String, String)> = Vec::new();
+    for r in rows {
+        let key = (r.system.clone(), r.transport.clone());
+        if !systems.contains(&key) {
+            systems.push(key);
+        }
+    }
+    let mut lines = Vec::new();
+    for (system, transport) in systems {
+        let mine: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.system == system && r.transport == transport)
+            .filter(|r| !bw || r.metric == Metric::BandwidthGbs)
+            .collect();
+        let mut sizes: Vec<usize> = mine.iter().map(|r| r.size).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut runs: Vec<(String, usize, usize)> = Vec::new();
+        for size in sizes {
+            let vals: Vec<f64> = mine
+                .iter()
+                .filter(|r| r.size == size)
+                .filter_map(|r| r.copies_per_byte)
+                .collect();
+            let Some(v) = median(&vals).map(fmt_num) else {
+                continue;
+            };
+            match runs.last_mut() {
+                Some((last, _, end)) if *last == v => *end = size,
+                _ => runs.push((v, size, size)),
+            }
+        }
+        if runs.is_empty() {
+            let note = mine
+                .iter()
+                .find_map(|r| r.note.as_deref())
+                .map(|n| format!("; {n}"))
+                .unwrap_or_default();
+            lines.push(format!("{system} n/a ({transport}{note})"));
+            continue;
+        }
+        let runs: Vec<String> = runs
+            .iter()
+            .map(|(v, lo, hi)| match lo == hi {
+                true => format!("{v} at {}", human_size(*lo)),
+                false => format!("{v} at {}-{}", human_size(*lo), human_size(*hi)),
+            })
+            .collect();
+        lines.push(format!("{system} ({transport}): {}", runs.join("; ")));
+    }
+    lines
 }
 
 /// Rows for other modules' tests.
@@ -520,6 +562,39 @@ pub mod tests_support {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Copies per byte by size: runs of equal values merged, medians across modes, latency
+    /// rows ignored when bandwidth rows exist, "n/a" with the system's note.
+    #[test]
+    fn copies_lines_by_size() {
+        let bw = |system: &str, size: usize, c: Option<f64>, mode: Mode| Row {
+            size,
+            copies_per_byte: c,
+            mode,
+            note: c.is_none().then(|| "picks per size".to_string()),
+            ..tests_support::bw_row(system, "shm")
+        };
+        let mut lat = lat_row();
+        lat.system = "clink".into();
+        lat.transport = "shm".into();
+        lat.copies_per_byte = Some(7.0);
+        let rows = vec![
+            bw("clink", 4096, Some(2.0), Mode::Busy),
+            bw("clink", 65536, Some(1.0), Mode::Busy),
+            bw("clink", 65536, Some(1.0), Mode::Blocking),
+            bw("clink", 65536, Some(2.0), Mode::Blocking),
+            bw("clink", 1 << 20, Some(1.0), Mode::Busy),
+            bw("ucx", 4096, None, Mode::Busy),
+            lat,
+        ];
+        assert_eq!(
+            copies_lines(&rows),
+            [
+                "clink (shm): 2.00 at 4K; 1.00 at 64K-1M",
+                "ucx n/a (shm; picks per size)",
+            ]
+        );
+    }
 
     fn lat_row() -> Row {
         Row {
@@ -647,7 +722,7 @@ mod tests {
         assert!(text.contains("4.06 / 5.50"), "{text}");
         assert!(text.contains("16K"), "{text}");
         assert!(text.contains("n-half 16K measured"), "{text}");
-        assert!(text.contains("tcp 2 (loopback)"), "{text}");
+        assert!(text.contains("tcp (loopback): 2.00 at 4K-64K"), "{text}");
         assert!(!text.contains("CPU seconds"), "{text}");
         assert!(!text.contains("placement"), "{text}");
     }
