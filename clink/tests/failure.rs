@@ -3,7 +3,8 @@
 //! with `Error::PeerDead` (the detection time is printed, not asserted); a peer that exits
 //! without closing still has its sent eager messages delivered, then receives from it fail;
 //! kill -9 leaves nothing named in /dev/shm or under /tmp and no listening socket; the
-//! endpoint keeps serving another peer after one dies; bad addresses and bad `CLINK_*`
+//! endpoint keeps serving another peer after one dies, and notices a death while another
+//! peer streams to it; bad addresses and bad `CLINK_*`
 //! values give clear errors; connecting to an endpoint whose process is gone fails with
 //! `Error::Connect` at once.
 
@@ -78,6 +79,15 @@ fn child_entry() {
                         break; // stop
                     }
                     ep.send(parent, 2, &buf[..st.len as usize]).unwrap();
+                }
+            }
+            "streamer" => {
+                // Sends 64-byte messages as fast as the parent takes them, until it says
+                // stop (tag 9).
+                let (mut ep, parent) = child_connect();
+                let msg = [7u8; 64];
+                while ep.probe(Selector::exact(Some(parent), 9)).is_none() {
+                    ep.send(parent, 5, &msg).unwrap();
                 }
             }
             r => panic!("unknown role {r}"),
@@ -330,6 +340,48 @@ fn sigkill_leaves_nothing_behind_and_other_peers_keep_working() {
     ep.send(pb, 1, &[]).unwrap();
     b.expect_success(T);
     assert!(ep.stats().peers_failed >= 1);
+}
+
+/// A peer killed while another keeps the endpoint busy with a stream of messages: the
+/// liveness check still runs (progress passes that always find work used to skip it),
+/// so the dead peer's pending receive fails while the stream goes on.
+#[test]
+fn peer_killed_under_steady_traffic_from_another_is_noticed() {
+    let (mut ep, ps, mut stubborn) = setup("stubborn", Config::default(), &[]);
+    let _ = recv_vec(&mut ep, ps, 0, 8); // ready
+    let mut streamer = spawn("streamer", &ep.address(), seed(34), &[]);
+    let pf = ep.accept(Some(T)).unwrap();
+    let pending = ep
+        .irecv(Selector::exact(Some(ps), 1), vec![0u8; 8])
+        .unwrap();
+    let mut buf = [0u8; 64];
+    for _ in 0..1000 {
+        ep.recv(Selector::exact(Some(pf), 5), &mut buf).unwrap();
+    }
+    let t0 = Instant::now();
+    stubborn.kill();
+    let mut streamed = 0u64;
+    let r = loop {
+        ep.recv(Selector::exact(Some(pf), 5), &mut buf).unwrap();
+        streamed += 1;
+        match ep.test_recv(&pending) {
+            Ok(None) => assert!(t0.elapsed() < DETECT, "not noticed in {DETECT:?}"),
+            r => break r,
+        }
+    };
+    println!(
+        "killed peer noticed in {:?} while {streamed} messages streamed from another",
+        t0.elapsed()
+    );
+    assert!(matches!(r, Err(Error::PeerDead(p)) if p == ps), "{r:?}");
+    stubborn.reap();
+    ep.send(pf, 9, &[]).unwrap();
+    // Take what it sent before it saw the stop, until it closes.
+    while ep
+        .recv_timeout(Selector::exact(Some(pf), 5), &mut buf, Some(T))
+        .is_ok()
+    {}
+    streamer.expect_success(T);
 }
 
 #[test]
