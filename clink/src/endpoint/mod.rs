@@ -1127,8 +1127,9 @@ impl Endpoint {
             _ => 4096,
         };
         let (lo, hi) = match sel.src {
-            Some(p) if (p.0 as usize) < self.peers.len() => (p.0 as usize, p.0 as usize + 1),
-            Some(_) => return None,
+            // A dead or unknown source: the general path fails the receive at once.
+            Some(p) if !self.is_alive(p) => return None,
+            Some(p) => (p.0 as usize, p.0 as usize + 1),
             None => (0, self.peers.len()),
         };
         for _ in 0..spins {
