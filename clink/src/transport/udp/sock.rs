@@ -56,18 +56,8 @@ pub struct UdpSock {
     gso: bool,
     gro: bool,
     rx: Box<RxBufs>,
-    tx: Box<TxBufs>,
     /// Counters.
     pub stats: SockStats,
-}
-
-/// The `sendmmsg` arguments, kept between calls: each call fills only the entries it
-/// sends (zeroing all 64 on the stack per call cost about 1% of a small message's time).
-struct TxBufs {
-    addrs: [libc::sockaddr_in; TX_BATCH],
-    iovs: [libc::iovec; TX_BATCH],
-    ctrl: [[u64; 4]; TX_BATCH],
-    hdrs: [libc::mmsghdr; TX_BATCH],
 }
 
 struct RxBufs {
@@ -201,8 +191,6 @@ impl UdpSock {
                     seg: None,
                 }; RX_SLOTS],
             }),
-            // SAFETY: plain old data; each entry is filled before it is used.
-            tx: Box::new(unsafe { zeroed() }),
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -280,13 +268,12 @@ impl UdpSock {
     }
 
     fn send_some(&mut self, batch: &TxBatch, first: usize, n: usize) -> io::Result<usize> {
-        let fd = self.raw();
-        let TxBufs {
-            addrs,
-            iovs,
-            ctrl,
-            hdrs,
-        } = &mut *self.tx;
+        let mut addrs = [to_sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); TX_BATCH];
+        // SAFETY: plain old data, filled below.
+        let mut iovs: [libc::iovec; TX_BATCH] = unsafe { zeroed() };
+        let mut ctrl = [[0u64; 4]; TX_BATCH];
+        // SAFETY: plain old data, filled below.
+        let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { zeroed() };
         for k in 0..n {
             let f = &batch.frames[first + k];
             addrs[k] = to_sockaddr(f.dest);
@@ -294,9 +281,6 @@ impl UdpSock {
                 iov_base: batch.buf[f.start..].as_ptr() as *mut libc::c_void,
                 iov_len: f.len,
             };
-            // SAFETY: plain old data: a fresh header (no control message from a
-            // previous call), filled below.
-            hdrs[k] = unsafe { zeroed() };
             let h = &mut hdrs[k].msg_hdr;
             h.msg_name = (&mut addrs[k] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
@@ -316,9 +300,14 @@ impl UdpSock {
                 }
             }
         }
-        // SAFETY: `n` headers whose pointers refer to `self.tx` and to `batch.buf`.
+        // SAFETY: `n` headers whose pointers refer to live locals and to `batch.buf`.
         let r = cvt(unsafe {
-            libc::sendmmsg(fd, hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT)
+            libc::sendmmsg(
+                self.raw(),
+                hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
         })? as usize;
         self.stats.send_calls += 1;
         for f in &batch.frames[first..first + r] {
