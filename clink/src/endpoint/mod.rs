@@ -1496,9 +1496,11 @@ impl Endpoint {
         // liveness interval at the epoll set: hang-ups, new connections. Only idle passes
         // used to, so a stream from one peer hid another's death (128 ms-1.9 s to notice
         // it in `tests/failure.rs`, against the 100 ms asked).
+        // A busy pass leaves the UDP sockets to the next pass's own read, as before: only
+        // idle passes read them from here.
         self.passes = self.passes.wrapping_add(1);
         if self.passes.is_multiple_of(64) && self.last_check.elapsed() >= self.ctx.config.liveness {
-            did |= self.check_events(Some(Duration::ZERO));
+            did |= self.check_events(Some(Duration::ZERO), !did);
             // Bounds what a peer tampering with the board can delay (see `ready`).
             self.sweep();
         }
@@ -1749,8 +1751,9 @@ impl Endpoint {
     }
 
     /// Polls the epoll set (doorbell, listener, peer sockets) once, waiting up to
-    /// `timeout`. Returns true when something happened.
-    fn check_events(&mut self, timeout: Option<Duration>) -> bool {
+    /// `timeout`. Returns true when something happened. Without `read_udp` a readable UDP
+    /// socket is left to the next pass's own read (epoll reports it level-triggered).
+    fn check_events(&mut self, timeout: Option<Duration>, read_udp: bool) -> bool {
         self.last_check = Instant::now();
         self.stats.liveness_checks += 1;
         let mut evs = std::mem::take(&mut self.events);
@@ -1765,7 +1768,7 @@ impl Endpoint {
                 TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
                 // One receive pass for however many UDP sockets (main and steered) woke us.
-                TOK_UDP if !udp_read => {
+                TOK_UDP if read_udp && !udp_read => {
                     udp_read = true;
                     did |= self.net_receive(true);
                 }
@@ -1972,7 +1975,7 @@ impl Endpoint {
                 if let Some(n) = self.tcp_timer() {
                     t = t.min(n);
                 }
-                self.check_events(Some(t));
+                self.check_events(Some(t), true);
                 self.finish_wait();
             }
             // Arming polls too: what it found (a message event, say) is looked at before
@@ -1988,7 +1991,7 @@ impl Endpoint {
     /// is safe to block (nothing arrived meanwhile); false when there is work, in which
     /// case call `progress` instead. After waking, call [`Endpoint::finish_wait`].
     pub fn prepare_wait(&mut self) -> bool {
-        self.check_events(Some(Duration::ZERO));
+        self.check_events(Some(Duration::ZERO), true);
         self.arm()
     }
 
