@@ -134,9 +134,8 @@ pub(crate) struct EventQueue {
     ring: SharedRing<Event>,
     /// `User` events from other threads.
     rx: Consumer<Event>,
-    /// The endpoint's own events, at most `cap` of them (then `spill`).
+    /// The endpoint's own events, at most as many as the ring holds (then `spill`).
     local: VecDeque<Event>,
-    cap: usize,
     spill: VecDeque<Event>,
     lost: u64,
     /// An Overflow event is owed to the consumer before the spilled ones.
@@ -153,7 +152,6 @@ impl EventQueue {
             ring,
             rx,
             local: VecDeque::with_capacity(cap),
-            cap,
             spill: VecDeque::new(),
             lost: 0,
             report: false,
@@ -182,7 +180,7 @@ impl EventQueue {
         // Once anything spilled, later events spill too (order is kept). One report when
         // spilling starts, and another whenever events are lost.
         if self.spill.is_empty() {
-            if self.local.len() < self.cap {
+            if self.local.len() < self.ring.capacity() {
                 self.local.push_back(ev);
                 return;
             }

@@ -470,11 +470,10 @@ fn render_group(rows: &[Row]) -> String {
 }
 
 /// The "copies per byte" lines: per system and transport, the value by message size (it
-/// changes where a protocol changes, e.g. eager to rendezvous), from the bandwidth rows
-/// when there are any (the median where rounds or modes differ), consecutive sizes with
-/// the same value merged: `clink (shm): 2 at 4K-16K; 1.06 at 256K-64M`.
+/// changes where a protocol changes, e.g. eager to rendezvous), from that system's
+/// bandwidth rows when it has any (the median where rounds or modes differ), consecutive
+/// sizes with the same value merged: `clink (shm): 2.00 at 4K-16K; 1.06 at 256K-64M`.
 fn copies_lines(rows: &[Row]) -> Vec<String> {
-    let bw = rows.iter().any(|r| r.metric == Metric::BandwidthGbs);
     let mut systems: Vec<(String, String)> = Vec::new();
     for r in rows {
         let key = (r.system.clone(), r.transport.clone());
@@ -484,11 +483,13 @@ fn copies_lines(rows: &[Row]) -> Vec<String> {
     }
     let mut lines = Vec::new();
     for (system, transport) in systems {
-        let mine: Vec<&Row> = rows
+        let mut mine: Vec<&Row> = rows
             .iter()
             .filter(|r| r.system == system && r.transport == transport)
-            .filter(|r| !bw || r.metric == Metric::BandwidthGbs)
             .collect();
+        if mine.iter().any(|r| r.metric == Metric::BandwidthGbs) {
+            mine.retain(|r| r.metric == Metric::BandwidthGbs);
+        }
         let mut sizes: Vec<usize> = mine.iter().map(|r| r.size).collect();
         sizes.sort_unstable();
         sizes.dedup();
@@ -518,9 +519,12 @@ fn copies_lines(rows: &[Row]) -> Vec<String> {
         }
         let runs: Vec<String> = runs
             .iter()
-            .map(|(v, lo, hi)| match lo == hi {
-                true => format!("{v} at {}", human_size(*lo)),
-                false => format!("{v} at {}-{}", human_size(*lo), human_size(*hi)),
+            .map(|(v, lo, hi)| {
+                if lo == hi {
+                    format!("{v} at {}", human_size(*lo))
+                } else {
+                    format!("{v} at {}-{}", human_size(*lo), human_size(*hi))
+                }
             })
             .collect();
         lines.push(format!("{system} ({transport}): {}", runs.join("; ")));

@@ -151,8 +151,40 @@ fn one_way_us(iters: usize, mut one: impl FnMut()) -> Vec<f64> {
         .collect()
 }
 
+/// One word bounced `n` times between two pinned endpoints: each side runs `setup`, then
+/// the initiator sends value `v` (`send`) and waits for it to come back (`wait`) while the
+/// responder waits for it and sends it back. Returns the initiator's one-way latencies.
+fn bounce<S: 'static>(
+    pin: bool,
+    n: usize,
+    setup: impl Fn(&mut Endpoint, PeerId) -> S + Copy + Send + 'static,
+    send: impl Fn(&mut Endpoint, &S, u64) + Copy + Send + 'static,
+    wait: impl Fn(&mut Endpoint, &S, u64) + Copy + Send + 'static,
+) -> Result<Vec<f64>, String> {
+    pair(
+        pin,
+        move |ep, p| {
+            let s = setup(ep, p);
+            let mut v = 0u64;
+            one_way_us(n, || {
+                v += 1;
+                send(ep, &s, v);
+                wait(ep, &s, v);
+            })
+        },
+        move |ep, p| {
+            let s = setup(ep, p);
+            for v in 1..=n as u64 {
+                wait(ep, &s, v);
+                send(ep, &s, v);
+            }
+            // Puts sent unacknowledged are applied before the pair closes.
+            ep.flush_rma(None).unwrap();
+        },
+    )
+}
+
 fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
-    let mut rows = Vec::new();
     let row = |variant, s: Vec<f64>| {
         let (m, lo, hi) = summary(&s);
         RmaRow {
@@ -167,122 +199,70 @@ fn word_rtt(pin: bool, iters: usize) -> Result<Vec<RmaRow>, String> {
             reps: 1,
         }
     };
-    // Baseline: 8-byte tagged messages.
     // Whole batches: the responder answers exactly `n` round trips.
     let n = iters - iters % RTT_BATCH;
-    let s = pair(
+    let mut rows = Vec::new();
+    // Baseline: 8-byte tagged messages.
+    let s = bounce(
         pin,
-        move |ep, p| {
+        n,
+        |_, p| p,
+        |ep, &p, v| ep.send(p, TAG_MSG, &v.to_le_bytes()).unwrap(),
+        |ep, &p, _| {
             let mut b = [0u8; 8];
-            one_way_us(n, || {
-                ep.send(p, TAG_MSG, &b).unwrap();
-                ep.recv(Selector::exact(Some(p), TAG_MSG), &mut b).unwrap();
-            })
-        },
-        move |ep, p| {
-            let mut b = [0u8; 8];
-            for _ in 0..n {
-                ep.recv(Selector::exact(Some(p), TAG_MSG), &mut b).unwrap();
-                ep.send(p, TAG_MSG, &b).unwrap();
-            }
+            ep.recv(Selector::exact(Some(p), TAG_MSG), &mut b).unwrap();
         },
     )?;
     rows.push(row("tagged", s));
     // Mapped stores, spinning on local memory.
-    let side = |ep: &mut Endpoint, p: PeerId| {
-        let ap = ep.aperture_alloc(4096).unwrap();
-        let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
-        let r = swap(ep, p, &c);
-        let far = ep.map(&r).unwrap();
-        (ep.aperture_window(ap).unwrap(), far)
-    };
-    let s = pair(
+    let s = bounce(
         pin,
-        move |ep, p| {
-            let (near, far) = side(ep, p);
-            let mut v = 0u64;
-            one_way_us(n, || {
-                v += 1;
-                far.store_u64(0, v).unwrap();
-                while near.load_u64(0).unwrap() != v {
-                    std::hint::spin_loop();
-                }
-            })
+        n,
+        |ep, p| {
+            let ap = ep.aperture_alloc(4096).unwrap();
+            let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
+            let r = swap(ep, p, &c);
+            let far = ep.map(&r).unwrap();
+            (ep.aperture_window(ap).unwrap(), far)
         },
-        move |ep, p| {
-            let (near, far) = side(ep, p);
-            for v in 1..=n as u64 {
-                while near.load_u64(0).unwrap() != v {
-                    std::hint::spin_loop();
-                }
-                far.store_u64(0, v).unwrap();
+        |_, (_, far), v| far.store_u64(0, v).unwrap(),
+        |_, (near, _), v| {
+            while near.load_u64(0).unwrap() != v {
+                std::hint::spin_loop();
             }
         },
     )?;
     rows.push(row("mapped_spin", s));
     // A put, the peer waiting for its tripwire event.
-    let side = |ep: &mut Endpoint, p: PeerId| {
-        ep.set_interest(events::TRIPWIRES);
-        let ap = ep.aperture_alloc(4096).unwrap();
-        ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
-        let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
-        swap(ep, p, &c)
-    };
-    let wait_trip = |ep: &mut Endpoint| loop {
-        if let Event::Tripwire { .. } = ep.wait_event(T).unwrap() {
-            return;
-        }
-    };
-    let s = pair(
+    let s = bounce(
         pin,
-        move |ep, p| {
-            let r = side(ep, p);
-            let mut v = 0u64;
-            one_way_us(n, || {
-                v += 1;
-                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
-                wait_trip(ep);
-            })
+        n,
+        |ep, p| {
+            ep.set_interest(events::TRIPWIRES);
+            let ap = ep.aperture_alloc(4096).unwrap();
+            ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+            let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
+            swap(ep, p, &c)
         },
-        move |ep, p| {
-            let r = side(ep, p);
-            for v in 1..=n as u64 {
-                wait_trip(ep);
-                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
-            }
-            ep.flush_rma(None).unwrap();
-        },
+        |ep, r, v| ep.put_nowait(r, 0, &v.to_le_bytes()).unwrap(),
+        |ep, _, _| while !matches!(ep.wait_event(T).unwrap(), Event::Tripwire { .. }) {},
     )?;
     rows.push(row("put_tripwire", s));
     // A put, the peer making progress until its word changes (no tripwire, no event).
-    let side = |ep: &mut Endpoint, p: PeerId| {
-        let ap = ep.aperture_alloc(4096).unwrap();
-        let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
-        let r = swap(ep, p, &c);
-        (ep.aperture_window(ap).unwrap(), r)
-    };
-    let s = pair(
+    let s = bounce(
         pin,
-        move |ep, p| {
-            let (near, r) = side(ep, p);
-            let mut v = 0u64;
-            one_way_us(n, || {
-                v += 1;
-                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
-                while near.load_u64(0).unwrap() != v {
-                    ep.progress();
-                }
-            })
+        n,
+        |ep, p| {
+            let ap = ep.aperture_alloc(4096).unwrap();
+            let c = ep.export(ap, 0, 64, READ | WRITE).unwrap();
+            let r = swap(ep, p, &c);
+            (ep.aperture_window(ap).unwrap(), r)
         },
-        move |ep, p| {
-            let (near, r) = side(ep, p);
-            for v in 1..=n as u64 {
-                while near.load_u64(0).unwrap() != v {
-                    ep.progress();
-                }
-                ep.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
+        |ep, (_, r), v| ep.put_nowait(r, 0, &v.to_le_bytes()).unwrap(),
+        |ep, (near, _), v| {
+            while near.load_u64(0).unwrap() != v {
+                ep.progress();
             }
-            ep.flush_rma(None).unwrap();
         },
     )?;
     rows.push(row("put_progress", s));

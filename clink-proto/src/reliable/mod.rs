@@ -1496,17 +1496,23 @@ impl Conn {
         {
             return None;
         }
-        let ack = self.build_ack(now);
-        self.ack_now = false;
-        self.ack_deadline = None;
-        self.unacked = 0;
+        let ack = self.take_ack(now);
         self.stats.acks_piggybacked += 1;
-        self.advertised_limit = ack.limit;
         Some(packet::Piggy {
             cum: ack.cum,
             limit: ack.limit,
             delay_us: ack.delay_us,
         })
+    }
+
+    /// The ack that is due, built and counted as sent (whatever datagram carries it).
+    fn take_ack(&mut self, now: u64) -> AckInfo {
+        let ack = self.build_ack(now);
+        self.ack_now = false;
+        self.ack_deadline = None;
+        self.unacked = 0;
+        self.advertised_limit = ack.limit;
+        ack
     }
 
     fn build_ack(&self, now: u64) -> AckInfo {
@@ -1583,12 +1589,8 @@ impl Conn {
             self.advertised_limit = ack.limit;
             Datagram::Nak { conn, ack }.encode(buf)
         } else if self.ack_now || self.ack_deadline.is_some_and(|d| d <= now) {
-            let ack = self.build_ack(now);
-            self.ack_now = false;
-            self.ack_deadline = None;
-            self.unacked = 0;
+            let ack = self.take_ack(now);
             self.stats.acks_sent += 1;
-            self.advertised_limit = ack.limit;
             Datagram::Ack { conn, ack }.encode(buf)
         } else if self.ping_pending {
             self.ping_pending = false;

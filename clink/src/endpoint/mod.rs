@@ -1495,9 +1495,8 @@ impl Endpoint {
         // Every 64 passes, busy or not, look at the clock (cheap, but not free), and every
         // liveness interval at the epoll set: hang-ups, new connections. Only idle passes
         // used to, so a stream from one peer hid another's death (128 ms-1.9 s to notice
-        // it in `tests/failure.rs`, against the 100 ms asked).
-        // A busy pass leaves the UDP sockets to the next pass's own read, as before: only
-        // idle passes read them from here.
+        // it in `tests/failure.rs`, against the 100 ms asked). A busy pass leaves the UDP
+        // sockets to the next pass's own read, as before: only idle passes read them here.
         self.passes = self.passes.wrapping_add(1);
         if self.passes.is_multiple_of(64) && self.last_check.elapsed() >= self.ctx.config.liveness {
             did |= self.check_events(Some(Duration::ZERO), !did);
@@ -2058,6 +2057,7 @@ impl Endpoint {
     pub fn fd(&self) -> RawFd {
         self.epoll.raw()
     }
+
     /// Progresses until no live network link has data its peer has not taken (bounded by
     /// [`LINGER`]).
     fn linger(&mut self) {

@@ -945,8 +945,9 @@ impl Endpoint {
     /// (`None`) at anything else at a ring's head, after the spin time or `timeout`
     /// (whichever is shorter, looked at every 64 polls, at most 4096 polls), or after
     /// [`FAST_STREAK`] events in a row, leaving it to the general path (a full progress
-    /// pass per poll: transmits, timers, request completions, the liveness check). It stands aside while a pass has work of its own: watched requests,
-    /// detached sends, pending handshakes, the activity board.
+    /// pass per poll: transmits, timers, request completions, the liveness check). It
+    /// stands aside while a pass has work of its own: watched requests, detached sends,
+    /// pending handshakes, the activity board.
     fn event_fast(&mut self, timeout: Option<Duration>) -> Option<Event> {
         if self.ready.on
             || self.peers.is_empty()
