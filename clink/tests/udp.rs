@@ -128,7 +128,9 @@ fn bulk_transfers_without_speculation_take_the_copy_path() {
 #[test]
 fn a_misordering_sender_makes_every_fragment_miss_and_loses_nothing() {
     // Declared dead after 5 s of silence, not 2: misordered groups cost retransmission
-    // timeouts in a debug build, and one CI run (stop 13) saw a peer silent for 2 s.
+    // timeouts in a debug build. (The silent peer seen in CI in stop 13 was a sender that
+    // had forgotten its source early: spec_sim.rs
+    // a_misordering_sender_keeps_its_source_until_the_last_datagram_is_acked.)
     let ((a, pa), (mut b, pb)) = pair("forcemiss", 5000);
     let server = std::thread::spawn(move || echo(a, pa));
     round_trips(&mut b, pb, 1, 5);

@@ -399,6 +399,9 @@ struct Sent {
     /// A bulk fragment sent first in its group (decided when it was cut: with
     /// [`Config::bulk_misorder`] its offset no longer says).
     opens_group: bool,
+    /// The last datagram cut from its item: acknowledging it (after all before it) ends
+    /// the item. Not `offset + len == total`, which misorder sends before the end.
+    closes_item: bool,
     tx_seq: u64,
     sent_at: u64,
     tx_count: u32,
@@ -966,7 +969,7 @@ impl Conn {
             }
             let s = self.sent.pop_front().expect("front exists");
             self.snd_una += 1;
-            if s.offset + u64::from(s.len) == s.item.len() {
+            if s.closes_item {
                 match s.item {
                     Item::Msg(m) => {
                         self.send_bytes -= m.data.len();
@@ -1794,7 +1797,8 @@ impl Conn {
         };
         let len = (total - offset).min(frag);
         q.next_off += (total - q.next_off).min(frag);
-        let item = if q.next_off >= total {
+        let closes_item = q.next_off >= total;
+        let item = if closes_item {
             self.send_queue.pop_front().expect("front exists").item
         } else {
             q.item.clone()
@@ -1806,6 +1810,7 @@ impl Conn {
             offset,
             len: len as u32,
             opens_group,
+            closes_item,
             tx_seq: 0,
             sent_at: 0,
             tx_count: 0,
