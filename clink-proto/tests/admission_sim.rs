@@ -26,6 +26,8 @@ struct World {
     receivers: Vec<Conn>,
     gate: Gate<usize>,
     dest: Vec<Vec<u8>>,
+    /// Each sender's transfer.
+    src: Vec<Vec<u8>>,
     done_send: Vec<bool>,
     /// Largest bulk fragments in flight seen from a sender while it was not granted.
     slow_peak: Vec<u64>,
@@ -61,6 +63,9 @@ impl World {
             receivers: (0..2).map(|i| Conn::new(cfg(i), 0)).collect(),
             gate: Gate::new(GateConfig::default()),
             dest: totals.iter().map(|&t| vec![0; t]).collect(),
+            src: (0..2)
+                .map(|i| (0..totals[i] as u64).map(|o| byte(i, o)).collect())
+                .collect(),
             done_send: vec![false; 2],
             slow_peak: vec![0; 2],
             both_fast: 0,
@@ -84,15 +89,13 @@ impl World {
         for i in 0..2 {
             loop {
                 buf.clear();
-                let t =
-                    self.senders[i].poll_transmit_with(self.now, &mut buf, &mut |_, off, n, b| {
-                        b.extend((off..off + n as u64).map(|o| byte(i, o)));
-                        true
-                    });
-                if t.is_none() {
-                    break;
-                }
-                self.offer(true, i, buf.clone());
+                let src = &self.src[i];
+                let t = self.senders[i].poll_transmit_with(self.now, &mut buf, &mut |_, off, n| {
+                    src.get(off as usize..off as usize + n)
+                });
+                let Some(t) = t else { break };
+                let d = [&buf[..], t.payload].concat();
+                self.offer(true, i, d);
             }
             loop {
                 buf.clear();

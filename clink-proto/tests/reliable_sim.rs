@@ -4,7 +4,7 @@
 //! `--nocapture`), never asserted tightly.
 
 use clink_proto::netsim::{NetConfig, Pair, Rng};
-use clink_proto::reliable::{Admit, Config, Conn, Datagram, Event, SendError};
+use clink_proto::reliable::{Admit, Config, Conn, Datagram, Event, SendError, Transmit};
 
 const MS: u64 = 1_000_000;
 const SEC: u64 = 1_000_000_000;
@@ -632,17 +632,15 @@ fn packets_beyond_the_acks_ranges_are_not_declared_lost() {
 
 /// Every datagram `c` has to send now, bulk payloads filled with zeros, with what
 /// `poll_transmit_with` said of each.
-fn transmit_bulk(c: &mut Conn, now: u64) -> Vec<(Vec<u8>, clink_proto::reliable::Transmit)> {
+fn transmit_bulk(c: &mut Conn, now: u64) -> Vec<(Vec<u8>, Transmit<'static>)> {
+    static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
     let mut out = Vec::new();
     loop {
         let mut buf = Vec::new();
-        let fill = &mut |_x: u64, _o: u64, n: usize, b: &mut Vec<u8>| {
-            b.resize(b.len() + n, 0);
-            true
-        };
-        let Some(t) = c.poll_transmit_with(now, &mut buf, fill) else {
+        let Some(t) = c.poll_transmit_with(now, &mut buf, &mut |_, _, n| ZEROS.get(..n)) else {
             return out;
         };
+        buf.extend_from_slice(t.payload);
         out.push((buf, t));
     }
 }

@@ -120,15 +120,14 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
         let mut frames: Vec<Frame> = Vec::new();
         loop {
             buf.clear();
-            let Some(t) = a.poll_transmit_with(now, &mut buf, &mut |_, off, n, b| {
+            let Some(t) = a.poll_transmit_with(now, &mut buf, &mut |_, off, n| {
                 // The transport forgets a source at BulkSent: nothing may be read after.
                 assert!(!sent_done, "fragment at {off} sent after BulkSent");
-                b.extend_from_slice(&src[off as usize..off as usize + n]);
-                true
+                Some(&src[off as usize..off as usize + n])
             }) else {
                 break;
             };
-            let d = buf.clone();
+            let d = [&buf[..], t.payload].concat();
             let joins = frames.last().is_some_and(|fr: &Frame| {
                 !t.group_start
                     && fr.len() < GROUP as usize

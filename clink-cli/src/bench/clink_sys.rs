@@ -116,11 +116,12 @@ impl Channel for ClinkChannel {
         if transport == "udp" {
             // ARCHITECTURE.md, "The network path". Eager: four copies in user space (into
             // the connection, into the datagram, into the reassembled message, into the
-            // posted receive) plus the kernel's two. Rendezvous (bulk): the sender's one
-            // (its buffer into the datagram) and the kernel's two, on the speculation-hit
+            // posted receive) plus the kernel's two. Rendezvous (bulk): none in user space
+            // (the sender's buffer is gathered by sendmmsg, the receiver's kernel lands
+            // payloads in the posted buffer) and the kernel's two, on the speculation-hit
             // path (nominal: the receiver's misses, which cost more, are counted on the
             // server, which this side cannot see; `examples/stream` prints them).
-            return if size as u64 <= eager { 6.0 } else { 3.0 };
+            return if size as u64 <= eager { 6.0 } else { 2.0 };
         }
         if size as u64 <= eager {
             return 2.0; // into the ring, out of it

@@ -455,15 +455,20 @@ impl Rtt {
     }
 }
 
-/// The payload source of [`Conn::poll_transmit_with`]: `(xfer, offset, len, datagram)`
-/// appends `len` bytes of transfer `xfer` from `offset` to the datagram.
-pub type BulkFill<'a> = dyn FnMut(u64, u64, usize, &mut Vec<u8>) -> bool + 'a;
+/// The payload source of [`Conn::poll_transmit_with`]: `(xfer, offset, len)` gives the
+/// `len` bytes of transfer `xfer` from `offset`, where they are (`None`: no such transfer
+/// or range).
+pub type BulkSource<'s> = dyn FnMut(u64, u64, usize) -> Option<&'s [u8]> + 's;
 
-/// One datagram produced by [`Conn::poll_transmit_with`].
+/// One datagram produced by [`Conn::poll_transmit_with`]: `len` bytes appended to the
+/// caller's buffer, then `payload` on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transmit {
-    /// Its length in bytes.
+pub struct Transmit<'s> {
+    /// Bytes appended to the buffer (a bulk fragment: its header only).
     pub len: usize,
+    /// A bulk fragment's payload, where the source keeps it: not copied, so a transport
+    /// sends it by a second vector (empty for every other datagram).
+    pub payload: &'s [u8],
     /// It opens a bulk group (or is a bulk retransmission): a GSO batcher should start a
     /// new send with it, so the receiver's speculative layout lines up.
     pub group_start: bool,
@@ -1554,25 +1559,27 @@ impl Conn {
     /// there is nothing to send now. Call repeatedly until `None` after every other call.
     /// For a connection with bulk transfers use [`Conn::poll_transmit_with`].
     pub fn poll_transmit(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<usize> {
-        self.poll_transmit_with(now, buf, &mut |_, _, _, _| false)
+        self.poll_transmit_with(now, buf, &mut |_, _, _| None)
             .map(|t| t.len)
     }
 
-    /// As [`Conn::poll_transmit`]; a bulk fragment's payload is appended by `fill(xfer,
-    /// offset, len, buf)` straight to the datagram (the sender's one copy). `fill`
-    /// returning false or appending another length (no such transfer or range: a caller
-    /// bug) fails the connection.
-    pub fn poll_transmit_with(
+    /// As [`Conn::poll_transmit`]; a bulk fragment's payload is read where `source(xfer,
+    /// offset, len)` says it is (checksummed there) and returned in
+    /// [`Transmit::payload`], not appended: the buffer gets its header only. `source`
+    /// returning `None` or another length (no such transfer or range: a caller bug) fails
+    /// the connection.
+    pub fn poll_transmit_with<'s>(
         &mut self,
         now: u64,
         buf: &mut Vec<u8>,
-        fill: &mut BulkFill<'_>,
-    ) -> Option<Transmit> {
+        source: &mut BulkSource<'s>,
+    ) -> Option<Transmit<'s>> {
         if self.dead {
             return None;
         }
         let mut group_start = false;
         let mut bulk = false;
+        let mut payload: &'s [u8] = &[];
         let conn = self.cfg.conn_id;
         self.asker.bulk_active(now, self.bulk_outstanding > 0);
         let n = if !self.nak_ranges.is_empty() {
@@ -1586,7 +1593,7 @@ impl Conn {
             let ranges = std::mem::take(&mut self.nak_ranges);
             ack.ranges = self.still_missing(&ranges, ack.cum + 1);
             if ack.ranges.is_empty() {
-                return self.poll_transmit_with(now, buf, fill);
+                return self.poll_transmit_with(now, buf, source);
             }
             self.stats.naks_sent += 1;
             self.advertised_limit = ack.limit;
@@ -1662,29 +1669,26 @@ impl Conn {
                     };
                     bulk = s.tx_count <= 1;
                     group_start = s.tx_count > 1 || s.opens_group;
-                    let start = buf.len();
-                    let body = start + packet::BULK_HEADER;
                     let len = s.len as usize;
-                    buf.extend_from_slice(&[0; packet::BULK_HEADER]); // written below
-                    if !fill(xfer, s.offset, len, buf) || buf.len() != body + len {
-                        buf.truncate(start);
+                    let Some(p) = source(xfer, s.offset, len).filter(|p| p.len() == len) else {
                         self.stats.dropped_malformed += 1;
                         self.dead = true;
                         self.events.push_back(Event::PeerDead);
                         return None;
-                    }
-                    let h = packet::encode_bulk_header(conn, &hdr, &buf[body..]);
-                    buf[start..body].copy_from_slice(&h);
-                    buf.len() - start
+                    };
+                    payload = p;
+                    buf.extend_from_slice(&packet::encode_bulk_header(conn, &hdr, p));
+                    packet::BULK_HEADER
                 }
             }
         } else {
             return None;
         };
         self.stats.datagrams_sent += 1;
-        self.stats.bytes_sent += n as u64;
+        self.stats.bytes_sent += (n + payload.len()) as u64;
         Some(Transmit {
             len: n,
+            payload,
             group_start,
             bulk,
         })

@@ -110,18 +110,14 @@ impl Bulk {
         !self.dests.is_empty()
     }
 
-    /// Appends `len` bytes of transfer `xfer` from `off` to `buf` (a datagram being
-    /// built); false when there is no such source or range.
-    pub fn fill(&self, xfer: u64, off: u64, len: usize, buf: &mut Vec<u8>) -> bool {
-        let Some(s) = self.out.iter().find(|s| s.xfer == xfer) else {
-            return false;
-        };
-        if (off as usize).checked_add(len).is_none_or(|e| e > s.len) {
-            return false;
-        }
+    /// The `len` bytes of transfer `xfer` from `off`, in the sender's buffer; `None` when
+    /// there is no such source or range. They stay valid (beyond this borrow) until the
+    /// transfer is over, by the contract of [`Bulk::add_source`].
+    pub fn source(&self, xfer: u64, off: u64, len: usize) -> Option<&[u8]> {
+        let s = self.out.iter().find(|s| s.xfer == xfer)?;
+        (off as usize).checked_add(len).filter(|&e| e <= s.len)?;
         // SAFETY: in bounds of a source kept valid by the contract of `add_source`.
-        buf.extend_from_slice(unsafe { std::slice::from_raw_parts(s.ptr.add(off as usize), len) });
-        true
+        Some(unsafe { std::slice::from_raw_parts(s.ptr.add(off as usize), len) })
     }
 
     /// The sender's side of a transfer is over (acknowledged).

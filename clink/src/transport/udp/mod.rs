@@ -312,14 +312,19 @@ impl UdpLink {
         let dest = self.dest;
         let bulk = &self.bulk;
         let conn = &mut self.conn;
-        while batch.push_grouped(|buf| {
-            let t = conn.poll_transmit_with(now, buf, &mut |x, o, n, b| bulk.fill(x, o, n, b))?;
-            let to = match conn.steered_port() {
-                Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
-                _ => dest,
-            };
-            Some((t.len, t.group_start, to))
-        }) {}
+        // SAFETY: bulk payloads are the sources' bytes, kept until their transfer is over
+        // (acknowledged, seen by `take_events`) or the link is cleared, neither of which
+        // happens before the transport sends the batch (`UdpTransport::flush`).
+        while unsafe {
+            batch.push_grouped(|buf| {
+                let t = conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
+                let to = match conn.steered_port() {
+                    Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
+                    _ => dest,
+                };
+                Some((t.len, t.payload, t.group_start, to))
+            })
+        } {}
     }
 
     /// Sends the gate's answer (Fast_Ack or Fast_NAck) to the peer; `revoked`: it takes a

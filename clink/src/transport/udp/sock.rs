@@ -267,25 +267,27 @@ impl UdpSock {
         batch.clear();
     }
 
-    fn send_some(&mut self, batch: &TxBatch, first: usize, n: usize) -> io::Result<usize> {
+    fn send_some(&mut self, batch: &mut TxBatch, first: usize, n: usize) -> io::Result<usize> {
         let mut addrs = [to_sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); TX_BATCH];
-        // SAFETY: plain old data, filled below.
-        let mut iovs: [libc::iovec; TX_BATCH] = unsafe { zeroed() };
         let mut ctrl = [[0u64; 4]; TX_BATCH];
         // SAFETY: plain old data, filled below.
         let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { zeroed() };
+        // Every frame's vectors first (the vector may grow), then the headers point in.
+        let mut spans = [(0usize, 0usize); TX_BATCH];
+        batch.iovs.clear();
+        for (k, span) in spans.iter_mut().enumerate().take(n) {
+            let at = batch.iovs.len();
+            batch.frame_iovecs(first + k);
+            *span = (at, batch.iovs.len() - at);
+        }
         for k in 0..n {
             let f = &batch.frames[first + k];
             addrs[k] = to_sockaddr(f.dest);
-            iovs[k] = libc::iovec {
-                iov_base: batch.buf[f.start..].as_ptr() as *mut libc::c_void,
-                iov_len: f.len,
-            };
             let h = &mut hdrs[k].msg_hdr;
             h.msg_name = (&mut addrs[k] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            h.msg_iov = &mut iovs[k];
-            h.msg_iovlen = 1;
+            h.msg_iov = batch.iovs[spans[k].0..].as_mut_ptr();
+            h.msg_iovlen = spans[k].1;
             if f.count > 1 {
                 // SAFETY: the control buffer is large and aligned enough for one cmsg
                 // carrying a u16 (CMSG_SPACE(2) = 24 bytes, 32 available).
@@ -300,7 +302,9 @@ impl UdpSock {
                 }
             }
         }
-        // SAFETY: `n` headers whose pointers refer to live locals and to `batch.buf`.
+        // SAFETY: `n` headers whose pointers refer to live locals, to `batch.iovs` and
+        // through it to `batch.buf` and to payloads valid until the batch is sent (the
+        // contract of `TxBatch::push_grouped`).
         let r = cvt(unsafe {
             libc::sendmmsg(
                 self.raw(),
@@ -436,12 +440,22 @@ fn gro_segment(h: &libc::msghdr) -> Option<usize> {
     None
 }
 
-/// One entry of a send batch: `count` datagrams of `seg` bytes (the last may be shorter)
-/// laid end to end from `start`.
+/// One datagram of a send batch: `len` bytes of the batch's buffer from `start`, then
+/// `ext_len` bytes of caller memory at `ext` (a bulk payload sent where it is).
+#[derive(Clone, Copy, Debug)]
+struct Dgram {
+    start: usize,
+    len: usize,
+    ext: *const u8,
+    ext_len: usize,
+}
+
+/// One entry of a send batch: `count` datagrams from `first`, each of `seg` bytes (the
+/// last may be shorter), `len` in all.
 #[derive(Clone, Copy, Debug)]
 struct Frame {
     dest: SocketAddrV4,
-    start: usize,
+    first: usize,
     len: usize,
     seg: usize,
     count: u32,
@@ -453,17 +467,25 @@ struct Frame {
 #[derive(Default)]
 pub struct TxBatch {
     buf: Vec<u8>,
+    dgrams: Vec<Dgram>,
     frames: Vec<Frame>,
+    /// The vectors of one `sendmmsg`, reused.
+    iovs: Vec<libc::iovec>,
     gso: bool,
 }
+
+// SAFETY: the raw pointers are bulk payloads of the link that queued them, valid until the
+// batch is sent (the contract of `TxBatch::push_grouped`); the batch moves with its
+// endpoint and is used by one thread at a time.
+unsafe impl Send for TxBatch {}
 
 impl TxBatch {
     /// An empty batch; `gso` groups equal-sized datagrams to one destination.
     pub fn new(gso: bool) -> TxBatch {
         TxBatch {
             buf: Vec::with_capacity(1 << 20),
-            frames: Vec::new(),
             gso,
+            ..TxBatch::default()
         }
     }
 
@@ -474,32 +496,46 @@ impl TxBatch {
 
     /// Datagrams queued.
     pub fn datagrams(&self) -> usize {
-        self.frames.iter().map(|f| f.count as usize).sum()
+        self.dgrams.len()
     }
 
     /// Appends one datagram for `dest`: `write` appends its bytes to the buffer it is
     /// given and returns how many (0: nothing to send, the call is undone).
     pub fn push(&mut self, dest: SocketAddrV4, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
-        self.push_grouped(|b| Some((write(b), false, dest)))
+        // SAFETY: no payload outside the buffer.
+        unsafe { self.push_grouped(|b| Some((write(b), &[][..], false, dest))) }
     }
 
-    /// As [`TxBatch::push`]; `write` also says whether the datagram must open a new GSO
-    /// send (a bulk group boundary: the receiver's speculative layout expects each group
-    /// in one read), and where it goes (`None`: nothing to send, the call is undone).
-    pub fn push_grouped(
+    /// As [`TxBatch::push`]; `write` also gives bytes that follow those it appended
+    /// (a bulk payload, sent from where it is: no copy), says whether the datagram must
+    /// open a new GSO send (a bulk group boundary: the receiver's speculative layout
+    /// expects each group in one read), and where it goes (`None`: nothing to send, the
+    /// call is undone).
+    ///
+    /// # Safety
+    /// The payload `write` returns must stay valid and unchanged until the batch is sent
+    /// ([`UdpSock::send`]); only its address is kept.
+    pub unsafe fn push_grouped<'p>(
         &mut self,
-        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, bool, SocketAddrV4)>,
+        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, &'p [u8], bool, SocketAddrV4)>,
     ) -> bool {
         let start = self.buf.len();
-        let Some((n, boundary, dest)) = write(&mut self.buf) else {
+        let Some((n, ext, boundary, dest)) = write(&mut self.buf) else {
             self.buf.truncate(start);
             return false;
         };
-        if n == 0 {
+        if n + ext.len() == 0 {
             self.buf.truncate(start);
             return false;
         }
         debug_assert_eq!(self.buf.len(), start + n);
+        self.dgrams.push(Dgram {
+            start,
+            len: n,
+            ext: ext.as_ptr(),
+            ext_len: ext.len(),
+        });
+        let n = n + ext.len();
         if self.gso && !boundary {
             if let Some(f) = self.frames.last_mut() {
                 if f.dest == dest
@@ -507,7 +543,6 @@ impl TxBatch {
                     && n <= f.seg
                     && f.len + n <= MAX_UDP_PAYLOAD
                     && (f.count as usize) < MAX_GSO_SEGMENTS
-                    && f.start + f.len == start
                 {
                     f.len += n;
                     f.count += 1;
@@ -518,7 +553,7 @@ impl TxBatch {
         }
         self.frames.push(Frame {
             dest,
-            start,
+            first: self.dgrams.len() - 1,
             len: n,
             seg: n,
             count: 1,
@@ -530,28 +565,58 @@ impl TxBatch {
     /// Turns every GSO frame back into single datagrams (GSO refused by the kernel).
     fn split_all(&mut self) {
         self.gso = false;
-        let mut out = Vec::with_capacity(self.datagrams());
-        for f in &self.frames {
-            let mut at = f.start;
-            let end = f.start + f.len;
-            while at < end {
-                let n = f.seg.min(end - at);
-                out.push(Frame {
-                    dest: f.dest,
-                    start: at,
-                    len: n,
-                    seg: n,
-                    count: 1,
-                    closed: false,
+        self.frames = self
+            .frames
+            .iter()
+            .flat_map(|f| {
+                let dest = f.dest;
+                self.dgrams[f.first..f.first + f.count as usize]
+                    .iter()
+                    .enumerate()
+                    .map(move |(k, d)| Frame {
+                        dest,
+                        first: f.first + k,
+                        len: d.len + d.ext_len,
+                        seg: d.len + d.ext_len,
+                        count: 1,
+                        closed: false,
+                    })
+            })
+            .collect();
+    }
+
+    /// Appends frame `f`'s vectors to `iovs`: each datagram's bytes in the buffer (joined
+    /// with the frame's previous vector where they follow it), then its payload.
+    fn frame_iovecs(&mut self, f: usize) {
+        let f = self.frames[f];
+        let own = self.iovs.len();
+        for d in &self.dgrams[f.first..f.first + f.count as usize] {
+            if d.len > 0 {
+                let p = self.buf[d.start..].as_ptr();
+                match self.iovs[own..].last_mut() {
+                    Some(v)
+                        if v.iov_base.cast::<u8>().wrapping_add(v.iov_len).cast_const() == p =>
+                    {
+                        v.iov_len += d.len;
+                    }
+                    _ => self.iovs.push(libc::iovec {
+                        iov_base: p as *mut libc::c_void,
+                        iov_len: d.len,
+                    }),
+                }
+            }
+            if d.ext_len > 0 {
+                self.iovs.push(libc::iovec {
+                    iov_base: d.ext as *mut libc::c_void,
+                    iov_len: d.ext_len,
                 });
-                at += n;
             }
         }
-        self.frames = out;
     }
 
     fn clear(&mut self) {
         self.buf.clear();
+        self.dgrams.clear();
         self.frames.clear();
     }
 }
@@ -580,6 +645,61 @@ mod tests {
         b.split_all();
         assert_eq!(b.frames.len(), 5);
         assert_eq!(b.frames[3].len, 40);
+    }
+
+    #[test]
+    fn payloads_from_caller_memory_follow_their_headers() {
+        // Bulk datagrams: an 8-byte header in the batch, the payload where it is; grouped
+        // into GSO sends (a short last one closes its frame), between plain datagrams.
+        let mut a = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let mut b = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let dest = b.local();
+        let src: Vec<u8> = (0..40_000u32).map(|k| (k * 7 + k / 251) as u8).collect();
+        let mut batch = TxBatch::new(true);
+        let mut want = Vec::new();
+        let mut off = 0;
+        let mut i = 0u64;
+        while off < src.len() {
+            let n = (src.len() - off).min(1000);
+            let payload = &src[off..off + n];
+            want.push([&i.to_le_bytes()[..], payload].concat());
+            // SAFETY: `src` outlives the send below.
+            unsafe {
+                batch.push_grouped(|buf| {
+                    buf.extend_from_slice(&i.to_le_bytes());
+                    Some((8, payload, i.is_multiple_of(16), dest))
+                })
+            };
+            if i == 20 {
+                want.push(b"plain".to_vec());
+                batch.push(dest, |buf| {
+                    buf.extend_from_slice(b"plain");
+                    5
+                });
+            }
+            off += n;
+            i += 1;
+        }
+        assert!(batch.frames.len() < want.len() / 4, "grouped for GSO");
+        a.send(&mut batch);
+        let mut got: Vec<Vec<u8>> = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while got.len() < want.len() && std::time::Instant::now() < deadline {
+            for k in 0..b.recv_batch() {
+                b.for_each_datagram(k, |_, d| got.push(d.to_vec()));
+            }
+        }
+        assert_eq!(got.len(), want.len());
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g == w,
+                "datagram {k}: {} bytes {:?}.., want {} bytes {:?}..",
+                g.len(),
+                &g[..12.min(g.len())],
+                w.len(),
+                &w[..12.min(w.len())]
+            );
+        }
     }
 
     #[test]
