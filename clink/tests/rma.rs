@@ -630,6 +630,101 @@ fn messages_landing_in_an_aperture_fire_tripwires() {
     sender.join().unwrap();
 }
 
+/// Non-blocking receives into an aperture fire its tripwires when they complete, with
+/// nobody testing the requests (the event wakes `wait_event`); the aperture cannot be
+/// destroyed under a pending receive; a cancelled one fires nothing.
+#[test]
+fn nonblocking_receives_into_an_aperture_fire_tripwires_on_completion() {
+    let mut ep = ctx().endpoint().unwrap();
+    let addr = ep.address();
+    let sender = std::thread::spawn(move || {
+        let mut s = ctx().endpoint().unwrap();
+        let p = s.connect(&addr).unwrap();
+        let mut b = [0u8; 1];
+        s.recv_timeout(Selector::exact(Some(p), 6), &mut b, Some(T))
+            .unwrap();
+        s.send(p, 5, b"small").unwrap();
+        s.send(p, 5, &vec![9u8; 300_000]).unwrap();
+        s.send(p, 5, &[1u8; 100]).unwrap();
+        s.recv_timeout(Selector::exact(Some(p), 6), &mut b, Some(T))
+            .unwrap();
+    });
+    let peer = ep.accept(Some(T)).unwrap();
+    ep.set_interest(events::TRIPWIRES);
+    let ap = ep.aperture_alloc(1 << 20).unwrap();
+    let head = ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+    let far = ep.tripwire(ap, 200_000, 8, TripOptions::default()).unwrap();
+    let sel = Selector::exact(Some(peer), 5);
+    // A receive posted and cancelled first: it matches nothing and fires nothing.
+    let gone = ep
+        .irecv_into_aperture(Selector::exact(Some(peer), 77), ap, 0, 8)
+        .unwrap();
+    assert!(
+        ep.cancel_recv(&gone).unwrap().is_none(),
+        "no buffer to give back"
+    );
+    let small = ep.irecv_into_aperture(sel, ap, 0, 1000).unwrap();
+    let big = ep.irecv_into_aperture(sel, ap, 100_000, 900_000).unwrap();
+    let cut = ep.irecv_into_aperture(sel, ap, 0, 50).unwrap();
+    assert!(
+        matches!(ep.aperture_destroy(ap), Err(Error::Invalid(_))),
+        "destroyed under pending receives"
+    );
+    ep.send(peer, 6, b"g").unwrap();
+    // Only events: the requests are not looked at until every tripwire has fired.
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        match ep.wait_event(Some(T)).unwrap() {
+            Event::Tripwire {
+                id,
+                peer: p,
+                offset,
+                len,
+                write,
+            } => {
+                assert_eq!((p, write), (Some(peer), true));
+                seen.push((id, offset, len));
+            }
+            e => panic!("unexpected event {e:?}"),
+        }
+    }
+    // In completion order: the truncated eager message may complete while the
+    // rendezvous one before it is still landing (matching is in order, completion not).
+    seen.sort_by_key(|&(_, offset, len)| (offset, len));
+    assert_eq!(
+        seen,
+        vec![(head, 0, 5), (head, 0, 50), (far, 100_000, 300_000)],
+        "each receive fired over what landed"
+    );
+    let r = ep.wait_recv(&small, Some(T)).unwrap();
+    assert_eq!((r.buf.len(), r.status.len), (0, 5));
+    assert_eq!(ep.wait_recv(&big, Some(T)).unwrap().status.len, 300_000);
+    assert!(matches!(
+        ep.wait_recv(&cut, Some(T)),
+        Err(Error::Truncated {
+            len: 100,
+            capacity: 50
+        })
+    ));
+    let mut got = vec![0u8; 300_000];
+    ep.aperture_read(ap, 100_000, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 9));
+    let mut got = [0u8; 50];
+    ep.aperture_read(ap, 0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 1), "the truncated message's head");
+    assert!(
+        ep.next_event().is_none(),
+        "the cancelled receive fired nothing"
+    );
+    assert!(
+        ep.irecv_into_aperture(sel, ap, (1 << 20) - 4, 8).is_err(),
+        "out of range"
+    );
+    ep.aperture_destroy(ap).unwrap();
+    ep.send(peer, 6, b"k").unwrap();
+    sender.join().unwrap();
+}
+
 /// A tripwire id whose slot was reused by a later tripwire reads nothing of the new one.
 #[test]
 fn stale_tripwire_ids_see_nothing() {

@@ -80,7 +80,8 @@ pub struct Status {
 /// A completed non-blocking receive: the buffer (truncated to the message length) and its
 /// status.
 pub struct Received {
-    /// The receive buffer, its length set to the message length.
+    /// The receive buffer, its length set to the message length (empty for
+    /// [`Endpoint::irecv_into_aperture`]: the bytes are in the aperture).
     pub buf: Vec<u8>,
     /// Who sent what.
     pub status: Status,
@@ -163,6 +164,13 @@ enum RecvBuf {
     Owned(Vec<u8>),
     /// Memory owned by a blocking caller that waits until completion.
     Borrowed(*mut u8, usize),
+    /// A range of one of this endpoint's apertures (`Endpoint::irecv_into_aperture`):
+    /// the aperture cannot be destroyed while the receive is pending.
+    Aperture {
+        ptr: *mut u8,
+        len: usize,
+        ap: u32,
+    },
 }
 
 impl RecvBuf {
@@ -171,6 +179,11 @@ impl RecvBuf {
             RecvBuf::Owned(v) => v,
             // SAFETY: the blocking caller keeps the slice alive until completion (recv).
             RecvBuf::Borrowed(p, n) => unsafe { std::slice::from_raw_parts_mut(*p, *n) },
+            // SAFETY: in bounds of an aperture that outlives the receive (destroying it is
+            // refused while the receive is pending).
+            RecvBuf::Aperture { ptr, len, .. } => unsafe {
+                std::slice::from_raw_parts_mut(*ptr, *len)
+            },
         }
     }
 }
@@ -1017,11 +1030,16 @@ impl Endpoint {
     /// [`events::REQUESTS`] in the interest mask, its completion is reported by an
     /// [`Event::RecvDone`].
     pub fn irecv(&mut self, sel: Selector, buf: Vec<u8>) -> Result<RecvRequest> {
+        Ok(self.post_recv(sel, RecvBuf::Owned(buf)))
+    }
+
+    /// Posts a non-blocking receive into `buf`.
+    fn post_recv(&mut self, sel: Selector, buf: RecvBuf) -> RecvRequest {
         let id = self.alloc_id();
         self.recvs.insert(
             id,
             RecvOp {
-                buf: RecvBuf::Owned(buf),
+                buf,
                 state: RecvState::Posted,
             },
         );
@@ -1029,7 +1047,7 @@ impl Endpoint {
         if self.evq.interest & events::REQUESTS != 0 {
             self.watched.push((false, id));
         }
-        Ok(RecvRequest { id })
+        RecvRequest { id }
     }
 
     fn post(&mut self, sel: Selector, id: u64) {
@@ -1167,9 +1185,26 @@ impl Endpoint {
     }
 
     fn take_recv(&mut self, id: u64) -> Result<Option<Received>> {
-        match self.recvs.get(&id).map(|r| &r.state) {
+        if self.rma.has_aperture_recvs() {
+            // Fire its tripwires before the request goes (a completion in this call's own
+            // pass, or one found without a pass).
+            self.settle_aperture_recvs();
+        }
+        match self.recvs.get(&id).map(|r| (&r.state, &r.buf)) {
             None => Err(Error::Consumed),
-            Some(RecvState::Done(Err(Error::Truncated { .. }))) => {
+            Some((RecvState::Done(_), RecvBuf::Aperture { .. })) => {
+                // The bytes are in the aperture: no buffer to hand back, even truncated.
+                match self.recvs.remove(&id).map(|op| op.state) {
+                    Some(RecvState::Done(res)) => res.map(|status| {
+                        Some(Received {
+                            buf: Vec::new(),
+                            status,
+                        })
+                    }),
+                    _ => Err(Error::Consumed),
+                }
+            }
+            Some((RecvState::Done(Err(Error::Truncated { .. })), _)) => {
                 // Keep the buffer (with the message's first bytes) for take_recv_buffer.
                 match &self.recvs[&id].state {
                     RecvState::Done(Err(Error::Truncated { len, capacity })) => {
@@ -1181,7 +1216,7 @@ impl Endpoint {
                     _ => Err(Error::Consumed),
                 }
             }
-            Some(RecvState::Done(_)) => match self.recvs.remove(&id) {
+            Some((RecvState::Done(_), _)) => match self.recvs.remove(&id) {
                 Some(RecvOp {
                     buf: RecvBuf::Owned(mut buf),
                     state: RecvState::Done(res),
@@ -1479,6 +1514,9 @@ impl Endpoint {
         self.tcp_transmit();
         if !self.watched.is_empty() {
             self.report_done();
+        }
+        if self.rma.has_aperture_recvs() {
+            self.settle_aperture_recvs();
         }
         if !self.detached.is_empty() {
             let sends = &mut self.sends;

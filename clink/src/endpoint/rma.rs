@@ -127,6 +127,40 @@ pub(super) struct RmaState {
     /// Fired bits by tripwire index: read without a system call.
     bits: Vec<u64>,
     ops: IdMap<u64, RmaOp>,
+    /// Non-blocking receives into apertures whose tripwires have not fired yet.
+    aperture_recvs: Vec<ApertureRecv>,
+}
+
+/// A receive posted by [`Endpoint::irecv_into_aperture`].
+struct ApertureRecv {
+    req: u64,
+    ap: u32,
+    offset: u64,
+    len: u64,
+    /// The selector's source (a truncation error names no sender).
+    src: Option<PeerId>,
+}
+
+impl RmaState {
+    /// True while a receive into an aperture may still have tripwires to fire.
+    pub(super) fn has_aperture_recvs(&self) -> bool {
+        !self.aperture_recvs.is_empty()
+    }
+}
+
+/// Where a receive of at most `len` bytes into an aperture wrote, by its result: the
+/// sender and the bytes that landed (a truncated message fills the range).
+fn landed(
+    res: &Result<super::Status>,
+    src: Option<PeerId>,
+    len: u64,
+) -> Option<(Option<PeerId>, u64)> {
+    match res {
+        Ok(st) => Some((Some(st.peer), st.len.min(len))),
+        Err(Error::Truncated { .. }) => Some((src, len)),
+        Err(_) => None,
+    }
+    .filter(|&(_, n)| n > 0)
 }
 
 /// An export as its owner keeps it.
@@ -190,6 +224,20 @@ impl Endpoint {
     /// tripwires are removed, and a registered buffer is given back. Peers that mapped it
     /// keep their mapping of memory this endpoint no longer reads.
     pub fn aperture_destroy(&mut self, ap: ApertureId) -> Result<Option<Vec<u8>>> {
+        if !self.rma.aps.contains_key(&ap.0) {
+            return Err(no_aperture(ap));
+        }
+        self.settle_aperture_recvs();
+        let pending = self.recvs.values().any(|op| {
+            matches!(op.buf, RecvBuf::Aperture { ap: a, .. } if a == ap.0)
+                && !matches!(op.state, super::RecvState::Done(_))
+        });
+        if pending {
+            return Err(Error::Invalid(format!(
+                "aperture {} has a receive pending into it: cancel it first",
+                ap.0
+            )));
+        }
         let a = self.rma.aps.remove(&ap.0).ok_or_else(|| no_aperture(ap))?;
         self.rma.exports.retain(|_, e| e.grant.aperture != ap.0);
         self.rma.trips.remove_aperture(ap.0);
@@ -259,15 +307,63 @@ impl Endpoint {
         let res = self.recv_timeout(sel, buf, timeout);
         // (A truncation error does not name the sender: the selector's source, if any;
         // with an any-source selector the tripwire event says `peer: None`.)
-        let landed = match &res {
-            Ok(st) => Some((Some(st.peer), st.len.min(len))),
-            Err(Error::Truncated { .. }) => Some((sel.src, len)),
-            Err(_) => None,
-        };
-        if let Some((peer, n)) = landed.filter(|&(_, n)| n > 0) {
+        if let Some((peer, n)) = landed(&res, sel.src, len) {
             self.fire(ap.0, offset, n, WRITE, peer);
         }
         res
+    }
+
+    /// Posts a non-blocking receive of a message matching `sel` into `offset..offset+len`
+    /// of aperture `ap`. When it completes, the aperture's write tripwires over the bytes
+    /// that landed fire (in the progress pass that completed it, so a thread waiting on
+    /// the tripwire or the event queue wakes without anyone testing the request).
+    /// Complete the request with [`Endpoint::wait_recv`] or [`Endpoint::test_recv`]:
+    /// its [`crate::Received`] has an empty `buf`, the message being in the aperture. The
+    /// aperture cannot be destroyed while the receive is pending (cancel it first).
+    pub fn irecv_into_aperture(
+        &mut self,
+        sel: clink_proto::matching::Selector,
+        ap: ApertureId,
+        offset: u64,
+        len: u64,
+    ) -> Result<super::RecvRequest> {
+        let ptr = self.local_range(ap, offset, len)?;
+        let buf = RecvBuf::Aperture {
+            ptr,
+            len: len as usize,
+            ap: ap.0,
+        };
+        let req = self.post_recv(sel, buf);
+        self.rma.aperture_recvs.push(ApertureRecv {
+            req: req.id(),
+            ap: ap.0,
+            offset,
+            len,
+            src: sel.src,
+        });
+        Ok(req)
+    }
+
+    /// Fires the tripwires of the receives into apertures that completed (in the order
+    /// they were posted); forgets those cancelled or failed.
+    pub(super) fn settle_aperture_recvs(&mut self) {
+        let mut fires = Vec::new();
+        let recvs = &self.recvs;
+        self.rma
+            .aperture_recvs
+            .retain(|r| match recvs.get(&r.req).map(|op| &op.state) {
+                Some(super::RecvState::Done(res)) => {
+                    if let Some((peer, n)) = landed(res, r.src, r.len) {
+                        fires.push((r.ap, r.offset, n, peer));
+                    }
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            });
+        for (ap, offset, n, peer) in fires {
+            self.fire(ap, offset, n, WRITE, peer);
+        }
     }
 
     fn local_range(&mut self, ap: ApertureId, offset: u64, len: u64) -> Result<*mut u8> {
@@ -953,6 +1049,7 @@ impl Endpoint {
             || self.peers.is_empty()
             || self.fast_streak >= FAST_STREAK
             || !self.watched.is_empty()
+            || self.rma.has_aperture_recvs()
             || !self.detached.is_empty()
             || !self.incoming.is_empty()
         {
