@@ -341,6 +341,10 @@ impl Endpoint {
             len,
             src: sel.src,
         });
+        // A message that had arrived completes it at once: fire now, not at the next
+        // pass (`wait_event`'s fast path may run none for a while). Later completions
+        // happen in a progress pass, which settles at its end.
+        self.settle_aperture_recvs();
         Ok(req)
     }
 
@@ -1049,7 +1053,6 @@ impl Endpoint {
             || self.peers.is_empty()
             || self.fast_streak >= FAST_STREAK
             || !self.watched.is_empty()
-            || self.rma.has_aperture_recvs()
             || !self.detached.is_empty()
             || !self.incoming.is_empty()
         {
