@@ -173,6 +173,11 @@ impl EventQueue {
     /// (its progress pass) and blocks only if that finds the queue empty; so no doorbell.
     /// [`EventSender`]s, on other threads, use the ring's `push`, which rings when the
     /// consumer sleeps.
+    /// Whether events of `src` are wanted (the interest mask).
+    pub fn wants(&self, src: u32) -> bool {
+        self.interest & src != 0
+    }
+
     pub fn push(&mut self, src: u32, ev: Event) {
         if self.interest & src == 0 {
             return;
@@ -204,8 +209,10 @@ impl EventQueue {
     }
 
     /// The endpoint's next own event: the FIFO's, then the overflow report, then the
-    /// spilled ones (so a stream of posts cannot hold back a report or the spill).
-    fn pop_own(&mut self) -> Option<Event> {
+    /// spilled ones (so a stream of posts cannot hold back a report or the spill). For a
+    /// caller that just queued one (and looks at other threads' posts by [`Self::pop`]
+    /// often enough).
+    pub fn pop_own(&mut self) -> Option<Event> {
         if let Some(e) = self.local.pop_front() {
             return Some(e);
         }

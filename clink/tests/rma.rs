@@ -517,6 +517,53 @@ fn wait_event_fast_path_keeps_order_and_refuses() {
     initiator.join().unwrap();
 }
 
+/// A put under two tripwires reports both, once each and in tripwire order, put after
+/// put: `wait_event`'s fast path hands the first back itself and queues the second.
+#[test]
+fn one_put_under_two_tripwires_reports_both_in_order() {
+    let mut b = ctx().endpoint().unwrap();
+    b.set_interest(events::TRIPWIRES);
+    let ap = b.aperture_alloc(4096).unwrap();
+    let t1 = b.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
+    let t2 = b.tripwire(ap, 4, 8, TripOptions::default()).unwrap();
+    let cookie = b.export(ap, 0, 64, READ | WRITE).unwrap();
+    let addr = b.address();
+    let initiator = std::thread::spawn(move || {
+        let mut a = ctx().endpoint().unwrap();
+        let pa = a.connect(&addr).unwrap();
+        let r = a.import(pa, cookie).unwrap();
+        for v in 1..=3u64 {
+            a.put_nowait(&r, 0, &v.to_le_bytes()).unwrap();
+        }
+        a.flush_rma(None).unwrap();
+    });
+    let pb = b.accept(Some(T)).unwrap();
+    for round in 1..=3u64 {
+        for want in [t1, t2] {
+            match b.wait_event(Some(T)).unwrap() {
+                Event::Tripwire {
+                    id,
+                    peer,
+                    offset,
+                    len,
+                    write,
+                } => assert_eq!(
+                    (id, peer, offset, len, write),
+                    (want, Some(pb), 0, 8, true),
+                    "put {round}"
+                ),
+                e => panic!("unexpected event {e:?}"),
+            }
+        }
+    }
+    assert_eq!((b.tripwire_count(t1), b.tripwire_count(t2)), (3, 3));
+    assert!(b.next_event().is_none(), "each reported once");
+    while !initiator.is_finished() {
+        b.progress();
+    }
+    initiator.join().unwrap();
+}
+
 /// Local misuse gets clear errors.
 /// `r` failed with `Error::Invalid` saying `what`.
 #[track_caller]

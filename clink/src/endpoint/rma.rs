@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// No tripwire taken ([`Endpoint::fire_first`]).
+const NO_TRIP: u64 = u64::MAX;
+
 /// Bytes the copy engine moves for one peer before serving the next (fairness quantum).
 const ENGINE_QUANTUM: u64 = 256 << 10;
 
@@ -980,13 +983,34 @@ impl Endpoint {
 
     /// Fires the tripwires an access of `len` bytes at `at` of aperture `ap` touches.
     pub(super) fn fire(&mut self, ap: u32, at: u64, len: u64, kind: u8, peer: Option<PeerId>) {
+        self.fire_first(ap, at, len, kind, peer, false);
+    }
+
+    /// As [`Endpoint::fire`]; with `take`, the first tripwire whose event would be queued
+    /// is returned instead (the others are queued), packed as `gen << 32 | index`
+    /// ([`NO_TRIP`]: none): the caller builds that event from scalars, which spares a
+    /// 40-byte event a round trip through the queue's memory (written field by field,
+    /// read back in wider moves that stall on store forwarding; so does an
+    /// `Option<TripId>` passed through memory, hence one word). Only for a caller whose
+    /// own events are all taken (the queue's order is kept).
+    fn fire_first(
+        &mut self,
+        ap: u32,
+        at: u64,
+        len: u64,
+        kind: u8,
+        peer: Option<PeerId>,
+        take: bool,
+    ) -> u64 {
         if self.rma.trips.is_empty() {
-            return;
+            return NO_TRIP;
         }
         let RmaState {
             trips, meta, bits, ..
         } = &mut self.rma;
         let (evq, stats) = (&mut self.evq, &mut self.stats);
+        let mut first = NO_TRIP;
+        let take = take && evq.wants(events::TRIPWIRES);
         trips.fire(ap, at, len, kind, |id, _| {
             let k = id.index as usize;
             let m = &mut meta[k];
@@ -994,6 +1018,10 @@ impl Endpoint {
             bits[k / 64] |= 1 << (k % 64);
             stats.tripwires_fired += 1;
             if m.event {
+                if take && first == NO_TRIP {
+                    first = u64::from(id.gen) << 32 | u64::from(id.index);
+                    return;
+                }
                 evq.push(
                     events::TRIPWIRES,
                     Event::Tripwire {
@@ -1006,6 +1034,7 @@ impl Endpoint {
                 );
             }
         });
+        first
     }
 
     // ------------------------------------------------------------ event queue
@@ -1095,13 +1124,19 @@ impl Endpoint {
                 let Some(RmaFrame::Put { req, to, data }) = rma_put(bytes) else {
                     return None;
                 };
-                self.serve_put(i, req, to, data);
+                let taken = self.serve_put_take(i, req, to, data, true);
                 self.stats.frames_received += 1;
                 if self.peers[i].release(rec) {
                     self.peers[i].link.wake();
                     self.stats.doorbells += 1;
                 }
-                if let Some(e) = self.evq.pop() {
+                if let Some(e) = taken {
+                    self.fast_streak += 1;
+                    return Some(e);
+                }
+                // Only the put just applied can have queued an own event; posts from
+                // other threads are looked at every 64 polls.
+                if let Some(e) = self.evq.pop_own() {
                     self.fast_streak += 1;
                     return Some(e);
                 }
@@ -1387,20 +1422,46 @@ impl Endpoint {
 
     /// Applies a put frame from peer `i` (and answers it when asked to, or to refuse it).
     fn serve_put(&mut self, i: usize, req: u64, to: Target, data: &[u8]) {
-        let status = match self.admit(&to, data.len() as u64, WRITE) {
+        self.serve_put_take(i, req, to, data, false);
+    }
+
+    /// As [`Endpoint::serve_put`]; with `take`, the put's first tripwire event is returned
+    /// rather than queued ([`Endpoint::fire_first`]).
+    #[inline]
+    fn serve_put_take(
+        &mut self,
+        i: usize,
+        req: u64,
+        to: Target,
+        data: &[u8],
+        take: bool,
+    ) -> Option<Event> {
+        let peer = Some(PeerId(i as u32));
+        let (status, taken) = match self.admit(&to, data.len() as u64, WRITE) {
             Ok(a) => {
                 let p = a.ptr;
                 // SAFETY: inside the aperture (checked); the frame is distinct memory.
                 unsafe { copy_short(data.as_ptr(), p, data.len()) };
                 self.stats.rma_put_bytes += data.len() as u64;
-                self.fire(a.ap, a.at, data.len() as u64, WRITE, Some(PeerId(i as u32)));
-                Status::Ok
+                let len = data.len() as u64;
+                let first = self.fire_first(a.ap, a.at, len, WRITE, peer, take);
+                (Status::Ok, (first != NO_TRIP).then_some((first, a.at, len)))
             }
-            Err(s) => s,
+            Err(s) => (s, None),
         };
         if req != 0 || status != Status::Ok {
             self.send_rma(i, RmaFrame::Ack { req, status });
         }
+        taken.map(|(id, offset, len)| Event::Tripwire {
+            id: TripId {
+                index: id as u32,
+                gen: (id >> 32) as u32,
+            },
+            peer,
+            offset,
+            len,
+            write: true,
+        })
     }
 
     /// Sends the memory file of a checked map request before its ack.
