@@ -268,31 +268,37 @@ impl UdpSock {
     }
 
     fn send_some(&mut self, batch: &mut TxBatch, first: usize, n: usize) -> io::Result<usize> {
-        let mut addrs = [to_sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)); TX_BATCH];
-        let mut ctrl = [[0u64; 4]; TX_BATCH];
-        // SAFETY: plain old data, filled below.
-        let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { zeroed() };
-        // Every frame's vectors first (the vector may grow), then the headers point in.
-        let mut spans = [(0usize, 0usize); TX_BATCH];
-        batch.iovs.clear();
-        for (k, span) in spans.iter_mut().enumerate().take(n) {
-            let at = batch.iovs.len();
-            batch.frame_iovecs(first + k);
-            *span = (at, batch.iovs.len() - at);
+        // The call's arguments live in the batch and are written for the `n` entries sent
+        // only: zeroing 64 of each on the stack per call was 1.4% of a 64-byte UDP hop.
+        // Vectors, names and control buffers first (the vectors may grow), then the
+        // headers that point into them.
+        let a = &mut batch.args;
+        a.iovs.clear();
+        a.spans.clear();
+        a.addrs.clear();
+        a.ctrl.clear();
+        a.hdrs.clear();
+        for k in 0..n {
+            let at = a.iovs.len();
+            batch.frames[first + k].iovecs(&batch.dgrams, &batch.buf, &mut a.iovs);
+            a.spans.push((at, a.iovs.len() - at));
+            a.addrs.push(to_sockaddr(batch.frames[first + k].dest));
+            a.ctrl.push([0; 4]);
         }
         for k in 0..n {
             let f = &batch.frames[first + k];
-            addrs[k] = to_sockaddr(f.dest);
-            let h = &mut hdrs[k].msg_hdr;
-            h.msg_name = (&mut addrs[k] as *mut libc::sockaddr_in).cast();
+            // SAFETY: plain old data; every field the kernel reads is set below.
+            let mut m: libc::mmsghdr = unsafe { zeroed() };
+            let h = &mut m.msg_hdr;
+            h.msg_name = (&mut a.addrs[k] as *mut libc::sockaddr_in).cast();
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            h.msg_iov = batch.iovs[spans[k].0..].as_mut_ptr();
-            h.msg_iovlen = spans[k].1;
+            h.msg_iov = a.iovs[a.spans[k].0..].as_mut_ptr();
+            h.msg_iovlen = a.spans[k].1;
             if f.count > 1 {
                 // SAFETY: the control buffer is large and aligned enough for one cmsg
                 // carrying a u16 (CMSG_SPACE(2) = 24 bytes, 32 available).
                 unsafe {
-                    h.msg_control = ctrl[k].as_mut_ptr().cast();
+                    h.msg_control = a.ctrl[k].as_mut_ptr().cast();
                     h.msg_controllen = libc::CMSG_SPACE(2) as usize;
                     let c = libc::CMSG_FIRSTHDR(h);
                     (*c).cmsg_level = libc::SOL_UDP;
@@ -301,14 +307,15 @@ impl UdpSock {
                     std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), f.seg as u16);
                 }
             }
+            a.hdrs.push(m);
         }
-        // SAFETY: `n` headers whose pointers refer to live locals, to `batch.iovs` and
-        // through it to `batch.buf` and to payloads valid until the batch is sent (the
-        // contract of `TxBatch::push_grouped`).
+        // SAFETY: `n` headers whose pointers refer to the batch's argument vectors (not
+        // touched until the call returns), through them to `batch.buf` and to payloads
+        // valid until the batch is sent (the contract of `TxBatch::push_grouped`).
         let r = cvt(unsafe {
             libc::sendmmsg(
                 self.raw(),
-                hdrs.as_mut_ptr(),
+                a.hdrs.as_mut_ptr(),
                 n as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
@@ -463,15 +470,57 @@ struct Frame {
     closed: bool,
 }
 
+impl Frame {
+    /// Appends this frame's vectors to `iovs`: each datagram's bytes in the batch's
+    /// buffer `buf` (joined with the frame's previous vector where they follow it), then
+    /// its payload.
+    fn iovecs(&self, dgrams: &[Dgram], buf: &[u8], iovs: &mut Vec<libc::iovec>) {
+        let own = iovs.len();
+        for d in &dgrams[self.first..self.first + self.count as usize] {
+            if d.len > 0 {
+                let p = buf[d.start..].as_ptr();
+                match iovs[own..].last_mut() {
+                    Some(v)
+                        if v.iov_base.cast::<u8>().wrapping_add(v.iov_len).cast_const() == p =>
+                    {
+                        v.iov_len += d.len;
+                    }
+                    _ => iovs.push(libc::iovec {
+                        iov_base: p as *mut libc::c_void,
+                        iov_len: d.len,
+                    }),
+                }
+            }
+            if d.ext_len > 0 {
+                iovs.push(libc::iovec {
+                    iov_base: d.ext as *mut libc::c_void,
+                    iov_len: d.ext_len,
+                });
+            }
+        }
+    }
+}
+
 /// Datagrams waiting to be sent, grouped into GSO frames.
 #[derive(Default)]
 pub struct TxBatch {
     buf: Vec<u8>,
     dgrams: Vec<Dgram>,
     frames: Vec<Frame>,
-    /// The vectors of one `sendmmsg`, reused.
-    iovs: Vec<libc::iovec>,
+    /// The arguments of one `sendmmsg`, reused.
+    args: SendArgs,
     gso: bool,
+}
+
+/// The arguments of one `sendmmsg`: per entry a header, a name, a control buffer and its
+/// span of vectors.
+#[derive(Default)]
+struct SendArgs {
+    hdrs: Vec<libc::mmsghdr>,
+    addrs: Vec<libc::sockaddr_in>,
+    ctrl: Vec<[u64; 4]>,
+    iovs: Vec<libc::iovec>,
+    spans: Vec<(usize, usize)>,
 }
 
 // SAFETY: the raw pointers are bulk payloads of the link that queued them, valid until the
@@ -583,35 +632,6 @@ impl TxBatch {
                     })
             })
             .collect();
-    }
-
-    /// Appends frame `f`'s vectors to `iovs`: each datagram's bytes in the buffer (joined
-    /// with the frame's previous vector where they follow it), then its payload.
-    fn frame_iovecs(&mut self, f: usize) {
-        let f = self.frames[f];
-        let own = self.iovs.len();
-        for d in &self.dgrams[f.first..f.first + f.count as usize] {
-            if d.len > 0 {
-                let p = self.buf[d.start..].as_ptr();
-                match self.iovs[own..].last_mut() {
-                    Some(v)
-                        if v.iov_base.cast::<u8>().wrapping_add(v.iov_len).cast_const() == p =>
-                    {
-                        v.iov_len += d.len;
-                    }
-                    _ => self.iovs.push(libc::iovec {
-                        iov_base: p as *mut libc::c_void,
-                        iov_len: d.len,
-                    }),
-                }
-            }
-            if d.ext_len > 0 {
-                self.iovs.push(libc::iovec {
-                    iov_base: d.ext as *mut libc::c_void,
-                    iov_len: d.ext_len,
-                });
-            }
-        }
     }
 
     fn clear(&mut self) {
