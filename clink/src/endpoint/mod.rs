@@ -1510,7 +1510,7 @@ impl Endpoint {
         if pass.copies {
             did |= self.run_engine();
         }
-        did |= self.net_transmit();
+        self.net_transmit();
         self.tcp_transmit();
         if !self.watched.is_empty() {
             self.report_done();

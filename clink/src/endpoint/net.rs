@@ -15,10 +15,6 @@ use std::time::{Duration, Instant};
 const NET_EAGER_MAX: u64 = 64 << 10;
 /// Receive entries a speculative read arms (the socket reads up to this many at once).
 const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
-
-/// How long connection timers may wait behind a socket that keeps filling its reads, ns
-/// (bounded: a flood must not hold off retransmission or failure detection for long).
-const BACKLOG_GRACE: u64 = 2_000_000;
 /// The earliest a sleeping endpoint wakes for a connection's tail-probe, retransmission,
 /// keepalive or admission timer, nanoseconds from now (a due ack wakes it on time). Every
 /// request arms a tail probe a few hundred microseconds out, and a sleep with that
@@ -145,7 +141,6 @@ impl Endpoint {
             Some(Link::Udp(u)) => {
                 if let Some(net) = self.net.as_mut() {
                     let now = net.now();
-                    // (What one call leaves goes with the next progress pass.)
                     net.transmit(u, now);
                     net.flush();
                 }
@@ -207,13 +202,9 @@ impl Endpoint {
             }
         }) > 0;
         let mut dead = Vec::new();
-        // While the socket holds more than one read took, the timers wait (a little): the
-        // acks a retransmission timer would miss may be among the unread.
-        let backlog = net.backlog();
         for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
             let Link::Udp(u) = &mut p.link else { continue };
-            let due = |t: u64| t <= now && (!backlog || now >= t + BACKLOG_GRACE);
-            if u.conn.poll_timeout().is_some_and(due) {
+            if u.conn.poll_timeout().is_some_and(|t| t <= now) {
                 u.conn.handle_timeout(now);
             }
             if u.take_events() {
@@ -276,23 +267,19 @@ impl Endpoint {
         }
     }
 
-    /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch,
-    /// at most [`crate::transport::udp::TX_PASS_MAX`] per link; true when a link has more
-    /// (the pass did work: the caller polls again rather than sleeping).
-    pub(super) fn net_transmit(&mut self) -> bool {
+    /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
+    pub(super) fn net_transmit(&mut self) {
         let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
-            return false;
+            return;
         };
         // A fresh reading: the pass may have spent long (copies) since its receive.
         let now = net.now();
-        let mut more = false;
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if let Link::Udp(u) = &mut p.link {
-                more |= net.transmit(u, now);
+                net.transmit(u, now);
             }
         }
         net.flush();
-        more
     }
 
     /// How long a sleeping endpoint may wait before a connection timer (retransmission,

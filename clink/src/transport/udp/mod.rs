@@ -39,13 +39,6 @@ pub use steer::Steering;
 
 /// IPv4 + UDP header bytes.
 const IP_UDP_HEADERS: usize = 28;
-/// Datagrams one link queues per transmit call (about 0.7 MB at MTU 1500, a quarter of a
-/// millisecond at 3 GB/s). Without a bound a bulk sender queued its whole window, up to
-/// 16 MB, and read no ack for several milliseconds: its RTT estimate read 0.3-1.2 ms
-/// against a 20-40 us minimum, and the retransmission timer fired on acks that sat
-/// unread (7-16 spurious timeouts per 4 GB, each resending the window).
-pub const TX_PASS_MAX: usize = 512;
-
 /// Receive batches read from a steered socket other than the armed one per pass (a
 /// previous holder's stragglers).
 const STRAGGLER_BATCHES: usize = 4;
@@ -313,30 +306,25 @@ impl UdpLink {
         dead
     }
 
-    /// Appends the connection's datagrams to `batch`, at most [`TX_PASS_MAX`]; true when
-    /// it stopped there with more to send. Bulk fragments of a stream the peer steered to
-    /// a socket of its own go to that port.
-    pub fn transmit(&mut self, now: u64, batch: &mut TxBatch) -> bool {
+    /// Appends the connection's datagrams to `batch`. Bulk fragments of a stream the peer
+    /// steered to a socket of its own go to that port.
+    pub fn transmit(&mut self, now: u64, batch: &mut TxBatch) {
         let dest = self.dest;
         let bulk = &self.bulk;
         let conn = &mut self.conn;
-        let start = batch.datagrams();
         // SAFETY: bulk payloads are the sources' bytes, kept until their transfer is over
         // (acknowledged, seen by `take_events`) or the link is cleared, neither of which
         // happens before the transport sends the batch (`UdpTransport::flush`).
         while unsafe {
-            batch.datagrams() - start < TX_PASS_MAX
-                && batch.push_grouped(|buf| {
-                    let t =
-                        conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
-                    let to = match conn.steered_port() {
-                        Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
-                        _ => dest,
-                    };
-                    Some((t.len, t.payload, t.group_start, to))
-                })
+            batch.push_grouped(|buf| {
+                let t = conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
+                let to = match conn.steered_port() {
+                    Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
+                    _ => dest,
+                };
+                Some((t.len, t.payload, t.group_start, to))
+            })
         } {}
-        batch.datagrams() - start >= TX_PASS_MAX
     }
 
     /// Sends the gate's answer (Fast_Ack or Fast_NAck) to the peer; `revoked`: it takes a
@@ -915,14 +903,9 @@ impl UdpTransport {
         self.faults.as_ref().and_then(Faults::next_release)
     }
 
-    /// Queues `link`'s datagrams for sending; true when it has more than one call queues.
-    pub fn transmit(&mut self, link: &mut UdpLink, now: u64) -> bool {
-        link.transmit(now, &mut self.st.batch)
-    }
-
-    /// True when the last read of the main socket filled its batch: more may be waiting.
-    pub fn backlog(&self) -> bool {
-        self.sock.full()
+    /// Queues `link`'s datagrams for sending.
+    pub fn transmit(&mut self, link: &mut UdpLink, now: u64) {
+        link.transmit(now, &mut self.st.batch);
     }
 
     /// Sends everything queued.

@@ -58,8 +58,6 @@ pub struct UdpSock {
     rx: Box<RxBufs>,
     /// Entries the next `recvmmsg` asks for (see [`UdpSock::recv_batch`]).
     width: usize,
-    /// The last `recvmmsg` filled its width.
-    full: bool,
     /// Counters.
     pub stats: SockStats,
 }
@@ -196,7 +194,6 @@ impl UdpSock {
                 }; RX_SLOTS],
             }),
             width: RX_SLOTS,
-            full: false,
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -412,7 +409,6 @@ impl UdpSock {
         // found empty), about 1% of a 64-byte hop. All of them once a call fills its width
         // or brings more than one.
         let got = r.max(0) as usize;
-        self.full = got == self.width;
         self.width = if got == self.width || got > 1 {
             RX_SLOTS
         } else {
@@ -439,11 +435,6 @@ impl UdpSock {
             };
         }
         r as usize
-    }
-
-    /// True when the last [`UdpSock::recv_batch`] filled every entry it asked for.
-    pub fn full(&self) -> bool {
-        self.full
     }
 
     /// What entry `k` of the last [`UdpSock::recv_batch`] received.
