@@ -65,6 +65,11 @@ impl Spec {
 }
 
 /// Pages touched by the non-empty byte range `[start, end)`.
+/// Whether an access of `kind` to `start..end` fires tripwire `s`.
+fn touches(s: &Spec, kind: u8, start: u64, end: u64) -> bool {
+    s.on & kind != 0 && s.start < end && start < s.end()
+}
+
 fn pages(start: u64, end: u64) -> RangeInclusive<u64> {
     start >> PAGE_SHIFT..=(end - 1) >> PAGE_SHIFT
 }
@@ -213,6 +218,32 @@ impl Matcher {
         kind: u8,
         mut hit: impl FnMut(TripId, &Spec),
     ) {
+        // The usual small access, within one page that one tripwire watches: no hit list
+        // to fill and sort.
+        let end = start.saturating_add(len);
+        if end > start && start >> PAGE_SHIFT == (end - 1) >> PAGE_SHIFT {
+            let Some(ap) = self.apertures.get(&aperture) else {
+                return;
+            };
+            let bucket = ap.buckets.get(&(start >> PAGE_SHIFT));
+            let bucket = bucket.map_or(&[][..], Vec::as_slice);
+            if bucket.len() + ap.wide.len() == 1 {
+                let index = *bucket.first().or(ap.wide.first()).expect("one candidate");
+                let entry = &self.slab[index as usize];
+                let Some(spec) = entry.spec else { return };
+                if touches(&spec, kind, start, end) {
+                    let id = TripId {
+                        index,
+                        gen: entry.gen,
+                    };
+                    hit(id, &spec);
+                    if spec.once {
+                        self.remove(id);
+                    }
+                }
+                return;
+            }
+        }
         let mut hits = std::mem::take(&mut self.scratch);
         self.collect(aperture, start, len, kind, &mut hits);
         for &index in &hits {
@@ -250,10 +281,7 @@ impl Matcher {
         if end <= start {
             return 0;
         }
-        let hits = |s: &Option<Spec>| {
-            s.as_ref()
-                .is_some_and(|s| s.on & kind != 0 && s.start < end && start < s.end())
-        };
+        let hits = |s: &Option<Spec>| s.as_ref().is_some_and(|s| touches(s, kind, start, end));
         let pages = pages(start, end);
         let mut examined = 0;
         if pages.start() == pages.end() {
