@@ -219,7 +219,8 @@ impl Matcher {
         mut hit: impl FnMut(TripId, &Spec),
     ) {
         // The usual small access, within one page that one tripwire watches: no hit list
-        // to fill and sort.
+        // to fill and sort. (The loop's steps written out again: a helper shared with it
+        // cost the put + tripwire hop 2.5 ns.)
         let end = start.saturating_add(len);
         if end > start && start >> PAGE_SHIFT == (end - 1) >> PAGE_SHIFT {
             let Some(ap) = self.apertures.get(&aperture) else {
