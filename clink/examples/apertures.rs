@@ -1,7 +1,8 @@
 //! One-sided access (CLAN): an owner exports an aperture, a peer puts, gets and adds into
 //! it, the owner's tripwire fires and queues an event, the peer maps the window and writes
 //! with plain stores, then both run a distributed queue built only on apertures and
-//! tripwires. Two endpoints in two threads (across processes it is the same with the
+//! tripwires, and a tagged message lands in the aperture (`irecv_into_aperture`), firing
+//! a tripwire. Two endpoints in two threads (across processes it is the same with the
 //! address passed on; `CLINK_TRANSPORT=udp` runs it over the network path, where mapping
 //! is refused and the queue uses puts).
 //!
@@ -59,6 +60,8 @@ fn main() -> clink::Result<()> {
             q.push(&mut ep, &e, T)?;
         }
         ep.recv_timeout(Selector::exact(Some(owner), 3), &mut [0u8; 1], T)?;
+        ep.send(owner, 4, b"a message into the aperture")?;
+        ep.recv_timeout(Selector::exact(Some(owner), 5), &mut [0u8; 1], T)?;
         Ok(())
     });
 
@@ -87,7 +90,24 @@ fn main() -> clink::Result<()> {
         owner.tripwire_count(trip),
         owner.stats().rma_refused
     );
+    // A tagged message received straight into the aperture fires its tripwires too.
+    let landing = owner.tripwire(ap, 1024, 64, TripOptions::default())?;
+    let req = owner.irecv_into_aperture(Selector::exact(Some(peer), 4), ap, 1024, 64)?;
     owner.send(peer, 3, b"k")?;
+    loop {
+        match owner.wait_event(T)? {
+            Event::Tripwire { id, len, .. } if id == landing => {
+                println!("owner: tripwire fired by a {len}-byte message landing");
+                break;
+            }
+            _ => continue,
+        }
+    }
+    let got = owner.wait_recv(&req, T)?;
+    let mut text = vec![0u8; got.status.len as usize];
+    owner.aperture_read(ap, 1024, &mut text)?;
+    println!("owner: it says {:?}", String::from_utf8_lossy(&text));
+    owner.send(peer, 5, b"k")?;
     peer_thread.join().expect("peer thread")?;
     Ok(())
 }
