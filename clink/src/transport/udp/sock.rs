@@ -680,6 +680,101 @@ mod tests {
         assert_eq!(b.frames[3].len, 40);
     }
 
+    proptest::proptest! {
+        /// Whatever datagrams are queued (bytes in the batch, caller payloads, group
+        /// boundaries, two destinations), each frame's vectors spell its datagrams end to
+        /// end, in order, and every frame is a valid GSO send: all segments but the last of
+        /// one size, the last no longer, at most 64 of them and 65507 bytes; split back
+        /// (GSO refused), every datagram is its own entry, bytes intact.
+        #[test]
+        fn frames_spell_their_datagrams_and_obey_gso_limits(
+            dgrams in proptest::collection::vec(
+                (0usize..80, 0usize..1500, proptest::bool::ANY, proptest::bool::ANY),
+                1..300,
+            ),
+        ) {
+            let src: Vec<u8> = (0..4096u32).map(|k| (k * 31 + 7) as u8).collect();
+            let dests = [
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1),
+                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2),
+            ];
+            let mut batch = TxBatch::new(true);
+            let mut want: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
+            for (k, &(head, ext, boundary, other)) in dgrams.iter().enumerate() {
+                let off = (k * 97) % 2048;
+                let payload = &src[off..off + ext];
+                let dest = dests[usize::from(other)];
+                let bytes: Vec<u8> = (0..head).map(|i| (k + i) as u8).collect();
+                let d = [&bytes[..], payload].concat();
+                // SAFETY: `src` outlives the batch.
+                let pushed = unsafe {
+                    batch.push_grouped(|buf| {
+                        buf.extend_from_slice(&bytes);
+                        Some((head, payload, boundary, dest))
+                    })
+                };
+                proptest::prop_assert_eq!(pushed, !d.is_empty());
+                if !d.is_empty() {
+                    want.push((dest, d));
+                }
+            }
+            // All frames' vectors in one list, as one `sendmmsg` builds them.
+            let spell = |batch: &mut TxBatch| -> Vec<(SocketAddrV4, Vec<u8>, usize, u32)> {
+                let mut iovs = Vec::new();
+                let spans: Vec<(usize, usize)> = batch
+                    .frames
+                    .iter()
+                    .map(|fr| {
+                        let at = iovs.len();
+                        fr.iovecs(&batch.dgrams, &batch.buf, &mut iovs);
+                        (at, iovs.len())
+                    })
+                    .collect();
+                (0..batch.frames.len())
+                    .map(|f| {
+                        let fr = batch.frames[f];
+                        let mut bytes = Vec::new();
+                        for v in &iovs[spans[f].0..spans[f].1] {
+                            // SAFETY: vectors into the batch's buffer and `src`, both live.
+                            bytes.extend_from_slice(unsafe {
+                                std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
+                            });
+                        }
+                        (fr.dest, bytes, fr.seg, fr.count)
+                    })
+                    .collect()
+            };
+            let frames = spell(&mut batch);
+            let mut at = 0;
+            for (dest, bytes, seg, count) in &frames {
+                let count = *count as usize;
+                proptest::prop_assert!((1..=MAX_GSO_SEGMENTS).contains(&count));
+                proptest::prop_assert!(bytes.len() <= MAX_UDP_PAYLOAD || count == 1);
+                let mine = &want[at..at + count];
+                at += count;
+                proptest::prop_assert!(mine.iter().all(|(d, _)| d == dest));
+                for (i, (_, d)) in mine.iter().enumerate() {
+                    if i + 1 < count {
+                        proptest::prop_assert_eq!(d.len(), *seg);
+                    } else {
+                        proptest::prop_assert!(d.len() <= *seg);
+                    }
+                }
+                let joined: Vec<u8> = mine.iter().flat_map(|(_, d)| d.iter().copied()).collect();
+                proptest::prop_assert!(bytes == &joined, "a frame's vectors are its datagrams");
+            }
+            proptest::prop_assert_eq!(at, want.len());
+            batch.split_all();
+            let single = spell(&mut batch);
+            proptest::prop_assert_eq!(single.len(), want.len());
+            for ((dest, bytes, _, count), (d, w)) in single.iter().zip(&want) {
+                proptest::prop_assert_eq!(*count, 1);
+                proptest::prop_assert_eq!(dest, d);
+                proptest::prop_assert!(bytes == w);
+            }
+        }
+    }
+
     #[test]
     fn payloads_from_caller_memory_follow_their_headers() {
         // Bulk datagrams: an 8-byte header in the batch, the payload where it is; grouped
