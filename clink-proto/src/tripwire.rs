@@ -64,12 +64,12 @@ impl Spec {
     }
 }
 
-/// Pages touched by the non-empty byte range `[start, end)`.
 /// Whether an access of `kind` to `start..end` fires tripwire `s`.
 fn touches(s: &Spec, kind: u8, start: u64, end: u64) -> bool {
     s.on & kind != 0 && s.start < end && start < s.end()
 }
 
+/// Pages touched by the non-empty byte range `[start, end)`.
 fn pages(start: u64, end: u64) -> RangeInclusive<u64> {
     start >> PAGE_SHIFT..=(end - 1) >> PAGE_SHIFT
 }

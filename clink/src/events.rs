@@ -167,19 +167,19 @@ impl EventQueue {
         }
     }
 
+    /// Whether events of `src` are wanted (the interest mask).
+    pub fn wants(&self, src: u32) -> bool {
+        self.interest & src != 0
+    }
+
     /// Queues an event of source `src` if the endpoint is interested in it. Only the
     /// endpoint's own thread calls this (`&mut self`), and the endpoint cannot be asleep
     /// while it runs: `Endpoint::arm` re-checks `is_empty` after everything it pushes
     /// (its progress pass) and blocks only if that finds the queue empty; so no doorbell.
     /// [`EventSender`]s, on other threads, use the ring's `push`, which rings when the
     /// consumer sleeps.
-    /// Whether events of `src` are wanted (the interest mask).
-    pub fn wants(&self, src: u32) -> bool {
-        self.interest & src != 0
-    }
-
     pub fn push(&mut self, src: u32, ev: Event) {
-        if self.interest & src == 0 {
+        if !self.wants(src) {
             return;
         }
         // Once anything spilled, later events spill too (order is kept). One report when

@@ -564,7 +564,6 @@ fn one_put_under_two_tripwires_reports_both_in_order() {
     initiator.join().unwrap();
 }
 
-/// Local misuse gets clear errors.
 /// `r` failed with `Error::Invalid` saying `what`.
 #[track_caller]
 fn invalid<T: std::fmt::Debug>(r: clink::Result<T>, what: &str) {
@@ -574,6 +573,7 @@ fn invalid<T: std::fmt::Debug>(r: clink::Result<T>, what: &str) {
     }
 }
 
+/// Local misuse gets clear errors.
 #[test]
 fn local_misuse_is_refused() {
     let mut ep: Endpoint = ctx().endpoint().unwrap();
@@ -608,28 +608,52 @@ fn local_misuse_is_refused() {
     ep.revoke(&c).unwrap();
 }
 
-/// Tagged messages received into an aperture fire its write tripwires (with the sender as
-/// the accessing peer), eager and rendezvous alike; a truncated one fires over what landed.
-#[test]
-fn messages_landing_in_an_aperture_fire_tripwires() {
-    let mut ep = ctx().endpoint().unwrap();
-    let addr = ep.address();
-    let sender = std::thread::spawn(move || {
+/// The sender of the receive-into-aperture tests: connects to `addr`, waits for the
+/// receiver's word (tag 6) first when `go_first`, sends 5, 300 000 and 100 bytes under tag
+/// 5, then waits for the receiver's word again before closing.
+fn three_messages(addr: String, go_first: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
         let mut s = ctx().endpoint().unwrap();
         let p = s.connect(&addr).unwrap();
+        let word = |s: &mut Endpoint| {
+            s.recv_timeout(Selector::exact(Some(p), 6), &mut [0u8; 1], Some(T))
+                .unwrap()
+        };
+        if go_first {
+            word(&mut s);
+        }
         s.send(p, 5, b"small").unwrap();
         s.send(p, 5, &vec![9u8; 300_000]).unwrap();
         s.send(p, 5, &[1u8; 100]).unwrap();
-        // Wait for the receiver's word before closing.
-        let mut b = [0u8; 1];
-        s.recv_timeout(Selector::exact(Some(p), 6), &mut b, Some(T))
-            .unwrap();
-    });
+        word(&mut s);
+    })
+}
+
+/// The receiving side of those tests: the sender's peer id, a 1 MiB aperture, and write
+/// tripwires with events over its first word and over the word at 200 000.
+fn landing_aperture(
+    ep: &mut Endpoint,
+) -> (
+    PeerId,
+    clink::rma::ApertureId,
+    clink::rma::TripId,
+    clink::rma::TripId,
+) {
     let peer = ep.accept(Some(T)).unwrap();
     ep.set_interest(events::TRIPWIRES);
     let ap = ep.aperture_alloc(1 << 20).unwrap();
     let head = ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
     let far = ep.tripwire(ap, 200_000, 8, TripOptions::default()).unwrap();
+    (peer, ap, head, far)
+}
+
+/// Tagged messages received into an aperture fire its write tripwires (with the sender as
+/// the accessing peer), eager and rendezvous alike; a truncated one fires over what landed.
+#[test]
+fn messages_landing_in_an_aperture_fire_tripwires() {
+    let mut ep = ctx().endpoint().unwrap();
+    let sender = three_messages(ep.address(), false);
+    let (peer, ap, head, far) = landing_aperture(&mut ep);
     let sel = Selector::exact(Some(peer), 5);
     let st = ep.recv_into_aperture(sel, ap, 0, 1 << 20, Some(T)).unwrap();
     assert_eq!(st.len, 5);
@@ -683,24 +707,8 @@ fn messages_landing_in_an_aperture_fire_tripwires() {
 #[test]
 fn nonblocking_receives_into_an_aperture_fire_tripwires_on_completion() {
     let mut ep = ctx().endpoint().unwrap();
-    let addr = ep.address();
-    let sender = std::thread::spawn(move || {
-        let mut s = ctx().endpoint().unwrap();
-        let p = s.connect(&addr).unwrap();
-        let mut b = [0u8; 1];
-        s.recv_timeout(Selector::exact(Some(p), 6), &mut b, Some(T))
-            .unwrap();
-        s.send(p, 5, b"small").unwrap();
-        s.send(p, 5, &vec![9u8; 300_000]).unwrap();
-        s.send(p, 5, &[1u8; 100]).unwrap();
-        s.recv_timeout(Selector::exact(Some(p), 6), &mut b, Some(T))
-            .unwrap();
-    });
-    let peer = ep.accept(Some(T)).unwrap();
-    ep.set_interest(events::TRIPWIRES);
-    let ap = ep.aperture_alloc(1 << 20).unwrap();
-    let head = ep.tripwire(ap, 0, 8, TripOptions::default()).unwrap();
-    let far = ep.tripwire(ap, 200_000, 8, TripOptions::default()).unwrap();
+    let sender = three_messages(ep.address(), true);
+    let (peer, ap, head, far) = landing_aperture(&mut ep);
     let sel = Selector::exact(Some(peer), 5);
     // A receive posted and cancelled first: it matches nothing and fires nothing.
     let gone = ep

@@ -104,9 +104,7 @@ impl ClinkChannel {
             stream_bufs: Vec::new(),
         }
     }
-}
 
-impl ClinkChannel {
     /// Completes the oldest of `posted` (messages of `n` bytes), keeps its buffer for the
     /// next receive, and records the first failure in `result`.
     fn reap(
@@ -226,6 +224,9 @@ impl Channel for ClinkChannel {
         let mut posted = std::collections::VecDeque::new();
         let mut result = Ok(());
         for k in 0..count {
+            if result.is_err() {
+                break;
+            }
             if k + 1 == count {
                 // Posted after the others, so it matches the last message.
                 result = self.recv(buf);

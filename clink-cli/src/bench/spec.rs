@@ -4,8 +4,9 @@
 //! For every round and `--mtu` (default 1500 only) the parent makes a fresh pair of
 //! network namespaces ([`clink::netns::NetnsPair`]), runs an untimed warm-up transfer,
 //! then for every experiment and variant one bulk transfer between real processes: the
-//! **receiver** in namespace 0 (pinned to CPU 0), one or two **senders** in namespace 1 (pinned to CPU 1), all started by the parent
-//! as the hidden subcommand [`CHILD_SUBCOMMAND`] ([`run_child`]) with the variant's
+//! **receiver** in namespace 0 (pinned to CPU 0), one or two **senders** in namespace 1
+//! (pinned to CPU 1), all started by the parent as the hidden subcommand
+//! [`CHILD_SUBCOMMAND`] ([`run_child`]) with the variant's
 //! `CLINK_*` settings in their environment. Each sender streams `--fragments` bulk
 //! fragments' worth (default 100 000, `--quick` 5 000; at MTU 1500 a fragment carries
 //! 1408 bytes, so 135 messages) of [`MSG_SIZE`]-byte messages, [`WINDOW`] in flight; the

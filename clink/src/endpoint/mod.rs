@@ -169,7 +169,6 @@ enum RecvBuf {
     Aperture {
         ptr: *mut u8,
         len: usize,
-        ap: u32,
     },
 }
 

@@ -230,12 +230,9 @@ impl Endpoint {
         if !self.rma.aps.contains_key(&ap.0) {
             return Err(no_aperture(ap));
         }
+        // Settled, the list holds exactly the receives still pending.
         self.settle_aperture_recvs();
-        let pending = self.recvs.values().any(|op| {
-            matches!(op.buf, RecvBuf::Aperture { ap: a, .. } if a == ap.0)
-                && !matches!(op.state, super::RecvState::Done(_))
-        });
-        if pending {
+        if self.rma.aperture_recvs.iter().any(|r| r.ap == ap.0) {
             return Err(Error::Invalid(format!(
                 "aperture {} has a receive pending into it: cancel it first",
                 ap.0
@@ -334,7 +331,6 @@ impl Endpoint {
         let buf = RecvBuf::Aperture {
             ptr,
             len: len as usize,
-            ap: ap.0,
         };
         let req = self.post_recv(sel, buf);
         self.rma.aperture_recvs.push(ApertureRecv {

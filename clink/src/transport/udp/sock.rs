@@ -275,17 +275,14 @@ impl UdpSock {
         // only: zeroing 64 of each on the stack per call was 1.4% of a 64-byte UDP hop.
         // Vectors, names and control buffers first (the vectors may grow), then the
         // headers that point into them.
+        let frames = &batch.frames[first..first + n];
         let a = &mut batch.args;
-        a.iovs.clear();
-        a.spans.clear();
         a.addrs.clear();
         a.ctrl.clear();
         a.hdrs.clear();
-        for k in 0..n {
-            let at = a.iovs.len();
-            batch.frames[first + k].iovecs(&batch.dgrams, &batch.buf, &mut a.iovs);
-            a.spans.push((at, a.iovs.len() - at));
-            a.addrs.push(to_sockaddr(batch.frames[first + k].dest));
+        frame_vectors(frames, &batch.dgrams, &batch.buf, &mut a.iovs, &mut a.spans);
+        for f in frames {
+            a.addrs.push(to_sockaddr(f.dest));
             a.ctrl.push([0; 4]);
         }
         for k in 0..n {
@@ -386,7 +383,8 @@ impl UdpSock {
     /// Datagram counters are the caller's to keep.
     pub fn recv_batch(&mut self) -> usize {
         let rx = &mut *self.rx;
-        for k in 0..RX_SLOTS {
+        // Only the entries this call asks for (the kernel touches no other).
+        for k in 0..self.width {
             let h = &mut rx.hdrs[k].msg_hdr;
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_controllen = size_of::<[u64; 8]>();
@@ -483,10 +481,28 @@ struct Frame {
     closed: bool,
 }
 
+/// The vectors of `frames`, all in one list as one `sendmmsg` takes them (`iovs`, cleared
+/// first), and per frame its span of that list, (start, count) (`spans`, cleared first).
+fn frame_vectors(
+    frames: &[Frame],
+    dgrams: &[Dgram],
+    buf: &[u8],
+    iovs: &mut Vec<libc::iovec>,
+    spans: &mut Vec<(usize, usize)>,
+) {
+    iovs.clear();
+    spans.clear();
+    for f in frames {
+        let at = iovs.len();
+        f.iovecs(dgrams, buf, iovs);
+        spans.push((at, iovs.len() - at));
+    }
+}
+
 impl Frame {
     /// Appends this frame's vectors to `iovs`: each datagram's bytes in the batch's
-    /// buffer `buf` (joined with the frame's previous vector where they follow it), then
-    /// its payload.
+    /// buffer `buf` (joined with the frame's previous vector where they follow it, never
+    /// with another frame's), then its payload.
     fn iovecs(&self, dgrams: &[Dgram], buf: &[u8], iovs: &mut Vec<libc::iovec>) {
         let own = iovs.len();
         for d in &dgrams[self.first..self.first + self.count as usize] {
@@ -718,23 +734,16 @@ mod tests {
                     want.push((dest, d));
                 }
             }
-            // All frames' vectors in one list, as one `sendmmsg` builds them.
+            // All frames' vectors in one list, as `send_some` builds them for `sendmmsg`.
             let spell = |batch: &mut TxBatch| -> Vec<(SocketAddrV4, Vec<u8>, usize, u32)> {
-                let mut iovs = Vec::new();
-                let spans: Vec<(usize, usize)> = batch
-                    .frames
-                    .iter()
-                    .map(|fr| {
-                        let at = iovs.len();
-                        fr.iovecs(&batch.dgrams, &batch.buf, &mut iovs);
-                        (at, iovs.len())
-                    })
-                    .collect();
+                let (mut iovs, mut spans) = (Vec::new(), Vec::new());
+                frame_vectors(&batch.frames, &batch.dgrams, &batch.buf, &mut iovs, &mut spans);
                 (0..batch.frames.len())
                     .map(|f| {
                         let fr = batch.frames[f];
+                        let (at, count) = spans[f];
                         let mut bytes = Vec::new();
-                        for v in &iovs[spans[f].0..spans[f].1] {
+                        for v in &iovs[at..at + count] {
                             // SAFETY: vectors into the batch's buffer and `src`, both live.
                             bytes.extend_from_slice(unsafe {
                                 std::slice::from_raw_parts(v.iov_base.cast::<u8>(), v.iov_len)
