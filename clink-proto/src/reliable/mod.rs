@@ -721,7 +721,7 @@ impl Conn {
     }
 
     /// Queues a bulk transfer of `len` bytes (`len` > 0) named `xfer` by the receiver. Its
-    /// bytes are not copied: each transmission asks the `fill` callback of
+    /// bytes are not copied: each transmission asks the `source` callback of
     /// [`Conn::poll_transmit_with`] for them, so the caller keeps them unchanged until
     /// [`Event::BulkSent`]. The receiver gets the fragments through the `place` callback of
     /// [`Conn::handle_datagram_with`] (or finds them in place, [`Conn::accept_placed`]);
