@@ -24,6 +24,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
     ("CLINK_UDP_FORCE_MISS", "experiment knob, '0' (default): '1' makes this endpoint send its bulk fragments misordered within each group (neighbours swapped), so the receiver's speculation misses every one and all take the cleanup path; the data still arrives intact (the fallback experiment of clink bench --spec)"),
     ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
+    ("CLINK_UDP_PEER_SOCKETS", "how many peers (the first ones) get a UDP socket of their own, connected to them and sharing the endpoint's port (SO_REUSEPORT): their datagrams skip the per-datagram route lookup and the main socket (64-byte one-way across the veth pair about 1 us less); every such socket is read on every pass, so a few (default 4, 0-64; 0: one socket for all)"),
     ("CLINK_UDP_STEER", "'1': a receiver steers the fast stream admission control granted to a UDP socket of its own, connected to that sender (the kernel keeps other traffic out of its speculative layout: the granted stream's hit rate 99.2-99.4% instead of 98.5-98.8%, but two senders' goodput 0.71-0.74x one sender instead of 0.80-0.87x here, BENCHMARKS.md); '0' (default): every stream arrives on the endpoint's one socket"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
@@ -201,6 +202,7 @@ impl Config {
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
                 "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
+                "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
                 "CLINK_UDP_FORCE_MISS" => udp.force_miss = flag(&k, &v)?,
                 "CLINK_UDP_ADMISSION" => {
                     use clink_proto::admission::Mode;

@@ -526,6 +526,7 @@ impl Endpoint {
                 if let Some(net) = self.net.as_mut() {
                     net.route(u, id.0 as usize);
                 }
+                self.watch_new_sockets();
                 net::eager_threshold(&self.ctx)
             }
             Link::Tcp(_) => net::eager_threshold(&self.ctx),

@@ -157,6 +157,22 @@ impl Endpoint {
     /// peer and no connection under way: an endpoint with only shared-memory peers makes
     /// no system call per poll. Hellos from new peers are then read when epoll reports the
     /// socket readable (liveness checks, sleeps).
+    /// Adds the sockets the UDP transport made since the last call (flow steering's,
+    /// peers' own) to the epoll set, so sleeps watch them too.
+    pub(super) fn watch_new_sockets(&mut self) {
+        let Some(net) = self.net.as_mut() else {
+            return;
+        };
+        let failed = net
+            .take_new_fds()
+            .any(|fd| self.epoll.add(fd, super::TOK_UDP).is_err());
+        if failed {
+            // A sleep would not wake for it: one socket for all rather than a deaf one.
+            tracing::warn!("epoll_ctl of a UDP socket failed: no steered or peer sockets");
+            net.stop_extra_sockets();
+        }
+    }
+
     pub(super) fn net_receive(&mut self, readable: bool) -> bool {
         let Some(net) = self.net.as_mut().filter(|n| readable || n.active()) else {
             return false;
@@ -194,7 +210,7 @@ impl Endpoint {
             net.set_arm(key, arm);
         }
         let peers = &mut self.peers;
-        let got = net.receive(now, &mut |i, g| {
+        let got = net.receive(now, readable, &mut |i, g| {
             if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
                 if let Link::Udp(u) = &mut p.link {
                     u.handle(now, g);
@@ -219,16 +235,8 @@ impl Endpoint {
                 u.answer_admit(answer, revoked);
             }
         });
-        // Sockets flow steering made for a grant: sleeps watch them too.
-        let failed = net
-            .take_new_fds()
-            .any(|fd| self.epoll.add(fd, super::TOK_UDP).is_err());
-        if failed {
-            // A sleep would not wake for it: no steering rather than a deaf socket.
-            tracing::warn!("epoll_ctl of a steered UDP socket failed: flow steering off");
-            net.stop_steering();
-        }
         let accepted = net.take_accepted();
+        self.watch_new_sockets();
         self.finish_bulk();
         let adopted = !accepted.is_empty();
         for link in accepted {

@@ -17,6 +17,7 @@
 
 pub mod bulk;
 pub mod faults;
+pub mod peers;
 pub mod sock;
 pub mod steer;
 
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 
 pub use bulk::{Arm, Bulk, BulkStats};
 pub use faults::{FaultConfig, FaultStats, Faults};
+pub use peers::PeerSocks;
 pub use sock::{IoVec, SockStats, TxBatch, UdpSock};
 pub use steer::Steering;
 
@@ -137,6 +139,9 @@ pub struct UdpConfig {
     pub admission: Mode,
     /// Flow steering: the granted stream gets a socket of its own.
     pub steer: bool,
+    /// Peers (the first ones) that get a connected socket of their own ([`peers`]); 0:
+    /// every peer shares the main socket.
+    pub peer_sockets: usize,
 }
 
 impl Default for UdpConfig {
@@ -152,6 +157,7 @@ impl Default for UdpConfig {
             faults: FaultConfig::default(),
             admission: Mode::Implicit,
             steer: false,
+            peer_sockets: 4,
         }
     }
 }
@@ -385,6 +391,12 @@ pub struct UdpTransport {
     pub sock: UdpSock,
     /// The sockets granted fast streams are steered to (flow steering).
     steer: Steering,
+    /// The connected sockets of the first peers.
+    peers: PeerSocks,
+    /// Receive passes, for reading the main socket every [`peers::MAIN_EVERY`]th one.
+    passes: u32,
+    /// Routes whose peer has no socket of its own (their datagrams reach the main one).
+    uncovered: usize,
     faults: Option<Faults>,
     st: State,
 }
@@ -407,8 +419,8 @@ struct State {
     lead: Vec<Vec<IoVec>>,
     /// The armed layout, rebuilt only when its key changes.
     armed: Option<Armed>,
-    /// The steered socket the layout is armed on (`None`: the main one).
-    armed_on: Option<usize>,
+    /// The socket the layout is armed on (see [`socket`]: 0 the main one).
+    armed_on: usize,
     /// The grant holder when decisions were last drained (a change re-plans the layout).
     last_holder: Option<usize>,
     /// Admission control: which peer (route index) may send fast.
@@ -521,8 +533,12 @@ impl State {
 impl UdpTransport {
     /// Binds the socket and works out the address to advertise and the path MTU.
     pub fn new(cfg: UdpConfig, my_id: u128) -> Result<UdpTransport> {
-        let sock = UdpSock::bind(cfg.bind, cfg.sock_buf)
-            .map_err(io_err(format!("bind UDP {}", cfg.bind)))?;
+        let sock = if cfg.peer_sockets > 0 {
+            UdpSock::bind_shared(cfg.bind, cfg.sock_buf)
+        } else {
+            UdpSock::bind(cfg.bind, cfg.sock_buf)
+        }
+        .map_err(io_err(format!("bind UDP {}", cfg.bind)))?;
         let (ip, if_mtu) = if cfg.bind.ip().is_unspecified() {
             crate::sys::primary_ipv4().unwrap_or((Ipv4Addr::LOCALHOST, 65536))
         } else {
@@ -532,7 +548,11 @@ impl UdpTransport {
         let mtu = cfg.mtu.unwrap_or(if_mtu).clamp(576, 65536);
         let batch = TxBatch::new(sock.gso());
         let steer = Steering::new(cfg.steer, cfg.bind, cfg.sock_buf);
+        let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf);
         Ok(UdpTransport {
+            peers,
+            passes: 0,
+            uncovered: 0,
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             st: State {
                 advertised: SocketAddrV4::new(ip, sock.local().port()),
@@ -548,7 +568,7 @@ impl UdpTransport {
                 hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
                 lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
                 armed: None,
-                armed_on: None,
+                armed_on: 0,
                 last_holder: None,
                 gate: Gate::new(GateConfig::default()),
                 decisions: Vec::new(),
@@ -642,21 +662,45 @@ impl UdpTransport {
         self.st.pending.retain(|p| p.conn != token);
     }
 
-    /// Makes `link` (a new peer at index `idx` of the endpoint) reachable by its datagrams.
+    /// Makes `link` (a new peer at index `idx` of the endpoint) reachable by its
+    /// datagrams, on a connected socket of its own while there are fewer than
+    /// [`UdpConfig::peer_sockets`].
     pub fn route(&mut self, link: &UdpLink, idx: usize) {
         self.st
             .routes
             .insert((link.dest, link.conn.config().conn_id), idx);
+        if self.peers.open(link.dest) {
+            // Its datagrams move to the new socket: a layout for it must move too.
+            self.disarm();
+        }
+        self.count_uncovered();
     }
 
     /// Forgets a peer's route (it failed or closed); its datagrams become stray, its
-    /// fast-stream grant passes on.
+    /// fast-stream grant passes on, its socket (when no other link goes to its address)
+    /// closes.
     pub fn unroute(&mut self, link: &UdpLink) {
         let st = &mut self.st;
         if let Some(i) = st.routes.remove(&(link.dest, link.conn.config().conn_id)) {
             let now = st.now();
             st.gate.forget(now, i, &mut st.decisions);
         }
+        let shared = st.routes.keys().any(|(d, _)| *d == link.dest);
+        if !shared && self.peers.close(link.dest) {
+            // Sockets after it moved down one index.
+            self.disarm();
+        }
+        self.count_uncovered();
+    }
+
+    fn count_uncovered(&mut self) {
+        let peers = &self.peers;
+        self.uncovered = self
+            .st
+            .routes
+            .keys()
+            .filter(|(d, _)| !peers.has(*d))
+            .count();
     }
 
     /// The peer (route index) holding the fast-stream grant, if any.
@@ -717,17 +761,20 @@ impl UdpTransport {
         self.steer.steer(peer, dest)
     }
 
-    /// Turns flow steering off and closes its sockets (the endpoint could not watch them);
-    /// grants from now on carry no port.
-    pub fn stop_steering(&mut self) {
+    /// Turns flow steering and peer sockets off and closes their sockets (the endpoint
+    /// could not watch them): grants from now on carry no port, every peer's datagrams
+    /// reach the main socket.
+    pub fn stop_extra_sockets(&mut self) {
         self.disarm();
         self.steer.close();
         self.steer.turn_off();
+        self.peers.close_all();
+        self.count_uncovered();
     }
 
     /// Sockets the endpoint must add to its epoll set (once; closing one removes it).
     pub fn take_new_fds(&mut self) -> impl Iterator<Item = RawFd> + '_ {
-        self.steer.take_new_fds()
+        self.steer.take_new_fds().chain(self.peers.take_new_fds())
     }
 
     /// Drops the speculative layout (the endpoint plans a new one before the next read).
@@ -813,20 +860,26 @@ impl UdpTransport {
             }
         });
         // The layout goes on the socket the stream arrives on: the holder's steered one,
-        // else the main one. The others get none.
+        // else its peer's own one, else the main one. The others get none.
         let holder = st.gate.holder().map(|h| h.peer);
-        st.armed_on = st
-            .armed
-            .as_ref()
-            .filter(|a| Some(a.key.0) == holder)
-            .and_then(|a| self.steer.socket_of(a.key.0));
-        for i in 0..=steer::SOCKETS {
-            let lead: &[Vec<IoVec>] = if st.armed.is_some() && st.armed_on == i.checked_sub(1) {
+        st.armed_on = st.armed.as_ref().map_or(0, |a| {
+            let steered = self
+                .steer
+                .socket_of(a.key.0)
+                .filter(|_| Some(a.key.0) == holder);
+            match (steered, self.peers.index_of(a.src)) {
+                (Some(i), _) => 1 + i,
+                (None, Some(k)) => PEER_SOCK0 + k,
+                (None, None) => 0,
+            }
+        });
+        for i in 0..PEER_SOCK0 + self.peers.len() {
+            let lead: &[Vec<IoVec>] = if st.armed.is_some() && st.armed_on == i {
                 &st.lead
             } else {
                 &[]
             };
-            let Some(sock) = socket(&mut self.sock, &mut self.steer, i) else {
+            let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) else {
                 continue;
             };
             // SAFETY: header slots are ours; destination ranges are distinct missing
@@ -847,28 +900,40 @@ impl UdpTransport {
     ///
     /// With streams steered to sockets of their own every socket is read, the one holding
     /// the layout first: the other's cleanup copies may fill fragments the layout names, so
-    /// no speculative read may follow them before the endpoint re-plans.
-    pub fn receive(&mut self, now: u64, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
+    /// no speculative read may follow them before the endpoint re-plans. So are the peer
+    /// sockets; the main one too when `all` (epoll reported a socket readable), when a
+    /// peer has no socket of its own, while connecting, with faults injected (held-back
+    /// datagrams are released there), and else every [`peers::MAIN_EVERY`]th call.
+    pub fn receive(&mut self, now: u64, all: bool, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
         let armed = self.st.armed.take();
-        // Socket 0 is the main one, 1.. the steered ones. The armed one first; then the
-        // other steered ones, before the main one: a previous holder's fast fragments
-        // wait there while its newer, slow ones reach the main socket, and read out of
-        // order they would look like losses (NAKs, and the sender's loss detection).
+        self.passes = self.passes.wrapping_add(1);
+        let main = all
+            || self.uncovered > 0
+            || self.faults.is_some()
+            || !self.st.pending.is_empty()
+            || self.passes.is_multiple_of(peers::MAIN_EVERY);
+        // See [`socket`] for the numbering. The armed one first; then the other steered
+        // ones, before the peer sockets and the main one: a previous holder's fast
+        // fragments wait there while its newer, slow ones reach the others, and read out
+        // of order they would look like losses (NAKs, and the sender's loss detection).
         // They are drained (a few batches at most), not read one batch per pass.
-        let first = self.st.armed_on.map_or(0, |i| i + 1);
+        let first = self.st.armed_on;
         let order = std::iter::once(first)
-            .chain((1..=steer::SOCKETS).filter(|&i| i != first))
-            .chain((first != 0).then_some(0));
+            .chain((1..PEER_SOCK0 + self.peers.len()).filter(|&i| i != first))
+            .chain((first != 0 && main).then_some(0));
         let mut n = 0;
         for i in order {
+            if i == 0 && !main {
+                continue;
+            }
             let a = if i == first { armed.as_ref() } else { None };
-            let batches = if i == 0 || i == first {
+            let batches = if i == 0 || i == first || i >= PEER_SOCK0 {
                 1
             } else {
                 STRAGGLER_BATCHES
             };
             for _ in 0..batches {
-                let Some(sock) = socket(&mut self.sock, &mut self.steer, i) else {
+                let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) else {
                     break;
                 };
                 let r = sock.recv_batch();
@@ -876,7 +941,7 @@ impl UdpTransport {
                 // faults are released there.
                 if r > 0 || i == 0 {
                     let got = deliver(sock, &mut self.faults, &mut self.st, now, r, a, sink);
-                    if i > 0 {
+                    if (1..PEER_SOCK0).contains(&i) {
                         self.st.stats.steered_datagrams += got as u64;
                     }
                     n += got;
@@ -891,10 +956,11 @@ impl UdpTransport {
         n
     }
 
-    /// The main and the steered sockets' counters together.
+    /// The main, the steered and the peer sockets' counters together.
     pub fn sock_stats(&self) -> SockStats {
         let mut k = self.sock.stats;
         steer::add_stats(&mut k, &self.steer.stats());
+        steer::add_stats(&mut k, &self.peers.stats());
         k
     }
 
@@ -908,19 +974,44 @@ impl UdpTransport {
         link.transmit(now, &mut self.st.batch);
     }
 
-    /// Sends everything queued.
+    /// Sends everything queued: to a peer with a socket of its own through that socket,
+    /// else through the main one.
     pub fn flush(&mut self) {
-        if !self.st.batch.is_empty() {
-            self.sock.send(&mut self.st.batch);
+        let batch = &mut self.st.batch;
+        if self.peers.is_empty() {
+            if !batch.is_empty() {
+                self.sock.send(batch);
+            }
+            return;
         }
+        let mut i = 0;
+        while i < batch.frames() {
+            let own = self.peers.index_of(batch.frame_dest(i));
+            let (sock, connected) = match own.and_then(|k| self.peers.sock_mut(k)) {
+                Some(s) => (s, true),
+                None => (&mut self.sock, false),
+            };
+            i = sock.send_run(batch, i, connected);
+        }
+        batch.clear();
     }
 }
 
-/// Socket `i` of a transport: 0 the main one, 1.. the steered ones (if open).
-fn socket<'a>(main: &'a mut UdpSock, steer: &'a mut Steering, i: usize) -> Option<&'a mut UdpSock> {
+/// The number of the first peer socket (see [`socket`]).
+const PEER_SOCK0: usize = 1 + steer::SOCKETS;
+
+/// Socket `i` of a transport: 0 the main one, 1..=[`steer::SOCKETS`] the steered ones (if
+/// open), then the peer sockets.
+fn socket<'a>(
+    main: &'a mut UdpSock,
+    steer: &'a mut Steering,
+    peers: &'a mut PeerSocks,
+    i: usize,
+) -> Option<&'a mut UdpSock> {
     match i {
         0 => Some(main),
-        _ => steer.sock_mut(i - 1),
+        _ if i < PEER_SOCK0 => steer.sock_mut(i - 1),
+        _ => peers.sock_mut(i - PEER_SOCK0),
     }
 }
 

@@ -135,6 +135,30 @@ impl UdpSock {
     /// Binds a non-blocking socket to `addr` (port 0: any) with `buf_bytes` of kernel
     /// buffers each way (forced as root, else as large as allowed), and turns on GRO.
     pub fn bind(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
+        UdpSock::open(addr, buf_bytes, false)
+    }
+
+    /// As [`UdpSock::bind`], with `SO_REUSEPORT`: sockets of this user may bind the same
+    /// address too. Those connected to a peer then take its datagrams (the kernel prefers
+    /// a connected socket's exact match), the others everything else.
+    pub fn bind_shared(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
+        UdpSock::open(addr, buf_bytes, true)
+    }
+
+    /// A socket bound to `local` beside the shared socket bound there
+    /// ([`UdpSock::bind_shared`]) and connected to `peer`: it receives `peer`'s datagrams
+    /// and sends to it without a route lookup per datagram.
+    pub fn connected(
+        local: SocketAddrV4,
+        peer: SocketAddrV4,
+        buf_bytes: usize,
+    ) -> io::Result<UdpSock> {
+        let s = UdpSock::open(local, buf_bytes, true)?;
+        s.connect(peer)?;
+        Ok(s)
+    }
+
+    fn open(addr: SocketAddrV4, buf_bytes: usize, shared: bool) -> io::Result<UdpSock> {
         // SAFETY: plain socket(2).
         let raw = cvt(unsafe {
             libc::socket(
@@ -155,6 +179,9 @@ impl UdpSock {
             }
         }
         let gro = setsockopt_int(raw, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        if shared {
+            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
         let sa = to_sockaddr(addr);
         // SAFETY: a valid sockaddr_in of the size given.
         cvt(unsafe {
@@ -241,19 +268,33 @@ impl UdpSock {
     pub fn send(&mut self, batch: &mut TxBatch) {
         let mut i = 0;
         while i < batch.frames.len() {
-            let n = (batch.frames.len() - i).min(TX_BATCH);
-            let sent = self.send_some(batch, i, n);
+            i = self.send_run(batch, i, false);
+        }
+        batch.clear();
+    }
+
+    /// Sends the frames of `batch` from `first` to the same destination as it (a run);
+    /// returns the index after the run. `connected`: this socket is connected to that
+    /// destination, so the datagrams go without a name (the kernel then uses the route it
+    /// keeps instead of looking one up per datagram). Drops as [`UdpSock::send`].
+    pub fn send_run(&mut self, batch: &mut TxBatch, first: usize, connected: bool) -> usize {
+        let mut i = first;
+        let mut end = batch.run_end(first);
+        while i < end {
+            let n = (end - i).min(TX_BATCH);
+            let sent = self.send_some(batch, i, n, connected);
             match sent {
                 Ok(k) if k > 0 => i += k,
                 Err(e) if e.raw_os_error() == Some(libc::EIO) && self.gso => {
                     // No segmentation offload on this path: one datagram per entry.
                     tracing::info!("UDP_SEGMENT refused ({e}); sending datagram by datagram");
                     self.gso = false;
-                    batch.split_all();
+                    batch.split_from(i);
+                    end = batch.run_end(i);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The socket buffer is full: the rest would fail the same way.
-                    let rest = &batch.frames[i..];
+                    // The socket buffer is full: the rest of the run would fail the same way.
+                    let rest = &batch.frames[i..end];
                     self.stats.send_drops += rest.iter().map(|f| u64::from(f.count)).sum::<u64>();
                     break;
                 }
@@ -267,10 +308,16 @@ impl UdpSock {
                 }
             }
         }
-        batch.clear();
+        end
     }
 
-    fn send_some(&mut self, batch: &mut TxBatch, first: usize, n: usize) -> io::Result<usize> {
+    fn send_some(
+        &mut self,
+        batch: &mut TxBatch,
+        first: usize,
+        n: usize,
+        connected: bool,
+    ) -> io::Result<usize> {
         // The call's arguments live in the batch and are written for the `n` entries sent
         // only: zeroing 64 of each on the stack per call was 1.4% of a 64-byte UDP hop.
         // Vectors, names and control buffers first (the vectors may grow), then the
@@ -290,8 +337,10 @@ impl UdpSock {
             // SAFETY: plain old data; every field the kernel reads is set below.
             let mut m: libc::mmsghdr = unsafe { zeroed() };
             let h = &mut m.msg_hdr;
-            h.msg_name = (&mut a.addrs[k] as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            if !connected {
+                h.msg_name = (&mut a.addrs[k] as *mut libc::sockaddr_in).cast();
+                h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            }
             h.msg_iov = a.iovs[a.spans[k].0..].as_mut_ptr();
             h.msg_iovlen = a.spans[k].1;
             if f.count > 1 {
@@ -394,13 +443,26 @@ impl UdpSock {
         // SAFETY: every header points at live buffers of the sizes given: our slots,
         // names and control buffers, and leading vectors valid per `set_lead`'s contract.
         let r = unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                rx.hdrs.as_mut_ptr(),
-                self.width as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+            if self.width == 1 {
+                // One entry: `recvmsg`, which skips `recvmmsg`'s batch bookkeeping (0.2-0.3
+                // us of a 64-byte hop across the veth pair in a C ping-pong).
+                let h = &mut rx.hdrs[0];
+                let n = libc::recvmsg(self.fd.as_raw_fd(), &mut h.msg_hdr, libc::MSG_DONTWAIT);
+                if n < 0 {
+                    -1
+                } else {
+                    h.msg_len = n as libc::c_uint;
+                    1
+                }
+            } else {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    rx.hdrs.as_mut_ptr(),
+                    self.width as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            }
         };
         // One entry while datagrams come one at a time (a ping-pong): a wider call that
         // gets one tries the next entry too (its header and vectors imported, the queue
@@ -640,11 +702,33 @@ impl TxBatch {
         true
     }
 
-    /// Turns every GSO frame back into single datagrams (GSO refused by the kernel).
-    fn split_all(&mut self) {
+    /// The destination of frame `i`.
+    pub fn frame_dest(&self, i: usize) -> SocketAddrV4 {
+        self.frames[i].dest
+    }
+
+    /// Frames queued (GSO sends; see [`TxBatch::datagrams`] for datagrams).
+    pub fn frames(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// The index after the run of frames from `first` to the same destination.
+    pub fn run_end(&self, first: usize) -> usize {
+        let Some(d) = self.frames.get(first).map(|f| f.dest) else {
+            return first;
+        };
+        first
+            + self.frames[first..]
+                .iter()
+                .take_while(|f| f.dest == d)
+                .count()
+    }
+
+    /// Turns every GSO frame from `first` on back into single datagrams (GSO refused by
+    /// the kernel); frames before `first` (sent already) keep their indices.
+    fn split_from(&mut self, first: usize) {
         self.gso = false;
-        self.frames = self
-            .frames
+        let split: Vec<Frame> = self.frames[first..]
             .iter()
             .flat_map(|f| {
                 let dest = f.dest;
@@ -661,9 +745,12 @@ impl TxBatch {
                     })
             })
             .collect();
+        self.frames.truncate(first);
+        self.frames.extend(split);
     }
 
-    fn clear(&mut self) {
+    /// Forgets everything queued (after it was sent).
+    pub fn clear(&mut self) {
         self.buf.clear();
         self.dgrams.clear();
         self.frames.clear();
@@ -691,7 +778,9 @@ mod tests {
         assert_eq!(b.frames.len(), 2);
         assert_eq!((b.frames[0].count, b.frames[0].len), (4, 340));
         assert_eq!(b.datagrams(), 5);
-        b.split_all();
+        b.split_from(1);
+        assert_eq!(b.frames.len(), 2, "the first frame keeps its place");
+        b.split_from(0);
         assert_eq!(b.frames.len(), 5);
         assert_eq!(b.frames[3].len, 40);
     }
@@ -773,7 +862,7 @@ mod tests {
                 proptest::prop_assert!(bytes == &joined, "a frame's vectors are its datagrams");
             }
             proptest::prop_assert_eq!(at, want.len());
-            batch.split_all();
+            batch.split_from(0);
             let single = spell(&mut batch);
             proptest::prop_assert_eq!(single.len(), want.len());
             for ((dest, bytes, _, count), (d, w)) in single.iter().zip(&want) {

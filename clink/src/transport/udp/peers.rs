@@ -1,0 +1,202 @@
+//! Connected peer sockets: the first few peers of an endpoint get a UDP socket of their
+//! own, bound to the endpoint's address beside its main socket (`SO_REUSEPORT`) and
+//! connected to the peer. The kernel hands that peer's datagrams to it (a connected
+//! socket's exact match wins the lookup), and sends through it skip the route lookup an
+//! unconnected send makes per datagram. On the wire nothing changes: same addresses, same
+//! ports. Measured across the veth pair with a C ping-pong of 64-byte datagrams (the
+//! calls clink makes, BENCHMARKS.md): 4.6-4.8 us one-way unconnected, 3.6-3.9 connected.
+//!
+//! The cost: every peer socket is read on every pass (one `recvmmsg` each), so only the
+//! first [`UdpConfig::peer_sockets`](super::UdpConfig) peers get one; the others share
+//! the main socket. The main socket then carries only handshakes and those peers'
+//! datagrams, and while every peer has a socket of its own the transport reads it on
+//! every [`MAIN_EVERY`]th pass only (and whenever epoll reports a socket readable).
+
+use super::sock::{SockStats, UdpSock};
+use super::steer::add_stats;
+use std::net::SocketAddrV4;
+use std::os::fd::RawFd;
+
+/// With every peer on a socket of its own, the main socket is read once per this many
+/// passes (it then holds only new peers' handshakes and strays).
+pub const MAIN_EVERY: u32 = 16;
+
+/// One connected socket and its peer's address.
+struct PeerSock {
+    sock: UdpSock,
+    dest: SocketAddrV4,
+}
+
+/// The connected peer sockets of one endpoint.
+pub struct PeerSocks {
+    /// Sockets at most (0: none).
+    max: usize,
+    /// The main socket's address, which they share.
+    local: SocketAddrV4,
+    buf: usize,
+    socks: Vec<PeerSock>,
+    /// Descriptors made since the endpoint last looked (to add to its epoll set).
+    new_fds: Vec<RawFd>,
+    /// Counters of the sockets already closed.
+    retired: SockStats,
+}
+
+impl PeerSocks {
+    /// Up to `max` sockets bound to `local` (the main socket's address, bound with
+    /// [`UdpSock::bind_shared`]), `buf` bytes of kernel buffer each way.
+    pub fn new(max: usize, local: SocketAddrV4, buf: usize) -> PeerSocks {
+        PeerSocks {
+            max,
+            local,
+            buf,
+            socks: Vec::new(),
+            new_fds: Vec::new(),
+            retired: SockStats::default(),
+        }
+    }
+
+    /// Gives `dest` a socket of its own unless it has one or the limit is reached.
+    /// Returns true when it made one. A socket that cannot be made is logged and the
+    /// peer stays on the main socket.
+    pub fn open(&mut self, dest: SocketAddrV4) -> bool {
+        if self.socks.len() >= self.max || self.index_of(dest).is_some() {
+            return false;
+        }
+        match UdpSock::connected(self.local, dest, self.buf) {
+            Ok(sock) => {
+                self.new_fds.push(sock.raw());
+                self.socks.push(PeerSock { sock, dest });
+                true
+            }
+            Err(e) => {
+                tracing::warn!("no connected socket for {dest} ({e}): it shares the main one");
+                false
+            }
+        }
+    }
+
+    /// Closes `dest`'s socket (its peer is gone); true when it had one. Datagrams still
+    /// queued there are lost (to a peer that failed or closed). Indices of later sockets
+    /// shift: the caller re-plans anything that names one.
+    pub fn close(&mut self, dest: SocketAddrV4) -> bool {
+        let Some(i) = self.index_of(dest) else {
+            return false;
+        };
+        let s = self.socks.remove(i);
+        add_stats(&mut self.retired, &s.sock.stats);
+        true
+    }
+
+    /// Closes every socket and makes no more.
+    pub fn close_all(&mut self) {
+        for s in self.socks.drain(..) {
+            add_stats(&mut self.retired, &s.sock.stats);
+        }
+        self.max = 0;
+    }
+
+    /// The index of `dest`'s socket.
+    pub fn index_of(&self, dest: SocketAddrV4) -> Option<usize> {
+        self.socks.iter().position(|s| s.dest == dest)
+    }
+
+    /// Whether `dest` has a socket of its own.
+    pub fn has(&self, dest: SocketAddrV4) -> bool {
+        self.index_of(dest).is_some()
+    }
+
+    /// Sockets open.
+    pub fn len(&self) -> usize {
+        self.socks.len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.socks.is_empty()
+    }
+
+    /// Socket `i`, if open.
+    pub fn sock_mut(&mut self, i: usize) -> Option<&mut UdpSock> {
+        self.socks.get_mut(i).map(|s| &mut s.sock)
+    }
+
+    /// Descriptors made since the last call (the caller adds them to its epoll set;
+    /// closing a socket removes it).
+    pub fn take_new_fds(&mut self) -> impl Iterator<Item = RawFd> + '_ {
+        self.new_fds.drain(..)
+    }
+
+    /// Counters of every peer socket, open or closed.
+    pub fn stats(&self) -> SockStats {
+        let mut k = self.retired;
+        for s in &self.socks {
+            add_stats(&mut k, &s.sock.stats);
+        }
+        k
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, UdpSocket};
+    use std::time::{Duration, Instant};
+
+    fn v4(s: &UdpSocket) -> SocketAddrV4 {
+        match s.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Reads `s` until a datagram arrives or 2 s pass; its source and first byte.
+    fn read_one(s: &mut UdpSock) -> Option<(SocketAddrV4, u8)> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if s.recv_batch() > 0 {
+                return Some((s.received(0).src, s.slot(0, 1)[0]));
+            }
+            std::thread::yield_now();
+        }
+        None
+    }
+
+    #[test]
+    fn a_peer_socket_takes_its_peers_datagrams_and_the_main_one_the_rest() {
+        let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+        let mut main = UdpSock::bind_shared(lo, 1 << 20).unwrap();
+        let (a, b) = (UdpSocket::bind(lo).unwrap(), UdpSocket::bind(lo).unwrap());
+        let mut peers = PeerSocks::new(1, main.local(), 1 << 20);
+        assert!(peers.open(v4(&a)));
+        assert!(!peers.open(v4(&b)), "the limit is one socket");
+        assert!(!peers.open(v4(&a)), "one socket per peer");
+        assert_eq!(peers.take_new_fds().count(), 1);
+        a.send_to(&[1], main.local()).unwrap();
+        b.send_to(&[2], main.local()).unwrap();
+        let own = peers.sock_mut(0).unwrap();
+        assert_eq!(read_one(own), Some((v4(&a), 1)));
+        assert_eq!(read_one(&mut main), Some((v4(&b), 2)));
+        // Sends through it come from the shared address.
+        let mut batch = super::super::sock::TxBatch::new(true);
+        batch.push(v4(&a), |buf| {
+            buf.push(3);
+            1
+        });
+        let end = peers.sock_mut(0).unwrap().send_run(&mut batch, 0, true);
+        assert_eq!(end, 1);
+        let mut got = [0u8; 4];
+        a.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let (n, from) = a.recv_from(&mut got).unwrap();
+        assert_eq!(
+            (n, got[0], from),
+            (1, 3, std::net::SocketAddr::V4(main.local()))
+        );
+        assert!(peers.close(v4(&a)));
+        assert!(peers.is_empty());
+        assert_eq!(
+            peers.stats().datagrams_sent,
+            1,
+            "a closed socket's counters stay"
+        );
+    }
+}
