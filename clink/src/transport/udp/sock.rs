@@ -358,17 +358,28 @@ impl UdpSock {
             }
             a.hdrs.push(m);
         }
-        // SAFETY: `n` headers whose pointers refer to the batch's argument vectors (not
-        // touched until the call returns), through them to `batch.buf` and to payloads
-        // valid until the batch is sent (the contract of `TxBatch::push_grouped`).
-        let r = cvt(unsafe {
-            libc::sendmmsg(
-                self.raw(),
-                a.hdrs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-            )
-        })? as usize;
+        let r = if n == 1 {
+            // One entry (a small message, an ack): `sendmsg`, without `sendmmsg`'s batch
+            // bookkeeping.
+            // SAFETY: as for `sendmmsg` below, for the one header.
+            let k = unsafe { libc::sendmsg(self.raw(), &a.hdrs[0].msg_hdr, libc::MSG_DONTWAIT) };
+            if k < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            1
+        } else {
+            // SAFETY: `n` headers whose pointers refer to the batch's argument vectors (not
+            // touched until the call returns), through them to `batch.buf` and to payloads
+            // valid until the batch is sent (the contract of `TxBatch::push_grouped`).
+            cvt(unsafe {
+                libc::sendmmsg(
+                    self.raw(),
+                    a.hdrs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            })? as usize
+        };
         self.stats.send_calls += 1;
         for f in &batch.frames[first..first + r] {
             self.stats.datagrams_sent += u64::from(f.count);
