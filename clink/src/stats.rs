@@ -95,6 +95,9 @@ pub struct Stats {
     /// Network path: datagrams read from the socket of a steered fast stream (flow
     /// steering, `CLINK_UDP_STEER`).
     pub steered_datagrams: u64,
+    /// Network path: datagrams read from the sockets of peers that have one of their own
+    /// (`CLINK_UDP_PEER_SOCKETS`).
+    pub peer_socket_datagrams: u64,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).

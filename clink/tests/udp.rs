@@ -318,6 +318,81 @@ fn close_is_delivered_over_udp() {
     ));
 }
 
+/// With room for one peer socket, the first client's datagrams reach its own connected
+/// socket and the second's the main one; a server that never spins (every wait sleeps in
+/// epoll) is woken by both, and every message, small or bulk, comes back intact.
+#[test]
+fn peers_beyond_the_socket_limit_share_the_main_socket_and_sleepers_wake_for_both() {
+    let ctx = |sockets: usize| {
+        common::ctx_with(Config {
+            calibrate: false,
+            force_net: true,
+            spin: Some(Duration::ZERO),
+            udp: Some(UdpConfig {
+                bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                mtu: Some(1500),
+                peer_sockets: sockets,
+                ..UdpConfig::default()
+            }),
+            ..Config::default()
+        })
+    };
+    let mut server = ctx(1).endpoint().unwrap();
+    let addr = server.address();
+    const ROUNDS: u64 = 30;
+    let clients: Vec<_> = (0..2u64)
+        .map(|c| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut ep = ctx(4).endpoint().unwrap();
+                let p = ep.connect(&addr).unwrap();
+                let mut buf = vec![0u8; 200_000];
+                for r in 0..ROUNDS {
+                    let n = if r % 5 == 4 { 150_000 } else { 8 + r as usize };
+                    let mut msg = vec![0u8; n];
+                    fill(c << 32 | r, &mut msg);
+                    ep.send(p, r, &msg).unwrap();
+                    let st = ep
+                        .recv_timeout(Selector::exact(Some(p), r), &mut buf, Some(T))
+                        .unwrap();
+                    assert_eq!(&buf[..st.len as usize], &msg[..], "client {c} round {r}");
+                }
+                // Stay until the server has answered the other client too.
+                ep.recv_timeout(Selector::exact(Some(p), u64::MAX), &mut buf, Some(T))
+                    .unwrap();
+            })
+        })
+        .collect();
+    let peers = [
+        server.accept(Some(T)).unwrap(),
+        server.accept(Some(T)).unwrap(),
+    ];
+    let mut buf = vec![0u8; 200_000];
+    for _ in 0..2 * ROUNDS {
+        let sel = Selector {
+            src: None,
+            tag: 0,
+            mask: 0,
+        };
+        let st = server.recv_timeout(sel, &mut buf, Some(T)).unwrap();
+        server
+            .send(st.peer, st.tag, &buf[..st.len as usize])
+            .unwrap();
+    }
+    for &p in &peers {
+        server.send(p, u64::MAX, b"done").unwrap();
+    }
+    for c in clients {
+        c.join().unwrap();
+    }
+    let s = server.stats();
+    assert!(s.sleeps > 0, "the server slept");
+    assert!(
+        s.peer_socket_datagrams > 0 && s.peer_socket_datagrams < s.datagrams_received,
+        "one client on a socket of its own, the other on the main one: {s:?}"
+    );
+}
+
 /// A measurement probe, not a pass/fail check of speed: 64-byte ping-pong between two
 /// threads over loopback UDP, printing the one-way time and both endpoints' counters. Run:
 /// `cargo test --release -p clink --test udp latency_probe -- --ignored --nocapture`.

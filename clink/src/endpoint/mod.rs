@@ -50,8 +50,11 @@ const TOK_DOORBELL: u64 = 0;
 const TOK_LISTENER: u64 = 1;
 /// Epoll token of connections whose hello has not arrived yet.
 const TOK_INCOMING: u64 = 2;
-/// Epoll token of the UDP socket.
+/// Epoll token of the UDP sockets of peers and steered streams.
 const TOK_UDP: u64 = 3;
+/// Epoll token of the main UDP socket (handshakes, peers without a socket of their own):
+/// the others' readiness does not make a wake-up read it.
+const TOK_UDP_MAIN: u64 = u64::MAX - 3;
 /// Longest `close` waits for its goodbyes to reach network peers.
 const LINGER: Duration = Duration::from_millis(200);
 const TOK_PEER0: u64 = 4;
@@ -351,7 +354,7 @@ impl Endpoint {
             Some(cfg) => {
                 let t = UdpTransport::new(cfg.clone(), id)?;
                 epoll
-                    .add(t.sock.raw(), TOK_UDP)
+                    .add(t.sock.raw(), TOK_UDP_MAIN)
                     .map_err(io_err("epoll_ctl UDP socket"))?;
                 Some(t)
             }
@@ -1799,17 +1802,13 @@ impl Endpoint {
             tracing::warn!("epoll_wait: {e}");
         }
         let mut did = false;
-        let mut udp_read = false;
+        let (mut udp_main, mut udp_other) = (false, false);
         for &t in &evs {
             match t {
                 TOK_DOORBELL => {} // edge-triggered: nothing to read back
                 TOK_LISTENER | TOK_INCOMING => did |= self.accept_pending(),
-                // One receive pass for however many UDP sockets (main and steered) woke us.
-                TOK_UDP if read_udp && !udp_read => {
-                    udp_read = true;
-                    did |= self.net_receive(true);
-                }
-                TOK_UDP => {}
+                TOK_UDP_MAIN => udp_main = true,
+                TOK_UDP => udp_other = true,
                 tcp::TOK_TCP_LISTENER | tcp::TOK_TCP_INCOMING => did |= self.tcp_accept(),
                 t => {
                     let i = (t - TOK_PEER0) as usize;
@@ -1840,6 +1839,11 @@ impl Endpoint {
             }
         }
         self.events = evs;
+        // One receive pass for however many UDP sockets woke us; the main one only when
+        // it did (or is due: see `UdpTransport::receive`).
+        if read_udp && (udp_main || udp_other) {
+            did |= self.net_receive(udp_main);
+        }
         did
     }
 
@@ -1980,8 +1984,10 @@ impl Endpoint {
         // With no spin time at all, go to sleep after the first empty poll.
         let no_spin = spin == Some(Duration::ZERO);
         let mut polls: u32 = 0;
+        // A wake-up has just read the sockets: the pass after it only matches what came.
+        let mut woken = false;
         loop {
-            let did = self.progress();
+            let did = self.progress_pass(!std::mem::take(&mut woken));
             if done(self) {
                 return Ok(());
             }
@@ -2012,7 +2018,7 @@ impl Endpoint {
                 if let Some(n) = self.tcp_timer() {
                     t = t.min(n);
                 }
-                self.check_events(Some(t), true);
+                woken = self.check_events(Some(t), true);
                 self.finish_wait();
             }
             // Arming polls too: what it found (a message event, say) is looked at before

@@ -149,14 +149,6 @@ impl Endpoint {
         }
     }
 
-    /// Reads the UDP socket, runs the connections' timers, moves delivered frames into the
-    /// links' queues, adopts peers that connected, fails peers declared dead. True when
-    /// anything arrived.
-    ///
-    /// Without `readable` (the busy-poll path) it does nothing while the transport has no
-    /// peer and no connection under way: an endpoint with only shared-memory peers makes
-    /// no system call per poll. Hellos from new peers are then read when epoll reports the
-    /// socket readable (liveness checks, sleeps).
     /// Adds the sockets the UDP transport made since the last call (flow steering's,
     /// peers' own) to the epoll set, so sleeps watch them too.
     pub(super) fn watch_new_sockets(&mut self) {
@@ -173,6 +165,15 @@ impl Endpoint {
         }
     }
 
+    /// Reads the UDP socket, runs the connections' timers, moves delivered frames into the
+    /// links' queues, adopts peers that connected, fails peers declared dead. True when
+    /// anything arrived.
+    ///
+    /// `readable`: epoll reported the main socket readable, so it is read even when it is
+    /// not due. Without it (the busy-poll path, wake-ups by a peer's own socket) it does
+    /// nothing while the transport has no peer and no connection under way: an endpoint
+    /// with only shared-memory peers makes no system call per poll. Hellos from new peers
+    /// are then read when epoll reports the socket readable (liveness checks, sleeps).
     pub(super) fn net_receive(&mut self, readable: bool) -> bool {
         let Some(net) = self.net.as_mut().filter(|n| readable || n.active()) else {
             return false;
@@ -336,6 +337,7 @@ impl Endpoint {
         s.granted_fragments += t.granted_fragments;
         s.granted_hits += t.granted_hits;
         s.steered_datagrams += t.steered_datagrams;
+        s.peer_socket_datagrams += t.peer_socket_datagrams;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {
@@ -357,6 +359,42 @@ impl Endpoint {
                 s.spec_hits += b.hits;
                 s.spec_hit_bytes += b.hit_bytes;
                 s.cleanup_bytes += b.cleanup_bytes;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Context};
+    use std::time::Duration;
+
+    /// Every UDP socket an endpoint reads (its main one, its peers' own) is in its epoll
+    /// set from the moment the peer is added: a sleep wakes for each. Adding one again
+    /// must fail with EEXIST.
+    #[test]
+    fn every_udp_socket_is_watched_by_the_epoll_set() {
+        let cfg = || Config {
+            calibrate: false,
+            force_net: true,
+            tcp: None,
+            ..Config::default()
+        };
+        let mut a = Context::with_config(cfg()).unwrap().endpoint().unwrap();
+        let addr = a.address();
+        let client = std::thread::spawn(move || {
+            let mut b = Context::with_config(cfg()).unwrap().endpoint().unwrap();
+            b.connect(&addr).unwrap();
+            b
+        });
+        a.accept(Some(Duration::from_secs(10))).unwrap();
+        let mut b = client.join().unwrap();
+        for ep in [&mut a, &mut b] {
+            let fds = ep.net.as_mut().unwrap().fds();
+            assert_eq!(fds.len(), 2, "the main socket and the peer's own");
+            for fd in fds {
+                let e = ep.epoll.add(fd, 0).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "fd {fd} not watched");
             }
         }
     }

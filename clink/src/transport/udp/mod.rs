@@ -184,6 +184,8 @@ pub struct UdpStats {
     pub granted_hits: u64,
     /// Datagrams read from the steered sockets.
     pub steered_datagrams: u64,
+    /// Datagrams read from peers' own sockets ([`peers`]).
+    pub peer_socket_datagrams: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -772,6 +774,15 @@ impl UdpTransport {
         self.count_uncovered();
     }
 
+    /// Every open socket (main, steered, peers'), for checks that the epoll set holds them.
+    pub fn fds(&mut self) -> Vec<RawFd> {
+        (0..PEER_SOCK0 + self.peers.len())
+            .filter_map(|i| {
+                socket(&mut self.sock, &mut self.steer, &mut self.peers, i).map(|s| s.raw())
+            })
+            .collect()
+    }
+
     /// Sockets the endpoint must add to its epoll set (once; closing one removes it).
     pub fn take_new_fds(&mut self) -> impl Iterator<Item = RawFd> + '_ {
         self.steer.take_new_fds().chain(self.peers.take_new_fds())
@@ -943,6 +954,8 @@ impl UdpTransport {
                     let got = deliver(sock, &mut self.faults, &mut self.st, now, r, a, sink);
                     if (1..PEER_SOCK0).contains(&i) {
                         self.st.stats.steered_datagrams += got as u64;
+                    } else if i >= PEER_SOCK0 {
+                        self.st.stats.peer_socket_datagrams += got as u64;
                     }
                     n += got;
                 }

@@ -58,6 +58,8 @@ pub struct UdpSock {
     rx: Box<RxBufs>,
     /// Entries the next `recvmmsg` asks for (see [`UdpSock::recv_batch`]).
     width: usize,
+    /// The last call asked for one entry and got it.
+    single: bool,
     /// Counters.
     pub stats: SockStats,
 }
@@ -221,6 +223,7 @@ impl UdpSock {
                 }; RX_SLOTS],
             }),
             width: RX_SLOTS,
+            single: false,
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -477,14 +480,13 @@ impl UdpSock {
         };
         // One entry while datagrams come one at a time (a ping-pong): a wider call that
         // gets one tries the next entry too (its header and vectors imported, the queue
-        // found empty), about 1% of a 64-byte hop. All of them once a call fills its width
-        // or brings more than one.
+        // found empty), about 1% of a 64-byte hop. All of them once a call brings more
+        // than one, fills a wide call, or two one-entry calls in a row bring one each (a
+        // single datagram read is followed by the poll that finds the queue empty).
         let got = r.max(0) as usize;
-        self.width = if got == self.width || got > 1 {
-            RX_SLOTS
-        } else {
-            1
-        };
+        let wide = got > 1 || got == self.width && (self.width > 1 || self.single);
+        self.single = self.width == 1 && got == 1 && !wide;
+        self.width = if wide { RX_SLOTS } else { 1 };
         if r <= 0 {
             return 0;
         }
