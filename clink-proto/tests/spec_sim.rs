@@ -12,7 +12,7 @@
 use clink_proto::netsim::Rng;
 use clink_proto::reliable::packet::BULK_HEADER;
 use clink_proto::reliable::{Config, Conn, Event};
-use clink_proto::spec::{self, Check, Layout, Mark, Placement, Segment};
+use clink_proto::spec::{self, Check, Displaced, Layout, Mark, Move, Placement, Segment};
 
 const FRAG: usize = 1000;
 const GROUP: u64 = 16;
@@ -32,6 +32,8 @@ struct Faults {
 struct Counts {
     hits: u64,
     misses: u64,
+    /// Misses moved in place (intact fragments of the transfer in another's place).
+    moved: u64,
     reads: u64,
 }
 
@@ -114,6 +116,7 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
     let mut buf = Vec::new();
     let mut plans = Vec::new();
     let mut segs = Vec::new();
+    let (mut moves, mut scratch) = (Vec::new(), Vec::new());
     for _round in 0..200_000 {
         now += 20_000;
         // Sender: datagrams grouped as a GSO batcher groups them.
@@ -173,6 +176,8 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
             let before: Vec<u8> = dest.clone();
             let placed_before: Vec<bool> = (0..pl.fragments()).map(|i| pl.is_placed(i)).collect();
             let mut gathered: Vec<Vec<u8>> = Vec::new();
+            // Intact fragments in another's place: moved in place after the read.
+            let mut displaced: Vec<(Displaced, clink_proto::reliable::BulkHeader)> = Vec::new();
             for (e, fr) in batch.iter().enumerate() {
                 c.reads += 1;
                 let plan = plans.get(e).cloned().unwrap_or_default();
@@ -195,7 +200,18 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
                                         assert_eq!(pl.mark(&h, len), Mark::New);
                                     }
                                 }
-                                Check::Miss => {
+                                Check::Displaced(h)
+                                    if displaced.iter().all(|(d, _)| d.to != h.offset) =>
+                                {
+                                    c.misses += 1;
+                                    let d = Displaced {
+                                        from: off,
+                                        to: h.offset,
+                                        len,
+                                    };
+                                    displaced.push((d, h));
+                                }
+                                Check::Displaced(_) | Check::Miss => {
                                     c.misses += 1;
                                     gathered.push(gather(
                                         start,
@@ -227,7 +243,30 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
                     );
                 }
             }
-            // Cleanup: misses take the ordinary path; bulk ones are moved to their place.
+            // Cleanup: displaced fragments move to their places (each copied once), then
+            // the other misses take the ordinary path.
+            let list: Vec<Displaced> = displaced.iter().map(|(d, _)| *d).collect();
+            spec::plan_moves(&list, &mut moves);
+            for m in &moves {
+                match *m {
+                    Move::Save { from, len } => {
+                        scratch.clear();
+                        scratch.extend_from_slice(&dest[from as usize..from as usize + len]);
+                    }
+                    Move::Copy { from, to, len } => {
+                        dest.copy_within(from as usize..from as usize + len, to as usize)
+                    }
+                    Move::Restore { to, len } => {
+                        dest[to as usize..to as usize + len].copy_from_slice(&scratch[..len])
+                    }
+                }
+            }
+            for (d, h) in &displaced {
+                c.moved += 1;
+                if b.accept_placed(now, h, BULK_HEADER + d.len).unwrap() {
+                    pl.mark(h, d.len);
+                }
+            }
             for d in gathered {
                 let _ = b.handle_datagram_with(now, &d, &mut |h, p| {
                     if pl.mark(h, p.len()) == Mark::New {
@@ -341,6 +380,10 @@ fn a_misordering_sender_misses_everything_and_loses_nothing() {
     assert!(
         c.misses + 1 >= frags,
         "every other fragment must miss: {c:?}"
+    );
+    assert_eq!(
+        c.moved, c.misses,
+        "intact fragments in each other's places are all moved in place: {c:?}"
     );
     // With faults: still exactly the source.
     for seed in 0..4 {

@@ -80,8 +80,12 @@ pub struct Stats {
     /// path).
     pub spec_misses: u64,
     /// Network path: bulk payload bytes copied to their place by the ordinary path
-    /// (misses, reads beyond the armed layout, speculation off).
+    /// (misses, reads beyond the armed layout, speculation off) or moved there from
+    /// another fragment's place.
     pub cleanup_bytes: u64,
+    /// Network path (UDP): intact fragments a speculative read left in another's place,
+    /// moved to their own with one copy.
+    pub spec_moved: u64,
     /// Network path, admission control as a receiver: fast streams granted (Fast_Ack).
     pub fast_grants: u64,
     /// Network path: fast-stream requests refused (Fast_NAck).

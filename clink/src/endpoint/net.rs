@@ -359,6 +359,7 @@ impl Endpoint {
                 s.spec_hits += b.hits;
                 s.spec_hit_bytes += b.hit_bytes;
                 s.cleanup_bytes += b.cleanup_bytes;
+                s.spec_moved += b.moved;
             }
         }
     }

@@ -30,8 +30,11 @@ pub struct BulkStats {
     /// Payload bytes of those.
     pub hit_bytes: u64,
     /// Payload bytes copied to their place by the ordinary path (misses, unarmed reads,
-    /// speculation off).
+    /// speculation off) or moved there from another fragment's place.
     pub cleanup_bytes: u64,
+    /// Fragments a speculative receive found in another's place and moved to their own
+    /// (one copy, not the ordinary path's two).
+    pub moved: u64,
 }
 
 /// What a speculative receive arms for one link: where the fragments go and which.
@@ -166,6 +169,20 @@ impl Bulk {
             self.gen += 1;
             self.stats.hits += 1;
             self.stats.hit_bytes += len as u64;
+            self.finish_if_complete(i);
+        }
+    }
+
+    /// A fragment the speculative receive found in another's place, moved to its own
+    /// (one copy) and accepted by the connection as new.
+    pub fn moved(&mut self, hdr: &BulkHeader, len: usize) {
+        let Some(i) = self.dests.iter().position(|d| d.pl.xfer() == hdr.xfer) else {
+            return;
+        };
+        if self.dests[i].pl.mark(hdr, len) == Mark::New {
+            self.gen += 1;
+            self.stats.cleanup_bytes += len as u64;
+            self.stats.moved += 1;
             self.finish_if_complete(i);
         }
     }

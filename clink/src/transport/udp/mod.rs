@@ -26,7 +26,7 @@ use crate::transport::FrameQueue;
 use clink_proto::admission::{Decision, Gate, GateConfig, Mode};
 use clink_proto::reliable::packet::{is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER};
 use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
-use clink_proto::spec::{self, Check, Layout, Segment};
+use clink_proto::spec::{self, Check, Displaced, Layout, Move, Segment};
 use clink_proto::wire::Frame;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -113,6 +113,9 @@ pub enum Got<'a> {
     /// A bulk fragment a speculative receive found intact at its place (header verified),
     /// with its length on the wire.
     Placed(BulkHeader, usize),
+    /// A bulk fragment a speculative receive found intact in another fragment's place and
+    /// moved to its own (header verified), with its length on the wire.
+    Moved(BulkHeader, usize),
 }
 
 /// Settings of the UDP transport (from `CLINK_*`, see [`crate::config`]).
@@ -247,6 +250,11 @@ impl UdpLink {
             Got::Placed(h, wire_len) => {
                 if self.conn.accept_placed(now, &h, wire_len) == Ok(true) {
                     self.bulk.placed(&h, wire_len - BULK_HEADER);
+                }
+            }
+            Got::Moved(h, wire_len) => {
+                if self.conn.accept_placed(now, &h, wire_len) == Ok(true) {
+                    self.bulk.moved(&h, wire_len - BULK_HEADER);
                 }
             }
         }
@@ -433,6 +441,12 @@ struct State {
     /// the key changes).
     planned: Option<(usize, u64)>,
     segs: Vec<Segment>,
+    /// A read's intact fragments in each other's places: (move, header, wire length, and
+    /// where the read put it: entry, start), reused.
+    displaced: Vec<(Displaced, BulkHeader, usize, usize, usize)>,
+    moves: Vec<Move>,
+    list: Vec<Displaced>,
+    scratch: Vec<u8>,
     /// What a read copied out, reused.
     gathered: Gathered,
 }
@@ -576,6 +590,10 @@ impl UdpTransport {
                 decisions: Vec::new(),
                 planned: None,
                 segs: Vec::new(),
+                displaced: Vec::new(),
+                moves: Vec::new(),
+                list: Vec::new(),
+                scratch: Vec::new(),
                 gathered: Gathered::default(),
             },
             steer,
@@ -1028,6 +1046,76 @@ fn socket<'a>(
     }
 }
 
+/// Puts the intact fragments a read left in each other's places at their own, each copied
+/// once ([`spec::plan_moves`]), and hands them to `sink` as moved; a second fragment for
+/// the same place is gathered for the ordinary path instead. Runs after every armed entry
+/// of the read was verified (the moves write into places other entries landed in) and
+/// before anything else of the read is handled (the ordinary path writes too).
+fn move_displaced(
+    sock: &UdpSock,
+    st: &mut State,
+    a: &Armed,
+    gathered: &mut Gathered,
+    sink: &mut impl FnMut(usize, Got<'_>),
+) {
+    let mut displaced = std::mem::take(&mut st.displaced);
+    // Stable: of two fragments for one place, the first read keeps it.
+    displaced.sort_by_key(|x| x.0.to);
+    let mut list = std::mem::take(&mut st.list);
+    list.clear();
+    let mut last = None;
+    displaced.retain(|&(d, _, wire, k, start)| {
+        if last == Some(d.to) {
+            gather(
+                &mut gathered.bytes,
+                &st.lead[k],
+                sock.slot(k, sock::RX_SLOT),
+                start,
+                wire,
+            );
+            gathered.close(a.src);
+            return false;
+        }
+        last = Some(d.to);
+        list.push(d);
+        true
+    });
+    spec::plan_moves(&list, &mut st.moves);
+    let dest = a.arm.dest;
+    for m in &st.moves {
+        // SAFETY: every place named lies inside the destination the layout is armed on
+        // (landing places are armed fragments; own places were checked against its
+        // capacity by `spec::check`), valid while the key is current (the Bulk contract);
+        // places are whole fragments, so two of them are equal or disjoint, and a Copy's
+        // two differ.
+        unsafe {
+            match *m {
+                Move::Save { from, len } => {
+                    st.scratch.clear();
+                    st.scratch.extend_from_slice(std::slice::from_raw_parts(
+                        dest.add(from as usize),
+                        len,
+                    ));
+                }
+                Move::Copy { from, to, len } => std::ptr::copy_nonoverlapping(
+                    dest.add(from as usize),
+                    dest.add(to as usize),
+                    len,
+                ),
+                Move::Restore { to, len } => {
+                    std::ptr::copy_nonoverlapping(st.scratch.as_ptr(), dest.add(to as usize), len)
+                }
+            }
+        }
+    }
+    for &(_, h, wire, _, _) in &displaced {
+        sink(a.key.0, Got::Moved(h, wire));
+    }
+    displaced.clear();
+    st.displaced = displaced;
+    st.list = list;
+}
+
 /// Hands the `r` entries just read from `sock` to `sink`: the armed ones (`armed`, entry k
 /// < its plan's length) verified in place first, then the others from their slots.
 fn deliver(
@@ -1067,6 +1155,17 @@ fn deliver(
                             sink(a.key.0, Got::Placed(h, BULK_HEADER + len));
                             continue;
                         }
+                        Check::Displaced(h) if clean => {
+                            // Moved in place once every entry of the read is verified.
+                            st.stats.spec_misses += 1;
+                            let d = Displaced {
+                                from: off,
+                                to: h.offset,
+                                len,
+                            };
+                            st.displaced.push((d, h, BULK_HEADER + len, k, start));
+                            continue;
+                        }
                         _ => (start, BULK_HEADER + len),
                     }
                 }
@@ -1089,6 +1188,9 @@ fn deliver(
         }
     }
     st.segs = segs;
+    if let Some(a) = armed.filter(|_| !st.displaced.is_empty()) {
+        move_displaced(sock, st, a, &mut gathered, sink);
+    }
     // Pass 2: the unarmed entries from their slots (no copy without faults), then
     // what was gathered or held back.
     let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
