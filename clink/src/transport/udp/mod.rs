@@ -441,14 +441,30 @@ struct State {
     /// the key changes).
     planned: Option<(usize, u64)>,
     segs: Vec<Segment>,
-    /// A read's intact fragments in each other's places: (move, header, wire length, and
-    /// where the read put it: entry, start), reused.
-    displaced: Vec<(Displaced, BulkHeader, usize, usize, usize)>,
+    /// A read's intact fragments in each other's places, reused.
+    displaced: Vec<Misplaced>,
+    /// Their moves, as [`spec::plan_moves`] ordered them, reused.
     moves: Vec<Move>,
+    /// The [`Displaced`] of those that will move, reused.
     list: Vec<Displaced>,
+    /// The fragment a cycle of moves saves, reused.
     scratch: Vec<u8>,
     /// What a read copied out, reused.
     gathered: Gathered,
+}
+
+/// A fragment a speculative read left in another's place.
+struct Misplaced {
+    /// Where it landed and where it belongs.
+    d: Displaced,
+    /// Its verified header.
+    h: BulkHeader,
+    /// Its length on the wire.
+    wire: usize,
+    /// Where the read put it, to gather it instead: receive entry, and start in the
+    /// entry's vectors.
+    entry: usize,
+    start: usize,
 }
 
 /// A speculative layout in force.
@@ -1060,24 +1076,25 @@ fn move_displaced(
 ) {
     let mut displaced = std::mem::take(&mut st.displaced);
     // Stable: of two fragments for one place, the first read keeps it.
-    displaced.sort_by_key(|x| x.0.to);
+    displaced.sort_by_key(|m| m.d.to);
     let mut list = std::mem::take(&mut st.list);
     list.clear();
     let mut last = None;
-    displaced.retain(|&(d, _, wire, k, start)| {
-        if last == Some(d.to) {
+    displaced.retain(|m| {
+        if last == Some(m.d.to) {
+            let slot = sock.slot(m.entry, sock::RX_SLOT);
             gather(
                 &mut gathered.bytes,
-                &st.lead[k],
-                sock.slot(k, sock::RX_SLOT),
-                start,
-                wire,
+                &st.lead[m.entry],
+                slot,
+                m.start,
+                m.wire,
             );
             gathered.close(a.src);
             return false;
         }
-        last = Some(d.to);
-        list.push(d);
+        last = Some(m.d.to);
+        list.push(m.d);
         true
     });
     spec::plan_moves(&list, &mut st.moves);
@@ -1108,8 +1125,8 @@ fn move_displaced(
             }
         }
     }
-    for &(_, h, wire, _, _) in &displaced {
-        sink(a.key.0, Got::Moved(h, wire));
+    for m in &displaced {
+        sink(a.key.0, Got::Moved(m.h, m.wire));
     }
     displaced.clear();
     st.displaced = displaced;
@@ -1163,7 +1180,13 @@ fn deliver(
                                 to: h.offset,
                                 len,
                             };
-                            st.displaced.push((d, h, BULK_HEADER + len, k, start));
+                            st.displaced.push(Misplaced {
+                                d,
+                                h,
+                                wire: BULK_HEADER + len,
+                                entry: k,
+                                start,
+                            });
                             continue;
                         }
                         _ => (start, BULK_HEADER + len),
