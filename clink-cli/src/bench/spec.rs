@@ -53,7 +53,9 @@
 //!   ([`clink::Stats::spec_hit_rate`]) in `median`, with the counters behind it (`hits`,
 //!   `misses`, `hit_bytes`, `cleanup_bytes`), `granted_hit_rate` (the granted stream's,
 //!   [`clink::Stats::granted_hit_rate`], `null` without a grant), the admission counters,
-//!   `stray_dropped`, `interfering` (stray datagrams sent), `faults_injected` and the
+//!   `stray_dropped`, `interfering` (stray datagrams sent), `interferer_cpu_s` (the CPU
+//!   seconds of the thread that sent them, on the sender's core, not counted in
+//!   `cpu_s_per_gb`), `faults_injected` and the
 //!   senders' `retransmissions` and `timeouts`.
 //!
 //! Without `--json`: a table per MTU and experiment, medians over `--rounds` (which
@@ -632,6 +634,7 @@ fn sender(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
     let result = json!({
         "cpu_s": (cpu - stray_cpu).max(0.0),
         "interfering": strays,
+        "interferer_cpu_s": stray_cpu,
         "retransmissions": s.retransmissions,
         "timeouts": s.timeouts,
         "window_cuts": s.window_cuts,
@@ -951,6 +954,8 @@ fn run_variant(
     ] {
         counters.insert(k.into(), json!(tx.iter().map(|t| count(t, k)).sum::<u64>()));
     }
+    let stray_cpu: f64 = tx.iter().map(|t| num(t, "interferer_cpu_s")).sum();
+    counters.insert("interferer_cpu_s".into(), json!(stray_cpu));
     for k in [
         "bytes",
         "secs",
