@@ -89,7 +89,7 @@ pub enum Error {
     Forked(i32),
 }
 
-/// Result with the runtime's [`Error`].
+/// Result with the runtime's [`enum@Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {

@@ -136,8 +136,8 @@ pub struct Config {
     /// batching and scheduling alone inflate a short RTT several times.
     pub congestion_queue_floor: u64,
     /// A loss is congestion when the last two rounds lost more than this percentage of
-    /// the packets they sent (and at least 3; a round counts at least
-    /// [`MIN_ROUND_PACKETS`]).
+    /// the packets they sent (and at least 3; a round counts at least 128 packets, so that
+    /// a few random losses in a short round do not look like congestion).
     pub congestion_loss_pct: u64,
     /// Silence after which the peer is declared dead.
     pub dead_after: u64,

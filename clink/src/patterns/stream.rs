@@ -18,7 +18,7 @@
 //! writer's over `r`). Puts fire it; direct stores do not, so a side about to sleep raises
 //! its `sleeping` word in the peer's aperture, fences, and looks once more; the peer, after
 //! storing its counter, fences, finds the word raised, lowers it and rings the doorbell
-//! (one notify). Sleeps last at most [`MAX_SLEEP`], which bounds any missed wake-up.
+//! (one notify). Sleeps last at most [`super::MAX_SLEEP`], which bounds any missed wake-up.
 
 use super::{deadline, nap, open_pair, quiet_tripwire, spin, Far};
 use crate::rma::{ApertureId, TripId, Window};
