@@ -605,6 +605,55 @@ mod tests {
         );
     }
 
+    /// `check` sorts a candidate: the expected fragment is a hit, another intact fragment
+    /// of the transfer that fits its own place inside the destination is displaced, and
+    /// anything else (another transfer, a damaged payload, an own place beyond the
+    /// destination, a length that is not the fragment's) is a miss.
+    #[test]
+    fn check_tells_hits_displaced_fragments_and_misses_apart() {
+        use crate::reliable::packet::Datagram;
+        let e = Expect {
+            conn: 9,
+            xfer: 7,
+            total: 2500,
+            frag: 1000,
+            cap: 2000,
+        };
+        let dgram = |xfer: u64, offset: u64, len: usize| {
+            let payload = vec![offset as u8; len];
+            let mut out = Vec::new();
+            Datagram::Bulk {
+                conn: 9,
+                hdr: BulkHeader {
+                    pn: 1,
+                    floor: 0,
+                    xfer,
+                    offset,
+                    total: 2500,
+                },
+                payload: &payload,
+            }
+            .encode(&mut out);
+            (out[..BULK_HEADER].to_vec(), out[BULK_HEADER..].to_vec())
+        };
+        let (h, p) = dgram(7, 1000, 1000);
+        assert!(matches!(check(&e, 1000, &h, &p), Check::Hit(x) if x.offset == 1000));
+        assert!(matches!(check(&e, 0, &h, &p), Check::Displaced(x) if x.offset == 1000));
+        let (h0, p0) = dgram(7, 0, 1000);
+        assert!(matches!(check(&e, 1000, &h0, &p0), Check::Displaced(x) if x.offset == 0));
+        // The last fragment (500 bytes at 2000) lies beyond the 2000-byte destination.
+        let (hl, pl) = dgram(7, 2000, 500);
+        assert_eq!(check(&e, 0, &hl, &pl), Check::Miss);
+        // Another transfer, a damaged payload, a length that is not the fragment's.
+        let (hx, px) = dgram(8, 1000, 1000);
+        assert_eq!(check(&e, 0, &hx, &px), Check::Miss);
+        let mut bad = p.clone();
+        bad[10] ^= 1;
+        assert_eq!(check(&e, 0, &h, &bad), Check::Miss);
+        let (hs, ps) = dgram(7, 1000, 400);
+        assert_eq!(check(&e, 0, &hs, &ps), Check::Miss);
+    }
+
     /// Runs `moves` on `dest` with a scratch buffer; returns the bytes copied.
     fn run_moves(moves: &[Move], dest: &mut [u8]) -> usize {
         let mut scratch = Vec::new();
