@@ -321,6 +321,62 @@ fn close_is_delivered_over_udp() {
     ));
 }
 
+/// A receiver that stops driving its endpoint as soon as its bulk receive returns (as an
+/// application may) has already acknowledged the last fragments: the sender's send, which
+/// completes with that ack, returns without waiting to declare the receiver dead. Busy
+/// and sleeping receivers both.
+#[test]
+fn the_last_fragments_are_acked_before_the_receive_returns() {
+    for spin in [None, Some(Duration::ZERO)] {
+        let ctx = move || {
+            common::ctx_with(Config {
+                calibrate: false,
+                force_net: true,
+                spin,
+                udp: Some(UdpConfig {
+                    bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                    mtu: Some(1500),
+                    dead_after: Duration::from_millis(3000),
+                    ..UdpConfig::default()
+                }),
+                ..Config::default()
+            })
+        };
+        let mut r = ctx().endpoint().unwrap();
+        let addr = r.address();
+        let sender = std::thread::spawn(move || {
+            let mut s = ctx().endpoint().unwrap();
+            let p = s.connect(&addr).unwrap();
+            let mut outcomes = Vec::new();
+            for k in 0..4u64 {
+                let mut msg = vec![0u8; 300_000 + 1409 * k as usize];
+                fill(k, &mut msg);
+                let t = Instant::now();
+                outcomes.push((s.send(p, k, &msg).map(|_| ()), t.elapsed()));
+            }
+            outcomes
+        });
+        let p = r.accept(Some(T)).unwrap();
+        let mut buf = vec![0u8; 400_000];
+        for k in 0..4u64 {
+            let st = r
+                .recv_timeout(Selector::exact(Some(p), k), &mut buf, Some(T))
+                .unwrap();
+            let mut want = vec![0u8; st.len as usize];
+            fill(k, &mut want);
+            assert_eq!(&buf[..st.len as usize], &want[..]);
+            if k == 3 {
+                // Not driven any more until the sender is done.
+                let outcomes = sender.join().unwrap();
+                for (o, took) in outcomes {
+                    assert!(o.is_ok(), "spin {spin:?}: {o:?} after {took:?}");
+                }
+                break;
+            }
+        }
+    }
+}
+
 /// With room for one peer socket, the first client's datagrams reach its own connected
 /// socket and the second's the main one; a server that never spins (every wait sleeps in
 /// epoll) is woken by both, and every message, small or bulk, comes back intact.

@@ -784,6 +784,16 @@ impl Conn {
         t
     }
 
+    /// Acknowledges what has arrived with the next [`Conn::poll_transmit`] instead of
+    /// after the ack delay (if anything is unacknowledged): the peer is waiting on it,
+    /// say the last fragments of a bulk transfer whose send completes with their ack,
+    /// while the application that received the message may stop driving this side.
+    pub fn ack_now(&mut self) {
+        if self.ack_deadline.is_some() {
+            self.ack_now = true;
+        }
+    }
+
     /// When a delayed ack is due (included in [`Conn::poll_timeout`]).
     pub fn ack_timeout(&self) -> Option<u64> {
         self.ack_deadline.filter(|_| !self.dead)

@@ -1912,6 +1912,17 @@ impl Endpoint {
             return;
         };
         let (done_in, done_out) = b.take_done();
+        if !done_in.is_empty() {
+            if let Link::Udp(u) = &mut self.peers[i].link {
+                // The sender's send completes with the ack of the last fragments: send it
+                // now, not after the ack delay nor at the end of a pass that may not come
+                // (a wake-up's read completes the receive and the wait returns at once,
+                // and the application may stop driving this endpoint once it has its
+                // message).
+                u.conn.ack_now();
+                self.kick(i);
+            }
+        }
         for x in done_out {
             if let Some(op) = self.sends.get_mut(&x) {
                 if matches!(op.state, SendState::Pipelining) {
