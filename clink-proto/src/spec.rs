@@ -378,6 +378,34 @@ pub enum Move {
     },
 }
 
+/// Carries out `moves` ([`plan_moves`]'s) on the destination `dest`, with `scratch` for
+/// the fragment a cycle saves. Returns the bytes copied to their places (the saves not
+/// counted).
+///
+/// # Panics
+/// On a move outside `dest` (the places come from fragments [`check`] admitted: inside
+/// the destination's capacity).
+pub fn apply_moves(moves: &[Move], dest: &mut [u8], scratch: &mut Vec<u8>) -> usize {
+    let mut copied = 0;
+    for m in moves {
+        match *m {
+            Move::Save { from, len } => {
+                scratch.clear();
+                scratch.extend_from_slice(&dest[from as usize..from as usize + len]);
+            }
+            Move::Copy { from, to, len } => {
+                dest.copy_within(from as usize..from as usize + len, to as usize);
+                copied += len;
+            }
+            Move::Restore { to, len } => {
+                dest[to as usize..to as usize + len].copy_from_slice(&scratch[..len]);
+                copied += len;
+            }
+        }
+    }
+    copied
+}
+
 /// Orders the moves that put every displaced fragment of one read at its place, each
 /// copied once, without overwriting one that has not moved yet: a fragment moves only
 /// after the one occupying its place has moved out (chains are moved from their end); a
@@ -654,27 +682,8 @@ mod tests {
         assert_eq!(check(&e, 0, &hs, &ps), Check::Miss);
     }
 
-    /// Runs `moves` on `dest` with a scratch buffer; returns the bytes copied.
     fn run_moves(moves: &[Move], dest: &mut [u8]) -> usize {
-        let mut scratch = Vec::new();
-        let mut copied = 0;
-        for m in moves {
-            match *m {
-                Move::Save { from, len } => {
-                    scratch.clear();
-                    scratch.extend_from_slice(&dest[from as usize..from as usize + len]);
-                }
-                Move::Copy { from, to, len } => {
-                    dest.copy_within(from as usize..from as usize + len, to as usize);
-                    copied += len;
-                }
-                Move::Restore { to, len } => {
-                    dest[to as usize..to as usize + len].copy_from_slice(&scratch[..len]);
-                    copied += len;
-                }
-            }
-        }
-        copied
+        apply_moves(moves, dest, &mut Vec::new())
     }
 
     #[test]

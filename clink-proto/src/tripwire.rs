@@ -219,8 +219,7 @@ impl Matcher {
         mut hit: impl FnMut(TripId, &Spec),
     ) {
         // The usual small access, within one page that one tripwire watches: no hit list
-        // to fill and sort. (The loop's steps written out again: a helper shared with it
-        // cost the put + tripwire hop 2.5 ns.)
+        // to fill and sort.
         let end = start.saturating_add(len);
         if end > start && start >> PAGE_SHIFT == (end - 1) >> PAGE_SHIFT {
             let Some(ap) = self.apertures.get(&aperture) else {
@@ -230,17 +229,9 @@ impl Matcher {
             let bucket = bucket.map_or(&[][..], Vec::as_slice);
             if bucket.len() + ap.wide.len() == 1 {
                 let index = *bucket.first().or(ap.wide.first()).expect("one candidate");
-                let entry = &self.slab[index as usize];
-                let Some(spec) = entry.spec else { return };
-                if touches(&spec, kind, start, end) {
-                    let id = TripId {
-                        index,
-                        gen: entry.gen,
-                    };
-                    hit(id, &spec);
-                    if spec.once {
-                        self.remove(id);
-                    }
+                let spec = self.slab[index as usize].spec;
+                if spec.is_some_and(|s| touches(&s, kind, start, end)) {
+                    self.fire_index(index, &mut hit);
                 }
                 return;
             }
@@ -248,19 +239,26 @@ impl Matcher {
         let mut hits = std::mem::take(&mut self.scratch);
         self.collect(aperture, start, len, kind, &mut hits);
         for &index in &hits {
-            let entry = &self.slab[index as usize];
-            let Some(spec) = entry.spec else { continue };
-            let id = TripId {
-                index,
-                gen: entry.gen,
-            };
-            hit(id, &spec);
-            if spec.once {
-                self.remove(id);
-            }
+            self.fire_index(index, &mut hit);
         }
         hits.clear();
         self.scratch = hits;
+    }
+
+    /// Calls `hit` for the armed tripwire at slab `index` (none: nothing) and removes it if
+    /// it fires once only.
+    #[inline(always)]
+    fn fire_index(&mut self, index: u32, hit: &mut impl FnMut(TripId, &Spec)) {
+        let entry = &self.slab[index as usize];
+        let Some(spec) = entry.spec else { return };
+        let id = TripId {
+            index,
+            gen: entry.gen,
+        };
+        hit(id, &spec);
+        if spec.once {
+            self.remove(id);
+        }
     }
 
     /// Fills `out` with the sorted slab indices [`Matcher::fire`] would hit; returns how many

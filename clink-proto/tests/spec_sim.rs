@@ -12,7 +12,7 @@
 use clink_proto::netsim::Rng;
 use clink_proto::reliable::packet::BULK_HEADER;
 use clink_proto::reliable::{Config, Conn, Event};
-use clink_proto::spec::{self, Check, Displaced, Layout, Mark, Move, Placement, Segment};
+use clink_proto::spec::{self, Check, Displaced, Layout, Mark, Placement, Segment};
 
 const FRAG: usize = 1000;
 const GROUP: u64 = 16;
@@ -247,20 +247,7 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
             // the other misses take the ordinary path.
             let list: Vec<Displaced> = displaced.iter().map(|(d, _)| *d).collect();
             spec::plan_moves(&list, &mut moves);
-            for m in &moves {
-                match *m {
-                    Move::Save { from, len } => {
-                        scratch.clear();
-                        scratch.extend_from_slice(&dest[from as usize..from as usize + len]);
-                    }
-                    Move::Copy { from, to, len } => {
-                        dest.copy_within(from as usize..from as usize + len, to as usize)
-                    }
-                    Move::Restore { to, len } => {
-                        dest[to as usize..to as usize + len].copy_from_slice(&scratch[..len])
-                    }
-                }
-            }
+            spec::apply_moves(&moves, &mut dest, &mut scratch);
             for (d, h) in &displaced {
                 c.moved += 1;
                 if b.accept_placed(now, h, BULK_HEADER + d.len).unwrap() {

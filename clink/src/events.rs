@@ -7,13 +7,13 @@
 //! thread. Delivery is O(1) either way: the endpoint's own events go into a bounded FIFO
 //! only its thread touches (no atomic read-modify-write per event), `User` events from
 //! other threads into a lock-free bounded ring (the crate's `evq` module) that wakes the
-//! endpoint when it sleeps. The consumer takes from the two in turn, so neither starves the other.
-//! When the FIFO is full, events go to an overflow list in order, and the consumer first
-//! receives an [`Event::Overflow`] saying so: nothing is lost unless the overflow list
-//! itself passes [`SPILL_MAX`] events, and then the loss is counted and reported in the
-//! next `Overflow` event (recover by checking request states and tripwire bits). The order
-//! kept is the endpoint's own; a `User` event is ordered only against other `User` events
-//! (a full ring refuses it: [`EventSender::post`] returns false).
+//! endpoint when it sleeps. The consumer takes from the two in turn, so neither starves the
+//! other. When the FIFO is full, events go to an overflow list in order, and the consumer
+//! first receives an [`Event::Overflow`] saying so: nothing is lost unless the overflow
+//! list itself passes [`SPILL_MAX`] events, and then the loss is counted and reported in
+//! the next `Overflow` event (recover by checking request states and tripwire bits). The
+//! order kept is the endpoint's own; a `User` event is ordered only against other `User`
+//! events (a full ring refuses it: [`EventSender::post`] returns false).
 
 use crate::evq::{Consumer, EventRing, SharedRing};
 use clink_proto::tripwire::TripId;

@@ -1843,6 +1843,9 @@ impl Endpoint {
         // it did (or is due: see `UdpTransport::receive`).
         if read_udp && (udp_main || udp_other) {
             did |= self.net_receive(udp_main);
+            // What the read made due (an ack that may not wait) leaves now: the wait that
+            // slept may return without another pass.
+            self.net_transmit();
         }
         did
     }
@@ -1914,13 +1917,10 @@ impl Endpoint {
         let (done_in, done_out) = b.take_done();
         if !done_in.is_empty() {
             if let Link::Udp(u) = &mut self.peers[i].link {
-                // The sender's send completes with the ack of the last fragments: send it
-                // now, not after the ack delay nor at the end of a pass that may not come
-                // (a wake-up's read completes the receive and the wait returns at once,
-                // and the application may stop driving this endpoint once it has its
-                // message).
+                // The sender's send completes with the ack of the last fragments: it goes
+                // with this pass's (or wake-up's) transmit, not after the ack delay (the
+                // application may stop driving this endpoint once it has its message).
                 u.conn.ack_now();
-                self.kick(i);
             }
         }
         for x in done_out {

@@ -1265,10 +1265,10 @@ impl Endpoint {
 
     /// Checks a request against the export table; counts refusals.
     fn admit(&mut self, t: &Target, len: u64, need: u8) -> Result<Applied, Status> {
-        // Borrowed, not copied out of the table: the refusal (which needs `&mut self`)
-        // is handled after.
+        // Borrowed, not copied out of the table (the refusal's `&mut self` comes after
+        // the last use of the borrow).
         let e = self.rma.exports.get(&t.export);
-        let r = match rma::check(e.map(|e| &e.grant), t.key, t.offset, len, need) {
+        match rma::check(e.map(|e| &e.grant), t.key, t.offset, len, need) {
             Ok(at) => {
                 let e = e.expect("check admits only an existing export");
                 Ok(Applied {
@@ -1280,9 +1280,8 @@ impl Endpoint {
                     rights: e.grant.rights,
                 })
             }
-            Err(s) => Err(s),
-        };
-        r.map_err(|s| self.refuse(s))
+            Err(s) => Err(self.refuse(s)),
+        }
     }
 
     /// Counts a refused request (as a target) and returns its status.

@@ -965,7 +965,7 @@ impl UdpTransport {
         let first = self.st.armed_on;
         let order = std::iter::once(first)
             .chain((1..PEER_SOCK0 + self.peers.len()).filter(|&i| i != first))
-            .chain((first != 0 && main).then_some(0));
+            .chain((first != 0).then_some(0));
         let mut n = 0;
         for i in order {
             if i == 0 && !main {
@@ -1025,12 +1025,6 @@ impl UdpTransport {
     /// else through the main one.
     pub fn flush(&mut self) {
         let batch = &mut self.st.batch;
-        if self.peers.is_empty() {
-            if !batch.is_empty() {
-                self.sock.send(batch);
-            }
-            return;
-        }
         let mut i = 0;
         while i < batch.frames() {
             let own = self.peers.index_of(batch.frame_dest(i));
@@ -1098,33 +1092,11 @@ fn move_displaced(
         true
     });
     spec::plan_moves(&list, &mut st.moves);
-    let dest = a.arm.dest;
-    for m in &st.moves {
-        // SAFETY: every place named lies inside the destination the layout is armed on
-        // (landing places are armed fragments; own places were checked against its
-        // capacity by `spec::check`), valid while the key is current (the Bulk contract);
-        // places are whole fragments, so two of them are equal or disjoint, and a Copy's
-        // two differ.
-        unsafe {
-            match *m {
-                Move::Save { from, len } => {
-                    st.scratch.clear();
-                    st.scratch.extend_from_slice(std::slice::from_raw_parts(
-                        dest.add(from as usize),
-                        len,
-                    ));
-                }
-                Move::Copy { from, to, len } => std::ptr::copy_nonoverlapping(
-                    dest.add(from as usize),
-                    dest.add(to as usize),
-                    len,
-                ),
-                Move::Restore { to, len } => {
-                    std::ptr::copy_nonoverlapping(st.scratch.as_ptr(), dest.add(to as usize), len)
-                }
-            }
-        }
-    }
+    // SAFETY: the destination the layout is armed on, valid for its capacity while the
+    // key is current (the Bulk contract), and referenced by nothing else during the call
+    // (the read's vectors point into it, but the kernel is done with them).
+    let dest = unsafe { std::slice::from_raw_parts_mut(a.arm.dest, a.arm.expect.cap as usize) };
+    spec::apply_moves(&st.moves, dest, &mut st.scratch);
     for m in &displaced {
         sink(a.key.0, Got::Moved(m.h, m.wire));
     }

@@ -4,9 +4,9 @@
 //! socket's exact match wins the lookup), and sends through it skip the route lookup an
 //! unconnected send makes per datagram. On the wire nothing changes: same addresses, same
 //! ports. Measured across the veth pair with a C ping-pong of 64-byte datagrams (the
-//! calls clink makes, BENCHMARKS.md): 4.6-4.8 us one-way unconnected, 3.6-3.9 connected.
+//! calls clink makes, BENCHMARKS.md): 4.2-4.9 us one-way unconnected, 3.6-4.0 connected.
 //!
-//! The cost: every peer socket is read on every pass (one `recvmmsg` each), so only the
+//! The cost: every peer socket is read on every pass (one system call each), so only the
 //! first [`UdpConfig::peer_sockets`](super::UdpConfig) peers get one; the others share
 //! the main socket. The main socket then carries only handshakes and those peers'
 //! datagrams, and while every peer has a socket of its own the transport reads it on

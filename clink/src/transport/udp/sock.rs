@@ -266,9 +266,11 @@ impl UdpSock {
         self.fd.as_raw_fd()
     }
 
-    /// Sends everything in `batch` and empties it. Datagrams the kernel does not take
-    /// (socket buffer full) are dropped and counted: the reliable protocol resends them.
-    pub fn send(&mut self, batch: &mut TxBatch) {
+    /// Sends everything in `batch` through this (unconnected) socket and empties it, as
+    /// [`UdpSock::send_run`] run by run. For the tests: the transport picks a socket per
+    /// run (`UdpTransport::flush`).
+    #[cfg(test)]
+    fn send(&mut self, batch: &mut TxBatch) {
         let mut i = 0;
         while i < batch.frames.len() {
             i = self.send_run(batch, i, false);
@@ -279,7 +281,8 @@ impl UdpSock {
     /// Sends the frames of `batch` from `first` to the same destination as it (a run);
     /// returns the index after the run. `connected`: this socket is connected to that
     /// destination, so the datagrams go without a name (the kernel then uses the route it
-    /// keeps instead of looking one up per datagram). Drops as [`UdpSock::send`].
+    /// keeps instead of looking one up per datagram). Datagrams the kernel does not take
+    /// (socket buffer full) are dropped and counted: the reliable protocol resends them.
     pub fn send_run(&mut self, batch: &mut TxBatch, first: usize, connected: bool) -> usize {
         let mut i = first;
         let mut end = batch.run_end(first);
@@ -332,7 +335,9 @@ impl UdpSock {
         a.hdrs.clear();
         frame_vectors(frames, &batch.dgrams, &batch.buf, &mut a.iovs, &mut a.spans);
         for f in frames {
-            a.addrs.push(to_sockaddr(f.dest));
+            if !connected {
+                a.addrs.push(to_sockaddr(f.dest));
+            }
             a.ctrl.push([0; 4]);
         }
         for k in 0..n {
@@ -667,7 +672,7 @@ impl TxBatch {
     ///
     /// # Safety
     /// The payload `write` returns must stay valid and unchanged until the batch is sent
-    /// ([`UdpSock::send`]); only its address is kept.
+    /// ([`UdpSock::send_run`]); only its address is kept.
     pub unsafe fn push_grouped<'p>(
         &mut self,
         write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, &'p [u8], bool, SocketAddrV4)>,
