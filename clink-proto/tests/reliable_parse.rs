@@ -2,7 +2,8 @@
 //! never fooled by a damaged datagram.
 
 use clink_proto::reliable::packet::{
-    bulk_checksum, crc32c, parse_bulk, Piggy, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
+    bulk_checksum, coalesced_segment, crc32c, declared_len, parse_bulk, Piggy, BULK_HEADER,
+    MAX_ACK_DELAY_US, MAX_RANGES,
 };
 use clink_proto::reliable::{
     AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
@@ -158,6 +159,72 @@ proptest! {
         let _ = c.poll_event();
         let mut out = Vec::new();
         while c.poll_transmit(2, &mut out).is_some() {}
+    }
+
+    #[test]
+    fn declared_len_is_total_and_never_beyond_a_datagram_header(
+        bytes in proptest::collection::vec(any::<u8>(), 0..256),
+        valid_start in any::<bool>(),
+    ) {
+        let mut b = bytes;
+        if valid_start && b.len() >= 5 {
+            b[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1]);
+        }
+        if let Some(n) = declared_len(&b) {
+            // At least a common header and its trailer, at most a full-size data datagram.
+            prop_assert!((20..=60 + 65535 + 20 + 4).contains(&n), "{}", n);
+        }
+    }
+
+    #[test]
+    fn every_encoded_datagram_declares_its_own_length(
+        (k, conn, hdr, p, ack) in datagram(),
+        after in proptest::collection::vec(any::<u8>(), 0..100),
+    ) {
+        let d = build(k, conn, hdr, &p, &ack);
+        let mut buf = Vec::new();
+        let n = d.encode(&mut buf);
+        // Whatever follows it in a coalesced read does not change what it declares.
+        buf.extend_from_slice(&after);
+        prop_assert_eq!(declared_len(&buf), Some(n));
+    }
+
+    #[test]
+    fn coalesced_reads_split_at_their_segment_size_and_nothing_else_splits(
+        (k, conn, hdr, p, ack) in datagram(),
+        count in 1usize..6,
+        cut in any::<prop::sample::Index>(),
+        garbage in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let d = build(k, conn, hdr, &p, &ack);
+        let mut one = Vec::new();
+        let n = d.encode(&mut one);
+        // A single datagram is never split.
+        prop_assert_eq!(coalesced_segment(&one), None);
+        // `count` copies and a shorter last one (a truncated copy of the first that
+        // declares its own length is not available generically: use a ping, the
+        // shortest kind), as GRO joins them.
+        let mut run = Vec::new();
+        for _ in 0..count {
+            run.extend_from_slice(&one);
+        }
+        let mut ping = Vec::new();
+        let pn = Datagram::Ping { conn, floor: 1 }.encode(&mut ping);
+        if pn <= n {
+            let mut with_last = run.clone();
+            with_last.extend_from_slice(&ping);
+            prop_assert_eq!(coalesced_segment(&with_last), Some(n));
+        }
+        prop_assert_eq!(coalesced_segment(&run), (count > 1).then_some(n));
+        // Cut short, or with bytes after it that are not a datagram: not a coalesced read.
+        let c = cut.index(run.len());
+        if c % n != 0 {
+            prop_assert_eq!(coalesced_segment(&run[..c]), None);
+        }
+        if !garbage.is_empty() && declared_len(&garbage) != Some(garbage.len()) {
+            run.extend_from_slice(&garbage);
+            prop_assert_eq!(coalesced_segment(&run), None);
+        }
     }
 
     #[test]

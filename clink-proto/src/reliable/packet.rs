@@ -122,6 +122,53 @@ pub fn is_handshake(b: &[u8]) -> bool {
     b.len() > 5 && (b[5] == K_HELLO || b[5] == K_WELCOME)
 }
 
+/// The length the datagram at the start of `b` gives itself in its header (payload
+/// length, range count, or its kind's fixed size), read without verifying anything else;
+/// `None` when `b` is too short to tell or does not open with clink's magic and version.
+///
+/// Total: any input gives a length or `None`. See [`coalesced_segment`].
+pub fn declared_len(b: &[u8]) -> Option<usize> {
+    if b.len() < COMMON_HEADER || u32_at(b, 0) != MAGIC || b[4] != VERSION {
+        return None;
+    }
+    let plen = || (b.len() >= DATA_HEADER).then(|| usize::from(u16_at(b, 56)));
+    Some(match b[5] {
+        K_DATA => {
+            let piggy = if u16_at(b, 6) & FLAG_ACK != 0 {
+                PIGGY_LEN
+            } else {
+                0
+            };
+            DATA_HEADER + plen()? + piggy + TRAILER
+        }
+        K_BULK => BULK_HEADER + plen()?,
+        K_ACK | K_NAK => ACK_HEADER + 8 * usize::from(*b.get(32)?) + TRAILER,
+        K_HELLO | K_WELCOME => HANDSHAKE_LEN + TRAILER,
+        K_ADMIT => ADMIT_LEN + TRAILER,
+        // Every other kind is parsed as a ping (and refused unless it is one).
+        _ => PING_LEN + TRAILER,
+    })
+}
+
+/// The segment size when `b` is a coalesced read (several datagrams the kernel's UDP GRO
+/// joined), told without the kernel's `UDP_GRO` control message: every datagram in it
+/// declares ([`declared_len`]) the first one's length, the last one at most that and
+/// exactly what is left. `None` for a single datagram, and for anything else (a damaged or
+/// hostile one is then one datagram that [`Datagram::parse`] refuses, not several). A
+/// forged read that passes is a run of datagrams its sender could have sent one by one.
+/// Total: any input gives a size or `None`.
+pub fn coalesced_segment(b: &[u8]) -> Option<usize> {
+    let seg = declared_len(b).filter(|&s| s < b.len())?;
+    let mut rest = b;
+    while rest.len() > seg {
+        if declared_len(rest) != Some(seg) {
+            return None;
+        }
+        rest = &rest[seg..];
+    }
+    (declared_len(rest) == Some(rest.len())).then_some(seg)
+}
+
 /// The connection id of a datagram, read without verifying it (for demultiplexing;
 /// [`Datagram::parse`] verifies). `None` when too short to hold one.
 pub fn peek_conn(b: &[u8]) -> Option<u32> {

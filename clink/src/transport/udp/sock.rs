@@ -14,6 +14,7 @@
 //! built once per layout, not per read.
 
 use crate::sys::cvt;
+use clink_proto::reliable::packet::coalesced_segment;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -60,6 +61,11 @@ pub struct UdpSock {
     width: usize,
     /// The last call asked for one entry and got it.
     single: bool,
+    /// The peer a connected socket hears (and only it, once `named` is off).
+    peer: Option<SocketAddrV4>,
+    /// Reads still ask for the sender's address: from the connect until the socket is
+    /// first found empty, it may hold datagrams that came before (from anyone).
+    named: bool,
     /// Counters.
     pub stats: SockStats,
 }
@@ -155,8 +161,9 @@ impl UdpSock {
         peer: SocketAddrV4,
         buf_bytes: usize,
     ) -> io::Result<UdpSock> {
-        let s = UdpSock::open(local, buf_bytes, true)?;
+        let mut s = UdpSock::open(local, buf_bytes, true)?;
         s.connect(peer)?;
+        s.peer = Some(peer);
         Ok(s)
     }
 
@@ -224,6 +231,8 @@ impl UdpSock {
             }),
             width: RX_SLOTS,
             single: false,
+            peer: None,
+            named: true,
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -369,8 +378,26 @@ impl UdpSock {
         let r = if n == 1 {
             // One entry (a small message, an ack): `sendmsg`, without `sendmmsg`'s batch
             // bookkeeping.
-            // SAFETY: as for `sendmmsg` below, for the one header.
-            let k = unsafe { libc::sendmsg(self.raw(), &a.hdrs[0].msg_hdr, libc::MSG_DONTWAIT) };
+            let h = &a.hdrs[0].msg_hdr;
+            let k = if h.msg_iovlen == 1 && h.msg_controllen == 0 {
+                // One vector and no segmentation: `sendto`, without a message header and
+                // vector to import (0.1-0.2 us of a 64-byte hop over loopback).
+                let v = a.iovs[a.spans[0].0];
+                // SAFETY: the vector and the name (if any) as for `sendmsg`.
+                unsafe {
+                    libc::sendto(
+                        self.raw(),
+                        v.iov_base,
+                        v.iov_len,
+                        libc::MSG_DONTWAIT,
+                        h.msg_name.cast(),
+                        h.msg_namelen,
+                    )
+                }
+            } else {
+                // SAFETY: as for `sendmmsg` below, for the one header.
+                unsafe { libc::sendmsg(self.raw(), h, libc::MSG_DONTWAIT) }
+            };
             if k < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -459,10 +486,46 @@ impl UdpSock {
             h.msg_flags = 0;
             rx.hdrs[k].msg_len = 0;
         }
+        // A one-vector entry read alone needs no message header: a coalesced read is told
+        // and split by the datagrams' own lengths instead of the `UDP_GRO` control message
+        // (`coalesced_segment`).
+        let plain = self.width == 1 && rx.hdrs[0].msg_hdr.msg_iovlen == 1;
         // SAFETY: every header points at live buffers of the sizes given: our slots,
         // names and control buffers, and leading vectors valid per `set_lead`'s contract.
         let r = unsafe {
-            if self.width == 1 {
+            if plain {
+                // `recvfrom`, which skips `recvmsg`'s header and vector import, and once
+                // only the peer can be heard the name too (0.2-0.4 us of a 64-byte hop
+                // over loopback, BENCHMARKS.md).
+                let h = &mut rx.hdrs[0];
+                let v = *h.msg_hdr.msg_iov;
+                let (name, namelen) = if self.peer.is_some() && !self.named {
+                    (std::ptr::null_mut(), std::ptr::null_mut())
+                } else {
+                    (
+                        h.msg_hdr.msg_name.cast(),
+                        &mut h.msg_hdr.msg_namelen as *mut _,
+                    )
+                };
+                let flags = libc::MSG_DONTWAIT | libc::MSG_TRUNC;
+                let n = libc::recvfrom(
+                    self.fd.as_raw_fd(),
+                    v.iov_base,
+                    v.iov_len,
+                    flags,
+                    name,
+                    namelen,
+                );
+                if n < 0 {
+                    -1
+                } else {
+                    if n as usize > v.iov_len {
+                        h.msg_hdr.msg_flags = libc::MSG_TRUNC;
+                    }
+                    h.msg_len = n as libc::c_uint;
+                    1
+                }
+            } else if self.width == 1 {
                 // One entry: `recvmsg`, which skips `recvmmsg`'s batch bookkeeping (0.2-0.3
                 // us of a 64-byte hop across the veth pair in a C ping-pong).
                 let h = &mut rx.hdrs[0];
@@ -483,6 +546,12 @@ impl UdpSock {
                 )
             }
         };
+        let empty = r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock;
+        if empty && self.named && self.peer.is_some() {
+            // Found empty since the connect: whatever reached the socket while it was
+            // still unconnected (any sender's) has been read with its name.
+            self.named = false;
+        }
         // One entry while datagrams come one at a time (a ping-pong): a wider call that
         // gets one tries the next entry too (its header and vectors imported, the queue
         // found empty), about 1% of a 64-byte hop. All of them once a call brings more
@@ -502,15 +571,20 @@ impl UdpSock {
             if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 self.stats.truncated += 1;
             }
-            let seg = gro_segment(&h.msg_hdr).filter(|&s| s > 0 && s < len);
+            let seg = if plain {
+                coalesced_segment(&rx.data[..len.min(RX_SLOT)])
+            } else {
+                gro_segment(&h.msg_hdr)
+            };
+            let seg = seg.filter(|&s| s > 0 && s < len);
             if seg.is_some() {
                 self.stats.gro_reads += 1;
             }
-            rx.got[k] = RxEntry {
-                src: from_sockaddr(&rx.addrs[k]),
-                len,
-                seg,
+            let src = match self.peer {
+                Some(p) if plain && !self.named => p,
+                _ => from_sockaddr(&rx.addrs[k]),
             };
+            rx.got[k] = RxEntry { src, len, seg };
         }
         r as usize
     }
@@ -943,6 +1017,45 @@ mod tests {
                 w.len(),
                 &w[..12.min(w.len())]
             );
+        }
+    }
+
+    #[test]
+    fn one_at_a_time_reads_split_coalesced_reads_by_the_datagrams_own_lengths() {
+        use clink_proto::reliable::Datagram;
+        let mut a = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let mut main = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let mut own = UdpSock::connected(lo(), a.local(), 1 << 20).unwrap();
+        // Found empty: the next reads ask for one entry (and, connected, for no name).
+        assert_eq!((own.recv_batch(), main.recv_batch()), (0, 0));
+        assert!(!own.named && main.named);
+        for (b, connected) in [(&mut own, true), (&mut main, false)] {
+            let dest = b.local();
+            let mut batch = TxBatch::new(true);
+            for floor in 0..20u64 {
+                batch.push(dest, |buf| Datagram::Ping { conn: 9, floor }.encode(buf));
+            }
+            assert_eq!(batch.frames(), 1, "one segmented send");
+            a.send(&mut batch);
+            let mut floors = Vec::new();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while floors.len() < 20 && std::time::Instant::now() < deadline {
+                for k in 0..b.recv_batch() {
+                    b.for_each_datagram(k, |src, d| {
+                        assert_eq!(src, a.local(), "connected: {connected}");
+                        match Datagram::parse(d) {
+                            Ok(Datagram::Ping { conn: 9, floor }) => floors.push(floor),
+                            other => panic!("{other:?}"),
+                        }
+                    });
+                }
+            }
+            assert_eq!(
+                floors,
+                (0..20).collect::<Vec<_>>(),
+                "connected: {connected}"
+            );
+            assert!(b.stats.gro_reads >= 1, "one coalesced read at least");
         }
     }
 
