@@ -162,7 +162,7 @@ proptest! {
     }
 
     #[test]
-    fn declared_len_is_total_and_never_beyond_a_datagram_header(
+    fn declared_lengths_and_segments_are_total_and_in_range(
         bytes in proptest::collection::vec(any::<u8>(), 0..256),
         valid_start in any::<bool>(),
     ) {
@@ -173,6 +173,9 @@ proptest! {
         if let Some(n) = declared_len(&b) {
             // At least a common header and its trailer, at most a full-size data datagram.
             prop_assert!((20..=60 + 65535 + 20 + 4).contains(&n), "{}", n);
+        }
+        if let Some(seg) = coalesced_segment(&b) {
+            prop_assert!(seg >= 20 && seg < b.len());
         }
     }
 
