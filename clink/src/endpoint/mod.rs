@@ -1513,7 +1513,7 @@ impl Endpoint {
         if pass.copies {
             did |= self.run_engine();
         }
-        self.net_transmit();
+        self.net_transmit(did);
         self.tcp_transmit();
         if !self.watched.is_empty() {
             self.report_done();
@@ -1845,7 +1845,7 @@ impl Endpoint {
             did |= self.net_receive(udp_main);
             // What the read made due (an ack that may not wait) leaves now: the wait that
             // slept may return without another pass.
-            self.net_transmit();
+            self.net_transmit(true);
         }
         did
     }

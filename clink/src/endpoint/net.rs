@@ -178,7 +178,6 @@ impl Endpoint {
         let Some(net) = self.net.as_mut().filter(|n| readable || n.active()) else {
             return false;
         };
-        let now = net.now();
         // Arm a speculative receive for one stream at a time (the others' fragments take the
         // ordinary path): the one admission control granted, or with no grant in force the
         // first peer with a bulk transfer coming in. Re-planned only when that link's
@@ -211,13 +210,15 @@ impl Endpoint {
             net.set_arm(key, arm);
         }
         let peers = &mut self.peers;
-        let got = net.receive(now, readable, &mut |i, g| {
+        let got = net.receive(readable, &mut |i, g, now| {
             if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
                 if let Link::Udp(u) = &mut p.link {
                     u.handle(now, g);
                 }
             }
         }) > 0;
+        // Timers and admission decisions with the receive's reading of the clock.
+        let now = net.read_at();
         let mut dead = Vec::new();
         for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
             let Link::Udp(u) = &mut p.link else { continue };
@@ -277,12 +278,13 @@ impl Endpoint {
     }
 
     /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
-    pub(super) fn net_transmit(&mut self) {
+    /// `fresh`: read the clock (the pass did work, which may have taken long: copies);
+    /// else the receive's reading will do.
+    pub(super) fn net_transmit(&mut self, fresh: bool) {
         let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
             return;
         };
-        // A fresh reading: the pass may have spent long (copies) since its receive.
-        let now = net.now();
+        let now = if fresh { net.now() } else { net.read_at() };
         for p in self.peers.iter_mut().filter(|p| p.alive) {
             if let Link::Udp(u) = &mut p.link {
                 net.transmit(u, now);

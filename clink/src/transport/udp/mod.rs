@@ -422,6 +422,8 @@ struct State {
     pending: Vec<Pending>,
     accepted: Vec<UdpLink>,
     epoch: Instant,
+    /// The clock's last reading ([`State::now`]): never behind any reading handed out.
+    last_now: std::cell::Cell<u64>,
     stats: UdpStats,
     /// Header slots of the speculative layouts: [`sock::MAX_GSO_SEGMENTS`] per entry.
     hdr_slots: Vec<[u8; BULK_HEADER]>,
@@ -480,7 +482,9 @@ struct Armed {
 
 impl State {
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        let t = self.epoch.elapsed().as_nanos() as u64;
+        self.last_now.set(t);
+        t
     }
 
     fn conn_config(&self, conn_id: u32, peer_mtu_payload: u32) -> reliable::Config {
@@ -596,6 +600,7 @@ impl UdpTransport {
                 pending: Vec::new(),
                 accepted: Vec::new(),
                 epoch: Instant::now(),
+                last_now: std::cell::Cell::new(0),
                 stats: UdpStats::default(),
                 hdr_slots: vec![[0; BULK_HEADER]; sock::RX_SLOTS * sock::MAX_GSO_SEGMENTS],
                 lead: (0..sock::RX_SLOTS).map(|_| Vec::new()).collect(),
@@ -949,9 +954,14 @@ impl UdpTransport {
     /// sockets; the main one too when `all` (epoll reported a socket readable), when a
     /// peer has no socket of its own, while connecting, with faults injected (held-back
     /// datagrams are released there), and else every [`peers::MAIN_EVERY`]th call.
-    pub fn receive(&mut self, now: u64, all: bool, sink: &mut impl FnMut(usize, Got<'_>)) -> usize {
+    ///
+    /// The clock is read when a datagram is handed over (`sink` gets the reading), the
+    /// main socket is (held-back faults) or `all`, and else every [`CLOCK_EVERY`]th call:
+    /// an idle busy-poll pass makes no clock reading. [`UdpTransport::read_at`] gives the last.
+    pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
         let armed = self.st.armed.take();
         self.passes = self.passes.wrapping_add(1);
+        let mut now = (all || self.passes.is_multiple_of(CLOCK_EVERY)).then(|| self.st.now());
         let main = all
             || self.uncovered > 0
             || self.faults.is_some()
@@ -985,7 +995,16 @@ impl UdpTransport {
                 // The main socket is handed over even when empty: held-back injected
                 // faults are released there.
                 if r > 0 || i == 0 {
-                    let got = deliver(sock, &mut self.faults, &mut self.st, now, r, a, sink);
+                    let t = *now.get_or_insert_with(|| self.st.now());
+                    let got = deliver(
+                        sock,
+                        &mut self.faults,
+                        &mut self.st,
+                        t,
+                        r,
+                        a,
+                        &mut |i, g| sink(i, g, t),
+                    );
                     if (1..PEER_SOCK0).contains(&i) {
                         self.st.stats.steered_datagrams += got as u64;
                     } else if i >= PEER_SOCK0 {
@@ -1001,6 +1020,12 @@ impl UdpTransport {
         // Hits change the link's generation: the endpoint re-plans before the next read.
         self.st.armed = armed;
         n
+    }
+
+    /// The clock's last reading, by [`UdpTransport::now`] or a receive (after a receive,
+    /// at most [`CLOCK_EVERY`] idle passes old).
+    pub fn read_at(&self) -> u64 {
+        self.st.last_now.get()
     }
 
     /// The main, the steered and the peer sockets' counters together.
@@ -1037,6 +1062,10 @@ impl UdpTransport {
         batch.clear();
     }
 }
+
+/// An idle receive reads the clock once per this many calls (timers are due in tens of
+/// microseconds at the soonest; a busy-poll pass takes under one).
+pub const CLOCK_EVERY: u32 = 8;
 
 /// The number of the first peer socket (see [`socket`]).
 const PEER_SOCK0: usize = 1 + steer::SOCKETS;
