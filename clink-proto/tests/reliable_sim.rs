@@ -542,6 +542,80 @@ fn a_lost_tail_is_probed_before_the_retransmission_timer() {
 }
 
 #[test]
+fn a_stalled_receivers_flight_is_probed_not_resent() {
+    // Driven by hand, 50 us each way: every fragment of a message arrives, but the
+    // receiver's acks are held back (a receiver that stalls for a few milliseconds) past
+    // the tail probes and the first retransmission timeout. The timeout must probe, not
+    // resend the flight or cut the window: once the acks come, nothing was lost.
+    const OWD: u64 = 50_000;
+    let cfg = Config {
+        ack_every: 1,
+        ..Config::default()
+    };
+    let frag = cfg.mtu_payload;
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let mut now = 0;
+    a.send(0, b"warm-up").unwrap();
+    for d in transmit_all(&mut a, now) {
+        b.handle_datagram(now + OWD, &d).unwrap();
+    }
+    now += OWD;
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now + OWD, &d).unwrap();
+    }
+    now += OWD;
+    assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    let msg = content(2, 8 * frag);
+    a.send(1, &msg).unwrap();
+    let start = now;
+    let rto = a.stats().rto_ns;
+    // Released between the first timeout (one RTO after the flight) and the second (two
+    // more, backed off).
+    let release = start + 2 * rto;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut got = None;
+    loop {
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + OWD, &d).unwrap();
+        }
+        held.extend(transmit_all(&mut b, now + OWD));
+        got = got.or_else(|| b.poll_event());
+        if now >= release {
+            for d in held.drain(..) {
+                a.handle_datagram(now + OWD, &d).unwrap();
+            }
+            if a.stats().in_flight == 0 {
+                break;
+            }
+        }
+        // Next: a timer, the release, or (datagrams crossing) one OWD on.
+        now = [
+            a.poll_timeout(),
+            b.poll_timeout(),
+            (now < release).then_some(release),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(now + OWD, |t| t.clamp(now + 1, now + OWD));
+        a.handle_timeout(now);
+        b.handle_timeout(now);
+        assert!(now < start + 3 * rto, "stalled: {:?}", a.stats());
+    }
+    let Some(Event::Message { data, .. }) = got else {
+        panic!("{got:?}");
+    };
+    assert_eq!(data, msg);
+    let s = a.stats();
+    assert_eq!((s.timeouts, s.rto_probes), (1, 1), "{s:?}");
+    // Two tail probes and the timeout's probe, nothing else.
+    assert!(s.retransmissions <= 3, "{s:?}");
+    assert_eq!(s.congestion_events, 0, "window cut: {s:?}");
+    assert!(s.cwnd >= Config::default().initial_cwnd, "{s:?}");
+    assert!(b.stats().duplicates <= 3, "{:?}", b.stats());
+}
+
+#[test]
 fn a_nak_names_only_packets_still_missing() {
     // Packets 0, 4 and 3 arrive in one batch before the receiver transmits: the hole seen
     // at 4 was [1, 4), but 3 has filled since. The NAK must not name 3 (the sender would

@@ -51,6 +51,9 @@ pub struct Stats {
     pub naks_sent: u64,
     /// Network path: retransmission timer expiries.
     pub timeouts: u64,
+    /// Network path: timer expiries answered with one probe (the first of a run: a
+    /// stalled receiver's flight is not resent, nor the window cut).
+    pub rto_probes: u64,
     /// Network path: congestion-window reductions.
     pub window_cuts: u64,
     /// Network path: losses taken for random link loss (resent, window kept).

@@ -321,6 +321,9 @@ pub struct Stats {
     pub congestion_events: u64,
     /// Tail loss probes sent.
     pub tail_probes: u64,
+    /// Retransmission timeouts answered with a probe only (the first in a row; counted
+    /// in `timeouts` too).
+    pub rto_probes: u64,
     /// Losses taken for random link loss (no queue behind them): resent without a
     /// window reduction.
     pub random_losses: u64,
@@ -895,6 +898,22 @@ impl Conn {
     fn on_rto(&mut self, now: u64) {
         self.stats.timeouts += 1;
         self.asker.on_timeout(now);
+        // The first timeout without progress probes, as QUIC's PTO does: it resends the
+        // highest packet in flight (whose arrival makes the receiver NAK any hole below
+        // it) and condemns nothing. A receiver that only stalled (acks held back for a
+        // few milliseconds by a long pass, or a descheduled process) then acks the whole
+        // flight, where marking it all lost resent thousands of packets it had (every
+        // retransmission of a 64 MiB stream across the veth pair was such a duplicate).
+        // A second timeout in a row is persistent congestion: all lost, window of 2.
+        let highest = self.sent.iter().rposition(|s| s.state == PState::InFlight);
+        if let (true, 0, Some(i)) = (self.cfg.reliable, self.backoff, highest) {
+            self.probe = Some(self.snd_una + i as u64);
+            self.stats.rto_probes += 1;
+            self.backoff = 1;
+            self.rto_deadline = Some(now + self.rto());
+            self.tlp_deadline = None;
+            return;
+        }
         let mut any = false;
         for i in 0..self.sent.len() {
             if self.sent[i].state == PState::InFlight {

@@ -348,6 +348,7 @@ impl Endpoint {
                 s.retransmissions += c.retransmissions;
                 s.naks_sent += c.naks_sent;
                 s.timeouts += c.timeouts;
+                s.rto_probes += c.rto_probes;
                 s.window_cuts += c.congestion_events;
                 s.random_losses += c.random_losses;
                 s.tail_probes += c.tail_probes;
