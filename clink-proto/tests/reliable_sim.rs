@@ -453,19 +453,17 @@ fn transmit_all(c: &mut Conn, now: u64) -> Vec<Vec<u8>> {
     }
 }
 
-#[test]
-fn a_lost_tail_is_probed_before_the_retransmission_timer() {
-    // Driven by hand, 50 us each way: the last two fragments of a message are lost, so
-    // nothing after them can reveal the loss. The probe must recover it well before the
-    // retransmission timer (which would also cut the window to 2).
-    const OWD: u64 = 50_000;
+/// One-way delay of the hand-driven tests.
+const OWD: u64 = 50_000;
+
+/// Two connections without delayed acks (crisp timing) that exchanged one message, so the
+/// sender has an RTT sample; and the time after it.
+fn warmed_pair() -> (Conn, Conn, u64) {
     let cfg = Config {
-        ack_every: 1, // no delayed ack: crisp timing
+        ack_every: 1,
         ..Config::default()
     };
-    let frag = cfg.mtu_payload;
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
-    // One message first, for an RTT sample.
     let mut now = 0;
     a.send(0, b"warm-up").unwrap();
     for d in transmit_all(&mut a, now) {
@@ -477,6 +475,16 @@ fn a_lost_tail_is_probed_before_the_retransmission_timer() {
     }
     now += OWD;
     assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    (a, b, now)
+}
+
+#[test]
+fn a_lost_tail_is_probed_before_the_retransmission_timer() {
+    // Driven by hand, 50 us each way: the last two fragments of a message are lost, so
+    // nothing after them can reveal the loss. The probe must recover it well before the
+    // retransmission timer (which would also cut the window to 2).
+    let (mut a, mut b, mut now) = warmed_pair();
+    let frag = a.config().mtu_payload;
     // Three fragments; only the first arrives.
     let msg = content(1, 3 * frag);
     a.send(1, &msg).unwrap();
@@ -547,24 +555,8 @@ fn a_stalled_receivers_flight_is_probed_not_resent() {
     // receiver's acks are held back (a receiver that stalls for a few milliseconds) past
     // the tail probes and the first retransmission timeout. The timeout must probe, not
     // resend the flight or cut the window: once the acks come, nothing was lost.
-    const OWD: u64 = 50_000;
-    let cfg = Config {
-        ack_every: 1,
-        ..Config::default()
-    };
-    let frag = cfg.mtu_payload;
-    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
-    let mut now = 0;
-    a.send(0, b"warm-up").unwrap();
-    for d in transmit_all(&mut a, now) {
-        b.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
-    for d in transmit_all(&mut b, now) {
-        a.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
-    assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    let (mut a, mut b, mut now) = warmed_pair();
+    let frag = a.config().mtu_payload;
     let msg = content(2, 8 * frag);
     a.send(1, &msg).unwrap();
     let start = now;
