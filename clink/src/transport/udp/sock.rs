@@ -1021,6 +1021,38 @@ mod tests {
     }
 
     #[test]
+    fn a_datagram_queued_before_the_connect_is_read_with_its_senders_name() {
+        let lo_sock = || std::net::UdpSocket::bind(lo()).unwrap();
+        let (x, y) = (lo_sock(), lo_sock());
+        let v4 = |s: &std::net::UdpSocket| match s.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        // Bound but not yet connected (as `connected` makes it): anyone can reach it.
+        let mut s = UdpSock::open(lo(), 1 << 20, true).unwrap();
+        x.send_to(b"early", s.local()).unwrap();
+        s.connect(v4(&y)).unwrap();
+        s.peer = Some(v4(&y));
+        s.width = 1; // a one-entry read, the path that may skip the name
+        let read = |s: &mut UdpSock| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                if s.recv_batch() == 1 {
+                    let e = s.received(0);
+                    return (e.src, s.slot(0, e.len).to_vec());
+                }
+                assert!(std::time::Instant::now() < deadline, "nothing arrived");
+            }
+        };
+        assert_eq!(read(&mut s), (v4(&x), b"early".to_vec()));
+        // Found empty: from now on only the peer can be heard, and no name is asked for.
+        assert_eq!(s.recv_batch(), 0);
+        assert!(!s.named);
+        y.send_to(b"late", s.local()).unwrap();
+        assert_eq!(read(&mut s), (v4(&y), b"late".to_vec()));
+    }
+
+    #[test]
     fn one_at_a_time_reads_split_coalesced_reads_by_the_datagrams_own_lengths() {
         use clink_proto::reliable::Datagram;
         let mut a = UdpSock::bind(lo(), 1 << 20).unwrap();
