@@ -61,11 +61,12 @@ pub struct UdpSock {
     width: usize,
     /// The last call asked for one entry and got it.
     single: bool,
-    /// The peer a connected socket hears (and only it, once `named` is off).
+    /// The peer of a connected socket until it is first found empty: it may still hold
+    /// datagrams that anyone sent before the connect, so reads ask for the sender.
     peer: Option<SocketAddrV4>,
-    /// Reads still ask for the sender's address: from the connect until the socket is
-    /// first found empty, it may hold datagrams that came before (from anyone).
-    named: bool,
+    /// That peer once the socket was found empty: the only sender it can hold, so a
+    /// one-entry read asks for no name.
+    only: Option<SocketAddrV4>,
     /// Counters.
     pub stats: SockStats,
 }
@@ -82,6 +83,13 @@ struct RxBufs {
     ctrl: [[u64; 8]; RX_SLOTS],
     hdrs: [libc::mmsghdr; RX_SLOTS],
     got: [RxEntry; RX_SLOTS],
+}
+
+impl RxBufs {
+    /// The first `len` bytes of entry `k`'s slot.
+    fn slot(&self, k: usize, len: usize) -> &[u8] {
+        &self.data[k * RX_SLOT..k * RX_SLOT + len.min(RX_SLOT)]
+    }
 }
 
 /// What one entry of the last [`UdpSock::recv_batch`] received.
@@ -232,7 +240,7 @@ impl UdpSock {
             width: RX_SLOTS,
             single: false,
             peer: None,
-            named: true,
+            only: None,
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -381,7 +389,8 @@ impl UdpSock {
             let h = &a.hdrs[0].msg_hdr;
             let k = if h.msg_iovlen == 1 && h.msg_controllen == 0 {
                 // One vector and no segmentation: `sendto`, without a message header and
-                // vector to import (0.1-0.2 us of a 64-byte hop over loopback).
+                // vector to import (about 0.2 us of a 5 us one-thread loopback hop,
+                // `examples/path_cost`).
                 let v = a.iovs[a.spans[0].0];
                 // SAFETY: the vector and the name (if any) as for `sendmsg`.
                 unsafe {
@@ -440,7 +449,7 @@ impl UdpSock {
     /// The first `len` bytes entry `k` of the last [`UdpSock::recv_batch`] put in its own
     /// slot (after its leading vectors).
     pub fn slot(&self, k: usize, len: usize) -> &[u8] {
-        &self.rx.data[k * RX_SLOT..k * RX_SLOT + len.min(RX_SLOT)]
+        self.rx.slot(k, len)
     }
 
     /// Sets the vectors every later [`UdpSock::recv_batch`] reads entry `k` into first:
@@ -495,11 +504,10 @@ impl UdpSock {
         let r = unsafe {
             if plain {
                 // `recvfrom`, which skips `recvmsg`'s header and vector import, and once
-                // only the peer can be heard the name too (0.2-0.4 us of a 64-byte hop
-                // over loopback, BENCHMARKS.md).
+                // only the peer can be heard the name too (about 0.2 us more of that hop).
                 let h = &mut rx.hdrs[0];
                 let v = *h.msg_hdr.msg_iov;
-                let (name, namelen) = if self.peer.is_some() && !self.named {
+                let (name, namelen) = if self.only.is_some() {
                     (std::ptr::null_mut(), std::ptr::null_mut())
                 } else {
                     (
@@ -546,11 +554,13 @@ impl UdpSock {
                 )
             }
         };
-        let empty = r < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock;
-        if empty && self.named && self.peer.is_some() {
+        if r < 0
+            && self.peer.is_some()
+            && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
+        {
             // Found empty since the connect: whatever reached the socket while it was
             // still unconnected (any sender's) has been read with its name.
-            self.named = false;
+            self.only = self.peer.take();
         }
         // One entry while datagrams come one at a time (a ping-pong): a wider call that
         // gets one tries the next entry too (its header and vectors imported, the queue
@@ -572,7 +582,7 @@ impl UdpSock {
                 self.stats.truncated += 1;
             }
             let seg = if plain {
-                coalesced_segment(&rx.data[..len.min(RX_SLOT)])
+                coalesced_segment(rx.slot(k, len))
             } else {
                 gro_segment(&h.msg_hdr)
             };
@@ -580,8 +590,8 @@ impl UdpSock {
             if seg.is_some() {
                 self.stats.gro_reads += 1;
             }
-            let src = match self.peer {
-                Some(p) if plain && !self.named => p,
+            let src = match self.only {
+                Some(p) if plain => p,
                 _ => from_sockaddr(&rx.addrs[k]),
             };
             rx.got[k] = RxEntry { src, len, seg };
@@ -1047,7 +1057,7 @@ mod tests {
         assert_eq!(read(&mut s), (v4(&x), b"early".to_vec()));
         // Found empty: from now on only the peer can be heard, and no name is asked for.
         assert_eq!(s.recv_batch(), 0);
-        assert!(!s.named);
+        assert!(s.only.is_some());
         y.send_to(b"late", s.local()).unwrap();
         assert_eq!(read(&mut s), (v4(&y), b"late".to_vec()));
     }
@@ -1060,7 +1070,7 @@ mod tests {
         let mut own = UdpSock::connected(lo(), a.local(), 1 << 20).unwrap();
         // Found empty: the next reads ask for one entry (and, connected, for no name).
         assert_eq!((own.recv_batch(), main.recv_batch()), (0, 0));
-        assert!(!own.named && main.named);
+        assert!(own.only.is_some() && main.only.is_none());
         for (b, connected) in [(&mut own, true), (&mut main, false)] {
             let dest = b.local();
             let mut batch = TxBatch::new(true);
