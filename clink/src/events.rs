@@ -231,6 +231,12 @@ impl EventQueue {
         self.local.is_empty() && self.rx.is_empty() && self.spill.is_empty() && !self.report
     }
 
+    /// Whether an [`EventSender`] exists (other threads may post events).
+    pub fn has_senders(&self) -> bool {
+        // Ours and the consumer's references are the only ones without a sender.
+        crate::evq::handles(&self.ring) > 2
+    }
+
     /// Asks producers on other threads for a doorbell on their next event.
     pub fn arm_sleep(&mut self) {
         self.rx.arm_sleep();

@@ -117,6 +117,11 @@ fn backoff() {
 /// The shared side as the queue's users hold it (loom's `Arc` under the model checker).
 pub type SharedRing<T> = Arc<EventRing<T>>;
 
+/// How many handles share a ring (its consumer's included).
+pub fn handles<T: Copy + Send>(ring: &SharedRing<T>) -> usize {
+    Arc::strong_count(ring)
+}
+
 /// Shared side of the queue: producers push through `&EventRing` (usually an `Arc`).
 pub struct EventRing<T: Copy + Send> {
     /// Next position to claim (producers, CAS).

@@ -81,6 +81,13 @@ fn child_entry() {
                     ep.send(parent, 2, &buf[..st.len as usize]).unwrap();
                 }
             }
+            "late_sender" => {
+                // Connects to the parent (already serving another peer) and sends one
+                // message.
+                let (mut ep, parent) = child_connect();
+                ep.send(parent, 4, b"late").unwrap();
+                let _ = ep.recv_timeout(Selector::exact(Some(parent), 2), &mut [0u8; 8], Some(T));
+            }
             "streamer" => {
                 // Sends 64-byte messages as fast as the parent takes them, until it says
                 // stop (tag 9).
@@ -178,6 +185,59 @@ fn sigkill_fails_pending_rendezvous_send_and_receive() {
         Err(Error::PeerDead(_))
     ));
     child.reap();
+}
+
+/// Spin-free configuration: every wait sleeps at once (on the lone peer's bell when it
+/// can).
+fn no_spin() -> Config {
+    Config {
+        spin: Some(Duration::ZERO),
+        ..Config::default()
+    }
+}
+
+#[test]
+fn sigkill_wakes_a_receive_sleeping_on_the_peers_bell() {
+    let (mut ep, peer, mut child) = setup("stubborn", no_spin(), &[]);
+    assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
+    // Sleep on the bell (nothing else to wait for) until the child is killed.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        child.kill();
+        child
+    });
+    let t0 = Instant::now();
+    let r = ep.recv_timeout(Selector::exact(Some(peer), 2), &mut [0u8; 8], Some(DETECT));
+    println!("kill -9 seen by a bell sleep after {:?}", t0.elapsed());
+    assert!(matches!(r, Err(Error::PeerDead(p)) if p == peer), "{r:?}");
+    assert!(
+        ep.stats().bell_sleeps > 0,
+        "the receive never slept on the bell"
+    );
+    killer.join().unwrap().reap();
+}
+
+#[test]
+fn a_bell_sleep_still_accepts_a_new_peer_and_its_message() {
+    let (mut ep, first, mut child) = setup("stubborn", no_spin(), &[]);
+    assert_eq!(recv_vec(&mut ep, first, 0, 16), b"ready");
+    let mut late = spawn("late_sender", &ep.address(), seed(32), &[]);
+    // One live peer: this receive (from anyone) sleeps on its bell; the newcomer is
+    // accepted at the latest when the sleep times out.
+    let mut buf = [0u8; 8];
+    let st = ep
+        .recv_timeout(Selector::exact(None, 4), &mut buf, Some(T))
+        .expect("the late peer's message");
+    assert_eq!(&buf[..st.len as usize], b"late");
+    assert_ne!(st.peer, first);
+    assert!(
+        ep.stats().bell_sleeps > 0,
+        "the receive never slept on the bell"
+    );
+    child.kill();
+    late.kill();
+    child.reap();
+    late.reap();
 }
 
 const EXIT_N: u64 = 200;

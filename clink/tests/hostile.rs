@@ -2,7 +2,8 @@
 //! memfds, mappings, eventfds and `clink_proto::wire` handshake messages) connects to a
 //! real endpoint and
 //! - sends a malformed hello (bad magic, version, kind, ring size, truncated, wrong fd
-//!   count, unsealed or too small segment, nothing at all): the connection is refused,
+//!   count, a bell that is not a stream socket, unsealed or too small segment, nothing at
+//!   all): the connection is refused,
 //!   `last_error` says why, and the endpoint keeps serving a well-behaved peer;
 //! - completes the handshake, then writes garbage into the ring (a sequence word from the
 //!   future, a record length beyond the ring or across its end, an unknown frame kind,
@@ -103,7 +104,11 @@ enum Fds {
     One,
     /// Segment and doorbell but no activity board.
     Two,
-    Four,
+    /// No bell.
+    Three,
+    Five,
+    /// An eventfd where the bell (a stream socket) belongs.
+    BadBell,
     Unsealed,
     TooSmall,
 }
@@ -137,15 +142,19 @@ fn send_hello(name: String, msg: Option<Vec<u8>>, fds: Fds) -> std::io::Result<u
     let db = sys::eventfd()?;
     let db2 = sys::eventfd()?;
     let board = sys::memfd_sealed("clinktest-board", 4096)?;
+    let (_bell, bell_theirs) = sys::Bell::pair()?;
     let (seg, db, board) = (seg.as_raw_fd(), db.as_raw_fd(), board.as_raw_fd());
+    let bell = bell_theirs.as_raw_fd();
     let list: Vec<RawFd> = match fds {
-        Fds::Good => vec![seg, db, board],
+        Fds::Good => vec![seg, db, board, bell],
         Fds::None => vec![],
         Fds::One => vec![seg],
         Fds::Two => vec![seg, db],
-        Fds::Four => vec![seg, db, board, db2.as_raw_fd()],
-        Fds::Unsealed => vec![unsealed.as_raw_fd(), db, board],
-        Fds::TooSmall => vec![small.as_raw_fd(), db, board],
+        Fds::Three => vec![seg, db, board],
+        Fds::Five => vec![seg, db, board, bell, db2.as_raw_fd()],
+        Fds::BadBell => vec![seg, db, board, db2.as_raw_fd()],
+        Fds::Unsealed => vec![unsealed.as_raw_fd(), db, board, bell],
+        Fds::TooSmall => vec![small.as_raw_fd(), db, board, bell],
     };
     sock.send_with_fds(&msg, &list)?;
     let mut buf = [0u8; 64];
@@ -191,7 +200,14 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
         ("no fds", Some(good.clone()), Fds::None, "fds"),
         ("one fd", Some(good.clone()), Fds::One, "fds"),
         ("two fds", Some(good.clone()), Fds::Two, "fds"),
-        ("four fds", Some(good.clone()), Fds::Four, "fds"),
+        ("three fds", Some(good.clone()), Fds::Three, "fds"),
+        ("five fds", Some(good.clone()), Fds::Five, "fds"),
+        (
+            "bell not a socket",
+            Some(good.clone()),
+            Fds::BadBell,
+            "bell",
+        ),
         (
             "unsealed segment",
             Some(good.clone()),
@@ -275,6 +291,8 @@ struct Fake {
     seg: Mapping,
     ep_doorbell: OwnedFd,
     _doorbell: OwnedFd,
+    /// Our end of the bell, held so that the endpoint sees no hang-up on it.
+    _bell: sys::Bell,
     cells: u32,
 }
 
@@ -289,9 +307,15 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
     // still gives the fake a slot on its own board; with fewer than CLINK_BOARD_PEERS
     // peers every ring is polled on each pass anyway.)
     let board = sys::memfd_sealed("clinktest-board", 64)?;
+    let (bell, bell_theirs) = sys::Bell::pair()?;
     sock.send_with_fds(
         &hello(cells).encode(),
-        &[memfd.as_raw_fd(), db.as_raw_fd(), board.as_raw_fd()],
+        &[
+            memfd.as_raw_fd(),
+            db.as_raw_fd(),
+            board.as_raw_fd(),
+            bell_theirs.as_raw_fd(),
+        ],
     )?;
     let mut buf = [0u8; 64];
     let mut fds = Vec::new();
@@ -310,6 +334,7 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
         seg,
         ep_doorbell: fds.pop().expect("doorbell"),
         _doorbell: db,
+        _bell: bell,
         cells,
     })
 }

@@ -9,7 +9,7 @@
 //! woken by the release or publication that follows.
 
 use clink::transport::shm::ring::{
-    cells_for, max_payload, Consumer, Flag, Producer, RingMem, CELL, REC_HDR,
+    cells_for, max_payload, Consumer, Flag, Producer, RingMem, Wake, CELL, REC_HDR,
 };
 use proptest::prelude::*;
 use std::cell::UnsafeCell;
@@ -141,8 +141,8 @@ enum Op {
     Peek,
     /// The consumer publishes its head.
     Publish,
-    /// The consumer declares it will sleep / withdraws it.
-    Sleep(bool),
+    /// The consumer declares it will sleep, woken as given / withdraws it (`None`).
+    Sleep(Wake),
     /// The producer declares it waits for space for a record of this length.
     Wait(usize),
 }
@@ -154,7 +154,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => Just(Op::Pop),
         1 => Just(Op::Peek),
         1 => Just(Op::Publish),
-        1 => any::<bool>().prop_map(Op::Sleep),
+        1 => prop_oneof![Just(Wake::None), Just(Wake::Doorbell), Just(Wake::Bell)].prop_map(Op::Sleep),
         1 => any::<usize>().prop_map(Op::Wait),
     ]
 }
@@ -181,7 +181,7 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let maxp = max_payload(cap);
     let mut model: VecDeque<Rec> = VecDeque::new();
     let (mut tail, mut head) = (0u64, 0u64); // positions in cells, padding included
-    let (mut sleeping, mut waiting) = (false, false);
+    let (mut sleeping, mut waiting) = (Wake::None, false);
     // The head position a waiting producer asked to be woken at.
     let mut want_head = 0u64;
     let mut serial = 0u32;
@@ -226,8 +226,12 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let pos = tail + pad(cap, tail, n);
                 prop_assert_eq!(idx, pos % cap, "record placed where the model expects");
                 let bell = prod.commit(r);
-                prop_assert_eq!(bell, sleeping, "doorbell iff the consumer sleeps");
-                sleeping = false;
+                prop_assert_eq!(
+                    bell,
+                    sleeping,
+                    "the doorbell the consumer asked for, if any"
+                );
+                sleeping = Wake::None;
                 tail = pos + n;
                 model.push_back(Rec { pos, data });
             }
@@ -281,13 +285,13 @@ fn run(cap: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     waiting = false;
                 }
             }
-            Op::Sleep(on) => {
-                if on {
-                    cons.arm_sleep();
-                } else {
+            Op::Sleep(how) => {
+                if how == Wake::None {
                     cons.disarm_sleep();
+                } else {
+                    cons.arm_sleep(how);
                 }
-                sleeping = on;
+                sleeping = how;
             }
             Op::Wait(l) => {
                 let len = l % (maxp + 1);
@@ -357,5 +361,29 @@ fn fills_to_capacity_and_wraps() {
         }
         assert_eq!(cons.peek().unwrap(), None);
         let _ = cons.publish();
+    }
+}
+
+#[test]
+fn a_sleep_flag_value_the_ring_never_writes_asks_for_the_doorbell() {
+    // A hostile or broken peer may leave anything in the flag: every value but the bell's
+    // gets the doorbell, which wakes any kind of sleep.
+    for (v, want) in [
+        (0, Wake::None),
+        (1, Wake::Doorbell),
+        (2, Wake::Bell),
+        (3, Wake::Doorbell),
+        (u32::MAX, Wake::Doorbell),
+    ] {
+        let mem = Mem::new(4);
+        let mut prod = Producer::new(mem.clone());
+        mem.store_flag(Flag::ConsumerSleeping, v, Ordering::SeqCst);
+        let r = prod.reserve(8).expect("space in an empty ring");
+        assert_eq!(prod.commit(r), want, "flag value {v}");
+        assert_eq!(
+            mem.load_flag(Flag::ConsumerSleeping, Ordering::SeqCst),
+            0,
+            "the flag is taken"
+        );
     }
 }

@@ -25,7 +25,7 @@ use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
 use crate::transport::shm::board::Board;
 use crate::transport::shm::ring::RingMem;
-use crate::transport::shm::{Local, ShmPeer};
+use crate::transport::shm::{Local, ShmPeer, Wake};
 use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
@@ -65,6 +65,9 @@ const RX_BUDGET: usize = 64;
 const EVENT_QUEUE_CAP: usize = 4096;
 /// Events `wait_event`'s fast path may return in a row before a full progress pass.
 const FAST_STREAK: u32 = 64;
+/// The longest sleep on a peer's bell: the listener is not watched meanwhile, so this
+/// bounds how long a connecting process waits for its welcome.
+const BELL_SLEEP_MAX: Duration = Duration::from_millis(50);
 
 /// Request ids are small sequential integers: a multiply, not SipHash, per message.
 type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;
@@ -566,8 +569,9 @@ impl Endpoint {
     /// connected earlier are returned first, one per call.
     pub fn accept(&mut self, timeout: Option<Duration>) -> Result<PeerId> {
         // Progress looks at the listener only at liveness checks (no system call per poll);
-        // a caller waiting for a connection looks at it on every poll.
-        self.wait_until(timeout, |ep| {
+        // a caller waiting for a connection looks at it on every poll, and sleeps where
+        // the listener is watched (not on a peer's bell).
+        self.wait_for(timeout, false, |ep| {
             if ep.new_peers.is_empty() {
                 ep.accept_pending();
                 ep.tcp_accept();
@@ -1984,6 +1988,17 @@ impl Endpoint {
     fn wait_until(
         &mut self,
         timeout: Option<Duration>,
+        done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
+        self.wait_for(timeout, true, done)
+    }
+
+    /// [`Self::wait_until`]; `bell`: the wait may sleep on a lone peer's bell (only what
+    /// that peer sends, or its exit, can end it).
+    fn wait_for(
+        &mut self,
+        timeout: Option<Duration>,
+        bell: bool,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<()> {
         if done(self) {
@@ -2016,8 +2031,11 @@ impl Endpoint {
             if spin.is_none_or(|s| now < start + s) {
                 continue;
             }
-            // Block: ask producers for a doorbell, re-check, then sleep.
-            if self.arm() {
+            if let Some(i) = self.bell_peer().filter(|_| bell) {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                self.bell_sleep(i, left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX)));
+            } else if self.arm() {
+                // Block: ask producers for a doorbell, re-check, then sleep.
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.stats.sleeps += 1;
                 // Wake up at least every second to re-check (belt and braces; every
@@ -2038,6 +2056,68 @@ impl Endpoint {
                 return Ok(());
             }
         }
+    }
+
+    /// The peer a wait may sleep on through its bell instead of epoll: the only live peer,
+    /// over shared memory, and nothing else that could need a wake-up: no live network
+    /// peer (so no protocol timer), no activity board, no event senders on other threads,
+    /// no connection being set up, nothing waiting for ring space or for the copy engine.
+    /// (A connection that starts meanwhile waits up to [`BELL_SLEEP_MAX`].)
+    fn bell_peer(&self) -> Option<usize> {
+        if self.ready.on
+            || self.tcp.as_ref().is_some_and(|t| t.handshaking())
+            || self.evq.has_senders()
+            || !self.new_peers.is_empty()
+            || !self.incoming.is_empty()
+        {
+            return None;
+        }
+        let mut live = self.peers.iter().enumerate().filter(|(_, p)| p.alive);
+        let (i, p) = live.next()?;
+        if live.next().is_some() {
+            return None;
+        }
+        let Link::Shm(shm) = &p.link else {
+            return None;
+        };
+        (shm.bell.is_some() && p.txq.is_empty() && p.pipeline_out.is_empty() && p.engine.is_empty())
+            .then_some(i)
+    }
+
+    /// Sleeps on peer `i`'s bell (see [`Self::bell_peer`]) for at most `timeout`: asks
+    /// the peer to ring it, re-checks, then blocks in its read. Its hang-up drops the bell;
+    /// the next sleep, in epoll, then sees the peer's socket hang up.
+    fn bell_sleep(&mut self, i: usize, timeout: Duration) {
+        let Some(shm) = self.peers[i].link.shm_mut() else {
+            return;
+        };
+        shm.rx.arm_sleep(Wake::Bell);
+        if shm.rx.publish() {
+            shm.wake();
+            self.stats.doorbells += 1;
+        }
+        let busy = self.progress_pass(false)
+            || !self.peers[i].engine.is_empty()
+            || matches!(self.peers[i].link.peek(), Ok(Some(_)))
+            || !self.evq.is_empty();
+        let Some(shm) = self.peers[i].link.shm_mut() else {
+            return;
+        };
+        if !busy {
+            self.stats.sleeps += 1;
+            self.stats.bell_sleeps += 1;
+            if let Some(b) = shm.bell.as_mut() {
+                match b.wait(timeout) {
+                    Ok(sys::BellWait::Rang | sys::BellWait::TimedOut) => {}
+                    Ok(sys::BellWait::HungUp) => shm.bell = None,
+                    Err(e) => {
+                        tracing::warn!("bell: {e}");
+                        shm.bell = None;
+                    }
+                }
+            }
+        }
+        shm.rx.disarm_sleep();
     }
 
     /// Prepares to block on [`Endpoint::fd`]: consumes the fd's pending readiness, asks
@@ -2069,7 +2149,7 @@ impl Endpoint {
                 shm.tx.arm_wait_any();
             }
             if !board || shm.slot.is_none() {
-                shm.rx.arm_sleep();
+                shm.rx.arm_sleep(Wake::Doorbell);
             }
             if shm.rx.publish() {
                 shm.wake();

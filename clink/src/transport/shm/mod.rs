@@ -21,9 +21,10 @@ pub mod ring;
 
 use crate::config::Config;
 use crate::error::{io_err, Error, Result};
-use crate::sys::{self, Mapping, SeqPacket};
+use crate::sys::{self, Bell, Mapping, SeqPacket};
 use board::{Board, Post};
 use clink_proto::wire::{Frame, Hello, Ready, Welcome, HELLO_LEN, READY_LEN, WELCOME_LEN};
+pub use ring::Wake;
 use ring::{Consumer, Flag, Producer, Reservation, RingMem, CELL, REC_HDR};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -192,6 +193,8 @@ pub struct ShmPeer {
     pub sock: SeqPacket,
     /// The peer's doorbell.
     pub doorbell: OwnedFd,
+    /// The pair's bell (`None` once the peer hung up on it).
+    pub bell: Option<Bell>,
     /// Peer pid in our PID namespace (for CMA only).
     pub pid: i32,
     /// We can read the peer's memory with CMA.
@@ -308,6 +311,7 @@ impl ShmPeer {
             probe_value: me.probe.1,
         };
         let lay = Layout::new(hello.ring_cells);
+        let (bell, bell_theirs) = Bell::pair().map_err(io_err("bell socketpair"))?;
         let memfd =
             sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
         let seg =
@@ -315,10 +319,16 @@ impl ShmPeer {
         header(&seg, HDR_SLOT_OF_ACCEPTOR).store(slot_word(slot), Ordering::Release);
         sock.send_with_fds(
             &hello.encode(),
-            &[memfd.as_raw_fd(), me.doorbell, me.board.fd()],
+            &[
+                memfd.as_raw_fd(),
+                me.doorbell,
+                me.board.fd(),
+                bell_theirs.as_raw_fd(),
+            ],
         )
         .map_err(|e| fail(format!("sending hello: {e}")))?;
-        drop(memfd);
+        // Only the peer may hold its end: its exit must read as a hang-up on ours.
+        drop((memfd, bell_theirs));
         let deadline = std::time::Instant::now() + cfg.connect_timeout;
         let mut buf = [0u8; 64];
         let mut fds = Vec::new();
@@ -355,6 +365,7 @@ impl ShmPeer {
             rx,
             sock,
             doorbell,
+            bell: Some(bell),
             pid: cred.pid,
             cma,
             peer_cma: w.cma_ok,
@@ -387,9 +398,11 @@ impl ShmPeer {
         }
         let h = Hello::parse(&buf[..n.min(HELLO_LEN)], MAX_RING_CELLS)
             .map_err(|e| fail(e.to_string()))?;
-        if fds.len() != 3 {
-            return Err(fail(format!("hello carried {} fds, expected 3", fds.len())));
+        if fds.len() != 4 {
+            return Err(fail(format!("hello carried {} fds, expected 4", fds.len())));
         }
+        let bell = fds.pop().ok_or_else(|| fail("no bell".into()))?;
+        let bell = Bell::from_fd(bell).map_err(|e| fail(format!("bell: {e}")))?;
         let board = fds.pop().ok_or_else(|| fail("no board".into()))?;
         let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
         let memfd = fds.pop().ok_or_else(|| fail("no segment".into()))?;
@@ -421,6 +434,7 @@ impl ShmPeer {
             rx,
             sock,
             doorbell,
+            bell: Some(bell),
             pid: cred.pid,
             cma,
             peer_cma: false,
@@ -509,16 +523,25 @@ impl ShmPeer {
     }
 
     /// Publishes a reserved record, raises our bit on the peer's board, and rings the
-    /// peer's doorbell when it sleeps. Returns true when it rang.
+    /// doorbell the peer sleeps on, if it sleeps. Returns true when it rang.
     pub fn commit(&mut self, r: Reservation) -> bool {
         // Evaluate both: the board's sleeping flag must be cleared even when the ring's
         // flag already asks for a doorbell.
         let ring = self.tx.commit(r);
         let board = self.post.as_ref().is_some_and(|p| p.raise());
-        if ring | board {
+        let bell = match (ring, &self.bell) {
+            (Wake::Bell, Some(b)) => {
+                b.ring();
+                true
+            }
+            _ => false,
+        };
+        // The doorbell for an epoll sleep, and for a bell sleep whose bell we lost (the
+        // peer is gone then; its sleep ends at its timeout at worst).
+        if board || (ring != Wake::None && !bell) {
             sys::ring_doorbell(self.doorbell.as_raw_fd());
         }
-        ring | board
+        ring != Wake::None || board
     }
 
     /// Rings the peer's doorbell.

@@ -19,7 +19,8 @@
 //!
 //! Sleep/wake (Dekker-style, no lost wake-up): a consumer about to block sets
 //! `cons_sleeping`, issues a SeqCst fence, and re-polls; a producer, after publishing,
-//! fences and rings the consumer's doorbell only if the flag was set. The same protocol in
+//! fences and rings the consumer's doorbell only if the flag was set; the flag's value
+//! says which doorbell ([`Wake`]). The same protocol in
 //! the other direction (`prod_waiting`) wakes a producer blocked on a full ring.
 //!
 //! The memory is reached through the [`RingMem`] trait so that the same code runs on real
@@ -40,6 +41,34 @@ pub enum Flag {
     ConsumerSleeping,
     /// The producer is blocked on a full ring and wants a doorbell after a head publish.
     ProducerWaiting,
+}
+
+/// How a sleeping consumer wants to be woken: the value of its sleep flag, which a
+/// producer takes (swaps to zero) after publishing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// Awake: no doorbell.
+    None = 0,
+    /// Through the endpoint's doorbell (an eventfd watched by epoll).
+    Doorbell = 1,
+    /// Through the peer pair's bell (a blocking read on a stream socket).
+    Bell = 2,
+}
+
+impl Wake {
+    fn flag(self) -> u32 {
+        self as u32
+    }
+
+    /// Any value but 2 that a peer left in the flag asks for the doorbell: it wakes every
+    /// kind of sleep, a bell ring only a bell wait.
+    fn from_flag(v: u32) -> Wake {
+        match v {
+            0 => Wake::None,
+            2 => Wake::Bell,
+            _ => Wake::Doorbell,
+        }
+    }
 }
 
 /// Access to a ring's memory: atomics for synchronisation, raw copies for payload.
@@ -204,9 +233,9 @@ impl<M: RingMem> Producer<M> {
         })
     }
 
-    /// Publishes a reserved record. Returns true when the consumer asked for a doorbell
-    /// (the caller must ring it).
-    pub fn commit(&mut self, r: Reservation) -> bool {
+    /// Publishes a reserved record. Returns how the consumer asked to be woken (the caller
+    /// must ring that doorbell).
+    pub fn commit(&mut self, r: Reservation) -> Wake {
         let cap = self.mem.cap();
         let idx = r.pos & (cap - 1);
         // SAFETY: the record's cells were reserved by reserve() and are not yet published.
@@ -216,16 +245,20 @@ impl<M: RingMem> Producer<M> {
         self.wants_doorbell()
     }
 
-    /// After a publish: true when the consumer sleeps and must be woken (clears its flag).
-    fn wants_doorbell(&self) -> bool {
+    /// After a publish: how the consumer sleeps, if it does (clears its flag).
+    fn wants_doorbell(&self) -> Wake {
         self.mem.fence();
-        self.mem
+        if self
+            .mem
             .load_flag(Flag::ConsumerSleeping, Ordering::Relaxed)
-            != 0
-            && self
-                .mem
-                .swap_flag(Flag::ConsumerSleeping, 0, Ordering::AcqRel)
-                != 0
+            == 0
+        {
+            return Wake::None;
+        }
+        Wake::from_flag(
+            self.mem
+                .swap_flag(Flag::ConsumerSleeping, 0, Ordering::AcqRel),
+        )
     }
 
     /// Declares that the producer will block until space frees; returns true when space
@@ -388,10 +421,12 @@ impl<M: RingMem> Consumer<M> {
                 != 0
     }
 
-    /// Declares that the consumer is about to block; the caller must re-poll afterwards.
-    pub fn arm_sleep(&mut self) {
+    /// Declares that the consumer is about to block, woken as `how` says (not
+    /// [`Wake::None`]); the caller must re-poll afterwards.
+    pub fn arm_sleep(&mut self, how: Wake) {
+        debug_assert!(how != Wake::None);
         self.mem
-            .store_flag(Flag::ConsumerSleeping, 1, Ordering::SeqCst);
+            .store_flag(Flag::ConsumerSleeping, how.flag(), Ordering::SeqCst);
         self.mem.fence();
     }
 

@@ -145,11 +145,11 @@ fn no_lost_wakeup() {
         let m2 = m.clone();
         let t = loom::thread::spawn(move || {
             let r = prod.reserve(1).expect("empty ring has room");
-            if prod.commit(r) {
+            if prod.commit(r) != Wake::None {
                 m2.doorbell.store(1, O::SeqCst);
             }
         });
-        cons.arm_sleep();
+        cons.arm_sleep(Wake::Doorbell);
         let seen = cons.peek().expect("ok").is_some();
         t.join().unwrap();
         if !seen {
