@@ -120,7 +120,7 @@ pub fn run() -> Result<(), String> {
         if cfg.rndv.is_some() {
             "forced by CLINK_RNDV"
         } else {
-            "cheaper of CMA = hop + call + n/CMA rate and pipeline = 2 hops + n/copy rate"
+            "cheaper of CMA = hop + call + n/CMA rate (from 128 KiB split: 3 hops + call + n/2/CMA rate) and pipeline = 2 hops + n/copy rate"
         }
     );
     for n in [256u64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 1 << 30] {

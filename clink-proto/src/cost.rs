@@ -52,6 +52,11 @@ pub enum Rndv {
 /// Smallest threshold the model will choose.
 pub const MIN_EAGER: u64 = 1024;
 
+/// Smallest CMA rendezvous (bytes received) split between the two sides, the sender
+/// writing the first half while the receiver reads the second: below it the extra
+/// round trip and the second call cost more than half a copy saves.
+pub const CMA_SPLIT_MIN: u64 = 128 << 10;
+
 impl Costs {
     /// Nanoseconds to move `n` bytes eagerly: copied into the ring and out of it.
     pub fn eager_ns(&self, n: u64) -> f64 {
@@ -100,10 +105,22 @@ impl Costs {
         2.0 * self.hop_ns + n as f64 / bw
     }
 
+    /// Extra nanoseconds of a split CMA rendezvous (see [`CMA_SPLIT_MIN`]): the push and
+    /// its answer, then one call on each side moving half the bytes at once.
+    pub fn split_rendezvous_ns(&self, n: u64) -> f64 {
+        2.0 * self.hop_ns + self.rendezvous_ns(n.div_ceil(2))
+    }
+
     /// The rendezvous method for an `n`-byte message: the cheaper of [`Rndv::Cma`] (when
-    /// permitted) and [`Rndv::Pipeline`].
-    pub fn rendezvous_method(&self, n: u64, cma: bool) -> Rndv {
-        if cma && self.hop_ns + self.rendezvous_ns(n) < self.pipeline_ns(n) {
+    /// permitted; split between the two sides when `split` and `n` is at least
+    /// [`CMA_SPLIT_MIN`]) and [`Rndv::Pipeline`].
+    pub fn rendezvous_method(&self, n: u64, cma: bool, split: bool) -> Rndv {
+        let cma_ns = if split && n >= CMA_SPLIT_MIN {
+            self.split_rendezvous_ns(n)
+        } else {
+            self.rendezvous_ns(n)
+        };
+        if cma && self.hop_ns + cma_ns < self.pipeline_ns(n) {
             Rndv::Cma
         } else {
             Rndv::Pipeline
@@ -157,9 +174,36 @@ mod tests {
             cache_bytes: 16 << 20,
             hop_ns: 100.0,
         };
-        assert_eq!(c.rendezvous_method(1 << 20, true), Rndv::Pipeline);
-        assert_eq!(c.rendezvous_method(64 << 20, true), Rndv::Cma);
-        assert_eq!(c.rendezvous_method(64 << 20, false), Rndv::Pipeline);
+        assert_eq!(c.rendezvous_method(1 << 20, true, false), Rndv::Pipeline);
+        assert_eq!(c.rendezvous_method(64 << 20, true, false), Rndv::Cma);
+        assert_eq!(c.rendezvous_method(64 << 20, false, false), Rndv::Pipeline);
+    }
+
+    #[test]
+    fn a_split_halves_the_cma_copy() {
+        let c = Costs {
+            copy_bytes_per_ns: 30.0,
+            cma_bytes_per_ns: 25.0,
+            cma_call_ns: 1500.0,
+            cache_bytes: 64 << 20,
+            hop_ns: 100.0,
+            ..Costs::default()
+        };
+        // 4 MiB: pipeline 0.2 + 139.8 us, CMA 0.1 + 1.5 + 167.8 us whole, 0.3 + 1.5 +
+        // 83.9 us split.
+        assert_eq!(c.rendezvous_method(4 << 20, true, false), Rndv::Pipeline);
+        assert_eq!(c.rendezvous_method(4 << 20, true, true), Rndv::Cma);
+        // Under the split size nothing changes.
+        for n in [64 << 10, CMA_SPLIT_MIN - 1] {
+            assert!(
+                c.split_rendezvous_ns(n) < c.rendezvous_ns(n),
+                "the model alone would split {n}"
+            );
+            assert_eq!(
+                c.rendezvous_method(n, true, true),
+                c.rendezvous_method(n, true, false)
+            );
+        }
     }
 
     #[test]
@@ -178,7 +222,7 @@ mod tests {
         #[test]
         fn outputs_stay_in_bounds(copy in 0.1f64..100.0, cma in 0.1f64..100.0, call in 0.0f64..1e6, hop in 0.0f64..1e5, n in 0u64..(1u64 << 40), max in 0u64..(1 << 24)) {
             let c = Costs { copy_bytes_per_ns: copy, cma_bytes_per_ns: cma, cma_call_ns: call, hop_ns: hop, ..Costs::default() };
-            prop_assert_eq!(c.rendezvous_method(n, false), Rndv::Pipeline);
+            prop_assert_eq!(c.rendezvous_method(n, false, true), Rndv::Pipeline);
             let t = c.eager_threshold(true, max);
             prop_assert!(t >= MIN_EAGER && t <= max.max(MIN_EAGER));
             let k = c.chunk_size(n, 16 << 10, 1 << 20);

@@ -24,6 +24,8 @@ const K_CHUNK: u8 = 5;
 const K_CANCEL: u8 = 6;
 const K_CANCEL_ACK: u8 = 7;
 const K_CLOSE: u8 = 8;
+const K_PUSH: u8 = 9;
+const K_PUSHED: u8 = 10;
 
 /// Size of the fixed part of an eager frame; the payload follows it.
 pub const EAGER_HEADER: usize = 16;
@@ -84,6 +86,25 @@ pub enum Frame<'a> {
     },
     /// Orderly goodbye: no further frames follow.
     Close,
+    /// The receiver of a rendezvous send (read with CMA) asks the sender to write the
+    /// message's first `len` bytes into the receiver's memory at `addr` (a CMA write)
+    /// while it reads the rest itself: both cores copy at once.
+    Push {
+        /// The send being answered.
+        send_id: u64,
+        /// Address of the posted buffer in the receiver's address space.
+        addr: u64,
+        /// Bytes to write, from the start of the message.
+        len: u64,
+    },
+    /// Answer to [`Frame::Push`]: the sender wrote its part (`ok`) or could not (the
+    /// receiver then reads that part itself).
+    Pushed {
+        /// The send concerned.
+        send_id: u64,
+        /// True when the write succeeded.
+        ok: bool,
+    },
     /// One-sided access to an aperture (see [`crate::rma`]).
     Rma(crate::rma::RmaFrame<'a>),
 }
@@ -143,6 +164,21 @@ impl<'a> Frame<'a> {
                 }
             }
             K_CLOSE => Frame::Close,
+            K_PUSH => {
+                need("push frame", b, 32)?;
+                Frame::Push {
+                    send_id: u64_at(b, 8),
+                    addr: u64_at(b, 16),
+                    len: u64_at(b, 24),
+                }
+            }
+            K_PUSHED => {
+                need("pushed frame", b, 16)?;
+                Frame::Pushed {
+                    send_id: u64_at(b, 8),
+                    ok: b[1] != 0,
+                }
+            }
             k if crate::rma::is_rma_kind(k) => Frame::Rma(crate::rma::RmaFrame::parse(b)?),
             k => return Err(ProtoError::BadKind(k)),
         };
@@ -154,6 +190,7 @@ impl<'a> Frame<'a> {
         match self {
             Frame::Eager { data, .. } => EAGER_HEADER + data.len(),
             Frame::Rts { .. } => 40,
+            Frame::Push { .. } => 32,
             Frame::Chunk { data, .. } => CHUNK_HEADER + data.len(),
             Frame::Close => 8,
             Frame::Rma(r) => r.encoded_len(),
@@ -219,6 +256,17 @@ impl<'a> Frame<'a> {
                 put_u64(out, 8, send_id);
             }
             Frame::Close => out[0] = K_CLOSE,
+            Frame::Push { send_id, addr, len } => {
+                out[0] = K_PUSH;
+                put_u64(out, 8, send_id);
+                put_u64(out, 16, addr);
+                put_u64(out, 24, len);
+            }
+            Frame::Pushed { send_id, ok } => {
+                out[0] = K_PUSHED;
+                out[1] = u8::from(ok);
+                put_u64(out, 8, send_id);
+            }
             Frame::Rma(_) => unreachable!("encoded above"),
         }
         n
@@ -386,7 +434,7 @@ mod tests {
 
     fn frame_strategy() -> impl Strategy<Value = (u8, u64, u64, u64, u64, Vec<u8>)> {
         (
-            1u8..=9,
+            1u8..=11,
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
@@ -415,6 +463,15 @@ mod tests {
             7 => Frame::CancelAck {
                 send_id: a,
                 cancelled: b & 1 == 1,
+            },
+            9 => Frame::Push {
+                send_id: a,
+                addr: b,
+                len: c,
+            },
+            10 => Frame::Pushed {
+                send_id: a,
+                ok: b & 1 == 1,
             },
             _ => Frame::Close,
         }

@@ -11,6 +11,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CHUNK", "pipelined-rendezvous chunk size in bytes (default: from the cost model, per message)"),
     ("CLINK_RNDV", "rendezvous copy: 'auto' (default: cost model per size), 'cma' or 'pipeline'"),
     ("CLINK_CMA", "'auto' (default: probe process_vm_readv at connect) or 'off' (never use CMA: pipeline only)"),
+    ("CLINK_CMA_SPLIT", "'1' (default): a CMA rendezvous of 128 KiB or more is copied by both sides at once, the sender writing the first half into the posted buffer (process_vm_writev) while the receiver reads the second; '0': the receiver reads it all"),
     ("CLINK_RING_CELLS", "64-byte cells per ring direction, a power of two (default 2048 = 128 KiB: small enough to stay in the caches of both cores)"),
     ("CLINK_SHM_ANY_UID", "'1' lets peers of other uids connect (default: same uid only)"),
     ("CLINK_CALIBRATE", "'1' (default) measures copy and CMA costs at start; '0' uses built-in figures"),
@@ -48,6 +49,9 @@ pub struct Config {
     pub rndv: Option<clink_proto::cost::Rndv>,
     /// Whether CMA (process_vm_readv) may be used.
     pub cma: bool,
+    /// Whether a large CMA rendezvous is split: the sender writes the first half into
+    /// the posted buffer (process_vm_writev) while the receiver reads the second.
+    pub cma_split: bool,
     /// Cells per ring direction (power of two).
     pub ring_cells: u32,
     /// Accept shared-memory peers with another uid.
@@ -78,6 +82,7 @@ impl Default for Config {
             chunk: None,
             rndv: None,
             cma: true,
+            cma_split: true,
             ring_cells: 2048,
             any_uid: false,
             calibrate: true,
@@ -150,6 +155,7 @@ impl Config {
                         _ => return Err(bad(&k, &v, "expected 'auto' or 'off'")),
                     }
                 }
+                "CLINK_CMA_SPLIT" => c.cma_split = flag(&k, &v)?,
                 "CLINK_RING_CELLS" => {
                     let n = num(&k, &v, 64, 1 << 20)?;
                     if !n.is_power_of_two() {

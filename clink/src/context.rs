@@ -129,7 +129,7 @@ pub(crate) fn rendezvous_method(c: &CtxInner, n: u64, cma: bool) -> clink_proto:
     match c.config.rndv {
         Some(Rndv::Cma) if cma => Rndv::Cma,
         Some(_) => Rndv::Pipeline,
-        None => c.costs.rendezvous_method(n, cma),
+        None => c.costs.rendezvous_method(n, cma, c.config.cma_split),
     }
 }
 

@@ -13,8 +13,11 @@ pub struct Stats {
     pub rendezvous_sends: u64,
     /// Payload bytes copied into rings (eager, sender side).
     pub eager_bytes: u64,
-    /// Payload bytes moved by a single CMA copy (receiver side).
+    /// Payload bytes moved by a single CMA copy (receiver side; of a split rendezvous, the
+    /// half the sender wrote too).
     pub cma_bytes: u64,
+    /// CMA rendezvous receives split between the two sides (see `CLINK_CMA_SPLIT`).
+    pub cma_splits: u64,
     /// Payload bytes moved by the two-copy pipeline through the ring (receiver side).
     pub pipeline_bytes: u64,
     /// Eager messages that arrived before their receive and were copied aside.

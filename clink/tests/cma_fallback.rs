@@ -3,7 +3,9 @@
 //! false` here, `CLINK_CMA=off` in the child: the pipelined copy through the ring must be
 //! used, `uses_cma == false`, no CMA bytes) and once with CMA allowed and chosen for every
 //! rendezvous (`rndv: Some(Rndv::Cma)` / `CLINK_RNDV=cma`, since the built-in cost figures
-//! prefer the pipeline): it is used, `uses_cma == true`, CMA bytes counted.
+//! prefer the pipeline): it is used, `uses_cma == true`, CMA bytes counted; rendezvous of
+//! 128 KiB and more are split between the two sides (the sender writes the first half,
+//! `cma_splits` counted), or, with `CLINK_CMA_SPLIT=0` on both sides, never split.
 
 mod common;
 
@@ -40,9 +42,10 @@ fn child_entry() {
     child_main(|role| {
         let seed = child_seed();
         let (mut ep, parent) = child_connect();
-        let want_cma = match role {
-            "cma_on" => true,
-            "cma_off" => false,
+        let (want_cma, want_split) = match role {
+            "cma_on" => (true, true),
+            "cma_whole" => (true, false),
+            "cma_off" => (false, false),
             r => panic!("unknown role {r}"),
         };
         // Send everything at once (owned buffers, all in flight), then receive.
@@ -71,24 +74,33 @@ fn child_entry() {
         } else {
             assert_eq!(s.cma_bytes, 0, "child: {s:?}");
         }
+        assert_eq!(s.cma_splits > 0, want_split, "child: {s:?}");
         ep.send(parent, RESULT, &ok.to_le_bytes()).unwrap();
         let _ = recv_vec(&mut ep, parent, RESULT, 0);
     });
 }
 
-fn run(cma: bool) {
+fn run(cma: bool, split: bool) {
     let seed = seed(41);
     let ctx = ctx_with(Config {
         calibrate: false,
         cma,
+        cma_split: split,
         rndv: cma.then_some(Rndv::Cma),
         ..Config::default()
     });
     let mut ep = ctx.endpoint().unwrap();
-    let (role, env): (_, &[_]) = if cma {
-        ("cma_on", &[("CLINK_CMA", "auto"), ("CLINK_RNDV", "cma")])
-    } else {
-        ("cma_off", &[("CLINK_CMA", "off")])
+    let (role, env): (_, &[_]) = match (cma, split) {
+        (true, true) => ("cma_on", &[("CLINK_CMA", "auto"), ("CLINK_RNDV", "cma")]),
+        (true, false) => (
+            "cma_whole",
+            &[
+                ("CLINK_CMA", "auto"),
+                ("CLINK_RNDV", "cma"),
+                ("CLINK_CMA_SPLIT", "0"),
+            ],
+        ),
+        (false, _) => ("cma_off", &[("CLINK_CMA", "off")]),
     };
     let mut child = spawn(role, &ep.address(), seed, env);
     let peer: PeerId = ep.accept(Some(T)).unwrap();
@@ -135,14 +147,20 @@ fn run(cma: bool) {
     } else {
         assert_eq!(s.cma_bytes, 0, "CMA used although disabled: {s:?}");
     }
+    assert_eq!(s.cma_splits > 0, cma && split, "splits: {s:?}");
 }
 
 #[test]
 fn rendezvous_without_cma_uses_the_pipeline() {
-    run(false);
+    run(false, true);
 }
 
 #[test]
-fn rendezvous_with_cma_uses_cma() {
-    run(true);
+fn rendezvous_with_cma_splits_the_large_ones() {
+    run(true, true);
+}
+
+#[test]
+fn rendezvous_with_cma_unsplit_reads_it_all() {
+    run(true, false);
 }

@@ -7,11 +7,13 @@
 //!   `last_error` says why, and the endpoint keeps serving a well-behaved peer;
 //! - completes the handshake, then writes garbage into the ring (a sequence word from the
 //!   future, a record length beyond the ring or across its end, an unknown frame kind,
-//!   truncated frames, a CTS for a send that does not exist): `protocol_errors` counts it,
+//!   truncated frames, a CTS, a push or a pushed for a send that does not exist):
+//!   `protocol_errors` counts it,
 //!   that peer is declared dead, nothing panics, messages it sent before the garbage are
 //!   delivered, and the well-behaved peer still exchanges messages;
 //! - corrupts the consumer head it publishes, or asks for rings smaller than the
-//!   endpoint's own: the endpoint must not panic.
+//!   endpoint's own: the endpoint must not panic;
+//! - cannot write its half of a split rendezvous: the endpoint reads it itself.
 //!
 //! Offsets inside the segment use only the stable ring part of the layout: ring 0
 //! (connector to acceptor) at 4096, ring 1 right after it (page-rounded), each a 256-byte
@@ -297,6 +299,12 @@ struct Fake {
 }
 
 fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
+    fake_connect_with(name, hello(cells))
+}
+
+/// [`fake_connect`] with a hello of the caller's (a readable probe word: CMA allowed).
+fn fake_connect_with(name: String, hello: Hello) -> std::io::Result<Fake> {
+    let cells = hello.ring_cells;
     let sock = SeqPacket::connect(&name)?;
     let len = seg_len(cells);
     let memfd = sys::memfd_sealed("clinktest-fake", len)?;
@@ -309,7 +317,7 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
     let board = sys::memfd_sealed("clinktest-board", 64)?;
     let (bell, bell_theirs) = sys::Bell::pair()?;
     sock.send_with_fds(
-        &hello(cells).encode(),
+        &hello.encode(),
         &[
             memfd.as_raw_fd(),
             db.as_raw_fd(),
@@ -321,7 +329,11 @@ fn fake_connect(name: String, cells: u32) -> std::io::Result<Fake> {
     let mut fds = Vec::new();
     let n = sock.recv_with_fds(&mut buf, &mut fds, T)?;
     let w = Welcome::parse(&buf[..n]).map_err(|e| std::io::Error::other(e.to_string()))?;
-    assert!(!w.cma_ok, "the probe address 0 cannot be read");
+    assert_eq!(
+        w.cma_ok,
+        hello.probe_addr != 0,
+        "the probe address 0 cannot be read, a real one can"
+    );
     assert_eq!(
         fds.len(),
         2,
@@ -380,6 +392,22 @@ impl Fake {
         f.encode(&mut b);
         self.put(pos, pos + 1, b.len() as u32, 0, &b);
         pos + (16 + b.len()).div_ceil(CELL) as u64
+    }
+
+    /// The frame the endpoint published at ring-1 position `pos` (endpoint to us), as
+    /// bytes, once its sequence word says it is there.
+    fn read(&self, pos: u64) -> Option<Vec<u8>> {
+        let c = self.cell(1, pos);
+        // SAFETY: the cell lies inside the mapping; its record is read only after the
+        // Acquire load of its sequence word shows it published.
+        unsafe {
+            if (*(c as *const AtomicU64)).load(Ordering::Acquire) != pos + 1 {
+                return None;
+            }
+            let len = std::ptr::read_volatile(c.add(8) as *const u32) as usize;
+            assert!(len <= CELL - 16, "a control frame fits one cell");
+            Some(std::slice::from_raw_parts(c.add(16), len).to_vec())
+        }
     }
 
     /// Stores `v` as the consumer head this peer publishes for ring 1 (endpoint to us).
@@ -456,6 +484,33 @@ fn ring_garbage_kills_only_that_peer() {
                 f.frame(0, &Frame::Cts { send_id: 0xdead });
             }),
             "",
+        ),
+        (
+            "push (write my half here) for a send that does not exist",
+            Box::new(|f| {
+                f.frame(
+                    0,
+                    &Frame::Push {
+                        send_id: 0xdead,
+                        addr: 0x1000,
+                        len: 1 << 20,
+                    },
+                );
+            }),
+            "push for unknown send",
+        ),
+        (
+            "pushed (my half is written) for a receive that does not exist",
+            Box::new(|f| {
+                f.frame(
+                    0,
+                    &Frame::Pushed {
+                        send_id: 0xdead,
+                        ok: true,
+                    },
+                );
+            }),
+            "pushed for unknown send",
         ),
     ];
     let mut fakes = Vec::new();
@@ -551,4 +606,102 @@ fn peer_with_smaller_rings_is_served() {
     let gp = ep.accept(Some(T)).unwrap();
     ping(&mut ep, gp, 7);
     stop(&mut ep, gp, h);
+}
+
+/// A sender that cannot write its half of a split rendezvous: the fake peer (in this
+/// process, so the endpoint can read its memory with CMA) sends a 256 KiB rendezvous,
+/// answers the endpoint's push with `ok: false`, and the endpoint reads that half
+/// itself: the message arrives intact, a Fin follows, and the next rendezvous from that
+/// peer is not split any more.
+#[test]
+fn a_refused_push_is_read_by_the_receiver() {
+    const LEN: usize = 256 << 10;
+    let ctx = ctx_with(Config {
+        calibrate: false,
+        rndv: Some(clink::Rndv::Cma),
+        ..Config::default()
+    });
+    let mut ep = ctx.endpoint().unwrap();
+    let probe: &'static u64 = Box::leak(Box::new(0x5eed_cafe_u64));
+    let hello = Hello {
+        probe_addr: probe as *const u64 as u64,
+        probe_value: *probe,
+        ..hello(CELLS)
+    };
+    let name = shm_name(&ep);
+    let h = std::thread::spawn(move || fake_connect_with(name, hello));
+    let fp = ep.accept(Some(T)).expect("fake peer accepted");
+    let fake = h.join().expect("fake thread").expect("fake handshake");
+    assert!(ep.uses_cma(fp).unwrap());
+    let msg: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
+    let (mut tx, mut rx) = (0u64, 0u64);
+    for round in 0..2u64 {
+        let rts = Frame::Rts {
+            tag: 9,
+            len: LEN as u64,
+            send_id: round,
+            addr: msg.as_ptr() as u64,
+        };
+        tx = fake.frame(tx, &rts);
+        let req = ep
+            .irecv(Selector::exact(Some(fp), 9), vec![0u8; LEN])
+            .unwrap();
+        let s0 = ep.stats();
+        // The endpoint's answer: a push of the first half (round 0), or, once refused,
+        // nothing but the Fin of a whole read (round 1).
+        let mut next = || {
+            let t0 = Instant::now();
+            loop {
+                ep.progress();
+                if let Some(b) = fake.read(rx) {
+                    rx += 1;
+                    return Frame::parse(&b).unwrap().to_owned_ctrl();
+                }
+                assert!(t0.elapsed() < T, "no frame from the endpoint");
+            }
+        };
+        let first = next();
+        if round == 0 {
+            let Ctrl::Push { send_id, addr, len } = first else {
+                panic!("expected a push, got {first:?}");
+            };
+            assert_eq!((send_id, len), (0, (LEN / 2) as u64));
+            assert_ne!(addr, 0);
+            tx = fake.frame(tx, &Frame::Pushed { send_id, ok: false });
+            let fin = next();
+            assert_eq!(fin, Ctrl::Fin { send_id: 0 });
+        } else {
+            assert_eq!(first, Ctrl::Fin { send_id: 1 }, "round 1 is not split");
+        }
+        let got = ep.wait_recv(&req, Some(T)).unwrap();
+        assert_eq!(got.status.len, LEN as u64);
+        assert!(got.buf == msg, "round {round}: message differs");
+        let s1 = ep.stats();
+        assert_eq!(s1.cma_bytes - s0.cma_bytes, LEN as u64, "round {round}");
+        assert_eq!(s1.cma_splits - s0.cma_splits, u64::from(round == 0));
+        assert!(ep.is_alive(fp));
+    }
+    drop(fake);
+}
+
+/// The control frames the test above expects, owned.
+#[derive(Debug, PartialEq, Eq)]
+enum Ctrl {
+    Push { send_id: u64, addr: u64, len: u64 },
+    Fin { send_id: u64 },
+    Other(String),
+}
+
+trait ToOwnedCtrl {
+    fn to_owned_ctrl(&self) -> Ctrl;
+}
+
+impl ToOwnedCtrl for Frame<'_> {
+    fn to_owned_ctrl(&self) -> Ctrl {
+        match *self {
+            Frame::Push { send_id, addr, len } => Ctrl::Push { send_id, addr, len },
+            Frame::Fin { send_id } => Ctrl::Fin { send_id },
+            ref f => Ctrl::Other(format!("{f:?}")),
+        }
+    }
 }

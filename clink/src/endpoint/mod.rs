@@ -30,7 +30,7 @@ use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
 use clink_proto::addr::Address;
-use clink_proto::cost::{Rndv, RndvChooser};
+use clink_proto::cost::{Rndv, RndvChooser, CMA_SPLIT_MIN};
 use clink_proto::matching::{Matcher, Selector};
 use clink_proto::wire::{Frame, EAGER_HEADER};
 use clink_proto::PeerId;
@@ -68,6 +68,8 @@ const FAST_STREAK: u32 = 64;
 /// The longest sleep on a peer's bell: the listener is not watched meanwhile, so this
 /// bounds how long a connecting process waits for its welcome.
 const BELL_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// The split point is a multiple of this (page-aligned halves: no page pinned by both).
+const CMA_SPLIT_ALIGN: u64 = 4096;
 
 /// Request ids are small sequential integers: a multiply, not SipHash, per message.
 type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;
@@ -201,6 +203,18 @@ enum RecvState {
         got: u64,
         since: Instant,
     },
+    /// A split CMA rendezvous: this side has read the message from byte `pushed` on
+    /// (`read`: how that went); the sender writes the first `pushed` bytes into the
+    /// buffer and says so ([`Frame::Pushed`]). The buffer is the sender's target until then.
+    Split {
+        status: Status,
+        pushed: u64,
+        read: std::io::Result<()>,
+        since: Instant,
+        /// The message in the sender's memory (for reading the first part if it cannot
+        /// write it).
+        addr: u64,
+    },
     Done(Result<Status>),
 }
 
@@ -243,6 +257,9 @@ struct Peer {
     blocked: bool,
     /// Which rendezvous method is faster from this peer, as measured.
     chooser: RndvChooser,
+    /// The peer could not write a split rendezvous's half into this process (CMA
+    /// refused that way round): its rendezvous are no longer split.
+    push_refused: bool,
     /// The copy engine's queue of this peer's large one-sided requests (and the requests
     /// behind them).
     engine: VecDeque<rma::EngineItem>,
@@ -547,6 +564,7 @@ impl Endpoint {
             pipeline_in: HashMap::new(),
             blocked: false,
             chooser: RndvChooser::default(),
+            push_refused: false,
             engine: VecDeque::new(),
             announced: false,
             closing: false,
@@ -1115,7 +1133,7 @@ impl Endpoint {
                 self.wait_until(None, |ep| {
                     !matches!(
                         ep.recvs.get(&id).map(|r| &r.state),
-                        Some(RecvState::Pipelining { .. })
+                        Some(RecvState::Pipelining { .. } | RecvState::Split { .. })
                     )
                 })?;
             }
@@ -1438,7 +1456,46 @@ impl Endpoint {
                 p.chooser.choose(&self.ctx.costs, len, cma, model)
             }
         };
-        if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
+        // (Whether the peer may write here is not waited for: the handshake's late Ready
+        // says it, but a refused write is answered, and the first one stops the splits.)
+        let split = self.ctx.config.cma_split
+            && !p.push_refused
+            && len.min(op.buf.slice().len() as u64) >= CMA_SPLIT_MIN;
+        if let (Rndv::Cma, true, Some(shm)) = (method, split, p.link.shm()) {
+            // Both cores copy: the sender writes the first half (page-aligned) while this
+            // side reads the rest. The buffer stays the sender's target until its answer.
+            let pid = shm.pid;
+            let buf = op.buf.slice();
+            let n = len.min(buf.len() as u64);
+            let pushed = (n / 2) & !(CMA_SPLIT_ALIGN - 1);
+            let addr_here = buf.as_mut_ptr() as u64;
+            let t = Instant::now();
+            p.pipeline_in.insert(send_id, rid);
+            self.push_ctrl(
+                i,
+                Frame::Push {
+                    send_id,
+                    addr: addr_here,
+                    len: pushed,
+                },
+            );
+            let Some(op) = self.recvs.get_mut(&rid) else {
+                return;
+            };
+            let buf = op.buf.slice();
+            let read = sys::cma_read(pid, addr + pushed, &mut buf[pushed as usize..n as usize]);
+            if read.is_ok() {
+                self.stats.cma_bytes += n - pushed;
+            }
+            self.stats.cma_splits += 1;
+            op.state = RecvState::Split {
+                status,
+                pushed,
+                read,
+                since: t,
+                addr,
+            };
+        } else if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
             let buf = op.buf.slice();
             let cap = buf.len() as u64;
             let n = len.min(cap) as usize;
@@ -1784,6 +1841,84 @@ impl Endpoint {
                         op.state = SendState::Done(Err(Error::Cancelled));
                     }
                 }
+            }
+            Frame::Push { send_id, addr, len } => {
+                let bad = |what| Error::Proto {
+                    peer: src,
+                    source: clink_proto::ProtoError::OutOfRange {
+                        what,
+                        value: send_id,
+                        limit: 0,
+                    },
+                };
+                let op = match self.sends.get(&send_id) {
+                    Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => op,
+                    _ => return Err(bad("push for unknown send")),
+                };
+                let d = op.data.bytes();
+                let part = d
+                    .get(..len as usize)
+                    .ok_or_else(|| bad("push beyond the message"))?;
+                let pid = self.peers[i].link.shm().map(|s| s.pid);
+                let ok = pid.is_some_and(|pid| sys::cma_write(pid, addr, part).is_ok());
+                self.push_ctrl(i, Frame::Pushed { send_id, ok });
+            }
+            Frame::Pushed { send_id, ok } => {
+                let p = &mut self.peers[i];
+                let bad = |what| Error::Proto {
+                    peer: src,
+                    source: clink_proto::ProtoError::OutOfRange {
+                        what,
+                        value: send_id,
+                        limit: 0,
+                    },
+                };
+                let rid = p
+                    .pipeline_in
+                    .remove(&send_id)
+                    .ok_or_else(|| bad("pushed for unknown send"))?;
+                let op = self
+                    .recvs
+                    .get_mut(&rid)
+                    .ok_or_else(|| bad("pushed for unknown receive"))?;
+                let RecvState::Split {
+                    status,
+                    pushed,
+                    read,
+                    since,
+                    addr,
+                } = std::mem::replace(&mut op.state, RecvState::Posted)
+                else {
+                    return Err(bad("pushed for a receive not split"));
+                };
+                let buf = op.buf.slice();
+                let cap = buf.len() as u64;
+                // The sender could not write its part: read it too (its memory is still
+                // there: it waits for the Fin below).
+                let head = if ok {
+                    Ok(())
+                } else {
+                    p.push_refused = true;
+                    let pid = p.link.shm().map_or(0, |s| s.pid);
+                    sys::cma_read(pid, addr, &mut buf[..pushed as usize])
+                };
+                if head.is_ok() {
+                    self.stats.cma_bytes += pushed;
+                }
+                op.state = RecvState::Done(match read.and(head) {
+                    Ok(()) => receive_result(status, cap),
+                    Err(e) => Err(Error::Io {
+                        what: format!("reading rendezvous message from {src}"),
+                        source: e,
+                    }),
+                });
+                p.chooser.record(
+                    &self.ctx.costs,
+                    Rndv::Cma,
+                    status.len.min(cap),
+                    since.elapsed().as_nanos() as f64,
+                );
+                self.push_ctrl(i, Frame::Fin { send_id });
             }
             Frame::Close => {
                 self.peers[i].closing = true;
@@ -2324,6 +2459,13 @@ impl Drop for Endpoint {
     fn drop(&mut self) {
         // Rendezvous sends still point into memory we are about to free: nothing to do
         // for the peer (it will see our socket close and fail its receive).
+        // A split rendezvous's sender may still write into its receive buffer: leak it
+        // rather than let the allocator hand that memory out again.
+        for op in self.recvs.values_mut() {
+            if let (RecvState::Split { .. }, RecvBuf::Owned(v)) = (&op.state, &mut op.buf) {
+                std::mem::forget(std::mem::take(v));
+            }
+        }
         self.close();
     }
 }
