@@ -11,8 +11,9 @@
 use crate::le::{need, put_u128, put_u64, u128_at, u16_at, u32_at, u64_at};
 use crate::ProtoError;
 
-/// Protocol version spoken by this build; the handshake refuses any other.
-pub const VERSION: u16 = 1;
+/// Protocol version spoken by this build; the handshake refuses any other (2: the split
+/// rendezvous's [`Frame::Push`] and [`Frame::Pushed`]).
+pub const VERSION: u16 = 2;
 /// Magic number opening every handshake message ("CLNK").
 pub const MAGIC: u32 = 0x4b4e_4c43;
 
