@@ -846,7 +846,7 @@ pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; B
 /// The checksum of a bulk datagram: XXH3-64 of the payload seeded with the CRC-32C of the
 /// first 60 header bytes, low 32 bits.
 pub fn bulk_checksum(header60: &[u8], payload: &[u8]) -> u32 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(payload, u64::from(crc32c(header60))) as u32
+    twox_hash::XxHash3_64::oneshot_with_seed(u64::from(crc32c(header60)), payload) as u32
 }
 
 /// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has
@@ -860,6 +860,23 @@ pub fn crc32c(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bulk checksum is part of the wire format: these values were computed with
+    /// another XXH3 implementation (xxhash-rust 0.8, which clink used before) and must
+    /// not change with the crate that computes them.
+    #[test]
+    fn bulk_checksum_check_values() {
+        let h: Vec<u8> = (0..60u32).map(|i| (i * 3) as u8).collect();
+        for (n, want) in [
+            (0usize, 0x69bc_40ae_u32),
+            (64, 0x5256_ecf7),
+            (1472, 0xa923_4aca),
+            (8972, 0x8086_b968),
+        ] {
+            let p: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+            assert_eq!(bulk_checksum(&h, &p), want, "{n} bytes");
+        }
+    }
 
     #[test]
     fn crc32c_check_value() {
