@@ -189,7 +189,10 @@ impl Bulk {
 
     fn finish_if_complete(&mut self, i: usize) {
         if self.dests[i].pl.complete() {
-            let d = self.dests.swap_remove(i);
+            // In order: the first one is the oldest, the transfer a speculative receive
+            // arms for (a swap moved the newest to the front, and the next transfer's
+            // fragments then arrived in a layout armed for another).
+            let d = self.dests.remove(i);
             self.done_in.push(d.pl.xfer());
         }
     }
@@ -211,5 +214,44 @@ impl Bulk {
                 .map(|e| e.iter().map(|&i| d.pl.fragment(i)).collect())
                 .collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frag(xfer: u64, k: u64) -> BulkHeader {
+        BulkHeader {
+            pn: k,
+            floor: 0,
+            xfer,
+            offset: k * 1024,
+            total: 4096,
+        }
+    }
+
+    /// With three receives posted, the first one finishing leaves the next oldest to
+    /// arm, whichever finishes: the layout follows the order the sender streams them in.
+    #[test]
+    fn the_oldest_unfinished_transfer_is_armed() {
+        let mut bufs = vec![vec![0u8; 4096]; 3];
+        let mut b = Bulk::default();
+        for (x, buf) in bufs.iter_mut().enumerate() {
+            // SAFETY: the buffers outlive `b` and nothing else touches them.
+            unsafe { b.add_dest(x as u64 + 1, 4096, buf.as_mut_ptr(), 4096, 1024) };
+        }
+        assert_eq!(b.arm(7, 4, 8).expect("armed").expect.xfer, 1);
+        for k in 0..4 {
+            b.placed(&frag(1, k), 1024);
+        }
+        assert_eq!(b.done_in, vec![1]);
+        let arm = b.arm(7, 4, 8).expect("armed");
+        assert_eq!(arm.expect.xfer, 2, "the next oldest, not the newest");
+        assert_eq!(arm.expect.conn, 7);
+        assert_eq!(
+            arm.entries,
+            vec![vec![(0, 1024), (1024, 1024), (2048, 1024), (3072, 1024)]]
+        );
     }
 }
