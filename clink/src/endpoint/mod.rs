@@ -1752,16 +1752,7 @@ impl Endpoint {
                         }
                         op.data.bytes().len() as u64
                     }
-                    _ => {
-                        return Err(Error::Proto {
-                            peer: src,
-                            source: clink_proto::ProtoError::OutOfRange {
-                                what: "CTS for unknown send",
-                                value: send_id,
-                                limit: 0,
-                            },
-                        })
-                    }
+                    _ => return Err(bad_send_ref(src, send_id, "CTS for unknown send")),
                 };
                 self.peers[i].pipeline_out.push_back(PipelineOut {
                     send_id,
@@ -1776,14 +1767,7 @@ impl Endpoint {
                 data,
             } => {
                 let p = &mut self.peers[i];
-                let bad = |what| Error::Proto {
-                    peer: src,
-                    source: clink_proto::ProtoError::OutOfRange {
-                        what,
-                        value: send_id,
-                        limit: 0,
-                    },
-                };
+                let bad = |what| bad_send_ref(src, send_id, what);
                 let rid = *p
                     .pipeline_in
                     .get(&send_id)
@@ -1843,14 +1827,7 @@ impl Endpoint {
                 }
             }
             Frame::Push { send_id, addr, len } => {
-                let bad = |what| Error::Proto {
-                    peer: src,
-                    source: clink_proto::ProtoError::OutOfRange {
-                        what,
-                        value: send_id,
-                        limit: 0,
-                    },
-                };
+                let bad = |what| bad_send_ref(src, send_id, what);
                 let op = match self.sends.get(&send_id) {
                     Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => op,
                     _ => return Err(bad("push for unknown send")),
@@ -1865,14 +1842,7 @@ impl Endpoint {
             }
             Frame::Pushed { send_id, ok } => {
                 let p = &mut self.peers[i];
-                let bad = |what| Error::Proto {
-                    peer: src,
-                    source: clink_proto::ProtoError::OutOfRange {
-                        what,
-                        value: send_id,
-                        limit: 0,
-                    },
-                };
+                let bad = |what| bad_send_ref(src, send_id, what);
                 let rid = p
                     .pipeline_in
                     .remove(&send_id)
@@ -2419,6 +2389,19 @@ fn handshake_incoming(
             Ok(p) => accepted.push(p),
             Err(e) => refused.push(e),
         }
+    }
+}
+
+/// The protocol error for a peer's frame naming a send (or its receive) that does not
+/// exist or is not in the state the frame needs.
+fn bad_send_ref(peer: PeerId, send_id: u64, what: &'static str) -> Error {
+    Error::Proto {
+        peer,
+        source: clink_proto::ProtoError::OutOfRange {
+            what,
+            value: send_id,
+            limit: 0,
+        },
     }
 }
 
