@@ -943,6 +943,16 @@ impl Endpoint {
         })
     }
 
+    /// The end of a CMA rendezvous receive of `n` bytes from peer `i` started at `since`:
+    /// the chooser's sample, and the Fin that releases the sender's buffer.
+    fn finish_cma(&mut self, i: usize, send_id: u64, n: u64, since: Instant) {
+        let ns = since.elapsed().as_nanos() as f64;
+        self.peers[i]
+            .chooser
+            .record(&self.ctx.costs, Rndv::Cma, n, ns);
+        self.push_ctrl(i, Frame::Fin { send_id });
+    }
+
     fn push_ctrl(&mut self, i: usize, f: Frame<'static>) {
         let p = &mut self.peers[i];
         if !p.alive {
@@ -1456,68 +1466,53 @@ impl Endpoint {
                 p.chooser.choose(&self.ctx.costs, len, cma, model)
             }
         };
-        // (Whether the peer may write here is not waited for: the handshake's late Ready
-        // says it, but a refused write is answered, and the first one stops the splits.)
-        let split = self.ctx.config.cma_split
-            && !p.push_refused
-            && len.min(op.buf.slice().len() as u64) >= CMA_SPLIT_MIN;
-        if let (Rndv::Cma, true, Some(shm)) = (method, split, p.link.shm()) {
-            // Both cores copy: the sender writes the first half (page-aligned) while this
-            // side reads the rest. The buffer stays the sender's target until its answer.
+        if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
             let pid = shm.pid;
             let buf = op.buf.slice();
-            let n = len.min(buf.len() as u64);
-            let pushed = (n / 2) & !(CMA_SPLIT_ALIGN - 1);
-            let addr_here = buf.as_mut_ptr() as u64;
+            let cap = buf.len() as u64;
+            let n = len.min(cap);
+            let dest = buf.as_mut_ptr() as u64;
+            // From CMA_SPLIT_MIN on both cores copy: the sender writes the first half
+            // (page-aligned) while this side reads the rest, and the buffer stays the
+            // sender's target until its answer. (Whether the peer may write here is not
+            // waited for: the handshake's late Ready says it, but a refused write is
+            // answered, and the first one stops the splits.)
+            let pushed = if self.ctx.config.cma_split && !p.push_refused && n >= CMA_SPLIT_MIN {
+                (n / 2) & !(CMA_SPLIT_ALIGN - 1)
+            } else {
+                0
+            };
             let t = Instant::now();
-            p.pipeline_in.insert(send_id, rid);
-            self.push_ctrl(
-                i,
-                Frame::Push {
+            if pushed > 0 {
+                p.pipeline_in.insert(send_id, rid);
+                let f = Frame::Push {
                     send_id,
-                    addr: addr_here,
+                    addr: dest,
                     len: pushed,
-                },
-            );
+                };
+                self.push_ctrl(i, f);
+            }
             let Some(op) = self.recvs.get_mut(&rid) else {
                 return;
             };
-            let buf = op.buf.slice();
-            let read = sys::cma_read(pid, addr + pushed, &mut buf[pushed as usize..n as usize]);
+            let buf = &mut op.buf.slice()[pushed as usize..n as usize];
+            let read = sys::cma_read(pid, addr + pushed, buf);
             if read.is_ok() {
                 self.stats.cma_bytes += n - pushed;
             }
-            self.stats.cma_splits += 1;
-            op.state = RecvState::Split {
-                status,
-                pushed,
-                read,
-                since: t,
-                addr,
-            };
-        } else if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
-            let buf = op.buf.slice();
-            let cap = buf.len() as u64;
-            let n = len.min(cap) as usize;
-            let t = Instant::now();
-            let res = sys::cma_read(shm.pid, addr, &mut buf[..n]);
-            p.chooser.record(
-                &self.ctx.costs,
-                Rndv::Cma,
-                n as u64,
-                t.elapsed().as_nanos() as f64,
-            );
-            op.state = RecvState::Done(match res {
-                Ok(()) => receive_result(status, cap),
-                Err(e) => Err(Error::Io {
-                    what: format!("reading rendezvous message from {src}"),
-                    source: e,
-                }),
-            });
-            if res_ok(&op.state) {
-                self.stats.cma_bytes += n as u64;
+            if pushed > 0 {
+                self.stats.cma_splits += 1;
+                op.state = RecvState::Split {
+                    status,
+                    pushed,
+                    read,
+                    since: t,
+                    addr,
+                };
+            } else {
+                op.state = cma_outcome(src, status, cap, read);
+                self.finish_cma(i, send_id, n, t);
             }
-            self.push_ctrl(i, Frame::Fin { send_id });
         } else {
             if let Some(u) = p.link.bulk() {
                 // A bulk transfer straight into the posted buffer (speculatively).
@@ -1864,31 +1859,21 @@ impl Endpoint {
                 let buf = op.buf.slice();
                 let cap = buf.len() as u64;
                 // The sender could not write its part: read it too (its memory is still
-                // there: it waits for the Fin below).
+                // there: it waits for the Fin).
                 let head = if ok {
                     Ok(())
                 } else {
                     p.push_refused = true;
-                    let pid = p.link.shm().map_or(0, |s| s.pid);
-                    sys::cma_read(pid, addr, &mut buf[..pushed as usize])
+                    match p.link.shm() {
+                        Some(shm) => sys::cma_read(shm.pid, addr, &mut buf[..pushed as usize]),
+                        None => Err(std::io::Error::other("not a shared-memory peer")),
+                    }
                 };
                 if head.is_ok() {
                     self.stats.cma_bytes += pushed;
                 }
-                op.state = RecvState::Done(match read.and(head) {
-                    Ok(()) => receive_result(status, cap),
-                    Err(e) => Err(Error::Io {
-                        what: format!("reading rendezvous message from {src}"),
-                        source: e,
-                    }),
-                });
-                p.chooser.record(
-                    &self.ctx.costs,
-                    Rndv::Cma,
-                    status.len.min(cap),
-                    since.elapsed().as_nanos() as f64,
-                );
-                self.push_ctrl(i, Frame::Fin { send_id });
+                op.state = cma_outcome(src, status, cap, read.and(head));
+                self.finish_cma(i, send_id, status.len.min(cap), since);
             }
             Frame::Close => {
                 self.peers[i].closing = true;
@@ -2392,6 +2377,18 @@ fn handshake_incoming(
     }
 }
 
+/// The state a CMA rendezvous receive of `status` into a `cap`-byte buffer ends in, given
+/// how its reads went.
+fn cma_outcome(src: PeerId, status: Status, cap: u64, read: std::io::Result<()>) -> RecvState {
+    RecvState::Done(match read {
+        Ok(()) => receive_result(status, cap),
+        Err(e) => Err(Error::Io {
+            what: format!("reading rendezvous message from {src}"),
+            source: e,
+        }),
+    })
+}
+
 /// The protocol error for a peer's frame naming a send (or its receive) that does not
 /// exist or is not in the state the frame needs.
 fn bad_send_ref(peer: PeerId, send_id: u64, what: &'static str) -> Error {
@@ -2429,13 +2426,6 @@ fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> Result<Stat
         len: data.len() as u64,
     };
     receive_result(status, buf.len() as u64)
-}
-
-fn res_ok(s: &RecvState) -> bool {
-    matches!(
-        s,
-        RecvState::Done(Ok(_)) | RecvState::Done(Err(Error::Truncated { .. }))
-    )
 }
 
 impl Drop for Endpoint {
