@@ -132,6 +132,9 @@ pub struct Stats {
     pub rma_put_bytes: u64,
     /// Bytes peers got from this endpoint's apertures.
     pub rma_get_bytes: u64,
+    /// Of the bytes put and got, those the copy engine moved (large same-host accesses,
+    /// served round-robin across peers).
+    pub rma_engine_bytes: u64,
     /// Tripwire firings.
     pub tripwires_fired: u64,
     /// Unacknowledged puts of this endpoint that a target refused.

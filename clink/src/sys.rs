@@ -730,6 +730,24 @@ pub fn fd_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
+/// Hints the CPU to load the cache line at `p`, owned for writing with `write` (never
+/// faults, changes nothing).
+#[inline]
+pub fn prefetch(p: *const u8, write: bool) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
+        if write {
+            _mm_prefetch::<_MM_HINT_ET0>(p as *const i8);
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, write);
+}
+
 /// This process's id (used only for fork detection and CMA, never as an identity).
 pub fn getpid() -> i32 {
     // SAFETY: always succeeds.

@@ -809,3 +809,78 @@ fn stale_tripwire_ids_see_nothing() {
         "clearing the old id clears the new one"
     );
 }
+
+/// The copy engine serves its peers' queued copies round-robin (CLAN section 3.4): a
+/// small put queued just after a large one from another peer completes first. Both
+/// requests are in the target's rings before it runs at all (each initiator signals after
+/// its `iput` returned, which wrote the request into an empty ring), so the order is
+/// deterministic: the small put needs 2 turns of 256 KiB, the large one 128; a first-come
+/// engine would finish the large one first.
+#[test]
+fn the_copy_engine_does_not_let_a_large_put_starve_a_small_one() {
+    const LARGE: usize = 32 << 20;
+    const SMALL_PUT: usize = 512 << 10;
+    let mut t = ctx().endpoint().unwrap();
+    t.set_interest(events::TRIPWIRES);
+    let ap = t.aperture_alloc(LARGE + SMALL_PUT).unwrap();
+    let once = TripOptions::default();
+    let t_large = t.tripwire(ap, 0, LARGE as u64, once).unwrap();
+    let t_small = t
+        .tripwire(ap, LARGE as u64, SMALL_PUT as u64, once)
+        .unwrap();
+    let addr = t.address();
+    let (issued, is_issued) = std::sync::mpsc::channel();
+    // Accepted one after the other: the large put's initiator is the target's peer 0 (an
+    // engine that served its lowest peer first would finish the large put first).
+    let initiators: Vec<_> = [(0u64, LARGE, 0xa1u8), (LARGE as u64, SMALL_PUT, 0xb2)]
+        .into_iter()
+        .map(|(at, len, fill)| {
+            let cookie = t.export(ap, at, len as u64, WRITE).unwrap();
+            let (addr, issued) = (addr.clone(), issued.clone());
+            let (go, told) = std::sync::mpsc::channel::<()>();
+            let h = std::thread::spawn(move || {
+                let mut a = ctx().endpoint().unwrap();
+                let p = a.connect(&addr).unwrap();
+                let r = a.import(p, cookie).unwrap();
+                told.recv_timeout(T).unwrap();
+                let req = a.iput(&r, 0, vec![fill; len]).unwrap();
+                issued.send(()).unwrap();
+                a.wait_rma(&req, Some(T)).unwrap();
+            });
+            assert_eq!(t.accept(Some(T)).unwrap(), PeerId(at.min(1) as u32));
+            (h, go)
+        })
+        .collect();
+    // The large put first; from here on the target runs only once both are queued.
+    for (_, go) in &initiators {
+        go.send(()).unwrap();
+        is_issued.recv_timeout(T).unwrap();
+    }
+    let mut fired = Vec::new();
+    while fired.len() < 2 {
+        match t.wait_event(Some(T)).unwrap() {
+            Event::Tripwire { id, .. } => fired.push(id),
+            e => panic!("unexpected event {e:?}"),
+        }
+    }
+    assert_eq!(
+        t.stats().rma_engine_bytes,
+        (LARGE + SMALL_PUT) as u64,
+        "both puts went through the copy engine"
+    );
+    assert_eq!(
+        fired,
+        [t_small, t_large],
+        "the small put waited for the large one"
+    );
+    for (h, _) in initiators {
+        while !h.is_finished() {
+            t.progress();
+        }
+        h.join().unwrap();
+    }
+    let mut got = vec![0u8; LARGE + SMALL_PUT];
+    t.aperture_read(ap, 0, &mut got).unwrap();
+    assert!(got[..LARGE].iter().all(|&b| b == 0xa1));
+    assert!(got[LARGE..].iter().all(|&b| b == 0xb2));
+}

@@ -1535,6 +1535,7 @@ impl Endpoint {
         let status = match res {
             Ok(()) => {
                 c.done += n;
+                self.stats.rma_engine_bytes += n;
                 if c.done < c.len {
                     return;
                 }

@@ -167,6 +167,12 @@ unsafe impl RingMem for ShmMem {
     unsafe fn read(&self, idx: u64, off: usize, dst: &mut [u8]) {
         std::ptr::copy_nonoverlapping(self.payload(idx).add(off), dst.as_mut_ptr(), dst.len());
     }
+    fn prefetch(&self, idx: u64, write: bool) {
+        sys::prefetch(self.cell(idx), write);
+        if idx + 1 < self.cap {
+            sys::prefetch(self.cell(idx + 1), write);
+        }
+    }
 }
 
 /// What this endpoint tells peers at connect time.
