@@ -730,22 +730,17 @@ pub fn fd_size(fd: &OwnedFd) -> io::Result<u64> {
     Ok(st.st_size as u64)
 }
 
-/// Hints the CPU to load the cache line at `p`, owned for writing with `write` (never
-/// faults, changes nothing).
+/// Hints the CPU to fetch the cache line at `p` for writing (never faults, changes
+/// nothing).
 #[inline]
-pub fn prefetch(p: *const u8, write: bool) {
+pub fn prefetch_for_write(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint: it never faults, whatever the address.
     unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0, _MM_HINT_T0};
-        if write {
-            _mm_prefetch::<_MM_HINT_ET0>(p as *const i8);
-        } else {
-            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-        }
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p as *const i8);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, write);
+    let _ = p;
 }
 
 /// This process's id (used only for fork detection and CMA, never as an identity).

@@ -166,14 +166,6 @@ impl Link {
         }
     }
 
-    /// Starts loading what the next [`Link::peek`] reads (a shared-memory ring's head
-    /// cells); nothing for network links.
-    pub fn prefetch(&self) {
-        if let Link::Shm(s) = self {
-            s.rx.prefetch();
-        }
-    }
-
     /// The bytes of a frame returned by [`Link::peek`].
     pub fn frame(&self, rx: Rx) -> &[u8] {
         match (self, rx) {

@@ -21,10 +21,6 @@ use crate::transport::shm::board;
 /// Peers visited regardless of the board at each liveness check.
 pub const SWEEP: usize = 32;
 
-/// Raised peers gathered (and their rings prefetched) before a pass visits them; more are
-/// visited at once.
-const RAISED: usize = 32;
-
 /// No peer in this board slot.
 pub(super) const NO_PEER: u32 = u32::MAX;
 
@@ -177,32 +173,17 @@ impl Endpoint {
         }
         list.clear();
         self.ready.spare = list;
-        // The raised peers are gathered first and their rings' head cells prefetched, so
-        // the cache misses of reading what other cores wrote overlap instead of
-        // following one another (a server with many active peers).
-        let mut raised = [0u32; RAISED];
-        let mut k = 0;
         for w in 0..self.ready.words {
             let mut bits = self.board.take(w);
             while bits != 0 {
                 let b = bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 let i = self.ready.slot_peer[w * 64 + b];
-                if i == NO_PEER {
-                    continue;
-                }
-                self.stats.board_wakeups += 1;
-                if k == RAISED {
+                if i != NO_PEER {
+                    self.stats.board_wakeups += 1;
                     self.visit_ready(i as usize, pass);
-                } else {
-                    self.peers[i as usize].link.prefetch();
-                    raised[k] = i;
-                    k += 1;
                 }
             }
-        }
-        for &i in &raised[..k] {
-            self.visit_ready(i as usize, pass);
         }
         for k in 0..self.ready.direct.len() {
             let i = self.ready.direct[k];

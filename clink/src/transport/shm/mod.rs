@@ -167,10 +167,10 @@ unsafe impl RingMem for ShmMem {
     unsafe fn read(&self, idx: u64, off: usize, dst: &mut [u8]) {
         std::ptr::copy_nonoverlapping(self.payload(idx).add(off), dst.as_mut_ptr(), dst.len());
     }
-    fn prefetch(&self, idx: u64, write: bool) {
-        sys::prefetch(self.cell(idx), write);
+    fn prefetch_for_write(&self, idx: u64) {
+        sys::prefetch_for_write(self.cell(idx));
         if idx + 1 < self.cap {
-            sys::prefetch(self.cell(idx + 1), write);
+            sys::prefetch_for_write(self.cell(idx + 1));
         }
     }
 }

@@ -119,9 +119,9 @@ pub unsafe trait RingMem {
     /// # Safety
     /// As for `read_hdr`; the range must lie inside the record.
     unsafe fn read(&self, idx: u64, off: usize, dst: &mut [u8]);
-    /// Hints that cells `idx` and `idx + 1` will be read (or, with `write`, written) soon:
-    /// no effect on the contents; nothing by default.
-    fn prefetch(&self, _idx: u64, _write: bool) {}
+    /// Hints that cells `idx` and `idx + 1` will be written soon: no effect on the
+    /// contents; nothing by default.
+    fn prefetch_for_write(&self, _idx: u64) {}
 }
 
 /// A ring whose contents break the protocol (a buggy or hostile peer).
@@ -248,7 +248,7 @@ impl<M: RingMem> Producer<M> {
         // The next record's cells, fetched for writing now rather than at the next send:
         // with many peers that send finds them cold (in another core's cache, or in the
         // ring's first lap not yet read into any), and the fence below would wait for them.
-        self.mem.prefetch(self.tail & (cap - 1), true);
+        self.mem.prefetch_for_write(self.tail & (cap - 1));
         self.wants_doorbell()
     }
 
@@ -386,12 +386,6 @@ impl<M: RingMem> Consumer<M> {
                 len: len as usize,
             }));
         }
-    }
-
-    /// Starts loading the head cell and the one after it (a small message's record) into
-    /// the cache, so that a caller about to peek several rings overlaps their misses.
-    pub fn prefetch(&self) {
-        self.mem.prefetch(self.head & (self.mem.cap() - 1), false);
     }
 
     fn consume(&mut self, n: u64) {
