@@ -967,11 +967,20 @@ impl UdpTransport {
             let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) else {
                 continue;
             };
+            // A steered socket holds nothing but its stream's bulk fragments: a layout
+            // that arms fewer entries than a read takes (the end of a transfer) caps its
+            // reads at those, so the next transfer's first groups stay queued for the read
+            // after the re-plan, which arms them, instead of landing in the plain slots
+            // and being copied. On a shared socket the cap does harm: a small datagram
+            // (an ack, an RTS) queued at the transfer's boundary then opens the next
+            // transfer's first read and every group behind it lands one entry late (a
+            // clean stream 77-80% in place instead of 97-99%, BENCHMARKS.md stop 19).
+            let cap = !lead.is_empty() && (1..PEER_SOCK0).contains(&i);
             // SAFETY: header slots are ours; destination ranges are distinct missing
             // fragments of a buffer the Bulk contract keeps valid while the key is
             // current, and the endpoint re-arms (replacing these vectors) before using a
             // changed key.
-            unsafe { sock.set_lead(lead) };
+            unsafe { sock.set_lead(lead, cap) };
         }
     }
 
@@ -1008,12 +1017,26 @@ impl UdpTransport {
         // of order they would look like losses (NAKs, and the sender's loss detection).
         // They are drained (a few batches at most), not read one batch per pass.
         let first = self.st.armed_on;
-        let order = std::iter::once(first)
-            .chain((1..PEER_SOCK0 + self.peers.len()).filter(|&i| i != first))
+        // Except the stream's own peer socket before its steered one: the datagrams it
+        // sent slowly before its grant wait there, and read after the fast ones they
+        // would look like losses too (every grant of a steered stream cost a burst of
+        // NAKs and spurious retransmissions). When that socket had something, the
+        // steered one is left to the next pass: what was just placed may be what the
+        // layout arms (holes below the stream's head), and the endpoint re-plans first.
+        let before = armed
+            .as_ref()
+            .filter(|_| (1..PEER_SOCK0).contains(&first))
+            .and_then(|a| self.peers.index_of(a.src))
+            .map(|k| PEER_SOCK0 + k);
+        let order = before
+            .into_iter()
+            .chain(std::iter::once(first))
+            .chain((1..PEER_SOCK0 + self.peers.len()).filter(|&i| i != first && Some(i) != before))
             .chain((first != 0).then_some(0));
         let mut n = 0;
+        let mut hold_armed = false;
         for i in order {
-            if i == 0 && !main {
+            if i == 0 && !main || i == first && hold_armed {
                 continue;
             }
             let a = if i == first { armed.as_ref() } else { None };
@@ -1046,6 +1069,7 @@ impl UdpTransport {
                         self.st.stats.peer_socket_datagrams += got as u64;
                     }
                     n += got;
+                    hold_armed |= Some(i) == before && got > 0;
                 }
                 if r < sock::RX_SLOTS {
                     break;

@@ -59,6 +59,9 @@ pub struct UdpSock {
     rx: Box<RxBufs>,
     /// Entries the next `recvmmsg` asks for (see [`UdpSock::recv_batch`]).
     width: usize,
+    /// At most this many entries per read: [`RX_SLOTS`], or the entries a layout arms
+    /// when [`UdpSock::set_lead`] is told to cap.
+    cap: usize,
     /// The last call asked for one entry and got it.
     single: bool,
     /// The peer of a connected socket until it is first found empty: it may still hold
@@ -238,13 +241,14 @@ impl UdpSock {
                 }; RX_SLOTS],
             }),
             width: RX_SLOTS,
+            cap: RX_SLOTS,
             single: false,
             peer: None,
             only: None,
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
-        unsafe { sock.set_lead(&[]) };
+        unsafe { sock.set_lead(&[], false) };
         Ok(sock)
     }
 
@@ -454,11 +458,14 @@ impl UdpSock {
 
     /// Sets the vectors every later [`UdpSock::recv_batch`] reads entry `k` into first:
     /// `lead[k]` (none for entries beyond `lead`), then the entry's own 64 KiB slot.
+    /// `cap`: reads take no more entries than `lead` arms (at least one).
     ///
     /// # Safety
     /// Every vector of `lead` must be valid for writes of its length and overlap no other
     /// until the next call of this function (later reads write into them).
-    pub unsafe fn set_lead(&mut self, lead: &[Vec<IoVec>]) {
+    pub unsafe fn set_lead(&mut self, lead: &[Vec<IoVec>], cap: bool) {
+        let armed = lead.iter().take_while(|l| !l.is_empty()).count();
+        self.cap = if cap { armed.max(1) } else { RX_SLOTS };
         let rx = &mut *self.rx;
         for k in 0..RX_SLOTS {
             let v = &mut rx.iovs[k];
@@ -487,8 +494,9 @@ impl UdpSock {
     /// Datagram counters are the caller's to keep.
     pub fn recv_batch(&mut self) -> usize {
         let rx = &mut *self.rx;
+        let width = self.width.min(self.cap);
         // Only the entries this call asks for (the kernel touches no other).
-        for k in 0..self.width {
+        for k in 0..width {
             let h = &mut rx.hdrs[k].msg_hdr;
             h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_controllen = size_of::<[u64; 8]>();
@@ -498,7 +506,7 @@ impl UdpSock {
         // A one-vector entry read alone needs no message header: a coalesced read is told
         // and split by the datagrams' own lengths instead of the `UDP_GRO` control message
         // (`coalesced_segment`).
-        let plain = self.width == 1 && rx.hdrs[0].msg_hdr.msg_iovlen == 1;
+        let plain = width == 1 && rx.hdrs[0].msg_hdr.msg_iovlen == 1;
         // SAFETY: every header points at live buffers of the sizes given: our slots,
         // names and control buffers, and leading vectors valid per `set_lead`'s contract.
         let r = unsafe {
@@ -533,7 +541,7 @@ impl UdpSock {
                     h.msg_len = n as libc::c_uint;
                     1
                 }
-            } else if self.width == 1 {
+            } else if width == 1 {
                 // One entry: `recvmsg`, which skips `recvmmsg`'s batch bookkeeping (0.2-0.3
                 // us of a 64-byte hop across the veth pair in a C ping-pong).
                 let h = &mut rx.hdrs[0];
@@ -548,7 +556,7 @@ impl UdpSock {
                 libc::recvmmsg(
                     self.fd.as_raw_fd(),
                     rx.hdrs.as_mut_ptr(),
-                    self.width as libc::c_uint,
+                    width as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
                 )
@@ -568,8 +576,8 @@ impl UdpSock {
         // than one, fills a wide call, or two one-entry calls in a row bring one each (a
         // single datagram read is followed by the poll that finds the queue empty).
         let got = r.max(0) as usize;
-        let wide = got > 1 || got == self.width && (self.width > 1 || self.single);
-        self.single = self.width == 1 && got == 1 && !wide;
+        let wide = got > 1 || got == width && (width > 1 || self.single);
+        self.single = width == 1 && got == 1 && !wide;
         self.width = if wide { RX_SLOTS } else { 1 };
         if r <= 0 {
             return 0;
@@ -1028,6 +1036,49 @@ mod tests {
                 &w[..12.min(w.len())]
             );
         }
+    }
+
+    #[test]
+    fn a_capped_layout_reads_no_more_entries_than_it_arms() {
+        let mut s = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let x = std::net::UdpSocket::bind(lo()).unwrap();
+        let mut heads = [[0u8; 16]; 2];
+        let lead: Vec<Vec<IoVec>> = heads
+            .iter_mut()
+            .map(|h| {
+                vec![IoVec {
+                    ptr: h.as_mut_ptr(),
+                    len: h.len(),
+                }]
+            })
+            .collect();
+        // Drains the socket; the entries each read returned.
+        let drain = |s: &mut UdpSock, n: usize| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut reads = Vec::new();
+            while reads.iter().sum::<usize>() < n {
+                match s.recv_batch() {
+                    0 => assert!(std::time::Instant::now() < deadline, "nothing arrived"),
+                    r => reads.push(r),
+                }
+            }
+            reads
+        };
+        for capped in [true, false] {
+            // SAFETY: `heads` outlives every read below.
+            unsafe { s.set_lead(&lead, capped) };
+            for len in 1..=6 {
+                x.send_to(&vec![len as u8; 100 + len], s.local()).unwrap();
+            }
+            let reads = drain(&mut s, 6);
+            if capped {
+                assert!(reads.iter().all(|&r| r <= 2), "capped reads {reads:?}");
+            } else {
+                assert!(reads.iter().any(|&r| r > 2), "uncapped reads {reads:?}");
+            }
+        }
+        // SAFETY: no leading vectors.
+        unsafe { s.set_lead(&[], false) };
     }
 
     #[test]
