@@ -2,8 +2,8 @@
 //! never fooled by a damaged datagram.
 
 use clink_proto::reliable::packet::{
-    bulk_checksum, coalesced_segment, crc32c, declared_len, parse_bulk, Piggy, BULK_HEADER,
-    MAX_ACK_DELAY_US, MAX_RANGES,
+    bulk_checksum, coalesced_segment, crc32c, declared_len, is_bulk, parse_bulk, Piggy,
+    BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
 };
 use clink_proto::reliable::{
     AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
@@ -185,11 +185,14 @@ proptest! {
         after in proptest::collection::vec(any::<u8>(), 0..100),
     ) {
         let d = build(k, conn, hdr, &p, &ack);
+        let bulk = matches!(d, Datagram::Bulk { .. });
         let mut buf = Vec::new();
         let n = d.encode(&mut buf);
         // Whatever follows it in a coalesced read does not change what it declares.
         buf.extend_from_slice(&after);
         prop_assert_eq!(declared_len(&buf), Some(n));
+        prop_assert_eq!(is_bulk(&buf), bulk);
+        prop_assert!(!is_bulk(&buf[..5]));
     }
 
     #[test]

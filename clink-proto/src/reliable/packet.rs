@@ -122,6 +122,12 @@ pub fn is_handshake(b: &[u8]) -> bool {
     b.len() > 5 && (b[5] == K_HELLO || b[5] == K_WELCOME)
 }
 
+/// True when `b` opens with clink's magic and version and a bulk fragment's kind: a cheap
+/// peek (nothing else verified) for a receiver deciding which socket to read next.
+pub fn is_bulk(b: &[u8]) -> bool {
+    b.len() > 5 && u32_at(b, 0) == MAGIC && b[4] == VERSION && b[5] == K_BULK
+}
+
 /// The length the datagram at the start of `b` gives itself in its header (payload
 /// length, range count, or its kind's fixed size), read without verifying anything else;
 /// `None` when `b` is too short to tell or does not open with clink's magic and version.

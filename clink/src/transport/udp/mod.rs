@@ -24,7 +24,9 @@ pub mod steer;
 use crate::error::{io_err, Result};
 use crate::transport::FrameQueue;
 use clink_proto::admission::{Decision, Gate, GateConfig, Mode};
-use clink_proto::reliable::packet::{is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER};
+use clink_proto::reliable::packet::{
+    is_bulk, is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER,
+};
 use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
 use clink_proto::spec::{self, Check, Displaced, Layout, Move, Segment};
 use clink_proto::wire::Frame;
@@ -1020,9 +1022,10 @@ impl UdpTransport {
         // Except the stream's own peer socket before its steered one: the datagrams it
         // sent slowly before its grant wait there, and read after the fast ones they
         // would look like losses too (every grant of a steered stream cost a burst of
-        // NAKs and spurious retransmissions). When that socket had something, the
-        // steered one is left to the next pass: what was just placed may be what the
+        // NAKs and spurious retransmissions). When that socket brought a bulk fragment,
+        // the steered one is left to the next pass: what was just placed may be what the
         // layout arms (holes below the stream's head), and the endpoint re-plans first.
+        // (Other datagrams there, the stream's acks and eager messages, hold nothing up.)
         let before = armed
             .as_ref()
             .filter(|_| (1..PEER_SOCK0).contains(&first))
@@ -1050,6 +1053,12 @@ impl UdpTransport {
                     break;
                 };
                 let r = sock.recv_batch();
+                if Some(i) == before {
+                    hold_armed |= (0..r).any(|k| {
+                        let len = sock.received(k).len.min(8);
+                        is_bulk(sock.slot(k, len))
+                    });
+                }
                 // The main socket is handed over even when empty: held-back injected
                 // faults are released there.
                 if r > 0 || i == 0 {
@@ -1069,7 +1078,6 @@ impl UdpTransport {
                         self.st.stats.peer_socket_datagrams += got as u64;
                     }
                     n += got;
-                    hold_armed |= Some(i) == before && got > 0;
                 }
                 if r < sock::RX_SLOTS {
                     break;
