@@ -977,7 +977,7 @@ impl UdpTransport {
             // (an ack, an RTS) queued at the transfer's boundary then opens the next
             // transfer's first read and every group behind it lands one entry late (a
             // clean stream 77-80% in place instead of 97-99%, BENCHMARKS.md stop 19).
-            let cap = !lead.is_empty() && (1..PEER_SOCK0).contains(&i);
+            let cap = !lead.is_empty() && is_steered(i);
             // SAFETY: header slots are ours; destination ranges are distinct missing
             // fragments of a buffer the Bulk contract keeps valid while the key is
             // current, and the endpoint re-arms (replacing these vectors) before using a
@@ -1028,7 +1028,7 @@ impl UdpTransport {
         // (Other datagrams there, the stream's acks and eager messages, hold nothing up.)
         let before = armed
             .as_ref()
-            .filter(|_| (1..PEER_SOCK0).contains(&first))
+            .filter(|_| is_steered(first))
             .and_then(|a| self.peers.index_of(a.src))
             .map(|k| PEER_SOCK0 + k);
         let order = before
@@ -1072,7 +1072,7 @@ impl UdpTransport {
                         a,
                         &mut |i, g| sink(i, g, t),
                     );
-                    if (1..PEER_SOCK0).contains(&i) {
+                    if is_steered(i) {
                         self.st.stats.steered_datagrams += got as u64;
                     } else if i >= PEER_SOCK0 {
                         self.st.stats.peer_socket_datagrams += got as u64;
@@ -1136,6 +1136,11 @@ pub const CLOCK_EVERY: u32 = 8;
 
 /// The number of the first peer socket (see [`socket`]).
 const PEER_SOCK0: usize = 1 + steer::SOCKETS;
+
+/// Whether socket `i` (see [`socket`]) is a steered one.
+fn is_steered(i: usize) -> bool {
+    (1..PEER_SOCK0).contains(&i)
+}
 
 /// Socket `i` of a transport: 0 the main one, 1..=[`steer::SOCKETS`] the steered ones (if
 /// open), then the peer sockets.
