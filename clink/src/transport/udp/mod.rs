@@ -46,6 +46,9 @@ const IP_UDP_HEADERS: usize = 28;
 /// Receive batches read from a steered socket other than the armed one per pass (a
 /// previous holder's stragglers).
 const STRAGGLER_BATCHES: usize = 4;
+/// Datagrams smaller than a bulk fragment read one per call at the head of an armed
+/// shared socket's queue, per pass (see [`UdpTransport::receive`]).
+const SMALL_HEAD_READS: usize = 32;
 /// How often a hello is repeated while connecting.
 const HELLO_EVERY: Duration = Duration::from_millis(100);
 
@@ -969,15 +972,15 @@ impl UdpTransport {
             let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) else {
                 continue;
             };
-            // A steered socket holds nothing but its stream's bulk fragments: a layout
-            // that arms fewer entries than a read takes (the end of a transfer) caps its
-            // reads at those, so the next transfer's first groups stay queued for the read
-            // after the re-plan, which arms them, instead of landing in the plain slots
-            // and being copied. On a shared socket the cap does harm: a small datagram
-            // (an ack, an RTS) queued at the transfer's boundary then opens the next
-            // transfer's first read and every group behind it lands one entry late (a
-            // clean stream 77-80% in place instead of 97-99%, BENCHMARKS.md stop 19).
-            let cap = !lead.is_empty() && is_steered(i);
+            // A layout that arms fewer entries than a read takes (the end of a transfer)
+            // caps the reads at those, so the next transfer's first groups stay queued for
+            // the read after the re-plan, which arms them, instead of landing in the plain
+            // slots and being copied. On a shared socket this holds because the small
+            // datagrams (acks, RTSs) queued at a transfer's boundary are read one by one
+            // first (`receive`'s head check): without that, one opened the next
+            // transfer's first read and every group behind it landed one entry late (a
+            // clean stream 77-80% in place, BENCHMARKS.md stop 19).
+            let cap = !lead.is_empty();
             // SAFETY: header slots are ours; destination ranges are distinct missing
             // fragments of a buffer the Bulk contract keeps valid while the key is
             // current, and the endpoint re-arms (replacing these vectors) before using a
@@ -1043,16 +1046,33 @@ impl UdpTransport {
                 continue;
             }
             let a = if i == first { armed.as_ref() } else { None };
-            let batches = if i == 0 || i == first || i >= PEER_SOCK0 {
+            // An armed socket that other traffic shares looks at its queue's head first:
+            // datagrams that are not bulk fragments there (a sender's requests before its
+            // next transfer, its acks) would take the armed entries and put every group
+            // behind them one entry late, each moved with a copy. They are read one entry
+            // per call, up to [`SMALL_HEAD_READS`] of them, before the full read.
+            let head_check = a
+                .filter(|_| !is_steered(i))
+                .map(|a| BULK_HEADER + a.arm.expect.frag.min(a.arm.expect.total) as usize);
+            let mut small_reads = 0;
+            let mut batches = if i == 0 || i == first || i >= PEER_SOCK0 {
                 1
             } else {
                 STRAGGLER_BATCHES
             };
-            for _ in 0..batches {
+            let mut b = 0;
+            while b < batches {
+                b += 1;
                 let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) else {
                     break;
                 };
-                let r = sock.recv_batch();
+                let small = small_reads < SMALL_HEAD_READS
+                    && head_check.is_some_and(|full| sock.head_len().is_some_and(|n| n < full));
+                if small {
+                    small_reads += 1;
+                    batches += 1;
+                }
+                let r = sock.recv_batch_upto(if small { 1 } else { sock::RX_SLOTS });
                 if Some(i) == before {
                     hold_armed |= (0..r).any(|k| {
                         let len = sock.received(k).len.min(8);
@@ -1079,7 +1099,7 @@ impl UdpTransport {
                     }
                     n += got;
                 }
-                if r < sock::RX_SLOTS {
+                if r < sock::RX_SLOTS && !(small && r == 1) {
                     break;
                 }
             }

@@ -493,8 +493,13 @@ impl UdpSock {
     /// [`UdpSock::set_lead`]. Returns the entries read; see [`UdpSock::received`].
     /// Datagram counters are the caller's to keep.
     pub fn recv_batch(&mut self) -> usize {
+        self.recv_batch_upto(RX_SLOTS)
+    }
+
+    /// [`UdpSock::recv_batch`] taking at most `max` entries (at least one).
+    pub fn recv_batch_upto(&mut self, max: usize) -> usize {
         let rx = &mut *self.rx;
-        let width = self.width.min(self.cap);
+        let width = self.width.min(self.cap).min(max.max(1));
         // Only the entries this call asks for (the kernel touches no other).
         for k in 0..width {
             let h = &mut rx.hdrs[k].msg_hdr;
@@ -605,6 +610,16 @@ impl UdpSock {
             rx.got[k] = RxEntry { src, len, seg };
         }
         r as usize
+    }
+
+    /// The length of the datagram at the head of the receive queue (`FIONREAD`: with
+    /// `UDP_GRO`, of the coalesced run there); `None` when the queue is empty or holds a
+    /// datagram of no bytes (the two are told apart only by reading).
+    pub fn head_len(&self) -> Option<usize> {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int to the pointer given.
+        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::FIONREAD, &mut n) };
+        (r == 0 && n > 0).then_some(n as usize)
     }
 
     /// What entry `k` of the last [`UdpSock::recv_batch`] received.
@@ -1079,6 +1094,33 @@ mod tests {
         }
         // SAFETY: no leading vectors.
         unsafe { s.set_lead(&[], false) };
+    }
+
+    #[test]
+    fn the_head_length_is_the_first_datagrams_and_a_limited_read_takes_it_alone() {
+        let mut s = UdpSock::bind(lo(), 1 << 20).unwrap();
+        let x = std::net::UdpSocket::bind(lo()).unwrap();
+        assert_eq!(s.head_len(), None, "an empty queue");
+        x.send_to(&[7; 40], s.local()).unwrap();
+        x.send_to(&[8; 1000], s.local()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while s.head_len().is_none() {
+            assert!(std::time::Instant::now() < deadline, "nothing arrived");
+        }
+        assert_eq!(s.head_len(), Some(40));
+        s.width = RX_SLOTS; // a read that would take both
+        assert_eq!(s.recv_batch_upto(1), 1);
+        assert_eq!(s.slot(0, s.received(0).len), &[7; 40]);
+        while s.head_len().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the second never arrived"
+            );
+        }
+        assert_eq!(s.head_len(), Some(1000));
+        assert_eq!(s.recv_batch(), 1);
+        assert_eq!(s.received(0).len, 1000);
+        assert_eq!(s.head_len(), None);
     }
 
     #[test]
