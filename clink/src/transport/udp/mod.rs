@@ -1073,6 +1073,11 @@ impl UdpTransport {
                     batches += 1;
                 }
                 let r = sock.recv_batch_upto(if small { 1 } else { sock::RX_SLOTS });
+                // Whether this read put bulk bytes in a destination (a hit, a move, a
+                // fragment copied to its place; with faults, a held-back one released):
+                // the layout may still arm that place, so after a small read that did, no
+                // read here before the endpoint re-plans (the others place nothing).
+                let mut placed = false;
                 if Some(i) == before {
                     hold_armed |= (0..r).any(|k| {
                         let len = sock.received(k).len.min(8);
@@ -1090,7 +1095,10 @@ impl UdpTransport {
                         t,
                         r,
                         a,
-                        &mut |i, g| sink(i, g, t),
+                        &mut |i, g| {
+                            placed |= !matches!(g, Got::Datagram(d) if !is_bulk(d));
+                            sink(i, g, t)
+                        },
                     );
                     if is_steered(i) {
                         self.st.stats.steered_datagrams += got as u64;
@@ -1099,7 +1107,7 @@ impl UdpTransport {
                     }
                     n += got;
                 }
-                if r < sock::RX_SLOTS && !(small && r == 1) {
+                if small && placed || r < sock::RX_SLOTS && !(small && r == 1) {
                     break;
                 }
             }
