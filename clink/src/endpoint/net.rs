@@ -278,8 +278,7 @@ impl Endpoint {
     }
 
     /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
-    /// `fresh`: read the clock (the pass did work, which may have taken long: copies);
-    /// else the receive's reading will do.
+    /// `fresh`: read the clock; else the receive's reading will do.
     pub(super) fn net_transmit(&mut self, fresh: bool) {
         let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
             return;
@@ -291,6 +290,12 @@ impl Endpoint {
             }
         }
         net.flush();
+    }
+
+    /// Whether the last UDP receive took no clock reading (it got nothing; see
+    /// `UdpTransport::read_is_fresh`).
+    pub(super) fn net_clock_stale(&self) -> bool {
+        self.net.as_ref().is_some_and(|n| !n.read_is_fresh())
     }
 
     /// How long a sleeping endpoint may wait before a connection timer (retransmission,

@@ -410,6 +410,8 @@ pub struct UdpTransport {
     peers: PeerSocks,
     /// Receive passes, for reading the main socket every [`peers::MAIN_EVERY`]th one.
     passes: u32,
+    /// Whether the last receive read the clock (see [`UdpTransport::read_is_fresh`]).
+    read_fresh: bool,
     /// Routes whose peer has no socket of its own (their datagrams reach the main one).
     uncovered: usize,
     faults: Option<Faults>,
@@ -624,6 +626,7 @@ impl UdpTransport {
         Ok(UdpTransport {
             peers,
             passes: 0,
+            read_fresh: false,
             uncovered: 0,
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             st: State {
@@ -1114,6 +1117,7 @@ impl UdpTransport {
         }
         // Hits change the link's generation: the endpoint re-plans before the next read.
         self.st.armed = armed;
+        self.read_fresh = now.is_some();
         n
     }
 
@@ -1121,6 +1125,12 @@ impl UdpTransport {
     /// at most [`CLOCK_EVERY`] idle passes old).
     pub fn read_at(&self) -> u64 {
         self.st.last_now.get()
+    }
+
+    /// Whether the last [`UdpTransport::receive`] read the clock (a datagram came, or the
+    /// reading was due): [`UdpTransport::read_at`] is then as fresh as that receive.
+    pub fn read_is_fresh(&self) -> bool {
+        self.read_fresh
     }
 
     /// The main, the steered and the peer sockets' counters together.
