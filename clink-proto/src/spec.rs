@@ -107,6 +107,14 @@ impl Placement {
         self.low == self.tracked
     }
 
+    /// True while fragments beyond the highest placed one are missing (or none is placed):
+    /// the sender's stream has yet to reach the end of this transfer. False when only
+    /// holes below it are left (retransmissions) or it is complete.
+    pub fn streaming(&self) -> bool {
+        let first = self.highest.map_or(0, |h| h + 1);
+        self.next_missing(first, self.tracked).is_some()
+    }
+
     /// Offset and length of fragment `i`.
     pub fn fragment(&self, i: u64) -> (u64, usize) {
         let off = i * self.frag;

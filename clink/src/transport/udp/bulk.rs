@@ -197,10 +197,17 @@ impl Bulk {
         }
     }
 
-    /// The layout to arm for the oldest transfer being received: up to `entries` receive
-    /// entries of at most `group` fragments each (see [`Placement::plan`]).
+    /// The layout to arm for the oldest transfer the sender is still streaming (the oldest
+    /// one whose fragments beyond its highest placed one are missing, see
+    /// [`Placement::streaming`]), else the oldest: up to `entries` receive entries of at
+    /// most `group` fragments each (see [`Placement::plan`]). A transfer that waits only
+    /// for retransmissions does not hold the layout while the next one streams.
     pub fn arm(&mut self, conn: u32, group: u64, entries: usize) -> Option<Arm> {
-        let d = self.dests.first()?;
+        let d = self
+            .dests
+            .iter()
+            .find(|d| d.pl.streaming())
+            .or(self.dests.first())?;
         d.pl.plan(group, entries, &mut self.plan);
         if self.plan.is_empty() {
             return None;
@@ -229,6 +236,33 @@ mod tests {
             offset: k * 1024,
             total: 4096,
         }
+    }
+
+    /// A transfer waiting only for retransmissions (holes below its highest fragment)
+    /// leaves the layout to the next one, which the sender streams meanwhile; one whose
+    /// end is still to come keeps it.
+    #[test]
+    fn the_layout_goes_to_the_transfer_still_streaming() {
+        let mut bufs = vec![vec![0u8; 4096]; 2];
+        let mut b = Bulk::default();
+        for (x, buf) in bufs.iter_mut().enumerate() {
+            // SAFETY: the buffers outlive `b` and nothing else touches them.
+            unsafe { b.add_dest(x as u64 + 1, 4096, buf.as_mut_ptr(), 4096, 1024) };
+        }
+        b.placed(&frag(1, 0), 1024);
+        assert_eq!(
+            b.arm(7, 4, 8).expect("armed").expect.xfer,
+            1,
+            "1 streams on"
+        );
+        b.placed(&frag(1, 2), 1024);
+        b.placed(&frag(1, 3), 1024);
+        let arm = b.arm(7, 4, 8).expect("armed");
+        assert_eq!(arm.expect.xfer, 2, "1 only waits for its fragment 1");
+        assert_eq!(arm.entries[0][0], (0, 1024));
+        b.place(&frag(1, 1), &[0; 1024]);
+        assert_eq!(b.done_in, vec![1]);
+        assert_eq!(b.arm(7, 4, 8).expect("armed").expect.xfer, 2);
     }
 
     /// With three receives posted, the first one finishing leaves the next oldest to
