@@ -238,17 +238,25 @@ mod tests {
         }
     }
 
+    /// A `Bulk` receiving transfers 1..=n of 4 KiB in 1 KiB fragments, with their buffers
+    /// (keep them while it is used: it points into them).
+    fn receiving(n: usize) -> (Vec<Vec<u8>>, Bulk) {
+        let mut bufs = vec![vec![0u8; 4096]; n];
+        let mut b = Bulk::default();
+        for (x, buf) in bufs.iter_mut().enumerate() {
+            // SAFETY: the buffers move out with `b` (their heap memory stays put) and the
+            // caller keeps them while it uses `b`; nothing else touches them.
+            unsafe { b.add_dest(x as u64 + 1, 4096, buf.as_mut_ptr(), 4096, 1024) };
+        }
+        (bufs, b)
+    }
+
     /// A transfer waiting only for retransmissions (holes below its highest fragment)
     /// leaves the layout to the next one, which the sender streams meanwhile; one whose
     /// end is still to come keeps it.
     #[test]
     fn the_layout_goes_to_the_transfer_still_streaming() {
-        let mut bufs = vec![vec![0u8; 4096]; 2];
-        let mut b = Bulk::default();
-        for (x, buf) in bufs.iter_mut().enumerate() {
-            // SAFETY: the buffers outlive `b` and nothing else touches them.
-            unsafe { b.add_dest(x as u64 + 1, 4096, buf.as_mut_ptr(), 4096, 1024) };
-        }
+        let (_bufs, mut b) = receiving(2);
         b.placed(&frag(1, 0), 1024);
         assert_eq!(
             b.arm(7, 4, 8).expect("armed").expect.xfer,
@@ -269,12 +277,7 @@ mod tests {
     /// arm, whichever finishes: the layout follows the order the sender streams them in.
     #[test]
     fn the_oldest_unfinished_transfer_is_armed() {
-        let mut bufs = vec![vec![0u8; 4096]; 3];
-        let mut b = Bulk::default();
-        for (x, buf) in bufs.iter_mut().enumerate() {
-            // SAFETY: the buffers outlive `b` and nothing else touches them.
-            unsafe { b.add_dest(x as u64 + 1, 4096, buf.as_mut_ptr(), 4096, 1024) };
-        }
+        let (_bufs, mut b) = receiving(3);
         assert_eq!(b.arm(7, 4, 8).expect("armed").expect.xfer, 1);
         for k in 0..4 {
             b.placed(&frag(1, k), 1024);
