@@ -608,10 +608,14 @@ impl UdpSock {
         // found empty), about 1% of a 64-byte hop. All of them once a call brings more
         // than one, fills a wide call, or two one-entry calls in a row bring one each (a
         // single datagram read is followed by the poll that finds the queue empty).
+        // A call the caller limited (`recv_batch_upto`) says nothing about how datagrams
+        // come, and leaves the choice as it was.
         let got = r.max(0) as usize;
-        let wide = got > 1 || got == width && (width > 1 || self.single);
-        self.single = width == 1 && got == 1 && !wide;
-        self.width = if wide { RX_SLOTS } else { 1 };
+        if max >= self.width.min(self.cap) {
+            let wide = got > 1 || got == width && (width > 1 || self.single);
+            self.single = width == 1 && got == 1 && !wide;
+            self.width = if wide { RX_SLOTS } else { 1 };
+        }
         if r <= 0 {
             return 0;
         }
@@ -1157,6 +1161,19 @@ mod tests {
         assert_eq!(s.recv_batch(), 1);
         assert_eq!(s.received(0).len, 1000);
         assert_eq!(s.head_len(), None);
+        // A limited read leaves the width as it was: the next full one takes what waits.
+        s.width = RX_SLOTS;
+        s.single = false;
+        for len in [40, 1000, 1000, 1000] {
+            x.send_to(&vec![9; len], s.local()).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while s.head_len().is_none() {
+            assert!(std::time::Instant::now() < deadline, "nothing arrived");
+        }
+        assert_eq!(s.recv_batch_upto(1), 1);
+        // (Loopback queues a datagram before `send_to` returns: all three wait.)
+        assert_eq!(s.recv_batch(), 3, "a full read after a limited one");
     }
 
     #[test]
