@@ -1570,8 +1570,9 @@ impl Endpoint {
             did |= self.run_engine();
         }
         // A pass that did work reads the clock for what it sends (the work may have taken
-        // long: copies), unless its UDP receive just read it (a datagram came) and it ran
-        // no copies: a send timestamp read a little early only lengthens its RTT sample,
+        // long: copies), unless the last UDP receive read it (a datagram came: this pass's
+        // receive, or in a pass that reads no socket the one just before) and it ran no
+        // copies: a send timestamp read a little early only lengthens its RTT sample,
         // and the clock read was about 70 of a 64-byte hop's 1 650 user-space cycles (one
         // of three on its critical path). An idle pass keeps the last reading.
         let fresh = pass.copies || did && self.net_clock_stale();

@@ -1031,8 +1031,9 @@ impl UdpTransport {
         // Except the stream's own peer socket before its steered one: the datagrams it
         // sent slowly before its grant wait there, and read after the fast ones they
         // would look like losses too (every grant of a steered stream cost a burst of
-        // NAKs and spurious retransmissions). When that socket brought a bulk fragment,
-        // the steered one is left to the next pass: what was just placed may be what the
+        // NAKs and spurious retransmissions). When that read put a bulk fragment in place
+        // (the same `placed` test as the armed socket's one-entry reads), the steered one
+        // is left to the next pass: what was just placed may be what the
         // layout arms (holes below the stream's head), and the endpoint re-plans first.
         // (Other datagrams there, the stream's acks and eager messages, hold nothing up.)
         let before = armed
@@ -1060,36 +1061,26 @@ impl UdpTransport {
             let head_check = a
                 .filter(|_| !is_steered(i))
                 .map(|a| BULK_HEADER + a.arm.expect.frag.min(a.arm.expect.total) as usize);
-            let mut small_reads = 0;
-            let mut batches = if i == 0 || i == first || i >= PEER_SOCK0 {
+            let batches = if i == 0 || i == first || i >= PEER_SOCK0 {
                 1
             } else {
                 STRAGGLER_BATCHES
             };
-            let mut b = 0;
-            while b < batches {
-                b += 1;
-                let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) else {
-                    break;
-                };
+            let (mut small_reads, mut full_reads) = (0, 0);
+            while let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) {
                 let small = small_reads < SMALL_HEAD_READS
                     && head_check.is_some_and(|full| sock.head_len().is_some_and(|n| n < full));
                 if small {
                     small_reads += 1;
-                    batches += 1;
+                } else {
+                    full_reads += 1;
                 }
                 let r = sock.recv_batch_upto(if small { 1 } else { sock::RX_SLOTS });
                 // Whether this read put bulk bytes in a destination (a hit, a move, a
                 // fragment copied to its place; with faults, a held-back one released):
-                // the layout may still arm that place, so after a small read that did, no
-                // read here before the endpoint re-plans (the others place nothing).
+                // the layout may still arm that place, so no read of the armed socket
+                // follows it before the endpoint re-plans.
                 let mut placed = false;
-                if Some(i) == before {
-                    hold_armed |= (0..r).any(|k| {
-                        let len = sock.received(k).len.min(8);
-                        is_bulk(sock.slot(k, len))
-                    });
-                }
                 // The main socket is handed over even when empty: held-back injected
                 // faults are released there.
                 if r > 0 || i == 0 {
@@ -1113,7 +1104,13 @@ impl UdpTransport {
                     }
                     n += got;
                 }
-                if small && placed || r < sock::RX_SLOTS && !(small && r == 1) {
+                hold_armed |= placed && Some(i) == before;
+                let more = if small {
+                    r == 1 && !placed
+                } else {
+                    r == sock::RX_SLOTS && full_reads < batches
+                };
+                if !more {
                     break;
                 }
             }
