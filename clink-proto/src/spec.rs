@@ -511,6 +511,76 @@ pub fn plan_moves(d: &[Displaced], out: &mut Vec<Move>) {
     }
 }
 
+/// Whether speculation pays for the stream it is armed for.
+///
+/// A miss costs more than not speculating: the kernel writes the payload into the (cold)
+/// destination at the wrong place and the cleanup moves it, where the copy path has the
+/// kernel write hot socket slots and copies once. A sender or a path that misorders every
+/// group would make every fragment pay that. So the receiver judges its armed reads in
+/// windows of [`Confidence::WINDOW`] of the stream's fragments: a window with more misses
+/// than hits turns speculation off for a while ([`Confidence::BACKOFF_MIN`] datagrams read,
+/// doubled after each further losing window up to [`Confidence::BACKOFF_MAX`]); then one
+/// window is armed again as a probe. A window that pays resets the backoff. Losses and
+/// stray datagrams cost a few misses per window on an ordinary stream, far from half.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Confidence {
+    hits: u64,
+    misses: u64,
+    /// The backoff the next losing window starts (0: none lost since the last that paid).
+    backoff: u64,
+    /// Datagrams still to read with speculation off.
+    left: u64,
+    /// Windows that turned speculation off.
+    backoffs: u64,
+}
+
+impl Confidence {
+    /// Fragments of the armed stream per judged window.
+    pub const WINDOW: u64 = 256;
+    /// Datagrams read unarmed after the first losing window.
+    pub const BACKOFF_MIN: u64 = 4096;
+    /// The longest backoff (at 1472-byte fragments about 390 MB, a fifth of a second at
+    /// 2 GB/s): a stream that turns clean gets speculation back within that.
+    pub const BACKOFF_MAX: u64 = 1 << 18;
+
+    /// True when the next read may be armed.
+    pub fn speculate(&self) -> bool {
+        self.left == 0
+    }
+
+    /// Records an armed read: `hits` and `misses` among the armed stream's fragments in
+    /// it (datagrams of other sources are not the stream's fault). Returns true when this
+    /// read closed a losing window, turning speculation off.
+    pub fn armed(&mut self, hits: u64, misses: u64) -> bool {
+        self.hits += hits;
+        self.misses += misses;
+        if self.hits + self.misses < Self::WINDOW {
+            return false;
+        }
+        let lost = self.misses > self.hits;
+        self.hits = 0;
+        self.misses = 0;
+        if !lost {
+            self.backoff = 0;
+            return false;
+        }
+        self.left = self.backoff.max(Self::BACKOFF_MIN);
+        self.backoff = (self.left * 2).min(Self::BACKOFF_MAX);
+        self.backoffs += 1;
+        true
+    }
+
+    /// Records `datagrams` read while speculation was off.
+    pub fn unarmed(&mut self, datagrams: u64) {
+        self.left = self.left.saturating_sub(datagrams);
+    }
+
+    /// How many windows turned speculation off so far.
+    pub fn backoffs(&self) -> u64 {
+        self.backoffs
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -814,5 +884,42 @@ mod tests {
             let saves = moves.iter().filter(|m| matches!(m, Move::Save { .. })).count();
             proptest::prop_assert!(saves <= d.len() / 3, "at most one save per cycle of three or more");
         }
+    }
+
+    #[test]
+    fn confidence_backs_off_losing_windows_and_doubles_up_to_the_cap() {
+        let mut c = Confidence::default();
+        assert!(c.speculate());
+        // A window of mostly hits, with a few misses (a loss), keeps speculating.
+        assert!(!c.armed(200, 20));
+        assert!(!c.armed(30, 6));
+        assert!(c.speculate());
+        // A losing window: off for the minimum backoff.
+        assert!(!c.armed(10, 100));
+        assert!(c.armed(10, 136));
+        assert!(!c.speculate());
+        c.unarmed(Confidence::BACKOFF_MIN - 1);
+        assert!(!c.speculate());
+        c.unarmed(1);
+        assert!(c.speculate());
+        // Each further losing window doubles it, up to the cap.
+        let mut expect = Confidence::BACKOFF_MIN;
+        for _ in 0..10 {
+            assert!(c.armed(0, Confidence::WINDOW));
+            expect = (expect * 2).min(Confidence::BACKOFF_MAX);
+            c.unarmed(expect - 1);
+            assert!(!c.speculate(), "{c:?}");
+            c.unarmed(1);
+            assert!(c.speculate());
+        }
+        assert_eq!(expect, Confidence::BACKOFF_MAX);
+        assert_eq!(c.backoffs(), 11);
+        // A window that pays resets it: the next loss backs off the minimum again.
+        assert!(!c.armed(Confidence::WINDOW, 0));
+        assert!(c.armed(0, Confidence::WINDOW));
+        c.unarmed(Confidence::BACKOFF_MIN);
+        assert!(c.speculate());
+        // An even window is not a losing one.
+        assert!(!c.armed(Confidence::WINDOW / 2, Confidence::WINDOW / 2));
     }
 }

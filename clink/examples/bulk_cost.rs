@@ -3,9 +3,11 @@
 //! seconds of that thread per GB moved (sender and receiver together). The mode picks the
 //! receive path: `spec` (default: speculative receive, fragments land in place), `off`
 //! (speculation off: every fragment copied from a socket slot), `miss` (the sender
-//! misorders each group, so every fragment lands in another's place and is moved).
+//! misorders each group, so every fragment lands in another's place and is moved: the
+//! receiver's backoff is off), `backoff` (the same sender, the receiver's backoff on as by
+//! default: after a window that mostly missed, the copy path for a while).
 //!
-//! Run: `cargo run --release -p clink --example bulk_cost -- [spec|off|miss]`
+//! Run: `cargo run --release -p clink --example bulk_cost -- [spec|off|miss|backoff]`
 use clink::transport::udp::UdpConfig;
 use clink::{Config, Context, Selector};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -20,7 +22,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
             mtu: Some(1500),
             speculate: mode != "off",
-            force_miss: mode == "miss",
+            force_miss: mode == "miss" || mode == "backoff",
+            spec_backoff: mode != "miss",
             ..UdpConfig::default()
         }),
         ..Config::default()

@@ -23,6 +23,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
+    ("CLINK_UDP_SPEC_BACKOFF", "'1' (default): when most of the armed stream's fragments miss their place (a sender or path that misorders them), turn speculation off for 4 096 datagrams read, doubling on each further losing window of 256 fragments up to 262 144, then probe again: a miss costs more than the copy path; '0': keep speculating whatever the misses (the raw miss path of clink bench --spec's fallback experiment)"),
     ("CLINK_UDP_FORCE_MISS", "experiment knob, '0' (default): '1' makes this endpoint send its bulk fragments misordered within each group (neighbours swapped), so the receiver's speculation misses every one and all take the cleanup path; the data still arrives intact (the fallback experiment of clink bench --spec)"),
     ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
     ("CLINK_UDP_PEER_SOCKETS", "how many peers (the first ones) get a UDP socket of their own, connected to them and sharing the endpoint's port (SO_REUSEPORT): their datagrams skip the per-datagram route lookup and the main socket (64-byte one-way across the veth pair 0.5-0.8 us less in three alternated pairs, BENCHMARKS.md); every such socket is read on every pass, so a few (default 4, 0-64; 0: one socket for all)"),
@@ -207,6 +208,7 @@ impl Config {
                 "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
+                "CLINK_UDP_SPEC_BACKOFF" => udp.spec_backoff = flag(&k, &v)?,
                 "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
                 "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
                 "CLINK_UDP_FORCE_MISS" => udp.force_miss = flag(&k, &v)?,
@@ -281,6 +283,8 @@ mod tests {
             Mode::Implicit
         );
         assert!(udp("CLINK_UDP_FORCE_MISS", "1").force_miss);
+        assert!(!udp("CLINK_UDP_SPEC_BACKOFF", "0").spec_backoff);
+        assert!(udp("PATH", "x").spec_backoff);
         assert!(!udp("PATH", "x").force_miss);
         let board = |v: &str| Config::from_vars(vars(&[("CLINK_BOARD_PEERS", v)]));
         let slots = crate::transport::shm::board::SLOTS;
@@ -322,6 +326,7 @@ mod tests {
             ("CLINK_UDP", "maybe"),
             ("CLINK_UDP_ADMISSION", "sometimes"),
             ("CLINK_UDP_FORCE_MISS", "always"),
+            ("CLINK_UDP_SPEC_BACKOFF", "never"),
             ("CLINK_TCP", "maybe"),
             ("CLINK_TCP_BIND", "localhost"),
             ("CLINK_TRANSPORT", "sctp"),

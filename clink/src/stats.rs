@@ -94,6 +94,9 @@ pub struct Stats {
     /// Network path (UDP): intact fragments a speculative read left in another's place,
     /// moved to their own with one copy.
     pub spec_moved: u64,
+    /// Network path (UDP): times most of the armed stream's fragments missed and
+    /// speculation was turned off for a while (`CLINK_UDP_SPEC_BACKOFF`).
+    pub spec_backoffs: u64,
     /// Network path, admission control as a receiver: fast streams granted (Fast_Ack).
     pub fast_grants: u64,
     /// Network path: fast-stream requests refused (Fast_NAck).

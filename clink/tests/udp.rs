@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // "nospec" in the fault string: speculative receive off; "unreliable": unreliable mode;
     // "explicit": admission control by the API only; "nosteer": no flow steering;
-    // "forcemiss": bulk fragments sent misordered (CLINK_UDP_FORCE_MISS).
+    // "forcemiss": bulk fragments sent misordered (CLINK_UDP_FORCE_MISS); "nobackoff":
+    // speculation kept armed however much it misses (CLINK_UDP_SPEC_BACKOFF=0).
     let udp = UdpConfig {
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         mtu: Some(1500),
@@ -21,9 +22,11 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
         speculate: !faults.contains("nospec"),
         reliable: !faults.contains("unreliable"),
         force_miss: faults.contains("forcemiss"),
+        spec_backoff: !faults.contains("nobackoff"),
         faults: FaultConfig::parse(
             &faults
                 .replace("forcemiss", "")
+                .replace("nobackoff", "")
                 .replace("nospec", "")
                 .replace("unreliable", "")
                 .replace("explicit", "")
@@ -131,7 +134,7 @@ fn a_misordering_sender_makes_every_fragment_miss_and_loses_nothing() {
     // timeouts in a debug build. (The silent peer seen in CI in stop 13 was a sender that
     // had forgotten its source early: spec_sim.rs
     // a_misordering_sender_keeps_its_source_until_the_last_datagram_is_acked.)
-    let ((a, pa), (mut b, pb)) = pair("forcemiss", 5000);
+    let ((a, pa), (mut b, pb)) = pair("forcemiss,nobackoff", 5000);
     let server = std::thread::spawn(move || echo(a, pa));
     round_trips(&mut b, pb, 1, 5);
     let a = server.join().unwrap();
@@ -148,6 +151,25 @@ fn a_misordering_sender_makes_every_fragment_miss_and_loses_nothing() {
         // Intact fragments in each other's places are moved in place (one copy), not
         // sent down the ordinary path (two).
         assert!(s.spec_moved * 2 >= s.spec_misses, "{s:?}");
+    }
+}
+
+#[test]
+fn speculation_that_keeps_missing_is_turned_off_for_a_while() {
+    // The same misordering sender, with the receiver's backoff on (the default): after
+    // a window of 256 fragments that mostly missed, the rest of each 4 MiB transfer
+    // (about 3 000 fragments, fewer than the 4 096-datagram backoff) takes the copy path
+    // instead of landing in another fragment's place and being moved.
+    let ((a, pa), (mut b, pb)) = pair("forcemiss", 5000);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 1, 7);
+    let a = server.join().unwrap();
+    for s in [a.stats(), b.stats()] {
+        println!("{s:?}");
+        assert!(s.spec_backoffs >= 1, "{s:?}");
+        let fragments = (s.cleanup_bytes + s.spec_hit_bytes) / 1408;
+        assert!(fragments > 3000, "{s:?}");
+        assert!(s.spec_moved * 2 < fragments, "{s:?}");
     }
 }
 

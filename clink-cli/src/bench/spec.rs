@@ -30,7 +30,9 @@
 //! - `fallback` (Fig. 6): `normal`; `speculate_off` (`CLINK_UDP_SPECULATE=0` on the
 //!   receiver: every fragment by the copy path); `forced_miss` (`CLINK_UDP_FORCE_MISS=1` on
 //!   the sender: fragments misordered within each group, so speculation is armed and
-//!   misses, and every fragment is gathered and cleaned up).
+//!   misses, until the receiver finds it does not pay and turns it off for a while,
+//!   `CLINK_UDP_SPEC_BACKOFF`); `forced_miss_raw` (the same with the backoff off on the
+//!   receiver: every fragment lands in another's place and is moved, the cost of a miss).
 //! - `two_senders`: `one_sender` (the reference, in the same round, clink's defaults);
 //!   `admission_off` (`CLINK_UDP_ADMISSION=off`), `admission` (`implicit`, the default),
 //!   both without flow steering (`CLINK_UDP_STEER=0`, the default), and `steered`
@@ -195,6 +197,9 @@ pub fn variants(experiment: &str, round: u64) -> Vec<Variant> {
             Variant::new("fallback", "normal"),
             Variant::new("fallback", "speculate_off").receiver("CLINK_UDP_SPECULATE", "0"),
             Variant::new("fallback", "forced_miss").sender("CLINK_UDP_FORCE_MISS", "1"),
+            Variant::new("fallback", "forced_miss_raw")
+                .sender("CLINK_UDP_FORCE_MISS", "1")
+                .receiver("CLINK_UDP_SPEC_BACKOFF", "0"),
         ],
         "two_senders" => {
             let unsteered = |v: Variant| v.both(STEER, "0");
@@ -450,6 +455,7 @@ fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
         "first_bad": first_bad,
         "hits": s.spec_hits,
         "misses": s.spec_misses,
+        "backoffs": s.spec_backoffs,
         "hit_bytes": s.spec_hit_bytes,
         "cleanup_bytes": s.cleanup_bytes,
         "hit_rate": s.spec_hit_rate(),
@@ -1111,6 +1117,11 @@ mod tests {
         assert_eq!(
             f[2].sender_env,
             vec![("CLINK_UDP_FORCE_MISS".to_string(), "1".to_string())]
+        );
+        assert_eq!(f[3].sender_env, f[2].sender_env);
+        assert_eq!(
+            f[3].receiver_env,
+            vec![("CLINK_UDP_SPEC_BACKOFF".to_string(), "0".to_string())]
         );
     }
 

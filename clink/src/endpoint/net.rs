@@ -338,6 +338,7 @@ impl Endpoint {
         let t = net.stats();
         s.stray_dropped += t.stray + t.bad_handshakes;
         s.spec_misses += t.spec_misses;
+        s.spec_backoffs += t.spec_backoffs;
         s.fast_grants += t.fast_grants;
         s.fast_refusals += t.fast_refusals;
         s.fast_revocations += t.fast_revocations;

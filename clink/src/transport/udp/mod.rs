@@ -28,7 +28,7 @@ use clink_proto::reliable::packet::{
     is_bulk, is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER,
 };
 use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
-use clink_proto::spec::{self, Check, Displaced, Layout, Move, Segment};
+use clink_proto::spec::{self, Check, Confidence, Displaced, Layout, Move, Segment};
 use clink_proto::wire::Frame;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -138,6 +138,9 @@ pub struct UdpConfig {
     pub reliable: bool,
     /// Speculative scatter receive of bulk transfers.
     pub speculate: bool,
+    /// Turn speculation off for a while when the armed stream's fragments mostly miss
+    /// ([`Confidence`]); `false` keeps it armed whatever it costs (the raw miss path).
+    pub spec_backoff: bool,
     /// Experiment knob: send bulk fragments misordered within their groups, so that the
     /// receiver's speculation misses every one (`reliable::Config::bulk_misorder`).
     pub force_miss: bool,
@@ -162,6 +165,7 @@ impl Default for UdpConfig {
             reliable: true,
             speculate: true,
             force_miss: false,
+            spec_backoff: true,
             faults: FaultConfig::default(),
             admission: Mode::Implicit,
             steer: false,
@@ -180,6 +184,9 @@ pub struct UdpStats {
     /// Datagrams read into a speculative layout that were not the expected fragment
     /// (gathered and handled by the ordinary path).
     pub spec_misses: u64,
+    /// Times the armed stream's fragments mostly missed and speculation was turned off
+    /// for a while ([`Confidence`]).
+    pub spec_backoffs: u64,
     /// Fast streams granted by this endpoint's admission control (Fast_Ack).
     pub fast_grants: u64,
     /// Fast-stream requests it refused (Fast_NAck).
@@ -415,6 +422,8 @@ pub struct UdpTransport {
     /// Routes whose peer has no socket of its own (their datagrams reach the main one).
     uncovered: usize,
     faults: Option<Faults>,
+    /// Whether speculation pays for the armed stream.
+    confidence: Confidence,
     st: State,
 }
 
@@ -493,6 +502,9 @@ struct State {
     scratch: Vec<u8>,
     /// What a read copied out, reused.
     gathered: Gathered,
+    /// The armed stream's fragments a receive found in place and not, for [`Confidence`].
+    read_hits: u64,
+    read_misses: u64,
 }
 
 /// A fragment a speculative read left in another's place.
@@ -631,6 +643,7 @@ impl UdpTransport {
             read_fresh: false,
             uncovered: 0,
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
+            confidence: Confidence::default(),
             st: State {
                 advertised: SocketAddrV4::new(ip, sock.local().port()),
                 mtu,
@@ -658,6 +671,8 @@ impl UdpTransport {
                 order: Vec::new(),
                 scratch: Vec::new(),
                 gathered: Gathered::default(),
+                read_hits: 0,
+                read_misses: 0,
             },
             steer,
             sock,
@@ -898,9 +913,11 @@ impl UdpTransport {
         }
     }
 
-    /// True when bulk transfers are received speculatively.
+    /// True when the next bulk read may be speculative: speculation is on and has not
+    /// been turned off for a while because the armed stream's fragments mostly missed
+    /// ([`Confidence`]; the endpoint then arms nothing, and re-plans when it may again).
     pub fn speculate(&self) -> bool {
-        self.st.cfg.speculate
+        self.st.cfg.speculate && self.confidence.speculate()
     }
 
     /// The key (route index, the link's bulk generation) of the last [`UdpTransport::set_arm`],
@@ -1115,6 +1132,19 @@ impl UdpTransport {
                 }
             }
         }
+        // Speculation's balance: an armed pass is judged, an unarmed one while it is off
+        // counts down the backoff.
+        let (hits, misses) = (
+            std::mem::take(&mut self.st.read_hits),
+            std::mem::take(&mut self.st.read_misses),
+        );
+        if !self.st.cfg.spec_backoff {
+            // Armed whatever it costs.
+        } else if armed.is_some() {
+            self.st.stats.spec_backoffs += u64::from(self.confidence.armed(hits, misses));
+        } else {
+            self.confidence.unarmed(n as u64);
+        }
         // Hits change the link's generation: the endpoint re-plans before the next read.
         self.st.armed = armed;
         self.read_fresh = now.is_some();
@@ -1287,12 +1317,14 @@ fn deliver(
                     let header = &st.hdr_slots[k * max + slot];
                     match spec::check(&a.arm.expect, off, header, payload) {
                         Check::Hit(h) if clean => {
+                            st.read_hits += 1;
                             sink(a.key.0, Got::Placed(h, BULK_HEADER + len));
                             continue;
                         }
                         Check::Displaced(h) if clean => {
                             // Moved in place once every entry of the read is verified.
                             st.stats.spec_misses += 1;
+                            st.read_misses += 1;
                             let d = Displaced {
                                 from: off,
                                 to: h.offset,
@@ -1307,7 +1339,10 @@ fn deliver(
                             });
                             continue;
                         }
-                        _ => (start, BULK_HEADER + len),
+                        _ => {
+                            st.read_misses += 1;
+                            (start, BULK_HEADER + len)
+                        }
                     }
                 }
                 Segment::Candidate { start, len, .. } => (start, BULK_HEADER + len),
