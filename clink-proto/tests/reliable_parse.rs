@@ -2,7 +2,7 @@
 //! never fooled by a damaged datagram.
 
 use clink_proto::reliable::packet::{
-    bulk_checksum, coalesced_segment, crc32c, declared_len, is_bulk, parse_bulk, Piggy,
+    bulk_checksum, bulk_claim, coalesced_segment, crc32c, declared_len, is_bulk, parse_bulk, Piggy,
     BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
 };
 use clink_proto::reliable::{
@@ -176,6 +176,9 @@ proptest! {
         }
         if let Some(seg) = coalesced_segment(&b) {
             prop_assert!(seg >= 20 && seg < b.len());
+        }
+        if bulk_claim(&b).is_some() {
+            prop_assert!(is_bulk(&b) && b.len() >= BULK_HEADER);
         }
     }
 

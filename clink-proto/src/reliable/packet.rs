@@ -128,6 +128,16 @@ pub fn is_bulk(b: &[u8]) -> bool {
     b.len() > 5 && u32_at(b, 0) == MAGIC && b[4] == VERSION && b[5] == K_BULK
 }
 
+/// The (connection id, transfer, offset) a bulk datagram opening `b` claims, read without
+/// verifying anything (a hint: which fragment is at the head of a receive queue, from
+/// its first [`BULK_HEADER`] bytes peeked at, before deciding how to read it); `None` when
+/// `b` does not open with a bulk header.
+///
+/// Total: any input gives a claim or `None`.
+pub fn bulk_claim(b: &[u8]) -> Option<(u32, u64, u64)> {
+    (b.len() >= BULK_HEADER && is_bulk(b)).then(|| (u32_at(b, 8), u64_at(b, 32), u64_at(b, 40)))
+}
+
 /// The length the datagram at the start of `b` gives itself in its header (payload
 /// length, range count, or its kind's fixed size), read without verifying anything else;
 /// `None` when `b` is too short to tell or does not open with clink's magic and version.
@@ -882,6 +892,24 @@ mod tests {
             let p: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
             assert_eq!(bulk_checksum(&h, &p), want, "{n} bytes");
         }
+    }
+
+    #[test]
+    fn a_bulk_header_claims_its_fragment_and_nothing_else_claims_one() {
+        let hdr = BulkHeader {
+            pn: 9,
+            floor: 3,
+            xfer: 77,
+            offset: 2816,
+            total: 1 << 20,
+        };
+        let h = encode_bulk_header(5, &hdr, &[1; 1408]);
+        assert_eq!(bulk_claim(&h), Some((5, 77, 2816)));
+        assert_eq!(bulk_claim(&h[..BULK_HEADER - 1]), None);
+        let mut other = h;
+        other[5] = K_DATA;
+        assert_eq!(bulk_claim(&other), None);
+        assert_eq!(bulk_claim(&[]), None);
     }
 
     #[test]

@@ -627,14 +627,21 @@ impl UdpSock {
         r as usize
     }
 
-    /// The length of the datagram at the head of the receive queue (`FIONREAD`: with
-    /// `UDP_GRO`, of the coalesced run there); `None` when the queue is empty or holds a
-    /// datagram of no bytes (the two are told apart only by reading).
-    pub fn head_len(&self) -> Option<usize> {
-        let mut n: libc::c_int = 0;
-        // SAFETY: FIONREAD writes one int to the pointer given.
-        let r = unsafe { libc::ioctl(self.fd.as_raw_fd(), libc::FIONREAD, &mut n) };
-        (r == 0 && n > 0).then_some(n as usize)
+    /// Peeks at the datagram at the head of the receive queue: copies its first bytes
+    /// into `buf` (as many as fit) and returns its whole length (with `UDP_GRO`, of the
+    /// coalesced run there); `None` when the queue is empty. One `recv(MSG_PEEK |
+    /// MSG_TRUNC)`: the datagram stays queued.
+    pub fn peek_head(&self, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: the kernel writes at most buf.len() bytes to buf.
+        let r = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT,
+            )
+        };
+        usize::try_from(r).ok()
     }
 
     /// What entry `k` of the last [`UdpSock::recv_batch`] received.
@@ -1120,30 +1127,33 @@ mod tests {
     }
 
     #[test]
-    fn the_head_length_is_the_first_datagrams_and_a_limited_read_takes_it_alone() {
+    fn the_head_is_the_first_datagram_and_a_limited_read_takes_it_alone() {
         let mut s = UdpSock::bind(lo(), 1 << 20).unwrap();
         let x = std::net::UdpSocket::bind(lo()).unwrap();
-        assert_eq!(s.head_len(), None, "an empty queue");
+        let mut head = [0u8; 4];
+        let mut peek = |s: &UdpSock| s.peek_head(&mut head).map(|n| (n, head));
+        assert_eq!(peek(&s), None, "an empty queue");
         x.send_to(&[7; 40], s.local()).unwrap();
         x.send_to(&[8; 1000], s.local()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while s.head_len().is_none() {
+        while peek(&s).is_none() {
             assert!(std::time::Instant::now() < deadline, "nothing arrived");
         }
-        assert_eq!(s.head_len(), Some(40));
+        assert_eq!(peek(&s), Some((40, [7; 4])));
+        assert_eq!(peek(&s), Some((40, [7; 4])), "a peek leaves it queued");
         s.width = RX_SLOTS; // a read that would take both
         assert_eq!(s.recv_batch_upto(1), 1);
         assert_eq!(s.slot(0, s.received(0).len), &[7; 40]);
-        while s.head_len().is_none() {
+        while peek(&s).is_none() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the second never arrived"
             );
         }
-        assert_eq!(s.head_len(), Some(1000));
+        assert_eq!(peek(&s), Some((1000, [8; 4])));
         assert_eq!(s.recv_batch(), 1);
         assert_eq!(s.received(0).len, 1000);
-        assert_eq!(s.head_len(), None);
+        assert_eq!(peek(&s), None);
         // A limited read leaves the width as it was: the next full one takes what waits.
         s.width = RX_SLOTS;
         s.single = false;
@@ -1151,7 +1161,7 @@ mod tests {
             x.send_to(&vec![9; len], s.local()).unwrap();
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while s.head_len().is_none() {
+        while peek(&s).is_none() {
             assert!(std::time::Instant::now() < deadline, "nothing arrived");
         }
         assert_eq!(s.recv_batch_upto(1), 1);
