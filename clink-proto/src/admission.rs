@@ -27,7 +27,8 @@
 //! grant is answered with a release; a lost release costs the receiver
 //! [`GateConfig::idle`]; a lost revocation is repeated by the receiver whenever the
 //! revoked sender's bulk datagrams keep coming (see the UDP transport), and a sender whose
-//! retransmission timer fires drops its grant and asks again.
+//! retransmission timer fires while its grant steers it to a socket of its own (which a
+//! lost revocation would leave unread) drops the grant and asks again.
 
 use crate::reliable::Admit;
 use std::collections::VecDeque;
@@ -218,10 +219,14 @@ impl Asker {
         }
     }
 
-    /// The retransmission timer fired: a grant may have been revoked by a NAck that was
-    /// lost (and a steered stream then goes nowhere), so drop it and ask again soon.
+    /// The retransmission timer fired: a steered grant may have been revoked by a NAck
+    /// that was lost, and the stream then goes to a socket nobody reads, so drop it and
+    /// ask again soon. An unsteered grant is kept: its stream reaches the receiver either
+    /// way, which repeats a lost revocation while the stream keeps coming. (Dropping it
+    /// too put every timeout's stream in slow mode for the retry time, where more timeouts
+    /// followed: at 5% injected loss 556 timeouts and 387 grants for 100 MiB.)
     pub fn on_timeout(&mut self, now: u64) {
-        if matches!(self.standing, Standing::Granted { .. }) {
+        if matches!(self.standing, Standing::Granted { port, .. } if port != 0) {
             self.standing = Standing::Refused;
             self.retry_at = Some(now + self.cfg.retry);
         }
@@ -570,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_asker_is_slow_asks_now_and_then_and_drops_a_grant_on_timeout() {
+    fn a_refused_asker_is_slow_asks_now_and_then_and_drops_a_steered_grant_on_timeout() {
         let cfg = AskerConfig::default();
         let mut a = Asker::new(cfg.clone());
         a.bulk_active(0, true);
@@ -581,9 +586,15 @@ mod tests {
         a.handle_timeout(1 + cfg.refused_retry);
         assert_eq!(a.poll_transmit(), Some(Admit::Req));
         assert_eq!(a.on_answer(2, Admit::Ack { grant: 3, port: 0 }), Some(true));
+        // Unsteered: a timeout keeps the grant (a lost revocation is repeated).
         a.on_timeout(3);
+        assert!(a.fast());
+        assert_eq!(a.poll_transmit(), None);
+        // Steered: the grant may be gone, its socket unread: dropped, asked again.
+        assert_eq!(a.on_answer(4, Admit::Ack { grant: 4, port: 9 }), Some(true));
+        a.on_timeout(5);
         assert!(!a.fast());
-        a.handle_timeout(3 + cfg.retry);
+        a.handle_timeout(5 + cfg.retry);
         assert_eq!(a.poll_transmit(), Some(Admit::Req));
     }
 

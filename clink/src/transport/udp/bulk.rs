@@ -108,6 +108,11 @@ impl Bulk {
         self.gen += 1;
     }
 
+    /// True while a transfer is being sent (not yet acknowledged).
+    pub fn sending(&self) -> bool {
+        !self.out.is_empty()
+    }
+
     /// True while a transfer is being received.
     pub fn receiving(&self) -> bool {
         !self.dests.is_empty()
