@@ -422,7 +422,7 @@ mod tests {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         // A small message in flight, unacknowledged: its timers wait for the floor.
-        a.isend(pa, 1, vec![1u8; 100]).unwrap();
+        let small = a.isend(pa, 1, vec![1u8; 100]).unwrap();
         assert_eq!(in_flight(&a), (false, 1));
         assert!(a.net_timer().unwrap() >= floor, "{:?}", a.net_timer());
         let r = b.irecv(Selector::exact(Some(pb), 1), vec![0; 100]).unwrap();
@@ -433,7 +433,7 @@ mod tests {
         // A bulk transfer under way: they do not.
         let big = 8 << 20;
         let r = b.irecv(Selector::exact(Some(pb), 2), vec![0; big]).unwrap();
-        a.isend(pa, 2, vec![2u8; big]).unwrap();
+        let bulk = a.isend(pa, 2, vec![2u8; big]).unwrap();
         loop {
             a.progress();
             if matches!(in_flight(&a), (true, n) if n > 0) {
@@ -457,6 +457,12 @@ mod tests {
         while b.test_recv(&r).unwrap().is_none() {
             a.progress();
             assert!(Instant::now() < deadline);
+        }
+        for s in [small, bulk] {
+            while !a.test_send(&s).unwrap() {
+                b.progress();
+                assert!(Instant::now() < deadline);
+            }
         }
     }
 
