@@ -163,9 +163,9 @@ fn a_misordering_sender_makes_every_fragment_miss_and_loses_nothing() {
 #[test]
 fn speculation_that_keeps_missing_is_turned_off_for_a_while() {
     // The same misordering sender, with the receiver's backoff on (the default): after
-    // a window of 256 fragments that mostly missed, the rest of each 4 MiB transfer
-    // (about 3 000 fragments, fewer than the 4 096-datagram backoff) takes the copy path
-    // instead of landing in another fragment's place and being moved.
+    // two windows of 256 fragments with under a fifth in place, the rest of the 4 MiB
+    // transfer (about 3 000 fragments, fewer than the 4 096-datagram backoff) takes the
+    // copy path instead of landing in another fragment's place and being moved.
     let ((a, pa), (mut b, pb)) = pair("forcemiss", 5000);
     let server = std::thread::spawn(move || echo(a, pa));
     round_trips(&mut b, pb, 1, 7);

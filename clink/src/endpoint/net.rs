@@ -471,21 +471,7 @@ mod tests {
     /// must fail with EEXIST.
     #[test]
     fn every_udp_socket_is_watched_by_the_epoll_set() {
-        let cfg = || Config {
-            calibrate: false,
-            force_net: true,
-            tcp: None,
-            ..Config::default()
-        };
-        let mut a = Context::with_config(cfg()).unwrap().endpoint().unwrap();
-        let addr = a.address();
-        let client = std::thread::spawn(move || {
-            let mut b = Context::with_config(cfg()).unwrap().endpoint().unwrap();
-            b.connect(&addr).unwrap();
-            b
-        });
-        a.accept(Some(Duration::from_secs(10))).unwrap();
-        let mut b = client.join().unwrap();
+        let ((mut a, _), (mut b, _)) = udp_pair();
         for ep in [&mut a, &mut b] {
             let fds = ep.net.as_mut().unwrap().fds();
             assert_eq!(fds.len(), 2, "the main socket and the peer's own");
