@@ -57,10 +57,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Two receives posted per sender at all times, so every sender's transfers can be
     // under way together (with one receive for all, the receiver would clear one
     // rendezvous at a time and the senders could never interfere).
-    let mut posted = Vec::new();
+    let (mut reqs, mut from) = (Vec::new(), Vec::new());
     for (k, &p) in peers.iter().enumerate() {
         for _ in 0..2.min(count) {
-            posted.push((k, ep.irecv(Selector::exact(Some(p), 0), vec![0u8; size])?));
+            reqs.push(ep.irecv(Selector::exact(Some(p), 0), vec![0u8; size])?);
+            from.push(k);
         }
     }
     let expect = vec![7u8; size];
@@ -68,28 +69,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut done_at = vec![0.0; senders];
     let mut t = None; // the first message starts the clock
     while got.iter().sum::<usize>() < count * senders {
-        let mut i = 0;
-        while i < posted.len() {
-            let Some(r) = ep.test_recv(&posted[i].1)? else {
-                i += 1;
-                continue;
-            };
-            let k = posted[i].0;
-            // A slice comparison (memcmp): a byte-by-byte `all` loop here was the
-            // receiver's hottest code in some builds and cost a third of the goodput.
-            assert!(r.buf == expect, "payload damaged");
-            let start = *t.get_or_insert_with(Instant::now);
-            got[k] += 1;
-            if got[k] == count {
-                done_at[k] = start.elapsed().as_secs_f64();
-            }
-            let mut buf = r.buf;
-            buf.resize(size, 0);
-            if got[k] + 2 <= count {
-                posted[i].1 = ep.irecv(Selector::exact(Some(peers[k]), 0), buf)?;
-            } else {
-                let _completed = posted.swap_remove(i);
-            }
+        // One progress loop for every posted receive.
+        let (i, r) = ep.wait_any_recv(&reqs, Some(Duration::from_secs(30)))?;
+        let r = r?;
+        let k = from[i];
+        // A slice comparison (memcmp): a byte-by-byte `all` loop here was the
+        // receiver's hottest code in some builds and cost a third of the goodput.
+        assert!(r.buf == expect, "payload damaged");
+        let start = *t.get_or_insert_with(Instant::now);
+        got[k] += 1;
+        if got[k] == count {
+            done_at[k] = start.elapsed().as_secs_f64();
+        }
+        let mut buf = r.buf;
+        buf.resize(size, 0);
+        if got[k] + 2 <= count {
+            reqs[i] = ep.irecv(Selector::exact(Some(peers[k]), 0), buf)?;
+        } else {
+            let _completed = reqs.swap_remove(i);
+            from.swap_remove(i);
         }
     }
     let t = t.expect("messages arrived");

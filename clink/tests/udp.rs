@@ -364,6 +364,47 @@ fn a_stream_between_sleeping_endpoints_survives_heavy_loss() {
 }
 
 #[test]
+fn wait_any_recv_returns_whichever_completes_first() {
+    let ((mut a, pa), (b, pb)) = pair("", 2000);
+    // The peer sends tag 2, then 3, then 1, each after a go-ahead (tag 100).
+    let peer = std::thread::spawn(move || {
+        let mut b = b;
+        let mut go = [0u8; 1];
+        for tag in [2u64, 3, 1] {
+            b.send(pb, tag, &[tag as u8; 300]).unwrap();
+            b.recv_timeout(Selector::exact(Some(pb), 100), &mut go, Some(T))
+                .unwrap();
+        }
+        b
+    });
+    let mut reqs: Vec<_> = (1..=3u64)
+        .map(|t| a.irecv(Selector::exact(Some(pa), t), vec![0; 300]).unwrap())
+        .collect();
+    let (i, got) = a.wait_any_recv(&reqs, Some(T)).unwrap();
+    assert_eq!((i, got.unwrap().buf), (1, vec![2; 300]));
+    let _done = reqs.remove(i);
+    // Nothing else has been sent yet: a short wait times out, the others stay posted.
+    assert!(matches!(
+        a.wait_any_recv(&reqs, Some(Duration::from_millis(20))),
+        Err(Error::Timeout)
+    ));
+    a.send(pa, 100, &[0]).unwrap();
+    let (i, got) = a.wait_any_recv(&reqs, Some(T)).unwrap();
+    assert_eq!((i, got.unwrap().buf), (1, vec![3; 300]));
+    // A completed request is consumed.
+    assert!(matches!(
+        a.wait_any_recv(&reqs[1..], Some(T)).unwrap().1,
+        Err(Error::Consumed)
+    ));
+    a.send(pa, 100, &[0]).unwrap();
+    let (i, got) = a.wait_any_recv(&reqs[..1], Some(T)).unwrap();
+    assert_eq!((i, got.unwrap().buf), (0, vec![1; 300]));
+    a.send(pa, 100, &[0]).unwrap();
+    assert!(matches!(a.wait_any_recv(&[], None), Err(Error::Invalid(_))));
+    drop(peer.join().unwrap());
+}
+
+#[test]
 fn hostile_datagrams_are_dropped_and_counted() {
     let ((mut a, pa), (mut b, pb)) = pair("", 2000);
     let target: SocketAddrV4 = a

@@ -351,13 +351,6 @@ fn print_line(line: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot print: {e}"))
 }
 
-/// A posted receive: which sender (accept order) and which of its messages.
-struct Posted {
-    peer: usize,
-    msg: u64,
-    req: clink::RecvRequest,
-}
-
 fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
     let err = |e: clink::Error| e.to_string();
     let ctx = context()?;
@@ -381,12 +374,14 @@ fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
         .map(|&s| [0, 1, 2].map(|j| pattern(s, j, size)))
         .collect();
     let sel = |k: usize| Selector::exact(Some(peers[k]), TAG_DATA);
-    // Two receives posted per sender (buffers written, so their pages are resident).
-    let mut posted = Vec::new();
+    // Two receives posted per sender (buffers written, so their pages are resident), and
+    // for each: which sender (accept order) and which of its messages.
+    let mut reqs = Vec::new();
+    let mut slots = Vec::new();
     for k in 0..n {
         for msg in 0..count.min(2) {
-            let req = ep.irecv(sel(k), vec![0xEE; size]).map_err(err)?;
-            posted.push(Posted { peer: k, msg, req });
+            reqs.push(ep.irecv(sel(k), vec![0xEE; size]).map_err(err)?);
+            slots.push((k, msg));
         }
     }
     let mut next = vec![count.min(2); n];
@@ -399,46 +394,43 @@ fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
     let (mut got, mut bad) = (0u64, 0u64);
     let mut first_bad = None;
     while got < total {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "{got} of {total} messages after {:.1} s: stalled",
-                t0.elapsed().as_secs_f64()
-            ));
+        // One progress loop for all the posted receives (a `test_recv` per receive made a
+        // progress pass each: four per sweep with two senders, two with one).
+        let (i, r) = match ep.wait_any_recv(&reqs, left(deadline)) {
+            Ok(done) => done,
+            Err(clink::Error::Timeout) => {
+                return Err(format!(
+                    "{got} of {total} messages after {:.1} s: stalled",
+                    t0.elapsed().as_secs_f64()
+                ))
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let r = r.map_err(err)?;
+        let (k, msg) = slots[i];
+        let want = &expected[k][(msg % 3) as usize];
+        // A slice comparison (memcmp): a byte loop here costs the receiver dearly.
+        if r.buf != *want {
+            bad += 1;
+            let at = r.buf.iter().zip(want.iter()).position(|(x, y)| x != y);
+            first_bad.get_or_insert_with(|| {
+                format!(
+                    "sender {} message {msg}: {} bytes, first wrong byte at {at:?}",
+                    index[k],
+                    r.buf.len()
+                )
+            });
         }
-        let mut i = 0;
-        while i < posted.len() {
-            let Some(r) = ep.test_recv(&posted[i].req).map_err(err)? else {
-                i += 1;
-                continue;
-            };
-            let (k, msg) = (posted[i].peer, posted[i].msg);
-            let want = &expected[k][(msg % 3) as usize];
-            // A slice comparison (memcmp): a byte loop here costs the receiver dearly.
-            if r.buf != *want {
-                bad += 1;
-                let at = r.buf.iter().zip(want.iter()).position(|(x, y)| x != y);
-                first_bad.get_or_insert_with(|| {
-                    format!(
-                        "sender {} message {msg}: {} bytes, first wrong byte at {at:?}",
-                        index[k],
-                        r.buf.len()
-                    )
-                });
-            }
-            got += 1;
-            if next[k] < count {
-                let mut buf = r.buf;
-                buf.resize(size, 0);
-                posted[i] = Posted {
-                    peer: k,
-                    msg: next[k],
-                    req: ep.irecv(sel(k), buf).map_err(err)?,
-                };
-                next[k] += 1;
-                i += 1;
-            } else {
-                let _done = posted.swap_remove(i);
-            }
+        got += 1;
+        if next[k] < count {
+            let mut buf = r.buf;
+            buf.resize(size, 0);
+            reqs[i] = ep.irecv(sel(k), buf).map_err(err)?;
+            slots[i] = (k, next[k]);
+            next[k] += 1;
+        } else {
+            let _done = reqs.swap_remove(i);
+            slots.swap_remove(i);
         }
     }
     let secs = t0.elapsed().as_secs_f64();

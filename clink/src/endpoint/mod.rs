@@ -1290,6 +1290,37 @@ impl Endpoint {
         self.take_recv(id)?.ok_or(Error::Consumed)
     }
 
+    /// Waits for the first of `reqs` to complete, at most `timeout` (MPI's `Waitany`):
+    /// its index in `reqs` and what it received (or its error). One progress loop serves
+    /// them all, where polling each with [`Endpoint::test_recv`] makes a progress pass per
+    /// request. The other requests stay valid, and all of them on timeout. Empty `reqs` is
+    /// [`Error::Invalid`].
+    pub fn wait_any_recv(
+        &mut self,
+        reqs: &[RecvRequest],
+        timeout: Option<Duration>,
+    ) -> Result<(usize, Result<Received>)> {
+        if reqs.is_empty() {
+            return Err(Error::Invalid("wait_any_recv: no request".into()));
+        }
+        let mut first = None;
+        self.wait_until(timeout, |ep| {
+            first = reqs.iter().position(|r| {
+                matches!(
+                    ep.recvs.get(&r.id).map(|r| &r.state),
+                    Some(RecvState::Done(_)) | None
+                )
+            });
+            first.is_some()
+        })?;
+        let i = first.expect("the wait ended on a completed request");
+        Ok((
+            i,
+            self.take_recv(reqs[i].id)
+                .and_then(|r| r.ok_or(Error::Consumed)),
+        ))
+    }
+
     /// Cancels a receive that has not matched a message; returns its buffer. `Ok(None)`
     /// when it had already matched (complete it with `wait_recv`).
     pub fn cancel_recv(&mut self, req: &RecvRequest) -> Result<Option<Vec<u8>>> {
