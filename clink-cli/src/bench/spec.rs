@@ -394,10 +394,15 @@ fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
     let (mut got, mut bad) = (0u64, 0u64);
     let mut first_bad = None;
     while got < total {
-        // One progress loop for all the posted receives (a `test_recv` per receive made a
-        // progress pass each: four per sweep with two senders, two with one).
-        let (i, r) = match ep.wait_any_recv(&reqs, left(deadline)) {
+        // Busy-polls all the posted receives at once: a zero timeout makes up to 16
+        // progress passes and never sleeps (the receiver spins, as it did when it tested
+        // each receive in turn with `test_recv`, a progress pass per receive: four per
+        // sweep with two senders, two with one, which cost two senders' aggregate 0.83x
+        // -> 0.90-0.95x one sender). Sleeping after the spin time instead (the timeout
+        // `left(deadline)`) read the same but for 5% loss, 0.11 -> 0.07 GB/s.
+        let (i, r) = match ep.wait_any_recv(&reqs, Some(Duration::ZERO)) {
             Ok(done) => done,
+            Err(clink::Error::Timeout) if Instant::now() < deadline => continue,
             Err(clink::Error::Timeout) => {
                 return Err(format!(
                     "{got} of {total} messages after {:.1} s: stalled",
