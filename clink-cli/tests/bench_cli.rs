@@ -217,6 +217,7 @@ fn quick_spec_run_between_namespaces() {
         ("fallback", "normal"),
         ("fallback", "speculate_off"),
         ("fallback", "forced_miss"),
+        ("fallback", "forced_miss_raw"),
         ("two_senders", "one_sender"),
         ("two_senders", "admission_off"),
         ("two_senders", "admission"),
@@ -267,6 +268,16 @@ fn quick_spec_run_between_namespaces() {
         forced["median"].as_f64().is_some_and(|r| r < 0.25),
         "{forced}"
     );
+    // The receiver found speculation not paying and turned it off; without the backoff
+    // it keeps speculating, and missing.
+    assert!(
+        forced["backoffs"].as_u64().is_some_and(|b| b >= 1),
+        "{forced}"
+    );
+    let raw = find("fallback", "forced_miss_raw", "hit_rate");
+    assert!(raw["median"].as_f64().is_some_and(|r| r < 0.25), "{raw}");
+    assert_eq!(raw["backoffs"], 0, "{raw}");
+    assert!(raw["misses"].as_u64().is_some_and(|m| m > 0), "{raw}");
     let strays = find("interference", "interfere_10000", "hit_rate");
     // 10 000 per 100 000 fragments: 200, less those still due when the stream ended.
     let sent = strays["interfering"].as_u64().expect("strays sent");
