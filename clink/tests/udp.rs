@@ -405,6 +405,43 @@ fn wait_any_recv_returns_whichever_completes_first() {
 }
 
 #[test]
+fn a_one_way_run_of_small_messages_keeps_flowing() {
+    // The receiver takes each message with a blocking `recv` from its only peer: the
+    // latency path (reads the sockets directly, skips the rest of a progress pass) must
+    // still send the acks the sender's window waits for, and keep the order. (An eager
+    // `send` returns once the message is queued: the sender then drives its endpoint,
+    // by waiting for the receiver's word, until everything is delivered.)
+    let ((mut a, pa), (b, pb)) = pair("drop=0.01,seed=4", 5000);
+    const N: u64 = 20_000;
+    let sender = std::thread::spawn(move || {
+        let mut b = b;
+        for k in 0..N {
+            b.send(pb, 5, &k.to_le_bytes().repeat(8)).unwrap();
+        }
+        let mut done = [0u8; 1];
+        b.recv_timeout(Selector::exact(Some(pb), 6), &mut done, Some(T))
+            .unwrap();
+        b
+    });
+    let mut buf = [0u8; 64];
+    for k in 0..N {
+        let st = a
+            .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 64);
+        assert_eq!(buf, *k.to_le_bytes().repeat(8), "message {k}");
+    }
+    a.send(pa, 6, &[1]).unwrap();
+    let deadline = Instant::now() + T;
+    while !sender.is_finished() {
+        a.progress();
+        assert!(Instant::now() < deadline, "the sender never finished");
+    }
+    let s = sender.join().unwrap().stats();
+    assert!(s.retransmissions > 0, "{s:?}");
+}
+
+#[test]
 fn hostile_datagrams_are_dropped_and_counted() {
     let ((mut a, pa), (mut b, pb)) = pair("", 2000);
     let target: SocketAddrV4 = a

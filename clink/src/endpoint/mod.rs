@@ -1121,6 +1121,9 @@ impl Endpoint {
         if let Some(r) = self.recv_fast(sel, buf) {
             return r;
         }
+        if let Some(r) = self.recv_fast_udp(sel, buf) {
+            return r;
+        }
         let id = self.alloc_id();
         self.recvs.insert(
             id,

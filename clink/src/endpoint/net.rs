@@ -6,6 +6,9 @@ use super::link::Link;
 use super::Endpoint;
 use crate::context::CtxInner;
 use crate::error::{Error, Result};
+use crate::Selector;
+use crate::Status;
+use clink_proto::wire::Frame;
 use clink_proto::PeerId;
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
@@ -25,6 +28,10 @@ const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// loss (at 5% injected loss a sender asleep after its spin woke 2 ms late for nearly
 /// every tail probe, by then a timeout: 556 timeouts and 17 probes per 100 MiB).
 const SLEEP_TIMER_FLOOR: u64 = 2_000_000;
+
+/// The longest the UDP latency path (`Endpoint::recv_fast_udp`) spins before it hands over
+/// to the general path (which spins for the configured time again, then sleeps).
+const UDP_FAST_SPIN_MAX: Duration = Duration::from_micros(100);
 
 /// Largest frame payload a connection message carries, with room for the frame header
 /// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
@@ -251,24 +258,122 @@ impl Endpoint {
             }
         }
         for i in dead {
-            let silent = self
-                .ctx
-                .config
-                .udp
-                .as_ref()
-                .map_or(Duration::ZERO, |c| c.dead_after);
-            self.fail_peer(
-                i,
-                format!(
-                    "{} sent nothing for {silent:?}: declared dead",
-                    PeerId(i as u32)
-                ),
-            );
+            self.udp_peer_dead(i);
         }
         if let Some(net) = self.net.as_mut() {
             net.flush(); // welcomes answering hellos
         }
         got || adopted
+    }
+
+    /// Fails UDP peer `i`, whose connection declared it dead (silent too long).
+    fn udp_peer_dead(&mut self, i: usize) {
+        let silent = self
+            .ctx
+            .config
+            .udp
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.dead_after);
+        self.fail_peer(
+            i,
+            format!(
+                "{} sent nothing for {silent:?}: declared dead",
+                PeerId(i as u32)
+            ),
+        );
+    }
+
+    /// The busy-poll latency path of a blocking receive from a UDP peer, the network
+    /// counterpart of `recv_fast`: when that peer is the endpoint's only live one and
+    /// nothing is in flight (no posted receive, no send, no queued frame, no bulk
+    /// transfer, no layout armed), read the sockets directly and copy a small message
+    /// matching `sel` from the peer's frame queue straight into `buf`: no request, no
+    /// matching queues, and none of the rest of a progress pass (the other peers, the
+    /// admission gate, new connections, the liveness check). Gives up (`None`) as soon as
+    /// anything else heads the queue, or after the spin time (at most
+    /// [`UDP_FAST_SPIN_MAX`]), leaving it to the general path, which runs all that.
+    pub(super) fn recv_fast_udp(
+        &mut self,
+        sel: Selector,
+        buf: &mut [u8],
+    ) -> Option<Result<Status>> {
+        let src = sel.src?;
+        let i = src.0 as usize;
+        let spin = self
+            .ctx
+            .config
+            .spin
+            .map_or(UDP_FAST_SPIN_MAX, |s| s.min(UDP_FAST_SPIN_MAX));
+        if spin.is_zero()
+            || self.matcher.posted_len() != 0
+            || !self.sends.is_empty()
+            || self.matcher.has_unexpected(&sel)
+            || self.peers.iter().filter(|p| p.alive).count() != 1
+        {
+            return None;
+        }
+        let p = self.peers.get(i).filter(|p| p.alive)?;
+        let Link::Udp(u) = &p.link else { return None };
+        let quiet = u.rxq.peek().is_none()
+            && !u.bulk.receiving()
+            && !u.bulk.sending()
+            && p.txq.is_empty()
+            && p.pipeline_out.is_empty()
+            && p.engine.is_empty();
+        let net = self.net.as_mut()?;
+        if !quiet || net.planned_key().is_some() {
+            return None;
+        }
+        let mut start = None;
+        for n in 0u32.. {
+            let peers = &mut self.peers;
+            let got = net.receive(false, &mut |k, g, now| {
+                if let Some(Link::Udp(u)) =
+                    peers.get_mut(k).filter(|p| p.alive).map(|p| &mut p.link)
+                {
+                    u.handle(now, g);
+                }
+            });
+            if got > 0 {
+                return self.take_fast_udp(i, sel, buf);
+            }
+            if n % 64 == 63 && start.get_or_insert_with(Instant::now).elapsed() >= spin {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// After [`Endpoint::recv_fast_udp`] read something: the peer's due timers and
+    /// delivered messages, then the message at the head of its queue if it is a small one
+    /// matching `sel` (copied out; what the connection owes the peer, an ack say, goes
+    /// out at once), else `None`.
+    fn take_fast_udp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
+        let net = self.net.as_mut()?;
+        let now = net.read_at();
+        let Link::Udp(u) = &mut self.peers[i].link else {
+            return None;
+        };
+        if u.conn.poll_timeout().is_some_and(|t| t <= now) {
+            u.conn.handle_timeout(now);
+        }
+        if u.take_events() {
+            self.udp_peer_dead(i);
+            return None;
+        }
+        let src = PeerId(i as u32);
+        let result = match Frame::parse(u.rxq.peek()?) {
+            Ok(Frame::Eager { tag, data }) if sel.matches(src, tag) => {
+                super::copy_eager(src, tag, data, buf)
+            }
+            _ => return None,
+        };
+        u.rxq.release();
+        net.transmit(u, now);
+        net.flush();
+        self.stats.frames_received += 1;
+        Some(result)
     }
 
     /// Completes the rendezvous sends and receives whose UDP bulk transfers are over.
