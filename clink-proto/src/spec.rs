@@ -535,8 +535,6 @@ pub struct Confidence {
     strike: bool,
     /// Datagrams still to read with speculation off.
     left: u64,
-    /// Windows that turned speculation off.
-    backoffs: u64,
 }
 
 impl Confidence {
@@ -577,18 +575,12 @@ impl Confidence {
         self.strike = false;
         self.left = self.backoff.max(Self::BACKOFF_MIN);
         self.backoff = (self.left * 2).min(Self::BACKOFF_MAX);
-        self.backoffs += 1;
         true
     }
 
     /// Records `datagrams` read while speculation was off.
     pub fn unarmed(&mut self, datagrams: u64) {
         self.left = self.left.saturating_sub(datagrams);
-    }
-
-    /// How many windows turned speculation off so far.
-    pub fn backoffs(&self) -> u64 {
-        self.backoffs
     }
 }
 
@@ -930,7 +922,6 @@ mod tests {
             assert!(c.speculate());
         }
         assert_eq!(expect, Confidence::BACKOFF_MAX);
-        assert_eq!(c.backoffs(), 11);
         // A window that pays resets it: the next backoff takes two losing windows again
         // and is the minimum.
         assert!(!c.armed(Confidence::WINDOW, 0));

@@ -6,6 +6,7 @@ use super::link::Link;
 use super::Endpoint;
 use crate::context::CtxInner;
 use crate::error::{Error, Result};
+use crate::transport::udp::Got;
 use crate::Selector;
 use crate::Status;
 use clink_proto::wire::Frame;
@@ -220,22 +221,13 @@ impl Endpoint {
             net.set_arm(key, arm);
         }
         let peers = &mut self.peers;
-        let got = net.receive(readable, &mut |i, g, now| {
-            if let Some(p) = peers.get_mut(i).filter(|p| p.alive) {
-                if let Link::Udp(u) = &mut p.link {
-                    u.handle(now, g);
-                }
-            }
-        }) > 0;
+        let got = net.receive(readable, &mut |i, g, now| to_link(peers, i, g, now)) > 0;
         // Timers and admission decisions with the receive's reading of the clock.
         let now = net.read_at();
         let mut dead = Vec::new();
         for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
             let Link::Udp(u) = &mut p.link else { continue };
-            if u.conn.poll_timeout().is_some_and(|t| t <= now) {
-                u.conn.handle_timeout(now);
-            }
-            if u.take_events() {
+            if u.tick(now) {
                 dead.push(i);
             }
             net.admit(now, i, u);
@@ -327,13 +319,7 @@ impl Endpoint {
         let mut start = None;
         for n in 0u32.. {
             let peers = &mut self.peers;
-            let got = net.receive(false, &mut |k, g, now| {
-                if let Some(Link::Udp(u)) =
-                    peers.get_mut(k).filter(|p| p.alive).map(|p| &mut p.link)
-                {
-                    u.handle(now, g);
-                }
-            });
+            let got = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
             if got > 0 {
                 return self.take_fast_udp(i, sel, buf);
             }
@@ -348,17 +334,14 @@ impl Endpoint {
     /// After [`Endpoint::recv_fast_udp`] read something: the peer's due timers and
     /// delivered messages, then the message at the head of its queue if it is a small one
     /// matching `sel` (copied out; what the connection owes the peer, an ack say, goes
-    /// out at once), else `None`.
+    /// out at once rather than when the next progress pass comes), else `None`.
     fn take_fast_udp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
         let net = self.net.as_mut()?;
         let now = net.read_at();
         let Link::Udp(u) = &mut self.peers[i].link else {
             return None;
         };
-        if u.conn.poll_timeout().is_some_and(|t| t <= now) {
-            u.conn.handle_timeout(now);
-        }
-        if u.take_events() {
+        if u.tick(now) {
             self.udp_peer_dead(i);
             return None;
         }
@@ -484,6 +467,13 @@ impl Endpoint {
                 s.spec_moved += b.moved;
             }
         }
+    }
+}
+
+/// Hands what a UDP receive got for route `i` to that peer's link, if it is alive.
+fn to_link(peers: &mut [super::Peer], i: usize, g: Got<'_>, now: u64) {
+    if let Some(Link::Udp(u)) = peers.get_mut(i).filter(|p| p.alive).map(|p| &mut p.link) {
+        u.handle(now, g);
     }
 }
 

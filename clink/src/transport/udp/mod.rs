@@ -46,9 +46,10 @@ const IP_UDP_HEADERS: usize = 28;
 /// Receive batches read from a steered socket other than the armed one per pass (a
 /// previous holder's stragglers).
 const STRAGGLER_BATCHES: usize = 4;
-/// Datagrams smaller than a bulk fragment read one per call at the head of an armed
-/// shared socket's queue, per pass (see [`UdpTransport::receive`]).
-const SMALL_HEAD_READS: usize = 32;
+/// Datagrams read one per call at the head of an armed shared socket's queue, per pass,
+/// because they are not the fragment the layout expects first (see
+/// [`UdpTransport::receive`]).
+const HEAD_READS: usize = 32;
 /// How often a hello is repeated while connecting.
 const HELLO_EVERY: Duration = Duration::from_millis(100);
 
@@ -312,6 +313,15 @@ impl UdpLink {
                 true
             }
         }
+    }
+
+    /// Runs the connection's timers that are due at `now` (a receive's clock reading),
+    /// then [`UdpLink::take_events`]. Returns true when the peer was declared dead.
+    pub fn tick(&mut self, now: u64) -> bool {
+        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+        }
+        self.take_events()
     }
 
     /// Moves delivered messages from the connection into the frame queue while it has
@@ -1075,9 +1085,9 @@ impl UdpTransport {
             // next transfer, its acks) would take the armed entries and put every group
             // behind them one entry late, each moved with a copy. So would a fragment the
             // layout does not expect first: a retransmission of the previous transfer or
-            // of a hole (at 1% loss whole reads of 350 fragments were moved so). Whatever
+            // of a hole (at 1% loss whole reads of 266-399 fragments were moved so). Whatever
             // does not claim one of the first entry's fragments is read one entry per
-            // call, up to [`SMALL_HEAD_READS`] of them, before the full read.
+            // call, up to [`HEAD_READS`] of them, before the full read.
             let head_check = a.filter(|_| !is_steered(i)).map(|a| {
                 let e = &a.arm.expect;
                 move |claim: Option<(u32, u64, u64)>| {
@@ -1096,20 +1106,20 @@ impl UdpTransport {
             } else {
                 STRAGGLER_BATCHES
             };
-            let (mut small_reads, mut full_reads) = (0, 0);
+            let (mut head_reads, mut full_reads) = (0, 0);
             while let Some(sock) = socket(&mut self.sock, &mut self.steer, &mut self.peers, i) {
-                let small = small_reads < SMALL_HEAD_READS
+                let alone = head_reads < HEAD_READS
                     && head_check.as_ref().is_some_and(|expected| {
                         let mut head = [0; BULK_HEADER];
                         sock.peek_head(&mut head)
                             .is_some_and(|n| !expected(bulk_claim(&head[..n.min(BULK_HEADER)])))
                     });
-                if small {
-                    small_reads += 1;
+                if alone {
+                    head_reads += 1;
                 } else {
                     full_reads += 1;
                 }
-                let r = sock.recv_batch_upto(if small { 1 } else { sock::RX_SLOTS });
+                let r = sock.recv_batch_upto(if alone { 1 } else { sock::RX_SLOTS });
                 // Whether this read put bulk bytes in a destination (a hit, a move, a
                 // fragment copied to its place; with faults, a held-back one released):
                 // the layout may still arm that place, so no read of the armed socket
@@ -1139,7 +1149,7 @@ impl UdpTransport {
                     n += got;
                 }
                 hold_armed |= placed && Some(i) == before;
-                let more = if small {
+                let more = if alone {
                     r == 1 && !placed
                 } else {
                     r == sock::RX_SLOTS && full_reads < batches
@@ -1155,12 +1165,12 @@ impl UdpTransport {
             std::mem::take(&mut self.st.read_hits),
             std::mem::take(&mut self.st.read_misses),
         );
-        if !self.st.cfg.spec_backoff {
-            // Armed whatever it costs.
-        } else if armed.is_some() {
-            self.st.stats.spec_backoffs += u64::from(self.confidence.armed(hits, misses));
-        } else {
-            self.confidence.unarmed(n as u64);
+        if self.st.cfg.spec_backoff {
+            if armed.is_some() {
+                self.st.stats.spec_backoffs += u64::from(self.confidence.armed(hits, misses));
+            } else {
+                self.confidence.unarmed(n as u64);
+            }
         }
         // Hits change the link's generation: the endpoint re-plans before the next read.
         self.st.armed = armed;
