@@ -333,6 +333,10 @@ pub struct Endpoint {
     last_error: Option<String>,
     /// The network transport, when enabled (`CLINK_UDP`).
     net: Option<UdpTransport>,
+    /// Whether the UDP transport's extra sockets (peers' own, steered) are in the epoll
+    /// set: from the first sleep or [`Endpoint::prepare_wait`] on, not before (see
+    /// `Endpoint::watch_udp`).
+    udp_watched: bool,
     /// The TCP transport, when enabled (`CLINK_TCP`).
     tcp: Option<TcpTransport>,
     /// Sends nobody waits for (committed network claims): removed once complete.
@@ -412,6 +416,7 @@ impl Endpoint {
             events: Vec::with_capacity(32),
             last_error: None,
             net,
+            udp_watched: false,
             tcp,
             detached: Vec::new(),
             rma: rma::RmaState::default(),
@@ -2165,7 +2170,7 @@ impl Endpoint {
             if let Some(i) = self.bell_peer().filter(|_| bell) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.bell_sleep(i, left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX)));
-            } else if self.arm() {
+            } else if self.watch_udp() && self.arm() {
                 // Block: ask producers for a doorbell, re-check, then sleep.
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.stats.sleeps += 1;
@@ -2256,6 +2261,7 @@ impl Endpoint {
     /// is safe to block (nothing arrived meanwhile); false when there is work, in which
     /// case call `progress` instead. After waking, call [`Endpoint::finish_wait`].
     pub fn prepare_wait(&mut self) -> bool {
+        self.watch_udp();
         self.check_events(Some(Duration::ZERO), true);
         self.arm()
     }
