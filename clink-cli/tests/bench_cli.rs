@@ -213,6 +213,7 @@ fn quick_spec_run_between_namespaces() {
         ("interference", "clean"),
         ("interference", "interfere_100"),
         ("interference", "interfere_10000"),
+        ("interference", "interfere_10000_shared"),
         ("interference", "interfere_10000_steered"),
         ("fallback", "normal"),
         ("fallback", "speculate_off"),
@@ -278,14 +279,16 @@ fn quick_spec_run_between_namespaces() {
     assert!(raw["median"].as_f64().is_some_and(|r| r < 0.25), "{raw}");
     assert_eq!(raw["backoffs"], 0, "{raw}");
     assert!(raw["misses"].as_u64().is_some_and(|m| m > 0), "{raw}");
-    let strays = find("interference", "interfere_10000", "hit_rate");
-    // 10 000 per 100 000 fragments: 200, less those still due when the stream ended.
-    let sent = strays["interfering"].as_u64().expect("strays sent");
-    assert!((1..=200).contains(&sent), "{strays}");
-    assert!(
-        strays["stray_dropped"].as_u64().is_some_and(|d| d > 0),
-        "{strays}"
-    );
+    for var in ["interfere_10000", "interfere_10000_shared"] {
+        let strays = find("interference", var, "hit_rate");
+        // 10 000 per 100 000 fragments: 200, less those still due when the stream ended.
+        let sent = strays["interfering"].as_u64().expect("strays sent");
+        assert!((1..=200).contains(&sent), "{strays}");
+        assert!(
+            strays["stray_dropped"].as_u64().is_some_and(|d| d > 0),
+            "{strays}"
+        );
+    }
     let lossy = find("loss", "loss_5", "hit_rate");
     assert!(
         lossy["faults_injected"].as_u64().is_some_and(|f| f > 0),

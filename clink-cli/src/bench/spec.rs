@@ -24,9 +24,13 @@
 //!   per 100 000 fragments (random bytes, 64 to 1400 long, from a socket clink does not
 //!   know) to the receiver's UDP port, paced by the sender's progress so that they are
 //!   spread over the transfer. Its CPU time is not counted in `cpu_s_per_gb`, but it
-//!   shares the sender's core. The strays share the stream's socket (the seed's
-//!   situation) except in `interfere_10000_steered` (`CLINK_UDP_STEER=1`: flow steering
-//!   gives the granted stream a socket of its own and the strays reach the main one).
+//!   shares the sender's core. By default the stream arrives on its peer's own connected
+//!   socket (`CLINK_UDP_PEER_SOCKETS`) and the strays, from an address clink does not
+//!   know, on the main one: the kernel keeps them apart. `interfere_10000_shared`
+//!   (`CLINK_UDP_PEER_SOCKETS=0` on the receiver) puts both in the main socket, the
+//!   seed's situation: strays interleave with the armed fragments. In
+//!   `interfere_10000_steered` (`CLINK_UDP_STEER=1`) flow steering gives the granted
+//!   stream a steered socket of its own.
 //! - `fallback` (Fig. 6): `normal`; `speculate_off` (`CLINK_UDP_SPECULATE=0` on the
 //!   receiver: every fragment by the copy path); `forced_miss` (`CLINK_UDP_FORCE_MISS=1` on
 //!   the sender: fragments misordered within each group, so speculation is armed and
@@ -187,7 +191,13 @@ pub fn variants(experiment: &str, round: u64) -> Vec<Variant> {
                 interfere: 10_000,
                 ..Variant::new("interference", "interfere_10000")
             },
-            // Flow steering keeps the strays out of the stream's socket.
+            // The seed's situation: one socket for the stream and the strays.
+            Variant {
+                interfere: 10_000,
+                ..Variant::new("interference", "interfere_10000_shared")
+                    .receiver("CLINK_UDP_PEER_SOCKETS", "0")
+            },
+            // Flow steering gives the stream a steered socket.
             Variant {
                 interfere: 10_000,
                 ..Variant::new("interference", "interfere_10000_steered").both(STEER, "1")
