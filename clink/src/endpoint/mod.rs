@@ -2325,7 +2325,10 @@ impl Endpoint {
 
     /// The endpoint's file descriptor, level-triggered: readable when a message,
     /// connection or peer failure may be pending. For poll/epoll/select: call
-    /// [`Endpoint::prepare_wait`] before blocking on it and `progress` after.
+    /// [`Endpoint::prepare_wait`] before blocking on it and `progress` after
+    /// (`prepare_wait` also puts the UDP peers' own sockets in the set it reports on:
+    /// until the endpoint first sleeps or prepares to, only its progress passes read
+    /// them).
     pub fn fd(&self) -> RawFd {
         self.epoll.raw()
     }
