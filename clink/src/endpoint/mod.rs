@@ -594,7 +594,7 @@ impl Endpoint {
         // Progress looks at the listener only at liveness checks (no system call per poll);
         // a caller waiting for a connection looks at it on every poll, and sleeps where
         // the listener is watched (not on a peer's bell).
-        self.wait_for(timeout, false, |ep| {
+        self.wait_for(timeout, false, None, |ep| {
             if ep.new_peers.is_empty() {
                 ep.accept_pending();
                 ep.tcp_accept();
@@ -1126,7 +1126,9 @@ impl Endpoint {
         if let Some(r) = self.recv_fast(sel, buf) {
             return r;
         }
-        if let Some(r) = self.recv_fast_udp(sel, buf) {
+        // The time the UDP fast path spun counts towards the spin time and the timeout.
+        let mut spun = None;
+        if let Some(r) = self.recv_fast_udp(sel, buf, timeout, &mut spun) {
             return r;
         }
         let id = self.alloc_id();
@@ -1138,7 +1140,7 @@ impl Endpoint {
             },
         );
         self.post(sel, id);
-        let r = self.wait_until(timeout, |ep| {
+        let r = self.wait_for(timeout, true, spun, |ep| {
             matches!(
                 ep.recvs.get(&id).map(|r| &r.state),
                 Some(RecvState::Done(_))
@@ -2126,22 +2128,24 @@ impl Endpoint {
         timeout: Option<Duration>,
         done: impl FnMut(&mut Self) -> bool,
     ) -> Result<()> {
-        self.wait_for(timeout, true, done)
+        self.wait_for(timeout, true, None, done)
     }
 
     /// [`Self::wait_until`]; `bell`: the wait may sleep on a lone peer's bell (only what
-    /// that peer sends, or its exit, can end it).
+    /// that peer sends, or its exit, can end it); `since`: when the caller began spinning
+    /// for the same thing (the spin time and the timeout count from there).
     fn wait_for(
         &mut self,
         timeout: Option<Duration>,
         bell: bool,
+        since: Option<Instant>,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<()> {
         if done(self) {
             return Ok(());
         }
         // The clock is read only every 16 idle polls; `start` on the first such read.
-        let mut start: Option<Instant> = None;
+        let mut start: Option<Instant> = since;
         let spin = self.ctx.config.spin;
         // With no spin time at all, go to sleep after the first empty poll.
         let no_spin = spin == Some(Duration::ZERO);

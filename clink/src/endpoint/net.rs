@@ -31,8 +31,15 @@ const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 const SLEEP_TIMER_FLOOR: u64 = 2_000_000;
 
 /// The longest the UDP latency path (`Endpoint::recv_fast_udp`) spins before it hands over
-/// to the general path (which spins for the configured time again, then sleeps).
+/// to the general path (which spins for what is left of the configured time, then sleeps).
 const UDP_FAST_SPIN_MAX: Duration = Duration::from_micros(100);
+
+/// How long `Endpoint::recv_fast_udp` may spin: the configured spin time (`None`, busy
+/// mode: no limit) but at most [`UDP_FAST_SPIN_MAX`], and not past the receive's timeout.
+fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
+    let s = spin.map_or(UDP_FAST_SPIN_MAX, |s| s.min(UDP_FAST_SPIN_MAX));
+    timeout.map_or(s, |t| s.min(t))
+}
 
 /// Largest frame payload a connection message carries, with room for the frame header
 /// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
@@ -315,20 +322,19 @@ impl Endpoint {
     /// matching `sel` from the peer's frame queue straight into `buf`: no request, no
     /// matching queues, and none of the rest of a progress pass (the other peers, the
     /// admission gate, new connections, the liveness check). Gives up (`None`) as soon as
-    /// anything else heads the queue, or after the spin time (at most
-    /// [`UDP_FAST_SPIN_MAX`]), leaving it to the general path, which runs all that.
+    /// anything else heads the queue, or after its spin time ([`fast_spin`]), leaving it
+    /// to the general path, which runs all that; `spun` then holds when its spin began
+    /// (its first clock reading, 64 polls in), for the general path to count from.
     pub(super) fn recv_fast_udp(
         &mut self,
         sel: Selector,
         buf: &mut [u8],
+        timeout: Option<Duration>,
+        spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
         let src = sel.src?;
         let i = src.0 as usize;
-        let spin = self
-            .ctx
-            .config
-            .spin
-            .map_or(UDP_FAST_SPIN_MAX, |s| s.min(UDP_FAST_SPIN_MAX));
+        let spin = fast_spin(self.ctx.config.spin, timeout);
         if spin.is_zero()
             || self.matcher.posted_len() != 0
             || !self.sends.is_empty()
@@ -349,14 +355,13 @@ impl Endpoint {
         if !quiet || net.planned_key().is_some() {
             return None;
         }
-        let mut start = None;
         for n in 0u32.. {
             let peers = &mut self.peers;
             let got = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
             if got > 0 {
                 return self.take_fast_udp(i, sel, buf);
             }
-            if n % 64 == 63 && start.get_or_insert_with(Instant::now).elapsed() >= spin {
+            if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
                 return None;
             }
             std::hint::spin_loop();
@@ -608,6 +613,25 @@ mod tests {
                 assert!(Instant::now() < deadline);
             }
         }
+    }
+
+    /// The fast path's spin: the configured time, at most `UDP_FAST_SPIN_MAX`, and never
+    /// past the receive's timeout.
+    #[test]
+    fn the_fast_paths_spin_is_bounded_by_the_config_its_cap_and_the_timeout() {
+        let us = Duration::from_micros;
+        assert_eq!(super::fast_spin(None, None), super::UDP_FAST_SPIN_MAX);
+        assert_eq!(super::fast_spin(Some(us(10)), None), us(10));
+        assert_eq!(
+            super::fast_spin(Some(Duration::from_secs(1)), None),
+            super::UDP_FAST_SPIN_MAX
+        );
+        assert_eq!(super::fast_spin(None, Some(us(20))), us(20));
+        assert_eq!(
+            super::fast_spin(Some(us(50)), Some(Duration::ZERO)),
+            Duration::ZERO
+        );
+        assert_eq!(super::fast_spin(Some(Duration::ZERO), None), Duration::ZERO);
     }
 
     /// The UDP socket an endpoint reads for new peers (its main one) is in its epoll set
