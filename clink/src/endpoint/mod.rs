@@ -2174,7 +2174,7 @@ impl Endpoint {
             if let Some(i) = self.bell_peer().filter(|_| bell) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.bell_sleep(i, left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX)));
-            } else if self.watch_udp() && self.arm() {
+            } else if self.arm() {
                 // Block: ask producers for a doorbell, re-check, then sleep.
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.stats.sleeps += 1;
@@ -2265,7 +2265,6 @@ impl Endpoint {
     /// is safe to block (nothing arrived meanwhile); false when there is work, in which
     /// case call `progress` instead. After waking, call [`Endpoint::finish_wait`].
     pub fn prepare_wait(&mut self) -> bool {
-        self.watch_udp();
         self.check_events(Some(Duration::ZERO), true);
         self.arm()
     }
@@ -2273,6 +2272,8 @@ impl Endpoint {
     /// Arm-then-recheck without consuming readiness (the internal wait loop consumes it
     /// in its own epoll_wait: one system call per sleep).
     fn arm(&mut self) -> bool {
+        // About to sleep: every UDP socket must be able to wake it.
+        self.watch_udp();
         let board = self.ready.on;
         if board {
             // One flag for every peer on the board.

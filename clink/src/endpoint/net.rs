@@ -187,20 +187,19 @@ impl Endpoint {
     /// freed (write space), 0.1-0.3 us a hop across the veth pair (a C ping-pong, connected
     /// sockets, with and without an epoll set watching them). A busy-polling endpoint
     /// never sleeps, so never pays it. The main socket is watched from the start: new
-    /// peers' hellos are read when epoll reports it. Returns true (for `&&` chains).
-    pub(super) fn watch_udp(&mut self) -> bool {
+    /// peers' hellos are read when epoll reports it.
+    pub(super) fn watch_udp(&mut self) {
         if self.udp_watched {
-            return true;
+            return;
         }
         self.udp_watched = true;
         let Some(net) = self.net.as_mut() else {
-            return true;
+            return;
         };
         net.take_new_fds().for_each(drop);
         let main = net.sock.raw();
         let extra = net.fds().into_iter().filter(|&fd| fd != main).collect();
         self.watch_fds(extra);
-        true
     }
 
     fn watch_fds(&mut self, fds: Vec<std::os::fd::RawFd>) {
