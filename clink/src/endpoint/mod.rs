@@ -2339,14 +2339,13 @@ impl Endpoint {
     }
 
     /// Progresses until no live network link has data its peer has not taken (bounded by
-    /// [`LINGER`]).
+    /// [`LINGER`]), waiting as any wait does (spin, then sleep until a datagram or a
+    /// retransmission timer): a peer that has gone never acknowledges, and spinning out
+    /// the whole bound burned a core for it.
     fn linger(&mut self) {
-        let deadline = Instant::now() + LINGER;
         let pending = |ep: &Endpoint| ep.peers.iter().any(|p| p.alive && p.link.has_unsent());
-        while pending(self) && Instant::now() < deadline {
-            self.progress();
-            std::hint::spin_loop();
-        }
+        // A timeout is the bound doing its job: close goes on regardless.
+        let _ = self.wait_until(Some(LINGER), |ep| !pending(ep));
     }
 
     /// Says goodbye to every peer: queued frames are flushed as far as the rings take
