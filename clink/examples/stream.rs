@@ -110,8 +110,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .join(", ")
     );
     println!(
-        "receiver: {} datagrams in {} reads ({} coalesced); speculation: {} hits ({} B, {:.2}% of bulk bytes), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short; admission: {} grants, {} refusals, {} revocations, {} datagrams on the steered socket; the granted stream's hit rate {:.2}% of {} fragments",
-        s.datagrams_received, s.recv_calls, s.gro_reads, s.spec_hits, s.spec_hit_bytes,
+        "receiver: {} datagrams in {} reads ({} coalesced), {} sleeps; speculation: {} hits ({} B, {:.2}% of bulk bytes), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short; admission: {} grants, {} refusals, {} revocations, {} datagrams on the steered socket; the granted stream's hit rate {:.2}% of {} fragments",
+        s.datagrams_received, s.recv_calls, s.gro_reads, s.sleeps, s.spec_hits, s.spec_hit_bytes,
         100.0 * s.spec_hit_rate().unwrap_or(0.0),
         s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent, s.malformed_dropped,
         s.fast_grants, s.fast_refusals, s.fast_revocations, s.steered_datagrams,
@@ -136,11 +136,12 @@ fn send(addr: &str, size: usize, count: usize) -> Result<(), Box<dyn std::error:
     ep.recv(Selector::exact(Some(peer), 1), &mut stop)?;
     let s = ep.stats();
     println!(
-        "sender: {} datagrams in {} send calls, {} retransmissions ({} timeouts, {} window \
+        "sender: {} datagrams in {} send calls, {} sleeps, {} retransmissions ({} timeouts, {} window \
          cuts, {} random losses, {} tail probes), {} refused by the kernel; fast stream \
          granted {} times, refused {}",
         s.datagrams_sent,
         s.send_calls,
+        s.sleeps,
         s.retransmissions,
         s.timeouts,
         s.window_cuts,
