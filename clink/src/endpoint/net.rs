@@ -641,11 +641,20 @@ mod tests {
     fn udp_sockets_join_the_epoll_set_before_the_first_sleep() {
         // `a` never sleeps; `b` sleeps as soon as it finds nothing.
         let ((mut a, _), (mut b, pa)) = udp_pair_spin(None, Some(Duration::ZERO));
-        // EPOLL_CTL_MOD with the events they were added with: ENOENT when not watched.
-        let watched = |ep: &Endpoint, fd| match ep.epoll.modify(fd, 0, false) {
-            Ok(()) => true,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
-            Err(e) => panic!("epoll_ctl: {e}"),
+        // EPOLL_CTL_MOD with the events and the token each was added with (so the check
+        // changes nothing): ENOENT when not watched.
+        let watched = |ep: &Endpoint, fd| {
+            let main = ep.net.as_ref().unwrap().sock.raw();
+            let tok = if fd == main {
+                super::super::TOK_UDP_MAIN
+            } else {
+                super::super::TOK_UDP
+            };
+            match ep.epoll.modify(fd, tok, false) {
+                Ok(()) => true,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
+                Err(e) => panic!("epoll_ctl: {e}"),
+            }
         };
         let main = a.net.as_ref().unwrap().sock.raw();
         let fds = a.net.as_mut().unwrap().fds();

@@ -884,7 +884,8 @@ impl UdpTransport {
         self.count_uncovered();
     }
 
-    /// Every open socket (main, steered, peers'), for checks that the epoll set holds them.
+    /// Every open socket (main, steered, peers'): what the endpoint's epoll set must hold
+    /// once the endpoint sleeps.
     pub fn fds(&mut self) -> Vec<RawFd> {
         (0..PEER_SOCK0 + self.peers.len())
             .filter_map(|i| {
