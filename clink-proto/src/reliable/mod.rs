@@ -79,6 +79,7 @@
 //! driven by one thread at a time through `&mut self`.
 
 pub mod packet;
+mod ranges;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -524,6 +525,8 @@ pub struct Conn {
     /// [`packet::MAX_RANGES`] ranges, so with more holes than that the packets above
     /// are unknown, not missing).
     sack_top: u64,
+    /// The packets above `snd_una` the acks' SACK ranges have acknowledged.
+    sacked: ranges::Ranges,
     /// A grant steered this side's stream to a port of its own when the next pn was this:
     /// new bulk fragments wait until everything sent before is acknowledged, so the
     /// stream does not arrive on two sockets at once (read out of order, it would look
@@ -558,6 +561,11 @@ pub struct Conn {
     // --- receiver ---
     rcv_next: u64,
     rcv_highest: u64,
+    /// The packets received above `rcv_next`, as sorted, disjoint, non-touching ranges
+    /// (what an ack's SACK ranges say), kept as they arrive: an ack used to find them by
+    /// walking the slots from `rcv_next` to `rcv_highest`, which behind a hole in a fast
+    /// stream was thousands of slots per ack.
+    rcv_ranges: ranges::Ranges,
     /// When the highest packet arrived (for the ack delay).
     rcv_highest_at: u64,
     slots: Vec<Option<Slot>>,
@@ -605,6 +613,7 @@ impl Conn {
             next_tx_seq: 0,
             largest_acked_tx: None,
             sack_top: 0,
+            sacked: ranges::Ranges::default(),
             steer_after: None,
             rack_unknown: Vec::new(),
             lost: VecDeque::new(),
@@ -632,6 +641,7 @@ impl Conn {
             admit_out: VecDeque::new(),
             rcv_next: 0,
             rcv_highest: 0,
+            rcv_ranges: ranges::Ranges::default(),
             rcv_highest_at: now,
             slots,
             reasm: None,
@@ -1020,6 +1030,7 @@ impl Conn {
                 }
             }
         }
+        self.sacked.trim_below(self.snd_una);
     }
 
     /// Feeds one received datagram. Errors say why it was dropped; they are counted and
@@ -1160,11 +1171,17 @@ impl Conn {
             ack_one(self, pn);
         }
         if !nak {
+            // Only what the ranges add to what earlier acks said: each ack repeats the
+            // ranges above a hole, thousands of packets behind one in a fast stream.
+            let mut sacked = std::mem::take(&mut self.sacked);
             for &(s, e) in &ack.ranges {
-                for pn in s.max(self.snd_una)..e {
-                    ack_one(self, pn);
-                }
+                sacked.insert(s.max(self.snd_una), e, |a, b| {
+                    for pn in a..b {
+                        ack_one(self, pn);
+                    }
+                });
             }
+            self.sacked = sacked;
             let top = ack.ranges.last().map_or(ack.cum, |r| r.1);
             self.sack_top = self.sack_top.max(top);
         }
@@ -1364,6 +1381,7 @@ impl Conn {
         }
         if pn != self.rcv_next {
             self.stats.out_of_order += 1;
+            self.rcv_ranges.insert(pn, pn + 1, |_, _| {});
         }
         // A packet that fills a hole is acked at once: the sender learns of the repair.
         let filled_hole = pn < self.rcv_highest;
@@ -1403,6 +1421,7 @@ impl Conn {
                 self.accept(hdr, &payload);
             }
         }
+        self.rcv_ranges.trim_below(self.rcv_next);
     }
 
     /// Unreliable mode: stop waiting for every packet below `floor`.
@@ -1559,28 +1578,8 @@ impl Conn {
     }
 
     fn build_ack(&self, now: u64) -> AckInfo {
-        let window = self.cfg.recv_window;
         let limit = (self.rcv_next + self.credit()).max(self.advertised_limit);
-        let mut ranges = Vec::new();
-        let mut pn = self.rcv_next + 1;
-        let mut run: Option<u64> = None;
-        while pn < self.rcv_highest && ranges.len() < packet::MAX_RANGES {
-            let have = self.slots[(pn % window) as usize].is_some();
-            match (have, run) {
-                (true, None) => run = Some(pn),
-                (false, Some(s)) => {
-                    ranges.push((s, pn));
-                    run = None;
-                }
-                _ => {}
-            }
-            pn += 1;
-        }
-        if let Some(s) = run {
-            if ranges.len() < packet::MAX_RANGES {
-                ranges.push((s, pn));
-            }
-        }
+        let ranges = self.rcv_ranges.iter().take(packet::MAX_RANGES).collect();
         let delay_us = now.saturating_sub(self.rcv_highest_at) / 1000;
         AckInfo {
             cum: self.rcv_next,
@@ -1885,7 +1884,67 @@ pub fn misordered(k: u64, n: u64, group: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::misordered;
+    use super::packet::{DataHeader, Datagram};
+    use super::{misordered, Config, Conn};
+
+    /// The received ranges kept as packets arrive are those a walk of the slots finds
+    /// (what acks carried before), whatever the arrival order, duplicates included.
+    #[test]
+    fn received_ranges_match_the_slots_in_any_arrival_order() {
+        let window = 64u64;
+        for seed in 1..=200u64 {
+            let cfg = Config {
+                recv_window: window,
+                ..Config::default()
+            };
+            let mut rx = Conn::new(cfg, 0);
+            // Packets 0..48, shuffled (seeded xorshift), some twice.
+            let mut order: Vec<u64> = (0..48).chain(0..8).collect();
+            let mut x = seed;
+            for i in (1..order.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                order.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            for pn in order {
+                let hdr = DataHeader {
+                    pn,
+                    floor: 0,
+                    msg_id: pn,
+                    tag: 0,
+                    msg_len: 1,
+                    offset: 0,
+                    ack: None,
+                };
+                let mut buf = Vec::new();
+                Datagram::Data {
+                    conn: 0,
+                    hdr,
+                    payload: &[7],
+                }
+                .encode(&mut buf);
+                rx.handle_datagram(1, &buf).expect("valid datagram");
+                let mut walked = Vec::new();
+                let mut run = None;
+                for p in rx.rcv_next + 1..rx.rcv_highest + 1 {
+                    let have = p < rx.rcv_highest && rx.slots[(p % window) as usize].is_some();
+                    match (have, run) {
+                        (true, None) => run = Some(p),
+                        (false, Some(s)) => {
+                            walked.push((s, p));
+                            run = None;
+                        }
+                        _ => {}
+                    }
+                }
+                let kept: Vec<(u64, u64)> = rx.rcv_ranges.iter().collect();
+                assert_eq!(kept, walked, "seed {seed}, after {pn}");
+            }
+            assert_eq!(rx.rcv_next, 48);
+            assert_eq!(rx.rcv_ranges.iter().count(), 0);
+        }
+    }
 
     #[test]
     fn misorder_permutes_each_group_without_fixed_points() {
