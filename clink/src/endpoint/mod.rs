@@ -2152,12 +2152,17 @@ impl Endpoint {
         let mut polls: u32 = 0;
         // A wake-up has just read the sockets: the pass after it only matches what came.
         let mut woken = false;
+        // The first idle clock reading since the last pass that did something.
+        let mut quiet_since: Option<Instant> = None;
         loop {
             let did = self.progress_pass(!std::mem::take(&mut woken));
             if done(self) {
                 return Ok(());
             }
             polls = polls.wrapping_add(1);
+            if did {
+                quiet_since = None;
+            }
             if did || (!no_spin && !polls.is_multiple_of(16)) {
                 std::hint::spin_loop();
                 continue;
@@ -2170,6 +2175,13 @@ impl Endpoint {
             }
             if spin.is_none_or(|s| now < start + s) {
                 continue;
+            }
+            // Spun its time, but a reply is due within a round trip: spin on for it (not
+            // with a spin time of zero, which asks to block at once).
+            if let Some(due) = self.reply_due().filter(|_| !no_spin) {
+                if now < *quiet_since.get_or_insert(now) + due {
+                    continue;
+                }
             }
             if let Some(i) = self.bell_peer().filter(|_| bell) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
