@@ -2152,7 +2152,8 @@ impl Endpoint {
         let mut polls: u32 = 0;
         // A wake-up has just read the sockets: the pass after it only matches what came.
         let mut woken = false;
-        // The first idle clock reading since the last pass that did something.
+        // The first idle clock reading since the last pass that did something (at most
+        // 16 polls after it).
         let mut quiet_since: Option<Instant> = None;
         loop {
             let did = self.progress_pass(!std::mem::take(&mut woken));
@@ -2169,6 +2170,7 @@ impl Endpoint {
             }
             let now = Instant::now();
             let start = *start.get_or_insert(now);
+            let quiet = *quiet_since.get_or_insert(now);
             let deadline = timeout.map(|t| start + t);
             if deadline.is_some_and(|d| now >= d) {
                 return Err(Error::Timeout);
@@ -2179,7 +2181,7 @@ impl Endpoint {
             // Spun its time, but a reply is due within a round trip: spin on for it (not
             // with a spin time of zero, which asks to block at once).
             if let Some(due) = self.reply_due().filter(|_| !no_spin) {
-                if now < *quiet_since.get_or_insert(now) + due {
+                if now < quiet + due {
                     continue;
                 }
             }
@@ -2201,6 +2203,9 @@ impl Endpoint {
                 }
                 woken = self.check_events(Some(t), true);
                 self.finish_wait();
+                if woken {
+                    quiet_since = None; // (what woke it is activity)
+                }
             }
             // Arming polls too: what it found (a message event, say) is looked at before
             // another pass, which could copy an announced message aside.
