@@ -690,7 +690,7 @@ impl Conn {
     /// when nothing is due or before the first RTT sample.
     pub fn reply_due(&self) -> Option<u64> {
         // (A stream admission control slowed down is slow by design: spinning for its
-        // acks would take the CPU the granted stream needs, 0.92 -> 0.58x in the
+        // acks would take the CPU the granted stream needs, 0.92 -> 0.56x in the
         // two-senders experiment, where both senders share a core.)
         let acks = self.in_flight > 0 && (self.bulk_outstanding == 0 || self.asker.fast());
         let due = acks || self.rcv_highest > self.rcv_next;

@@ -17,23 +17,14 @@ impl Ranges {
             return;
         }
         let r = &mut self.0;
-        match r.back_mut() {
-            Some(last) if last.1 == s => {
-                last.1 = e;
-                fresh(s, e);
-                return;
+        // At or past the end (a stream behind a hole): extend the last range or add one.
+        if r.back().is_none_or(|&(_, end)| end <= s) {
+            match r.back_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => r.push_back((s, e)),
             }
-            Some(last) if last.1 < s => {
-                r.push_back((s, e));
-                fresh(s, e);
-                return;
-            }
-            None => {
-                r.push_back((s, e));
-                fresh(s, e);
-                return;
-            }
-            Some(_) => {}
+            fresh(s, e);
+            return;
         }
         // The first range that touches or follows [s, e); merge every one touching it.
         let i = r.partition_point(|&(_, end)| end < s);

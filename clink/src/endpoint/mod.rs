@@ -2180,10 +2180,8 @@ impl Endpoint {
             }
             // Spun its time, but a reply is due within a round trip: spin on for it (not
             // with a spin time of zero, which asks to block at once).
-            if let Some(due) = self.reply_due().filter(|_| !no_spin) {
-                if now < quiet + due {
-                    continue;
-                }
+            if !no_spin && self.reply_due().is_some_and(|due| now < quiet + due) {
+                continue;
             }
             if let Some(i) = self.bell_peer().filter(|_| bell) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));

@@ -427,9 +427,9 @@ impl Endpoint {
     /// from its last activity, because a datagram is due from a UDP peer within about a
     /// round trip (an ack of what is in flight, the repair of a hole): two of the link's
     /// smoothed RTTs, at most [`REPLY_SPIN_MAX`]; `None` when nothing is due. A sleep there
-    /// puts a wake-up on the reply's path, tens of microseconds on this machine; at 1%
-    /// injected loss every hole's repair and every ack that frees the next transfer took
-    /// one (BENCHMARKS.md).
+    /// puts a wake-up on the reply's path, tens of microseconds on this machine; under
+    /// injected loss, on the path of the repairs and of the acks that free the next
+    /// transfer (BENCHMARKS.md).
     pub(super) fn reply_due(&self) -> Option<Duration> {
         self.peers
             .iter()
