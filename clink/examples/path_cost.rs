@@ -3,7 +3,8 @@
 //! receive, a one-word put applied by a progress pass, and a one-word put whose tripwire
 //! event `wait_event` returns. `clink bench --rma` measures the same hops across two cores
 //! (`word_rtt`). With `udp`, the endpoints talk UDP over loopback instead, and only the
-//! tagged hop is measured, as a ping-pong (each side must read the other's acks).
+//! tagged hop is measured, as a ping-pong (each side must read the other's acks), beside
+//! the same ping-pong over two plain kernel UDP sockets.
 //!
 //! Run: `cargo run --release -p clink --example path_cost -- [hops] [udp]`
 
@@ -49,7 +50,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 a.recv(sel(pa), &mut buf)?;
             }
             let hop = t.elapsed().as_nanos() as f64 / n as f64 / 2.0;
-            println!("round {round}: ns per hop: tagged 64 B over UDP {hop:.0}");
+            let kernel = kernel_udp_hop(n)?;
+            println!(
+                "round {round}: ns per hop: tagged 64 B over UDP {hop:.0}, kernel UDP {kernel:.0} (clink's own {:.0})",
+                hop - kernel
+            );
         }
         return Ok(());
     }
@@ -92,4 +97,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// The same ping-pong with two plain connected kernel UDP sockets on loopback (`send`,
+/// non-blocking `recv`): what the kernel alone costs a hop, so the difference is clink's.
+fn kernel_udp_hop(n: u64) -> std::io::Result<f64> {
+    use std::net::UdpSocket;
+    let a = UdpSocket::bind("127.0.0.1:0")?;
+    let b = UdpSocket::bind("127.0.0.1:0")?;
+    a.connect(b.local_addr()?)?;
+    b.connect(a.local_addr()?)?;
+    a.set_nonblocking(true)?;
+    b.set_nonblocking(true)?;
+    let mut buf = [0u8; 64];
+    let hop = |from: &UdpSocket, to: &UdpSocket, buf: &mut [u8; 64]| -> std::io::Result<()> {
+        from.send(buf)?;
+        loop {
+            match to.recv(buf) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let t = Instant::now();
+    for _ in 0..n {
+        hop(&a, &b, &mut buf)?;
+        hop(&b, &a, &mut buf)?;
+    }
+    Ok(t.elapsed().as_nanos() as f64 / n as f64 / 2.0)
 }

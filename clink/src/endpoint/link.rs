@@ -182,7 +182,7 @@ impl Link {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.rx.release(r),
             (Link::Udp(u), Rx::Net) => {
-                u.rxq.release();
+                u.release();
                 false
             }
             (Link::Tcp(t), Rx::Net) => {

@@ -366,7 +366,9 @@ impl Endpoint {
             if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
                 return None;
             }
-            std::hint::spin_loop();
+            // No `pause` between polls: each is a system call already, and a pause only
+            // lengthens the pass a datagram landing during it waits for (busy 64 B
+            // across the veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
         }
         None
     }
@@ -392,7 +394,7 @@ impl Endpoint {
             }
             _ => return None,
         };
-        u.rxq.release();
+        u.release();
         net.transmit(u, now);
         net.flush();
         self.stats.frames_received += 1;

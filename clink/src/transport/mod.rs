@@ -42,11 +42,11 @@ impl FrameQueue {
         self.q.front().map(Vec::as_slice)
     }
 
-    /// Releases the frame [`FrameQueue::peek`] returned.
-    pub fn release(&mut self) {
-        if let Some(v) = self.q.pop_front() {
-            self.bytes -= v.len();
-        }
+    /// Releases the frame [`FrameQueue::peek`] returned, handing back its buffer.
+    pub fn release(&mut self) -> Option<Vec<u8>> {
+        let v = self.q.pop_front()?;
+        self.bytes -= v.len();
+        Some(v)
     }
 
     /// Whether it holds [`FrameQueue::CAP`] bytes or more.
