@@ -697,12 +697,7 @@ impl<'a> Datagram<'a> {
             Datagram::Data { hdr, .. } if hdr.ack.is_some() => FLAG_ACK,
             _ => 0,
         };
-        let mut common = [0u8; COMMON_HEADER];
-        common[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        common[4] = VERSION;
-        common[5] = kind;
-        common[6..8].copy_from_slice(&flags.to_le_bytes());
-        common[8..12].copy_from_slice(&conn.to_le_bytes());
+        let common = common_header(kind, flags, conn);
         if !matches!(self, Datagram::Data { .. }) {
             out.extend_from_slice(&common);
         }
@@ -846,6 +841,18 @@ pub fn parse_bulk(header: &[u8], payload: &[u8]) -> Result<(u32, BulkHeader), Pa
     Ok((u32_at(header, 8), hdr))
 }
 
+/// The 16 bytes every datagram starts with: magic, version, kind, flags, connection id,
+/// four reserved zero bytes.
+fn common_header(kind: u8, flags: u16, conn: u32) -> [u8; COMMON_HEADER] {
+    let mut h = [0u8; COMMON_HEADER];
+    h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4] = VERSION;
+    h[5] = kind;
+    h[6..8].copy_from_slice(&flags.to_le_bytes());
+    h[8..12].copy_from_slice(&conn.to_le_bytes());
+    h
+}
+
 /// The [`BULK_HEADER`] bytes of a bulk datagram carrying `payload` (its checksum
 /// included): what a sender puts before the payload, in one buffer or as the first of two
 /// send vectors.
@@ -856,10 +863,7 @@ pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; B
     assert!(!payload.is_empty(), "empty bulk payload");
     let plen = u16::try_from(payload.len()).expect("payload longer than MAX_PAYLOAD");
     let mut h = [0u8; BULK_HEADER];
-    h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-    h[4] = VERSION;
-    h[5] = K_BULK;
-    h[8..12].copy_from_slice(&conn.to_le_bytes());
+    h[..COMMON_HEADER].copy_from_slice(&common_header(K_BULK, 0, conn));
     h[16..24].copy_from_slice(&hdr.pn.to_le_bytes());
     h[24..32].copy_from_slice(&hdr.floor.to_le_bytes());
     h[32..40].copy_from_slice(&hdr.xfer.to_le_bytes());
