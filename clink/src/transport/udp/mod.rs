@@ -1051,7 +1051,6 @@ impl UdpTransport {
     /// main socket is (held-back faults) or `all`, and else every [`CLOCK_EVERY`]th call:
     /// an idle busy-poll pass makes no clock reading. [`UdpTransport::read_at`] gives the last.
     pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
-        let armed = self.st.armed.take();
         self.passes = self.passes.wrapping_add(1);
         let mut now = (all || self.passes.is_multiple_of(CLOCK_EVERY)).then(|| self.st.now());
         let main = all
@@ -1059,11 +1058,12 @@ impl UdpTransport {
             || self.faults.is_some()
             || !self.st.pending.is_empty()
             || self.passes.is_multiple_of(peers::MAIN_EVERY);
-        if armed.is_none() && !main && !self.steer.is_open() {
+        if self.st.armed.is_none() && !main && !self.steer.is_open() {
             let n = self.receive_peers(&mut now, sink);
             self.finish_receive(None, n, now.is_some());
             return n;
         }
+        let armed = self.st.armed.take();
         // See [`socket`] for the numbering. The armed one first; then the other steered
         // ones, before the peer sockets and the main one: a previous holder's fast
         // fragments wait there while its newer, slow ones reach the others, and read out
