@@ -151,5 +151,16 @@ fn send(addr: &str, size: usize, count: usize) -> Result<(), Box<dyn std::error:
         s.fast_granted,
         s.fast_refused
     );
+    if let Some(c) = ep.conn_stats(peer)? {
+        println!(
+            "sender's connection: smoothed RTT {:.1} us (least {:.1}), window {} packets \
+             (threshold {}), {} lost",
+            c.srtt_ns as f64 / 1e3,
+            c.min_rtt_ns as f64 / 1e3,
+            c.cwnd,
+            c.ssthresh,
+            c.lost
+        );
+    }
     Ok(())
 }

@@ -45,6 +45,7 @@ pub mod transport;
 
 pub use clink_proto::cost::Rndv;
 pub use clink_proto::matching::Selector;
+pub use clink_proto::reliable::Stats as ConnStats;
 pub use clink_proto::PeerId;
 pub use config::Config;
 pub use context::Context;

@@ -717,3 +717,44 @@ fn a_large_message_into_an_empty_buffer_is_truncated() {
     }
     sender.join().unwrap();
 }
+
+/// `conn_stats` shows a UDP peer's connection after traffic both ways (an RTT measured,
+/// the window open, datagrams and at least the messages' bytes each way, nothing lost on
+/// loopback), none for a shared-memory peer, and an error for an unknown one.
+#[test]
+fn conn_stats_show_a_udp_peers_connection() {
+    let ((a, pa), (mut b, pb)) = pair("", 5000);
+    let server = std::thread::spawn(move || echo(a, pa));
+    round_trips(&mut b, pb, 1, 7);
+    let a = server.join().unwrap();
+    let total: u64 = SIZES.iter().map(|&n| n as u64).sum();
+    for (ep, p) in [(&a, pa), (&b, pb)] {
+        let s = ep
+            .conn_stats(p)
+            .unwrap()
+            .expect("a UDP peer has a connection");
+        assert!(s.srtt_ns > 0 && s.min_rtt_ns > 0 && s.rto_ns > 0, "{s:?}");
+        assert!(
+            s.cwnd > 0 && s.datagrams_sent > 0 && s.datagrams_received > 0,
+            "{s:?}"
+        );
+        assert!(s.bytes_sent > total && s.bytes_received > total, "{s:?}");
+        assert_eq!((s.dropped_corrupt, s.dropped_malformed), (0, 0), "{s:?}");
+    }
+    assert!(matches!(
+        b.conn_stats(PeerId(99)),
+        Err(Error::UnknownPeer(_))
+    ));
+    let mut s = common::ctx().endpoint().unwrap();
+    let addr = s.address();
+    let client = std::thread::spawn(move || {
+        let mut c = common::ctx().endpoint().unwrap();
+        let p = c.connect(&addr).unwrap();
+        (c, p)
+    });
+    let ps = s.accept(Some(T)).unwrap();
+    let (c, pc) = client.join().unwrap();
+    assert_eq!(s.transport(ps).unwrap(), "shm");
+    assert_eq!(s.conn_stats(ps).unwrap(), None);
+    assert_eq!(c.conn_stats(pc).unwrap(), None);
+}

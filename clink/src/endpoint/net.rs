@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::transport::udp::Got;
 use crate::Selector;
 use crate::Status;
+use clink_proto::reliable::Stats as ConnStats;
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
 use std::net::SocketAddrV4;
@@ -137,6 +138,19 @@ impl Endpoint {
     /// peer.
     pub fn is_fast(&self, peer: PeerId) -> Result<bool> {
         Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn.is_fast()))
+    }
+
+    /// The reliable connection to `peer` as it stands: round-trip time (smoothed and
+    /// minimum), retransmission timeout, congestion window and threshold, packets in
+    /// flight, and its counters (datagrams and bytes each way, retransmissions, losses,
+    /// acks and NAKs, duplicates, drops by cause). `None` for a peer over shared memory or
+    /// TCP, which has no such connection (the kernel keeps TCP's). A dead peer's last
+    /// state stays readable.
+    pub fn conn_stats(&self, peer: PeerId) -> Result<Option<ConnStats>> {
+        Ok(match &self.peer(peer)?.link {
+            Link::Udp(u) => Some(u.conn.stats()),
+            Link::Shm(_) | Link::Tcp(_) => None,
+        })
     }
 
     /// `peer`'s index when it is a live UDP peer (admission control's scope).
