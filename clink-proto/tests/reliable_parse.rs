@@ -3,7 +3,7 @@
 
 use clink_proto::reliable::packet::{
     bulk_checksum, bulk_claim, coalesced_segment, crc32c, declared_len, is_bulk, parse_bulk, Piggy,
-    BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES,
+    BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES, VERSION,
 };
 use clink_proto::reliable::{
     AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
@@ -149,7 +149,7 @@ proptest! {
         body in proptest::collection::vec(any::<u8>(), 0..400),
     ) {
         // Past the checksum, so the field checks themselves are exercised.
-        let mut b = vec![0x43, 0x4c, 0x52, 0x44, 1, kind, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let mut b = vec![0x43, 0x4c, 0x52, 0x44, VERSION, kind, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         b.extend_from_slice(&body);
         let crc = crc32c(&b);
         b.extend_from_slice(&crc.to_le_bytes());
@@ -168,7 +168,7 @@ proptest! {
     ) {
         let mut b = bytes;
         if valid_start && b.len() >= 5 {
-            b[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1]);
+            b[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, VERSION]);
         }
         if let Some(n) = declared_len(&b) {
             // At least a common header and its trailer, at most a full-size data datagram.
@@ -258,7 +258,7 @@ proptest! {
     ) {
         // Past the checksum and the reserved fields (most of the time with the right
         // payload length), so the field checks themselves are exercised.
-        h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1, 7]);
+        h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, VERSION, 7]);
         h[6..8].fill(0);
         h[12..16].fill(0);
         h[58..60].fill(0);
@@ -307,8 +307,11 @@ fn typed_errors() {
     b[0] ^= 1;
     assert!(matches!(Datagram::parse(&b), Err(PacketError::BadMagic(_))));
     let mut b = buf.clone();
-    b[4] = 2;
-    assert_eq!(Datagram::parse(&b), Err(PacketError::BadVersion(2)));
+    b[4] = VERSION + 1;
+    assert_eq!(
+        Datagram::parse(&b),
+        Err(PacketError::BadVersion(VERSION + 1))
+    );
     let mut b = buf.clone();
     b[5] = 9;
     assert_eq!(Datagram::parse(&b), Err(PacketError::BadKind(9)));
@@ -316,7 +319,7 @@ fn typed_errors() {
     // refused.
     let admit = |op: u8, port: u16, grant: u32| {
         let mut b = vec![
-            0x43, 0x4c, 0x52, 0x44, 1, 8, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, op, 0,
+            0x43, 0x4c, 0x52, 0x44, VERSION, 8, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, op, 0,
         ];
         b.extend_from_slice(&port.to_le_bytes());
         b.extend_from_slice(&grant.to_le_bytes());

@@ -6,6 +6,7 @@ mod common;
 
 use clink::transport::udp::{FaultConfig, UdpConfig};
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
+use clink_proto::reliable::packet::VERSION;
 use common::{drive_until, echo, fill, T};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
@@ -450,7 +451,7 @@ fn hostile_datagrams_are_dropped_and_counted() {
         fill(i as u64, &mut d);
         if i % 2 == 0 && d.len() >= 16 {
             // Looks like ours: magic and version right, the rest random.
-            d[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, 1]);
+            d[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, VERSION]);
         }
         evil.send_to(&d, target).unwrap();
     }
