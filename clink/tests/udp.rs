@@ -98,22 +98,31 @@ fn round_trips(b: &mut Endpoint, pb: PeerId, rounds: usize, seed: u64) {
         .unwrap();
 }
 
-/// One round of every size class echoed back (`round_trips`) between a pair with
-/// `faults` (dead after 5 s of silence), seeded `seed`: both endpoints' counters.
-fn echoed_round_trips(faults: &str, seed: u64) -> [clink::Stats; 2] {
-    let ((a, pa), (mut b, pb)) = pair(faults, 5000);
+/// `rounds` of every size class echoed back (`round_trips`, seeded `seed`) between a pair
+/// with `faults`, dead after `dead_ms` of silence: the echo server's endpoint (closed) and
+/// the client's, each with its id for the other.
+fn echoed(
+    faults: &str,
+    dead_ms: u64,
+    rounds: usize,
+    seed: u64,
+) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    let ((a, pa), (mut b, pb)) = pair(faults, dead_ms);
     let server = std::thread::spawn(move || echo(a, pa));
-    round_trips(&mut b, pb, 1, seed);
-    let a = server.join().unwrap();
+    round_trips(&mut b, pb, rounds, seed);
+    ((server.join().unwrap(), pa), (b, pb))
+}
+
+/// One round of every size class echoed back between a pair with `faults` (dead after
+/// 5 s of silence), seeded `seed`: both endpoints' counters.
+fn echoed_round_trips(faults: &str, seed: u64) -> [clink::Stats; 2] {
+    let ((a, _), (b, _)) = echoed(faults, 5000, 1, seed);
     [a.stats(), b.stats()]
 }
 
 #[test]
 fn every_size_class_round_trips_over_loopback_udp() {
-    let ((a, pa), (mut b, pb)) = pair("", 2000);
-    let server = std::thread::spawn(move || echo(a, pa));
-    round_trips(&mut b, pb, 2, 1);
-    let a = server.join().unwrap();
+    let ((a, _), (b, _)) = echoed("", 2000, 2, 1);
     let s = b.stats();
     assert!(s.datagrams_sent > 0 && s.datagrams_received > 0, "{s:?}");
     assert_eq!(
@@ -129,10 +138,7 @@ fn every_size_class_round_trips_over_loopback_udp() {
 
 #[test]
 fn bulk_transfers_without_speculation_take_the_copy_path() {
-    let ((a, pa), (mut b, pb)) = pair("nospec", 2000);
-    let server = std::thread::spawn(move || echo(a, pa));
-    round_trips(&mut b, pb, 1, 3);
-    let a = server.join().unwrap();
+    let ((a, _), (b, _)) = echoed("nospec", 2000, 1, 3);
     let (sa, sb) = (a.stats(), b.stats());
     assert_eq!(sa.spec_hits + sb.spec_hits, 0);
     // Both directions: 65537 + 300000 + 4 MiB bytes each, placed by the copy path.
@@ -255,10 +261,7 @@ fn two_senders_under_admission_control(cfg: &'static str) -> clink::Stats {
 #[test]
 fn injected_faults_lose_nothing() {
     let faults = "drop=0.05,dup=0.02,corrupt=0.02,reorder=0.05,delay_us=300,seed=13";
-    let ((a, pa), (mut b, pb)) = pair(faults, 5000);
-    let server = std::thread::spawn(move || echo(a, pa));
-    round_trips(&mut b, pb, 2, 2);
-    let a = server.join().unwrap();
+    let ((a, _), (b, _)) = echoed(faults, 5000, 2, 2);
     let (sa, sb) = (a.stats(), b.stats());
     // Faults really happened, and every kind was repaired.
     assert!(
@@ -724,10 +727,7 @@ fn a_large_message_into_an_empty_buffer_is_truncated() {
 /// loopback), none for a shared-memory peer, and an error for an unknown one.
 #[test]
 fn conn_stats_show_a_udp_peers_connection() {
-    let ((a, pa), (mut b, pb)) = pair("", 5000);
-    let server = std::thread::spawn(move || echo(a, pa));
-    round_trips(&mut b, pb, 1, 7);
-    let a = server.join().unwrap();
+    let ((a, pa), (b, pb)) = echoed("", 5000, 1, 7);
     let total: u64 = SIZES.iter().map(|&n| n as u64).sum();
     for (ep, p) in [(&a, pa), (&b, pb)] {
         let s = ep
