@@ -26,21 +26,23 @@ impl Ranges {
             fresh(s, e);
             return;
         }
-        // The first range that touches or follows [s, e); merge every one touching it.
+        // The ranges i..j touch [s, e) (i: the first that touches or follows it): the
+        // gaps between them are fresh, and they merge with it into one.
         let i = r.partition_point(|&(_, end)| end < s);
+        let j = i + r.range(i..).take_while(|&&(a, _)| a <= e).count();
         let (mut start, mut end, mut at) = (s, e, s);
-        while let Some(&(a, b)) = r.get(i).filter(|&&(a, _)| a <= e) {
+        for &(a, b) in r.range(i..j) {
             if a > at {
                 fresh(at, a);
             }
             at = at.max(b);
             start = start.min(a);
             end = end.max(b);
-            r.remove(i);
         }
         if at < e {
             fresh(at, e);
         }
+        r.drain(i..j);
         r.insert(i, (start, end));
     }
 
