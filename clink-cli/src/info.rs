@@ -62,6 +62,18 @@ pub fn run() -> Result<(), String> {
             None => "off (CLINK_UDP=off)".into(),
         }
     );
+    if let Some(ring) = ctx.endpoint().ok().and_then(|ep| ep.udp_ring()) {
+        println!(
+            "                    udp receive: {}",
+            match ring {
+                Ok(()) => format!(
+                    "small datagrams (UDP length up to {} bytes: data, acks, naks, pings, admission) from a packet socket's receive ring polled in memory, the rest from the sockets",
+                    clink::transport::udp::ring::RING_MAX_UDP
+                ),
+                Err(why) => format!("from the sockets; receive ring {why}"),
+            }
+        );
+    }
     println!(
         "                    tcp: {}",
         match &cfg.tcp {

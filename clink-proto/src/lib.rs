@@ -11,6 +11,8 @@
 //! - [`cost`]: the cost model that picks the eager/rendezvous threshold and the pipeline
 //!   chunk size from measured copy and system-call costs (BIP: "model all you can");
 //! - [`addr`]: endpoint address strings;
+//! - [`ipv4`]: the IPv4 + UDP headers of packets the UDP transport's receive ring
+//!   captures below the socket layer;
 //! - [`reliable`]: the per-peer reliable datagram protocol of the network path (issue 3,
 //!   first piece: sequencing, SACK/NAK, RTT and retransmission, credits and congestion
 //!   window, fragmentation, an unreliable mode), with [`netsim`], the seeded simulated
@@ -34,6 +36,7 @@ pub mod admission;
 pub mod cost;
 mod error;
 pub mod idhash;
+pub mod ipv4;
 mod le;
 pub mod matching;
 pub mod netsim;

@@ -28,6 +28,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_ADMISSION", "admission control of fast bulk streams, one granted per receiving endpoint (Fast_Req / Fast_Ack / Fast_NAck): 'implicit' (default: asked for when a bulk transfer starts), 'explicit' (Endpoint::request_fast), 'off' (every stream fast)"),
     ("CLINK_UDP_PEER_SOCKETS", "how many peers (the first ones) get a UDP socket of their own, connected to them and sharing the endpoint's port (SO_REUSEPORT): their datagrams skip the per-datagram route lookup and the main socket (64-byte one-way across the veth pair 0.5-0.8 us less in three alternated pairs, BENCHMARKS.md); every such socket is read on every pass, so a few (default 4, 0-64; 0: one socket for all)"),
     ("CLINK_UDP_STEER", "'1': a receiver steers the fast stream admission control granted to a UDP socket of its own, connected to that sender (the kernel keeps other traffic out of its speculative layout; measured: no more in place than without it since stop 20, 99.7-100% either way, but two senders' goodput 0.73x one sender instead of 0.96x in stop 22, and 1% loss 0.49-0.66x lossless instead of 0.74x in stop 19, BENCHMARKS.md); '0' (default): no steered socket (a stream arrives on its peer's own socket, see CLINK_UDP_PEER_SOCKETS, or on the main one)"),
+    ("CLINK_UDP_RING", "'1' (default): read the small UDP datagrams (data, acks, naks, pings, admission; UDP length up to 1908 bytes) from a packet socket's receive ring shared with the kernel (PACKET_RX_RING), polled in memory without a system call, the UDP sockets dropping them by a BPF filter; bulk fragments, long coalesced runs and handshakes stay on the sockets. Needs CAP_NET_RAW (else the sockets alone, as with '0'); the ring's packets are taken before IP input, so the host's netfilter rules do not see them. 64-byte one-way across the veth pair about 0.6 us less (BENCHMARKS.md, stop 26)"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
     ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
@@ -211,6 +212,7 @@ impl Config {
                 "CLINK_UDP_SPEC_BACKOFF" => udp.spec_backoff = flag(&k, &v)?,
                 "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
                 "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
+                "CLINK_UDP_RING" => udp.ring = flag(&k, &v)?,
                 "CLINK_UDP_FORCE_MISS" => udp.force_miss = flag(&k, &v)?,
                 "CLINK_UDP_ADMISSION" => {
                     use clink_proto::admission::Mode;

@@ -113,6 +113,12 @@ pub struct Stats {
     /// Network path: datagrams read from the sockets of peers that have one of their own
     /// (`CLINK_UDP_PEER_SOCKETS`).
     pub peer_socket_datagrams: u64,
+    /// Network path: datagrams read from the UDP receive ring (`CLINK_UDP_RING`; also
+    /// counted in `datagrams_received`).
+    pub ring_datagrams: u64,
+    /// Network path: datagrams the kernel dropped because the receive ring was full
+    /// (repaired by the connection as losses).
+    pub ring_full_drops: u64,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).

@@ -1826,6 +1826,13 @@ impl Conn {
         self.stats.bulk_fragments
     }
 
+    /// Whether a hole was seen that the next transmission will NAK (a transport that reads
+    /// one peer's datagrams from two queues checks the other queue first, so that a
+    /// datagram still waiting there is not reported missing).
+    pub fn nak_pending(&self) -> bool {
+        !self.nak_ranges.is_empty()
+    }
+
     /// Whether bulk fragments go fast now (granted, or admission control off).
     pub fn is_fast(&self) -> bool {
         self.asker.fast()

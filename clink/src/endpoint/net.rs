@@ -45,6 +45,10 @@ fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
     timeout.map_or(s, |t| s.min(t))
 }
 
+/// Most passes [`Endpoint::drain_before_nak`] reads the sockets for (each reads a batch
+/// of every socket; a socket still not empty after them holds a burst the NAK may name).
+const DRAIN_READS: usize = 8;
+
 /// Largest frame payload a connection message carries, with room for the frame header
 /// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
 const NET_FRAME_MAX: u64 = (1 << 30) - 64;
@@ -153,6 +157,13 @@ impl Endpoint {
         })
     }
 
+    /// How this endpoint reads its small UDP datagrams: `Some(Ok(()))` from the receive
+    /// ring (`CLINK_UDP_RING`), `Some(Err(why))` from its sockets, and why; `None` without
+    /// a UDP transport.
+    pub fn udp_ring(&self) -> Option<std::result::Result<(), String>> {
+        self.net.as_ref().map(|n| n.ring().map_err(str::to_string))
+    }
+
     /// `peer`'s index when it is a live UDP peer (admission control's scope).
     fn net_peer(&self, peer: PeerId) -> Result<usize> {
         let p = self.peer(peer)?;
@@ -242,42 +253,16 @@ impl Endpoint {
     /// with only shared-memory peers makes no system call per poll. Hellos from new peers
     /// are then read when epoll reports the socket readable (liveness checks, sleeps).
     pub(super) fn net_receive(&mut self, readable: bool) -> bool {
-        let Some(net) = self.net.as_mut().filter(|n| readable || n.active()) else {
+        if self.net.as_ref().is_none_or(|n| !readable && !n.active()) {
             return false;
-        };
-        // Arm a speculative receive for one stream at a time (the others' fragments take the
-        // ordinary path): the one admission control granted, or with no grant in force the
-        // first peer with a bulk transfer coming in. Re-planned only when that link's
-        // transfers changed, not on every poll.
-        let receiving = |i: usize, p: &super::Peer| match &p.link {
-            Link::Udp(u) if p.alive && u.bulk.receiving() => Some((i, u.bulk.generation())),
-            _ => None,
-        };
-        let key = match (net.speculate(), net.fast_holder()) {
-            (false, _) => None,
-            (true, Some(h)) => self.peers.get(h).and_then(|p| receiving(h, p)),
-            (true, None) => self
-                .peers
-                .iter()
-                .enumerate()
-                .find_map(|(i, p)| receiving(i, p)),
-        };
-        if net.planned_key() != key {
-            let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
-                Link::Udp(u) => {
-                    let c = u.conn.config();
-                    let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
-                    let src = u.dest;
-                    u.bulk
-                        .arm(conn, group, RX_ENTRIES)
-                        .map(|a| ((i, g), src, a))
-                }
-                _ => None,
-            });
-            net.set_arm(key, arm);
         }
-        let peers = &mut self.peers;
-        let got = net.receive(readable, &mut |i, g, now| to_link(peers, i, g, now)) > 0;
+        let got = self.read_net(readable) > 0;
+        if got {
+            self.drain_before_nak();
+        }
+        let Some(net) = self.net.as_mut() else {
+            return got;
+        };
         // Timers and admission decisions with the receive's reading of the clock.
         let now = net.read_at();
         let mut dead = Vec::new();
@@ -312,6 +297,55 @@ impl Endpoint {
             net.flush(); // welcomes answering hellos
         }
         got || adopted
+    }
+
+    /// One read of the UDP transport (the ring and the sockets due), after re-planning the
+    /// speculative layout: datagrams read. Every read of an armed socket must follow a
+    /// re-plan (a hit or a copy changes what the layout may arm).
+    fn read_net(&mut self, readable: bool) -> usize {
+        let Some(net) = self.net.as_mut() else {
+            return 0;
+        };
+        // Arm a speculative receive for one stream at a time (the others' fragments take the
+        // ordinary path): the one admission control granted, or with no grant in force the
+        // first peer with a bulk transfer coming in. Re-planned only when that link's
+        // transfers changed, not on every poll.
+        let receiving = |i: usize, p: &super::Peer| match &p.link {
+            Link::Udp(u) if p.alive && u.bulk.receiving() => Some((i, u.bulk.generation())),
+            _ => None,
+        };
+        let key = match (net.speculate(), net.fast_holder()) {
+            (false, _) => None,
+            (true, Some(h)) => self.peers.get(h).and_then(|p| receiving(h, p)),
+            (true, None) => self
+                .peers
+                .iter()
+                .enumerate()
+                .find_map(|(i, p)| receiving(i, p)),
+        };
+        if net.planned_key() != key {
+            let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
+                Link::Udp(u) => {
+                    let c = u.conn.config();
+                    let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
+                    let src = u.dest;
+                    u.bulk
+                        .arm(conn, group, RX_ENTRIES)
+                        .map(|a| ((i, g), src, a))
+                }
+                _ => None,
+            });
+            net.set_arm(key, arm);
+        }
+        if net.has_ring() {
+            let bulk_in = self
+                .peers
+                .iter()
+                .any(|p| p.alive && matches!(&p.link, Link::Udp(u) if u.bulk.receiving()));
+            net.expect_bulk(bulk_in);
+        }
+        let peers = &mut self.peers;
+        net.receive(readable, &mut |i, g, now| to_link(peers, i, g, now))
     }
 
     /// Fails UDP peer `i`, whose connection declared it dead (silent too long).
@@ -375,6 +409,7 @@ impl Endpoint {
             let peers = &mut self.peers;
             let got = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
             if got > 0 {
+                self.drain_before_nak();
                 return self.take_fast_udp(i, sel, buf);
             }
             if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
@@ -385,6 +420,28 @@ impl Endpoint {
             // across the veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
         }
         None
+    }
+
+    /// With the receive ring, after a read that opened a hole in some peer's sequence:
+    /// reads every socket until they are empty (at most [`DRAIN_READS`] passes), before
+    /// the connection NAKs the hole. The ring and the sockets are two queues of one
+    /// arrival order (bulk fragments and long coalesced runs take the sockets, the small
+    /// datagrams the ring), and a ring datagram read before the socket datagrams that
+    /// preceded it would otherwise have them NAKed and resent as lost.
+    fn drain_before_nak(&mut self) {
+        if !self.net.as_ref().is_some_and(|n| n.has_ring()) {
+            return;
+        }
+        let hole = |peers: &[super::Peer]| {
+            peers
+                .iter()
+                .any(|p| matches!(&p.link, Link::Udp(u) if u.conn.nak_pending()))
+        };
+        for _ in 0..DRAIN_READS {
+            if !hole(&self.peers) || self.read_net(true) == 0 {
+                return;
+            }
+        }
     }
 
     /// After [`Endpoint::recv_fast_udp`] read something: the peer's due timers and
@@ -517,6 +574,10 @@ impl Endpoint {
         s.granted_hits += t.granted_hits;
         s.steered_datagrams += t.steered_datagrams;
         s.peer_socket_datagrams += t.peer_socket_datagrams;
+        s.ring_datagrams += t.ring_datagrams;
+        s.datagrams_received += t.ring_datagrams;
+        s.ring_full_drops += t.ring_full_drops;
+        s.malformed_dropped += t.ring_malformed;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {

@@ -18,6 +18,7 @@
 pub mod bulk;
 pub mod faults;
 pub mod peers;
+pub mod ring;
 pub mod sock;
 pub mod steer;
 
@@ -154,6 +155,9 @@ pub struct UdpConfig {
     /// Peers (the first ones) that get a connected socket of their own ([`peers`]); 0:
     /// every peer shares the main socket.
     pub peer_sockets: usize,
+    /// Read the small datagrams from a packet socket's receive ring instead of the UDP
+    /// sockets ([`ring`]; needs `CAP_NET_RAW`, else the sockets alone).
+    pub ring: bool,
 }
 
 impl Default for UdpConfig {
@@ -171,6 +175,7 @@ impl Default for UdpConfig {
             admission: Mode::Implicit,
             steer: false,
             peer_sockets: 4,
+            ring: false,
         }
     }
 }
@@ -202,6 +207,12 @@ pub struct UdpStats {
     pub steered_datagrams: u64,
     /// Datagrams read from peers' own sockets ([`peers`]).
     pub peer_socket_datagrams: u64,
+    /// Datagrams read from the receive ring ([`ring`]).
+    pub ring_datagrams: u64,
+    /// Ring frames that held no valid UDP packet for the endpoint, dropped.
+    pub ring_malformed: u64,
+    /// Packets the kernel dropped for a full ring (repaired as losses).
+    pub ring_full_drops: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -442,6 +453,15 @@ pub struct UdpTransport {
     faults: Option<Faults>,
     /// Whether speculation pays for the armed stream.
     confidence: Confidence,
+    /// The receive ring of the small datagrams, when the kernel allowed one ([`ring`]).
+    ring: Option<ring::RxRing>,
+    /// Why there is no ring (for `clink info`).
+    ring_off: Option<String>,
+    /// With the ring: the last pass's socket reads brought something, so the next pass
+    /// reads the sockets again (else they are read every [`RING_SOCK_EVERY`]th pass).
+    sock_hot: bool,
+    /// With the ring: a bulk transfer is coming in, so every pass reads the sockets.
+    bulk_expected: bool,
     st: State,
 }
 
@@ -655,9 +675,17 @@ impl UdpTransport {
         let mtu = cfg.mtu.unwrap_or(if_mtu).clamp(576, 65536);
         let batch = TxBatch::new(sock.gso());
         let steer = Steering::new(cfg.steer, cfg.bind, cfg.sock_buf);
-        let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf);
+        let (ring, ring_off) = match open_ring(&cfg, &sock) {
+            Ok(r) => (Some(r), None),
+            Err(why) => (None, Some(why)),
+        };
+        let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf, ring.is_some());
         Ok(UdpTransport {
             peers,
+            ring,
+            ring_off,
+            sock_hot: false,
+            bulk_expected: false,
             passes: 0,
             read_fresh: false,
             uncovered: 0,
@@ -711,12 +739,35 @@ impl UdpTransport {
     /// Transport counters.
     pub fn stats(&self) -> UdpStats {
         let g = self.st.gate.stats();
+        let r = self.ring.as_ref().map(|r| r.stats()).unwrap_or_default();
         UdpStats {
             fast_grants: g.grants,
             fast_refusals: g.refusals,
             fast_revocations: g.revocations,
+            ring_datagrams: r.datagrams,
+            ring_malformed: r.malformed,
+            ring_full_drops: r.full_drops,
             ..self.st.stats
         }
+    }
+
+    /// Whether small datagrams are read from a receive ring ([`ring`]), and if not, why.
+    pub fn ring(&self) -> std::result::Result<(), &str> {
+        match &self.ring_off {
+            None => Ok(()),
+            Some(why) => Err(why),
+        }
+    }
+
+    /// Whether there is a receive ring.
+    pub fn has_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    /// Tells the transport whether a bulk transfer is coming in: with the receive ring,
+    /// the sockets (where bulk fragments arrive) are then read on every pass.
+    pub fn expect_bulk(&mut self, yes: bool) {
+        self.bulk_expected = yes;
     }
 
     /// Injected-fault counters (zero when no faults are configured).
@@ -900,6 +951,7 @@ impl UdpTransport {
             .filter_map(|i| {
                 socket(&mut self.sock, &mut self.steer, &mut self.peers, i).map(|s| s.raw())
             })
+            .chain(self.ring.as_ref().map(|r| r.raw()))
             .collect()
     }
 
@@ -1053,13 +1105,86 @@ impl UdpTransport {
     pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
         self.passes = self.passes.wrapping_add(1);
         let mut now = (all || self.passes.is_multiple_of(CLOCK_EVERY)).then(|| self.st.now());
+        let from_ring = self.receive_ring(&mut now, sink);
+        if self.ring.is_some() {
+            let socks_due = all
+                || self.sock_hot
+                || self.bulk_expected
+                || self.st.armed.is_some()
+                || self.steer.is_open()
+                || !self.st.pending.is_empty()
+                || self.faults.is_some()
+                || self.passes.is_multiple_of(RING_SOCK_EVERY);
+            if !socks_due {
+                // (Speculation's backoff counts socket datagrams only: 0.)
+                self.finish_receive(None, 0, now.is_some());
+                return from_ring;
+            }
+        }
+        let n = self.receive_sockets(all, &mut now, sink);
+        self.sock_hot = n > 0;
+        if n > 0 && self.ring.is_some() {
+            // What the sockets just gave may follow ring datagrams that arrived during
+            // the reads (the kernel fills both in arrival order): read those too, so a
+            // hole the socket's datagrams opened is not taken for a loss.
+            let later = self.receive_ring(&mut now, sink);
+            self.read_fresh |= later > 0;
+            return from_ring + n + later;
+        }
+        from_ring + n
+    }
+
+    /// Reads the receive ring (if any): its datagrams (never bulk fragments) to `sink`,
+    /// through the fault injector when one is set.
+    fn receive_ring(
+        &mut self,
+        now: &mut Option<u64>,
+        sink: &mut impl FnMut(usize, Got<'_>, u64),
+    ) -> usize {
+        let Some(ring) = self.ring.as_mut() else {
+            return 0;
+        };
+        let st = &mut self.st;
+        let Some(f) = self.faults.as_mut() else {
+            let n = ring.poll(RING_BATCH, |src, d| {
+                let t = *now.get_or_insert_with(|| st.now());
+                st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d)
+            });
+            return n;
+        };
+        let t = *now.get_or_insert_with(|| st.now());
+        let mut gathered = std::mem::take(&mut st.gathered);
+        gathered.clear();
+        let n = ring.poll(RING_BATCH, |src, d| {
+            f.apply(t, src, d, &mut |s, d| gathered.push(s, d))
+        });
+        // Held-back datagrams are released by the main socket's read (every pass while
+        // faults are injected): they may be bulk fragments, whose copy into a place the
+        // layout still arms must stop the armed read that pass ([`Self::receive_sockets`]).
+        let mut from = 0;
+        for &(s, end) in &gathered.items {
+            let d = &gathered.bytes[from..end];
+            st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), s, d);
+            from = end;
+        }
+        st.gathered = gathered;
+        n
+    }
+
+    /// The sockets' part of [`UdpTransport::receive`].
+    fn receive_sockets(
+        &mut self,
+        all: bool,
+        now: &mut Option<u64>,
+        sink: &mut impl FnMut(usize, Got<'_>, u64),
+    ) -> usize {
         let main = all
             || self.uncovered > 0
             || self.faults.is_some()
             || !self.st.pending.is_empty()
             || self.passes.is_multiple_of(peers::MAIN_EVERY);
         if self.st.armed.is_none() && !main && !self.steer.is_open() {
-            let n = self.receive_peers(&mut now, sink);
+            let n = self.receive_peers(now, sink);
             self.finish_receive(None, n, now.is_some());
             return n;
         }
@@ -1282,6 +1407,27 @@ impl UdpTransport {
 /// An idle receive reads the clock once per this many calls (timers are due in tens of
 /// microseconds at the soonest; a busy-poll pass takes under one).
 pub const CLOCK_EVERY: u32 = 8;
+
+/// With the receive ring, an idle pass reads the sockets once per this many calls (they
+/// then hold bulk fragments, long coalesced runs and handshakes; a pass that reads only
+/// the ring makes no system call, so they are looked at every half microsecond or so).
+pub const RING_SOCK_EVERY: u32 = 16;
+
+/// Frames one pass takes from the ring at most.
+const RING_BATCH: usize = 64;
+
+/// Opens the receive ring for `sock` if the configuration asks for it, and makes `sock`
+/// leave the ring's datagrams to it; the reason when there is none.
+fn open_ring(cfg: &UdpConfig, sock: &UdpSock) -> std::result::Result<ring::RxRing, String> {
+    if !cfg.ring {
+        return Err("off (CLINK_UDP_RING=1 turns it on)".into());
+    }
+    let local = SocketAddrV4::new(*cfg.bind.ip(), sock.local().port());
+    let r = ring::RxRing::open(local).map_err(|e| format!("refused by the kernel ({e})"))?;
+    ring::attach_filter(sock.raw(), &ring::socket_filter())
+        .map_err(|e| format!("the socket's filter was refused ({e})"))?;
+    Ok(r)
+}
 
 /// The number of the first peer socket (see [`socket`]).
 const PEER_SOCK0: usize = 1 + steer::SOCKETS;

@@ -39,16 +39,20 @@ pub struct PeerSocks {
     new_fds: Vec<RawFd>,
     /// Counters of the sockets already closed.
     retired: SockStats,
+    /// Whether their sockets leave the receive ring's datagrams to it ([`super::ring`]).
+    ring: bool,
 }
 
 impl PeerSocks {
     /// Up to `max` sockets bound to `local` (the main socket's address, bound with
-    /// [`UdpSock::bind_shared`]), `buf` bytes of kernel buffer each way.
-    pub fn new(max: usize, local: SocketAddrV4, buf: usize) -> PeerSocks {
+    /// [`UdpSock::bind_shared`]), `buf` bytes of kernel buffer each way; with `ring`,
+    /// each leaves the receive ring's datagrams to it.
+    pub fn new(max: usize, local: SocketAddrV4, buf: usize, ring: bool) -> PeerSocks {
         PeerSocks {
             max,
             local,
             buf,
+            ring,
             socks: Vec::new(),
             new_fds: Vec::new(),
             retired: SockStats::default(),
@@ -62,7 +66,8 @@ impl PeerSocks {
         if self.socks.len() >= self.max || self.index_of(dest).is_some() {
             return false;
         }
-        match UdpSock::connected(self.local, dest, self.buf) {
+        let filter = self.ring.then(super::ring::socket_filter);
+        match UdpSock::connected(self.local, dest, self.buf, filter.as_deref()) {
             Ok(sock) => {
                 self.new_fds.push(sock.raw());
                 self.socks.push(PeerSock { sock, dest });
@@ -166,7 +171,7 @@ mod tests {
         let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
         let mut main = UdpSock::bind_shared(lo, 1 << 20).unwrap();
         let (a, b) = (UdpSocket::bind(lo).unwrap(), UdpSocket::bind(lo).unwrap());
-        let mut peers = PeerSocks::new(1, main.local(), 1 << 20);
+        let mut peers = PeerSocks::new(1, main.local(), 1 << 20, false);
         assert!(peers.open(v4(&a)));
         assert!(!peers.open(v4(&b)), "the limit is one socket");
         assert!(!peers.open(v4(&a)), "one socket per peer");

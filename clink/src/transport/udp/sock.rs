@@ -154,31 +154,38 @@ impl UdpSock {
     /// Binds a non-blocking socket to `addr` (port 0: any) with `buf_bytes` of kernel
     /// buffers each way (forced as root, else as large as allowed), and turns on GRO.
     pub fn bind(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
-        UdpSock::open(addr, buf_bytes, false)
+        UdpSock::open(addr, buf_bytes, false, None)
     }
 
     /// As [`UdpSock::bind`], with `SO_REUSEPORT`: sockets of this user may bind the same
     /// address too. Those connected to a peer then take its datagrams (the kernel prefers
     /// a connected socket's exact match), the others everything else.
     pub fn bind_shared(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
-        UdpSock::open(addr, buf_bytes, true)
+        UdpSock::open(addr, buf_bytes, true, None)
     }
 
     /// A socket bound to `local` beside the shared socket bound there
     /// ([`UdpSock::bind_shared`]) and connected to `peer`: it receives `peer`'s datagrams
-    /// and sends to it without a route lookup per datagram.
+    /// and sends to it without a route lookup per datagram. `filter`: a classic BPF
+    /// program attached before the socket is bound (so nothing it drops is ever queued).
     pub fn connected(
         local: SocketAddrV4,
         peer: SocketAddrV4,
         buf_bytes: usize,
+        filter: Option<&[libc::sock_filter]>,
     ) -> io::Result<UdpSock> {
-        let mut s = UdpSock::open(local, buf_bytes, true)?;
+        let mut s = UdpSock::open(local, buf_bytes, true, filter)?;
         s.connect(peer)?;
         s.peer = Some(peer);
         Ok(s)
     }
 
-    fn open(addr: SocketAddrV4, buf_bytes: usize, shared: bool) -> io::Result<UdpSock> {
+    fn open(
+        addr: SocketAddrV4,
+        buf_bytes: usize,
+        shared: bool,
+        filter: Option<&[libc::sock_filter]>,
+    ) -> io::Result<UdpSock> {
         // SAFETY: plain socket(2).
         let raw = cvt(unsafe {
             libc::socket(
@@ -201,6 +208,9 @@ impl UdpSock {
         let gro = setsockopt_int(raw, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         if shared {
             setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
+        if let Some(prog) = filter {
+            super::ring::attach_filter(raw, prog)?;
         }
         let sa = to_sockaddr(addr);
         // SAFETY: a valid sockaddr_in of the size given.
@@ -1178,7 +1188,7 @@ mod tests {
             _ => unreachable!(),
         };
         // Bound but not yet connected (as `connected` makes it): anyone can reach it.
-        let mut s = UdpSock::open(lo(), 1 << 20, true).unwrap();
+        let mut s = UdpSock::open(lo(), 1 << 20, true, None).unwrap();
         x.send_to(b"early", s.local()).unwrap();
         s.connect(v4(&y)).unwrap();
         s.peer = Some(v4(&y));
@@ -1206,7 +1216,7 @@ mod tests {
         use clink_proto::reliable::Datagram;
         let mut a = UdpSock::bind(lo(), 1 << 20).unwrap();
         let mut main = UdpSock::bind(lo(), 1 << 20).unwrap();
-        let mut own = UdpSock::connected(lo(), a.local(), 1 << 20).unwrap();
+        let mut own = UdpSock::connected(lo(), a.local(), 1 << 20, None).unwrap();
         // Found empty: the next reads ask for one entry (and, connected, for no name).
         assert_eq!((own.recv_batch(), main.recv_batch()), (0, 0));
         assert!(own.only.is_some() && main.only.is_none());
