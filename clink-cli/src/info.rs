@@ -62,7 +62,7 @@ pub fn run() -> Result<(), String> {
             None => "off (CLINK_UDP=off)".into(),
         }
     );
-    if let Some(ring) = ctx.endpoint().ok().and_then(|ep| ep.udp_ring()) {
+    if let Some(ring) = ctx.endpoint().ok().and_then(|mut ep| ep.udp_ring()) {
         println!(
             "                    udp receive: {}",
             match ring {

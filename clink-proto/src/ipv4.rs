@@ -128,23 +128,40 @@ pub fn parse_udp(pkt: &[u8]) -> Result<Udp<'_>, Ipv4Error> {
     })
 }
 
+/// Writes the IPv4 (no options, don't-fragment, TTL 64, a valid header checksum) and UDP
+/// (checksum 0: none) headers of a `len`-byte datagram from `src` to `dst` into `out`;
+/// `None` when the packet would exceed 65 535 bytes.
+pub fn encode_headers(
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    len: usize,
+    out: &mut [u8; IP_HEADER + UDP_HEADER],
+) -> Option<()> {
+    let total = u16::try_from(IP_HEADER + UDP_HEADER + len).ok()?;
+    out[..12].copy_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, PROTO_UDP, 0, 0]);
+    out[2..4].copy_from_slice(&total.to_be_bytes());
+    out[12..16].copy_from_slice(&src.ip().octets());
+    out[16..20].copy_from_slice(&dst.ip().octets());
+    let sum = !ones_sum(&out[..IP_HEADER]);
+    out[10..12].copy_from_slice(&sum.to_be_bytes());
+    out[20..22].copy_from_slice(&src.port().to_be_bytes());
+    out[22..24].copy_from_slice(&dst.port().to_be_bytes());
+    out[24..26].copy_from_slice(&(total - IP_HEADER as u16).to_be_bytes());
+    out[26..28].fill(0);
+    Some(())
+}
+
 /// Builds an IPv4 packet (no options, a valid header checksum, UDP checksum 0) holding
 /// `payload` from `src` to `dst`: the inverse of [`parse_udp`], for tests and simulators.
+/// (Payloads past the 65 535-byte limit are cut to fit.)
 pub fn encode_udp(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8], out: &mut Vec<u8>) {
-    let total = (IP_HEADER + UDP_HEADER + payload.len()).min(usize::from(u16::MAX)) as u16;
-    let start = out.len();
-    out.extend_from_slice(&[0x45, 0]);
-    out.extend_from_slice(&total.to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0x40, 0, 64, PROTO_UDP, 0, 0]);
-    out.extend_from_slice(&src.ip().octets());
-    out.extend_from_slice(&dst.ip().octets());
-    let sum = !ones_sum(&out[start..start + IP_HEADER]);
-    out[start + 10..start + 12].copy_from_slice(&sum.to_be_bytes());
-    out.extend_from_slice(&src.port().to_be_bytes());
-    out.extend_from_slice(&dst.port().to_be_bytes());
-    out.extend_from_slice(&(total - IP_HEADER as u16).to_be_bytes());
-    out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&payload[..usize::from(total) - IP_HEADER - UDP_HEADER]);
+    let len = payload
+        .len()
+        .min(usize::from(u16::MAX) - IP_HEADER - UDP_HEADER);
+    let mut hdr = [0u8; IP_HEADER + UDP_HEADER];
+    encode_headers(src, dst, len, &mut hdr).expect("length cut to fit");
+    out.extend_from_slice(&hdr);
+    out.extend_from_slice(&payload[..len]);
 }
 
 #[cfg(test)]

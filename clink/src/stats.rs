@@ -119,6 +119,9 @@ pub struct Stats {
     /// Network path: datagrams the kernel dropped because the receive ring was full
     /// (repaired by the connection as losses).
     pub ring_full_drops: u64,
+    /// Network path: datagrams sent through the receive ring's packet socket to a peer
+    /// one hop away (also counted in `datagrams_sent`).
+    pub ring_sent: u64,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).

@@ -16,10 +16,10 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // "explicit": admission control by the API only; "nosteer": no flow steering;
     // "forcemiss": bulk fragments sent misordered (CLINK_UDP_FORCE_MISS); "nobackoff":
     // speculation kept armed however much it misses (CLINK_UDP_SPEC_BACKOFF=0); "sleepy":
-    // no busy-polling, every wait sleeps at once (CLINK_SPIN_US=0); "ring": small
-    // datagrams through the receive ring (CLINK_UDP_RING=1).
+    // no busy-polling, every wait sleeps at once (CLINK_SPIN_US=0); "noring": no receive
+    // ring (CLINK_UDP_RING=0: the sockets alone; "ring" says the default, on).
     let udp = UdpConfig {
-        ring: faults.contains("ring"),
+        ring: !faults.contains("noring"),
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         mtu: Some(1500),
         dead_after: Duration::from_millis(dead_ms),
@@ -36,6 +36,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
                 .replace("unreliable", "")
                 .replace("explicit", "")
                 .replace("nosteer", "")
+                .replace("noring", "")
                 .replace("ring", ""),
         )
         .unwrap(),
@@ -142,7 +143,7 @@ fn every_size_class_round_trips_over_loopback_udp() {
 /// Whether a new endpoint of a `net_ctx` context with the receive ring gets one (it needs
 /// CAP_NET_RAW); prints why not.
 fn ring_available() -> bool {
-    let ep = net_ctx("ring", 2000).endpoint().unwrap();
+    let mut ep = net_ctx("ring", 2000).endpoint().unwrap();
     match ep.udp_ring() {
         Some(Ok(())) => true,
         why => {
@@ -169,6 +170,21 @@ fn every_size_class_round_trips_through_the_receive_ring() {
         assert!(s.spec_hits > 0, "{s:?}");
         assert_eq!(
             s.corrupt_dropped + s.malformed_dropped + s.stray_dropped + s.ring_full_drops,
+            0,
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn every_size_class_round_trips_through_the_sockets_alone() {
+    // CLINK_UDP_RING=0: the path of a process without CAP_NET_RAW.
+    let ((a, _), (b, _)) = echoed("noring", 2000, 2, 12);
+    for s in [a.stats(), b.stats()] {
+        assert_eq!(s.ring_datagrams + s.ring_sent, 0, "{s:?}");
+        assert!(s.spec_hits > 0, "{s:?}");
+        assert_eq!(
+            s.corrupt_dropped + s.malformed_dropped + s.stray_dropped,
             0,
             "{s:?}"
         );

@@ -160,8 +160,12 @@ impl Endpoint {
     /// How this endpoint reads its small UDP datagrams: `Some(Ok(()))` from the receive
     /// ring (`CLINK_UDP_RING`), `Some(Err(why))` from its sockets, and why; `None` without
     /// a UDP transport.
-    pub fn udp_ring(&self) -> Option<std::result::Result<(), String>> {
-        self.net.as_ref().map(|n| n.ring().map_err(str::to_string))
+    ///
+    /// The ring is otherwise opened with the first UDP peer; this opens it now.
+    pub fn udp_ring(&mut self) -> Option<std::result::Result<(), String>> {
+        let r = self.net.as_mut().map(|n| n.ring().map_err(str::to_string));
+        self.watch_new_sockets();
+        r
     }
 
     /// `peer`'s index when it is a live UDP peer (admission control's scope).
@@ -577,6 +581,8 @@ impl Endpoint {
         s.ring_datagrams += t.ring_datagrams;
         s.datagrams_received += t.ring_datagrams;
         s.ring_full_drops += t.ring_full_drops;
+        s.ring_sent += t.ring_sent;
+        s.datagrams_sent += t.ring_sent;
         s.malformed_dropped += t.ring_malformed;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
@@ -756,8 +762,10 @@ mod tests {
             }
         };
         let main = a.net.as_ref().unwrap().sock.raw();
+        // The main socket and the peer's own, and the receive ring when there is one.
+        let expect = |ep: &Endpoint| 2 + usize::from(ep.net.as_ref().unwrap().has_ring());
         let fds = a.net.as_mut().unwrap().fds();
-        assert_eq!(fds.len(), 2, "the main socket and the peer's own");
+        assert_eq!(fds.len(), expect(&a));
         assert!(watched(&a, main));
         let own = fds.into_iter().find(|&fd| fd != main).unwrap();
         assert!(!watched(&a, own), "watched before any sleep");
@@ -774,8 +782,9 @@ mod tests {
             a.finish_wait();
         }
         for ep in [&mut a, &mut b] {
+            let n = expect(ep);
             let fds = ep.net.as_mut().unwrap().fds();
-            assert_eq!(fds.len(), 2);
+            assert_eq!(fds.len(), n);
             for fd in fds {
                 assert!(watched(ep, fd), "fd {fd} not watched after a sleep");
             }

@@ -175,7 +175,7 @@ impl Default for UdpConfig {
             admission: Mode::Implicit,
             steer: false,
             peer_sockets: 4,
-            ring: false,
+            ring: true,
         }
     }
 }
@@ -213,6 +213,8 @@ pub struct UdpStats {
     pub ring_malformed: u64,
     /// Packets the kernel dropped for a full ring (repaired as losses).
     pub ring_full_drops: u64,
+    /// Datagrams sent through the ring's packet socket.
+    pub ring_sent: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -453,15 +455,22 @@ pub struct UdpTransport {
     faults: Option<Faults>,
     /// Whether speculation pays for the armed stream.
     confidence: Confidence,
-    /// The receive ring of the small datagrams, when the kernel allowed one ([`ring`]).
+    /// The receive ring of the small datagrams, once opened ([`ring`]).
     ring: Option<ring::RxRing>,
-    /// Why there is no ring (for `clink info`).
+    /// Why there is no ring and will be none (for `clink info`); `None` while it may
+    /// still be opened.
     ring_off: Option<String>,
+    /// The ring's descriptor, for the endpoint's epoll set, until it takes it.
+    ring_new_fd: Option<RawFd>,
     /// With the ring: the last pass's socket reads brought something, so the next pass
     /// reads the sockets again (else they are read every [`RING_SOCK_EVERY`]th pass).
     sock_hot: bool,
     /// With the ring: a bulk transfer is coming in, so every pass reads the sockets.
     bulk_expected: bool,
+    /// With the ring: where each peer's datagrams came from, one hop away (learned from
+    /// the ring's frames of datagrams that reached a link): lone datagrams to it are sent
+    /// through the packet socket.
+    links: Vec<(SocketAddrV4, ring::LinkAddr)>,
     st: State,
 }
 
@@ -615,8 +624,14 @@ impl State {
         self.batch.push(dest, |buf| d.encode(buf));
     }
 
-    /// Routes one received datagram: to its link, or to connection set-up.
-    fn dispatch(&mut self, to_link: &mut impl FnMut(usize, &[u8]), src: SocketAddrV4, d: &[u8]) {
+    /// Routes one received datagram: to its link, or to connection set-up. True when it
+    /// went to a link.
+    fn dispatch(
+        &mut self,
+        to_link: &mut impl FnMut(usize, &[u8]),
+        src: SocketAddrV4,
+        d: &[u8],
+    ) -> bool {
         if is_handshake(d) {
             match Datagram::parse(d) {
                 Ok(Datagram::Hello { conn, hs }) if hs.to == self.my_id => {
@@ -633,11 +648,17 @@ impl State {
                 }
                 _ => self.stats.bad_handshakes += 1,
             }
-            return;
+            return false;
         }
         match peek_conn(d).and_then(|c| self.routes.get((src, c))) {
-            Some(i) => to_link(i, d),
-            None => self.stats.stray += 1,
+            Some(i) => {
+                to_link(i, d);
+                true
+            }
+            None => {
+                self.stats.stray += 1;
+                false
+            }
         }
     }
 
@@ -675,17 +696,18 @@ impl UdpTransport {
         let mtu = cfg.mtu.unwrap_or(if_mtu).clamp(576, 65536);
         let batch = TxBatch::new(sock.gso());
         let steer = Steering::new(cfg.steer, cfg.bind, cfg.sock_buf);
-        let (ring, ring_off) = match open_ring(&cfg, &sock) {
-            Ok(r) => (Some(r), None),
-            Err(why) => (None, Some(why)),
-        };
-        let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf, ring.is_some());
+        // The ring is opened with the first UDP peer ([`UdpTransport::open_ring`]): an
+        // endpoint that never talks UDP adds no packet tap to every IP packet's path.
+        let ring_off = (!cfg.ring).then(|| "off (CLINK_UDP_RING=0)".to_string());
+        let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf, false);
         Ok(UdpTransport {
             peers,
-            ring,
+            ring: None,
             ring_off,
+            ring_new_fd: None,
             sock_hot: false,
             bulk_expected: false,
+            links: Vec::new(),
             passes: 0,
             read_fresh: false,
             uncovered: 0,
@@ -747,16 +769,52 @@ impl UdpTransport {
             ring_datagrams: r.datagrams,
             ring_malformed: r.malformed,
             ring_full_drops: r.full_drops,
+            ring_sent: r.sent,
             ..self.st.stats
         }
     }
 
-    /// Whether small datagrams are read from a receive ring ([`ring`]), and if not, why.
-    pub fn ring(&self) -> std::result::Result<(), &str> {
+    /// Whether small datagrams are read from a receive ring ([`ring`]), and if not, why
+    /// (opens it now if it is wanted and not open yet).
+    pub fn ring(&mut self) -> std::result::Result<(), &str> {
+        self.open_ring();
         match &self.ring_off {
             None => Ok(()),
             Some(why) => Err(why),
         }
+    }
+
+    /// Opens the receive ring if it is wanted and not open yet, and makes every socket
+    /// bound to the endpoint's port leave the ring's datagrams to it (the ring first: a
+    /// datagram arriving in between reaches both, and the connection drops the
+    /// duplicate; the other order would lose it). On any refusal there is no ring, and
+    /// the reason is kept.
+    fn open_ring(&mut self) {
+        if self.ring.is_some() || self.ring_off.is_some() {
+            return;
+        }
+        let local = SocketAddrV4::new(*self.st.cfg.bind.ip(), self.sock.local().port());
+        let r = match ring::RxRing::open(local) {
+            Ok(r) => r,
+            Err(e) => {
+                self.ring_off = Some(format!("refused by the kernel ({e})"));
+                return;
+            }
+        };
+        let prog = ring::socket_filter();
+        let raws: Vec<RawFd> = std::iter::once(self.sock.raw())
+            .chain((0..self.peers.len()).filter_map(|k| self.peers.sock_mut(k).map(|s| s.raw())))
+            .collect();
+        for (n, &fd) in raws.iter().enumerate() {
+            if let Err(e) = ring::attach_filter(fd, &prog) {
+                raws[..n].iter().for_each(|&fd| ring::detach_filter(fd));
+                self.ring_off = Some(format!("a socket's filter was refused ({e})"));
+                return;
+            }
+        }
+        self.peers.leave_to_ring();
+        self.ring_new_fd = Some(r.raw());
+        self.ring = Some(r);
     }
 
     /// Whether there is a receive ring.
@@ -839,6 +897,7 @@ impl UdpTransport {
         self.st
             .routes
             .insert((link.dest, link.conn.config().conn_id), idx);
+        self.open_ring();
         if self.peers.open(link.dest) {
             // Its datagrams move to the new socket: a layout for it must move too.
             self.disarm();
@@ -856,6 +915,9 @@ impl UdpTransport {
             st.gate.forget(now, i, &mut st.decisions);
         }
         let shared = st.routes.map.keys().any(|(d, _)| *d == link.dest);
+        if !shared {
+            self.links.retain(|(a, _)| *a != link.dest);
+        }
         if !shared && self.peers.close(link.dest) {
             // Sockets after it moved down one index.
             self.disarm();
@@ -957,7 +1019,10 @@ impl UdpTransport {
 
     /// Sockets the endpoint must add to its epoll set (once; closing one removes it).
     pub fn take_new_fds(&mut self) -> impl Iterator<Item = RawFd> + '_ {
-        self.steer.take_new_fds().chain(self.peers.take_new_fds())
+        self.steer
+            .take_new_fds()
+            .chain(self.peers.take_new_fds())
+            .chain(self.ring_new_fd.take())
     }
 
     /// Drops the speculative layout (the endpoint plans a new one before the next read).
@@ -1104,7 +1169,12 @@ impl UdpTransport {
     /// an idle busy-poll pass makes no clock reading. [`UdpTransport::read_at`] gives the last.
     pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
         self.passes = self.passes.wrapping_add(1);
-        let mut now = (all || self.passes.is_multiple_of(CLOCK_EVERY)).then(|| self.st.now());
+        let every = if self.ring.is_some() {
+            RING_CLOCK_EVERY
+        } else {
+            CLOCK_EVERY
+        };
+        let mut now = (all || self.passes.is_multiple_of(every)).then(|| self.st.now());
         let from_ring = self.receive_ring(&mut now, sink);
         if self.ring.is_some() {
             let socks_due = all
@@ -1145,17 +1215,22 @@ impl UdpTransport {
             return 0;
         };
         let st = &mut self.st;
+        let links = &mut self.links;
         let Some(f) = self.faults.as_mut() else {
-            let n = ring.poll(RING_BATCH, |src, d| {
+            let n = ring.poll(RING_BATCH, |src, link, d| {
                 let t = *now.get_or_insert_with(|| st.now());
-                st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d)
+                if st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d) {
+                    learn(links, src, link);
+                }
             });
             return n;
         };
         let t = *now.get_or_insert_with(|| st.now());
         let mut gathered = std::mem::take(&mut st.gathered);
         gathered.clear();
-        let n = ring.poll(RING_BATCH, |src, d| {
+        // (With faults, where a datagram came from is not learned: the injector may hand
+        // it over late, or a corrupted copy.)
+        let n = ring.poll(RING_BATCH, |src, _, d| {
             f.apply(t, src, d, &mut |s, d| gathered.push(s, d))
         });
         // Held-back datagrams are released by the main socket's read (every pass while
@@ -1393,7 +1468,32 @@ impl UdpTransport {
         let batch = &mut self.st.batch;
         let mut i = 0;
         while i < batch.frames() {
-            let own = self.peers.index_of(batch.frame_dest(i));
+            let dest = batch.frame_dest(i);
+            let lone = batch
+                .lone_datagram(i, 1)
+                .filter(|d| d.len() + 8 <= usize::from(ring::RING_MAX_UDP));
+            if let (Some(ring), Some(d)) = (self.ring.as_mut(), lone) {
+                if let Some(k) = self.links.iter().position(|(a, _)| *a == dest) {
+                    match ring.send(&self.links[k].1, dest, d) {
+                        Ok(()) => {
+                            i += 1;
+                            continue;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            // (ENOBUFS and the like: the connection resends it.)
+                            self.sock.stats.send_drops += 1;
+                            i += 1;
+                            continue;
+                        }
+                        Err(e) => {
+                            // The interface is gone, say: forget it, take the socket.
+                            tracing::debug!("packet socket send to {dest}: {e}");
+                            self.links.swap_remove(k);
+                        }
+                    }
+                }
+            }
+            let own = self.peers.index_of(dest);
             let (sock, connected) = match own.and_then(|k| self.peers.sock_mut(k)) {
                 Some(s) => (s, true),
                 None => (&mut self.sock, false),
@@ -1408,25 +1508,29 @@ impl UdpTransport {
 /// microseconds at the soonest; a busy-poll pass takes under one).
 pub const CLOCK_EVERY: u32 = 8;
 
+/// With the receive ring, an idle pass (a load of one frame's status) costs a few
+/// nanoseconds, so the clock is read once per this many.
+pub const RING_CLOCK_EVERY: u32 = 64;
+
 /// With the receive ring, an idle pass reads the sockets once per this many calls (they
 /// then hold bulk fragments, long coalesced runs and handshakes; a pass that reads only
 /// the ring makes no system call, so they are looked at every half microsecond or so).
-pub const RING_SOCK_EVERY: u32 = 16;
+pub const RING_SOCK_EVERY: u32 = 64;
 
 /// Frames one pass takes from the ring at most.
 const RING_BATCH: usize = 64;
 
-/// Opens the receive ring for `sock` if the configuration asks for it, and makes `sock`
-/// leave the ring's datagrams to it; the reason when there is none.
-fn open_ring(cfg: &UdpConfig, sock: &UdpSock) -> std::result::Result<ring::RxRing, String> {
-    if !cfg.ring {
-        return Err("off (CLINK_UDP_RING=1 turns it on)".into());
+/// Most peers whose link-layer address is kept ([`UdpTransport::flush`] sends to the
+/// others through the sockets).
+const MAX_LINKS: usize = 64;
+
+/// Records that `src`'s datagrams come from `link` (a change replaces what was known).
+fn learn(links: &mut Vec<(SocketAddrV4, ring::LinkAddr)>, src: SocketAddrV4, link: ring::LinkAddr) {
+    if let Some((_, l)) = links.iter_mut().find(|(a, _)| *a == src) {
+        *l = link;
+    } else if links.len() < MAX_LINKS {
+        links.push((src, link));
     }
-    let local = SocketAddrV4::new(*cfg.bind.ip(), sock.local().port());
-    let r = ring::RxRing::open(local).map_err(|e| format!("refused by the kernel ({e})"))?;
-    ring::attach_filter(sock.raw(), &ring::socket_filter())
-        .map_err(|e| format!("the socket's filter was refused ({e})"))?;
-    Ok(r)
 }
 
 /// The number of the first peer socket (see [`socket`]).
@@ -1599,7 +1703,9 @@ fn deliver(
     let mut to_link = |i: usize, d: &[u8]| sink(i, Got::Datagram(d));
     for k in n_armed..r {
         count += sock.for_each_datagram(k, |src, d| match faults.as_mut() {
-            None => st.dispatch(&mut to_link, src, d),
+            None => {
+                st.dispatch(&mut to_link, src, d);
+            }
             Some(f) => f.apply(now, src, d, &mut |s, d| gathered.push(s, d)),
         });
     }

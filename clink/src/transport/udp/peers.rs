@@ -92,6 +92,12 @@ impl PeerSocks {
         true
     }
 
+    /// From now on sockets leave the receive ring's datagrams to it (those already open
+    /// have had the filter attached by the caller).
+    pub fn leave_to_ring(&mut self) {
+        self.ring = true;
+    }
+
     /// Closes every socket and makes no more.
     pub fn close_all(&mut self) {
         for s in self.socks.drain(..) {

@@ -1,14 +1,12 @@
 //! The receive ring: the endpoint's small datagrams read from memory, without a system
-//! call per poll.
+//! call per poll, and its lone datagrams sent below the UDP socket layer.
 //!
 //! A packet socket (`AF_PACKET`, `SOCK_DGRAM`, `ETH_P_IP`) with a `PACKET_RX_RING`
 //! (TPACKET_V2) shares a ring of frames with the kernel: the kernel copies each packet
 //! its filter accepts into the next free frame and flips the frame's status word; the
 //! endpoint polls that word, reads the packet in place and hands the frame back. A
 //! busy-polling receiver then finds a datagram by a load from memory instead of a
-//! `recvfrom` per poll (the CLAN event queue's idea applied to UDP): a C ping-pong across
-//! the veth pair read 3.0-3.4 us one-way against 3.9-4.3 for `recvfrom` spinning
-//! (BENCHMARKS.md, stop 26).
+//! `recvfrom` per poll (the CLAN event queue's idea applied to UDP).
 //!
 //! Which datagrams: the connection's small ones, those whose UDP length is at most
 //! [`RING_MAX_UDP`] and whose kind byte says data, ack, nak, ping or admit. A classic BPF
@@ -20,10 +18,20 @@
 //! fragments, coalesced runs longer than a frame, handshakes and anything else stay on
 //! the sockets (the speculative scatter receive needs the socket's vectors).
 //!
-//! The capture runs before IP input: the ring's packets are validated here
-//! ([`clink_proto::ipv4::parse_udp`]: header checksum, lengths, no fragment), and
-//! netfilter rules of the receiving host do not see them (as with any packet-socket or
-//! AF_XDP stack). Needs `CAP_NET_RAW`; without it the transport reads its sockets alone.
+//! Each frame also says where the packet came from: the interface and the sender's
+//! link-layer address. [`RxRing::send`] sends a datagram back that way through the same
+//! packet socket, with the IP and UDP headers built here: no UDP or IP output path, no
+//! route or neighbour lookup, no qdisc. On the wire it is the same UDP datagram.
+//! Measured together (BENCHMARKS.md, stop 26), the two halves took the busy 64-byte hop
+//! across the veth pair from 1.26x to about 1.06x kernel UDP; the receive half alone
+//! made no difference (the sender's system call, which runs the veth pair and the
+//! receiver's IP input, is most of a hop).
+//!
+//! The capture runs before IP input, and the sends skip IP output: the ring's packets are
+//! validated here ([`clink_proto::ipv4::parse_udp`]: header checksum, lengths, no
+//! fragment), and netfilter rules of the host do not see either (as with any
+//! packet-socket or AF_XDP stack). Needs `CAP_NET_RAW`; without it the transport uses
+//! its sockets alone.
 
 use crate::sys::cvt;
 use clink_proto::ipv4;
@@ -194,6 +202,21 @@ pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
     .map(|_| ())
 }
 
+/// Takes a socket's filter off (best effort: used to undo a partial set-up).
+pub fn detach_filter(fd: RawFd) {
+    let v: libc::c_int = 0;
+    // SAFETY: a valid fd and a pointer to an int of the size given (the value is unused).
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_DETACH_FILTER,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::Result<()> {
     // SAFETY: a valid fd and a pointer to a `T` of the size given.
     cvt(unsafe {
@@ -208,6 +231,20 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::
     .map(|_| ())
 }
 
+/// Where a peer's datagrams came from, one hop away: enough to send it a packet through
+/// the packet socket ([`RxRing::send`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkAddr {
+    /// The interface they came in on.
+    pub ifindex: i32,
+    /// The sender's link-layer address (`halen` bytes of `mac`).
+    pub mac: [u8; 8],
+    /// Its length.
+    pub halen: u8,
+    /// Our address they were sent to (the source of our replies).
+    pub local: std::net::Ipv4Addr,
+}
+
 /// Counters of a receive ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RingStats {
@@ -218,6 +255,8 @@ pub struct RingStats {
     pub malformed: u64,
     /// Packets the kernel dropped because the ring was full (`PACKET_STATISTICS`).
     pub full_drops: u64,
+    /// Datagrams sent through the packet socket ([`RxRing::send`]).
+    pub sent: u64,
 }
 
 /// A packet socket's receive ring (see the module doc). Owns its mapping; `Send`, not
@@ -266,6 +305,8 @@ impl RxRing {
             tp_frame_nr: FRAMES as u32,
         };
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        // Sends go straight to the device (a veth pair has no queue to bypass anyway).
+        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1)?;
         // SAFETY: maps the ring the kernel just made for this socket, at its size.
         let map = unsafe {
             libc::mmap(
@@ -320,7 +361,7 @@ impl RxRing {
     /// Hands every datagram of up to `max` waiting frames to `f` (source, datagram), in
     /// arrival order, and gives the frames back. A frame holding a coalesced run is split
     /// by the datagrams' own lengths. Returns the datagrams handed over.
-    pub fn poll(&mut self, max: usize, mut f: impl FnMut(SocketAddrV4, &[u8])) -> usize {
+    pub fn poll(&mut self, max: usize, mut f: impl FnMut(SocketAddrV4, LinkAddr, &[u8])) -> usize {
         let mut n = 0;
         for _ in 0..max {
             let head = self.head;
@@ -341,7 +382,7 @@ impl RxRing {
     }
 
     /// The datagrams of one frame, to `f`.
-    fn frame(&mut self, frame: &[u8], f: &mut impl FnMut(SocketAddrV4, &[u8])) -> usize {
+    fn frame(&mut self, frame: &[u8], f: &mut impl FnMut(SocketAddrV4, LinkAddr, &[u8])) -> usize {
         // tpacket2_hdr: tp_len at 4, tp_snaplen at 8, tp_net at 14.
         let word = |at: usize| {
             u32::from_ne_bytes([frame[at], frame[at + 1], frame[at + 2], frame[at + 3]])
@@ -356,17 +397,70 @@ impl RxRing {
                 return 0;
             }
         };
+        // The frame's sockaddr_ll (after the 32-byte header): the interface it came in
+        // on and the sender's link-layer address, where a reply can be sent straight.
+        let mut mac = [0u8; 8];
+        mac.copy_from_slice(&frame[44..52]);
+        let link = LinkAddr {
+            ifindex: i32::from_ne_bytes([frame[36], frame[37], frame[38], frame[39]]),
+            halen: frame[43].min(8),
+            mac,
+            local: *udp.dst.ip(),
+        };
         let d = udp.payload;
         match coalesced_segment(d) {
             Some(seg) => {
-                d.chunks(seg).for_each(|c| f(udp.src, c));
+                d.chunks(seg).for_each(|c| f(udp.src, link, c));
                 d.len().div_ceil(seg)
             }
             None => {
-                f(udp.src, d);
+                f(udp.src, link, d);
                 1
             }
         }
+    }
+
+    /// Sends one datagram to `dest`, one hop away at `link`, through the packet socket:
+    /// the IPv4 and UDP headers built here (don't-fragment, TTL 64, UDP checksum 0: none,
+    /// which IPv4 allows; every clink datagram carries a CRC-32C), no qdisc
+    /// (`PACKET_QDISC_BYPASS`), no route or neighbour lookup. The packet is an ordinary
+    /// UDP datagram from our port: a receiver without a ring reads it from its socket.
+    pub fn send(&mut self, link: &LinkAddr, dest: SocketAddrV4, d: &[u8]) -> io::Result<()> {
+        let src = SocketAddrV4::new(link.local, self.port);
+        let mut hdr = [0u8; ipv4::IP_HEADER + ipv4::UDP_HEADER];
+        ipv4::encode_headers(src, dest, d.len(), &mut hdr)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
+        let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        ll.sll_family = libc::AF_PACKET as u16;
+        ll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+        ll.sll_ifindex = link.ifindex;
+        ll.sll_halen = link.halen;
+        ll.sll_addr = link.mac;
+        let mut iov = [
+            libc::iovec {
+                iov_base: hdr.as_mut_ptr().cast(),
+                iov_len: hdr.len(),
+            },
+            libc::iovec {
+                iov_base: d.as_ptr().cast_mut().cast(),
+                iov_len: d.len(),
+            },
+        ];
+        // SAFETY: msghdr is plain old data; the fields set point at live values.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut ll as *mut libc::sockaddr_ll).cast();
+        msg.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len();
+        // SAFETY: the message's name and vectors are live for the call; the kernel only
+        // reads them.
+        let n = unsafe { libc::sendmsg(self.raw(), &msg, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.stats.sent += 1;
+        Ok(())
     }
 
     /// Counters, with the kernel's ring-full drops collected since the last call.

@@ -861,7 +861,7 @@ impl TxBatch {
 
     /// The bytes of the one datagram that makes up the `n` frames from `first`, when they
     /// are one frame of one datagram held whole in the buffer (no payload elsewhere).
-    fn lone_datagram(&self, first: usize, n: usize) -> Option<&[u8]> {
+    pub(super) fn lone_datagram(&self, first: usize, n: usize) -> Option<&[u8]> {
         let f = self.frames.get(first).filter(|f| n == 1 && f.count == 1)?;
         let d = self.dgrams.get(f.first).filter(|d| d.ext_len == 0)?;
         self.buf.get(d.start..d.start + d.len)
