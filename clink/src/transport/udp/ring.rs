@@ -23,9 +23,9 @@
 //! packet socket, with the IP and UDP headers built here: no UDP or IP output path, no
 //! route or neighbour lookup, no qdisc. On the wire it is the same UDP datagram.
 //! Measured together (BENCHMARKS.md, stop 26), the two halves took the busy 64-byte hop
-//! across the veth pair from 1.26x to about 1.06x kernel UDP; the receive half alone
-//! made no difference (the sender's system call, which runs the veth pair and the
-//! receiver's IP input, is most of a hop).
+//! across the veth pair from 1.18-1.21x to 1.06-1.13x kernel UDP (medians of alternated
+//! rounds); the receive half alone made no difference (the sender's system call, which
+//! runs the veth pair and the receiver's IP input, is most of a hop).
 //!
 //! The capture runs before IP input, and the sends skip IP output: the ring's packets are
 //! validated here ([`clink_proto::ipv4::parse_udp`]: header checksum, lengths, no
