@@ -269,6 +269,8 @@ pub struct RxRing {
     stats: RingStats,
     /// The kernel's full-ring drops so far (its counter resets when read).
     full_drops: std::cell::Cell<u64>,
+    /// The packet [`RxRing::send`] builds, reused.
+    tx: Vec<u8>,
 }
 
 // SAFETY: the mapping is owned by this value alone and freed with it; moving it to
@@ -328,6 +330,7 @@ impl RxRing {
             port: local.port(),
             stats: RingStats::default(),
             full_drops: std::cell::Cell::new(0),
+            tx: Vec::with_capacity(FRAME + ipv4::IP_HEADER + ipv4::UDP_HEADER),
         };
         // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
         let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -426,10 +429,17 @@ impl RxRing {
     /// (`PACKET_QDISC_BYPASS`), no route or neighbour lookup. The packet is an ordinary
     /// UDP datagram from our port: a receiver without a ring reads it from its socket.
     pub fn send(&mut self, link: &LinkAddr, dest: SocketAddrV4, d: &[u8]) -> io::Result<()> {
-        let src = SocketAddrV4::new(link.local, self.port);
+        // One contiguous packet for `sendto`, which skips `sendmsg`'s header and vector
+        // import: the headers, then a copy of the datagram (at most a ring frame's worth:
+        // the transport sends larger ones through its sockets).
         let mut hdr = [0u8; ipv4::IP_HEADER + ipv4::UDP_HEADER];
+        let src = SocketAddrV4::new(link.local, self.port);
         ipv4::encode_headers(src, dest, d.len(), &mut hdr)
+            .filter(|_| d.len() <= FRAME)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        self.tx.clear();
+        self.tx.extend_from_slice(&hdr);
+        self.tx.extend_from_slice(d);
         // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
         let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         ll.sll_family = libc::AF_PACKET as u16;
@@ -437,25 +447,18 @@ impl RxRing {
         ll.sll_ifindex = link.ifindex;
         ll.sll_halen = link.halen;
         ll.sll_addr = link.mac;
-        let mut iov = [
-            libc::iovec {
-                iov_base: hdr.as_mut_ptr().cast(),
-                iov_len: hdr.len(),
-            },
-            libc::iovec {
-                iov_base: d.as_ptr().cast_mut().cast(),
-                iov_len: d.len(),
-            },
-        ];
-        // SAFETY: msghdr is plain old data; the fields set point at live values.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut ll as *mut libc::sockaddr_ll).cast();
-        msg.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = iov.len();
-        // SAFETY: the message's name and vectors are live for the call; the kernel only
-        // reads them.
-        let n = unsafe { libc::sendmsg(self.raw(), &msg, libc::MSG_DONTWAIT) };
+        // SAFETY: the packet and the name are live for the call; the kernel only reads
+        // them.
+        let n = unsafe {
+            libc::sendto(
+                self.raw(),
+                self.tx.as_ptr().cast(),
+                self.tx.len(),
+                libc::MSG_DONTWAIT,
+                (&ll as *const libc::sockaddr_ll).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
