@@ -426,14 +426,14 @@ impl Endpoint {
         None
     }
 
-    /// With the receive ring, after a read that opened a hole in some peer's sequence:
-    /// reads every socket until they are empty (at most [`DRAIN_READS`] passes), before
-    /// the connection NAKs the hole. The ring and the sockets are two queues of one
+    /// With the receive ring, after a read that took datagrams from the ring and opened a
+    /// hole in some peer's sequence: reads every socket until they are empty (at most
+    /// [`DRAIN_READS`] passes), before the connection NAKs the hole. The ring and the sockets are two queues of one
     /// arrival order (bulk fragments and long coalesced runs take the sockets, the small
     /// datagrams the ring), and a ring datagram read before the socket datagrams that
     /// preceded it would otherwise have them NAKed and resent as lost.
     fn drain_before_nak(&mut self) {
-        if !self.net.as_ref().is_some_and(|n| n.has_ring()) {
+        if !self.net.as_ref().is_some_and(|n| n.read_ring_last()) {
             return;
         }
         let hole = |peers: &[super::Peer]| {

@@ -467,6 +467,8 @@ pub struct UdpTransport {
     sock_hot: bool,
     /// With the ring: a bulk transfer is coming in, so every pass reads the sockets.
     bulk_expected: bool,
+    /// Datagrams the last [`UdpTransport::receive`] took from the ring.
+    ring_reads: usize,
     /// With the ring: where each peer's datagrams came from, one hop away (learned from
     /// the ring's frames of datagrams that reached a link): lone datagrams to it are sent
     /// through the packet socket.
@@ -707,6 +709,7 @@ impl UdpTransport {
             ring_new_fd: None,
             sock_hot: false,
             bulk_expected: false,
+            ring_reads: 0,
             links: Vec::new(),
             passes: 0,
             read_fresh: false,
@@ -820,6 +823,12 @@ impl UdpTransport {
     /// Whether there is a receive ring.
     pub fn has_ring(&self) -> bool {
         self.ring.is_some()
+    }
+
+    /// Whether the last [`UdpTransport::receive`] took datagrams from the ring (only
+    /// then can a hole be a socket datagram the ring's overtook).
+    pub fn read_ring_last(&self) -> bool {
+        self.ring_reads > 0
     }
 
     /// Tells the transport whether a bulk transfer is coming in: with the receive ring,
@@ -1176,6 +1185,7 @@ impl UdpTransport {
         };
         let mut now = (all || self.passes.is_multiple_of(every)).then(|| self.st.now());
         let from_ring = self.receive_ring(&mut now, sink);
+        self.ring_reads = from_ring;
         if self.ring.is_some() {
             let socks_due = all
                 || self.sock_hot
@@ -1201,6 +1211,7 @@ impl UdpTransport {
             // hole the socket's datagrams opened is not taken for a loss.
             let later = self.receive_ring(&mut now, sink);
             self.read_fresh |= later > 0;
+            self.ring_reads += later;
             return from_ring + n + later;
         }
         from_ring + n
