@@ -156,7 +156,8 @@ pub struct UdpConfig {
     /// every peer shares the main socket.
     pub peer_sockets: usize,
     /// Read the small datagrams from a packet socket's receive ring instead of the UDP
-    /// sockets ([`ring`]; needs `CAP_NET_RAW`, else the sockets alone).
+    /// sockets, and send lone small datagrams to a peer one hop away through that packet
+    /// socket ([`ring`]; needs `CAP_NET_RAW`, else the sockets alone).
     pub ring: bool,
 }
 
@@ -1233,7 +1234,7 @@ impl UdpTransport {
             let n = ring.poll(RING_BATCH, |src, link, d| {
                 let t = *now.get_or_insert_with(|| st.now());
                 if st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d) {
-                    learn(links, src, link);
+                    learn(links, src, link, d);
                 }
             });
             return n;
@@ -1498,13 +1499,15 @@ impl UdpTransport {
                             continue;
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            // (ENOBUFS and the like: the connection resends it.)
+                            // A full send buffer: dropped, as a full socket's would be
+                            // (the connection resends it).
                             self.sock.stats.send_drops += 1;
                             i += 1;
                             continue;
                         }
                         Err(e) => {
-                            // The interface is gone, say: forget it, take the socket.
+                            // The interface is gone, say (or the kernel is short of
+                            // buffers): forget the address, take the socket.
                             tracing::debug!("packet socket send to {dest}: {e}");
                             self.links.swap_remove(k);
                         }
@@ -1548,12 +1551,23 @@ const RING_BATCH: usize = 64;
 /// others through the sockets).
 const MAX_LINKS: usize = 64;
 
-/// Records that `src`'s datagrams come from `link` (a change replaces what was known).
-fn learn(links: &mut Vec<(SocketAddrV4, ring::LinkAddr)>, src: SocketAddrV4, link: ring::LinkAddr) {
-    if let Some((_, l)) = links.iter_mut().find(|(a, _)| *a == src) {
-        *l = link;
-    } else if links.len() < MAX_LINKS {
-        links.push((src, link));
+/// Records that `src`'s datagram `d` came from `link`. A new or changed address is taken
+/// only from a datagram that verifies (its CRC-32C and structure): a forged one from a
+/// known source cannot redirect our sends to that peer.
+fn learn(
+    links: &mut Vec<(SocketAddrV4, ring::LinkAddr)>,
+    src: SocketAddrV4,
+    link: ring::LinkAddr,
+    d: &[u8],
+) {
+    let k = links.iter().position(|(a, _)| *a == src);
+    if k.is_some_and(|k| links[k].1 == link) || Datagram::parse(d).is_err() {
+        return;
+    }
+    match k {
+        Some(k) => links[k].1 = link,
+        None if links.len() < MAX_LINKS => links.push((src, link)),
+        None => {}
     }
 }
 
@@ -1744,4 +1758,37 @@ fn deliver(
     st.gathered = gathered;
     sock.stats.datagrams_received += count as u64;
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_link_address_changes_only_on_a_datagram_that_verifies() {
+        let peer = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 4000);
+        let at = |ifindex, mac0| ring::LinkAddr {
+            ifindex,
+            mac: [mac0, 1, 2, 3, 4, 5, 0, 0],
+            halen: 6,
+            local: Ipv4Addr::new(10, 0, 0, 1),
+        };
+        let mut good = Vec::new();
+        Datagram::Ping { conn: 7, floor: 3 }.encode(&mut good);
+        let mut forged = good.clone();
+        forged[20] ^= 1; // the CRC no longer holds
+        let mut links = Vec::new();
+        learn(&mut links, peer, at(2, 0xaa), &forged);
+        assert!(links.is_empty(), "a forged datagram taught an address");
+        learn(&mut links, peer, at(2, 0xaa), &good);
+        assert_eq!(links, vec![(peer, at(2, 0xaa))]);
+        learn(&mut links, peer, at(3, 0xbb), &forged);
+        assert_eq!(
+            links,
+            vec![(peer, at(2, 0xaa))],
+            "a forged one redirected it"
+        );
+        learn(&mut links, peer, at(3, 0xbb), &good);
+        assert_eq!(links, vec![(peer, at(3, 0xbb))], "a real move is followed");
+    }
 }
