@@ -160,19 +160,23 @@ fn random_sizes_over(faults: &str, transport: &'static str) {
         // The child closes after our "done": wait for its goodbye (bounded).
         let r = ep.irecv(Selector::any(), vec![0u8; 8]).unwrap();
         let _ = ep.wait_recv(&r, Some(T));
-        ep.stats()
+        (ep.stats(), ep.udp_ring())
     });
     let mut env = vec![("CLINK_UDP_MTU", "1500")];
-    if !faults.is_empty() {
+    if faults == "noring" {
+        // The sender without a receive ring (no CAP_NET_RAW, say): this side's packet-
+        // socket sends must reach its UDP sockets.
+        env.push(("CLINK_UDP_RING", "0"));
+    } else if !faults.is_empty() {
         env.push(("CLINK_FAULTS", faults));
     }
     if transport == "tcp" {
         env.push(("CLINK_TRANSPORT", "tcp"));
     }
     let mut child = child_in_ns1(&pair, "sender", &addr, seed, &env);
-    let stats = h.join().expect("receiver thread");
+    let (stats, ring) = h.join().expect("receiver thread");
     child.expect_success(T);
-    println!("receiver stats: {stats:?}");
+    println!("receiver stats: {stats:?}, receive ring {ring:?}");
     if transport == "tcp" {
         assert!(
             stats.stream_reads > 0 && stats.datagrams_received == 0,
@@ -187,12 +191,23 @@ fn random_sizes_over(faults: &str, transport: &'static str) {
         );
     } else {
         assert!(stats.datagrams_received > MSGS);
+        if (faults.is_empty() || faults == "noring") && ring == Some(Ok(())) {
+            // Answered through the packet socket (acks, the final "done"); and with a
+            // sender that has a ring, read from this side's ring too.
+            assert!(stats.ring_sent > 0, "{stats:?}");
+            assert!(faults == "noring" || stats.ring_datagrams > 0, "{stats:?}");
+        }
     }
 }
 
 #[test]
 fn random_sizes_with_checksums_across_namespaces_over_tcp() {
     random_sizes_over("", "tcp");
+}
+
+#[test]
+fn a_sender_without_the_receive_ring_gets_the_packet_socket_sends() {
+    random_sizes("noring");
 }
 
 #[test]

@@ -1233,7 +1233,8 @@ impl UdpTransport {
         let Some(f) = self.faults.as_mut() else {
             let n = ring.poll(RING_BATCH, |src, link, d| {
                 let t = *now.get_or_insert_with(|| st.now());
-                if st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d) {
+                let routed = st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d);
+                if let Some(link) = link.filter(|_| routed) {
                     learn(links, src, link, d);
                 }
             });

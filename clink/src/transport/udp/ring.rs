@@ -364,7 +364,11 @@ impl RxRing {
     /// Hands every datagram of up to `max` waiting frames to `f` (source, datagram), in
     /// arrival order, and gives the frames back. A frame holding a coalesced run is split
     /// by the datagrams' own lengths. Returns the datagrams handed over.
-    pub fn poll(&mut self, max: usize, mut f: impl FnMut(SocketAddrV4, LinkAddr, &[u8])) -> usize {
+    pub fn poll(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(SocketAddrV4, Option<LinkAddr>, &[u8]),
+    ) -> usize {
         let mut n = 0;
         for _ in 0..max {
             let head = self.head;
@@ -385,7 +389,11 @@ impl RxRing {
     }
 
     /// The datagrams of one frame, to `f`.
-    fn frame(&mut self, frame: &[u8], f: &mut impl FnMut(SocketAddrV4, LinkAddr, &[u8])) -> usize {
+    fn frame(
+        &mut self,
+        frame: &[u8],
+        f: &mut impl FnMut(SocketAddrV4, Option<LinkAddr>, &[u8]),
+    ) -> usize {
         // tpacket2_hdr: tp_len at 4, tp_snaplen at 8, tp_net at 14.
         let word = |at: usize| {
             u32::from_ne_bytes([frame[at], frame[at + 1], frame[at + 2], frame[at + 3]])
@@ -402,14 +410,17 @@ impl RxRing {
         };
         // The frame's sockaddr_ll (after the 32-byte header): the interface it came in
         // on and the sender's link-layer address, where a reply can be sent straight.
+        // Not on loopback: a packet injected there carries no route, and IP input drops
+        // its 127/8 addresses as martians (only a receiver's own ring would see it).
+        let hatype = u16::from_ne_bytes([frame[40], frame[41]]);
         let mut mac = [0u8; 8];
         mac.copy_from_slice(&frame[44..52]);
-        let link = LinkAddr {
+        let link = (hatype != libc::ARPHRD_LOOPBACK).then(|| LinkAddr {
             ifindex: i32::from_ne_bytes([frame[36], frame[37], frame[38], frame[39]]),
             halen: frame[43].min(8),
             mac,
             local: *udp.dst.ip(),
-        };
+        });
         let d = udp.payload;
         match coalesced_segment(d) {
             Some(seg) => {
