@@ -10,7 +10,7 @@
 //!
 //! Which datagrams: the connection's small ones, those whose UDP length is at most
 //! [`RING_MAX_UDP`] and whose kind byte says data, ack, nak, ping or admit. A classic BPF
-//! filter on the packet socket takes exactly those ([`ring_filter`]); the complementary
+//! filter on the packet socket takes exactly those (`ring_filter`); the complementary
 //! filter on every UDP socket bound to the endpoint's port drops exactly those
 //! ([`socket_filter`]), so each datagram is read once, through one of the two. Both
 //! filters judge the same fields of the same packet (its UDP length field and its kind
@@ -22,10 +22,11 @@
 //! link-layer address. [`RxRing::send`] sends a datagram back that way through the same
 //! packet socket, with the IP and UDP headers built here: no UDP or IP output path, no
 //! route or neighbour lookup, no qdisc. On the wire it is the same UDP datagram.
+//! Not on loopback, where IP input drops injected packets (see [`RxRing::poll`]).
 //! Measured together (BENCHMARKS.md, stop 26), the two halves took the busy 64-byte hop
-//! across the veth pair from 1.18-1.21x to 1.06-1.13x kernel UDP (medians of alternated
-//! rounds); the receive half alone made no difference (the sender's system call, which
-//! runs the veth pair and the receiver's IP input, is most of a hop).
+//! across the veth pair from 1.18-1.23x to 0.99-1.13x kernel UDP (medians of three sets
+//! of alternated rounds); the receive half alone made no difference (the sender's system
+//! call, which runs the veth pair and the receiver's IP input, is most of a hop).
 //!
 //! The capture runs before IP input, and the sends skip IP output: the ring's packets are
 //! validated here ([`clink_proto::ipv4::parse_udp`]: header checksum, lengths, no
@@ -169,7 +170,7 @@ fn ring_filter(ip: Option<std::net::Ipv4Addr>, port: u16) -> Vec<libc::sock_filt
     p.finish(u32::from(u16::MAX), 0)
 }
 
-/// The UDP sockets' filter (offsets from the UDP header): drops what [`ring_filter`]
+/// The UDP sockets' filter (offsets from the UDP header): drops what `ring_filter`
 /// takes, keeps everything else.
 pub fn socket_filter() -> Vec<libc::sock_filter> {
     let mut p = Prog(Vec::new());
@@ -361,9 +362,12 @@ impl RxRing {
         unsafe { &*self.map.add(i * FRAME).cast::<AtomicU32>() }
     }
 
-    /// Hands every datagram of up to `max` waiting frames to `f` (source, datagram), in
-    /// arrival order, and gives the frames back. A frame holding a coalesced run is split
-    /// by the datagrams' own lengths. Returns the datagrams handed over.
+    /// Hands every datagram of up to `max` waiting frames to `f` (source, link,
+    /// datagram), in arrival order, and gives the frames back. A frame holding a coalesced
+    /// run is split by the datagrams' own lengths; with each, the link address it came
+    /// from (`None` from a loopback interface: a packet sent back there through the
+    /// packet socket carries no route, and IP input drops it as a martian). Returns the
+    /// datagrams handed over.
     pub fn poll(
         &mut self,
         max: usize,
