@@ -15,6 +15,26 @@ pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// `setsockopt(2)` with a value of any plain type (an int, a struct the option takes).
+pub(crate) fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: &T,
+) -> io::Result<()> {
+    // SAFETY: a pointer to a live `T` and its size; the kernel only reads it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
 fn cvt_isize(r: isize) -> io::Result<usize> {
     if r < 0 {
         Err(io::Error::last_os_error())

@@ -342,10 +342,12 @@ impl Endpoint {
             net.set_arm(key, arm);
         }
         if net.has_ring() {
-            let bulk_in = self
-                .peers
-                .iter()
-                .any(|p| p.alive && matches!(&p.link, Link::Udp(u) if u.bulk.receiving()));
+            let bulk_in = key.is_some()
+                || self
+                    .peers
+                    .iter()
+                    .enumerate()
+                    .any(|(i, p)| receiving(i, p).is_some());
             net.expect_bulk(bulk_in);
         }
         let peers = &mut self.peers;
@@ -428,10 +430,11 @@ impl Endpoint {
 
     /// With the receive ring, after a read that took datagrams from the ring and opened a
     /// hole in some peer's sequence: reads every socket until they are empty (at most
-    /// [`DRAIN_READS`] passes), before the connection NAKs the hole. The ring and the sockets are two queues of one
-    /// arrival order (bulk fragments and long coalesced runs take the sockets, the small
-    /// datagrams the ring), and a ring datagram read before the socket datagrams that
-    /// preceded it would otherwise have them NAKed and resent as lost.
+    /// [`DRAIN_READS`] passes), before the connection NAKs the hole. The ring and the
+    /// sockets are two queues of one arrival order (bulk fragments and long coalesced runs
+    /// take the sockets, the small datagrams the ring), and a ring datagram read before
+    /// the socket datagrams that preceded it would otherwise have them NAKed and resent
+    /// as lost.
     fn drain_before_nak(&mut self) {
         if !self.net.as_ref().is_some_and(|n| n.read_ring_last()) {
             return;

@@ -1491,7 +1491,7 @@ impl UdpTransport {
             let dest = batch.frame_dest(i);
             let lone = batch
                 .lone_datagram(i, 1)
-                .filter(|d| d.len() + 8 <= usize::from(ring::RING_MAX_UDP));
+                .filter(|d| d.len() <= ring::SEND_MAX);
             if let (Some(ring), Some(d)) = (self.ring.as_mut(), lone) {
                 if let Some(k) = self.links.iter().position(|(a, _)| *a == dest) {
                     match ring.send(&self.links[k].1, dest, d) {

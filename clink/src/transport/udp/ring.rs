@@ -34,7 +34,7 @@
 //! packet-socket or AF_XDP stack). Needs `CAP_NET_RAW`; without it the transport uses
 //! its sockets alone.
 
-use crate::sys::cvt;
+use crate::sys::{cvt, setsockopt};
 use clink_proto::ipv4;
 use clink_proto::reliable::packet::coalesced_segment;
 use std::io;
@@ -54,6 +54,10 @@ const BLOCK: usize = 64 << 10;
 /// The longest UDP datagram (header included) the ring takes: what fits a frame after
 /// the frame's header (80 bytes for a `SOCK_DGRAM` capture) and the longest IP header.
 pub const RING_MAX_UDP: u16 = (FRAME - 80 - 60) as u16;
+/// The longest datagram [`RxRing::send`] takes (the transport sends longer ones through
+/// its sockets): what the ring takes, so the copy `send` makes stays within a frame's
+/// worth.
+pub const SEND_MAX: usize = RING_MAX_UDP as usize - ipv4::UDP_HEADER;
 /// Datagram kinds the ring takes (`clink_proto::reliable::packet`): data, ack, nak, ping,
 /// admit.
 const RING_KINDS: [u32; 5] = [1, 2, 3, 4, 8];
@@ -189,47 +193,25 @@ pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
         len: prog.len() as u16,
         filter: prog.as_ptr().cast_mut(),
     };
-    // SAFETY: a valid fd and a sock_fprog pointing at `prog`, which outlives the call
-    // (the kernel copies the program).
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&fprog as *const libc::sock_fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
+    // (The kernel copies the program: `prog` need only outlive the call.)
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
 }
 
 /// Takes a socket's filter off (best effort: used to undo a partial set-up).
 pub fn detach_filter(fd: RawFd) {
-    let v: libc::c_int = 0;
-    // SAFETY: a valid fd and a pointer to an int of the size given (the value is unused).
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_DETACH_FILTER,
-            (&v as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+    let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, &0);
 }
 
-fn setsockopt<T>(fd: RawFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::Result<()> {
-    // SAFETY: a valid fd and a pointer to a `T` of the size given.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (v as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
+/// A link-layer address for the packet socket: `ifindex` 0 is every interface.
+fn sockaddr_ll(ifindex: i32, halen: u8, addr: [u8; 8]) -> libc::sockaddr_ll {
+    // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
+    let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    ll.sll_family = libc::AF_PACKET as u16;
+    ll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+    ll.sll_ifindex = ifindex;
+    ll.sll_halen = halen;
+    ll.sll_addr = addr;
+    ll
 }
 
 /// Where a peer's datagrams came from, one hop away: enough to send it a packet through
@@ -331,14 +313,10 @@ impl RxRing {
             port: local.port(),
             stats: RingStats::default(),
             full_drops: std::cell::Cell::new(0),
-            tx: Vec::with_capacity(FRAME + ipv4::IP_HEADER + ipv4::UDP_HEADER),
+            tx: Vec::with_capacity(ipv4::IP_HEADER + ipv4::UDP_HEADER + SEND_MAX),
         };
-        // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-        let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        ll.sll_family = libc::AF_PACKET as u16;
-        ll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
-        ll.sll_ifindex = 0; // every interface
-                            // SAFETY: a valid sockaddr_ll of the size given.
+        let ll = sockaddr_ll(0, 0, [0; 8]);
+        // SAFETY: a valid sockaddr_ll of the size given.
         cvt(unsafe {
             libc::bind(
                 raw,
@@ -443,25 +421,19 @@ impl RxRing {
     /// which IPv4 allows; every clink datagram carries a CRC-32C), no qdisc
     /// (`PACKET_QDISC_BYPASS`), no route or neighbour lookup. The packet is an ordinary
     /// UDP datagram from our port: a receiver without a ring reads it from its socket.
+    /// `d` is at most [`SEND_MAX`] bytes.
     pub fn send(&mut self, link: &LinkAddr, dest: SocketAddrV4, d: &[u8]) -> io::Result<()> {
         // One contiguous packet for `sendto`, which skips `sendmsg`'s header and vector
-        // import: the headers, then a copy of the datagram (at most a ring frame's worth:
-        // the transport sends larger ones through its sockets).
+        // import: the headers, then a copy of the datagram.
+        debug_assert!(d.len() <= SEND_MAX);
         let mut hdr = [0u8; ipv4::IP_HEADER + ipv4::UDP_HEADER];
         let src = SocketAddrV4::new(link.local, self.port);
         ipv4::encode_headers(src, dest, d.len(), &mut hdr)
-            .filter(|_| d.len() <= FRAME)
             .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
         self.tx.clear();
         self.tx.extend_from_slice(&hdr);
         self.tx.extend_from_slice(d);
-        // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-        let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        ll.sll_family = libc::AF_PACKET as u16;
-        ll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
-        ll.sll_ifindex = link.ifindex;
-        ll.sll_halen = link.halen;
-        ll.sll_addr = link.mac;
+        let ll = sockaddr_ll(link.ifindex, link.halen, link.mac);
         // SAFETY: the packet and the name are live for the call; the kernel only reads
         // them.
         let n = unsafe {
@@ -530,31 +502,19 @@ mod tests {
         loop {
             let i = prog[pc];
             pc += 1;
-            let k = i.k as usize;
-            match i.code {
-                LD_W_ABS if i.k == AD_PKTTYPE => a = pkttype,
-                LD_W_ABS => match load(k, 4) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                LD_H_ABS => match load(k, 2) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                LD_B_ABS => match load(k, 1) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                LD_H_IND => match load(x as usize + k, 2) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                LD_B_IND => match load(x as usize + k, 1) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
+            let (k, x_k) = (i.k as usize, x as usize + i.k as usize);
+            let loaded = match i.code {
+                LD_W_ABS if i.k == AD_PKTTYPE => Some(pkttype),
+                LD_W_ABS => load(k, 4),
+                LD_H_ABS => load(k, 2),
+                LD_B_ABS => load(k, 1),
+                LD_H_IND => load(x_k, 2),
+                LD_B_IND => load(x_k, 1),
                 LDX_B_MSH => match load(k, 1) {
-                    Some(v) => x = (v & 0xf) * 4,
+                    Some(v) => {
+                        x = (v & 0xf) * 4;
+                        continue;
+                    }
                     None => return 0,
                 },
                 RET_K => return i.k,
@@ -566,8 +526,14 @@ mod tests {
                         _ => a & i.k != 0,
                     };
                     pc += usize::from(if yes { i.jt } else { i.jf });
+                    continue;
                 }
                 c => panic!("opcode {c:#x} not interpreted"),
+            };
+            // An out-of-range load ends the program with 0, as in the kernel.
+            match loaded {
+                Some(v) => a = v,
+                None => return 0,
             }
         }
     }
@@ -580,7 +546,7 @@ mod tests {
         let ring = ring_filter(None, me.port());
         let ring_ip = ring_filter(Some(*me.ip()), me.port());
         let sock = socket_filter();
-        let max = usize::from(RING_MAX_UDP) - 8;
+        let max = SEND_MAX;
         for kind in 0..=255u8 {
             for len in [0, 5, 6, 40, 164, max, max + 1, 9000] {
                 let mut payload = vec![0u8; len];
@@ -597,22 +563,14 @@ mod tests {
                 assert_eq!(to_ring, len <= max && (len <= 5 || small_kind));
                 // Not for this host, another port, another address: never the ring's.
                 assert_eq!(run(&ring, &pkt, 3), 0);
-                let mut wrong = Vec::new();
-                ipv4::encode_udp(
-                    other,
-                    SocketAddrV4::new(*me.ip(), 7001),
-                    &payload,
-                    &mut wrong,
-                );
-                assert_eq!(run(&ring, &wrong, 0), 0);
-                wrong.clear();
-                ipv4::encode_udp(
-                    other,
-                    SocketAddrV4::new(*other.ip(), 7000),
-                    &payload,
-                    &mut wrong,
-                );
-                assert_eq!(run(&ring_ip, &wrong, 0), 0);
+                for (filter, to) in [
+                    (&ring, SocketAddrV4::new(*me.ip(), 7001)),
+                    (&ring_ip, SocketAddrV4::new(*other.ip(), 7000)),
+                ] {
+                    let mut wrong = Vec::new();
+                    ipv4::encode_udp(other, to, &payload, &mut wrong);
+                    assert_eq!(run(filter, &wrong, 0), 0, "to {to}");
+                }
             }
         }
     }

@@ -13,7 +13,7 @@
 //! layout puts caller-given vectors before each slot ([`UdpSock::set_lead`]); they are
 //! built once per layout, not per read.
 
-use crate::sys::cvt;
+use crate::sys::{cvt, setsockopt};
 use clink_proto::reliable::packet::coalesced_segment;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -115,25 +115,6 @@ pub struct IoVec {
     pub len: usize,
 }
 
-fn setsockopt_int(
-    fd: RawFd,
-    level: libc::c_int,
-    opt: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: a valid fd and a pointer to an int of the size given.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .map(|_| ())
-}
-
 fn to_sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
     // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
     let mut sa: libc::sockaddr_in = unsafe { zeroed() };
@@ -201,13 +182,13 @@ impl UdpSock {
             (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
             (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
         ] {
-            if setsockopt_int(raw, libc::SOL_SOCKET, force, b).is_err() {
-                setsockopt_int(raw, libc::SOL_SOCKET, plain, b)?;
+            if setsockopt(raw, libc::SOL_SOCKET, force, &b).is_err() {
+                setsockopt(raw, libc::SOL_SOCKET, plain, &b)?;
             }
         }
-        let gro = setsockopt_int(raw, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        let gro = setsockopt(raw, libc::SOL_UDP, libc::UDP_GRO, &1).is_ok();
         if shared {
-            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+            setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1)?;
         }
         if let Some(prog) = filter {
             super::ring::attach_filter(raw, prog)?;
