@@ -62,6 +62,16 @@ pub fn run() -> Result<(), String> {
             None => "off (CLINK_UDP=off)".into(),
         }
     );
+    if let Some(u) = &cfg.udp {
+        println!(
+            "                    udp bulk payloads: {}",
+            if u.payload_hash {
+                "hashed end to end (XXH3 per fragment, both ways: CLINK_UDP_PAYLOAD_HASH=1)"
+            } else {
+                "left to the UDP checksum, headers CRC-32C (unless the peer asks for hashes; CLINK_UDP_PAYLOAD_HASH=1 asks)"
+            }
+        );
+    }
     if let Some(ring) = ctx.endpoint().ok().and_then(|mut ep| ep.udp_ring()) {
         println!(
             "                    udp receive: {}",

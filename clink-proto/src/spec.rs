@@ -595,6 +595,7 @@ mod tests {
             xfer,
             offset,
             total,
+            hashed: true,
         }
     }
 
@@ -762,6 +763,7 @@ mod tests {
                     xfer,
                     offset,
                     total: 2500,
+                    hashed: true,
                 },
                 payload: &payload,
             }

@@ -2,8 +2,8 @@
 //! never fooled by a damaged datagram.
 
 use clink_proto::reliable::packet::{
-    bulk_checksum, bulk_claim, coalesced_segment, crc32c, declared_len, is_bulk, parse_bulk, Piggy,
-    BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES, VERSION,
+    bulk_checksum, bulk_claim, checked_len, coalesced_segment, crc32c, declared_len, is_bulk,
+    parse_bulk, Piggy, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES, VERSION,
 };
 use clink_proto::reliable::{
     AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
@@ -99,6 +99,7 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
                 xfer: hdr.msg_id,
                 offset: u64::from(hdr.offset) << 12,
                 total: (u64::from(hdr.offset) << 12) + p.len() as u64 + (hdr.tag & 0xffff),
+                hashed: hdr.tag & 0x10000 != 0,
             },
             payload: p,
         },
@@ -124,6 +125,7 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
                 from: u128::from(hdr.pn) << 64 | u128::from(hdr.tag),
                 to: u128::from(hdr.msg_id) << 32 | u128::from(hdr.floor),
                 mtu_payload: hdr.offset,
+                payload_hash: hdr.tag & 1 == 1,
             };
             if k == 4 {
                 Datagram::Hello { conn, hs }
@@ -255,17 +257,18 @@ proptest! {
         mut h in proptest::collection::vec(any::<u8>(), BULK_HEADER),
         payload in proptest::collection::vec(any::<u8>(), 0..200),
         honest_len in any::<bool>(),
+        hashed in any::<bool>(),
     ) {
         // Past the checksum and the reserved fields (most of the time with the right
         // payload length), so the field checks themselves are exercised.
         h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, VERSION, 7]);
-        h[6..8].fill(0);
+        h[6..8].copy_from_slice(&u16::from(hashed).to_le_bytes());
         h[12..16].fill(0);
         h[58..60].fill(0);
         if honest_len {
             h[56..58].copy_from_slice(&(payload.len() as u16).to_le_bytes());
         }
-        let sum = bulk_checksum(&h[..60], &payload);
+        let sum = bulk_checksum(&h[..60], hashed.then_some(&payload[..]));
         h[60..].copy_from_slice(&sum.to_le_bytes());
         if let Ok((_, hdr)) = parse_bulk(&h, &payload) {
             prop_assert!(hdr.offset + payload.len() as u64 <= hdr.total && !payload.is_empty());
@@ -287,8 +290,10 @@ proptest! {
         let d = build(k, conn, hdr, &p, &ack);
         let mut buf = Vec::new();
         d.encode(&mut buf);
+        // Every byte clink's checksum covers (all but an unhashed bulk payload, which the
+        // UDP checksum covers below clink).
         let mut bad = buf.clone();
-        bad[pos.index(buf.len())] ^= flip;
+        bad[pos.index(checked_len(&buf))] ^= flip;
         prop_assert!(Datagram::parse(&bad).is_err());
         let c = cut.index(buf.len());
         prop_assert!(Datagram::parse(&buf[..c]).is_err());
@@ -349,4 +354,44 @@ fn typed_errors() {
         Datagram::parse(&b),
         Err(PacketError::BadChecksum { .. })
     ));
+}
+
+/// A connection that agreed on hashed bulk payloads refuses an unhashed fragment (counted
+/// as malformed, never placed); one that did not takes both kinds.
+#[test]
+fn an_unhashed_fragment_is_refused_where_hashes_were_agreed() {
+    for (agreed, hashed, taken) in [
+        (true, true, true),
+        (true, false, false),
+        (false, true, true),
+        (false, false, true),
+    ] {
+        let cfg = Config {
+            payload_hash: agreed,
+            ..Config::default()
+        };
+        let mut c = Conn::new(cfg, 0);
+        let mut d = Vec::new();
+        Datagram::Bulk {
+            conn: 0,
+            hdr: BulkHeader {
+                pn: 0,
+                floor: 0,
+                xfer: 1,
+                offset: 0,
+                total: 100,
+                hashed,
+            },
+            payload: &[9; 100],
+        }
+        .encode(&mut d);
+        let mut placed = false;
+        let r = c.handle_datagram_with(1, &d, &mut |_, _| {
+            placed = true;
+            true
+        });
+        assert_eq!(r.is_ok(), taken, "agreed {agreed}, hashed {hashed}");
+        assert_eq!(placed, taken);
+        assert_eq!(c.stats().dropped_malformed, u64::from(!taken));
+    }
 }

@@ -29,6 +29,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_PEER_SOCKETS", "how many peers (the first ones) get a UDP socket of their own, connected to them and sharing the endpoint's port (SO_REUSEPORT): their datagrams skip the per-datagram route lookup and the main socket (64-byte one-way across the veth pair 0.5-0.8 us less in three alternated pairs, BENCHMARKS.md); every such socket is read on every pass, so a few (default 4, 0-64; 0: one socket for all)"),
     ("CLINK_UDP_STEER", "'1': a receiver steers the fast stream admission control granted to a UDP socket of its own, connected to that sender (the kernel keeps other traffic out of its speculative layout; measured: no more in place than without it since stop 20, 99.7-100% either way, but two senders' goodput 0.73x one sender instead of 0.96x in stop 22, and 1% loss 0.49-0.66x lossless instead of 0.74x in stop 19, BENCHMARKS.md); '0' (default): no steered socket (a stream arrives on its peer's own socket, see CLINK_UDP_PEER_SOCKETS, or on the main one)"),
     ("CLINK_UDP_RING", "'1' (default): once an endpoint has a UDP peer, it reads the small datagrams (data, acks, naks, pings, admission; UDP length up to 1 908 bytes) from a packet socket's receive ring shared with the kernel (PACKET_RX_RING), polled in memory without a system call, the UDP sockets dropping them by a BPF filter, and it sends its lone datagrams to a peer one hop away through that packet socket (IP and UDP headers built by clink, no qdisc, the peer's link-layer address learned from its frames); bulk fragments, GSO runs and handshakes stay on the UDP sockets. Needs CAP_NET_RAW (without it, the sockets alone, as with '0'); these packets bypass the host's netfilter rules. busy 64-byte one-way across the veth pair 1.18-1.23x kernel UDP without it, 0.99-1.13x with it (medians of three sets of alternated rounds, BENCHMARKS.md, stop 26); no packet-socket sends on loopback"),
+    ("CLINK_UDP_PAYLOAD_HASH", "'0' (default): a bulk fragment's payload is left to the UDP checksum (filled in by the sending kernel or NIC, verified by the receiving one), as TCP leaves its stream to its own, and clink's CRC-32C covers its header (which the speculation verifier trusts) and every byte of the other datagrams; '1': each fragment's payload is also hashed end to end (XXH3), on both directions of every connection this endpoint makes or accepts (either side's wish applies), and an unhashed fragment is refused. The hash cost 12% of the CPU and 15-20% of the goodput of a blocking stream across the veth pair (BENCHMARKS.md, stop 27)"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
     ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
@@ -213,6 +214,7 @@ impl Config {
                 "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
                 "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
                 "CLINK_UDP_RING" => udp.ring = flag(&k, &v)?,
+                "CLINK_UDP_PAYLOAD_HASH" => udp.payload_hash = flag(&k, &v)?,
                 "CLINK_UDP_FORCE_MISS" => udp.force_miss = flag(&k, &v)?,
                 "CLINK_UDP_ADMISSION" => {
                     use clink_proto::admission::Mode;
@@ -288,6 +290,8 @@ mod tests {
         assert!(!udp("CLINK_UDP_SPEC_BACKOFF", "0").spec_backoff);
         assert!(udp("PATH", "x").spec_backoff);
         assert!(!udp("PATH", "x").force_miss);
+        assert!(udp("CLINK_UDP_PAYLOAD_HASH", "1").payload_hash);
+        assert!(!udp("PATH", "x").payload_hash);
         let board = |v: &str| Config::from_vars(vars(&[("CLINK_BOARD_PEERS", v)]));
         let slots = crate::transport::shm::board::SLOTS;
         assert_eq!(board(&slots.to_string()).unwrap().board_peers, slots);

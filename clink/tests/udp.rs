@@ -17,8 +17,10 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // "forcemiss": bulk fragments sent misordered (CLINK_UDP_FORCE_MISS); "nobackoff":
     // speculation kept armed however much it misses (CLINK_UDP_SPEC_BACKOFF=0); "sleepy":
     // no busy-polling, every wait sleeps at once (CLINK_SPIN_US=0); "noring": no receive
-    // ring (CLINK_UDP_RING=0: the sockets alone; "ring" says the default, on).
+    // ring (CLINK_UDP_RING=0: the sockets alone; "ring" says the default, on); "hash": bulk
+    // payloads hashed end to end (CLINK_UDP_PAYLOAD_HASH=1).
     let udp = UdpConfig {
+        payload_hash: faults.contains("hash"),
         ring: !faults.contains("noring"),
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
         mtu: Some(1500),
@@ -37,6 +39,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
                 .replace("explicit", "")
                 .replace("nosteer", "")
                 .replace("noring", "")
+                .replace("hash", "")
                 .replace("ring", ""),
         )
         .unwrap(),
@@ -332,6 +335,50 @@ fn two_senders_under_admission_control(cfg: &'static str) -> clink::Stats {
         "the granted streams were received in place: {s:?}"
     );
     s
+}
+
+/// Whether each side's connections hashed the bulk payloads they received end to end,
+/// when the server (`server`) or the client (`client`) asked for it: either side's wish
+/// applies to both directions. Every message arrives intact either way (`round_trips`).
+#[test]
+fn either_sides_wish_for_hashed_payloads_applies_both_ways() {
+    for (server, client) in [(true, false), (false, true), (false, false)] {
+        let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        // connect_pair makes the server's context first.
+        let ((a, pa), (mut b, pb)) = common::connect_pair(
+            move || {
+                let is_server = first.swap(false, std::sync::atomic::Ordering::SeqCst);
+                let wish = if is_server { server } else { client };
+                net_ctx(if wish { "hash" } else { "" }, 2000)
+            },
+            "udp",
+        );
+        let srv = std::thread::spawn(move || echo(a, pa));
+        round_trips(&mut b, pb, 1, 21);
+        let a = srv.join().unwrap();
+        for s in [a.stats(), b.stats()] {
+            assert!(s.spec_hits > 0, "{s:?}");
+            assert_eq!(
+                s.bulk_hashed > 0,
+                server || client,
+                "{server} {client}: {s:?}"
+            );
+        }
+    }
+}
+
+/// With hashed payloads, injected damage may hit any byte of a bulk fragment (without
+/// them, `injected_faults_lose_nothing`, only its header): all of it is caught.
+#[test]
+fn hashed_payloads_under_injected_faults_lose_nothing() {
+    let [a, b] = echoed_round_trips(
+        "hash,drop=0.02,dup=0.02,corrupt=0.05,reorder=0.05,seed=17",
+        17,
+    );
+    for s in [a, b] {
+        assert!(s.bulk_hashed > 0 && s.faults_injected > 0, "{s:?}");
+        assert!(s.corrupt_dropped > 0, "{s:?}");
+    }
 }
 
 #[test]

@@ -161,6 +161,11 @@ pub struct Config {
     /// it and every one takes the cleanup path (the seed's fallback penalty). Groups stay
     /// whole and the data arrives intact; only the order within a group changes.
     pub bulk_misorder: bool,
+    /// Bulk payloads are hashed end to end, both ways ([`packet::BulkHeader::hashed`]):
+    /// this side hashes the payloads it sends and drops (as malformed) a bulk datagram
+    /// that arrives unhashed. When false, it sends them unhashed, left to the UDP checksum
+    /// (headers are always checked), and takes either kind.
+    pub payload_hash: bool,
 }
 
 impl Default for Config {
@@ -194,6 +199,7 @@ impl Default for Config {
             },
             slow_window: 4,
             bulk_misorder: false,
+            payload_hash: true,
         }
     }
 }
@@ -342,6 +348,8 @@ pub struct Stats {
     pub fast_refused: u64,
     /// New bulk fragments received (placed by the caller, or found in place).
     pub bulk_fragments: u64,
+    /// Those whose payload was hashed end to end ([`packet::BulkHeader::hashed`]).
+    pub bulk_hashed: u64,
     /// New bulk fragments the caller had no destination for (dropped after their pn was
     /// accepted, so the sender does not resend them).
     pub bulk_discarded: u64,
@@ -1367,10 +1375,14 @@ impl Conn {
 
     /// A bulk fragment's pn: true when new (its payload must be, or is, at its place).
     fn on_bulk(&mut self, now: u64, hdr: &BulkHeader) -> Result<bool, RecvError> {
+        if self.cfg.payload_hash && !hdr.hashed {
+            return Err(RecvError::Protocol("bulk payload not hashed as agreed"));
+        }
         if !self.admit(now, hdr.pn, hdr.floor)? {
             return Ok(false);
         }
         self.stats.bulk_fragments += 1;
+        self.stats.bulk_hashed += u64::from(hdr.hashed);
         if hdr.pn == self.rcv_next {
             self.rcv_next += 1;
             self.drain_in_order();
@@ -1764,6 +1776,7 @@ impl Conn {
                         xfer,
                         offset: s.offset,
                         total,
+                        hashed: self.cfg.payload_hash,
                     };
                     bulk = s.tx_count <= 1;
                     group_start = s.tx_count > 1 || s.opens_group;

@@ -81,8 +81,9 @@ use thiserror::Error;
 /// Magic number opening every datagram ("CLRD").
 pub const MAGIC: u32 = 0x4452_4c43;
 /// Version of the datagram format spoken by this build (2 since the bulk checksum
-/// stopped seeding its hash, [`bulk_checksum`]).
-pub const VERSION: u8 = 2;
+/// stopped seeding its hash, [`bulk_checksum`]; 3 since a bulk datagram's payload is
+/// hashed only when its flag says so, [`BulkHeader::hashed`]).
+pub const VERSION: u8 = 3;
 /// Bytes of the common header.
 pub const COMMON_HEADER: usize = 16;
 /// Bytes before the payload of a data datagram.
@@ -91,6 +92,11 @@ pub const DATA_HEADER: usize = 60;
 pub const PIGGY_LEN: usize = 20;
 /// Flag bit of a data datagram carrying an ack.
 const FLAG_ACK: u16 = 1;
+/// Flag bit of a bulk datagram whose checksum covers its payload ([`BulkHeader::hashed`]).
+const FLAG_HASHED: u16 = 1;
+/// Flag bit of a hello or welcome whose sender wants bulk payloads hashed
+/// ([`Handshake::payload_hash`]).
+const FLAG_WANT_HASH: u16 = 1;
 /// Bytes before the ranges of an ack or nak datagram.
 pub const ACK_HEADER: usize = 36;
 /// Bytes of a ping datagram without its trailer.
@@ -312,6 +318,10 @@ pub struct BulkHeader {
     pub offset: u64,
     /// Length of the whole transfer.
     pub total: u64,
+    /// Whether the checksum covers the payload too (XXH3, end to end). When not, it
+    /// covers the header alone and the payload is left to the UDP checksum, as TCP leaves
+    /// its stream to its own ([`bulk_checksum`]).
+    pub hashed: bool,
 }
 
 /// The body of a hello or welcome datagram.
@@ -323,6 +333,9 @@ pub struct Handshake {
     pub to: u128,
     /// The sender's largest datagram payload.
     pub mtu_payload: u32,
+    /// The sender wants the bulk payloads of this connection hashed end to end, both
+    /// ways ([`BulkHeader::hashed`]).
+    pub payload_hash: bool,
 }
 
 /// What an admit datagram says (admission control of fast bulk streams, the seed's
@@ -460,7 +473,11 @@ impl<'a> Datagram<'a> {
         }
         let b = &b[..body];
         let flags = u16_at(b, 6);
-        if flags != 0 && !(kind == K_DATA && flags == FLAG_ACK) {
+        let handshake = kind == K_HELLO || kind == K_WELCOME;
+        if flags != 0
+            && !(kind == K_DATA && flags == FLAG_ACK)
+            && !(handshake && flags == FLAG_WANT_HASH)
+        {
             return Err(PacketError::Reserved("flags"));
         }
         if u32_at(b, 12) != 0 {
@@ -619,6 +636,7 @@ impl<'a> Datagram<'a> {
                     from: u128_at(b, 16),
                     to: u128_at(b, 32),
                     mtu_payload: u32_at(b, 48),
+                    payload_hash: flags == FLAG_WANT_HASH,
                 };
                 Ok(if kind == K_HELLO {
                     Datagram::Hello { conn, hs }
@@ -696,6 +714,9 @@ impl<'a> Datagram<'a> {
         };
         let flags = match self {
             Datagram::Data { hdr, .. } if hdr.ack.is_some() => FLAG_ACK,
+            Datagram::Hello { hs, .. } | Datagram::Welcome { hs, .. } if hs.payload_hash => {
+                FLAG_WANT_HASH
+            }
             _ => 0,
         };
         let common = common_header(kind, flags, conn);
@@ -798,12 +819,15 @@ pub fn parse_bulk(header: &[u8], payload: &[u8]) -> Result<(u32, BulkHeader), Pa
     if common(header)? != K_BULK {
         return Err(PacketError::BadKind(header[5]));
     }
+    // The flags choose what the checksum covers; the CRC covers the flags themselves.
+    let flags = u16_at(header, 6);
+    let hashed = flags == FLAG_HASHED;
     let carried = u32_at(header, 60);
-    let computed = bulk_checksum(&header[..60], payload);
+    let computed = bulk_checksum(&header[..60], hashed.then_some(payload));
     if carried != computed {
         return Err(PacketError::BadChecksum { carried, computed });
     }
-    if u16_at(header, 6) != 0 || u32_at(header, 12) != 0 {
+    if (flags != 0 && !hashed) || u32_at(header, 12) != 0 {
         return Err(PacketError::Reserved("common header"));
     }
     if u16_at(header, 58) != 0 {
@@ -815,6 +839,7 @@ pub fn parse_bulk(header: &[u8], payload: &[u8]) -> Result<(u32, BulkHeader), Pa
         xfer: u64_at(header, 32),
         offset: u64_at(header, 40),
         total: u64_at(header, 48),
+        hashed,
     };
     let plen = usize::from(u16_at(header, 56));
     if plen != payload.len() {
@@ -864,27 +889,46 @@ pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; B
     assert!(!payload.is_empty(), "empty bulk payload");
     let plen = u16::try_from(payload.len()).expect("payload longer than MAX_PAYLOAD");
     let mut h = [0u8; BULK_HEADER];
-    h[..COMMON_HEADER].copy_from_slice(&common_header(K_BULK, 0, conn));
+    let flags = if hdr.hashed { FLAG_HASHED } else { 0 };
+    h[..COMMON_HEADER].copy_from_slice(&common_header(K_BULK, flags, conn));
     h[16..24].copy_from_slice(&hdr.pn.to_le_bytes());
     h[24..32].copy_from_slice(&hdr.floor.to_le_bytes());
     h[32..40].copy_from_slice(&hdr.xfer.to_le_bytes());
     h[40..48].copy_from_slice(&hdr.offset.to_le_bytes());
     h[48..56].copy_from_slice(&hdr.total.to_le_bytes());
     h[56..58].copy_from_slice(&plen.to_le_bytes());
-    let sum = bulk_checksum(&h[..60], payload);
+    let sum = bulk_checksum(&h[..60], hdr.hashed.then_some(payload));
     h[60..64].copy_from_slice(&sum.to_le_bytes());
     h
 }
 
-/// The checksum of a bulk datagram: the low 32 bits of the payload's XXH3-64 (unseeded),
-/// XORed with the CRC-32C of the first 60 header bytes. A damaged header changes the CRC,
-/// a damaged payload the hash; both at once cancel with probability 2^-32, as a seeded
-/// hash would. (Until datagram version 2 the CRC seeded the hash: a seeded XXH3 derives
-/// its 192-byte secret on every call, 25 against 31-32 GB/s on 1408-byte fragments.)
-/// Computed by `twox-hash`, which picks AVX2 at run time (`xxhash-rust`, used before,
-/// compiles SSE2 only for the baseline x86-64 target; BENCHMARKS.md, stop 25).
-pub fn bulk_checksum(header60: &[u8], payload: &[u8]) -> u32 {
-    twox_hash::XxHash3_64::oneshot(payload) as u32 ^ crc32c(header60)
+/// The checksum of a bulk datagram: the CRC-32C of the first 60 header bytes, XORed, for a
+/// hashed payload (`Some`), with the low 32 bits of the payload's XXH3-64 (unseeded). A
+/// damaged header changes the CRC, a damaged hashed payload the hash; both at once cancel
+/// with probability 2^-32, as a seeded hash would. (Until datagram version 2 the CRC
+/// seeded the hash: a seeded XXH3 derives its 192-byte secret on every call, 25 against
+/// 31-32 GB/s on 1408-byte fragments.) Computed by `twox-hash`, which picks AVX2 at run
+/// time (`xxhash-rust`, used before, compiles SSE2 only for the baseline x86-64 target;
+/// BENCHMARKS.md, stop 25). An unhashed payload (`None`) is left to the UDP checksum,
+/// which the sending kernel (or NIC) fills in and the receiving one verifies below clink.
+pub fn bulk_checksum(header60: &[u8], payload: Option<&[u8]>) -> u32 {
+    let crc = crc32c(header60);
+    match payload {
+        Some(p) => twox_hash::XxHash3_64::oneshot(p) as u32 ^ crc,
+        None => crc,
+    }
+}
+
+/// How many leading bytes of datagram `d` clink's own checksum covers: all of them,
+/// except for a bulk datagram whose payload is not hashed ([`BulkHeader::hashed`]), whose
+/// header alone it covers. Read without verifying anything (a fault injector damages only
+/// bytes clink is meant to catch damage to).
+pub fn checked_len(d: &[u8]) -> usize {
+    if is_bulk(d) && d.len() >= BULK_HEADER && u16_at(d, 6) & FLAG_HASHED == 0 {
+        BULK_HEADER
+    } else {
+        d.len()
+    }
 }
 
 /// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has
@@ -913,7 +957,67 @@ mod tests {
             (8972, 0x7164_a05a),
         ] {
             let p: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
-            assert_eq!(bulk_checksum(&h, &p), want, "{n} bytes");
+            assert_eq!(bulk_checksum(&h, Some(&p)), want, "{n} bytes");
+            // Unhashed: the header's CRC alone, whatever the payload.
+            assert_eq!(bulk_checksum(&h, None), crc32c(&h), "{n} bytes");
+        }
+    }
+
+    /// A hashed bulk datagram's checksum catches damage anywhere; an unhashed one's only
+    /// in the header (its payload is the UDP checksum's), which `checked_len` says.
+    #[test]
+    fn the_bulk_flag_chooses_what_the_checksum_covers() {
+        for hashed in [true, false] {
+            let hdr = BulkHeader {
+                pn: 4,
+                floor: 1,
+                xfer: 3,
+                offset: 1408,
+                total: 1 << 16,
+                hashed,
+            };
+            let payload = [0x5a; 1408];
+            let mut d = Vec::new();
+            Datagram::Bulk {
+                conn: 2,
+                hdr,
+                payload: &payload,
+            }
+            .encode(&mut d);
+            let (h, p) = d.split_at(BULK_HEADER);
+            assert_eq!(parse_bulk(h, p), Ok((2, hdr)));
+            assert_eq!(checked_len(&d), if hashed { d.len() } else { BULK_HEADER });
+            for at in [6, 20, 59, 60, BULK_HEADER, d.len() - 1] {
+                let mut bad = d.clone();
+                bad[at] ^= 0x10;
+                let (h, p) = bad.split_at(BULK_HEADER);
+                let caught = parse_bulk(h, p).is_err();
+                assert_eq!(
+                    caught,
+                    at < BULK_HEADER || hashed,
+                    "hashed {hashed}, byte {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_handshake_carries_the_wish_for_hashed_payloads() {
+        for payload_hash in [true, false] {
+            let hs = Handshake {
+                from: 1,
+                to: 2,
+                mtu_payload: 1400,
+                payload_hash,
+            };
+            for d in [
+                Datagram::Hello { conn: 7, hs },
+                Datagram::Welcome { conn: 7, hs },
+            ] {
+                let mut b = Vec::new();
+                d.encode(&mut b);
+                assert_eq!(Datagram::parse(&b), Ok(d));
+            }
         }
     }
 
@@ -925,6 +1029,7 @@ mod tests {
             xfer: 77,
             offset: 2816,
             total: 1 << 20,
+            hashed: true,
         };
         let h = encode_bulk_header(5, &hdr, &[1; 1408]);
         assert_eq!(bulk_claim(&h), Some((5, 77, 2816)));

@@ -593,6 +593,7 @@ impl Endpoint {
             if let Link::Udp(u) = &p.link {
                 let c = u.conn.stats();
                 s.retransmissions += c.retransmissions;
+                s.bulk_hashed += c.bulk_hashed;
                 s.naks_sent += c.naks_sent;
                 s.timeouts += c.timeouts;
                 s.rto_probes += c.rto_probes;

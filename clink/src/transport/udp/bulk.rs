@@ -240,6 +240,7 @@ mod tests {
             xfer,
             offset: k * 1024,
             total: 4096,
+            hashed: false,
         }
     }
 

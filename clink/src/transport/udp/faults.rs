@@ -185,7 +185,11 @@ impl Faults {
             let mut v = d.to_vec();
             if corrupt {
                 self.stats.corrupted += 1;
-                let at = self.rng.below(v.len() as u64) as usize;
+                // Damage stands for what slips past the kernel's UDP checksum, so it hits
+                // bytes clink's own checksum covers (not an unhashed bulk payload, which
+                // only the UDP checksum does).
+                let span = clink_proto::reliable::packet::checked_len(&v);
+                let at = self.rng.below(span as u64) as usize;
                 v[at] ^= 1 + self.rng.below(255) as u8;
             }
             if hold {

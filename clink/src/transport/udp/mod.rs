@@ -159,6 +159,11 @@ pub struct UdpConfig {
     /// sockets, and send lone small datagrams to a peer one hop away through that packet
     /// socket ([`ring`]; needs `CAP_NET_RAW`, else the sockets alone).
     pub ring: bool,
+    /// Hash bulk payloads end to end (XXH3 per fragment) on this side's connections, both
+    /// ways (either side's wish applies); otherwise they are left to the UDP checksum, as
+    /// TCP leaves its stream to its own, and only bulk headers carry clink's checksum
+    /// ([`clink_proto::reliable::packet::BulkHeader::hashed`]).
+    pub payload_hash: bool,
 }
 
 impl Default for UdpConfig {
@@ -177,6 +182,7 @@ impl Default for UdpConfig {
             steer: false,
             peer_sockets: 4,
             ring: true,
+            payload_hash: false,
         }
     }
 }
@@ -436,7 +442,8 @@ struct Pending {
     conn: u32,
     remote_id: u128,
     last_hello: Instant,
-    welcomed: Option<u32>,
+    /// The peer's welcome, once it came.
+    welcomed: Option<Handshake>,
 }
 
 /// The endpoint's UDP socket, its routes and connection set-up.
@@ -590,9 +597,10 @@ impl State {
         t
     }
 
-    fn conn_config(&self, conn_id: u32, peer_mtu_payload: u32) -> reliable::Config {
+    /// The configuration of a connection with the peer whose handshake is `peer`.
+    fn conn_config(&self, conn_id: u32, peer: &Handshake) -> reliable::Config {
         let mine = mtu_payload(self.mtu);
-        let mtu_payload = mine.min(peer_mtu_payload as usize).max(64);
+        let mtu_payload = mine.min(peer.mtu_payload as usize).max(64);
         reliable::Config {
             conn_id,
             mtu_payload,
@@ -604,6 +612,7 @@ impl State {
             max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
             bulk_group: bulk_group(mtu_payload),
             bulk_misorder: self.cfg.force_miss,
+            payload_hash: self.cfg.payload_hash || peer.payload_hash,
             admission: clink_proto::admission::AskerConfig {
                 mode: self.cfg.admission,
                 ..Default::default()
@@ -620,6 +629,7 @@ impl State {
             from: self.my_id,
             to,
             mtu_payload: mtu_payload(self.mtu) as u32,
+            payload_hash: self.cfg.payload_hash,
         }
     }
 
@@ -646,7 +656,7 @@ impl State {
                         .iter_mut()
                         .find(|p| p.dest == src && p.conn == conn)
                     {
-                        p.welcomed = Some(hs.mtu_payload);
+                        p.welcomed = Some(hs);
                     }
                 }
                 _ => self.stats.bad_handshakes += 1,
@@ -673,7 +683,7 @@ impl State {
                 .iter()
                 .any(|l| l.dest == src && l.conn.config().conn_id == conn);
         if !known {
-            let c = Conn::new(self.conn_config(conn, hs.mtu_payload), self.now());
+            let c = Conn::new(self.conn_config(conn, &hs), self.now());
             self.accepted.push(UdpLink::new(c, src, hs.from));
         }
         let hs = self.handshake(hs.from);
@@ -872,9 +882,9 @@ impl UdpTransport {
     pub fn connected(&mut self, token: u32) -> Option<UdpLink> {
         let i = self.st.pending.iter().position(|p| p.conn == token)?;
         let p = &mut self.st.pending[i];
-        if let Some(mtu) = p.welcomed {
+        if let Some(hs) = p.welcomed {
             let p = self.st.pending.swap_remove(i);
-            let conn = Conn::new(self.st.conn_config(p.conn, mtu), self.now());
+            let conn = Conn::new(self.st.conn_config(p.conn, &hs), self.now());
             return Some(UdpLink::new(conn, p.dest, p.remote_id));
         }
         if p.last_hello.elapsed() >= HELLO_EVERY {
@@ -1489,9 +1499,11 @@ impl UdpTransport {
         let mut i = 0;
         while i < batch.frames() {
             let dest = batch.frame_dest(i);
+            // Bulk fragments always take the sockets: the kernel fills in their UDP
+            // checksum, which an unhashed payload relies on (the packet socket's is 0).
             let lone = batch
                 .lone_datagram(i, 1)
-                .filter(|d| d.len() <= ring::SEND_MAX);
+                .filter(|d| d.len() <= ring::SEND_MAX && !is_bulk(d));
             if let (Some(ring), Some(d)) = (self.ring.as_mut(), lone) {
                 if let Some(k) = self.links.iter().position(|(a, _)| *a == dest) {
                     match ring.send(&self.links[k].1, dest, d) {
