@@ -31,6 +31,8 @@ struct World {
     done_send: Vec<bool>,
     /// Largest bulk fragments in flight seen from a sender while it was not granted.
     slow_peak: Vec<u64>,
+    /// Steps at which each sender said its stream was slowed (`Conn::is_slowed`).
+    slowed_steps: Vec<u64>,
     both_fast: u64,
 }
 
@@ -68,6 +70,7 @@ impl World {
                 .collect(),
             done_send: vec![false; 2],
             slow_peak: vec![0; 2],
+            slowed_steps: vec![0; 2],
             both_fast: 0,
         }
     }
@@ -112,6 +115,10 @@ impl World {
             let s = self.senders[i].stats();
             if !self.senders[i].is_fast() {
                 self.slow_peak[i] = self.slow_peak[i].max(s.in_flight);
+            }
+            if self.senders[i].is_slowed() {
+                assert!(!self.senders[i].is_fast() && !self.done_send[i]);
+                self.slowed_steps[i] += 1;
             }
         }
         if self.senders.iter().all(Conn::is_fast) {
@@ -217,6 +224,14 @@ fn two_senders_one_granted_at_a_time_both_complete_and_the_grant_comes_back() {
         w.both_fast, 0,
         "never two fast streams at once on a clean network"
     );
+    // The refused one said so while it waited (what keeps its sender from spinning),
+    // and nobody is slowed once both transfers are done.
+    assert!(
+        w.slowed_steps.iter().sum::<u64>() > 0,
+        "{:?}",
+        w.slowed_steps
+    );
+    assert!(w.senders.iter().all(|s| !s.is_slowed()));
     let slow = Config::default().slow_window;
     for i in 0..2 {
         assert!(

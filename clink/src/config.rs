@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// Every environment variable clink reads, with its meaning (printed by `clink info`).
 pub const VARIABLES: &[(&str, &str)] = &[
-    ("CLINK_SPIN_US", "busy-poll time before blocking, microseconds (default 50; 0 = block at once; 'inf' = never block); a blocking receive from an endpoint's only peer over UDP spends up to this long (at most 100 us) in its fast path, then the rest of it in the general path; with a nonzero spin time, a wait for which a UDP peer's reply is due (an ack of packets in flight, the repair of a hole) spins on up to two of that link's smoothed RTTs (at most 1 ms) from its last activity before it blocks"),
+    ("CLINK_SPIN_US", "busy-poll time before blocking, microseconds (default 50; 0 = block at once; 'inf' = never block); a blocking receive from an endpoint's only peer over UDP spends up to this long (at most 100 us) in its fast path, then the rest of it in the general path; with a nonzero spin time, a wait for which a UDP peer's reply is due (an ack of packets in flight, the repair of a hole) spins on up to two of that link's smoothed RTTs (at most 1 ms) from its last activity before it blocks; while this endpoint's bulk stream is held to the slow window by admission control and no reply is due, a wait blocks at once (a slowed sender spinning took the core it shares with the granted one)"),
     ("CLINK_EAGER_MAX", "eager/rendezvous threshold in bytes (default: from the measured cost model)"),
     ("CLINK_CHUNK", "pipelined-rendezvous chunk size in bytes (default: from the cost model, per message)"),
     ("CLINK_RNDV", "rendezvous copy: 'auto' (default: cost model per size), 'cma' or 'pipeline'"),

@@ -1851,6 +1851,12 @@ impl Conn {
         self.asker.fast()
     }
 
+    /// Whether this side's bulk stream is under way and held to the slow window because
+    /// admission control refused it a fast one.
+    pub fn is_slowed(&self) -> bool {
+        self.bulk_outstanding > 0 && !self.asker.fast()
+    }
+
     /// The peer's port for this side's granted stream alone (flow steering), if any:
     /// once everything sent before the grant is acknowledged.
     pub fn steered_port(&self) -> Option<u16> {

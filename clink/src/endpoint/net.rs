@@ -522,6 +522,21 @@ impl Endpoint {
             .map(|rtt| Duration::from_nanos(2 * rtt).min(REPLY_SPIN_MAX))
     }
 
+    /// Whether the only thing in flight is a bulk stream admission control slowed down:
+    /// some UDP peer's stream is held to the slow window and no reply is due from any
+    /// peer ([`Endpoint::reply_due`] leaves out a slowed stream's acks).
+    pub(super) fn only_slowed(&self) -> bool {
+        let slowed = self
+            .peers
+            .iter()
+            .filter(|p| p.alive)
+            .any(|p| match &p.link {
+                Link::Udp(u) => u.conn.is_slowed(),
+                _ => false,
+            });
+        slowed && self.reply_due().is_none()
+    }
+
     /// Whether the last UDP receive took no clock reading (it got nothing; see
     /// `UdpTransport::read_is_fresh`).
     pub(super) fn net_clock_stale(&self) -> bool {
