@@ -105,11 +105,11 @@ pub struct Stats {
     pub fast_revocations: u64,
     /// Network path: bulk fragments received from the stream holding the grant.
     pub granted_fragments: u64,
+    /// Network path: those found in place (the granted stream's speculation hits).
+    pub granted_hits: u64,
     /// Network path: new bulk fragments received whose payload was hashed end to end
     /// (`CLINK_UDP_PAYLOAD_HASH`; the others' payloads were the UDP checksum's).
     pub bulk_hashed: u64,
-    /// Network path: those found in place (the granted stream's speculation hits).
-    pub granted_hits: u64,
     /// Network path: datagrams read from the socket of a steered fast stream (flow
     /// steering, `CLINK_UDP_STEER`).
     pub steered_datagrams: u64,

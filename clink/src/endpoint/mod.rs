@@ -2177,8 +2177,8 @@ impl Endpoint {
             }
             // Within the spin time, spin; but a bulk stream admission control slowed down
             // is slow by design, and its sender spinning for the acks took the core that
-            // two senders share from the granted stream (two senders' aggregate 0.84x
-            // one sender spinning, 0.91x sleeping at once; BENCHMARKS.md, stop 27). A
+            // two senders share from the granted stream (two senders' aggregate 0.83x
+            // one sender spinning, 0.92x sleeping at once; BENCHMARKS.md, stop 27). A
             // spin time of "forever" (never block) is kept.
             if spin.is_none_or(|s| now < start + s) && (spin.is_none() || !self.only_slowed()) {
                 continue;
