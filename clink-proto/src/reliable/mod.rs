@@ -1920,8 +1920,12 @@ impl Conn {
         let (opens_group, offset) = match q.item {
             Item::Bulk { .. } => {
                 let seq = q.next_off / frag;
+                // Within the configured groups, not the current ones: a stream that goes
+                // from slow (single fragments, misordered in pairs) to fast mid-transfer
+                // would otherwise mix two permutations, which for odd groups send some
+                // fragments twice and others never.
                 let offset = if self.cfg.bulk_misorder {
-                    misordered(seq, total.div_ceil(frag), group) * frag
+                    misordered(seq, total.div_ceil(frag), self.cfg.bulk_group.max(1)) * frag
                 } else {
                     q.next_off
                 };
