@@ -2180,7 +2180,11 @@ impl Endpoint {
             // two senders share from the granted stream (two senders' aggregate 0.83x
             // one sender spinning, 0.92x sleeping at once; BENCHMARKS.md, stop 27). A
             // spin time of "forever" (never block) is kept.
-            if spin.is_none_or(|s| now < start + s) && (spin.is_none() || !self.only_slowed()) {
+            let spinning = match spin {
+                None => true,
+                Some(s) => now < start + s && !self.only_slowed(),
+            };
+            if spinning {
                 continue;
             }
             // Spun its time, but a reply is due within a round trip: spin on for it (not
