@@ -7,7 +7,7 @@
 //! two ends get `10.201.X.1/24` (side 0) and `10.201.X.2/24` (side 1), with X (1..=250)
 //! taken from the random suffix (the addresses live inside the namespaces, so equal X in
 //! two pairs is harmless). Both veth ends and both `lo` are up, the veth MTU is the one
-//! asked for. Dropping the pair deletes both namespaces (the veth pair goes with them);
+//! asked for, and `create` returns once both ends have their carrier. Dropping the pair deletes both namespaces (the veth pair goes with them);
 //! a creation that fails half-way removes what it made.
 //!
 //! Processes are placed in a namespace with [`NetnsPair::command`], which wraps
@@ -38,9 +38,13 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Prefix of every namespace this module creates.
 pub const NAME_PREFIX: &str = "clink-";
+
+/// Bound on a new veth pair's carrier coming on ([`NetnsPair::create`]).
+const CARRIER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where `ip` is looked for when it is not in `PATH`.
 const IP_FALLBACKS: [&str; 3] = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"];
@@ -97,7 +101,33 @@ impl NetnsPair {
             pair.ip_cmd(&["-n", &ns, "link", "set", "dev", dev, "up"])?;
             pair.ip_cmd(&["-n", &ns, "link", "set", "dev", "lo", "up"])?;
         }
+        pair.wait_carrier(&dev)?;
         Ok(pair)
+    }
+
+    /// Waits (at most [`CARRIER_TIMEOUT`]) until both veth ends have their carrier. The
+    /// kernel turns it on asynchronously (link-watch work), some time after both ends are
+    /// up; until then the link's state is DOWN. Sockets do not mind, but a program that
+    /// lists the running interfaces does: UCX's tcp transport, started at once, saw only
+    /// `lo` and could not reach the other side.
+    fn wait_carrier(&self, dev: &[String; 2]) -> io::Result<()> {
+        let deadline = Instant::now() + CARRIER_TIMEOUT;
+        for (side, dev) in dev.iter().enumerate() {
+            loop {
+                let args = ["-n", &self.names[side], "-o", "link", "show", "dev", dev];
+                if link_state(&run_ip_output(&self.ip, &args)?) == Some("UP") {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("the veth end {dev} had no carrier after {CARRIER_TIMEOUT:?}"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        Ok(())
     }
 
     /// Name of namespace `side` (0 or 1). Panics on any other side.
@@ -146,13 +176,18 @@ impl Drop for NetnsPair {
 }
 
 fn run_ip(ip: &Path, args: &[&str]) -> io::Result<()> {
+    run_ip_output(ip, args).map(drop)
+}
+
+/// Runs `ip ARGS` and returns its stdout, failing with its stderr on a non-zero exit.
+fn run_ip_output(ip: &Path, args: &[&str]) -> io::Result<String> {
     let out = Command::new(ip)
         .args(args)
         .stdin(Stdio::null())
         .output()
         .map_err(|e| io::Error::new(e.kind(), format!("cannot run {}: {e}", ip.display())))?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(io::Error::other(format!(
             "`ip {}` failed ({}): {}",
@@ -161,6 +196,13 @@ fn run_ip(ip: &Path, args: &[&str]) -> io::Result<()> {
             String::from_utf8_lossy(&out.stderr).trim()
         )))
     }
+}
+
+/// The operational state in one line of `ip -o link show` (`UP`, `DOWN`, ...).
+fn link_state(line: &str) -> Option<&str> {
+    let mut words = line.split_whitespace();
+    words.find(|&w| w == "state")?;
+    words.next()
 }
 
 /// Full path of iproute2's `ip`: from `PATH`, else the usual sbin locations.
@@ -221,6 +263,16 @@ mod tests {
 
     /// The tests look at `ip netns list`, so they run one at a time.
     static SERIAL: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn the_link_state_is_read_from_ip_o_link_show() {
+        let up = "2: ckb@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT";
+        let down = "2: ckb@if2: <NO-CARRIER,BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue state DOWN mode";
+        assert_eq!(link_state(up), Some("UP"));
+        assert_eq!(link_state(down), Some("DOWN"));
+        assert_eq!(link_state("2: x: <UP> mtu 1500"), None);
+        assert_eq!(link_state("2: x: state"), None);
+    }
 
     fn netns_list() -> String {
         let ip = ip_binary().expect("ip");

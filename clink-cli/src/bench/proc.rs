@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -39,6 +39,9 @@ pub struct ChildProc {
     stderr: Arc<Mutex<VecDeque<u8>>>,
     stderr_reader: Option<thread::JoinHandle<()>>,
     reaped: Option<ExitStatus>,
+    /// CPU seconds (user + system, all its threads) the child used, read when it was
+    /// reaped by [`ChildProc::wait`] or [`ChildProc::has_exited`] (not after a kill).
+    cpu_secs: Option<f64>,
 }
 
 impl ChildProc {
@@ -103,6 +106,7 @@ impl ChildProc {
             stderr,
             stderr_reader: Some(stderr_reader),
             reaped: None,
+            cpu_secs: None,
         })
     }
 
@@ -201,14 +205,8 @@ impl ChildProc {
     /// A non-zero exit is an error carrying the stderr tail.
     pub fn wait(&mut self, deadline: Instant) -> Result<(), String> {
         let status = loop {
-            if let Some(s) = self.reaped {
-                break s;
-            }
-            match self.child.try_wait() {
-                Ok(Some(s)) => {
-                    self.reaped = Some(s);
-                    break s;
-                }
+            match self.try_reap() {
+                Ok(Some(s)) => break s,
                 Ok(None) if Instant::now() >= deadline => {
                     self.kill();
                     return Err(self.describe("did not exit in time; killed"));
@@ -229,12 +227,38 @@ impl ChildProc {
 
     /// Whether the child has already exited (reaping it if so).
     pub fn has_exited(&mut self) -> bool {
-        if self.reaped.is_none() {
-            if let Ok(Some(s)) = self.child.try_wait() {
-                self.reaped = Some(s);
-            }
+        matches!(self.try_reap(), Ok(Some(_)))
+    }
+
+    /// The CPU seconds the child used (user + system, every thread), known once
+    /// [`ChildProc::wait`] or [`ChildProc::has_exited`] reaped it.
+    pub fn cpu_secs(&self) -> Option<f64> {
+        self.cpu_secs
+    }
+
+    /// Reaps the child if it has exited, with `wait4` so that its resource usage
+    /// comes along (`std`'s `try_wait` drops it).
+    fn try_reap(&mut self) -> io::Result<Option<ExitStatus>> {
+        if let Some(s) = self.reaped {
+            return Ok(Some(s));
         }
-        self.reaped.is_some()
+        let pid = self.child.id() as libc::pid_t;
+        let mut status: libc::c_int = 0;
+        // SAFETY: an all-zero rusage is a valid value to be overwritten.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `pid` is our own unreaped child; both out-pointers are valid.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+        match r {
+            0 => Ok(None),
+            r if r == pid => {
+                let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+                self.cpu_secs = Some(secs(ru.ru_utime) + secs(ru.ru_stime));
+                let s = ExitStatus::from_raw(status);
+                self.reaped = Some(s);
+                Ok(Some(s))
+            }
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 
     /// Kills the child by PID (if still running) and reaps it.
@@ -269,6 +293,19 @@ mod tests {
         assert_eq!(p.read_line(deadline), Ok(None));
         let err = p.wait(deadline).expect_err("exit 3");
         assert!(err.contains("oops") || err.contains("exit"), "{err}");
+    }
+
+    #[test]
+    fn reaping_reads_the_childs_cpu_time() {
+        // A child that burns about 0.2 s of CPU, then exits.
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"]);
+        let mut p = ChildProc::spawn("sh", cmd, None).expect("spawn");
+        assert_eq!(p.cpu_secs(), None);
+        p.wait(Instant::now() + Duration::from_secs(60))
+            .expect("exit 0");
+        let cpu = p.cpu_secs().expect("read at the reap");
+        assert!(cpu > 0.01 && cpu < 30.0, "{cpu} s");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! 2) with a percentile column (`-R`, default 50 = median, reported as
 //! `median`) and bandwidth in MiB/s (converted here to GB/s = 1e9 B/s). It has
 //! no p99 in the same run, so `p99` is null. It only busy-polls, so it runs in
-//! busy mode only.
+//! busy mode only. Bandwidth rows carry `cpu_s_per_gb`, both processes together, from
+//! their resource usage when reaped (`wait4`), less that of the same test run with one
+//! iteration (start-up and connection set-up; [`bw_cpu_s_per_gb`]).
 //!
 //! Copies per byte depend on the protocol UCX picks per size (eager through a
 //! shared-memory FIFO: 2; rendezvous through CMA: 1), which it does not print,
@@ -174,7 +176,9 @@ struct Test<'a> {
     net: Option<&'a NetnsPair>,
 }
 
-fn run_test(t: &Test<'_>) -> Result<PerfResult, String> {
+/// Runs one test: its final numbers and the CPU seconds both processes used in all
+/// (setup and warm-up included; `None` if either was not reaped normally).
+fn run_test(t: &Test<'_>) -> Result<(PerfResult, Option<f64>), String> {
     let port_num = free_port()?;
     let port = port_num.to_string();
     let server_ip = t.net.map_or(Ipv4Addr::LOCALHOST, |n| n.addr(0)).to_string();
@@ -205,9 +209,30 @@ fn run_test(t: &Test<'_>) -> Result<PerfResult, String> {
         out.push_str(&line);
         out.push('\n');
     }
-    client.wait(deadline)?;
+    // (`ucx_perftest` reports some failures on stdout only.)
+    client
+        .wait(deadline)
+        .map_err(|e| format!("{e}; its stdout:\n{}", out.trim_end()))?;
     server.wait(deadline)?;
-    parse_output(&out).map_err(|e| format!("{} size {}: {e}", t.name, t.size))
+    let cpu = client.cpu_secs().zip(server.cpu_secs()).map(|(c, s)| c + s);
+    let r = parse_output(&out).map_err(|e| format!("{} size {}: {e}", t.name, t.size))?;
+    Ok((r, cpu))
+}
+
+/// CPU seconds per GB of a `tag_bw` test, both processes together: `ucx_perftest` cannot
+/// be timed from inside, so the CPU of the same test with one iteration and one warm-up
+/// (`base`: start-up, connection set-up, the server's wait for its client, tear-down)
+/// is taken off the full run's, and the rest divided by the bytes of the other
+/// iterations. `None` if a figure is missing or the difference is not positive.
+fn bw_cpu_s_per_gb(
+    full: Option<f64>,
+    base: Option<f64>,
+    messages: usize,
+    size: usize,
+) -> Option<f64> {
+    let (full, base) = (full?, base?);
+    let bytes = messages.checked_sub(2)? as f64 * size as f64;
+    (full > base && bytes > 0.0).then(|| (full - base) / (bytes / 1e9))
 }
 
 /// Estimated one-way time of a `size`-byte message (for iteration counts only).
@@ -288,7 +313,7 @@ pub fn run(
         test.size = size;
         test.iters = iters;
         test.warmup = (iters / 10).max(10);
-        let r = run_test(&test)?;
+        let (r, _) = run_test(&test)?;
         rows.push(row(
             Metric::LatencyUs,
             size,
@@ -304,14 +329,16 @@ pub fn run(
         test.size = size;
         test.iters = iters;
         test.warmup = (iters / 10).max(1);
-        let r = run_test(&test)?;
-        rows.push(row(
-            Metric::BandwidthGbs,
-            size,
-            r.bandwidth_gbs(),
-            None,
-            iters,
-        ));
+        let (r, cpu) = run_test(&test)?;
+        let (_, base) = run_test(&Test {
+            iters: 1,
+            warmup: 1,
+            ..test
+        })?;
+        rows.push(Row {
+            cpu_s_per_gb: bw_cpu_s_per_gb(cpu, base, iters + test.warmup, size),
+            ..row(Metric::BandwidthGbs, size, r.bandwidth_gbs(), None, iters)
+        });
     }
     Ok((rows, tls_note))
 }
@@ -356,6 +383,17 @@ Final:                 20000      0.568     0.681     0.681       89.57      89.
         assert_eq!(r.bw_overall_mibs, 7690.30);
         assert!((r.bandwidth_gbs() - 7690.30 * 1048576.0 / 1e9).abs() < 1e-9);
         assert!((r.bandwidth_gbs() - 8.064).abs() < 0.001);
+    }
+
+    #[test]
+    fn bandwidth_cpu_takes_the_set_up_run_off() {
+        // 1.25 s for 1 002 messages of 1 MiB, 0.2 s for the two of the set-up run:
+        // 1.05 s per 1 000 MiB.
+        let g = bw_cpu_s_per_gb(Some(1.25), Some(0.2), 1002, 1 << 20).expect("figure");
+        assert!((g - 1.05 / 1.048576).abs() < 1e-9, "{g}");
+        assert_eq!(bw_cpu_s_per_gb(None, Some(0.2), 1002, 1 << 20), None);
+        assert_eq!(bw_cpu_s_per_gb(Some(0.2), Some(0.3), 1002, 1 << 20), None);
+        assert_eq!(bw_cpu_s_per_gb(Some(1.0), Some(0.1), 2, 1 << 20), None);
     }
 
     #[test]
