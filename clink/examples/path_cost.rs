@@ -4,9 +4,10 @@
 //! event `wait_event` returns. `clink bench --rma` measures the same hops across two cores
 //! (`word_rtt`). With `udp`, the endpoints talk UDP over loopback instead, and only the
 //! tagged hop is measured, as a ping-pong (each side must read the other's acks), beside
-//! the same ping-pong over two plain kernel UDP sockets.
+//! the same ping-pong over two plain kernel UDP sockets. With `tcp`, the same over clink's
+//! TCP transport, beside two plain connected kernel TCP sockets (`TCP_NODELAY`).
 //!
-//! Run: `cargo run --release -p clink --example path_cost -- [hops] [udp]`
+//! Run: `cargo run --release -p clink --example path_cost -- [hops] [udp|tcp]`
 
 use clink::events::{self, Event};
 use clink::rma::{TripOptions, READ, WRITE};
@@ -17,12 +18,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n: u64 = std::env::args()
         .nth(1)
         .map_or(Ok(1_000_000), |s| s.parse())?;
-    let udp = std::env::args().nth(2).as_deref() == Some("udp");
+    let net = std::env::args().nth(2);
+    let (udp, tcp) = (net.as_deref() == Some("udp"), net.as_deref() == Some("tcp"));
     let cfg = move || Config {
         calibrate: false,
-        force_net: udp,
+        force_net: udp || tcp,
         udp: if udp { Config::default().udp } else { None },
-        tcp: None,
+        tcp: if tcp { Config::default().tcp } else { None },
         ..Config::default()
     };
     let ctx_a = Context::with_config(cfg())?;
@@ -37,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let pa = a.accept(Some(Duration::from_secs(10)))?;
     let (_ctx_b, mut b, pb) = joined.join().expect("connecting thread")?;
-    if udp {
+    if udp || tcp {
         println!("transport: {}", a.transport(pa)?);
         for round in 0..3 {
             let mut buf = [0u8; 64];
@@ -50,9 +52,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 a.recv(sel(pa), &mut buf)?;
             }
             let hop = t.elapsed().as_nanos() as f64 / n as f64 / 2.0;
-            let kernel = kernel_udp_hop(n)?;
+            let (kernel, what) = if udp {
+                (kernel_udp_hop(n)?, "UDP")
+            } else {
+                (kernel_tcp_hop(n)?, "TCP")
+            };
             println!(
-                "round {round}: ns per hop: tagged 64 B over UDP {hop:.0}, kernel UDP {kernel:.0} (clink's own {:.0})",
+                "round {round}: ns per hop: tagged 64 B over {what} {hop:.0}, kernel {what} {kernel:.0} (clink's own {:.0})",
                 hop - kernel
             );
         }
@@ -124,6 +130,40 @@ fn kernel_udp_hop(n: u64) -> std::io::Result<f64> {
     for _ in 0..n {
         hop(&a, &b, &mut buf)?;
         hop(&b, &a, &mut buf)?;
+    }
+    Ok(t.elapsed().as_nanos() as f64 / n as f64 / 2.0)
+}
+
+/// The same ping-pong over two plain connected kernel TCP sockets on loopback
+/// (`TCP_NODELAY`, `write`, non-blocking `read` of the whole 64 bytes).
+fn kernel_tcp_hop(n: u64) -> std::io::Result<f64> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let mut a = TcpStream::connect(l.local_addr()?)?;
+    let (mut b, _) = l.accept()?;
+    for s in [&a, &b] {
+        s.set_nodelay(true)?;
+        s.set_nonblocking(true)?;
+    }
+    let mut buf = [0u8; 64];
+    let hop = |from: &mut TcpStream, to: &mut TcpStream, buf: &mut [u8; 64]| {
+        from.write_all(buf)?;
+        let mut got = 0;
+        while got < buf.len() {
+            match to.read(&mut buf[got..]) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(k) => got += k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    let t = Instant::now();
+    for _ in 0..n {
+        hop(&mut a, &mut b, &mut buf)?;
+        hop(&mut b, &mut a, &mut buf)?;
     }
     Ok(t.elapsed().as_nanos() as f64 / n as f64 / 2.0)
 }

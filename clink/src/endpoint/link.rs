@@ -186,7 +186,7 @@ impl Link {
                 false
             }
             (Link::Tcp(t), Rx::Net) => {
-                t.rxq.release();
+                t.release();
                 false
             }
             _ => false,
