@@ -30,12 +30,14 @@
 //! The median over repetitions of bytes received per second (goodput: for
 //! plain UDP, which may drop, the bytes the receiver counted, with `lost_pct`),
 //! and `cpu_s_per_gb`: the CPU seconds both processes used during the timed
-//! rounds per GB received (see [`measure`]). External tools (UCX) have no CPU
-//! figure.
+//! rounds per GB received (see [`measure`]); UCX's bandwidth rows get theirs from the
+//! processes' resource usage ([`ucx`]); libfabric's `fi_pingpong` gives latency rows only
+//! ([`fabric`]).
 //!
 //! Modules: [`channel`] (the plug-in traits), [`sockets`] (TCP / Unix
 //! baselines), [`udp`] (UDP baseline, no reliability), [`measure`] (the loops),
-//! [`plan`], [`stats`], [`report`], [`ucx`] (external `ucx_perftest`),
+//! [`plan`], [`stats`], [`report`], [`ucx`] (external `ucx_perftest`), [`fabric`]
+//! (external `fi_pingpong`), [`external`] (what the two share),
 //! [`proc`] (child processes), [`affinity`] (CPU pinning), [`clink_sys`] (clink
 //! itself as a system), [`rma`] and [`evserver`] (the `--rma` experiments, two
 //! pinned threads of one process), [`spec`] (the `--spec` experiments: the seed's
@@ -59,6 +61,8 @@ pub mod affinity;
 pub mod channel;
 pub mod clink_sys;
 pub mod evserver;
+pub mod external;
+pub mod fabric;
 pub mod measure;
 pub mod plan;
 pub mod proc;
@@ -97,6 +101,8 @@ const ADDR_PREFIX: &str = "clink-bench-addr ";
 
 /// Name of the external UCX baseline in `--systems`.
 const UCX: &str = "ucx";
+/// The external baselines (run by their own tools), after the built-in systems.
+const EXTERNAL: [&str; 3] = [UCX, fabric::LIBFABRIC, fabric::LIBFABRIC_RXD];
 use clink_sys::{CLINK, CLINK_TCP};
 /// Name of the Unix socket baseline (host placement only).
 const UNIX: &str = "unix";
@@ -148,8 +154,9 @@ impl ModeArg {
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
 pub struct BenchArgs {
-    /// Systems to measure, comma-separated (default: every built-in system,
-    /// plus ucx when ucx_perftest is installed).
+    /// Systems to measure, comma-separated (default: every built-in system, plus ucx,
+    /// libfabric and libfabric-rxd, each run when its tool, ucx_perftest or fi_pingpong,
+    /// is installed).
     #[arg(long, value_delimiter = ',')]
     pub systems: Option<Vec<String>>,
     /// Waiting mode(s).
@@ -489,7 +496,7 @@ fn build_plan(args: &BenchArgs) -> Result<Plan, String> {
 }
 
 /// The systems to run, in order, validated against the registry. The default is every
-/// system plus ucx, except `clink-tcp` on the host (clink over loopback TCP: only when
+/// system plus the external ones, except `clink-tcp` on the host (clink over loopback TCP: only when
 /// named).
 fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
     let known: Vec<&'static str> = systems().iter().map(|s| s.name()).collect();
@@ -499,14 +506,15 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
             .iter()
             .filter(|&&s| s != CLINK_TCP || args.placement == Placement::Netns)
             .map(|s| s.to_string())
-            .chain(std::iter::once(UCX.to_string()))
+            .chain(EXTERNAL.iter().map(|s| s.to_string()))
             .collect(),
     };
     for name in &names {
-        if name != UCX && !known.contains(&name.as_str()) {
+        if !EXTERNAL.contains(&name.as_str()) && !known.contains(&name.as_str()) {
             return Err(format!(
-                "unknown system {name:?}: this build has {}, {UCX}",
-                known.join(", ")
+                "unknown system {name:?}: this build has {}, {}",
+                known.join(", "),
+                EXTERNAL.join(", ")
             ));
         }
     }
@@ -599,6 +607,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         json: args.json,
         timeout,
         ucx_exe: ucx::find_perftest(),
+        fabric_exe: fabric::find_pingpong(),
         rows: Vec::new(),
         errors: Vec::new(),
         notes: Vec::new(),
@@ -675,6 +684,7 @@ struct RunCtx {
     json: bool,
     timeout: Duration,
     ucx_exe: Option<std::path::PathBuf>,
+    fabric_exe: Option<std::path::PathBuf>,
     rows: Vec<Row>,
     errors: Vec<String>,
     notes: Vec<String>,
@@ -735,6 +745,32 @@ fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mu
         }
         return;
     }
+    if fabric::provider(name, net.is_some()).is_some() {
+        let Some(exe) = ctx.fabric_exe.clone() else {
+            ctx.note(format!(
+                "{name}: skipped, {} not found in PATH",
+                fabric::PINGPONG
+            ));
+            return;
+        };
+        if mode != Mode::Busy {
+            ctx.note(format!(
+                "{name}: blocking mode skipped (fi_pingpong only busy-polls)"
+            ));
+            return;
+        }
+        match fabric::run(&exe, name, &ctx.plan, ctx.pinned, net) {
+            Ok((mut rows, how)) => {
+                ctx.note(format!("{name}: {how}; latency only (no streaming test)"));
+                for row in &mut rows {
+                    label_placement(row, net.map(NetnsPair::mtu));
+                }
+                ctx.add_rows(rows, round);
+            }
+            Err(e) => ctx.errors.push(format!("{name}/{mode}{place}: {e}")),
+        }
+        return;
+    }
     match run_pair(name, mode, &ctx.plan, ctx.pinned, ctx.timeout, net) {
         Ok(rows) => ctx.add_rows(rows, round),
         Err(e) => ctx.errors.push(format!("{name}/{mode}{place}: {e}")),
@@ -768,6 +804,9 @@ mod tests {
         assert!(selected_systems(&parse(&["--systems", "bogus"])).is_err());
         let default = selected_systems(&parse(&[])).expect("default");
         assert!(default.contains(&"unix".to_string()) && default.contains(&"ucx".to_string()));
+        assert!(default.contains(&"libfabric".to_string()));
+        let names = selected_systems(&parse(&["--systems", "libfabric-rxd"])).expect("ok");
+        assert_eq!(names, vec!["libfabric-rxd"]);
         assert!(default.contains(&"udp".to_string()));
         assert!(
             !default.contains(&CLINK_TCP.to_string()),

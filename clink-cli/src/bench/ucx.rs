@@ -22,16 +22,16 @@
 //! Whether the server listens is read from `/proc/<server pid>/net/tcp`, which
 //! shows the server's own namespace.
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use clink::netns::NetnsPair;
 
 use super::affinity::{CLIENT_CPU, SERVER_CPU};
 use super::channel::Mode;
+use super::external;
 use super::plan::Plan;
 use super::proc::ChildProc;
 use super::report::{Metric, Row, HOST_PLACEMENT};
@@ -44,8 +44,6 @@ const TLS_CANDIDATES: [Option<&str>; 3] = [Some("sm"), Some("posix,cma"), None];
 const NETNS_TLS: [Option<&str>; 1] = [Some("tcp")];
 /// Bound on one `ucx_perftest` client + server pair.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bound on the server starting to listen.
-const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy note attached to every UCX row.
 const COPIES_NOTE: &str = "UCX picks per size: eager via shm FIFO = 2, rendezvous via CMA = 1";
 /// Copy note attached to UCX rows between namespaces.
@@ -109,58 +107,9 @@ pub fn parse_output(text: &str) -> Result<PerfResult, String> {
     })
 }
 
-/// Whether `/proc/net/tcp{,6}` text shows a socket listening on `port`.
-pub fn is_listening(proc_net_tcp: &str, port: u16) -> bool {
-    let want = format!("{port:04X}");
-    proc_net_tcp.lines().skip(1).any(|line| {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        let local_port = cols.get(1).and_then(|a| a.rsplit(':').next());
-        local_port == Some(want.as_str()) && cols.get(3) == Some(&"0A")
-    })
-}
-
 /// Full path of `ucx_perftest` if it is in `PATH`.
 pub fn find_perftest() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(PERFTEST))
-        .find(|p| p.is_file())
-}
-
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free TCP port: {e}"))
-}
-
-fn wait_listening(server: &mut ChildProc, port: u16) -> Result<(), String> {
-    let deadline = Instant::now() + LISTEN_TIMEOUT;
-    // The server's own view: right in whatever network namespace it runs.
-    let pid = server.pid();
-    loop {
-        let text = ["tcp", "tcp6"]
-            .iter()
-            .filter_map(|f| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
-            .collect::<Vec<_>>();
-        if text.iter().any(|t| is_listening(t, port)) {
-            return Ok(());
-        }
-        if server.has_exited() {
-            let why = match server.wait(Instant::now()) {
-                Ok(()) => "it exited with status 0".to_string(),
-                Err(e) => e,
-            };
-            return Err(format!("not listening on port {port}: {why}"));
-        }
-        if Instant::now() >= deadline {
-            server.kill();
-            return Err(format!(
-                "{PERFTEST} server did not listen on port {port} within {LISTEN_TIMEOUT:?}"
-            ));
-        }
-        thread::sleep(Duration::from_millis(2));
-    }
+    external::find_in_path(PERFTEST)
 }
 
 /// One UCX test to run.
@@ -179,7 +128,7 @@ struct Test<'a> {
 /// Runs one test: its final numbers and the CPU seconds both processes used in all
 /// (setup and warm-up included; `None` if either was not reaped normally).
 fn run_test(t: &Test<'_>) -> Result<(PerfResult, Option<f64>), String> {
-    let port_num = free_port()?;
+    let port_num = external::free_port()?;
     let port = port_num.to_string();
     let server_ip = t.net.map_or(Ipv4Addr::LOCALHOST, |n| n.addr(0)).to_string();
     let cmd = |server: bool| {
@@ -201,7 +150,7 @@ fn run_test(t: &Test<'_>) -> Result<(PerfResult, Option<f64>), String> {
     };
     let pin = |cpu| t.pinned.then_some(cpu);
     let mut server = ChildProc::spawn("ucx_perftest server", cmd(true), pin(SERVER_CPU))?;
-    wait_listening(&mut server, port_num)?;
+    external::wait_listening(&mut server, port_num)?;
     let mut client = ChildProc::spawn("ucx_perftest client", cmd(false), pin(CLIENT_CPU))?;
     let deadline = Instant::now() + TEST_TIMEOUT;
     let mut out = String::new();
@@ -407,8 +356,11 @@ Final:                 20000      0.568     0.681     0.681       89.57      89.
     #[test]
     fn listening_port_detected() {
         let text = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1065 1\n   1: 0100007F:3419 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 1066 1\n";
-        assert!(is_listening(text, 0x07E8));
-        assert!(!is_listening(text, 0x3419), "established, not listening");
-        assert!(!is_listening(text, 1234));
+        assert!(external::is_listening(text, 0x07E8));
+        assert!(
+            !external::is_listening(text, 0x3419),
+            "established, not listening"
+        );
+        assert!(!external::is_listening(text, 1234));
     }
 }

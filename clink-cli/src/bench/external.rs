@@ -1,0 +1,70 @@
+//! What the external baselines (`ucx_perftest`, libfabric's `fi_pingpong`) share: finding
+//! the tool, a free control port, and waiting until the server listens on it.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::proc::ChildProc;
+
+/// Bound on a server starting to listen on its control port.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Full path of the program `name` if it is in `PATH`.
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A TCP port free on the host at the time of the call (the namespaces have ports of
+/// their own, so it is free there too).
+pub fn free_port() -> Result<u16, String> {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free TCP port: {e}"))
+}
+
+/// Whether `/proc/net/tcp{,6}` text shows a socket listening on `port`.
+pub fn is_listening(proc_net_tcp: &str, port: u16) -> bool {
+    let want = format!("{port:04X}");
+    proc_net_tcp.lines().skip(1).any(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let local_port = cols.get(1).and_then(|a| a.rsplit(':').next());
+        local_port == Some(want.as_str()) && cols.get(3) == Some(&"0A")
+    })
+}
+
+/// Waits (at most [`LISTEN_TIMEOUT`]) until `server` listens on TCP `port`, read from
+/// `/proc/<pid>/net/tcp{,6}`: the server's own view, right in whatever network namespace
+/// it runs. Fails (killing it) if it exits first or never listens.
+pub fn wait_listening(server: &mut ChildProc, port: u16) -> Result<(), String> {
+    let deadline = Instant::now() + LISTEN_TIMEOUT;
+    let pid = server.pid();
+    loop {
+        let text = ["tcp", "tcp6"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
+            .collect::<Vec<_>>();
+        if text.iter().any(|t| is_listening(t, port)) {
+            return Ok(());
+        }
+        if server.has_exited() {
+            let why = match server.wait(Instant::now()) {
+                Ok(()) => "it exited with status 0".to_string(),
+                Err(e) => e,
+            };
+            return Err(format!("not listening on port {port}: {why}"));
+        }
+        if Instant::now() >= deadline {
+            server.kill();
+            return Err(format!(
+                "the server (pid {pid}) did not listen on port {port} within {LISTEN_TIMEOUT:?}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
