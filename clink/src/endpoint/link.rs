@@ -34,8 +34,9 @@ pub(crate) trait BulkLink {
     /// The buffer must stay valid and otherwise unused until the link reports the transfer
     /// done or forgets its transfers (peer failure).
     unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64);
-    /// The transfers finished since the last call: (received, sent).
-    fn take_done(&mut self) -> (Vec<u64>, Vec<u64>);
+    /// The transfers finished since the last call: (received, sent); `None` when there
+    /// are none (the common case, checked on every read and write of a link).
+    fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)>;
     /// Forgets every transfer (the peer failed): no pointer into a request buffer is used
     /// afterwards.
     fn clear_bulk(&mut self);
@@ -50,11 +51,15 @@ impl BulkLink for UdpLink {
         // SAFETY: forwarded contract.
         unsafe { UdpLink::expect_bulk(self, xfer, total, ptr, cap) }
     }
-    fn take_done(&mut self) -> (Vec<u64>, Vec<u64>) {
-        (
-            std::mem::take(&mut self.bulk.done_in),
-            std::mem::take(&mut self.bulk.done_out),
-        )
+    fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
+        let b = &mut self.bulk;
+        if b.done_in.is_empty() && b.done_out.is_empty() {
+            return None;
+        }
+        Some((
+            std::mem::take(&mut b.done_in),
+            std::mem::take(&mut b.done_out),
+        ))
     }
     fn clear_bulk(&mut self) {
         self.bulk.clear();
@@ -72,11 +77,14 @@ impl BulkLink for TcpLink {
         // SAFETY: forwarded contract.
         unsafe { TcpLink::expect_bulk(self, xfer, total, ptr, cap) }
     }
-    fn take_done(&mut self) -> (Vec<u64>, Vec<u64>) {
-        (
+    fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
+        if self.done_in.is_empty() && self.done_out.is_empty() {
+            return None;
+        }
+        Some((
             std::mem::take(&mut self.done_in),
             std::mem::take(&mut self.done_out),
-        )
+        ))
     }
     fn clear_bulk(&mut self) {
         TcpLink::clear_bulk(self);

@@ -2053,10 +2053,10 @@ impl Endpoint {
     /// Completes the rendezvous sends and receives whose bulk transfers peer `i`'s link
     /// finished (UDP or TCP).
     fn finish_bulk_peer(&mut self, i: usize) {
-        let Some(b) = self.peers[i].link.bulk() else {
+        let Some((done_in, done_out)) = self.peers[i].link.bulk().and_then(|b| b.take_done())
+        else {
             return;
         };
-        let (done_in, done_out) = b.take_done();
         if !done_in.is_empty() {
             if let Link::Udp(u) = &mut self.peers[i].link {
                 // The sender's send completes with the ack of the last fragments: it goes
