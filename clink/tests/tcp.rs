@@ -551,6 +551,46 @@ fn an_idle_connection_stays_up_on_keepalives() {
 }
 
 #[test]
+fn a_receiver_on_its_latency_path_still_sends_keepalives() {
+    // B streams small messages one way for 4x the liveness timeout; A takes them with
+    // blocking receives that spin (the latency path: one peer, nothing else in flight)
+    // and never sends. A's keepalives must still go out (a general pass comes between
+    // every few dozen messages the latency path returns), or B declares A dead.
+    let ((mut a, pa), (mut b, pb)) = pair_dead(true, 100, 200);
+    let sender = std::thread::spawn(move || {
+        let until = Instant::now() + Duration::from_millis(800);
+        let mut n = 0u64;
+        while Instant::now() < until {
+            b.send(pb, 1, &n.to_le_bytes())?;
+            b.progress();
+            n += 1;
+        }
+        b.send(pb, 1, &u64::MAX.to_le_bytes())?;
+        let alive = b.is_alive(pb);
+        Ok::<_, Error>((n, alive, b))
+    });
+    let mut buf = [0u8; 8];
+    let mut got = 0u64;
+    loop {
+        let st = a
+            .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 8);
+        let v = u64::from_le_bytes(buf);
+        if v == u64::MAX {
+            break;
+        }
+        assert_eq!(v, got, "in order, none lost");
+        got += 1;
+    }
+    let (sent, alive, b) = sender.join().unwrap().expect("A declared dead by B");
+    assert_eq!(got, sent);
+    assert!(alive, "B took A for dead");
+    assert!(a.is_alive(pa), "{:?}", a.last_error());
+    drop(b);
+}
+
+#[test]
 fn close_is_delivered_over_tcp() {
     let ((mut a, pa), (mut b, pb)) = pair(true, 20);
     b.send(pb, 1, b"last words").unwrap();

@@ -1131,6 +1131,9 @@ impl Endpoint {
         if let Some(r) = self.recv_fast_udp(sel, buf, timeout, &mut spun) {
             return r;
         }
+        if let Some(r) = self.recv_fast_tcp(sel, buf, timeout, &mut spun) {
+            return r;
+        }
         let id = self.alloc_id();
         self.recvs.insert(
             id,

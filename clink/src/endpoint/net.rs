@@ -31,16 +31,18 @@ const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// every tail probe, by then a timeout: 556 timeouts and 17 probes per 100 MiB).
 const SLEEP_TIMER_FLOOR: u64 = 2_000_000;
 
-/// The longest the UDP latency path (`Endpoint::recv_fast_udp`) spins before it hands over
-/// to the general path (which spins for what is left of the configured time, then sleeps).
+/// The longest the network latency paths (`Endpoint::recv_fast_udp`, `recv_fast_tcp`) spin
+/// before they hand over to the general path (which spins for what is left of the
+/// configured time, then sleeps).
 const UDP_FAST_SPIN_MAX: Duration = Duration::from_micros(100);
 /// The longest a wait keeps spinning past its spin time for a reply due from a UDP peer
 /// ([`Endpoint::reply_due`]).
 const REPLY_SPIN_MAX: Duration = Duration::from_millis(1);
 
-/// How long `Endpoint::recv_fast_udp` may spin: the configured spin time (`None`, busy
-/// mode: no limit) but at most [`UDP_FAST_SPIN_MAX`], and not past the receive's timeout.
-fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
+/// How long `Endpoint::recv_fast_udp` (or `recv_fast_tcp`) may spin: the configured spin
+/// time (`None`, busy mode: no limit) but at most [`UDP_FAST_SPIN_MAX`], and not past the
+/// receive's timeout.
+pub(super) fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
     let s = spin.map_or(UDP_FAST_SPIN_MAX, |s| s.min(UDP_FAST_SPIN_MAX));
     timeout.map_or(s, |t| s.min(t))
 }

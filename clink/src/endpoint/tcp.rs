@@ -3,9 +3,12 @@
 //! transfers the links finished, and failing peers whose connection ended.
 
 use super::link::Link;
-use super::{Endpoint, TOK_PEER0};
+use super::net::fast_spin;
+use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
 use crate::transport::tcp::{LinkError, TcpTransport};
+use crate::{Selector, Status};
+use clink_proto::wire::Frame;
 use clink_proto::PeerId;
 use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
@@ -123,6 +126,86 @@ impl Endpoint {
             self.tcp_liveness();
         }
         did
+    }
+
+    /// The busy-poll latency path of a blocking receive from a TCP peer, what
+    /// `recv_fast_udp` is over UDP: when that peer is the endpoint's only live one and
+    /// nothing is in flight (no posted receive, no send, no queued frame or bytes to
+    /// write, no rendezvous transfer, no handshake), read its socket directly and copy a
+    /// small message matching `sel` straight into `buf`, with none of the rest of a
+    /// progress pass. Gives up (`None`) as soon as anything else heads the queue, after
+    /// its spin time (`spun` then holds when that began), or after [`FAST_STREAK`]
+    /// messages in a row, so that a general pass (keepalives, the liveness check) runs
+    /// between them. A read that fails leaves its error for the general path's read,
+    /// which fails the peer.
+    pub(super) fn recv_fast_tcp(
+        &mut self,
+        sel: Selector,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+        spun: &mut Option<Instant>,
+    ) -> Option<Result<Status>> {
+        let i = sel.src?.0 as usize;
+        let spin = fast_spin(self.ctx.config.spin, timeout);
+        if spin.is_zero()
+            || self.fast_streak >= FAST_STREAK
+            || self.matcher.posted_len() != 0
+            || !self.sends.is_empty()
+            || self.matcher.has_unexpected(&sel)
+            || self.tcp.as_ref().is_none_or(TcpTransport::handshaking)
+            || self.peers.iter().filter(|p| p.alive).count() != 1
+        {
+            return None;
+        }
+        let p = self.peers.get(i).filter(|p| p.alive)?;
+        let Link::Tcp(t) = &p.link else { return None };
+        let quiet = t.rxq.peek().is_none()
+            && t.bulk_idle()
+            && !t.wants_write()
+            && t.write_failed.is_none()
+            && p.txq.is_empty()
+            && p.pipeline_out.is_empty()
+            && p.engine.is_empty();
+        if !quiet {
+            return None;
+        }
+        for n in 0u32.. {
+            let Link::Tcp(t) = &mut self.peers[i].link else {
+                return None;
+            };
+            match t.receive() {
+                Ok(true) => return self.take_fast_tcp(i, sel, buf),
+                Ok(false) => {}
+                Err(e) => {
+                    t.write_failed = Some(e);
+                    return None;
+                }
+            }
+            if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// After [`Endpoint::recv_fast_tcp`] read something: the message at the head of the
+    /// link's queue if it is a small one matching `sel` (copied out), else `None` (the
+    /// general path takes what was read).
+    fn take_fast_tcp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
+        let Link::Tcp(t) = &mut self.peers[i].link else {
+            return None;
+        };
+        let src = PeerId(i as u32);
+        let result = match Frame::parse(t.rxq.peek()?) {
+            Ok(Frame::Eager { tag, data }) if sel.matches(src, tag) => {
+                copy_eager(src, tag, data, buf)
+            }
+            _ => return None,
+        };
+        t.release();
+        self.stats.frames_received += 1;
+        self.fast_streak += 1;
+        Some(result)
     }
 
     /// Keepalives on idle connections; peers silent for the liveness timeout are declared
@@ -327,6 +410,68 @@ impl Endpoint {
                 s.spec_hit_bytes += k.spec_hit_bytes;
                 s.spec_misses += k.spec_misses;
                 s.cleanup_bytes += k.cleanup_bytes;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FAST_STREAK;
+    use crate::transport::tcp::TcpConfig;
+    use crate::{Config, Context, Endpoint, PeerId, Selector};
+    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::time::Duration;
+
+    /// Two endpoints over TCP on loopback that spin 100 us before they sleep, and each
+    /// one's id for the other.
+    fn tcp_pair() -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+        let cfg = || Config {
+            calibrate: false,
+            force_net: true,
+            prefer_tcp: true,
+            spin: Some(Duration::from_micros(100)),
+            tcp: Some(TcpConfig {
+                bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                ..TcpConfig::default()
+            }),
+            ..Config::default()
+        };
+        let mut a = Context::with_config(cfg()).unwrap().endpoint().unwrap();
+        let addr = a.address();
+        let client = std::thread::spawn(move || {
+            let mut b = Context::with_config(cfg()).unwrap().endpoint().unwrap();
+            let p = b.connect(&addr).unwrap();
+            (b, p)
+        });
+        let pa = a.accept(Some(Duration::from_secs(10))).unwrap();
+        let (b, pb) = client.join().unwrap();
+        ((a, pa), (b, pb))
+    }
+
+    /// The latency path of a blocking receive serves at most [`FAST_STREAK`] messages in
+    /// a row; the next receive takes the general path, whose pass (keepalives, the
+    /// liveness check) starts the count again. One thread drives both ends, so each
+    /// reply is in the socket before its receive starts.
+    #[test]
+    fn the_tcp_latency_path_yields_to_a_general_pass_every_streak() {
+        let ((mut a, pa), (mut b, pb)) = tcp_pair();
+        assert_eq!(a.transport(pa).unwrap(), "tcp");
+        let mut streaks = Vec::new();
+        let mut buf = [0u8; 8];
+        for k in 0..600u64 {
+            b.send(pb, 3, &k.to_le_bytes()).unwrap();
+            let st = a.recv(Selector::exact(Some(pa), 3), &mut buf).unwrap();
+            assert_eq!((st.len, u64::from_le_bytes(buf)), (8, k));
+            streaks.push(a.fast_streak);
+            a.send(pa, 4, &k.to_le_bytes()).unwrap();
+            b.recv(Selector::exact(Some(pb), 4), &mut buf).unwrap();
+            assert_eq!(u64::from_le_bytes(buf), k);
+        }
+        assert_eq!(streaks.iter().max(), Some(&FAST_STREAK), "{streaks:?}");
+        for w in streaks.windows(2) {
+            if w[0] == FAST_STREAK {
+                assert_eq!(w[1], 0, "a general pass after a full streak: {streaks:?}");
             }
         }
     }

@@ -352,6 +352,11 @@ impl TcpLink {
         (self.last_tx + keepalive).min(self.last_rx + dead_after)
     }
 
+    /// True when no rendezvous transfer is under way either way.
+    pub fn bulk_idle(&self) -> bool {
+        self.out.is_empty() && self.dests.is_empty() && self.cur.is_none()
+    }
+
     /// True while something waits to be written.
     pub fn wants_write(&self) -> bool {
         !self.tx.is_empty() || !self.out.is_empty()
