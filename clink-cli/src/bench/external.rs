@@ -2,10 +2,14 @@
 //! the tool, a free control port, and waiting until the server listens on it.
 
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use clink::netns::NetnsPair;
+
+use super::affinity::{CLIENT_CPU, SERVER_CPU};
 use super::proc::ChildProc;
 
 /// Bound on a server starting to listen on its control port.
@@ -67,4 +71,44 @@ pub fn wait_listening(server: &mut ChildProc, port: u16) -> Result<(), String> {
         }
         thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// A command running `exe` on the host, or (with `net`) in namespace `side` (0: the
+/// server's, 1: the client's).
+pub fn command(net: Option<&NetnsPair>, side: usize, exe: &Path) -> Command {
+    match net {
+        Some(n) => n.command(side, exe),
+        None => Command::new(exe),
+    }
+}
+
+/// Runs `tool`'s server (pinned to the server CPU when `pinned`) until it listens on TCP
+/// `port`, then its client (pinned to the client CPU) to its end, each bounded by
+/// `timeout`. Returns the client's stdout and both processes' CPU seconds (`None` if
+/// either was not reaped normally). A failing client's error carries its stdout (the
+/// tools report some failures there only).
+pub fn run_server_client(
+    tool: &str,
+    server: Command,
+    client: Command,
+    port: u16,
+    pinned: bool,
+    timeout: Duration,
+) -> Result<(String, Option<f64>), String> {
+    let pin = |cpu| pinned.then_some(cpu);
+    let mut server = ChildProc::spawn(&format!("{tool} server"), server, pin(SERVER_CPU))?;
+    wait_listening(&mut server, port)?;
+    let mut client = ChildProc::spawn(&format!("{tool} client"), client, pin(CLIENT_CPU))?;
+    let deadline = Instant::now() + timeout;
+    let mut out = String::new();
+    while let Some(line) = client.read_line(deadline)? {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    client
+        .wait(deadline)
+        .map_err(|e| format!("{e}; its stdout:\n{}", out.trim_end()))?;
+    server.wait(deadline)?;
+    let cpu = client.cpu_secs().zip(server.cpu_secs()).map(|(c, s)| c + s);
+    Ok((out, cpu))
 }

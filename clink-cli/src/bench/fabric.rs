@@ -19,17 +19,13 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clink::netns::NetnsPair;
 
-use super::affinity::{CLIENT_CPU, SERVER_CPU};
-use super::channel::Mode;
 use super::external;
 use super::plan::Plan;
-use super::proc::ChildProc;
-use super::report::{Metric, Row, HOST_PLACEMENT};
+use super::report::{Metric, Row};
 
 /// Name of the program looked up in `PATH`.
 pub const PINGPONG: &str = "fi_pingpong";
@@ -98,10 +94,7 @@ fn run_test(t: &Test<'_>) -> Result<f64, String> {
     let port = port_num.to_string();
     let server_ip = t.net.map_or(Ipv4Addr::LOCALHOST, |n| n.addr(0)).to_string();
     let cmd = |server: bool| {
-        let mut c = match t.net {
-            Some(n) => n.command(if server { 0 } else { 1 }, t.exe),
-            None => Command::new(t.exe),
-        };
+        let mut c = external::command(t.net, usize::from(!server), t.exe);
         c.args(["-p", t.provider, "-e", t.ep_type]);
         c.args(["-I", &t.iters.to_string(), "-S", &t.size.to_string()]);
         if server {
@@ -111,20 +104,14 @@ fn run_test(t: &Test<'_>) -> Result<f64, String> {
         }
         c
     };
-    let pin = |cpu| t.pinned.then_some(cpu);
-    let mut server = ChildProc::spawn("fi_pingpong server", cmd(true), pin(SERVER_CPU))?;
-    external::wait_listening(&mut server, port_num)?;
-    let mut client = ChildProc::spawn("fi_pingpong client", cmd(false), pin(CLIENT_CPU))?;
-    let deadline = Instant::now() + TEST_TIMEOUT;
-    let mut out = String::new();
-    while let Some(line) = client.read_line(deadline)? {
-        out.push_str(&line);
-        out.push('\n');
-    }
-    client
-        .wait(deadline)
-        .map_err(|e| format!("{e}; its stdout:\n{}", out.trim_end()))?;
-    server.wait(deadline)?;
+    let (out, _) = external::run_server_client(
+        PINGPONG,
+        cmd(true),
+        cmd(false),
+        port_num,
+        t.pinned,
+        TEST_TIMEOUT,
+    )?;
     parse_usec_per_xfer(&out).map_err(|e| format!("size {}: {e}", t.size))
 }
 
@@ -156,25 +143,10 @@ pub fn run(
             net,
         })?;
         rows.push(Row {
-            system: system.into(),
-            transport: provider.into(),
-            mode: Mode::Busy,
-            metric: Metric::LatencyUs,
-            size,
-            median: us,
-            p99: None,
-            min: None,
-            max: None,
-            copies_per_byte: None,
             iterations: iters as u64,
-            reps: 1,
             pinned,
-            round: 0,
             note: Some(note.clone()),
-            placement: HOST_PLACEMENT.into(),
-            mtu: None,
-            cpu_s_per_gb: None,
-            lost_pct: None,
+            ..Row::external(system, provider, Metric::LatencyUs, size, us)
         });
     }
     Ok((rows, note))

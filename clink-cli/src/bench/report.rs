@@ -92,6 +92,39 @@ pub struct Row {
 }
 
 impl Row {
+    /// A busy-mode row of an external tool (UCX, libfabric) measured on the host (the
+    /// caller relabels the placement): one repetition, no percentile, extremes, copy
+    /// count or CPU figure unless the caller sets them.
+    pub fn external(
+        system: &str,
+        transport: &str,
+        metric: Metric,
+        size: usize,
+        median: f64,
+    ) -> Row {
+        Row {
+            system: system.into(),
+            transport: transport.into(),
+            mode: Mode::Busy,
+            metric,
+            size,
+            median,
+            p99: None,
+            min: None,
+            max: None,
+            copies_per_byte: None,
+            iterations: 0,
+            reps: 1,
+            pinned: false,
+            round: 0,
+            note: None,
+            placement: HOST_PLACEMENT.into(),
+            mtu: None,
+            cpu_s_per_gb: None,
+            lost_pct: None,
+        }
+    }
+
     /// The row as one JSON object (single line, no trailing newline).
     pub fn to_json(&self) -> String {
         let mut obj = Map::new();
@@ -540,25 +573,9 @@ pub mod tests_support {
     /// A bandwidth row of `system` over `transport`, placed on the host.
     pub fn bw_row(system: &str, transport: &str) -> Row {
         Row {
-            system: system.into(),
-            transport: transport.into(),
-            mode: Mode::Busy,
-            metric: Metric::BandwidthGbs,
-            size: 65536,
-            median: 1.0,
-            p99: None,
-            min: None,
-            max: None,
             copies_per_byte: Some(2.0),
             iterations: 1,
-            reps: 1,
-            pinned: false,
-            round: 0,
-            note: None,
-            placement: HOST_PLACEMENT.into(),
-            mtu: None,
-            cpu_s_per_gb: None,
-            lost_pct: None,
+            ..Row::external(system, transport, Metric::BandwidthGbs, 65536, 1.0)
         }
     }
 }

@@ -24,17 +24,13 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clink::netns::NetnsPair;
 
-use super::affinity::{CLIENT_CPU, SERVER_CPU};
-use super::channel::Mode;
 use super::external;
 use super::plan::Plan;
-use super::proc::ChildProc;
-use super::report::{Metric, Row, HOST_PLACEMENT};
+use super::report::{Metric, Row};
 
 /// Name of the program looked up in `PATH`.
 pub const PERFTEST: &str = "ucx_perftest";
@@ -132,10 +128,7 @@ fn run_test(t: &Test<'_>) -> Result<(PerfResult, Option<f64>), String> {
     let port = port_num.to_string();
     let server_ip = t.net.map_or(Ipv4Addr::LOCALHOST, |n| n.addr(0)).to_string();
     let cmd = |server: bool| {
-        let mut c = match t.net {
-            Some(n) => n.command(if server { 0 } else { 1 }, t.exe),
-            None => Command::new(t.exe),
-        };
+        let mut c = external::command(t.net, usize::from(!server), t.exe);
         if let Some(tls) = t.tls {
             c.env("UCX_TLS", tls);
         }
@@ -148,22 +141,14 @@ fn run_test(t: &Test<'_>) -> Result<(PerfResult, Option<f64>), String> {
         c.args(["-p", &port]);
         c
     };
-    let pin = |cpu| t.pinned.then_some(cpu);
-    let mut server = ChildProc::spawn("ucx_perftest server", cmd(true), pin(SERVER_CPU))?;
-    external::wait_listening(&mut server, port_num)?;
-    let mut client = ChildProc::spawn("ucx_perftest client", cmd(false), pin(CLIENT_CPU))?;
-    let deadline = Instant::now() + TEST_TIMEOUT;
-    let mut out = String::new();
-    while let Some(line) = client.read_line(deadline)? {
-        out.push_str(&line);
-        out.push('\n');
-    }
-    // (`ucx_perftest` reports some failures on stdout only.)
-    client
-        .wait(deadline)
-        .map_err(|e| format!("{e}; its stdout:\n{}", out.trim_end()))?;
-    server.wait(deadline)?;
-    let cpu = client.cpu_secs().zip(server.cpu_secs()).map(|(c, s)| c + s);
+    let (out, cpu) = external::run_server_client(
+        PERFTEST,
+        cmd(true),
+        cmd(false),
+        port_num,
+        t.pinned,
+        TEST_TIMEOUT,
+    )?;
     let r = parse_output(&out).map_err(|e| format!("{} size {}: {e}", t.name, t.size))?;
     Ok((r, cpu))
 }
@@ -232,26 +217,11 @@ pub fn run(
         (None, Some(_)) => ("shm", COPIES_NOTE),
         (None, None) => ("ucx-auto", COPIES_NOTE),
     };
-    let row = |metric, size, median, p99, iters: usize| Row {
-        system: "ucx".into(),
-        transport: transport.into(),
-        mode: Mode::Busy,
-        metric,
-        size,
-        median,
-        p99,
-        min: None,
-        max: None,
-        copies_per_byte: None,
+    let row = |metric, size, median, iters: usize| Row {
         iterations: iters as u64,
-        reps: 1,
         pinned,
-        round: 0,
         note: Some(format!("{tls_note}; {copies_note}")),
-        placement: HOST_PLACEMENT.into(),
-        mtu: None,
-        cpu_s_per_gb: None,
-        lost_pct: None,
+        ..Row::external("ucx", transport, metric, size, median)
     };
     let mut rows = Vec::new();
     for &size in &plan.lat_sizes {
@@ -263,13 +233,7 @@ pub fn run(
         test.iters = iters;
         test.warmup = (iters / 10).max(10);
         let (r, _) = run_test(&test)?;
-        rows.push(row(
-            Metric::LatencyUs,
-            size,
-            r.lat_percentile_us,
-            None,
-            iters,
-        ));
+        rows.push(row(Metric::LatencyUs, size, r.lat_percentile_us, iters));
     }
     for &size in &plan.bw_sizes {
         let total = plan.bw_rep_time.as_secs_f64() * plan.bw_reps as f64;
@@ -286,7 +250,7 @@ pub fn run(
         })?;
         rows.push(Row {
             cpu_s_per_gb: bw_cpu_s_per_gb(cpu, base, iters + test.warmup, size),
-            ..row(Metric::BandwidthGbs, size, r.bandwidth_gbs(), None, iters)
+            ..row(Metric::BandwidthGbs, size, r.bandwidth_gbs(), iters)
         });
     }
     Ok((rows, tls_note))

@@ -2640,3 +2640,29 @@ impl SendSlot<'_> {
         self.ep.stats.eager_bytes += self.len as u64;
     }
 }
+
+/// Two endpoints made with `cfg_a` and `cfg_b` and connected (the second connects to
+/// the first, from another thread, while the first accepts), with each one's id for the
+/// other: for the transports' in-crate tests.
+#[cfg(test)]
+fn connected_pair(
+    cfg_a: crate::Config,
+    cfg_b: crate::Config,
+) -> ((Endpoint, PeerId), (Endpoint, PeerId)) {
+    let mut a = crate::Context::with_config(cfg_a)
+        .unwrap()
+        .endpoint()
+        .unwrap();
+    let addr = a.address();
+    let client = std::thread::spawn(move || {
+        let mut b = crate::Context::with_config(cfg_b)
+            .unwrap()
+            .endpoint()
+            .unwrap();
+        let p = b.connect(&addr).unwrap();
+        (b, p)
+    });
+    let pa = a.accept(Some(Duration::from_secs(10))).unwrap();
+    let (b, pb) = client.join().unwrap();
+    ((a, pa), (b, pb))
+}

@@ -42,7 +42,7 @@ const REPLY_SPIN_MAX: Duration = Duration::from_millis(1);
 /// How long `Endpoint::recv_fast_udp` (or `recv_fast_tcp`) may spin: the configured spin
 /// time (`None`, busy mode: no limit) but at most [`UDP_FAST_SPIN_MAX`], and not past the
 /// receive's timeout.
-pub(super) fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
+fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
     let s = spin.map_or(UDP_FAST_SPIN_MAX, |s| s.min(UDP_FAST_SPIN_MAX));
     timeout.map_or(s, |t| s.min(t))
 }
@@ -390,18 +390,8 @@ impl Endpoint {
         timeout: Option<Duration>,
         spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
-        let src = sel.src?;
-        let i = src.0 as usize;
-        let spin = fast_spin(self.ctx.config.spin, timeout);
-        if spin.is_zero()
-            || self.matcher.posted_len() != 0
-            || !self.sends.is_empty()
-            || self.matcher.has_unexpected(&sel)
-            || self.peers.iter().filter(|p| p.alive).count() != 1
-        {
-            return None;
-        }
-        let p = self.peers.get(i).filter(|p| p.alive)?;
+        let (i, spin) = self.fast_path_open(sel, timeout)?;
+        let p = &self.peers[i];
         let Link::Udp(u) = &p.link else { return None };
         let quiet = u.rxq.peek().is_none()
             && !u.bulk.receiving()
@@ -428,6 +418,26 @@ impl Endpoint {
             // across the veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
         }
         None
+    }
+
+    /// Whether a network latency path (`recv_fast_udp`, `recv_fast_tcp`) may serve a
+    /// receive for `sel`: it names its source, that peer is the endpoint's only live one,
+    /// nothing else is posted, sent or waiting unexpected for `sel`, and the spin time
+    /// ([`fast_spin`]) is not zero. Gives the peer's index and that spin time.
+    pub(super) fn fast_path_open(
+        &self,
+        sel: Selector,
+        timeout: Option<Duration>,
+    ) -> Option<(usize, Duration)> {
+        let i = sel.src?.0 as usize;
+        let spin = fast_spin(self.ctx.config.spin, timeout);
+        let open = !spin.is_zero()
+            && self.matcher.posted_len() == 0
+            && self.sends.is_empty()
+            && !self.matcher.has_unexpected(&sel)
+            && self.peers.get(i).is_some_and(|p| p.alive)
+            && self.peers.iter().filter(|p| p.alive).count() == 1;
+        open.then_some((i, spin))
     }
 
     /// With the receive ring, after a read that took datagrams from the ring and opened a
@@ -644,7 +654,7 @@ fn to_link(peers: &mut [super::Peer], i: usize, g: Got<'_>, now: u64) {
 mod tests {
     use super::SLEEP_TIMER_FLOOR;
     use crate::endpoint::link::Link;
-    use crate::{Config, Context, Endpoint, PeerId, Selector};
+    use crate::{Config, Endpoint, PeerId, Selector};
     use std::time::{Duration, Instant};
 
     /// Two endpoints over UDP on loopback, and each one's id for the other.
@@ -665,22 +675,7 @@ mod tests {
             tcp: None,
             ..Config::default()
         };
-        let mut a = Context::with_config(cfg(spin_a))
-            .unwrap()
-            .endpoint()
-            .unwrap();
-        let addr = a.address();
-        let client = std::thread::spawn(move || {
-            let mut b = Context::with_config(cfg(spin_b))
-                .unwrap()
-                .endpoint()
-                .unwrap();
-            let p = b.connect(&addr).unwrap();
-            (b, p)
-        });
-        let pa = a.accept(Some(Duration::from_secs(10))).unwrap();
-        let (b, pb) = client.join().unwrap();
-        ((a, pa), (b, pb))
+        crate::endpoint::connected_pair(cfg(spin_a), cfg(spin_b))
     }
 
     /// A sleeping endpoint waits at least [`SLEEP_TIMER_FLOOR`] for its loss-recovery

@@ -3,7 +3,6 @@
 //! transfers the links finished, and failing peers whose connection ended.
 
 use super::link::Link;
-use super::net::fast_spin;
 use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
 use crate::transport::tcp::{LinkError, TcpTransport};
@@ -145,19 +144,13 @@ impl Endpoint {
         timeout: Option<Duration>,
         spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
-        let i = sel.src?.0 as usize;
-        let spin = fast_spin(self.ctx.config.spin, timeout);
-        if spin.is_zero()
-            || self.fast_streak >= FAST_STREAK
-            || self.matcher.posted_len() != 0
-            || !self.sends.is_empty()
-            || self.matcher.has_unexpected(&sel)
+        if self.fast_streak >= FAST_STREAK
             || self.tcp.as_ref().is_none_or(TcpTransport::handshaking)
-            || self.peers.iter().filter(|p| p.alive).count() != 1
         {
             return None;
         }
-        let p = self.peers.get(i).filter(|p| p.alive)?;
+        let (i, spin) = self.fast_path_open(sel, timeout)?;
+        let p = &self.peers[i];
         let Link::Tcp(t) = &p.link else { return None };
         let quiet = t.rxq.peek().is_none()
             && t.bulk_idle()
@@ -419,7 +412,7 @@ impl Endpoint {
 mod tests {
     use super::FAST_STREAK;
     use crate::transport::tcp::TcpConfig;
-    use crate::{Config, Context, Endpoint, PeerId, Selector};
+    use crate::{Config, Endpoint, PeerId, Selector};
     use std::net::{Ipv4Addr, SocketAddrV4};
     use std::time::Duration;
 
@@ -437,16 +430,7 @@ mod tests {
             }),
             ..Config::default()
         };
-        let mut a = Context::with_config(cfg()).unwrap().endpoint().unwrap();
-        let addr = a.address();
-        let client = std::thread::spawn(move || {
-            let mut b = Context::with_config(cfg()).unwrap().endpoint().unwrap();
-            let p = b.connect(&addr).unwrap();
-            (b, p)
-        });
-        let pa = a.accept(Some(Duration::from_secs(10))).unwrap();
-        let (b, pb) = client.join().unwrap();
-        ((a, pa), (b, pb))
+        crate::endpoint::connected_pair(cfg(), cfg())
     }
 
     /// The latency path of a blocking receive serves at most [`FAST_STREAK`] messages in
