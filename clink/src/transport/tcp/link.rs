@@ -30,11 +30,11 @@ const RX_BUF: usize = HEADER + CHUNK + RX_SPARE;
 /// was predicted) costs at most this much cleanup; on a hit, the rest of the piece is
 /// read directly (one more read per piece).
 const SPEC_FIRST: usize = 8 << 10;
-/// Released frame buffers kept for the next frames, and the largest kept (small
-/// messages then cost no allocation on either side: a 64-byte hop spent about 420 of its
-/// 3 300 user instructions in `malloc` and `free`, `callgrind` of `examples/path_cost
-/// 20000 tcp`).
+/// Released frame buffers kept for the next frames (small messages then cost no
+/// allocation on either side: a 64-byte hop spent about 420 of its 3 300 user
+/// instructions in `malloc` and `free`, `callgrind` of `examples/path_cost 20000 tcp`).
 const SPARE_FRAMES: usize = 8;
+/// The largest capacity of a kept frame buffer (at most 8 x 64 KiB kept per link).
 const SPARE_FRAME_MAX: usize = 64 << 10;
 /// Reads per `receive` call at most (one progress pass).
 const MAX_READS: usize = 16;
