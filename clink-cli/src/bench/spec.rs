@@ -483,9 +483,14 @@ fn receiver(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
     Ok(())
 }
 
+/// Bound on the interferer thread getting its first burst out ([`Interferer::go`]).
+const START_WAIT: Duration = Duration::from_secs(1);
+
 /// The stray-datagram thread of the interference experiment.
 struct Interferer {
     go: Arc<AtomicBool>,
+    /// Set by the thread once its first burst went out (see [`Interferer::go`]).
+    started: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     handle: thread::JoinHandle<(u64, f64)>,
 }
@@ -505,8 +510,9 @@ impl Interferer {
         let sock = UdpSocket::bind("0.0.0.0:0")?;
         sock.connect(target)?; // (send() then skips the per-datagram route lookup)
         let go = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let (g, s) = (go.clone(), stop.clone());
+        let (g, st, s) = (go.clone(), started.clone(), stop.clone());
         let handle = thread::Builder::new()
             .name("interferer".into())
             .spawn(move || {
@@ -555,6 +561,7 @@ impl Interferer {
                             break; // (ENOBUFS and the like: try again at the next turn)
                         }
                     }
+                    st.store(true, Ordering::Release);
                     // Sleep until the next stray is due at this pace, at least 200 us (a
                     // dense interferer sends its strays in bursts of a few dozen) and at
                     // most 2 ms: every wake-up preempts the sender on its core (waking
@@ -566,11 +573,26 @@ impl Interferer {
                 }
                 (sent, thread_cpu_secs())
             })?;
-        Ok(Interferer { go, stop, handle })
+        Ok(Interferer {
+            go,
+            started,
+            stop,
+            handle,
+        })
     }
 
+    /// Lets the thread go and waits (at most [`START_WAIT`]) until its first burst is out:
+    /// a short stream (`--quick`: a few milliseconds) could otherwise end before the
+    /// thread, asleep between its checks of `go`, sent anything (the CLI test saw 0 strays).
     fn go(&self) {
         self.go.store(true, Ordering::Release);
+        let until = Instant::now() + START_WAIT;
+        while !self.started.load(Ordering::Acquire)
+            && !self.handle.is_finished()
+            && Instant::now() < until
+        {
+            thread::yield_now();
+        }
     }
 
     /// Stops the thread: (datagrams sent, its CPU seconds).
