@@ -554,8 +554,10 @@ fn an_idle_connection_stays_up_on_keepalives() {
 fn a_receiver_on_its_latency_path_still_sends_keepalives() {
     // B streams small messages one way for 4x the liveness timeout; A takes them with
     // blocking receives that spin (the latency path: one peer, nothing else in flight)
-    // and never sends. A's keepalives must still go out (a general pass comes between
-    // every few dozen messages the latency path returns), or B declares A dead.
+    // and never sends: in order, none lost, and A's keepalives still reach B, or B
+    // declares A dead. (Here general passes also come whenever B pauses for more than
+    // the spin time; the rule that forces one every FAST_STREAK messages is pinned by
+    // `endpoint::tcp`'s own test, which drives both ends from one thread.)
     let ((mut a, pa), (mut b, pb)) = pair_dead(true, 100, 200);
     let sender = std::thread::spawn(move || {
         let until = Instant::now() + Duration::from_millis(800);

@@ -146,7 +146,7 @@ pub fn run(
             iterations: iters as u64,
             pinned,
             note: Some(note.clone()),
-            ..Row::external(system, provider, Metric::LatencyUs, size, us)
+            ..Row::busy_host(system, provider, Metric::LatencyUs, size, us)
         });
     }
     Ok((rows, note))

@@ -92,10 +92,11 @@ pub struct Row {
 }
 
 impl Row {
-    /// A busy-mode row of an external tool (UCX, libfabric) measured on the host (the
-    /// caller relabels the placement): one repetition, no percentile, extremes, copy
-    /// count or CPU figure unless the caller sets them.
-    pub fn external(
+    /// A busy-mode row placed on the host (a caller that measured elsewhere relabels the
+    /// placement) with `median` alone: one repetition, no percentile, extremes, copy
+    /// count, iterations or CPU figure unless the caller sets them (the external tools'
+    /// rows, test rows).
+    pub fn busy_host(
         system: &str,
         transport: &str,
         metric: Metric,
@@ -575,7 +576,7 @@ pub mod tests_support {
         Row {
             copies_per_byte: Some(2.0),
             iterations: 1,
-            ..Row::external(system, transport, Metric::BandwidthGbs, 65536, 1.0)
+            ..Row::busy_host(system, transport, Metric::BandwidthGbs, 65536, 1.0)
         }
     }
 }
@@ -619,25 +620,13 @@ mod tests {
 
     fn lat_row() -> Row {
         Row {
-            system: "tcp".into(),
-            transport: "loopback".into(),
-            mode: Mode::Busy,
-            metric: Metric::LatencyUs,
-            size: 64,
-            median: 4.06,
             p99: Some(5.5),
             min: Some(3.9),
             max: Some(40.0),
             copies_per_byte: Some(2.0),
             iterations: 20000,
-            reps: 1,
             pinned: true,
-            round: 0,
-            note: None,
-            placement: HOST_PLACEMENT.into(),
-            mtu: None,
-            cpu_s_per_gb: None,
-            lost_pct: None,
+            ..Row::busy_host("tcp", "loopback", Metric::LatencyUs, 64, 4.06)
         }
     }
 

@@ -221,7 +221,7 @@ pub fn run(
         iterations: iters as u64,
         pinned,
         note: Some(format!("{tls_note}; {copies_note}")),
-        ..Row::external("ucx", transport, metric, size, median)
+        ..Row::busy_host("ucx", transport, metric, size, median)
     };
     let mut rows = Vec::new();
     for &size in &plan.lat_sizes {

@@ -1126,12 +1126,9 @@ impl Endpoint {
         if let Some(r) = self.recv_fast(sel, buf) {
             return r;
         }
-        // The time the UDP fast path spun counts towards the spin time and the timeout.
+        // The time the network fast path spun counts towards the spin time and the timeout.
         let mut spun = None;
-        if let Some(r) = self.recv_fast_udp(sel, buf, timeout, &mut spun) {
-            return r;
-        }
-        if let Some(r) = self.recv_fast_tcp(sel, buf, timeout, &mut spun) {
+        if let Some(r) = self.recv_fast_net(sel, buf, timeout, &mut spun) {
             return r;
         }
         let id = self.alloc_id();

@@ -47,6 +47,26 @@ fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
     timeout.map_or(s, |t| s.min(t))
 }
 
+/// The latency paths' poll loop: polls until `poll` says something came (`Some(true)`)
+/// or that the path must give up (`Some(false)`), or until `spin` has passed since `spun`
+/// (set at the loop's first clock reading, 64 polls in, unless the caller's spin began
+/// earlier). True when something came.
+pub(super) fn spin_for(
+    spin: Duration,
+    spun: &mut Option<Instant>,
+    mut poll: impl FnMut() -> Option<bool>,
+) -> bool {
+    for n in 0u32.. {
+        if let Some(got) = poll() {
+            return got;
+        }
+        if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
+            return false;
+        }
+    }
+    false
+}
+
 /// Most passes [`Endpoint::drain_before_nak`] reads the sockets for (each reads a batch
 /// of every socket; a socket still not empty after them holds a burst the NAK may name).
 const DRAIN_READS: usize = 8;
@@ -373,71 +393,78 @@ impl Endpoint {
         );
     }
 
-    /// The busy-poll latency path of a blocking receive from a UDP peer, the network
-    /// counterpart of `recv_fast`: when that peer is the endpoint's only live one and
-    /// nothing is in flight (no posted receive, no send, no queued frame, no bulk
-    /// transfer, no layout armed), read the sockets directly and copy a small message
-    /// matching `sel` from the peer's frame queue straight into `buf`: no request, no
-    /// matching queues, and none of the rest of a progress pass (the other peers, the
-    /// admission gate, new connections, the liveness check). Gives up (`None`) as soon as
-    /// anything else heads the queue, or after its spin time ([`fast_spin`]), leaving it
-    /// to the general path, which runs all that; `spun` then holds when its spin began
-    /// (its first clock reading, 64 polls in), for the general path to count from.
-    pub(super) fn recv_fast_udp(
+    /// The busy-poll latency path of a blocking receive from a network peer, the
+    /// counterpart of `recv_fast`: when `sel` names its source, that peer is the
+    /// endpoint's only live one and nothing is in flight (no posted receive, no send, no
+    /// queued frame, no bulk transfer; per transport, [`Endpoint::recv_fast_udp`] and
+    /// `recv_fast_tcp` say the rest), poll that peer's transport directly and copy a
+    /// small message matching `sel` straight into `buf`: no request, no matching queues,
+    /// and none of the rest of a progress pass (the other peers, the admission gate, new
+    /// connections, the liveness check). Gives up (`None`) as soon as anything else
+    /// heads the queue, or after its spin time ([`fast_spin`]), leaving it to the general
+    /// path, which runs all that; `spun` then holds when its spin began (its first clock
+    /// reading, 64 polls in), for the general path to count from.
+    pub(super) fn recv_fast_net(
         &mut self,
         sel: Selector,
         buf: &mut [u8],
         timeout: Option<Duration>,
         spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
-        let (i, spin) = self.fast_path_open(sel, timeout)?;
-        let p = &self.peers[i];
-        let Link::Udp(u) = &p.link else { return None };
-        let quiet = u.rxq.peek().is_none()
-            && !u.bulk.receiving()
-            && !u.bulk.sending()
+        let i = sel.src?.0 as usize;
+        let spin = fast_spin(self.ctx.config.spin, timeout);
+        let p = self.peers.get(i).filter(|p| p.alive)?;
+        let open = !spin.is_zero()
+            && !matches!(p.link, Link::Shm(_))
             && p.txq.is_empty()
             && p.pipeline_out.is_empty()
-            && p.engine.is_empty();
+            && p.engine.is_empty()
+            && self.matcher.posted_len() == 0
+            && self.sends.is_empty()
+            && !self.matcher.has_unexpected(&sel)
+            && self.peers.iter().filter(|p| p.alive).count() == 1;
+        if !open {
+            return None;
+        }
+        match self.peers[i].link {
+            Link::Udp(_) => self.recv_fast_udp(i, sel, buf, spin, spun),
+            Link::Tcp(_) => self.recv_fast_tcp(i, sel, buf, spin, spun),
+            Link::Shm(_) => None,
+        }
+    }
+
+    /// [`Endpoint::recv_fast_net`] over UDP (peer `i`): the link must have no frame
+    /// queued, no bulk transfer either way and no layout armed; the sockets and the ring
+    /// are read.
+    fn recv_fast_udp(
+        &mut self,
+        i: usize,
+        sel: Selector,
+        buf: &mut [u8],
+        spin: Duration,
+        spun: &mut Option<Instant>,
+    ) -> Option<Result<Status>> {
+        let Link::Udp(u) = &self.peers[i].link else {
+            return None;
+        };
+        let quiet = u.rxq.peek().is_none() && !u.bulk.receiving() && !u.bulk.sending();
         let net = self.net.as_mut()?;
         if !quiet || net.planned_key().is_some() {
             return None;
         }
-        for n in 0u32.. {
-            let peers = &mut self.peers;
-            let got = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
-            if got > 0 {
-                self.drain_before_nak();
-                return self.take_fast_udp(i, sel, buf);
-            }
-            if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
-                return None;
-            }
-            // No `pause` between polls: each is a system call already, and a pause only
-            // lengthens the pass a datagram landing during it waits for (busy 64 B
-            // across the veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
+        let peers = &mut self.peers;
+        // No `pause` between polls: each is a system call already, and a pause only
+        // lengthens the pass a datagram landing during it waits for (busy 64 B across the
+        // veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
+        let got = spin_for(spin, spun, || {
+            let n = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
+            (n > 0).then_some(true)
+        });
+        if !got {
+            return None;
         }
-        None
-    }
-
-    /// Whether a network latency path (`recv_fast_udp`, `recv_fast_tcp`) may serve a
-    /// receive for `sel`: it names its source, that peer is the endpoint's only live one,
-    /// nothing else is posted, sent or waiting unexpected for `sel`, and the spin time
-    /// ([`fast_spin`]) is not zero. Gives the peer's index and that spin time.
-    pub(super) fn fast_path_open(
-        &self,
-        sel: Selector,
-        timeout: Option<Duration>,
-    ) -> Option<(usize, Duration)> {
-        let i = sel.src?.0 as usize;
-        let spin = fast_spin(self.ctx.config.spin, timeout);
-        let open = !spin.is_zero()
-            && self.matcher.posted_len() == 0
-            && self.sends.is_empty()
-            && !self.matcher.has_unexpected(&sel)
-            && self.peers.get(i).is_some_and(|p| p.alive)
-            && self.peers.iter().filter(|p| p.alive).count() == 1;
-        open.then_some((i, spin))
+        self.drain_before_nak();
+        self.take_fast_udp(i, sel, buf)
     }
 
     /// With the receive ring, after a read that took datagrams from the ring and opened a

@@ -3,6 +3,7 @@
 //! transfers the links finished, and failing peers whose connection ended.
 
 use super::link::Link;
+use super::net::spin_for;
 use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
 use crate::transport::tcp::{LinkError, TcpTransport};
@@ -127,21 +128,18 @@ impl Endpoint {
         did
     }
 
-    /// The busy-poll latency path of a blocking receive from a TCP peer, what
-    /// `recv_fast_udp` is over UDP: when that peer is the endpoint's only live one and
-    /// nothing is in flight (no posted receive, no send, no queued frame or bytes to
-    /// write, no rendezvous transfer, no handshake), read its socket directly and copy a
-    /// small message matching `sel` straight into `buf`, with none of the rest of a
-    /// progress pass. Gives up (`None`) as soon as anything else heads the queue, after
-    /// its spin time (`spun` then holds when that began), or after [`FAST_STREAK`]
-    /// messages in a row, so that a general pass (keepalives, the liveness check) runs
-    /// between them. A read that fails leaves its error for the general path's read,
-    /// which fails the peer.
+    /// [`Endpoint::recv_fast_net`] over TCP (peer `i`): the link must have no frame
+    /// queued, no bytes waiting to be written, no rendezvous transfer and no failure
+    /// pending, and no handshake be under way; its socket alone is read. It serves at
+    /// most [`FAST_STREAK`] messages in a row, so that a general pass (keepalives, the
+    /// liveness check) runs between them. A read that fails leaves its error in the link
+    /// ([`crate::transport::tcp::TcpLink::failed`]) for the general path's read, which fails the peer.
     pub(super) fn recv_fast_tcp(
         &mut self,
+        i: usize,
         sel: Selector,
         buf: &mut [u8],
-        timeout: Option<Duration>,
+        spin: Duration,
         spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
         if self.fast_streak >= FAST_STREAK
@@ -149,36 +147,24 @@ impl Endpoint {
         {
             return None;
         }
-        let (i, spin) = self.fast_path_open(sel, timeout)?;
-        let p = &self.peers[i];
-        let Link::Tcp(t) = &p.link else { return None };
-        let quiet = t.rxq.peek().is_none()
-            && t.bulk_idle()
-            && !t.wants_write()
-            && t.write_failed.is_none()
-            && p.txq.is_empty()
-            && p.pipeline_out.is_empty()
-            && p.engine.is_empty();
-        if !quiet {
+        let Link::Tcp(t) = &mut self.peers[i].link else {
+            return None;
+        };
+        if t.rxq.peek().is_some() || !t.bulk_idle() || t.wants_write() || t.failed.is_some() {
             return None;
         }
-        for n in 0u32.. {
-            let Link::Tcp(t) = &mut self.peers[i].link else {
-                return None;
-            };
-            match t.receive() {
-                Ok(true) => return self.take_fast_tcp(i, sel, buf),
-                Ok(false) => {}
-                Err(e) => {
-                    t.write_failed = Some(e);
-                    return None;
-                }
+        let got = spin_for(spin, spun, || match t.receive() {
+            Ok(true) => Some(true),
+            Ok(false) => None,
+            Err(e) => {
+                t.failed = Some(e);
+                Some(false)
             }
-            if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
-                return None;
-            }
+        });
+        if !got {
+            return None;
         }
-        None
+        self.take_fast_tcp(i, sel, buf)
     }
 
     /// After [`Endpoint::recv_fast_tcp`] read something: the message at the head of the
@@ -269,7 +255,7 @@ impl Endpoint {
         if !p.alive {
             return false;
         }
-        let r = match t.write_failed.take() {
+        let r = match t.failed.take() {
             Some(e) => Err(e),
             None => t.receive(),
         };
@@ -337,9 +323,9 @@ impl Endpoint {
             }
         }
         if let Err(e) = r {
-            // Failed at the next read (see `TcpLink::write_failed`), which comes at once:
+            // Failed at the next read (see `TcpLink::failed`), which comes at once:
             // the hang-up makes the socket readable.
-            t.write_failed = Some(e);
+            t.failed = Some(e);
         }
         self.finish_bulk_peer(i);
     }

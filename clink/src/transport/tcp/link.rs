@@ -130,6 +130,16 @@ struct Dest {
     cap: usize,
 }
 
+/// What one `readv` returned.
+#[derive(Clone, Copy)]
+struct ReadLen {
+    /// Bytes read (0: the end of the stream).
+    n: usize,
+    /// Fewer than asked for: the socket held no more at that moment, so a pass's reads
+    /// end there ([`TcpLink::receive`]).
+    short: bool,
+}
+
 /// The data record whose payload is being received.
 #[derive(Clone, Copy)]
 struct Cur {
@@ -183,12 +193,11 @@ pub struct TcpLink {
     pub stats: TcpStats,
     /// The endpoint watches the socket for writability too (set by the endpoint).
     pub out_armed: bool,
-    /// A write failed: the link is dead; the endpoint fails the peer at its next read
-    /// (a write can happen inside the handling of a frame, where failing the peer at once
-    /// would handle the frames again).
-    pub write_failed: Option<LinkError>,
-    /// The last read returned fewer bytes than it asked for ([`TcpLink::receive`]).
-    drained: bool,
+    /// A write (or a read off the progress pass, the latency path's) failed: the link is
+    /// dead; the endpoint fails the peer at its next read in a progress pass (a write can
+    /// happen inside the handling of a frame, where failing the peer at once would handle
+    /// the frames again).
+    pub failed: Option<LinkError>,
     /// Bytes were read / written since the last [`TcpLink::tick`].
     rx_seen: bool,
     tx_done: bool,
@@ -230,8 +239,7 @@ impl TcpLink {
             handshake: None,
             stats: TcpStats::default(),
             out_armed: false,
-            write_failed: None,
-            drained: false,
+            failed: None,
             rx_seen: false,
             tx_done: false,
             last_rx: Instant::now(),
@@ -512,27 +520,25 @@ impl TcpLink {
             if self.rxq.full() {
                 break;
             }
-            self.drained = false;
-            match self.read_once()? {
+            let r = match self.read_once()? {
                 None => break,
-                Some(0) => return Err(LinkError::Closed),
-                Some(n) => {
-                    did = true;
-                    self.rx_seen = true;
-                    self.stats.reads += 1;
-                    self.stats.bytes_received += n as u64;
-                }
-            }
+                Some(r) if r.n == 0 => return Err(LinkError::Closed),
+                Some(r) => r,
+            };
+            did = true;
+            self.rx_seen = true;
+            self.stats.reads += 1;
+            self.stats.bytes_received += r.n as u64;
             self.parse()?;
-            if self.drained {
+            if r.short {
                 break;
             }
         }
         Ok(did)
     }
 
-    /// One read: `None` when nothing is there, `Some(0)` at the end of the stream.
-    fn read_once(&mut self) -> Result<Option<usize>, LinkError> {
+    /// One read: `None` when nothing is there, `n == 0` at the end of the stream.
+    fn read_once(&mut self) -> Result<Option<ReadLen>, LinkError> {
         if self.cur.is_some() {
             return self.read_direct();
         }
@@ -548,19 +554,17 @@ impl TcpLink {
         self.read_plain()
     }
 
-    /// One `readv`; `drained` is set when it returned fewer bytes than it asked for (the
-    /// socket held no more at that moment).
+    /// One `readv`: `None` when nothing is there.
     fn sys_read(
         sock: &TcpStream,
         iov: &mut [IoSliceMut<'_>],
-        drained: &mut bool,
-    ) -> Result<Option<usize>, LinkError> {
+    ) -> Result<Option<ReadLen>, LinkError> {
         loop {
             return match (&*sock).read_vectored(iov) {
-                Ok(n) => {
-                    *drained = n < iov.iter().map(|v| v.len()).sum::<usize>();
-                    Ok(Some(n))
-                }
+                Ok(n) => Ok(Some(ReadLen {
+                    n,
+                    short: n < iov.iter().map(|v| v.len()).sum::<usize>(),
+                })),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => Err(LinkError::Io(e)),
@@ -570,7 +574,7 @@ impl TcpLink {
 
     /// Plain read into the receive buffer (compacted, or grown for a frame larger than
     /// it, as the bytes arrive).
-    fn read_plain(&mut self) -> Result<Option<usize>, LinkError> {
+    fn read_plain(&mut self) -> Result<Option<ReadLen>, LinkError> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -590,21 +594,17 @@ impl TcpLink {
             self.rx.resize(n, 0);
         }
         let end = self.end;
-        let n = Self::sys_read(
-            &self.sock,
-            &mut [IoSliceMut::new(&mut self.rx[end..])],
-            &mut self.drained,
-        )?;
-        if let Some(n) = n {
-            self.end += n;
+        let r = Self::sys_read(&self.sock, &mut [IoSliceMut::new(&mut self.rx[end..])])?;
+        if let Some(r) = r {
+            self.end += r.n;
         }
-        Ok(n)
+        Ok(r)
     }
 
     /// The rest of a data record's payload, straight into its place (when it fits the
     /// posted buffer), then whatever follows into the receive buffer. Entered with the
     /// receive buffer empty (`parse` consumed it).
-    fn read_direct(&mut self) -> Result<Option<usize>, LinkError> {
+    fn read_direct(&mut self) -> Result<Option<ReadLen>, LinkError> {
         let Some(c) = self.cur else { return Ok(None) };
         let (direct, ptr) = match self.dests.get(&c.xfer) {
             Some(d) if (c.at as usize) < d.cap => {
@@ -635,9 +635,10 @@ impl TcpLink {
                 IoSliceMut::new(dest),
                 IoSliceMut::new(&mut self.rx[..spare]),
             ];
-            Self::sys_read(&self.sock, &mut iov, &mut self.drained)?
+            Self::sys_read(&self.sock, &mut iov)?
         };
-        let Some(n) = r else { return Ok(None) };
+        let Some(r) = r else { return Ok(None) };
+        let n = r.n;
         let d = n.min(direct);
         self.end = n - d;
         self.stats.direct_bytes += d as u64;
@@ -648,7 +649,7 @@ impl TcpLink {
                 self.end_record();
             }
         }
-        Ok(Some(n))
+        Ok(Some(r))
     }
 
     /// The speculative read: `[header slot, destination + predicted offset (at most
@@ -657,7 +658,7 @@ impl TcpLink {
     /// bytes are put back in stream order in the receive buffer (cleanup) for `parse`.
     /// Only bytes of the destination not yet received are targeted, so a miss costs a
     /// copy, never data.
-    fn read_spec(&mut self, p: stream::Prediction, d: Dest) -> Result<Option<usize>, LinkError> {
+    fn read_spec(&mut self, p: stream::Prediction, d: Dest) -> Result<Option<ReadLen>, LinkError> {
         let off = p.offset as usize;
         // The first read takes at most SPEC_FIRST bytes of the piece (a miss costs at most
         // that much copying); on a hit the rest is read directly.
@@ -684,16 +685,16 @@ impl TcpLink {
                 IoSliceMut::new(dest),
                 IoSliceMut::new(spare),
             ];
-            Self::sys_read(&self.sock, &mut iov, &mut self.drained)?
+            Self::sys_read(&self.sock, &mut iov)?
         };
         let n = match r {
-            None | Some(0) => return Ok(r),
-            Some(n) => n,
+            Some(r) if r.n > 0 => r.n,
+            _ => return Ok(r),
         };
         if n < HEADER {
             self.rx[..n].copy_from_slice(&self.hdr[..n]);
             self.end = n;
-            return Ok(Some(n));
+            return Ok(r);
         }
         let landed = (n - HEADER).min(first);
         // SAFETY: as above; the read wrote `landed` bytes there.
@@ -725,7 +726,7 @@ impl TcpLink {
             self.rx[HEADER..HEADER + landed].copy_from_slice(dest);
             self.end = n;
         }
-        Ok(Some(n))
+        Ok(r)
     }
 
     /// The current data record is complete.
