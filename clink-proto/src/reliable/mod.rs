@@ -1708,7 +1708,14 @@ impl Conn {
             self.stats.naks_sent += 1;
             self.advertised_limit = ack.limit;
             Datagram::Nak { conn, ack }.encode(buf)
-        } else if self.ack_now || self.ack_deadline.is_some_and(|d| d <= now) {
+        } else if self.ack_now
+            || self.ack_deadline.is_some_and(|d| d <= now || self.bulk_outstanding > 0)
+        {
+            // With a bulk transfer to send, a pending ack goes at once: bulk fragments
+            // carry none, and a transfer of megabytes leaves in one burst that can outlast
+            // the peer's retransmission timer (a 16 MiB burst is 8 ms at 2 GB/s; each
+            // rendezvous answer waiting behind it timed out twice at the peer).
+
             let ack = self.take_ack(now);
             self.stats.acks_sent += 1;
             Datagram::Ack { conn, ack }.encode(buf)
