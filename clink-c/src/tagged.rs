@@ -1,0 +1,1115 @@
+//! Tagged messages: blocking and non-blocking sends and receives, requests, in-place
+//! receives and claimed send slots.
+
+use crate::*;
+use bytes::Bytes;
+use clink_rs::rma::{ApertureId, RmaRequest};
+use clink_rs::{Error, InPlace, Received, RecvRequest, SendRequest, SendSlot};
+use std::ffi::{c_int, c_void};
+use std::time::Instant;
+
+/// Caller memory lent to a non-blocking send or put until it completes (the zero-copy
+/// contract of `clink_isend` and `clink_iput`).
+struct Lent {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the caller guarantees the memory stays valid and unchanged until the request
+// completes; the endpoint only reads it.
+unsafe impl Send for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: see `Send` above.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Caller memory as `Bytes` without a copy (see [`Lent`]).
+pub(crate) unsafe fn lent_bytes(p: *const c_void, len: usize) -> R<Bytes> {
+    if len != 0 && p.is_null() {
+        return Err(Fail::null("buf"));
+    }
+    Ok(Bytes::from_owner(Lent {
+        ptr: p.cast(),
+        len,
+    }))
+}
+
+/// The status of a truncated receive: its full length, and the selector's peer and tag
+/// when it names them exactly (the Rust API does not report them with the error).
+fn truncated_status(sel: Selector, len: u64) -> clink_status_t {
+    clink_status_t {
+        peer: sel.src.map_or(CLINK_PEER_ANY, |p| p.0),
+        tag: if sel.mask == u64::MAX { sel.tag } else { 0 },
+        len,
+    }
+}
+
+/// Sends `len` bytes at `buf` to `peer` with `tag` and returns once the message is out of
+/// `buf` (copied into the peer's ring, or read by the peer for large messages: one copy by
+/// CMA on the same host). Waits as long as it takes, bounded by the peer's liveness.
+///
+/// Thread safety: one thread at a time per endpoint. Ownership: `buf` is only borrowed
+/// during the call.
+///
+/// # Safety
+/// `ep` a live endpoint; `buf` `len` readable bytes (NULL allowed when `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn clink_send(
+    ep: *mut clink_endpoint_t,
+    peer: clink_peer_t,
+    tag: u64,
+    buf: *const c_void,
+    len: usize,
+) -> c_int {
+    with_ep("clink_send", ep, |e, _| {
+        let data = bytes(buf, len, "buf")?;
+        e.send(PeerId(peer), tag, data)?;
+        Ok(OK)
+    })
+}
+
+/// One buffer of a batch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct clink_iov_t {
+    /// Start of the bytes.
+    pub base: *const c_void,
+    /// Their length.
+    pub len: usize,
+}
+
+/// Sends each of the `n` buffers of `iov` as its own message to `peer` with `tag`, all in
+/// flight at once (large ones pipeline their rendezvous), and returns when all are out of
+/// the caller's memory. Returns the first error.
+///
+/// Thread safety: one thread at a time per endpoint. Ownership: borrowed during the call.
+///
+/// # Safety
+/// `ep` a live endpoint; `iov` `n` readable entries, each naming readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn clink_send_batch(
+    ep: *mut clink_endpoint_t,
+    peer: clink_peer_t,
+    tag: u64,
+    iov: *const clink_iov_t,
+    n: usize,
+) -> c_int {
+    with_ep("clink_send_batch", ep, |e, _| {
+        if n == 0 {
+            return Ok(OK);
+        }
+        if iov.is_null() {
+            return Err(Fail::null("iov"));
+        }
+        let v = std::slice::from_raw_parts(iov, n);
+        let msgs = v
+            .iter()
+            .map(|m| bytes(m.base, m.len, "iov[].base"))
+            .collect::<R<Vec<&[u8]>>>()?;
+        e.send_batch(PeerId(peer), tag, &msgs)?;
+        Ok(OK)
+    })
+}
+
+/// Receives one message matching `sel` into `buf` (capacity `cap`), waiting up to
+/// `timeout_ms` (-1 forever, 0 only what is there). Fills `*status` (may be NULL).
+/// A message longer than `cap` fills `buf` with its first bytes and returns
+/// `CLINK_ERR_TRUNCATED` with `status->len` its full length (and `peer`/`tag` those of the
+/// selector when it names them exactly, else `CLINK_PEER_ANY` and 0: the Rust API does not
+/// report them for a truncated message). On timeout the receive is withdrawn.
+///
+/// Copies: small messages one (out of the ring); large ones land straight in `buf` (one
+/// CMA copy on the same host, or speculative placement over UDP).
+///
+/// Thread safety: one thread at a time per endpoint. Ownership: `buf` borrowed during the
+/// call.
+///
+/// # Safety
+/// `ep` a live endpoint; `buf` `cap` writable bytes (NULL allowed when `cap` is 0);
+/// `status` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_recv(
+    ep: *mut clink_endpoint_t,
+    sel: clink_selector_t,
+    buf: *mut c_void,
+    cap: usize,
+    timeout_ms: c_int,
+    status: *mut clink_status_t,
+) -> c_int {
+    with_ep("clink_recv", ep, |e, _| {
+        let b = bytes_mut(buf, cap, "buf")?;
+        let s = sel.to_rust();
+        match e.recv_timeout(s, b, timeout(timeout_ms)) {
+            Ok(st) => {
+                put_opt(status, st.into());
+                Ok(OK)
+            }
+            Err(err @ Error::Truncated { len, .. }) => {
+                put_opt(status, truncated_status(s, len));
+                Err(err.into())
+            }
+            Err(err) => Err(err.into()),
+        }
+    })
+}
+
+/// Looks for a message matching `sel` that arrived and was not received yet, without
+/// receiving it (makes progress first): `CLINK_OK` with `*status` filled, or `CLINK_AGAIN`.
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; `status` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_probe(
+    ep: *mut clink_endpoint_t,
+    sel: clink_selector_t,
+    status: *mut clink_status_t,
+) -> c_int {
+    with_ep("clink_probe", ep, |e, _| match e.probe(sel.to_rust()) {
+        Some(st) => {
+            put_opt(status, st.into());
+            Ok(OK)
+        }
+        None => Ok(AGAIN),
+    })
+}
+
+// ------------------------------------------------------------------ requests
+
+enum Kind {
+    Send {
+        req: Option<SendRequest>,
+        peer: clink_peer_t,
+        tag: u64,
+        len: u64,
+    },
+    Recv {
+        req: Option<RecvRequest>,
+        /// Where the bytes go (NULL for a receive into an aperture).
+        dst: *mut u8,
+        cap: usize,
+        aperture: bool,
+        sel: Selector,
+    },
+    Rma {
+        req: Option<RmaRequest>,
+        /// Where a get's bytes go (NULL for a put).
+        dst: *mut u8,
+        cap: usize,
+    },
+}
+
+/// A non-blocking operation in flight (`clink_isend`, `clink_irecv`,
+/// `clink_irecv_into_aperture`, `clink_iput`, `clink_iget`). Complete it with
+/// `clink_test`, `clink_wait` or `clink_wait_any` (which store its result in it: testing a
+/// completed request again returns the same result), then free it with
+/// `clink_request_free`.
+pub struct clink_request_t {
+    owner: usize,
+    id: u64,
+    kind: Kind,
+    done: Option<(clink_error, clink_status_t, String)>,
+}
+
+impl clink_request_t {
+    fn new(owner: &clink_endpoint_t, id: u64, kind: Kind) -> *mut clink_request_t {
+        Box::into_raw(Box::new(clink_request_t {
+            owner: owner.key(),
+            id,
+            kind,
+            done: None,
+        }))
+    }
+
+    pub(crate) fn new_rma(
+        owner: &clink_endpoint_t,
+        req: RmaRequest,
+        dst: *mut u8,
+        cap: usize,
+    ) -> *mut clink_request_t {
+        clink_request_t::new(
+            owner,
+            req.id(),
+            Kind::Rma {
+                req: Some(req),
+                dst,
+                cap,
+            },
+        )
+    }
+
+    fn finish(&mut self, code: clink_error, status: clink_status_t, msg: String) {
+        self.done = Some((code, status, msg));
+    }
+
+    fn fail(&mut self, e: Error) {
+        let code = code_of(&e);
+        self.finish(code, clink_status_t::default(), e.to_string());
+    }
+
+    /// The completed request's result: status written, its code (errors as `Err`).
+    unsafe fn report(&self, status: *mut clink_status_t) -> R<c_int> {
+        let Some((code, st, msg)) = &self.done else {
+            return Ok(AGAIN);
+        };
+        put_opt(status, *st);
+        if (*code as c_int) < 0 {
+            return Err(Fail::new(*code, msg.clone()));
+        }
+        Ok(*code as c_int)
+    }
+
+    /// A receive's outcome: `Ok(true)` once complete (result stored), `Ok(false)` while
+    /// pending, `Err` for a timeout (the request stays pending).
+    fn recv_outcome(&mut self, e: &mut Endpoint, res: clink_rs::Result<Option<Received>>) -> R<bool> {
+        let Kind::Recv {
+            req,
+            dst,
+            cap,
+            aperture,
+            sel,
+        } = &mut self.kind
+        else {
+            return Err(Fail::invalid("not a receive"));
+        };
+        match res {
+            Ok(None) => Ok(false),
+            Ok(Some(got)) => {
+                if !*aperture && !got.buf.is_empty() {
+                    let n = got.buf.len().min(*cap);
+                    // SAFETY: the caller lent `cap` writable bytes at `dst` until completion.
+                    unsafe { std::ptr::copy_nonoverlapping(got.buf.as_ptr(), *dst, n) };
+                }
+                *req = None;
+                self.finish(CLINK_OK, got.status.into(), String::new());
+                Ok(true)
+            }
+            Err(Error::Timeout) => Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
+            Err(err @ Error::Truncated { len, .. }) => {
+                if let Some(r) = req.take() {
+                    if let Some(v) = e.take_recv_buffer(r) {
+                        if !*aperture {
+                            let n = v.len().min(*cap);
+                            // SAFETY: as above.
+                            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), *dst, n) };
+                        }
+                    }
+                }
+                let st = truncated_status(*sel, len);
+                self.finish(CLINK_ERR_TRUNCATED, st, err.to_string());
+                Ok(true)
+            }
+            Err(err) => {
+                *req = None;
+                self.fail(err);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Tests for completion (makes progress): `Ok(true)` once complete.
+    fn test(&mut self, e: &mut Endpoint) -> R<bool> {
+        if self.done.is_some() {
+            return Ok(true);
+        }
+        match &mut self.kind {
+            Kind::Send { req, peer, tag, len } => {
+                let st = clink_status_t {
+                    peer: *peer,
+                    tag: *tag,
+                    len: *len,
+                };
+                let Some(r) = req else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                match e.test_send(r) {
+                    Ok(false) => Ok(false),
+                    Ok(true) => {
+                        *req = None;
+                        self.finish(CLINK_OK, st, String::new());
+                        Ok(true)
+                    }
+                    Err(err) => {
+                        *req = None;
+                        self.fail(err);
+                        Ok(true)
+                    }
+                }
+            }
+            Kind::Recv { req, .. } => {
+                let Some(r) = req else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                let res = e.test_recv(r);
+                self.recv_outcome(e, res)
+            }
+            Kind::Rma { req, dst, cap } => {
+                let Some(r) = req else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                match e.test_rma(r) {
+                    Ok(None) => Ok(false),
+                    Ok(Some(v)) => {
+                        let (dst, cap) = (*dst, *cap);
+                        *req = None;
+                        self.rma_done(v, dst, cap);
+                        Ok(true)
+                    }
+                    Err(err) => {
+                        *req = None;
+                        self.fail(err);
+                        Ok(true)
+                    }
+                }
+            }
+        }
+    }
+
+    fn rma_done(&mut self, v: Vec<u8>, dst: *mut u8, cap: usize) {
+        if !dst.is_null() {
+            let n = v.len().min(cap);
+            // SAFETY: the caller lent `cap` writable bytes at `dst` until completion.
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), dst, n) };
+        }
+        let st = clink_status_t {
+            peer: CLINK_PEER_ANY,
+            tag: 0,
+            len: v.len() as u64,
+        };
+        self.finish(CLINK_OK, st, String::new());
+    }
+
+    /// Waits up to `t` for completion: `Err` (timeout) leaves it pending.
+    fn wait(&mut self, e: &mut Endpoint, t: Option<Duration>) -> R<()> {
+        if self.done.is_some() {
+            return Ok(());
+        }
+        match &mut self.kind {
+            Kind::Send { req, peer, tag, len } => {
+                let st = clink_status_t {
+                    peer: *peer,
+                    tag: *tag,
+                    len: *len,
+                };
+                let Some(r) = req else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                match e.wait_send(r, t) {
+                    Ok(()) => {
+                        *req = None;
+                        self.finish(CLINK_OK, st, String::new());
+                    }
+                    Err(Error::Timeout) => return Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
+                    Err(err) => {
+                        *req = None;
+                        self.fail(err);
+                    }
+                }
+                Ok(())
+            }
+            Kind::Recv { req, .. } => {
+                let Some(r) = req else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                let res = e.wait_recv(r, t).map(Some);
+                self.recv_outcome(e, res).map(|_| ())
+            }
+            Kind::Rma { req, dst, cap } => {
+                let Some(r) = req else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                match e.wait_rma(r, t) {
+                    Ok(v) => {
+                        let (dst, cap) = (*dst, *cap);
+                        *req = None;
+                        self.rma_done(v, dst, cap);
+                    }
+                    Err(Error::Timeout) => return Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
+                    Err(err) => {
+                        *req = None;
+                        self.fail(err);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The request behind a C pointer, checked to belong to `h`.
+unsafe fn req_mut<'a>(
+    h: &clink_endpoint_t,
+    r: *mut clink_request_t,
+) -> R<&'a mut clink_request_t> {
+    let r = r.as_mut().ok_or_else(|| Fail::null("request"))?;
+    if r.owner != h.key() {
+        return Err(Fail::invalid("the request belongs to another endpoint"));
+    }
+    Ok(r)
+}
+
+/// Starts sending `len` bytes at `buf` to `peer` with `tag` and stores the request in
+/// `*req`. Zero-copy: the endpoint reads `buf` itself (small messages are copied into the
+/// peer's ring at once and the request is then already complete; large ones are read from
+/// `buf` by the receiver, by CMA on the same host).
+///
+/// Ownership: `buf` stays lent to the library until the request completes (test/wait
+/// report completion) or a cancel withdraws it: keep it valid and unchanged until then.
+/// `*req` is freed with `clink_request_free`. Thread safety: one thread at a time per
+/// endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; `buf` `len` readable bytes (NULL when `len` is 0), valid until
+/// completion; `req` writable (NULL refused).
+#[no_mangle]
+pub unsafe extern "C" fn clink_isend(
+    ep: *mut clink_endpoint_t,
+    peer: clink_peer_t,
+    tag: u64,
+    buf: *const c_void,
+    len: usize,
+    req: *mut *mut clink_request_t,
+) -> c_int {
+    with_ep("clink_isend", ep, |e, h| {
+        need_out(req, "req")?;
+        let data = lent_bytes(buf, len)?;
+        let r = e.isend(PeerId(peer), tag, data)?;
+        req.write(clink_request_t::new(
+            h,
+            r.id(),
+            Kind::Send {
+                req: Some(r),
+                peer,
+                tag,
+                len: len as u64,
+            },
+        ));
+        Ok(OK)
+    })
+}
+
+/// Posts a receive of a message matching `sel` into `buf` (capacity `cap`) and stores the
+/// request in `*req`. Completion (test/wait/wait_any) fills the status as `clink_recv`
+/// does, truncation included.
+///
+/// Copies: the Rust API's non-blocking receive owns its buffer (there is no variant
+/// borrowing caller memory), so the library receives into a buffer of its own of `cap`
+/// bytes and copies the message into `buf` when the request completes: one copy more than
+/// `clink_recv`. For zero-copy non-blocking receives use `clink_irecv_into_aperture`
+/// (the message lands in aperture memory, readable in place through
+/// `clink_aperture_window`).
+///
+/// Ownership: `buf` is written when the request completes (in test/wait): keep it valid
+/// until then, or cancel. Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; `buf` `cap` writable bytes (NULL when `cap` is 0) valid until
+/// completion; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_irecv(
+    ep: *mut clink_endpoint_t,
+    sel: clink_selector_t,
+    buf: *mut c_void,
+    cap: usize,
+    req: *mut *mut clink_request_t,
+) -> c_int {
+    with_ep("clink_irecv", ep, |e, h| {
+        need_out(req, "req")?;
+        if cap != 0 && buf.is_null() {
+            return Err(Fail::null("buf"));
+        }
+        let s = sel.to_rust();
+        let r = e.irecv(s, vec![0u8; cap])?;
+        req.write(clink_request_t::new(
+            h,
+            r.id(),
+            Kind::Recv {
+                req: Some(r),
+                dst: buf.cast(),
+                cap,
+                aperture: false,
+                sel: s,
+            },
+        ));
+        Ok(OK)
+    })
+}
+
+/// Posts a zero-copy receive of a message matching `sel` into `offset..offset+len` of this
+/// endpoint's aperture `ap` (the message lands there; its length is in the completion
+/// status). When it completes, the aperture's write tripwires over the bytes that landed
+/// fire. The aperture cannot be destroyed while the receive is pending.
+///
+/// Ownership: `*req` is freed with `clink_request_free`. Thread safety: one thread at a
+/// time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; `req` writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_irecv_into_aperture(
+    ep: *mut clink_endpoint_t,
+    sel: clink_selector_t,
+    ap: clink_aperture_t,
+    offset: u64,
+    len: u64,
+    req: *mut *mut clink_request_t,
+) -> c_int {
+    with_ep("clink_irecv_into_aperture", ep, |e, h| {
+        need_out(req, "req")?;
+        let s = sel.to_rust();
+        let r = e.irecv_into_aperture(s, ApertureId(ap.id), offset, len)?;
+        req.write(clink_request_t::new(
+            h,
+            r.id(),
+            Kind::Recv {
+                req: Some(r),
+                dst: std::ptr::null_mut(),
+                cap: 0,
+                aperture: true,
+                sel: s,
+            },
+        ));
+        Ok(OK)
+    })
+}
+
+/// Tests a request (makes progress first): `CLINK_AGAIN` while pending; once complete
+/// its result: `CLINK_OK` with `*status` filled (receives: sender, tag, length; sends:
+/// destination, tag, length; gets: length), or its error (`CLINK_ERR_TRUNCATED` with the
+/// status filled, `CLINK_ERR_CANCELLED`, `CLINK_ERR_PEER_DEAD`, ...). A complete request
+/// keeps its result: testing it again returns the same.
+///
+/// Thread safety: one thread at a time per endpoint (and per request).
+///
+/// # Safety
+/// `ep` a live endpoint; `req` a live request of that endpoint; `status` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_test(
+    ep: *mut clink_endpoint_t,
+    req: *mut clink_request_t,
+    status: *mut clink_status_t,
+) -> c_int {
+    with_ep("clink_test", ep, |e, h| {
+        let r = req_mut(h, req)?;
+        r.test(e)?;
+        r.report(status)
+    })
+}
+
+/// Waits up to `timeout_ms` (-1 forever) for a request to complete and returns its result
+/// as `clink_test` does; `CLINK_ERR_TIMEOUT` leaves it pending.
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// As `clink_test`.
+#[no_mangle]
+pub unsafe extern "C" fn clink_wait(
+    ep: *mut clink_endpoint_t,
+    req: *mut clink_request_t,
+    timeout_ms: c_int,
+    status: *mut clink_status_t,
+) -> c_int {
+    with_ep("clink_wait", ep, |e, h| {
+        let r = req_mut(h, req)?;
+        r.wait(e, timeout(timeout_ms))?;
+        r.report(status)
+    })
+}
+
+/// Waits up to `timeout_ms` (-1 forever) for the first of the `n` requests of `reqs` to
+/// complete (MPI's Waitany): stores its index in `*index` and returns its result as
+/// `clink_test` does. NULL entries are skipped (all NULL: `CLINK_ERR_INVALID`). A request
+/// already complete is returned at once: free it and set its entry to NULL (or reuse the
+/// slot) before waiting again. `CLINK_ERR_TIMEOUT` leaves them all pending. When all are
+/// receives, one progress loop serves them all; a mix of kinds is tested in turn between
+/// sleeps on the endpoint's fd.
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; `reqs` `n` entries, each NULL or a live request of that endpoint;
+/// `index` writable (NULL refused); `status` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_wait_any(
+    ep: *mut clink_endpoint_t,
+    reqs: *const *mut clink_request_t,
+    n: usize,
+    timeout_ms: c_int,
+    index: *mut usize,
+    status: *mut clink_status_t,
+) -> c_int {
+    with_ep("clink_wait_any", ep, |e, h| {
+        need_out(index, "index")?;
+        if reqs.is_null() {
+            return Err(Fail::null("reqs"));
+        }
+        let all = std::slice::from_raw_parts(reqs, n);
+        let mut live = Vec::with_capacity(n);
+        for (i, &p) in all.iter().enumerate() {
+            if !p.is_null() {
+                live.push((i, req_mut(h, p)?));
+            }
+        }
+        if live.is_empty() {
+            return Err(Fail::invalid("no request (every entry is NULL)"));
+        }
+        if let Some((i, r)) = live.iter().find(|(_, r)| r.done.is_some()) {
+            index.write(*i);
+            return r.report(status);
+        }
+        let t = timeout(timeout_ms);
+        let k = if live
+            .iter()
+            .all(|(_, r)| matches!(r.kind, Kind::Recv { req: Some(_), .. }))
+        {
+            wait_any_recv(e, &mut live, t)?
+        } else {
+            wait_any_mixed(e, &mut live, t)?
+        };
+        index.write(live[k].0);
+        live[k].1.report(status)
+    })
+}
+
+/// Waits for the first of several receives with one progress loop.
+fn wait_any_recv(
+    e: &mut Endpoint,
+    live: &mut [(usize, &mut clink_request_t)],
+    t: Option<Duration>,
+) -> R<usize> {
+    let take = |r: &mut clink_request_t| match &mut r.kind {
+        Kind::Recv { req, .. } => req.take(),
+        _ => None,
+    };
+    let mut taken: Vec<RecvRequest> = live.iter_mut().filter_map(|(_, r)| take(r)).collect();
+    let res = e.wait_any_recv(&taken, t);
+    // Give every request back before looking at the outcome.
+    for (_, r) in live.iter_mut().rev() {
+        if let Kind::Recv { req, .. } = &mut r.kind {
+            *req = taken.pop();
+        }
+    }
+    let (k, res) = res?;
+    let r = &mut *live[k].1;
+    r.recv_outcome(e, res.map(Some))?;
+    Ok(k)
+}
+
+/// Waits for the first of requests of several kinds: tests each in turn, spinning a
+/// little, then sleeping on the endpoint's fd between rounds.
+fn wait_any_mixed(
+    e: &mut Endpoint,
+    live: &mut [(usize, &mut clink_request_t)],
+    t: Option<Duration>,
+) -> R<usize> {
+    let start = Instant::now();
+    let spin = Duration::from_micros(50);
+    loop {
+        for (k, (_, r)) in live.iter_mut().enumerate() {
+            if r.test(e)? {
+                return Ok(k);
+            }
+        }
+        let waited = start.elapsed();
+        let left = match t {
+            Some(t) if waited >= t => return Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
+            Some(t) => t - waited,
+            None => Duration::from_millis(100),
+        };
+        if waited >= spin && e.prepare_wait() {
+            let ms = left.as_millis().clamp(1, 100) as c_int;
+            let mut pfd = libc::pollfd {
+                fd: e.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+            e.finish_wait();
+        }
+    }
+}
+
+/// Cancels a request. `*withdrawn` (may be NULL) = 1 when the operation was withdrawn
+/// (the request then completes with `CLINK_ERR_CANCELLED`; a send's buffer is no longer
+/// read), 0 when it was too late: a send already in the peer's ring is delivered (the
+/// request completes with `CLINK_OK`), a receive that already matched a message completes
+/// normally (wait for it). Cancelling a send waits for the receiver's answer (bounded by
+/// its liveness). One-sided requests cannot be cancelled (`CLINK_ERR_INVALID`).
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; `req` a live request of it; `withdrawn` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_cancel(
+    ep: *mut clink_endpoint_t,
+    req: *mut clink_request_t,
+    withdrawn: *mut c_int,
+) -> c_int {
+    with_ep("clink_cancel", ep, |e, h| {
+        let r = req_mut(h, req)?;
+        put_opt(withdrawn, 0);
+        if r.done.is_some() {
+            return Ok(OK);
+        }
+        let cancelled = || String::from("cancelled");
+        match &mut r.kind {
+            Kind::Send { req, peer, tag, len } => {
+                let st = clink_status_t {
+                    peer: *peer,
+                    tag: *tag,
+                    len: *len,
+                };
+                let Some(s) = req.take() else {
+                    return Err(Fail::invalid("request has no operation"));
+                };
+                match e.cancel_send(s) {
+                    Ok(true) => {
+                        put_opt(withdrawn, 1);
+                        r.finish(CLINK_ERR_CANCELLED, st, cancelled());
+                    }
+                    Ok(false) => r.finish(CLINK_OK, st, String::new()),
+                    Err(err) => {
+                        let f = Fail::new(code_of(&err), err.to_string());
+                        r.fail(err);
+                        return Err(f);
+                    }
+                }
+            }
+            Kind::Recv {
+                req: Some(q),
+                aperture,
+                ..
+            } => {
+                let aperture = *aperture;
+                let gone = match e.cancel_recv(q)? {
+                    Some(_) => true,
+                    // A receive into an aperture gives no buffer back: it was withdrawn
+                    // when the endpoint no longer knows it.
+                    None if aperture => matches!(e.test_recv(q), Err(Error::Consumed)),
+                    None => false,
+                };
+                if gone {
+                    put_opt(withdrawn, 1);
+                    if let Kind::Recv { req, .. } = &mut r.kind {
+                        *req = None;
+                    }
+                    r.finish(CLINK_ERR_CANCELLED, clink_status_t::default(), cancelled());
+                }
+            }
+            Kind::Recv { req: None, .. } => {
+                return Err(Fail::invalid("request has no operation"));
+            }
+            Kind::Rma { .. } => {
+                return Err(Fail::invalid("one-sided requests cannot be cancelled"));
+            }
+        }
+        Ok(OK)
+    })
+}
+
+/// The request's number, as carried by `CLINK_EVENT_SEND_DONE`, `CLINK_EVENT_RECV_DONE`
+/// and `CLINK_EVENT_RMA_DONE` events (0 for a NULL request, and for a send complete at
+/// once while request events were not wanted).
+///
+/// Thread safety: any thread not freeing the request.
+///
+/// # Safety
+/// `req` NULL or a live request.
+#[no_mangle]
+pub unsafe extern "C" fn clink_request_id(req: *const clink_request_t) -> u64 {
+    req.as_ref().map_or(0, |r| r.id)
+}
+
+/// Frees a request handle. NULL is ignored. Freeing a pending request does not cancel it:
+/// a send still reads its buffer until it completes on its own (cancel or wait first), a
+/// receive still takes the next matching message (and drops it) unless cancelled first.
+///
+/// Thread safety: no other call may be using this request.
+///
+/// # Safety
+/// `req` NULL or a request not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn clink_request_free(req: *mut clink_request_t) {
+    if !req.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(req))));
+    }
+}
+
+// ------------------------------------------------------------------ in place
+
+/// A message received in place (`clink_recv_in_place`): a small message is read straight
+/// from the sender's ring (zero copies), others from a buffer of the library's. While it
+/// is held, the endpoint is reserved for it: every other call on the endpoint returns
+/// `CLINK_ERR_BUSY` until `clink_inplace_release`.
+pub struct clink_inplace_t {
+    guard: Option<InPlace<'static>>,
+    owner: *const clink_endpoint_t,
+    data: *const u8,
+    len: usize,
+    status: clink_status_t,
+}
+
+/// Receives a message matching `sel` without copying it when it is a small message at the
+/// head of its sender's ring, waiting up to `timeout_ms` (-1 forever). On success `*msg`
+/// holds it: read it with `clink_inplace_data` and give it back with
+/// `clink_inplace_release` (until then the sender's later messages queue behind it and the
+/// endpoint answers `CLINK_ERR_BUSY` to other calls).
+///
+/// Thread safety: one thread at a time per endpoint; the message may be released from
+/// another thread.
+///
+/// # Safety
+/// `ep` a live endpoint; `msg` writable (NULL refused).
+#[no_mangle]
+pub unsafe extern "C" fn clink_recv_in_place(
+    ep: *mut clink_endpoint_t,
+    sel: clink_selector_t,
+    timeout_ms: c_int,
+    msg: *mut *mut clink_inplace_t,
+) -> c_int {
+    ffi("clink_recv_in_place", || {
+        let h = ep_ref(ep)?;
+        need_out(msg, "msg")?;
+        h.lock()?;
+        // SAFETY: locked, and the lock is held for as long as the guard lives (released
+        // by `clink_inplace_release`, which drops the guard first); the endpoint cannot be
+        // freed meanwhile (`clink_endpoint_free` refuses a locked endpoint).
+        let e: &'static mut Endpoint = &mut *h.ep.get();
+        let r = catch_unwind(AssertUnwindSafe(move || {
+            let e = e; // moved: the guard borrows it for 'static
+            e.recv_in_place(sel.to_rust(), timeout(timeout_ms))
+        }));
+        match r {
+            Ok(Ok(g)) => {
+                let (data, len, status) = (g.as_ptr(), g.len(), g.status().into());
+                msg.write(Box::into_raw(Box::new(clink_inplace_t {
+                    guard: Some(g),
+                    owner: h,
+                    data,
+                    len,
+                    status,
+                })));
+                Ok(OK)
+            }
+            Ok(Err(err)) => {
+                h.unlock();
+                Err(err.into())
+            }
+            Err(p) => {
+                h.poisoned.store(true, Ordering::Relaxed);
+                h.unlock();
+                resume_unwind(p)
+            }
+        }
+    })
+}
+
+/// The bytes of an in-place message (NULL for a NULL message or an empty one); `*len`
+/// (may be NULL) gets their length.
+///
+/// Ownership: the bytes belong to the library (the sender's ring) until
+/// `clink_inplace_release`. Thread safety: any thread holding the message.
+///
+/// # Safety
+/// `msg` NULL or a live in-place message; `len` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_inplace_data(
+    msg: *const clink_inplace_t,
+    len: *mut usize,
+) -> *const c_void {
+    match msg.as_ref() {
+        Some(m) => {
+            put_opt(len, m.len);
+            m.data.cast()
+        }
+        None => {
+            put_opt(len, 0);
+            std::ptr::null()
+        }
+    }
+}
+
+/// Copies the status (sender, tag, length) of an in-place message into `*status`.
+///
+/// # Safety
+/// `msg` a live in-place message; `status` writable (NULL refused).
+#[no_mangle]
+pub unsafe extern "C" fn clink_inplace_status(
+    msg: *const clink_inplace_t,
+    status: *mut clink_status_t,
+) -> c_int {
+    ffi("clink_inplace_status", || {
+        let m = msg.as_ref().ok_or_else(|| Fail::null("msg"))?;
+        need_out(status, "status")?;
+        status.write(m.status);
+        Ok(OK)
+    })
+}
+
+/// Gives an in-place message back (frees its ring space, lets the sender go on) and frees
+/// the handle; the endpoint is usable again. NULL is ignored.
+///
+/// Thread safety: once per message, from any thread, while no call is using it.
+///
+/// # Safety
+/// `msg` NULL or a live in-place message.
+#[no_mangle]
+pub unsafe extern "C" fn clink_inplace_release(msg: *mut clink_inplace_t) {
+    if msg.is_null() {
+        return;
+    }
+    let mut m = Box::from_raw(msg);
+    let owner = &*m.owner;
+    let guard = m.guard.take();
+    if catch_unwind(AssertUnwindSafe(|| drop(guard))).is_err() {
+        owner.poisoned.store(true, Ordering::Relaxed);
+    }
+    owner.unlock();
+}
+
+// ------------------------------------------------------------------ claimed slots
+
+/// Space claimed in a peer's ring for one message (`clink_claim`): write the message into
+/// `clink_slot_buf`, then `clink_slot_commit` (or `clink_slot_abandon`). While it is held
+/// the endpoint is reserved for it (`CLINK_ERR_BUSY` to other calls).
+pub struct clink_slot_t {
+    slot: Option<SendSlot<'static>>,
+    owner: *const clink_endpoint_t,
+    buf: *mut u8,
+    len: usize,
+}
+
+/// Claims space for a `len`-byte message to `peer` with `tag` in its ring, waiting up to
+/// `timeout_ms` (-1 forever) for room: the message is written in place (zero copies on the
+/// sending side; over the network into a buffer the link then owns). `len` must not exceed
+/// the peer's eager threshold (`clink_peer_info`), else `CLINK_ERR_TOO_LARGE`.
+///
+/// Ownership: `*slot` is consumed by `clink_slot_commit` or `clink_slot_abandon`.
+/// Thread safety: one thread at a time per endpoint; the endpoint answers `CLINK_ERR_BUSY`
+/// to other calls until the slot is committed or abandoned.
+///
+/// # Safety
+/// `ep` a live endpoint; `slot` writable (NULL refused).
+#[no_mangle]
+pub unsafe extern "C" fn clink_claim(
+    ep: *mut clink_endpoint_t,
+    peer: clink_peer_t,
+    tag: u64,
+    len: usize,
+    timeout_ms: c_int,
+    slot: *mut *mut clink_slot_t,
+) -> c_int {
+    ffi("clink_claim", || {
+        let h = ep_ref(ep)?;
+        need_out(slot, "slot")?;
+        h.lock()?;
+        // SAFETY: as in `clink_recv_in_place`: locked for as long as the slot lives.
+        let e: &'static mut Endpoint = &mut *h.ep.get();
+        let r = catch_unwind(AssertUnwindSafe(move || {
+            let e = e; // moved: the slot borrows it for 'static
+            e.claim(PeerId(peer), tag, len, timeout(timeout_ms))
+                .map(|mut s| {
+                    let b = s.buf();
+                    let (p, n) = (b.as_mut_ptr(), b.len());
+                    (s, p, n)
+                })
+        }));
+        match r {
+            Ok(Ok((s, buf, n))) => {
+                slot.write(Box::into_raw(Box::new(clink_slot_t {
+                    slot: Some(s),
+                    owner: h,
+                    buf,
+                    len: n,
+                })));
+                Ok(OK)
+            }
+            Ok(Err(err)) => {
+                h.unlock();
+                Err(err.into())
+            }
+            Err(p) => {
+                h.poisoned.store(true, Ordering::Relaxed);
+                h.unlock();
+                resume_unwind(p)
+            }
+        }
+    })
+}
+
+/// Where to write the claimed message (`*len`, may be NULL, gets its length). NULL for a
+/// NULL slot.
+///
+/// Ownership: the memory belongs to the library (the peer's ring) until commit/abandon.
+///
+/// # Safety
+/// `slot` NULL or a live slot; `len` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_slot_buf(slot: *mut clink_slot_t, len: *mut usize) -> *mut c_void {
+    match slot.as_ref() {
+        Some(s) => {
+            put_opt(len, s.len);
+            s.buf.cast()
+        }
+        None => {
+            put_opt(len, 0);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+unsafe fn end_slot(slot: *mut clink_slot_t, commit: bool) -> c_int {
+    ffi("clink_slot_commit", || {
+        if slot.is_null() {
+            return Err(Fail::null("slot"));
+        }
+        let mut b = Box::from_raw(slot);
+        let owner = &*b.owner;
+        let s = b.slot.take();
+        let r = catch_unwind(AssertUnwindSafe(|| match s {
+            Some(s) if commit => s.commit(),
+            s => drop(s),
+        }));
+        if r.is_err() {
+            owner.poisoned.store(true, Ordering::Relaxed);
+        }
+        owner.unlock();
+        if let Err(p) = r {
+            resume_unwind(p);
+        }
+        Ok(OK)
+    })
+}
+
+/// Publishes the claimed message and frees the slot; the endpoint is usable again.
+/// `CLINK_ERR_NULL` for NULL. A peer that died meanwhile is reported by the next call.
+///
+/// Thread safety: once per slot, from any thread, while no call is using it.
+///
+/// # Safety
+/// `slot` NULL or a live slot.
+#[no_mangle]
+pub unsafe extern "C" fn clink_slot_commit(slot: *mut clink_slot_t) -> c_int {
+    end_slot(slot, true)
+}
+
+/// Abandons the claimed message (nothing is sent) and frees the slot. NULL is ignored.
+///
+/// # Safety
+/// `slot` NULL or a live slot.
+#[no_mangle]
+pub unsafe extern "C" fn clink_slot_abandon(slot: *mut clink_slot_t) {
+    if !slot.is_null() {
+        end_slot(slot, false);
+    }
+}
