@@ -100,6 +100,60 @@ typedef enum clink_event_kind {
   CLINK_EVENT_USER = 10,
 } clink_event_kind;
 
+// Result codes of the C API: `CLINK_OK` (0) and `CLINK_AGAIN` (1, not an error) and the
+// negative `CLINK_ERR_*` errors. Functions return them as `int`.
+typedef enum clink_error {
+  // Success.
+  CLINK_OK = 0,
+  // Not an error: a test found the request still pending, or a non-blocking poll
+  // (probe, next event, event post) found nothing or no room.
+  CLINK_AGAIN = 1,
+  // A required pointer argument was NULL.
+  CLINK_ERR_NULL = -1,
+  // An argument is invalid (bad aperture, tripwire, range, request of another endpoint,
+  // non-UTF-8 string, ...).
+  CLINK_ERR_INVALID = -2,
+  // A system call failed.
+  CLINK_ERR_IO = -3,
+  // A `CLINK_*` environment variable is unknown or has a bad value.
+  CLINK_ERR_CONFIG = -4,
+  // A peer broke the protocol (its connection is dropped).
+  CLINK_ERR_PROTOCOL = -5,
+  // An address string could not be parsed.
+  CLINK_ERR_ADDRESS = -6,
+  // Connecting failed (unreachable, refused, timed out after `CLINK_CONNECT_TIMEOUT_MS`).
+  CLINK_ERR_CONNECT = -7,
+  // The peer exited, was killed, closed or was disconnected.
+  CLINK_ERR_PEER_DEAD = -8,
+  // No such peer on this endpoint.
+  CLINK_ERR_UNKNOWN_PEER = -9,
+  // The message was longer than the receive buffer: the buffer holds its first bytes and
+  // the status's `len` its full length.
+  CLINK_ERR_TRUNCATED = -10,
+  // A wait ran out of time; the request (if any) is still pending.
+  CLINK_ERR_TIMEOUT = -11,
+  // The request was cancelled.
+  CLINK_ERR_CANCELLED = -12,
+  // The request's result was already taken.
+  CLINK_ERR_CONSUMED = -13,
+  // A size is outside what the operation supports.
+  CLINK_ERR_TOO_LARGE = -14,
+  // The target of a one-sided access refused it (bad or revoked cookie, out of the
+  // window, missing right, misaligned atomic).
+  CLINK_ERR_REFUSED = -15,
+  // The endpoint was used from a forked child: create a new context there.
+  CLINK_ERR_FORKED = -16,
+  // The endpoint is in use: by another thread right now, or held by an in-place
+  // receive or a claimed send slot not yet released.
+  CLINK_ERR_BUSY = -17,
+  // A Rust panic was caught inside the library; an endpoint it happened in is unusable
+  // from then on (every call returns this code; free it).
+  CLINK_ERR_PANIC = -18,
+  // Not possible over this peer's transport (e.g. connection statistics of a
+  // shared-memory peer).
+  CLINK_ERR_UNSUPPORTED = -19,
+} clink_error;
+
 // A context (`clink_context_create`): the configuration read from the `CLINK_*`
 // environment variables, the measured cost model and the host identity. One per process
 // is enough.
