@@ -30,7 +30,7 @@ int main(void) {
     clink_endpoint_t *ep;
     clink_peer_t peer;
     pid_t pid = fork_pair(&ctx, &ep, &peer);
-    uint8_t *bufs = malloc((size_t)WINDOW * MSG);
+    uint8_t *bufs = calloc(WINDOW, MSG); /* every byte sent is initialised */
     if (!bufs) return 1;
     clink_request_t *reqs[WINDOW] = {0};
     uint32_t seq_of[WINDOW];
