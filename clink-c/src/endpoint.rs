@@ -120,8 +120,7 @@ pub unsafe extern "C" fn clink_endpoint_free(ep: *mut clink_endpoint_t) -> c_int
 /// `ep` must be NULL or a live endpoint.
 #[no_mangle]
 pub unsafe extern "C" fn clink_endpoint_address(ep: *const clink_endpoint_t) -> *const c_char {
-    ep.as_ref()
-        .map_or(std::ptr::null(), |h| h.address.as_ptr())
+    ep.as_ref().map_or(std::ptr::null(), |h| h.address.as_ptr())
 }
 
 /// Connects to the endpoint at `address` (a string from its `clink_endpoint_address`) and
@@ -323,7 +322,9 @@ pub unsafe extern "C" fn clink_endpoint_fd(ep: *mut clink_endpoint_t) -> c_int {
 /// `ep` a live endpoint.
 #[no_mangle]
 pub unsafe extern "C" fn clink_prepare_wait(ep: *mut clink_endpoint_t) -> c_int {
-    with_ep("clink_prepare_wait", ep, |e, _| Ok(c_int::from(e.prepare_wait())))
+    with_ep("clink_prepare_wait", ep, |e, _| {
+        Ok(c_int::from(e.prepare_wait()))
+    })
 }
 
 /// Withdraws the doorbell requests of a `clink_prepare_wait` that returned 1 (call it

@@ -259,7 +259,10 @@ pub unsafe extern "C" fn clink_event_sender_create(
 /// # Safety
 /// `sender` a live event sender.
 #[no_mangle]
-pub unsafe extern "C" fn clink_event_post(sender: *const clink_event_sender_t, value: u64) -> c_int {
+pub unsafe extern "C" fn clink_event_post(
+    sender: *const clink_event_sender_t,
+    value: u64,
+) -> c_int {
     ffi("clink_event_post", || {
         let s = sender.as_ref().ok_or_else(|| Fail::null("sender"))?;
         Ok(if s.s.post(value) { OK } else { AGAIN })

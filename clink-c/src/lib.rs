@@ -139,12 +139,11 @@ pub extern "C" fn clink_last_error() -> *const c_char {
 /// Thread safety: any thread. Ownership: static; do not free it.
 #[no_mangle]
 pub extern "C" fn clink_version() -> *const c_char {
-    static V: &CStr = match CStr::from_bytes_with_nul(
-        concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes(),
-    ) {
-        Ok(s) => s,
-        Err(_) => c"unknown",
-    };
+    static V: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => c"unknown",
+        };
     V.as_ptr()
 }
 

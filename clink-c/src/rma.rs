@@ -402,7 +402,10 @@ pub unsafe extern "C" fn clink_import(
         let c = cookie.as_ref().ok_or_else(|| Fail::null("cookie"))?;
         need_out(remote, "remote")?;
         let r = e.import(PeerId(peer), decode(c)?)?;
-        remote.write(Box::into_raw(Box::new(clink_remote_t { owner: h.key(), r })));
+        remote.write(Box::into_raw(Box::new(clink_remote_t {
+            owner: h.key(),
+            r,
+        })));
         Ok(OK)
     })
 }
@@ -898,12 +901,14 @@ pub unsafe extern "C" fn clink_tripwire(
 ) -> c_int {
     with_ep("clink_tripwire", ep, |e, _| {
         need_out(trip, "trip")?;
-        let o = opts.as_ref().map_or(TripOptions::default(), |o| TripOptions {
-            reads: o.reads != 0,
-            writes: o.writes != 0,
-            once: o.once != 0,
-            event: o.event != 0,
-        });
+        let o = opts
+            .as_ref()
+            .map_or(TripOptions::default(), |o| TripOptions {
+                reads: o.reads != 0,
+                writes: o.writes != 0,
+                once: o.once != 0,
+                event: o.event != 0,
+            });
         let t = e.tripwire(ApertureId(ap.id), offset, len, o)?;
         trip.write(t.into());
         Ok(OK)

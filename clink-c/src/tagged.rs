@@ -34,10 +34,7 @@ pub(crate) unsafe fn lent_bytes(p: *const c_void, len: usize) -> R<Bytes> {
     if len != 0 && p.is_null() {
         return Err(Fail::null("buf"));
     }
-    Ok(Bytes::from_owner(Lent {
-        ptr: p.cast(),
-        len,
-    }))
+    Ok(Bytes::from_owner(Lent { ptr: p.cast(), len }))
 }
 
 /// The status of a truncated receive: its full length, and the selector's peer and tag
@@ -268,7 +265,11 @@ impl clink_request_t {
 
     /// A receive's outcome: `Ok(true)` once complete (result stored), `Ok(false)` while
     /// pending, `Err` for a timeout (the request stays pending).
-    fn recv_outcome(&mut self, e: &mut Endpoint, res: clink_rs::Result<Option<Received>>) -> R<bool> {
+    fn recv_outcome(
+        &mut self,
+        e: &mut Endpoint,
+        res: clink_rs::Result<Option<Received>>,
+    ) -> R<bool> {
         let Kind::Recv {
             req,
             dst,
@@ -320,7 +321,12 @@ impl clink_request_t {
             return Ok(true);
         }
         match &mut self.kind {
-            Kind::Send { req, peer, tag, len } => {
+            Kind::Send {
+                req,
+                peer,
+                tag,
+                len,
+            } => {
                 let st = clink_status_t {
                     peer: *peer,
                     tag: *tag,
@@ -392,7 +398,12 @@ impl clink_request_t {
             return Ok(());
         }
         match &mut self.kind {
-            Kind::Send { req, peer, tag, len } => {
+            Kind::Send {
+                req,
+                peer,
+                tag,
+                len,
+            } => {
                 let st = clink_status_t {
                     peer: *peer,
                     tag: *tag,
@@ -444,10 +455,7 @@ impl clink_request_t {
 }
 
 /// The request behind a C pointer, checked to belong to `h`.
-unsafe fn req_mut<'a>(
-    h: &clink_endpoint_t,
-    r: *mut clink_request_t,
-) -> R<&'a mut clink_request_t> {
+unsafe fn req_mut<'a>(h: &clink_endpoint_t, r: *mut clink_request_t) -> R<&'a mut clink_request_t> {
     let r = r.as_mut().ok_or_else(|| Fail::null("request"))?;
     if r.owner != h.key() {
         return Err(Fail::invalid("the request belongs to another endpoint"));
@@ -763,7 +771,12 @@ pub unsafe extern "C" fn clink_cancel(
         }
         let cancelled = || String::from("cancelled");
         match &mut r.kind {
-            Kind::Send { req, peer, tag, len } => {
+            Kind::Send {
+                req,
+                peer,
+                tag,
+                len,
+            } => {
                 let st = clink_status_t {
                     peer: *peer,
                     tag: *tag,

@@ -31,7 +31,11 @@ fn lib_dir() -> PathBuf {
 
 #[test]
 fn c_suite() {
-    for (tool, package) in [("cc", "gcc"), ("valgrind", "valgrind"), ("timeout", "coreutils")] {
+    for (tool, package) in [
+        ("cc", "gcc"),
+        ("valgrind", "valgrind"),
+        ("timeout", "coreutils"),
+    ] {
         assert!(
             on_path(tool),
             "the C suite needs `{tool}`, which is not installed: apt-get install -y {package} \

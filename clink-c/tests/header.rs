@@ -6,8 +6,8 @@ use std::path::PathBuf;
 #[test]
 fn header_is_current() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let config = cbindgen::Config::from_file(dir.join("cbindgen.toml"))
-        .expect("read clink-c/cbindgen.toml");
+    let config =
+        cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("read clink-c/cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_crate(&dir)
         .with_config(config)
