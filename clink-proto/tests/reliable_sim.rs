@@ -923,3 +923,76 @@ fn a_bulk_sender_acks_what_it_received_before_its_burst() {
         "the answer is acknowledged by the burst's first datagram"
     );
 }
+
+#[test]
+fn a_caller_away_for_a_minute_is_not_dead_and_does_not_judge_its_peer_on_the_gap() {
+    // b's application computes for 60 s without calling in. Its beacons (pings sent for
+    // it by the runtime's keepalive thread: stateless, floor 0) keep a from declaring it
+    // dead; a's own traffic waits in b's socket. When b comes back, its timers run
+    // first: the gap is its own absence, not the peer's silence.
+    let cfg = Config {
+        dead_after: 2 * SEC,
+        keepalive: 500 * MS,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg.clone(), 0));
+    let beacon = {
+        let mut buf = Vec::new();
+        Datagram::Ping {
+            conn: cfg.conn_id,
+            floor: 0,
+        }
+        .encode(&mut buf);
+        buf
+    };
+    let mut now = 0;
+    a.send(1, b"before").unwrap();
+    for d in transmit_all(&mut a, now) {
+        b.handle_datagram(now, &d).unwrap();
+    }
+    assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    let mut queued_at_b = Vec::new();
+    let away_until = now + 60 * SEC;
+    while now < away_until {
+        now += 100 * MS;
+        if now % (400 * MS) == 0 {
+            a.handle_datagram(now, &beacon).unwrap();
+        }
+        if a.poll_timeout().is_some_and(|t| t <= now) {
+            a.handle_timeout(now);
+        }
+        queued_at_b.extend(transmit_all(&mut a, now));
+        assert!(!a.is_dead(), "a declared b dead at {now}");
+    }
+    // b is back: timers first (as a progress pass may), then what waited in its socket.
+    b.handle_timeout(now);
+    assert!(!b.is_dead(), "b judged a on its own absence");
+    assert_eq!(b.stats().absences_excused, 1);
+    for d in &queued_at_b {
+        b.handle_datagram(now, d).unwrap();
+    }
+    b.send(2, b"after").unwrap();
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now + OWD, &d).unwrap();
+    }
+    let got = std::iter::from_fn(|| a.poll_event()).any(|e| matches!(e, Event::Message { .. }));
+    assert!(got, "the exchange resumes");
+    // A peer that really went away meanwhile is still found dead: a full timeout after
+    // the return, not at once and not never.
+    let back = now;
+    let mut dead_at = None;
+    while dead_at.is_none() && now < back + 10 * SEC {
+        now += 10 * MS;
+        if b.poll_timeout().is_some_and(|t| t <= now) {
+            b.handle_timeout(now);
+        }
+        let _ = transmit_all(&mut b, now); // lost: a is gone
+        while let Some(e) = b.poll_event() {
+            if e == Event::PeerDead {
+                dead_at = Some(now);
+            }
+        }
+    }
+    let after = dead_at.expect("declared dead") - back;
+    assert!((2 * SEC..=2 * SEC + 600 * MS).contains(&after), "{after}");
+}

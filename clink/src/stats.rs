@@ -125,6 +125,9 @@ pub struct Stats {
     /// Network path: datagrams sent through the receive ring's packet socket to a peer
     /// one hop away (also counted in `datagrams_sent`).
     pub ring_sent: u64,
+    /// Network path: keepalive rounds the endpoint's keepalive thread sent to its UDP
+    /// peers while the application made no call.
+    pub keepalive_rounds: u64,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
     pub fast_granted: u64,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).

@@ -445,6 +445,39 @@ fn peer_killed_under_steady_traffic_from_another_is_noticed() {
 }
 
 #[test]
+fn sigkill_of_a_udp_peer_is_told_by_its_hosts_port_unreachable() {
+    // Over UDP nothing is sent when a process dies; but the next datagram to its port
+    // comes back from its kernel as ICMP "port unreachable". With a liveness timeout of
+    // 60 s, only that answer can fail the send within the bound.
+    let mut config = net_config();
+    if let Some(u) = config.udp.as_mut() {
+        u.dead_after = Duration::from_secs(60);
+    }
+    let env = transport_env(true);
+    let (mut ep, peer, mut child) = setup("stubborn", config, &env);
+    assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
+    assert_eq!(ep.transport(peer).unwrap(), "udp");
+    child.kill();
+    child.reap();
+    let t0 = Instant::now();
+    // An eager message (complete once queued): its first transmission meets the closed
+    // port, and the receive posted for the answer fails.
+    let s = ep.isend(peer, 1, vec![7u8; 100]).unwrap();
+    let q = ep
+        .irecv(Selector::exact(Some(peer), 2), vec![0u8; 8])
+        .unwrap();
+    let r = ep.wait_recv(&q, Some(DETECT)).map(|got| got.status);
+    println!("UDP peer's kill -9 detected in {:?}", t0.elapsed());
+    assert!(
+        matches!(r, Err(Error::PeerDead(p)) if p == peer),
+        "expected PeerDead, got {r:?}"
+    );
+    drop(s);
+    let why = ep.last_error().unwrap_or_default().to_string();
+    assert!(why.contains("port unreachable"), "{why}");
+}
+
+#[test]
 fn connect_to_exited_endpoint_is_refused() {
     let seed = seed(34);
     let ctx = ctx();

@@ -18,8 +18,10 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // speculation kept armed however much it misses (CLINK_UDP_SPEC_BACKOFF=0); "sleepy":
     // no busy-polling, every wait sleeps at once (CLINK_SPIN_US=0); "noring": no receive
     // ring (CLINK_UDP_RING=0: the sockets alone; "ring" says the default, on); "hash": bulk
-    // payloads hashed end to end (CLINK_UDP_PAYLOAD_HASH=1).
+    // payloads hashed end to end (CLINK_UDP_PAYLOAD_HASH=1); "nothread": no keepalive
+    // thread (CLINK_NET_KEEPALIVE_THREAD=0).
     let udp = UdpConfig {
+        keepalive_thread: !faults.contains("nothread"),
         payload_hash: faults.contains("hash"),
         ring: !faults.contains("noring"),
         bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
@@ -40,6 +42,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
                 .replace("nosteer", "")
                 .replace("noring", "")
                 .replace("hash", "")
+                .replace("nothread", "")
                 .replace("ring", ""),
         )
         .unwrap(),
@@ -601,12 +604,13 @@ fn hostile_datagrams_are_dropped_and_counted() {
 
 #[test]
 fn a_silent_peer_is_declared_dead_and_its_requests_fail() {
-    let ((mut a, pa), (b, _pb)) = pair("", 300);
+    let ((mut a, pa), (b, _pb)) = pair("nothread", 300);
     let r = a
         .irecv(Selector::exact(Some(pa), 1), vec![0u8; 16])
         .unwrap();
-    // Vanish without a goodbye (as kill -9 would): leak the endpoint so its Drop does
-    // not close the connection.
+    // Vanish without a goodbye, as a host that is gone would: leak the endpoint so its
+    // Drop does not close the connection (and it has no keepalive thread to speak for
+    // it).
     std::mem::forget(b);
     let t = Instant::now();
     match a.wait_recv(&r, Some(T)) {
@@ -616,6 +620,42 @@ fn a_silent_peer_is_declared_dead_and_its_requests_fail() {
     let took = t.elapsed();
     assert!(took < Duration::from_secs(3), "took {took:?}");
     assert!(!a.is_alive(pa));
+}
+
+#[test]
+fn a_peer_that_stops_calling_in_stays_alive_and_resumes() {
+    // B computes for ten times the liveness timeout without calling into its endpoint;
+    // its keepalive thread speaks for it. A waits meanwhile with a rendezvous send
+    // outstanding. Neither declares the other dead (B's connection does not judge A on
+    // silence it was not there to hear), and the send completes once B calls again.
+    let ((mut a, pa), (mut b, pb)) = pair("", 300);
+    let big = common::pattern(5, 4 << 20);
+    let s = a.isend(pa, 5, big.clone()).unwrap();
+    let r = a
+        .irecv(Selector::exact(Some(pa), 6), vec![0u8; 16])
+        .unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_secs(3))),
+        Err(Error::Timeout)
+    ));
+    assert!(a.is_alive(pa), "{:?}", a.last_error());
+    // B calls in again (on a thread of its own: A must progress to move the payload).
+    let back = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4 << 20];
+        let st = b
+            .recv_timeout(Selector::exact(Some(pb), 5), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 4 << 20);
+        assert!(buf == big, "payload damaged");
+        b.send(pb, 6, b"back").unwrap();
+        assert!(b.is_alive(pb), "{:?}", b.last_error());
+        b
+    });
+    a.wait_send(&s, Some(T)).unwrap();
+    let got = a.wait_recv(&r, Some(T)).unwrap();
+    assert_eq!(&got.buf[..got.status.len as usize], b"back");
+    let b = back.join().unwrap();
+    assert!(b.stats().keepalive_rounds >= 5, "{:?}", b.stats());
 }
 
 #[test]

@@ -328,6 +328,9 @@ pub struct Stats {
     pub congestion_events: u64,
     /// Tail loss probes sent.
     pub tail_probes: u64,
+    /// Times the caller came back from an absence (no call for two keepalive intervals)
+    /// and the liveness timeout restarted instead of judging the peer on the gap.
+    pub absences_excused: u64,
     /// Retransmission timeouts answered with a probe only (the first in a row; counted
     /// in `timeouts` too).
     pub rto_probes: u64,
@@ -605,6 +608,8 @@ pub struct Conn {
     // --- liveness ---
     last_recv: u64,
     last_ping: u64,
+    /// The latest time the caller drove the connection (any call that passes `now`).
+    last_driven: u64,
     ping_pending: bool,
     dead: bool,
     stats: Stats,
@@ -683,6 +688,7 @@ impl Conn {
             nak_ranges: Vec::new(),
             last_recv: now,
             last_ping: now,
+            last_driven: now,
             ping_pending: false,
             dead: false,
             stats: Stats::default(),
@@ -876,6 +882,18 @@ impl Conn {
     pub fn handle_timeout(&mut self, now: u64) {
         if self.dead {
             return;
+        }
+        // Silence the caller did not watch is not the peer's. With keepalives on, a
+        // present caller runs the timers at least every keepalive interval; a gap of two
+        // or more means it was away (computing without calling in, descheduled, stopped),
+        // and whatever the peer sent meanwhile waited in a socket the caller had not read.
+        // The peer gets a full timeout from now instead of being judged on that gap.
+        let away = self.cfg.keepalive > 0
+            && now.saturating_sub(self.last_driven) >= 2 * self.cfg.keepalive;
+        self.last_driven = self.last_driven.max(now);
+        if away {
+            self.stats.absences_excused += 1;
+            self.last_recv = self.last_recv.max(now);
         }
         if self.liveness_watched() && now >= self.last_recv + self.cfg.dead_after {
             self.dead = true;
@@ -1114,6 +1132,7 @@ impl Conn {
         if self.dead {
             return Err(RecvError::PeerDead);
         }
+        self.last_driven = self.last_driven.max(now);
         let d = match Datagram::parse(bytes) {
             Ok(d) => d,
             Err(e) => {
@@ -1406,6 +1425,7 @@ impl Conn {
         if self.dead {
             return Err(RecvError::PeerDead);
         }
+        self.last_driven = self.last_driven.max(now);
         match self.on_bulk(now, hdr) {
             Ok(fresh) => {
                 self.last_recv = now;
@@ -1687,6 +1707,7 @@ impl Conn {
         if self.dead {
             return None;
         }
+        self.last_driven = self.last_driven.max(now);
         let mut group_start = false;
         let mut bulk = false;
         let mut payload: &'s [u8] = &[];
@@ -1709,7 +1730,9 @@ impl Conn {
             self.advertised_limit = ack.limit;
             Datagram::Nak { conn, ack }.encode(buf)
         } else if self.ack_now
-            || self.ack_deadline.is_some_and(|d| d <= now || self.bulk_outstanding > 0)
+            || self
+                .ack_deadline
+                .is_some_and(|d| d <= now || self.bulk_outstanding > 0)
         {
             // With a bulk transfer to send, a pending ack goes at once: bulk fragments
             // carry none, and a transfer of megabytes leaves in one burst that can outlast

@@ -2205,9 +2205,6 @@ impl Endpoint {
                 if let Some(n) = self.net_timer() {
                     t = t.min(n);
                 }
-                if let Some(n) = self.tcp_timer() {
-                    t = t.min(n);
-                }
                 woken = self.check_events(Some(t), true);
                 self.finish_wait();
                 if woken {

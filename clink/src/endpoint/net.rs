@@ -292,6 +292,7 @@ impl Endpoint {
         // Timers and admission decisions with the receive's reading of the clock.
         let now = net.read_at();
         let mut dead = Vec::new();
+        let mut unreachable = Vec::new();
         for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
             let Link::Udp(u) = &mut p.link else { continue };
             if u.tick(now) {
@@ -306,6 +307,11 @@ impl Endpoint {
                 u.answer_admit(answer, revoked);
             }
         });
+        for (i, port) in net.take_unreachable() {
+            if !dead.contains(&i) && self.peers.get(i).is_some_and(|p| p.alive) {
+                unreachable.push((i, port));
+            }
+        }
         let accepted = net.take_accepted();
         self.watch_new_sockets();
         self.finish_bulk();
@@ -318,6 +324,14 @@ impl Endpoint {
         }
         for i in dead {
             self.udp_peer_dead(i);
+        }
+        for (i, port) in unreachable {
+            let why = if port {
+                "its host answered 'port unreachable': no process listens there any more"
+            } else {
+                "its host or network is unreachable"
+            };
+            self.fail_peer(i, format!("{}: {why}", PeerId(i as u32)));
         }
         if let Some(net) = self.net.as_mut() {
             net.flush(); // welcomes answering hellos
@@ -639,6 +653,7 @@ impl Endpoint {
         s.datagrams_received += t.ring_datagrams;
         s.ring_full_drops += t.ring_full_drops;
         s.ring_sent += t.ring_sent;
+        s.keepalive_rounds += t.keepalive_rounds;
         s.datagrams_sent += t.ring_sent;
         s.malformed_dropped += t.ring_malformed;
         let f = net.fault_stats();

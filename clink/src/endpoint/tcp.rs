@@ -122,9 +122,6 @@ impl Endpoint {
             did |= self.tcp_read(i);
             k = self.tcp_next(k, i);
         }
-        if self.tcp_peer(0).is_some() {
-            self.tcp_liveness();
-        }
         did
     }
 
@@ -185,50 +182,6 @@ impl Endpoint {
         self.stats.frames_received += 1;
         self.fast_streak += 1;
         Some(result)
-    }
-
-    /// Keepalives on idle connections; peers silent for the liveness timeout are declared
-    /// dead (a process that stopped without its kernel closing the connection: hung,
-    /// stopped, or behind a network that is gone).
-    fn tcp_liveness(&mut self) {
-        let Some((dead_after, keepalive)) = self.tcp.as_ref().map(TcpTransport::liveness) else {
-            return;
-        };
-        let now = Instant::now();
-        let mut k = 0;
-        while let Some(i) = self.tcp_peer(k) {
-            let dead = match &mut self.peers[i].link {
-                Link::Tcp(t) => t.tick(now, keepalive, dead_after),
-                _ => false,
-            };
-            if dead {
-                self.fail_peer(
-                    i,
-                    format!(
-                        "{} sent nothing over TCP for {dead_after:?}: declared dead",
-                        PeerId(i as u32)
-                    ),
-                );
-            }
-            k = self.tcp_next(k, i);
-        }
-    }
-
-    /// How long a sleeping endpoint may wait before a TCP keepalive or liveness deadline
-    /// needs it.
-    pub(super) fn tcp_timer(&self) -> Option<Duration> {
-        let (dead_after, keepalive) = self.tcp.as_ref()?.liveness();
-        let next = self
-            .tcp
-            .as_ref()?
-            .peers
-            .iter()
-            .filter_map(|&i| match &self.peers[i].link {
-                Link::Tcp(t) => Some(t.next_tick(keepalive, dead_after)),
-                _ => None,
-            })
-            .min()?;
-        Some(next.saturating_duration_since(Instant::now()))
     }
 
     /// The `k`th peer on the TCP transport's list.

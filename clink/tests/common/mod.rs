@@ -37,7 +37,13 @@ pub fn transport_ctx(net: bool) -> Context {
     if !net {
         return ctx();
     }
-    ctx_with(Config {
+    ctx_with(net_config())
+}
+
+/// UDP on loopback even on one host, no calibration (see [`transport_ctx`]).
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn net_config() -> Config {
+    Config {
         calibrate: false,
         force_net: true,
         udp: Some(clink::transport::udp::UdpConfig {
@@ -45,7 +51,7 @@ pub fn transport_ctx(net: bool) -> Context {
             ..Default::default()
         }),
         ..Config::default()
-    })
+    }
 }
 
 /// The child's environment matching [`transport_ctx`].

@@ -11,7 +11,7 @@ use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
 use std::mem::MaybeUninit;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Frame bytes queued (not yet written) beyond which `try_send` reports the link full.
 const TX_BOUND: usize = 4 << 20;
@@ -198,12 +198,6 @@ pub struct TcpLink {
     /// happen inside the handling of a frame, where failing the peer at once would handle
     /// the frames again).
     pub failed: Option<LinkError>,
-    /// Bytes were read / written since the last [`TcpLink::tick`].
-    rx_seen: bool,
-    tx_done: bool,
-    /// When bytes were last read from the peer / written to it (as of the last tick).
-    last_rx: Instant,
-    last_tx: Instant,
 }
 
 // SAFETY: the raw pointers point into request buffers owned by the endpoint that owns
@@ -211,10 +205,12 @@ pub struct TcpLink {
 unsafe impl Send for TcpLink {}
 
 impl TcpLink {
-    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`.
-    pub fn new(sock: TcpStream, speculate: bool) -> io::Result<TcpLink> {
+    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`, and liveness left to the
+    /// kernel ([`kernel_liveness`]) with `dead_after` as its bound.
+    pub fn new(sock: TcpStream, speculate: bool, dead_after: Duration) -> io::Result<TcpLink> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
+        kernel_liveness(&sock, dead_after)?;
         Ok(TcpLink {
             sock,
             remote_id: 0,
@@ -240,10 +236,6 @@ impl TcpLink {
             stats: TcpStats::default(),
             out_armed: false,
             failed: None,
-            rx_seen: false,
-            tx_done: false,
-            last_rx: Instant::now(),
-            last_tx: Instant::now(),
         })
     }
 
@@ -335,29 +327,6 @@ impl TcpLink {
         self.incoming.clear();
         self.dests.clear();
         self.cur = None;
-    }
-
-    /// Liveness, once per progress pass: queues a keepalive when nothing was written for
-    /// `keepalive`, and returns true when the peer sent nothing for `dead_after` (it
-    /// stopped: exited without a trace, hung, or its network is gone). A link that stopped
-    /// reading because its own frame queue is full does not count the peer as silent.
-    pub fn tick(&mut self, now: Instant, keepalive: Duration, dead_after: Duration) -> bool {
-        if std::mem::take(&mut self.rx_seen) || self.rxq.full() {
-            self.last_rx = now;
-        }
-        if std::mem::take(&mut self.tx_done) || self.wants_write() {
-            self.last_tx = now;
-        } else if now.saturating_duration_since(self.last_tx) >= keepalive {
-            self.queue_record(&Header::keepalive().encode());
-            self.last_tx = now;
-        }
-        now.saturating_duration_since(self.last_rx) >= dead_after
-    }
-
-    /// When [`TcpLink::tick`] next has something to do (a keepalive or the liveness
-    /// deadline).
-    pub fn next_tick(&self, keepalive: Duration, dead_after: Duration) -> Instant {
-        (self.last_tx + keepalive).min(self.last_rx + dead_after)
     }
 
     /// True when no rendezvous transfer is under way either way.
@@ -497,7 +466,6 @@ impl TcpLink {
             if n > 0 {
                 self.stats.writes += 1;
                 self.stats.bytes_sent += n as u64;
-                self.tx_done = true;
             }
             self.advance(n);
             did = true;
@@ -526,7 +494,6 @@ impl TcpLink {
                 Some(r) => r,
             };
             did = true;
-            self.rx_seen = true;
             self.stats.reads += 1;
             self.stats.bytes_received += r.n as u64;
             self.parse()?;
@@ -830,6 +797,26 @@ impl TcpLink {
     }
 }
 
+/// Hands a connection's liveness to the kernel, which keeps it whatever the application
+/// does (TCP's own guarantee): keepalive probes after a quarter of `dead_after` of
+/// silence (whole seconds, at least one), and the connection aborted (reads and writes
+/// then fail with `ETIMEDOUT`) when sent data or probes stay unacknowledged for
+/// `dead_after` (`TCP_USER_TIMEOUT`, which bounds the probes too). A peer process that
+/// stops calling in is therefore never declared dead; one that exits is seen at once
+/// (its kernel closes the connection); a host that is gone, or a path cut, within about
+/// `dead_after` plus a probe interval.
+fn kernel_liveness(sock: &TcpStream, dead_after: Duration) -> io::Result<()> {
+    use crate::sys::setsockopt;
+    let fd = sock.as_raw_fd();
+    let probe = (dead_after.as_secs() / 4).clamp(1, i32::MAX as u64) as libc::c_int;
+    let user = dead_after.as_millis().clamp(1, u32::MAX as u128) as libc::c_uint;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, &1 as &libc::c_int)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, &probe)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, &probe)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, &user)?;
+    Ok(())
+}
+
 #[cfg(test)]
 impl TcpLink {
     /// Bytes of transfer `xfer` known valid at its place (a prefix: pieces arrive in
@@ -870,7 +857,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (r, _) = l.accept().unwrap();
-        let mut link = TcpLink::new(r, speculate).unwrap();
+        let mut link = TcpLink::new(r, speculate, Duration::from_secs(2)).unwrap();
         link.handshake = Some((
             Kind::Hello,
             Handshake {

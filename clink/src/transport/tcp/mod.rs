@@ -101,11 +101,6 @@ impl TcpTransport {
         })
     }
 
-    /// Silence after which a peer is declared dead, and the keepalive period.
-    pub fn liveness(&self) -> (Duration, Duration) {
-        (self.cfg.dead_after, self.cfg.dead_after / 4)
-    }
-
     /// The address peers reach this endpoint at.
     pub fn advertised(&self) -> SocketAddrV4 {
         self.advertised
@@ -131,7 +126,7 @@ impl TcpTransport {
         timeout: Duration,
     ) -> std::io::Result<TcpLink> {
         let sock = TcpStream::connect_timeout(&dest.into(), timeout)?;
-        let mut link = TcpLink::new(sock, self.cfg.speculate)?;
+        let mut link = TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after)?;
         link.remote_id = remote_id;
         link.queue_record(
             &Handshake {
@@ -168,16 +163,18 @@ impl TcpTransport {
         let mut fds = Vec::new();
         loop {
             match self.listener.accept() {
-                Ok((sock, _)) => match TcpLink::new(sock, self.cfg.speculate) {
-                    Ok(link) => {
-                        fds.push(link.fd());
-                        self.incoming.push(Incoming {
-                            link,
-                            since: Instant::now(),
-                        });
+                Ok((sock, _)) => {
+                    match TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after) {
+                        Ok(link) => {
+                            fds.push(link.fd());
+                            self.incoming.push(Incoming {
+                                link,
+                                since: Instant::now(),
+                            });
+                        }
+                        Err(e) => tracing::warn!("TCP accept: {e}"),
                     }
-                    Err(e) => tracing::warn!("TCP accept: {e}"),
-                },
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {

@@ -17,6 +17,7 @@
 
 pub mod bulk;
 pub mod faults;
+pub mod keepalive;
 pub mod peers;
 pub mod ring;
 pub mod sock;
@@ -31,6 +32,7 @@ use clink_proto::reliable::packet::{
 use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
 use clink_proto::spec::{self, Check, Confidence, Displaced, Layout, Move, Segment};
 use clink_proto::wire::Frame;
+use keepalive::Keepalive;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
@@ -164,6 +166,10 @@ pub struct UdpConfig {
     /// TCP leaves its stream to its own, and only bulk headers carry clink's checksum
     /// ([`clink_proto::reliable::packet::BulkHeader::hashed`]).
     pub payload_hash: bool,
+    /// A thread that pings every peer while the application makes no receive pass for
+    /// a keepalive interval ([`keepalive`]), so that a process computing for minutes is
+    /// not declared dead by its peers.
+    pub keepalive_thread: bool,
 }
 
 impl Default for UdpConfig {
@@ -183,6 +189,7 @@ impl Default for UdpConfig {
             peer_sockets: 4,
             ring: true,
             payload_hash: false,
+            keepalive_thread: true,
         }
     }
 }
@@ -222,6 +229,8 @@ pub struct UdpStats {
     pub ring_full_drops: u64,
     /// Datagrams sent through the ring's packet socket.
     pub ring_sent: u64,
+    /// Keepalive rounds the keepalive thread sent while the application was away.
+    pub keepalive_rounds: u64,
 }
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
@@ -481,6 +490,10 @@ pub struct UdpTransport {
     /// the ring's frames of datagrams that reached a link): lone datagrams to it are sent
     /// through the packet socket.
     links: Vec<(SocketAddrV4, ring::LinkAddr)>,
+    /// The keepalive thread, started with the first peer ([`keepalive`]).
+    keepalive: Option<Keepalive>,
+    /// ICMP errors read from the sockets, not yet taken by the endpoint.
+    unreachable: Vec<sock::Unreachable>,
     st: State,
 }
 
@@ -722,6 +735,8 @@ impl UdpTransport {
             bulk_expected: false,
             ring_reads: 0,
             links: Vec::new(),
+            keepalive: None,
+            unreachable: Vec::new(),
             passes: 0,
             read_fresh: false,
             uncovered: 0,
@@ -784,6 +799,7 @@ impl UdpTransport {
             ring_malformed: r.malformed,
             ring_full_drops: r.full_drops,
             ring_sent: r.sent,
+            keepalive_rounds: self.keepalive.as_ref().map_or(0, Keepalive::rounds),
             ..self.st.stats
         }
     }
@@ -914,9 +930,12 @@ impl UdpTransport {
     /// datagrams, on a connected socket of its own while there are fewer than
     /// [`UdpConfig::peer_sockets`].
     pub fn route(&mut self, link: &UdpLink, idx: usize) {
-        self.st
-            .routes
-            .insert((link.dest, link.conn.config().conn_id), idx);
+        let conn = link.conn.config().conn_id;
+        self.st.routes.insert((link.dest, conn), idx);
+        self.start_keepalive();
+        if let Some(k) = &self.keepalive {
+            k.add(link.dest, conn);
+        }
         self.open_ring();
         if self.peers.open(link.dest) {
             // Its datagrams move to the new socket: a layout for it must move too.
@@ -929,8 +948,12 @@ impl UdpTransport {
     /// fast-stream grant passes on, its socket (when no other link goes to its address)
     /// closes.
     pub fn unroute(&mut self, link: &UdpLink) {
+        let conn = link.conn.config().conn_id;
+        if let Some(k) = &self.keepalive {
+            k.remove(link.dest, conn);
+        }
         let st = &mut self.st;
-        if let Some(i) = st.routes.remove((link.dest, link.conn.config().conn_id)) {
+        if let Some(i) = st.routes.remove((link.dest, conn)) {
             let now = st.now();
             st.gate.forget(now, i, &mut st.decisions);
         }
@@ -943,6 +966,28 @@ impl UdpTransport {
             self.disarm();
         }
         self.count_uncovered();
+    }
+
+    /// Starts the keepalive thread if it is wanted and not running: its pings go out
+    /// through a duplicate of the main socket, every quarter of the liveness timeout in
+    /// which no receive pass was made. A failure to start it is logged, not fatal (the
+    /// application must then call in as often as the timeout asks).
+    fn start_keepalive(&mut self) {
+        if self.keepalive.is_some() || !self.st.cfg.keepalive_thread {
+            return;
+        }
+        let interval = (self.st.cfg.dead_after / 4).max(Duration::from_millis(1));
+        match self
+            .sock
+            .try_clone_std()
+            .and_then(|s| Keepalive::start(s, interval))
+        {
+            Ok(k) => self.keepalive = Some(k),
+            Err(e) => {
+                tracing::warn!("keepalive thread: {e}");
+                self.st.cfg.keepalive_thread = false;
+            }
+        }
     }
 
     fn count_uncovered(&mut self) {
@@ -1189,7 +1234,47 @@ impl UdpTransport {
     /// main socket is (held-back faults) or `all`, and else every [`CLOCK_EVERY`]th call:
     /// an idle busy-poll pass makes no clock reading. [`UdpTransport::read_at`] gives the last.
     pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
+        let n = self.receive_all(all, sink);
+        self.collect_unreachable();
+        n
+    }
+
+    /// Moves the ICMP errors of every socket that saw one into the list
+    /// [`UdpTransport::take_unreachable`] hands out.
+    fn collect_unreachable(&mut self) {
+        let out = &mut self.unreachable;
+        if self.sock.errored {
+            self.sock.take_unreachable(out);
+        }
+        for k in 0..self.peers.len() {
+            if let Some(s) = self.peers.sock_mut(k).filter(|s| s.errored) {
+                s.take_unreachable(out);
+            }
+        }
+    }
+
+    /// The routes (peer indices) whose peer answered with ICMP destination unreachable
+    /// since the last call, with whether its host said "port unreachable" (the process
+    /// is gone). Only answers quoting the route's own connection id count: an ICMP
+    /// message must name a datagram of that connection to end it.
+    pub fn take_unreachable(&mut self) -> Vec<(usize, bool)> {
+        let mut out = Vec::new();
+        for u in self.unreachable.drain(..) {
+            let Some(conn) = u.conn else { continue };
+            if let Some(i) = self.st.routes.get((u.dest, conn)) {
+                if !out.iter().any(|&(j, _)| j == i) {
+                    out.push((i, u.port));
+                }
+            }
+        }
+        out
+    }
+
+    fn receive_all(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
         self.passes = self.passes.wrapping_add(1);
+        if let Some(k) = &self.keepalive {
+            k.note_pass();
+        }
         let every = if self.ring.is_some() {
             RING_CLOCK_EVERY
         } else {

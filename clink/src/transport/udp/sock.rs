@@ -70,6 +70,9 @@ pub struct UdpSock {
     /// That peer once the socket was found empty: the only sender it can hold, so a
     /// one-entry read asks for no name.
     only: Option<SocketAddrV4>,
+    /// A read failed with an error other than "nothing to read": the kernel holds an
+    /// ICMP error for a datagram this socket sent ([`UdpSock::take_unreachable`]).
+    pub errored: bool,
     /// Counters.
     pub stats: SockStats,
 }
@@ -93,6 +96,32 @@ impl RxBufs {
     fn slot(&self, k: usize, len: usize) -> &[u8] {
         &self.data[k * RX_SLOT..k * RX_SLOT + len.min(RX_SLOT)]
     }
+}
+
+/// A destination that answered one of our datagrams with ICMP destination unreachable
+/// ([`UdpSock::take_unreachable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unreachable {
+    /// Where the datagram went.
+    pub dest: SocketAddrV4,
+    /// Its connection id, read from the part of it the ICMP message quoted (`None`: not
+    /// a datagram of ours, or cut too short to tell).
+    pub conn: Option<u32>,
+    /// Port unreachable (the host answered: no process there), rather than host or
+    /// network unreachable.
+    pub port: bool,
+}
+
+/// The connection id of a quoted datagram of the reliable protocol (magic, then the id
+/// at bytes 8..12), if the quote is one.
+fn quoted_conn(q: &[u8]) -> Option<u32> {
+    use clink_proto::reliable::packet::MAGIC;
+    let word = |i: usize| {
+        q.get(i..i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    (word(0)? == MAGIC).then_some(())?;
+    word(8)
 }
 
 /// What one entry of the last [`UdpSock::recv_batch`] received.
@@ -187,6 +216,10 @@ impl UdpSock {
             }
         }
         let gro = setsockopt(raw, libc::SOL_UDP, libc::UDP_GRO, &1).is_ok();
+        // ICMP errors for what this socket sends (a peer's port unreachable: its process
+        // is gone) are queued with the destination and the datagram they answer, on
+        // connected and unconnected sockets alike (`take_unreachable`).
+        setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVERR, &1)?;
         if shared {
             setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1)?;
         }
@@ -236,6 +269,7 @@ impl UdpSock {
             single: false,
             peer: None,
             only: None,
+            errored: false,
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -273,9 +307,81 @@ impl UdpSock {
         self.gso
     }
 
+    /// Drains the socket's error queue into `out`: the destinations that answered a
+    /// datagram of ours with ICMP "port unreachable" (no process listens there: the peer
+    /// exited or was killed), "host unreachable" or "network unreachable", each with the
+    /// connection id of the datagram the kernel quoted back (`None` when the quote is
+    /// not one of ours). Other errors are dropped. Also clears [`UdpSock::errored`].
+    pub fn take_unreachable(&mut self, out: &mut Vec<Unreachable>) {
+        self.errored = false;
+        // Bounded: the queue holds what the kernel's ICMP rate limit let through.
+        for _ in 0..64 {
+            let mut quote = [0u8; 64];
+            // SAFETY: plain old data, filled by the kernel.
+            let mut name: libc::sockaddr_in = unsafe { zeroed() };
+            let mut ctrl = [0u64; 16];
+            let mut iov = libc::iovec {
+                iov_base: quote.as_mut_ptr().cast(),
+                iov_len: quote.len(),
+            };
+            // SAFETY: plain old data; every pointer is set below.
+            let mut h: libc::msghdr = unsafe { zeroed() };
+            h.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_iov = &mut iov;
+            h.msg_iovlen = 1;
+            h.msg_control = ctrl.as_mut_ptr().cast();
+            h.msg_controllen = size_of_val(&ctrl);
+            // SAFETY: the header points at live buffers of the sizes given.
+            let n = unsafe {
+                libc::recvmsg(
+                    self.fd.as_raw_fd(),
+                    &mut h,
+                    libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                return;
+            }
+            let quoted = &quote[..(n as usize).min(quote.len())];
+            // SAFETY: the kernel filled `h.msg_control` with `msg_controllen` bytes of
+            // well-formed control messages; the macros walk them within those bounds.
+            let mut c = unsafe { libc::CMSG_FIRSTHDR(&h) };
+            while !c.is_null() {
+                // SAFETY: `c` points at a control message header inside `ctrl`.
+                let (level, kind) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
+                if level == libc::IPPROTO_IP && kind == libc::IP_RECVERR {
+                    // SAFETY: an IP_RECVERR message holds a sock_extended_err; read
+                    // unaligned (control data is only 8-aligned by convention).
+                    let ee: libc::sock_extended_err =
+                        unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
+                    // ICMP destination unreachable: net (0), host (1), port (3).
+                    if ee.ee_origin == libc::SO_EE_ORIGIN_ICMP
+                        && ee.ee_type == 3
+                        && matches!(ee.ee_code, 0 | 1 | 3)
+                    {
+                        out.push(Unreachable {
+                            dest: from_sockaddr(&name),
+                            conn: quoted_conn(quoted),
+                            port: ee.ee_code == 3,
+                        });
+                    }
+                }
+                // SAFETY: as CMSG_FIRSTHDR above.
+                c = unsafe { libc::CMSG_NXTHDR(&h, c) };
+            }
+        }
+    }
+
     /// The descriptor, for epoll.
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// A duplicate of the descriptor as a standard socket (another thread's sends share
+    /// the port and the file's flags: non-blocking).
+    pub fn try_clone_std(&self) -> io::Result<std::net::UdpSocket> {
+        Ok(std::net::UdpSocket::from(self.fd.try_clone()?))
     }
 
     /// Sends everything in `batch` through this (unconnected) socket and empties it, as
@@ -317,9 +423,11 @@ impl UdpSock {
                     break;
                 }
                 r => {
-                    // A hard error on this frame: drop it, go on with the others.
+                    // A hard error on this frame: drop it, go on with the others. An
+                    // ICMP error the kernel reported here is also in the error queue.
                     if let Err(e) = r {
                         tracing::debug!("sendmmsg: {e}");
+                        self.errored = true;
                     }
                     self.stats.send_drops += u64::from(batch.frames[i].count);
                     i += 1;
@@ -569,13 +677,19 @@ impl UdpSock {
                 )
             }
         };
-        if r < 0
-            && self.peer.is_some()
-            && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
-        {
-            // Found empty since the connect: whatever reached the socket while it was
-            // still unconnected (any sender's) has been read with its name.
-            self.only = self.peer.take();
+        if r < 0 {
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::WouldBlock => {
+                    if self.peer.is_some() {
+                        // Found empty since the connect: whatever reached the socket
+                        // while it was still unconnected (any sender's) has been read
+                        // with its name.
+                        self.only = self.peer.take();
+                    }
+                }
+                io::ErrorKind::Interrupted => {}
+                _ => self.errored = true,
+            }
         }
         // One entry while datagrams come one at a time (a ping-pong): a wider call that
         // gets one tries the next entry too (its header and vectors imported, the queue

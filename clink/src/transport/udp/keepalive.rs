@@ -1,0 +1,174 @@
+//! Keepalives sent for an endpoint whose application is away.
+//!
+//! An endpoint has no thread of its own: the application's calls drive its connections.
+//! A process that computes for minutes between calls (an MPI rank, a training step, a
+//! server idle at night) would fall silent and its peers would declare it dead after
+//! `CLINK_NET_DEAD_MS`. TCP keeps such connections alive in the kernel, UCX and libfabric
+//! providers with a progress thread; here a small thread per endpoint does the one thing
+//! that cannot wait for the application: it tells every UDP peer, once per keepalive
+//! interval in which the application made no receive pass, that this process is alive
+//! (a ping on the peer's connection, which the peer answers with an ack that waits in
+//! the socket). It shares no protocol state with the application's thread: the pings
+//! are built once per connection (floor 0: they name no packet) and sent through a
+//! duplicate of the endpoint's socket; the application's passes are seen through one
+//! counter it bumps with a plain store. The fast path pays that store and nothing else.
+//!
+//! The other half lives in the connection ([`clink_proto::reliable::Conn`]): a caller
+//! that comes back after two or more keepalive intervals restarts its peers' liveness
+//! timeouts rather than judging them on silence it was not there to hear.
+
+use std::net::{SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use clink_proto::reliable::Datagram;
+
+/// What the thread and the endpoint share.
+#[derive(Default)]
+struct Shared {
+    /// Receive passes the application made (wrapping); only the endpoint writes it.
+    passes: AtomicU64,
+    /// Keepalive rounds the thread sent (each to every connection).
+    rounds: AtomicU64,
+    /// One ping per open connection: (peer address, connection id, encoded datagram).
+    pings: Mutex<Vec<(SocketAddrV4, u32, Vec<u8>)>>,
+}
+
+/// The keepalive thread of one endpoint; stopped and joined on drop.
+pub struct Keepalive {
+    shared: Arc<Shared>,
+    /// Dropped to stop the thread (its wait ends at once).
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Keepalive {
+    /// Starts the thread: it sends through `sock` (a duplicate of the endpoint's socket)
+    /// every `interval` in which no receive pass was made.
+    pub fn start(sock: UdpSocket, interval: Duration) -> std::io::Result<Keepalive> {
+        let shared = Arc::new(Shared::default());
+        let (stop, stopped) = mpsc::channel::<()>();
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("clink-keepalive".into())
+            .spawn(move || run(&s, &sock, interval, &stopped))?;
+        Ok(Keepalive {
+            shared,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Records a receive pass of the application (one plain store: only this side writes).
+    #[inline]
+    pub fn note_pass(&self) {
+        let p = &self.shared.passes;
+        p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Adds connection `conn` to peer `dest` to those kept alive.
+    pub fn add(&self, dest: SocketAddrV4, conn: u32) {
+        let mut ping = Vec::new();
+        Datagram::Ping { conn, floor: 0 }.encode(&mut ping);
+        self.lock().push((dest, conn, ping));
+    }
+
+    /// Removes connection `conn` to peer `dest` (it failed or closed).
+    pub fn remove(&self, dest: SocketAddrV4, conn: u32) {
+        self.lock().retain(|(d, c, _)| (*d, *c) != (dest, conn));
+    }
+
+    /// Keepalive rounds sent so far.
+    pub fn rounds(&self) -> u64 {
+        self.shared.rounds.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SocketAddrV4, u32, Vec<u8>)>> {
+        // A panic while holding it left a valid list.
+        self.shared
+            .pings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(s: &Shared, sock: &UdpSocket, interval: Duration, stopped: &mpsc::Receiver<()>) {
+    let mut seen = s.passes.load(Ordering::Relaxed);
+    loop {
+        match stopped.recv_timeout(interval) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let now = s.passes.load(Ordering::Relaxed);
+        if now == seen {
+            // A whole interval without a pass: the application is away.
+            let pings = s.pings.lock().unwrap_or_else(PoisonError::into_inner);
+            for (dest, _, ping) in pings.iter() {
+                // Best effort, as any keepalive: a full socket buffer drops it.
+                let _ = sock.send_to(ping, *dest);
+            }
+            if !pings.is_empty() {
+                s.rounds.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        seen = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn pings_go_only_while_no_pass_is_made() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let dest = match rx.local_addr().unwrap() {
+            std::net::SocketAddr::V4(a) => a,
+            _ => unreachable!(),
+        };
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let k = Keepalive::start(tx, Duration::from_millis(50)).unwrap();
+        k.add(dest, 7);
+        // Away: pings come, each a valid ping on connection 7.
+        let mut buf = [0u8; 64];
+        let n = rx.recv(&mut buf).expect("a ping while away");
+        match Datagram::parse(&buf[..n]) {
+            Ok(Datagram::Ping { conn: 7, floor: 0 }) => {}
+            other => panic!("{other:?}"),
+        }
+        // Present: passes far more often than the interval keep the thread quiet (two
+        // intervals to get past one that straddled the switch, then five counted).
+        let pass_for = |d: Duration| {
+            let start = Instant::now();
+            while start.elapsed() < d {
+                k.note_pass();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        pass_for(Duration::from_millis(100));
+        let before = k.rounds();
+        pass_for(Duration::from_millis(250));
+        // One round of slack: a pass loop descheduled for a whole interval is away.
+        assert!(
+            k.rounds() <= before + 1,
+            "{} rounds while present",
+            k.rounds() - before
+        );
+        k.remove(dest, 7);
+        drop(k); // joins at once
+    }
+}
