@@ -23,10 +23,14 @@
 //! rendezvous payloads received speculatively straight into the posted buffer. Where UDP is
 //! not wanted or not reachable, over TCP ([`transport::tcp`], `CLINK_TRANSPORT=tcp` or a peer
 //! that offers only TCP): one connection per peer, rendezvous payloads written from the
-//! send buffer and read by one vectored read into the posted buffer. There is no background
-//! thread: over the network an endpoint must be called into (any operation, or
-//! [`Endpoint::progress`]) more often than `CLINK_NET_DEAD_MS` (2 s), or its peers declare
-//! it dead.
+//! send buffer and read by one vectored read into the posted buffer. Data moves only
+//! when the application calls in (any operation, or [`Endpoint::progress`]), but liveness
+//! does not depend on it: a process may compute for any length of time between calls
+//! without its network peers declaring it dead (a keepalive thread per endpoint pings its
+//! UDP peers while it is away; TCP connections are kept by the kernel's keepalives). A
+//! peer process that exits or is killed is seen at once (TCP: its kernel closes the
+//! connection; UDP: its host answers "port unreachable"), a host or path that is gone
+//! after `CLINK_NET_DEAD_MS` (2 s).
 #![warn(missing_docs)]
 
 mod calibrate;

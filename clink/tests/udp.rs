@@ -236,7 +236,7 @@ fn bulk_transfers_without_speculation_take_the_copy_path() {
 #[test]
 fn a_misordering_sender_makes_every_fragment_miss_and_loses_nothing() {
     // Declared dead after 5 s of silence, not 2: misordered groups cost retransmission
-    // timeouts in a debug build. (The silent peer seen in CI in stop 13 was a sender that
+    // timeouts in a debug build. (A silent peer once seen in CI was a sender that
     // had forgotten its source early: spec_sim.rs
     // a_misordering_sender_keeps_its_source_until_the_last_datagram_is_acked.)
     for s in echoed_round_trips("forcemiss,nobackoff", 5) {

@@ -212,7 +212,7 @@ impl Channel for ClinkChannel {
     /// for a round trip between messages (the kernel sockets' baselines have their socket
     /// buffers for that). Across the veth pair: 1 MiB 1.7-2.9 -> 2.6-3.2 GB/s, alternated.
     /// On one host, one receive into `buf`: a second buffer cost more in cache misses than
-    /// the handshake it hides (1 MiB 23 -> 13-18 GB/s, 16 MiB 9-10 -> 5-6; stop 14). The
+    /// the handshake it hides (1 MiB 23 -> 13-18 GB/s, 16 MiB 9-10 -> 5-6). The
     /// last message lands in `buf` either way (the harness checks it).
     fn recv_stream(&mut self, buf: &mut [u8], count: usize) -> io::Result<()> {
         if !matches!(self.ep.transport(self.peer), Ok("udp" | "tcp")) {

@@ -5,7 +5,7 @@
 //! ```text
 //! common header (16 bytes)
 //!   0..4   magic "CLRD" (0x4452_4c43)
-//!   4      version (1)
+//!   4      version ([`VERSION`])
 //!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk, 8 admit
 //!   6..8   flags: bit 0 in a data datagram, "an ack rides along" (below); every other
 //!          bit, and bit 0 in any other kind, must be zero
@@ -58,8 +58,8 @@
 //!   48..56 length of the whole transfer
 //!   56..58 payload length
 //!   58..60 reserved (must be zero)
-//!   60..64 checksum: XXH3-64 of the payload seeded with the CRC-32C of bytes 0..60,
-//!          low 32 bits
+//!   60..64 checksum: CRC-32C of bytes 0..60, XORed, when the flags say the payload
+//!          is hashed, with the low 32 bits of the payload's XXH3-64 ([`bulk_checksum`])
 //! ```
 //!
 //! A bulk datagram is one fragment of a rendezvous transfer whose destination is the
@@ -909,7 +909,7 @@ pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; B
 /// seeded the hash: a seeded XXH3 derives its 192-byte secret on every call, 25 against
 /// 31-32 GB/s on 1408-byte fragments.) Computed by `twox-hash`, which picks AVX2 at run
 /// time (`xxhash-rust`, used before, compiles SSE2 only for the baseline x86-64 target;
-/// BENCHMARKS.md, stop 25). An unhashed payload (`None`) is left to the UDP checksum,
+/// BENCHMARKS.md). An unhashed payload (`None`) is left to the UDP checksum,
 /// which the sending kernel (or NIC) fills in and the receiving one verifies below clink.
 pub fn bulk_checksum(header60: &[u8], payload: Option<&[u8]>) -> u32 {
     let crc = crc32c(header60);

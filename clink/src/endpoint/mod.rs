@@ -7,12 +7,12 @@
 //! Fork: an endpoint belongs to the process that created it. A forked child must create
 //! its own [`crate::Context`]; `connect` detects a child using a parent's endpoint.
 //!
-//! Progress: there is no background thread. Every call that waits, and [`Endpoint::progress`],
-//! moves data: drains the peers' rings, matches, answers rendezvous requests, flushes
-//! queued sends. A process that computes for long stretches should call `progress` now
-//! and then, or rendezvous senders waiting on it stall (as in MPI). Over the network it
-//! must: a peer that hears nothing (not even keepalives) for `CLINK_NET_DEAD_MS` declares
-//! it dead.
+//! Progress: every call that waits, and [`Endpoint::progress`], moves data: drains the
+//! peers' rings, matches, answers rendezvous requests, flushes queued sends. A process
+//! that computes for long stretches should call `progress` now and then, or rendezvous
+//! senders waiting on it stall (as in MPI). It is never declared dead for it: over UDP a
+//! keepalive thread pings its peers while it makes no call
+//! ([`crate::transport::udp::keepalive`]), over TCP the kernel keeps the connection.
 //!
 //! Transports: each peer is a [`link::Link`], shared memory on the same host or UDP
 //! otherwise (`CLINK_TRANSPORT=udp` forces UDP), or TCP (`CLINK_TRANSPORT=tcp`, or a peer
@@ -2178,7 +2178,7 @@ impl Endpoint {
             // Within the spin time, spin; but a bulk stream admission control slowed down
             // is slow by design, and its sender spinning for the acks took the core that
             // two senders share from the granted stream (two senders' aggregate 0.83x
-            // one sender spinning, 0.92x sleeping at once; BENCHMARKS.md, stop 27). A
+            // one sender spinning, 0.92x sleeping at once; BENCHMARKS.md). A
             // spin time of "forever" (never block) is kept.
             let spinning = match spin {
                 None => true,

@@ -1204,7 +1204,7 @@ impl UdpTransport {
             // datagrams (acks, RTSs) queued at a transfer's boundary are read one by one
             // first (`receive`'s head check): without that, one opened the next
             // transfer's first read and every group behind it landed one entry late (a
-            // clean stream 77-80% in place, BENCHMARKS.md stop 19).
+            // clean stream 77-80% in place, BENCHMARKS.md).
             let cap = !lead.is_empty();
             // SAFETY: header slots are ours; destination ranges are distinct missing
             // fragments of a buffer the Bulk contract keeps valid while the key is

@@ -23,7 +23,7 @@
 //! packet socket, with the IP and UDP headers built here: no UDP or IP output path, no
 //! route or neighbour lookup, no qdisc. On the wire it is the same UDP datagram.
 //! Not on loopback, where IP input drops injected packets (see [`RxRing::poll`]).
-//! Measured together (BENCHMARKS.md, stop 26), the two halves took the busy 64-byte hop
+//! Measured together (BENCHMARKS.md), the two halves took the busy 64-byte hop
 //! across the veth pair from 1.18-1.23x to 0.99-1.13x kernel UDP (medians of three sets
 //! of alternated rounds); the receive half alone made no difference (the sender's system
 //! call, which runs the veth pair and the receiver's IP input, is most of a hop).

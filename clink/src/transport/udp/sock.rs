@@ -448,7 +448,7 @@ impl UdpSock {
             // One datagram in the batch's own buffer (a small message, an ack): `sendto`
             // straight from it, without the vectors and message header built below (no
             // header and vector for the kernel to import either: about 0.2 us of a 5 us
-            // one-thread loopback hop, `examples/path_cost`, stop 16).
+            // one-thread loopback hop, `examples/path_cost`).
             let name = (!connected).then(|| to_sockaddr(batch.frames[first].dest));
             let (np, nl) = name.as_ref().map_or((std::ptr::null(), 0), |a| {
                 (
