@@ -2,14 +2,13 @@
 //! socket lives there) and runs the peer as a child process in the other, joined by a veth
 //! pair. Random sizes with checksums (over UDP and over TCP), injected faults, and a peer
 //! killed mid-transfer.
-//! Skipped, with the reason printed, where namespaces cannot be made (not root, no `ip`).
+//! Fails with the reason where namespaces cannot be made (not root, no `ip`).
 
 mod common;
 
 use clink::netns::NetnsPair;
-use clink::{Context, Endpoint, Error, PeerId, Selector};
+use clink::{Endpoint, Error, PeerId, Selector};
 use common::*;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 const MSGS: u64 = 3000;
@@ -68,37 +67,22 @@ fn child_entry() {
     });
 }
 
-/// Runs `f` on a thread inside namespace 0 of `pair` with an endpoint made there.
+/// Runs `f` on a thread inside namespace 0 of `pair` with an endpoint made there (its
+/// configuration from the environment).
 fn in_ns0<R: Send + 'static>(
     pair: &NetnsPair,
     f: impl FnOnce(Endpoint) -> R + Send + 'static,
 ) -> (String, std::thread::JoinHandle<R>) {
-    let path = format!("/var/run/netns/{}", pair.ns(0));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = std::thread::spawn(move || {
-        let ns = std::fs::File::open(&path).expect("open namespace");
-        // SAFETY: setns on this thread only, with a namespace fd we hold open.
-        let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        let ep = Context::with_config(clink::Config {
-            calibrate: false,
-            ..clink::Config::from_env().unwrap()
-        })
-        .unwrap()
-        .endpoint()
-        .unwrap();
-        tx.send(ep.address()).unwrap();
-        f(ep)
-    });
-    (rx.recv_timeout(T).expect("endpoint address"), h)
+    let config = clink::Config {
+        calibrate: false,
+        ..clink::Config::from_env().unwrap()
+    };
+    in_netns(pair.ns(0), config, f)
 }
 
-fn pair_or_skip() -> Option<NetnsPair> {
-    if let Some(why) = clink::netns::unavailable() {
-        println!("SKIPPED: network namespaces unavailable here: {why}");
-        return None;
-    }
-    Some(NetnsPair::create(1500).expect("create namespaces"))
+fn pair() -> NetnsPair {
+    require_netns();
+    NetnsPair::create(1500).expect("create namespaces")
 }
 
 fn child_in_ns1(
@@ -153,7 +137,7 @@ fn random_sizes(faults: &str) {
 /// The random-sizes run over `transport` ("udp", or "tcp": the child connects with
 /// `CLINK_TRANSPORT=tcp`).
 fn random_sizes_over(faults: &str, transport: &'static str) {
-    let Some(pair) = pair_or_skip() else { return };
+    let pair = pair();
     let seed = seed(41);
     let (addr, h) = in_ns0(&pair, move |mut ep| {
         receive_all(&mut ep, seed, transport);
@@ -223,7 +207,7 @@ fn random_sizes_under_injected_faults_across_namespaces() {
 
 #[test]
 fn peer_killed_mid_transfer_fails_the_receive() {
-    let Some(pair) = pair_or_skip() else { return };
+    let pair = pair();
     let seed = seed(42);
     let (addr, h) = in_ns0(&pair, move |mut ep| {
         let peer = ep.accept(Some(T)).unwrap();

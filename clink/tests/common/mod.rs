@@ -391,3 +391,35 @@ pub fn drive_until(
         std::hint::spin_loop();
     }
 }
+
+/// Fails the test with the reason when network namespaces cannot be made here (they need
+/// root and iproute2): such a test never passes without running.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn require_netns() {
+    if let Some(why) = clink::netns::unavailable() {
+        panic!("this test needs network namespaces: {why}");
+    }
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (a name under /var/run/netns) with
+/// an endpoint made there from `config`; returns its address and the thread.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn in_netns<R: Send + 'static>(
+    ns: &str,
+    config: Config,
+    f: impl FnOnce(Endpoint) -> R + Send + 'static,
+) -> (String, std::thread::JoinHandle<R>) {
+    use std::os::fd::AsRawFd;
+    let path = format!("/var/run/netns/{ns}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let ns = std::fs::File::open(&path).expect("open namespace");
+        // SAFETY: setns on this thread only, with a namespace fd we hold open.
+        let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+        let ep = Context::with_config(config).unwrap().endpoint().unwrap();
+        tx.send(ep.address()).unwrap();
+        f(ep)
+    });
+    (rx.recv_timeout(T).expect("endpoint address"), h)
+}

@@ -1,5 +1,6 @@
-//! Two network namespaces joined by a veth pair: a two-"host" network on one machine, for
-//! tests and benchmarks.
+//! Network namespaces as "hosts" on one machine, for tests and benchmarks: two joined by
+//! a veth pair ([`NetnsPair`]), or several on a Linux bridge with loss and rate limits
+//! ([`Bridge`]). The pair:
 //!
 //! [`NetnsPair::create`] runs iproute2 (`ip netns add`, `ip link add ... type veth`, ...)
 //! and needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN). Names are unique per call
@@ -30,6 +31,10 @@
 //!
 //! `NetnsPair` is `Send + Sync` (names and addresses only); it has no state that needs
 //! a lock.
+
+mod bridge;
+
+pub use bridge::{Bridge, BridgeSpec};
 
 use crate::sys;
 use std::ffi::OsStr;
@@ -69,6 +74,7 @@ impl NetnsPair {
                 "the `ip` program (iproute2) is not installed",
             )
         })?;
+        remove_stale(&ip);
         let rand = sys::random_u128().map(|r| r as u32)?;
         let base = format!("{NAME_PREFIX}{}-{rand:08x}", std::process::id());
         let x = (rand % 250 + 1) as u8;
@@ -198,6 +204,34 @@ fn run_ip_output(ip: &Path, args: &[&str]) -> io::Result<String> {
     }
 }
 
+/// Deletes the namespaces this module made in processes that are gone (a crashed test or
+/// benchmark): names `clink-[br-|probe-]<pid>-...` whose pid has no `/proc` entry.
+fn remove_stale(ip: &Path) {
+    let Ok(list) = run_ip_output(ip, &["netns", "list"]) else {
+        return;
+    };
+    for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+        if let Some(pid) = owner_pid(name) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                tracing::info!(ns = %name, "deleting a namespace left by process {pid}");
+                let _ = run_ip(ip, &["netns", "del", name]);
+            }
+        }
+    }
+}
+
+/// The pid in a namespace name this module makes, if it is one.
+fn owner_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(NAME_PREFIX)?;
+    let rest = rest
+        .strip_prefix("br-")
+        .or_else(|| rest.strip_prefix("probe-"))
+        .unwrap_or(rest);
+    let (pid, tail) = rest.split_once('-')?;
+    (!tail.is_empty()).then_some(())?;
+    pid.parse().ok()
+}
+
 /// The operational state in one line of `ip -o link show` (`UP`, `DOWN`, ...).
 fn link_state(line: &str) -> Option<&str> {
     let mut words = line.split_whitespace();
@@ -263,6 +297,16 @@ mod tests {
 
     /// The tests look at `ip netns list`, so they run one at a time.
     static SERIAL: Mutex<()> = Mutex::new(());
+
+    #[test]
+    fn stale_names_give_their_owner() {
+        assert_eq!(owner_pid("clink-123-0000abcd-0"), Some(123));
+        assert_eq!(owner_pid("clink-br-77-0000abcd-h3"), Some(77));
+        assert_eq!(owner_pid("clink-probe-9-0000abcd"), Some(9));
+        assert_eq!(owner_pid("clink-x-1"), None);
+        assert_eq!(owner_pid("other-12-a"), None);
+        assert_eq!(owner_pid("clink-12"), None);
+    }
 
     #[test]
     fn the_link_state_is_read_from_ip_o_link_show() {
@@ -334,8 +378,7 @@ mod tests {
     fn pair_carries_udp_and_is_deleted_on_drop() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = unavailable() {
-            eprintln!("skipped: {why}");
-            return;
+            panic!("this test needs network namespaces: {why}");
         }
         let pair = NetnsPair::create(9000).expect("create pair");
         let names = [pair.ns(0).to_string(), pair.ns(1).to_string()];
@@ -365,7 +408,7 @@ mod tests {
         assert!(text.contains("mtu 9000"), "{text}");
         match python3() {
             Some(py) => datagram_crosses(&pair, &py),
-            None => eprintln!("datagram check skipped: python3 not found in PATH"),
+            None => panic!("the datagram check needs python3 in PATH"),
         }
         drop(pair);
         let list = netns_list();
@@ -376,8 +419,7 @@ mod tests {
     fn pairs_do_not_collide() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = unavailable() {
-            eprintln!("skipped: {why}");
-            return;
+            panic!("this test needs network namespaces: {why}");
         }
         let a = NetnsPair::create(1500).expect("a");
         let b = NetnsPair::create(1500).expect("b");
@@ -389,8 +431,7 @@ mod tests {
     fn failed_creation_cleans_up() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = unavailable() {
-            eprintln!("skipped: {why}");
-            return;
+            panic!("this test needs network namespaces: {why}");
         }
         // An MTU the veth refuses: the namespaces made before the failure must go.
         let before = netns_list();

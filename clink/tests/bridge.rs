@@ -1,0 +1,210 @@
+//! Two hosts (network namespaces) joined through a Linux bridge, one switch hop apart, as
+//! on a cluster: the test's endpoint runs on host 0 (a thread entered into its namespace),
+//! the peer is a child process on host 1. Liveness under the conditions that used to fail
+//! it or that it must tell apart: a long clean stream (no false death), a peer process
+//! killed (told at once by its host), a path cut (declared dead after the timeout) and a
+//! path that is only lossy (no death). Needs root, iproute2 and nftables: fails with the
+//! reason where they are missing.
+
+mod common;
+
+use clink::netns::{Bridge, BridgeSpec};
+use clink::{Config, Error, Selector};
+use common::*;
+use std::time::{Duration, Instant};
+
+const MIB16: usize = 16 << 20;
+
+#[test]
+fn child_entry() {
+    child_main(|role| {
+        let (mut ep, parent) = child_connect();
+        match role {
+            "stream16" => {
+                // Blocking sends of 16 MiB messages, each filled with its index.
+                let n: usize = std::env::var("STREAM_COUNT").unwrap().parse().unwrap();
+                let mut buf = vec![0u8; MIB16];
+                for i in 0..n {
+                    buf.fill(i as u8);
+                    ep.send(parent, 0, &buf)
+                        .unwrap_or_else(|e| panic!("message {i}: {e}: {:?}", ep.last_error()));
+                }
+                recv_vec(&mut ep, parent, 1, 8);
+            }
+            "sink" => {
+                // Receives 1 MiB messages until killed.
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let _ = ep.recv_timeout(Selector::exact(Some(parent), 0), &mut buf, Some(T));
+                }
+            }
+            r => panic!("unknown role {r}"),
+        }
+    });
+}
+
+fn bridge(loss_pct: f64) -> Bridge {
+    require_netns();
+    Bridge::create(&BridgeSpec {
+        loss_pct,
+        ..BridgeSpec::default()
+    })
+    .expect("bridge")
+}
+
+/// The parent's configuration: UDP, from the environment otherwise, with the liveness
+/// timeout `dead`.
+fn config(dead: Duration) -> Config {
+    let mut c = Config {
+        calibrate: false,
+        ..Config::from_env().unwrap()
+    };
+    if let Some(u) = c.udp.as_mut() {
+        u.dead_after = dead;
+    }
+    c
+}
+
+fn child_on_host1(b: &Bridge, role: &str, addr: &str, env: &[(&str, &str)]) -> ChildProc {
+    let exe = std::env::current_exe().unwrap();
+    spawn_with(b.command(1, exe), role, addr, seed(61), env)
+}
+
+/// Receives `n` 16 MiB messages sent by blocking sends across the bridge with the default
+/// liveness timeout (2 s), checking each; returns the receiver's stats and the packets
+/// the switch dropped.
+fn stream16(loss_pct: f64, n: usize) -> (clink::Stats, u64) {
+    let b = bridge(loss_pct);
+    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(2)), move |mut ep| {
+        let peer = ep.accept(Some(T)).unwrap();
+        let mut buf = vec![0u8; MIB16];
+        for i in 0..n {
+            let st = ep
+                .recv_timeout(Selector::exact(Some(peer), 0), &mut buf, Some(T))
+                .unwrap_or_else(|e| panic!("message {i}: {e}: {:?}", ep.last_error()));
+            assert_eq!(st.len as usize, MIB16);
+            assert!(
+                buf.iter().step_by(4093).all(|&x| x == i as u8),
+                "message {i} damaged"
+            );
+        }
+        ep.send(peer, 1, b"done").unwrap();
+        let s = ep.stats();
+        // Until the word is acknowledged (data moves only while this side calls in).
+        ep.close();
+        s
+    });
+    let count = n.to_string();
+    let mut child = child_on_host1(
+        &b,
+        "stream16",
+        &addr,
+        &[("CLINK_TRANSPORT", "udp"), ("STREAM_COUNT", &count)],
+    );
+    let s = h.join().expect("receiver");
+    child.expect_success(T);
+    let dropped = b.dropped().unwrap_or(0);
+    println!(
+        "{n} x 16 MiB at {loss_pct}% loss: {} retransmissions, {} timeouts, {} peers failed, {} dropped by the switch",
+        s.retransmissions,
+        s.timeouts,
+        s.peers_failed,
+        dropped
+    );
+    (s, dropped)
+}
+
+#[test]
+fn a_stream_of_16_mib_messages_across_the_bridge_has_no_false_death() {
+    let (s, _) = stream16(0.0, 24);
+    assert_eq!(s.peers_failed, 0);
+}
+
+#[test]
+fn a_lossy_path_is_slow_not_dead() {
+    // 10% of the packets into each host dropped: the stream still completes, its peer
+    // never declared dead.
+    let (s, dropped) = stream16(10.0, 2);
+    assert_eq!(s.peers_failed, 0);
+    assert!(dropped > 100, "the switch dropped only {dropped} packets");
+    assert!(s.naks_sent > 0, "no loss seen by the receiver: {s:?}");
+}
+
+#[test]
+fn a_killed_peer_process_across_the_bridge_is_told_by_its_host() {
+    // A liveness timeout of 60 s: only the peer host's "port unreachable" can end the
+    // send within the bound.
+    let b = bridge(0.0);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(60)), move |mut ep| {
+        let peer = ep.accept(Some(T)).unwrap();
+        let msg = vec![5u8; 1 << 20];
+        for _ in 0..20 {
+            ep.send(peer, 0, &msg).unwrap();
+        }
+        tx.send(()).unwrap(); // streaming: the parent kills the sink now
+        let t0 = Instant::now();
+        let r = loop {
+            match ep.send(peer, 0, &msg) {
+                Ok(()) => assert!(t0.elapsed() < T, "the sink never failed"),
+                Err(e) => break e,
+            }
+        };
+        (
+            t0.elapsed(),
+            r,
+            ep.last_error().unwrap_or_default().to_string(),
+        )
+    });
+    let mut child = child_on_host1(&b, "sink", &addr, &[("CLINK_TRANSPORT", "udp")]);
+    rx.recv_timeout(T).expect("the stream started");
+    child.kill();
+    child.reap();
+    let (took, err, why) = h.join().unwrap();
+    println!("killed peer's sender failed after {took:?}: {why}");
+    assert!(matches!(err, Error::PeerDead(_)), "{err:?}");
+    assert!(why.contains("port unreachable"), "{why}");
+}
+
+#[test]
+fn a_cut_path_is_declared_dead_after_the_timeout() {
+    // The peer's switch port goes down mid-stream: no answer of any kind comes back, so
+    // only the liveness timeout (1 s here) can end the wait.
+    let b = bridge(0.0);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(1)), move |mut ep| {
+        let peer = ep.accept(Some(T)).unwrap();
+        let msg = vec![5u8; 1 << 20];
+        for _ in 0..20 {
+            ep.send(peer, 0, &msg).unwrap();
+        }
+        tx.send(()).unwrap();
+        let t0 = Instant::now();
+        let r = loop {
+            match ep.send(peer, 0, &msg) {
+                Ok(()) => assert!(t0.elapsed() < T, "never declared dead"),
+                Err(e) => break e,
+            }
+        };
+        (
+            t0.elapsed(),
+            r,
+            ep.last_error().unwrap_or_default().to_string(),
+        )
+    });
+    let _child = child_on_host1(&b, "sink", &addr, &[("CLINK_TRANSPORT", "udp")]);
+    rx.recv_timeout(T).expect("the stream started");
+    let cut_at = Instant::now();
+    b.set_cut(1, true).expect("cut");
+    let (took, err, why) = h.join().unwrap();
+    println!(
+        "cut path declared dead {:?} after the cut: {why}",
+        cut_at.elapsed()
+    );
+    assert!(matches!(err, Error::PeerDead(_)), "{err:?}");
+    assert!(why.contains("declared dead"), "{why}");
+    // At least most of the timeout (silence may have begun just before the cut), and
+    // not much more.
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
