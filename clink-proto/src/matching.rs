@@ -181,6 +181,11 @@ impl<R: PartialEq, U> Matcher<R, U> {
         out
     }
 
+    /// The sources named by posted receives (with repeats; any-source receives name none).
+    pub fn posted_sources(&self) -> impl Iterator<Item = PeerId> + '_ {
+        self.posted.iter().filter_map(|(s, _)| s.src)
+    }
+
     /// Number of posted receives.
     pub fn posted_len(&self) -> usize {
         self.posted.len()

@@ -996,3 +996,38 @@ fn a_caller_away_for_a_minute_is_not_dead_and_does_not_judge_its_peer_on_the_gap
     let after = dead_at.expect("declared dead") - back;
     assert!((2 * SEC..=2 * SEC + 600 * MS).contains(&after), "{after}");
 }
+
+#[test]
+fn an_awaited_peer_is_pinged_soon_and_less_often_while_it_stays_silent() {
+    let cfg = Config {
+        await_probe: 20 * MS,
+        keepalive: 500 * MS,
+        dead_after: 2 * SEC,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    // Not awaited: the first ping is the keepalive's.
+    assert_eq!(a.poll_timeout(), Some(500 * MS));
+    a.set_awaited(true);
+    // Awaited and never answered: pings at 20, 40, 80, 160, 320 ms after the last word,
+    // then every keepalive.
+    let mut pings = Vec::new();
+    while let Some(t) = a.poll_timeout().filter(|&t| t < 1500 * MS) {
+        a.handle_timeout(t);
+        if !transmit_all(&mut a, t).is_empty() {
+            pings.push(t / MS);
+        }
+    }
+    assert_eq!(pings, [20, 40, 80, 160, 320, 640, 1140], "{pings:?}");
+    // Answered: the next ping is 20 ms after the answer again.
+    let now = 1500 * MS;
+    let mut ping = Vec::new();
+    Datagram::Ping { conn: 0, floor: 0 }.encode(&mut ping);
+    b.handle_datagram(now, &ping).unwrap();
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now, &d).unwrap();
+    }
+    assert_eq!(a.poll_timeout(), Some(now + 20 * MS));
+    a.set_awaited(false);
+    assert_eq!(a.poll_timeout(), Some(now + 500 * MS));
+}

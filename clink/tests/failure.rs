@@ -478,6 +478,42 @@ fn sigkill_of_a_udp_peer_is_told_by_its_hosts_port_unreachable() {
 }
 
 #[test]
+fn a_udp_peer_killed_while_awaited_is_found_by_the_pings_of_the_wait() {
+    // The parent sleeps in a receive from the child and sends nothing; the child is
+    // killed. The wait pings the peer it awaits once it has been silent for 20 ms, and
+    // the ping meets the closed port: found well within the 60 s liveness timeout.
+    let mut config = net_config();
+    if let Some(u) = config.udp.as_mut() {
+        u.dead_after = Duration::from_secs(60);
+    }
+    let env = transport_env(true);
+    let (mut ep, peer, mut child) = setup("stubborn", config, &env);
+    assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
+    let q = ep
+        .irecv(Selector::exact(Some(peer), 2), vec![0u8; 8])
+        .unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300)); // the parent is asleep by then
+        let t0 = Instant::now();
+        child.kill();
+        child.reap();
+        t0
+    });
+    let r = ep.wait_recv(&q, Some(DETECT)).map(|got| got.status);
+    let killed_at = killer.join().unwrap();
+    println!(
+        "awaited UDP peer's kill -9 detected in {:?}",
+        killed_at.elapsed()
+    );
+    assert!(
+        matches!(r, Err(Error::PeerDead(p)) if p == peer),
+        "expected PeerDead, got {r:?}"
+    );
+    let why = ep.last_error().unwrap_or_default().to_string();
+    assert!(why.contains("port unreachable"), "{why}");
+}
+
+#[test]
 fn connect_to_exited_endpoint_is_refused() {
     let seed = seed(34);
     let ctx = ctx();

@@ -144,6 +144,11 @@ pub struct Config {
     pub dead_after: u64,
     /// Silence after which a ping is sent; 0 disables keepalives.
     pub keepalive: u64,
+    /// While the caller awaits something from the peer ([`Conn::set_awaited`]): silence
+    /// after which a ping is sent, doubling while pings go unanswered, up to
+    /// [`Config::keepalive`]. A peer whose process died is then found within about this
+    /// long (its host answers the ping with "port unreachable"). 0: no such pings.
+    pub await_probe: u64,
     /// Fragments of a bulk transfer sent as one group (one GSO send, one speculative
     /// receive entry): a new group starts only when the congestion window and the credit
     /// have room for all of it, so groups stay aligned to multiples of this many fragments
@@ -192,6 +197,7 @@ impl Default for Config {
             congestion_loss_pct: 5,
             dead_after: 2_000_000_000,
             keepalive: 500_000_000,
+            await_probe: 20_000_000,
             bulk_group: 1,
             admission: AskerConfig {
                 mode: Mode::Off,
@@ -610,6 +616,8 @@ pub struct Conn {
     last_ping: u64,
     /// The latest time the caller drove the connection (any call that passes `now`).
     last_driven: u64,
+    /// The caller awaits something from the peer ([`Conn::set_awaited`]).
+    awaited: bool,
     ping_pending: bool,
     dead: bool,
     stats: Stats,
@@ -689,6 +697,7 @@ impl Conn {
             last_recv: now,
             last_ping: now,
             last_driven: now,
+            awaited: false,
             ping_pending: false,
             dead: false,
             stats: Stats::default(),
@@ -855,6 +864,7 @@ impl Conn {
         if self.liveness_watched() {
             min(Some(self.last_recv + self.cfg.dead_after));
         }
+        min(self.await_probe_at());
         t
     }
 
@@ -871,6 +881,29 @@ impl Conn {
     /// When a delayed ack is due (included in [`Conn::poll_timeout`]).
     pub fn ack_timeout(&self) -> Option<u64> {
         self.ack_deadline.filter(|_| !self.dead)
+    }
+
+    /// Says whether the caller awaits something from the peer (a receive it posted, an
+    /// answer to a send): while it does, a silent peer is pinged after
+    /// [`Config::await_probe`] rather than [`Config::keepalive`], so a peer that is gone
+    /// is found quickly (a live one answers each ping with an ack).
+    pub fn set_awaited(&mut self, on: bool) {
+        self.awaited = on;
+    }
+
+    /// When the next ping of an awaited peer is due: `await_probe` after the last thing
+    /// heard, then after each ping a silence as long as the one before it (the interval
+    /// doubles while pings go unanswered), at most `keepalive`.
+    fn await_probe_at(&self) -> Option<u64> {
+        if !self.awaited || self.cfg.await_probe == 0 || self.cfg.keepalive == 0 {
+            return None;
+        }
+        let silence = self.last_ping.saturating_sub(self.last_recv);
+        let step = silence.clamp(
+            self.cfg.await_probe,
+            self.cfg.keepalive.max(self.cfg.await_probe),
+        );
+        Some(self.last_recv.max(self.last_ping) + step)
     }
 
     fn liveness_watched(&self) -> bool {
@@ -903,8 +936,9 @@ impl Conn {
         if self.ack_deadline.is_some_and(|d| d <= now) {
             self.ack_now = true;
         }
-        if self.cfg.keepalive > 0 && now >= self.last_recv.max(self.last_ping) + self.cfg.keepalive
-        {
+        let keepalive_due = self.cfg.keepalive > 0
+            && now >= self.last_recv.max(self.last_ping) + self.cfg.keepalive;
+        if keepalive_due || self.await_probe_at().is_some_and(|t| now >= t) {
             self.ping_pending = true;
             self.last_ping = now;
         }

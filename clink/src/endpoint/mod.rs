@@ -333,6 +333,8 @@ pub struct Endpoint {
     last_error: Option<String>,
     /// The network transport, when enabled (`CLINK_UDP`).
     net: Option<UdpTransport>,
+    /// Some UDP connection is marked awaited ([`Endpoint::mark_awaited`]).
+    awaiting: bool,
     /// Whether the UDP transport's extra sockets (peers' own, steered) are in the epoll
     /// set: from the first sleep or [`Endpoint::prepare_wait`] on, not before (see
     /// `Endpoint::watch_udp`).
@@ -416,6 +418,7 @@ impl Endpoint {
             events: Vec::with_capacity(32),
             last_error: None,
             net,
+            awaiting: false,
             udp_watched: false,
             tcp,
             detached: Vec::new(),
@@ -2139,6 +2142,21 @@ impl Endpoint {
         timeout: Option<Duration>,
         bell: bool,
         since: Option<Instant>,
+        done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
+        let r = self.wait_inner(timeout, bell, since, done);
+        if self.awaiting {
+            self.mark_awaited(false);
+        }
+        r
+    }
+
+    /// [`Endpoint::wait_for`] itself.
+    fn wait_inner(
+        &mut self,
+        timeout: Option<Duration>,
+        bell: bool,
+        since: Option<Instant>,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<()> {
         if done(self) {
@@ -2293,8 +2311,10 @@ impl Endpoint {
     /// Arm-then-recheck without consuming readiness (the internal wait loop consumes it
     /// in its own epoll_wait: one system call per sleep).
     fn arm(&mut self) -> bool {
-        // About to sleep: every UDP socket must be able to wake it.
+        // About to sleep: every UDP socket must be able to wake it, and the peers it
+        // awaits are probed while it sleeps.
         self.watch_udp();
+        self.mark_awaited(true);
         let board = self.ready.on;
         if board {
             // One flag for every peer on the board.

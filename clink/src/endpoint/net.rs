@@ -390,6 +390,40 @@ impl Endpoint {
         net.receive(readable, &mut |i, g, now| to_link(peers, i, g, now))
     }
 
+    /// Marks the UDP connections whose peer this endpoint awaits something from (`on`:
+    /// a receive posted for it by name, a send to it not complete, a transfer coming in
+    /// from it), so that a silent one is pinged soon and its death found within the
+    /// connection's await-probe time; `!on` clears every mark (the wait is over).
+    pub(super) fn mark_awaited(&mut self, on: bool) {
+        if self.net.is_none() {
+            return;
+        }
+        let mut want = vec![false; self.peers.len()];
+        if on {
+            for src in self.matcher.posted_sources() {
+                if let Some(w) = want.get_mut(src.0 as usize) {
+                    *w = true;
+                }
+            }
+            for op in self.sends.values() {
+                if !matches!(op.state, super::SendState::Done(_)) {
+                    if let Some(w) = want.get_mut(op.peer.0 as usize) {
+                        *w = true;
+                    }
+                }
+            }
+        }
+        let mut any = false;
+        for (p, &w) in self.peers.iter_mut().zip(&want) {
+            if let Link::Udp(u) = &mut p.link {
+                let w = on && p.alive && (w || u.bulk.receiving());
+                u.conn.set_awaited(w);
+                any |= w;
+            }
+        }
+        self.awaiting = any;
+    }
+
     /// Fails UDP peer `i`, whose connection declared it dead (silent too long).
     fn udp_peer_dead(&mut self, i: usize) {
         let silent = self
