@@ -1,0 +1,1109 @@
+//! Context, Endpoint, tagged messages, requests, in-place messages and send slots.
+
+use crate::{busy, duration, fill_view, invalid, support, to_py, HeldBuffer, OrPy};
+use bytes::Bytes;
+use clink_rs::{PeerId, Selector};
+use pyo3::exceptions::PyBufferError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+use std::cell::UnsafeCell;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// A value moved across `Python::detach` that the compiler cannot prove `Send` (an
+/// in-place guard or send slot: they borrow the endpoint, which is `Send`, and index its
+/// memory).
+pub(crate) struct SendBox<T>(pub(crate) T);
+// SAFETY: see above; the endpoint they borrow is locked for as long as they live.
+unsafe impl<T> Send for SendBox<T> {}
+// SAFETY: only touched by the thread holding the endpoint's lock.
+unsafe impl<T> Sync for SendBox<T> {}
+
+/// The endpoint and its lock.
+pub struct Shared {
+    ep: UnsafeCell<Option<clink_rs::Endpoint>>,
+    busy: AtomicBool,
+    fd: RawFd,
+    address: String,
+}
+
+// SAFETY: the endpoint is `Send`; access is serialised by `busy` (a compare-and-swap that
+// fails rather than waits), so no two threads ever have it at once.
+unsafe impl Sync for Shared {}
+
+/// The endpoint, locked for one call (unlocked when dropped).
+pub(crate) struct Locked<'a>(&'a Shared);
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+impl Locked<'_> {
+    /// The endpoint (closed: `InvalidArgument`).
+    pub(crate) fn ep(&mut self, py: Python<'_>) -> PyResult<&mut clink_rs::Endpoint> {
+        // SAFETY: locked.
+        unsafe { (*self.0.ep.get()).as_mut() }.ok_or_else(|| invalid(py, "endpoint closed"))
+    }
+}
+
+impl Shared {
+    /// Takes the endpoint; `Busy` when another thread (or an in-place message or send slot)
+    /// holds it.
+    pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<Locked<'_>> {
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            return Err(busy(
+                py,
+                "endpoint in use by another thread, or held by an unreleased in-place message \
+                 or send slot",
+            ));
+        }
+        Ok(Locked(self))
+    }
+
+    /// Runs a quick call with the GIL held.
+    pub(crate) fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut clink_rs::Endpoint) -> clink_rs::Result<T>,
+    ) -> PyResult<T> {
+        let mut l = self.lock(py)?;
+        f(l.ep(py)?).or_py(py)
+    }
+
+    /// Runs a call that may wait, with the GIL released.
+    pub(crate) fn blocking<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut clink_rs::Endpoint) -> clink_rs::Result<T> + Send,
+    ) -> PyResult<T> {
+        let mut l = self.lock(py)?;
+        let ep = l.ep(py)?;
+        py.detach(move || f(ep)).or_py(py)
+    }
+}
+
+pub(crate) fn selector(
+    py: Python<'_>,
+    peer: Option<u32>,
+    tag: Option<u64>,
+    mask: Option<u64>,
+) -> PyResult<Selector> {
+    let src = peer.map(PeerId);
+    match (tag, mask) {
+        (None, None) => Ok(Selector {
+            src,
+            tag: 0,
+            mask: 0,
+        }),
+        (None, Some(_)) => Err(invalid(py, "a tag mask needs a tag")),
+        (Some(tag), mask) => Ok(Selector {
+            src,
+            tag,
+            mask: mask.unwrap_or(!0),
+        }),
+    }
+}
+
+// ------------------------------------------------------------------ context
+
+/// A clink context: configuration (from the ``CLINK_*`` environment variables, read when
+/// it is created) and the machine's cost model. Create one per process (a forked child
+/// creates its own).
+#[pyclass(module = "clink", frozen)]
+pub struct Context {
+    ctx: clink_rs::Context,
+}
+
+#[pymethods]
+impl Context {
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<Context> {
+        let ctx = py.detach(clink_rs::Context::new).or_py(py)?;
+        Ok(Context { ctx })
+    }
+
+    /// Opens a new endpoint.
+    fn endpoint(&self, py: Python<'_>) -> PyResult<Endpoint> {
+        let ep = self.ctx.endpoint().or_py(py)?;
+        Ok(Endpoint::wrap(ep))
+    }
+}
+
+// ------------------------------------------------------------------ status, message
+
+/// Who sent what: ``peer``, ``tag`` and ``length`` (the message's full length).
+#[pyclass(module = "clink", frozen, eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The peer (sender of a received message).
+    #[pyo3(get)]
+    peer: u32,
+    /// The message's tag.
+    #[pyo3(get)]
+    tag: u64,
+    /// The message's length in bytes.
+    #[pyo3(get)]
+    length: u64,
+}
+
+impl From<clink_rs::Status> for Status {
+    fn from(s: clink_rs::Status) -> Status {
+        Status {
+            peer: s.peer.0,
+            tag: s.tag,
+            length: s.len,
+        }
+    }
+}
+
+#[pymethods]
+impl Status {
+    fn __repr__(&self) -> String {
+        format!(
+            "Status(peer={}, tag={}, length={})",
+            self.peer, self.tag, self.length
+        )
+    }
+}
+
+/// A received message that owns its bytes: a buffer (``memoryview(msg)``, ``bytes(msg)``,
+/// ``numpy.frombuffer(msg, ...)`` read it without copying) with its ``status``.
+#[pyclass(module = "clink", frozen)]
+pub struct Message {
+    data: SendBox<UnsafeCell<Vec<u8>>>,
+    /// Who sent it, its tag and length.
+    #[pyo3(get)]
+    status: Status,
+}
+
+impl Message {
+    fn new(data: Vec<u8>, status: Status) -> Message {
+        Message {
+            data: SendBox(UnsafeCell::new(data)),
+            status,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the vector is never resized after creation; Python writers may change
+        // its bytes through writable views, as with a bytearray.
+        unsafe { &*self.data.0.get() }
+    }
+}
+
+#[pymethods]
+impl Message {
+    /// The sender.
+    #[getter]
+    fn peer(&self) -> u32 {
+        self.status.peer
+    }
+
+    /// The tag.
+    #[getter]
+    fn tag(&self) -> u64 {
+        self.status.tag
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.bytes())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Message({} bytes, {})",
+            self.bytes().len(),
+            self.status.__repr__()
+        )
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        let (ptr, len) = {
+            let v = unsafe { &mut *slf.get().data.0.get() };
+            (v.as_mut_ptr(), v.len())
+        };
+        unsafe { fill_view(slf.as_any(), view, flags, ptr, len, false) }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {}
+}
+
+// ------------------------------------------------------------------ endpoint
+
+/// A communication port: connects to peers and accepts them, sends and receives tagged
+/// messages, owns apertures and an event queue.
+///
+/// Thread safety: any thread may call it, one at a time; a call while another thread is
+/// inside one (or while an in-place message or send slot is held) raises ``clink.Busy``.
+/// Blocking calls release the GIL. There is no background thread: call into the endpoint
+/// (any call, or ``progress()``) now and then while computing, and more often than every
+/// 2 s over the network.
+#[pyclass(module = "clink", frozen)]
+pub struct Endpoint {
+    pub(crate) sh: Shared,
+    aio: PyOnceLock<Py<PyAny>>,
+}
+
+impl Endpoint {
+    fn wrap(ep: clink_rs::Endpoint) -> Endpoint {
+        let (fd, address) = (ep.fd(), ep.address());
+        Endpoint {
+            sh: Shared {
+                ep: UnsafeCell::new(Some(ep)),
+                busy: AtomicBool::new(false),
+                fd,
+                address,
+            },
+            aio: PyOnceLock::new(),
+        }
+    }
+}
+
+#[pymethods]
+impl Endpoint {
+    /// The printable address another process passes to ``connect``.
+    #[getter]
+    fn address(&self) -> &str {
+        &self.sh.address
+    }
+
+    /// The endpoint's file descriptor, level-triggered: readable when a message, connection
+    /// or peer failure may be pending. Before blocking on it (select, poll, an event loop)
+    /// call ``prepare_wait()`` and block only when it returns True; after waking call
+    /// ``finish_wait()`` and then make progress (any call). Owned by the endpoint.
+    fn fileno(&self) -> RawFd {
+        self.sh.fd
+    }
+
+    /// Connects to the endpoint at ``address``; returns the peer's number.
+    fn connect(&self, py: Python<'_>, address: &str) -> PyResult<u32> {
+        let a = address.to_string();
+        self.sh.blocking(py, move |ep| ep.connect(&a)).map(|p| p.0)
+    }
+
+    /// Waits for a peer to connect (at most ``timeout`` seconds; None: no limit); returns
+    /// its number. ``clink.Timeout`` when none came.
+    #[pyo3(signature = (timeout=None))]
+    fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u32> {
+        let t = duration(py, timeout)?;
+        self.sh.blocking(py, move |ep| ep.accept(t)).map(|p| p.0)
+    }
+
+    /// The connected peers' numbers.
+    fn peers(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        self.sh
+            .with(py, |ep| Ok(ep.peers().into_iter().map(|p| p.0).collect()))
+    }
+
+    /// Whether ``peer`` is connected and alive.
+    fn is_alive(&self, py: Python<'_>, peer: u32) -> PyResult<bool> {
+        self.sh.with(py, |ep| Ok(ep.is_alive(PeerId(peer))))
+    }
+
+    /// The transport to ``peer``: "shm", "udp" or "tcp".
+    fn transport(&self, py: Python<'_>, peer: u32) -> PyResult<&'static str> {
+        self.sh.with(py, |ep| ep.transport(PeerId(peer)))
+    }
+
+    /// The largest message sent to ``peer`` eagerly (larger ones go by rendezvous), and
+    /// the largest ``claim``.
+    fn eager_max(&self, py: Python<'_>, peer: u32) -> PyResult<u64> {
+        self.sh.with(py, |ep| ep.eager_max(PeerId(peer)))
+    }
+
+    /// Sends ``data`` (any C-contiguous buffer: bytes, bytearray, memoryview, numpy array)
+    /// to ``peer`` with ``tag`` and waits until it is out of ``data``. No copy of ``data``
+    /// is made: the endpoint reads it in place (into the peer's ring for small messages,
+    /// by one CMA copy into the receiver's buffer for large ones on the same host). The
+    /// GIL is released meanwhile: do not modify ``data`` from another thread until it
+    /// returns.
+    fn send(&self, py: Python<'_>, peer: u32, tag: u64, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let hb = HeldBuffer::readable(data)?;
+        let s = hb.as_slice();
+        self.sh
+            .blocking(py, move |ep| ep.send(PeerId(peer), tag, s))
+    }
+
+    /// Receives one message matching ``peer`` / ``tag`` (None: any; ``mask`` selects tag
+    /// bits) into ``buf``, a writable C-contiguous buffer (bytearray, memoryview, numpy
+    /// array), without an intermediate copy: the message lands in ``buf`` directly. Returns
+    /// its Status; a message longer than ``buf`` fills it and raises ``clink.Truncated``
+    /// (``length``: the full length). ``timeout`` in seconds (None: no limit;
+    /// ``clink.Timeout``, the receive withdrawn). The GIL is released meanwhile.
+    #[pyo3(signature = (buf, peer=None, tag=None, *, mask=None, timeout=None))]
+    fn recv_into(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        peer: Option<u32>,
+        tag: Option<u64>,
+        mask: Option<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Status> {
+        let sel = selector(py, peer, tag, mask)?;
+        let t = duration(py, timeout)?;
+        let mut hb = HeldBuffer::writable(buf)?;
+        let s = hb.as_mut_slice();
+        self.sh
+            .blocking(py, move |ep| ep.recv_timeout(sel, s, t))
+            .map(Status::from)
+    }
+
+    /// Receives one message matching ``peer`` / ``tag`` into a new ``Message`` of its
+    /// exact length (one copy: out of the sender's ring, or of the library's buffer for a
+    /// large message; ``recv_into`` lands it in a buffer of yours instead). ``timeout`` as
+    /// for ``recv_into``.
+    #[pyo3(signature = (peer=None, tag=None, *, mask=None, timeout=None))]
+    fn recv(
+        &self,
+        py: Python<'_>,
+        peer: Option<u32>,
+        tag: Option<u64>,
+        mask: Option<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Message> {
+        let sel = selector(py, peer, tag, mask)?;
+        let t = duration(py, timeout)?;
+        let (v, st) = self.sh.blocking(py, move |ep| {
+            let g = ep.recv_in_place(sel, t)?;
+            Ok((g.to_vec(), g.status()))
+        })?;
+        Ok(Message::new(v, st.into()))
+    }
+
+    /// Looks for a message matching ``peer`` / ``tag`` that has arrived and not been
+    /// received yet, without receiving it: its Status, or None. Makes progress first.
+    #[pyo3(signature = (peer=None, tag=None, *, mask=None))]
+    fn probe(
+        &self,
+        py: Python<'_>,
+        peer: Option<u32>,
+        tag: Option<u64>,
+        mask: Option<u64>,
+    ) -> PyResult<Option<Status>> {
+        let sel = selector(py, peer, tag, mask)?;
+        self.sh.with(py, |ep| Ok(ep.probe(sel).map(Status::from)))
+    }
+
+    /// Starts sending ``data`` (any C-contiguous buffer) to ``peer`` with ``tag`` without
+    /// copying it: the request holds the buffer (exported, so a bytearray cannot be
+    /// resized) until the send is complete. Do not modify it until then. Complete it with
+    /// ``test``, ``wait`` or ``await req.wait_async()``.
+    fn isend(
+        slf: &Bound<'_, Self>,
+        peer: u32,
+        tag: u64,
+        data: &Bound<'_, PyAny>,
+    ) -> PyResult<SendRequest> {
+        let py = slf.py();
+        let hb = HeldBuffer::readable(data)?;
+        let bytes = Bytes::from_owner(hb);
+        let req = slf
+            .get()
+            .sh
+            .with(py, |ep| ep.isend(PeerId(peer), tag, bytes))?;
+        Ok(SendRequest {
+            owner: slf.clone().unbind(),
+            id: req.id(),
+            req: Mutex::new(Some(req)),
+        })
+    }
+
+    /// Posts a receive of at most ``size`` bytes for a message matching ``peer`` / ``tag``.
+    /// The Rust endpoint owns the receive buffer while the request is pending; on
+    /// completion it becomes the returned ``Message`` (no copy).
+    #[pyo3(signature = (size, peer=None, tag=None, *, mask=None))]
+    fn irecv(
+        slf: &Bound<'_, Self>,
+        size: usize,
+        peer: Option<u32>,
+        tag: Option<u64>,
+        mask: Option<u64>,
+    ) -> PyResult<RecvRequest> {
+        let py = slf.py();
+        let sel = selector(py, peer, tag, mask)?;
+        let req = slf.get().sh.with(py, |ep| ep.irecv(sel, vec![0u8; size]))?;
+        Ok(RecvRequest {
+            owner: slf.clone().unbind(),
+            id: req.id(),
+            req: Mutex::new(Some(req)),
+        })
+    }
+
+    /// Waits for the first of ``requests`` (receive requests of this endpoint) to complete,
+    /// at most ``timeout`` seconds: returns ``(index, Message)``; a failed one raises its
+    /// error. The others stay pending (all of them on ``clink.Timeout``).
+    #[pyo3(signature = (requests, timeout=None))]
+    fn wait_any(
+        &self,
+        py: Python<'_>,
+        requests: Vec<Bound<'_, RecvRequest>>,
+        timeout: Option<f64>,
+    ) -> PyResult<(usize, Message)> {
+        let t = duration(py, timeout)?;
+        let mut l = self.sh.lock(py)?;
+        let ep = l.ep(py)?;
+        let mut taken = Vec::with_capacity(requests.len());
+        for r in &requests {
+            if !std::ptr::eq(&r.get().owner.get().sh, &self.sh) {
+                return Err(invalid(py, "a request of another endpoint"));
+            }
+            let got = r.get().req.lock().map(|mut g| g.take());
+            match got {
+                Ok(Some(q)) => taken.push(q),
+                _ => {
+                    // Put the ones taken so far back.
+                    for (q, r) in taken.into_iter().zip(&requests) {
+                        *r.get().req.lock().expect("request lock") = Some(q);
+                    }
+                    return Err(raise_consumed(py));
+                }
+            }
+        }
+        let reqs = &taken;
+        let r = {
+            let ep = &mut *ep;
+            py.detach(move || ep.wait_any_recv(reqs, t))
+        };
+        match r {
+            Ok((i, res)) => {
+                for (j, (q, r)) in taken.into_iter().zip(&requests).enumerate() {
+                    if j != i {
+                        *r.get().req.lock().expect("request lock") = Some(q);
+                    } else if matches!(res, Err(clink_rs::Error::Truncated { .. })) {
+                        let _ = ep.take_recv_buffer(q);
+                    }
+                }
+                let got = res.or_py(py)?;
+                Ok((i, Message::new(got.buf, got.status.into())))
+            }
+            Err(e) => {
+                for (q, r) in taken.into_iter().zip(&requests) {
+                    *r.get().req.lock().expect("request lock") = Some(q);
+                }
+                Err(to_py(py, e))
+            }
+        }
+    }
+
+    /// Receives a message matching ``peer`` / ``tag`` without copying it when it is a small
+    /// message at the head of its sender's ring (others come in a buffer of the library's).
+    /// Returns an ``InPlaceMessage``: a read-only buffer valid until released (use it as a
+    /// context manager). Until then the endpoint raises ``clink.Busy`` to other calls.
+    #[pyo3(signature = (peer=None, tag=None, *, mask=None, timeout=None))]
+    fn recv_in_place(
+        slf: &Bound<'_, Self>,
+        peer: Option<u32>,
+        tag: Option<u64>,
+        mask: Option<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<InPlaceMessage> {
+        let py = slf.py();
+        let sel = selector(py, peer, tag, mask)?;
+        let t = duration(py, timeout)?;
+        let sh = &slf.get().sh;
+        let mut l = sh.lock(py)?;
+        // SAFETY: the guard borrows the endpoint for as long as the InPlaceMessage holds
+        // it: the lock stays taken until the guard is dropped (release or drop), and the
+        // message keeps the Python endpoint (and so the Rust one) alive.
+        let ep: &'static mut clink_rs::Endpoint = unsafe { &mut *(l.ep(py)? as *mut _) };
+        let g = py
+            .detach(move || ep.recv_in_place(sel, t).map(SendBox))
+            .or_py(py)?;
+        std::mem::forget(l); // the message holds the lock now
+        let g = g.0;
+        let (ptr, len, st) = (g.as_ptr() as usize, g.len(), g.status());
+        Ok(InPlaceMessage {
+            owner: slf.clone().unbind(),
+            guard: Mutex::new(Some(SendBox(g))),
+            ptr,
+            len,
+            status: st.into(),
+            exports: AtomicUsize::new(0),
+        })
+    }
+
+    /// Claims room for a ``length``-byte message to ``peer`` with ``tag`` in its ring
+    /// (waiting up to ``timeout`` seconds): write the message into the returned
+    /// ``SendSlot`` (a writable buffer), then ``commit()`` (zero copies on the sending
+    /// side). ``length`` at most ``eager_max(peer)``. Until committed or abandoned the
+    /// endpoint raises ``clink.Busy`` to other calls.
+    #[pyo3(signature = (peer, tag, length, timeout=None))]
+    fn claim(
+        slf: &Bound<'_, Self>,
+        peer: u32,
+        tag: u64,
+        length: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<SendSlot> {
+        let py = slf.py();
+        let t = duration(py, timeout)?;
+        let sh = &slf.get().sh;
+        let mut l = sh.lock(py)?;
+        // SAFETY: as in recv_in_place: locked for as long as the slot lives.
+        let ep: &'static mut clink_rs::Endpoint = unsafe { &mut *(l.ep(py)? as *mut _) };
+        let s = py
+            .detach(move || ep.claim(PeerId(peer), tag, length, t).map(SendBox))
+            .or_py(py)?;
+        std::mem::forget(l);
+        let mut s = s.0;
+        let b = s.buf();
+        let (ptr, len) = (b.as_mut_ptr() as usize, b.len());
+        Ok(SendSlot {
+            owner: slf.clone().unbind(),
+            slot: Mutex::new(Some(SendBox(s))),
+            ptr,
+            len,
+            exports: AtomicUsize::new(0),
+        })
+    }
+
+    /// Moves data without blocking (drains rings, matches, answers rendezvous, runs the
+    /// network's timers); True when anything happened.
+    fn progress(&self, py: Python<'_>) -> PyResult<bool> {
+        self.sh.with(py, |ep| Ok(ep.progress()))
+    }
+
+    /// Prepares to block on ``fileno()``: True when it is safe to block (then call
+    /// ``finish_wait()`` after waking), False when work arrived meanwhile (make progress
+    /// instead; no ``finish_wait`` needed).
+    fn prepare_wait(&self, py: Python<'_>) -> PyResult<bool> {
+        self.sh.with(py, |ep| Ok(ep.prepare_wait()))
+    }
+
+    /// Withdraws the doorbell requests of a ``prepare_wait()`` that returned True.
+    fn finish_wait(&self, py: Python<'_>) -> PyResult<()> {
+        self.sh.with(py, |ep| {
+            ep.finish_wait();
+            Ok(())
+        })
+    }
+
+    /// The endpoint's counters as a dict of name to integer (frames, eager and rendezvous
+    /// sends, CMA bytes, sleeps, datagrams, retransmissions, one-sided bytes, ...).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.sh.with(py, |ep| Ok(format!("{:?}", ep.stats())))?;
+        let d = crate::new_dict(py);
+        let body = s
+            .trim()
+            .strip_prefix("Stats {")
+            .and_then(|b| b.strip_suffix('}'))
+            .unwrap_or("");
+        for field in body.split(',') {
+            if let Some((k, v)) = field.split_once(':') {
+                if let Ok(n) = v.trim().parse::<u64>() {
+                    d.set_item(k.trim(), n)?;
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    /// Says goodbye to every peer and frees the endpoint; later calls raise
+    /// ``clink.InvalidArgument``. Apertures' memory stays mapped while their objects live.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let mut l = self.sh.lock(py)?;
+        // SAFETY: locked.
+        let ep = unsafe { (*l.0.ep.get()).take() };
+        if let Some(mut ep) = ep {
+            py.detach(move || {
+                ep.close();
+                drop(ep)
+            });
+        }
+        let _ = l.ep(py); // (closed now)
+        Ok(())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    /// ``await ep.recv_async(buf, peer, tag)``: as ``recv_into``, waiting for the message's
+    /// arrival without blocking the event loop (the endpoint's fd in ``loop.add_reader``,
+    /// with the ``prepare_wait``/``finish_wait`` protocol). Once a message has arrived its
+    /// bytes are moved synchronously (one copy into ``buf``; for a large message that is
+    /// the whole transfer). Cancelling the coroutine leaves nothing posted.
+    #[pyo3(signature = (buf, peer=None, tag=None, *, mask=None))]
+    fn recv_async<'py>(
+        slf: &Bound<'py, Self>,
+        buf: Bound<'py, PyAny>,
+        peer: Option<u32>,
+        tag: Option<u64>,
+        mask: Option<u64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        support(slf.py())?
+            .getattr("recv_async")?
+            .call1((slf, buf, peer, tag, mask))
+    }
+
+    /// ``await ep.send_async(peer, tag, data)``: ``isend`` then waits for completion
+    /// without blocking the event loop (a rendezvous send completes when the receiver has
+    /// taken the bytes). ``data`` must not change until it returns.
+    fn send_async<'py>(
+        slf: &Bound<'py, Self>,
+        peer: u32,
+        tag: u64,
+        data: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        support(slf.py())?
+            .getattr("send_async")?
+            .call1((slf, peer, tag, data))
+    }
+
+    /// ``await ep.wait_event_async()``: the next event of the endpoint's queue (see
+    /// ``set_interest``), waiting without blocking the event loop.
+    fn wait_event_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        support(slf.py())?
+            .getattr("wait_event_async")?
+            .call1((slf,))
+    }
+
+    /// The asyncio waiters of this endpoint, per event loop (internal).
+    fn _aio_table(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.aio
+            .get_or_try_init(py, || {
+                support(py)?
+                    .getattr("_new_table")?
+                    .call0()
+                    .map(Bound::unbind)
+            })
+            .map(|t| t.clone_ref(py))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Endpoint({})", self.sh.address)
+    }
+}
+
+fn raise_consumed(py: Python<'_>) -> PyErr {
+    crate::raise_code(py, -13, "request already completed and consumed".into())
+}
+
+// ------------------------------------------------------------------ requests
+
+/// A non-blocking send (``Endpoint.isend``). It holds the sent buffer until complete.
+#[pyclass(module = "clink", frozen)]
+pub struct SendRequest {
+    owner: Py<Endpoint>,
+    req: Mutex<Option<clink_rs::SendRequest>>,
+    /// The request's number (as in a ``send_done`` event; 0 for one complete at once).
+    #[pyo3(get)]
+    id: u64,
+}
+
+#[pymethods]
+impl SendRequest {
+    /// True when complete (again True on later calls), False while pending; raises the
+    /// send's error (``clink.PeerDead``, ...). Makes progress first.
+    fn test(&self, py: Python<'_>) -> PyResult<bool> {
+        let sh = &self.owner.get().sh;
+        let mut l = sh.lock(py)?;
+        let mut g = self
+            .req
+            .try_lock()
+            .map_err(|_| busy(py, "request in use"))?;
+        let Some(req) = g.as_ref() else {
+            return Ok(true);
+        };
+        match l.ep(py)?.test_send(req) {
+            Ok(false) => Ok(false),
+            Ok(true) => {
+                *g = None;
+                Ok(true)
+            }
+            Err(e) => {
+                *g = None;
+                Err(to_py(py, e))
+            }
+        }
+    }
+
+    /// Waits for completion, at most ``timeout`` seconds (``clink.Timeout`` leaves it
+    /// pending). The GIL is released meanwhile.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let t = duration(py, timeout)?;
+        let sh = &self.owner.get().sh;
+        let mut l = sh.lock(py)?;
+        let mut g = self
+            .req
+            .try_lock()
+            .map_err(|_| busy(py, "request in use"))?;
+        let Some(req) = g.as_ref() else {
+            return Ok(());
+        };
+        let ep = l.ep(py)?;
+        let r = py.detach(move || ep.wait_send(req, t));
+        match r {
+            Err(clink_rs::Error::Timeout) => Err(to_py(py, clink_rs::Error::Timeout)),
+            r => {
+                *g = None;
+                r.or_py(py)
+            }
+        }
+    }
+
+    /// Cancels the send: True when withdrawn before the receiver took it, False when it
+    /// is (or will be) delivered anyway.
+    fn cancel(&self, py: Python<'_>) -> PyResult<bool> {
+        let sh = &self.owner.get().sh;
+        let mut l = sh.lock(py)?;
+        let mut g = self
+            .req
+            .try_lock()
+            .map_err(|_| busy(py, "request in use"))?;
+        let Some(req) = g.take() else {
+            return Ok(false);
+        };
+        let ep = l.ep(py)?;
+        py.detach(move || ep.cancel_send(req)).or_py(py)
+    }
+
+    /// ``await req.wait_async()``: waits for completion without blocking the event loop.
+    fn wait_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        support(py)?
+            .getattr("wait_request_async")?
+            .call1((slf.get().owner.bind(py), slf))
+    }
+}
+
+/// A non-blocking receive (``Endpoint.irecv``).
+#[pyclass(module = "clink", frozen)]
+pub struct RecvRequest {
+    owner: Py<Endpoint>,
+    req: Mutex<Option<clink_rs::RecvRequest>>,
+    /// The request's number (as in a ``recv_done`` event).
+    #[pyo3(get)]
+    id: u64,
+}
+
+impl RecvRequest {
+    /// Takes the result of a finished test/wait: the message, or its error (a truncated
+    /// message's buffer is freed).
+    fn finish(
+        py: Python<'_>,
+        ep: &mut clink_rs::Endpoint,
+        g: &mut Option<clink_rs::RecvRequest>,
+        r: clink_rs::Result<Option<clink_rs::Received>>,
+    ) -> PyResult<Option<Message>> {
+        match r {
+            Ok(None) => Ok(None),
+            Ok(Some(got)) => {
+                *g = None;
+                Ok(Some(Message::new(got.buf, got.status.into())))
+            }
+            Err(e) => {
+                if let (clink_rs::Error::Truncated { .. }, Some(q)) = (&e, g.take()) {
+                    let _ = ep.take_recv_buffer(q);
+                }
+                *g = None;
+                Err(to_py(py, e))
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl RecvRequest {
+    /// The received ``Message`` when complete, None while pending; raises the receive's
+    /// error (``clink.Truncated``, ``clink.PeerDead``, ``clink.Consumed`` once taken).
+    fn test(&self, py: Python<'_>) -> PyResult<Option<Message>> {
+        let sh = &self.owner.get().sh;
+        let mut l = sh.lock(py)?;
+        let mut g = self
+            .req
+            .try_lock()
+            .map_err(|_| busy(py, "request in use"))?;
+        let Some(req) = g.as_ref() else {
+            return Err(raise_consumed(py));
+        };
+        let ep = l.ep(py)?;
+        let r = ep.test_recv(req);
+        RecvRequest::finish(py, ep, &mut g, r)
+    }
+
+    /// Waits for the message, at most ``timeout`` seconds (``clink.Timeout`` leaves the
+    /// request pending). The GIL is released meanwhile.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Message> {
+        let t = duration(py, timeout)?;
+        let sh = &self.owner.get().sh;
+        let mut l = sh.lock(py)?;
+        let mut g = self
+            .req
+            .try_lock()
+            .map_err(|_| busy(py, "request in use"))?;
+        let Some(req) = g.as_ref() else {
+            return Err(raise_consumed(py));
+        };
+        let ep = l.ep(py)?;
+        let r = {
+            let ep = &mut *ep;
+            py.detach(move || ep.wait_recv(req, t))
+        };
+        match r {
+            Err(clink_rs::Error::Timeout) => Err(to_py(py, clink_rs::Error::Timeout)),
+            r => RecvRequest::finish(py, ep, &mut g, r.map(Some))
+                .map(|m| m.expect("a completed receive")),
+        }
+    }
+
+    /// Cancels the receive: True when withdrawn (it had not matched a message), False when
+    /// it had (complete it with ``wait``).
+    fn cancel(&self, py: Python<'_>) -> PyResult<bool> {
+        let sh = &self.owner.get().sh;
+        let mut l = sh.lock(py)?;
+        let mut g = self
+            .req
+            .try_lock()
+            .map_err(|_| busy(py, "request in use"))?;
+        let Some(req) = g.as_ref() else {
+            return Ok(false);
+        };
+        let withdrawn = l.ep(py)?.cancel_recv(req).or_py(py)?.is_some();
+        if withdrawn {
+            *g = None;
+        }
+        Ok(withdrawn)
+    }
+
+    /// ``await req.wait_async()``: the ``Message``, waiting without blocking the event
+    /// loop.
+    fn wait_async<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        support(py)?
+            .getattr("wait_request_async")?
+            .call1((slf.get().owner.bind(py), slf))
+    }
+}
+
+// ------------------------------------------------------------------ in place, slots
+
+/// A message received in place (``Endpoint.recv_in_place``): a read-only buffer over the
+/// sender's ring (zero copies) or a library buffer, valid until ``release()`` (or the end
+/// of its ``with`` block). Views of it (``memoryview(msg)``) must be released first.
+/// While it is held the endpoint raises ``clink.Busy`` to other calls.
+#[pyclass(module = "clink", frozen)]
+pub struct InPlaceMessage {
+    owner: Py<Endpoint>,
+    guard: Mutex<Option<SendBox<clink_rs::InPlace<'static>>>>,
+    ptr: usize,
+    len: usize,
+    /// Who sent it, its tag and length.
+    #[pyo3(get)]
+    status: Status,
+    exports: AtomicUsize,
+}
+
+impl InPlaceMessage {
+    fn drop_guard(&self) -> bool {
+        let g = match self.guard.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        let had = g.is_some();
+        drop(g);
+        if had {
+            self.owner.get().sh.busy.store(false, Ordering::Release);
+        }
+        had
+    }
+
+    fn live(&self) -> bool {
+        self.guard.lock().map(|g| g.is_some()).unwrap_or(false)
+    }
+}
+
+impl Drop for InPlaceMessage {
+    fn drop(&mut self) {
+        self.drop_guard();
+    }
+}
+
+#[pymethods]
+impl InPlaceMessage {
+    /// Gives the message back (frees its ring space) and unlocks the endpoint. Raises
+    /// BufferError while views of it are still exported. Releasing twice does nothing.
+    fn release(&self) -> PyResult<()> {
+        if self.exports.load(Ordering::Acquire) > 0 {
+            return Err(PyBufferError::new_err(
+                "release the memoryviews of this message first",
+            ));
+        }
+        self.drop_guard();
+        Ok(())
+    }
+
+    /// Whether it is still held (not released).
+    #[getter]
+    fn held(&self) -> bool {
+        self.live()
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// A copy of the bytes.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        if !self.live() {
+            return Err(PyBufferError::new_err("message released"));
+        }
+        // SAFETY: held: the bytes stay in place until released.
+        let s = unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) };
+        Ok(PyBytes::new(py, s))
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.release()?;
+        Ok(false)
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        let me = slf.get();
+        if !me.live() {
+            return Err(PyBufferError::new_err("message released"));
+        }
+        unsafe { fill_view(slf.as_any(), view, flags, me.ptr as *mut u8, me.len, true)? };
+        me.exports.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Room claimed in a peer's ring (``Endpoint.claim``): a writable buffer; write the
+/// message into it, then ``commit()`` (or ``abandon()``). As a context manager it commits
+/// at the end of the block, or abandons when the block raised. Views of it must be
+/// released before committing. While it is held the endpoint raises ``clink.Busy``.
+#[pyclass(module = "clink", frozen)]
+pub struct SendSlot {
+    owner: Py<Endpoint>,
+    slot: Mutex<Option<SendBox<clink_rs::SendSlot<'static>>>>,
+    ptr: usize,
+    len: usize,
+    exports: AtomicUsize,
+}
+
+impl SendSlot {
+    fn finish(&self, commit: bool) -> PyResult<bool> {
+        if self.exports.load(Ordering::Acquire) > 0 {
+            return Err(PyBufferError::new_err(
+                "release the memoryviews of this slot first",
+            ));
+        }
+        let s = match self.slot.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        let Some(s) = s else { return Ok(false) };
+        if commit {
+            s.0.commit();
+        } else {
+            drop(s);
+        }
+        self.owner.get().sh.busy.store(false, Ordering::Release);
+        Ok(true)
+    }
+}
+
+impl Drop for SendSlot {
+    fn drop(&mut self) {
+        let s = match self.slot.get_mut() {
+            Ok(g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if s.is_some() {
+            drop(s);
+            self.owner.get().sh.busy.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[pymethods]
+impl SendSlot {
+    /// Publishes the message; the endpoint is usable again. False when already done.
+    fn commit(&self) -> PyResult<bool> {
+        self.finish(true)
+    }
+
+    /// Gives the room back without sending. False when already done.
+    fn abandon(&self) -> PyResult<bool> {
+        self.finish(false)
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        exc_type: Option<Bound<'_, PyAny>>,
+        _exc: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let ok = exc_type.is_none_or(|t| t.is_none());
+        self.finish(ok)?;
+        Ok(false)
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        let me = slf.get();
+        if !me.slot.lock().map(|g| g.is_some()).unwrap_or(false) {
+            return Err(PyBufferError::new_err(
+                "slot already committed or abandoned",
+            ));
+        }
+        unsafe { fill_view(slf.as_any(), view, flags, me.ptr as *mut u8, me.len, false)? };
+        me.exports.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.exports.fetch_sub(1, Ordering::AcqRel);
+    }
+}
