@@ -1,5 +1,6 @@
 //! End-to-end: `clink bench --quick --json` for clink and the kernel sockets, two
-//! processes per system, on the host and between two network namespaces; the aperture
+//! processes per system, on the host, between two network namespaces and between two
+//! hosts on a bridge with loss; the aperture
 //! experiments (`--rma`) and the speculation experiments (`--spec`, between namespaces).
 
 use std::process::Command;
@@ -98,8 +99,7 @@ fn quick_json_run_over_sockets() {
 #[test]
 fn quick_netns_run_over_tcp_and_udp() {
     if let Some(why) = clink::netns::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
+        panic!("this test needs network namespaces: {why}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_clink"))
         .args(["bench", "--placement", "netns", "--quick", "--json"])
@@ -188,10 +188,45 @@ fn quick_rma_run_with_the_event_server() {
 }
 
 #[test]
+fn quick_bridge_run_with_loss() {
+    if let Some(why) = clink::netns::unavailable() {
+        panic!("this test needs network namespaces: {why}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
+        .args(["bench", "--placement", "bridge", "--quick", "--json"])
+        .args(["--systems", "tcp,clink", "--mode", "busy"])
+        .args(["--lat-sizes", "64", "--bw-sizes", "64K", "--loss", "0,2"])
+        .args(["--timeout-secs", "60"])
+        .output()
+        .expect("run clink bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench failed: {stderr}");
+    assert!(stderr.contains("placement bridge"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows = json_rows(&stdout);
+    // 2 losses x 2 systems x (1 latency + 1 bandwidth).
+    assert_eq!(rows.len(), 8, "{stdout}");
+    for loss in [0.0, 2.0] {
+        for sys in ["tcp", "clink-udp"] {
+            let n = rows
+                .iter()
+                .filter(|r| r["system"] == sys && r["loss_pct"].as_f64() == Some(loss))
+                .count();
+            assert_eq!(n, 2, "{sys} at {loss}%: {stdout}");
+        }
+    }
+    for row in &rows {
+        assert_eq!(row["placement"], "bridge", "{row}");
+        assert_eq!(row["mtu"], 1500, "{row}");
+        assert!(row["median"].as_f64().is_some_and(|m| m > 0.0), "{row}");
+    }
+    assert_namespaces_removed(&stderr, 4);
+}
+
+#[test]
 fn quick_spec_run_between_namespaces() {
     if let Some(why) = clink::netns::unavailable() {
-        eprintln!("skipped: {why}");
-        return;
+        panic!("this test needs network namespaces: {why}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_clink"))
         .args([

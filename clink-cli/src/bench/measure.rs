@@ -234,6 +234,8 @@ fn base_row(ch: &dyn Channel, label: &RowLabel<'_>, metric: Metric, size: usize)
         mtu: None,
         cpu_s_per_gb: None,
         lost_pct: None,
+        loss_pct: None,
+        rate: None,
     }
 }
 

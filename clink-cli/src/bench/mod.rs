@@ -24,6 +24,12 @@
 //! only; on the host, over loopback, when named) runs clink over TCP in the same
 //! run. Unix sockets cannot cross namespaces and are skipped with a note;
 //! UCX runs with `UCX_TLS=tcp`. Rows carry `placement` and, in netns, `mtu`.
+//! `--placement bridge`: as netns, but the two namespaces are hosts 0 and 1 of a Linux
+//! bridge ([`clink::netns::Bridge`]: one switch hop apart, as on a cluster), made afresh
+//! for each `--mtu` (default 1500) and each `--loss` percentage (default 0: packets
+//! dropped at random by nftables on the switch on the way into each host), with each
+//! host's input limited to `--rate` (tc's tbf) if given; rows carry `loss_pct` and
+//! `rate` too.
 //!
 //! # What a bandwidth row holds
 //!
@@ -79,7 +85,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use clink::netns::NetnsPair;
+use clink::netns::{BridgeSpec, NetnsPair};
 
 // The plug-in interface and result types, re-exported for system implementations.
 #[allow(unused_imports)]
@@ -90,7 +96,7 @@ pub use report::{Metric, Row};
 
 use affinity::{CLIENT_CPU, SERVER_CPU};
 use proc::ChildProc;
-use report::{HOST_PLACEMENT, NETNS_PLACEMENT};
+use report::{BRIDGE_PLACEMENT, HOST_PLACEMENT, NETNS_PLACEMENT};
 
 /// Name of the hidden subcommand the harness runs its children with; the CLI
 /// must route it to [`run_child`] with [`ChildArgs`].
@@ -127,6 +133,9 @@ pub enum Placement {
     Host,
     /// Two network namespaces joined by a veth pair (needs root).
     Netns,
+    /// Two network namespaces on a Linux bridge, one switch hop apart, with `--loss` and
+    /// `--rate` applied on the switch (needs root; nftables for loss, tc for the rate).
+    Bridge,
 }
 
 /// Which modes to run.
@@ -194,10 +203,18 @@ pub struct BenchArgs {
     /// (two network namespaces joined by a veth pair; needs root).
     #[arg(long, value_enum, default_value_t = Placement::Host)]
     pub placement: Placement,
-    /// Veth MTUs for `--placement netns`, comma-separated (default 1500,9000;
-    /// ignored on the host).
+    /// Veth MTUs for `--placement netns` or `bridge`, comma-separated (default
+    /// 1500,9000 for netns, 1500 for bridge; ignored on the host).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(68..=65535))]
     pub mtu: Option<Vec<u32>>,
+    /// With `--placement bridge`: percentages of packets dropped at random on the way
+    /// into each host, comma-separated; each is a run of its own (default 0).
+    #[arg(long, value_delimiter = ',')]
+    pub loss: Option<Vec<f64>>,
+    /// With `--placement bridge`: rate limit of each host's input link, in tc's syntax
+    /// (`1gbit`, the seeds' Gigabit Ethernet).
+    #[arg(long)]
+    pub rate: Option<String>,
     /// Run the aperture experiments (one-word round trips, distributed queue, put
     /// bandwidth, event-driven server; rows with an `experiment` field) instead of the
     /// system comparison.
@@ -438,20 +455,57 @@ fn run_pair(
         return Err(e);
     }
     for row in &mut rows {
-        label_placement(row, net.map(NetnsPair::mtu));
+        label_placement(row, &Where::of(net));
     }
     Ok(rows)
 }
 
-/// Sets a row's `placement` and `mtu` (`mtu` = `Some` in netns placement), and
-/// names clink's rows in netns after the transport its channel reported.
-fn label_placement(row: &mut Row, mtu: Option<u32>) {
-    row.mtu = mtu;
-    if mtu.is_none() {
-        row.placement = HOST_PLACEMENT.to_string();
+/// Where a run's rows were measured.
+#[derive(Debug, Clone, PartialEq)]
+struct Where {
+    placement: &'static str,
+    mtu: Option<u32>,
+    loss_pct: Option<f64>,
+    rate: Option<String>,
+}
+
+impl Where {
+    fn of(net: Option<&NetnsPair>) -> Where {
+        match net {
+            None => Where {
+                placement: HOST_PLACEMENT,
+                mtu: None,
+                loss_pct: None,
+                rate: None,
+            },
+            Some(n) => match n.bridge() {
+                None => Where {
+                    placement: NETNS_PLACEMENT,
+                    mtu: Some(n.mtu()),
+                    loss_pct: None,
+                    rate: None,
+                },
+                Some(b) => Where {
+                    placement: BRIDGE_PLACEMENT,
+                    mtu: Some(n.mtu()),
+                    loss_pct: Some(b.spec().loss_pct),
+                    rate: b.spec().rate.clone(),
+                },
+            },
+        }
+    }
+}
+
+/// Sets a row's `placement`, `mtu`, `loss_pct` and `rate`, and names clink's rows
+/// between namespaces after the transport its channel reported.
+fn label_placement(row: &mut Row, at: &Where) {
+    row.mtu = at.mtu;
+    row.loss_pct = at.loss_pct;
+    row.rate = at.rate.clone();
+    row.placement = at.placement.to_string();
+    if at.mtu.is_none() {
         return;
     }
-    row.placement = NETNS_PLACEMENT.to_string();
     if row.system == CLINK {
         row.system = if row.transport.starts_with("tcp") {
             CLINK_TCP.to_string()
@@ -504,7 +558,7 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
         Some(list) => list.iter().map(|s| s.trim().to_string()).collect(),
         None => known
             .iter()
-            .filter(|&&s| s != CLINK_TCP || args.placement == Placement::Netns)
+            .filter(|&&s| s != CLINK_TCP || args.placement != Placement::Host)
             .map(|s| s.to_string())
             .chain(EXTERNAL.iter().map(|s| s.to_string()))
             .collect(),
@@ -571,14 +625,38 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
          message (sizes <= 1M stay cache-resident, larger ones are DRAM-sized)"
             .to_string(),
     );
-    let mtus: Vec<u32> = args.mtu.clone().unwrap_or_else(|| DEFAULT_MTUS.to_vec());
-    let slots: Vec<Option<u32>> = match args.placement {
+    let mtus: Vec<u32> = args.mtu.clone().unwrap_or_else(|| match args.placement {
+        Placement::Bridge => vec![1500],
+        _ => DEFAULT_MTUS.to_vec(),
+    });
+    let losses: Vec<f64> = args.loss.clone().unwrap_or_else(|| vec![0.0]);
+    if let Some(l) = losses.iter().find(|l| !(0.0..=100.0).contains(*l)) {
+        return Err(format!("--loss {l}: not a percentage"));
+    }
+    if args.placement != Placement::Bridge && (args.loss.is_some() || args.rate.is_some()) {
+        return Err("--loss and --rate apply to --placement bridge only".into());
+    }
+    let slots: Vec<Option<BridgeSpec>> = match args.placement {
         Placement::Host => vec![None],
-        Placement::Netns => {
+        p => {
             if let Some(why) = clink::netns::unavailable() {
-                return Err(format!("--placement netns: {why}"));
+                return Err(format!("--placement {p:?}: {why}"));
             }
-            mtus.iter().copied().map(Some).collect()
+            let mut v = Vec::new();
+            for &mtu in &mtus {
+                for &loss_pct in &losses {
+                    v.push(Some(BridgeSpec {
+                        hosts: 2,
+                        mtu,
+                        loss_pct,
+                        rate: args.rate.clone(),
+                    }));
+                    if p == Placement::Netns {
+                        break; // one pair per MTU
+                    }
+                }
+            }
+            v
         }
     };
     header.push(match args.placement {
@@ -595,6 +673,25 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
+        ),
+        Placement::Bridge => format!(
+            "placement bridge: for each MTU ({}) and loss ({}%) two fresh hosts (network \
+             namespaces) on a Linux bridge, server on host 0 (10.202.X.1), client on host 1 \
+             (10.202.X.2); loss dropped at random by nftables on the switch on the way into \
+             each host{}",
+            mtus.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            losses
+                .iter()
+                .map(f64::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            args.rate
+                .as_ref()
+                .map(|r| format!(", each host's input limited to {r} (tbf)"))
+                .unwrap_or_default()
         ),
     });
     header.push(load_note());
@@ -616,20 +713,29 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         ctx.note("--mtu ignored: it applies to --placement netns only".into());
     }
     for round in 0..args.rounds {
-        for &slot in &slots {
+        for slot in &slots {
             let net = match slot {
                 None => None,
-                Some(mtu) => match NetnsPair::create(mtu) {
-                    Ok(pair) => {
-                        announce_pair(&pair);
-                        Some(pair)
+                Some(spec) => {
+                    let made = if args.placement == Placement::Bridge {
+                        NetnsPair::bridged(spec)
+                    } else {
+                        NetnsPair::create(spec.mtu)
+                    };
+                    match made {
+                        Ok(pair) => {
+                            announce_pair(&pair);
+                            Some(pair)
+                        }
+                        Err(e) => {
+                            ctx.errors.push(format!(
+                                "MTU {} loss {}%: cannot make the namespaces: {e}",
+                                spec.mtu, spec.loss_pct
+                            ));
+                            continue;
+                        }
                     }
-                    Err(e) => {
-                        ctx.errors
-                            .push(format!("MTU {mtu}: cannot make the namespace pair: {e}"));
-                        continue;
-                    }
-                },
+                }
             };
             for mode in args.mode.modes() {
                 for name in &names {
@@ -719,9 +825,11 @@ fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mu
         );
         return;
     }
-    let place = match net {
-        Some(n) => format!(", netns MTU {}", n.mtu()),
-        None => String::new(),
+    let at = Where::of(net);
+    let place = match (&at.mtu, at.loss_pct) {
+        (Some(m), Some(l)) => format!(", {} MTU {m} loss {l}%", at.placement),
+        (Some(m), None) => format!(", {} MTU {m}", at.placement),
+        _ => String::new(),
     };
     eprintln!("running {name}/{mode} (round {}{place}) ...", round + 1);
     if name == UCX {
@@ -737,7 +845,7 @@ fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mu
             Ok((mut rows, tls)) => {
                 ctx.note(format!("ucx: {} with {tls}", exe.display()));
                 for row in &mut rows {
-                    label_placement(row, net.map(NetnsPair::mtu));
+                    label_placement(row, &at);
                 }
                 ctx.add_rows(rows, round);
             }
@@ -763,7 +871,7 @@ fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mu
             Ok((mut rows, how)) => {
                 ctx.note(format!("{name}: {how}; latency only (no streaming test)"));
                 for row in &mut rows {
-                    label_placement(row, net.map(NetnsPair::mtu));
+                    label_placement(row, &at);
                 }
                 ctx.add_rows(rows, round);
             }
@@ -854,23 +962,42 @@ mod tests {
     #[test]
     fn netns_rows_are_labelled() {
         let mut row = report::tests_support::bw_row("clink", "udp");
-        label_placement(&mut row, Some(9000));
+        let netns = |mtu| Where {
+            placement: NETNS_PLACEMENT,
+            mtu: Some(mtu),
+            loss_pct: None,
+            rate: None,
+        };
+        label_placement(&mut row, &netns(9000));
         assert_eq!(row.system, "clink-udp");
         assert_eq!(
             (row.placement.as_str(), row.mtu),
             (NETNS_PLACEMENT, Some(9000))
         );
         let mut row = report::tests_support::bw_row("clink", "tcp-veth");
-        label_placement(&mut row, Some(1500));
+        label_placement(&mut row, &netns(1500));
         assert_eq!(row.system, "clink-tcp");
         let mut row = report::tests_support::bw_row("clink", "shm");
-        label_placement(&mut row, None);
+        label_placement(&mut row, &Where::of(None));
         assert_eq!(
             (row.system.as_str(), row.placement.as_str()),
             ("clink", HOST_PLACEMENT)
         );
         let mut row = report::tests_support::bw_row("tcp", "veth");
-        label_placement(&mut row, Some(1500));
+        label_placement(&mut row, &netns(1500));
         assert_eq!(row.system, "tcp");
+        let mut row = report::tests_support::bw_row("clink", "udp");
+        let bridge = Where {
+            placement: BRIDGE_PLACEMENT,
+            mtu: Some(1500),
+            loss_pct: Some(1.0),
+            rate: Some("1gbit".into()),
+        };
+        label_placement(&mut row, &bridge);
+        assert_eq!(row.system, "clink-udp");
+        assert_eq!(
+            (row.placement.as_str(), row.loss_pct, row.rate.as_deref()),
+            (BRIDGE_PLACEMENT, Some(1.0), Some("1gbit"))
+        );
     }
 }

@@ -5,7 +5,9 @@
 //! defaults): `placement` (`host` or `netns`; default `host`), `mtu` (veth MTU,
 //! netns rows only), `cpu_s_per_gb` (bandwidth rows of systems the harness drives
 //! itself: client + server CPU seconds per GB received) and `lost_pct` (bandwidth
-//! rows of unreliable channels: percent of the bytes sent that never arrived).
+//! rows of unreliable channels: percent of the bytes sent that never arrived),
+//! `loss_pct` and `rate` (bridge rows: the random loss into each host, and its input
+//! link's rate limit if any).
 
 use serde_json::{json, Map, Value};
 
@@ -17,6 +19,9 @@ use super::stats::{median, n_half, NHalf};
 pub const HOST_PLACEMENT: &str = "host";
 /// `placement` of rows measured between two network namespaces joined by veth.
 pub const NETNS_PLACEMENT: &str = "netns";
+/// `placement` of rows measured between two hosts on a Linux bridge (with `loss_pct`
+/// and `rate`).
+pub const BRIDGE_PLACEMENT: &str = "bridge";
 
 /// What a row measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,10 @@ pub struct Row {
     pub cpu_s_per_gb: Option<f64>,
     /// Bandwidth rows of unreliable channels: percent of the bytes sent that were lost.
     pub lost_pct: Option<f64>,
+    /// Bridge rows: percent of packets dropped at random on the way into each host.
+    pub loss_pct: Option<f64>,
+    /// Bridge rows: the rate limit of each host's input link (tc syntax), if any.
+    pub rate: Option<String>,
 }
 
 impl Row {
@@ -123,6 +132,8 @@ impl Row {
             mtu: None,
             cpu_s_per_gb: None,
             lost_pct: None,
+            loss_pct: None,
+            rate: None,
         }
     }
 
@@ -157,6 +168,12 @@ impl Row {
         }
         if self.lost_pct.is_some() {
             obj.insert("lost_pct".into(), num(self.lost_pct));
+        }
+        if self.loss_pct.is_some() {
+            obj.insert("loss_pct".into(), num(self.loss_pct));
+        }
+        if let Some(rate) = &self.rate {
+            obj.insert("rate".into(), json!(rate));
         }
         Value::Object(obj).to_string()
     }
@@ -223,6 +240,8 @@ impl Row {
                 .and_then(|m| u32::try_from(m).ok()),
             cpu_s_per_gb: opt_f64("cpu_s_per_gb")?,
             lost_pct: opt_f64("lost_pct")?,
+            loss_pct: opt_f64("loss_pct")?,
+            rate: obj.get("rate").and_then(Value::as_str).map(str::to_string),
         })
     }
 }
@@ -247,6 +266,7 @@ pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
         (
             r.placement.clone(),
             r.mtu,
+            condition(r),
             r.system.clone(),
             r.mode,
             r.metric,
@@ -272,6 +292,18 @@ pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
         out.push(merged);
     }
     out
+}
+
+/// The network condition of a row (bridge rows: loss and rate), as text for keys.
+fn condition(r: &Row) -> String {
+    format!(
+        "{}{}",
+        r.loss_pct.map(|l| format!("loss {l}%")).unwrap_or_default(),
+        r.rate
+            .as_ref()
+            .map(|r| format!(", rate {r}"))
+            .unwrap_or_default()
+    )
 }
 
 /// Column key of the table: one system in one mode.
@@ -379,11 +411,15 @@ fn fmt_num(x: f64) -> String {
 }
 
 /// Heading of a placement group, `None` for the host.
-fn group_heading(placement: &str, mtu: Option<u32>) -> Option<String> {
+fn group_heading(placement: &str, mtu: Option<u32>, condition: &str) -> Option<String> {
     if placement == HOST_PLACEMENT && mtu.is_none() {
         return None;
     }
     Some(match (placement, mtu) {
+        (BRIDGE_PLACEMENT, Some(m)) => format!(
+            "== placement bridge: server and client on two hosts one switch hop apart, MTU \
+             {m}, {condition} =="
+        ),
         (NETNS_PLACEMENT, Some(m)) => format!(
             "== placement netns: server and client in two network namespaces joined by a \
              veth pair, MTU {m} =="
@@ -396,24 +432,24 @@ fn group_heading(placement: &str, mtu: Option<u32>) -> Option<String> {
 /// The readable report: for each placement (and veth MTU) in first-seen order, the
 /// latency table, bandwidth table, CPU-per-GB table, n-half and copies lines.
 pub fn render_table(rows: &[Row]) -> String {
-    let mut groups: Vec<(String, Option<u32>)> = Vec::new();
+    let mut groups: Vec<(String, Option<u32>, String)> = Vec::new();
     for row in rows {
-        let g = (row.placement.clone(), row.mtu);
+        let g = (row.placement.clone(), row.mtu, condition(row));
         if !groups.contains(&g) {
             groups.push(g);
         }
     }
     let mut out = String::new();
-    for (i, (placement, mtu)) in groups.iter().enumerate() {
+    for (i, (placement, mtu, cond)) in groups.iter().enumerate() {
         let members: Vec<Row> = rows
             .iter()
-            .filter(|r| &r.placement == placement && r.mtu == *mtu)
+            .filter(|r| &r.placement == placement && r.mtu == *mtu && &condition(r) == cond)
             .cloned()
             .collect();
         if i > 0 {
             out.push('\n');
         }
-        if let Some(h) = group_heading(placement, *mtu) {
+        if let Some(h) = group_heading(placement, *mtu, cond) {
             out.push_str(&h);
             out.push('\n');
         }

@@ -63,6 +63,8 @@ pub struct NetnsPair {
     made: [bool; 2],
     addrs: [Ipv4Addr; 2],
     mtu: u32,
+    /// Hosts 0 and 1 of a bridge instead of a veth pair ([`NetnsPair::bridged`]).
+    bridge: Option<Bridge>,
 }
 
 impl NetnsPair {
@@ -84,6 +86,7 @@ impl NetnsPair {
             made: [false, false],
             addrs: [Ipv4Addr::new(10, 201, x, 1), Ipv4Addr::new(10, 201, x, 2)],
             mtu,
+            bridge: None,
         };
         // On any error below, dropping `pair` deletes the namespaces made so far.
         for side in 0..2 {
@@ -136,6 +139,28 @@ impl NetnsPair {
         Ok(())
     }
 
+    /// Two hosts of a [`Bridge`] made from `spec` (its `hosts` is taken as 2), used
+    /// wherever a pair is: one switch hop apart, with the spec's loss and rate.
+    pub fn bridged(spec: &BridgeSpec) -> io::Result<NetnsPair> {
+        let b = Bridge::create(&BridgeSpec {
+            hosts: 2,
+            ..spec.clone()
+        })?;
+        Ok(NetnsPair {
+            ip: ip_binary().unwrap_or_default(),
+            names: [b.ns(0).to_string(), b.ns(1).to_string()],
+            made: [false, false], // the bridge deletes its own
+            addrs: [b.addr(0), b.addr(1)],
+            mtu: spec.mtu,
+            bridge: Some(b),
+        })
+    }
+
+    /// The bridge behind the pair, if it is one ([`NetnsPair::bridged`]).
+    pub fn bridge(&self) -> Option<&Bridge> {
+        self.bridge.as_ref()
+    }
+
     /// Name of namespace `side` (0 or 1). Panics on any other side.
     pub fn ns(&self, side: usize) -> &str {
         &self.names[side]
@@ -154,6 +179,9 @@ impl NetnsPair {
     /// A command that runs `program` inside namespace `side`: `ip netns exec <ns> program`.
     /// Add the program's arguments, environment and stdio to it as usual.
     pub fn command(&self, side: usize, program: impl AsRef<OsStr>) -> Command {
+        if let Some(b) = &self.bridge {
+            return b.command(side, program);
+        }
         let mut cmd = Command::new(&self.ip);
         cmd.args(["netns", "exec"])
             .arg(&self.names[side])
