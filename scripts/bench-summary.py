@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Summarise `clink bench --rounds N --json` output: min and median over rounds per
-system/mode/size, and the ratios the issues' targets are stated in.
+system/mode/size, and the ratios of medians between systems.
 
 Usage: clink bench --rounds 3 --json > bench.jsonl; python3 scripts/bench-summary.py bench.jsonl
 

@@ -13,9 +13,9 @@
 //! - [`addr`]: endpoint address strings;
 //! - [`ipv4`]: the IPv4 + UDP headers of packets the UDP transport's receive ring
 //!   captures below the socket layer;
-//! - [`reliable`]: the per-peer reliable datagram protocol of the network path (issue 3,
-//!   first piece: sequencing, SACK/NAK, RTT and retransmission, credits and congestion
-//!   window, fragmentation, an unreliable mode), with [`netsim`], the seeded simulated
+//! - [`reliable`]: the per-peer reliable datagram protocol of the network path
+//!   (sequencing, SACK/NAK, RTT and retransmission, credits and congestion window,
+//!   fragmentation, an unreliable mode, liveness), with [`netsim`], the seeded simulated
 //!   network its tests run on; used by the UDP transport;
 //! - [`admission`]: admission control of fast bulk streams (the seed's Fast_Req /
 //!   Fast_Ack / Fast_NAck): one granted stream per receive queue;

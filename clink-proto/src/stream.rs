@@ -11,9 +11,11 @@
 //! (little-endian). Kinds: [`Kind::Frame`] (one endpoint [`crate::wire::Frame`]),
 //! [`Kind::Data`] (a piece of a rendezvous payload: bytes `offset..offset + len` of bulk
 //! transfer `xfer`), [`Kind::Hello`] and [`Kind::Welcome`] (the connection handshake,
-//! [`Handshake`]), [`Kind::Keepalive`] (no payload: "still here" on an idle connection). The header has a fixed size so that a receiver expecting the next piece
-//! of a transfer can read with one vector pair `[header slot, destination + offset]`:
-//! the speculative receive of the issue, applied to a byte stream. [`Incoming`] keeps the
+//! [`Handshake`]), [`Kind::Keepalive`] (no payload; read and skipped: the runtime leaves
+//! liveness to the kernel's TCP keepalives and sends none). The header has a fixed size
+//! so that a receiver expecting the next piece of a transfer can read with one vector
+//! pair `[header slot, destination + offset]`: speculative receive applied to a byte
+//! stream. [`Incoming`] keeps the
 //! receiver's transfers, predicts the next piece ([`Incoming::predict`]) and validates
 //! every data header ([`Incoming::begin`]); senders cut transfers into pieces of
 //! [`CHUNK`] bytes, which is what the prediction assumes (another cut only costs misses).

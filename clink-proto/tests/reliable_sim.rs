@@ -398,7 +398,7 @@ fn goodput_versus_loss() {
             assert!(a.congestion_events > 0, "no back-off at a full queue");
         }
         // Random loss is not congestion: 1% costs at most 30% of the lossless goodput
-        // (issue 3's target; NewReno, cutting on every loss, got 0.18x here).
+        // (NewReno, cutting on every loss, got 0.18x here).
         if loss <= 0.01 {
             assert!(
                 gp >= 0.7 * base,

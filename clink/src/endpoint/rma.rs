@@ -1,4 +1,4 @@
-//! Apertures, one-sided access, tripwires and the event queue on the endpoint (issue 4).
+//! Apertures, one-sided access, tripwires and the event queue on the endpoint.
 //!
 //! Initiator side: every access is a frame on the peer's link (put data inline; large puts
 //! and gets on the same host by the target's copy engine with one CMA copy), answered by an
