@@ -96,6 +96,31 @@ pub fn run() -> Result<(), String> {
             None => "off (CLINK_TCP=off)".into(),
         }
     );
+    let devices = cfg
+        .udp
+        .as_ref()
+        .map(|u| u.devices.clone())
+        .or_else(|| cfg.tcp.as_ref().map(|t| t.devices.clone()))
+        .unwrap_or_default();
+    let ifaces = clink::sys::ipv4_interfaces();
+    println!(
+        "network address     {}",
+        match clink::netdev::choose(&ifaces, &devices) {
+            Ok((i, why)) => format!(
+                "{} on {} (MTU {}), advertised when bound to all interfaces: {why}",
+                i.ip, i.name, i.mtu
+            ),
+            Err(e) => format!("none: {e}"),
+        }
+    );
+    let others: Vec<String> = ifaces
+        .iter()
+        .map(|i| format!("{} {}/{}", i.name, i.ip, i.prefix))
+        .collect();
+    println!(
+        "                    interfaces up: {} (choose with CLINK_NET_DEVICES)",
+        others.join(", ")
+    );
     let choice = connect_choice(
         cfg.prefer_tcp,
         cfg.force_net,

@@ -35,6 +35,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0; the address advertised is then the first non-loopback interface's)"),
     ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
     ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
+    ("CLINK_NET_DEVICES", "which interface's address the network transports advertise when bound to all interfaces: interface names and IPv4 subnets, comma-separated, tried in order (e.g. 'eth1' or '10.1.0.0/16'); default: the first non-loopback interface that is up. A list nothing matches is an error naming the interfaces there are"),
     ("CLINK_NET_KEEPALIVE_THREAD", "'1' (default): a thread per endpoint pings its UDP peers while the application makes no call for a keepalive interval, so a process that computes for minutes between calls stays alive to its peers (TCP peers are kept alive by the kernel's keepalives); '0': no thread, the application must call in more often than CLINK_NET_DEAD_MS"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
@@ -216,6 +217,10 @@ impl Config {
                 "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
                 "CLINK_UDP_RING" => udp.ring = flag(&k, &v)?,
                 "CLINK_NET_KEEPALIVE_THREAD" => udp.keepalive_thread = flag(&k, &v)?,
+                "CLINK_NET_DEVICES" => {
+                    udp.devices = crate::netdev::parse_rules(&v).map_err(|e| bad(&k, &v, &e))?;
+                    tcp.devices = udp.devices.clone();
+                }
                 "CLINK_UDP_PAYLOAD_HASH" => udp.payload_hash = flag(&k, &v)?,
                 "CLINK_UDP_FORCE_MISS" => udp.force_miss = flag(&k, &v)?,
                 "CLINK_UDP_ADMISSION" => {

@@ -782,9 +782,24 @@ pub fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
-/// IPv4 addresses of the interfaces that are up, with the interface MTU (from
-/// `getifaddrs` and `/sys/class/net/IF/mtu`), loopback last.
-pub fn ipv4_interfaces() -> Vec<(std::net::Ipv4Addr, usize, bool)> {
+/// An IPv4 address of an interface that is up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Iface {
+    /// Interface name (`eth0`).
+    pub name: String,
+    /// The address.
+    pub ip: std::net::Ipv4Addr,
+    /// Its prefix length (the netmask's bits).
+    pub prefix: u8,
+    /// The interface MTU.
+    pub mtu: usize,
+    /// A loopback interface.
+    pub lo: bool,
+}
+
+/// IPv4 addresses of the interfaces that are up, with their interface's name, prefix and
+/// MTU (from `getifaddrs` and `/sys/class/net/IF/mtu`), loopback last.
+pub fn ipv4_interfaces() -> Vec<Iface> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs allocates a list we free below with freeifaddrs.
@@ -808,32 +823,41 @@ pub fn ipv4_interfaces() -> Vec<(std::net::Ipv4Addr, usize, bool)> {
         // SAFETY: the family is AF_INET, so this is a sockaddr_in.
         let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
         let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        let prefix = if ifa.ifa_netmask.is_null() {
+            32
+        } else {
+            // SAFETY: the netmask of an AF_INET address is a sockaddr_in too.
+            let m = unsafe { &*(ifa.ifa_netmask as *const libc::sockaddr_in) };
+            u32::from_be(m.sin_addr.s_addr).count_ones() as u8
+        };
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(1500);
-        out.push((ip, mtu, lo));
+        out.push(Iface {
+            name,
+            ip,
+            prefix,
+            mtu,
+            lo,
+        });
     }
     // SAFETY: `head` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
-    out.sort_by_key(|&(_, _, lo)| lo);
+    out.sort_by_key(|i| i.lo);
     out
-}
-
-/// The address to advertise when bound to all interfaces: the first non-loopback IPv4
-/// address that is up (else loopback), with its interface MTU.
-pub fn primary_ipv4() -> Option<(std::net::Ipv4Addr, usize)> {
-    ipv4_interfaces().first().map(|&(ip, mtu, _)| (ip, mtu))
 }
 
 /// The MTU of the interface holding `ip`.
 pub fn ipv4_mtu(ip: std::net::Ipv4Addr) -> Option<usize> {
     ipv4_interfaces()
         .into_iter()
-        .find(|&(a, _, _)| a == ip)
-        .map(|(_, mtu, _)| mtu)
+        .find(|i| i.ip == ip)
+        .map(|i| i.mtu)
 }
 
 /// Writes `bufs` to the connected stream socket `fd` with one `sendmsg` (a gathering

@@ -208,3 +208,82 @@ fn a_cut_path_is_declared_dead_after_the_timeout() {
     assert!(took >= Duration::from_millis(700), "{took:?}");
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
+
+#[test]
+fn the_advertised_address_follows_clink_net_devices() {
+    // Host 0 gets a second interface (a data network beside the bridge's): the address
+    // an endpoint advertises is the first non-loopback one by default, the named or
+    // matching one with CLINK_NET_DEVICES, and a list nothing matches is refused.
+    let b = bridge(0.0);
+    let ip = clink::netns::ip_binary().unwrap();
+    for args in [
+        // (A veth pair within the host: the kernel may lack the dummy device.)
+        vec![
+            "-n",
+            b.ns(0),
+            "link",
+            "add",
+            "data0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "data1",
+        ],
+        vec![
+            "-n",
+            b.ns(0),
+            "addr",
+            "add",
+            "10.203.7.1/24",
+            "dev",
+            "data0",
+        ],
+        vec!["-n", b.ns(0), "link", "set", "data0", "up"],
+        vec!["-n", b.ns(0), "link", "set", "data1", "up"],
+    ] {
+        let st = std::process::Command::new(&ip)
+            .args(&args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip {args:?}");
+    }
+    let advertised = |devices: &str| {
+        let mut c = config(Duration::from_secs(2));
+        let rules = clink::netdev::parse_rules(devices).ok();
+        if let Some(u) = c.udp.as_mut() {
+            u.devices = rules.clone().unwrap_or_default();
+        }
+        if let Some(t) = c.tcp.as_mut() {
+            t.devices = rules.unwrap_or_default();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ns = format!("/var/run/netns/{}", b.ns(0));
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            let f = std::fs::File::open(ns).unwrap();
+            // SAFETY: setns on this thread only, with a namespace fd we hold open.
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            let r = clink::Context::with_config(c)
+                .and_then(|ctx| ctx.endpoint())
+                .map(|ep| ep.address());
+            tx.send(r.map_err(|e| e.to_string())).unwrap();
+        });
+        rx.recv_timeout(T).unwrap()
+    };
+    let eth0 = b.addr(0).to_string();
+    let default = advertised("").unwrap();
+    assert!(default.contains(&format!("udp={eth0}:")), "{default}");
+    for rule in ["data0", "10.203.0.0/16", "eth9,data0"] {
+        let a = advertised(rule).unwrap();
+        assert!(
+            a.contains("udp=10.203.7.1:") && a.contains("tcp=10.203.7.1:"),
+            "{rule}: {a}"
+        );
+    }
+    let err = advertised("eth9,172.16.0.0/12").unwrap_err();
+    assert!(
+        err.contains("no interface") && err.contains("data0"),
+        "{err}"
+    );
+}

@@ -103,7 +103,7 @@ fn soak(
             from.push((r, tag));
         }
     }
-    let mut sent = vec![[0u64; TAGS as usize]; HOSTS];
+    let mut sent = [[0u64; TAGS as usize]; HOSTS];
     let mut got = vec![[0u64; TAGS as usize]; HOSTS];
     let mut outstanding: VecDeque<SendRequest> = VecDeque::new();
     let (mut bytes_out, mut bytes_in) = (0u64, 0u64);

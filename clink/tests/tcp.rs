@@ -30,6 +30,7 @@ fn tcp_config_dead(speculate: bool, spin_us: u64, dead_ms: u64) -> Config {
             bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
             speculate,
             dead_after: Duration::from_millis(dead_ms),
+            ..TcpConfig::default()
         }),
         udp: Some(clink::transport::udp::UdpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),

@@ -35,6 +35,9 @@ pub struct TcpConfig {
     /// Silence after which a peer is declared dead (`CLINK_NET_DEAD_MS`, shared with UDP);
     /// keepalives go every quarter of it on an otherwise idle connection.
     pub dead_after: Duration,
+    /// Which interface's address to advertise when bound to all of them
+    /// (`CLINK_NET_DEVICES`, [`crate::netdev`]); empty: the first non-loopback one.
+    pub devices: Vec<crate::netdev::DeviceRule>,
 }
 
 impl Default for TcpConfig {
@@ -43,6 +46,7 @@ impl Default for TcpConfig {
             bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             speculate: true,
             dead_after: Duration::from_millis(2000),
+            devices: Vec::new(),
         }
     }
 }
@@ -87,7 +91,10 @@ impl TcpTransport {
             .map_err(io_err("TCP listener address"))?
             .port();
         let ip = if cfg.bind.ip().is_unspecified() {
-            crate::sys::primary_ipv4().map_or(Ipv4Addr::LOCALHOST, |(ip, _)| ip)
+            crate::netdev::choose(&crate::sys::ipv4_interfaces(), &cfg.devices)
+                .map_err(crate::Error::Config)?
+                .0
+                .ip
         } else {
             *cfg.bind.ip()
         };

@@ -170,6 +170,9 @@ pub struct UdpConfig {
     /// a keepalive interval ([`keepalive`]), so that a process computing for minutes is
     /// not declared dead by its peers.
     pub keepalive_thread: bool,
+    /// Which interface's address to advertise when bound to all of them
+    /// (`CLINK_NET_DEVICES`, [`crate::netdev`]); empty: the first non-loopback one.
+    pub devices: Vec<crate::netdev::DeviceRule>,
 }
 
 impl Default for UdpConfig {
@@ -190,6 +193,7 @@ impl Default for UdpConfig {
             ring: true,
             payload_hash: false,
             keepalive_thread: true,
+            devices: Vec::new(),
         }
     }
 }
@@ -714,7 +718,9 @@ impl UdpTransport {
         }
         .map_err(io_err(format!("bind UDP {}", cfg.bind)))?;
         let (ip, if_mtu) = if cfg.bind.ip().is_unspecified() {
-            crate::sys::primary_ipv4().unwrap_or((Ipv4Addr::LOCALHOST, 65536))
+            let (i, _) = crate::netdev::choose(&crate::sys::ipv4_interfaces(), &cfg.devices)
+                .map_err(crate::Error::Config)?;
+            (i.ip, i.mtu)
         } else {
             let ip = *cfg.bind.ip();
             (ip, crate::sys::ipv4_mtu(ip).unwrap_or(1500))
