@@ -1,6 +1,7 @@
-//! The `clink` command-line tool: `bench`, `info`, `demo`.
+//! The `clink` command-line tool: `bench`, `info`, `demo`, `cast`.
 
 mod bench;
+mod cast;
 mod demo;
 mod info;
 
@@ -25,6 +26,8 @@ enum Cmd {
     Info,
     /// The main job: two processes exchange checked messages, then the benchmark table.
     Demo(demo::DemoArgs),
+    /// Streams a file to many hosts through a chain that stores and forwards (Dolly).
+    Cast(cast::CastArgs),
     /// Internal: one side of a benchmark run (spawned by `clink bench`).
     #[command(name = "bench-child", hide = true)]
     BenchChild(bench::ChildArgs),
@@ -47,6 +50,7 @@ fn main() {
         Cmd::BenchSpecChild(args) => bench::spec::run_child(args),
         Cmd::Info => info::run(),
         Cmd::Demo(args) => demo::run(args),
+        Cmd::Cast(args) => cast::run(args),
         Cmd::DemoPeer { addr } => demo::peer(&addr),
     };
     if let Err(e) = result {

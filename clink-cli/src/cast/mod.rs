@@ -1,0 +1,359 @@
+//! `clink cast`: a file streamed to many hosts through a multi-drop chain (Dolly).
+//!
+//! The source sends the file once, to the first node; every node verifies each chunk,
+//! writes it to its file at the chunk's offset and forwards the same buffer to the next
+//! node, so the chain pipelines and its rate does not depend on its length.
+//!
+//! Messages (clink tags, all between neighbours of the chain):
+//!
+//! * `ROUTE` (down): the chain's addresses and the receiver's place in it, JSON.
+//! * `READY` (up): the rest of the chain is connected, or why not, JSON.
+//! * `MANIFEST` (down): file size, chunk size, every chunk's BLAKE3 chaining value and
+//!   the root hash (size, values and root absent for a stream read from stdin), JSON.
+//! * `DATA` (down): a [`HDR`]-byte header (index, offset, length and, for stdin, the
+//!   chunk's chaining value) followed by the chunk, forwarded from the buffer it lands in.
+//! * `END` (down): size, chunk count and root hash of the whole stream, JSON.
+//! * `REPORT` (up): the reports of this node and of every node after it, and the error
+//!   that ended the chain early if one did, JSON.
+
+mod hash;
+mod node;
+mod source;
+
+use clap::{Args, Subcommand};
+use clink::{Config, Context, Endpoint};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Tag of the route message.
+const T_ROUTE: u64 = 0xca_0001;
+/// Tag of the readiness answer.
+const T_READY: u64 = 0xca_0002;
+/// Tag of the manifest.
+const T_MANIFEST: u64 = 0xca_0003;
+/// Tag of the chunks.
+const T_DATA: u64 = 0xca_0004;
+/// Tag of the end-of-stream message.
+const T_END: u64 = 0xca_0005;
+/// Tag of the reports.
+const T_REPORT: u64 = 0xca_0006;
+
+/// Length of a chunk message's header.
+const HDR: usize = 64;
+/// Magic number at the start of a chunk header.
+const DATA_MAGIC: &[u8; 4] = b"CKD1";
+/// Flag of a chunk header carrying the chunk's chaining value.
+const FLAG_HASH: u32 = 1;
+/// Manifest format identifier.
+const MANIFEST_MAGIC: &str = "clink-cast/1";
+/// Largest manifest accepted (about 60 GiB of 4 MiB chunks).
+const MANIFEST_MAX: usize = 8 << 20;
+/// Bounds on the chunk size.
+const CHUNK_MIN: u64 = 64 << 10;
+/// Bounds on the chunk size.
+const CHUNK_MAX: u64 = 64 << 20;
+/// How long the set-up of the chain (connections, route, readiness) may take per node.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest sleep of a waiting loop between looks at its requests.
+const POLL_MS: i32 = 50;
+
+/// `clink cast` arguments.
+#[derive(Args, Debug)]
+pub struct CastArgs {
+    #[command(subcommand)]
+    cmd: CastCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum CastCmd {
+    /// Receives a cast: prints this node's clink address, then stores and forwards.
+    Recv(RecvArgs),
+    /// Streams a file (or stdin) through a chain of receivers.
+    Send(SendArgs),
+}
+
+/// `clink cast recv` arguments.
+#[derive(Args, Debug)]
+pub struct RecvArgs {
+    /// File the stream is written to (created or truncated).
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// Also write the address to this file (written whole, then renamed into place).
+    #[arg(long)]
+    listen_file: Option<std::path::PathBuf>,
+    /// Chunks in flight towards the next node (receive buffers).
+    #[arg(long, default_value_t = 6)]
+    window: usize,
+    /// Prints this node's report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Testing aid: flips a byte of this chunk after writing it and before forwarding it
+    /// (the next node must refuse it).
+    #[arg(long, hide = true)]
+    corrupt_chunk: Option<u64>,
+}
+
+/// `clink cast send` arguments.
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    /// The file to send, or `-` for stdin.
+    file: String,
+    /// The receivers' clink addresses, in chain order, separated by commas.
+    #[arg(long, value_delimiter = ',', required = true)]
+    to: Vec<String>,
+    /// Chunk size in bytes (a power of two from 64 KiB to 64 MiB).
+    #[arg(long, default_value_t = 4 << 20)]
+    chunk: u64,
+    /// Chunks in flight towards the first node.
+    #[arg(long, default_value_t = 6)]
+    window: usize,
+    /// Prints one JSON object per node (the source first) instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `clink cast`.
+pub fn run(args: CastArgs) -> Result<(), String> {
+    match args.cmd {
+        CastCmd::Recv(a) => node::run(a),
+        CastCmd::Send(a) => source::run(a),
+    }
+}
+
+/// An endpoint configured from the `CLINK_*` variables, without calibration unless
+/// `CLINK_CALIBRATE` asks for it (the network path does not use its figures).
+fn endpoint() -> Result<Endpoint, String> {
+    let mut c = Config::from_env().map_err(|e| format!("configuration: {e}"))?;
+    if std::env::var_os("CLINK_CALIBRATE").is_none() {
+        c.calibrate = false;
+    }
+    let ctx = Context::with_config(c).map_err(|e| format!("clink context: {e}"))?;
+    ctx.endpoint().map_err(|e| format!("clink endpoint: {e}"))
+}
+
+/// The network part of a clink address (`udp=` or else `tcp=`), for messages.
+fn short(addr: &str) -> String {
+    for key in ["udp=", "tcp="] {
+        if let Some(rest) = addr.split(';').find_map(|f| f.strip_prefix(key)) {
+            return rest.to_string();
+        }
+    }
+    addr.to_string()
+}
+
+/// Name of hop `k` (1-based: hop 1 is source -> node 1) for messages.
+fn hop(k: usize, addr: &str) -> String {
+    let from = if k == 1 {
+        "source".to_string()
+    } else {
+        format!("node {}", k - 1)
+    };
+    format!("hop {k} ({from} -> node {k} at {})", short(addr))
+}
+
+/// Sleeps on the endpoint's fd until something may have arrived, at most [`POLL_MS`].
+fn idle(ep: &mut Endpoint) {
+    if ep.prepare_wait() {
+        let mut p = libc::pollfd {
+            fd: ep.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on the stack, valid for the call.
+        unsafe { libc::poll(&mut p, 1, POLL_MS) };
+        ep.finish_wait();
+    }
+}
+
+/// Parsed chunk header.
+#[derive(Clone, Copy, Debug)]
+struct ChunkHdr {
+    index: u64,
+    offset: u64,
+    len: u64,
+    hash: Option<[u8; 32]>,
+}
+
+impl ChunkHdr {
+    fn write(&self, b: &mut [u8]) {
+        b[..4].copy_from_slice(DATA_MAGIC);
+        let flags = if self.hash.is_some() { FLAG_HASH } else { 0 };
+        b[4..8].copy_from_slice(&flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.index.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..64].copy_from_slice(&self.hash.unwrap_or([0; 32]));
+    }
+
+    fn read(b: &[u8]) -> Result<ChunkHdr, String> {
+        if b.len() < HDR || &b[..4] != DATA_MAGIC {
+            return Err("a chunk message without a chunk header".into());
+        }
+        let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        let flags = u32::from_le_bytes(b[4..8].try_into().unwrap());
+        let h = ChunkHdr {
+            index: u64at(8),
+            offset: u64at(16),
+            len: u64at(24),
+            hash: (flags & FLAG_HASH != 0).then(|| b[32..64].try_into().unwrap()),
+        };
+        if h.len != (b.len() - HDR) as u64 {
+            return Err(format!(
+                "chunk {}: header says {} bytes, message carries {}",
+                h.index,
+                h.len,
+                b.len() - HDR
+            ));
+        }
+        Ok(h)
+    }
+}
+
+/// What the source announces before the data.
+#[derive(Clone, Debug)]
+struct Manifest {
+    size: Option<u64>,
+    chunk: u64,
+    cvs: Option<Vec<[u8; 32]>>,
+    root: Option<[u8; 32]>,
+}
+
+impl Manifest {
+    fn to_json(&self) -> Vec<u8> {
+        json!({
+            "magic": MANIFEST_MAGIC,
+            "size": self.size,
+            "chunk_size": self.chunk,
+            "chunks": self.cvs.as_ref().map(|v| v.iter().map(|c| hash::hex(c)).collect::<Vec<_>>()),
+            "root": self.root.map(|r| hash::hex(&r)),
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// Parses and checks a manifest.
+    fn parse(b: &[u8]) -> Result<Manifest, String> {
+        let v: Value =
+            serde_json::from_slice(b).map_err(|e| format!("manifest is not JSON: {e}"))?;
+        if v["magic"] != MANIFEST_MAGIC {
+            return Err(format!(
+                "manifest format {} is not {MANIFEST_MAGIC}",
+                v["magic"]
+            ));
+        }
+        let chunk = v["chunk_size"]
+            .as_u64()
+            .ok_or("manifest without a chunk size")?;
+        if !chunk.is_power_of_two() || !(CHUNK_MIN..=CHUNK_MAX).contains(&chunk) {
+            return Err(format!(
+                "manifest chunk size {chunk} is not a power of two from {CHUNK_MIN} to {CHUNK_MAX}"
+            ));
+        }
+        let size = v["size"].as_u64();
+        let cvs = match v["chunks"].as_array() {
+            None => None,
+            Some(a) => Some(
+                a.iter()
+                    .enumerate()
+                    .map(|(i, h)| {
+                        h.as_str()
+                            .and_then(hash::unhex32)
+                            .ok_or(format!("manifest chunk {i}: not a 32-byte hex hash"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        let root = match &v["root"] {
+            Value::Null => None,
+            r => Some(
+                r.as_str()
+                    .and_then(hash::unhex32)
+                    .ok_or("manifest root is not a 32-byte hex hash")?,
+            ),
+        };
+        match (size, &cvs) {
+            (Some(s), Some(c)) => {
+                let n = s.div_ceil(chunk);
+                if c.len() as u64 != n {
+                    return Err(format!(
+                        "manifest lists {} chunk hashes for {s} bytes in chunks of {chunk} ({n} chunks)",
+                        c.len()
+                    ));
+                }
+                if n >= 2 && root.is_none() {
+                    return Err("manifest of several chunks without a root hash".into());
+                }
+            }
+            (None, None) => {}
+            _ => return Err("manifest gives a size without chunk hashes or the reverse".into()),
+        }
+        Ok(Manifest {
+            size,
+            chunk,
+            cvs,
+            root,
+        })
+    }
+
+    /// Number of chunks, when the size is known.
+    fn chunks(&self) -> Option<u64> {
+        self.size.map(|s| s.div_ceil(self.chunk))
+    }
+}
+
+/// Rate in MB/s of `bytes` in `secs`.
+fn mbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e6
+    } else {
+        0.0
+    }
+}
+
+/// Prints the reports of the chain (the source's first): a table, or JSON lines.
+fn print_reports(reports: &[Value], json_out: bool) {
+    if json_out {
+        for r in reports {
+            println!("{r}");
+        }
+        return;
+    }
+    println!(
+        "{:<8} {:<22} {:>12} {:>7} {:>8} {:>9} {:>6}  status",
+        "node", "address", "bytes", "chunks", "seconds", "MB/s", "copies"
+    );
+    for r in reports {
+        println!(
+            "{:<8} {:<22} {:>12} {:>7} {:>8.2} {:>9.1} {:>6}  {}",
+            match r["node"].as_u64() {
+                Some(0) | None => "source".to_string(),
+                Some(n) => n.to_string(),
+            },
+            r["address"].as_str().unwrap_or("-"),
+            r["bytes"].as_u64().unwrap_or(0),
+            r["chunks"].as_u64().unwrap_or(0),
+            r["seconds"].as_f64().unwrap_or(0.0),
+            r["rate_mbps"].as_f64().unwrap_or(0.0),
+            r["copies"].as_u64().unwrap_or(0),
+            r["status"].as_str().unwrap_or("?"),
+        );
+    }
+    // The pace: the slowest node that finished.
+    let slowest = reports
+        .iter()
+        .filter(|r| r["status"] == "ok")
+        .min_by(|a, b| {
+            let f = |r: &Value| r["rate_mbps"].as_f64().unwrap_or(f64::MAX);
+            f(a).total_cmp(&f(b))
+        });
+    if let Some(s) = slowest {
+        println!(
+            "pace set by {} ({:.1} MB/s)",
+            match s["node"].as_u64() {
+                Some(0) | None => "the source".to_string(),
+                Some(n) => format!("node {n}"),
+            },
+            s["rate_mbps"].as_f64().unwrap_or(0.0)
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! The source of the chain: hashes the file into a manifest, then streams it to node 1.
+
+use super::*;
+use bytes::Bytes;
+use clink::{PeerId, Selector, SendRequest};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{IsTerminal, Read};
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+enum Input {
+    File(File, u64),
+    Stdin(std::io::Stdin),
+}
+
+/// Reads up to `buf.len()` bytes at `offset` (a file) or from the stream; short only at
+/// the end.
+fn fill(input: &mut Input, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = match input {
+            Input::File(f, _) => f.read_at(&mut buf[got..], offset + got as u64)?,
+            Input::Stdin(s) => s.lock().read(&mut buf[got..])?,
+        };
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    Ok(got)
+}
+
+/// Progress on the source's terminal: a bar on a TTY, else a line every few seconds.
+struct Show {
+    bar: Option<indicatif::ProgressBar>,
+    last: Instant,
+    start: Instant,
+}
+
+impl Show {
+    fn new(total: Option<u64>) -> Show {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = match total {
+                Some(t) => indicatif::ProgressBar::new(t),
+                None => indicatif::ProgressBar::new_spinner(),
+            };
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{prefix} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b.set_prefix("source -> chain");
+            b
+        });
+        Show {
+            bar,
+            last: Instant::now(),
+            start: Instant::now(),
+        }
+    }
+
+    fn update(&mut self, sent: u64, total: Option<u64>) {
+        if let Some(b) = &self.bar {
+            b.set_position(sent);
+        } else if self.last.elapsed() >= Duration::from_secs(2) {
+            self.last = Instant::now();
+            eprintln!(
+                "clink cast: {sent} of {} bytes sent, {:.1} MB/s",
+                total.map_or("?".into(), |t| t.to_string()),
+                mbps(sent, self.start.elapsed().as_secs_f64())
+            );
+        }
+    }
+
+    fn done(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// `clink cast send`.
+pub fn run(a: SendArgs) -> Result<(), String> {
+    let chunk = a.chunk;
+    if !chunk.is_power_of_two() || !(CHUNK_MIN..=CHUNK_MAX).contains(&chunk) {
+        return Err(format!(
+            "--chunk {chunk}: a power of two from {CHUNK_MIN} to {CHUNK_MAX} bytes"
+        ));
+    }
+    let csize = chunk as usize;
+    let mut input = if a.file == "-" {
+        Input::Stdin(std::io::stdin())
+    } else {
+        let f = File::open(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
+        let size = f.metadata().map_err(|e| format!("{}: {e}", a.file))?.len();
+        Input::File(f, size)
+    };
+    // The manifest: a file is hashed whole first (chunk by chunk).
+    let mut hash_s = 0.0;
+    let man = match &mut input {
+        Input::Stdin(_) => Manifest {
+            size: None,
+            chunk,
+            cvs: None,
+            root: None,
+        },
+        Input::File(_, size) => {
+            let size = *size;
+            let t = Instant::now();
+            let mut buf = vec![0u8; csize];
+            let mut cvs = Vec::new();
+            let mut single = None;
+            let mut off = 0;
+            while off < size {
+                let n = fill(&mut input, off, &mut buf).map_err(|e| format!("{}: {e}", a.file))?;
+                if n == 0 {
+                    return Err(format!("{}: shorter than its size {size}", a.file));
+                }
+                cvs.push(hash::chunk_cv(off, &buf[..n]));
+                if size <= chunk {
+                    single = Some(blake3::hash(&buf[..n]));
+                }
+                off += n as u64;
+            }
+            hash_s = t.elapsed().as_secs_f64();
+            let root = hash::root(size, chunk, &cvs)
+                .or(single)
+                .unwrap_or_else(|| blake3::hash(b""));
+            Manifest {
+                size: Some(size),
+                chunk,
+                cvs: Some(cvs),
+                root: Some(*root.as_bytes()),
+            }
+        }
+    };
+    let mut ep = endpoint()?;
+    let first = &a.to[0];
+    let h1 = hop(1, first);
+    let down = ep
+        .connect(first)
+        .map_err(|e| format!("{h1}: cannot connect: {e}"))?;
+    let route = json!({ "index": 1, "nodes": a.to });
+    ep.send(down, T_ROUTE, route.to_string().as_bytes())
+        .map_err(|e| format!("{h1}: sending the route: {e}"))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let ready_timeout = SETUP_TIMEOUT * a.to.len() as u32;
+    let st = ep
+        .recv_timeout(
+            Selector::exact(Some(down), T_READY),
+            &mut buf,
+            Some(ready_timeout),
+        )
+        .map_err(|e| format!("{h1}: no readiness answer from node 1: {e}"))?;
+    let v: Value = serde_json::from_slice(&buf[..st.len as usize])
+        .map_err(|e| format!("{h1}: bad readiness answer: {e}"))?;
+    if v["ok"] != true {
+        return Err(format!(
+            "the chain is not ready: {}",
+            v["error"].as_str().unwrap_or("?")
+        ));
+    }
+    ep.send(down, T_MANIFEST, &man.to_json())
+        .map_err(|e| format!("{h1}: sending the manifest: {e}"))?;
+
+    let r = Stream {
+        ep: &mut ep,
+        down,
+        first: first.clone(),
+        window: a.window.max(1),
+    }
+    .run(&mut input, &man, hash_s);
+    let (mine, reports, err) = match r {
+        Ok(x) => x,
+        Err(e) => return Err(e),
+    };
+    ep.close();
+    let mut all = vec![mine];
+    all.extend(reports);
+    let n_ok = all[1..].iter().filter(|r| r["status"] == "ok").count();
+    let mut err = err;
+    if err.is_none() {
+        if n_ok != a.to.len() {
+            err = Some(format!("{} of {} nodes reported success", n_ok, a.to.len()));
+        } else if let Some(bad) = all[1..].iter().find(|r| r["root"] != all[0]["root"]) {
+            err = Some(format!(
+                "node {} reports BLAKE3 {} for the whole stream, the source {}",
+                bad["node"], bad["root"], all[0]["root"]
+            ));
+        }
+    }
+    print_reports(&all, a.json);
+    match err {
+        None => {
+            if !a.json {
+                println!(
+                    "{} bytes cast to {} nodes, every chunk verified at every hop; BLAKE3 {}",
+                    all[0]["bytes"],
+                    a.to.len(),
+                    all[0]["root"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(())
+        }
+        Some(e) => Err(e),
+    }
+}
+
+struct Stream<'a> {
+    ep: &'a mut Endpoint,
+    down: PeerId,
+    first: String,
+    window: usize,
+}
+
+impl Stream<'_> {
+    fn lost(&self, what: &str, e: clink::Error) -> String {
+        format!("{}: node 1 failed ({what}): {e}", hop(1, &self.first))
+    }
+
+    /// Streams the chunks, sends the end and collects the chain's reports: the source's
+    /// own, the nodes', and the error that ended the chain early if one did.
+    fn run(
+        &mut self,
+        input: &mut Input,
+        man: &Manifest,
+        hash_s: f64,
+    ) -> Result<(Value, Vec<Value>, Option<String>), String> {
+        let csize = man.chunk as usize;
+        let mut report_req = Some(
+            self.ep
+                .irecv(
+                    Selector::exact(Some(self.down), T_REPORT),
+                    vec![0u8; 1 << 20],
+                )
+                .map_err(|e| self.lost("posting a receive", e))?,
+        );
+        let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
+        let mut free: Vec<Vec<u8>> = Vec::new();
+        let mut cvs: Vec<[u8; 32]> = Vec::new();
+        let mut single = None;
+        let mut sent = 0u64;
+        let mut index = 0u64;
+        let mut eof = false;
+        let mut read_s = 0.0;
+        let mut stdin_hash_s = 0.0;
+        let mut show = Show::new(man.size);
+        let start = Instant::now();
+        let mut reports: Option<Value> = None;
+        loop {
+            let mut did = false;
+            if let Some(r) = &report_req {
+                match self.ep.test_recv(r) {
+                    Ok(Some(got)) => {
+                        report_req = None;
+                        reports = Some(serde_json::from_slice(&got.buf).unwrap_or(Value::Null));
+                        if !reports.as_ref().unwrap()["error"].is_null() {
+                            break;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let msg = self.lost("while streaming", e);
+                        show.done();
+                        return Ok((
+                            source_report(sent, index, start, read_s, hash_s, None),
+                            Vec::new(),
+                            Some(msg),
+                        ));
+                    }
+                }
+            }
+            while let Some((req, _)) = sends.front() {
+                match self.ep.test_send(req) {
+                    Ok(true) => {
+                        let (_, b) = sends.pop_front().unwrap();
+                        if let Ok(m) = b.try_into_mut() {
+                            free.push(Vec::from(m));
+                        }
+                        did = true;
+                    }
+                    Ok(false) => break,
+                    Err(e) => {
+                        let msg = self.lost("receiving a chunk", e);
+                        show.done();
+                        return Ok((
+                            source_report(sent, index, start, read_s, hash_s, None),
+                            Vec::new(),
+                            Some(msg),
+                        ));
+                    }
+                }
+            }
+            while !eof && sends.len() < self.window {
+                let mut buf = free.pop().unwrap_or_default();
+                buf.resize(HDR + csize, 0);
+                let offset = index * man.chunk;
+                let t = Instant::now();
+                let n = fill(input, offset, &mut buf[HDR..]).map_err(|e| format!("input: {e}"))?;
+                read_s += t.elapsed().as_secs_f64();
+                if n == 0 || man.size.is_some_and(|s| offset + n as u64 >= s) {
+                    eof = true;
+                }
+                if n == 0 {
+                    break;
+                }
+                buf.truncate(HDR + n);
+                let hash = match &man.cvs {
+                    Some(_) => None,
+                    None => {
+                        let t = Instant::now();
+                        let cv = hash::chunk_cv(offset, &buf[HDR..]);
+                        if index == 0 {
+                            single = Some(blake3::hash(&buf[HDR..]));
+                        }
+                        stdin_hash_s += t.elapsed().as_secs_f64();
+                        cvs.push(cv);
+                        Some(cv)
+                    }
+                };
+                ChunkHdr {
+                    index,
+                    offset,
+                    len: n as u64,
+                    hash,
+                }
+                .write(&mut buf[..HDR]);
+                let b = Bytes::from(buf);
+                let req = self
+                    .ep
+                    .isend(self.down, T_DATA, b.clone())
+                    .map_err(|e| self.lost("sending a chunk", e))?;
+                sends.push_back((req, b));
+                index += 1;
+                sent += n as u64;
+                did = true;
+                show.update(sent, man.size);
+            }
+            if eof && sends.is_empty() {
+                break;
+            }
+            if !did {
+                idle(self.ep);
+            }
+        }
+        let root = match (&man.root, man.size) {
+            (Some(r), _) => blake3::Hash::from_bytes(*r),
+            (None, _) => hash::root(sent, man.chunk, &cvs)
+                .or(single)
+                .unwrap_or_else(|| blake3::hash(b"")),
+        };
+        let hash_total = hash_s + stdin_hash_s;
+        let mine = source_report(sent, index, start, read_s, hash_total, Some(&root));
+        show.done();
+        if reports.is_none() {
+            let end = json!({ "size": sent, "chunks": index, "root": root.to_hex().to_string() });
+            self.ep
+                .send(self.down, T_END, end.to_string().as_bytes())
+                .map_err(|e| self.lost("sending the end", e))?;
+            let r = report_req.take().unwrap();
+            match self.ep.wait_recv(&r, None) {
+                Ok(got) => reports = Some(serde_json::from_slice(&got.buf).unwrap_or(Value::Null)),
+                Err(e) => {
+                    return Ok((
+                        mine,
+                        Vec::new(),
+                        Some(self.lost("waiting for the reports", e)),
+                    ))
+                }
+            }
+        }
+        let v = reports.unwrap();
+        let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+        let err = v["error"].as_str().map(String::from);
+        Ok((mine, nodes, err))
+    }
+}
+
+fn source_report(
+    bytes: u64,
+    chunks: u64,
+    start: Instant,
+    read_s: f64,
+    hash_s: f64,
+    root: Option<&blake3::Hash>,
+) -> Value {
+    let secs = start.elapsed().as_secs_f64();
+    json!({
+        "node": 0,
+        "address": "source",
+        "bytes": bytes,
+        "chunks": chunks,
+        "chunks_total": chunks,
+        "seconds": secs,
+        "rate_mbps": mbps(bytes, secs),
+        "read_seconds": read_s,
+        "hash_seconds": hash_s,
+        // The read from the file into the send buffer.
+        "copies": 1,
+        "root": root.map(|r| r.to_hex().to_string()),
+        "status": "ok",
+    })
+}
