@@ -42,6 +42,7 @@ pub mod events;
 pub(crate) mod evq;
 pub mod netdev;
 pub mod netns;
+mod oversub;
 pub mod patterns;
 pub mod rma;
 pub mod stats;

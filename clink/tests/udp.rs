@@ -19,8 +19,10 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // no busy-polling, every wait sleeps at once (CLINK_SPIN_US=0); "noring": no receive
     // ring (CLINK_UDP_RING=0: the sockets alone; "ring" says the default, on); "hash": bulk
     // payloads hashed end to end (CLINK_UDP_PAYLOAD_HASH=1); "nothread": no keepalive
-    // thread (CLINK_NET_KEEPALIVE_THREAD=0).
+    // thread (CLINK_NET_KEEPALIVE_THREAD=0); "onequeue": no peer has a socket of its
+    // own (CLINK_UDP_PEER_SOCKETS=0: one receive queue, the seed's admission setting).
     let udp = UdpConfig {
+        peer_sockets: if faults.contains("onequeue") { 0 } else { 4 },
         keepalive_thread: !faults.contains("nothread"),
         payload_hash: faults.contains("hash"),
         ring: !faults.contains("noring"),
@@ -43,6 +45,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
                 .replace("noring", "")
                 .replace("hash", "")
                 .replace("nothread", "")
+                .replace("onequeue", "")
                 .replace("ring", ""),
         )
         .unwrap(),
@@ -272,7 +275,7 @@ fn speculation_that_keeps_missing_is_turned_off_for_a_while() {
 
 #[test]
 fn admission_control_grants_one_sender_at_a_time_and_both_deliver() {
-    let s = two_senders_under_admission_control("explicit");
+    let s = two_senders_under_admission_control("explicit onequeue");
     assert!(
         s.steered_datagrams > 0,
         "the granted stream came through its own socket: {s:?}"
@@ -280,14 +283,46 @@ fn admission_control_grants_one_sender_at_a_time_and_both_deliver() {
 }
 
 #[test]
+fn senders_with_receive_sockets_of_their_own_are_granted_at_once() {
+    // Each sender's datagrams reach a connected socket of its own at the receiver: no
+    // stream can disturb another's layout, so both are granted, neither held back.
+    let mut r = net_ctx("explicit", 5000).endpoint().unwrap();
+    let addr = r.address();
+    let senders = std::thread::spawn(move || {
+        let mut s1 = net_ctx("explicit", 5000).endpoint().unwrap();
+        let p1 = s1.connect(&addr).unwrap();
+        let mut s2 = net_ctx("explicit", 5000).endpoint().unwrap();
+        let p2 = s2.connect(&addr).unwrap();
+        assert!(s1.request_fast(p1, T).unwrap(), "the first is granted");
+        assert!(s2.request_fast(p2, T).unwrap(), "the second too");
+        let mut msg = vec![0u8; 3 << 20];
+        for (s, p, tag) in [(&mut s1, p1, 101u64), (&mut s2, p2, 201)] {
+            fill(tag, &mut msg);
+            s.send(p, tag, &msg).unwrap();
+        }
+        (s1, s2)
+    });
+    let mut buf = vec![0u8; 3 << 20];
+    for _ in 0..2 {
+        let st = r.recv_timeout(Selector::any(), &mut buf, Some(T)).unwrap();
+        common::check(st.tag, &buf, "a message from a granted sender");
+    }
+    let (s1, s2) = senders.join().unwrap();
+    let s = r.stats();
+    assert_eq!(s.fast_refusals, 0, "{s:?}");
+    assert!(s.fast_grants >= 2, "{s:?}");
+    assert!(s1.stats().fast_granted >= 1 && s2.stats().fast_granted >= 1);
+}
+
+#[test]
 fn admission_control_without_flow_steering_delivers_too() {
-    let s = two_senders_under_admission_control("explicit nosteer");
+    let s = two_senders_under_admission_control("explicit nosteer onequeue");
     assert_eq!(s.steered_datagrams, 0, "{s:?}");
 }
 
-/// One receiver, two senders (explicit API): the first is granted, the second refused
-/// until the first gives the grant back; then both send large messages, intact. Returns
-/// the receiver's counters.
+/// One receiver with one receive queue, two senders (explicit API): the first is
+/// granted, the second refused until the first gives the grant back; then both send
+/// large messages, intact. Returns the receiver's counters.
 fn two_senders_under_admission_control(cfg: &'static str) -> clink::Stats {
     let mut r = net_ctx(cfg, 5000).endpoint().unwrap();
     let addr = r.address();
@@ -386,7 +421,8 @@ fn hashed_payloads_under_injected_faults_lose_nothing() {
 
 #[test]
 fn injected_faults_lose_nothing() {
-    let faults = "drop=0.05,dup=0.02,corrupt=0.02,reorder=0.05,delay_us=300,seed=13";
+    // One receive queue ("onequeue"): the gate grants the stream and steers it.
+    let faults = "drop=0.05,dup=0.02,corrupt=0.02,reorder=0.05,delay_us=300,seed=13,onequeue";
     let ((a, _), (b, _)) = echoed(faults, 5000, 2, 2);
     let (sa, sb) = (a.stats(), b.stats());
     // Faults really happened, and every kind was repaired.

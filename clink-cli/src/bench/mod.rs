@@ -64,6 +64,7 @@
 //! streaming round of every size must arrive intact.
 
 pub mod affinity;
+pub mod alltoall;
 pub mod channel;
 pub mod clink_sys;
 pub mod evserver;
@@ -162,6 +163,7 @@ impl ModeArg {
 /// Arguments of `clink bench`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
+#[command(group(clap::ArgGroup::new("experiment").args(["rma", "spec", "alltoall"]).multiple(false)))]
 pub struct BenchArgs {
     /// Systems to measure, comma-separated (default: every built-in system, plus ucx,
     /// libfabric and libfabric-rxd, each run when its tool, ucx_perftest or fi_pingpong,
@@ -237,6 +239,21 @@ pub struct BenchArgs {
           value_parser = clap::builder::PossibleValuesParser::new(
               rma::EXPERIMENTS.iter().chain(spec::EXPERIMENTS).copied()))]
     pub experiments: Vec<String>,
+    /// The all-to-all experiment on `--hosts` hosts on a bridge (clink over UDP, clink
+    /// over TCP, kernel TCP; message size the first of `--bw-sizes`, default 256K;
+    /// `--rounds` repetitions) instead of the system comparison.
+    #[arg(long, conflicts_with_all = ["systems", "mode", "placement", "lat_sizes"])]
+    pub alltoall: bool,
+    /// With `--alltoall`: host counts, comma-separated (default 4,8).
+    #[arg(long, value_delimiter = ',', requires = "alltoall",
+          value_parser = clap::value_parser!(u64).range(2..=64))]
+    pub hosts: Option<Vec<u64>>,
+    /// With `--alltoall`: all-to-all exchanges per run (default 100, with --quick 10).
+    #[arg(long, requires = "alltoall", value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub exchanges: Option<u64>,
+    /// Internal: one process of an `--alltoall` run.
+    #[arg(long, hide = true)]
+    pub alltoall_child: Option<String>,
     /// With `--rma`: client connections of the event-server experiment.
     #[arg(long, value_delimiter = ',', requires = "rma", default_values_t = [1u64, 10, 100, 1000],
           value_parser = clap::value_parser!(u64).range(1..=4000))]
@@ -577,6 +594,27 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 
 /// Entry point of `clink bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
+    if let Some(spec) = &args.alltoall_child {
+        return alltoall::run_child(spec);
+    }
+    if args.alltoall {
+        let hosts: Vec<usize> = args
+            .hosts
+            .clone()
+            .unwrap_or_else(|| vec![4, 8])
+            .into_iter()
+            .map(|h| h as usize)
+            .collect();
+        let size = match &args.bw_sizes.as_ref().or(args.sizes.as_ref()) {
+            Some(s) => *plan::parse_sizes(s)?
+                .first()
+                .filter(|&&n| n > 0)
+                .ok_or("--alltoall needs a positive message size")?,
+            None => 256 << 10,
+        };
+        let exchanges = args.exchanges.unwrap_or(if args.quick { 10 } else { 100 });
+        return alltoall::run(&hosts, size, exchanges, args.rounds, args.json);
+    }
     let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
         check_experiments("--rma", &rma::EXPERIMENTS, &args.experiments)?;

@@ -41,7 +41,9 @@
 //!   `admission_off` (`CLINK_UDP_ADMISSION=off`), `admission` (`implicit`, the default),
 //!   both without flow steering (`CLINK_UDP_STEER=0`, the default), and `steered`
 //!   (admission control and flow-steered sockets, `CLINK_UDP_STEER=1`); each of the two
-//!   senders streams the full `--fragments`.
+//!   senders streams the full `--fragments`, into one receive queue
+//!   (`CLINK_UDP_PEER_SOCKETS=0` on the receiver: senders with sockets of their own are
+//!   each granted at once).
 //! - `loss`: `loss_0`, `loss_0.1`, `loss_1`, `loss_5`: `CLINK_FAULTS=drop=P,seed=N` on the
 //!   receiver (percent in the name; `N` = round + 1).
 //!
@@ -212,7 +214,9 @@ pub fn variants(experiment: &str, round: u64) -> Vec<Variant> {
                 .receiver("CLINK_UDP_SPEC_BACKOFF", "0"),
         ],
         "two_senders" => {
-            let unsteered = |v: Variant| v.both(STEER, "0");
+            // One receive queue, as in the seed: with sockets of their own the two
+            // streams would not compete (each is granted at once).
+            let unsteered = |v: Variant| v.both(STEER, "0").receiver("CLINK_UDP_PEER_SOCKETS", "0");
             vec![
                 Variant::new("two_senders", "one_sender"),
                 unsteered(
@@ -228,7 +232,8 @@ pub fn variants(experiment: &str, round: u64) -> Vec<Variant> {
                 Variant::new("two_senders", "steered")
                     .senders(2)
                     .both("CLINK_UDP_ADMISSION", "implicit")
-                    .both(STEER, "1"),
+                    .both(STEER, "1")
+                    .receiver("CLINK_UDP_PEER_SOCKETS", "0"),
             ]
         }
         "loss" => [

@@ -2198,16 +2198,23 @@ impl Endpoint {
             // two senders share from the granted stream (two senders' aggregate 0.83x
             // one sender spinning, 0.92x sleeping at once; BENCHMARKS.md). A
             // spin time of "forever" (never block) is kept.
+            // Nor while runnable threads outnumber the CPUs: the spin would take the
+            // CPU a peer needs to produce what is awaited.
             let spinning = match spin {
                 None => true,
-                Some(s) => now < start + s && !self.only_slowed(),
+                Some(s) => {
+                    now < start + s && !self.only_slowed() && !crate::oversub::oversubscribed()
+                }
             };
             if spinning {
                 continue;
             }
             // Spun its time, but a reply is due within a round trip: spin on for it (not
             // with a spin time of zero, which asks to block at once).
-            if !no_spin && self.reply_due().is_some_and(|due| now < quiet + due) {
+            if !no_spin
+                && self.reply_due().is_some_and(|due| now < quiet + due)
+                && !crate::oversub::oversubscribed()
+            {
                 continue;
             }
             if let Some(i) = self.bell_peer().filter(|_| bell) {
