@@ -7,6 +7,9 @@ import pytest
 
 import clink
 
+# Read here and removed from the environment: clink refuses unknown CLINK_* variables.
+SKIP_NETNS = os.environ.pop("CLINK_SKIP_NETNS", None) == "1"
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "peer.py")
 

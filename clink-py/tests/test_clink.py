@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import clink
-from conftest import Child
+from conftest import SKIP_NETNS, Child
 
 T = 30.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -421,7 +421,7 @@ def _netns_unavailable():
 def test_udp_between_network_namespaces():
     why = _netns_unavailable()
     if why:
-        if os.environ.get("CLINK_SKIP_NETNS") == "1":
+        if SKIP_NETNS:
             pytest.skip(f"CLINK_SKIP_NETNS=1: {why}")
         pytest.fail(f"the network namespace test needs root and iproute2 ({why}); "
                     "set CLINK_SKIP_NETNS=1 to skip it explicitly")
