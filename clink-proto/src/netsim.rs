@@ -51,6 +51,10 @@ pub struct NetConfig {
     pub jitter: u64,
     /// Probability a datagram is lost.
     pub loss: f64,
+    /// Datagrams lost together at each loss (the same direction's next ones): a link that
+    /// drops one segmentation-offload batch takes dozens of datagrams at once. 1: single
+    /// losses.
+    pub loss_burst: u32,
     /// Probability a datagram is delivered twice (the copy with its own delay).
     pub duplicate: f64,
     /// Probability one byte of a datagram is flipped.
@@ -71,6 +75,7 @@ impl Default for NetConfig {
             latency: 50_000,
             jitter: 0,
             loss: 0.0,
+            loss_burst: 1,
             duplicate: 0.0,
             corrupt: 0.0,
             mtu: 1472,
@@ -139,6 +144,8 @@ pub struct Pair {
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     link_free: [u64; 2],
+    /// Datagrams still to drop of a burst, per direction.
+    burst_left: [u32; 2],
     buf: Vec<u8>,
 }
 
@@ -155,6 +162,7 @@ impl Pair {
             queue: BinaryHeap::new(),
             seq: 0,
             link_free: [0; 2],
+            burst_left: [0; 2],
             buf: Vec::with_capacity(2048),
         }
     }
@@ -178,7 +186,14 @@ impl Pair {
             depart = start + (len as u64 * 1000).div_ceil(self.cfg.bytes_per_us);
             *l = depart;
         }
+        let burst = &mut self.burst_left[usize::from(to_b)];
+        if *burst > 0 {
+            *burst -= 1;
+            self.stats.lost += 1;
+            return;
+        }
         if self.rng.chance(self.cfg.loss) {
+            *burst = self.cfg.loss_burst.saturating_sub(1);
             self.stats.lost += 1;
             return;
         }

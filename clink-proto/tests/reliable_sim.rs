@@ -410,6 +410,34 @@ fn goodput_versus_loss() {
 }
 
 #[test]
+fn burst_losses_are_not_taken_for_congestion() {
+    // Losses in runs of 16 datagrams (one offload batch dropped by a lossy link), 2% of
+    // the datagrams in all, on a link with no queue to fill: the sender must resend
+    // them, not halve its window for a run's length in lost packets (counted packet by
+    // packet, one run of 16 in a round of 128 read as 12% loss: a cut on most runs).
+    let net = NetConfig {
+        seed: 17,
+        loss: 0.02 / 16.0,
+        loss_burst: 16,
+        ..NetConfig::default()
+    };
+    let mut p = pair(Config::default(), net);
+    transfer(&mut p, 512, 3, 4 << 20, 600 * SEC, |_| 64 << 10);
+    let a = p.a.stats();
+    let runs = p.stats.lost / 16;
+    println!(
+        "{runs} runs of 16 lost: {} window cuts, {} random losses, {} timeouts",
+        a.congestion_events, a.random_losses, a.timeouts
+    );
+    assert!(runs >= 10, "too few bursts to tell: {}", p.stats.lost);
+    assert!(
+        a.congestion_events * 4 <= runs,
+        "{} window cuts for {runs} runs of loss: {a:?}",
+        a.congestion_events
+    );
+}
+
+#[test]
 fn congestion_still_backs_off_when_random_loss_is_tolerated() {
     // A slow bottleneck (1 Gbit/s) with a 2 ms drop-tail queue and no random loss: every
     // drop is the queue's. The window must settle near the path's capacity plus the

@@ -10,6 +10,7 @@
 //! `BLOCKSTREAM_PAUSE_S=N` the receiver computes for N seconds (makes no call into clink)
 //! after the first message, so the sender's next sends wait on it that long. A failure
 //! prints the wall-clock time it was seen (for measuring how long a death took to notice).
+//! With `BLOCKSTREAM_VERBOSE=1` each side also prints its connection's counters.
 use clink::{Context, Selector};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -60,6 +61,9 @@ fn run(mode: &str, file: &str, size: &str, count: &str) -> Result<(), Box<dyn st
         peer
     };
     let s = t.elapsed().as_secs_f64();
+    if std::env::var_os("BLOCKSTREAM_VERBOSE").is_some() {
+        eprintln!("{mode}: {:?}", ep.conn_stats(peer)?);
+    }
     let st = ep.stats();
     let c = ep.conn_stats(peer)?;
     println!(
