@@ -13,6 +13,9 @@
 //! * `DATA` (down): a [`HDR`]-byte header (index, offset, length and, for stdin, the
 //!   chunk's chaining value) followed by the chunk, forwarded from the buffer it lands in.
 //! * `END` (down): size, chunk count and root hash of the whole stream, JSON.
+//! * `PROGRESS` (up, relayed to the source): a node's chunk count, every
+//!   [`PROGRESS_EVERY`]; its send also tells the node at once when its upstream
+//!   process is gone (the upstream host answers "port unreachable").
 //! * `REPORT` (up): the reports of this node and of every node after it, and the error
 //!   that ended the chain early if one did, JSON.
 
@@ -37,6 +40,11 @@ const T_DATA: u64 = 0xca_0004;
 const T_END: u64 = 0xca_0005;
 /// Tag of the reports.
 const T_REPORT: u64 = 0xca_0006;
+
+/// Tag of the progress messages (up, relayed to the source).
+const T_PROGRESS: u64 = 0xca_0007;
+/// How often a node tells its progress upstream.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 /// Length of a chunk message's header.
 const HDR: usize = 64;
@@ -338,7 +346,10 @@ fn print_reports(reports: &[Value], json_out: bool) {
             r["status"].as_str().unwrap_or("?"),
         );
     }
-    // The pace: the slowest node that finished.
+    // The pace: the slowest host, when all finished.
+    if reports.iter().any(|r| r["status"] != "ok") {
+        return;
+    }
     let slowest = reports
         .iter()
         .filter(|r| r["status"] == "ok")

@@ -237,7 +237,7 @@ impl Node {
         self.ep
             .send(self.up, T_READY, answer.to_string().as_bytes())
             .map_err(|e| self.upstream_lost("answering readiness", e))?;
-        res.map_err(|m| fail_up(m))
+        res.map_err(fail_up)
     }
 
     fn connect_down(&mut self, route: &Value, addr: &str) -> Result<(), String> {
@@ -287,33 +287,84 @@ impl Node {
                 .map_err(|e| self.upstream_lost("posting a receive", e))?,
         );
         let mut end_info: Option<(Value, Vec<u8>)> = None;
-        let mut report_req = match self.down {
-            Some(d) => Some(
+        let mut end_done = false;
+        let mut report_req = None;
+        let mut progress_req = None;
+        if let Some(d) = self.down {
+            report_req = Some(
                 self.ep
                     .irecv(Selector::exact(Some(d), T_REPORT), vec![0u8; 1 << 20])
                     .map_err(|e| self.down_lost("posting a receive", e))?,
-            ),
-            None => None,
-        };
+            );
+            progress_req = Some(
+                self.ep
+                    .irecv(Selector::exact(Some(d), T_PROGRESS), vec![0u8; 4096])
+                    .map_err(|e| self.down_lost("posting a receive", e))?,
+            );
+        }
         let mut cvs: Vec<[u8; 32]> = Vec::new();
         let mut single_root: Option<blake3::Hash> = None;
         let mut buffers = 0usize;
+        let mut beat = Instant::now();
         loop {
             let mut did = false;
-            // A report from downstream before the end is a failure further down.
+            // A report from downstream: a failure further down, or (after the end) the
+            // rest of the chain done.
             if let Some(r) = &report_req {
                 match self.ep.test_recv(r) {
                     Ok(Some(got)) => {
                         report_req = None;
+                        did = true;
                         let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
                         self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
                         if let Some(e) = v["error"].as_str() {
                             return Err(fail_up(e.to_string()));
                         }
+                        if !end_done {
+                            return Err(fail_up(format!(
+                                "node {} reported success before the end of the stream",
+                                self.p.index + 1
+                            )));
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => return Err(self.down_lost("while streaming", e)),
                 }
+            }
+            // Progress of the nodes downstream, relayed upstream.
+            if let (Some(d), Some(r), Some(_)) = (self.down, &progress_req, &report_req) {
+                match self.ep.test_recv(r) {
+                    Ok(Some(got)) => {
+                        did = true;
+                        self.ep
+                            .send(up, T_PROGRESS, &got.buf)
+                            .map_err(|e| self.upstream_lost("relaying progress", e))?;
+                        let mut b = got.buf;
+                        b.resize(4096, 0);
+                        progress_req = Some(
+                            self.ep
+                                .irecv(Selector::exact(Some(d), T_PROGRESS), b)
+                                .map_err(|e| self.down_lost("posting a receive", e))?,
+                        );
+                    }
+                    Ok(None) => {}
+                    // A node that has gone is told by its report or by the sends.
+                    Err(_) => progress_req = None,
+                }
+            }
+            // This node's progress, which also tells it at once when the upstream
+            // process is gone (its host answers "port unreachable").
+            if beat.elapsed() >= PROGRESS_EVERY {
+                beat = Instant::now();
+                let m = json!({
+                    "node": self.p.index,
+                    "chunks": self.p.chunks,
+                    "bytes": self.p.bytes,
+                    "total": total,
+                });
+                self.ep
+                    .send(up, T_PROGRESS, m.to_string().as_bytes())
+                    .map_err(|e| self.upstream_lost("sending progress", e))?;
             }
             // Completed sends give their buffers back.
             while let Some((req, _)) = sends.front() {
@@ -326,7 +377,7 @@ impl Node {
                         did = true;
                     }
                     Ok(false) => break,
-                    Err(e) => return Err(self.down_lost("forwarding a chunk", e)),
+                    Err(e) => return Err(self.down_failed(&report_req, "forwarding a chunk", e)),
                 }
             }
             // Receives, up to the window.
@@ -356,17 +407,22 @@ impl Node {
                         posted.pop_front();
                         did = true;
                         let buf = self.chunk(man, got.buf, &mut cvs, &mut single_root)?;
-                        match (self.down, buf) {
-                            (Some(d), Some(buf)) => {
+                        match self.down {
+                            Some(d) => {
                                 let b = Bytes::from(buf);
-                                let req = self
-                                    .ep
-                                    .isend(d, T_DATA, b.clone())
-                                    .map_err(|e| self.down_lost("forwarding a chunk", e))?;
+                                let req = match self.ep.isend(d, T_DATA, b.clone()) {
+                                    Ok(r) => r,
+                                    Err(e) => {
+                                        return Err(self.down_failed(
+                                            &report_req,
+                                            "forwarding a chunk",
+                                            e,
+                                        ))
+                                    }
+                                };
                                 sends.push_back((req, b));
                             }
-                            (_, Some(buf)) => free.push(buf),
-                            _ => {}
+                            None => free.push(buf),
                         }
                     }
                     Ok(None) => {}
@@ -382,11 +438,10 @@ impl Node {
                             fail_up(format!("node {}: bad end message: {e}", self.p.index))
                         })?;
                         let n = v["chunks"].as_u64().unwrap_or(u64::MAX);
-                        if total.is_some_and(|t| t != n) {
+                        if let Some(t) = total.filter(|&t| t != n) {
                             return Err(fail_up(format!(
-                                "node {}: the end message counts {n} chunks, the manifest {}",
-                                self.p.index,
-                                total.unwrap()
+                                "node {}: the end message counts {n} chunks, the manifest {t}",
+                                self.p.index
                             )));
                         }
                         total = Some(n);
@@ -403,16 +458,59 @@ impl Node {
                     Err(e) => return Err(self.upstream_lost("waiting for the end", e)),
                 }
             }
-            if total.is_some_and(|t| self.p.chunks == t) && end_info.is_some() && sends.is_empty() {
-                break;
+            if !end_done
+                && total.is_some_and(|t| self.p.chunks == t)
+                && end_info.is_some()
+                && sends.is_empty()
+            {
+                end_done = true;
+                did = true;
+                let (end, end_bytes) = end_info.take().unwrap();
+                self.finish(man, &end, &cvs, single_root)?;
+                if let Some(d) = self.down {
+                    self.ep
+                        .send(d, T_END, &end_bytes)
+                        .map_err(|e| self.down_lost("forwarding the end", e))?;
+                }
+            }
+            if end_done && report_req.is_none() {
+                return Ok(());
             }
             if !did {
                 idle(&mut self.ep);
             }
         }
+    }
+
+    /// A failure towards the next node: its own report when it sent one before going
+    /// (the reason it stopped), else the failure of the hop.
+    fn down_failed(
+        &mut self,
+        report_req: &Option<RecvRequest>,
+        what: &str,
+        e: clink::Error,
+    ) -> Failure {
+        if let Some(r) = report_req {
+            if let Ok(Some(got)) = self.ep.test_recv(r) {
+                let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
+                if let Some(msg) = v["error"].as_str() {
+                    return fail_up(msg.to_string());
+                }
+            }
+        }
+        self.down_lost(what, e)
+    }
+
+    /// Checks the whole stream against the source's end message: size and root hash.
+    fn finish(
+        &mut self,
+        man: &Manifest,
+        end: &Value,
+        cvs: &[[u8; 32]],
+        single_root: Option<blake3::Hash>,
+    ) -> Result<(), Failure> {
         self.p.end = Some(Instant::now());
-        // The whole stream's root hash, checked against the source's.
-        let (end, end_bytes) = end_info.unwrap();
         let size = end["size"].as_u64().unwrap_or(0);
         if size != self.p.bytes {
             return Err(fail_up(format!(
@@ -420,7 +518,7 @@ impl Node {
                 self.p.index, self.p.bytes
             )));
         }
-        let root = match hash::root(size, man.chunk, &cvs) {
+        let root = match hash::root(size, man.chunk, cvs) {
             Some(r) => r,
             None => single_root.unwrap_or_else(|| blake3::hash(b"")),
         };
@@ -433,24 +531,6 @@ impl Node {
                 root.to_hex()
             )));
         }
-        if let Some(d) = self.down {
-            self.ep
-                .send(d, T_END, &end_bytes)
-                .map_err(|e| self.down_lost("forwarding the end", e))?;
-        }
-        // The rest of the chain's reports.
-        if let (Some(d), Some(r)) = (self.down, report_req.take()) {
-            let got = self
-                .ep
-                .wait_recv(&r, None)
-                .map_err(|e| self.down_lost("waiting for its report", e))?;
-            let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
-            self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
-            let _ = d;
-            if let Some(e) = v["error"].as_str() {
-                return Err(fail_up(e.to_string()));
-            }
-        }
         Ok(())
     }
 
@@ -461,7 +541,7 @@ impl Node {
         mut buf: Vec<u8>,
         cvs: &mut Vec<[u8; 32]>,
         single_root: &mut Option<blake3::Hash>,
-    ) -> Result<Option<Vec<u8>>, Failure> {
+    ) -> Result<Vec<u8>, Failure> {
         let index = self.p.index;
         let h = ChunkHdr::read(&buf).map_err(|e| fail_up(format!("node {index}: {e}")))?;
         if h.index != cvs.len() as u64 {
@@ -523,6 +603,6 @@ impl Node {
         if self.corrupt == Some(h.index) && h.len > 0 {
             buf[HDR] ^= 0x5a;
         }
-        Ok(Some(buf))
+        Ok(buf)
     }
 }

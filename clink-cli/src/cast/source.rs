@@ -31,52 +31,84 @@ fn fill(input: &mut Input, offset: u64, buf: &mut [u8]) -> std::io::Result<usize
     Ok(got)
 }
 
-/// Progress on the source's terminal: a bar on a TTY, else a line every few seconds.
+/// Progress on the source's terminal: a bar per host on a TTY, else a line every few
+/// seconds.
 struct Show {
-    bar: Option<indicatif::ProgressBar>,
+    bars: Option<(indicatif::MultiProgress, Vec<indicatif::ProgressBar>)>,
+    bytes: Vec<u64>,
+    total: Option<u64>,
     last: Instant,
     start: Instant,
 }
 
 impl Show {
-    fn new(total: Option<u64>) -> Show {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = match total {
-                Some(t) => indicatif::ProgressBar::new(t),
-                None => indicatif::ProgressBar::new_spinner(),
-            };
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{prefix} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            b.set_prefix("source -> chain");
-            b
+    /// Progress of the source and `nodes` nodes.
+    fn new(total: Option<u64>, nodes: usize) -> Show {
+        let bars = std::io::stderr().is_terminal().then(|| {
+            let m = indicatif::MultiProgress::new();
+            let style = indicatif::ProgressStyle::with_template(
+                "{prefix:>8} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+            let bars = (0..=nodes)
+                .map(|i| {
+                    let b = m.add(indicatif::ProgressBar::new(total.unwrap_or(0)));
+                    b.set_style(style.clone());
+                    b.set_prefix(if i == 0 {
+                        "source".to_string()
+                    } else {
+                        format!("node {i}")
+                    });
+                    b
+                })
+                .collect();
+            (m, bars)
         });
         Show {
-            bar,
+            bars,
+            bytes: vec![0; nodes + 1],
+            total,
             last: Instant::now(),
             start: Instant::now(),
         }
     }
 
-    fn update(&mut self, sent: u64, total: Option<u64>) {
-        if let Some(b) = &self.bar {
-            b.set_position(sent);
+    /// Host `i` (0: the source) is at `bytes`.
+    fn set(&mut self, i: usize, bytes: u64) {
+        if let Some(b) = self.bytes.get_mut(i) {
+            *b = bytes;
+        }
+        if let Some((_, bars)) = &self.bars {
+            if let Some(b) = bars.get(i) {
+                if self.total.is_none() {
+                    b.set_length(bytes.max(b.length().unwrap_or(0)));
+                }
+                b.set_position(bytes);
+            }
         } else if self.last.elapsed() >= Duration::from_secs(2) {
             self.last = Instant::now();
+            let secs = self.start.elapsed().as_secs_f64();
+            let nodes: Vec<String> = self.bytes[1..]
+                .iter()
+                .enumerate()
+                .map(|(k, b)| format!("node {} {:.1} MB", k + 1, *b as f64 / 1e6))
+                .collect();
             eprintln!(
-                "clink cast: {sent} of {} bytes sent, {:.1} MB/s",
-                total.map_or("?".into(), |t| t.to_string()),
-                mbps(sent, self.start.elapsed().as_secs_f64())
+                "clink cast: {:.1} s: source {:.1} MB sent ({:.1} MB/s); {}",
+                secs,
+                self.bytes[0] as f64 / 1e6,
+                mbps(self.bytes[0], secs),
+                nodes.join(", ")
             );
         }
     }
 
     fn done(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
+        if let Some((m, bars)) = &self.bars {
+            for b in bars {
+                b.finish_and_clear();
+            }
+            let _ = m.clear();
         }
     }
 }
@@ -170,12 +202,10 @@ pub fn run(a: SendArgs) -> Result<(), String> {
         down,
         first: first.clone(),
         window: a.window.max(1),
+        nodes: a.to.len(),
     }
     .run(&mut input, &man, hash_s);
-    let (mine, reports, err) = match r {
-        Ok(x) => x,
-        Err(e) => return Err(e),
-    };
+    let (mine, reports, err) = r?;
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);
@@ -190,6 +220,9 @@ pub fn run(a: SendArgs) -> Result<(), String> {
                 bad["node"], bad["root"], all[0]["root"]
             ));
         }
+    }
+    if let Some(e) = &err {
+        all[0]["status"] = json!(format!("stopped: {e}"));
     }
     print_reports(&all, a.json);
     match err {
@@ -213,6 +246,7 @@ struct Stream<'a> {
     down: PeerId,
     first: String,
     window: usize,
+    nodes: usize,
 }
 
 impl Stream<'_> {
@@ -229,14 +263,13 @@ impl Stream<'_> {
         hash_s: f64,
     ) -> Result<(Value, Vec<Value>, Option<String>), String> {
         let csize = man.chunk as usize;
-        let mut report_req = Some(
-            self.ep
-                .irecv(
-                    Selector::exact(Some(self.down), T_REPORT),
-                    vec![0u8; 1 << 20],
-                )
-                .map_err(|e| self.lost("posting a receive", e))?,
-        );
+        let report_req = self
+            .ep
+            .irecv(
+                Selector::exact(Some(self.down), T_REPORT),
+                vec![0u8; 1 << 20],
+            )
+            .map_err(|e| self.lost("posting a receive", e))?;
         let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
         let mut free: Vec<Vec<u8>> = Vec::new();
         let mut cvs: Vec<[u8; 32]> = Vec::new();
@@ -246,30 +279,47 @@ impl Stream<'_> {
         let mut eof = false;
         let mut read_s = 0.0;
         let mut stdin_hash_s = 0.0;
-        let mut show = Show::new(man.size);
+        let mut show = Show::new(man.size, self.nodes);
         let start = Instant::now();
-        let mut reports: Option<Value> = None;
-        loop {
+        let mut progress_req = Some(
+            self.ep
+                .irecv(
+                    Selector::exact(Some(self.down), T_PROGRESS),
+                    vec![0u8; 4096],
+                )
+                .map_err(|e| self.lost("posting a receive", e))?,
+        );
+        let mut root = None;
+        let v: Value = 'main: loop {
             let mut did = false;
-            if let Some(r) = &report_req {
-                match self.ep.test_recv(r) {
+            match self.ep.test_recv(&report_req) {
+                Ok(Some(got)) => break serde_json::from_slice(&got.buf).unwrap_or(Value::Null),
+                Ok(None) => {}
+                Err(e) => {
+                    let msg = self.lost("while streaming", e);
+                    show.done();
+                    let mine = source_report(sent, index, start, read_s, hash_s, None);
+                    return Ok((mine, Vec::new(), Some(msg)));
+                }
+            }
+            if let Some(r) = progress_req.take() {
+                match self.ep.test_recv(&r) {
                     Ok(Some(got)) => {
-                        report_req = None;
-                        reports = Some(serde_json::from_slice(&got.buf).unwrap_or(Value::Null));
-                        if !reports.as_ref().unwrap()["error"].is_null() {
-                            break;
+                        did = true;
+                        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                        if let (Some(n), Some(b)) = (v["node"].as_u64(), v["bytes"].as_u64()) {
+                            show.set(n as usize, b);
                         }
+                        let mut b = got.buf;
+                        b.resize(4096, 0);
+                        progress_req = Some(
+                            self.ep
+                                .irecv(Selector::exact(Some(self.down), T_PROGRESS), b)
+                                .map_err(|e| self.lost("posting a receive", e))?,
+                        );
                     }
-                    Ok(None) => {}
-                    Err(e) => {
-                        let msg = self.lost("while streaming", e);
-                        show.done();
-                        return Ok((
-                            source_report(sent, index, start, read_s, hash_s, None),
-                            Vec::new(),
-                            Some(msg),
-                        ));
-                    }
+                    Ok(None) => progress_req = Some(r),
+                    Err(_) => {} // the report or the sends tell why
                 }
             }
             while let Some((req, _)) = sends.front() {
@@ -283,13 +333,13 @@ impl Stream<'_> {
                     }
                     Ok(false) => break,
                     Err(e) => {
+                        if let Ok(Some(got)) = self.ep.test_recv(&report_req) {
+                            break 'main serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                        }
                         let msg = self.lost("receiving a chunk", e);
                         show.done();
-                        return Ok((
-                            source_report(sent, index, start, read_s, hash_s, None),
-                            Vec::new(),
-                            Some(msg),
-                        ));
+                        let mine = source_report(sent, index, start, read_s, hash_s, None);
+                        return Ok((mine, Vec::new(), Some(msg)));
                     }
                 }
             }
@@ -336,42 +386,36 @@ impl Stream<'_> {
                 index += 1;
                 sent += n as u64;
                 did = true;
-                show.update(sent, man.size);
+                show.set(0, sent);
             }
-            if eof && sends.is_empty() {
-                break;
+            if eof && sends.is_empty() && root.is_none() {
+                // Everything is out: the end message, then the chain's reports.
+                let r = match &man.root {
+                    Some(r) => blake3::Hash::from_bytes(*r),
+                    None => hash::root(sent, man.chunk, &cvs)
+                        .or(single)
+                        .unwrap_or_else(|| blake3::hash(b"")),
+                };
+                let end = json!({ "size": sent, "chunks": index, "root": r.to_hex().to_string() });
+                self.ep
+                    .send(self.down, T_END, end.to_string().as_bytes())
+                    .map_err(|e| self.lost("sending the end", e))?;
+                root = Some(r);
+                did = true;
             }
             if !did {
                 idle(self.ep);
             }
-        }
-        let root = match (&man.root, man.size) {
-            (Some(r), _) => blake3::Hash::from_bytes(*r),
-            (None, _) => hash::root(sent, man.chunk, &cvs)
-                .or(single)
-                .unwrap_or_else(|| blake3::hash(b"")),
         };
-        let hash_total = hash_s + stdin_hash_s;
-        let mine = source_report(sent, index, start, read_s, hash_total, Some(&root));
         show.done();
-        if reports.is_none() {
-            let end = json!({ "size": sent, "chunks": index, "root": root.to_hex().to_string() });
-            self.ep
-                .send(self.down, T_END, end.to_string().as_bytes())
-                .map_err(|e| self.lost("sending the end", e))?;
-            let r = report_req.take().unwrap();
-            match self.ep.wait_recv(&r, None) {
-                Ok(got) => reports = Some(serde_json::from_slice(&got.buf).unwrap_or(Value::Null)),
-                Err(e) => {
-                    return Ok((
-                        mine,
-                        Vec::new(),
-                        Some(self.lost("waiting for the reports", e)),
-                    ))
-                }
-            }
-        }
-        let v = reports.unwrap();
+        let mine = source_report(
+            sent,
+            index,
+            start,
+            read_s,
+            hash_s + stdin_hash_s,
+            root.as_ref(),
+        );
         let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
         let err = v["error"].as_str().map(String::from);
         Ok((mine, nodes, err))

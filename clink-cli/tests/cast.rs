@@ -1,0 +1,422 @@
+//! `clink cast` across a bridge of four network-namespace hosts: the source on host 0,
+//! receivers on hosts 1-3 in chain order. Whole files (random, seeded) and stdin are
+//! compared byte for byte at every receiver; a receiver killed mid-stream, a chunk
+//! corrupted by a node before forwarding, an unreachable node and a full disk must fail
+//! the command with a message naming the hop or node. Needs root and iproute2: fails with
+//! the reason where network namespaces are unavailable.
+
+use clink::netns::{Bridge, BridgeSpec};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Bound on any wait for a child.
+const T: Duration = Duration::from_secs(60);
+const MIB: usize = 1 << 20;
+
+/// Size of the main test's file: 64 MiB optimised, less in a debug build.
+fn big() -> usize {
+    if cfg!(debug_assertions) {
+        24 * MIB
+    } else {
+        64 * MIB
+    }
+}
+
+fn bridge(rate: Option<&str>) -> Bridge {
+    if let Some(why) = clink::netns::unavailable() {
+        panic!("this test needs network namespaces: {why}");
+    }
+    Bridge::create(&BridgeSpec {
+        hosts: 4,
+        rate: rate.map(String::from),
+        ..BridgeSpec::default()
+    })
+    .expect("bridge")
+}
+
+/// Seeded pseudo-random bytes (xorshift64*).
+fn random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        v.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// A temporary directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!("clink-cast-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `clink cast` child, killed by PID and reaped on drop; its stdout lines and its
+/// whole stderr collected by threads.
+struct Proc {
+    child: Option<Child>,
+    lines: mpsc::Receiver<String>,
+    err: Option<std::thread::JoinHandle<String>>,
+    out: Vec<String>,
+    name: String,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, name: &str, stdin: bool) -> Proc {
+        cmd.env("CLINK_CALIBRATE", "0")
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn clink");
+        let stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        Proc {
+            child: Some(child),
+            lines,
+            err: Some(err),
+            out: Vec::new(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The next stdout line, within `T`.
+    fn line(&mut self) -> String {
+        let l = self
+            .lines
+            .recv_timeout(T)
+            .unwrap_or_else(|e| panic!("{}: no output line within {T:?}: {e}", self.name));
+        self.out.push(l.clone());
+        l
+    }
+
+    fn stdin(&mut self) -> std::process::ChildStdin {
+        self.child.as_mut().unwrap().stdin.take().unwrap()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits up to `T` for the exit; returns its status, stdout and stderr. Kills the
+    /// child and panics on timeout.
+    fn finish(&mut self) -> (ExitStatus, String, String) {
+        let c = self.child.as_mut().expect("already finished");
+        let deadline = Instant::now() + T;
+        let st = loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!("{} did not exit within {T:?}", self.name);
+            }
+            // Polling for the exit only.
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        self.child = None;
+        let err = self.err.take().unwrap().join().unwrap();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.out.push(l);
+        }
+        (st, self.out.join("\n"), err)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_clink")
+}
+
+/// Starts receivers on hosts 1..=3 writing to `dir/outN` (extra arguments per host);
+/// returns them and their addresses.
+fn receivers(b: &Bridge, dir: &Path, extra: &[&[&str]]) -> (Vec<Proc>, Vec<String>) {
+    let mut procs = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 1..=3 {
+        let extra = extra.get(i - 1).copied().unwrap_or(&[]);
+        let mut cmd = b.command(i, exe());
+        cmd.args(["cast", "recv", "--json"]);
+        if !extra.contains(&"--out") {
+            cmd.arg("--out").arg(dir.join(format!("out{i}")));
+        }
+        cmd.args(extra);
+        let mut p = Proc::spawn(cmd, &format!("receiver on host {i}"), false);
+        let a = p.line();
+        assert!(a.starts_with("clink:"), "receiver {i} printed {a:?}");
+        addrs.push(a);
+        procs.push(p);
+    }
+    (procs, addrs)
+}
+
+fn sender(b: &Bridge, file: &str, addrs: &[String], extra: &[&str], stdin: bool) -> Proc {
+    let mut cmd = b.command(0, exe());
+    cmd.args(["cast", "send", file, "--to", &addrs.join(",")])
+        .args(extra);
+    Proc::spawn(cmd, "source on host 0", stdin)
+}
+
+/// Casts `data` (from a file, or through stdin) to three receivers and checks every copy.
+fn cast_and_compare(name: &str, data: &[u8], extra: &[&str], via_stdin: bool) {
+    let b = bridge(None);
+    let dir = TempDir::new(name);
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, data).unwrap();
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let start = Instant::now();
+    let mut s = if via_stdin {
+        let mut s = sender(&b, "-", &addrs, &["--json"], true);
+        let mut w = s.stdin();
+        let d = data.to_vec();
+        std::thread::spawn(move || {
+            let _ = w.write_all(&d);
+        });
+        s
+    } else {
+        let mut args = vec!["--json"];
+        args.extend_from_slice(extra);
+        sender(&b, src.to_str().unwrap(), &addrs, &args, false)
+    };
+    let (st, out, err) = s.finish();
+    if !st.success() {
+        let nodes: Vec<String> = rx
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| {
+                let (st, o, e) = p.finish();
+                format!("receiver {}: {st}\n{o}\n{e}", i + 1)
+            })
+            .collect();
+        panic!(
+            "cast failed: {st}\nstdout:\n{out}\nstderr:\n{err}\n{}",
+            nodes.join("\n")
+        );
+    }
+    println!(
+        "{name}: {} bytes to 3 receivers in {:?}\n{out}",
+        data.len(),
+        start.elapsed()
+    );
+    let want = blake3::hash(data).to_hex().to_string();
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4, "one row per node and the source:\n{out}");
+    for r in &rows {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["bytes"].as_u64(), Some(data.len() as u64), "{r}");
+        assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
+    }
+    for (i, p) in rx.iter_mut().enumerate() {
+        let (st, out, err) = p.finish();
+        assert!(st.success(), "receiver {}: {st}\n{out}\n{err}", i + 1);
+        let got = std::fs::read(dir.0.join(format!("out{}", i + 1))).unwrap();
+        assert!(
+            got == data,
+            "receiver {}: its file ({} bytes) differs from the source ({} bytes)",
+            i + 1,
+            got.len(),
+            data.len()
+        );
+    }
+}
+
+#[test]
+fn a_random_file_reaches_three_receivers_intact() {
+    cast_and_compare("big", &random(big(), 1), &[], false);
+}
+
+#[test]
+fn a_file_not_a_multiple_of_the_chunk_size_reaches_every_receiver() {
+    cast_and_compare(
+        "odd",
+        &random(5 * MIB + 12345, 2),
+        &["--chunk", "1048576"],
+        false,
+    );
+}
+
+#[test]
+fn a_stream_from_stdin_reaches_every_receiver() {
+    cast_and_compare("stdin", &random(9 * MIB + 777, 3), &[], true);
+}
+
+/// Runs a cast expected to fail; returns the source's stderr and the receivers' stderr.
+fn failing_cast(mut s: Proc, rx: &mut [Proc]) -> (String, Vec<String>) {
+    let start = Instant::now();
+    let (st, out, err) = s.finish();
+    assert!(
+        !st.success(),
+        "the cast should fail\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    println!("failed after {:?}:\n{out}\n{err}", start.elapsed());
+    let mut errs = Vec::new();
+    for p in rx.iter_mut() {
+        if p.child.is_some() {
+            let (_, o, e) = p.finish();
+            errs.push(format!("{o}\n{e}"));
+        } else {
+            errs.push(String::new());
+        }
+    }
+    (err, errs)
+}
+
+#[test]
+fn a_receiver_killed_mid_stream_fails_the_cast_naming_the_hop() {
+    // A rate limit makes the stream last seconds, so it is killed midway.
+    let b = bridge(Some("100mbit"));
+    let dir = TempDir::new("kill");
+    let src = dir.0.join("source.bin");
+    let size = 48 * MIB;
+    std::fs::write(&src, random(size, 4)).unwrap();
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let s = sender(
+        &b,
+        src.to_str().unwrap(),
+        &addrs,
+        &["--chunk", "1048576"],
+        false,
+    );
+    // Node 2 dies once it has stored some data.
+    let out2 = dir.0.join("out2");
+    let deadline = Instant::now() + T;
+    while std::fs::metadata(&out2).map_or(0, |m| m.len()) < 4 * MIB as u64 {
+        assert!(Instant::now() < deadline, "node 2 received nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rx[1].kill();
+    let killed = Instant::now();
+    let (err, errs) = failing_cast(s, &mut rx);
+    assert!(
+        killed.elapsed() < Duration::from_secs(15),
+        "the failure took {:?}",
+        killed.elapsed()
+    );
+    assert!(err.contains("hop 2") && err.contains("node 2"), "{err}");
+    // Node 1 reports how far it got; node 3 (cut off) reports on its own.
+    assert!(errs[0].contains("\"node\":1"), "{}", errs[0]);
+    assert!(
+        errs[2].contains("hop 3") && errs[2].contains("chunks verified"),
+        "node 3 said: {}",
+        errs[2]
+    );
+}
+
+#[test]
+fn a_chunk_corrupted_by_a_node_is_refused_by_the_next() {
+    let b = bridge(None);
+    let dir = TempDir::new("corrupt");
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, random(8 * MIB, 5)).unwrap();
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[&["--corrupt-chunk", "3"]]);
+    let s = sender(
+        &b,
+        src.to_str().unwrap(),
+        &addrs,
+        &["--chunk", "1048576"],
+        false,
+    );
+    let (err, _) = failing_cast(s, &mut rx);
+    assert!(
+        err.contains("chunk 3 failed BLAKE3 verification at hop 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unreachable_node_fails_the_cast_before_any_data() {
+    let b = bridge(None);
+    let dir = TempDir::new("unreach");
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    // Node 3 is gone before the cast starts.
+    rx[2].kill();
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, random(MIB, 7)).unwrap();
+    let s = sender(&b, src.to_str().unwrap(), &addrs, &[], false);
+    let (err, _) = failing_cast(s, &mut rx[..2]);
+    assert!(err.contains("hop 3") && err.contains("node 3"), "{err}");
+    assert_eq!(
+        std::fs::metadata(dir.0.join("out1")).unwrap().len(),
+        0,
+        "data flowed before the chain was ready"
+    );
+}
+
+#[test]
+fn a_full_disk_fails_the_cast_naming_the_node() {
+    let b = bridge(None);
+    let dir = TempDir::new("full");
+    let small = dir.0.join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mount tmpfs: {st}");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _u = Unmount(small.clone());
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, random(8 * MIB, 6)).unwrap();
+    let full = small.join("out2");
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[&[], &["--out", full.to_str().unwrap()]]);
+    let s = sender(
+        &b,
+        src.to_str().unwrap(),
+        &addrs,
+        &["--chunk", "1048576"],
+        false,
+    );
+    let (err, _) = failing_cast(s, &mut rx);
+    assert!(
+        err.contains("node 2") && err.contains("No space left on device"),
+        "{err}"
+    );
+}
