@@ -20,6 +20,7 @@
 //!   that ended the chain early if one did, JSON.
 
 mod hash;
+mod model;
 mod node;
 mod source;
 
@@ -118,6 +119,9 @@ pub struct SendArgs {
     /// Prints one JSON object per node (the source first) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Rate of the links in tc's syntax (`1gbit`), for the model's prediction.
+    #[arg(long)]
+    link_rate: Option<String>,
 }
 
 /// Runs `clink cast`.
@@ -327,12 +331,12 @@ fn print_reports(reports: &[Value], json_out: bool) {
         return;
     }
     println!(
-        "{:<8} {:<22} {:>12} {:>7} {:>8} {:>9} {:>6}  status",
-        "node", "address", "bytes", "chunks", "seconds", "MB/s", "copies"
+        "{:<8} {:<22} {:>12} {:>7} {:>8} {:>9} {:>9} {:>5} {:>6}  status",
+        "node", "address", "bytes", "chunks", "seconds", "MB/s", "model", "busy", "copies"
     );
     for r in reports {
         println!(
-            "{:<8} {:<22} {:>12} {:>7} {:>8.2} {:>9.1} {:>6}  {}",
+            "{:<8} {:<22} {:>12} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>4.0}% {:>6}  {}",
             match r["node"].as_u64() {
                 Some(0) | None => "source".to_string(),
                 Some(n) => n.to_string(),
@@ -342,6 +346,8 @@ fn print_reports(reports: &[Value], json_out: bool) {
             r["chunks"].as_u64().unwrap_or(0),
             r["seconds"].as_f64().unwrap_or(0.0),
             r["rate_mbps"].as_f64().unwrap_or(0.0),
+            r["predicted_mbps"].as_f64().unwrap_or(0.0),
+            busy(r) * 100.0,
             r["copies"].as_u64().unwrap_or(0),
             r["status"].as_str().unwrap_or("?"),
         );
@@ -350,21 +356,99 @@ fn print_reports(reports: &[Value], json_out: bool) {
     if reports.iter().any(|r| r["status"] != "ok") {
         return;
     }
-    let slowest = reports
-        .iter()
-        .filter(|r| r["status"] == "ok")
-        .min_by(|a, b| {
-            let f = |r: &Value| r["rate_mbps"].as_f64().unwrap_or(f64::MAX);
-            f(a).total_cmp(&f(b))
-        });
-    if let Some(s) = slowest {
+    // Measured: the host busy the largest share of its time (the others wait for it).
+    // The model: the host with the lowest predicted rate.
+    let name = |r: &Value| match r["node"].as_u64() {
+        Some(0) | None => "the source".to_string(),
+        Some(n) => format!("node {n}"),
+    };
+    let busiest = reports.iter().max_by(|a, b| busy(a).total_cmp(&busy(b)));
+    let slowest = reports.iter().min_by(|a, b| {
+        let f = |r: &Value| r["predicted_mbps"].as_f64().unwrap_or(f64::MAX);
+        f(a).total_cmp(&f(b))
+    });
+    if let (Some(b), Some(s)) = (busiest, slowest) {
         println!(
-            "pace set by {} ({:.1} MB/s)",
-            match s["node"].as_u64() {
-                Some(0) | None => "the source".to_string(),
-                Some(n) => format!("node {n}"),
-            },
-            s["rate_mbps"].as_f64().unwrap_or(0.0)
+            "pace set by {} (busy {:.0}% of its time); the model names {} ({:.1} MB/s)",
+            name(b),
+            busy(b) * 100.0,
+            name(s),
+            s["predicted_mbps"].as_f64().unwrap_or(0.0)
         );
+    }
+}
+
+/// Share of a host's time spent working rather than waiting.
+fn busy(r: &Value) -> f64 {
+    let secs = r["seconds"].as_f64().unwrap_or(0.0);
+    let b = r["busy_seconds"].as_f64().unwrap_or(0.0);
+    if secs > 0.0 {
+        (b / secs).min(1.0)
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn man(size: u64, chunk: u64) -> Manifest {
+        let n = size.div_ceil(chunk) as usize;
+        Manifest {
+            size: Some(size),
+            chunk,
+            cvs: Some(vec![[7; 32]; n]),
+            root: Some([9; 32]),
+        }
+    }
+
+    #[test]
+    fn a_manifest_reads_back_as_written() {
+        let m = man(10 << 20, 4 << 20);
+        let p = Manifest::parse(&m.to_json()).unwrap();
+        assert_eq!(p.size, Some(10 << 20));
+        assert_eq!(p.chunks(), Some(3));
+        assert_eq!(p.cvs, m.cvs);
+        assert_eq!(p.root, m.root);
+    }
+
+    #[test]
+    fn wrong_manifests_are_refused_with_the_reason() {
+        let bad = |v: Value, want: &str| {
+            let e = Manifest::parse(v.to_string().as_bytes()).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        };
+        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
+        v["chunks"].as_array_mut().unwrap().pop();
+        bad(v, "2 chunk hashes for 10485760 bytes");
+        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
+        v["chunk_size"] = json!(3 << 20);
+        bad(v, "not a power of two");
+        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
+        v["magic"] = json!("other/9");
+        bad(v, "is not clink-cast/1");
+        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
+        v["chunks"][1] = json!("zz");
+        bad(v, "manifest chunk 1");
+        assert!(Manifest::parse(b"{").unwrap_err().contains("not JSON"));
+    }
+
+    #[test]
+    fn a_chunk_header_round_trips_and_checks_its_length() {
+        let mut b = vec![0u8; HDR + 10];
+        let h = ChunkHdr {
+            index: 3,
+            offset: 3 << 20,
+            len: 10,
+            hash: Some([1; 32]),
+        };
+        h.write(&mut b);
+        let r = ChunkHdr::read(&b).unwrap();
+        assert_eq!(
+            (r.index, r.offset, r.len, r.hash),
+            (3, 3 << 20, 10, Some([1; 32]))
+        );
+        assert!(ChunkHdr::read(&b[..HDR + 5]).is_err());
     }
 }

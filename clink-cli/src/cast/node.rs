@@ -20,7 +20,10 @@ struct Progress {
     end: Option<Instant>,
     hash_s: f64,
     write_s: f64,
+    idle_s: f64,
     root: Option<String>,
+    costs: Option<model::Costs>,
+    predicted_bps: f64,
 }
 
 impl Progress {
@@ -40,6 +43,9 @@ impl Progress {
             "rate_mbps": mbps(self.bytes, secs),
             "hash_seconds": self.hash_s,
             "write_seconds": self.write_s,
+            "busy_seconds": (secs - self.idle_s).max(0.0),
+            "predicted_mbps": self.predicted_bps / 1e6,
+            "costs": self.costs.map(model::Costs::to_json),
             // Copies of each byte by this program in user space: none (received into
             // the buffer that is hashed, written and forwarded).
             "copies": 0,
@@ -84,7 +90,10 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             end: None,
             hash_s: 0.0,
             write_s: 0.0,
+            idle_s: 0.0,
             root: None,
+            costs: Some(model::Costs::measure(Some(&a.out))),
+            predicted_bps: 0.0,
         },
         down_reports: Vec::new(),
     };
@@ -184,6 +193,10 @@ impl Node {
         }
         self.p.index = index;
         self.setup_down(&route, &addrs)?;
+        if let Some(c) = self.p.costs {
+            let link = route["link_bps"].as_f64();
+            self.p.predicted_bps = c.predict(true, true, false, true, self.down.is_some(), link);
+        }
         let man_bytes = self.recv_small(T_MANIFEST, MANIFEST_MAX, "manifest")?;
         let man = Manifest::parse(&man_bytes)
             .map_err(|e| fail_up(format!("node {index}: wrong manifest: {e}")))?;
@@ -477,7 +490,11 @@ impl Node {
                 return Ok(());
             }
             if !did {
+                let t = Instant::now();
                 idle(&mut self.ep);
+                if self.p.start.is_some() && self.p.end.is_none() {
+                    self.p.idle_s += t.elapsed().as_secs_f64();
+                }
             }
         }
     }

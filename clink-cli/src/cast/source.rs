@@ -174,7 +174,15 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     let down = ep
         .connect(first)
         .map_err(|e| format!("{h1}: cannot connect: {e}"))?;
-    let route = json!({ "index": 1, "nodes": a.to });
+    let link_bps = match &a.link_rate {
+        Some(r) => {
+            Some(model::parse_rate(r).ok_or(format!("--link-rate {r}: not a rate such as 1gbit"))?)
+        }
+        None => None,
+    };
+    let costs = model::Costs::measure(None);
+    let predicted = costs.predict(man.cvs.is_none(), false, true, false, true, link_bps);
+    let route = json!({ "index": 1, "nodes": a.to, "link_bps": link_bps });
     ep.send(down, T_ROUTE, route.to_string().as_bytes())
         .map_err(|e| format!("{h1}: sending the route: {e}"))?;
     let mut buf = vec![0u8; 1 << 20];
@@ -197,15 +205,21 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     ep.send(down, T_MANIFEST, &man.to_json())
         .map_err(|e| format!("{h1}: sending the manifest: {e}"))?;
 
-    let r = Stream {
+    let mut stream = Stream {
         ep: &mut ep,
         down,
         first: first.clone(),
         window: a.window.max(1),
         nodes: a.to.len(),
-    }
-    .run(&mut input, &man, hash_s);
-    let (mine, reports, err) = r?;
+        idle_s: 0.0,
+    };
+    let r = stream.run(&mut input, &man, hash_s);
+    let idle_s = stream.idle_s;
+    let (mut mine, reports, err) = r?;
+    let secs = mine["seconds"].as_f64().unwrap_or(0.0);
+    mine["busy_seconds"] = json!((secs - idle_s).max(0.0));
+    mine["predicted_mbps"] = json!(predicted / 1e6);
+    mine["costs"] = costs.to_json();
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);
@@ -247,6 +261,7 @@ struct Stream<'a> {
     first: String,
     window: usize,
     nodes: usize,
+    idle_s: f64,
 }
 
 impl Stream<'_> {
@@ -290,6 +305,7 @@ impl Stream<'_> {
                 .map_err(|e| self.lost("posting a receive", e))?,
         );
         let mut root = None;
+        let mut end_at: Option<Instant> = None;
         let v: Value = 'main: loop {
             let mut did = false;
             match self.ep.test_recv(&report_req) {
@@ -298,7 +314,14 @@ impl Stream<'_> {
                 Err(e) => {
                     let msg = self.lost("while streaming", e);
                     show.done();
-                    let mine = source_report(sent, index, start, read_s, hash_s, None);
+                    let mine = source_report(
+                        sent,
+                        index,
+                        start.elapsed().as_secs_f64(),
+                        read_s,
+                        hash_s,
+                        None,
+                    );
                     return Ok((mine, Vec::new(), Some(msg)));
                 }
             }
@@ -338,7 +361,14 @@ impl Stream<'_> {
                         }
                         let msg = self.lost("receiving a chunk", e);
                         show.done();
-                        let mine = source_report(sent, index, start, read_s, hash_s, None);
+                        let mine = source_report(
+                            sent,
+                            index,
+                            start.elapsed().as_secs_f64(),
+                            read_s,
+                            hash_s,
+                            None,
+                        );
                         return Ok((mine, Vec::new(), Some(msg)));
                     }
                 }
@@ -401,17 +431,24 @@ impl Stream<'_> {
                     .send(self.down, T_END, end.to_string().as_bytes())
                     .map_err(|e| self.lost("sending the end", e))?;
                 root = Some(r);
+                end_at = Some(Instant::now());
                 did = true;
             }
             if !did {
+                let t = Instant::now();
                 idle(self.ep);
+                if root.is_none() {
+                    self.idle_s += t.elapsed().as_secs_f64();
+                }
             }
         };
         show.done();
         let mine = source_report(
             sent,
             index,
-            start,
+            end_at
+                .map_or(start.elapsed(), |e| e.duration_since(start))
+                .as_secs_f64(),
             read_s,
             hash_s + stdin_hash_s,
             root.as_ref(),
@@ -425,12 +462,11 @@ impl Stream<'_> {
 fn source_report(
     bytes: u64,
     chunks: u64,
-    start: Instant,
+    secs: f64,
     read_s: f64,
     hash_s: f64,
     root: Option<&blake3::Hash>,
 ) -> Value {
-    let secs = start.elapsed().as_secs_f64();
     json!({
         "node": 0,
         "address": "source",
