@@ -286,6 +286,14 @@ def test_two_processes_echo(ctx):
             ep.send(child.peer, 7, data)
             st = ep.recv_into(buf, child.peer, 8, timeout=T)
             assert st.length == n and bytes(buf[:n]) == data
+        # isend of a numpy array (rendezvous: the child reads it in place); the request
+        # holds the array's buffer until the send completes, here during the receive.
+        arr = np.arange(1 << 17, dtype=np.float64)
+        req = ep.isend(child.peer, 7, arr)
+        st = ep.recv_into(buf, child.peer, 8, timeout=T)
+        assert st.length == arr.nbytes and bytes(buf[: arr.nbytes]) == arr.tobytes()
+        req.wait(timeout=T)
+        assert req.test() is True
         ep.send(child.peer, 0, b"")
         child.wait()
     finally:
