@@ -251,9 +251,10 @@ impl Message {
 ///
 /// Thread safety: any thread may call it, one at a time; a call while another thread is
 /// inside one (or while an in-place message or send slot is held) raises ``clink.Busy``.
-/// Blocking calls release the GIL. There is no background thread: call into the endpoint
-/// (any call, or ``progress()``) now and then while computing, and more often than every
-/// 2 s over the network.
+/// Blocking calls release the GIL; one without a timeout sees Ctrl-C only when it returns
+/// (pass a timeout to stay interruptible). There is no background thread: call into the
+/// endpoint (any call, or ``progress()``) now and then while computing, and more often
+/// than every 2 s over the network.
 #[pyclass(module = "clink", frozen)]
 pub struct Endpoint {
     pub(crate) sh: Shared,
@@ -645,7 +646,8 @@ impl Endpoint {
     /// arrival without blocking the event loop (the endpoint's fd in ``loop.add_reader``,
     /// with the ``prepare_wait``/``finish_wait`` protocol). Once a message has arrived its
     /// bytes are moved synchronously (one copy into ``buf``; for a large message that is
-    /// the whole transfer). Cancelling the coroutine leaves nothing posted.
+    /// the whole transfer, so its sender must progress on its own meanwhile: another
+    /// process or thread). Cancelling the coroutine leaves nothing posted.
     #[pyo3(signature = (buf, peer=None, tag=None, *, mask=None))]
     fn recv_async<'py>(
         slf: &Bound<'py, Self>,
