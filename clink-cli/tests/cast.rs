@@ -420,3 +420,52 @@ fn a_full_disk_fails_the_cast_naming_the_node() {
         "{err}"
     );
 }
+
+#[test]
+fn a_cast_cut_short_resumes_from_the_chunks_every_node_holds() {
+    let b = bridge(Some("100mbit"));
+    let dir = TempDir::new("resume");
+    let src = dir.0.join("source.bin");
+    let data = random(16 * MIB + 4321, 8);
+    std::fs::write(&src, &data).unwrap();
+    let args = ["--chunk", "1048576", "--json"];
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
+    // Node 2 dies once node 3 holds chunks 0 and 1 for sure (it writes in order).
+    let out3 = dir.0.join("out3");
+    let deadline = Instant::now() + T;
+    while std::fs::metadata(&out3).map_or(0, |m| m.len()) < 3 * MIB as u64 {
+        assert!(Instant::now() < deadline, "node 3 received too little");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rx[1].kill();
+    failing_cast(s, &mut rx);
+    assert!(
+        dir.0.join("out1.clinkcast").exists(),
+        "node 1 kept no bitmap"
+    );
+    // The same outputs, new processes: the second cast sends only what some node lacks.
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
+    let (st, out, err) = s.finish();
+    assert!(st.success(), "{st}\n{out}\n{err}");
+    println!("{out}");
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let resumed = first["chunks_resumed"].as_u64().unwrap();
+    assert!(resumed >= 2, "only {resumed} chunks resumed:\n{out}");
+    assert!(
+        first["bytes"].as_u64().unwrap() < data.len() as u64,
+        "everything was sent again:\n{out}"
+    );
+    for (i, p) in rx.iter_mut().enumerate() {
+        let (st, o, e) = p.finish();
+        assert!(st.success(), "receiver {}: {st}\n{o}\n{e}", i + 1);
+        let got = std::fs::read(dir.0.join(format!("out{}", i + 1))).unwrap();
+        assert!(got == data, "receiver {}: its file differs", i + 1);
+        assert!(
+            !dir.0.join(format!("out{}.clinkcast", i + 1)).exists(),
+            "receiver {}: the bitmap outlived a complete file",
+            i + 1
+        );
+    }
+}

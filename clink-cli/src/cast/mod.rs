@@ -228,6 +228,8 @@ struct Manifest {
     chunk: u64,
     cvs: Option<Vec<[u8; 32]>>,
     root: Option<[u8; 32]>,
+    /// Chunks every node holds already, not sent (a file's cast resumed).
+    skip: Option<Vec<bool>>,
 }
 
 impl Manifest {
@@ -238,6 +240,7 @@ impl Manifest {
             "chunk_size": self.chunk,
             "chunks": self.cvs.as_ref().map(|v| v.iter().map(|c| hash::hex(c)).collect::<Vec<_>>()),
             "root": self.root.map(|r| hash::hex(&r)),
+            "skip": self.skip.as_ref().map(|s| bits(s)),
         })
         .to_string()
         .into_bytes()
@@ -299,18 +302,51 @@ impl Manifest {
             (None, None) => {}
             _ => return Err("manifest gives a size without chunk hashes or the reverse".into()),
         }
+        let skip = v["skip"].as_str().map(unbits);
+        if let (Some(s), Some(c)) = (&skip, &cvs) {
+            if s.len() != c.len() {
+                return Err(format!(
+                    "manifest skips from a list of {} chunks, not {}",
+                    s.len(),
+                    c.len()
+                ));
+            }
+        }
+        if skip.is_some() && cvs.is_none() {
+            return Err("manifest of a stream skips chunks".into());
+        }
         Ok(Manifest {
             size,
             chunk,
             cvs,
             root,
+            skip,
         })
+    }
+
+    /// What identifies the file for a resumed cast: size, chunk size, root hash (null
+    /// for a stream).
+    fn id(&self) -> Value {
+        match (self.size, self.root) {
+            (Some(s), Some(r)) => json!({ "size": s, "chunk": self.chunk, "root": hash::hex(&r) }),
+            _ => Value::Null,
+        }
     }
 
     /// Number of chunks, when the size is known.
     fn chunks(&self) -> Option<u64> {
         self.size.map(|s| s.div_ceil(self.chunk))
     }
+}
+
+/// A set of chunks as a string of `0` and `1`.
+fn bits(b: &[bool]) -> String {
+    b.iter().map(|&x| if x { '1' } else { '0' }).collect()
+}
+
+/// The set of chunks of a string of [`bits`].
+fn unbits(s: &str) -> Vec<bool> {
+    s.bytes().map(|c| c == b'1').collect()
 }
 
 /// Rate in MB/s of `bytes` in `secs`.
@@ -400,6 +436,7 @@ mod tests {
             chunk,
             cvs: Some(vec![[7; 32]; n]),
             root: Some([9; 32]),
+            skip: None,
         }
     }
 

@@ -15,6 +15,8 @@ struct Progress {
     address: String,
     chunks: u64,
     bytes: u64,
+    resumed: u64,
+    resumed_bytes: u64,
     total: Option<u64>,
     start: Option<Instant>,
     end: Option<Instant>,
@@ -39,6 +41,7 @@ impl Progress {
             "bytes": self.bytes,
             "chunks": self.chunks,
             "chunks_total": self.total,
+            "chunks_resumed": self.resumed,
             "seconds": secs,
             "rate_mbps": mbps(self.bytes, secs),
             "hash_seconds": self.hash_s,
@@ -67,7 +70,13 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             .and_then(|()| std::fs::rename(&tmp, f))
             .map_err(|e| format!("{}: {e}", f.display()))?;
     }
-    let file = File::create(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    // Not truncated: a bitmap beside it may say which chunks it holds already.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&a.out)
+        .map_err(|e| format!("{}: {e}", a.out.display()))?;
     let up = ep
         .accept(None)
         .map_err(|e| format!("waiting for the upstream node: {e}"))?;
@@ -85,6 +94,8 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             address,
             chunks: 0,
             bytes: 0,
+            resumed: 0,
+            resumed_bytes: 0,
             total: None,
             start: None,
             end: None,
@@ -96,6 +107,9 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             predicted_bps: 0.0,
         },
         down_reports: Vec::new(),
+        bitmap: None,
+        skip: Vec::new(),
+        next_due: 0,
     };
     let r = n.serve();
     let (status, err) = match &r {
@@ -151,6 +165,12 @@ struct Node {
     corrupt: Option<u64>,
     p: Progress,
     down_reports: Vec<Value>,
+    /// The `.clinkcast` file beside the output and where its bits start.
+    bitmap: Option<(File, u64)>,
+    /// Chunks every node holds already (not sent again).
+    skip: Vec<bool>,
+    /// Index of the next chunk due.
+    next_due: u64,
 }
 
 impl Node {
@@ -192,7 +212,10 @@ impl Node {
             return Err(fail_up("bad route message: no place for this node".into()));
         }
         self.p.index = index;
-        self.setup_down(&route, &addrs)?;
+        let have = self
+            .open_bitmap(&route["id"])
+            .map_err(|e| fail_up(format!("node {index}: {e}")))?;
+        self.setup_down(&route, &addrs, have)?;
         if let Some(c) = self.p.costs {
             let link = route["link_bps"].as_f64();
             self.p.predicted_bps = c.predict(true, true, false, true, self.down.is_some(), link);
@@ -201,6 +224,8 @@ impl Node {
         let man = Manifest::parse(&man_bytes)
             .map_err(|e| fail_up(format!("node {index}: wrong manifest: {e}")))?;
         self.p.total = man.chunks();
+        self.skip = man.skip.clone().unwrap_or_default();
+        self.advance_due();
         if let Some(d) = self.down {
             self.ep
                 .send(d, T_MANIFEST, &man_bytes)
@@ -234,26 +259,83 @@ impl Node {
 
     /// Connects to the next node, hands it the route and waits for its readiness;
     /// answers upstream either way.
-    fn setup_down(&mut self, route: &Value, addrs: &[String]) -> Result<(), Failure> {
+    fn setup_down(
+        &mut self,
+        route: &Value,
+        addrs: &[String],
+        have: Option<Vec<bool>>,
+    ) -> Result<(), Failure> {
         let index = self.p.index;
         let res = if index == addrs.len() {
-            Ok(())
+            Ok(have)
         } else {
             let addr = self.next_addr(addrs);
             self.down_addr = addr.clone();
+            // What every node holds: this one's chunks and the rest of the chain's.
             self.connect_down(route, &addr)
+                .map(|theirs| match (have, theirs) {
+                    (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x && *y).collect()),
+                    _ => None,
+                })
         };
         let answer = match &res {
-            Ok(()) => json!({ "ok": true }),
+            Ok(have) => json!({ "ok": true, "have": have.as_ref().map(|h| bits(h)) }),
             Err(e) => json!({ "ok": false, "error": e }),
         };
         self.ep
             .send(self.up, T_READY, answer.to_string().as_bytes())
             .map_err(|e| self.upstream_lost("answering readiness", e))?;
-        res.map_err(fail_up)
+        res.map(|_| ()).map_err(fail_up)
     }
 
-    fn connect_down(&mut self, route: &Value, addr: &str) -> Result<(), String> {
+    /// Opens (or starts) the bitmap of the chunks this node holds for the file `id`
+    /// (size, chunk size, root hash; null for a stream from stdin, which is not resumed);
+    /// returns the chunks held. A bitmap of another file, or none, empties the output.
+    fn open_bitmap(&mut self, id: &Value) -> Result<Option<Vec<bool>>, String> {
+        let path = bitmap_path(&self.out);
+        let n = match (id["size"].as_u64(), id["chunk"].as_u64()) {
+            (Some(s), Some(c)) if c > 0 && !id["root"].is_null() => s.div_ceil(c) as usize,
+            _ => {
+                let _ = std::fs::remove_file(&path);
+                self.file
+                    .set_len(0)
+                    .map_err(|e| format!("{}: {e}", self.out.display()))?;
+                return Ok(None);
+            }
+        };
+        let head = format!("{id}\n");
+        let mut have = None;
+        if let Ok(b) = std::fs::read(&path) {
+            if b.len() == head.len() + n && b.starts_with(head.as_bytes()) {
+                have = Some(
+                    b[head.len()..]
+                        .iter()
+                        .map(|&c| c == b'1')
+                        .collect::<Vec<_>>(),
+                );
+            }
+        }
+        let write = |have: &[bool]| -> std::io::Result<File> {
+            let mut b = head.clone().into_bytes();
+            b.extend(have.iter().map(|&h| if h { b'1' } else { b'0' }));
+            std::fs::write(&path, &b)?;
+            std::fs::OpenOptions::new().write(true).open(&path)
+        };
+        let have = match have {
+            Some(h) => h,
+            None => {
+                self.file
+                    .set_len(0)
+                    .map_err(|e| format!("{}: {e}", self.out.display()))?;
+                vec![false; n]
+            }
+        };
+        let f = write(&have).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.bitmap = Some((f, head.len() as u64));
+        Ok(Some(have))
+    }
+
+    fn connect_down(&mut self, route: &Value, addr: &str) -> Result<Option<Vec<bool>>, String> {
         let index = self.p.index;
         let h = hop(index + 1, addr);
         let d = self
@@ -278,7 +360,7 @@ impl Node {
         let v: Value = serde_json::from_slice(&buf[..st.len as usize])
             .map_err(|e| format!("{h}: bad readiness answer: {e}"))?;
         if v["ok"] == true {
-            Ok(())
+            Ok(v["have"].as_str().map(unbits))
         } else {
             Err(v["error"].as_str().unwrap_or("not ready").to_string())
         }
@@ -294,6 +376,16 @@ impl Node {
         let mut free: Vec<Vec<u8>> = Vec::new();
         let mut n_posted = 0u64;
         let mut total = man.chunks();
+        // Chunks every node holds are not sent.
+        let skipped = self.skip.iter().filter(|&&s| s).count() as u64;
+        self.p.resumed = skipped;
+        if let (Some(c), Some(s)) = (&man.cvs, man.size) {
+            self.p.resumed_bytes = (0..c.len() as u64)
+                .filter(|&i| self.skip.get(i as usize) == Some(&true))
+                .map(|i| man.chunk.min(s - i * man.chunk))
+                .sum();
+        }
+        let mut to_recv = total.map(|t| t - skipped);
         let mut end_req = Some(
             self.ep
                 .irecv(Selector::exact(Some(up), T_END), vec![0u8; 1 << 16])
@@ -394,7 +486,7 @@ impl Node {
                 }
             }
             // Receives, up to the window.
-            while posted.len() < self.window && total.is_none_or(|t| n_posted < t) {
+            while posted.len() < self.window && to_recv.is_none_or(|t| n_posted < t) {
                 let buf = match free.pop() {
                     Some(mut b) => {
                         b.resize(cap, 0);
@@ -458,6 +550,7 @@ impl Node {
                             )));
                         }
                         total = Some(n);
+                        to_recv = Some(n - skipped);
                         self.p.total = total;
                         // Receives posted beyond the end are withdrawn.
                         while n_posted > n {
@@ -472,7 +565,7 @@ impl Node {
                 }
             }
             if !end_done
-                && total.is_some_and(|t| self.p.chunks == t)
+                && to_recv.is_some_and(|t| self.p.chunks == t)
                 && end_info.is_some()
                 && sends.is_empty()
             {
@@ -496,6 +589,13 @@ impl Node {
                     self.p.idle_s += t.elapsed().as_secs_f64();
                 }
             }
+        }
+    }
+
+    /// Moves the next chunk due past the ones every node holds.
+    fn advance_due(&mut self) {
+        while self.skip.get(self.next_due as usize) == Some(&true) {
+            self.next_due += 1;
         }
     }
 
@@ -529,12 +629,13 @@ impl Node {
     ) -> Result<(), Failure> {
         self.p.end = Some(Instant::now());
         let size = end["size"].as_u64().unwrap_or(0);
-        if size != self.p.bytes {
+        if size != self.p.bytes + self.p.resumed_bytes {
             return Err(fail_up(format!(
-                "node {}: {} bytes received, the source sent {size}",
-                self.p.index, self.p.bytes
+                "node {}: {} bytes received and {} held from before, the source sent {size}",
+                self.p.index, self.p.bytes, self.p.resumed_bytes
             )));
         }
+        let cvs = man.cvs.as_deref().unwrap_or(cvs);
         let root = match hash::root(size, man.chunk, cvs) {
             Some(r) => r,
             None => single_root.unwrap_or_else(|| blake3::hash(b"")),
@@ -547,6 +648,17 @@ impl Node {
                 self.p.index,
                 root.to_hex()
             )));
+        }
+        // Complete: the output is its size, and no bitmap is needed any more.
+        self.file.set_len(size).map_err(|e| {
+            fail_up(format!(
+                "node {}: {}: {e}",
+                self.p.index,
+                self.out.display()
+            ))
+        })?;
+        if self.bitmap.take().is_some() {
+            let _ = std::fs::remove_file(bitmap_path(&self.out));
         }
         Ok(())
     }
@@ -561,11 +673,10 @@ impl Node {
     ) -> Result<Vec<u8>, Failure> {
         let index = self.p.index;
         let h = ChunkHdr::read(&buf).map_err(|e| fail_up(format!("node {index}: {e}")))?;
-        if h.index != cvs.len() as u64 {
+        if h.index != self.next_due {
             return Err(fail_up(format!(
                 "node {index}: chunk {} arrived where chunk {} was due",
-                h.index,
-                cvs.len()
+                h.index, self.next_due
             )));
         }
         if h.offset != h.index * man.chunk || h.len > man.chunk {
@@ -614,7 +725,19 @@ impl Node {
             ))
         })?;
         self.p.write_s += t.elapsed().as_secs_f64();
-        cvs.push(want);
+        if let Some((f, at)) = &self.bitmap {
+            f.write_all_at(b"1", at + h.index).map_err(|e| {
+                fail_up(format!(
+                    "node {index}: {}: {e}",
+                    bitmap_path(&self.out).display()
+                ))
+            })?;
+        }
+        if man.cvs.is_none() {
+            cvs.push(want);
+        }
+        self.next_due += 1;
+        self.advance_due();
         self.p.chunks += 1;
         self.p.bytes += h.len;
         if self.corrupt == Some(h.index) && h.len > 0 {
@@ -622,4 +745,11 @@ impl Node {
         }
         Ok(buf)
     }
+}
+
+/// The bitmap file of the output `out`: `out.clinkcast`.
+fn bitmap_path(out: &std::path::Path) -> std::path::PathBuf {
+    let mut p = out.as_os_str().to_owned();
+    p.push(".clinkcast");
+    p.into()
 }

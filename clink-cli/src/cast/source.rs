@@ -131,12 +131,13 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     };
     // The manifest: a file is hashed whole first (chunk by chunk).
     let mut hash_s = 0.0;
-    let man = match &mut input {
+    let mut man = match &mut input {
         Input::Stdin(_) => Manifest {
             size: None,
             chunk,
             cvs: None,
             root: None,
+            skip: None,
         },
         Input::File(_, size) => {
             let size = *size;
@@ -165,6 +166,7 @@ pub fn run(a: SendArgs) -> Result<(), String> {
                 chunk,
                 cvs: Some(cvs),
                 root: Some(*root.as_bytes()),
+                skip: None,
             }
         }
     };
@@ -182,7 +184,7 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     };
     let costs = model::Costs::measure(None);
     let predicted = costs.predict(man.cvs.is_none(), false, true, false, true, link_bps);
-    let route = json!({ "index": 1, "nodes": a.to, "link_bps": link_bps });
+    let route = json!({ "index": 1, "nodes": a.to, "link_bps": link_bps, "id": man.id() });
     ep.send(down, T_ROUTE, route.to_string().as_bytes())
         .map_err(|e| format!("{h1}: sending the route: {e}"))?;
     let mut buf = vec![0u8; 1 << 20];
@@ -202,6 +204,13 @@ pub fn run(a: SendArgs) -> Result<(), String> {
             v["error"].as_str().unwrap_or("?")
         ));
     }
+    // Chunks every node holds from an earlier cast of this file are not sent again.
+    if let (Some(have), Some(n)) = (v["have"].as_str(), man.chunks()) {
+        let have = unbits(have);
+        if have.len() as u64 == n && have.iter().any(|&h| h) {
+            man.skip = Some(have);
+        }
+    }
     ep.send(down, T_MANIFEST, &man.to_json())
         .map_err(|e| format!("{h1}: sending the manifest: {e}"))?;
 
@@ -220,6 +229,10 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     mine["busy_seconds"] = json!((secs - idle_s).max(0.0));
     mine["predicted_mbps"] = json!(predicted / 1e6);
     mine["costs"] = costs.to_json();
+    mine["chunks_resumed"] = json!(man
+        .skip
+        .as_ref()
+        .map_or(0, |s| s.iter().filter(|&&x| x).count()));
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);
@@ -374,16 +387,23 @@ impl Stream<'_> {
                 }
             }
             while !eof && sends.len() < self.window {
+                if let Some(sk) = &man.skip {
+                    while sk.get(index as usize) == Some(&true) {
+                        index += 1;
+                    }
+                }
+                if man.size.is_some_and(|s| index * man.chunk >= s) {
+                    eof = true;
+                    break;
+                }
                 let mut buf = free.pop().unwrap_or_default();
                 buf.resize(HDR + csize, 0);
                 let offset = index * man.chunk;
                 let t = Instant::now();
                 let n = fill(input, offset, &mut buf[HDR..]).map_err(|e| format!("input: {e}"))?;
                 read_s += t.elapsed().as_secs_f64();
-                if n == 0 || man.size.is_some_and(|s| offset + n as u64 >= s) {
-                    eof = true;
-                }
                 if n == 0 {
+                    eof = true;
                     break;
                 }
                 buf.truncate(HDR + n);
@@ -426,7 +446,8 @@ impl Stream<'_> {
                         .or(single)
                         .unwrap_or_else(|| blake3::hash(b"")),
                 };
-                let end = json!({ "size": sent, "chunks": index, "root": r.to_hex().to_string() });
+                let size = man.size.unwrap_or(sent);
+                let end = json!({ "size": size, "chunks": index, "root": r.to_hex().to_string() });
                 self.ep
                     .send(self.down, T_END, end.to_string().as_bytes())
                     .map_err(|e| self.lost("sending the end", e))?;
