@@ -19,6 +19,7 @@
 //! * `REPORT` (up): the reports of this node and of every node after it, and the error
 //!   that ended the chain early if one did, JSON.
 
+mod bench;
 mod hash;
 mod model;
 mod node;
@@ -79,6 +80,11 @@ enum CastCmd {
     Recv(RecvArgs),
     /// Streams a file (or stdin) through a chain of receivers.
     Send(SendArgs),
+    /// Casts a file along a chain of bridge hosts, by clink and by a kernel-TCP relay.
+    Bench(bench::BenchArgs),
+    /// Internal: one host of the kernel-TCP chain of `clink cast bench`.
+    #[command(name = "tcp-node", hide = true)]
+    TcpNode(bench::TcpNodeArgs),
 }
 
 /// `clink cast recv` arguments.
@@ -129,6 +135,8 @@ pub fn run(args: CastArgs) -> Result<(), String> {
     match args.cmd {
         CastCmd::Recv(a) => node::run(a),
         CastCmd::Send(a) => source::run(a),
+        CastCmd::Bench(a) => bench::run(a),
+        CastCmd::TcpNode(a) => bench::tcp_node(a),
     }
 }
 

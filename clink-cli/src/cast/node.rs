@@ -127,7 +127,8 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
     n.ep.close();
     if a.json {
         mine["out"] = json!(a.out.display().to_string());
-        println!("{mine}");
+        // A reader that has gone is no reason to fail a cast that succeeded.
+        let _ = writeln!(std::io::stdout(), "{mine}");
     } else {
         eprintln!(
             "clink cast: node {}: {} of {} chunks verified and written ({} bytes) to {}: {status}",

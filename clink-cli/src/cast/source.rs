@@ -222,13 +222,17 @@ pub fn run(a: SendArgs) -> Result<(), String> {
         nodes: a.to.len(),
         idle_s: 0.0,
     };
+    let t = Instant::now();
     let r = stream.run(&mut input, &man, hash_s);
+    let chain_s = t.elapsed().as_secs_f64();
     let idle_s = stream.idle_s;
     let (mut mine, reports, err) = r?;
     let secs = mine["seconds"].as_f64().unwrap_or(0.0);
     mine["busy_seconds"] = json!((secs - idle_s).max(0.0));
     mine["predicted_mbps"] = json!(predicted / 1e6);
     mine["costs"] = costs.to_json();
+    // From the first chunk to the last node's report.
+    mine["chain_seconds"] = json!(chain_s);
     mine["chunks_resumed"] = json!(man
         .skip
         .as_ref()

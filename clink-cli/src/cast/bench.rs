@@ -1,0 +1,304 @@
+//! `clink cast bench`: a chain of N receivers on a bridge of N+1 hosts, cast by clink and
+//! relayed by kernel TCP (Dolly as it was: read, write to the file, write to the next
+//! host), the same file through the same shape.
+
+use super::*;
+use clink::netns::{Bridge, BridgeSpec};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+/// `clink cast bench` arguments.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Receivers in the chain (the bridge has one host more, the source's).
+    #[arg(long, default_value_t = 3)]
+    hosts: usize,
+    /// Size of the file cast, in MiB.
+    #[arg(long, default_value_t = 256)]
+    size_mib: u64,
+    /// Rate limit of each host's input link, in tc's syntax (`1gbit`).
+    #[arg(long)]
+    rate: Option<String>,
+    /// Prints JSON rows only.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of one host of the kernel-TCP chain (internal).
+#[derive(Args, Debug)]
+pub struct TcpNodeArgs {
+    /// Output file (receivers) or input file (the source).
+    #[arg(long)]
+    file: PathBuf,
+    /// Address of the next host (`IP:port`).
+    #[arg(long)]
+    next: Option<String>,
+    /// Sends `file` to `next` instead of receiving.
+    #[arg(long)]
+    source: bool,
+}
+
+/// Bound on a whole run of either chain.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A child killed (by PID) and reaped on drop.
+struct Kid(Option<Child>);
+
+impl Kid {
+    fn spawn(mut cmd: Command) -> Result<(Kid, BufReader<std::process::ChildStdout>), String> {
+        cmd.env("CLINK_CALIBRATE", "0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut c = cmd.spawn().map_err(|e| format!("spawn: {e}"))?;
+        let out = BufReader::new(c.stdout.take().unwrap());
+        Ok((Kid(Some(c)), out))
+    }
+
+    /// Waits for the exit, within the run's bound.
+    fn wait(&mut self, deadline: Instant) -> Result<std::process::ExitStatus, String> {
+        let c = self.0.as_mut().unwrap();
+        loop {
+            if let Some(st) = c.try_wait().map_err(|e| e.to_string())? {
+                self.0 = None;
+                return Ok(st);
+            }
+            if Instant::now() >= deadline {
+                return Err("a chain host did not finish in time".into());
+            }
+            // Polling for the exit only.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn line(out: &mut BufReader<std::process::ChildStdout>) -> Result<String, String> {
+    let mut l = String::new();
+    out.read_line(&mut l).map_err(|e| e.to_string())?;
+    if l.is_empty() {
+        return Err("a chain host exited before printing its address".into());
+    }
+    Ok(l.trim().to_string())
+}
+
+/// Runs `clink cast bench`.
+pub fn run(a: BenchArgs) -> Result<(), String> {
+    if let Some(why) = clink::netns::unavailable() {
+        return Err(why);
+    }
+    if a.hosts == 0 {
+        return Err("--hosts: at least one receiver".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bridge = Bridge::create(&BridgeSpec {
+        hosts: a.hosts + 1,
+        rate: a.rate.clone(),
+        ..BridgeSpec::default()
+    })
+    .map_err(|e| format!("bridge: {e}"))?;
+    let dir = std::env::temp_dir().join(format!("clink-cast-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let _clean = CleanDir(dir.clone());
+    let size = a.size_mib << 20;
+    let src = dir.join("source.bin");
+    write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
+    let rate = a.rate.clone().unwrap_or_else(|| "none".into());
+    let clink = clink_chain(&bridge, &exe, &dir, &src, a.hosts, &a.rate)?;
+    let tcp = tcp_chain(&bridge, &exe, &dir, &src, a.hosts)?;
+    let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
+    for (system, secs) in &rows {
+        let row = json!({
+            "bench": "cast",
+            "system": system,
+            "hosts": a.hosts,
+            "bytes": size,
+            "rate_limit": rate,
+            "seconds": secs,
+            "rate_mbps": mbps(size, *secs),
+        });
+        println!("{row}");
+    }
+    if !a.json {
+        println!(
+            "{} MiB to {} receivers in a chain (link rate {rate}): clink cast {:.1} MB/s \
+             (every chunk verified by BLAKE3 at every hop), kernel TCP relay {:.1} MB/s",
+            a.size_mib,
+            a.hosts,
+            mbps(size, rows[0].1),
+            mbps(size, rows[1].1)
+        );
+    }
+    Ok(())
+}
+
+struct CleanDir(PathBuf);
+
+impl Drop for CleanDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A file of `size` pseudo-random bytes (xorshift64*, not compressible).
+fn write_file(p: &Path, size: u64) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(p)?);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        for c in buf.chunks_mut(8) {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let v = x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes();
+            c.copy_from_slice(&v[..c.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.flush()
+}
+
+/// Seconds from the start of `clink cast send` until every host of the chain is done.
+fn clink_chain(
+    b: &Bridge,
+    exe: &Path,
+    dir: &Path,
+    src: &Path,
+    hosts: usize,
+    rate: &Option<String>,
+) -> Result<f64, String> {
+    let mut kids = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 1..=hosts {
+        let mut cmd = b.command(i, exe);
+        cmd.args(["cast", "recv", "--json", "--out"])
+            .arg(dir.join(format!("clink{i}")));
+        let (k, mut out) = Kid::spawn(cmd)?;
+        addrs.push(line(&mut out)?);
+        kids.push((k, out));
+    }
+    let mut cmd = b.command(0, exe);
+    cmd.args(["cast", "send", "--json", "--to", &addrs.join(",")])
+        .arg(src);
+    if let Some(r) = rate {
+        cmd.args(["--link-rate", r]);
+    }
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let (mut s, mut out) = Kid::spawn(cmd)?;
+    let st = s.wait(deadline)?;
+    for (k, _) in &mut kids {
+        k.wait(deadline)?;
+    }
+    let mut text = String::new();
+    let _ = out.read_to_string(&mut text);
+    if !st.success() {
+        return Err(format!("clink cast failed: {st}"));
+    }
+    for l in text.lines() {
+        eprintln!("clink cast: {l}");
+    }
+    // The source's clock from its first chunk to the last node's report.
+    let first: Value = text
+        .lines()
+        .next()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or("clink cast printed no report")?;
+    first["chain_seconds"]
+        .as_f64()
+        .ok_or_else(|| "clink cast's report has no chain_seconds".to_string())
+}
+
+/// Seconds from the start of the TCP source until every relay has written its file.
+fn tcp_chain(b: &Bridge, exe: &Path, dir: &Path, src: &Path, hosts: usize) -> Result<f64, String> {
+    let mut kids = Vec::new();
+    let mut next: Option<String> = None;
+    // From the last host back, each told the address of the one after it.
+    for i in (1..=hosts).rev() {
+        let mut cmd = b.command(i, exe);
+        cmd.args(["cast", "tcp-node", "--file"])
+            .arg(dir.join(format!("tcp{i}")));
+        if let Some(n) = &next {
+            cmd.args(["--next", n]);
+        }
+        let (k, mut out) = Kid::spawn(cmd)?;
+        let port = line(&mut out)?;
+        next = Some(format!("{}:{port}", b.addr(i)));
+        kids.push(k);
+    }
+    let mut cmd = b.command(0, exe);
+    cmd.args([
+        "cast",
+        "tcp-node",
+        "--source",
+        "--next",
+        next.as_deref().unwrap(),
+        "--file",
+    ])
+    .arg(src);
+    let t = Instant::now();
+    let deadline = t + RUN_TIMEOUT;
+    let (mut s, _out) = Kid::spawn(cmd)?;
+    let st = s.wait(deadline)?;
+    for k in &mut kids {
+        let st = k.wait(deadline)?;
+        if !st.success() {
+            return Err(format!("a TCP relay failed: {st}"));
+        }
+    }
+    if !st.success() {
+        return Err(format!("the TCP source failed: {st}"));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// One host of the kernel-TCP chain: the source sends its file; a relay prints its port,
+/// accepts the upstream, and for each read writes the bytes to its file, then to the next.
+pub fn tcp_node(a: TcpNodeArgs) -> Result<(), String> {
+    const BUF: usize = 4 << 20;
+    let mut buf = vec![0u8; BUF];
+    if a.source {
+        let next = a.next.as_deref().ok_or("--source needs --next")?;
+        let mut down = TcpStream::connect(next).map_err(|e| format!("{next}: {e}"))?;
+        let mut f = std::fs::File::open(&a.file).map_err(|e| e.to_string())?;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Ok(());
+            }
+            down.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        }
+    }
+    let l = TcpListener::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+    println!("{}", l.local_addr().map_err(|e| e.to_string())?.port());
+    let _ = std::io::stdout().flush();
+    let (mut up, _) = l.accept().map_err(|e| e.to_string())?;
+    let mut down = match &a.next {
+        Some(n) => Some(TcpStream::connect(n).map_err(|e| format!("{n}: {e}"))?),
+        None => None,
+    };
+    let mut f = std::fs::File::create(&a.file).map_err(|e| e.to_string())?;
+    loop {
+        let n = up.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Ok(());
+        }
+        f.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        if let Some(d) = &mut down {
+            d.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        }
+    }
+}
