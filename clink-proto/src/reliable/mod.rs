@@ -1753,7 +1753,6 @@ impl Conn {
         if self.dead {
             return None;
         }
-        self.last_driven = self.last_driven.max(now);
         let mut group_start = false;
         let mut bulk = false;
         let mut payload: &'s [u8] = &[];
