@@ -311,7 +311,8 @@ fn a_receiver_killed_mid_stream_fails_the_cast_naming_the_hop() {
     let src = dir.0.join("source.bin");
     let size = 48 * MIB;
     std::fs::write(&src, random(size, 4)).unwrap();
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let no = ["--no-repair"];
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[&no, &no, &no]);
     let s = sender(
         &b,
         src.to_str().unwrap(),
@@ -429,7 +430,9 @@ fn a_cast_cut_short_resumes_from_the_chunks_every_node_holds() {
     let data = random(16 * MIB + 4321, 8);
     std::fs::write(&src, &data).unwrap();
     let args = ["--chunk", "1048576", "--json"];
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    // Without repair, so the first cast leaves every node short.
+    let no = ["--no-repair"];
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[&no, &no, &no]);
     let s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
     // Node 2 dies once node 3 holds chunks 0 and 1 for sure (it writes in order).
     let out3 = dir.0.join("out3");
@@ -467,5 +470,41 @@ fn a_cast_cut_short_resumes_from_the_chunks_every_node_holds() {
             "receiver {}: the bitmap outlived a complete file",
             i + 1
         );
+    }
+}
+
+#[test]
+fn a_dead_middle_receiver_is_spliced_out_and_the_others_get_everything() {
+    let b = bridge(Some("100mbit"));
+    let dir = TempDir::new("splice");
+    let src = dir.0.join("source.bin");
+    let data = random(24 * MIB + 99, 9);
+    std::fs::write(&src, &data).unwrap();
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let s = sender(
+        &b,
+        src.to_str().unwrap(),
+        &addrs,
+        &["--chunk", "1048576"],
+        false,
+    );
+    let out2 = dir.0.join("out2");
+    let deadline = Instant::now() + T;
+    while std::fs::metadata(&out2).map_or(0, |m| m.len()) < 4 * MIB as u64 {
+        assert!(Instant::now() < deadline, "node 2 received nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rx[1].kill();
+    // The cast says node 2 is missing, and nodes 1 and 3 hold the whole file.
+    let (err, errs) = failing_cast(s, &mut rx);
+    assert!(
+        err.contains("2 of 3 nodes hold the whole file")
+            && err.contains("hop 2")
+            && err.contains("spliced out"),
+        "{err}"
+    );
+    for i in [1, 3] {
+        let got = std::fs::read(dir.0.join(format!("out{i}"))).unwrap();
+        assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
     }
 }

@@ -45,6 +45,12 @@ const T_REPORT: u64 = 0xca_0006;
 
 /// Tag of the progress messages (up, relayed to the source).
 const T_PROGRESS: u64 = 0xca_0007;
+/// Tag of the beats a node sends downstream (they tell it when the next node is gone).
+const T_BEAT: u64 = 0xca_0008;
+/// Tag of the splice request and its answer.
+const T_SPLICE: u64 = 0xca_0009;
+/// How long a node whose upstream died waits for a node before it to take over.
+const SPLICE_WAIT: Duration = Duration::from_secs(10);
 /// How often a node tells its progress upstream.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
@@ -106,6 +112,9 @@ pub struct RecvArgs {
     /// (the next node must refuse it).
     #[arg(long, hide = true)]
     corrupt_chunk: Option<u64>,
+    /// Fails when a neighbour dies instead of splicing it out.
+    #[arg(long)]
+    no_repair: bool,
 }
 
 /// `clink cast send` arguments.

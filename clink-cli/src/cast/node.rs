@@ -74,6 +74,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(&a.out)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
@@ -110,6 +111,10 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         bitmap: None,
         skip: Vec::new(),
         next_due: 0,
+        addrs: Vec::new(),
+        lens: Vec::new(),
+        spliced: Vec::new(),
+        repair: !a.no_repair,
     };
     let r = n.serve();
     let (status, err) = match &r {
@@ -120,6 +125,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
     if let Err(Failure { up_alive: true, .. }) | Ok(()) = &r {
         // Upstream learns of this node and of the ones after it.
         let mut all = vec![mine.clone()];
+        all.append(&mut n.spliced);
         all.append(&mut n.down_reports);
         let msg = json!({ "nodes": all, "error": err });
         let _ = n.ep.send(n.up, T_REPORT, msg.to_string().as_bytes());
@@ -172,6 +178,14 @@ struct Node {
     skip: Vec<bool>,
     /// Index of the next chunk due.
     next_due: u64,
+    /// The chain's addresses.
+    addrs: Vec<String>,
+    /// Length of each chunk written (for a replay to a new next node).
+    lens: Vec<u64>,
+    /// Reports of the next nodes that died and were spliced out.
+    spliced: Vec<Value>,
+    /// Whether a dead neighbour is spliced out.
+    repair: bool,
 }
 
 impl Node {
@@ -213,6 +227,7 @@ impl Node {
             return Err(fail_up("bad route message: no place for this node".into()));
         }
         self.p.index = index;
+        self.addrs = addrs.clone();
         let have = self
             .open_bitmap(&route["id"])
             .map_err(|e| fail_up(format!("node {index}: {e}")))?;
@@ -369,9 +384,22 @@ impl Node {
 
     /// Receives, verifies, writes and forwards every chunk.
     fn stream(&mut self, man: &Manifest) -> Result<(), Failure> {
-        let up = self.up;
+        let mut up = self.up;
         let cap = HDR + man.chunk as usize;
-        let data_sel = Selector::exact(Some(up), T_DATA);
+        let mut data_sel = Selector::exact(Some(up), T_DATA);
+        // A neighbour lost (what was being done, the error), handled at the top of the
+        // loop: spliced out when it can be, else the end of this node's cast.
+        let mut lost_up: Option<(&str, clink::Error)> = None;
+        let mut lost_down: Option<(&str, clink::Error)> = None;
+        // Chunks to send again to a new next node: from, until (exclusive).
+        let mut replay: Option<(u64, u64)> = None;
+        let mut end_bytes_sent: Option<Vec<u8>> = None;
+        let mut resend_end = false;
+        let mut beat_req = Some(
+            self.ep
+                .irecv(Selector::exact(Some(up), T_BEAT), vec![0u8; 64])
+                .map_err(|e| self.upstream_lost("posting a receive", e))?,
+        );
         let mut posted: VecDeque<RecvRequest> = VecDeque::new();
         let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
         let mut free: Vec<Vec<u8>> = Vec::new();
@@ -414,6 +442,91 @@ impl Node {
         let mut beat = Instant::now();
         loop {
             let mut did = false;
+            if let Some((what, e)) = lost_up.take() {
+                // (The source does not splice: node 1 has no one to wait for.)
+                if !self.repair || self.p.index == 1 {
+                    return Err(self.upstream_lost(what, e));
+                }
+                let lost = self.upstream_lost(what, e).msg;
+                let p = self.await_splice().map_err(|m| Failure {
+                    msg: format!("{lost}; {m}"),
+                    up_alive: false,
+                })?;
+                eprintln!(
+                    "clink cast: node {}: {lost}; a new upstream took over",
+                    self.p.index
+                );
+                up = p;
+                self.up = p;
+                data_sel = Selector::exact(Some(p), T_DATA);
+                for q in posted.drain(..) {
+                    let _ = self.ep.cancel_recv(&q);
+                }
+                n_posted = self.p.chunks;
+                if let Some(r) = end_req.take() {
+                    let _ = self.ep.cancel_recv(&r);
+                }
+                if end_info.is_none() && !end_done {
+                    end_req = Some(
+                        self.ep
+                            .irecv(Selector::exact(Some(p), T_END), vec![0u8; 1 << 16])
+                            .map_err(|e| self.upstream_lost("posting a receive", e))?,
+                    );
+                }
+                if let Some(r) = beat_req.take() {
+                    let _ = self.ep.cancel_recv(&r);
+                }
+                beat_req = Some(
+                    self.ep
+                        .irecv(Selector::exact(Some(p), T_BEAT), vec![0u8; 64])
+                        .map_err(|e| self.upstream_lost("posting a receive", e))?,
+                );
+                continue;
+            }
+            if let Some((what, e)) = lost_down.take() {
+                // A next node that stopped on an error of its own said why: no splice.
+                if let Some(f) = self.down_report_error(&report_req) {
+                    return Err(f);
+                }
+                if !self.repair || self.p.index + 2 > self.addrs.len() {
+                    return Err(self.down_lost(what, e));
+                }
+                let lost = self.down_lost(what, e).msg;
+                let (d, from) = self.splice_down(&lost)?;
+                eprintln!(
+                    "clink cast: node {}: {lost}; spliced to node {}, resending from chunk {from}",
+                    self.p.index,
+                    self.p.index + 2
+                );
+                sends.clear();
+                report_req = Some(
+                    self.ep
+                        .irecv(Selector::exact(Some(d), T_REPORT), vec![0u8; 1 << 20])
+                        .map_err(|e| self.down_lost("posting a receive", e))?,
+                );
+                progress_req = Some(
+                    self.ep
+                        .irecv(Selector::exact(Some(d), T_PROGRESS), vec![0u8; 4096])
+                        .map_err(|e| self.down_lost("posting a receive", e))?,
+                );
+                replay = Some((from, self.next_due));
+                resend_end = end_bytes_sent.is_some();
+                continue;
+            }
+            // Beats from upstream (they tell the upstream when this node is gone).
+            if let Some(r) = &beat_req {
+                match self.ep.test_recv(r) {
+                    Ok(Some(mut got)) => {
+                        got.buf.resize(64, 0);
+                        beat_req = self
+                            .ep
+                            .irecv(Selector::exact(Some(up), T_BEAT), got.buf)
+                            .ok();
+                    }
+                    Ok(None) => {}
+                    Err(_) => beat_req = None,
+                }
+            }
             // A report from downstream: a failure further down, or (after the end) the
             // rest of the chain done.
             if let Some(r) = &report_req {
@@ -434,7 +547,7 @@ impl Node {
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(self.down_lost("while streaming", e)),
+                    Err(e) => lost_down = Some(("while streaming", e)),
                 }
             }
             // Progress of the nodes downstream, relayed upstream.
@@ -442,9 +555,9 @@ impl Node {
                 match self.ep.test_recv(r) {
                     Ok(Some(got)) => {
                         did = true;
-                        self.ep
-                            .send(up, T_PROGRESS, &got.buf)
-                            .map_err(|e| self.upstream_lost("relaying progress", e))?;
+                        if let Err(e) = self.ep.send(up, T_PROGRESS, &got.buf) {
+                            lost_up = Some(("relaying progress", e));
+                        }
                         let mut b = got.buf;
                         b.resize(4096, 0);
                         progress_req = Some(
@@ -468,9 +581,14 @@ impl Node {
                     "bytes": self.p.bytes,
                     "total": total,
                 });
-                self.ep
-                    .send(up, T_PROGRESS, m.to_string().as_bytes())
-                    .map_err(|e| self.upstream_lost("sending progress", e))?;
+                if let Err(e) = self.ep.send(up, T_PROGRESS, m.to_string().as_bytes()) {
+                    lost_up = Some(("sending progress", e));
+                }
+                if let Some(d) = self.down {
+                    if let Err(e) = self.ep.send(d, T_BEAT, b"beat") {
+                        lost_down = Some(("sending a beat", e));
+                    }
+                }
             }
             // Completed sends give their buffers back.
             while let Some((req, _)) = sends.front() {
@@ -483,7 +601,67 @@ impl Node {
                         did = true;
                     }
                     Ok(false) => break,
-                    Err(e) => return Err(self.down_failed(&report_req, "forwarding a chunk", e)),
+                    Err(e) => {
+                        lost_down = Some(("forwarding a chunk", e));
+                        break;
+                    }
+                }
+            }
+            if lost_up.is_some() || lost_down.is_some() {
+                continue;
+            }
+            // Chunks sent again to a new next node, from this node's file, before any
+            // new one.
+            if let (Some((mut i, until)), Some(d)) = (replay, self.down) {
+                while i < until && sends.len() < self.window {
+                    if self.skip.get(i as usize) == Some(&true) {
+                        i += 1;
+                        continue;
+                    }
+                    let len = self.lens[i as usize];
+                    let mut buf = free.pop().unwrap_or_default();
+                    buf.resize(HDR + len as usize, 0);
+                    self.file
+                        .read_exact_at(&mut buf[HDR..], i * man.chunk)
+                        .map_err(|e| {
+                            fail_up(format!(
+                                "node {}: reading chunk {i} back from {}: {e}",
+                                self.p.index,
+                                self.out.display()
+                            ))
+                        })?;
+                    ChunkHdr {
+                        index: i,
+                        offset: i * man.chunk,
+                        len,
+                        hash: man.cvs.is_none().then(|| cvs[i as usize]),
+                    }
+                    .write(&mut buf[..HDR]);
+                    let b = Bytes::from(buf);
+                    match self.ep.isend(d, T_DATA, b.clone()) {
+                        Ok(r) => sends.push_back((r, b)),
+                        Err(e) => {
+                            lost_down = Some(("resending a chunk", e));
+                            break;
+                        }
+                    }
+                    i += 1;
+                    did = true;
+                }
+                replay = (i < until).then_some((i, until));
+                if replay.is_none() && resend_end {
+                    resend_end = false;
+                    if let Some(eb) = &end_bytes_sent {
+                        if let Err(e) = self.ep.send(d, T_END, eb) {
+                            lost_down = Some(("resending the end", e));
+                        }
+                    }
+                }
+                if replay.is_some() || lost_down.is_some() {
+                    if !did {
+                        idle(&mut self.ep);
+                    }
+                    continue;
                 }
             }
             // Receives, up to the window.
@@ -516,23 +694,16 @@ impl Node {
                         match self.down {
                             Some(d) => {
                                 let b = Bytes::from(buf);
-                                let req = match self.ep.isend(d, T_DATA, b.clone()) {
-                                    Ok(r) => r,
-                                    Err(e) => {
-                                        return Err(self.down_failed(
-                                            &report_req,
-                                            "forwarding a chunk",
-                                            e,
-                                        ))
-                                    }
-                                };
-                                sends.push_back((req, b));
+                                match self.ep.isend(d, T_DATA, b.clone()) {
+                                    Ok(r) => sends.push_back((r, b)),
+                                    Err(e) => lost_down = Some(("forwarding a chunk", e)),
+                                }
                             }
                             None => free.push(buf),
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(self.upstream_lost("receiving a chunk", e)),
+                    Err(e) => lost_up = Some(("receiving a chunk", e)),
                 }
             }
             if let Some(r) = &end_req {
@@ -562,8 +733,11 @@ impl Node {
                         end_info = Some((v, got.buf));
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(self.upstream_lost("waiting for the end", e)),
+                    Err(e) => lost_up = Some(("waiting for the end", e)),
                 }
+            }
+            if lost_up.is_some() || lost_down.is_some() {
+                continue;
             }
             if !end_done
                 && to_recv.is_some_and(|t| self.p.chunks == t)
@@ -575,10 +749,11 @@ impl Node {
                 let (end, end_bytes) = end_info.take().unwrap();
                 self.finish(man, &end, &cvs, single_root)?;
                 if let Some(d) = self.down {
-                    self.ep
-                        .send(d, T_END, &end_bytes)
-                        .map_err(|e| self.down_lost("forwarding the end", e))?;
+                    if let Err(e) = self.ep.send(d, T_END, &end_bytes) {
+                        lost_down = Some(("forwarding the end", e));
+                    }
                 }
+                end_bytes_sent = Some(end_bytes);
             }
             if end_done && report_req.is_none() {
                 return Ok(());
@@ -600,24 +775,80 @@ impl Node {
         }
     }
 
-    /// A failure towards the next node: its own report when it sent one before going
-    /// (the reason it stopped), else the failure of the hop.
-    fn down_failed(
-        &mut self,
-        report_req: &Option<RecvRequest>,
-        what: &str,
-        e: clink::Error,
-    ) -> Failure {
-        if let Some(r) = report_req {
-            if let Ok(Some(got)) = self.ep.test_recv(r) {
-                let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
-                self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
-                if let Some(msg) = v["error"].as_str() {
-                    return fail_up(msg.to_string());
-                }
-            }
+    /// The next node's own reason for stopping, when it sent one before going.
+    fn down_report_error(&mut self, report_req: &Option<RecvRequest>) -> Option<Failure> {
+        let r = report_req.as_ref()?;
+        let got = self.ep.test_recv(r).ok()??;
+        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+        self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
+        v["error"].as_str().map(|m| fail_up(m.to_string()))
+    }
+
+    /// Waits for a node before the dead upstream to take its place: answers its splice
+    /// request with the next chunk due here.
+    fn await_splice(&mut self) -> Result<PeerId, String> {
+        let p = self
+            .ep
+            .accept(Some(SPLICE_WAIT))
+            .map_err(|e| format!("no node took over within {SPLICE_WAIT:?}: {e}"))?;
+        let mut buf = vec![0u8; 4096];
+        self.ep
+            .recv_timeout(
+                Selector::exact(Some(p), T_SPLICE),
+                &mut buf,
+                Some(SETUP_TIMEOUT),
+            )
+            .map_err(|e| format!("no splice request from the new upstream: {e}"))?;
+        let m = json!({ "next_due": self.next_due });
+        self.ep
+            .send(p, T_SPLICE, m.to_string().as_bytes())
+            .map_err(|e| format!("answering the new upstream: {e}"))?;
+        Ok(p)
+    }
+
+    /// Splices the dead next node out: connects to the one after it and learns the
+    /// first chunk it lacks; returns the new next node and that chunk.
+    fn splice_down(&mut self, lost: &str) -> Result<(PeerId, u64), Failure> {
+        let dead = self.p.index + 1;
+        let succ = dead + 1;
+        let addr = self.addrs[succ - 1].clone();
+        let h = hop(succ, &addr);
+        let fail = |m: String| fail_up(format!("{lost}; splicing it out: {h}: {m}"));
+        let d = self
+            .ep
+            .connect(&addr)
+            .map_err(|e| fail(format!("cannot connect: {e}")))?;
+        let m = json!({ "from": self.p.index });
+        self.ep
+            .send(d, T_SPLICE, m.to_string().as_bytes())
+            .map_err(|e| fail(format!("{e}")))?;
+        let mut buf = vec![0u8; 4096];
+        let st = self
+            .ep
+            .recv_timeout(
+                Selector::exact(Some(d), T_SPLICE),
+                &mut buf,
+                Some(SETUP_TIMEOUT),
+            )
+            .map_err(|e| fail(format!("no answer: {e}")))?;
+        let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
+        let from = v["next_due"]
+            .as_u64()
+            .ok_or_else(|| fail("a bad answer".into()))?;
+        if from > self.next_due {
+            return Err(fail(format!(
+                "it holds chunks up to {from}, beyond this node's {}",
+                self.next_due
+            )));
         }
-        self.down_lost(what, e)
+        self.spliced.push(json!({
+            "node": dead,
+            "address": short(&self.down_addr),
+            "status": format!("failed: {lost}; spliced out (node {} -> node {succ})", self.p.index),
+        }));
+        self.down = Some(d);
+        self.down_addr = addr;
+        Ok((d, from))
     }
 
     /// Checks the whole stream against the source's end message: size and root hash.
@@ -726,6 +957,10 @@ impl Node {
             ))
         })?;
         self.p.write_s += t.elapsed().as_secs_f64();
+        if self.lens.len() <= h.index as usize {
+            self.lens.resize(h.index as usize + 1, 0);
+        }
+        self.lens[h.index as usize] = h.len;
         if let Some((f, at)) = &self.bitmap {
             f.write_all_at(b"1", at + h.index).map_err(|e| {
                 fail_up(format!(

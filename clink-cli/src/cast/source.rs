@@ -244,7 +244,23 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     let mut err = err;
     if err.is_none() {
         if n_ok != a.to.len() {
-            err = Some(format!("{} of {} nodes reported success", n_ok, a.to.len()));
+            let failed: Vec<String> = all[1..]
+                .iter()
+                .filter(|r| r["status"] != "ok")
+                .map(|r| {
+                    format!(
+                        "node {}: {}",
+                        r["node"],
+                        r["status"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            err = Some(format!(
+                "{} of {} nodes hold the whole file; {}",
+                n_ok,
+                a.to.len(),
+                failed.join("; ")
+            ));
         } else if let Some(bad) = all[1..].iter().find(|r| r["root"] != all[0]["root"]) {
             err = Some(format!(
                 "node {} reports BLAKE3 {} for the whole stream, the source {}",
