@@ -339,8 +339,30 @@ impl Stream<'_> {
         );
         let mut root = None;
         let mut end_at: Option<Instant> = None;
+        let mut beat = Instant::now();
         let v: Value = 'main: loop {
             let mut did = false;
+            // Beats tell this side at once when node 1's process is gone (its host
+            // answers "port unreachable"), even with nothing else in flight.
+            if beat.elapsed() >= PROGRESS_EVERY {
+                beat = Instant::now();
+                if let Err(e) = self.ep.send(self.down, T_BEAT, b"beat") {
+                    if let Ok(Some(got)) = self.ep.test_recv(&report_req) {
+                        break 'main serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                    }
+                    show.done();
+                    let msg = self.lost("sending a beat", e);
+                    let mine = source_report(
+                        sent,
+                        index,
+                        start.elapsed().as_secs_f64(),
+                        read_s,
+                        hash_s,
+                        None,
+                    );
+                    return Ok((mine, Vec::new(), Some(msg)));
+                }
+            }
             match self.ep.test_recv(&report_req) {
                 Ok(Some(got)) => break serde_json::from_slice(&got.buf).unwrap_or(Value::Null),
                 Ok(None) => {}
