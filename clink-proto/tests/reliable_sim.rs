@@ -636,6 +636,81 @@ fn a_stalled_receivers_flight_is_probed_not_resent() {
 }
 
 #[test]
+fn a_timeout_that_proves_spurious_gives_the_window_back() {
+    // As above, but the acks are held past the second timeout, which condemns the whole
+    // flight and collapses the window. The first ack then covers packets sent once and
+    // never resent: the flight had arrived, so window and threshold come back and the
+    // condemned packets are not all resent.
+    let (mut a, mut b, mut now) = warmed_pair();
+    let frag = a.config().mtu_payload;
+    // Grow the window first.
+    for i in 0..20u64 {
+        a.send(100 + i, &content(i, 8 * frag)).unwrap();
+        for _ in 0..4 {
+            for d in transmit_all(&mut a, now) {
+                b.handle_datagram(now + OWD, &d).unwrap();
+            }
+            now += OWD;
+            for d in transmit_all(&mut b, now) {
+                a.handle_datagram(now + OWD, &d).unwrap();
+            }
+            now += OWD;
+        }
+        while b.poll_event().is_some() {}
+        while a.poll_event().is_some() {}
+    }
+    let cwnd_before = a.stats().cwnd;
+    let msg = content(2, 16 * frag);
+    a.send(1, &msg).unwrap();
+    let start = now;
+    let rto = a.stats().rto_ns;
+    // After the first timeout (one RTO) and the second (two more, backed off).
+    let release = start + 4 * rto;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut got = None;
+    loop {
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + OWD, &d).unwrap();
+        }
+        held.extend(transmit_all(&mut b, now + OWD));
+        got = got.or_else(|| b.poll_event());
+        if now >= release {
+            for d in held.drain(..) {
+                a.handle_datagram(now + OWD, &d).unwrap();
+            }
+            if a.stats().in_flight == 0 && got.is_some() {
+                break;
+            }
+        }
+        now = [
+            a.poll_timeout(),
+            b.poll_timeout(),
+            (now < release).then_some(release),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(now + OWD, |t| t.clamp(now + 1, now + OWD));
+        a.handle_timeout(now);
+        b.handle_timeout(now);
+        assert!(now < start + 20 * rto, "stalled: {:?}", a.stats());
+    }
+    let Some(Event::Message { data, .. }) = got else {
+        panic!("{got:?}");
+    };
+    assert_eq!(data, msg);
+    let s = a.stats();
+    assert!(s.timeouts >= 2, "the window never collapsed: {s:?}");
+    assert_eq!(s.spurious_timeouts, 1, "{s:?}");
+    assert!(
+        s.cwnd >= cwnd_before,
+        "window {} of {cwnd_before}: {s:?}",
+        s.cwnd
+    );
+    assert!(s.retransmissions <= 6, "the flight was resent: {s:?}");
+}
+
+#[test]
 fn a_nak_names_only_packets_still_missing() {
     // Packets 0, 4 and 3 arrive in one batch before the receiver transmits: the hole seen
     // at 4 was [1, 4), but 3 has filled since. The NAK must not name 3 (the sender would

@@ -337,6 +337,9 @@ pub struct Stats {
     pub congestion_events: u64,
     /// Tail loss probes sent.
     pub tail_probes: u64,
+    /// Timeouts that collapsed the window and proved spurious (the flight arrived, its
+    /// acks late): window and threshold restored.
+    pub spurious_timeouts: u64,
     /// Times the caller came back from an absence (no call for two keepalive intervals)
     /// and the liveness timeout restarted instead of judging the peer on the gap.
     pub absences_excused: u64,
@@ -624,6 +627,9 @@ pub struct Conn {
     last_driven: u64,
     /// The caller awaits something from the peer ([`Conn::set_awaited`]).
     awaited: bool,
+    /// Window and threshold before the last timeout collapsed them, while it may still
+    /// prove spurious (see `Conn::undo_spurious_timeout`).
+    rto_undo: Option<(u64, u64)>,
     ping_pending: bool,
     dead: bool,
     stats: Stats,
@@ -704,6 +710,7 @@ impl Conn {
             last_ping: now,
             last_driven: now,
             awaited: false,
+            rto_undo: None,
             ping_pending: false,
             dead: false,
             stats: Stats::default(),
@@ -1046,6 +1053,7 @@ impl Conn {
             }
         }
         if any {
+            self.rto_undo = Some((self.cwnd, self.ssthresh));
             self.ssthresh = (self.cwnd / 2).max(2);
             self.cwnd = 2;
             self.cwnd_acc = 0;
@@ -1059,6 +1067,29 @@ impl Conn {
         self.backoff = (self.backoff + 1).min(MAX_BACKOFF);
         self.rto_deadline = self.outstanding().then(|| now + self.rto());
         self.tlp_deadline = None;
+    }
+
+    /// The last timeout condemned a flight that the receiver had, only late (its acks
+    /// held back: a receiver that did not read for a few milliseconds, a host that
+    /// descheduled it). Proof: an ack of a packet marked lost and never resent (only its
+    /// first transmission can have arrived; retransmitted ones prove nothing, Karn's
+    /// rule). Then, as F-RTO and Eifel do, the window and threshold go back to what they
+    /// were and the packets still queued for resending are in flight again (the loss
+    /// detector condemns any that really were lost).
+    fn undo_spurious_timeout(&mut self) {
+        let Some((cwnd, ssthresh)) = self.rto_undo.take() else {
+            return;
+        };
+        self.cwnd = self.cwnd.max(cwnd);
+        self.ssthresh = ssthresh;
+        self.cwnd_acc = 0;
+        self.stats.spurious_timeouts += 1;
+        for s in self.sent.iter_mut() {
+            if s.state == PState::Lost && s.tx_count == 1 {
+                s.state = PState::InFlight;
+                self.in_flight += 1;
+            }
+        }
     }
 
     /// Marks an in-flight packet lost: queued for retransmission, or abandoned.
@@ -1277,12 +1308,15 @@ impl Conn {
         self.peer_limit = self.peer_limit.max(ack.limit);
         let mut newly = 0u64;
         let mut sample: Option<(u64, u64)> = None; // (tx_seq, sent_at) of the latest timed
+                                                   // A packet the timeout condemned arrived all the same, from its one transmission.
+        let mut original_arrived = false;
         let mut ack_one = |this: &mut Conn, pn: u64| {
             let idx = (pn - this.snd_una) as usize;
             let s = &mut this.sent[idx];
             if matches!(s.state, PState::Acked | PState::Abandoned) {
                 return;
             }
+            original_arrived |= s.state == PState::Lost && s.tx_count == 1;
             if s.state == PState::InFlight {
                 this.in_flight -= 1;
             }
@@ -1311,6 +1345,9 @@ impl Conn {
             self.sacked = sacked;
             let top = ack.ranges.last().map_or(ack.cum, |r| r.1);
             self.sack_top = self.sack_top.max(top);
+        }
+        if original_arrived && self.rto_undo.is_some() {
+            self.undo_spurious_timeout();
         }
         if let Some((_, sent_at)) = sample {
             // QUIC's rule: the peer's ack delay comes out of the sample unless that would
