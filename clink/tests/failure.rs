@@ -444,19 +444,39 @@ fn peer_killed_under_steady_traffic_from_another_is_noticed() {
     streamer.expect_success(T);
 }
 
+/// A "stubborn" child over UDP on loopback, ready, and the parent's liveness timeout
+/// 60 s: only the child's host's "port unreachable" can fail it within [`DETECT`].
+fn udp_stubborn() -> (clink::Endpoint, PeerId, ChildProc) {
+    let mut config = net_config();
+    if let Some(u) = config.udp.as_mut() {
+        u.dead_after = Duration::from_secs(60);
+    }
+    let (mut ep, peer, child) = setup("stubborn", config, &transport_env(true));
+    assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
+    assert_eq!(ep.transport(peer).unwrap(), "udp");
+    (ep, peer, child)
+}
+
+/// Expects `r` to be `peer`'s death, told by its host's "port unreachable".
+fn assert_port_unreachable<T: std::fmt::Debug>(
+    ep: &clink::Endpoint,
+    peer: PeerId,
+    r: clink::Result<T>,
+) {
+    assert!(
+        matches!(r, Err(Error::PeerDead(p)) if p == peer),
+        "expected PeerDead, got {r:?}"
+    );
+    let why = ep.last_error().unwrap_or_default().to_string();
+    assert!(why.contains("port unreachable"), "{why}");
+}
+
 #[test]
 fn sigkill_of_a_udp_peer_is_told_by_its_hosts_port_unreachable() {
     // Over UDP nothing is sent when a process dies; but the next datagram to its port
     // comes back from its kernel as ICMP "port unreachable". With a liveness timeout of
     // 60 s, only that answer can fail the send within the bound.
-    let mut config = net_config();
-    if let Some(u) = config.udp.as_mut() {
-        u.dead_after = Duration::from_secs(60);
-    }
-    let env = transport_env(true);
-    let (mut ep, peer, mut child) = setup("stubborn", config, &env);
-    assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
-    assert_eq!(ep.transport(peer).unwrap(), "udp");
+    let (mut ep, peer, mut child) = udp_stubborn();
     child.kill();
     child.reap();
     let t0 = Instant::now();
@@ -468,13 +488,8 @@ fn sigkill_of_a_udp_peer_is_told_by_its_hosts_port_unreachable() {
         .unwrap();
     let r = ep.wait_recv(&q, Some(DETECT)).map(|got| got.status);
     println!("UDP peer's kill -9 detected in {:?}", t0.elapsed());
-    assert!(
-        matches!(r, Err(Error::PeerDead(p)) if p == peer),
-        "expected PeerDead, got {r:?}"
-    );
+    assert_port_unreachable(&ep, peer, r);
     drop(s);
-    let why = ep.last_error().unwrap_or_default().to_string();
-    assert!(why.contains("port unreachable"), "{why}");
 }
 
 #[test]
@@ -482,13 +497,7 @@ fn a_udp_peer_killed_while_awaited_is_found_by_the_pings_of_the_wait() {
     // The parent sleeps in a receive from the child and sends nothing; the child is
     // killed. The wait pings the peer it awaits once it has been silent for 20 ms, and
     // the ping meets the closed port: found well within the 60 s liveness timeout.
-    let mut config = net_config();
-    if let Some(u) = config.udp.as_mut() {
-        u.dead_after = Duration::from_secs(60);
-    }
-    let env = transport_env(true);
-    let (mut ep, peer, mut child) = setup("stubborn", config, &env);
-    assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
+    let (mut ep, peer, mut child) = udp_stubborn();
     let q = ep
         .irecv(Selector::exact(Some(peer), 2), vec![0u8; 8])
         .unwrap();
@@ -505,12 +514,7 @@ fn a_udp_peer_killed_while_awaited_is_found_by_the_pings_of_the_wait() {
         "awaited UDP peer's kill -9 detected in {:?}",
         killed_at.elapsed()
     );
-    assert!(
-        matches!(r, Err(Error::PeerDead(p)) if p == peer),
-        "expected PeerDead, got {r:?}"
-    );
-    let why = ep.last_error().unwrap_or_default().to_string();
-    assert!(why.contains("port unreachable"), "{why}");
+    assert_port_unreachable(&ep, peer, r);
 }
 
 #[test]

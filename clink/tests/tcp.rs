@@ -517,33 +517,8 @@ fn a_peer_that_stops_calling_in_stays_alive_and_resumes() {
     // (its kernel answers for the connection, as TCP's does); A waits meanwhile. Neither
     // declares the other dead, and a rendezvous send A started completes once B calls
     // again.
-    let ((mut a, pa), (mut b, pb)) = pair_dead(true, 20, 300);
-    let big = pattern(5, 4 << 20);
-    let s = a.isend(pa, 5, big.clone()).unwrap();
-    let r = a
-        .irecv(Selector::exact(Some(pa), 6), vec![0u8; 16])
-        .unwrap();
-    assert!(matches!(
-        a.wait_recv(&r, Some(Duration::from_secs(3))),
-        Err(Error::Timeout)
-    ));
-    assert!(a.is_alive(pa), "{:?}", a.last_error());
-    // B calls in again (on a thread of its own: A must progress to move the payload).
-    let back = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 4 << 20];
-        let st = b
-            .recv_timeout(Selector::exact(Some(pb), 5), &mut buf, Some(T))
-            .unwrap();
-        assert_eq!(st.len, 4 << 20);
-        assert!(buf == big, "payload damaged");
-        b.send(pb, 6, b"back").unwrap();
-        assert!(b.is_alive(pb), "{:?}", b.last_error());
-        b
-    });
-    a.wait_send(&s, Some(T)).unwrap();
-    let got = a.wait_recv(&r, Some(T)).unwrap();
-    assert_eq!(&got.buf[..got.status.len as usize], b"back");
-    drop(back.join().unwrap());
+    let ((mut a, pa), (b, pb)) = pair_dead(true, 20, 300);
+    drop(away_and_back(&mut a, pa, b, pb, Duration::from_secs(3)));
 }
 
 #[test]

@@ -664,33 +664,8 @@ fn a_peer_that_stops_calling_in_stays_alive_and_resumes() {
     // its keepalive thread speaks for it. A waits meanwhile with a rendezvous send
     // outstanding. Neither declares the other dead (B's connection does not judge A on
     // silence it was not there to hear), and the send completes once B calls again.
-    let ((mut a, pa), (mut b, pb)) = pair("", 300);
-    let big = common::pattern(5, 4 << 20);
-    let s = a.isend(pa, 5, big.clone()).unwrap();
-    let r = a
-        .irecv(Selector::exact(Some(pa), 6), vec![0u8; 16])
-        .unwrap();
-    assert!(matches!(
-        a.wait_recv(&r, Some(Duration::from_secs(3))),
-        Err(Error::Timeout)
-    ));
-    assert!(a.is_alive(pa), "{:?}", a.last_error());
-    // B calls in again (on a thread of its own: A must progress to move the payload).
-    let back = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 4 << 20];
-        let st = b
-            .recv_timeout(Selector::exact(Some(pb), 5), &mut buf, Some(T))
-            .unwrap();
-        assert_eq!(st.len, 4 << 20);
-        assert!(buf == big, "payload damaged");
-        b.send(pb, 6, b"back").unwrap();
-        assert!(b.is_alive(pb), "{:?}", b.last_error());
-        b
-    });
-    a.wait_send(&s, Some(T)).unwrap();
-    let got = a.wait_recv(&r, Some(T)).unwrap();
-    assert_eq!(&got.buf[..got.status.len as usize], b"back");
-    let b = back.join().unwrap();
+    let ((mut a, pa), (b, pb)) = pair("", 300);
+    let b = common::away_and_back(&mut a, pa, b, pb, Duration::from_secs(3));
     assert!(b.stats().keepalive_rounds >= 5, "{:?}", b.stats());
 }
 

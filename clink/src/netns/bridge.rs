@@ -13,14 +13,14 @@
 //! of earlier runs whose process is gone (a crashed test or benchmark), so nothing stays
 //! behind.
 
-use super::{ip_binary, link_state, remove_stale, run_ip, run_ip_output, NAME_PREFIX};
+use super::{ip_binary, remove_stale, run_ip, wait_up, CARRIER_TIMEOUT, NAME_PREFIX};
 use crate::sys;
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What to build.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,9 +57,6 @@ pub struct Bridge {
     addrs: Vec<Ipv4Addr>,
     spec: BridgeSpec,
 }
-
-/// Bound on the links' carriers coming on.
-const CARRIER_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Bridge {
     /// Makes the namespaces, links, bridge, addresses, loss and rate of `spec`.
@@ -284,19 +281,7 @@ impl Bridge {
     fn wait_carriers(&self) -> io::Result<()> {
         let deadline = Instant::now() + CARRIER_TIMEOUT;
         for i in 0..self.hosts() {
-            loop {
-                let args = ["-n", &self.names[i], "-o", "link", "show", "dev", "eth0"];
-                if link_state(&run_ip_output(&self.ip, &args)?) == Some("UP") {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("host {i}'s link had no carrier after {CARRIER_TIMEOUT:?}"),
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_up(&self.ip, &self.names[i], "eth0", deadline)?;
         }
         Ok(())
     }

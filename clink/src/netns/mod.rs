@@ -122,19 +122,7 @@ impl NetnsPair {
     fn wait_carrier(&self, dev: &[String; 2]) -> io::Result<()> {
         let deadline = Instant::now() + CARRIER_TIMEOUT;
         for (side, dev) in dev.iter().enumerate() {
-            loop {
-                let args = ["-n", &self.names[side], "-o", "link", "show", "dev", dev];
-                if link_state(&run_ip_output(&self.ip, &args)?) == Some("UP") {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("the veth end {dev} had no carrier after {CARRIER_TIMEOUT:?}"),
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            wait_up(&self.ip, &self.names[side], dev, deadline)?;
         }
         Ok(())
     }
@@ -229,6 +217,24 @@ fn run_ip_output(ip: &Path, args: &[&str]) -> io::Result<String> {
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         )))
+    }
+}
+
+/// Waits until `dev` in namespace `ns` is operationally up (has its carrier), failing
+/// after `deadline`. Polls `ip -o link show`: the kernel sends no event to wait on here.
+fn wait_up(ip: &Path, ns: &str, dev: &str, deadline: Instant) -> io::Result<()> {
+    loop {
+        let args = ["-n", ns, "-o", "link", "show", "dev", dev];
+        if link_state(&run_ip_output(ip, &args)?) == Some("UP") {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{dev} in {ns} had no carrier after {CARRIER_TIMEOUT:?}"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

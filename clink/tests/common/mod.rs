@@ -423,3 +423,42 @@ pub fn in_netns<R: Send + 'static>(
     });
     (rx.recv_timeout(T).expect("endpoint address"), h)
 }
+
+/// B stays away from its endpoint (no call) for `away` while A waits with a 4 MiB
+/// rendezvous send to B outstanding and a receive from B posted; then B calls in again
+/// (on a thread of its own: A must progress to move the payload), receives the payload
+/// intact and answers. Neither may declare the other dead. Returns B's endpoint.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn away_and_back(
+    a: &mut Endpoint,
+    pa: PeerId,
+    mut b: Endpoint,
+    pb: PeerId,
+    away: Duration,
+) -> Endpoint {
+    let big = pattern(5, 4 << 20);
+    let s = a.isend(pa, 5, big.clone()).unwrap();
+    let r = a
+        .irecv(Selector::exact(Some(pa), 6), vec![0u8; 16])
+        .unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(away)),
+        Err(clink::Error::Timeout)
+    ));
+    assert!(a.is_alive(pa), "{:?}", a.last_error());
+    let back = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4 << 20];
+        let st = b
+            .recv_timeout(Selector::exact(Some(pb), 5), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len, 4 << 20);
+        assert!(buf == big, "payload damaged");
+        b.send(pb, 6, b"back").unwrap();
+        assert!(b.is_alive(pb), "{:?}", b.last_error());
+        b
+    });
+    a.wait_send(&s, Some(T)).unwrap();
+    let got = a.wait_recv(&r, Some(T)).unwrap();
+    assert_eq!(&got.buf[..got.status.len as usize], b"back");
+    back.join().unwrap()
+}
