@@ -8,8 +8,9 @@
 //! out with one `sendmmsg`. Where the kernel refuses GSO, each datagram is its own entry.
 //!
 //! **Receive.** `recvmmsg` into slots of 64 KiB (a GRO read can return a whole 64 KiB
-//! virtual frame; a smaller slot would lose the rest silently, see
-//! ../shared/notes/udp-gso-gro.md), split by the `UDP_GRO` segment size. A speculative
+//! virtual frame; a smaller slot would lose the rest silently: the kernel truncates a
+//! coalesced read to the buffer and drops the remainder), split by the `UDP_GRO`
+//! segment size. A speculative
 //! layout puts caller-given vectors before each slot ([`UdpSock::set_lead`]); they are
 //! built once per layout, not per read.
 
