@@ -16,6 +16,10 @@
 //! * `PROGRESS` (up, relayed to the source): a node's chunk count, every
 //!   [`PROGRESS_EVERY`]; its send also tells the node at once when its upstream
 //!   process is gone (the upstream host answers "port unreachable").
+//! * `BEAT` (down): a few bytes every [`PROGRESS_EVERY`], which tell a node at once when
+//!   its next node's process is gone.
+//! * `SPLICE` (from a node to the one after its dead next node, and back): the take-over
+//!   request, answered with the first chunk the answering node lacks.
 //! * `REPORT` (up): the reports of this node and of every node after it, and the error
 //!   that ended the chain early if one did, JSON.
 
