@@ -22,6 +22,9 @@ pub struct BenchArgs {
     /// Rate limit of each host's input link, in tc's syntax (`1gbit`).
     #[arg(long)]
     rate: Option<String>,
+    /// Chunks in flight per hop (`--window` of the receivers and the source).
+    #[arg(long, default_value_t = 6)]
+    window: usize,
     /// Prints JSON rows only.
     #[arg(long)]
     json: bool,
@@ -115,7 +118,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let src = dir.join("source.bin");
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
-    let clink = clink_chain(&bridge, &exe, &dir, &src, a.hosts, &a.rate)?;
+    let clink = clink_chain(&bridge, &exe, &dir, &src, a.hosts, &a.rate, a.window)?;
     let tcp = tcp_chain(&bridge, &exe, &dir, &src, a.hosts)?;
     let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
     for (system, secs) in &rows {
@@ -125,6 +128,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "hosts": a.hosts,
             "bytes": size,
             "rate_limit": rate,
+            "window": a.window,
             "seconds": secs,
             "rate_mbps": mbps(size, *secs),
         });
@@ -180,20 +184,30 @@ fn clink_chain(
     src: &Path,
     hosts: usize,
     rate: &Option<String>,
+    window: usize,
 ) -> Result<f64, String> {
+    let w = window.to_string();
     let mut kids = Vec::new();
     let mut addrs = Vec::new();
     for i in 1..=hosts {
         let mut cmd = b.command(i, exe);
-        cmd.args(["cast", "recv", "--json", "--out"])
+        cmd.args(["cast", "recv", "--json", "--window", &w, "--out"])
             .arg(dir.join(format!("clink{i}")));
         let (k, mut out) = Kid::spawn(cmd)?;
         addrs.push(line(&mut out)?);
         kids.push((k, out));
     }
     let mut cmd = b.command(0, exe);
-    cmd.args(["cast", "send", "--json", "--to", &addrs.join(",")])
-        .arg(src);
+    cmd.args([
+        "cast",
+        "send",
+        "--json",
+        "--window",
+        &w,
+        "--to",
+        &addrs.join(","),
+    ])
+    .arg(src);
     if let Some(r) = rate {
         cmd.args(["--link-rate", r]);
     }
