@@ -63,6 +63,7 @@ fn run(mode: &str, file: &str, size: &str, count: &str) -> Result<(), Box<dyn st
     let s = t.elapsed().as_secs_f64();
     if std::env::var_os("BLOCKSTREAM_VERBOSE").is_some() {
         eprintln!("{mode}: {:?}", ep.conn_stats(peer)?);
+        eprintln!("{mode}: {:?}", ep.stats());
     }
     let st = ep.stats();
     let c = ep.conn_stats(peer)?;

@@ -28,6 +28,7 @@ const TAG_LIST: u64 = 101;
 const TAG_RANK: u64 = 102;
 const TAG_END: u64 = 103;
 const TAG_REPORT: u64 = 104;
+const TAG_EXIT: u64 = 105;
 
 /// The key of message `k` of `tag` from `src` to `dst`.
 fn msg_key(seed: u64, src: usize, dst: usize, tag: u64, k: u64) -> u64 {
@@ -77,6 +78,9 @@ fn child_entry() {
         }
         let report = soak(&mut ep, seed, me, &peer_of, Duration::from_secs(secs));
         ep.send(parent, TAG_REPORT, report.as_bytes()).unwrap();
+        // Nobody leaves before everyone has everything (a process that closes while a
+        // peer still has data for it, or owes it acks, cuts that exchange short).
+        recv_vec(&mut ep, parent, TAG_EXIT, 8);
         ep.close();
     });
 }
@@ -269,7 +273,7 @@ fn four_hosts_exchange_random_messages_under_one_percent_loss() {
             ep.send(p, TAG_LIST, list.as_bytes()).unwrap();
         }
         let bound = Duration::from_secs(secs) + 2 * T;
-        peers
+        let reports = peers
             .iter()
             .map(|&p| {
                 let mut buf = vec![0u8; 4096];
@@ -278,7 +282,21 @@ fn four_hosts_exchange_random_messages_under_one_percent_loss() {
                     .unwrap_or_else(|e| panic!("no report: {e}"));
                 String::from_utf8_lossy(&buf[..st.len as usize]).into_owned()
             })
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>();
+        for &p in &peers {
+            ep.send(p, TAG_EXIT, &[]).unwrap();
+        }
+        // Driven until every child has closed (a lost word is resent meanwhile).
+        let until = Instant::now() + T;
+        while peers.iter().any(|&p| ep.is_alive(p)) {
+            assert!(Instant::now() < until, "the children did not all leave");
+            let _ = ep.recv_timeout(
+                Selector::exact(None, TAG_EXIT),
+                &mut [],
+                Some(Duration::from_millis(10)),
+            );
+        }
+        reports
     });
     let exe = std::env::current_exe().unwrap();
     let secs_text = secs.to_string();
