@@ -189,7 +189,7 @@ impl Default for UdpConfig {
             faults: FaultConfig::default(),
             admission: Mode::Implicit,
             steer: false,
-            peer_sockets: 4,
+            peer_sockets: 8,
             ring: true,
             payload_hash: false,
             keepalive_thread: true,
