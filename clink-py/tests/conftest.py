@@ -40,7 +40,7 @@ class Child:
             self.proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ctx():
     # Creating a context calibrates the machine's costs (about a second): once per run.
     return clink.Context()
