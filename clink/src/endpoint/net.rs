@@ -292,7 +292,6 @@ impl Endpoint {
         // Timers and admission decisions with the receive's reading of the clock.
         let now = net.read_at();
         let mut dead = Vec::new();
-        let mut unreachable = Vec::new();
         for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
             let Link::Udp(u) = &mut p.link else { continue };
             if u.tick(now) {
@@ -307,11 +306,11 @@ impl Endpoint {
                 u.answer_admit(answer, revoked);
             }
         });
-        for (i, port) in net.take_unreachable() {
-            if !dead.contains(&i) && self.peers.get(i).is_some_and(|p| p.alive) {
-                unreachable.push((i, port));
-            }
-        }
+        let unreachable: Vec<(usize, bool)> = net
+            .take_unreachable()
+            .into_iter()
+            .filter(|(i, _)| !dead.contains(i))
+            .collect();
         let accepted = net.take_accepted();
         self.watch_new_sockets();
         self.finish_bulk();
@@ -326,6 +325,9 @@ impl Endpoint {
             self.udp_peer_dead(i);
         }
         for (i, port) in unreachable {
+            if !self.peers.get(i).is_some_and(|p| p.alive) {
+                continue;
+            }
             let why = if port {
                 "its host answered 'port unreachable': no process listens there any more"
             } else {
