@@ -26,6 +26,8 @@
 //!   receiver's prediction of the next piece;
 //! - [`rma`]: one-sided access to apertures: capability cookies, the access check, and
 //!   the RMA frames (put, get, atomics, notify, map) carried on a peer's link;
+//! - [`sockets`]: the sockets layer's pairing of two ends of a kernel TCP connection and
+//!   the byte-offset switch of each direction onto a shared-memory ring;
 //! - [`tripwire`]: CLAN's tripwires, byte ranges of an aperture that fire on access, matched
 //!   through per-page buckets.
 #![forbid(unsafe_code)]
@@ -42,6 +44,7 @@ pub mod matching;
 pub mod netsim;
 pub mod reliable;
 pub mod rma;
+pub mod sockets;
 pub mod spec;
 pub mod stream;
 pub mod tripwire;

@@ -1,0 +1,1223 @@
+//! One TCP connection the library follows: its pairing with the other end, and the data
+//! path of each direction, on the kernel socket up to the switch offset and on the shared
+//! ring after it.
+//!
+//! Pairing (see `clink_proto::sockets`): a connecting end binds an abstract Unix socket
+//! named after the server address and its own port before its SYN leaves; an accepting end
+//! connects to that name when `accept` returns and sends a Hello with a fresh mapping and
+//! its TCP socket; the connecting end checks that socket is the mirror of its own, maps
+//! the rings and answers with an Ack carrying its own socket. Nothing waits for a peer that
+//! is not there: an accepting end whose client bound no name knows at once, and a
+//! connecting end gives up when a byte arrives by the kernel with no Hello queued (the
+//! Hello is queued before the server's `accept` returns, so before it can send).
+//!
+//! Each direction then switches at an exact byte offset: its writer stores "N bytes went
+//! by the kernel" in the mapping, sends one wake-up byte, and writes to the ring; its
+//! reader takes exactly N bytes from the kernel, then reads the ring, and from then on
+//! treats kernel bytes as wake-ups. A sleeping reader (or a writer facing a full ring) sets
+//! a flag in the mapping and waits in the kernel on the socket; the other side sends a
+//! wake-up byte when it sees the flag, so unmodified poll and epoll sets work.
+
+use crate::real;
+use crate::shared::Shared;
+use crate::stats;
+use crate::sys::{self, errno, now_ns, set_errno};
+use clink_proto::sockets::{
+    is_mirror, kernel_share, rendezvous_name, Ack, Hello, MSG_LEN, NOT_SWITCHED,
+};
+use libc::{c_int, iovec};
+use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Which end of the kernel connection this process holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Returned by `accept` (direction 0 is this end's sending direction).
+    Accepting,
+    /// Made by `connect` (direction 1 is this end's sending direction).
+    Connecting,
+}
+
+enum Pairing {
+    /// A connecting end waits for the accepting end's Hello on this listener.
+    ClientWaiting { listener: c_int, deadline_ns: u64 },
+    /// An accepting end sent its Hello and waits for the Ack on this connection.
+    ServerWaiting { uconn: c_int },
+    /// Paired, or given up (the connection stays on the kernel).
+    Done,
+}
+
+/// Counters of where a connection's bytes went.
+#[derive(Default)]
+pub struct Counters {
+    /// Bytes sent through the ring.
+    pub ring_tx: AtomicU64,
+    /// Bytes received through the ring.
+    pub ring_rx: AtomicU64,
+    /// Bytes sent through the kernel socket.
+    pub kernel_tx: AtomicU64,
+    /// Bytes received through the kernel socket.
+    pub kernel_rx: AtomicU64,
+}
+
+/// A followed connection (shared by every fd that refers to the same socket).
+pub struct Conn {
+    /// Which end this is.
+    pub role: Role,
+    /// Whether the file description is non-blocking (kept in step by fcntl and ioctl).
+    pub nonblock: AtomicBool,
+    /// "local -> peer", for statistics.
+    pub label: String,
+    pairing: Mutex<Pairing>,
+    pairing_done: AtomicBool,
+    last_check_ns: AtomicU64,
+    shared: OnceLock<Shared>,
+    peer_ready: AtomicBool,
+    tx_sent: Mutex<u64>,
+    rx_consumed: Mutex<u64>,
+    consumed_mirror: AtomicU64,
+    tx_switched: AtomicBool,
+    eof: AtomicBool,
+    err: AtomicI32,
+    outcome: Mutex<String>,
+    /// Where the bytes went.
+    pub counters: Counters,
+}
+
+/// Threads of this process asleep in the kernel on behalf of a connection. With more than
+/// one, a wake-up byte drained by one thread may have been meant for another, so sleeps are
+/// cut into short slices (correctness never rests on a drained byte).
+static SLEEPERS: AtomicU32 = AtomicU32::new(0);
+
+/// Counts a thread going to sleep in the kernel; returns the longest sleep it may take in
+/// milliseconds (-1: unbounded), given the caller's `timeout_ms`.
+pub fn enter_sleep(timeout_ms: c_int) -> c_int {
+    let n = SLEEPERS.fetch_add(1, Ordering::AcqRel) + 1;
+    if n > 1 && (timeout_ms < 0 || timeout_ms > 1) {
+        1
+    } else {
+        timeout_ms
+    }
+}
+
+/// Counts a thread back from its sleep.
+pub fn leave_sleep() {
+    SLEEPERS.fetch_sub(1, Ordering::AcqRel);
+}
+
+const CHECK_EVERY_NS: u64 = 50_000;
+const CLIENT_DEADLINE_NS: u64 = 10_000_000_000;
+const PAIR_TIMEOUT_MS: c_int = 500;
+
+impl Conn {
+    fn new(role: Role, fd: c_int, pairing: Pairing, shared: Option<Shared>) -> Conn {
+        let label = match (sys::local_addr(fd), sys::peer_addr(fd)) {
+            (Some(l), Some(p)) => format!("{l} -> {p}"),
+            _ => "unconnected".to_string(),
+        };
+        let cell = OnceLock::new();
+        if let Some(s) = shared {
+            let _ = cell.set(s);
+        }
+        Conn {
+            role,
+            nonblock: AtomicBool::new(is_nonblocking(fd)),
+            label,
+            pairing: Mutex::new(pairing),
+            pairing_done: AtomicBool::new(false),
+            last_check_ns: AtomicU64::new(0),
+            shared: cell,
+            peer_ready: AtomicBool::new(false),
+            tx_sent: Mutex::new(0),
+            rx_consumed: Mutex::new(0),
+            consumed_mirror: AtomicU64::new(0),
+            tx_switched: AtomicBool::new(false),
+            eof: AtomicBool::new(false),
+            err: AtomicI32::new(0),
+            outcome: Mutex::new("pairing".to_string()),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Prepares a connecting socket before its `connect`: binds it to an ephemeral port if
+    /// it has none and binds the rendezvous name. `None` when the connection stays plain.
+    pub fn before_connect(fd: c_int, dst: std::net::SocketAddr) -> Option<c_int> {
+        let port = match sys::local_addr(fd) {
+            Some(a) if a.port() != 0 => a.port(),
+            Some(a) => {
+                let any: std::net::SocketAddr = if a.is_ipv4() {
+                    "0.0.0.0:0".parse().ok()?
+                } else {
+                    "[::]:0".parse().ok()?
+                };
+                let (ss, len) = to_c(any);
+                // SAFETY: binding our own socket to a wildcard address of its family.
+                if unsafe { libc::bind(fd, &ss as *const _ as *const libc::sockaddr, len) } != 0 {
+                    return None;
+                }
+                sys::local_addr(fd)?.port()
+            }
+            None => return None,
+        };
+        let name = rendezvous_name(dst, port);
+        // SAFETY: a new Unix socket of our own.
+        let l = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if l < 0 {
+            return None;
+        }
+        let (a, len) = sys::abstract_addr(&name);
+        // SAFETY: binding and listening on our own socket with a valid address.
+        let ok = unsafe {
+            libc::bind(l, &a as *const _ as *const libc::sockaddr, len) == 0
+                && libc::listen(l, 4) == 0
+        };
+        if !ok {
+            close_fd(l);
+            return None;
+        }
+        Some(l)
+    }
+
+    /// The connecting end, once `connect` succeeded or is in progress.
+    pub fn connecting(fd: c_int, listener: c_int) -> Conn {
+        let deadline_ns = now_ns() + CLIENT_DEADLINE_NS;
+        Conn::new(
+            Role::Connecting,
+            fd,
+            Pairing::ClientWaiting {
+                listener,
+                deadline_ns,
+            },
+            None,
+        )
+    }
+
+    /// The accepting end of a socket `accept` returned: offers the pairing if the client
+    /// bound its rendezvous name. `Err(reason)` when the connection stays on the kernel.
+    pub fn accepted(fd: c_int, ring: u32) -> Result<Conn, &'static str> {
+        let (local, peer) = match (sys::local_addr(fd), sys::peer_addr(fd)) {
+            (Some(l), Some(p)) => (l, p),
+            _ => return Err("no addresses"),
+        };
+        let name = rendezvous_name(local, peer.port());
+        // SAFETY: a new Unix socket of our own.
+        let u = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if u < 0 {
+            return Err("no Unix socket");
+        }
+        let (a, len) = sys::abstract_addr(&name);
+        // SAFETY: connecting our own socket to a valid abstract address.
+        if unsafe { real::connect(u, &a as *const _ as *const libc::sockaddr, len) } != 0 {
+            close_fd(u);
+            return Err("peer not under clink");
+        }
+        let Some(shared) = Shared::create(ring) else {
+            close_fd(u);
+            return Err("no shared memory");
+        };
+        let hello = Hello { ring }.encode();
+        if !send_with_fds(u, &hello, &[shared.memfd, fd]) {
+            close_fd(u);
+            return Err("pairing refused");
+        }
+        Ok(Conn::new(
+            Role::Accepting,
+            fd,
+            Pairing::ServerWaiting { uconn: u },
+            Some(shared),
+        ))
+    }
+
+    fn tx_dir(&self) -> usize {
+        match self.role {
+            Role::Accepting => 0,
+            Role::Connecting => 1,
+        }
+    }
+
+    fn rx_dir(&self) -> usize {
+        1 - self.tx_dir()
+    }
+
+    /// Advances the pairing if it is still under way. `force` skips the rate limit: a byte
+    /// came by the kernel (a connecting end then decides) or the peer switched.
+    pub fn progress(&self, fd: c_int, force: bool) {
+        if self.pairing_done.load(Ordering::Acquire) {
+            return;
+        }
+        let now = now_ns();
+        if !force && now.saturating_sub(self.last_check_ns.load(Ordering::Relaxed)) < CHECK_EVERY_NS
+        {
+            return;
+        }
+        self.last_check_ns.store(now, Ordering::Relaxed);
+        let Ok(mut p) = self.pairing.try_lock() else {
+            return;
+        };
+        let _keep = sys::SavedErrno::save();
+        match *p {
+            Pairing::ClientWaiting {
+                listener,
+                deadline_ns,
+            } => {
+                // SAFETY: accepting on our own non-blocking listener.
+                let u = unsafe {
+                    real::accept4(
+                        listener,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    )
+                };
+                if u >= 0 {
+                    let outcome = self.client_pair(fd, u);
+                    close_fd(u);
+                    close_fd(listener);
+                    self.finish(&mut p, outcome);
+                } else if force || now > deadline_ns {
+                    close_fd(listener);
+                    self.finish(&mut p, Err("peer not under clink"));
+                }
+            }
+            Pairing::ServerWaiting { uconn } => {
+                let mut buf = [0u8; MSG_LEN];
+                let mut fds = [-1; 2];
+                let (n, nfds) = recv_with_fds(uconn, &mut buf, &mut fds, libc::MSG_DONTWAIT);
+                if n < 0 && errno() == libc::EAGAIN {
+                    return;
+                }
+                let outcome = if n == MSG_LEN as isize && Ack::decode(&buf).is_ok() && nfds == 1 {
+                    if mirrors(fd, fds[0]) {
+                        Ok(())
+                    } else {
+                        Err("pairing refused: not the mirror socket")
+                    }
+                } else {
+                    Err("pairing refused")
+                };
+                for f in fds.iter().take(nfds) {
+                    close_fd(*f);
+                }
+                close_fd(uconn);
+                self.finish(&mut p, outcome);
+            }
+            Pairing::Done => {}
+        }
+    }
+
+    fn finish(&self, p: &mut Pairing, outcome: Result<(), &'static str>) {
+        *p = Pairing::Done;
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = match outcome {
+            Ok(()) => "accelerated".to_string(),
+            Err(why) => format!("kernel ({why})"),
+        };
+        if outcome.is_ok() {
+            self.peer_ready.store(true, Ordering::Release);
+        }
+        self.pairing_done.store(true, Ordering::Release);
+    }
+
+    /// After pairing: moves this end's sending direction onto the ring if no send holds it.
+    pub fn switch_if_ready(&self, fd: c_int) {
+        if self.peer_ready.load(Ordering::Acquire) && !self.tx_switched.load(Ordering::Acquire) {
+            if let Ok(sent) = self.tx_sent.try_lock() {
+                self.switch_tx(fd, *sent);
+            }
+        }
+    }
+
+    fn switch_tx(&self, fd: c_int, sent: u64) {
+        if self.tx_switched.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(s) = self.shared.get() else { return };
+        s.switch_at(self.tx_dir()).store(sent, Ordering::SeqCst);
+        self.tx_switched.store(true, Ordering::Release);
+        doorbell(fd);
+    }
+
+    fn client_pair(&self, fd: c_int, u: c_int) -> Result<(), &'static str> {
+        // SAFETY: making our own accepted socket blocking, with a bounded wait.
+        unsafe {
+            let fl = real::fcntl(u, libc::F_GETFL, 0);
+            real::fcntl(u, libc::F_SETFL, (fl & !libc::O_NONBLOCK) as libc::c_long);
+        }
+        let mut pfd = libc::pollfd {
+            fd: u,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polling one pollfd of ours.
+        if unsafe { real::poll(&mut pfd, 1, PAIR_TIMEOUT_MS) } != 1 {
+            return Err("pairing timed out");
+        }
+        let mut buf = [0u8; MSG_LEN];
+        let mut fds = [-1; 2];
+        let (n, nfds) = recv_with_fds(u, &mut buf, &mut fds, libc::MSG_DONTWAIT);
+        let result = (|| {
+            if n != MSG_LEN as isize || nfds != 2 {
+                return Err("pairing refused");
+            }
+            let hello = Hello::decode(&buf).map_err(|_| "pairing refused: bad hello")?;
+            if !mirrors(fd, fds[1]) {
+                return Err("pairing refused: not the mirror socket");
+            }
+            let shared =
+                Shared::attach(fds[0], hello.ring).ok_or("pairing refused: bad mapping")?;
+            fds[0] = -1; // owned by `shared` now
+            let _ = self.shared.set(shared);
+            if !send_with_fds(u, &Ack.encode(), &[fd]) {
+                return Err("pairing refused: ack not sent");
+            }
+            Ok(())
+        })();
+        for f in fds.iter().take(nfds) {
+            if *f >= 0 {
+                close_fd(*f);
+            }
+        }
+        result
+    }
+
+    /// What became of the pairing, for statistics.
+    pub fn outcome(&self) -> String {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether this direction's reader reached the ring: the peer switched and every byte
+    /// it sent by the kernel was consumed.
+    fn rx_in_ring(&self) -> bool {
+        match self.shared.get() {
+            Some(s) => {
+                let sw = s.switch_at(self.rx_dir()).load(Ordering::Acquire);
+                sw != NOT_SWITCHED && self.consumed_mirror.load(Ordering::Acquire) >= sw
+            }
+            None => false,
+        }
+    }
+
+    /// For poll and epoll: this connection's readiness for `events` (POLL* bits) given what
+    /// the kernel reported, or `None` when the kernel's answer stands.
+    pub fn fix_readiness(&self, fd: c_int, events: i16, kernel: i16) -> Option<i16> {
+        let s = self.shared.get()?;
+        let rx = self.rx_in_ring();
+        let tx = self.tx_switched.load(Ordering::Acquire);
+        if !rx && !tx {
+            return None;
+        }
+        let mut out = kernel;
+        let inbits = libc::POLLIN | libc::POLLRDNORM;
+        let outbits = libc::POLLOUT | libc::POLLWRNORM;
+        if rx {
+            if kernel & (inbits | libc::POLLHUP | libc::POLLERR | libc::POLLRDHUP) != 0 {
+                self.drain(fd);
+            }
+            out &= !inbits;
+            let ready = s.readable(self.rx_dir()).map(|n| n > 0).unwrap_or(true)
+                || self.eof.load(Ordering::Acquire)
+                || self.err.load(Ordering::Acquire) != 0;
+            if ready {
+                out |= events & inbits;
+            }
+        }
+        if tx {
+            out &= !outbits;
+            let room = s.writable(self.tx_dir()).map(|n| n > 0).unwrap_or(true);
+            if room || kernel & (libc::POLLERR | libc::POLLHUP) != 0 {
+                out |= events & outbits;
+            }
+        }
+        Some(out)
+    }
+
+    /// For the spinning phase of poll and epoll: readiness from the rings alone, without a
+    /// system call (`false` when only the kernel can tell).
+    pub fn ready_without_kernel(&self, events: i16) -> bool {
+        let Some(s) = self.shared.get() else {
+            return false;
+        };
+        (events & libc::POLLIN != 0
+            && self.rx_in_ring()
+            && s.readable(self.rx_dir()).map(|n| n > 0).unwrap_or(true))
+            || (events & libc::POLLOUT != 0
+                && self.tx_switched.load(Ordering::Acquire)
+                && s.writable(self.tx_dir()).map(|n| n > 0).unwrap_or(true))
+    }
+
+    /// Before sleeping in the kernel for `events`: raises the sleep flags so the other end
+    /// sends wake-ups. Returns false (flags left down) when something is ready already.
+    pub fn arm(&self, events: i16) -> bool {
+        let Some(s) = self.shared.get() else {
+            return true;
+        };
+        if events & libc::POLLIN != 0 && self.rx_in_ring() {
+            s.reader_sleeping(self.rx_dir()).store(1, Ordering::SeqCst);
+        }
+        if events & libc::POLLOUT != 0 && self.tx_switched.load(Ordering::Acquire) {
+            s.writer_sleeping(self.tx_dir()).store(1, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+        if self.ready_without_kernel(events) {
+            self.disarm();
+            return false;
+        }
+        true
+    }
+
+    /// After sleeping: lowers the sleep flags.
+    pub fn disarm(&self) {
+        if let Some(s) = self.shared.get() {
+            s.reader_sleeping(self.rx_dir()).store(0, Ordering::Relaxed);
+            s.writer_sleeping(self.tx_dir()).store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads wake-up bytes off the kernel socket (only called once the reader is in the
+    /// ring, where every kernel byte is a wake-up), noting end of stream and errors.
+    fn drain(&self, fd: c_int) {
+        let mut scratch = [0u8; 256];
+        loop {
+            // SAFETY: a non-blocking receive into our own buffer.
+            let n = unsafe {
+                real::recv(
+                    fd,
+                    scratch.as_mut_ptr() as *mut libc::c_void,
+                    scratch.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                continue;
+            }
+            if n == 0 {
+                self.eof.store(true, Ordering::Release);
+            } else {
+                let e = errno();
+                if e != libc::EAGAIN && e != libc::EINTR {
+                    self.err.store(e, Ordering::Release);
+                }
+            }
+            return;
+        }
+    }
+
+    /// Receives into `iov` with recv(2) `flags`: the kernel up to the switch offset, the
+    /// ring after it. Returns what recvmsg would, with errno set on -1.
+    pub fn recv(&self, fd: c_int, iov: &[iovec], flags: c_int) -> isize {
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        let peek = flags & libc::MSG_PEEK != 0;
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
+        let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
+        self.progress(fd, false);
+        self.switch_if_ready(fd);
+        let mut consumed = self.rx_consumed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut got = 0usize;
+        let rx = self.rx_dir();
+        loop {
+            let sw = self
+                .shared
+                .get()
+                .map(|s| s.switch_at(rx).load(Ordering::Acquire))
+                .unwrap_or(NOT_SWITCHED);
+            if sw == NOT_SWITCHED || *consumed < sw {
+                let limit = if sw == NOT_SWITCHED {
+                    total - got
+                } else {
+                    (total - got).min((sw - *consumed) as usize)
+                };
+                let mut kflags = flags & !libc::MSG_WAITALL;
+                if got > 0 && !waitall {
+                    kflags |= libc::MSG_DONTWAIT;
+                }
+                let n = kernel_recv(fd, iov, got, limit, kflags);
+                if n < 0 {
+                    return if got > 0 && errno() == libc::EAGAIN {
+                        got as isize
+                    } else {
+                        -1
+                    };
+                }
+                if n == 0 {
+                    if limit == 0 {
+                        return got as isize;
+                    }
+                    // End of stream by the kernel: the peer may have moved to the ring
+                    // and closed after writing there.
+                    let now = self
+                        .shared
+                        .get()
+                        .map(|s| s.switch_at(rx).load(Ordering::Acquire))
+                        .unwrap_or(NOT_SWITCHED);
+                    if now != NOT_SWITCHED && *consumed >= now {
+                        self.eof.store(true, Ordering::Release);
+                        continue;
+                    }
+                    return got as isize;
+                }
+                let sw2 = self
+                    .shared
+                    .get()
+                    .map(|s| s.switch_at(rx).load(Ordering::Acquire))
+                    .unwrap_or(NOT_SWITCHED);
+                let Ok(data) = kernel_share(*consumed, sw2, n as u64) else {
+                    set_errno(libc::EPROTO);
+                    return -1;
+                };
+                if !peek {
+                    *consumed += data;
+                    self.consumed_mirror.store(*consumed, Ordering::Release);
+                    self.counters.kernel_rx.fetch_add(data, Ordering::Relaxed);
+                }
+                got += data as usize;
+                if data > 0 && !self.pairing_done.load(Ordering::Acquire) {
+                    self.progress(fd, true);
+                }
+                if got > 0 && (!waitall || got == total || peek) {
+                    return got as isize;
+                }
+                continue;
+            }
+            // The ring.
+            let Some(s) = self.shared.get() else {
+                return got as isize;
+            };
+            if !self.pairing_done.load(Ordering::Acquire) {
+                self.progress(fd, true);
+                self.switch_if_ready(fd);
+            }
+            // SAFETY: the iovecs are the caller's writable buffers; this thread holds the
+            // receive lock, so it is the direction's only reader in this process.
+            let n = match unsafe { s.read(rx, iov, got, total - got, peek) } {
+                Ok(n) => n,
+                Err(()) => {
+                    set_errno(libc::EPROTO);
+                    return -1;
+                }
+            };
+            if n > 0 {
+                got += n;
+                if !peek {
+                    self.counters.ring_rx.fetch_add(n as u64, Ordering::Relaxed);
+                    fence(Ordering::SeqCst);
+                    self.wake_writer(fd, s);
+                }
+                if !waitall || got == total || peek {
+                    return got as isize;
+                }
+                continue;
+            }
+            if got > 0 && !waitall {
+                return got as isize;
+            }
+            if self.eof.load(Ordering::Acquire) {
+                return got as isize;
+            }
+            let e = self.err.swap(0, Ordering::AcqRel);
+            if e != 0 {
+                set_errno(e);
+                return -1;
+            }
+            self.drain(fd);
+            if self.eof.load(Ordering::Acquire) || self.err.load(Ordering::Acquire) != 0 {
+                continue; // recheck the ring: data written before the close comes first
+            }
+            if s.readable(rx).map(|n| n > 0).unwrap_or(true) {
+                continue;
+            }
+            if dontwait {
+                if got > 0 {
+                    return got as isize;
+                }
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            if let Err(e) = self.wait(
+                fd,
+                libc::POLLIN,
+                sys::sock_timeout_ms(fd, libc::SO_RCVTIMEO),
+            ) {
+                if got > 0 {
+                    return got as isize;
+                }
+                set_errno(e);
+                return -1;
+            }
+        }
+    }
+
+    fn wake_writer(&self, fd: c_int, s: &Shared) {
+        let flag = s.writer_sleeping(self.rx_dir());
+        if flag.load(Ordering::Relaxed) != 0
+            && self.tx_switched.load(Ordering::Acquire)
+            && flag.swap(0, Ordering::AcqRel) != 0
+        {
+            doorbell(fd);
+        }
+    }
+
+    /// Sends from `iov` with send(2) `flags`: the kernel until this end switched, the ring
+    /// after. Returns what sendmsg would, with errno set on -1.
+    pub fn send(&self, fd: c_int, iov: &[iovec], flags: c_int) -> isize {
+        let total: usize = iov.iter().map(|v| v.iov_len).sum();
+        self.progress(fd, false);
+        let mut sent = self.tx_sent.lock().unwrap_or_else(|e| e.into_inner());
+        if self.peer_ready.load(Ordering::Acquire) {
+            self.switch_tx(fd, *sent);
+        }
+        if !self.tx_switched.load(Ordering::Acquire) || total == 0 {
+            let n = kernel_send(fd, iov, flags);
+            if n > 0 {
+                *sent += n as u64;
+                self.counters
+                    .kernel_tx
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+            return n;
+        }
+        let Some(s) = self.shared.get() else {
+            return -1;
+        };
+        let dontwait = flags & libc::MSG_DONTWAIT != 0 || self.nonblock.load(Ordering::Relaxed);
+        let tx = self.tx_dir();
+        let mut put = 0usize;
+        loop {
+            // SAFETY: the iovecs are the caller's readable buffers; this thread holds the
+            // send lock, so it is the direction's only writer in this process.
+            let n = match unsafe { s.write(tx, iov, put, total - put) } {
+                Ok(n) => n,
+                Err(()) => {
+                    set_errno(libc::EPROTO);
+                    return -1;
+                }
+            };
+            if n > 0 {
+                put += n;
+                self.counters.ring_tx.fetch_add(n as u64, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                let flag = s.reader_sleeping(tx);
+                if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0 {
+                    doorbell(fd);
+                }
+            }
+            if put == total {
+                return total as isize;
+            }
+            if n > 0 && dontwait {
+                return put as isize;
+            }
+            if let Some(e) = self.peer_gone(fd) {
+                if put > 0 {
+                    return put as isize;
+                }
+                return fail_send(e, flags);
+            }
+            if dontwait {
+                set_errno(libc::EAGAIN);
+                return -1;
+            }
+            if let Err(e) = self.wait(
+                fd,
+                libc::POLLOUT,
+                sys::sock_timeout_ms(fd, libc::SO_SNDTIMEO),
+            ) {
+                if put > 0 {
+                    return put as isize;
+                }
+                if e == libc::EPIPE || e == libc::ECONNRESET {
+                    return fail_send(e, flags);
+                }
+                set_errno(e);
+                return -1;
+            }
+        }
+    }
+
+    /// Whether the kernel says the peer is gone for good (reset, or closed while our ring
+    /// to it is full: a wake-up byte then draws the reset a closed socket answers with).
+    fn peer_gone(&self, fd: c_int) -> Option<c_int> {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: polling one pollfd, without waiting.
+        unsafe { real::poll(&mut pfd, 1, 0) };
+        if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            let e = sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)
+                .filter(|e| *e != 0)
+                .unwrap_or(libc::EPIPE);
+            return Some(if e == libc::ECONNRESET {
+                libc::EPIPE
+            } else {
+                e
+            });
+        }
+        if pfd.revents & libc::POLLRDHUP != 0 {
+            doorbell(fd);
+        }
+        None
+    }
+
+    /// Waits (spinning, then asleep in the kernel) until the ring has data (`POLLIN`) or
+    /// room (`POLLOUT`), the kernel socket has news, or `timeout_ms` passes (EAGAIN).
+    fn wait(&self, fd: c_int, event: i16, timeout_ms: c_int) -> Result<(), c_int> {
+        let start = now_ns();
+        let spin = crate::config().spin_ns;
+        let mut i = 0u32;
+        while spin > 0 {
+            if self.ready_without_kernel(event) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+            i += 1;
+            if i % 64 == 0 && now_ns() - start > spin {
+                break;
+            }
+        }
+        let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
+        loop {
+            // Kernel bytes on this socket are wake-ups only once the reader reached the ring;
+            // before that, waiting for POLLIN would return at once for data that is not ours.
+            let clean = self.rx_in_ring();
+            if !self.arm(event) {
+                return Ok(());
+            }
+            let mut t = match deadline {
+                Some(d) => (d.saturating_sub(now_ns()) / 1_000_000) as c_int,
+                None => -1,
+            };
+            if !clean && (t < 0 || t > 1) {
+                t = 1;
+            }
+            let t = enter_sleep(t);
+            let mut pfd = libc::pollfd {
+                fd,
+                events: if clean { libc::POLLIN } else { 0 },
+                revents: 0,
+            };
+            // SAFETY: polling one pollfd.
+            let r = unsafe { real::poll(&mut pfd, 1, t) };
+            let e = errno();
+            leave_sleep();
+            self.disarm();
+            if r < 0 {
+                return Err(e);
+            }
+            if clean && pfd.revents != 0 {
+                self.drain(fd);
+            }
+            if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+                return if event == libc::POLLOUT {
+                    Err(libc::EPIPE)
+                } else {
+                    Ok(())
+                };
+            }
+            if self.ready_without_kernel(event)
+                || self.eof.load(Ordering::Acquire)
+                || self.err.load(Ordering::Acquire) != 0
+            {
+                return Ok(());
+            }
+            if event == libc::POLLOUT {
+                if let Some(e) = self.peer_gone(fd) {
+                    return Err(e);
+                }
+            }
+            if let Some(d) = deadline {
+                if now_ns() >= d {
+                    return Err(libc::EAGAIN);
+                }
+            }
+        }
+    }
+
+    /// sendfile(2) onto this connection: the kernel's own before the switch, a copy through
+    /// the ring after it (the file's position or `*off` advances by what was sent).
+    pub fn send_file(&self, fd: c_int, inp: c_int, off: *mut libc::off_t, count: usize) -> isize {
+        {
+            let mut sent = self.tx_sent.lock().unwrap_or_else(|e| e.into_inner());
+            if self.peer_ready.load(Ordering::Acquire) {
+                self.switch_tx(fd, *sent);
+            }
+            if !self.tx_switched.load(Ordering::Acquire) {
+                // SAFETY: the caller's arguments, forwarded.
+                let n = unsafe { real::sendfile(fd, inp, off, count) };
+                if n > 0 {
+                    *sent += n as u64;
+                    self.counters
+                        .kernel_tx
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                return n;
+            }
+        }
+        // SAFETY: lseek on the caller's file (its position when `off` is null).
+        let mut pos = if off.is_null() {
+            unsafe { libc::lseek(inp, 0, libc::SEEK_CUR) }
+        } else {
+            unsafe { *off }
+        };
+        if pos < 0 {
+            return -1;
+        }
+        let mut buf = vec![0u8; count.min(1 << 20)];
+        let mut done = 0usize;
+        while done < count {
+            let want = (count - done).min(buf.len());
+            // SAFETY: reading the caller's file into our own buffer.
+            let r = unsafe { libc::pread(inp, buf.as_mut_ptr() as *mut libc::c_void, want, pos) };
+            if r <= 0 {
+                if r < 0 && done == 0 {
+                    return -1;
+                }
+                break;
+            }
+            let w = self.send(
+                fd,
+                &[iovec {
+                    iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+                    iov_len: r as usize,
+                }],
+                0,
+            );
+            if w <= 0 {
+                if done == 0 {
+                    return w;
+                }
+                break;
+            }
+            done += w as usize;
+            pos += w as libc::off_t;
+            if (w as usize) < r as usize {
+                break;
+            }
+        }
+        let _keep = sys::SavedErrno::save();
+        // SAFETY: advancing the caller's offset or file position by what was sent.
+        unsafe {
+            if off.is_null() {
+                libc::lseek(inp, pos, libc::SEEK_SET);
+            } else {
+                *off = pos;
+            }
+        }
+        done as isize
+    }
+
+    /// Bytes a FIONREAD would report, when the ring decides it.
+    pub fn pending(&self) -> Option<c_int> {
+        let s = self.shared.get()?;
+        if !self.rx_in_ring() {
+            return None;
+        }
+        Some(
+            s.readable(self.rx_dir())
+                .unwrap_or(0)
+                .min(c_int::MAX as u64) as c_int,
+        )
+    }
+}
+
+/// How a pairing under way travels across exec (kind, descriptor).
+fn pairing_code(p: &Pairing) -> (u8, c_int) {
+    match *p {
+        Pairing::Done => (0, -1),
+        Pairing::ClientWaiting { listener, .. } => (1, listener),
+        Pairing::ServerWaiting { uconn } => (2, uconn),
+    }
+}
+
+impl Conn {
+    /// The state that lets the program an exec starts carry on with this connection:
+    /// `role:ring:memfd:consumed:sent:switched:ready:pairing-kind:pairing-fd:nonblock:eof`,
+    /// plus the descriptors whose close-on-exec flag must be cleared for it.
+    pub fn export(&self) -> (String, Vec<c_int>) {
+        let consumed = *self.rx_consumed.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = *self.tx_sent.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.pairing.lock().unwrap_or_else(|e| e.into_inner());
+        let (kind, pfd) = pairing_code(&p);
+        let (ring, memfd) = self
+            .shared
+            .get()
+            .map_or((0, -1), |s| (s.ring_size(), s.memfd));
+        let role = match self.role {
+            Role::Accepting => 0,
+            Role::Connecting => 1,
+        };
+        let text = format!(
+            "{role}:{ring}:{memfd}:{consumed}:{sent}:{}:{}:{kind}:{pfd}:{}:{}",
+            self.tx_switched.load(Ordering::Acquire) as u8,
+            self.peer_ready.load(Ordering::Acquire) as u8,
+            self.nonblock.load(Ordering::Relaxed) as u8,
+            self.eof.load(Ordering::Acquire) as u8
+        );
+        let fds = [memfd, pfd].into_iter().filter(|f| *f >= 0).collect();
+        (text, fds)
+    }
+
+    /// Rebuilds a connection from [`Conn::export`]'s text, in the program exec started.
+    pub fn import(fd: c_int, text: &str) -> Option<Conn> {
+        let f: Vec<u64> = text
+            .split(':')
+            .map(|x| x.parse::<u64>().ok())
+            .collect::<Option<_>>()?;
+        let [role, ring, memfd, consumed, sent, switched, ready, kind, pfd, nonblock, eof] = f[..]
+        else {
+            return None;
+        };
+        let role = if role == 0 {
+            Role::Accepting
+        } else {
+            Role::Connecting
+        };
+        let shared = if memfd as i64 >= 0 && memfd < c_int::MAX as u64 {
+            Some(Shared::attach(memfd as c_int, ring as u32)?)
+        } else {
+            None
+        };
+        let pairing = match kind {
+            1 => Pairing::ClientWaiting {
+                listener: pfd as c_int,
+                deadline_ns: now_ns() + CLIENT_DEADLINE_NS,
+            },
+            2 => Pairing::ServerWaiting {
+                uconn: pfd as c_int,
+            },
+            _ => Pairing::Done,
+        };
+        let c = Conn::new(role, fd, pairing, shared);
+        *c.rx_consumed.lock().unwrap_or_else(|e| e.into_inner()) = consumed;
+        c.consumed_mirror.store(consumed, Ordering::Release);
+        *c.tx_sent.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+        c.tx_switched.store(switched != 0, Ordering::Release);
+        c.peer_ready.store(ready != 0, Ordering::Release);
+        c.pairing_done.store(kind == 0, Ordering::Release);
+        c.nonblock.store(nonblock != 0, Ordering::Relaxed);
+        c.eof.store(eof != 0, Ordering::Release);
+        *c.outcome.lock().unwrap_or_else(|e| e.into_inner()) = if ready != 0 {
+            "accelerated".into()
+        } else {
+            "pairing".into()
+        };
+        Some(c)
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Ok(p) = self.pairing.get_mut() {
+            match *p {
+                Pairing::ClientWaiting { listener, .. } => close_fd(listener),
+                Pairing::ServerWaiting { uconn } => close_fd(uconn),
+                Pairing::Done => {}
+            }
+        }
+        stats::record_close(self);
+    }
+}
+
+fn fail_send(e: c_int, flags: c_int) -> isize {
+    if e == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
+        // SAFETY: raising the signal the kernel would raise for this send.
+        unsafe { libc::raise(libc::SIGPIPE) };
+    }
+    set_errno(e);
+    -1
+}
+
+fn is_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL reads the file status flags.
+    let fl = unsafe { real::fcntl(fd, libc::F_GETFL, 0) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
+}
+
+/// Sends one wake-up byte on the kernel socket (dropped if the socket's buffer is full:
+/// the peer then has wake-ups queued already).
+fn doorbell(fd: c_int) {
+    let b = 0u8;
+    let _keep = sys::SavedErrno::save();
+    // SAFETY: a one-byte non-blocking send from our own buffer.
+    unsafe {
+        real::send(
+            fd,
+            &b as *const u8 as *const libc::c_void,
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+/// Closes one of the library's own descriptors.
+pub fn close_fd(fd: c_int) {
+    let _keep = sys::SavedErrno::save();
+    // SAFETY: closing a descriptor the library owns.
+    unsafe { real::close(fd) };
+}
+
+/// Whether the socket `theirs` (received from the peer) is the mirror image of `ours`.
+fn mirrors(ours: c_int, theirs: c_int) -> bool {
+    match (
+        sys::local_addr(ours),
+        sys::peer_addr(ours),
+        sys::local_addr(theirs),
+        sys::peer_addr(theirs),
+    ) {
+        (Some(a), Some(b), Some(c), Some(d)) => is_mirror(a, b, c, d),
+        _ => false,
+    }
+}
+
+/// Copies of the iovecs covering bytes `skip..skip + limit`.
+fn slice_iov(iov: &[iovec], mut skip: usize, mut limit: usize) -> Vec<iovec> {
+    let mut out = Vec::with_capacity(iov.len());
+    for v in iov {
+        if limit == 0 {
+            break;
+        }
+        if skip >= v.iov_len {
+            skip -= v.iov_len;
+            continue;
+        }
+        let len = (v.iov_len - skip).min(limit);
+        // SAFETY: arithmetic within the iovec's own range.
+        out.push(iovec {
+            iov_base: unsafe { (v.iov_base as *mut u8).add(skip) } as *mut libc::c_void,
+            iov_len: len,
+        });
+        skip = 0;
+        limit -= len;
+    }
+    out
+}
+
+fn kernel_recv(fd: c_int, iov: &[iovec], skip: usize, limit: usize, flags: c_int) -> isize {
+    let mut v = slice_iov(iov, skip, limit);
+    // SAFETY: msghdr is plain data; zeroes are a valid value.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = v.as_mut_ptr();
+    m.msg_iovlen = v.len() as _;
+    // SAFETY: the iovecs are the caller's buffers, cut to `limit` bytes.
+    unsafe { real::recvmsg(fd, &mut m, flags) }
+}
+
+fn kernel_send(fd: c_int, iov: &[iovec], flags: c_int) -> isize {
+    // SAFETY: msghdr is plain data; zeroes are a valid value.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = iov.as_ptr() as *mut iovec;
+    m.msg_iovlen = iov.len() as _;
+    // SAFETY: the iovecs are the caller's buffers.
+    unsafe { real::sendmsg(fd, &m, flags) }
+}
+
+fn send_with_fds(u: c_int, msg: &[u8], fds: &[c_int]) -> bool {
+    let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = iovec {
+        iov_base: msg.as_ptr() as *mut libc::c_void,
+        iov_len: msg.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroes are a valid value.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    m.msg_controllen = space as _;
+    // SAFETY: filling the one control message the buffer was sized for.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&m);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN((fds.len() * 4) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut c_int, fds.len());
+    }
+    // SAFETY: sending our message on our own Unix socket.
+    let n = unsafe { real::sendmsg(u, &m, libc::MSG_NOSIGNAL) };
+    n == msg.len() as isize
+}
+
+/// Receives one message and up to `fds.len()` descriptors (close-on-exec). Returns the
+/// byte count (or -1) and how many descriptors arrived.
+fn recv_with_fds(u: c_int, buf: &mut [u8], fds: &mut [c_int], flags: c_int) -> (isize, usize) {
+    let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroes are a valid value.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    m.msg_controllen = space as _;
+    // SAFETY: receiving into our own buffers.
+    let n = unsafe { real::recvmsg(u, &mut m, flags | libc::MSG_CMSG_CLOEXEC) };
+    let mut count = 0;
+    if n >= 0 {
+        // SAFETY: walking the control messages the kernel wrote into `cbuf`.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&m);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let k = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
+                    let data = libc::CMSG_DATA(c) as *const c_int;
+                    for i in 0..k {
+                        let f = std::ptr::read_unaligned(data.add(i));
+                        if count < fds.len() {
+                            fds[count] = f;
+                            count += 1;
+                        } else {
+                            close_fd(f);
+                        }
+                    }
+                }
+                c = libc::CMSG_NXTHDR(&m, c);
+            }
+        }
+        if m.msg_flags & libc::MSG_CTRUNC != 0 {
+            return (-1, count);
+        }
+    }
+    (n, count)
+}
+
+/// A socket address as C wants it.
+pub fn to_c(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; zeroes are a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        std::net::SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in.
+            let s = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v4.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in6.
+            let s = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v6.port().to_be();
+            s.sin6_addr.s6_addr = v6.ip().octets();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}

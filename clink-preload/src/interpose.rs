@@ -1,0 +1,590 @@
+//! The exported symbols that take the place of the C library's socket calls. Each one
+//! forwards to the C library unless the descriptor is a followed connection; forwarding
+//! keeps arguments, return value and errno exactly as the application gave and expects.
+
+use crate::conn::{close_fd, Conn};
+use crate::sys::{self, errno, set_errno, SavedErrno};
+use crate::{config, real, stats, table, wait};
+use libc::{
+    c_char, c_int, c_void, iovec, msghdr, nfds_t, off_t, pollfd, sigset_t, size_t, sockaddr,
+    socklen_t, ssize_t, timespec,
+};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+/// Descriptors whose owner asked for something only the kernel does (TCP_REPAIR, kTLS,
+/// TCP_MD5SIG, IP_TRANSPARENT): never paired.
+static KERNEL_ONLY: Mutex<Option<HashSet<c_int>>> = Mutex::new(None);
+
+fn kernel_only(fd: c_int) -> bool {
+    KERNEL_ONLY
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|s| s.contains(&fd))
+}
+
+fn set_kernel_only(fd: c_int, on: bool) {
+    let mut g = KERNEL_ONLY.lock().unwrap_or_else(|e| e.into_inner());
+    let s = g.get_or_insert_with(HashSet::new);
+    if on {
+        s.insert(fd);
+    } else {
+        s.remove(&fd);
+    }
+}
+
+fn one(buf: *const c_void, n: size_t) -> [iovec; 1] {
+    [iovec {
+        iov_base: buf as *mut c_void,
+        iov_len: n,
+    }]
+}
+
+/// # Safety
+/// `iov` must point to `n` iovecs (or `n` is 0).
+unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Option<&'a [iovec]> {
+    if n > libc::UIO_MAXIOV as usize || (n > 0 && iov.is_null()) {
+        return None;
+    }
+    if n == 0 {
+        return Some(&[]);
+    }
+    // SAFETY: the caller's array of `n` iovecs.
+    Some(unsafe { std::slice::from_raw_parts(iov, n) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    if !config().enabled || table::get(fd).is_some() {
+        return unsafe { real::connect(fd, addr, len) };
+    }
+    // SAFETY: the caller's address of `len` bytes.
+    let dst = unsafe { sys::from_c(addr, len) };
+    let listener = match dst {
+        Some(dst) if sys::is_inet_tcp(fd) && !kernel_only(fd) => Conn::before_connect(fd, dst),
+        _ => None,
+    };
+    let r = unsafe { real::connect(fd, addr, len) };
+    let e = errno();
+    if let Some(l) = listener {
+        if r == 0 || e == libc::EINPROGRESS || e == libc::EINTR {
+            table::insert(fd, Arc::new(Conn::connecting(fd, l)));
+        } else {
+            close_fd(l);
+        }
+    }
+    set_errno(e);
+    r
+}
+
+fn after_accept(r: c_int) -> c_int {
+    if r < 0 || !config().enabled {
+        return r;
+    }
+    let _keep = SavedErrno::save();
+    if !sys::is_inet_tcp(r) {
+        return r;
+    }
+    match Conn::accepted(r, config().ring) {
+        Ok(c) => table::insert(r, Arc::new(c)),
+        Err(why) => stats::record_plain(r, why),
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    after_accept(unsafe { real::accept4(fd, addr, len, 0) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    after_accept(unsafe { real::accept4(fd, addr, len, flags) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    match table::get(fd) {
+        Some(c) => c.recv(fd, &one(buf, n), 0),
+        None => unsafe { real::read(fd, buf, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n > buflen {
+        chk_fail();
+    }
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    match table::get(fd) {
+        Some(c) => c.send(fd, &one(buf, n), 0),
+        None => unsafe { real::write(fd, buf, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    match (table::get(fd), unsafe { iovs(iov, n.max(0) as usize) }) {
+        (Some(c), Some(v)) if n >= 0 => c.recv(fd, v, 0),
+        _ => unsafe { real::readv(fd, iov, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    match (table::get(fd), unsafe { iovs(iov, n.max(0) as usize) }) {
+        (Some(c), Some(v)) if n >= 0 => c.send(fd, v, 0),
+        _ => unsafe { real::writev(fd, iov, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    match table::get(fd) {
+        Some(c) => c.recv(fd, &one(buf, n), flags),
+        None => unsafe { real::recv(fd, buf, n, flags) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n > buflen {
+        chk_fail();
+    }
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    match table::get(fd) {
+        Some(c) => c.send(fd, &one(buf, n), flags),
+        None => unsafe { real::send(fd, buf, n, flags) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    match table::get(fd) {
+        Some(c) => {
+            let r = c.recv(fd, &one(buf, n), flags);
+            if r >= 0 && !alen.is_null() {
+                // TCP reports no source address (the kernel sets the length to 0 too).
+                unsafe { *alen = 0 };
+            }
+            r
+        }
+        None => unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen {
+        chk_fail();
+    }
+    unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    addr: *const sockaddr,
+    alen: socklen_t,
+) -> ssize_t {
+    match table::get(fd) {
+        Some(c) if flags & libc::MSG_FASTOPEN == 0 => c.send(fd, &one(buf, n), flags),
+        _ => unsafe { real::sendto(fd, buf, n, flags, addr, alen) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    let Some(c) = table::get(fd) else {
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    };
+    if msg.is_null() {
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    }
+    // SAFETY: the caller's msghdr and its iovecs.
+    let m = unsafe { &mut *msg };
+    let Some(v) = (unsafe { iovs(m.msg_iov, m.msg_iovlen) }) else {
+        return unsafe { real::recvmsg(fd, msg, flags) };
+    };
+    let r = c.recv(fd, v, flags);
+    if r >= 0 {
+        m.msg_namelen = 0;
+        m.msg_controllen = 0;
+        m.msg_flags = 0;
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    let Some(c) = table::get(fd) else {
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    };
+    if msg.is_null() || flags & libc::MSG_FASTOPEN != 0 {
+        return unsafe { real::sendmsg(fd, msg, flags) };
+    }
+    // SAFETY: the caller's msghdr and its iovecs.
+    let m = unsafe { &*msg };
+    match unsafe { iovs(m.msg_iov, m.msg_iovlen) } {
+        Some(v) => c.send(fd, v, flags),
+        None => unsafe { real::sendmsg(fd, msg, flags) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
+    if fds.is_null() || n == 0 || n > 1 << 20 {
+        return unsafe { real::poll(fds, n, timeout) };
+    }
+    // SAFETY: the caller's array of `n` pollfds.
+    wait::poll(
+        unsafe { std::slice::from_raw_parts_mut(fds, n as usize) },
+        timeout,
+        std::ptr::null(),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        chk_fail();
+    }
+    unsafe { poll(fds, n, timeout) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    if fds.is_null() || n == 0 || n > 1 << 20 {
+        return unsafe { real::ppoll(fds, n, ts, mask) };
+    }
+    // SAFETY: the caller's array of `n` pollfds.
+    wait::poll(
+        unsafe { std::slice::from_raw_parts_mut(fds, n as usize) },
+        wait::ts_to_ms(ts),
+        mask,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    n: nfds_t,
+    ts: *const timespec,
+    mask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
+        chk_fail();
+    }
+    unsafe { ppoll(fds, n, ts, mask) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    let ms = if tv.is_null() {
+        -1
+    } else {
+        // SAFETY: the caller's timeval.
+        let t = unsafe { *tv };
+        (t.tv_sec as i64 * 1000 + (t.tv_usec as i64 + 999) / 1000).clamp(0, c_int::MAX as i64)
+            as c_int
+    };
+    match wait::select(n, r, w, e, ms, std::ptr::null()) {
+        Some(x) => x,
+        None => unsafe { real::select(n, r, w, e, tv) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    n: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    match wait::select(n, r, w, e, wait::ts_to_ms(ts), mask) {
+        Some(x) => x,
+        None => unsafe { real::pselect(n, r, w, e, ts, mask) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
+    if r == 0 {
+        let _keep = SavedErrno::save();
+        wait::epoll_ctl(epfd, op, fd, ev);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    match wait::epoll_wait(epfd, evs, max, timeout, std::ptr::null()) {
+        Some(x) => x,
+        None => unsafe { real::epoll_wait(epfd, evs, max, timeout) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    match wait::epoll_wait(epfd, evs, max, timeout, mask) {
+        Some(x) => x,
+        None => unsafe { real::epoll_pwait(epfd, evs, max, timeout, mask) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    ts: *const timespec,
+    mask: *const sigset_t,
+) -> c_int {
+    match wait::epoll_wait(epfd, evs, max, wait::ts_to_ms(ts), mask) {
+        Some(x) => x,
+        None => unsafe { real::epoll_pwait2(epfd, evs, max, ts, mask) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if config().enabled {
+        let _keep = SavedErrno::save();
+        let gone = table::remove(fd);
+        wait::forget(fd);
+        set_kernel_only(fd, false);
+        drop(gone);
+    }
+    unsafe { real::close(fd) }
+}
+
+fn after_dup(old: c_int, new: c_int) -> c_int {
+    if new >= 0 && new != old {
+        let _keep = SavedErrno::save();
+        if let Some(c) = table::get(old) {
+            table::insert(new, c);
+        }
+    }
+    new
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    after_dup(fd, unsafe { real::dup(fd) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
+    let r = unsafe { real::dup2(fd, to) };
+    if r >= 0 && fd != to {
+        let _keep = SavedErrno::save();
+        drop(table::remove(to));
+        wait::forget(to);
+    }
+    after_dup(fd, r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
+    let r = unsafe { real::dup3(fd, to, flags) };
+    if r >= 0 {
+        let _keep = SavedErrno::save();
+        drop(table::remove(to));
+        wait::forget(to);
+    }
+    after_dup(fd, r)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    let r = unsafe { real::fcntl(fd, cmd, arg) };
+    if r < 0 {
+        return r;
+    }
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => after_dup(fd, r),
+        libc::F_SETFL => {
+            if let Some(c) = table::get(fd) {
+                c.nonblock.store(
+                    arg as c_int & libc::O_NONBLOCK != 0,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+            }
+            r
+        }
+        _ => r,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    unsafe { fcntl(fd, cmd, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) -> c_int {
+    if let Some(c) = table::get(fd) {
+        if req == libc::FIONREAD && !arg.is_null() {
+            if let Some(n) = c.pending() {
+                // SAFETY: FIONREAD's argument is an int the caller provides.
+                unsafe { *(arg as *mut c_int) = n };
+                return 0;
+            }
+        }
+        let r = unsafe { real::ioctl(fd, req, arg) };
+        if r == 0 && req == libc::FIONBIO && !arg.is_null() {
+            // SAFETY: FIONBIO's argument is an int the caller provides.
+            let on = unsafe { *(arg as *const c_int) } != 0;
+            c.nonblock.store(on, std::sync::atomic::Ordering::Relaxed);
+        }
+        return r;
+    }
+    unsafe { real::ioctl(fd, req, arg) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    let r = unsafe { real::setsockopt(fd, level, name, val, len) };
+    let kernel = (level == libc::IPPROTO_TCP
+        && matches!(name, libc::TCP_REPAIR | libc::TCP_ULP | libc::TCP_MD5SIG))
+        || (level == libc::SOL_IP && name == libc::IP_TRANSPARENT);
+    if r == 0 && kernel {
+        let _keep = SavedErrno::save();
+        set_kernel_only(fd, true);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    match table::get(out) {
+        Some(c) => c.send_file(out, inp, off, n),
+        None => unsafe { real::sendfile(out, inp, off, n) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    unsafe { sendfile(out, inp, off, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::exec::execve(path, argv, envp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    crate::exec::with_environment(None, |env| unsafe { real::execve(path, argv, env) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    crate::exec::with_environment(None, |env| unsafe { real::execvpe(file, argv, env) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::exec::with_environment(Some(envp), |env| unsafe { real::execvpe(file, argv, env) })
+}
+
+fn chk_fail() -> ! {
+    extern "C" {
+        fn __chk_fail() -> !;
+    }
+    // SAFETY: the C library's report of a buffer overflow; it does not return.
+    unsafe { __chk_fail() }
+}

@@ -1,0 +1,74 @@
+//! Which descriptors are followed connections: a bitmap answers "no" for every other
+//! descriptor without a lock (the wrappers' cost for plain sockets, files and pipes), a map
+//! under a read-write lock gives the connection. Several descriptors (dup) share one.
+
+use crate::conn::Conn;
+use libc::c_int;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+const BITMAP_FDS: usize = 1 << 16;
+static BITS: [AtomicU64; BITMAP_FDS / 64] = [const { AtomicU64::new(0) }; BITMAP_FDS / 64];
+
+fn map() -> &'static RwLock<HashMap<c_int, Arc<Conn>>> {
+    static M: OnceLock<RwLock<HashMap<c_int, Arc<Conn>>>> = OnceLock::new();
+    M.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+fn set_bit(fd: c_int, on: bool) {
+    if fd >= 0 && (fd as usize) < BITMAP_FDS {
+        let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
+        if on {
+            BITS[w].fetch_or(b, Ordering::Release);
+        } else {
+            BITS[w].fetch_and(!b, Ordering::Release);
+        }
+    }
+}
+
+/// The connection behind `fd`, if it is one.
+pub fn get(fd: c_int) -> Option<Arc<Conn>> {
+    if fd < 0 {
+        return None;
+    }
+    if (fd as usize) < BITMAP_FDS
+        && BITS[fd as usize / 64].load(Ordering::Acquire) & (1u64 << (fd as usize % 64)) == 0
+    {
+        return None;
+    }
+    map()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&fd)
+        .cloned()
+}
+
+/// Follows `fd` as `conn`.
+pub fn insert(fd: c_int, conn: Arc<Conn>) {
+    let old = map()
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(fd, conn);
+    set_bit(fd, true);
+    drop(old);
+}
+
+/// Stops following `fd` (closed, or reused by dup2). The connection ends with its last fd.
+pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
+    if get(fd).is_none() {
+        return None;
+    }
+    set_bit(fd, false);
+    map().write().unwrap_or_else(|e| e.into_inner()).remove(&fd)
+}
+
+/// Every followed descriptor with its connection.
+pub fn all() -> Vec<(c_int, Arc<Conn>)> {
+    map()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(k, v)| (*k, v.clone()))
+        .collect()
+}

@@ -1,0 +1,424 @@
+//! poll, select and epoll over sets that hold followed connections. A connection whose
+//! reader reached the ring is readable when the ring holds bytes (its kernel socket then
+//! carries only wake-ups); one whose writer switched is writable when the ring has room.
+//! The wrappers look at the kernel and the rings without waiting, spin on the rings for a
+//! bounded time, then raise the connections' sleep flags and wait in the kernel, where a
+//! peer's wake-up byte ends the sleep like any other event.
+
+use crate::conn::{enter_sleep, leave_sleep, Conn};
+use crate::sys::{errno, now_ns, set_errno};
+use crate::{real, table};
+use libc::{c_int, pollfd, sigset_t};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Ring checks between two looks at the kernel while spinning.
+const SPINS_PER_LOOK: u32 = 256;
+
+fn remaining(deadline: Option<u64>) -> c_int {
+    match deadline {
+        Some(d) => (d.saturating_sub(now_ns()).div_ceil(1_000_000)).min(c_int::MAX as u64) as c_int,
+        None => -1,
+    }
+}
+
+fn ms_to_ts(ms: c_int) -> Option<libc::timespec> {
+    (ms >= 0).then(|| libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) as i64) * 1_000_000,
+    })
+}
+
+/// Converts a timespec timeout to milliseconds (rounded up); -1 for none.
+pub fn ts_to_ms(ts: *const libc::timespec) -> c_int {
+    if ts.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller passed a valid timespec.
+    let t = unsafe { *ts };
+    (t.tv_sec as i64 * 1000 + (t.tv_nsec as i64 + 999_999) / 1_000_000).clamp(0, c_int::MAX as i64)
+        as c_int
+}
+
+fn fix_poll(fds: &mut [pollfd], conns: &[(usize, Arc<Conn>)]) -> c_int {
+    for (i, c) in conns {
+        let p = &mut fds[*i];
+        if let Some(v) = c.fix_readiness(p.fd, p.events, p.revents) {
+            p.revents = v;
+        }
+    }
+    fds.iter().filter(|p| p.revents != 0).count() as c_int
+}
+
+/// poll / ppoll over `fds`, with the signal mask of ppoll if given.
+pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_int {
+    let conns: Vec<(usize, Arc<Conn>)> = fds
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| table::get(p.fd).map(|c| (i, c)))
+        .collect();
+    let n = fds.len() as libc::nfds_t;
+    if conns.is_empty() {
+        return kernel_poll(fds, n, timeout_ms, mask);
+    }
+    for (i, c) in &conns {
+        c.progress(fds[*i].fd, false);
+        c.switch_if_ready(fds[*i].fd);
+    }
+    let start = now_ns();
+    let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
+    let spin = crate::config().spin_ns;
+    loop {
+        // SAFETY: `fds` is the caller's pollfd array.
+        let r = unsafe { real::poll(fds.as_mut_ptr(), n, 0) };
+        if r < 0 {
+            return r;
+        }
+        let ready = fix_poll(fds, &conns);
+        if ready > 0 || timeout_ms == 0 {
+            return ready;
+        }
+        if now_ns() - start < spin {
+            let mut k = 0;
+            while k < SPINS_PER_LOOK
+                && !conns
+                    .iter()
+                    .any(|(i, c)| c.ready_without_kernel(fds[*i].events))
+            {
+                std::hint::spin_loop();
+                k += 1;
+            }
+            continue;
+        }
+        let armed = arm_all(conns.iter().map(|(i, c)| (c.as_ref(), fds[*i].events)));
+        if !armed {
+            continue;
+        }
+        let t = enter_sleep(remaining(deadline));
+        let r = kernel_poll(fds, n, t, mask);
+        let e = errno();
+        leave_sleep();
+        for (_, c) in &conns {
+            c.disarm();
+        }
+        if r < 0 {
+            set_errno(e);
+            return r;
+        }
+        let ready = fix_poll(fds, &conns);
+        if ready > 0 {
+            return ready;
+        }
+        if deadline.is_some_and(|d| now_ns() >= d) {
+            return 0;
+        }
+    }
+}
+
+/// Raises the sleep flags of every connection; false (all lowered) if one is ready.
+fn arm_all<'a>(conns: impl Iterator<Item = (&'a Conn, i16)> + Clone) -> bool {
+    for (c, ev) in conns.clone() {
+        if !c.arm(ev) {
+            for (c, _) in conns {
+                c.disarm();
+            }
+            return false;
+        }
+    }
+    true
+}
+
+fn kernel_poll(
+    fds: &mut [pollfd],
+    n: libc::nfds_t,
+    timeout_ms: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    // SAFETY: `fds` is the caller's pollfd array; `mask` is the caller's or null.
+    unsafe {
+        if mask.is_null() {
+            real::poll(fds.as_mut_ptr(), n, timeout_ms)
+        } else {
+            let ts = ms_to_ts(timeout_ms);
+            real::ppoll(
+                fds.as_mut_ptr(),
+                n,
+                ts.as_ref().map_or(std::ptr::null(), |t| t as *const _),
+                mask,
+            )
+        }
+    }
+}
+
+/// Whether any descriptor below `nfds` in the sets is a followed connection.
+fn sets_have_conns(nfds: c_int, sets: &[*mut libc::fd_set]) -> bool {
+    (0..nfds.clamp(0, libc::FD_SETSIZE as c_int)).any(|fd| {
+        // SAFETY: the sets are the caller's fd_sets (or null), `fd` below FD_SETSIZE.
+        sets.iter()
+            .any(|s| !s.is_null() && unsafe { libc::FD_ISSET(fd, *s) })
+            && table::get(fd).is_some()
+    })
+}
+
+/// select / pselect through [`poll`] when a set holds a followed connection; `None` when
+/// the kernel's select should answer.
+pub fn select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    timeout_ms: c_int,
+    mask: *const sigset_t,
+) -> Option<c_int> {
+    if !sets_have_conns(nfds, &[r, w, e]) {
+        return None;
+    }
+    let mut fds = Vec::new();
+    for fd in 0..nfds.clamp(0, libc::FD_SETSIZE as c_int) {
+        let mut ev = 0;
+        // SAFETY: the caller's fd_sets (or null), `fd` below FD_SETSIZE.
+        unsafe {
+            if !r.is_null() && libc::FD_ISSET(fd, r) {
+                ev |= libc::POLLIN;
+            }
+            if !w.is_null() && libc::FD_ISSET(fd, w) {
+                ev |= libc::POLLOUT;
+            }
+            if !e.is_null() && libc::FD_ISSET(fd, e) {
+                ev |= libc::POLLPRI;
+            }
+        }
+        if ev != 0 {
+            fds.push(pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            });
+        }
+    }
+    let n = poll(&mut fds, timeout_ms, mask);
+    if n < 0 {
+        return Some(n);
+    }
+    if fds.iter().any(|p| p.revents & libc::POLLNVAL != 0) {
+        set_errno(libc::EBADF);
+        return Some(-1);
+    }
+    let mut count = 0;
+    // SAFETY: rewriting the caller's fd_sets with the descriptors found ready.
+    unsafe {
+        for s in [r, w, e] {
+            if !s.is_null() {
+                libc::FD_ZERO(s);
+            }
+        }
+        for p in &fds {
+            let rv = p.revents;
+            if !r.is_null()
+                && p.events & libc::POLLIN != 0
+                && rv & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
+            {
+                libc::FD_SET(p.fd, r);
+                count += 1;
+            }
+            if !w.is_null()
+                && p.events & libc::POLLOUT != 0
+                && rv & (libc::POLLOUT | libc::POLLERR) != 0
+            {
+                libc::FD_SET(p.fd, w);
+                count += 1;
+            }
+            if !e.is_null() && p.events & libc::POLLPRI != 0 && rv & libc::POLLPRI != 0 {
+                libc::FD_SET(p.fd, e);
+                count += 1;
+            }
+        }
+    }
+    Some(count)
+}
+
+#[derive(Clone, Copy)]
+struct Reg {
+    events: u32,
+    data: u64,
+    disabled: bool,
+}
+
+fn regs() -> &'static Mutex<HashMap<c_int, HashMap<c_int, Reg>>> {
+    static R: OnceLock<Mutex<HashMap<c_int, HashMap<c_int, Reg>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Notes a successful epoll_ctl.
+pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event) {
+    let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    match op {
+        libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if !ev.is_null() => {
+            // SAFETY: the caller's event, which the kernel just accepted.
+            let e = unsafe { std::ptr::read_unaligned(ev) };
+            m.entry(epfd).or_default().insert(
+                fd,
+                Reg {
+                    events: e.events,
+                    data: e.u64,
+                    disabled: false,
+                },
+            );
+        }
+        libc::EPOLL_CTL_DEL => {
+            if let Some(s) = m.get_mut(&epfd) {
+                s.remove(&fd);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Forgets `fd` (closed) as a member of epoll sets and as an epoll set.
+pub fn forget(fd: c_int) {
+    let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    if m.is_empty() {
+        return;
+    }
+    m.remove(&fd);
+    for s in m.values_mut() {
+        s.remove(&fd);
+    }
+}
+
+type Member = (c_int, Reg, Arc<Conn>);
+
+fn members(epfd: c_int) -> Vec<Member> {
+    let m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    let Some(s) = m.get(&epfd) else {
+        return Vec::new();
+    };
+    s.iter()
+        .filter_map(|(fd, r)| table::get(*fd).map(|c| (*fd, *r, c)))
+        .collect()
+}
+
+fn disable(epfd: c_int, fd: c_int) {
+    let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = m.get_mut(&epfd).and_then(|s| s.get_mut(&fd)) {
+        r.disabled = true;
+    }
+}
+
+fn fix_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize, members: &[Member]) -> usize {
+    let mut out: Vec<libc::epoll_event> = Vec::with_capacity(n + members.len());
+    let mut reported = vec![false; members.len()];
+    for ev in &evs[..n] {
+        let (events, data) = (ev.events, ev.u64);
+        match members.iter().position(|(_, r, _)| r.data == data) {
+            Some(k) => {
+                let (fd, r, c) = &members[k];
+                reported[k] = true;
+                match c.fix_readiness(*fd, (r.events & 0xffff) as i16, (events & 0xffff) as i16) {
+                    Some(v) if v != 0 => out.push(libc::epoll_event {
+                        events: v as u16 as u32,
+                        u64: data,
+                    }),
+                    Some(_) => {}
+                    None => out.push(libc::epoll_event { events, u64: data }),
+                }
+            }
+            None => out.push(libc::epoll_event { events, u64: data }),
+        }
+    }
+    for (k, (fd, r, c)) in members.iter().enumerate() {
+        if reported[k] || r.disabled || out.len() >= evs.len() {
+            continue;
+        }
+        if let Some(v) = c.fix_readiness(*fd, (r.events & 0xffff) as i16, 0) {
+            if v != 0 {
+                out.push(libc::epoll_event {
+                    events: v as u16 as u32,
+                    u64: r.data,
+                });
+                if r.events & libc::EPOLLONESHOT as u32 != 0 {
+                    disable(epfd, *fd);
+                }
+            }
+        }
+    }
+    let k = out.len().min(evs.len());
+    evs[..k].copy_from_slice(&out[..k]);
+    k
+}
+
+/// epoll_wait / epoll_pwait when the set holds followed connections; `None` when the
+/// kernel's epoll_wait should answer.
+pub fn epoll_wait(
+    epfd: c_int,
+    evs: *mut libc::epoll_event,
+    max: c_int,
+    timeout_ms: c_int,
+    mask: *const sigset_t,
+) -> Option<c_int> {
+    if max <= 0 || evs.is_null() {
+        return None;
+    }
+    let members = members(epfd);
+    if members.is_empty() {
+        return None;
+    }
+    // SAFETY: the caller's array of `max` events.
+    let evs = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
+    for (fd, _, c) in &members {
+        c.progress(*fd, false);
+        c.switch_if_ready(*fd);
+    }
+    let start = now_ns();
+    let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
+    let spin = crate::config().spin_ns;
+    loop {
+        // SAFETY: the caller's epoll set and event array.
+        let r = unsafe { real::epoll_wait(epfd, evs.as_mut_ptr(), max, 0) };
+        if r < 0 {
+            return Some(r);
+        }
+        let ready = fix_epoll(epfd, evs, r as usize, &members);
+        if ready > 0 || timeout_ms == 0 {
+            return Some(ready as c_int);
+        }
+        if now_ns() - start < spin {
+            let mut k = 0;
+            while k < SPINS_PER_LOOK
+                && !members.iter().any(|(_, r, c)| {
+                    !r.disabled && c.ready_without_kernel((r.events & 0xffff) as i16)
+                })
+            {
+                std::hint::spin_loop();
+                k += 1;
+            }
+            continue;
+        }
+        if !arm_all(
+            members
+                .iter()
+                .map(|(_, r, c)| (c.as_ref(), (r.events & 0xffff) as i16)),
+        ) {
+            continue;
+        }
+        let t = enter_sleep(remaining(deadline));
+        // SAFETY: the caller's epoll set, event array and signal mask (or null).
+        let r = unsafe { real::epoll_pwait(epfd, evs.as_mut_ptr(), max, t, mask) };
+        let e = errno();
+        leave_sleep();
+        for (_, _, c) in &members {
+            c.disarm();
+        }
+        if r < 0 {
+            set_errno(e);
+            return Some(r);
+        }
+        let ready = fix_epoll(epfd, evs, r as usize, &members);
+        if ready > 0 {
+            return Some(ready as c_int);
+        }
+        if deadline.is_some_and(|d| now_ns() >= d) {
+            return Some(0);
+        }
+    }
+}
