@@ -1,9 +1,10 @@
-//! The `clink` command-line tool: `bench`, `info`, `demo`, `cast`.
+//! The `clink` command-line tool: `bench`, `info`, `demo`, `cast`, `run`.
 
 mod bench;
 mod cast;
 mod demo;
 mod info;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,9 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Streams a file to many hosts through a chain that stores and forwards (Dolly).
     Cast(cast::CastArgs),
+    /// Runs an unmodified program with its same-host TCP connections on clink's
+    /// shared-memory path (the sockets layer, libclink_preload.so).
+    Run(run::RunArgs),
     /// Internal: one side of a benchmark run (spawned by `clink bench`).
     #[command(name = "bench-child", hide = true)]
     BenchChild(bench::ChildArgs),
@@ -51,6 +55,7 @@ fn main() {
         Cmd::Info => info::run(),
         Cmd::Demo(args) => demo::run(args),
         Cmd::Cast(args) => cast::run(args),
+        Cmd::Run(args) => run::run(args),
         Cmd::DemoPeer { addr } => demo::peer(&addr),
     };
     if let Err(e) = result {

@@ -71,12 +71,23 @@ pub struct Conn {
     pairing: Mutex<Pairing>,
     pairing_done: AtomicBool,
     last_check_ns: AtomicU64,
+    last_drain_ns: AtomicU64,
     shared: OnceLock<Shared>,
     peer_ready: AtomicBool,
     tx_sent: Mutex<u64>,
     rx_consumed: Mutex<u64>,
     consumed_mirror: AtomicU64,
     tx_switched: AtomicBool,
+    /// This end's sending direction went back to the kernel (its reader left, or this
+    /// end's descriptor escaped): no more ring, no more wake-up bytes.
+    tx_back: AtomicBool,
+    /// The peer went back to the kernel and this end read the ring to that point.
+    rx_resumed: AtomicBool,
+    /// Wake-up bytes read off the kernel stream of the receiving direction.
+    bells_seen: AtomicU64,
+    /// Bytes read off the kernel as wake-ups that turned out to be data (the writer went
+    /// back to the kernel meanwhile), delivered before the kernel's next bytes.
+    carry: Mutex<Vec<u8>>,
     eof: AtomicBool,
     err: AtomicI32,
     outcome: Mutex<String>,
@@ -93,7 +104,7 @@ static SLEEPERS: AtomicU32 = AtomicU32::new(0);
 /// milliseconds (-1: unbounded), given the caller's `timeout_ms`.
 pub fn enter_sleep(timeout_ms: c_int) -> c_int {
     let n = SLEEPERS.fetch_add(1, Ordering::AcqRel) + 1;
-    if n > 1 && (timeout_ms < 0 || timeout_ms > 1) {
+    if n > 1 && !(0..=1).contains(&timeout_ms) {
         1
     } else {
         timeout_ms
@@ -106,6 +117,7 @@ pub fn leave_sleep() {
 }
 
 const CHECK_EVERY_NS: u64 = 50_000;
+const DRAIN_EVERY_NS: u64 = 200_000;
 const CLIENT_DEADLINE_NS: u64 = 10_000_000_000;
 const PAIR_TIMEOUT_MS: c_int = 500;
 
@@ -126,12 +138,17 @@ impl Conn {
             pairing: Mutex::new(pairing),
             pairing_done: AtomicBool::new(false),
             last_check_ns: AtomicU64::new(0),
+            last_drain_ns: AtomicU64::new(0),
             shared: cell,
             peer_ready: AtomicBool::new(false),
             tx_sent: Mutex::new(0),
             rx_consumed: Mutex::new(0),
             consumed_mirror: AtomicU64::new(0),
             tx_switched: AtomicBool::new(false),
+            tx_back: AtomicBool::new(false),
+            rx_resumed: AtomicBool::new(false),
+            bells_seen: AtomicU64::new(0),
+            carry: Mutex::new(Vec::new()),
             eof: AtomicBool::new(false),
             err: AtomicI32::new(0),
             outcome: Mutex::new("pairing".to_string()),
@@ -339,13 +356,165 @@ impl Conn {
     }
 
     fn switch_tx(&self, fd: c_int, sent: u64) {
-        if self.tx_switched.load(Ordering::Acquire) {
+        if self.tx_switched.load(Ordering::Acquire) || self.tx_back.load(Ordering::Acquire) {
             return;
         }
         let Some(s) = self.shared.get() else { return };
         s.switch_at(self.tx_dir()).store(sent, Ordering::SeqCst);
         self.tx_switched.store(true, Ordering::Release);
-        doorbell(fd);
+        fence(Ordering::SeqCst);
+        // A reader asleep in the kernel before the switch waits for kernel bytes that
+        // will not come: wake it. (A wake-up byte nobody reads would turn this end's close
+        // into a reset, so none is sent to a reader that is not asleep.)
+        if s.reader_sleeping(self.tx_dir()).swap(0, Ordering::AcqRel) != 0 {
+            self.bell(fd);
+        }
+        // The reader may have left meanwhile (checked after the switch is visible).
+        self.follow_leaving(fd);
+    }
+
+    /// Whether this end's sends go to the ring.
+    fn tx_on_ring(&self) -> bool {
+        self.tx_switched.load(Ordering::Acquire) && !self.tx_back.load(Ordering::Acquire)
+    }
+
+    /// Sends one wake-up byte on this end's outgoing kernel stream, counted in the mapping
+    /// so that a reader who leaves can read exactly the wake-ups sent to it, and not at all
+    /// once that reader is leaving or this end went back to the kernel.
+    fn bell(&self, fd: c_int) {
+        let Some(s) = self.shared.get() else { return };
+        let d = self.tx_dir();
+        s.bells_in_flight(d).fetch_add(1, Ordering::SeqCst);
+        if !self.tx_back.load(Ordering::SeqCst)
+            && s.leaving(d).load(Ordering::SeqCst) == 0
+            && doorbell(fd)
+        {
+            s.bells_sent(d).fetch_add(1, Ordering::SeqCst);
+        }
+        s.bells_in_flight(d).fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// If the peer's reader is leaving (its descriptor escapes to a program that reads
+    /// the kernel socket itself): sends what the ring holds unread by the kernel and stays
+    /// on the kernel. Needs the send lock; a thread holding it does this itself.
+    fn follow_leaving(&self, fd: c_int) {
+        let Some(s) = self.shared.get() else { return };
+        let d = self.tx_dir();
+        if self.tx_back.load(Ordering::Acquire) || s.leaving(d).load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        self.tx_back.store(true, Ordering::SeqCst);
+        if !self.tx_switched.load(Ordering::Acquire) {
+            return;
+        }
+        let head = s.head(d).load(Ordering::Acquire);
+        let tail = s.tail(d).load(Ordering::Relaxed);
+        if let Ok(n) = clink_proto::sockets::ring_readable(head, tail, s.ring_size()) {
+            let bytes = s.copy_out(d, head, n as usize);
+            if send_all(fd, &bytes) {
+                self.counters.kernel_tx.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// [`Conn::follow_leaving`] from a path that does not hold the send lock.
+    fn check_leaving(&self, fd: c_int) {
+        if let Some(s) = self.shared.get() {
+            if !self.tx_back.load(Ordering::Acquire)
+                && s.leaving(self.tx_dir()).load(Ordering::Acquire) != 0
+            {
+                if let Ok(_g) = self.tx_sent.try_lock() {
+                    self.follow_leaving(fd);
+                }
+            }
+        }
+    }
+
+    /// This end's descriptor escapes to a program that will read and write the kernel
+    /// socket itself (exec): asks the peer to resend by the kernel what the ring holds
+    /// unread, reads the wake-up bytes queued for this end exactly, and puts this end's
+    /// own sending direction back on the kernel at a stream position the peer can tell.
+    pub fn leave(&self, fd: c_int) {
+        let Some(s) = self.shared.get() else { return };
+        let (rx, tx) = (self.rx_dir(), self.tx_dir());
+        let _keep = sys::SavedErrno::save();
+        s.leaving(rx).store(1, Ordering::SeqCst);
+        s.reader_sleeping(rx).store(0, Ordering::SeqCst);
+        wait_until(|| s.bells_in_flight(rx).load(Ordering::SeqCst) == 0);
+        let consumed = self.consumed_mirror.load(Ordering::Acquire);
+        let sw = s.switch_at(rx).load(Ordering::SeqCst);
+        if sw != NOT_SWITCHED && consumed >= sw {
+            let mut want = s
+                .bells_sent(rx)
+                .load(Ordering::SeqCst)
+                .saturating_sub(self.bells_seen.load(Ordering::Acquire));
+            let mut scratch = [0u8; 256];
+            while want > 0 {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: polling and reading our own socket into our own buffer.
+                let n = unsafe {
+                    if real::poll(&mut pfd, 1, 200) != 1 {
+                        break;
+                    }
+                    real::recv(
+                        fd,
+                        scratch.as_mut_ptr() as *mut libc::c_void,
+                        (want as usize).min(scratch.len()),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n <= 0 {
+                    break;
+                }
+                want -= n as u64;
+            }
+        }
+        let _g = self.tx_sent.lock().unwrap_or_else(|e| e.into_inner());
+        if self.tx_switched.load(Ordering::Acquire) || sw != NOT_SWITCHED {
+            // The peer may sleep waiting for the ring: a last wake-up (counted) makes it
+            // look, find this end gone and resend.
+            if !self.tx_switched.load(Ordering::Acquire) {
+                s.switch_at(tx).store(*_g, Ordering::SeqCst);
+                self.tx_switched.store(true, Ordering::Release);
+            }
+            self.bell(fd);
+            self.tx_back.store(true, Ordering::SeqCst);
+            wait_until(|| s.bells_in_flight(tx).load(Ordering::SeqCst) == 0);
+            let resume =
+                s.switch_at(tx).load(Ordering::SeqCst) + s.bells_sent(tx).load(Ordering::SeqCst);
+            s.resume_at(tx).store(resume, Ordering::SeqCst);
+            s.unswitch_at(tx)
+                .store(s.tail(tx).load(Ordering::SeqCst), Ordering::SeqCst);
+        } else {
+            self.tx_back.store(true, Ordering::SeqCst);
+        }
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) =
+            "accelerated, then handed to the kernel (the descriptor left with exec)".into();
+        self.pairing_done.store(true, Ordering::Release);
+    }
+
+    /// Counts `n` bytes just read off the receiving kernel stream as wake-ups, and
+    /// returns how many of the last of them are data after all (the writer went back to the
+    /// kernel and data followed its last wake-up).
+    fn note_bells(&self, n: u64) -> u64 {
+        let seen = self.bells_seen.fetch_add(n, Ordering::AcqRel) + n;
+        let Some(s) = self.shared.get() else { return 0 };
+        let rx = self.rx_dir();
+        if s.unswitch_at(rx).load(Ordering::Acquire) == NOT_SWITCHED {
+            return 0;
+        }
+        let pos = s.switch_at(rx).load(Ordering::Acquire).saturating_add(seen);
+        let resume = s.resume_at(rx).load(Ordering::Acquire);
+        if pos <= resume {
+            return 0;
+        }
+        let extra = (pos - resume).min(n);
+        self.bells_seen.fetch_sub(extra, Ordering::AcqRel);
+        extra
     }
 
     fn client_pair(&self, fd: c_int, u: c_int) -> Result<(), &'static str> {
@@ -393,6 +562,9 @@ impl Conn {
 
     /// What became of the pairing, for statistics.
     pub fn outcome(&self) -> String {
+        if !self.pairing_done.load(Ordering::Acquire) {
+            return "kernel (the peer had not answered)".to_string();
+        }
         self.outcome
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -405,7 +577,9 @@ impl Conn {
         match self.shared.get() {
             Some(s) => {
                 let sw = s.switch_at(self.rx_dir()).load(Ordering::Acquire);
-                sw != NOT_SWITCHED && self.consumed_mirror.load(Ordering::Acquire) >= sw
+                sw != NOT_SWITCHED
+                    && self.consumed_mirror.load(Ordering::Acquire) >= sw
+                    && !self.rx_resumed.load(Ordering::Acquire)
             }
             None => false,
         }
@@ -416,7 +590,8 @@ impl Conn {
     pub fn fix_readiness(&self, fd: c_int, events: i16, kernel: i16) -> Option<i16> {
         let s = self.shared.get()?;
         let rx = self.rx_in_ring();
-        let tx = self.tx_switched.load(Ordering::Acquire);
+        self.check_leaving(fd);
+        let tx = self.tx_on_ring();
         if !rx && !tx {
             return None;
         }
@@ -442,7 +617,28 @@ impl Conn {
                 out |= events & outbits;
             }
         }
-        Some(out)
+        Some(out & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL))
+    }
+
+    /// For a sleep in poll or epoll of a writer whose ring is full: what to ask the kernel
+    /// for instead of POLLOUT (the kernel socket is always writable; room in the ring is
+    /// announced by a wake-up byte, and the peer's end by POLLRDHUP), and whether the sleep
+    /// must be cut short (kernel bytes before the switch would end it at once).
+    pub fn room_events(&self, events: i16) -> Option<(i16, bool)> {
+        let s = self.shared.get()?;
+        if events & libc::POLLOUT == 0
+            || !self.tx_on_ring()
+            || s.writable(self.tx_dir()).map(|n| n > 0).unwrap_or(true)
+        {
+            return None;
+        }
+        let clean = self.rx_in_ring();
+        let ask = if clean {
+            libc::POLLIN | libc::POLLRDHUP
+        } else {
+            0
+        };
+        Some(((events & !(libc::POLLOUT | libc::POLLWRNORM)) | ask, !clean))
     }
 
     /// For the spinning phase of poll and epoll: readiness from the rings alone, without a
@@ -455,7 +651,7 @@ impl Conn {
             && self.rx_in_ring()
             && s.readable(self.rx_dir()).map(|n| n > 0).unwrap_or(true))
             || (events & libc::POLLOUT != 0
-                && self.tx_switched.load(Ordering::Acquire)
+                && self.tx_on_ring()
                 && s.writable(self.tx_dir()).map(|n| n > 0).unwrap_or(true))
     }
 
@@ -465,10 +661,11 @@ impl Conn {
         let Some(s) = self.shared.get() else {
             return true;
         };
-        if events & libc::POLLIN != 0 && self.rx_in_ring() {
+        let unswitched = s.switch_at(self.rx_dir()).load(Ordering::Acquire) == NOT_SWITCHED;
+        if events & libc::POLLIN != 0 && (self.rx_in_ring() || unswitched) {
             s.reader_sleeping(self.rx_dir()).store(1, Ordering::SeqCst);
         }
-        if events & libc::POLLOUT != 0 && self.tx_switched.load(Ordering::Acquire) {
+        if events & libc::POLLOUT != 0 && self.tx_on_ring() {
             s.writer_sleeping(self.tx_dir()).store(1, Ordering::SeqCst);
         }
         fence(Ordering::SeqCst);
@@ -489,6 +686,17 @@ impl Conn {
 
     /// Reads wake-up bytes off the kernel socket (only called once the reader is in the
     /// ring, where every kernel byte is a wake-up), noting end of stream and errors.
+    /// Counts bytes read off the kernel as wake-ups, keeping any that are data after all.
+    fn keep_data(&self, read: &[u8]) {
+        let extra = self.note_bells(read.len() as u64) as usize;
+        if extra > 0 {
+            self.carry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(&read[read.len() - extra..]);
+        }
+    }
+
     fn drain(&self, fd: c_int) {
         let mut scratch = [0u8; 256];
         loop {
@@ -502,7 +710,13 @@ impl Conn {
                 )
             };
             if n > 0 {
+                self.keep_data(&scratch[..n as usize]);
+            }
+            if n as usize == scratch.len() {
                 continue;
+            }
+            if n > 0 {
+                return; // the queue was empty when the kernel answered
             }
             if n == 0 {
                 self.eof.store(true, Ordering::Release);
@@ -517,7 +731,8 @@ impl Conn {
     }
 
     /// Receives into `iov` with recv(2) `flags`: the kernel up to the switch offset, the
-    /// ring after it. Returns what recvmsg would, with errno set on -1.
+    /// ring after it, and the kernel again if the writer went back to it. Returns what
+    /// recvmsg would, with errno set on -1.
     pub fn recv(&self, fd: c_int, iov: &[iovec], flags: c_int) -> isize {
         let total: usize = iov.iter().map(|v| v.iov_len).sum();
         let peek = flags & libc::MSG_PEEK != 0;
@@ -525,16 +740,35 @@ impl Conn {
         let waitall = flags & libc::MSG_WAITALL != 0 && !peek && !dontwait;
         self.progress(fd, false);
         self.switch_if_ready(fd);
+        self.check_leaving(fd);
         let mut consumed = self.rx_consumed.lock().unwrap_or_else(|e| e.into_inner());
         let mut got = 0usize;
         let rx = self.rx_dir();
+        let done = |got: usize| !waitall || got == total || peek;
         loop {
-            let sw = self
-                .shared
-                .get()
+            // Data read off the kernel as wake-ups comes first.
+            {
+                let mut carry = self.carry.lock().unwrap_or_else(|e| e.into_inner());
+                if !carry.is_empty() && got < total {
+                    let n = scatter(iov, got, &carry);
+                    if !peek {
+                        carry.drain(..n);
+                        self.counters
+                            .kernel_rx
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    got += n;
+                    if done(got) {
+                        return got as isize;
+                    }
+                }
+            }
+            let s = self.shared.get();
+            let sw = s
                 .map(|s| s.switch_at(rx).load(Ordering::Acquire))
                 .unwrap_or(NOT_SWITCHED);
             if sw == NOT_SWITCHED || *consumed < sw {
+                // Before the writer's switch: kernel bytes are data, up to the switch.
                 let limit = if sw == NOT_SWITCHED {
                     total - got
                 } else {
@@ -544,7 +778,27 @@ impl Conn {
                 if got > 0 && !waitall {
                     kflags |= libc::MSG_DONTWAIT;
                 }
+                // Asleep in the kernel before the switch: the flag asks the writer for a
+                // wake-up byte if it switches meanwhile.
+                let sleeper = match s {
+                    Some(s)
+                        if sw == NOT_SWITCHED && kflags & libc::MSG_DONTWAIT == 0 && !dontwait =>
+                    {
+                        s.reader_sleeping(rx).store(1, Ordering::SeqCst);
+                        fence(Ordering::SeqCst);
+                        if s.switch_at(rx).load(Ordering::SeqCst) != NOT_SWITCHED {
+                            s.reader_sleeping(rx).store(0, Ordering::Relaxed);
+                            continue;
+                        }
+                        Some(s)
+                    }
+                    _ => None,
+                };
                 let n = kernel_recv(fd, iov, got, limit, kflags);
+                if let Some(s) = sleeper {
+                    let _keep = sys::SavedErrno::save();
+                    s.reader_sleeping(rx).store(0, Ordering::Relaxed);
+                }
                 if n < 0 {
                     return if got > 0 && errno() == libc::EAGAIN {
                         got as isize
@@ -558,9 +812,7 @@ impl Conn {
                     }
                     // End of stream by the kernel: the peer may have moved to the ring
                     // and closed after writing there.
-                    let now = self
-                        .shared
-                        .get()
+                    let now = s
                         .map(|s| s.switch_at(rx).load(Ordering::Acquire))
                         .unwrap_or(NOT_SWITCHED);
                     if now != NOT_SWITCHED && *consumed >= now {
@@ -569,9 +821,7 @@ impl Conn {
                     }
                     return got as isize;
                 }
-                let sw2 = self
-                    .shared
-                    .get()
+                let sw2 = s
                     .map(|s| s.switch_at(rx).load(Ordering::Acquire))
                     .unwrap_or(NOT_SWITCHED);
                 let Ok(data) = kernel_share(*consumed, sw2, n as u64) else {
@@ -582,20 +832,70 @@ impl Conn {
                     *consumed += data;
                     self.consumed_mirror.store(*consumed, Ordering::Release);
                     self.counters.kernel_rx.fetch_add(data, Ordering::Relaxed);
+                    if (n as u64) > data {
+                        // Past the switch: wake-ups (or, if the writer already went back,
+                        // data kept for the next read).
+                        let extra = gather(iov, got + data as usize, n as usize - data as usize);
+                        self.keep_data(&extra);
+                    }
                 }
                 got += data as usize;
                 if data > 0 && !self.pairing_done.load(Ordering::Acquire) {
                     self.progress(fd, true);
                 }
-                if got > 0 && (!waitall || got == total || peek) {
+                if got > 0 && done(got) {
+                    return got as isize;
+                }
+                continue;
+            }
+            let Some(s) = s else { return got as isize };
+            if self.rx_resumed.load(Ordering::Acquire) {
+                // The writer went back to the kernel: skip the wake-ups it sent before,
+                // then the kernel carries data again.
+                let pos = sw.saturating_add(self.bells_seen.load(Ordering::Acquire));
+                let resume = s.resume_at(rx).load(Ordering::Acquire);
+                if pos < resume {
+                    let mut scratch = [0u8; 256];
+                    let want = ((resume - pos) as usize).min(scratch.len());
+                    let kflags = if dontwait || got > 0 {
+                        libc::MSG_DONTWAIT
+                    } else {
+                        0
+                    };
+                    // SAFETY: a receive into our own buffer.
+                    let n = unsafe {
+                        real::recv(fd, scratch.as_mut_ptr() as *mut libc::c_void, want, kflags)
+                    };
+                    if n <= 0 {
+                        return if got > 0 { got as isize } else { n };
+                    }
+                    self.bells_seen.fetch_add(n as u64, Ordering::AcqRel);
+                    continue;
+                }
+                let mut kflags = flags & !libc::MSG_WAITALL;
+                if got > 0 && !waitall {
+                    kflags |= libc::MSG_DONTWAIT;
+                }
+                let n = kernel_recv(fd, iov, got, total - got, kflags);
+                if n < 0 {
+                    return if got > 0 && errno() == libc::EAGAIN {
+                        got as isize
+                    } else {
+                        -1
+                    };
+                }
+                if !peek {
+                    self.counters
+                        .kernel_rx
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                got += n as usize;
+                if n == 0 || done(got) {
                     return got as isize;
                 }
                 continue;
             }
             // The ring.
-            let Some(s) = self.shared.get() else {
-                return got as isize;
-            };
             if !self.pairing_done.load(Ordering::Acquire) {
                 self.progress(fd, true);
                 self.switch_if_ready(fd);
@@ -616,9 +916,14 @@ impl Conn {
                     fence(Ordering::SeqCst);
                     self.wake_writer(fd, s);
                 }
-                if !waitall || got == total || peek {
+                if done(got) {
                     return got as isize;
                 }
+                continue;
+            }
+            let uns = s.unswitch_at(rx).load(Ordering::Acquire);
+            if uns != NOT_SWITCHED && s.head(rx).load(Ordering::Relaxed) == uns {
+                self.rx_resumed.store(true, Ordering::Release);
                 continue;
             }
             if got > 0 && !waitall {
@@ -632,25 +937,39 @@ impl Conn {
                 set_errno(e);
                 return -1;
             }
-            self.drain(fd);
-            if self.eof.load(Ordering::Acquire) || self.err.load(Ordering::Acquire) != 0 {
-                continue; // recheck the ring: data written before the close comes first
-            }
-            if s.readable(rx).map(|n| n > 0).unwrap_or(true) {
-                continue;
-            }
             if dontwait {
+                // The kernel socket is asked (a system call) at most every DRAIN_EVERY_NS
+                // on this path: an application polling a non-blocking socket in a loop
+                // learns of an end of stream that late, while one that waits in poll or
+                // epoll learns at once (the end wakes it, and its readiness is checked).
+                let now = now_ns();
+                if now.saturating_sub(self.last_drain_ns.load(Ordering::Relaxed)) >= DRAIN_EVERY_NS
+                {
+                    self.last_drain_ns.store(now, Ordering::Relaxed);
+                    self.drain(fd);
+                }
+                if self.eof.load(Ordering::Acquire) || self.err.load(Ordering::Acquire) != 0 {
+                    continue; // recheck the ring: data written before the close comes first
+                }
+                if s.readable(rx).map(|n| n > 0).unwrap_or(true)
+                    || !self
+                        .carry
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .is_empty()
+                {
+                    continue;
+                }
+                if s.unswitch_at(rx).load(Ordering::Acquire) != NOT_SWITCHED {
+                    continue;
+                }
                 if got > 0 {
                     return got as isize;
                 }
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            if let Err(e) = self.wait(
-                fd,
-                libc::POLLIN,
-                sys::sock_timeout_ms(fd, libc::SO_RCVTIMEO),
-            ) {
+            if let Err(e) = self.wait(fd, libc::POLLIN, libc::SO_RCVTIMEO) {
                 if got > 0 {
                     return got as isize;
                 }
@@ -663,10 +982,10 @@ impl Conn {
     fn wake_writer(&self, fd: c_int, s: &Shared) {
         let flag = s.writer_sleeping(self.rx_dir());
         if flag.load(Ordering::Relaxed) != 0
-            && self.tx_switched.load(Ordering::Acquire)
+            && self.tx_on_ring()
             && flag.swap(0, Ordering::AcqRel) != 0
         {
-            doorbell(fd);
+            self.bell(fd);
         }
     }
 
@@ -679,7 +998,8 @@ impl Conn {
         if self.peer_ready.load(Ordering::Acquire) {
             self.switch_tx(fd, *sent);
         }
-        if !self.tx_switched.load(Ordering::Acquire) || total == 0 {
+        self.follow_leaving(fd);
+        if !self.tx_on_ring() || total == 0 {
             let n = kernel_send(fd, iov, flags);
             if n > 0 {
                 *sent += n as u64;
@@ -696,6 +1016,23 @@ impl Conn {
         let tx = self.tx_dir();
         let mut put = 0usize;
         loop {
+            self.follow_leaving(fd);
+            if !self.tx_on_ring() {
+                // The reader left while this send waited: the rest goes by the kernel.
+                let rest = slice_iov(iov, put, total - put);
+                let n = kernel_send(fd, &rest, flags);
+                if n > 0 {
+                    *sent += n as u64;
+                    self.counters
+                        .kernel_tx
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                return match (n < 0, put > 0) {
+                    (true, true) => put as isize,
+                    (true, false) => -1,
+                    _ => put as isize + n,
+                };
+            }
             // SAFETY: the iovecs are the caller's readable buffers; this thread holds the
             // send lock, so it is the direction's only writer in this process.
             let n = match unsafe { s.write(tx, iov, put, total - put) } {
@@ -711,7 +1048,7 @@ impl Conn {
                 fence(Ordering::SeqCst);
                 let flag = s.reader_sleeping(tx);
                 if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0 {
-                    doorbell(fd);
+                    self.bell(fd);
                 }
             }
             if put == total {
@@ -730,11 +1067,7 @@ impl Conn {
                 set_errno(libc::EAGAIN);
                 return -1;
             }
-            if let Err(e) = self.wait(
-                fd,
-                libc::POLLOUT,
-                sys::sock_timeout_ms(fd, libc::SO_SNDTIMEO),
-            ) {
+            if let Err(e) = self.wait(fd, libc::POLLOUT, libc::SO_SNDTIMEO) {
                 if put > 0 {
                     return put as isize;
                 }
@@ -750,6 +1083,11 @@ impl Conn {
     /// Whether the kernel says the peer is gone for good (reset, or closed while our ring
     /// to it is full: a wake-up byte then draws the reset a closed socket answers with).
     fn peer_gone(&self, fd: c_int) -> Option<c_int> {
+        // A drain may have taken the socket's error already.
+        let e = self.err.swap(0, Ordering::AcqRel);
+        if e != 0 {
+            return Some(e);
+        }
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLRDHUP,
@@ -761,36 +1099,45 @@ impl Conn {
             let e = sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)
                 .filter(|e| *e != 0)
                 .unwrap_or(libc::EPIPE);
-            return Some(if e == libc::ECONNRESET {
-                libc::EPIPE
-            } else {
-                e
-            });
+            return Some(e);
         }
         if pfd.revents & libc::POLLRDHUP != 0 {
-            doorbell(fd);
+            self.bell(fd);
         }
         None
     }
 
     /// Waits (spinning, then asleep in the kernel) until the ring has data (`POLLIN`) or
-    /// room (`POLLOUT`), the kernel socket has news, or `timeout_ms` passes (EAGAIN).
-    fn wait(&self, fd: c_int, event: i16, timeout_ms: c_int) -> Result<(), c_int> {
+    /// room (`POLLOUT`), the kernel socket has news, or the socket's timeout option
+    /// `timeout_opt` (SO_RCVTIMEO / SO_SNDTIMEO) passes (EAGAIN).
+    fn wait(&self, fd: c_int, event: i16, timeout_opt: c_int) -> Result<(), c_int> {
         let start = now_ns();
         let spin = crate::config().spin_ns;
         let mut i = 0u32;
-        while spin > 0 {
-            if self.ready_without_kernel(event) {
-                return Ok(());
-            }
-            std::hint::spin_loop();
-            i += 1;
-            if i % 64 == 0 && now_ns() - start > spin {
-                break;
+        if spin > 0 {
+            loop {
+                if self.ready_without_kernel(event) {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+                i += 1;
+                if i.is_multiple_of(64) && now_ns() - start > spin {
+                    break;
+                }
             }
         }
+        if event == libc::POLLIN {
+            if let Some(r) = self.sleep_in_recv(fd) {
+                return r;
+            }
+        }
+        let timeout_ms = sys::sock_timeout_ms(fd, timeout_opt);
         let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
         loop {
+            self.check_leaving(fd);
+            if event == libc::POLLOUT && !self.tx_on_ring() {
+                return Ok(());
+            }
             // Kernel bytes on this socket are wake-ups only once the reader reached the ring;
             // before that, waiting for POLLIN would return at once for data that is not ours.
             let clean = self.rx_in_ring();
@@ -801,7 +1148,7 @@ impl Conn {
                 Some(d) => (d.saturating_sub(now_ns()) / 1_000_000) as c_int,
                 None => -1,
             };
-            if !clean && (t < 0 || t > 1) {
+            if !clean && !(0..=1).contains(&t) {
                 t = 1;
             }
             let t = enter_sleep(t);
@@ -822,11 +1169,16 @@ impl Conn {
                 self.drain(fd);
             }
             if pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
-                return if event == libc::POLLOUT {
-                    Err(libc::EPIPE)
-                } else {
-                    Ok(())
-                };
+                if event == libc::POLLOUT {
+                    // The drain above may have taken the socket's error already.
+                    let e = self.err.swap(0, Ordering::AcqRel);
+                    return Err(if e != 0 {
+                        e
+                    } else {
+                        self.peer_gone(fd).unwrap_or(libc::EPIPE)
+                    });
+                }
+                return Ok(());
             }
             if self.ready_without_kernel(event)
                 || self.eof.load(Ordering::Acquire)
@@ -855,7 +1207,8 @@ impl Conn {
             if self.peer_ready.load(Ordering::Acquire) {
                 self.switch_tx(fd, *sent);
             }
-            if !self.tx_switched.load(Ordering::Acquire) {
+            self.follow_leaving(fd);
+            if !self.tx_on_ring() {
                 // SAFETY: the caller's arguments, forwarded.
                 let n = unsafe { real::sendfile(fd, inp, off, count) };
                 if n > 0 {
@@ -920,6 +1273,59 @@ impl Conn {
         done as isize
     }
 
+    /// Before the descriptor closes: reads the wake-up bytes still queued, which would
+    /// make the kernel answer the close with a reset instead of an orderly end.
+    pub fn before_close(&self, fd: c_int) {
+        if self.rx_in_ring() && !self.eof.load(Ordering::Acquire) {
+            let _keep = sys::SavedErrno::save();
+            self.drain(fd);
+        }
+    }
+
+    /// A reader's sleep when it is this process's only sleeper: a blocking receive of
+    /// wake-up bytes, which sleeps and consumes the wake-up in one system call (as a kernel
+    /// recv would), and honours SO_RCVTIMEO and SA_RESTART as the application's own recv
+    /// would. `None` when this sleep does not apply (poll-based sleep instead).
+    fn sleep_in_recv(&self, fd: c_int) -> Option<Result<(), c_int>> {
+        if !self.rx_in_ring() {
+            return None;
+        }
+        if enter_sleep(-1) != -1 {
+            leave_sleep();
+            return None;
+        }
+        let r = if !self.arm(libc::POLLIN) {
+            Ok(())
+        } else {
+            let mut scratch = [0u8; 256];
+            // SAFETY: a blocking receive into our own buffer.
+            let n = unsafe {
+                real::recv(
+                    fd,
+                    scratch.as_mut_ptr() as *mut libc::c_void,
+                    scratch.len(),
+                    0,
+                )
+            };
+            let e = errno();
+            self.disarm();
+            if n == 0 {
+                self.eof.store(true, Ordering::Release);
+                Ok(())
+            } else if n > 0 {
+                self.keep_data(&scratch[..n as usize]);
+                Ok(())
+            } else if e == libc::EAGAIN || e == libc::EINTR {
+                Err(e)
+            } else {
+                self.err.store(e, Ordering::Release);
+                Ok(())
+            }
+        };
+        leave_sleep();
+        Some(r)
+    }
+
     /// Bytes a FIONREAD would report, when the ring decides it.
     pub fn pending(&self) -> Option<c_int> {
         let s = self.shared.get()?;
@@ -931,91 +1337,6 @@ impl Conn {
                 .unwrap_or(0)
                 .min(c_int::MAX as u64) as c_int,
         )
-    }
-}
-
-/// How a pairing under way travels across exec (kind, descriptor).
-fn pairing_code(p: &Pairing) -> (u8, c_int) {
-    match *p {
-        Pairing::Done => (0, -1),
-        Pairing::ClientWaiting { listener, .. } => (1, listener),
-        Pairing::ServerWaiting { uconn } => (2, uconn),
-    }
-}
-
-impl Conn {
-    /// The state that lets the program an exec starts carry on with this connection:
-    /// `role:ring:memfd:consumed:sent:switched:ready:pairing-kind:pairing-fd:nonblock:eof`,
-    /// plus the descriptors whose close-on-exec flag must be cleared for it.
-    pub fn export(&self) -> (String, Vec<c_int>) {
-        let consumed = *self.rx_consumed.lock().unwrap_or_else(|e| e.into_inner());
-        let sent = *self.tx_sent.lock().unwrap_or_else(|e| e.into_inner());
-        let p = self.pairing.lock().unwrap_or_else(|e| e.into_inner());
-        let (kind, pfd) = pairing_code(&p);
-        let (ring, memfd) = self
-            .shared
-            .get()
-            .map_or((0, -1), |s| (s.ring_size(), s.memfd));
-        let role = match self.role {
-            Role::Accepting => 0,
-            Role::Connecting => 1,
-        };
-        let text = format!(
-            "{role}:{ring}:{memfd}:{consumed}:{sent}:{}:{}:{kind}:{pfd}:{}:{}",
-            self.tx_switched.load(Ordering::Acquire) as u8,
-            self.peer_ready.load(Ordering::Acquire) as u8,
-            self.nonblock.load(Ordering::Relaxed) as u8,
-            self.eof.load(Ordering::Acquire) as u8
-        );
-        let fds = [memfd, pfd].into_iter().filter(|f| *f >= 0).collect();
-        (text, fds)
-    }
-
-    /// Rebuilds a connection from [`Conn::export`]'s text, in the program exec started.
-    pub fn import(fd: c_int, text: &str) -> Option<Conn> {
-        let f: Vec<u64> = text
-            .split(':')
-            .map(|x| x.parse::<u64>().ok())
-            .collect::<Option<_>>()?;
-        let [role, ring, memfd, consumed, sent, switched, ready, kind, pfd, nonblock, eof] = f[..]
-        else {
-            return None;
-        };
-        let role = if role == 0 {
-            Role::Accepting
-        } else {
-            Role::Connecting
-        };
-        let shared = if memfd as i64 >= 0 && memfd < c_int::MAX as u64 {
-            Some(Shared::attach(memfd as c_int, ring as u32)?)
-        } else {
-            None
-        };
-        let pairing = match kind {
-            1 => Pairing::ClientWaiting {
-                listener: pfd as c_int,
-                deadline_ns: now_ns() + CLIENT_DEADLINE_NS,
-            },
-            2 => Pairing::ServerWaiting {
-                uconn: pfd as c_int,
-            },
-            _ => Pairing::Done,
-        };
-        let c = Conn::new(role, fd, pairing, shared);
-        *c.rx_consumed.lock().unwrap_or_else(|e| e.into_inner()) = consumed;
-        c.consumed_mirror.store(consumed, Ordering::Release);
-        *c.tx_sent.lock().unwrap_or_else(|e| e.into_inner()) = sent;
-        c.tx_switched.store(switched != 0, Ordering::Release);
-        c.peer_ready.store(ready != 0, Ordering::Release);
-        c.pairing_done.store(kind == 0, Ordering::Release);
-        c.nonblock.store(nonblock != 0, Ordering::Relaxed);
-        c.eof.store(eof != 0, Ordering::Release);
-        *c.outcome.lock().unwrap_or_else(|e| e.into_inner()) = if ready != 0 {
-            "accelerated".into()
-        } else {
-            "pairing".into()
-        };
-        Some(c)
     }
 }
 
@@ -1047,9 +1368,9 @@ fn is_nonblocking(fd: c_int) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
-/// Sends one wake-up byte on the kernel socket (dropped if the socket's buffer is full:
-/// the peer then has wake-ups queued already).
-fn doorbell(fd: c_int) {
+/// Sends one wake-up byte on the kernel socket; false if it was not sent (the socket's
+/// buffer is full: the peer then has wake-ups queued already).
+fn doorbell(fd: c_int) -> bool {
     let b = 0u8;
     let _keep = sys::SavedErrno::save();
     // SAFETY: a one-byte non-blocking send from our own buffer.
@@ -1059,8 +1380,76 @@ fn doorbell(fd: c_int) {
             &b as *const u8 as *const libc::c_void,
             1,
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
+        ) == 1
+    }
+}
+
+/// Sends all of `bytes` on the kernel socket, waiting for room if it is non-blocking.
+fn send_all(fd: c_int, bytes: &[u8]) -> bool {
+    let mut off = 0;
+    while off < bytes.len() {
+        // SAFETY: sending from our own buffer.
+        let n = unsafe {
+            real::send(
+                fd,
+                bytes[off..].as_ptr() as *const libc::c_void,
+                bytes.len() - off,
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n > 0 {
+            off += n as usize;
+            continue;
+        }
+        let e = errno();
+        if n < 0 && (e == libc::EAGAIN || e == libc::EINTR) {
+            let mut pfd = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: polling our own socket.
+            unsafe { real::poll(&mut pfd, 1, 1000) };
+            continue;
+        }
+        return false;
+    }
+    true
+}
+
+/// Waits (bounded, 200 ms) for a condition the other process makes true within
+/// microseconds (a send in progress ending).
+fn wait_until(mut cond: impl FnMut() -> bool) {
+    let end = now_ns() + 200_000_000;
+    while !cond() && now_ns() < end {
+        // SAFETY: yielding the CPU.
+        unsafe { libc::sched_yield() };
+    }
+}
+
+/// Copies `src` into the iovecs from byte `skip` on; returns the count.
+fn scatter(iov: &[iovec], skip: usize, src: &[u8]) -> usize {
+    let mut done = 0;
+    for v in slice_iov(iov, skip, src.len()) {
+        // SAFETY: the caller's writable buffer, cut to its own length.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src[done..].as_ptr(), v.iov_base as *mut u8, v.iov_len)
+        };
+        done += v.iov_len;
+    }
+    done
+}
+
+/// Copies `n` bytes of the iovecs from byte `skip` on.
+fn gather(iov: &[iovec], skip: usize, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    for v in slice_iov(iov, skip, n) {
+        // SAFETY: the caller's buffer, which the kernel just filled.
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+        });
+    }
+    out
 }
 
 /// Closes one of the library's own descriptors.

@@ -345,8 +345,7 @@ pub unsafe extern "C" fn select(
     } else {
         // SAFETY: the caller's timeval.
         let t = unsafe { *tv };
-        (t.tv_sec as i64 * 1000 + (t.tv_usec as i64 + 999) / 1000).clamp(0, c_int::MAX as i64)
-            as c_int
+        (t.tv_sec * 1000 + (t.tv_usec + 999) / 1000).clamp(0, c_int::MAX as i64) as c_int
     };
     match wait::select(n, r, w, e, ms, std::ptr::null()) {
         Some(x) => x,
@@ -430,6 +429,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if config().enabled {
         let _keep = SavedErrno::save();
         let gone = table::remove(fd);
+        if let Some(c) = &gone {
+            c.before_close(fd);
+        }
         wait::forget(fd);
         set_kernel_only(fd, false);
         drop(gone);
@@ -562,14 +564,17 @@ pub unsafe extern "C" fn execve(
     crate::exec::execve(path, argv, envp)
 }
 
+// The C library runs these through its internal execve, which no wrapper sees.
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    crate::exec::with_environment(None, |env| unsafe { real::execve(path, argv, env) })
+    crate::exec::before_exec();
+    unsafe { real::execv(path, argv) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    crate::exec::with_environment(None, |env| unsafe { real::execvpe(file, argv, env) })
+    crate::exec::before_exec();
+    unsafe { real::execvp(file, argv) }
 }
 
 #[no_mangle]
@@ -578,7 +583,18 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    crate::exec::with_environment(Some(envp), |env| unsafe { real::execvpe(file, argv, env) })
+    crate::exec::before_exec();
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    crate::exec::before_exec();
+    unsafe { real::fexecve(fd, argv, envp) }
 }
 
 fn chk_fail() -> ! {

@@ -97,14 +97,14 @@ pub fn config() -> &'static Config {
 
 extern "C" fn init() {
     let _ = config();
-    exec::adopt();
 }
 
 extern "C" fn fini() {
     // One line per connection, not per descriptor: dup'd descriptors share it.
     let mut seen: Vec<std::sync::Arc<conn::Conn>> = Vec::new();
-    for (_, c) in table::all() {
+    for (fd, c) in table::all() {
         if !seen.iter().any(|s| std::sync::Arc::ptr_eq(s, &c)) {
+            c.before_close(fd);
             stats::record_close(&c);
             seen.push(c);
         }

@@ -74,4 +74,7 @@ real_fns! {
     sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
 }

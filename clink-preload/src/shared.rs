@@ -44,6 +44,7 @@ impl Shared {
             .store(ring, Ordering::Relaxed);
         for dir in 0..2 {
             s.switch_at(dir).store(NOT_SWITCHED, Ordering::Relaxed);
+            s.unswitch_at(dir).store(NOT_SWITCHED, Ordering::Relaxed);
         }
         s.header_u32(Layout::MAGIC_OFF)
             .store(MAGIC, Ordering::Release);
@@ -136,6 +137,48 @@ impl Shared {
     /// Set while direction `dir`'s writer sleeps in the kernel (ring full).
     pub fn writer_sleeping(&self, dir: usize) -> &AtomicU32 {
         self.dir_u32(dir, Layout::WRITER_SLEEPING)
+    }
+
+    /// Where direction `dir`'s writer went back to the kernel (ring position).
+    pub fn unswitch_at(&self, dir: usize) -> &AtomicU64 {
+        self.dir_u64(dir, Layout::UNSWITCH_AT)
+    }
+
+    /// The kernel stream position of direction `dir` from which data resumes.
+    pub fn resume_at(&self, dir: usize) -> &AtomicU64 {
+        self.dir_u64(dir, Layout::RESUME_AT)
+    }
+
+    /// Set when direction `dir`'s reader leaves (see `Layout::LEAVING`).
+    pub fn leaving(&self, dir: usize) -> &AtomicU32 {
+        self.dir_u32(dir, Layout::LEAVING)
+    }
+
+    /// Wake-up bytes being sent on direction `dir`'s kernel stream.
+    pub fn bells_in_flight(&self, dir: usize) -> &AtomicU32 {
+        self.dir_u32(dir, Layout::BELLS_IN_FLIGHT)
+    }
+
+    /// Wake-up bytes sent on direction `dir`'s kernel stream.
+    pub fn bells_sent(&self, dir: usize) -> &AtomicU64 {
+        self.dir_u64(dir, Layout::BELLS_SENT)
+    }
+
+    /// Copies the `n` bytes of direction `dir`'s ring from position `from` (for a resend).
+    pub fn copy_out(&self, dir: usize, from: u64, n: usize) -> Vec<u8> {
+        let cap = self.layout.ring as usize;
+        let ring = self.ring_ptr(dir);
+        let mut out = vec![0u8; n.min(cap)];
+        let mut off = 0;
+        while off < out.len() {
+            let pos = (from as usize + off) & (cap - 1);
+            let k = (out.len() - off).min(cap - pos);
+            // SAFETY: `pos + k <= cap`; the range was written by this writer and is not
+            // reused (the reader left).
+            unsafe { std::ptr::copy_nonoverlapping(ring.add(pos), out.as_mut_ptr().add(off), k) };
+            off += k;
+        }
+        out
     }
 
     /// Bytes readable in direction `dir`; `Err` when the peer's positions are impossible.

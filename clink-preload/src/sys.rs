@@ -145,7 +145,7 @@ pub fn sock_timeout_ms(fd: c_int, name: c_int) -> c_int {
     if r != 0 || (tv.tv_sec == 0 && tv.tv_usec == 0) {
         return -1;
     }
-    (tv.tv_sec as i64 * 1000 + tv.tv_usec as i64 / 1000).clamp(1, c_int::MAX as i64) as c_int
+    (tv.tv_sec * 1000 + tv.tv_usec / 1000).clamp(1, c_int::MAX as i64) as c_int
 }
 
 /// Whether `fd` is a TCP socket of the IPv4 or IPv6 family.

@@ -56,9 +56,7 @@ pub fn insert(fd: c_int, conn: Arc<Conn>) {
 
 /// Stops following `fd` (closed, or reused by dup2). The connection ends with its last fd.
 pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
-    if get(fd).is_none() {
-        return None;
-    }
+    get(fd)?;
     set_bit(fd, false);
     map().write().unwrap_or_else(|e| e.into_inner()).remove(&fd)
 }

@@ -36,8 +36,7 @@ pub fn ts_to_ms(ts: *const libc::timespec) -> c_int {
     }
     // SAFETY: the caller passed a valid timespec.
     let t = unsafe { *ts };
-    (t.tv_sec as i64 * 1000 + (t.tv_nsec as i64 + 999_999) / 1_000_000).clamp(0, c_int::MAX as i64)
-        as c_int
+    (t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000).clamp(0, c_int::MAX as i64) as c_int
 }
 
 fn fix_poll(fds: &mut [pollfd], conns: &[(usize, Arc<Conn>)]) -> c_int {
@@ -68,7 +67,30 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
     let start = now_ns();
     let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
     let spin = crate::config().spin_ns;
+    // Without a spin, sleep at once: the kernel's wait returns at once for whatever is
+    // ready there, and the armed flags catch the rings (one system call, as without us).
+    let mut look = spin > 0 || timeout_ms == 0;
     loop {
+        if !look {
+            look = true;
+            let armed = arm_all(conns.iter().map(|(i, c)| (c.as_ref(), fds[*i].events)));
+            if armed {
+                let r = sleep_poll(fds, n, &conns, remaining(deadline), mask);
+                let e = errno();
+                for (_, c) in &conns {
+                    c.disarm();
+                }
+                if r < 0 {
+                    set_errno(e);
+                    return r;
+                }
+                let ready = fix_poll(fds, &conns);
+                if ready > 0 || deadline.is_some_and(|d| now_ns() >= d) {
+                    return ready;
+                }
+            }
+            continue;
+        }
         // SAFETY: `fds` is the caller's pollfd array.
         let r = unsafe { real::poll(fds.as_mut_ptr(), n, 0) };
         if r < 0 {
@@ -94,10 +116,8 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
         if !armed {
             continue;
         }
-        let t = enter_sleep(remaining(deadline));
-        let r = kernel_poll(fds, n, t, mask);
+        let r = sleep_poll(fds, n, &conns, remaining(deadline), mask);
         let e = errno();
-        leave_sleep();
         for (_, c) in &conns {
             c.disarm();
         }
@@ -113,6 +133,39 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
             return 0;
         }
     }
+}
+
+/// The kernel part of a sleep in poll: writers facing a full ring wait for a wake-up
+/// byte instead of POLLOUT (see `Conn::room_events`).
+fn sleep_poll(
+    fds: &mut [pollfd],
+    n: libc::nfds_t,
+    conns: &[(usize, Arc<Conn>)],
+    timeout_ms: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    let mut changed = Vec::new();
+    let mut t = timeout_ms;
+    for (i, c) in conns {
+        if let Some((ev, short)) = c.room_events(fds[*i].events) {
+            changed.push((*i, fds[*i].events));
+            fds[*i].events = ev;
+            if short && !(0..=1).contains(&t) {
+                t = 1;
+            }
+        }
+    }
+    let t = enter_sleep(t);
+    let r = kernel_poll(fds, n, t, mask);
+    let e = errno();
+    leave_sleep();
+    for (i, ev) in changed {
+        fds[i].events = ev;
+        fds[i].revents &=
+            ev | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL | libc::POLLIN | libc::POLLRDHUP;
+    }
+    set_errno(e);
+    r
 }
 
 /// Raises the sleep flags of every connection; false (all lowered) if one is ready.
@@ -347,6 +400,49 @@ fn fix_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize, members: &[Me
     k
 }
 
+/// The kernel part of a sleep in epoll: registrations of writers facing a full ring wait
+/// for a wake-up byte instead of EPOLLOUT for the time of the sleep.
+fn sleep_epoll(
+    epfd: c_int,
+    evs: &mut [libc::epoll_event],
+    members: &[Member],
+    timeout_ms: c_int,
+    mask: *const sigset_t,
+) -> c_int {
+    let mut changed = Vec::new();
+    let mut t = timeout_ms;
+    for (fd, r, c) in members {
+        if let Some((ev, short)) = c.room_events((r.events & 0xffff) as i16) {
+            let mut e = libc::epoll_event {
+                events: (r.events & !0xffff) | ev as u16 as u32,
+                u64: r.data,
+            };
+            // SAFETY: modifying a registration the caller made, with its own data.
+            if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, *fd, &mut e) } == 0 {
+                changed.push((*fd, *r));
+            }
+            if short && !(0..=1).contains(&t) {
+                t = 1;
+            }
+        }
+    }
+    let t = enter_sleep(t);
+    // SAFETY: the caller's epoll set, event array and signal mask (or null).
+    let r = unsafe { real::epoll_pwait(epfd, evs.as_mut_ptr(), evs.len() as c_int, t, mask) };
+    let e = errno();
+    leave_sleep();
+    for (fd, reg) in changed {
+        let mut ev = libc::epoll_event {
+            events: reg.events,
+            u64: reg.data,
+        };
+        // SAFETY: restoring the caller's registration.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) };
+    }
+    set_errno(e);
+    r
+}
+
 /// epoll_wait / epoll_pwait when the set holds followed connections; `None` when the
 /// kernel's epoll_wait should answer.
 pub fn epoll_wait(
@@ -372,7 +468,31 @@ pub fn epoll_wait(
     let start = now_ns();
     let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
     let spin = crate::config().spin_ns;
+    let mut look = spin > 0 || timeout_ms == 0;
     loop {
+        if !look {
+            look = true;
+            if arm_all(
+                members
+                    .iter()
+                    .map(|(_, r, c)| (c.as_ref(), (r.events & 0xffff) as i16)),
+            ) {
+                let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
+                let e = errno();
+                for (_, _, c) in &members {
+                    c.disarm();
+                }
+                if r < 0 {
+                    set_errno(e);
+                    return Some(r);
+                }
+                let ready = fix_epoll(epfd, evs, r as usize, &members);
+                if ready > 0 || deadline.is_some_and(|d| now_ns() >= d) {
+                    return Some(ready as c_int);
+                }
+            }
+            continue;
+        }
         // SAFETY: the caller's epoll set and event array.
         let r = unsafe { real::epoll_wait(epfd, evs.as_mut_ptr(), max, 0) };
         if r < 0 {
@@ -401,11 +521,8 @@ pub fn epoll_wait(
         ) {
             continue;
         }
-        let t = enter_sleep(remaining(deadline));
-        // SAFETY: the caller's epoll set, event array and signal mask (or null).
-        let r = unsafe { real::epoll_pwait(epfd, evs.as_mut_ptr(), max, t, mask) };
+        let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
         let e = errno();
-        leave_sleep();
         for (_, _, c) in &members {
             c.disarm();
         }

@@ -168,6 +168,21 @@ impl Layout {
     pub const READER_SLEEPING: usize = 320;
     /// Offset of the "writer is asleep in the kernel" flag (u32).
     pub const WRITER_SLEEPING: usize = 324;
+    /// Offset of the ring position (u64) at which the writer went back to the kernel
+    /// (`NOT_SWITCHED` while it has not).
+    pub const UNSWITCH_AT: usize = 264;
+    /// Offset of the kernel stream position (u64) from which the kernel carries data
+    /// again after the writer went back: its switch offset plus every wake-up byte it sent.
+    pub const RESUME_AT: usize = 272;
+    /// Offset of the "reader is leaving" flag (u32): the reader's descriptor escapes to a
+    /// program that reads the kernel socket itself; the writer resends what the ring holds
+    /// unread by the kernel and stays there, and sends no more wake-up bytes.
+    pub const LEAVING: usize = 328;
+    /// Offset of the count (u32) of wake-up bytes being sent on this direction's kernel
+    /// stream right now.
+    pub const BELLS_IN_FLIGHT: usize = 332;
+    /// Offset of the count (u64) of wake-up bytes sent on this direction's kernel stream.
+    pub const BELLS_SENT: usize = 336;
 
     /// Bytes of the whole mapping.
     pub fn total(&self) -> usize {

@@ -1,0 +1,269 @@
+//! Harness of the compatibility suite: real programs run with and without the sockets
+//! layer, in the four placements (both ends under clink, server only, client only,
+//! neither), every process stopped by its PID when a test ends.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The library under test: `CLINK_PRELOAD_LIB`, or the debug build of this workspace.
+pub fn lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("CLINK_PRELOAD_LIB") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let p = target.join("debug/libclink_preload.so");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build -p clink-preload` first (.ci/test does)",
+        p.display()
+    );
+    p.canonicalize().unwrap()
+}
+
+/// The path of an installed program; fails the test clearly when it is missing.
+pub fn tool(name: &str) -> PathBuf {
+    for dir in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+    {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("{name} is not installed (.ci/run installs it from Debian's packages)");
+}
+
+/// Which ends run under the sockets layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    /// The server end.
+    pub server: bool,
+    /// The client end.
+    pub client: bool,
+}
+
+/// The four placements every case runs in.
+pub const PLACEMENTS: [Placement; 4] = [
+    Placement {
+        server: true,
+        client: true,
+    },
+    Placement {
+        server: true,
+        client: false,
+    },
+    Placement {
+        server: false,
+        client: true,
+    },
+    Placement {
+        server: false,
+        client: false,
+    },
+];
+
+/// A scratch directory for one test, removed at the end.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// A fresh directory named after the test.
+    pub fn new(name: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("clink-sockets-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    /// A path inside the directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A command, under the sockets layer when `preload`, writing its statistics to `stats`.
+pub fn command(program: &str, args: &[&str], preload: bool, stats: &Path) -> Command {
+    let mut c = Command::new(tool(program));
+    c.args(args);
+    c.env_remove("LD_PRELOAD").env_remove("CLINK_SOCKETS_STATE");
+    if preload {
+        c.env("LD_PRELOAD", lib()).env("CLINK_SOCKETS_STATS", stats);
+    }
+    c
+}
+
+/// A process stopped (SIGKILL, by PID) and reaped when dropped.
+pub struct Proc {
+    /// The child.
+    pub child: Child,
+}
+
+impl Proc {
+    /// Starts `c` with its output discarded unless `log` is given.
+    pub fn start(mut c: Command, log: Option<&Path>) -> Proc {
+        match log {
+            Some(p) => {
+                let f = std::fs::File::create(p).unwrap();
+                c.stdout(f.try_clone().unwrap()).stderr(f);
+            }
+            None => {
+                c.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+        }
+        c.stdin(Stdio::null());
+        Proc {
+            child: c.spawn().expect("spawn"),
+        }
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child by its PID.
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `c` to completion within `limit`, with `input` on its stdin; kills it and fails
+/// the test if it takes longer.
+pub fn run(mut c: Command, input: Option<&Path>, limit: Duration) -> Output {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    match input {
+        Some(p) => c.stdin(std::fs::File::open(p).unwrap()),
+        None => c.stdin(Stdio::null()),
+    };
+    let mut child = c.spawn().expect("spawn");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: signalling our own child by its PID.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{c:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+/// A TCP port free at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (bounded) until a port is in LISTEN state, without connecting to it (so
+/// one-shot servers are not used up by the check).
+pub fn wait_for_listen(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let want = format!("{port:04X}");
+    loop {
+        let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let tcp6 = std::fs::read_to_string("/proc/net/tcp6").unwrap_or_default();
+        // Field 1 is local "ADDR:PORT" in hex, field 3 the state (0A: LISTEN).
+        let listening = tcp.lines().chain(tcp6.lines()).any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].rsplit(':').next() == Some(want.as_str()) && f[3] == "0A"
+        });
+        if listening {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "port {port} not listening after 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The statistics lines the processes of a run wrote.
+pub fn stats_lines(stats: &Path) -> Vec<String> {
+    std::fs::read_to_string(stats)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Checks what the statistics say about the connections to `port`: both ends accelerated
+/// when both ran under clink, and the end that did reporting the kernel when only one did.
+pub fn check_placement(p: Placement, stats: &Path, port: u16) {
+    let needle = format!("127.0.0.1:{port}");
+    let lines: Vec<String> = stats_lines(stats)
+        .into_iter()
+        .filter(|l| l.contains(&needle))
+        .collect();
+    let accel = lines.iter().filter(|l| l.contains(": accelerated")).count();
+    let kernel = lines.iter().filter(|l| l.contains(": kernel")).count();
+    match (p.server, p.client) {
+        // A connection closed before it carried a byte may close before pairing ends.
+        (true, true) => assert!(
+            accel >= 2
+                && lines.iter().all(|l| l.contains(": accelerated")
+                    || l.ends_with("kernel tx 0 rx 0")
+                    || !l.contains(" tx ")),
+            "{p:?}: expected accelerated ends only, got {lines:#?}"
+        ),
+        (false, false) => assert!(
+            lines.is_empty(),
+            "{p:?}: no end was under clink, got {lines:#?}"
+        ),
+        _ => assert!(
+            accel == 0 && kernel >= 1,
+            "{p:?}: expected kernel connections only, got {lines:#?}"
+        ),
+    }
+}
+
+/// Random bytes from a seeded generator.
+pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
