@@ -72,6 +72,7 @@ pub mod external;
 pub mod fabric;
 pub mod measure;
 pub mod plan;
+pub mod preload;
 pub mod proc;
 pub mod report;
 pub mod rma;
@@ -163,7 +164,7 @@ impl ModeArg {
 /// Arguments of `clink bench`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
-#[command(group(clap::ArgGroup::new("experiment").args(["rma", "spec", "alltoall"]).multiple(false)))]
+#[command(group(clap::ArgGroup::new("experiment").args(["rma", "spec", "alltoall", "sockets"]).multiple(false)))]
 pub struct BenchArgs {
     /// Systems to measure, comma-separated (default: every built-in system, plus ucx,
     /// libfabric and libfabric-rxd, each run when its tool, ucx_perftest or fi_pingpong,
@@ -251,6 +252,11 @@ pub struct BenchArgs {
     /// With `--alltoall`: all-to-all exchanges per run (default 100, with --quick 10).
     #[arg(long, requires = "alltoall", value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub exchanges: Option<u64>,
+    /// Unmodified programs (sockperf, iperf3, redis, nginx + wrk) with both ends under the
+    /// sockets layer (libclink_preload.so beside this executable) against kernel loopback
+    /// TCP, `--rounds` rounds, instead of the system comparison.
+    #[arg(long, conflicts_with_all = ["systems", "mode", "placement", "lat_sizes"])]
+    pub sockets: bool,
     /// Internal: one process of an `--alltoall` run.
     #[arg(long, hide = true)]
     pub alltoall_child: Option<String>,
@@ -596,6 +602,9 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(spec) = &args.alltoall_child {
         return alltoall::run_child(spec);
+    }
+    if args.sockets {
+        return preload::run(args.rounds, args.quick, args.json);
     }
     if args.alltoall {
         let hosts: Vec<usize> = args
