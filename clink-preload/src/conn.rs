@@ -375,7 +375,9 @@ impl Conn {
 
     /// Whether this end's sends go to the ring.
     fn tx_on_ring(&self) -> bool {
-        self.tx_switched.load(Ordering::Acquire) && !self.tx_back.load(Ordering::Acquire)
+        self.tx_switched.load(Ordering::Acquire)
+            && !self.tx_back.load(Ordering::Acquire)
+            && !self.peer_leaving()
     }
 
     /// Sends one wake-up byte on this end's outgoing kernel stream, counted in the mapping
@@ -493,8 +495,23 @@ impl Conn {
             self.tx_back.store(true, Ordering::SeqCst);
         }
         *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) =
-            "accelerated, then handed to the kernel (the descriptor left with exec)".into();
+            "accelerated, then handed to the kernel (its descriptor left this process)".into();
         self.pairing_done.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer's reader is leaving (this end must resend by the kernel).
+    fn peer_leaving(&self) -> bool {
+        self.shared
+            .get()
+            .is_some_and(|s| s.leaving(self.tx_dir()).load(Ordering::Acquire) != 0)
+    }
+
+    /// Whether this end left (see [`Conn::leave`]), in this process or in another that
+    /// shares the connection since a fork: the connection is the kernel's again.
+    pub fn left(&self) -> bool {
+        self.shared
+            .get()
+            .is_some_and(|s| s.leaving(self.rx_dir()).load(Ordering::Acquire) != 0)
     }
 
     /// Counts `n` bytes just read off the receiving kernel stream as wake-ups, and
@@ -1135,8 +1152,8 @@ impl Conn {
         let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
         loop {
             self.check_leaving(fd);
-            if event == libc::POLLOUT && !self.tx_on_ring() {
-                return Ok(());
+            if event == libc::POLLOUT && (!self.tx_on_ring() || self.peer_leaving()) {
+                return Ok(()); // the caller (holding the send lock) resends by the kernel
             }
             // Kernel bytes on this socket are wake-ups only once the reader reached the ring;
             // before that, waiting for POLLIN would return at once for data that is not ours.

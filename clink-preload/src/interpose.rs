@@ -258,8 +258,42 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     r
 }
 
+/// Connections whose descriptors a message passes to another process go back to the
+/// kernel first: the receiver may read them without the library.
+fn leave_passed(msg: *const msghdr) {
+    if msg.is_null() {
+        return;
+    }
+    // SAFETY: the caller's msghdr and its control messages, walked with the C macros.
+    unsafe {
+        let m = &*msg;
+        if m.msg_control.is_null() || m.msg_controllen == 0 {
+            return;
+        }
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let k = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+                let data = libc::CMSG_DATA(c) as *const c_int;
+                for i in 0..k {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    if let Some(conn) = table::get(fd) {
+                        conn.leave(fd);
+                        drop(table::remove(fd));
+                    }
+                }
+            }
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    if config().enabled {
+        let _keep = SavedErrno::save();
+        leave_passed(msg);
+    }
     let Some(c) = table::get(fd) else {
         return unsafe { real::sendmsg(fd, msg, flags) };
     };
@@ -595,6 +629,46 @@ pub unsafe extern "C" fn fexecve(
 ) -> c_int {
     crate::exec::before_exec();
     unsafe { real::fexecve(fd, argv, envp) }
+}
+
+// Children that system(), popen() and posix_spawn() start are exec'd inside the C
+// library: their connections leave first, as for exec.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    crate::exec::before_exec();
+    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    crate::exec::before_exec();
+    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn system(cmd: *const c_char) -> c_int {
+    crate::exec::before_exec();
+    unsafe { real::system(cmd) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    crate::exec::before_exec();
+    unsafe { real::popen(cmd, mode) }
 }
 
 fn chk_fail() -> ! {

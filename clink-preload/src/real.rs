@@ -77,4 +77,8 @@ real_fns! {
     execv(path: *const c_char, argv: *const *const c_char) -> c_int;
     execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
     fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
+    system(cmd: *const c_char) -> c_int;
+    popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE;
 }

@@ -27,21 +27,24 @@ fn set_bit(fd: c_int, on: bool) {
     }
 }
 
-/// The connection behind `fd`, if it is one.
+fn marked(fd: c_int) -> bool {
+    fd >= 0
+        && ((fd as usize) >= BITMAP_FDS
+            || BITS[fd as usize / 64].load(Ordering::Acquire) & (1u64 << (fd as usize % 64)) != 0)
+}
+
+/// The connection behind `fd`, if it is one (and its end has not left: see
+/// `Conn::left`; such a connection is the kernel's again, here too).
 pub fn get(fd: c_int) -> Option<Arc<Conn>> {
-    if fd < 0 {
+    if !marked(fd) {
         return None;
     }
-    if (fd as usize) < BITMAP_FDS
-        && BITS[fd as usize / 64].load(Ordering::Acquire) & (1u64 << (fd as usize % 64)) == 0
-    {
-        return None;
-    }
-    map()
+    let c = map()
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .get(&fd)
-        .cloned()
+        .cloned()?;
+    (!c.left()).then_some(c)
 }
 
 /// Follows `fd` as `conn`.
@@ -56,7 +59,9 @@ pub fn insert(fd: c_int, conn: Arc<Conn>) {
 
 /// Stops following `fd` (closed, or reused by dup2). The connection ends with its last fd.
 pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
-    get(fd)?;
+    if !marked(fd) {
+        return None;
+    }
     set_bit(fd, false);
     map().write().unwrap_or_else(|e| e.into_inner()).remove(&fd)
 }

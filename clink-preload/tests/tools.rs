@@ -544,3 +544,152 @@ fn a_killed_server_gives_its_client_the_error_kernel_tcp_gives() {
         "under clink the client saw another error than over kernel TCP"
     );
 }
+
+const PASSING_SERVER: &str = r#"
+import socket, sys, hashlib
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+c, _ = s.accept()
+head = c.recv(1000, socket.MSG_WAITALL)
+c.send(b"g")
+head += c.recv(1000, socket.MSG_WAITALL)
+u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+u.connect(sys.argv[2])
+socket.send_fds(u, [b"x"], [c.fileno()])
+c.close()
+u.recv(1)
+print(hashlib.sha256(head).hexdigest(), flush=True)
+"#;
+
+const RECEIVING_HELPER: &str = r#"
+import socket, sys, hashlib, os
+l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+l.bind(sys.argv[1])
+l.listen()
+print("ready", flush=True)
+u, _ = l.accept()
+_, fds, _, _ = socket.recv_fds(u, 1, 1)
+c = socket.socket(fileno=fds[0])
+h = hashlib.sha256()
+while True:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    h.update(b)
+c.close()
+u.send(b"k")
+print(h.hexdigest(), flush=True)
+"#;
+
+const SENDING_CLIENT: &str = r#"
+import socket, sys, random
+data = random.Random(9).randbytes(4 << 20)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(data[:1000])
+assert c.recv(1) == b"g"
+c.sendall(data[1000:])
+c.shutdown(socket.SHUT_WR)
+c.recv(1)
+print("sent", flush=True)
+"#;
+
+#[test]
+fn a_descriptor_passed_to_another_process_carries_the_rest_of_the_stream() {
+    let dir = Scratch::new("fdpass");
+    let (srv, helper, cli) = (
+        dir.path("server.py"),
+        dir.path("helper.py"),
+        dir.path("client.py"),
+    );
+    std::fs::write(&srv, PASSING_SERVER).unwrap();
+    std::fs::write(&helper, RECEIVING_HELPER).unwrap();
+    std::fs::write(&cli, SENDING_CLIENT).unwrap();
+    let data = run(
+        command(
+            "python3",
+            &[
+                "-c",
+                "import random,sys; sys.stdout.buffer.write(random.Random(9).randbytes(4 << 20))",
+            ],
+            false,
+            &srv,
+        ),
+        None,
+        LIMIT,
+    )
+    .stdout;
+    assert_eq!(data.len(), 4 << 20);
+    let (head, rest) = (sha256(&data[..2000], &dir), sha256(&data[2000..], &dir));
+    for p in PLACEMENTS {
+        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let port = free_port();
+        let ps = port.to_string();
+        let sock = dir.path("pass.sock");
+        let _ = std::fs::remove_file(&sock);
+        let hlog = dir.path("helper.log");
+        let slog = dir.path("server.log");
+        let mut h = Proc::start(
+            command(
+                "python3",
+                &[helper.to_str().unwrap(), sock.to_str().unwrap()],
+                p.server,
+                &stats,
+            ),
+            Some(&hlog),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !std::fs::read_to_string(&hlog)
+            .unwrap_or_default()
+            .contains("ready")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{p:?}: the helper never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut s = Proc::start(
+            command(
+                "python3",
+                &[srv.to_str().unwrap(), &ps, sock.to_str().unwrap()],
+                p.server,
+                &stats,
+            ),
+            Some(&slog),
+        );
+        wait_for_listen(port);
+        let out = run(
+            command("python3", &[cli.to_str().unwrap(), &ps], p.client, &stats),
+            None,
+            LIMIT,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "sent",
+            "{p:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            h.child.wait().unwrap().success() && s.child.wait().unwrap().success(),
+            "{p:?}"
+        );
+        let hl = std::fs::read_to_string(&hlog).unwrap();
+        let sl = std::fs::read_to_string(&slog).unwrap();
+        assert_eq!(sl.trim(), head, "{p:?}: the server's first 2000 bytes");
+        assert_eq!(
+            hl.lines().nth(1),
+            Some(rest.as_str()),
+            "{p:?}: the rest, read by the process the descriptor went to"
+        );
+        check_placement(p, &stats, port);
+        if p.server && p.client {
+            let lines = stats_lines(&stats).join("\n");
+            assert!(
+                lines.contains("handed to the kernel"),
+                "{p:?}: the passed connection did not leave: {lines}"
+            );
+        }
+    }
+}
