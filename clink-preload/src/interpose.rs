@@ -671,6 +671,42 @@ pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut 
     unsafe { real::popen(cmd, mode) }
 }
 
+/// A stdio stream over an accelerated connection would read and write the kernel socket
+/// inside the C library, past the wrappers: the connection leaves first.
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
+    if let Some(c) = table::get(fd) {
+        let _keep = SavedErrno::save();
+        c.leave(fd);
+        drop(table::remove(fd));
+    }
+    unsafe { real::fdopen(fd, mode) }
+}
+
+/// io_uring reads and writes sockets in the kernel, past the wrappers: a process that sets
+/// one up has its connections leave and pairs no more (liburing versions that make the
+/// system call themselves, without `syscall`, are not seen).
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    n: libc::c_long,
+    a: libc::c_long,
+    b: libc::c_long,
+    c: libc::c_long,
+    d: libc::c_long,
+    e: libc::c_long,
+    f: libc::c_long,
+) -> libc::c_long {
+    if n == libc::SYS_io_uring_setup {
+        let _keep = SavedErrno::save();
+        crate::disable();
+        for (fd, conn) in table::all() {
+            conn.leave(fd);
+            drop(table::remove(fd));
+        }
+    }
+    unsafe { real::syscall(n, a, b, c, d, e, f) }
+}
+
 fn chk_fail() -> ! {
     extern "C" {
         fn __chk_fail() -> !;

@@ -89,10 +89,24 @@ fn read_config() -> Config {
     c
 }
 
+static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The settings.
 pub fn config() -> &'static Config {
     static C: OnceLock<Config> = OnceLock::new();
+    static OFF: OnceLock<Config> = OnceLock::new();
+    if DISABLED.load(std::sync::atomic::Ordering::Acquire) {
+        return OFF.get_or_init(|| Config {
+            enabled: false,
+            ..read_config()
+        });
+    }
     C.get_or_init(read_config)
+}
+
+/// Turns pairing off for the rest of the process (it set up io_uring).
+pub fn disable() {
+    DISABLED.store(true, std::sync::atomic::Ordering::Release);
 }
 
 extern "C" fn init() {

@@ -80,5 +80,7 @@ real_fns! {
     posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int;
     system(cmd: *const c_char) -> c_int;
+    fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE;
+    syscall(n: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long, d: libc::c_long, e: libc::c_long, f: libc::c_long) -> libc::c_long;
     popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE;
 }

@@ -449,19 +449,39 @@ fn python_asyncio_echo_with_half_close() {
             None,
         );
         wait_for_listen(port);
-        let out = run(
-            command("python3", &[cli.to_str().unwrap(), &ps], p.client, &stats),
-            None,
-            LIMIT,
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "match",
-            "{p:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        expect_match(p, &cli, &ps, &stats);
         check_placement(p, &stats, port);
     }
+}
+
+/// With both ends under clink: the server's end was accelerated, then left.
+fn expect_left(p: Placement, stats: &std::path::Path) {
+    if p.server && p.client {
+        let lines = stats_lines(stats).join("\n");
+        assert!(
+            lines.contains("accelerated, then handed to the kernel"),
+            "{p:?}: the connection did not leave: {lines}"
+        );
+    }
+}
+
+/// Runs a Python client that prints "match" when everything came back right.
+fn expect_match(p: Placement, client: &std::path::Path, port: &str, stats: &std::path::Path) {
+    let out = run(
+        command(
+            "python3",
+            &[client.to_str().unwrap(), port],
+            p.client,
+            stats,
+        ),
+        None,
+        LIMIT,
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(stdout.trim(), "match", "{p:?}: {stderr}");
 }
 
 const SLOW_SERVER: &str = r#"
@@ -684,12 +704,189 @@ fn a_descriptor_passed_to_another_process_carries_the_rest_of_the_stream() {
             "{p:?}: the rest, read by the process the descriptor went to"
         );
         check_placement(p, &stats, port);
-        if p.server && p.client {
-            let lines = stats_lines(&stats).join("\n");
-            assert!(
-                lines.contains("handed to the kernel"),
-                "{p:?}: the passed connection did not leave: {lines}"
-            );
+        expect_left(p, &stats);
+    }
+}
+
+const MEMCACHED_CLIENT: &str = r#"
+import socket, sys, random
+rng = random.Random(5)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+f = c.makefile("rb")
+values = {}
+for i in range(600):
+    k = "key%d" % i
+    v = rng.randbytes(rng.choice([1, 100, 5000, 60000, 400000]))
+    values[k] = v
+    c.sendall(b"set %s 0 0 %d\r\n" % (k.encode(), len(v)) + v + b"\r\n")
+    line = f.readline()
+    assert line == b"STORED\r\n", line
+def get(keys):
+    c.sendall(b"get " + b" ".join(k.encode() for k in keys) + b"\r\n")
+    got = {}
+    while True:
+        line = f.readline()
+        if line == b"END\r\n":
+            return got
+        _, k, _, n = line.split()
+        got[k.decode()] = f.read(int(n))
+        assert f.read(2) == b"\r\n"
+keys = list(values)
+rng.shuffle(keys)
+for i in range(0, len(keys), 25):
+    batch = keys[i:i + 25]
+    got = get(batch)
+    assert got == {k: values[k] for k in batch}, "mismatch"
+print("match")
+"#;
+
+#[test]
+fn memcached_returns_every_value_it_stored() {
+    let dir = Scratch::new("memcached");
+    let cli = dir.path("client.py");
+    std::fs::write(&cli, MEMCACHED_CLIENT).unwrap();
+    for p in PLACEMENTS {
+        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let port = free_port();
+        let ps = port.to_string();
+        let args = [
+            "-u",
+            "root",
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-t",
+            "2",
+            "-m",
+            "512",
+            "-I",
+            "2m",
+        ];
+        let _server = Proc::start(command("memcached", &args, p.server, &stats), None);
+        wait_for_listen(port);
+        expect_match(p, &cli, &ps, &stats);
+        drop(_server);
+        check_placement(p, &stats, port);
+    }
+}
+
+const STDIO_SERVER_C: &str = r#"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[1])) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1)) return 2;
+    int c = accept(l, 0, 0);
+    char ch; size_t head = 0;
+    do { if (read(c, &ch, 1) != 1) return 3; head++; } while (ch != '\n');
+    if (write(c, "g", 1) != 1) return 4;
+    do { if (read(c, &ch, 1) != 1) return 5; head++; } while (ch != '\n');
+    FILE *f = fdopen(c, "r");
+    uint64_t h = 1469598103934665603ULL, n = 0; int x;
+    while ((x = fgetc(f)) != EOF) { h = (h ^ (uint8_t)x) * 1099511628211ULL; n++; }
+    printf("%zu %llu %llu\n", head, (unsigned long long)n, (unsigned long long)h);
+    return 0;
+}
+"#;
+
+const LINE_CLIENT: &str = r#"
+import socket, sys, random
+data = random.Random(13).randbytes(2 << 20)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(b"hello\n")
+assert c.recv(1) == b"g"
+c.sendall(b"world\n")
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+print("sent")
+"#;
+
+#[test]
+fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
+    let dir = Scratch::new("stdio");
+    let (src, bin, cli) = (
+        dir.path("server.c"),
+        dir.path("server"),
+        dir.path("client.py"),
+    );
+    std::fs::write(&src, STDIO_SERVER_C).unwrap();
+    std::fs::write(&cli, LINE_CLIENT).unwrap();
+    let cc = run(
+        command(
+            "cc",
+            &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
+            false,
+            &src,
+        ),
+        None,
+        LIMIT,
+    );
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let data = run(
+        command(
+            "python3",
+            &[
+                "-c",
+                "import random,sys; sys.stdout.buffer.write(random.Random(13).randbytes(2 << 20))",
+            ],
+            false,
+            &src,
+        ),
+        None,
+        LIMIT,
+    )
+    .stdout;
+    let fnv = data.iter().fold(1469598103934665603u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(1099511628211)
+    });
+    for p in PLACEMENTS {
+        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let port = free_port();
+        let ps = port.to_string();
+        let mut c = std::process::Command::new(&bin);
+        c.arg(&ps).env_remove("LD_PRELOAD");
+        if p.server {
+            c.env("LD_PRELOAD", lib())
+                .env("CLINK_SOCKETS_STATS", &stats);
         }
+        let log = dir.path("server.log");
+        let mut server = Proc::start(c, Some(&log));
+        wait_for_listen(port);
+        let out = run(
+            command("python3", &[cli.to_str().unwrap(), &ps], p.client, &stats),
+            None,
+            LIMIT,
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "sent",
+            "{p:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            server.child.wait().unwrap().success(),
+            "{p:?}: server failed"
+        );
+        let got = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            got.trim(),
+            format!("12 {} {fnv}", data.len()),
+            "{p:?}: what stdio read"
+        );
+        check_placement(p, &stats, port);
+        expect_left(p, &stats);
     }
 }

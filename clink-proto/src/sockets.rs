@@ -300,3 +300,31 @@ mod tests {
         assert!(kernel_share(101, 100, 1).is_err());
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// What a peer sends on the pairing socket, and the positions it writes into the
+        /// mapping, are checked by total functions: any input gives a value or an error.
+        #[test]
+        fn peer_input_never_panics(b in proptest::collection::vec(any::<u8>(), 0..40),
+                                   head in any::<u64>(), tail in any::<u64>(), cap in any::<u32>(),
+                                   consumed in any::<u64>(), switch in any::<u64>(), got in any::<u64>()) {
+            if let Ok(h) = Hello::decode(&b) {
+                prop_assert!(h.ring.is_power_of_two() && (MIN_RING..=MAX_RING).contains(&h.ring));
+                prop_assert_eq!(Hello::decode(&h.encode()), Ok(h));
+            }
+            let _ = Ack::decode(&b);
+            if let Ok(n) = ring_readable(head, tail, cap) {
+                prop_assert!(n <= cap as u64);
+                prop_assert_eq!(ring_writable(head, tail, cap), Ok(cap as u64 - n));
+            }
+            if let Ok(d) = kernel_share(consumed, switch, got) {
+                prop_assert!(d <= got);
+            }
+        }
+    }
+}
