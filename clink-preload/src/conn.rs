@@ -606,6 +606,9 @@ impl Conn {
     /// the kernel reported, or `None` when the kernel's answer stands.
     pub fn fix_readiness(&self, fd: c_int, events: i16, kernel: i16) -> Option<i16> {
         let s = self.shared.get()?;
+        if self.left() {
+            return None;
+        }
         let rx = self.rx_in_ring();
         self.check_leaving(fd);
         let tx = self.tx_on_ring();
@@ -643,6 +646,9 @@ impl Conn {
     /// must be cut short (kernel bytes before the switch would end it at once).
     pub fn room_events(&self, events: i16) -> Option<(i16, bool)> {
         let s = self.shared.get()?;
+        if self.left() {
+            return None;
+        }
         if events & libc::POLLOUT == 0
             || !self.tx_on_ring()
             || s.writable(self.tx_dir()).map(|n| n > 0).unwrap_or(true)
@@ -661,7 +667,7 @@ impl Conn {
     /// For the spinning phase of poll and epoll: readiness from the rings alone, without a
     /// system call (`false` when only the kernel can tell).
     pub fn ready_without_kernel(&self, events: i16) -> bool {
-        let Some(s) = self.shared.get() else {
+        let Some(s) = self.shared.get().filter(|_| !self.left()) else {
             return false;
         };
         (events & libc::POLLIN != 0
@@ -675,7 +681,7 @@ impl Conn {
     /// Before sleeping in the kernel for `events`: raises the sleep flags so the other end
     /// sends wake-ups. Returns false (flags left down) when something is ready already.
     pub fn arm(&self, events: i16) -> bool {
-        let Some(s) = self.shared.get() else {
+        let Some(s) = self.shared.get().filter(|_| !self.left()) else {
             return true;
         };
         let unswitched = s.switch_at(self.rx_dir()).load(Ordering::Acquire) == NOT_SWITCHED;

@@ -24,7 +24,15 @@ fn kernel_only(fd: c_int) -> bool {
         .is_some_and(|s| s.contains(&fd))
 }
 
+/// Whether any descriptor was ever marked kernel-only (close skips the set otherwise).
+static ANY_KERNEL_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn set_kernel_only(fd: c_int, on: bool) {
+    if on {
+        ANY_KERNEL_ONLY.store(true, std::sync::atomic::Ordering::Release);
+    } else if !ANY_KERNEL_ONLY.load(std::sync::atomic::Ordering::Acquire) {
+        return;
+    }
     let mut g = KERNEL_ONLY.lock().unwrap_or_else(|e| e.into_inner());
     let s = g.get_or_insert_with(HashSet::new);
     if on {

@@ -11,6 +11,15 @@ use std::sync::{Arc, OnceLock, RwLock};
 const BITMAP_FDS: usize = 1 << 16;
 static BITS: [AtomicU64; BITMAP_FDS / 64] = [const { AtomicU64::new(0) }; BITMAP_FDS / 64];
 
+/// Bumped whenever a descriptor starts or stops being followed (epoll's member lists are
+/// cached against it).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The current generation of the table.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
 fn map() -> &'static RwLock<HashMap<c_int, Arc<Conn>>> {
     static M: OnceLock<RwLock<HashMap<c_int, Arc<Conn>>>> = OnceLock::new();
     M.get_or_init(|| RwLock::new(HashMap::new()))
@@ -63,7 +72,20 @@ pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
         return None;
     }
     set_bit(fd, false);
+    GENERATION.fetch_add(1, Ordering::AcqRel);
     map().write().unwrap_or_else(|e| e.into_inner()).remove(&fd)
+}
+
+/// The connections behind several descriptors at once (one lock), in order; descriptors
+/// that are not followed are left out.
+pub fn get_many(fds: impl Iterator<Item = c_int>) -> Vec<(c_int, Arc<Conn>)> {
+    let mut fds = fds.filter(|fd| marked(*fd)).peekable();
+    if fds.peek().is_none() {
+        return Vec::new();
+    }
+    let m = map().read().unwrap_or_else(|e| e.into_inner());
+    fds.filter_map(|fd| m.get(&fd).map(|c| (fd, c.clone())))
+        .collect()
 }
 
 /// Every followed descriptor with its connection.

@@ -297,9 +297,34 @@ struct Reg {
     disabled: bool,
 }
 
-fn regs() -> &'static Mutex<HashMap<c_int, HashMap<c_int, Reg>>> {
-    static R: OnceLock<Mutex<HashMap<c_int, HashMap<c_int, Reg>>>> = OnceLock::new();
+/// One epoll set's registrations, with the list of its followed members cached against
+/// the table's generation (epoll_wait runs far more often than anything changes).
+#[derive(Default)]
+struct Set {
+    regs: HashMap<c_int, Reg>,
+    cache: Option<(u64, Arc<Vec<Member>>)>,
+}
+
+fn regs() -> &'static Mutex<HashMap<c_int, Set>> {
+    static R: OnceLock<Mutex<HashMap<c_int, Set>>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Descriptors that are, or are members of, an epoll set: `forget` (every close) looks no
+/// further for the others.
+static REGISTERED: [std::sync::atomic::AtomicU64; 1024] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 1024];
+
+fn registered(fd: c_int, set: Option<bool>) -> bool {
+    if fd < 0 || fd as usize >= REGISTERED.len() * 64 {
+        return true;
+    }
+    let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
+    match set {
+        Some(true) => REGISTERED[w].fetch_or(b, std::sync::atomic::Ordering::AcqRel) & b != 0,
+        Some(false) => REGISTERED[w].fetch_and(!b, std::sync::atomic::Ordering::AcqRel) & b != 0,
+        None => REGISTERED[w].load(std::sync::atomic::Ordering::Acquire) & b != 0,
+    }
 }
 
 /// Notes a successful epoll_ctl.
@@ -309,7 +334,10 @@ pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if !ev.is_null() => {
             // SAFETY: the caller's event, which the kernel just accepted.
             let e = unsafe { std::ptr::read_unaligned(ev) };
-            m.entry(epfd).or_default().insert(
+            registered(fd, Some(true));
+            registered(epfd, Some(true));
+            let set = m.entry(epfd).or_default();
+            set.regs.insert(
                 fd,
                 Reg {
                     events: e.events,
@@ -317,10 +345,12 @@ pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event
                     disabled: false,
                 },
             );
+            set.cache = None;
         }
         libc::EPOLL_CTL_DEL => {
-            if let Some(s) = m.get_mut(&epfd) {
-                s.remove(&fd);
+            if let Some(set) = m.get_mut(&epfd) {
+                set.regs.remove(&fd);
+                set.cache = None;
             }
         }
         _ => {}
@@ -329,32 +359,50 @@ pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event
 
 /// Forgets `fd` (closed) as a member of epoll sets and as an epoll set.
 pub fn forget(fd: c_int) {
-    let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
-    if m.is_empty() {
+    if !registered(fd, None) {
         return;
     }
+    registered(fd, Some(false));
+    let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
     m.remove(&fd);
-    for s in m.values_mut() {
-        s.remove(&fd);
+    for set in m.values_mut() {
+        if set.regs.remove(&fd).is_some() {
+            set.cache = None;
+        }
     }
 }
 
 type Member = (c_int, Reg, Arc<Conn>);
 
-fn members(epfd: c_int) -> Vec<Member> {
-    let m = regs().lock().unwrap_or_else(|e| e.into_inner());
-    let Some(s) = m.get(&epfd) else {
-        return Vec::new();
+fn members(epfd: c_int) -> Arc<Vec<Member>> {
+    let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    let Some(set) = m.get_mut(&epfd) else {
+        return Arc::new(Vec::new());
     };
-    s.iter()
-        .filter_map(|(fd, r)| table::get(*fd).map(|c| (*fd, *r, c)))
-        .collect()
+    let generation = table::generation();
+    if let Some((g, list)) = &set.cache {
+        if *g == generation {
+            return list.clone();
+        }
+    }
+    let conns = table::get_many(set.regs.keys().copied());
+    let list: Arc<Vec<Member>> = Arc::new(
+        conns
+            .into_iter()
+            .filter_map(|(fd, c)| set.regs.get(&fd).map(|r| (fd, *r, c)))
+            .collect(),
+    );
+    set.cache = Some((generation, list.clone()));
+    list
 }
 
 fn disable(epfd: c_int, fd: c_int) {
     let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(r) = m.get_mut(&epfd).and_then(|s| s.get_mut(&fd)) {
-        r.disabled = true;
+    if let Some(set) = m.get_mut(&epfd) {
+        if let Some(r) = set.regs.get_mut(&fd) {
+            r.disabled = true;
+            set.cache = None;
+        }
     }
 }
 
@@ -456,12 +504,12 @@ pub fn epoll_wait(
         return None;
     }
     let members = members(epfd);
-    if members.is_empty() {
+    if members.is_empty() || members.iter().all(|(_, _, c)| c.left()) {
         return None;
     }
     // SAFETY: the caller's array of `max` events.
     let evs = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
-    for (fd, _, c) in &members {
+    for (fd, _, c) in members.iter() {
         c.progress(*fd, false);
         c.switch_if_ready(*fd);
     }
@@ -479,7 +527,7 @@ pub fn epoll_wait(
             ) {
                 let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
                 let e = errno();
-                for (_, _, c) in &members {
+                for (_, _, c) in members.iter() {
                     c.disarm();
                 }
                 if r < 0 {
@@ -523,7 +571,7 @@ pub fn epoll_wait(
         }
         let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
         let e = errno();
-        for (_, _, c) in &members {
+        for (_, _, c) in members.iter() {
             c.disarm();
         }
         if r < 0 {
