@@ -39,11 +39,21 @@ pub fn ts_to_ms(ts: *const libc::timespec) -> c_int {
     (t.tv_sec * 1000 + (t.tv_nsec + 999_999) / 1_000_000).clamp(0, c_int::MAX as i64) as c_int
 }
 
-fn fix_poll(fds: &mut [pollfd], conns: &[(usize, Arc<Conn>)]) -> c_int {
+fn fix_poll(
+    fds: &mut [pollfd],
+    conns: &[(usize, Arc<Conn>)],
+    nested: &[(usize, Vec<Inner>)],
+) -> c_int {
     for (i, c) in conns {
         let p = &mut fds[*i];
         if let Some(v) = c.fix_readiness(p.fd, p.events, p.revents) {
             p.revents = v;
+        }
+    }
+    for (i, inner) in nested {
+        let p = &mut fds[*i];
+        if p.events & libc::POLLIN != 0 && inner_ready(inner) {
+            p.revents |= libc::POLLIN;
         }
     }
     fds.iter().filter(|p| p.revents != 0).count() as c_int
@@ -57,9 +67,23 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
         .filter_map(|(i, p)| table::get(p.fd).map(|c| (i, c)))
         .collect();
     let n = fds.len() as libc::nfds_t;
-    if conns.is_empty() {
+    let nested: Vec<(usize, Vec<Inner>)> = fds
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.events & libc::POLLIN != 0)
+        .filter_map(|(i, p)| nested_in_poll(p.fd).map(|v| (i, v)))
+        .collect();
+    if conns.is_empty() && nested.is_empty() {
         return kernel_poll(fds, n, timeout_ms, mask);
     }
+    let events: Vec<i16> = fds.iter().map(|p| p.events).collect();
+    let armed = || {
+        conns.iter().map(|(i, c)| (c.as_ref(), events[*i])).chain(
+            nested
+                .iter()
+                .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev))),
+        )
+    };
     for (i, c) in &conns {
         c.progress(fds[*i].fd, false);
         c.switch_if_ready(fds[*i].fd);
@@ -73,18 +97,17 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
     loop {
         if !look {
             look = true;
-            let armed = arm_all(conns.iter().map(|(i, c)| (c.as_ref(), fds[*i].events)));
-            if armed {
+            if arm_all(armed()) {
                 let r = sleep_poll(fds, n, &conns, remaining(deadline), mask);
                 let e = errno();
-                for (_, c) in &conns {
+                for (c, _) in armed() {
                     c.disarm();
                 }
                 if r < 0 {
                     set_errno(e);
                     return r;
                 }
-                let ready = fix_poll(fds, &conns);
+                let ready = fix_poll(fds, &conns, &nested);
                 if ready > 0 || deadline.is_some_and(|d| now_ns() >= d) {
                     return ready;
                 }
@@ -96,7 +119,7 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
         if r < 0 {
             return r;
         }
-        let ready = fix_poll(fds, &conns);
+        let ready = fix_poll(fds, &conns, &nested);
         if ready > 0 || timeout_ms == 0 {
             return ready;
         }
@@ -106,26 +129,26 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
                 && !conns
                     .iter()
                     .any(|(i, c)| c.ready_without_kernel(fds[*i].events))
+                && !nested.iter().any(|(_, inner)| inner_ready(inner))
             {
                 std::hint::spin_loop();
                 k += 1;
             }
             continue;
         }
-        let armed = arm_all(conns.iter().map(|(i, c)| (c.as_ref(), fds[*i].events)));
-        if !armed {
+        if !arm_all(armed()) {
             continue;
         }
         let r = sleep_poll(fds, n, &conns, remaining(deadline), mask);
         let e = errno();
-        for (_, c) in &conns {
+        for (c, _) in armed() {
             c.disarm();
         }
         if r < 0 {
             set_errno(e);
             return r;
         }
-        let ready = fix_poll(fds, &conns);
+        let ready = fix_poll(fds, &conns, &nested);
         if ready > 0 {
             return ready;
         }
@@ -327,9 +350,18 @@ fn registered(fd: c_int, set: Option<bool>) -> bool {
     }
 }
 
+/// Set once an epoll set has been put inside another (only then do waits look for nested
+/// sets).
+static ANY_NESTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Notes a successful epoll_ctl.
 pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event) {
     let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    if op == libc::EPOLL_CTL_ADD
+        && (m.contains_key(&fd) || m.values().any(|set| set.regs.contains_key(&epfd)))
+    {
+        ANY_NESTED.store(true, std::sync::atomic::Ordering::Release);
+    }
     match op {
         libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD if !ev.is_null() => {
             // SAFETY: the caller's event, which the kernel just accepted.
@@ -406,7 +438,74 @@ fn disable(epfd: c_int, fd: c_int) {
     }
 }
 
-fn fix_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize, members: &[Member]) -> usize {
+/// A followed connection inside an epoll set, with the events it is registered for.
+type Inner = (c_int, i16, Arc<Conn>);
+
+/// The followed connections of epoll set `epfd` and of the sets inside it (an epoll set
+/// can be a member of another, or of a poll set): their ring readiness reaches the outer
+/// wait only through the inner set, so the outer wait arms them and reports the inner set
+/// readable when one of them is.
+fn inner_conns(epfd: c_int, depth: u32) -> Vec<Inner> {
+    if depth > 4 {
+        return Vec::new();
+    }
+    let mut out: Vec<Inner> = members(epfd)
+        .iter()
+        .filter(|(_, r, _)| !r.disabled)
+        .map(|(fd, r, c)| (*fd, (r.events & 0xffff) as i16, c.clone()))
+        .collect();
+    for (inner, _) in nested_sets(epfd) {
+        out.extend(inner_conns(inner, depth + 1));
+    }
+    out
+}
+
+/// The registrations of `epfd` that are themselves epoll sets this process knows.
+fn nested_sets(epfd: c_int) -> Vec<(c_int, Reg)> {
+    if !ANY_NESTED.load(std::sync::atomic::Ordering::Acquire) {
+        return Vec::new();
+    }
+    let m = regs().lock().unwrap_or_else(|e| e.into_inner());
+    match m.get(&epfd) {
+        Some(set) => set
+            .regs
+            .iter()
+            .filter(|(fd, _)| m.contains_key(fd))
+            .map(|(fd, r)| (*fd, *r))
+            .collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Whether a connection inside a nested set is readable or writable from its ring.
+fn inner_ready(inner: &[Inner]) -> bool {
+    inner.iter().any(|(_, ev, c)| c.ready_without_kernel(*ev))
+}
+
+/// Whether `fd` is an epoll set with followed connections inside (for poll).
+fn nested_in_poll(fd: c_int) -> Option<Vec<Inner>> {
+    if !ANY_NESTED.load(std::sync::atomic::Ordering::Acquire) && !registered(fd, None) {
+        return None;
+    }
+    if !registered(fd, None)
+        || !regs()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&fd)
+    {
+        return None;
+    }
+    let inner = inner_conns(fd, 1);
+    (!inner.is_empty()).then_some(inner)
+}
+
+fn fix_epoll(
+    epfd: c_int,
+    evs: &mut [libc::epoll_event],
+    n: usize,
+    members: &[Member],
+    nested: &[(Reg, Vec<Inner>)],
+) -> usize {
     let mut out: Vec<libc::epoll_event> = Vec::with_capacity(n + members.len());
     let mut reported = vec![false; members.len()];
     for ev in &evs[..n] {
@@ -441,6 +540,18 @@ fn fix_epoll(epfd: c_int, evs: &mut [libc::epoll_event], n: usize, members: &[Me
                     disable(epfd, *fd);
                 }
             }
+        }
+    }
+    for (r, inner) in nested {
+        if out.len() < evs.len()
+            && !out.iter().any(|e| e.u64 == r.data)
+            && r.events & libc::EPOLLIN as u32 != 0
+            && inner_ready(inner)
+        {
+            out.push(libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: r.data,
+            });
         }
     }
     let k = out.len().min(evs.len());
@@ -504,9 +615,24 @@ pub fn epoll_wait(
         return None;
     }
     let members = members(epfd);
-    if members.is_empty() || members.iter().all(|(_, _, c)| c.left()) {
+    let nested: Vec<(Reg, Vec<Inner>)> = nested_sets(epfd)
+        .into_iter()
+        .map(|(fd, r)| (r, inner_conns(fd, 1)))
+        .filter(|(_, inner)| !inner.is_empty())
+        .collect();
+    if nested.is_empty() && (members.is_empty() || members.iter().all(|(_, _, c)| c.left())) {
         return None;
     }
+    let armed = || {
+        members
+            .iter()
+            .map(|(_, r, c)| (c.as_ref(), (r.events & 0xffff) as i16))
+            .chain(
+                nested
+                    .iter()
+                    .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev))),
+            )
+    };
     // SAFETY: the caller's array of `max` events.
     let evs = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
     for (fd, _, c) in members.iter() {
@@ -520,21 +646,17 @@ pub fn epoll_wait(
     loop {
         if !look {
             look = true;
-            if arm_all(
-                members
-                    .iter()
-                    .map(|(_, r, c)| (c.as_ref(), (r.events & 0xffff) as i16)),
-            ) {
+            if arm_all(armed()) {
                 let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
                 let e = errno();
-                for (_, _, c) in members.iter() {
+                for (c, _) in armed() {
                     c.disarm();
                 }
                 if r < 0 {
                     set_errno(e);
                     return Some(r);
                 }
-                let ready = fix_epoll(epfd, evs, r as usize, &members);
+                let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
                 if ready > 0 || deadline.is_some_and(|d| now_ns() >= d) {
                     return Some(ready as c_int);
                 }
@@ -546,7 +668,7 @@ pub fn epoll_wait(
         if r < 0 {
             return Some(r);
         }
-        let ready = fix_epoll(epfd, evs, r as usize, &members);
+        let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
         if ready > 0 || timeout_ms == 0 {
             return Some(ready as c_int);
         }
@@ -556,29 +678,26 @@ pub fn epoll_wait(
                 && !members.iter().any(|(_, r, c)| {
                     !r.disabled && c.ready_without_kernel((r.events & 0xffff) as i16)
                 })
+                && !nested.iter().any(|(_, inner)| inner_ready(inner))
             {
                 std::hint::spin_loop();
                 k += 1;
             }
             continue;
         }
-        if !arm_all(
-            members
-                .iter()
-                .map(|(_, r, c)| (c.as_ref(), (r.events & 0xffff) as i16)),
-        ) {
+        if !arm_all(armed()) {
             continue;
         }
         let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
         let e = errno();
-        for (_, _, c) in members.iter() {
+        for (c, _) in armed() {
             c.disarm();
         }
         if r < 0 {
             set_errno(e);
             return Some(r);
         }
-        let ready = fix_epoll(epfd, evs, r as usize, &members);
+        let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
         if ready > 0 {
             return Some(ready as c_int);
         }

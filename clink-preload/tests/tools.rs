@@ -890,3 +890,83 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
         expect_left(p, &stats);
     }
 }
+
+const NESTED_SERVER: &str = r#"
+import select, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+c, _ = s.accept()
+c.setblocking(False)
+inner = select.epoll()
+inner.register(c.fileno(), select.EPOLLIN)
+if sys.argv[2] == "epoll":
+    outer = select.epoll()
+    outer.register(inner.fileno(), select.EPOLLIN)
+    wait = lambda: outer.poll(10)
+else:
+    outer = select.poll()
+    outer.register(inner.fileno(), select.POLLIN)
+    wait = lambda: outer.poll(10000)
+while True:
+    if not wait():
+        print("timeout", flush=True)
+        break
+    for _ in inner.poll(0):
+        try:
+            data = c.recv(1 << 20)
+        except BlockingIOError:
+            continue
+        if not data:
+            sys.exit(0)
+        c.setblocking(True)
+        c.sendall(data)
+        c.setblocking(False)
+"#;
+
+const PING_CLIENT: &str = r#"
+import socket, sys, random
+rng = random.Random(3)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.settimeout(20)
+for i in range(300):
+    msg = rng.randbytes(rng.choice([1, 100, 3000, 200000]))
+    c.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        got += c.recv(len(msg) - len(got))
+    assert got == msg, i
+print("match")
+"#;
+
+#[test]
+fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
+    let dir = Scratch::new("nested");
+    let (srv, cli) = (dir.path("server.py"), dir.path("client.py"));
+    std::fs::write(&srv, NESTED_SERVER).unwrap();
+    std::fs::write(&cli, PING_CLIENT).unwrap();
+    for outer in ["epoll", "poll"] {
+        for p in PLACEMENTS {
+            let stats = dir.path(&format!(
+                "stats-{}{}{outer}",
+                p.server as u8, p.client as u8
+            ));
+            let port = free_port();
+            let ps = port.to_string();
+            let _server = Proc::start(
+                command(
+                    "python3",
+                    &[srv.to_str().unwrap(), &ps, outer],
+                    p.server,
+                    &stats,
+                ),
+                None,
+            );
+            wait_for_listen(port);
+            expect_match(p, &cli, &ps, &stats);
+            check_placement(p, &stats, port);
+        }
+    }
+}

@@ -98,7 +98,7 @@ impl Drop for Scratch {
 pub fn command(program: &str, args: &[&str], preload: bool, stats: &Path) -> Command {
     let mut c = Command::new(tool(program));
     c.args(args);
-    c.env_remove("LD_PRELOAD").env_remove("CLINK_SOCKETS_STATE");
+    c.env_remove("LD_PRELOAD");
     if preload {
         c.env("LD_PRELOAD", lib()).env("CLINK_SOCKETS_STATS", stats);
     }
