@@ -38,7 +38,7 @@ fn connect_choice(prefer_tcp: bool, force_net: bool, udp: bool, tcp: bool) -> St
 pub fn run() -> Result<(), String> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
     let cfg = ctx.config();
-    let (c, measured) = ctx.costs();
+    let (c, _) = ctx.costs();
     println!("clink {}", env!("CARGO_PKG_VERSION"));
     println!(
         "host key            {:016x} (boot id + network namespace: shared memory only within one)",
@@ -129,14 +129,7 @@ pub fn run() -> Result<(), String> {
     );
     println!("connect picks       {choice}");
     println!();
-    println!(
-        "cost model inputs ({})",
-        if measured {
-            "measured at start; CLINK_CALIBRATE=0 skips"
-        } else {
-            "built-in figures (CLINK_CALIBRATE=0)"
-        }
-    );
+    println!("cost model inputs ({})", ctx.costs_source());
     println!(
         "  memcpy            {:.1} GB/s in cache, {:.1} GB/s beyond the {} cache",
         c.copy_bytes_per_ns,

@@ -57,7 +57,120 @@ pub const MIN_EAGER: u64 = 1024;
 /// round trip and the second call cost more than half a copy saves.
 pub const CMA_SPLIT_MIN: u64 = 128 << 10;
 
+/// First line of the host cost cache's text (format version 1).
+pub const CACHE_HEADER: &str = "clink-costs 1";
+
+/// What a machine clink runs on can measure for each figure; a measurement outside these
+/// bounds was disturbed (a 12 us ring hop measured while 32 processes start on 2 cores)
+/// and must not choose the protocols.
+const PLAUSIBLE: [(&str, f64, f64); 7] = [
+    ("copy_bytes_per_ns", 0.5, 500.0),
+    ("cma_bytes_per_ns", 0.1, 500.0),
+    ("cma_call_ns", 50.0, 100_000.0),
+    ("copy_dram_bytes_per_ns", 0.1, 500.0),
+    ("cma_dram_bytes_per_ns", 0.05, 500.0),
+    ("cache_bytes", 65_536.0, 16.0 * 1_073_741_824.0),
+    ("hop_ns", 10.0, 5_000.0),
+];
+
 impl Costs {
+    fn fields(&self) -> [f64; 7] {
+        [
+            self.copy_bytes_per_ns,
+            self.cma_bytes_per_ns,
+            self.cma_call_ns,
+            self.copy_dram_bytes_per_ns,
+            self.cma_dram_bytes_per_ns,
+            self.cache_bytes as f64,
+            self.hop_ns,
+        ]
+    }
+
+    /// The figures that are outside what any machine could measure (see `PLAUSIBLE`),
+    /// replaced by the built-in ones; returns the corrected costs and the names replaced.
+    pub fn sanitized(&self) -> (Costs, Vec<&'static str>) {
+        let d = Costs::default();
+        let mut c = *self;
+        let mut bad = Vec::new();
+        let defaults = d.fields();
+        let slots: [&mut f64; 6] = [
+            &mut c.copy_bytes_per_ns,
+            &mut c.cma_bytes_per_ns,
+            &mut c.cma_call_ns,
+            &mut c.copy_dram_bytes_per_ns,
+            &mut c.cma_dram_bytes_per_ns,
+            &mut c.hop_ns,
+        ];
+        for (i, slot) in [0usize, 1, 2, 3, 4, 6].into_iter().zip(slots) {
+            let (name, lo, hi) = PLAUSIBLE[i];
+            if !(lo..=hi).contains(slot) || !slot.is_finite() {
+                *slot = defaults[i];
+                bad.push(name);
+            }
+        }
+        let (name, lo, hi) = PLAUSIBLE[5];
+        if !(lo..=hi).contains(&(c.cache_bytes as f64)) {
+            c.cache_bytes = d.cache_bytes;
+            bad.push(name);
+        }
+        (c, bad)
+    }
+
+    /// The host cost cache's text for costs measured during boot `boot` (the kernel's boot
+    /// id: a cache from another boot, or another machine, is not used).
+    pub fn to_cache_text(&self, boot: &str) -> String {
+        let mut t = format!("{CACHE_HEADER}\nboot {}\n", boot.trim());
+        for ((name, _, _), v) in PLAUSIBLE.iter().zip(self.fields()) {
+            t.push_str(&format!("{name} {v}\n"));
+        }
+        t
+    }
+
+    /// Parses [`Costs::to_cache_text`]'s text: the boot id it was measured in and the
+    /// costs. Anything missing, unknown, repeated or implausible is an error (the caller
+    /// then measures again).
+    pub fn from_cache_text(text: &str) -> Result<(String, Costs), String> {
+        let mut lines = text.lines();
+        if lines.next() != Some(CACHE_HEADER) {
+            return Err("not a clink cost cache (or another version)".into());
+        }
+        let boot = lines
+            .next()
+            .and_then(|l| l.strip_prefix("boot "))
+            .filter(|b| !b.is_empty() && b.len() <= 64)
+            .ok_or("no boot id")?
+            .to_string();
+        let mut vals: [Option<f64>; 7] = [None; 7];
+        for l in lines {
+            let (name, v) = l.split_once(' ').ok_or_else(|| format!("bad line {l:?}"))?;
+            let i = PLAUSIBLE
+                .iter()
+                .position(|(n, _, _)| *n == name)
+                .ok_or_else(|| format!("unknown figure {name:?}"))?;
+            let v: f64 = v.parse().map_err(|_| format!("bad value in {l:?}"))?;
+            let (_, lo, hi) = PLAUSIBLE[i];
+            if !(lo..=hi).contains(&v) {
+                return Err(format!("{name} {v} is outside {lo}..={hi}"));
+            }
+            if vals[i].replace(v).is_some() {
+                return Err(format!("{name} given twice"));
+            }
+        }
+        let f = |i: usize| vals[i].ok_or_else(|| format!("{} missing", PLAUSIBLE[i].0));
+        Ok((
+            boot,
+            Costs {
+                copy_bytes_per_ns: f(0)?,
+                cma_bytes_per_ns: f(1)?,
+                cma_call_ns: f(2)?,
+                copy_dram_bytes_per_ns: f(3)?,
+                cma_dram_bytes_per_ns: f(4)?,
+                cache_bytes: f(5)? as u64,
+                hop_ns: f(6)?,
+            },
+        ))
+    }
+
     /// Nanoseconds to move `n` bytes eagerly: copied into the ring and out of it.
     pub fn eager_ns(&self, n: u64) -> f64 {
         2.0 * n as f64 / self.copy_bytes_per_ns
@@ -138,6 +251,55 @@ impl Costs {
             c & !63
         } else {
             c
+        }
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_cache_text_round_trips_and_refuses_what_is_off() {
+        let c = Costs {
+            hop_ns: 57.5,
+            cache_bytes: 32 << 20,
+            ..Costs::default()
+        };
+        let t = c.to_cache_text("abc-123\n");
+        assert_eq!(Costs::from_cache_text(&t), Ok(("abc-123".to_string(), c)));
+        assert!(
+            Costs::from_cache_text(&t.replace("hop_ns 57.5", "hop_ns 12000")).is_err(),
+            "a disturbed hop"
+        );
+        assert!(Costs::from_cache_text(&t.replace("clink-costs 1", "clink-costs 2")).is_err());
+        assert!(
+            Costs::from_cache_text(&format!("{t}hop_ns 60\n")).is_err(),
+            "repeated"
+        );
+        assert!(
+            Costs::from_cache_text(&t.replace("hop_ns 57.5\n", "")).is_err(),
+            "missing"
+        );
+        let (fixed, bad) = Costs {
+            hop_ns: 12_000.0,
+            copy_bytes_per_ns: f64::NAN,
+            ..c
+        }
+        .sanitized();
+        assert_eq!(bad, vec!["copy_bytes_per_ns", "hop_ns"]);
+        assert_eq!(fixed.hop_ns, Costs::default().hop_ns);
+        assert_eq!(c.sanitized(), (c, vec![]));
+    }
+
+    proptest! {
+        /// The cache is a file other processes wrote: any text parses or is refused.
+        #[test]
+        fn any_cache_text_is_parsed_or_refused(t in ".{0,300}") {
+            if let Ok((_, c)) = Costs::from_cache_text(&t) {
+                prop_assert!(c.sanitized().1.is_empty());
+            }
         }
     }
 }

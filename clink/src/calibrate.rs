@@ -133,3 +133,149 @@ fn llc_bytes() -> Option<u64> {
     }
     best
 }
+
+/// Where a context's costs came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Measured by this process (and stored for the others of this host).
+    Measured,
+    /// Read from the host's cache, measured by an earlier process of this boot.
+    Cached,
+    /// The built-in figures (`CLINK_CALIBRATE=0`).
+    BuiltIn,
+}
+
+impl Source {
+    /// How `clink info` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Measured => "measured by this process",
+            Source::Cached => "measured once on this host, read from the cache",
+            Source::BuiltIn => "built-in (CLINK_CALIBRATE=0)",
+        }
+    }
+}
+
+/// The host's cost cache: `CLINK_COSTS_CACHE`, or `/dev/shm/clink-costs-<uid>` (tmpfs:
+/// gone at reboot, and the boot id inside is checked anyway).
+pub fn cache_path(explicit: Option<&std::path::Path>) -> std::path::PathBuf {
+    match explicit {
+        Some(p) => p.to_path_buf(),
+        None => std::path::PathBuf::from(format!("/dev/shm/clink-costs-{}", sys::getuid())),
+    }
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// The cache's costs if it is ours (a regular file owned by this uid, not a link), from
+/// this boot, and every figure plausible.
+fn read_cache(path: &std::path::Path, boot: &str) -> Option<Costs> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.uid() != sys::getuid() || m.len() > 4096 {
+        return None;
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut &f, &mut text).ok()?;
+    let (b, costs) = Costs::from_cache_text(&text).ok()?;
+    (b == boot).then_some(costs)
+}
+
+/// Writes the cache atomically (a temporary file renamed over it).
+fn write_cache(path: &std::path::Path, costs: &Costs, boot: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("tmp{}", sys::getpid()));
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, costs.to_cache_text(boot).as_bytes()));
+    if ok.is_ok() && std::fs::rename(&tmp, path).is_ok() {
+        return;
+    }
+    let _ = std::fs::remove_file(&tmp);
+}
+
+/// The costs of this host: from the cache when an earlier process of this boot measured
+/// them, else measured here (one process at a time: the others wait on a lock for up to
+/// 10 s, then read what it stored) and stored. A figure outside what any machine could
+/// measure (a measurement disturbed by load) is replaced by the built-in one and the costs
+/// are not stored, so that a later, quieter process measures again. `fresh` measures
+/// whatever the cache holds.
+pub fn host_costs(cache: Option<&std::path::Path>, fresh: bool) -> (Costs, Source) {
+    let path = cache_path(cache);
+    let boot = boot_id();
+    if !fresh {
+        if let Some(c) = read_cache(&path, &boot) {
+            return (c, Source::Cached);
+        }
+    }
+    let lock = sys::FileLock::acquire(
+        &path.with_extension("lock"),
+        std::time::Duration::from_secs(10),
+    );
+    if !fresh && lock.is_some() {
+        if let Some(c) = read_cache(&path, &boot) {
+            return (c, Source::Cached);
+        }
+    }
+    let (costs, bad) = measure().sanitized();
+    if bad.is_empty() && lock.is_some() && !boot.is_empty() {
+        write_cache(&path, &costs, &boot);
+    }
+    (costs, Source::Measured)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_measures_the_others_read_and_a_bad_cache_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("clink-costs-test-{}", sys::getpid()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("costs");
+        let (first, src) = host_costs(Some(&path), false);
+        assert_eq!(src, Source::Measured);
+        assert!(first.sanitized().1.is_empty());
+        let (second, src) = host_costs(Some(&path), false);
+        assert_eq!((second, src), (first, Source::Cached));
+        // Garbage, another boot's figures and a link are not used; the next measurement
+        // replaces them.
+        for bad in ["nonsense", &first.to_cache_text("another-boot")] {
+            std::fs::write(&path, bad).unwrap();
+            assert_eq!(host_costs(Some(&path), false).1, Source::Measured);
+            assert_eq!(host_costs(Some(&path), false).1, Source::Cached);
+        }
+        let other = dir.join("elsewhere");
+        std::fs::rename(&path, &other).unwrap();
+        std::os::unix::fs::symlink(&other, &path).unwrap();
+        assert_eq!(
+            host_costs(Some(&path), false).1,
+            Source::Measured,
+            "a link is not followed"
+        );
+        assert!(!std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            host_costs(Some(&path), true).1,
+            Source::Measured,
+            "fresh measures anyway"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -14,7 +14,8 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CMA_SPLIT", "'1' (default): a CMA rendezvous of 128 KiB or more is copied by both sides at once, the sender writing the first half into the posted buffer (process_vm_writev) while the receiver reads the second; '0': the receiver reads it all"),
     ("CLINK_RING_CELLS", "64-byte cells per ring direction, a power of two (default 2048 = 128 KiB: small enough to stay in the caches of both cores)"),
     ("CLINK_SHM_ANY_UID", "'1' lets peers of other uids connect (default: same uid only)"),
-    ("CLINK_CALIBRATE", "'1' (default) measures copy and CMA costs at start; '0' uses built-in figures"),
+    ("CLINK_CALIBRATE", "'1' (default): the copy, CMA and ring-hop costs the protocols are chosen from are measured once per host and boot, by the first process that needs them (the others wait for it, then read them from CLINK_COSTS_CACHE); a figure no machine could measure (a measurement disturbed by load) is replaced by the built-in one and not stored; 'fresh': measured by this process (and stored); '0': built-in figures"),
+    ("CLINK_COSTS_CACHE", "the file holding the host's measured costs (default /dev/shm/clink-costs-UID)"),
     ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
     ("CLINK_LIVENESS_MS", "how often a busy-polling endpoint checks peers for death (default 10)"),
     ("CLINK_BOARD_PEERS", "same-host peers from which progress visits only the peers that raised their bit on the activity board (default 4; 0 = never)"),
@@ -61,8 +62,12 @@ pub struct Config {
     pub ring_cells: u32,
     /// Accept shared-memory peers with another uid.
     pub any_uid: bool,
-    /// Measure costs at start.
+    /// Use measured costs (once per host, cached) rather than the built-in ones.
     pub calibrate: bool,
+    /// Measure in this process even when the host's cache holds costs.
+    pub calibrate_fresh: bool,
+    /// The host's cost cache (default `/dev/shm/clink-costs-UID`).
+    pub costs_cache: Option<std::path::PathBuf>,
     /// Connect handshake timeout.
     pub connect_timeout: Duration,
     /// Liveness check period while busy-polling.
@@ -91,6 +96,8 @@ impl Default for Config {
             ring_cells: 2048,
             any_uid: false,
             calibrate: true,
+            calibrate_fresh: false,
+            costs_cache: None,
             connect_timeout: Duration::from_secs(5),
             liveness: Duration::from_millis(10),
             board_peers: 4,
@@ -177,7 +184,21 @@ impl Config {
                     }
                 }
                 "CLINK_SHM_ANY_UID" => c.any_uid = flag(&k, &v)?,
-                "CLINK_CALIBRATE" => c.calibrate = flag(&k, &v)?,
+                "CLINK_CALIBRATE" => {
+                    (c.calibrate, c.calibrate_fresh) = match v.trim() {
+                        "fresh" => (true, true),
+                        _ => (
+                            flag(&k, &v).map_err(|_| bad(&k, &v, "expected 1, 0 or 'fresh'"))?,
+                            false,
+                        ),
+                    }
+                }
+                "CLINK_COSTS_CACHE" => {
+                    if v.trim().is_empty() {
+                        return Err(bad(&k, &v, "expected a file path"));
+                    }
+                    c.costs_cache = Some(std::path::PathBuf::from(v.trim()));
+                }
                 "CLINK_CONNECT_TIMEOUT_MS" => {
                     c.connect_timeout = Duration::from_millis(num(&k, &v, 1, 3_600_000)?)
                 }
@@ -276,6 +297,14 @@ mod tests {
         .unwrap();
         assert_eq!(c.spin, Some(Duration::ZERO));
         assert!(!c.cma);
+        let cal = |v: &str| {
+            Config::from_vars(vars(&[("CLINK_CALIBRATE", v)]))
+                .map(|c| (c.calibrate, c.calibrate_fresh))
+        };
+        assert_eq!(cal("fresh").unwrap(), (true, true));
+        assert_eq!(cal("1").unwrap(), (true, false));
+        assert_eq!(cal("0").unwrap(), (false, false));
+        assert!(cal("sometimes").is_err());
         assert_eq!(c.ring_cells, 1024);
         let udp = |k: &str, v: &str| {
             Config::from_vars(vars(&[(k, v)]))

@@ -10,6 +10,7 @@ pub(crate) struct CtxInner {
     pub config: Config,
     pub costs: Costs,
     pub calibrated: bool,
+    pub costs_source: calibrate::Source,
     pub host: u64,
     pub pid: i32,
 }
@@ -45,16 +46,18 @@ impl Context {
 
     /// A context with an explicit configuration.
     pub fn with_config(config: Config) -> Result<Context> {
-        let (costs, calibrated) = if config.calibrate {
-            (calibrate::measure(), true)
+        let (costs, source) = if config.calibrate {
+            calibrate::host_costs(config.costs_cache.as_deref(), config.calibrate_fresh)
         } else {
-            (Costs::default(), false)
+            (Costs::default(), calibrate::Source::BuiltIn)
         };
+        let calibrated = source != calibrate::Source::BuiltIn;
         Ok(Context {
             inner: Arc::new(CtxInner {
                 config,
                 costs,
                 calibrated,
+                costs_source: source,
                 host: host_key(),
                 pid: sys::getpid(),
             }),
@@ -74,6 +77,11 @@ impl Context {
     /// The cost model's inputs (measured, or built-in when calibration is off).
     pub fn costs(&self) -> (Costs, bool) {
         (self.inner.costs, self.inner.calibrated)
+    }
+
+    /// Where the costs came from: measured here, read from the host's cache, or built in.
+    pub fn costs_source(&self) -> &'static str {
+        self.inner.costs_source.as_str()
     }
 
     /// The eager/rendezvous threshold for a peer with or without CMA, and the ring's limit.

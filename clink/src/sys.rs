@@ -873,6 +873,46 @@ pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
     cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
 }
 
+/// An exclusive `flock` on a file, released when dropped.
+pub struct FileLock {
+    fd: OwnedFd,
+}
+
+impl FileLock {
+    /// Takes the lock on `path` (created 0600 if missing), waiting up to `wait`; `None`
+    /// if it cannot be opened or stays held that long.
+    pub fn acquire(path: &std::path::Path, wait: std::time::Duration) -> Option<FileLock> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .ok()?;
+        let fd: OwnedFd = f.into();
+        let end = std::time::Instant::now() + wait;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(FileLock { fd });
+            }
+            if std::time::Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking our own descriptor (closing it would too).
+        unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
