@@ -19,7 +19,7 @@ use crate::le::{put_u32, u16_at, u32_at};
 use std::net::{IpAddr, SocketAddr};
 
 /// Version of the pairing messages and of the shared mapping's layout.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Magic of a [`Hello`].
 pub const HELLO_MAGIC: u32 = 0x434b_5348; // "CKSH"
 /// Magic of an [`Ack`].
@@ -179,10 +179,11 @@ impl Layout {
     /// unread by the kernel and stays there, and sends no more wake-up bytes.
     pub const LEAVING: usize = 328;
     /// Offset of the count (u32) of wake-up bytes being sent on this direction's kernel
-    /// stream right now.
-    pub const BELLS_IN_FLIGHT: usize = 332;
+    /// stream right now (a line of its own: the writer changes it on every wake-up, and
+    /// the reader's sleep flag must not share a line with it).
+    pub const BELLS_IN_FLIGHT: usize = 384;
     /// Offset of the count (u64) of wake-up bytes sent on this direction's kernel stream.
-    pub const BELLS_SENT: usize = 336;
+    pub const BELLS_SENT: usize = 392;
 
     /// Bytes of the whole mapping.
     pub fn total(&self) -> usize {
@@ -272,7 +273,7 @@ mod tests {
         assert_eq!(rendezvous_name(v4, 40000), rendezvous_name(mapped, 40000));
         assert_eq!(
             rendezvous_name(v4, 40000),
-            "clink-sockets/1/127.0.0.1:8080/40000"
+            "clink-sockets/2/127.0.0.1:8080/40000"
         );
         let c: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         assert!(is_mirror(c, mapped, v4, c));
