@@ -108,7 +108,13 @@ fn socat_exec_half_close_and_a_program_without_the_library() {
             Some(want.as_str()),
             "{p:?} {program}: wrong digest"
         );
-        check_placement(p, &stats, port);
+        // The accepting end leaves at the exec; the connecting end may have paired before
+        // (then it resends what its ring held) or not (then it never left the kernel).
+        if p.server && p.client {
+            expect_left(p, &stats);
+        } else {
+            check_placement(p, &stats, port);
+        }
     }
 }
 
@@ -459,7 +465,7 @@ fn expect_left(p: Placement, stats: &std::path::Path) {
     if p.server && p.client {
         let lines = stats_lines(stats).join("\n");
         assert!(
-            lines.contains("accelerated, then handed to the kernel"),
+            lines.contains("its descriptor left this process"),
             "{p:?}: the connection did not leave: {lines}"
         );
     }
