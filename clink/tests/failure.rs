@@ -313,7 +313,9 @@ fn named_clink_files() -> BTreeSet<String> {
         for e in rd.flatten() {
             let path = e.path().to_string_lossy().into_owned();
             let name = e.file_name().to_string_lossy().to_lowercase();
-            if name.contains("clink") {
+            // The host's measured costs (and their lock) are kept for the boot on purpose:
+            // shared by every process, not left behind by one.
+            if name.contains("clink") && !name.starts_with("clink-costs-") {
                 out.insert(path.clone());
             }
             if depth < 1 && e.file_type().is_ok_and(|t| t.is_dir()) {
