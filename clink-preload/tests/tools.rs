@@ -391,10 +391,13 @@ fn nginx_serves_files_to_curl_and_wrk() {
             !text.contains("Socket errors") && !text.contains("Non-2xx"),
             "{p:?}: {text}"
         );
-        // nginx's master stays up; stop it (and its workers, which follow it) by PID.
-        drop(_nginx);
-        let pid = std::fs::read_to_string(dir.path("ng.pid")).unwrap_or_default();
-        let _ = pid;
+        // nginx's master takes its workers down with it on SIGTERM (not on SIGKILL).
+        let mut nginx = _nginx;
+        nginx.terminate();
+        assert!(
+            matches!(nginx.child.try_wait(), Ok(Some(_))),
+            "{p:?}: nginx did not stop"
+        );
         check_placement(p, &stats, port);
     }
 }

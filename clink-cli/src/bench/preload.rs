@@ -27,10 +27,20 @@ const LIMIT: Duration = Duration::from_secs(120);
 struct Server(Child);
 
 impl Drop for Server {
+    /// SIGTERM first, so that a server with workers (nginx) takes them down with it; then
+    /// SIGKILL after 10 s. The PID is signalled only while the child is not yet reaped.
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by its PID.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGKILL) };
-        let _ = self.0.wait();
+        let pid = self.0.id() as i32;
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut sig = libc::SIGTERM;
+        while matches!(self.0.try_wait(), Ok(None)) {
+            // SAFETY: signalling our own child, not yet reaped, by its PID.
+            unsafe { libc::kill(pid, sig) };
+            if Instant::now() > end {
+                sig = libc::SIGKILL;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 

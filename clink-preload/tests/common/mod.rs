@@ -135,11 +135,29 @@ impl Proc {
     }
 }
 
+impl Proc {
+    /// Asks the process to stop (SIGTERM) and waits up to 10 s for it: a server that forks
+    /// workers (nginx) takes them down with it, which a SIGKILL of the parent would not.
+    pub fn terminate(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        // SAFETY: signalling our own child (not yet reaped) by its PID.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by its PID.
-        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
-        let _ = self.child.wait();
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: signalling our own child (not yet reaped) by its PID.
+            unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
     }
 }
 
