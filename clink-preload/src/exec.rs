@@ -17,15 +17,17 @@ fn survives(fd: c_int) -> bool {
     f >= 0 && f & libc::FD_CLOEXEC == 0
 }
 
-/// Hands every connection whose descriptor survives exec back to the kernel.
-pub fn before_exec() {
+/// Hands back to the kernel every connection one of whose descriptors `pick` chooses, and
+/// stops following all of its descriptors here.
+pub fn leave_where(pick: impl Fn(c_int) -> bool) {
     if !crate::config().enabled {
         return;
     }
+    let _keep = crate::sys::SavedErrno::save();
     let all = table::all();
     let mut left: Vec<Arc<Conn>> = Vec::new();
     for (fd, c) in &all {
-        if survives(*fd) && !left.iter().any(|l| Arc::ptr_eq(l, c)) {
+        if pick(*fd) && !c.left() && !left.iter().any(|l| Arc::ptr_eq(l, c)) {
             c.leave(*fd);
             left.push(c.clone());
         }
@@ -35,6 +37,18 @@ pub fn before_exec() {
             drop(table::remove(fd));
         }
     }
+}
+
+/// Hands `fd`'s connection back to the kernel (its descriptor is about to escape).
+pub fn leave_fd(fd: c_int) {
+    if table::get(fd).is_some() {
+        leave_where(|f| f == fd);
+    }
+}
+
+/// Hands every connection whose descriptor survives exec back to the kernel.
+pub fn before_exec() {
+    leave_where(survives);
 }
 
 /// execve, after [`before_exec`].

@@ -285,10 +285,7 @@ fn leave_passed(msg: *const msghdr) {
                 let data = libc::CMSG_DATA(c) as *const c_int;
                 for i in 0..k {
                     let fd = std::ptr::read_unaligned(data.add(i));
-                    if let Some(conn) = table::get(fd) {
-                        conn.leave(fd);
-                        drop(table::remove(fd));
-                    }
+                    crate::exec::leave_fd(fd);
                 }
             }
             c = libc::CMSG_NXTHDR(m, c);
@@ -606,88 +603,52 @@ pub unsafe extern "C" fn execve(
     crate::exec::execve(path, argv, envp)
 }
 
-// The C library runs these through its internal execve, which no wrapper sees.
-#[no_mangle]
-pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::execv(path, argv) }
+/// Exported calls that start a program, after the connections whose descriptors it
+/// would inherit went back to the kernel (`exec::before_exec`).
+macro_rules! leaving_first {
+    ($( fn $name:ident($($a:ident: $t:ty),*) -> $r:ty; )*) => {
+        $(
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+                crate::exec::before_exec();
+                unsafe { real::$name($($a),*) }
+            }
+        )*
+    };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::execvp(file, argv) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn execvpe(
-    file: *const c_char,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::execvpe(file, argv, envp) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn fexecve(
-    fd: c_int,
-    argv: *const *const c_char,
-    envp: *const *const c_char,
-) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::fexecve(fd, argv, envp) }
-}
-
-// Children that system(), popen() and posix_spawn() start are exec'd inside the C
-// library: their connections leave first, as for exec.
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawn(
-    pid: *mut libc::pid_t,
-    path: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn posix_spawnp(
-    pid: *mut libc::pid_t,
-    file: *const c_char,
-    actions: *const libc::posix_spawn_file_actions_t,
-    attr: *const libc::posix_spawnattr_t,
-    argv: *const *mut c_char,
-    envp: *const *mut c_char,
-) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn system(cmd: *const c_char) -> c_int {
-    crate::exec::before_exec();
-    unsafe { real::system(cmd) }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    crate::exec::before_exec();
-    unsafe { real::popen(cmd, mode) }
+// The C library runs the exec family and the children that system(), popen() and
+// posix_spawn() start through its internal execve, which no wrapper sees.
+leaving_first! {
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fn posix_spawn(
+        pid: *mut libc::pid_t,
+        path: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    fn posix_spawnp(
+        pid: *mut libc::pid_t,
+        file: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    fn system(cmd: *const c_char) -> c_int;
+    fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE;
 }
 
 /// A stdio stream over an accelerated connection would read and write the kernel socket
 /// inside the C library, past the wrappers: the connection leaves first.
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
-    if let Some(c) = table::get(fd) {
-        let _keep = SavedErrno::save();
-        c.leave(fd);
-        drop(table::remove(fd));
-    }
+    crate::exec::leave_fd(fd);
     unsafe { real::fdopen(fd, mode) }
 }
 
@@ -705,12 +666,9 @@ pub unsafe extern "C" fn syscall(
     f: libc::c_long,
 ) -> libc::c_long {
     if n == libc::SYS_io_uring_setup {
-        let _keep = SavedErrno::save();
+        // Leave first: leave_where does nothing once pairing is off.
+        crate::exec::leave_where(|_| true);
         crate::disable();
-        for (fd, conn) in table::all() {
-            conn.leave(fd);
-            drop(table::remove(fd));
-        }
     }
     unsafe { real::syscall(n, a, b, c, d, e, f) }
 }

@@ -95,47 +95,31 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
     // ready there, and the armed flags catch the rings (one system call, as without us).
     let mut look = spin > 0 || timeout_ms == 0;
     loop {
-        if !look {
-            look = true;
-            if arm_all(armed()) {
-                let r = sleep_poll(fds, n, &conns, remaining(deadline), mask);
-                let e = errno();
-                for (c, _) in armed() {
-                    c.disarm();
-                }
-                if r < 0 {
-                    set_errno(e);
-                    return r;
-                }
-                let ready = fix_poll(fds, &conns, &nested);
-                if ready > 0 || deadline.is_some_and(|d| now_ns() >= d) {
-                    return ready;
-                }
+        if look {
+            // SAFETY: `fds` is the caller's pollfd array.
+            let r = unsafe { real::poll(fds.as_mut_ptr(), n, 0) };
+            if r < 0 {
+                return r;
             }
-            continue;
-        }
-        // SAFETY: `fds` is the caller's pollfd array.
-        let r = unsafe { real::poll(fds.as_mut_ptr(), n, 0) };
-        if r < 0 {
-            return r;
-        }
-        let ready = fix_poll(fds, &conns, &nested);
-        if ready > 0 || timeout_ms == 0 {
-            return ready;
-        }
-        if now_ns() - start < spin {
-            let mut k = 0;
-            while k < SPINS_PER_LOOK
-                && !conns
-                    .iter()
-                    .any(|(i, c)| c.ready_without_kernel(fds[*i].events))
-                && !nested.iter().any(|(_, inner)| inner_ready(inner))
-            {
-                std::hint::spin_loop();
-                k += 1;
+            let ready = fix_poll(fds, &conns, &nested);
+            if ready > 0 || timeout_ms == 0 {
+                return ready;
             }
-            continue;
+            if now_ns() - start < spin {
+                let mut k = 0;
+                while k < SPINS_PER_LOOK
+                    && !conns
+                        .iter()
+                        .any(|(i, c)| c.ready_without_kernel(fds[*i].events))
+                    && !nested.iter().any(|(_, inner)| inner_ready(inner))
+                {
+                    std::hint::spin_loop();
+                    k += 1;
+                }
+                continue;
+            }
         }
+        look = true;
         if !arm_all(armed()) {
             continue;
         }
@@ -644,47 +628,31 @@ pub fn epoll_wait(
     let spin = crate::config().spin_ns;
     let mut look = spin > 0 || timeout_ms == 0;
     loop {
-        if !look {
-            look = true;
-            if arm_all(armed()) {
-                let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
-                let e = errno();
-                for (c, _) in armed() {
-                    c.disarm();
-                }
-                if r < 0 {
-                    set_errno(e);
-                    return Some(r);
-                }
-                let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
-                if ready > 0 || deadline.is_some_and(|d| now_ns() >= d) {
-                    return Some(ready as c_int);
-                }
+        if look {
+            // SAFETY: the caller's epoll set and event array.
+            let r = unsafe { real::epoll_wait(epfd, evs.as_mut_ptr(), max, 0) };
+            if r < 0 {
+                return Some(r);
             }
-            continue;
-        }
-        // SAFETY: the caller's epoll set and event array.
-        let r = unsafe { real::epoll_wait(epfd, evs.as_mut_ptr(), max, 0) };
-        if r < 0 {
-            return Some(r);
-        }
-        let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
-        if ready > 0 || timeout_ms == 0 {
-            return Some(ready as c_int);
-        }
-        if now_ns() - start < spin {
-            let mut k = 0;
-            while k < SPINS_PER_LOOK
-                && !members.iter().any(|(_, r, c)| {
-                    !r.disabled && c.ready_without_kernel((r.events & 0xffff) as i16)
-                })
-                && !nested.iter().any(|(_, inner)| inner_ready(inner))
-            {
-                std::hint::spin_loop();
-                k += 1;
+            let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
+            if ready > 0 || timeout_ms == 0 {
+                return Some(ready as c_int);
             }
-            continue;
+            if now_ns() - start < spin {
+                let mut k = 0;
+                while k < SPINS_PER_LOOK
+                    && !members.iter().any(|(_, r, c)| {
+                        !r.disabled && c.ready_without_kernel((r.events & 0xffff) as i16)
+                    })
+                    && !nested.iter().any(|(_, inner)| inner_ready(inner))
+                {
+                    std::hint::spin_loop();
+                    k += 1;
+                }
+                continue;
+            }
         }
+        look = true;
         if !arm_all(armed()) {
             continue;
         }

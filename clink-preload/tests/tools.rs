@@ -32,7 +32,7 @@ fn socat_carries_a_stream_byte_for_byte() {
     let src = dir.path("src");
     std::fs::write(&src, &data).unwrap();
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let dst = dir.path("dst");
         let _ = std::fs::remove_file(&dst);
@@ -77,12 +77,7 @@ fn socat_exec_half_close_and_a_program_without_the_library() {
         .map(|p| (*p, "sha256sum"))
         .chain([(PLACEMENTS[0], "env -u LD_PRELOAD sha256sum")])
     {
-        let stats = dir.path(&format!(
-            "stats-{}{}-{}",
-            p.server as u8,
-            p.client as u8,
-            program.len()
-        ));
+        let stats = dir.stats(p, &program.len().to_string());
         let port = free_port();
         // The connection's descriptor becomes sha256sum's stdin and stdout (dup2, then
         // exec): the program reads to the client's half-close and answers on the same
@@ -123,7 +118,7 @@ fn sockperf_ping_pong_and_throughput_with_epoll_poll_and_select() {
     let dir = Scratch::new("sockperf");
     for p in PLACEMENTS {
         for mux in ["e", "p", "s"] {
-            let stats = dir.path(&format!("stats-{}{}{mux}", p.server as u8, p.client as u8));
+            let stats = dir.stats(p, mux);
             let port = free_port();
             let feed = dir.path("feed");
             std::fs::write(&feed, format!("T:127.0.0.1:{port}\n")).unwrap();
@@ -192,12 +187,7 @@ fn iperf3_forward_reverse_bidirectional_and_parallel() {
     let dir = Scratch::new("iperf3");
     for p in PLACEMENTS {
         for mode in [&[][..], &["-R"][..], &["--bidir"][..], &["-P", "4"][..]] {
-            let stats = dir.path(&format!(
-                "stats-{}{}{}",
-                p.server as u8,
-                p.client as u8,
-                mode.len()
-            ));
+            let stats = dir.stats(p, &mode.len().to_string());
             let port = free_port();
             let ps = port.to_string();
             let _server = Proc::start(
@@ -245,7 +235,7 @@ fn redis_with_a_replica_and_redis_benchmark() {
     let vfile = dir.path("value");
     std::fs::write(&vfile, &value).unwrap();
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let (port, rport) = (free_port(), free_port());
         let (ps, rps) = (port.to_string(), rport.to_string());
         let common = [
@@ -341,7 +331,7 @@ fn nginx_serves_files_to_curl_and_wrk() {
     std::fs::write(www.join("big"), &file).unwrap();
     std::fs::write(www.join("small"), b"hello\n").unwrap();
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let conf = dir.path("nginx.conf");
         std::fs::write(
@@ -450,7 +440,7 @@ fn python_asyncio_echo_with_half_close() {
     std::fs::write(&srv, ECHO_SERVER).unwrap();
     std::fs::write(&cli, ECHO_CLIENT).unwrap();
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let ps = port.to_string();
         let _server = Proc::start(
@@ -474,8 +464,14 @@ fn expect_left(p: Placement, stats: &std::path::Path) {
     }
 }
 
-/// Runs a Python client that prints "match" when everything came back right.
-fn expect_match(p: Placement, client: &std::path::Path, port: &str, stats: &std::path::Path) {
+/// Runs a Python client (arguments: the port) and checks the line it prints.
+fn expect_output(
+    p: Placement,
+    client: &std::path::Path,
+    port: &str,
+    stats: &std::path::Path,
+    want: &str,
+) {
     let out = run(
         command(
             "python3",
@@ -490,7 +486,12 @@ fn expect_match(p: Placement, client: &std::path::Path, port: &str, stats: &std:
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
-    assert_eq!(stdout.trim(), "match", "{p:?}: {stderr}");
+    assert_eq!(stdout.trim(), want, "{p:?}: {stderr}");
+}
+
+/// [`expect_output`] for a client that prints "match" when everything came back right.
+fn expect_match(p: Placement, client: &std::path::Path, port: &str, stats: &std::path::Path) {
+    expect_output(p, client, port, stats, "match");
 }
 
 const SLOW_SERVER: &str = r#"
@@ -529,7 +530,7 @@ fn a_killed_server_gives_its_client_the_error_kernel_tcp_gives() {
     std::fs::write(&cli, PUSHING_CLIENT).unwrap();
     let mut errors = Vec::new();
     for p in [PLACEMENTS[0], PLACEMENTS[3]] {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let ps = port.to_string();
         let log = dir.path("server.log");
@@ -652,7 +653,7 @@ fn a_descriptor_passed_to_another_process_carries_the_rest_of_the_stream() {
     assert_eq!(data.len(), 4 << 20);
     let (head, rest) = (sha256(&data[..2000], &dir), sha256(&data[2000..], &dir));
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let ps = port.to_string();
         let sock = dir.path("pass.sock");
@@ -689,17 +690,7 @@ fn a_descriptor_passed_to_another_process_carries_the_rest_of_the_stream() {
             Some(&slog),
         );
         wait_for_listen(port);
-        let out = run(
-            command("python3", &[cli.to_str().unwrap(), &ps], p.client, &stats),
-            None,
-            LIMIT,
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "sent",
-            "{p:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        expect_output(p, &cli, &ps, &stats, "sent");
         assert!(
             h.child.wait().unwrap().success() && s.child.wait().unwrap().success(),
             "{p:?}"
@@ -755,7 +746,7 @@ fn memcached_returns_every_value_it_stored() {
     let cli = dir.path("client.py");
     std::fs::write(&cli, MEMCACHED_CLIENT).unwrap();
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let ps = port.to_string();
         let args = [
@@ -862,7 +853,7 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
         (h ^ *b as u64).wrapping_mul(1099511628211)
     });
     for p in PLACEMENTS {
-        let stats = dir.path(&format!("stats-{}{}", p.server as u8, p.client as u8));
+        let stats = dir.stats(p, "");
         let port = free_port();
         let ps = port.to_string();
         let mut c = std::process::Command::new(&bin);
@@ -874,17 +865,7 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
         let log = dir.path("server.log");
         let mut server = Proc::start(c, Some(&log));
         wait_for_listen(port);
-        let out = run(
-            command("python3", &[cli.to_str().unwrap(), &ps], p.client, &stats),
-            None,
-            LIMIT,
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout).trim(),
-            "sent",
-            "{p:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        expect_output(p, &cli, &ps, &stats, "sent");
         assert!(
             server.child.wait().unwrap().success(),
             "{p:?}: server failed"
@@ -958,10 +939,7 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
     std::fs::write(&cli, PING_CLIENT).unwrap();
     for outer in ["epoll", "poll"] {
         for p in PLACEMENTS {
-            let stats = dir.path(&format!(
-                "stats-{}{}{outer}",
-                p.server as u8, p.client as u8
-            ));
+            let stats = dir.stats(p, outer);
             let port = free_port();
             let ps = port.to_string();
             let _server = Proc::start(

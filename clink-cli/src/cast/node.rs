@@ -265,6 +265,19 @@ impl Node {
         addrs.get(self.p.index).cloned().unwrap_or_default()
     }
 
+    /// The receives of what the next node sends back: its report and its progress.
+    fn post_down_receives(&mut self, d: PeerId) -> Result<(RecvRequest, RecvRequest), Failure> {
+        let report = self
+            .ep
+            .irecv(Selector::exact(Some(d), T_REPORT), vec![0u8; 1 << 20])
+            .map_err(|e| self.down_lost("posting a receive", e))?;
+        let progress = self
+            .ep
+            .irecv(Selector::exact(Some(d), T_PROGRESS), vec![0u8; 4096])
+            .map_err(|e| self.down_lost("posting a receive", e))?;
+        Ok((report, progress))
+    }
+
     fn down_lost(&self, what: &str, e: clink::Error) -> Failure {
         fail_up(format!(
             "{}: node {} failed ({what}): {e}",
@@ -425,16 +438,8 @@ impl Node {
         let mut report_req = None;
         let mut progress_req = None;
         if let Some(d) = self.down {
-            report_req = Some(
-                self.ep
-                    .irecv(Selector::exact(Some(d), T_REPORT), vec![0u8; 1 << 20])
-                    .map_err(|e| self.down_lost("posting a receive", e))?,
-            );
-            progress_req = Some(
-                self.ep
-                    .irecv(Selector::exact(Some(d), T_PROGRESS), vec![0u8; 4096])
-                    .map_err(|e| self.down_lost("posting a receive", e))?,
-            );
+            let (r, p) = self.post_down_receives(d)?;
+            (report_req, progress_req) = (Some(r), Some(p));
         }
         let mut cvs: Vec<[u8; 32]> = Vec::new();
         let mut single_root: Option<blake3::Hash> = None;
@@ -499,16 +504,8 @@ impl Node {
                     self.p.index + 2
                 );
                 sends.clear();
-                report_req = Some(
-                    self.ep
-                        .irecv(Selector::exact(Some(d), T_REPORT), vec![0u8; 1 << 20])
-                        .map_err(|e| self.down_lost("posting a receive", e))?,
-                );
-                progress_req = Some(
-                    self.ep
-                        .irecv(Selector::exact(Some(d), T_PROGRESS), vec![0u8; 4096])
-                        .map_err(|e| self.down_lost("posting a receive", e))?,
-                );
+                let (r, p) = self.post_down_receives(d)?;
+                (report_req, progress_req) = (Some(r), Some(p));
                 replay = Some((from, self.next_due));
                 resend_end = end_bytes_sent.is_some();
                 continue;

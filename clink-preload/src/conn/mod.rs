@@ -94,6 +94,8 @@ pub struct Conn {
     /// Bytes read off the kernel as wake-ups that turned out to be data (the writer went
     /// back to the kernel meanwhile), delivered before the kernel's next bytes.
     carry: Mutex<Vec<u8>>,
+    /// Set once `carry` was ever used (the receive path takes its lock only then).
+    carried: AtomicBool,
     eof: AtomicBool,
     err: AtomicI32,
     outcome: Mutex<String>,
@@ -155,6 +157,7 @@ impl Conn {
             rx_resumed: AtomicBool::new(false),
             bells_seen: AtomicU64::new(0),
             carry: Mutex::new(Vec::new()),
+            carried: AtomicBool::new(false),
             eof: AtomicBool::new(false),
             err: AtomicI32::new(0),
             outcome: Mutex::new("pairing".to_string()),
@@ -299,12 +302,11 @@ impl Conn {
         }
     }
 
-    /// Reads wake-up bytes off the kernel socket (only called once the reader is in the
-    /// ring, where every kernel byte is a wake-up), noting end of stream and errors.
     /// Counts bytes read off the kernel as wake-ups, keeping any that are data after all.
     fn keep_data(&self, read: &[u8]) {
         let extra = self.note_bells(read.len() as u64) as usize;
         if extra > 0 {
+            self.carried.store(true, Ordering::Release);
             self.carry
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -312,6 +314,8 @@ impl Conn {
         }
     }
 
+    /// Reads wake-up bytes off the kernel socket (only called once the reader is in the
+    /// ring, where every kernel byte is a wake-up), noting end of stream and errors.
     fn drain(&self, fd: c_int) {
         let mut scratch = [0u8; 256];
         loop {
@@ -362,7 +366,7 @@ impl Conn {
         let done = |got: usize| !waitall || got == total || peek;
         loop {
             // Data read off the kernel as wake-ups comes first.
-            {
+            if self.carried.load(Ordering::Acquire) {
                 let mut carry = self.carry.lock().unwrap_or_else(|e| e.into_inner());
                 if !carry.is_empty() && got < total {
                     let n = scatter(iov, got, &carry);
@@ -567,11 +571,12 @@ impl Conn {
                     continue; // recheck the ring: data written before the close comes first
                 }
                 if s.readable(rx).map(|n| n > 0).unwrap_or(true)
-                    || !self
-                        .carry
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .is_empty()
+                    || self.carried.load(Ordering::Acquire)
+                        && !self
+                            .carry
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .is_empty()
                 {
                     continue;
                 }

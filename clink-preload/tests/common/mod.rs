@@ -86,6 +86,11 @@ impl Scratch {
     pub fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }
+
+    /// The statistics file of one run in placement `p` (`tag` tells runs of a test apart).
+    pub fn stats(&self, p: Placement, tag: &str) -> PathBuf {
+        self.path(&format!("stats-{}{}{tag}", p.server as u8, p.client as u8))
+    }
 }
 
 impl Drop for Scratch {
