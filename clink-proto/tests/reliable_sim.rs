@@ -1117,3 +1117,41 @@ fn an_awaited_peer_is_pinged_soon_and_less_often_while_it_stays_silent() {
     a.set_awaited(false);
     assert_eq!(a.poll_timeout(), Some(now + 500 * MS));
 }
+
+#[test]
+fn a_goodbye_carries_the_ack_even_when_the_ack_datagram_was_lost() {
+    // `b` received a message and acknowledged it in an ack datagram of its own, which is
+    // lost; then it sends a goodbye. Without `ack_with_next_data` the goodbye reaches `a`
+    // with no ack in it: `a` learns of the goodbye before its message is acknowledged.
+    let goodbye_after_ack = |with: bool| {
+        let (mut a, mut b, mut now) = warmed_pair();
+        while a.poll_event().is_some() {} // the warm-up's ack
+        a.send(1, b"the last message").unwrap();
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+        assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+        let lost = transmit_all(&mut b, now);
+        assert_eq!(lost.len(), 1, "the ack datagram (ack_every 1)");
+        let before = b.stats().acks_piggybacked;
+        if with {
+            b.ack_with_next_data();
+        }
+        b.send(2, b"goodbye").unwrap();
+        let out = transmit_all(&mut b, now);
+        assert_eq!(out.len(), 1, "the goodbye alone");
+        assert_eq!(b.stats().acks_piggybacked - before, u64::from(with));
+        a.handle_datagram(now + OWD, &out[0]).unwrap();
+        let mut acked = false;
+        loop {
+            match a.poll_event() {
+                Some(Event::Acked(_)) => acked = true,
+                Some(Event::Message { .. }) => return acked,
+                e => panic!("{e:?}"),
+            }
+        }
+    };
+    assert!(!goodbye_after_ack(false));
+    assert!(goodbye_after_ack(true));
+}

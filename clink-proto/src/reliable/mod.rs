@@ -891,6 +891,17 @@ impl Conn {
         }
     }
 
+    /// Makes the next data datagram carry the ack (as a piggybacked one, when nothing
+    /// arrived out of order) instead of an ack datagram of its own before it, even when
+    /// nothing new is to be acknowledged. For a message whose arrival must imply the ack:
+    /// a goodbye sent after a received transfer, which the peer reads as "requests
+    /// towards me fail", must not overtake the ack that completes the peer's send (a
+    /// lost ack datagram let it do so).
+    pub fn ack_with_next_data(&mut self) {
+        self.ack_now = false;
+        self.ack_deadline = Some(self.last_driven + self.cfg.ack_delay);
+    }
+
     /// When a delayed ack is due (included in [`Conn::poll_timeout`]).
     pub fn ack_timeout(&self) -> Option<u64> {
         self.ack_deadline.filter(|_| !self.dead)

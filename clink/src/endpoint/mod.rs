@@ -1927,6 +1927,9 @@ impl Endpoint {
                 self.finish_cma(i, send_id, status.len.min(cap), since);
             }
             Frame::Close => {
+                // Transfers the peer acknowledged before its goodbye (the ack rides with
+                // it: see `close`) complete; only the rest fail.
+                self.finish_bulk_peer(i);
                 self.peers[i].closing = true;
                 self.fail_peer(i, format!("{src} closed the connection"))
             }
@@ -2408,6 +2411,11 @@ impl Endpoint {
             self.flush(i);
             let p = &mut self.peers[i];
             if p.txq.is_empty() {
+                if let Link::Udp(u) = &mut p.link {
+                    // The goodbye must not overtake the ack of a transfer received:
+                    // the peer fails its sends towards us when the goodbye arrives.
+                    u.conn.ack_with_next_data();
+                }
                 p.link.try_send(&Frame::Close);
             }
         }
