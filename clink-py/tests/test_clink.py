@@ -1,5 +1,6 @@
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -482,3 +483,18 @@ def test_udp_between_network_namespaces():
         for ns in (ns1, ns2):
             subprocess.run(["ip", "netns", "del", ns], timeout=30,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_the_benchmark_script_runs_and_prints_rows():
+    # A short run of bench.py: every system it measures gives well-formed rows.
+    bench = os.path.join(os.path.dirname(__file__), "..", "bench.py")
+    out = subprocess.run(
+        [sys.executable, bench, "--rounds", "300", "--bulk-rounds", "1", "--json"],
+        check=True, capture_output=True, text=True, timeout=240,
+    ).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    seen = {(r["system"], r["metric"]) for r in rows}
+    for want in [("clink-py", "latency_us"), ("clink-py", "bandwidth_gbs"),
+                 ("socket", "latency_us"), ("socket", "bandwidth_gbs")]:
+        assert want in seen, (want, rows)
+    assert all(r["median"] > 0 for r in rows), rows
