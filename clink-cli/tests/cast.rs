@@ -508,3 +508,23 @@ fn a_dead_middle_receiver_is_spliced_out_and_the_others_get_everything() {
         assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
     }
 }
+
+#[test]
+fn a_file_too_large_for_its_chunk_size_is_refused_before_anything_is_sent() {
+    // 600 GiB (sparse) in 1 MiB chunks would make a manifest beyond the receivers' limit:
+    // the source says so, and which option helps, before it hashes or connects.
+    let d = TempDir::new("huge");
+    let f = d.0.join("huge.img");
+    std::fs::File::create(&f)
+        .unwrap()
+        .set_len(600 << 30)
+        .unwrap();
+    let out = Command::new(exe())
+        .args(["cast", "send", "--to", "127.0.0.1:9", "--chunk", "1048576"])
+        .arg(&f)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("manifest") && err.contains("--chunk"), "{err}");
+}

@@ -1155,3 +1155,40 @@ fn a_goodbye_carries_the_ack_even_when_the_ack_datagram_was_lost() {
     assert!(!goodbye_after_ack(false));
     assert!(goodbye_after_ack(true));
 }
+
+#[test]
+fn a_probe_that_overtakes_a_held_flight_condemns_nothing() {
+    // The receiver holds a whole flight (a long pass, a descheduled process) past the
+    // sender's retransmission timer; the timer's probe reaches it first (it came by
+    // another socket, or the flight waited in a queue). The flight then arrives: nothing
+    // but the probe should have been sent again.
+    let (mut a, mut b, mut now) = warmed_pair();
+    while a.poll_event().is_some() {}
+    let mtu = Config::default().mtu_payload;
+    a.send(1, &content(1, 10 * mtu)).unwrap();
+    let flight = transmit_all(&mut a, now);
+    assert!(flight.len() >= 10, "{}", flight.len());
+    now += 50 * OWD; // well past the retransmission timer
+    a.handle_timeout(now);
+    let probe = transmit_all(&mut a, now);
+    assert_eq!(probe.len(), 1, "the timer's probe alone");
+    b.handle_datagram(now + OWD, &probe[0]).unwrap();
+    for d in transmit_all(&mut b, now + OWD) {
+        a.handle_datagram(now + 2 * OWD, &d).unwrap();
+    }
+    now += 2 * OWD;
+    let resent = transmit_all(&mut a, now);
+    for d in flight.iter().chain(&resent) {
+        let _ = b.handle_datagram(now + OWD, d);
+    }
+    for d in transmit_all(&mut b, now + OWD) {
+        a.handle_datagram(now + 2 * OWD, &d).unwrap();
+    }
+    let (sa, sb) = (a.stats(), b.stats());
+    println!("resent {} after the probe; {sa:?}\n{sb:?}", resent.len());
+    assert!(
+        resent.len() <= 1,
+        "{} packets resent after the probe's ack",
+        resent.len()
+    );
+}

@@ -25,6 +25,9 @@ pub struct BenchArgs {
     /// Chunks in flight per hop (`--window` of the receivers and the source).
     #[arg(long, default_value_t = 6)]
     window: usize,
+    /// Chunk size in bytes (`--chunk` of the source).
+    #[arg(long, default_value_t = DEFAULT_CHUNK)]
+    chunk: u64,
     /// Prints JSON rows only.
     #[arg(long)]
     json: bool,
@@ -118,7 +121,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let src = dir.join("source.bin");
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
-    let clink = clink_chain(&bridge, &exe, &dir, &src, a.hosts, &a.rate, a.window)?;
+    let clink = clink_chain(
+        &bridge, &exe, &dir, &src, a.hosts, &a.rate, a.window, a.chunk,
+    )?;
     let tcp = tcp_chain(&bridge, &exe, &dir, &src, a.hosts)?;
     let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
     for (system, secs) in &rows {
@@ -185,8 +190,10 @@ fn clink_chain(
     hosts: usize,
     rate: &Option<String>,
     window: usize,
+    chunk: u64,
 ) -> Result<f64, String> {
     let w = window.to_string();
+    let c = chunk.to_string();
     let mut kids = Vec::new();
     let mut addrs = Vec::new();
     for i in 1..=hosts {
@@ -204,6 +211,8 @@ fn clink_chain(
         "--json",
         "--window",
         &w,
+        "--chunk",
+        &c,
         "--to",
         &addrs.join(","),
     ])

@@ -66,8 +66,16 @@ const DATA_MAGIC: &[u8; 4] = b"CKD1";
 const FLAG_HASH: u32 = 1;
 /// Manifest format identifier.
 const MANIFEST_MAGIC: &str = "clink-cast/1";
-/// Largest manifest accepted (about 60 GiB of 4 MiB chunks).
-const MANIFEST_MAX: usize = 8 << 20;
+/// Largest manifest accepted: about 490 000 chunks (490 GiB in 1 MiB chunks).
+const MANIFEST_MAX: usize = 32 << 20;
+/// A manifest's bytes per chunk (a hex chaining value, quoted, and a comma), for the
+/// source's check of a file against [`MANIFEST_MAX`] (the rest stays below a KiB).
+const MANIFEST_PER_CHUNK: u64 = 67;
+/// The chunk size unless told otherwise. A node's chunks in flight (a window of 6 in,
+/// 6 out) then stay within a core's cache while each is hashed, written and forwarded;
+/// 4 MiB chunks streamed from memory and took the cast down to about half the rate
+/// (`clink cast bench`, BENCHMARKS.md).
+const DEFAULT_CHUNK: u64 = 1 << 20;
 /// Bounds on the chunk size.
 const CHUNK_MIN: u64 = 64 << 10;
 /// Bounds on the chunk size.
@@ -130,7 +138,7 @@ pub struct SendArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     to: Vec<String>,
     /// Chunk size in bytes (a power of two from 64 KiB to 64 MiB).
-    #[arg(long, default_value_t = 4 << 20)]
+    #[arg(long, default_value_t = DEFAULT_CHUNK)]
     chunk: u64,
     /// Chunks in flight towards the first node.
     #[arg(long, default_value_t = 6)]

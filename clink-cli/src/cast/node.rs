@@ -122,6 +122,16 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         Err(Failure { msg, .. }) => (format!("failed: {msg}"), Some(msg.clone())),
     };
     let mut mine = n.p.report(&status);
+    // The network path's recovery work on this node's links (its sends downstream, and
+    // the retransmission timeouts of both links).
+    let timeouts: u64 = [Some(n.up), n.down]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| n.ep.conn_stats(p).ok().flatten())
+        .map(|c| c.timeouts)
+        .sum();
+    mine["retransmissions"] = json!(n.ep.stats().retransmissions);
+    mine["timeouts"] = json!(timeouts);
     if let Err(Failure { up_alive: true, .. }) | Ok(()) = &r {
         // Upstream learns of this node and of the ones after it.
         let mut all = vec![mine.clone()];

@@ -127,6 +127,13 @@ pub fn run(a: SendArgs) -> Result<(), String> {
     } else {
         let f = File::open(&a.file).map_err(|e| format!("{}: {e}", a.file))?;
         let size = f.metadata().map_err(|e| format!("{}: {e}", a.file))?.len();
+        if size.div_ceil(chunk) * MANIFEST_PER_CHUNK + 1024 > MANIFEST_MAX as u64 {
+            return Err(format!(
+                "{}: {size} bytes in chunks of {chunk} make a manifest beyond {MANIFEST_MAX} \
+                 bytes; a larger --chunk (a power of two) makes fewer chunks",
+                a.file
+            ));
+        }
         Input::File(f, size)
     };
     // The manifest: a file is hashed whole first (chunk by chunk).
