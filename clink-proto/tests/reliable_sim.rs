@@ -1157,38 +1157,29 @@ fn a_goodbye_carries_the_ack_even_when_the_ack_datagram_was_lost() {
 }
 
 #[test]
-fn a_probe_that_overtakes_a_held_flight_condemns_nothing() {
-    // The receiver holds a whole flight (a long pass, a descheduled process) past the
-    // sender's retransmission timer; the timer's probe reaches it first (it came by
-    // another socket, or the flight waited in a queue). The flight then arrives: nothing
-    // but the probe should have been sent again.
+fn acks_late_by_a_standing_queue_teach_the_timer() {
+    // Every ack comes back 5 ms late (queued behind another stream's burst at a shaped
+    // link), a single packet in flight at a time. The first exchanges are probed and
+    // time out; then the timer must have learnt the round trip: no more timeouts, no
+    // window collapse. (Untimed, as Karn's rule leaves a probed packet, the timer stayed
+    // at its 1 ms floor and every exchange timed out twice and cut the window to 2.)
     let (mut a, mut b, mut now) = warmed_pair();
-    while a.poll_event().is_some() {}
-    let mtu = Config::default().mtu_payload;
-    a.send(1, &content(1, 10 * mtu)).unwrap();
-    let flight = transmit_all(&mut a, now);
-    assert!(flight.len() >= 10, "{}", flight.len());
-    now += 50 * OWD; // well past the retransmission timer
-    a.handle_timeout(now);
-    let probe = transmit_all(&mut a, now);
-    assert_eq!(probe.len(), 1, "the timer's probe alone");
-    b.handle_datagram(now + OWD, &probe[0]).unwrap();
-    for d in transmit_all(&mut b, now + OWD) {
-        a.handle_datagram(now + 2 * OWD, &d).unwrap();
+    let late = 5_000_000;
+    let mut timeouts_late = 0;
+    for i in 0..30u64 {
+        a.send(i, &content(i, 100)).unwrap();
+        let before = a.stats().timeouts;
+        let release = now + late;
+        let got = deliver_with_acks_held(&mut a, &mut b, now, release, now + 20 * late);
+        assert_eq!(got, content(i, 100));
+        now = release + 2 * OWD;
+        while a.poll_event().is_some() {}
+        if i >= 10 {
+            timeouts_late += a.stats().timeouts - before;
+        }
     }
-    now += 2 * OWD;
-    let resent = transmit_all(&mut a, now);
-    for d in flight.iter().chain(&resent) {
-        let _ = b.handle_datagram(now + OWD, d);
-    }
-    for d in transmit_all(&mut b, now + OWD) {
-        a.handle_datagram(now + 2 * OWD, &d).unwrap();
-    }
-    let (sa, sb) = (a.stats(), b.stats());
-    println!("resent {} after the probe; {sa:?}\n{sb:?}", resent.len());
-    assert!(
-        resent.len() <= 1,
-        "{} packets resent after the probe's ack",
-        resent.len()
-    );
+    let s = a.stats();
+    assert_eq!(timeouts_late, 0, "{s:?}");
+    assert!(s.srtt_ns > late / 10 * 9, "{s:?}");
+    assert!(s.congestion_events <= 2, "{s:?}");
 }

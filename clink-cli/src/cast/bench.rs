@@ -121,9 +121,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let src = dir.join("source.bin");
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
-    let clink = clink_chain(
-        &bridge, &exe, &dir, &src, a.hosts, &a.rate, a.window, a.chunk,
-    )?;
+    let clink = clink_chain(&bridge, &exe, &dir, &src, &a)?;
     let tcp = tcp_chain(&bridge, &exe, &dir, &src, a.hosts)?;
     let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
     for (system, secs) in &rows {
@@ -187,16 +185,13 @@ fn clink_chain(
     exe: &Path,
     dir: &Path,
     src: &Path,
-    hosts: usize,
-    rate: &Option<String>,
-    window: usize,
-    chunk: u64,
+    a: &BenchArgs,
 ) -> Result<f64, String> {
-    let w = window.to_string();
-    let c = chunk.to_string();
+    let w = a.window.to_string();
+    let c = a.chunk.to_string();
     let mut kids = Vec::new();
     let mut addrs = Vec::new();
-    for i in 1..=hosts {
+    for i in 1..=a.hosts {
         let mut cmd = b.command(i, exe);
         cmd.args(["cast", "recv", "--json", "--window", &w, "--out"])
             .arg(dir.join(format!("clink{i}")));
@@ -217,7 +212,7 @@ fn clink_chain(
         &addrs.join(","),
     ])
     .arg(src);
-    if let Some(r) = rate {
+    if let Some(r) = &a.rate {
         cmd.args(["--link-rate", r]);
     }
     let deadline = Instant::now() + RUN_TIMEOUT;

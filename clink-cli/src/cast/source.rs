@@ -244,6 +244,8 @@ pub fn run(a: SendArgs) -> Result<(), String> {
         .skip
         .as_ref()
         .map_or(0, |s| s.iter().filter(|&&x| x).count()));
+    mine["retransmissions"] = json!(ep.stats().retransmissions);
+    mine["timeouts"] = json!(ep.conn_stats(down).ok().flatten().map_or(0, |c| c.timeouts));
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);

@@ -441,6 +441,13 @@ struct Sent {
     closes_item: bool,
     tx_seq: u64,
     sent_at: u64,
+    /// When it was first sent: with [`Sent::timer_only`], the start of a round trip
+    /// that its ack still measures (see `on_ack`).
+    first_sent_at: u64,
+    /// Every transmission after the first was the timers' doing (a tail probe, the
+    /// retransmission timer's probe or its condemnation of the flight), none the resend
+    /// of a packet that acks or a NAK reported missing.
+    timer_only: bool,
     tx_count: u32,
     state: PState,
 }
@@ -1113,6 +1120,7 @@ impl Conn {
         self.in_flight -= 1;
         self.stats.lost += 1;
         if congestion {
+            s.timer_only = false;
             // (A timeout's wholesale marking is not a loss rate.) A run of consecutive
             // packets lost together is one event: one drop of one burst (a segmentation
             // offload batch is one packet to the links it crosses, and a lossy link that
@@ -1321,7 +1329,7 @@ impl Conn {
         let mut sample: Option<(u64, u64)> = None; // (tx_seq, sent_at) of the latest timed
                                                    // A packet the timeout condemned arrived all the same, from its one transmission.
         let mut original_arrived = false;
-        let mut ack_one = |this: &mut Conn, pn: u64| {
+        let mut ack_one = |this: &mut Conn, pn: u64, cumulative: bool| {
             let idx = (pn - this.snd_una) as usize;
             let s = &mut this.sent[idx];
             if matches!(s.state, PState::Acked | PState::Abandoned) {
@@ -1335,12 +1343,26 @@ impl Conn {
             newly += 1;
             this.largest_acked_tx =
                 Some(this.largest_acked_tx.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
-            if s.tx_count == 1 && sample.is_none_or(|(t, _)| s.tx_seq > t) {
-                sample = Some((s.tx_seq, s.sent_at));
+            // Karn's rule leaves a resent packet's ack untimed, as it may answer any of
+            // its transmissions. A packet resent only by the timers, never reported
+            // missing, and acked with everything before it is the exception, timed from
+            // its first transmission: the timers fired because that one's ack was late,
+            // and if lateness is what the path does (acks queued behind another stream's
+            // burst at a shaped link, a peer descheduled), untimed acks left the timer at
+            // its floor, firing on every packet, for ever. If the first copy was lost
+            // after all, the sample is too long by the timers' wait: a timer slow to fire
+            // for a while, not one that fires when nothing is lost.
+            let t = if s.tx_count == 1 || (s.timer_only && cumulative) {
+                Some(s.first_sent_at)
+            } else {
+                None
+            };
+            if let Some(t) = t.filter(|_| sample.is_none_or(|(x, _)| s.tx_seq > x)) {
+                sample = Some((s.tx_seq, t));
             }
         };
         for pn in self.snd_una..ack.cum.max(self.snd_una) {
-            ack_one(self, pn);
+            ack_one(self, pn, true);
         }
         if !nak {
             // Only what the ranges add to what earlier acks said: each ack repeats the
@@ -1349,7 +1371,7 @@ impl Conn {
             for &(s, e) in &ack.ranges {
                 sacked.insert(s.max(self.snd_una), e, |a, b| {
                     for pn in a..b {
-                        ack_one(self, pn);
+                        ack_one(self, pn, false);
                     }
                 });
             }
@@ -1857,9 +1879,16 @@ impl Conn {
             if self.sent[idx].state != PState::InFlight {
                 self.in_flight += 1; // (a probe resends a packet still in flight)
             }
+            let reported_missing = pn < self.sack_top;
             let s = &mut self.sent[idx];
             s.tx_seq = tx_seq;
             s.sent_at = now;
+            if s.tx_count == 0 {
+                s.first_sent_at = now;
+            } else if reported_missing {
+                // A hole below packets the receiver has: lost, not late.
+                s.timer_only = false;
+            }
             s.tx_count += 1;
             s.state = PState::InFlight;
             if s.tx_count > 1 {
@@ -2074,6 +2103,8 @@ impl Conn {
             closes_item,
             tx_seq: 0,
             sent_at: 0,
+            first_sent_at: 0,
+            timer_only: true,
             tx_count: 0,
             state: PState::Lost,
         });
