@@ -245,7 +245,11 @@ pub fn run(a: SendArgs) -> Result<(), String> {
         .as_ref()
         .map_or(0, |s| s.iter().filter(|&&x| x).count()));
     mine["retransmissions"] = json!(ep.stats().retransmissions);
-    mine["timeouts"] = json!(ep.conn_stats(down).ok().flatten().map_or(0, |c| c.timeouts));
+    let conn = ep.conn_stats(down).ok().flatten();
+    mine["timeouts"] = json!(conn.as_ref().map_or(0, |c| c.timeouts));
+    // What the source put on the wire towards the chain, headers and resends included
+    // (UDP payloads; null over a transport without datagram counters).
+    mine["wire_bytes"] = json!(conn.map(|c| c.bytes_sent));
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);
