@@ -278,7 +278,7 @@ impl Shared {
 }
 
 /// Calls `f(ptr, len)` for the spans of `iov` covering bytes `skip..skip + n`.
-fn for_each_span(
+pub(crate) fn for_each_span(
     iov: &[libc::iovec],
     mut skip: usize,
     mut n: usize,

@@ -73,8 +73,8 @@ const MANIFEST_MAX: usize = 32 << 20;
 const MANIFEST_PER_CHUNK: u64 = 67;
 /// The chunk size unless told otherwise. A node's chunks in flight (a window of 6 in,
 /// 6 out) then stay within a core's cache while each is hashed, written and forwarded;
-/// 4 MiB chunks streamed from memory and took the cast down to about half the rate
-/// (`clink cast bench`, BENCHMARKS.md).
+/// with 4 MiB chunks they streamed from memory, at about 0.7x the rate (`clink cast
+/// bench`, BENCHMARKS.md).
 const DEFAULT_CHUNK: u64 = 1 << 20;
 /// Bounds on the chunk size.
 const CHUNK_MIN: u64 = 64 << 10;

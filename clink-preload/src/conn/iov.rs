@@ -29,25 +29,14 @@ pub(super) fn gather(iov: &[iovec], skip: usize, n: usize) -> Vec<u8> {
 }
 
 /// Copies of the iovecs covering bytes `skip..skip + limit`.
-pub(super) fn slice_iov(iov: &[iovec], mut skip: usize, mut limit: usize) -> Vec<iovec> {
+pub(super) fn slice_iov(iov: &[iovec], skip: usize, limit: usize) -> Vec<iovec> {
     let mut out = Vec::with_capacity(iov.len());
-    for v in iov {
-        if limit == 0 {
-            break;
-        }
-        if skip >= v.iov_len {
-            skip -= v.iov_len;
-            continue;
-        }
-        let len = (v.iov_len - skip).min(limit);
-        // SAFETY: arithmetic within the iovec's own range.
+    crate::shared::for_each_span(iov, skip, limit, |p, len| {
         out.push(iovec {
-            iov_base: unsafe { (v.iov_base as *mut u8).add(skip) } as *mut libc::c_void,
+            iov_base: p as *mut libc::c_void,
             iov_len: len,
-        });
-        skip = 0;
-        limit -= len;
-    }
+        })
+    });
     out
 }
 

@@ -280,19 +280,32 @@ pub(super) fn mirrors(ours: c_int, theirs: c_int) -> bool {
     }
 }
 
+/// A control buffer with room for `n` descriptors (8-aligned, as `cmsghdr` wants).
+fn control_buffer(n: usize) -> Vec<u64> {
+    // SAFETY: CMSG_SPACE is arithmetic.
+    let space = unsafe { libc::CMSG_SPACE((n * 4) as u32) } as usize;
+    vec![0u64; space.div_ceil(8)]
+}
+
+/// A message header for one iovec and the control buffer `cbuf`; both must outlive its
+/// use.
+fn msghdr_with(iov: &mut iovec, cbuf: &mut [u64]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; zeroes are a valid value.
+    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
+    m.msg_iov = iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    m.msg_controllen = std::mem::size_of_val(cbuf) as _;
+    m
+}
+
 pub(super) fn send_with_fds(u: c_int, msg: &[u8], fds: &[c_int]) -> bool {
-    let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut iov = iovec {
         iov_base: msg.as_ptr() as *mut libc::c_void,
         iov_len: msg.len(),
     };
-    // SAFETY: msghdr is plain data; zeroes are a valid value.
-    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    m.msg_controllen = space as _;
+    let mut cbuf = control_buffer(fds.len());
+    let m = msghdr_with(&mut iov, &mut cbuf);
     // SAFETY: filling the one control message the buffer was sized for.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&m);
@@ -314,18 +327,12 @@ pub(super) fn recv_with_fds(
     fds: &mut [c_int],
     flags: c_int,
 ) -> (isize, usize) {
-    let space = unsafe { libc::CMSG_SPACE((fds.len() * 4) as u32) } as usize;
-    let mut cbuf = vec![0u64; space.div_ceil(8)];
     let mut iov = iovec {
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
     };
-    // SAFETY: msghdr is plain data; zeroes are a valid value.
-    let mut m: libc::msghdr = unsafe { std::mem::zeroed() };
-    m.msg_iov = &mut iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    m.msg_controllen = space as _;
+    let mut cbuf = control_buffer(fds.len());
+    let mut m = msghdr_with(&mut iov, &mut cbuf);
     // SAFETY: receiving into our own buffers.
     let n = unsafe { real::recvmsg(u, &mut m, flags | libc::MSG_CMSG_CLOEXEC) };
     let mut count = 0;
