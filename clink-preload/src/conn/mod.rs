@@ -228,7 +228,18 @@ impl Conn {
         if tx {
             out &= !outbits;
             let room = s.writable(self.tx_dir()).map(|n| n > 0).unwrap_or(true);
-            if room || kernel & (libc::POLLERR | libc::POLLHUP) != 0 {
+            let mut gone = kernel & (libc::POLLERR | libc::POLLHUP) != 0;
+            if !room && !gone && events & outbits != 0 {
+                // A peer that died with nothing unread in its kernel socket sent a FIN, not
+                // a reset: nothing would end this writer's wait but the reset a wake-up
+                // byte draws (as a kernel TCP writer's next segment would).
+                if let Some(e) = self.peer_gone(fd) {
+                    self.err.store(e, Ordering::Release);
+                    out |= libc::POLLERR;
+                    gone = true;
+                }
+            }
+            if room || gone {
                 out |= events & outbits;
             }
         }
@@ -250,7 +261,9 @@ impl Conn {
         {
             return None;
         }
-        let clean = self.rx_in_ring();
+        // After the peer's FIN the kernel socket is readable for good: sleep in short
+        // steps then, as before the reader reached the ring.
+        let clean = self.rx_in_ring() && !self.eof.load(Ordering::Acquire);
         let ask = if clean {
             libc::POLLIN | libc::POLLRDHUP
         } else {
@@ -706,7 +719,7 @@ impl Conn {
         // A drain may have taken the socket's error already.
         let e = self.err.swap(0, Ordering::AcqRel);
         if e != 0 {
-            return Some(e);
+            return Some(self.as_kernel_would(e));
         }
         let mut pfd = libc::pollfd {
             fd,
@@ -719,12 +732,29 @@ impl Conn {
             let e = sys::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)
                 .filter(|e| *e != 0)
                 .unwrap_or(libc::EPIPE);
-            return Some(e);
+            return Some(self.as_kernel_would(e));
         }
         if pfd.revents & libc::POLLRDHUP != 0 {
             self.bell(fd);
         }
         None
+    }
+
+    /// The error a kernel TCP writer would see for the peer's end `e`: a peer that closed
+    /// with bytes unread resets the stream, while the unread bytes of ours sit in the ring
+    /// where its kernel cannot see them (it sent a FIN, and the reset drawn after the FIN
+    /// reads as EPIPE).
+    fn as_kernel_would(&self, e: c_int) -> c_int {
+        let unread = self.tx_on_ring()
+            && self
+                .shared
+                .get()
+                .is_some_and(|s| s.readable(self.tx_dir()).is_ok_and(|n| n > 0));
+        if e == libc::EPIPE && unread {
+            libc::ECONNRESET
+        } else {
+            e
+        }
     }
 
     /// Waits (spinning, then asleep in the kernel) until the ring has data (`POLLIN`) or
@@ -793,7 +823,7 @@ impl Conn {
                     // The drain above may have taken the socket's error already.
                     let e = self.err.swap(0, Ordering::AcqRel);
                     return Err(if e != 0 {
-                        e
+                        self.as_kernel_would(e)
                     } else {
                         self.peer_gone(fd).unwrap_or(libc::EPIPE)
                     });
