@@ -154,6 +154,89 @@ impl std::fmt::Display for Address {
     }
 }
 
+/// Length of [`Address::to_bytes`]: a version byte, the host key, the identity, a byte
+/// of flags and two IPv4 socket addresses.
+pub const BINARY_LEN: usize = 1 + 8 + 16 + 1 + 6 + 6;
+const BINARY_VERSION: u8 = 1;
+const HAS_SHM: u8 = 1;
+const HAS_UDP: u8 = 2;
+const HAS_TCP: u8 = 4;
+
+impl Address {
+    /// The shared-memory socket name an endpoint with identity `id` listens on.
+    pub fn shm_name(id: u128) -> String {
+        format!("clink-{id:032x}")
+    }
+
+    /// The address in [`BINARY_LEN`] bytes, for interfaces that carry addresses as short
+    /// opaque blobs (libfabric's names are at most 64 bytes; the text form is longer).
+    /// `None` when the shared-memory name is not the one [`Address::shm_name`] derives from
+    /// the identity (the binary form does not carry it).
+    pub fn to_bytes(&self) -> Option<[u8; BINARY_LEN]> {
+        let mut b = [0u8; BINARY_LEN];
+        b[0] = BINARY_VERSION;
+        b[1..9].copy_from_slice(&self.host.to_le_bytes());
+        b[9..25].copy_from_slice(&self.id.to_le_bytes());
+        let mut flags = 0;
+        if let Some(s) = &self.shm {
+            if *s != Address::shm_name(self.id) {
+                return None;
+            }
+            flags |= HAS_SHM;
+        }
+        for (bit, at, a) in [(HAS_UDP, 26, self.udp), (HAS_TCP, 32, self.tcp)] {
+            if let Some(a) = a {
+                flags |= bit;
+                b[at..at + 4].copy_from_slice(&a.ip().octets());
+                b[at + 4..at + 6].copy_from_slice(&a.port().to_le_bytes());
+            }
+        }
+        b[25] = flags;
+        Some(b)
+    }
+
+    /// Parses [`Address::to_bytes`]'s form, checking it as [`Address::parse`] checks text.
+    pub fn from_bytes(b: &[u8]) -> Result<Address, ProtoError> {
+        let bad = |why| ProtoError::BadAddress {
+            addr: format!("{} binary bytes", b.len()),
+            why,
+        };
+        if b.len() != BINARY_LEN {
+            return Err(bad("binary address of the wrong length"));
+        }
+        if b[0] != BINARY_VERSION {
+            return Err(bad("binary address of an unknown version"));
+        }
+        let flags = b[25];
+        if flags & !(HAS_SHM | HAS_UDP | HAS_TCP) != 0 {
+            return Err(bad("binary address with unknown flags"));
+        }
+        let host = u64::from_le_bytes(b[1..9].try_into().expect("8 bytes"));
+        let id = u128::from_le_bytes(b[9..25].try_into().expect("16 bytes"));
+        let sock = |bit: u8, at: usize| -> Result<Option<SocketAddrV4>, ProtoError> {
+            let ip = std::net::Ipv4Addr::new(b[at], b[at + 1], b[at + 2], b[at + 3]);
+            let port = u16::from_le_bytes([b[at + 4], b[at + 5]]);
+            if flags & bit == 0 {
+                if b[at..at + 6].iter().any(|&x| x != 0) {
+                    return Err(bad("binary address with bytes in an absent field"));
+                }
+                return Ok(None);
+            }
+            if port == 0 || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() {
+                return Err(bad("binary address needs a unicast address and a non-zero port"));
+            }
+            Ok(Some(SocketAddrV4::new(ip, port)))
+        };
+        Ok(Address {
+            host,
+            id,
+            shm: (flags & HAS_SHM != 0).then(|| Address::shm_name(id)),
+            udp: sock(HAS_UDP, 26)?,
+            tcp: sock(HAS_TCP, 32)?,
+        })
+    }
+}
+
 impl std::str::FromStr for Address {
     type Err = ProtoError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -165,6 +248,56 @@ impl std::str::FromStr for Address {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn binary_round_trip_and_errors() {
+        let a = Address {
+            host: 0x0123_4567_89ab_cdef,
+            id: 0xfeed_f00d << 64 | 42,
+            shm: Some(Address::shm_name(0xfeed_f00d << 64 | 42)),
+            udp: Some("10.0.0.1:4000".parse().unwrap()),
+            tcp: Some("10.0.0.2:4001".parse().unwrap()),
+        };
+        let b = a.to_bytes().unwrap();
+        assert_eq!(Address::from_bytes(&b), Ok(a.clone()));
+        let only_udp = Address {
+            shm: None,
+            tcp: None,
+            ..a.clone()
+        };
+        assert_eq!(Address::from_bytes(&only_udp.to_bytes().unwrap()), Ok(only_udp));
+        let odd_name = Address {
+            shm: Some("elsewhere".into()),
+            ..a.clone()
+        };
+        assert_eq!(odd_name.to_bytes(), None);
+        assert!(Address::from_bytes(&b[..BINARY_LEN - 1]).is_err());
+        let mut v = b;
+        v[0] = 2;
+        assert!(Address::from_bytes(&v).is_err());
+        let mut f = b;
+        f[25] |= 8;
+        assert!(Address::from_bytes(&f).is_err());
+        let mut junk = only_udp_bytes();
+        junk[33] = 1; // a byte in the absent tcp field
+        assert!(Address::from_bytes(&junk).is_err());
+        let mut port0 = b;
+        port0[30] = 0;
+        port0[31] = 0;
+        assert!(Address::from_bytes(&port0).is_err());
+    }
+
+    fn only_udp_bytes() -> [u8; BINARY_LEN] {
+        Address {
+            host: 1,
+            id: 2,
+            shm: None,
+            udp: Some("127.0.0.1:9".parse().unwrap()),
+            tcp: None,
+        }
+        .to_bytes()
+        .unwrap()
+    }
 
     #[test]
     fn round_trip_and_errors() {

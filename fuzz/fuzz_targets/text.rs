@@ -1,5 +1,5 @@
-//! Text a peer or another local process provides: endpoint addresses, the sockets layer's
-//! pairing messages and the host's cost cache.
+//! Text a peer or another local process provides: endpoint addresses (text and binary),
+//! the sockets layer's pairing messages and the host's cost cache.
 #![no_main]
 
 use clink_proto::addr::Address;
@@ -16,6 +16,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(c.sanitized().1.is_empty());
             let _ = boot;
         }
+    }
+    if let Ok(a) = Address::from_bytes(data) {
+        assert_eq!(a.to_bytes().map(|b| b.to_vec()), Some(data.to_vec()));
     }
     if let Ok(h) = Hello::decode(data) {
         assert_eq!(Hello::decode(&h.encode()), Ok(h));

@@ -111,6 +111,15 @@ impl Link {
         }
     }
 
+    /// The peer's endpoint identity (the `id` of its address).
+    pub fn remote_id(&self) -> u128 {
+        match self {
+            Link::Shm(s) => s.id,
+            Link::Udp(u) => u.remote_id,
+            Link::Tcp(t) => t.remote_id,
+        }
+    }
+
     /// The transport's name, for `clink info` and diagnostics.
     pub fn transport(&self) -> &'static str {
         match self {

@@ -172,8 +172,9 @@ enum RecvBuf {
     Owned(Vec<u8>),
     /// Memory owned by a blocking caller that waits until completion.
     Borrowed(*mut u8, usize),
-    /// A range of one of this endpoint's apertures (`Endpoint::irecv_into_aperture`):
-    /// the aperture cannot be destroyed while the receive is pending.
+    /// Memory the endpoint does not own: a range of one of its apertures
+    /// (`Endpoint::irecv_into_aperture`, which cannot then be destroyed while the receive
+    /// is pending) or caller memory (`Endpoint::irecv_raw`).
     Aperture {
         ptr: *mut u8,
         len: usize,
@@ -615,6 +616,17 @@ impl Endpoint {
     /// True while `peer` is connected and alive.
     pub fn is_alive(&self, peer: PeerId) -> bool {
         self.peers.get(peer.0 as usize).is_some_and(|p| p.alive)
+    }
+
+    /// The identity of the endpoint behind `peer` (the `id` of its address): the same
+    /// for every connection to that endpoint, whichever side connected.
+    pub fn peer_endpoint_id(&self, peer: PeerId) -> Result<u128> {
+        Ok(self.peer(peer)?.link.remote_id())
+    }
+
+    /// This endpoint's identity (the `id` of its address).
+    pub fn endpoint_id(&self) -> u128 {
+        self.id
     }
 
     /// Eager/rendezvous threshold used towards `peer` (bytes sent eagerly at most).
@@ -1074,6 +1086,18 @@ impl Endpoint {
     /// [`Event::RecvDone`].
     pub fn irecv(&mut self, sel: Selector, buf: Vec<u8>) -> Result<RecvRequest> {
         Ok(self.post_recv(sel, RecvBuf::Owned(buf)))
+    }
+
+    /// Posts a receive of a message matching `sel` straight into `len` bytes of caller
+    /// memory at `ptr` (no copy on completion, unlike [`Endpoint::irecv`], whose buffer
+    /// the endpoint owns). Complete it with [`Endpoint::test_recv`] or `wait_recv`: its
+    /// [`Received`] has an empty `buf`, the message being at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for writes of `len` bytes, and neither read nor freed by the
+    /// caller, until the request completes or [`Endpoint::cancel_recv`] withdraws it.
+    pub unsafe fn irecv_raw(&mut self, sel: Selector, ptr: *mut u8, len: usize) -> RecvRequest {
+        self.post_recv(sel, RecvBuf::Aperture { ptr, len })
     }
 
     /// Posts a non-blocking receive into `buf`.

@@ -1,0 +1,327 @@
+//! Completion queues. Manual progress: reading a queue first drives every endpoint bound
+//! to it (their clink progress and completion events), then hands out what they queued.
+
+use crate::abi::*;
+use crate::ep::EpShared;
+use crate::{fid_ops, guard, no_bind, no_control};
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// A failed operation, as `fi_cq_readerr` reports it.
+#[derive(Clone, Copy)]
+pub struct Failure {
+    /// The completion fields (context, flags, length, tag).
+    pub entry: fi_cq_tagged_entry,
+    /// Bytes that did not fit (`FI_ETRUNC`).
+    pub olen: usize,
+    /// Positive libfabric error code.
+    pub err: c_int,
+}
+
+/// Completed operations waiting to be read.
+#[derive(Default)]
+pub struct Queue {
+    ok: VecDeque<(fi_cq_tagged_entry, u64)>,
+    failed: VecDeque<Failure>,
+}
+
+// SAFETY: the raw pointers are the application's contexts and buffers, only handed back.
+unsafe impl Send for Queue {}
+
+/// The part of a completion queue its endpoints hold.
+pub struct CqShared {
+    /// Entry format (`FI_CQ_FORMAT_*`).
+    format: c_int,
+    queue: Mutex<Queue>,
+    eps: Mutex<Vec<Weak<EpShared>>>,
+}
+
+impl CqShared {
+    /// Queues a completion with its source address (`FI_ADDR_NOTAVAIL` if unknown).
+    pub fn push(&self, e: fi_cq_tagged_entry, src: u64) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ok
+            .push_back((e, src));
+    }
+
+    /// Queues a failure.
+    pub fn fail(&self, f: Failure) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failed
+            .push_back(f);
+    }
+
+    /// Registers an endpoint whose progress reading this queue drives.
+    pub fn attach(&self, ep: &Arc<EpShared>) {
+        let mut eps = self.eps.lock().unwrap_or_else(|e| e.into_inner());
+        eps.retain(|w| w.strong_count() > 0);
+        if !eps.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ep))) {
+            eps.push(Arc::downgrade(ep));
+        }
+    }
+
+    fn progress(&self) {
+        let eps: Vec<Arc<EpShared>> = self
+            .eps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for ep in eps {
+            ep.progress();
+        }
+    }
+
+    fn entry_size(&self) -> usize {
+        match self.format {
+            FI_CQ_FORMAT_CONTEXT => 8,
+            FI_CQ_FORMAT_MSG => 24,
+            FI_CQ_FORMAT_DATA => 40,
+            _ => std::mem::size_of::<fi_cq_tagged_entry>(),
+        }
+    }
+
+    /// Moves up to `count` completions into `buf` (and their sources into `src`).
+    unsafe fn read(&self, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
+        self.progress();
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.failed.is_empty() {
+            return crate::err(FI_EAVAIL);
+        }
+        let size = self.entry_size();
+        let mut n = 0;
+        while n < count {
+            let Some((e, from)) = q.ok.pop_front() else { break };
+            // SAFETY: the caller's buffer holds `count` entries of the queue's format (a
+            // prefix of the tagged entry's layout), and `src` `count` addresses if given.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    &e as *const fi_cq_tagged_entry as *const u8,
+                    (buf as *mut u8).add(n * size),
+                    size,
+                );
+                if !src.is_null() {
+                    *src.add(n) = from;
+                }
+            }
+            n += 1;
+        }
+        if n == 0 {
+            crate::err(FI_EAGAIN)
+        } else {
+            n as isize
+        }
+    }
+}
+
+/// The completion queue object.
+#[repr(C)]
+pub struct Cq {
+    fid: fid_cq,
+    /// What endpoints bind to.
+    pub shared: Arc<CqShared>,
+}
+
+static CQ_FID_OPS: fi_ops = fid_ops(cq_close, no_bind, no_control);
+static CQ_OPS: fi_ops_cq = fi_ops_cq {
+    size: std::mem::size_of::<fi_ops_cq>(),
+    read,
+    readfrom,
+    readerr,
+    sread,
+    sreadfrom,
+    signal: crate::enosys,
+    strerror,
+};
+
+pub unsafe extern "C" fn cq_open(
+    _domain: *mut fid_domain,
+    attr: *mut fi_cq_attr,
+    out: *mut *mut fid_cq,
+    context: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: `attr` NULL or valid.
+        let a = unsafe { attr.as_ref() };
+        let format = match a.map_or(FI_CQ_FORMAT_UNSPEC, |a| a.format) {
+            FI_CQ_FORMAT_UNSPEC => FI_CQ_FORMAT_TAGGED,
+            f @ (FI_CQ_FORMAT_CONTEXT | FI_CQ_FORMAT_MSG | FI_CQ_FORMAT_DATA
+            | FI_CQ_FORMAT_TAGGED) => f,
+            _ => return -FI_ENOSYS,
+        };
+        if let Some(a) = a {
+            if a.wait_obj != FI_WAIT_NONE && a.wait_obj != FI_WAIT_UNSPEC {
+                return -FI_ENOSYS; // no file descriptor or wait set to hand out
+            }
+        }
+        let cq = Box::new(Cq {
+            fid: fid_cq {
+                fid: fid {
+                    fclass: FI_CLASS_CQ,
+                    context,
+                    ops: &CQ_FID_OPS,
+                },
+                ops: &CQ_OPS,
+            },
+            shared: Arc::new(CqShared {
+                format,
+                queue: Mutex::default(),
+                eps: Mutex::default(),
+            }),
+        });
+        // SAFETY: `out` checked above.
+        unsafe { *out = Box::into_raw(cq) as *mut fid_cq };
+        0
+    })
+}
+
+/// The shared part of a completion queue of this provider.
+///
+/// # Safety
+/// `f` must be an open completion queue of this provider.
+pub unsafe fn shared_of(f: *mut fid) -> Arc<CqShared> {
+    // SAFETY: per the contract.
+    unsafe { (*(f as *mut Cq)).shared.clone() }
+}
+
+unsafe extern "C" fn cq_close(f: *mut fid) -> c_int {
+    // SAFETY: a queue this provider opened.
+    drop(unsafe { Box::from_raw(f as *mut Cq) });
+    0
+}
+
+unsafe extern "C" fn read(cq: *mut fid_cq, buf: *mut c_void, count: usize) -> isize {
+    // SAFETY: an open queue of ours; the buffer per libfabric's contract.
+    guard(|| unsafe { shared_of(cq as *mut fid).read(buf, count, std::ptr::null_mut()) })
+}
+
+unsafe extern "C" fn readfrom(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut fi_addr_t,
+) -> isize {
+    // SAFETY: as `read`.
+    guard(|| unsafe { shared_of(cq as *mut fid).read(buf, count, src) })
+}
+
+unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags: u64) -> isize {
+    guard(|| {
+        // SAFETY: an open queue of ours.
+        let s = unsafe { shared_of(cq as *mut fid) };
+        let Some(f) = s
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .failed
+            .pop_front()
+        else {
+            return crate::err(FI_EAGAIN);
+        };
+        // SAFETY: `buf` is the caller's error entry.
+        unsafe {
+            let b = &mut *buf;
+            b.op_context = f.entry.op_context;
+            b.flags = f.entry.flags;
+            b.len = f.entry.len;
+            b.buf = f.entry.buf;
+            b.data = 0;
+            b.tag = f.entry.tag;
+            b.olen = f.olen;
+            b.err = f.err;
+            b.prov_errno = f.err;
+            // No provider error data: a size of 0 says so whatever the caller lent.
+            b.err_data_size = 0;
+        }
+        1
+    })
+}
+
+/// Blocking read: polls (with progress) until a completion, a failure or the timeout.
+unsafe fn sread_until(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut u64,
+    timeout_ms: c_int,
+) -> isize {
+    // SAFETY: an open queue of ours.
+    let s = unsafe { shared_of(cq as *mut fid) };
+    let deadline = (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let mut idle = 0u32;
+    loop {
+        // SAFETY: the caller's buffers.
+        let r = unsafe { s.read(buf, count, src) };
+        if r != crate::err(FI_EAGAIN) {
+            return r;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return crate::err(FI_EAGAIN);
+        }
+        idle += 1;
+        if idle > 1000 {
+            std::thread::sleep(Duration::from_micros(50));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+unsafe extern "C" fn sread(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    _cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: forwarded.
+    guard(|| unsafe { sread_until(cq, buf, count, std::ptr::null_mut(), timeout) })
+}
+
+unsafe extern "C" fn sreadfrom(
+    cq: *mut fid_cq,
+    buf: *mut c_void,
+    count: usize,
+    src: *mut fi_addr_t,
+    _cond: *const c_void,
+    timeout: c_int,
+) -> isize {
+    // SAFETY: forwarded.
+    guard(|| unsafe { sread_until(cq, buf, count, src, timeout) })
+}
+
+unsafe extern "C" fn strerror(
+    _cq: *mut fid_cq,
+    prov_errno: c_int,
+    _err_data: *const c_void,
+    buf: *mut c_char,
+    len: usize,
+) -> *const c_char {
+    let text = match prov_errno {
+        FI_ETRUNC => "message longer than the receive buffer (truncated)\0",
+        FI_ECANCELED => "operation cancelled\0",
+        FI_ENOMSG => "no message matched the peek\0",
+        FI_EIO => "the peer failed or closed the connection\0",
+        _ => "clink provider error\0",
+    };
+    if !buf.is_null() && len > 0 {
+        let n = (len - 1).min(text.len() - 1);
+        // SAFETY: `buf` has `len` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, buf, n);
+            *buf.add(n) = 0;
+        }
+        return buf;
+    }
+    text.as_ptr() as *const c_char
+}

@@ -1,0 +1,1004 @@
+//! Endpoints: one clink endpoint each, with the tagged data path, completions and the
+//! connection rule (the endpoint with the smaller identity connects).
+
+use crate::abi::*;
+use crate::av::{table_of, Table};
+use crate::cq::{shared_of, CqShared, Failure};
+use crate::fabric::{domain_ref, Domain};
+use crate::{enosys, err, fid_ops, guard};
+use bytes::Bytes;
+use clink::events::{Event, PEERS, REQUESTS};
+use clink::{Endpoint, Error, PeerId, RecvRequest, Selector, SendRequest};
+use clink_proto::addr::Address;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Caller memory lent to a send until it completes.
+struct Lent {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: libfabric's contract keeps the buffer valid and unchanged until the send's
+// completion, whichever thread reads it.
+unsafe impl Send for Lent {}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the Send impl.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// A send's bytes: the caller's (lent when a completion will say they are free, else
+/// copied) or a gathered copy of several buffers.
+enum Data<'a> {
+    Caller(&'a [u8]),
+    Owned(Vec<u8>),
+}
+
+/// Where a receive's bytes go.
+#[derive(Clone)]
+enum Dest {
+    /// Straight into one caller buffer (`irecv_raw`).
+    Direct { buf: *mut u8, cap: usize },
+    /// Into the endpoint's buffer, then scattered over the caller's iovecs.
+    Scatter(Vec<(*mut u8, usize)>),
+}
+
+impl Dest {
+    fn first(&self) -> *mut c_void {
+        match self {
+            Dest::Direct { buf, .. } => *buf as *mut c_void,
+            Dest::Scatter(v) => v.first().map_or(std::ptr::null_mut(), |s| s.0 as *mut c_void),
+        }
+    }
+
+    /// Copies `data` over the iovecs; returns how much fitted.
+    unsafe fn scatter(&self, data: &[u8]) -> usize {
+        let mut off = 0;
+        if let Dest::Scatter(v) = self {
+            for &(p, n) in v {
+                let k = n.min(data.len() - off);
+                // SAFETY: the caller's iovec of `n` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), p, k) };
+                off += k;
+            }
+        }
+        off
+    }
+}
+
+/// A receive posted to clink.
+struct PostedRecv {
+    req: RecvRequest,
+    ctx: *mut c_void,
+    dest: Dest,
+    report: bool,
+    sel: Selector,
+}
+
+/// A claimed message's final receive (`FI_CLAIM`), or where it is waited for.
+struct ClaimTarget {
+    ctx: *mut c_void,
+    dest: Dest,
+    discard: bool,
+    report: bool,
+}
+
+/// A message a peek claimed: received into the endpoint's buffer at once, handed over
+/// when the application's `FI_CLAIM` receive comes.
+struct Claim {
+    done: Option<clink::Result<Option<clink::Received>>>,
+    target: Option<ClaimTarget>,
+}
+
+enum Op {
+    Send {
+        req: SendRequest,
+        ctx: *mut c_void,
+        len: usize,
+        report: bool,
+    },
+    Recv(PostedRecv),
+    Claim {
+        req: RecvRequest,
+        key: usize,
+    },
+}
+
+struct State {
+    ep: Endpoint,
+    my_id: u128,
+    av: Option<Arc<Mutex<Table>>>,
+    tx_cq: Option<Arc<CqShared>>,
+    rx_cq: Option<Arc<CqShared>>,
+    tx_selective: bool,
+    rx_selective: bool,
+    tx_flags: u64,
+    rx_flags: u64,
+    /// Receives honour their source address (`FI_DIRECTED_RECV` asked for); without it
+    /// the address is ignored, as libfabric specifies.
+    directed: bool,
+    /// The connection to each peer endpoint, by its identity.
+    links: HashMap<u128, PeerId>,
+    /// Each connection's peer identity, by `PeerId`.
+    remote_of: Vec<u128>,
+    /// Address-vector entries looked at for connecting.
+    considered: usize,
+    /// Peers our connection attempt failed for (sends to them fail).
+    unreachable: HashSet<u128>,
+    ops: HashMap<u64, Op>,
+    claims: HashMap<usize, Claim>,
+}
+
+// SAFETY: the endpoint and the application's pointers are only used under the state's
+// mutex (one thread at a time).
+unsafe impl Send for State {}
+
+/// The part of an endpoint that completion queues drive.
+pub struct EpShared {
+    st: Mutex<State>,
+}
+
+impl EpShared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One round of progress: new connections, clink's progress, completions.
+    pub fn progress(&self) {
+        self.lock().progress();
+    }
+}
+
+fn tagged_entry(ctx: *mut c_void, flags: u64, len: usize, buf: *mut c_void, tag: u64) -> fi_cq_tagged_entry {
+    fi_cq_tagged_entry {
+        op_context: ctx,
+        flags,
+        len,
+        buf,
+        data: 0,
+        tag,
+    }
+}
+
+const RX: u64 = FI_RECV | FI_TAGGED;
+const TX: u64 = FI_SEND | FI_TAGGED;
+
+impl State {
+    fn learn_peers(&mut self) {
+        let n = self.ep.peers().len();
+        while self.remote_of.len() < n {
+            let p = PeerId(self.remote_of.len() as u32);
+            let id = self.ep.peer_endpoint_id(p).unwrap_or(0);
+            self.remote_of.push(id);
+            self.links.entry(id).or_insert(p);
+        }
+    }
+
+    /// Connects to the address-vector entries inserted since the last look whose
+    /// identity is larger than ours (they wait for us to connect).
+    fn connect_new_entries(&mut self) {
+        let Some(av) = self.av.clone() else { return };
+        let t = av.lock().unwrap_or_else(|e| e.into_inner());
+        let todo: Vec<(u128, String)> = t.entries[self.considered.min(t.entries.len())..]
+            .iter()
+            .flatten()
+            .map(|e| (e.id, e.addr.clone()))
+            .collect();
+        self.considered = t.entries.len();
+        drop(t);
+        for (id, addr) in todo {
+            self.learn_peers();
+            if id > self.my_id && !self.links.contains_key(&id) {
+                self.connect(id, &addr);
+            }
+        }
+    }
+
+    fn connect(&mut self, id: u128, addr: &str) -> Option<PeerId> {
+        match self.ep.connect(addr) {
+            Ok(p) => {
+                self.learn_peers();
+                Some(*self.links.entry(id).or_insert(p))
+            }
+            Err(_) => {
+                self.unreachable.insert(id);
+                None
+            }
+        }
+    }
+
+    /// The connection to address-vector entry `dest`: ours if we connect, else the one
+    /// the peer made (`FI_EAGAIN` until it has).
+    fn peer_for(&mut self, dest: u64) -> Result<PeerId, c_int> {
+        let entry = {
+            let av = self.av.as_ref().ok_or(FI_EINVAL)?;
+            let t = av.lock().unwrap_or_else(|e| e.into_inner());
+            t.entries
+                .get(dest as usize)
+                .cloned()
+                .flatten()
+                .ok_or(FI_EINVAL)?
+        };
+        self.learn_peers();
+        if let Some(&p) = self.links.get(&entry.id) {
+            return Ok(p);
+        }
+        if self.unreachable.contains(&entry.id) {
+            return Err(FI_EIO);
+        }
+        if entry.id > self.my_id {
+            return self.connect(entry.id, &entry.addr).ok_or(FI_EIO);
+        }
+        let _ = self.ep.accept(Some(Duration::ZERO));
+        self.learn_peers();
+        self.links.get(&entry.id).copied().ok_or(FI_EAGAIN)
+    }
+
+    fn source_of(&self, p: PeerId) -> u64 {
+        let Some(&id) = self.remote_of.get(p.0 as usize) else {
+            return FI_ADDR_NOTAVAIL;
+        };
+        self.av
+            .as_ref()
+            .and_then(|av| av.lock().unwrap_or_else(|e| e.into_inner()).by_id.get(&id).copied())
+            .unwrap_or(FI_ADDR_NOTAVAIL)
+    }
+
+    fn progress(&mut self) {
+        self.connect_new_entries();
+        while let Some(ev) = self.ep.next_event() {
+            match ev {
+                Event::SendDone { req, .. } => self.send_done(req),
+                Event::RecvDone { req, .. } => self.recv_done(req),
+                Event::PeerConnected(_) => self.learn_peers(),
+                _ => {}
+            }
+        }
+    }
+
+    fn send_done(&mut self, id: u64) {
+        let Some(Op::Send { req, ctx, len, report }) = self.ops.remove(&id) else {
+            return;
+        };
+        let res = self.ep.test_send(&req);
+        let Some(cq) = self.tx_cq.clone() else { return };
+        match res {
+            Ok(true) if report => cq.push(tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0), FI_ADDR_NOTAVAIL),
+            Ok(true) => {}
+            Ok(false) => {
+                self.ops.insert(id, Op::Send { req, ctx, len, report });
+            }
+            Err(_) => cq.fail(Failure {
+                entry: tagged_entry(ctx, TX, len, std::ptr::null_mut(), 0),
+                olen: 0,
+                err: FI_EIO,
+            }),
+        }
+    }
+
+    fn recv_done(&mut self, id: u64) {
+        match self.ops.remove(&id) {
+            Some(Op::Recv(r)) => {
+                let res = self.ep.test_recv(&r.req);
+                if let Ok(None) = res {
+                    self.ops.insert(id, Op::Recv(r));
+                    return;
+                }
+                self.finish_recv(r, res);
+            }
+            Some(Op::Claim { req, key }) => {
+                let res = self.ep.test_recv(&req);
+                if let Ok(None) = res {
+                    self.ops.insert(id, Op::Claim { req, key });
+                    return;
+                }
+                if let Some(c) = self.claims.get_mut(&key) {
+                    c.done = Some(res);
+                }
+                self.settle_claim(key);
+            }
+            Some(op) => {
+                self.ops.insert(id, op);
+            }
+            None => {}
+        }
+    }
+
+    /// Reports a finished receive (its result from `test_recv`).
+    fn finish_recv(&mut self, r: PostedRecv, res: clink::Result<Option<clink::Received>>) {
+        let cq = self.rx_cq.clone();
+        match res {
+            Ok(Some(got)) => {
+                let len = match &r.dest {
+                    // SAFETY: the caller's iovecs, valid until this completion.
+                    Dest::Scatter(_) => unsafe { r.dest.scatter(&got.buf) },
+                    Dest::Direct { .. } => got.status.len as usize,
+                };
+                let full = got.status.len as usize;
+                let src = self.source_of(got.status.peer);
+                if let Some(cq) = cq {
+                    if full > len {
+                        cq.fail(Failure {
+                            entry: tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag),
+                            olen: full - len,
+                            err: FI_ETRUNC,
+                        });
+                    } else if r.report {
+                        cq.push(tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag), src);
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(Error::Truncated { len, capacity }) => {
+                let _ = self.ep.take_recv_buffer(r.req);
+                let tag = if r.sel.mask == u64::MAX { r.sel.tag } else { 0 };
+                if let Some(cq) = cq {
+                    cq.fail(Failure {
+                        entry: tagged_entry(r.ctx, RX, capacity as usize, r.dest.first(), tag),
+                        olen: (len - capacity) as usize,
+                        err: FI_ETRUNC,
+                    });
+                }
+            }
+            Err(Error::Consumed) => {
+                if let Some(cq) = cq {
+                    cq.fail(Failure {
+                        entry: tagged_entry(r.ctx, RX, 0, r.dest.first(), r.sel.tag),
+                        olen: 0,
+                        err: FI_ECANCELED,
+                    });
+                }
+            }
+            Err(_) => {
+                if let Some(cq) = cq {
+                    cq.fail(Failure {
+                        entry: tagged_entry(r.ctx, RX, 0, r.dest.first(), r.sel.tag),
+                        olen: 0,
+                        err: FI_EIO,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Hands a claimed message to its `FI_CLAIM` receive once both are there.
+    fn settle_claim(&mut self, key: usize) {
+        let ready = self
+            .claims
+            .get(&key)
+            .is_some_and(|c| c.done.is_some() && c.target.is_some());
+        if !ready {
+            return;
+        }
+        let c = self.claims.remove(&key).expect("checked");
+        let (res, t) = (c.done.expect("checked"), c.target.expect("checked"));
+        let Some(cq) = self.rx_cq.clone() else { return };
+        match res {
+            Ok(Some(got)) => {
+                let src = self.source_of(got.status.peer);
+                let full = got.buf.len();
+                let len = if t.discard {
+                    0
+                } else {
+                    match &t.dest {
+                        Dest::Direct { buf, cap } => {
+                            let k = full.min(*cap);
+                            // SAFETY: the caller's buffer of `cap` bytes.
+                            unsafe { std::ptr::copy_nonoverlapping(got.buf.as_ptr(), *buf, k) };
+                            k
+                        }
+                        // SAFETY: the caller's iovecs.
+                        d => unsafe { d.scatter(&got.buf) },
+                    }
+                };
+                if !t.discard && full > len {
+                    cq.fail(Failure {
+                        entry: tagged_entry(t.ctx, RX, len, t.dest.first(), got.status.tag),
+                        olen: full - len,
+                        err: FI_ETRUNC,
+                    });
+                } else if t.report {
+                    cq.push(tagged_entry(t.ctx, RX, len, t.dest.first(), got.status.tag), src);
+                }
+            }
+            _ => cq.fail(Failure {
+                entry: tagged_entry(t.ctx, RX, 0, t.dest.first(), 0),
+                olen: 0,
+                err: FI_EIO,
+            }),
+        }
+    }
+
+    fn send(&mut self, data: Data<'_>, dest: u64, tag: u64, ctx: *mut c_void, flags: u64) -> isize {
+        let peer = match self.peer_for(dest) {
+            Ok(p) => p,
+            Err(e) => {
+                if e == FI_EAGAIN {
+                    self.progress();
+                }
+                return err(e);
+            }
+        };
+        let inject = flags & FI_INJECT != 0;
+        let report = !inject && (flags & FI_COMPLETION != 0 || !self.tx_selective);
+        // Without a completion the application may reuse the buffer at once: copy it.
+        let bytes = match data {
+            Data::Caller(d) if report => Bytes::from_owner(Lent {
+                ptr: d.as_ptr(),
+                len: d.len(),
+            }),
+            Data::Caller(d) => Bytes::copy_from_slice(d),
+            Data::Owned(v) => Bytes::from(v),
+        };
+        let len = bytes.len();
+        match self.ep.isend(peer, tag, bytes) {
+            Ok(req) => {
+                self.ops.insert(
+                    req.id(),
+                    Op::Send {
+                        req,
+                        ctx,
+                        len,
+                        report,
+                    },
+                );
+                0
+            }
+            Err(_) => err(FI_EIO),
+        }
+    }
+
+    fn selector(&mut self, src: u64, tag: u64, ignore: u64) -> Result<Selector, c_int> {
+        let src = if src == FI_ADDR_UNSPEC || !self.directed {
+            None
+        } else {
+            Some(self.peer_for(src)?)
+        };
+        Ok(Selector {
+            src,
+            tag: tag & !ignore,
+            mask: !ignore,
+        })
+    }
+
+    fn recv(&mut self, iov: &[(*mut u8, usize)], src: u64, tag: u64, ignore: u64, ctx: *mut c_void, flags: u64) -> isize {
+        let sel = match self.selector(src, tag, ignore) {
+            Ok(s) => s,
+            Err(e) => {
+                if e == FI_EAGAIN {
+                    self.progress();
+                }
+                return err(e);
+            }
+        };
+        let report = flags & FI_COMPLETION != 0 || !self.rx_selective;
+        let dest = if iov.len() == 1 {
+            Dest::Direct {
+                buf: iov[0].0,
+                cap: iov[0].1,
+            }
+        } else {
+            Dest::Scatter(iov.to_vec())
+        };
+        if flags & FI_PEEK != 0 {
+            return self.peek(sel, ctx, flags);
+        }
+        if flags & FI_CLAIM != 0 {
+            let key = ctx as usize;
+            let Some(c) = self.claims.get_mut(&key) else {
+                return err(FI_EINVAL);
+            };
+            c.target = Some(ClaimTarget {
+                ctx,
+                dest,
+                discard: flags & FI_DISCARD != 0,
+                report,
+            });
+            self.settle_claim(key);
+            return 0;
+        }
+        let req = match &dest {
+            // SAFETY: libfabric's contract: the buffer stays valid until completion.
+            Dest::Direct { buf, cap } => unsafe { self.ep.irecv_raw(sel, *buf, *cap) },
+            Dest::Scatter(v) => {
+                let total = v.iter().map(|s| s.1).sum();
+                match self.ep.irecv(sel, vec![0; total]) {
+                    Ok(r) => r,
+                    Err(_) => return err(FI_EIO),
+                }
+            }
+        };
+        self.ops.insert(
+            req.id(),
+            Op::Recv(PostedRecv {
+                req,
+                ctx,
+                dest,
+                report,
+                sel,
+            }),
+        );
+        0
+    }
+
+    /// `FI_PEEK` (with `FI_CLAIM` or `FI_DISCARD`): reports a matching message that has
+    /// arrived, or fails with `FI_ENOMSG`.
+    fn peek(&mut self, sel: Selector, ctx: *mut c_void, flags: u64) -> isize {
+        let Some(cq) = self.rx_cq.clone() else {
+            return err(FI_EINVAL);
+        };
+        let Some(st) = self.ep.probe(sel) else {
+            cq.fail(Failure {
+                entry: tagged_entry(ctx, RX, 0, std::ptr::null_mut(), 0),
+                olen: 0,
+                err: FI_ENOMSG,
+            });
+            return 0;
+        };
+        if flags & (FI_CLAIM | FI_DISCARD) != 0 {
+            // The first message from that peer with that tag is the one the peek saw.
+            let exact = Selector::exact(Some(st.peer), st.tag);
+            let req = match self.ep.irecv(exact, vec![0; st.len as usize]) {
+                Ok(r) => r,
+                Err(_) => return err(FI_EIO),
+            };
+            let key = ctx as usize;
+            self.claims.insert(
+                key,
+                Claim {
+                    done: None,
+                    target: (flags & FI_CLAIM == 0).then_some(ClaimTarget {
+                        ctx,
+                        dest: Dest::Scatter(Vec::new()),
+                        discard: true,
+                        report: false,
+                    }),
+                },
+            );
+            self.ops.insert(req.id(), Op::Claim { req, key });
+        }
+        let src = self.source_of(st.peer);
+        cq.push(tagged_entry(ctx, RX, st.len as usize, std::ptr::null_mut(), st.tag), src);
+        0
+    }
+
+    fn cancel(&mut self, ctx: *mut c_void) -> isize {
+        let id = self.ops.iter().find_map(|(id, op)| match op {
+            Op::Recv(r) if r.ctx == ctx => Some(*id),
+            _ => None,
+        });
+        let Some(id) = id else { return 0 };
+        let Some(Op::Recv(r)) = self.ops.remove(&id) else {
+            return 0;
+        };
+        let _ = self.ep.cancel_recv(&r.req);
+        // Cancelled: the request is gone (Consumed); matched meanwhile: it finishes.
+        let res = self.ep.test_recv(&r.req);
+        if let Ok(None) = res {
+            self.ops.insert(id, Op::Recv(r));
+            return 0;
+        }
+        self.finish_recv(r, res);
+        0
+    }
+}
+
+/// The endpoint object.
+#[repr(C)]
+struct Ep {
+    fid: fid_ep,
+    shared: Arc<EpShared>,
+    _domain: Arc<Domain>,
+}
+
+static EP_FID_OPS: fi_ops = fid_ops(ep_close, ep_bind, ep_control);
+static EP_OPS: fi_ops_ep = fi_ops_ep {
+    size: std::mem::size_of::<fi_ops_ep>(),
+    cancel,
+    getopt,
+    setopt,
+    tx_ctx: enosys,
+    rx_ctx: enosys,
+    rx_size_left: enosys,
+    tx_size_left: enosys,
+};
+static CM_OPS: fi_ops_cm = fi_ops_cm {
+    size: std::mem::size_of::<fi_ops_cm>(),
+    setname: enosys,
+    getname,
+    getpeer: enosys,
+    connect: enosys,
+    listen: enosys,
+    accept: enosys,
+    reject: enosys,
+    shutdown: enosys,
+    join: enosys,
+};
+static TAGGED_OPS: fi_ops_tagged = fi_ops_tagged {
+    size: std::mem::size_of::<fi_ops_tagged>(),
+    recv: trecv,
+    recvv: trecvv,
+    recvmsg: trecvmsg,
+    send: tsend,
+    sendv: tsendv,
+    sendmsg: tsendmsg,
+    inject: tinject,
+    senddata: enosys,
+    injectdata: enosys,
+};
+static MSG_OPS: fi_ops_none<9> = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_none<9>>(),
+    slots: [enosys; 9],
+};
+static RMA_OPS: fi_ops_none<9> = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_none<9>>(),
+    slots: [enosys; 9],
+};
+static ATOMIC_OPS: fi_ops_none<13> = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_none<13>>(),
+    slots: [enosys; 13],
+};
+static COLL_OPS: fi_ops_none<11> = fi_ops_none {
+    size: std::mem::size_of::<fi_ops_none<11>>(),
+    slots: [enosys; 11],
+};
+
+pub unsafe extern "C" fn endpoint(
+    domain: *mut fid_domain,
+    info: *mut fi_info,
+    out: *mut *mut fid_ep,
+    context: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if out.is_null() || domain.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: an open domain of ours; `info` NULL or valid.
+        let (dom, info) = unsafe { (domain_ref(domain), info.as_ref()) };
+        let ep = match dom.context().and_then(|c| c.endpoint().map_err(|e| e.to_string())) {
+            Ok(ep) => ep,
+            Err(_) => return -FI_EIO,
+        };
+        let mut ep = ep;
+        ep.set_interest(REQUESTS | PEERS);
+        // SAFETY: the info's attributes NULL or valid.
+        let (tx_flags, rx_flags) = unsafe {
+            (
+                info.and_then(|i| i.tx_attr.as_ref()).map_or(0, |t| t.op_flags),
+                info.and_then(|i| i.rx_attr.as_ref()).map_or(0, |r| r.op_flags),
+            )
+        };
+        let my_id = ep.endpoint_id();
+        // SAFETY: the info's attributes NULL or valid.
+        let directed = unsafe {
+            info.is_some_and(|i| {
+                i.caps & FI_DIRECTED_RECV != 0
+                    || i.rx_attr.as_ref().is_some_and(|r| r.caps & FI_DIRECTED_RECV != 0)
+            })
+        };
+        let shared = Arc::new(EpShared {
+            st: Mutex::new(State {
+                ep,
+                my_id,
+                av: None,
+                tx_cq: None,
+                rx_cq: None,
+                tx_selective: false,
+                rx_selective: false,
+                tx_flags,
+                rx_flags,
+                directed,
+                links: HashMap::new(),
+                remote_of: Vec::new(),
+                considered: 0,
+                unreachable: HashSet::new(),
+                ops: HashMap::new(),
+                claims: HashMap::new(),
+            }),
+        });
+        let e = Box::new(Ep {
+            fid: fid_ep {
+                fid: fid {
+                    fclass: FI_CLASS_EP,
+                    context,
+                    ops: &EP_FID_OPS,
+                },
+                ops: &EP_OPS,
+                cm: &CM_OPS,
+                msg: &MSG_OPS,
+                rma: &RMA_OPS,
+                tagged: &TAGGED_OPS,
+                atomic: &ATOMIC_OPS,
+                collective: &COLL_OPS,
+            },
+            shared,
+            _domain: dom,
+        });
+        // SAFETY: `out` checked above.
+        unsafe { *out = Box::into_raw(e) as *mut fid_ep };
+        0
+    })
+}
+
+/// # Safety
+/// `f` must be an open endpoint of this provider.
+unsafe fn shared(f: *mut fid) -> Arc<EpShared> {
+    // SAFETY: per the contract.
+    unsafe { (*(f as *mut Ep)).shared.clone() }
+}
+
+unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
+    guard(|| {
+        // SAFETY: an endpoint this provider opened.
+        let e = unsafe { Box::from_raw(f as *mut Ep) };
+        e.shared.lock().ep.close();
+        0
+    })
+}
+
+unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
+    guard(|| {
+        if b.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: an open endpoint of ours, and an object of ours to bind.
+        unsafe {
+            let sh = shared(f);
+            let class = (*b).fclass;
+            let mut st = sh.lock();
+            match class {
+                FI_CLASS_AV => st.av = Some(table_of(b)),
+                FI_CLASS_CQ => {
+                    let cq = shared_of(b);
+                    cq.attach(&sh);
+                    let selective = flags & FI_SELECTIVE_COMPLETION != 0;
+                    if flags & FI_TRANSMIT != 0 {
+                        st.tx_cq = Some(cq.clone());
+                        st.tx_selective = selective;
+                    }
+                    if flags & FI_RECV != 0 {
+                        st.rx_cq = Some(cq);
+                        st.rx_selective = selective;
+                    }
+                }
+                _ => return -FI_ENOSYS,
+            }
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn ep_control(f: *mut fid, command: c_int, _arg: *mut c_void) -> c_int {
+    guard(|| {
+        if command != FI_ENABLE {
+            return -FI_ENOSYS;
+        }
+        // SAFETY: an open endpoint of ours.
+        let sh = unsafe { shared(f) };
+        let st = sh.lock();
+        if st.av.is_none() || (st.tx_cq.is_none() && st.rx_cq.is_none()) {
+            return -FI_EINVAL; // bind an address vector and a completion queue first
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn getname(f: *mut fid, addr: *mut c_void, addrlen: *mut usize) -> c_int {
+    guard(|| {
+        if addrlen.is_null() {
+            return -FI_EINVAL;
+        }
+        // SAFETY: an open endpoint of ours.
+        let sh = unsafe { shared(f) };
+        let text = sh.lock().ep.address();
+        let Some(bytes) = Address::parse(&text).ok().and_then(|a| a.to_bytes()) else {
+            return -FI_EIO;
+        };
+        // SAFETY: `addrlen` valid; `addr` has `*addrlen` bytes.
+        unsafe {
+            let room = *addrlen;
+            *addrlen = bytes.len();
+            if room < bytes.len() || addr.is_null() {
+                return -FI_ETOOSMALL;
+            }
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len());
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn cancel(f: *mut fid, ctx: *mut c_void) -> isize {
+    // SAFETY: an open endpoint of ours.
+    guard(|| {
+        // SAFETY: an open endpoint of ours.
+        let sh = unsafe { shared(f) };
+        let r = sh.lock().cancel(ctx);
+        r
+    })
+}
+
+unsafe extern "C" fn getopt(_: *mut fid, _: c_int, _: c_int, _: *mut c_void, _: *mut usize) -> c_int {
+    -FI_ENOPROTOOPT
+}
+
+unsafe extern "C" fn setopt(_: *mut fid, _: c_int, _: c_int, _: *const c_void, _: usize) -> c_int {
+    -FI_ENOPROTOOPT
+}
+
+/// The iovecs as (pointer, length) pairs.
+unsafe fn iovs<'a>(iov: *const libc::iovec, count: usize) -> Vec<(*mut u8, usize)> {
+    if count == 0 || iov.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the caller's `count` iovecs.
+    unsafe { std::slice::from_raw_parts(iov, count) }
+        .iter()
+        .map(|v| (v.iov_base as *mut u8, v.iov_len))
+        .collect()
+}
+
+unsafe extern "C" fn trecv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: fi_addr_t,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard(|| {
+        // SAFETY: an open endpoint of ours.
+        let sh = unsafe { shared(ep as *mut fid) };
+        let mut st = sh.lock();
+        let flags = st.rx_flags;
+        st.recv(&[(buf as *mut u8, len)], src, tag, ignore, ctx, flags)
+    })
+}
+
+unsafe extern "C" fn trecvv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: fi_addr_t,
+    tag: u64,
+    ignore: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard(|| {
+        if count > crate::info::IOV_LIMIT {
+            return err(FI_EINVAL);
+        }
+        // SAFETY: an open endpoint of ours; the caller's iovecs.
+        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
+        let mut st = sh.lock();
+        let flags = st.rx_flags;
+        st.recv(&v, src, tag, ignore, ctx, flags)
+    })
+}
+
+unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags: u64) -> isize {
+    guard(|| {
+        // SAFETY: the caller's message description.
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            return err(FI_EINVAL);
+        };
+        if m.iov_count > crate::info::IOV_LIMIT {
+            return err(FI_EINVAL);
+        }
+        // SAFETY: an open endpoint of ours; the message's iovecs.
+        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(m.msg_iov, m.iov_count)) };
+        let v = if v.is_empty() {
+            vec![(std::ptr::null_mut(), 0)]
+        } else {
+            v
+        };
+        let r = sh.lock().recv(&v, m.addr, m.tag, m.ignore, m.context, flags);
+        r
+    })
+}
+
+unsafe extern "C" fn tsend(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: fi_addr_t,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    guard(|| {
+        // SAFETY: an open endpoint of ours; the caller's buffer.
+        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
+        let mut st = sh.lock();
+        let flags = st.tx_flags;
+        st.send(Data::Caller(data), dest, tag, ctx, flags)
+    })
+}
+
+/// The caller's `len` bytes at `buf` (empty for a NULL pointer).
+unsafe fn bytes_at<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if buf.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's buffer.
+    unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+}
+
+/// Several iovecs gathered into one message (a copy), or the one iovec lent.
+unsafe fn send_iov(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    count: usize,
+    dest: u64,
+    tag: u64,
+    ctx: *mut c_void,
+    flags: Option<u64>,
+) -> isize {
+    if count > crate::info::IOV_LIMIT {
+        return err(FI_EINVAL);
+    }
+    // SAFETY: an open endpoint of ours; the caller's iovecs.
+    let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
+    let mut st = sh.lock();
+    let flags = flags.unwrap_or(st.tx_flags);
+    if v.len() <= 1 {
+        // SAFETY: the caller's buffer.
+        let data = v.first().map_or(&[][..], |&(p, n)| unsafe { bytes_at(p as *const c_void, n) });
+        return st.send(Data::Caller(data), dest, tag, ctx, flags);
+    }
+    let mut all = Vec::new();
+    for &(p, n) in &v {
+        // SAFETY: the caller's buffers.
+        all.extend_from_slice(unsafe { bytes_at(p as *const c_void, n) });
+    }
+    st.send(Data::Owned(all), dest, tag, ctx, flags)
+}
+
+unsafe extern "C" fn tsendv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: fi_addr_t,
+    tag: u64,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: forwarded.
+    guard(|| unsafe { send_iov(ep, iov, count, dest, tag, ctx, None) })
+}
+
+unsafe extern "C" fn tsendmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags: u64) -> isize {
+    guard(|| {
+        // SAFETY: the caller's message description.
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            return err(FI_EINVAL);
+        };
+        // SAFETY: forwarded.
+        unsafe { send_iov(ep, m.msg_iov, m.iov_count, m.addr, m.tag, m.context, Some(flags)) }
+    })
+}
+
+unsafe extern "C" fn tinject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: fi_addr_t,
+    tag: u64,
+) -> isize {
+    guard(|| {
+        if len > crate::info::INJECT_MAX {
+            return err(FI_EINVAL);
+        }
+        // SAFETY: an open endpoint of ours; the caller's buffer (copied).
+        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
+        let r = sh.lock().send(Data::Caller(data), dest, tag, std::ptr::null_mut(), FI_INJECT);
+        r
+    })
+}
