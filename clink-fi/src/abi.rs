@@ -234,8 +234,12 @@ pub struct fi_ops {
 #[repr(C)]
 pub struct fi_ops_fabric {
     pub size: usize,
-    pub domain:
-        unsafe extern "C" fn(*mut fid_fabric, *mut fi_info, *mut *mut fid_domain, *mut c_void) -> c_int,
+    pub domain: unsafe extern "C" fn(
+        *mut fid_fabric,
+        *mut fi_info,
+        *mut *mut fid_domain,
+        *mut c_void,
+    ) -> c_int,
     pub passive_ep: Slot,
     pub eq_open:
         unsafe extern "C" fn(*mut fid_fabric, *mut c_void, *mut *mut fid_eq, *mut c_void) -> c_int,
@@ -254,10 +258,18 @@ pub struct fid_fabric {
 #[repr(C)]
 pub struct fi_ops_domain {
     pub size: usize,
-    pub av_open:
-        unsafe extern "C" fn(*mut fid_domain, *mut fi_av_attr, *mut *mut fid_av, *mut c_void) -> c_int,
-    pub cq_open:
-        unsafe extern "C" fn(*mut fid_domain, *mut fi_cq_attr, *mut *mut fid_cq, *mut c_void) -> c_int,
+    pub av_open: unsafe extern "C" fn(
+        *mut fid_domain,
+        *mut fi_av_attr,
+        *mut *mut fid_av,
+        *mut c_void,
+    ) -> c_int,
+    pub cq_open: unsafe extern "C" fn(
+        *mut fid_domain,
+        *mut fi_cq_attr,
+        *mut *mut fid_cq,
+        *mut c_void,
+    ) -> c_int,
     pub endpoint:
         unsafe extern "C" fn(*mut fid_domain, *mut fi_info, *mut *mut fid_ep, *mut c_void) -> c_int,
     pub scalable_ep: Slot,
@@ -365,8 +377,7 @@ pub struct fi_ops_cq {
     pub read: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize) -> isize,
     pub readfrom: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *mut fi_addr_t) -> isize,
     pub readerr: unsafe extern "C" fn(*mut fid_cq, *mut fi_cq_err_entry, u64) -> isize,
-    pub sread:
-        unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *const c_void, c_int) -> isize,
+    pub sread: unsafe extern "C" fn(*mut fid_cq, *mut c_void, usize, *const c_void, c_int) -> isize,
     pub sreadfrom: unsafe extern "C" fn(
         *mut fid_cq,
         *mut c_void,
@@ -503,8 +514,7 @@ pub struct fi_ops_eq {
     pub read: unsafe extern "C" fn(*mut fid_eq, *mut u32, *mut c_void, usize, u64) -> isize,
     pub readerr: unsafe extern "C" fn(*mut fid_eq, *mut c_void, u64) -> isize,
     pub write: Slot,
-    pub sread:
-        unsafe extern "C" fn(*mut fid_eq, *mut u32, *mut c_void, usize, c_int, u64) -> isize,
+    pub sread: unsafe extern "C" fn(*mut fid_eq, *mut u32, *mut c_void, usize, c_int, u64) -> isize,
     pub strerror: Slot,
 }
 

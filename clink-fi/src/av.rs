@@ -141,7 +141,12 @@ unsafe extern "C" fn insert(
     })
 }
 
-unsafe extern "C" fn remove(av: *mut fid_av, fi_addr: *mut fi_addr_t, count: usize, _: u64) -> c_int {
+unsafe extern "C" fn remove(
+    av: *mut fid_av,
+    fi_addr: *mut fi_addr_t,
+    count: usize,
+    _: u64,
+) -> c_int {
     guard(|| {
         // SAFETY: an open vector of ours.
         let table = unsafe { table_of(av as *mut fid) };

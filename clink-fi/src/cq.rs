@@ -61,7 +61,10 @@ impl CqShared {
     pub fn attach(&self, ep: &Arc<EpShared>) {
         let mut eps = self.eps.lock().unwrap_or_else(|e| e.into_inner());
         eps.retain(|w| w.strong_count() > 0);
-        if !eps.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ep))) {
+        if !eps
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ep)))
+        {
             eps.push(Arc::downgrade(ep));
         }
     }
@@ -98,7 +101,9 @@ impl CqShared {
         let size = self.entry_size();
         let mut n = 0;
         while n < count {
-            let Some((e, from)) = q.ok.pop_front() else { break };
+            let Some((e, from)) = q.ok.pop_front() else {
+                break;
+            };
             // SAFETY: the caller's buffer holds `count` entries of the queue's format (a
             // prefix of the tagged entry's layout), and `src` `count` addresses if given.
             unsafe {
@@ -257,7 +262,8 @@ unsafe fn sread_until(
 ) -> isize {
     // SAFETY: an open queue of ours.
     let s = unsafe { shared_of(cq as *mut fid) };
-    let deadline = (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
+    let deadline =
+        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
     let mut idle = 0u32;
     loop {
         // SAFETY: the caller's buffers.

@@ -52,7 +52,9 @@ impl Dest {
     fn first(&self) -> *mut c_void {
         match self {
             Dest::Direct { buf, .. } => *buf as *mut c_void,
-            Dest::Scatter(v) => v.first().map_or(std::ptr::null_mut(), |s| s.0 as *mut c_void),
+            Dest::Scatter(v) => v
+                .first()
+                .map_or(std::ptr::null_mut(), |s| s.0 as *mut c_void),
         }
     }
 
@@ -154,7 +156,13 @@ impl EpShared {
     }
 }
 
-fn tagged_entry(ctx: *mut c_void, flags: u64, len: usize, buf: *mut c_void, tag: u64) -> fi_cq_tagged_entry {
+fn tagged_entry(
+    ctx: *mut c_void,
+    flags: u64,
+    len: usize,
+    buf: *mut c_void,
+    tag: u64,
+) -> fi_cq_tagged_entry {
     fi_cq_tagged_entry {
         op_context: ctx,
         flags,
@@ -245,7 +253,13 @@ impl State {
         };
         self.av
             .as_ref()
-            .and_then(|av| av.lock().unwrap_or_else(|e| e.into_inner()).by_id.get(&id).copied())
+            .and_then(|av| {
+                av.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .by_id
+                    .get(&id)
+                    .copied()
+            })
             .unwrap_or(FI_ADDR_NOTAVAIL)
     }
 
@@ -262,16 +276,33 @@ impl State {
     }
 
     fn send_done(&mut self, id: u64) {
-        let Some(Op::Send { req, ctx, len, report }) = self.ops.remove(&id) else {
+        let Some(Op::Send {
+            req,
+            ctx,
+            len,
+            report,
+        }) = self.ops.remove(&id)
+        else {
             return;
         };
         let res = self.ep.test_send(&req);
         let Some(cq) = self.tx_cq.clone() else { return };
         match res {
-            Ok(true) if report => cq.push(tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0), FI_ADDR_NOTAVAIL),
+            Ok(true) if report => cq.push(
+                tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0),
+                FI_ADDR_NOTAVAIL,
+            ),
             Ok(true) => {}
             Ok(false) => {
-                self.ops.insert(id, Op::Send { req, ctx, len, report });
+                self.ops.insert(
+                    id,
+                    Op::Send {
+                        req,
+                        ctx,
+                        len,
+                        report,
+                    },
+                );
             }
             Err(_) => cq.fail(Failure {
                 entry: tagged_entry(ctx, TX, len, std::ptr::null_mut(), 0),
@@ -329,7 +360,10 @@ impl State {
                             err: FI_ETRUNC,
                         });
                     } else if r.report {
-                        cq.push(tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag), src);
+                        cq.push(
+                            tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag),
+                            src,
+                        );
                     }
                 }
             }
@@ -403,7 +437,10 @@ impl State {
                         err: FI_ETRUNC,
                     });
                 } else if t.report {
-                    cq.push(tagged_entry(t.ctx, RX, len, t.dest.first(), got.status.tag), src);
+                    cq.push(
+                        tagged_entry(t.ctx, RX, len, t.dest.first(), got.status.tag),
+                        src,
+                    );
                 }
             }
             _ => cq.fail(Failure {
@@ -466,7 +503,15 @@ impl State {
         })
     }
 
-    fn recv(&mut self, iov: &[(*mut u8, usize)], src: u64, tag: u64, ignore: u64, ctx: *mut c_void, flags: u64) -> isize {
+    fn recv(
+        &mut self,
+        iov: &[(*mut u8, usize)],
+        src: u64,
+        tag: u64,
+        ignore: u64,
+        ctx: *mut c_void,
+        flags: u64,
+    ) -> isize {
         let sel = match self.selector(src, tag, ignore) {
             Ok(s) => s,
             Err(e) => {
@@ -563,7 +608,10 @@ impl State {
             self.ops.insert(req.id(), Op::Claim { req, key });
         }
         let src = self.source_of(st.peer);
-        cq.push(tagged_entry(ctx, RX, st.len as usize, std::ptr::null_mut(), st.tag), src);
+        cq.push(
+            tagged_entry(ctx, RX, st.len as usize, std::ptr::null_mut(), st.tag),
+            src,
+        );
         0
     }
 
@@ -660,17 +708,25 @@ pub unsafe extern "C" fn endpoint(
         }
         // SAFETY: an open domain of ours; `info` NULL or valid.
         let (dom, info) = unsafe { (domain_ref(domain), info.as_ref()) };
-        let ep = match dom.context().and_then(|c| c.endpoint().map_err(|e| e.to_string())) {
+        let ep = match dom
+            .context()
+            .and_then(|c| c.endpoint().map_err(|e| e.to_string()))
+        {
             Ok(ep) => ep,
-            Err(_) => return -FI_EIO,
+            Err(e) => {
+                crate::log(&format!("no clink endpoint: {e}"));
+                return -FI_EIO;
+            }
         };
         let mut ep = ep;
         ep.set_interest(REQUESTS | PEERS);
         // SAFETY: the info's attributes NULL or valid.
         let (tx_flags, rx_flags) = unsafe {
             (
-                info.and_then(|i| i.tx_attr.as_ref()).map_or(0, |t| t.op_flags),
-                info.and_then(|i| i.rx_attr.as_ref()).map_or(0, |r| r.op_flags),
+                info.and_then(|i| i.tx_attr.as_ref())
+                    .map_or(0, |t| t.op_flags),
+                info.and_then(|i| i.rx_attr.as_ref())
+                    .map_or(0, |r| r.op_flags),
             )
         };
         let my_id = ep.endpoint_id();
@@ -678,7 +734,9 @@ pub unsafe extern "C" fn endpoint(
         let directed = unsafe {
             info.is_some_and(|i| {
                 i.caps & FI_DIRECTED_RECV != 0
-                    || i.rx_attr.as_ref().is_some_and(|r| r.caps & FI_DIRECTED_RECV != 0)
+                    || i.rx_attr
+                        .as_ref()
+                        .is_some_and(|r| r.caps & FI_DIRECTED_RECV != 0)
             })
         };
         let shared = Arc::new(EpShared {
@@ -822,7 +880,13 @@ unsafe extern "C" fn cancel(f: *mut fid, ctx: *mut c_void) -> isize {
     })
 }
 
-unsafe extern "C" fn getopt(_: *mut fid, _: c_int, _: c_int, _: *mut c_void, _: *mut usize) -> c_int {
+unsafe extern "C" fn getopt(
+    _: *mut fid,
+    _: c_int,
+    _: c_int,
+    _: *mut c_void,
+    _: *mut usize,
+) -> c_int {
     -FI_ENOPROTOOPT
 }
 
@@ -899,7 +963,9 @@ unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
         } else {
             v
         };
-        let r = sh.lock().recv(&v, m.addr, m.tag, m.ignore, m.context, flags);
+        let r = sh
+            .lock()
+            .recv(&v, m.addr, m.tag, m.ignore, m.context, flags);
         r
     })
 }
@@ -950,7 +1016,9 @@ unsafe fn send_iov(
     let flags = flags.unwrap_or(st.tx_flags);
     if v.len() <= 1 {
         // SAFETY: the caller's buffer.
-        let data = v.first().map_or(&[][..], |&(p, n)| unsafe { bytes_at(p as *const c_void, n) });
+        let data = v.first().map_or(&[][..], |&(p, n)| unsafe {
+            bytes_at(p as *const c_void, n)
+        });
         return st.send(Data::Caller(data), dest, tag, ctx, flags);
     }
     let mut all = Vec::new();
@@ -981,7 +1049,17 @@ unsafe extern "C" fn tsendmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
             return err(FI_EINVAL);
         };
         // SAFETY: forwarded.
-        unsafe { send_iov(ep, m.msg_iov, m.iov_count, m.addr, m.tag, m.context, Some(flags)) }
+        unsafe {
+            send_iov(
+                ep,
+                m.msg_iov,
+                m.iov_count,
+                m.addr,
+                m.tag,
+                m.context,
+                Some(flags),
+            )
+        }
     })
 }
 
@@ -998,7 +1076,13 @@ unsafe extern "C" fn tinject(
         }
         // SAFETY: an open endpoint of ours; the caller's buffer (copied).
         let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
-        let r = sh.lock().send(Data::Caller(data), dest, tag, std::ptr::null_mut(), FI_INJECT);
+        let r = sh.lock().send(
+            Data::Caller(data),
+            dest,
+            tag,
+            std::ptr::null_mut(),
+            FI_INJECT,
+        );
         r
     })
 }

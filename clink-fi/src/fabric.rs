@@ -204,7 +204,13 @@ unsafe extern "C" fn eq_close(f: *mut fid) -> c_int {
     0
 }
 
-unsafe extern "C" fn eq_read(_: *mut fid_eq, _: *mut u32, _: *mut c_void, _: usize, _: u64) -> isize {
+unsafe extern "C" fn eq_read(
+    _: *mut fid_eq,
+    _: *mut u32,
+    _: *mut c_void,
+    _: usize,
+    _: u64,
+) -> isize {
     crate::err(FI_EAGAIN)
 }
 

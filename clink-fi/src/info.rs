@@ -6,19 +6,11 @@ use crate::{c_calloc, c_strdup, NAME};
 use std::ffi::{c_char, c_int, CStr};
 
 /// Primary and secondary capabilities.
-pub const CAPS: u64 = FI_TAGGED
-    | FI_SEND
-    | FI_RECV
-    | FI_LOCAL_COMM
-    | FI_REMOTE_COMM
-    | FI_DIRECTED_RECV
-    | FI_SOURCE;
+pub const CAPS: u64 =
+    FI_TAGGED | FI_SEND | FI_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_DIRECTED_RECV | FI_SOURCE;
 /// Operation flags the data path understands.
-const OP_FLAGS: u64 = FI_COMPLETION
-    | FI_INJECT
-    | FI_INJECT_COMPLETE
-    | FI_TRANSMIT_COMPLETE
-    | FI_DELIVERY_COMPLETE;
+const OP_FLAGS: u64 =
+    FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE;
 /// Largest message: clink's rendezvous has no practical limit; this is what the info says.
 pub const MAX_MSG: usize = 1 << 40;
 /// Largest inject (copied at the call, never completed).
@@ -36,7 +28,9 @@ fn name_is(p: *const c_char, want: &str) -> bool {
 /// Whether the hints can be met, and if not, why (logged at debug level by the caller).
 fn unmet(h: &fi_info) -> Option<&'static str> {
     if h.caps & !CAPS != 0 {
-        return Some("capabilities beyond FI_TAGGED, FI_DIRECTED_RECV, FI_SOURCE, local and remote");
+        return Some(
+            "capabilities beyond FI_TAGGED, FI_DIRECTED_RECV, FI_SOURCE, local and remote",
+        );
     }
     if h.addr_format != FI_FORMAT_UNSPEC {
         return Some("an address format other than FI_FORMAT_UNSPEC");
@@ -54,9 +48,6 @@ fn unmet(h: &fi_info) -> Option<&'static str> {
         if let Some(d) = h.domain_attr.as_ref() {
             if !name_is(d.name, NAME) {
                 return Some("another domain name");
-            }
-            if d.cq_data_size > 0 {
-                return Some("remote CQ data");
             }
             if ![FI_AV_UNSPEC, FI_AV_MAP, FI_AV_TABLE].contains(&d.av_type) {
                 return Some("an unknown address vector type");
@@ -102,7 +93,11 @@ pub unsafe extern "C" fn getinfo(
         unsafe {
             *out = std::ptr::null_mut();
             let h = hints.as_ref();
-            if h.and_then(unmet).is_some() {
+            if let Some(why) = h.and_then(unmet) {
+                crate::log(&format!(
+                    "the hints ask for {why} (caps {:#x})",
+                    h.map_or(0, |h| h.caps)
+                ));
                 return -FI_ENODATA;
             }
             match build(h) {
@@ -125,10 +120,24 @@ unsafe fn build(h: Option<&fi_info>) -> Option<*mut fi_info> {
     let ep = c_calloc::<fi_ep_attr>();
     let dom = c_calloc::<fi_domain_attr>();
     let fab = c_calloc::<fi_fabric_attr>();
-    if [info as usize, tx as usize, rx as usize, ep as usize, dom as usize, fab as usize]
-        .contains(&0)
+    if [
+        info as usize,
+        tx as usize,
+        rx as usize,
+        ep as usize,
+        dom as usize,
+        fab as usize,
+    ]
+    .contains(&0)
     {
-        for p in [info as usize, tx as usize, rx as usize, ep as usize, dom as usize, fab as usize] {
+        for p in [
+            info as usize,
+            tx as usize,
+            rx as usize,
+            ep as usize,
+            dom as usize,
+            fab as usize,
+        ] {
             // SAFETY: each from calloc or NULL.
             unsafe { libc::free(p as *mut libc::c_void) };
         }

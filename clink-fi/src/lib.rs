@@ -130,3 +130,11 @@ pub(crate) unsafe extern "C" fn no_bind(_: *mut fid, _: *mut fid, _: u64) -> c_i
 pub(crate) unsafe extern "C" fn no_control(_: *mut fid, _: c_int, _: *mut c_void) -> c_int {
     -FI_ENOSYS
 }
+
+/// Writes a diagnostic to stderr when `FI_CLINK_LOG` is set (why hints were refused, why
+/// an endpoint could not be made).
+pub(crate) fn log(what: &str) {
+    if std::env::var_os("FI_CLINK_LOG").is_some() {
+        eprintln!("clink provider: {what}");
+    }
+}
