@@ -213,7 +213,8 @@ impl State {
                 self.learn_peers();
                 Some(*self.links.entry(id).or_insert(p))
             }
-            Err(_) => {
+            Err(e) => {
+                crate::log(&format!("connecting to {addr}: {e}"));
                 self.unreachable.insert(id);
                 None
             }
@@ -235,6 +236,11 @@ impl State {
         self.learn_peers();
         if let Some(&p) = self.links.get(&entry.id) {
             return Ok(p);
+        }
+        if entry.id == self.my_id {
+            // A clink endpoint has no connection to itself (not built yet).
+            crate::log("a message to this endpoint's own address (not supported)");
+            return Err(FI_ENOSYS);
         }
         if self.unreachable.contains(&entry.id) {
             return Err(FI_EIO);
@@ -895,7 +901,7 @@ unsafe extern "C" fn setopt(_: *mut fid, _: c_int, _: c_int, _: *const c_void, _
 }
 
 /// The iovecs as (pointer, length) pairs.
-unsafe fn iovs<'a>(iov: *const libc::iovec, count: usize) -> Vec<(*mut u8, usize)> {
+unsafe fn iovs(iov: *const libc::iovec, count: usize) -> Vec<(*mut u8, usize)> {
     if count == 0 || iov.is_null() {
         return Vec::new();
     }

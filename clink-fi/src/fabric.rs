@@ -70,6 +70,12 @@ pub struct Domain {
     pub threading: c_int,
 }
 
+// SAFETY: the fid's pointers are the static operation tables and the application's
+// context, only handed back; the rest is behind a mutex or immutable.
+unsafe impl Send for Domain {}
+// SAFETY: as above.
+unsafe impl Sync for Domain {}
+
 impl Domain {
     /// The domain's clink context.
     pub fn context(&self) -> Result<clink::Context, String> {

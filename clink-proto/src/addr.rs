@@ -223,7 +223,9 @@ impl Address {
                 return Ok(None);
             }
             if port == 0 || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() {
-                return Err(bad("binary address needs a unicast address and a non-zero port"));
+                return Err(bad(
+                    "binary address needs a unicast address and a non-zero port",
+                ));
             }
             Ok(Some(SocketAddrV4::new(ip, port)))
         };
@@ -265,7 +267,10 @@ mod tests {
             tcp: None,
             ..a.clone()
         };
-        assert_eq!(Address::from_bytes(&only_udp.to_bytes().unwrap()), Ok(only_udp));
+        assert_eq!(
+            Address::from_bytes(&only_udp.to_bytes().unwrap()),
+            Ok(only_udp)
+        );
         let odd_name = Address {
             shm: Some("elsewhere".into()),
             ..a.clone()

@@ -1097,6 +1097,12 @@ impl Endpoint {
     /// `ptr` must be valid for writes of `len` bytes, and neither read nor freed by the
     /// caller, until the request completes or [`Endpoint::cancel_recv`] withdraws it.
     pub unsafe fn irecv_raw(&mut self, sel: Selector, ptr: *mut u8, len: usize) -> RecvRequest {
+        // A zero-length buffer may come as NULL (C callers): slices need a non-null pointer.
+        let ptr = if len == 0 {
+            std::ptr::NonNull::dangling().as_ptr()
+        } else {
+            ptr
+        };
         self.post_recv(sel, RecvBuf::Aperture { ptr, len })
     }
 
