@@ -1,6 +1,10 @@
-//! Address vectors: the peers' names (clink addresses in binary form), indexed by
-//! `fi_addr_t`. Both `FI_AV_MAP` and `FI_AV_TABLE` hand out consecutive indices, which
-//! satisfies both.
+//! Address vectors: the peers' names (clink addresses in binary form), by `fi_addr_t`.
+//! `FI_AV_TABLE` hands out the indices 0, 1, ...; `FI_AV_MAP` hands out 1, 2, ..., so that
+//! 0 is never an address. Open MPI relies on that: without remote CQ data it carries the
+//! source in the tag and posts some receives (the `MPI_Ssend` acknowledgement, any-source
+//! probes) with the address 0, meaning "ignored", on an endpoint that honours directed
+//! receives. A receive naming an address the vector never gave out (0 under `FI_AV_MAP`)
+//! therefore matches any source.
 
 use crate::abi::*;
 use crate::{enosys, fid_ops, guard, no_bind, no_control};
@@ -21,10 +25,26 @@ pub struct Entry {
 /// The entries, shared with the endpoints bound to the vector.
 #[derive(Default)]
 pub struct Table {
-    /// By `fi_addr_t`; `None` once removed.
+    /// By index; `None` once removed.
     pub entries: Vec<Option<Entry>>,
     /// `fi_addr_t` by endpoint identity (for `FI_SOURCE`).
     pub by_id: HashMap<u128, u64>,
+    /// The `fi_addr_t` of the first entry (1 for `FI_AV_MAP`, 0 for `FI_AV_TABLE`).
+    pub first: u64,
+}
+
+impl Table {
+    /// The entry an `fi_addr_t` names, if the vector gave it out and it was not removed.
+    pub fn get(&self, a: u64) -> Option<&Entry> {
+        let i = a.checked_sub(self.first)?;
+        self.entries.get(usize::try_from(i).ok()?)?.as_ref()
+    }
+
+    /// Whether the vector ever gave out `a` (removed entries included).
+    pub fn gave_out(&self, a: u64) -> bool {
+        a.checked_sub(self.first)
+            .is_some_and(|i| i < self.entries.len() as u64)
+    }
 }
 
 /// The address vector object.
@@ -66,6 +86,9 @@ pub unsafe extern "C" fn av_open(
                 return -FI_ENOSYS; // FI_EVENT, FI_READ, shared named vectors
             }
         }
+        // SAFETY: `attr` NULL or valid.
+        let table = unsafe { attr.as_ref() }.map_or(FI_AV_MAP, |a| a.type_);
+        let first = u64::from(table != FI_AV_TABLE);
         let av = Box::new(Av {
             fid: fid_av {
                 fid: fid {
@@ -75,7 +98,10 @@ pub unsafe extern "C" fn av_open(
                 },
                 ops: &AV_OPS,
             },
-            table: Arc::default(),
+            table: Arc::new(Mutex::new(Table {
+                first,
+                ..Table::default()
+            })),
         });
         // SAFETY: `out` checked above.
         unsafe { *out = Box::into_raw(av) as *mut fid_av };
@@ -121,7 +147,7 @@ unsafe extern "C" fn insert(
             };
             let out = match Address::from_bytes(bytes) {
                 Ok(a) => {
-                    let index = t.entries.len() as u64;
+                    let index = t.entries.len() as u64 + t.first;
                     t.by_id.insert(a.id, index);
                     t.entries.push(Some(Entry {
                         addr: a.to_string(),
@@ -153,8 +179,11 @@ unsafe extern "C" fn remove(
         let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
         for i in 0..count {
             // SAFETY: `count` entries.
-            let a = unsafe { *fi_addr.add(i) } as usize;
-            if let Some(e) = t.entries.get_mut(a).and_then(Option::take) {
+            let a = unsafe { *fi_addr.add(i) };
+            let Some(at) = a.checked_sub(t.first) else {
+                continue;
+            };
+            if let Some(e) = t.entries.get_mut(at as usize).and_then(Option::take) {
                 t.by_id.remove(&e.id);
             }
         }
@@ -172,7 +201,7 @@ unsafe extern "C" fn lookup(
         // SAFETY: an open vector of ours.
         let table = unsafe { table_of(av as *mut fid) };
         let t = table.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(Some(e)) = t.entries.get(fi_addr as usize) else {
+        let Some(e) = t.get(fi_addr) else {
             return -FI_ENOENT;
         };
         let Some(bytes) = Address::parse(&e.addr).ok().and_then(|a| a.to_bytes()) else {

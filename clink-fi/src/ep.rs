@@ -111,8 +111,28 @@ enum Op {
     },
 }
 
+/// The endpoint's connection to itself: a second clink endpoint connected to the first,
+/// through which messages to the endpoint's own address go (MPI ranks send to themselves).
+struct Looped {
+    ep: Endpoint,
+    /// Its connection to the main endpoint.
+    to_main: PeerId,
+    /// Its identity (the main endpoint's peer for it has this remote identity).
+    id: u128,
+    /// Its sends in flight, by request number.
+    ops: HashMap<u64, Op>,
+}
+
+/// Where an address leads.
+enum Target {
+    Peer(PeerId),
+    Myself,
+}
+
 struct State {
     ep: Endpoint,
+    ctx: clink::Context,
+    looped: Option<Looped>,
     my_id: u128,
     av: Option<Arc<Mutex<Table>>>,
     tx_cq: Option<Arc<CqShared>>,
@@ -221,41 +241,92 @@ impl State {
         }
     }
 
-    /// The connection to address-vector entry `dest`: ours if we connect, else the one
-    /// the peer made (`FI_EAGAIN` until it has).
-    fn peer_for(&mut self, dest: u64) -> Result<PeerId, c_int> {
+    /// Makes the connection to ourselves: a second endpoint connects to this one, from a
+    /// thread, while this one answers its handshake.
+    fn ensure_loop(&mut self) -> Result<(), c_int> {
+        if self.looped.is_some() {
+            return Ok(());
+        }
+        let mut lep = self.ctx.endpoint().map_err(|e| {
+            crate::log(&format!("no loopback endpoint: {e}"));
+            FI_EIO
+        })?;
+        lep.set_interest(REQUESTS);
+        let id = lep.endpoint_id();
+        let addr = self.ep.address();
+        let main = &mut self.ep;
+        let (lep, res) = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                let r = lep.connect(&addr);
+                (lep, r)
+            });
+            while !h.is_finished() {
+                let _ = main.accept(Some(Duration::from_millis(1)));
+            }
+            h.join().expect("the loopback connect does not panic")
+        });
+        let to_main = res.map_err(|e| {
+            crate::log(&format!("loopback connection: {e}"));
+            FI_EIO
+        })?;
+        self.learn_peers();
+        self.looped = Some(Looped {
+            ep: lep,
+            to_main,
+            id,
+            ops: HashMap::new(),
+        });
+        Ok(())
+    }
+
+    /// The main endpoint's connection from its loopback endpoint.
+    fn link_from_myself(&mut self) -> Result<PeerId, c_int> {
+        self.ensure_loop()?;
+        let id = self.looped.as_ref().map_or(0, |l| l.id);
+        self.learn_peers();
+        self.links.get(&id).copied().ok_or(FI_EIO)
+    }
+
+    /// Where address-vector entry `dest` leads: to a connection (ours if we connect, else
+    /// the one the peer made: `FI_EAGAIN` until it has) or to this endpoint itself.
+    fn target(&mut self, dest: u64) -> Result<Target, c_int> {
         let entry = {
             let av = self.av.as_ref().ok_or(FI_EINVAL)?;
             let t = av.lock().unwrap_or_else(|e| e.into_inner());
-            t.entries
-                .get(dest as usize)
-                .cloned()
-                .flatten()
-                .ok_or(FI_EINVAL)?
+            t.get(dest).cloned().ok_or(FI_EINVAL)?
         };
         self.learn_peers();
-        if let Some(&p) = self.links.get(&entry.id) {
-            return Ok(p);
-        }
         if entry.id == self.my_id {
-            // A clink endpoint has no connection to itself (not built yet).
-            crate::log("a message to this endpoint's own address (not supported)");
-            return Err(FI_ENOSYS);
+            return Ok(Target::Myself);
+        }
+        if let Some(&p) = self.links.get(&entry.id) {
+            return Ok(Target::Peer(p));
         }
         if self.unreachable.contains(&entry.id) {
             return Err(FI_EIO);
         }
         if entry.id > self.my_id {
-            return self.connect(entry.id, &entry.addr).ok_or(FI_EIO);
+            return self
+                .connect(entry.id, &entry.addr)
+                .map(Target::Peer)
+                .ok_or(FI_EIO);
         }
         let _ = self.ep.accept(Some(Duration::ZERO));
         self.learn_peers();
-        self.links.get(&entry.id).copied().ok_or(FI_EAGAIN)
+        self.links
+            .get(&entry.id)
+            .copied()
+            .map(Target::Peer)
+            .ok_or(FI_EAGAIN)
     }
 
     fn source_of(&self, p: PeerId) -> u64 {
         let Some(&id) = self.remote_of.get(p.0 as usize) else {
             return FI_ADDR_NOTAVAIL;
+        };
+        let id = match &self.looped {
+            Some(l) if l.id == id => self.my_id,
+            _ => id,
         };
         self.av
             .as_ref()
@@ -271,6 +342,35 @@ impl State {
 
     fn progress(&mut self) {
         self.connect_new_entries();
+        if let Some(mut l) = self.looped.take() {
+            while let Some(ev) = l.ep.next_event() {
+                if let Event::SendDone { req, .. } = ev {
+                    if let Some(Op::Send {
+                        req: r,
+                        ctx,
+                        len,
+                        report,
+                    }) = l.ops.remove(&req)
+                    {
+                        let res = l.ep.test_send(&r);
+                        if let Ok(false) = res {
+                            l.ops.insert(
+                                req,
+                                Op::Send {
+                                    req: r,
+                                    ctx,
+                                    len,
+                                    report,
+                                },
+                            );
+                        } else {
+                            self.report_send(res, ctx, len, report);
+                        }
+                    }
+                }
+            }
+            self.looped = Some(l);
+        }
         while let Some(ev) = self.ep.next_event() {
             match ev {
                 Event::SendDone { req, .. } => self.send_done(req),
@@ -292,24 +392,30 @@ impl State {
             return;
         };
         let res = self.ep.test_send(&req);
+        if let Ok(false) = res {
+            self.ops.insert(
+                id,
+                Op::Send {
+                    req,
+                    ctx,
+                    len,
+                    report,
+                },
+            );
+            return;
+        }
+        self.report_send(res, ctx, len, report);
+    }
+
+    /// Queues a finished send's completion (or failure).
+    fn report_send(&self, res: clink::Result<bool>, ctx: *mut c_void, len: usize, report: bool) {
         let Some(cq) = self.tx_cq.clone() else { return };
         match res {
-            Ok(true) if report => cq.push(
+            Ok(_) if report => cq.push(
                 tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0),
                 FI_ADDR_NOTAVAIL,
             ),
-            Ok(true) => {}
-            Ok(false) => {
-                self.ops.insert(
-                    id,
-                    Op::Send {
-                        req,
-                        ctx,
-                        len,
-                        report,
-                    },
-                );
-            }
+            Ok(_) => {}
             Err(_) => cq.fail(Failure {
                 entry: tagged_entry(ctx, TX, len, std::ptr::null_mut(), 0),
                 olen: 0,
@@ -458,8 +564,12 @@ impl State {
     }
 
     fn send(&mut self, data: Data<'_>, dest: u64, tag: u64, ctx: *mut c_void, flags: u64) -> isize {
-        let peer = match self.peer_for(dest) {
-            Ok(p) => p,
+        let target = match self.target(dest) {
+            Ok(Target::Myself) => self.ensure_loop().map(|_| Target::Myself),
+            t => t,
+        };
+        let target = match target {
+            Ok(t) => t,
             Err(e) => {
                 if e == FI_EAGAIN {
                     self.progress();
@@ -479,9 +589,16 @@ impl State {
             Data::Owned(v) => Bytes::from(v),
         };
         let len = bytes.len();
-        match self.ep.isend(peer, tag, bytes) {
+        let (ep, ops, peer) = match target {
+            Target::Peer(p) => (&mut self.ep, &mut self.ops, p),
+            Target::Myself => {
+                let l = self.looped.as_mut().expect("made above");
+                (&mut l.ep, &mut l.ops, l.to_main)
+            }
+        };
+        match ep.isend(peer, tag, bytes) {
             Ok(req) => {
-                self.ops.insert(
+                ops.insert(
                     req.id(),
                     Op::Send {
                         req,
@@ -497,10 +614,18 @@ impl State {
     }
 
     fn selector(&mut self, src: u64, tag: u64, ignore: u64) -> Result<Selector, c_int> {
-        let src = if src == FI_ADDR_UNSPEC || !self.directed {
+        let named = self
+            .av
+            .as_ref()
+            .is_some_and(|av| av.lock().unwrap_or_else(|e| e.into_inner()).gave_out(src));
+        // An address the vector never gave out names no one: any source (see av.rs).
+        let src = if src == FI_ADDR_UNSPEC || !self.directed || !named {
             None
         } else {
-            Some(self.peer_for(src)?)
+            Some(match self.target(src)? {
+                Target::Peer(p) => p,
+                Target::Myself => self.link_from_myself()?,
+            })
         };
         Ok(Selector {
             src,
@@ -735,6 +860,10 @@ pub unsafe extern "C" fn endpoint(
                     .map_or(0, |r| r.op_flags),
             )
         };
+        let ctx = match dom.context() {
+            Ok(c) => c,
+            Err(_) => return -FI_EIO,
+        };
         let my_id = ep.endpoint_id();
         // SAFETY: the info's attributes NULL or valid.
         let directed = unsafe {
@@ -748,6 +877,8 @@ pub unsafe extern "C" fn endpoint(
         let shared = Arc::new(EpShared {
             st: Mutex::new(State {
                 ep,
+                ctx,
+                looped: None,
                 my_id,
                 av: None,
                 tx_cq: None,
@@ -800,7 +931,12 @@ unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
     guard(|| {
         // SAFETY: an endpoint this provider opened.
         let e = unsafe { Box::from_raw(f as *mut Ep) };
-        e.shared.lock().ep.close();
+        let mut st = e.shared.lock();
+        if let Some(mut l) = st.looped.take() {
+            l.ep.close();
+        }
+        st.ep.close();
+        drop(st);
         0
     })
 }

@@ -179,6 +179,29 @@ static void probes(void) {
     ok("probe_iprobe_mprobe_improbe");
 }
 
+/* Messages to oneself: small and large, in order, received by source and by any source. */
+static void self_messages(void) {
+    size_t sizes[3] = {8, 70000, 3 << 20};
+    for (int k = 0; k < 3; k++) {
+        size_t n = sizes[k];
+        unsigned char *s = malloc(n), *r = malloc(n);
+        MPI_Request q[2];
+        fill(s, n, rank, 40 + k);
+        MPI_Irecv(r, (int)n, MPI_BYTE, k == 1 ? MPI_ANY_SOURCE : rank, 40, MPI_COMM_WORLD, &q[0]);
+        MPI_Isend(s, (int)n, MPI_BYTE, rank, 40, MPI_COMM_WORLD, &q[1]);
+        MPI_Status st[2];
+        MPI_Waitall(2, q, st);
+        CHECK(st[0].MPI_SOURCE == rank, "a message to myself came from %d", st[0].MPI_SOURCE);
+        verify(r, n, rank, 40 + k);
+        free(s);
+        free(r);
+    }
+    int a = rank, b = -1;
+    MPI_Sendrecv(&a, 1, MPI_INT, rank, 41, &b, 1, MPI_INT, rank, 41, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    CHECK(b == rank, "sendrecv with myself gave %d", b);
+    ok("self");
+}
+
 /* A receive nobody sends to, cancelled. */
 static void cancel(void) {
     char b[16];
@@ -280,12 +303,13 @@ int main(int argc, char **argv) {
     CHECK(size <= 8, "at most 8 ranks");
     size_t max = argc > 1 ? strtoull(argv[1], NULL, 0) : (64u << 20);
     /* Parts to run: the second argument names them (comma-separated), default all. */
-    const char *parts = argc > 2 ? argv[2] : "sizes,storm,ssend,probes,cancel,truncation,collectives,threads";
+    const char *parts = argc > 2 ? argv[2] : "sizes,storm,ssend,probes,self,cancel,truncation,collectives,threads";
 #define PART(name) (strstr(parts, name) != NULL)
     if (PART("sizes")) sizes(max);
     if (PART("storm")) storm();
     if (PART("ssend")) ssend();
     if (PART("probes")) probes();
+    if (PART("self")) self_messages();
     if (PART("cancel")) cancel();
     if (PART("truncation")) truncation();
     if (PART("collectives")) collectives();
