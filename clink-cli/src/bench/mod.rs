@@ -71,6 +71,7 @@ pub mod evserver;
 pub mod external;
 pub mod fabric;
 pub mod measure;
+pub mod mpi;
 pub mod plan;
 pub mod preload;
 pub mod proc;
@@ -164,7 +165,7 @@ impl ModeArg {
 /// Arguments of `clink bench`.
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
-#[command(group(clap::ArgGroup::new("experiment").args(["rma", "spec", "alltoall", "sockets"]).multiple(false)))]
+#[command(group(clap::ArgGroup::new("experiment").args(["rma", "spec", "alltoall", "sockets", "mpi"]).multiple(false)))]
 pub struct BenchArgs {
     /// Systems to measure, comma-separated (default: every built-in system, plus ucx,
     /// libfabric and libfabric-rxd, each run when its tool, ucx_perftest or fi_pingpong,
@@ -257,6 +258,12 @@ pub struct BenchArgs {
     /// TCP, `--rounds` rounds, instead of the system comparison.
     #[arg(long, conflicts_with_all = ["systems", "mode", "placement", "lat_sizes"])]
     pub sockets: bool,
+    /// Open MPI on clink (pml cm, mtl ofi and the clink libfabric provider,
+    /// libclink_fi.so beside this executable) against Open MPI's ob1/vader and ucx paths on
+    /// one host: latency, bandwidth, bidirectional bandwidth, message rate and allreduce,
+    /// `--rounds` rounds, instead of the system comparison.
+    #[arg(long, conflicts_with_all = ["systems", "mode", "placement", "lat_sizes"])]
+    pub mpi: bool,
     /// Internal: one process of an `--alltoall` run.
     #[arg(long, hide = true)]
     pub alltoall_child: Option<String>,
@@ -605,6 +612,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     if args.sockets {
         return preload::run(args.rounds, args.quick, args.json);
+    }
+    if args.mpi {
+        return mpi::run(args.rounds, args.quick, args.json);
     }
     if args.alltoall {
         let hosts: Vec<usize> = args
