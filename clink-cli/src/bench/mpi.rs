@@ -248,11 +248,11 @@ fn run_in(work: &Path, rounds: u64, quick: bool, json: bool) -> Result<(), Strin
         println!("  (medians of {rounds} rounds; ratio = times better than ob1, per round)");
         for (e, &(exp, size, _, _, unit, _)) in EXPERIMENTS.iter().enumerate() {
             print!("{exp:<10} {size:>8} {unit:>6}");
-            for s in 0..sys.len() {
-                print!(" {:>12.2}", med(&values[e][s]));
+            for v in &values[e] {
+                print!(" {:>12.2}", med(v));
             }
-            for s in 1..sys.len() {
-                print!(" {:>14.2}", med(&ratios[e][s]));
+            for r in ratios[e].iter().skip(1) {
+                print!(" {:>14.2}", med(r));
             }
             println!();
         }
