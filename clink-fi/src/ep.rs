@@ -124,6 +124,7 @@ struct Looped {
 }
 
 /// Where an address leads.
+#[derive(Clone, Copy)]
 enum Target {
     Peer(PeerId),
     Myself,
@@ -150,6 +151,8 @@ struct State {
     remote_of: Vec<u128>,
     /// Address-vector entries looked at for connecting.
     considered: usize,
+    /// Where each address used so far leads.
+    routes: HashMap<u64, Target>,
     /// Peers our connection attempt failed for (sends to them fail).
     unreachable: HashSet<u128>,
     ops: HashMap<u64, Op>,
@@ -198,7 +201,7 @@ const TX: u64 = FI_SEND | FI_TAGGED;
 
 impl State {
     fn learn_peers(&mut self) {
-        let n = self.ep.peers().len();
+        let n = self.ep.peer_count();
         while self.remote_of.len() < n {
             let p = PeerId(self.remote_of.len() as u32);
             let id = self.ep.peer_endpoint_id(p).unwrap_or(0);
@@ -212,6 +215,9 @@ impl State {
     fn connect_new_entries(&mut self) {
         let Some(av) = self.av.clone() else { return };
         let t = av.lock().unwrap_or_else(|e| e.into_inner());
+        if t.entries.len() == self.considered {
+            return;
+        }
         let todo: Vec<(u128, String)> = t.entries[self.considered.min(t.entries.len())..]
             .iter()
             .flatten()
@@ -290,6 +296,16 @@ impl State {
     /// Where address-vector entry `dest` leads: to a connection (ours if we connect, else
     /// the one the peer made: `FI_EAGAIN` until it has) or to this endpoint itself.
     fn target(&mut self, dest: u64) -> Result<Target, c_int> {
+        if let Some(&p) = self.routes.get(&dest) {
+            return Ok(p);
+        }
+        let t = self.route(dest)?;
+        // Addresses are never reused (the vector only grows), so the answer stays right.
+        self.routes.insert(dest, t);
+        Ok(t)
+    }
+
+    fn route(&mut self, dest: u64) -> Result<Target, c_int> {
         let entry = {
             let av = self.av.as_ref().ok_or(FI_EINVAL)?;
             let t = av.lock().unwrap_or_else(|e| e.into_inner());
@@ -614,12 +630,15 @@ impl State {
     }
 
     fn selector(&mut self, src: u64, tag: u64, ignore: u64) -> Result<Selector, c_int> {
-        let named = self
-            .av
-            .as_ref()
-            .is_some_and(|av| av.lock().unwrap_or_else(|e| e.into_inner()).gave_out(src));
+        let named = src != FI_ADDR_UNSPEC
+            && self.directed
+            && (self.routes.contains_key(&src)
+                || self
+                    .av
+                    .as_ref()
+                    .is_some_and(|av| av.lock().unwrap_or_else(|e| e.into_inner()).gave_out(src)));
         // An address the vector never gave out names no one: any source (see av.rs).
-        let src = if src == FI_ADDR_UNSPEC || !self.directed || !named {
+        let src = if !named {
             None
         } else {
             Some(match self.target(src)? {
@@ -891,6 +910,7 @@ pub unsafe extern "C" fn endpoint(
                 links: HashMap::new(),
                 remote_of: Vec::new(),
                 considered: 0,
+                routes: HashMap::new(),
                 unreachable: HashSet::new(),
                 ops: HashMap::new(),
                 claims: HashMap::new(),

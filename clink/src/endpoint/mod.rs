@@ -613,6 +613,12 @@ impl Endpoint {
         (0..self.peers.len() as u32).map(PeerId).collect()
     }
 
+    /// How many peers have connected so far (alive or not): the `PeerId`s are
+    /// `0..peer_count()`.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
     /// True while `peer` is connected and alive.
     pub fn is_alive(&self, peer: PeerId) -> bool {
         self.peers.get(peer.0 as usize).is_some_and(|p| p.alive)
