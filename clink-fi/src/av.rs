@@ -11,7 +11,8 @@ use crate::{enosys, fid_ops, guard, no_bind, no_control};
 use clink_proto::addr::{Address, BINARY_LEN};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LockResult, Mutex, MutexGuard};
 
 /// One inserted peer.
 #[derive(Clone, Debug)]
@@ -47,12 +48,28 @@ impl Table {
     }
 }
 
+/// A vector's table and its length, readable without the lock (endpoints look at every
+/// progress whether something was inserted).
+#[derive(Default)]
+pub struct AvShared {
+    table: Mutex<Table>,
+    /// Entries inserted so far.
+    pub inserted: AtomicUsize,
+}
+
+impl AvShared {
+    /// Locks the table.
+    pub fn lock(&self) -> LockResult<MutexGuard<'_, Table>> {
+        self.table.lock()
+    }
+}
+
 /// The address vector object.
 #[repr(C)]
 pub struct Av {
     fid: fid_av,
     /// Its table.
-    pub table: Arc<Mutex<Table>>,
+    pub table: Arc<AvShared>,
 }
 
 static AV_FID_OPS: fi_ops = fid_ops(av_close, no_bind, no_control);
@@ -98,10 +115,13 @@ pub unsafe extern "C" fn av_open(
                 },
                 ops: &AV_OPS,
             },
-            table: Arc::new(Mutex::new(Table {
-                first,
-                ..Table::default()
-            })),
+            table: Arc::new(AvShared {
+                table: Mutex::new(Table {
+                    first,
+                    ..Table::default()
+                }),
+                inserted: AtomicUsize::new(0),
+            }),
         });
         // SAFETY: `out` checked above.
         unsafe { *out = Box::into_raw(av) as *mut fid_av };
@@ -119,7 +139,7 @@ unsafe extern "C" fn av_close(f: *mut fid) -> c_int {
 ///
 /// # Safety
 /// `f` must be an open address vector of this provider.
-pub unsafe fn table_of(f: *mut fid) -> Arc<Mutex<Table>> {
+pub unsafe fn table_of(f: *mut fid) -> Arc<AvShared> {
     // SAFETY: per the contract.
     unsafe { (*(f as *mut Av)).table.clone() }
 }
@@ -163,6 +183,7 @@ unsafe extern "C" fn insert(
                 unsafe { *fi_addr.add(i) = out };
             }
         }
+        table.inserted.store(t.entries.len(), Ordering::Release);
         ok
     })
 }

@@ -6,7 +6,7 @@ use crate::ep::EpShared;
 use crate::{fid_ops, guard, no_bind, no_control};
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A failed operation, as `fi_cq_readerr` reports it.
@@ -35,7 +35,8 @@ pub struct CqShared {
     /// Entry format (`FI_CQ_FORMAT_*`).
     format: c_int,
     queue: Mutex<Queue>,
-    eps: Mutex<Vec<Weak<EpShared>>>,
+    /// The endpoints bound to it (each removes itself when it closes).
+    eps: Mutex<Vec<Arc<EpShared>>>,
 }
 
 impl CqShared {
@@ -60,24 +61,22 @@ impl CqShared {
     /// Registers an endpoint whose progress reading this queue drives.
     pub fn attach(&self, ep: &Arc<EpShared>) {
         let mut eps = self.eps.lock().unwrap_or_else(|e| e.into_inner());
-        eps.retain(|w| w.strong_count() > 0);
-        if !eps
-            .iter()
-            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ep)))
-        {
-            eps.push(Arc::downgrade(ep));
+        if !eps.iter().any(|e| Arc::ptr_eq(e, ep)) {
+            eps.push(ep.clone());
         }
     }
 
-    fn progress(&self) {
-        let eps: Vec<Arc<EpShared>> = self
-            .eps
+    /// Forgets a closing endpoint.
+    pub fn detach(&self, ep: &Arc<EpShared>) {
+        self.eps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for ep in eps {
+            .retain(|e| !Arc::ptr_eq(e, ep));
+    }
+
+    /// Drives the endpoints, holding the list (binds and closes wait meanwhile).
+    fn progress(&self) {
+        for ep in self.eps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             ep.progress();
         }
     }
@@ -181,7 +180,7 @@ pub unsafe extern "C" fn cq_open(
             shared: Arc::new(CqShared {
                 format,
                 queue: Mutex::default(),
-                eps: Mutex::default(),
+                eps: Mutex::new(Vec::new()),
             }),
         });
         // SAFETY: `out` checked above.

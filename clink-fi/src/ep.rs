@@ -2,7 +2,7 @@
 //! connection rule (the endpoint with the smaller identity connects).
 
 use crate::abi::*;
-use crate::av::{table_of, Table};
+use crate::av::{table_of, AvShared};
 use crate::cq::{shared_of, CqShared, Failure};
 use crate::fabric::{domain_ref, Domain};
 use crate::{enosys, err, fid_ops, guard};
@@ -12,8 +12,37 @@ use clink::{Endpoint, Error, PeerId, RecvRequest, Selector, SendRequest};
 use clink_proto::addr::Address;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+/// A hasher for the integer keys of the endpoint's maps (request numbers, identities):
+/// one multiplication instead of SipHash on every message.
+#[derive(Default, Clone, Copy)]
+struct IntHash(u64);
+
+impl std::hash::Hasher for IntHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = (self.0 ^ k).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u128(&mut self, k: u128) {
+        self.write_u64(k as u64);
+        self.write_u64((k >> 64) as u64);
+    }
+    fn write_usize(&mut self, k: usize) {
+        self.write_u64(k as u64);
+    }
+}
+
+type Map<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IntHash>>;
 
 /// Caller memory lent to a send until it completes.
 struct Lent {
@@ -120,7 +149,7 @@ struct Looped {
     /// Its identity (the main endpoint's peer for it has this remote identity).
     id: u128,
     /// Its sends in flight, by request number.
-    ops: HashMap<u64, Op>,
+    ops: Map<u64, Op>,
 }
 
 /// Where an address leads.
@@ -135,7 +164,7 @@ struct State {
     ctx: clink::Context,
     looped: Option<Looped>,
     my_id: u128,
-    av: Option<Arc<Mutex<Table>>>,
+    av: Option<Arc<AvShared>>,
     tx_cq: Option<Arc<CqShared>>,
     rx_cq: Option<Arc<CqShared>>,
     tx_selective: bool,
@@ -146,17 +175,19 @@ struct State {
     /// the address is ignored, as libfabric specifies.
     directed: bool,
     /// The connection to each peer endpoint, by its identity.
-    links: HashMap<u128, PeerId>,
+    links: Map<u128, PeerId>,
     /// Each connection's peer identity, by `PeerId`.
     remote_of: Vec<u128>,
     /// Address-vector entries looked at for connecting.
     considered: usize,
+    /// The address of each connection's peer, once known (`FI_SOURCE`).
+    sources: Vec<u64>,
     /// Where each address used so far leads.
-    routes: HashMap<u64, Target>,
+    routes: Map<u64, Target>,
     /// Peers our connection attempt failed for (sends to them fail).
     unreachable: HashSet<u128>,
-    ops: HashMap<u64, Op>,
-    claims: HashMap<usize, Claim>,
+    ops: Map<u64, Op>,
+    claims: Map<usize, Claim>,
 }
 
 // SAFETY: the endpoint and the application's pointers are only used under the state's
@@ -214,10 +245,10 @@ impl State {
     /// identity is larger than ours (they wait for us to connect).
     fn connect_new_entries(&mut self) {
         let Some(av) = self.av.clone() else { return };
-        let t = av.lock().unwrap_or_else(|e| e.into_inner());
-        if t.entries.len() == self.considered {
+        if av.inserted.load(Ordering::Acquire) == self.considered {
             return;
         }
+        let t = av.lock().unwrap_or_else(|e| e.into_inner());
         let todo: Vec<(u128, String)> = t.entries[self.considered.min(t.entries.len())..]
             .iter()
             .flatten()
@@ -280,7 +311,7 @@ impl State {
             ep: lep,
             to_main,
             id,
-            ops: HashMap::new(),
+            ops: Map::default(),
         });
         Ok(())
     }
@@ -336,7 +367,23 @@ impl State {
             .ok_or(FI_EAGAIN)
     }
 
-    fn source_of(&self, p: PeerId) -> u64 {
+    fn source_of(&mut self, p: PeerId) -> u64 {
+        if let Some(&a) = self
+            .sources
+            .get(p.0 as usize)
+            .filter(|&&a| a != FI_ADDR_NOTAVAIL)
+        {
+            return a;
+        }
+        let a = self.lookup_source(p);
+        if self.sources.len() <= p.0 as usize {
+            self.sources.resize(p.0 as usize + 1, FI_ADDR_NOTAVAIL);
+        }
+        self.sources[p.0 as usize] = a;
+        a
+    }
+
+    fn lookup_source(&self, p: PeerId) -> u64 {
         let Some(&id) = self.remote_of.get(p.0 as usize) else {
             return FI_ADDR_NOTAVAIL;
         };
@@ -359,7 +406,8 @@ impl State {
     fn progress(&mut self) {
         self.connect_new_entries();
         if let Some(mut l) = self.looped.take() {
-            while let Some(ev) = l.ep.next_event() {
+            l.ep.progress();
+            while let Some(ev) = l.ep.pop_event() {
                 if let Event::SendDone { req, .. } = ev {
                     if let Some(Op::Send {
                         req: r,
@@ -368,7 +416,7 @@ impl State {
                         report,
                     }) = l.ops.remove(&req)
                     {
-                        let res = l.ep.test_send(&r);
+                        let res = l.ep.finish_send(&r);
                         if let Ok(false) = res {
                             l.ops.insert(
                                 req,
@@ -387,7 +435,9 @@ impl State {
             }
             self.looped = Some(l);
         }
-        while let Some(ev) = self.ep.next_event() {
+        // One pass, then what it (and the calls since the last) queued.
+        self.ep.progress();
+        while let Some(ev) = self.ep.pop_event() {
             match ev {
                 Event::SendDone { req, .. } => self.send_done(req),
                 Event::RecvDone { req, .. } => self.recv_done(req),
@@ -407,7 +457,7 @@ impl State {
         else {
             return;
         };
-        let res = self.ep.test_send(&req);
+        let res = self.ep.finish_send(&req);
         if let Ok(false) = res {
             self.ops.insert(
                 id,
@@ -443,7 +493,7 @@ impl State {
     fn recv_done(&mut self, id: u64) {
         match self.ops.remove(&id) {
             Some(Op::Recv(r)) => {
-                let res = self.ep.test_recv(&r.req);
+                let res = self.ep.finish_recv(&r.req);
                 if let Ok(None) = res {
                     self.ops.insert(id, Op::Recv(r));
                     return;
@@ -451,7 +501,7 @@ impl State {
                 self.finish_recv(r, res);
             }
             Some(Op::Claim { req, key }) => {
-                let res = self.ep.test_recv(&req);
+                let res = self.ep.finish_recv(&req);
                 if let Ok(None) = res {
                     self.ops.insert(id, Op::Claim { req, key });
                     return;
@@ -468,7 +518,7 @@ impl State {
         }
     }
 
-    /// Reports a finished receive (its result from `test_recv`).
+    /// Reports a finished receive (its result from `finish_recv`).
     fn finish_recv(&mut self, r: PostedRecv, res: clink::Result<Option<clink::Received>>) {
         let cq = self.rx_cq.clone();
         match res {
@@ -594,6 +644,15 @@ impl State {
             }
         };
         let inject = flags & FI_INJECT != 0;
+        if let (true, Data::Caller(d), Target::Peer(p)) = (inject, &data, target) {
+            // Written in place into the peer's ring when it has room: no allocation, no
+            // request to track (an inject has no completion).
+            if let Ok(mut slot) = self.ep.claim(p, tag, d.len(), Some(Duration::ZERO)) {
+                slot.buf().copy_from_slice(d);
+                slot.commit();
+                return 0;
+            }
+        }
         let report = !inject && (flags & FI_COMPLETION != 0 || !self.tx_selective);
         // Without a completion the application may reuse the buffer at once: copy it.
         let bytes = match data {
@@ -907,13 +966,14 @@ pub unsafe extern "C" fn endpoint(
                 tx_flags,
                 rx_flags,
                 directed,
-                links: HashMap::new(),
+                links: Map::default(),
                 remote_of: Vec::new(),
                 considered: 0,
-                routes: HashMap::new(),
+                routes: Map::default(),
+                sources: Vec::new(),
                 unreachable: HashSet::new(),
-                ops: HashMap::new(),
-                claims: HashMap::new(),
+                ops: Map::default(),
+                claims: Map::default(),
             }),
         });
         let e = Box::new(Ep {
@@ -951,6 +1011,13 @@ unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
     guard(|| {
         // SAFETY: an endpoint this provider opened.
         let e = unsafe { Box::from_raw(f as *mut Ep) };
+        let cqs = {
+            let st = e.shared.lock();
+            [st.tx_cq.clone(), st.rx_cq.clone()]
+        };
+        for cq in cqs.iter().flatten() {
+            cq.detach(&e.shared);
+        }
         let mut st = e.shared.lock();
         if let Some(mut l) = st.looped.take() {
             l.ep.close();
@@ -970,12 +1037,16 @@ unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
         unsafe {
             let sh = shared(f);
             let class = (*b).fclass;
+            if class == FI_CLASS_CQ {
+                // Before taking the endpoint's lock: a queue's reader holds the queue's list
+                // while it drives the endpoints.
+                shared_of(b).attach(&sh);
+            }
             let mut st = sh.lock();
             match class {
                 FI_CLASS_AV => st.av = Some(table_of(b)),
                 FI_CLASS_CQ => {
                     let cq = shared_of(b);
-                    cq.attach(&sh);
                     let selective = flags & FI_SELECTIVE_COMPLETION != 0;
                     if flags & FI_TRANSMIT != 0 {
                         st.tx_cq = Some(cq.clone());

@@ -840,6 +840,15 @@ impl Endpoint {
         self.take_send(req.id)
     }
 
+    /// A send's outcome without a progress pass (for callers that learnt of its
+    /// completion from [`Event::SendDone`]): as [`Endpoint::test_send`] otherwise.
+    pub fn finish_send(&mut self, req: &SendRequest) -> Result<bool> {
+        if req.id == 0 {
+            return Ok(true);
+        }
+        self.take_send(req.id)
+    }
+
     fn take_send(&mut self, id: u64) -> Result<bool> {
         match self.sends.get(&id).map(|s| &s.state) {
             None => Err(Error::Consumed),
@@ -1265,6 +1274,12 @@ impl Endpoint {
     /// Tests a receive: `Ok(Some(..))` when complete, `Ok(None)` while pending.
     pub fn test_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
         self.progress();
+        self.take_recv(req.id)
+    }
+
+    /// A receive's outcome without a progress pass (for callers that learnt of its
+    /// completion from [`Event::RecvDone`]): as [`Endpoint::test_recv`] otherwise.
+    pub fn finish_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
         self.take_recv(req.id)
     }
 

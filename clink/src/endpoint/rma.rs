@@ -1042,6 +1042,11 @@ impl Endpoint {
         self.evq.interest = mask;
     }
 
+    /// The next queued event, without making progress (after [`Endpoint::progress`]).
+    pub fn pop_event(&mut self) -> Option<Event> {
+        self.evq.pop()
+    }
+
     /// The next event, without a system call when one is queued; otherwise makes progress
     /// once and looks again.
     pub fn next_event(&mut self) -> Option<Event> {
