@@ -350,6 +350,9 @@ pub struct Endpoint {
     evq: EventQueue,
     /// Non-blocking requests whose completion is to be reported: (is a send, id).
     watched: Vec<(bool, u64)>,
+    /// A request finished since the watched ones were last looked at (set wherever a
+    /// request's state becomes `Done`, so that passes without one skip the scan).
+    finished: bool,
     /// Our activity board and which peers a progress pass visits.
     board: Board,
     ready: ready::Ready,
@@ -426,6 +429,7 @@ impl Endpoint {
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
             watched: Vec::new(),
+            finished: false,
             board: Board::new()?,
             ready: ready::Ready::default(),
         })
@@ -698,6 +702,7 @@ impl Endpoint {
         // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
         // request is watched), not here: one scan per pass, not per request.
         self.watched.push((true, id));
+        self.finished = true;
         Ok(SendRequest { id })
     }
 
@@ -705,6 +710,9 @@ impl Endpoint {
     /// [`events::REQUESTS`]); a request taken by `test`/`wait`/`cancel` first is dropped
     /// from the watch silently.
     fn report_done(&mut self) {
+        if !std::mem::take(&mut self.finished) {
+            return;
+        }
         let (sends, recvs, evq) = (&self.sends, &self.recvs, &mut self.evq);
         self.watched.retain(|&(send, id)| {
             // None: gone (taken by the caller); Some(None): pending; Some(Some(ok)): done.
@@ -1022,6 +1030,7 @@ impl Endpoint {
                             let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
                             if ok {
                                 op.state = SendState::Done(Ok(()));
+                                self.finished = true;
                             }
                             ok
                         } else {
@@ -1087,6 +1096,7 @@ impl Endpoint {
             did = true;
             if st.next >= st.len {
                 op.state = SendState::Done(Ok(()));
+                self.finished = true;
                 p.pipeline_out.pop_front();
             }
         }
@@ -1154,6 +1164,7 @@ impl Endpoint {
             };
             if let Some(op) = self.recvs.get_mut(&id) {
                 op.state = RecvState::Done(Err(err));
+                self.finished = true;
             }
         }
     }
@@ -1528,6 +1539,7 @@ impl Endpoint {
             return;
         };
         op.state = RecvState::Done(copy_eager(src, tag, data, op.buf.slice()));
+        self.finished = true;
     }
 
     fn start_rendezvous(
@@ -1551,6 +1563,7 @@ impl Endpoint {
         let p = &mut self.peers[i];
         if !p.alive {
             op.state = RecvState::Done(Err(Error::PeerDead(src)));
+            self.finished = true;
             return;
         }
         let cma = p.link.cma();
@@ -1606,6 +1619,7 @@ impl Endpoint {
                 };
             } else {
                 op.state = cma_outcome(src, status, cap, read);
+                self.finished = true;
                 self.finish_cma(i, send_id, n, t);
             }
         } else {
@@ -1828,6 +1842,7 @@ impl Endpoint {
                 if let Some(op) = self.sends.get_mut(&send_id) {
                     if op.peer == src && matches!(op.state, SendState::WaitFin) {
                         op.state = SendState::Done(Ok(()));
+                        self.finished = true;
                     }
                 }
             }
@@ -1843,6 +1858,7 @@ impl Endpoint {
                             // (the link's transfers are cleared first).
                             if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
                                 op.state = SendState::Done(Err(Error::PeerDead(src)));
+                                self.finished = true;
                             }
                             self.kick(i);
                             return Ok(true);
@@ -1898,6 +1914,7 @@ impl Endpoint {
                         since.elapsed().as_nanos() as f64,
                     );
                     op.state = RecvState::Done(receive_result(st, cap));
+                    self.finished = true;
                     p.pipeline_in.remove(&send_id);
                 }
             }
@@ -1920,6 +1937,7 @@ impl Endpoint {
                 if let Some(op) = self.sends.get_mut(&send_id) {
                     if cancelled && op.peer == src && matches!(op.state, SendState::WaitFin) {
                         op.state = SendState::Done(Err(Error::Cancelled));
+                        self.finished = true;
                     }
                 }
             }
@@ -1975,6 +1993,7 @@ impl Endpoint {
                     self.stats.cma_bytes += pushed;
                 }
                 op.state = cma_outcome(src, status, cap, read.and(head));
+                self.finished = true;
                 self.finish_cma(i, send_id, status.len.min(cap), since);
             }
             Frame::Close => {
@@ -2126,6 +2145,7 @@ impl Endpoint {
             if let Some(op) = self.sends.get_mut(&x) {
                 if matches!(op.state, SendState::Pipelining) {
                     op.state = SendState::Done(Ok(()));
+                    self.finished = true;
                 }
             }
         }
@@ -2140,6 +2160,7 @@ impl Endpoint {
                 // Its bytes are counted by the link (hits, direct reads, cleanup copies).
                 let cap = op.buf.slice().len() as u64;
                 op.state = RecvState::Done(receive_result(status, cap));
+                self.finished = true;
             }
         }
     }
@@ -2157,17 +2178,20 @@ impl Endpoint {
         for (_, rid) in p.pipeline_in.drain() {
             if let Some(op) = self.recvs.get_mut(&rid) {
                 op.state = RecvState::Done(Err(Error::PeerDead(peer)));
+                self.finished = true;
             }
         }
         for op in self.sends.values_mut() {
             if op.peer == peer && !matches!(op.state, SendState::Done(_)) {
                 op.state = SendState::Done(Err(Error::PeerDead(peer)));
+                self.finished = true;
             }
         }
         self.fail_peer_rma(i);
         for rid in self.matcher.drain_posted_from(peer) {
             if let Some(op) = self.recvs.get_mut(&rid) {
                 op.state = RecvState::Done(Err(Error::PeerDead(peer)));
+                self.finished = true;
             }
         }
         // Rendezvous messages of a dead peer cannot be read any more; eager ones can.
