@@ -14,7 +14,11 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long an endpoint with the larger identity waits for the other to connect before it
+/// connects itself.
+const CONNECT_GRACE: Duration = Duration::from_millis(200);
 
 /// A hasher for the integer keys of the endpoint's maps (request numbers, identities):
 /// one multiplication instead of SipHash on every message.
@@ -182,6 +186,8 @@ struct State {
     considered: usize,
     /// The address of each connection's peer, once known (`FI_SOURCE`).
     sources: Vec<u64>,
+    /// Peers with a larger identity we wait for (to connect to us), since when.
+    waiting: Map<u128, Instant>,
     /// Where each address used so far leads.
     routes: Map<u64, Target>,
     /// Peers our connection attempt failed for (sends to them fail).
@@ -259,6 +265,13 @@ impl State {
         for (id, addr) in todo {
             self.learn_peers();
             if id > self.my_id && !self.links.contains_key(&id) {
+                // A connection the peer started and we have not adopted yet would make a
+                // second one.
+                let _ = self.ep.accept(Some(Duration::ZERO));
+                self.learn_peers();
+                if self.links.contains_key(&id) {
+                    continue;
+                }
                 self.connect(id, &addr);
             }
         }
@@ -360,11 +373,19 @@ impl State {
         }
         let _ = self.ep.accept(Some(Duration::ZERO));
         self.learn_peers();
-        self.links
-            .get(&entry.id)
-            .copied()
+        if let Some(&p) = self.links.get(&entry.id) {
+            return Ok(Target::Peer(p));
+        }
+        // The peer connects when it inserts our address; a program that inserts addresses
+        // only when it first talks to them (Open MPI across hosts) may never do so before
+        // we need it: after a grace period we connect ourselves.
+        let since = *self.waiting.entry(entry.id).or_insert_with(Instant::now);
+        if since.elapsed() < CONNECT_GRACE {
+            return Err(FI_EAGAIN);
+        }
+        self.connect(entry.id, &entry.addr)
             .map(Target::Peer)
-            .ok_or(FI_EAGAIN)
+            .ok_or(FI_EIO)
     }
 
     fn source_of(&mut self, p: PeerId) -> u64 {
@@ -970,6 +991,7 @@ pub unsafe extern "C" fn endpoint(
                 remote_of: Vec::new(),
                 considered: 0,
                 routes: Map::default(),
+                waiting: Map::default(),
                 sources: Vec::new(),
                 unreachable: HashSet::new(),
                 ops: Map::default(),
