@@ -1,0 +1,305 @@
+//! The provider driven through its libfabric tables from Rust, in one process (two
+//! endpoints of one domain, each with its completion queue read by a thread of its own,
+//! since making a connection needs the other endpoint's progress): refused hints, names
+//! that do not parse, a buffer too small for a name, truncation, a peek that finds nothing,
+//! cancel, and a message checked byte for byte.
+
+use clink_fi::abi::*;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+use std::time::{Duration, Instant};
+
+struct Setup {
+    cqs: [*mut fid_cq; 2],
+    av: *mut fid_av,
+    eps: [*mut fid_ep; 2],
+    addrs: [u64; 2],
+}
+
+fn check(r: i32, what: &str) {
+    assert_eq!(r, 0, "{what} failed with {r}");
+}
+
+/// A fabric, a domain, one completion queue and one address vector shared by two
+/// endpoints, each knowing the other.
+unsafe fn setup() -> Setup {
+    unsafe {
+        let prov = &*clink_fi::fi_prov_ini();
+        let mut info: *mut fi_info = null_mut();
+        check(
+            (prov.getinfo)(fi_version(1, 17), null(), null(), 0, null(), &mut info),
+            "getinfo",
+        );
+        let mut fabric: *mut fid_fabric = null_mut();
+        check(
+            (prov.fabric)((*info).fabric_attr, &mut fabric, null_mut()),
+            "fabric",
+        );
+        let mut domain: *mut fid_domain = null_mut();
+        check(
+            ((*(*fabric).ops).domain)(fabric, info, &mut domain, null_mut()),
+            "domain",
+        );
+        let mut cqs = [null_mut(); 2];
+        let mut cq_attr: fi_cq_attr = std::mem::zeroed();
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        for cq in &mut cqs {
+            check(
+                ((*(*domain).ops).cq_open)(domain, &mut cq_attr, cq, null_mut()),
+                "cq_open",
+            );
+        }
+        let mut av: *mut fid_av = null_mut();
+        let mut av_attr: fi_av_attr = std::mem::zeroed();
+        av_attr.type_ = FI_AV_TABLE;
+        check(
+            ((*(*domain).ops).av_open)(domain, &mut av_attr, &mut av, null_mut()),
+            "av_open",
+        );
+        let mut eps = [null_mut(); 2];
+        let mut names = [[0u8; 64]; 2];
+        for (i, ep) in eps.iter_mut().enumerate() {
+            check(
+                ((*(*domain).ops).endpoint)(domain, info, ep, null_mut()),
+                "endpoint",
+            );
+            let f = &mut (**ep).fid;
+            check(((*f.ops).bind)(f, &mut (*av).fid, 0), "bind av");
+            check(
+                ((*f.ops).bind)(f, &mut (*cqs[i]).fid, FI_TRANSMIT | FI_RECV),
+                "bind cq",
+            );
+            check(((*f.ops).control)(f, FI_ENABLE, null_mut()), "enable");
+            let mut len = 8usize;
+            let r = ((*(**ep).cm).getname)(f, names[i].as_mut_ptr() as *mut c_void, &mut len);
+            assert_eq!(r, -FI_ETOOSMALL, "an 8-byte buffer held a name");
+            assert_eq!(
+                len,
+                clink_proto::addr::BINARY_LEN,
+                "getname said what it needs"
+            );
+            check(
+                ((*(**ep).cm).getname)(f, names[i].as_mut_ptr() as *mut c_void, &mut len),
+                "getname",
+            );
+        }
+        // Both names, then a corrupted one: two inserted, the third refused.
+        let n = clink_proto::addr::BINARY_LEN;
+        let mut blob = Vec::new();
+        blob.extend_from_slice(&names[0][..n]);
+        blob.extend_from_slice(&names[1][..n]);
+        let mut bad = names[1][..n].to_vec();
+        bad[0] = 99; // an unknown version
+        blob.extend_from_slice(&bad);
+        let mut addrs = [0u64; 3];
+        let r = ((*(*av).ops).insert)(
+            av,
+            blob.as_ptr() as *const c_void,
+            3,
+            addrs.as_mut_ptr(),
+            0,
+            null_mut(),
+        );
+        assert_eq!(r, 2, "inserted count");
+        assert_eq!(addrs[..2], [0, 1], "FI_AV_TABLE indices");
+        assert_eq!(
+            addrs[2], FI_ADDR_NOTAVAIL,
+            "a corrupt name was given an address"
+        );
+        Setup {
+            cqs,
+            av,
+            eps,
+            addrs: [addrs[0], addrs[1]],
+        }
+    }
+}
+
+type Outcome = Result<fi_cq_tagged_entry, fi_cq_err_entry>;
+
+/// A completion queue's pointer, handed to the thread that reads it.
+struct Queue(*mut fid_cq);
+// SAFETY: the provider's objects are thread-safe (FI_THREAD_SAFE).
+unsafe impl Send for Queue {}
+// SAFETY: the entries' pointers are the test's contexts, only compared.
+unsafe impl Send for Entry {}
+struct Entry(Outcome);
+
+/// Reads `cq` until `stop`, sending every completion and failure to the returned channel.
+fn reader(
+    cq: *mut fid_cq,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (
+    std::sync::mpsc::Receiver<Entry>,
+    std::thread::JoinHandle<()>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let q = Queue(cq);
+    let h = std::thread::spawn(move || {
+        let q = q;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: an open queue, room for one entry.
+            unsafe {
+                let mut e: fi_cq_tagged_entry = std::mem::zeroed();
+                let r = ((*(*q.0).ops).read)(q.0, &mut e as *mut _ as *mut c_void, 1);
+                if r == 1 {
+                    let _ = tx.send(Entry(Ok(e)));
+                } else if r == -(FI_EAVAIL as isize) {
+                    let mut err: fi_cq_err_entry = std::mem::zeroed();
+                    assert_eq!(((*(*q.0).ops).readerr)(q.0, &mut err, 0), 1);
+                    let _ = tx.send(Entry(Err(err)));
+                } else {
+                    assert_eq!(r, -(FI_EAGAIN as isize), "cq read");
+                    std::thread::yield_now();
+                }
+            }
+        }
+    });
+    (rx, h)
+}
+
+fn next(rx: &std::sync::mpsc::Receiver<Entry>) -> Outcome {
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("no completion within 10 s")
+        .0
+}
+
+fn ctx(n: usize) -> *mut c_void {
+    n as *mut c_void
+}
+
+#[test]
+fn hints_it_cannot_meet_find_nothing() {
+    unsafe {
+        let prov = &*clink_fi::fi_prov_ini();
+        let mut hints: fi_info = std::mem::zeroed();
+        hints.caps = FI_TAGGED | (1 << 2); // FI_RMA
+        let mut out: *mut fi_info = null_mut();
+        let r = (prov.getinfo)(fi_version(1, 17), null(), null(), 0, &hints, &mut out);
+        assert_eq!(r, -FI_ENODATA);
+        assert!(out.is_null());
+    }
+}
+
+#[test]
+fn messages_truncation_peek_and_cancel() {
+    unsafe {
+        let s = setup();
+        let [a, b] = s.eps;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rx_a, ha) = reader(s.cqs[0], stop.clone());
+        let (rx_b, hb) = reader(s.cqs[1], stop.clone());
+        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
+        // A message checked byte for byte (the receive posted before the send).
+        let msg: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut got = vec![0u8; msg.len()];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Both answer -FI_EAGAIN until the connection between the two endpoints is made.
+        let again = |r: isize, what: &str| {
+            assert!(r == 0 || r == -(FI_EAGAIN as isize), "{what}: {r}");
+            assert!(Instant::now() < deadline, "{what}: never connected");
+            std::thread::yield_now();
+            r == 0
+        };
+        while !again(
+            (tagged(b).recv)(
+                b,
+                got.as_mut_ptr() as *mut c_void,
+                got.len(),
+                null_mut(),
+                s.addrs[0],
+                42,
+                0,
+                ctx(1),
+            ),
+            "trecv",
+        ) {}
+        while !again(
+            (tagged(a).send)(
+                a,
+                msg.as_ptr() as *const c_void,
+                msg.len(),
+                null_mut(),
+                s.addrs[1],
+                42,
+                ctx(2),
+            ),
+            "tsend",
+        ) {}
+        let sent = next(&rx_a).expect("send completion");
+        assert_eq!(sent.op_context, ctx(2));
+        let e = next(&rx_b).expect("receive completion");
+        assert_eq!((e.op_context, e.len, e.tag), (ctx(1), msg.len(), 42));
+        assert_eq!(e.flags & (FI_RECV | FI_TAGGED), FI_RECV | FI_TAGGED);
+        assert!(got == msg, "the message arrived changed");
+
+        // Truncation: 64 bytes into 8.
+        let mut small = [0u8; 8];
+        assert_eq!(
+            (tagged(b).recv)(
+                b,
+                small.as_mut_ptr() as *mut c_void,
+                8,
+                null_mut(),
+                s.addrs[0],
+                7,
+                0,
+                ctx(3)
+            ),
+            0
+        );
+        let big = [5u8; 64];
+        assert_eq!(
+            (tagged(a).inject)(a, big.as_ptr() as *const c_void, 64, s.addrs[1], 7),
+            0
+        );
+        let err = next(&rx_b).expect_err("truncation is an error");
+        assert_eq!((err.err, err.olen, err.op_context), (FI_ETRUNC, 56, ctx(3)));
+        assert_eq!(small, [5u8; 8]);
+
+        // A peek that finds nothing fails with FI_ENOMSG.
+        let msg_desc = fi_msg_tagged {
+            msg_iov: null(),
+            desc: null_mut(),
+            iov_count: 0,
+            addr: FI_ADDR_UNSPEC,
+            tag: 999,
+            ignore: 0,
+            context: ctx(4),
+            data: 0,
+        };
+        assert_eq!((tagged(b).recvmsg)(b, &msg_desc, FI_PEEK), 0);
+        let err = next(&rx_b).expect_err("an empty peek fails");
+        assert_eq!((err.err, err.op_context), (FI_ENOMSG, ctx(4)));
+
+        // Cancel of a receive nothing will match.
+        let mut buf = [0u8; 16];
+        assert_eq!(
+            (tagged(b).recv)(
+                b,
+                buf.as_mut_ptr() as *mut c_void,
+                16,
+                null_mut(),
+                FI_ADDR_UNSPEC,
+                1234,
+                0,
+                ctx(5)
+            ),
+            0
+        );
+        assert_eq!(((*(*b).ops).cancel)(&mut (*b).fid, ctx(5)), 0);
+        let err = next(&rx_b).expect_err("a cancelled receive fails");
+        assert_eq!((err.err, err.op_context), (FI_ECANCELED, ctx(5)));
+
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        ha.join().unwrap();
+        hb.join().unwrap();
+        for ep in s.eps {
+            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
+        }
+        for cq in s.cqs {
+            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
+        }
+        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+    }
+}
