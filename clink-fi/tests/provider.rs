@@ -1,7 +1,8 @@
 //! The provider loaded by real libfabric programs: `fi_info`, `fi_pingpong` (with data
-//! verification) and Open MPI (`pml cm`, `mtl ofi`) running the C suite in `tests/mpi`.
-//! The tools come from Debian's packages (libfabric-bin, openmpi-bin, libopenmpi-dev),
-//! which `.ci/run` installs; a missing tool fails the test with a message saying so.
+//! verification), Open MPI (`pml cm`, `mtl ofi`) running the C suite in `tests/mpi` on one
+//! host and across two namespace hosts, and mpi4py. The tools come from Debian's packages
+//! (libfabric-bin, openmpi-bin, libopenmpi-dev, python3-mpi4py), which `.ci/run` installs;
+//! a missing tool fails the test with a message saying so.
 //! Needs `cargo build -p clink-fi` first (`.ci/test` does): a test build does not leave
 //! `libclink_fi.so` in the target directory.
 
@@ -300,4 +301,23 @@ fn open_mpi_runs_the_suite_across_two_namespace_hosts() {
         assert!(t.contains(part), "across hosts: no {part:?} in {t}");
     }
     let _ = std::fs::remove_file(suite);
+}
+
+#[test]
+fn mpi4py_runs_on_the_provider() {
+    // Debian's python3-mpi4py lives in the system interpreter's dist-packages.
+    let python = Path::new("/usr/bin/python3");
+    let has = Command::new(python)
+        .args(["-c", "import mpi4py"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(has, "mpi4py is not installed for /usr/bin/python3 (Debian package python3-mpi4py; .ci/run installs it)");
+    let dir = ProviderDir::new("mpi4py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/mpi4py_check.py");
+    let out = mpirun(&dir, 2, python, &[script.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(
+        out.status.success() && t.contains("ok mpi4py"),
+        "mpi4py: {t}"
+    );
 }
