@@ -64,6 +64,15 @@ impl Context {
         })
     }
 
+    /// A context configured from the environment, for a process started by a launcher
+    /// (`mpirun`, `srun`), with the job it belongs to: its rank, the job's size, and the
+    /// exchange of endpoint addresses between the ranks ([`crate::launcher::Launcher`]).
+    /// Fails with [`crate::Error::Launcher`] when no launcher started the process.
+    pub fn from_launcher() -> Result<(Context, crate::launcher::Launcher)> {
+        let job = crate::launcher::Launcher::from_env()?;
+        Ok((Context::new()?, job))
+    }
+
     /// Creates an endpoint listening for peers.
     pub fn endpoint(&self) -> Result<Endpoint> {
         Endpoint::new(self.inner.clone())

@@ -84,6 +84,9 @@ pub enum Error {
     /// out of range).
     #[error("{0}")]
     Invalid(String),
+    /// No launcher (mpirun, srun) started this process, or its PMIx service failed.
+    #[error("launcher: {0}")]
+    Launcher(String),
     /// The endpoint was used from a forked child process.
     #[error("endpoint used after fork (created by pid {0}); create a new Context in the child")]
     Forked(i32),

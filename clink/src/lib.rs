@@ -40,6 +40,7 @@ mod endpoint;
 mod error;
 pub mod events;
 pub(crate) mod evq;
+pub mod launcher;
 pub mod netdev;
 pub mod netns;
 mod oversub;
