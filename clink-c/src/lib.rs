@@ -182,7 +182,8 @@ pub(crate) fn code_of(e: &clink_rs::Error) -> clink_error {
     use clink_rs::Error as E;
     match e {
         E::Io { .. } => CLINK_ERR_IO,
-        E::Config(_) => CLINK_ERR_CONFIG,
+        // No launcher in the environment is a configuration matter for C callers.
+        E::Config(_) | E::Launcher(_) => CLINK_ERR_CONFIG,
         E::Proto { .. } | E::Ring { .. } => CLINK_ERR_PROTOCOL,
         E::Address(_) => CLINK_ERR_ADDRESS,
         E::Connect { .. } => CLINK_ERR_CONNECT,

@@ -44,7 +44,7 @@ pub(crate) fn code_of(e: &clink_rs::Error) -> i32 {
     use clink_rs::Error as E;
     match e {
         E::Io { .. } => -3,
-        E::Config(_) => -4,
+        E::Config(_) | E::Launcher(_) => -4,
         E::Proto { .. } | E::Ring { .. } => -5,
         E::Address(_) => -6,
         E::Connect { .. } => -7,
