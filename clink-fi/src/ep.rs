@@ -578,21 +578,18 @@ impl State {
                     });
                 }
             }
-            Err(Error::Consumed) => {
+            Err(e) => {
+                // Consumed: a cancel took the request.
+                let err = if matches!(e, Error::Consumed) {
+                    FI_ECANCELED
+                } else {
+                    FI_EIO
+                };
                 if let Some(cq) = cq {
                     cq.fail(Failure {
                         entry: tagged_entry(r.ctx, RX, 0, r.dest.first(), r.sel.tag),
                         olen: 0,
-                        err: FI_ECANCELED,
-                    });
-                }
-            }
-            Err(_) => {
-                if let Some(cq) = cq {
-                    cq.fail(Failure {
-                        entry: tagged_entry(r.ctx, RX, 0, r.dest.first(), r.sel.tag),
-                        olen: 0,
-                        err: FI_EIO,
+                        err,
                     });
                 }
             }

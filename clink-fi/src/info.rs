@@ -120,24 +120,16 @@ unsafe fn build(h: Option<&fi_info>) -> Option<*mut fi_info> {
     let ep = c_calloc::<fi_ep_attr>();
     let dom = c_calloc::<fi_domain_attr>();
     let fab = c_calloc::<fi_fabric_attr>();
-    if [
+    let parts = [
         info as usize,
         tx as usize,
         rx as usize,
         ep as usize,
         dom as usize,
         fab as usize,
-    ]
-    .contains(&0)
-    {
-        for p in [
-            info as usize,
-            tx as usize,
-            rx as usize,
-            ep as usize,
-            dom as usize,
-            fab as usize,
-        ] {
+    ];
+    if parts.contains(&0) {
+        for p in parts {
             // SAFETY: each from calloc or NULL.
             unsafe { libc::free(p as *mut libc::c_void) };
         }
