@@ -260,9 +260,10 @@ pub struct BenchArgs {
     pub sockets: bool,
     /// Open MPI on clink (pml cm, mtl ofi and the clink libfabric provider,
     /// libclink_fi.so beside this executable) against Open MPI's ob1/vader and ucx paths on
-    /// one host: latency, bandwidth, bidirectional bandwidth, message rate and allreduce,
+    /// one host (with `--placement bridge`: two hosts on a bridge, ob1 over tcp, per
+    /// `--loss`): latency, bandwidth, bidirectional bandwidth, message rate and allreduce,
     /// `--rounds` rounds, instead of the system comparison.
-    #[arg(long, conflicts_with_all = ["systems", "mode", "placement", "lat_sizes"])]
+    #[arg(long, conflicts_with_all = ["systems", "mode", "lat_sizes"])]
     pub mpi: bool,
     /// Internal: one process of an `--alltoall` run.
     #[arg(long, hide = true)]
@@ -614,7 +615,27 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return preload::run(args.rounds, args.quick, args.json);
     }
     if args.mpi {
-        return mpi::run(args.rounds, args.quick, args.json);
+        let losses = args.loss.clone().unwrap_or_else(|| vec![0.0]);
+        if let Some(l) = losses.iter().find(|l| !(0.0..=100.0).contains(*l)) {
+            return Err(format!("--loss {l}: not a percentage"));
+        }
+        let mtu = match args.mtu.as_deref() {
+            None => 1500,
+            Some(&[m]) => m,
+            Some(_) => return Err("--mpi takes one --mtu".into()),
+        };
+        let bridge = match args.placement {
+            Placement::Host if args.loss.is_some() || args.mtu.is_some() => {
+                return Err("--loss and --mtu apply to --placement bridge only".into())
+            }
+            Placement::Host => None,
+            Placement::Bridge if args.rate.is_none() => Some((mtu, losses.as_slice())),
+            Placement::Bridge => return Err("--mpi does not take --rate".into()),
+            Placement::Netns => {
+                return Err("--mpi runs on one host or with --placement bridge".into())
+            }
+        };
+        return mpi::run(args.rounds, args.quick, args.json, bridge);
     }
     if args.alltoall {
         let hosts: Vec<usize> = args

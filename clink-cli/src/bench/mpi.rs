@@ -1,9 +1,13 @@
 //! `clink bench --mpi`: Open MPI on clink (`pml cm`, `mtl ofi`, the `clink` libfabric
-//! provider, libclink_fi.so beside this executable) against Open MPI's own paths on one
-//! host (`ob1` with the `vader` shared-memory transport; `ucx` when Open MPI has it), in one
-//! run. An OSU-style C program (`mpi_bench.c`, compiled here with mpicc) measures each
-//! experiment on two ranks; every round runs each system once per experiment (the order
-//! rotating by round), and the report is the median of the per-round ratios against ob1.
+//! provider, libclink_fi.so beside this executable) against Open MPI's own paths, in one
+//! run. On one host (default) those are `ob1` with the `vader` shared-memory transport and
+//! `ucx` when Open MPI has it; with `--placement bridge` the two ranks run on two hosts
+//! (network namespaces on a Linux bridge, `--loss` dropped at random into each, mpirun in
+//! a third host starting its daemons through an rsh agent that enters the namespace) and
+//! `ob1` uses its `tcp` transport, `ucx` its TCP one. An OSU-style C program
+//! (`mpi_bench.c`, compiled here with mpicc) measures each experiment on two ranks; every
+//! round runs each system once per experiment (the order rotating by round), and the
+//! report is the median of the per-round ratios against ob1.
 
 use serde_json::json;
 use std::io::Read;
@@ -28,12 +32,13 @@ struct System {
     mca: Vec<String>,
 }
 
-fn systems(provider_dir: &Path) -> Vec<System> {
+fn systems(provider_dir: &Path, across_hosts: bool) -> Vec<System> {
     let mca = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let btl = if across_hosts { "tcp,self" } else { "vader,self" };
     let mut v = vec![
         System {
             name: "ompi-ob1",
-            mca: mca(&["--mca", "pml", "ob1", "--mca", "btl", "vader,self"]),
+            mca: mca(&["--mca", "pml", "ob1", "--mca", "btl", btl]),
         },
         System {
             name: "ompi-clink",
@@ -78,6 +83,67 @@ fn systems(provider_dir: &Path) -> Vec<System> {
     v
 }
 
+/// Where the two ranks run.
+enum Hosts {
+    /// Both on this host.
+    One,
+    /// Hosts 1 and 2 of a bridge, mpirun on host 0.
+    Bridge {
+        bridge: clink::netns::Bridge,
+        agent: PathBuf,
+        loss_pct: f64,
+    },
+}
+
+impl Hosts {
+    fn bridge(work: &Path, mtu: u32, loss_pct: f64) -> Result<Hosts, String> {
+        if let Some(why) = clink::netns::unavailable() {
+            return Err(format!("--placement bridge: {why}"));
+        }
+        let bridge = clink::netns::Bridge::create(&clink::netns::BridgeSpec {
+            hosts: 3,
+            mtu,
+            ..Default::default()
+        })
+        .map_err(|e| format!("cannot make the bridge: {e}"))?;
+        bridge
+            .set_loss(&[(1, loss_pct), (2, loss_pct)])
+            .map_err(|e| format!("cannot set the loss: {e}"))?;
+        let agent = work.join("rsh-agent.sh");
+        bridge
+            .write_rsh_agent(&agent, &[1, 2])
+            .map_err(|e| format!("cannot write the rsh agent: {e}"))?;
+        Ok(Hosts::Bridge {
+            bridge,
+            agent,
+            loss_pct,
+        })
+    }
+
+    /// mpirun for two ranks, placed.
+    fn mpirun(&self) -> Command {
+        match self {
+            Hosts::One => {
+                let mut cmd = Command::new("mpirun");
+                cmd.args(["-np", "2"]);
+                cmd
+            }
+            Hosts::Bridge { bridge, agent, .. } => {
+                let mut cmd = bridge.command(0, "mpirun");
+                let hosts = format!("{},{}", bridge.addr(1), bridge.addr(2));
+                // Each daemon sees the machine's cores as its own: bound, both ranks
+                // would share core 0 and time-slice. Unbound, the daemons' hwloc runtime
+                // control has nothing to do, and it crashes now and then when several
+                // daemons start on one machine (hwloc_shmem_topology_write): off.
+                cmd.args(["-np", "2", "--host", &hosts, "--bind-to", "none"])
+                    .args(["--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"])
+                    .arg(agent);
+                cmd
+            }
+        }
+    }
+}
+
 /// The provider beside this executable, linked into a directory of its own under the
 /// name libfabric looks for.
 fn provider_dir(work: &Path) -> Result<PathBuf, String> {
@@ -117,12 +183,19 @@ fn compile(work: &Path) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-fn measure(sys: &System, exe: &Path, exp: &str, size: usize, iters: u32) -> Result<f64, String> {
-    let mut cmd = Command::new("mpirun");
+fn measure(
+    at: &Hosts,
+    sys: &System,
+    exe: &Path,
+    exp: &str,
+    size: usize,
+    iters: u32,
+) -> Result<f64, String> {
+    let mut cmd = at.mpirun();
     if nix_root() {
         cmd.arg("--allow-run-as-root");
     }
-    cmd.args(["-np", "2"]).args(&sys.mca).arg(exe).args([
+    cmd.args(&sys.mca).arg(exe).args([
         exp,
         &size.to_string(),
         &iters.to_string(),
@@ -138,7 +211,7 @@ fn measure(sys: &System, exe: &Path, exp: &str, size: usize, iters: u32) -> Resu
                 sys.name,
                 String::from_utf8_lossy(&out.stderr)
                     .lines()
-                    .take(5)
+                    .take(12)
                     .collect::<Vec<_>>()
                     .join(" | ")
             )
@@ -186,50 +259,88 @@ fn nix_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Runs the comparison: `rounds` rounds of every experiment on every system.
-pub fn run(rounds: u64, quick: bool, json: bool) -> Result<(), String> {
+/// Runs the comparison: `rounds` rounds of every experiment on every system, on one host
+/// or (`bridge` = MTU and loss percentages) on two hosts of a bridge, one per loss.
+pub fn run(
+    rounds: u64,
+    quick: bool,
+    json: bool,
+    bridge: Option<(u32, &[f64])>,
+) -> Result<(), String> {
     let work = std::env::temp_dir().join(format!("clink-bench-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
-    let res = run_in(&work, rounds.max(1), quick, json);
+    let res = (|| {
+        let exe = compile(&work)?;
+        let provider = provider_dir(&work)?;
+        match bridge {
+            None => run_at(&Hosts::One, &exe, &provider, rounds.max(1), quick, json),
+            Some((mtu, losses)) => {
+                for &loss in losses {
+                    let at = Hosts::bridge(&work, mtu, loss)?;
+                    run_at(&at, &exe, &provider, rounds.max(1), quick, json)?;
+                }
+                Ok(())
+            }
+        }
+    })();
     let _ = std::fs::remove_dir_all(&work);
     res
 }
 
-fn run_in(work: &Path, rounds: u64, quick: bool, json: bool) -> Result<(), String> {
-    let exe = compile(work)?;
-    let sys = systems(&provider_dir(work)?);
+fn run_at(
+    at: &Hosts,
+    exe: &Path,
+    provider: &Path,
+    rounds: u64,
+    quick: bool,
+    json: bool,
+) -> Result<(), String> {
+    let sys = systems(provider, matches!(at, Hosts::Bridge { .. }));
+    let (placement, loss) = match at {
+        Hosts::One => ("host", 0.0),
+        Hosts::Bridge { loss_pct, .. } => ("bridge", *loss_pct),
+    };
     // values[experiment][system] over rounds; ratios[experiment][system] against ob1.
     let mut values = vec![vec![Vec::new(); sys.len()]; EXPERIMENTS.len()];
     let mut ratios = vec![vec![Vec::new(); sys.len()]; EXPERIMENTS.len()];
+    let mut failures = Vec::new();
     for round in 0..rounds {
         for (e, &(exp, size, iters, quick_iters, unit, higher)) in EXPERIMENTS.iter().enumerate() {
-            let mut got = vec![0.0; sys.len()];
+            let mut got = vec![None; sys.len()];
             for k in 0..sys.len() {
                 let s = (k + round as usize) % sys.len();
-                let v = measure(
-                    &sys[s],
-                    &exe,
-                    exp,
-                    size,
-                    if quick { quick_iters } else { iters },
-                )?;
-                got[s] = v;
+                let iters = if quick { quick_iters } else { iters };
+                // A system that fails (a crash, a hang) loses its round; the others go on.
+                let v = match measure(at, &sys[s], exe, exp, size, iters) {
+                    Ok(v) => v,
+                    Err(why) => {
+                        failures.push(format!("round {round}: {why}"));
+                        if json {
+                            println!(
+                                "{}",
+                                json!({"experiment": exp, "size": size, "system": sys[s].name,
+                                       "round": round, "error": why,
+                                       "placement": placement, "loss_pct": loss})
+                            );
+                        }
+                        continue;
+                    }
+                };
+                got[s] = Some(v);
                 values[e][s].push(v);
                 if json {
                     println!(
                         "{}",
                         json!({"experiment": exp, "size": size, "system": sys[s].name, "round": round,
-                               "value": v, "unit": unit, "higher_is_better": higher})
+                               "value": v, "unit": unit, "higher_is_better": higher,
+                               "placement": placement, "loss_pct": loss})
                     );
                 }
             }
             for s in 0..sys.len() {
-                let r = if higher {
-                    got[s] / got[0]
-                } else {
-                    got[0] / got[s]
-                };
-                ratios[e][s].push(r);
+                if let (Some(base), Some(v)) = (got[0], got[s]) {
+                    ratios[e][s].push(if higher { v / base } else { base / v });
+                }
             }
         }
     }
@@ -246,6 +357,9 @@ fn run_in(work: &Path, rounds: u64, quick: bool, json: bool) -> Result<(), Strin
             );
         }
         println!("  (medians of {rounds} rounds; ratio = times better than ob1, per round)");
+        if let Hosts::Bridge { .. } = at {
+            println!("two hosts on a bridge, {loss}% of packets into each dropped at random; ob1 over tcp");
+        }
         for (e, &(exp, size, _, _, unit, _)) in EXPERIMENTS.iter().enumerate() {
             print!("{exp:<10} {size:>8} {unit:>6}");
             for v in &values[e] {
@@ -257,5 +371,12 @@ fn run_in(work: &Path, rounds: u64, quick: bool, json: bool) -> Result<(), Strin
             println!();
         }
     }
-    Ok(())
+    for f in &failures {
+        eprintln!("clink bench --mpi: {f}");
+    }
+    // A baseline that crashes is reported; clink failing fails the run.
+    match failures.iter().find(|f| f.contains("ompi-clink")) {
+        Some(f) => Err(format!("clink failed: {f}")),
+        None => Ok(()),
+    }
 }

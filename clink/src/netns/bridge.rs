@@ -156,6 +156,21 @@ impl Bridge {
         cmd
     }
 
+    /// Writes an executable script for launchers that start remote daemons through an
+    /// rsh-like agent (Open MPI's `plm_rsh_agent`): `SCRIPT ADDRESS COMMAND...` runs the
+    /// command in the namespace of the host with that address (any of `hosts`).
+    pub fn write_rsh_agent(&self, path: &std::path::Path, hosts: &[usize]) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut script = String::from("#!/bin/sh\nhost=$1\nshift\ncase $host in\n");
+        for &i in hosts {
+            script += &format!("{}) ns={} ;;\n", self.addrs[i], self.names[i]);
+        }
+        script += "*) echo \"unknown host $host\" >&2; exit 1 ;;\nesac\n";
+        script += &format!("exec {} netns exec \"$ns\" sh -c \"$*\"\n", self.ip.display());
+        std::fs::write(path, script)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+    }
+
     /// Drops `pct` percent of the packets into every host, at random (0: none).
     pub fn set_loss_all(&mut self, pct: f64) -> io::Result<()> {
         let ports: Vec<(usize, f64)> = (0..self.hosts()).map(|i| (i, pct)).collect();
