@@ -182,6 +182,9 @@ struct State {
     links: Map<u128, PeerId>,
     /// Each connection's peer identity, by `PeerId`.
     remote_of: Vec<u128>,
+    /// Per `PeerId`, the largest message written in place into the peer's shared-memory
+    /// ring (0 for a network peer).
+    ring_max: Vec<u64>,
     /// Address-vector entries looked at for connecting.
     considered: usize,
     /// The address of each connection's peer, once known (`FI_SOURCE`).
@@ -243,6 +246,12 @@ impl State {
             let p = PeerId(self.remote_of.len() as u32);
             let id = self.ep.peer_endpoint_id(p).unwrap_or(0);
             self.remote_of.push(id);
+            let shm = self.ep.transport(p).is_ok_and(|t| t == "shm");
+            self.ring_max.push(if shm {
+                self.ep.eager_max(p).unwrap_or(0)
+            } else {
+                0
+            });
             self.links.entry(id).or_insert(p);
         }
     }
@@ -250,10 +259,12 @@ impl State {
     /// Connects to the address-vector entries inserted since the last look whose
     /// identity is larger than ours (they wait for us to connect).
     fn connect_new_entries(&mut self) {
-        let Some(av) = self.av.clone() else { return };
-        if av.inserted.load(Ordering::Acquire) == self.considered {
-            return;
+        // Looked at on every progress pass: no reference count taken unless there is news.
+        match &self.av {
+            Some(av) if av.inserted.load(Ordering::Acquire) != self.considered => {}
+            _ => return,
         }
+        let Some(av) = self.av.clone() else { return };
         let t = av.lock().unwrap_or_else(|e| e.into_inner());
         let todo: Vec<(u128, String)> = t.entries[self.considered.min(t.entries.len())..]
             .iter()
@@ -496,7 +507,7 @@ impl State {
 
     /// Queues a finished send's completion (or failure).
     fn report_send(&self, res: clink::Result<bool>, ctx: *mut c_void, len: usize, report: bool) {
-        let Some(cq) = self.tx_cq.clone() else { return };
+        let Some(cq) = &self.tx_cq else { return };
         match res {
             Ok(_) if report => cq.push(
                 tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0),
@@ -541,7 +552,6 @@ impl State {
 
     /// Reports a finished receive (its result from `finish_recv`).
     fn finish_recv(&mut self, r: PostedRecv, res: clink::Result<Option<clink::Received>>) {
-        let cq = self.rx_cq.clone();
         match res {
             Ok(Some(got)) => {
                 let len = match &r.dest {
@@ -551,7 +561,7 @@ impl State {
                 };
                 let full = got.status.len as usize;
                 let src = self.source_of(got.status.peer);
-                if let Some(cq) = cq {
+                if let Some(cq) = &self.rx_cq {
                     if full > len {
                         cq.fail(Failure {
                             entry: tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag),
@@ -570,7 +580,7 @@ impl State {
             Err(Error::Truncated { len, capacity }) => {
                 let _ = self.ep.take_recv_buffer(r.req);
                 let tag = if r.sel.mask == u64::MAX { r.sel.tag } else { 0 };
-                if let Some(cq) = cq {
+                if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
                         entry: tagged_entry(r.ctx, RX, capacity as usize, r.dest.first(), tag),
                         olen: (len - capacity) as usize,
@@ -585,7 +595,7 @@ impl State {
                 } else {
                     FI_EIO
                 };
-                if let Some(cq) = cq {
+                if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
                         entry: tagged_entry(r.ctx, RX, 0, r.dest.first(), r.sel.tag),
                         olen: 0,
@@ -662,16 +672,31 @@ impl State {
             }
         };
         let inject = flags & FI_INJECT != 0;
-        if let (true, Data::Caller(d), Target::Peer(p)) = (inject, &data, target) {
-            // Written in place into the peer's ring when it has room: no allocation, no
-            // request to track (an inject has no completion).
-            if let Ok(mut slot) = self.ep.claim(p, tag, d.len(), Some(Duration::ZERO)) {
-                slot.buf().copy_from_slice(d);
-                slot.commit();
-                return 0;
+        let report = !inject && (flags & FI_COMPLETION != 0 || !self.tx_selective);
+        if let (Data::Caller(d), Target::Peer(p)) = (&data, target) {
+            // Written in place into a same-host peer's ring when it has room: no
+            // allocation, no request to track, and the completion (if any) at once: the
+            // message is in the peer's ring and the buffer free again.
+            let fits = self
+                .ring_max
+                .get(p.0 as usize)
+                .is_some_and(|&m| d.len() as u64 <= m);
+            if fits || (inject && self.ep.transport(p).is_ok_and(|t| t != "shm")) {
+                if let Ok(mut slot) = self.ep.claim(p, tag, d.len(), Some(Duration::ZERO)) {
+                    slot.buf().copy_from_slice(d);
+                    slot.commit();
+                    if report {
+                        if let Some(cq) = &self.tx_cq {
+                            cq.push(
+                                tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0),
+                                FI_ADDR_NOTAVAIL,
+                            );
+                        }
+                    }
+                    return 0;
+                }
             }
         }
-        let report = !inject && (flags & FI_COMPLETION != 0 || !self.tx_selective);
         // Without a completion the application may reuse the buffer at once: copy it.
         let bytes = match data {
             Data::Caller(d) if report => Bytes::from_owner(Lent {
@@ -986,6 +1011,7 @@ pub unsafe extern "C" fn endpoint(
                 directed,
                 links: Map::default(),
                 remote_of: Vec::new(),
+                ring_max: Vec::new(),
                 considered: 0,
                 routes: Map::default(),
                 waiting: Map::default(),
@@ -1019,11 +1045,14 @@ pub unsafe extern "C" fn endpoint(
     })
 }
 
+/// The shared part of an open endpoint, borrowed for the length of a call on it (the data
+/// path takes no reference count).
+///
 /// # Safety
-/// `f` must be an open endpoint of this provider.
-unsafe fn shared(f: *mut fid) -> Arc<EpShared> {
+/// `f` must be an open endpoint of this provider, and stay open meanwhile.
+unsafe fn shared<'a>(f: *mut fid) -> &'a EpShared {
     // SAFETY: per the contract.
-    unsafe { (*(f as *mut Ep)).shared.clone() }
+    unsafe { &(*(f as *mut Ep)).shared }
 }
 
 unsafe extern "C" fn ep_close(f: *mut fid) -> c_int {
@@ -1054,7 +1083,7 @@ unsafe extern "C" fn ep_bind(f: *mut fid, b: *mut fid, flags: u64) -> c_int {
         }
         // SAFETY: an open endpoint of ours, and an object of ours to bind.
         unsafe {
-            let sh = shared(f);
+            let sh = (*(f as *mut Ep)).shared.clone();
             let class = (*b).fclass;
             if class == FI_CLASS_CQ {
                 // Before taking the endpoint's lock: a queue's reader holds the queue's list

@@ -199,8 +199,7 @@ fn build_suite() -> PathBuf {
     // One executable per call: tests run in parallel and each removes its own.
     static BUILT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = BUILT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let out =
-        std::env::temp_dir().join(format!("clink-fi-suite-{}-{n}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("clink-fi-suite-{}-{n}", std::process::id()));
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/suite.c");
     let st = Command::new("mpicc")
         .args(["-O1", "-g", "-Wall", "-o"])
@@ -283,15 +282,23 @@ fn suite_across_two_namespace_hosts(loss_pct: f64, max: u64) {
     // Each daemon sees the machine's cores as its own: unbound, the two ranks do not share
     // core 0; the daemons' hwloc runtime control, then idle, crashes now and then when
     // several daemons start on one machine (hwloc_shmem_topology_write): off.
-    cmd.args(["--allow-run-as-root", "-np", "2", "--host", &hosts, "--bind-to", "none"])
-        .args(["--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"])
-        .arg(&agent)
-        .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi"])
-        .args(["--mca", "mtl_ofi_provider_include", "clink"])
-        .args(["-x", "FI_PROVIDER_PATH"])
-        .env("FI_PROVIDER_PATH", &dir.0)
-        .arg(&suite)
-        .arg(max.to_string());
+    cmd.args([
+        "--allow-run-as-root",
+        "-np",
+        "2",
+        "--host",
+        &hosts,
+        "--bind-to",
+        "none",
+    ])
+    .args(["--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"])
+    .arg(&agent)
+    .args(["--mca", "pml", "cm", "--mca", "mtl", "ofi"])
+    .args(["--mca", "mtl_ofi_provider_include", "clink"])
+    .args(["-x", "FI_PROVIDER_PATH"])
+    .env("FI_PROVIDER_PATH", &dir.0)
+    .arg(&suite)
+    .arg(max.to_string());
     let out = finish(spawn(cmd), Duration::from_secs(60));
     let t = text(&out);
     assert!(out.status.success(), "across hosts, {loss_pct}% loss: {t}");

@@ -34,7 +34,11 @@ struct System {
 
 fn systems(provider_dir: &Path, across_hosts: bool) -> Vec<System> {
     let mca = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let btl = if across_hosts { "tcp,self" } else { "vader,self" };
+    let btl = if across_hosts {
+        "tcp,self"
+    } else {
+        "vader,self"
+    };
     let mut v = vec![
         System {
             name: "ompi-ob1",
@@ -195,11 +199,9 @@ fn measure(
     if nix_root() {
         cmd.arg("--allow-run-as-root");
     }
-    cmd.args(&sys.mca).arg(exe).args([
-        exp,
-        &size.to_string(),
-        &iters.to_string(),
-    ]);
+    cmd.args(&sys.mca)
+        .arg(exe)
+        .args([exp, &size.to_string(), &iters.to_string()]);
     let out = output_within(cmd, Duration::from_secs(300))?;
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()

@@ -166,7 +166,10 @@ impl Bridge {
             script += &format!("{}) ns={} ;;\n", self.addrs[i], self.names[i]);
         }
         script += "*) echo \"unknown host $host\" >&2; exit 1 ;;\nesac\n";
-        script += &format!("exec {} netns exec \"$ns\" sh -c \"$*\"\n", self.ip.display());
+        script += &format!(
+            "exec {} netns exec \"$ns\" sh -c \"$*\"\n",
+            self.ip.display()
+        );
         std::fs::write(path, script)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
     }
