@@ -155,6 +155,13 @@ pub fn run() -> Result<(), String> {
         size(ctx.eager_threshold(true)),
         size(ctx.eager_threshold(false))
     );
+    let (udp, tcp) = ctx.net_eager_thresholds();
+    println!(
+        "  network peers     {} over UDP (above it the bulk transfer's zero copies beat the rendezvous round trip), {} over TCP{}",
+        size(udp),
+        size(tcp),
+        if cfg.eager_max.is_some() { " (CLINK_EAGER_MAX)" } else { "" }
+    );
     println!(
         "rendezvous method per size ({}):",
         if cfg.rndv.is_some() {

@@ -98,6 +98,15 @@ impl Context {
         eager_threshold(&self.inner, cma, u64::from(self.inner.config.ring_cells))
     }
 
+    /// The eager/rendezvous thresholds towards network peers: over reliable UDP, and over
+    /// TCP (or unreliable UDP).
+    pub fn net_eager_thresholds(&self) -> (u64, u64) {
+        (
+            crate::endpoint::net::udp_eager_threshold(&self.inner),
+            crate::endpoint::net::eager_threshold(&self.inner),
+        )
+    }
+
     /// The rendezvous method the cost model (or `CLINK_RNDV`) picks for `n` bytes.
     pub fn rendezvous_method(&self, n: u64, cma: bool) -> clink_proto::cost::Rndv {
         rendezvous_method(&self.inner, n, cma)

@@ -85,6 +85,8 @@ const SIZES: &[usize] = &[
     1404,
     1405,
     4096,
+    16384,
+    16385,
     65536,
     65537,
     300_000,
@@ -223,13 +225,14 @@ fn the_receive_ring_under_injected_faults_loses_nothing() {
 
 #[test]
 fn bulk_transfers_without_speculation_take_the_copy_path() {
-    let ((a, _), (b, _)) = echoed("nospec", 2000, 1, 3);
+    let ((a, pa), (b, _)) = echoed("nospec", 2000, 1, 3);
     let (sa, sb) = (a.stats(), b.stats());
     assert_eq!(sa.spec_hits + sb.spec_hits, 0);
-    // Both directions: 65537 + 300000 + 4 MiB bytes each, placed by the copy path.
+    // Both directions: every size above the eager threshold, placed by the copy path.
+    let eager = a.eager_max(pa).unwrap() as usize;
     let big: u64 = SIZES
         .iter()
-        .filter(|&&n| n > 65536)
+        .filter(|&&n| n > eager)
         .map(|&n| n as u64)
         .sum();
     assert_eq!(sa.cleanup_bytes, big, "{sa:?}");

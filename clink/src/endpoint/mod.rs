@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod link;
-mod net;
+pub(crate) mod net;
 mod ready;
 mod rma;
 mod tcp;
@@ -563,7 +563,11 @@ impl Endpoint {
                     net.route(u, id.0 as usize);
                 }
                 self.watch_new_sockets();
-                net::eager_threshold(&self.ctx)
+                if !u.conn.config().reliable {
+                    net::eager_threshold(&self.ctx)
+                } else {
+                    net::udp_eager_threshold(&self.ctx)
+                }
             }
             Link::Tcp(_) => net::eager_threshold(&self.ctx),
         };

@@ -18,6 +18,13 @@ use std::time::{Duration, Instant};
 /// Eager limit over the network unless `CLINK_EAGER_MAX` says otherwise: above it a
 /// message waits for its receive (rendezvous) instead of filling the receiver's memory.
 const NET_EAGER_MAX: u64 = 64 << 10;
+/// The same over a reliable UDP link. Above it the rendezvous's bulk transfer (fragments
+/// sent from the caller's buffer, landed in the posted one, payloads left to the UDP
+/// checksum) beats an eager message (copied into the connection, CRC-32C over every
+/// payload, copied out) despite its extra round trip: one-way across two bridge hosts,
+/// 32 KiB took 36-46 us against 60-71 eager, 64 KiB 62-69 against 79-97; at 16 KiB the
+/// round trip costs more than the copies save (BENCHMARKS.md).
+const UDP_EAGER_MAX: u64 = 16 << 10;
 /// Receive entries a speculative read arms (the socket reads up to this many at once).
 const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
 /// The earliest a sleeping endpoint wakes for a connection's tail-probe, retransmission,
@@ -75,11 +82,20 @@ const DRAIN_READS: usize = 8;
 /// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
 const NET_FRAME_MAX: u64 = (1 << 30) - 64;
 
-/// The eager/rendezvous threshold towards a network peer.
-pub(super) fn eager_threshold(c: &CtxInner) -> u64 {
+/// The eager/rendezvous threshold towards a network peer (over TCP, or UDP in its
+/// unreliable mode, where a message is one eager frame at most).
+pub(crate) fn eager_threshold(c: &CtxInner) -> u64 {
     c.config
         .eager_max
         .unwrap_or(NET_EAGER_MAX)
+        .min(NET_FRAME_MAX)
+}
+
+/// The eager/rendezvous threshold towards a peer over reliable UDP.
+pub(crate) fn udp_eager_threshold(c: &CtxInner) -> u64 {
+    c.config
+        .eager_max
+        .unwrap_or(UDP_EAGER_MAX)
         .min(NET_FRAME_MAX)
 }
 
