@@ -660,9 +660,11 @@ impl Endpoint {
     }
 
     fn peer(&self, peer: PeerId) -> Result<&Peer> {
-        self.peers
-            .get(peer.0 as usize)
-            .ok_or(Error::UnknownPeer(peer))
+        // `let else`, not `ok_or`: the error would be built (and dropped) on every call.
+        let Some(p) = self.peers.get(peer.0 as usize) else {
+            return Err(Error::UnknownPeer(peer));
+        };
+        Ok(p)
     }
 
     fn alloc_id(&mut self) -> u64 {
@@ -751,10 +753,9 @@ impl Endpoint {
     }
 
     fn start_send(&mut self, peer: PeerId, tag: u64, data: SendData) -> Result<SendRequest> {
-        let p = self
-            .peers
-            .get_mut(peer.0 as usize)
-            .ok_or(Error::UnknownPeer(peer))?;
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return Err(Error::UnknownPeer(peer));
+        };
         if !p.alive {
             return Err(Error::PeerDead(peer));
         }
@@ -978,8 +979,12 @@ impl Endpoint {
         if !p.alive {
             return Err(Error::PeerDead(peer));
         }
-        let shm = p.link.shm_mut().ok_or(Error::PeerDead(peer))?;
-        let res = shm.tx.reserve(need).ok_or(Error::Timeout)?;
+        let Some(shm) = p.link.shm_mut() else {
+            return Err(Error::PeerDead(peer));
+        };
+        let Some(res) = shm.tx.reserve(need) else {
+            return Err(Error::Timeout);
+        };
         Ok(SendSlot {
             ep: self,
             peer: i,
