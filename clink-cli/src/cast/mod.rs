@@ -57,6 +57,8 @@ const T_SPLICE: u64 = 0xca_0009;
 const SPLICE_WAIT: Duration = Duration::from_secs(10);
 /// How often a node tells its progress upstream.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+/// A node that moves nothing for this long says on stderr what it waits for.
+const STALL_REPORT: Duration = Duration::from_secs(10);
 
 /// Length of a chunk message's header.
 const HDR: usize = 64;

@@ -455,6 +455,8 @@ impl Node {
         let mut single_root: Option<blake3::Hash> = None;
         let mut buffers = 0usize;
         let mut beat = Instant::now();
+        let mut stalled_since = Instant::now();
+        let mut last_moved = (0, 0, None);
         loop {
             let mut did = false;
             if let Some((what, e)) = lost_up.take() {
@@ -764,6 +766,39 @@ impl Node {
             }
             if end_done && report_req.is_none() {
                 return Ok(());
+            }
+            // Stalled: no chunk in, none out (beats and progress relays do not count).
+            let moved = (self.p.chunks, sends.len(), replay);
+            if moved != last_moved {
+                last_moved = moved;
+                stalled_since = Instant::now();
+            } else if stalled_since.elapsed() >= STALL_REPORT {
+                stalled_since = Instant::now();
+                let conn = |p: Option<PeerId>| {
+                    match p.and_then(|p| self.ep.conn_stats(p).ok().flatten()) {
+                    Some(c) => format!(
+                        "cwnd {}, {} in flight, srtt {} us, rto {} ms, {} retransmitted, {} timeouts, {} duplicates",
+                        c.cwnd,
+                        c.in_flight,
+                        c.srtt_ns / 1000,
+                        c.rto_ns / 1_000_000,
+                        c.retransmissions,
+                        c.timeouts,
+                        c.duplicates
+                    ),
+                    None => "-".to_string(),
+                }
+                };
+                eprintln!(
+                    "clink cast: node {}: nothing moved for {STALL_REPORT:?}: {} chunks here, {} receives posted (up to {n_posted}), {} sends in flight, replay {replay:?}, {} free buffers of {buffers}; upstream: {}; downstream: {}",
+                    self.p.index,
+                    self.p.chunks,
+                    posted.len(),
+                    sends.len(),
+                    free.len(),
+                    conn(Some(up)),
+                    conn(self.down),
+                );
             }
             if !did {
                 let t = Instant::now();
