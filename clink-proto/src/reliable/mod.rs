@@ -579,7 +579,11 @@ pub struct Conn {
     rack_unknown: Vec<(u64, u64)>,
     /// Records of acknowledged small messages, for [`Conn::send_with`] to fill again.
     spare_msgs: Vec<Arc<MsgData>>,
-    lost: VecDeque<u64>,
+    /// Packets to resend, lowest first: the lowest holds the cumulative ack back, while one
+    /// far up may be one the receiver holds but its acks' few SACK ranges cannot reach
+    /// (resent in the order they were condemned, a shaped link's thousands of losses took a
+    /// window of 2 through such packets, one timeout per pair, and the stream stalled).
+    lost: std::collections::BTreeSet<u64>,
     in_flight: u64,
     peer_limit: u64,
     cwnd: u64,
@@ -674,7 +678,7 @@ impl Conn {
             steer_after: None,
             rack_unknown: Vec::new(),
             spare_msgs: Vec::new(),
-            lost: VecDeque::new(),
+            lost: std::collections::BTreeSet::new(),
             in_flight: 0,
             peer_limit: initial_limit,
             cwnd: cfg.initial_cwnd,
@@ -1132,7 +1136,7 @@ impl Conn {
         }
         if self.cfg.reliable {
             s.state = PState::Lost;
-            self.lost.push_back(pn);
+            self.lost.insert(pn);
         } else {
             s.state = PState::Abandoned;
             self.stats.abandoned += 1;
@@ -2034,7 +2038,7 @@ impl Conn {
         if self.in_flight >= self.cwnd {
             return None;
         }
-        while let Some(pn) = self.lost.pop_front() {
+        while let Some(pn) = self.lost.pop_first() {
             if pn >= self.snd_una && self.sent[(pn - self.snd_una) as usize].state == PState::Lost {
                 return Some(pn);
             }
