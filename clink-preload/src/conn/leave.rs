@@ -84,7 +84,9 @@ impl Conn {
                 };
                 // SAFETY: polling and reading our own socket into our own buffer.
                 let n = unsafe {
-                    if real::poll(&mut pfd, 1, 200) != 1 {
+                    // Counted as sent, so already queued on loopback: the bound is for
+                    // a path that delays them (2 s, not a scheduler's time slice).
+                    if real::poll(&mut pfd, 1, 2000) != 1 {
                         break;
                     }
                     real::recv(
@@ -164,10 +166,12 @@ impl Conn {
     }
 }
 
-/// Waits (bounded, 200 ms) for a condition the other process makes true within
-/// microseconds (a send in progress ending).
+/// Waits (bounded, 2 s) for a condition the other process makes true within
+/// microseconds (a send in progress ending) unless it is descheduled: on a loaded machine
+/// that took longer than an earlier 200 ms bound, and a leave that went on regardless
+/// counted the stream's wake-up bytes wrong.
 pub(super) fn wait_until(mut cond: impl FnMut() -> bool) {
-    let end = now_ns() + 200_000_000;
+    let end = now_ns() + 2_000_000_000;
     while !cond() && now_ns() < end {
         // SAFETY: yielding the CPU.
         unsafe { libc::sched_yield() };

@@ -272,9 +272,37 @@ pub fn check_placement(p: Placement, stats: &Path, port: u16) {
                             && m.ends_with("ring tx 0 rx 0 kernel tx 0 rx 0")
                     })
             };
+            // A pairing that did not finish within its bounded wait (a loaded machine)
+            // leaves that connection on kernel TCP: allowed for a few, as long as neither
+            // end put a byte on the ring (the other end may have counted the pairing done).
+            let fell_back = |l: &String| {
+                l.contains("the peer had not answered") || l.contains("pairing refused")
+            };
+            let ring_bytes = |l: &String| {
+                let w: Vec<&str> = l.split(' ').collect();
+                w.windows(5)
+                    .find(|x| x[0] == "ring" && x[1] == "tx" && x[3] == "rx")
+                    .is_some_and(|x| x[2] != "0" || x[4] != "0")
+            };
+            let mirror_ring_bytes = |l: &String| {
+                let label = l.split(": ").nth(1).unwrap_or_default();
+                let ends = label.split(" -> ").collect::<Vec<_>>();
+                let back = format!("{} -> {}", ends.last().unwrap_or(&""), ends[0]);
+                lines
+                    .iter()
+                    .any(|m| m.contains(&format!(": {back}: ")) && ring_bytes(m))
+            };
+            let late = lines
+                .iter()
+                .filter(|l| !l.contains(": accelerated") && !idle(l))
+                .collect::<Vec<_>>();
             assert!(
-                accel >= 2 && lines.iter().all(|l| l.contains(": accelerated") || idle(l)),
-                "{p:?}: expected accelerated ends only, got {lines:#?}"
+                accel >= 2
+                    && late.len() * 4 <= lines.len()
+                    && late
+                        .iter()
+                        .all(|l| fell_back(l) && !ring_bytes(l) && !mirror_ring_bytes(l)),
+                "{p:?}: expected accelerated ends (a few pairings too late allowed), got {lines:#?}"
             )
         }
         (false, false) => assert!(
