@@ -151,12 +151,10 @@ impl Proc {
                 break st;
             }
             if Instant::now() >= deadline {
-                self.kill();
-                let err = self.err.take().map(|h| h.join().unwrap_or_default());
+                let err = self.stop();
                 panic!(
-                    "{} did not exit within {T:?}; its stderr:\n{}",
-                    self.name,
-                    err.unwrap_or_default()
+                    "{} did not exit within {T:?}; its stderr:\n{err}",
+                    self.name
                 );
             }
             // Polling for the exit only.

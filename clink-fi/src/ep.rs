@@ -260,11 +260,10 @@ impl State {
     /// identity is larger than ours (they wait for us to connect).
     fn connect_new_entries(&mut self) {
         // Looked at on every progress pass: no reference count taken unless there is news.
-        match &self.av {
-            Some(av) if av.inserted.load(Ordering::Acquire) != self.considered => {}
-            _ => return,
-        }
-        let Some(av) = self.av.clone() else { return };
+        let news = |av: &&Arc<AvShared>| av.inserted.load(Ordering::Acquire) != self.considered;
+        let Some(av) = self.av.as_ref().filter(news).cloned() else {
+            return;
+        };
         let t = av.lock().unwrap_or_else(|e| e.into_inner());
         let todo: Vec<(u128, String)> = t.entries[self.considered.min(t.entries.len())..]
             .iter()
@@ -676,12 +675,13 @@ impl State {
         if let (Data::Caller(d), Target::Peer(p)) = (&data, target) {
             // Written in place into a same-host peer's ring when it has room: no
             // allocation, no request to track, and the completion (if any) at once: the
-            // message is in the peer's ring and the buffer free again.
+            // message is in the peer's ring and the buffer free again. An inject (no
+            // completion) to a network peer goes into a buffer its link owns.
             let fits = self
                 .ring_max
                 .get(p.0 as usize)
                 .is_some_and(|&m| d.len() as u64 <= m);
-            if fits || (inject && self.ep.transport(p).is_ok_and(|t| t != "shm")) {
+            if fits || inject {
                 if let Ok(mut slot) = self.ep.claim(p, tag, d.len(), Some(Duration::ZERO)) {
                     slot.buf().copy_from_slice(d);
                     slot.commit();

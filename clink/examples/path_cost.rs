@@ -1,6 +1,8 @@
 //! CPU cost of one hop, without the cross-core transfer: two endpoints connected over
 //! shared memory, driven alternately by one thread. Per hop: an 8-byte tagged send +
-//! receive, a one-word put applied by a progress pass, and a one-word put whose tripwire
+//! receive, the same through the non-blocking path (a posted `irecv_raw`, progress passes
+//! and the completion event, as the libfabric provider drives it), a one-word put applied
+//! by a progress pass, and a one-word put whose tripwire
 //! event `wait_event` returns. `clink bench --rma` measures the same hops across two cores
 //! (`word_rtt`). With `udp`, the endpoints talk UDP over loopback instead, and only the
 //! tagged hop is measured, as a ping-pong (each side must read the other's acks), beside
@@ -9,7 +11,7 @@
 //!
 //! Run: `cargo run --release -p clink --example path_cost -- [hops] [udp|tcp]`
 
-use clink::events::{self, Event};
+use clink::events::{self, Event, REQUESTS};
 use clink::rma::{TripOptions, READ, WRITE};
 use clink::{Config, Context, Selector};
 use std::time::{Duration, Instant};
@@ -65,6 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     b.set_interest(events::TRIPWIRES);
+    a.set_interest(REQUESTS);
     let watched = b.aperture_alloc(4096)?;
     b.tripwire(watched, 0, 8, TripOptions::default())?;
     let plain = b.aperture_alloc(4096)?;
@@ -81,6 +84,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             b.recv(Selector::exact(Some(pb), 5), &mut buf)?;
         }
         let tagged = per_hop(t);
+        let t = Instant::now();
+        for _ in 0..n {
+            // SAFETY: `buf` outlives the receive, which completes inside the loop.
+            let req = unsafe { a.irecv_raw(Selector::exact(Some(pa), 5), buf.as_mut_ptr(), 8) };
+            b.send(pb, 5, &buf)?;
+            while !matches!(a.pop_event(), Some(Event::RecvDone { .. })) {
+                a.progress();
+            }
+            a.finish_recv(&req)?;
+        }
+        let nonblocking = per_hop(t);
         let t = Instant::now();
         for v in 1..=n {
             a.put_nowait(&r_plain, 0, &v.to_le_bytes())?;
@@ -99,7 +113,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let put_tripwire = per_hop(t);
         println!(
-            "round {round}: ns per hop: tagged {tagged:.1}, put_progress {put_progress:.1}, put_tripwire {put_tripwire:.1}"
+            "round {round}: ns per hop: tagged {tagged:.1}, tagged_nonblocking {nonblocking:.1}, put_progress {put_progress:.1}, put_tripwire {put_tripwire:.1}"
         );
     }
     Ok(())

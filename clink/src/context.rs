@@ -102,8 +102,8 @@ impl Context {
     /// TCP (or unreliable UDP).
     pub fn net_eager_thresholds(&self) -> (u64, u64) {
         (
-            crate::endpoint::net::udp_eager_threshold(&self.inner),
-            crate::endpoint::net::eager_threshold(&self.inner),
+            crate::endpoint::net::eager_threshold(&self.inner, true),
+            crate::endpoint::net::eager_threshold(&self.inner, false),
         )
     }
 

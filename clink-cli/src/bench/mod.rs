@@ -606,6 +606,15 @@ fn selected_systems(args: &BenchArgs) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// The `--loss` percentages (default: none), checked.
+fn losses(args: &BenchArgs) -> Result<Vec<f64>, String> {
+    let losses = args.loss.clone().unwrap_or_else(|| vec![0.0]);
+    match losses.iter().find(|l| !(0.0..=100.0).contains(*l)) {
+        Some(l) => Err(format!("--loss {l}: not a percentage")),
+        None => Ok(losses),
+    }
+}
+
 /// Entry point of `clink bench`.
 pub fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(spec) = &args.alltoall_child {
@@ -615,10 +624,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         return preload::run(args.rounds, args.quick, args.json);
     }
     if args.mpi {
-        let losses = args.loss.clone().unwrap_or_else(|| vec![0.0]);
-        if let Some(l) = losses.iter().find(|l| !(0.0..=100.0).contains(*l)) {
-            return Err(format!("--loss {l}: not a percentage"));
-        }
+        let losses = losses(&args)?;
         let mtu = match args.mtu.as_deref() {
             None => 1500,
             Some(&[m]) => m,
@@ -707,10 +713,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Placement::Bridge => vec![1500],
         _ => DEFAULT_MTUS.to_vec(),
     });
-    let losses: Vec<f64> = args.loss.clone().unwrap_or_else(|| vec![0.0]);
-    if let Some(l) = losses.iter().find(|l| !(0.0..=100.0).contains(*l)) {
-        return Err(format!("--loss {l}: not a percentage"));
-    }
+    let losses = losses(&args)?;
     if args.placement != Placement::Bridge && (args.loss.is_some() || args.rate.is_some()) {
         return Err("--loss and --rate apply to --placement bridge only".into());
     }

@@ -316,7 +316,7 @@ fn run_at(
                 let v = match measure(at, &sys[s], exe, exp, size, iters) {
                     Ok(v) => v,
                     Err(why) => {
-                        failures.push(format!("round {round}: {why}"));
+                        failures.push((sys[s].name, format!("round {round}: {why}")));
                         if json {
                             println!(
                                 "{}",
@@ -373,12 +373,12 @@ fn run_at(
             println!();
         }
     }
-    for f in &failures {
+    for (_, f) in &failures {
         eprintln!("clink bench --mpi: {f}");
     }
     // A baseline that crashes is reported; clink failing fails the run.
-    match failures.iter().find(|f| f.contains("ompi-clink")) {
-        Some(f) => Err(format!("clink failed: {f}")),
+    match failures.iter().find(|(name, _)| *name == "ompi-clink") {
+        Some((_, f)) => Err(format!("clink failed: {f}")),
         None => Ok(()),
     }
 }

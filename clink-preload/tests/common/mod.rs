@@ -262,15 +262,16 @@ pub fn check_placement(p: Placement, stats: &Path, port: u16) {
         // A connection closed before it carried a byte may close before pairing ends
         // (its ends then report the kernel, with nothing sent either way).
         (true, true) => {
-            let idle = |l: &String| {
+            // Whether a line of the other end of the same connection says `what`.
+            let mirror_has = |l: &String, what: &dyn Fn(&String) -> bool| {
                 let label = l.split(": ").nth(1).unwrap_or_default();
-                let mirror = label.split(" -> ").collect::<Vec<_>>();
-                let back = format!("{} -> {}", mirror.last().unwrap_or(&""), mirror[0]);
+                let ends = label.split(" -> ").collect::<Vec<_>>();
+                let back = format!(": {} -> {}: ", ends.last().unwrap_or(&""), ends[0]);
+                lines.iter().any(|m| m.contains(&back) && what(m))
+            };
+            let idle = |l: &String| {
                 l.ends_with("kernel tx 0 rx 0")
-                    || lines.iter().any(|m| {
-                        m.contains(&format!(": {back}: "))
-                            && m.ends_with("ring tx 0 rx 0 kernel tx 0 rx 0")
-                    })
+                    || mirror_has(l, &|m| m.ends_with("ring tx 0 rx 0 kernel tx 0 rx 0"))
             };
             // A pairing that did not finish within its bounded wait (a loaded machine)
             // leaves that connection on kernel TCP: allowed for a few, as long as neither
@@ -284,14 +285,6 @@ pub fn check_placement(p: Placement, stats: &Path, port: u16) {
                     .find(|x| x[0] == "ring" && x[1] == "tx" && x[3] == "rx")
                     .is_some_and(|x| x[2] != "0" || x[4] != "0")
             };
-            let mirror_ring_bytes = |l: &String| {
-                let label = l.split(": ").nth(1).unwrap_or_default();
-                let ends = label.split(" -> ").collect::<Vec<_>>();
-                let back = format!("{} -> {}", ends.last().unwrap_or(&""), ends[0]);
-                lines
-                    .iter()
-                    .any(|m| m.contains(&format!(": {back}: ")) && ring_bytes(m))
-            };
             let late = lines
                 .iter()
                 .filter(|l| !l.contains(": accelerated") && !idle(l))
@@ -301,7 +294,7 @@ pub fn check_placement(p: Placement, stats: &Path, port: u16) {
                     && late.len() * 4 <= lines.len()
                     && late
                         .iter()
-                        .all(|l| fell_back(l) && !ring_bytes(l) && !mirror_ring_bytes(l)),
+                        .all(|l| fell_back(l) && !ring_bytes(l) && !mirror_has(l, &ring_bytes)),
                 "{p:?}: expected accelerated ends (a few pairings too late allowed), got {lines:#?}"
             )
         }

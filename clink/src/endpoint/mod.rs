@@ -563,13 +563,9 @@ impl Endpoint {
                     net.route(u, id.0 as usize);
                 }
                 self.watch_new_sockets();
-                if !u.conn.config().reliable {
-                    net::eager_threshold(&self.ctx)
-                } else {
-                    net::udp_eager_threshold(&self.ctx)
-                }
+                net::eager_threshold(&self.ctx, u.conn.config().reliable)
             }
-            Link::Tcp(_) => net::eager_threshold(&self.ctx),
+            Link::Tcp(_) => net::eager_threshold(&self.ctx, false),
         };
         let tcp = matches!(link, Link::Tcp(_));
         self.peers.push(Peer {
@@ -1088,7 +1084,7 @@ impl Endpoint {
                 Link::Shm(s) => pipeline_chunk(&self.ctx, st.len, s.tx.mem().cap()),
                 // (Not reached over UDP, where a rendezvous is a bulk transfer; bounded
                 // like an eager frame all the same.)
-                Link::Udp(_) | Link::Tcp(_) => net::eager_threshold(&self.ctx),
+                Link::Udp(_) | Link::Tcp(_) => net::eager_threshold(&self.ctx, false),
             }
             .min(st.len - st.next);
             let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];

@@ -82,21 +82,12 @@ const DRAIN_READS: usize = 8;
 /// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
 const NET_FRAME_MAX: u64 = (1 << 30) - 64;
 
-/// The eager/rendezvous threshold towards a network peer (over TCP, or UDP in its
-/// unreliable mode, where a message is one eager frame at most).
-pub(crate) fn eager_threshold(c: &CtxInner) -> u64 {
-    c.config
-        .eager_max
-        .unwrap_or(NET_EAGER_MAX)
-        .min(NET_FRAME_MAX)
-}
-
-/// The eager/rendezvous threshold towards a peer over reliable UDP.
-pub(crate) fn udp_eager_threshold(c: &CtxInner) -> u64 {
-    c.config
-        .eager_max
-        .unwrap_or(UDP_EAGER_MAX)
-        .min(NET_FRAME_MAX)
+/// The eager/rendezvous threshold towards a network peer: over reliable UDP (`bulk`: a
+/// rendezvous there is a bulk transfer), or over TCP and unreliable UDP (where a message is
+/// one eager frame at most).
+pub(crate) fn eager_threshold(c: &CtxInner, bulk: bool) -> u64 {
+    let default = if bulk { UDP_EAGER_MAX } else { NET_EAGER_MAX };
+    c.config.eager_max.unwrap_or(default).min(NET_FRAME_MAX)
 }
 
 impl Endpoint {
