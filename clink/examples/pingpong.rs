@@ -1,6 +1,10 @@
 //! Ping-pong latency between two processes: the example starts its second process itself.
 //!
 //! Run: `cargo run --release -p clink --example pingpong -- [size] [iterations]`
+//!
+//! `PINGPONG_WRAP="ip netns exec HOST"` starts the second process under that command
+//! prefix (split at spaces), for example in another network namespace; the first process
+//! then advertises its network address.
 
 use clink::{Context, Selector};
 use std::process::Command;
@@ -15,7 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iters: u32 = args.get(2).map_or(Ok(100_000), |s| s.parse())?;
     let ctx = Context::new()?;
     let mut ep = ctx.endpoint()?;
-    let mut child = Command::new(std::env::current_exe()?)
+    let wrap = std::env::var("PINGPONG_WRAP").unwrap_or_default();
+    let mut argv: Vec<String> = wrap.split_whitespace().map(String::from).collect();
+    argv.push(std::env::current_exe()?.display().to_string());
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
         .args(["--pong", &ep.address()])
         .spawn()?;
     let peer = ep.accept(Some(Duration::from_secs(10)))?;
