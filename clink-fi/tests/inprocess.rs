@@ -23,6 +23,8 @@ fn check(r: i32, what: &str) {
 /// A fabric, a domain, one completion queue and one address vector shared by two
 /// endpoints, each knowing the other.
 unsafe fn setup() -> Setup {
+    // SAFETY: the provider's entry points called as libfabric calls them, with objects
+    // it returned; every pointer passed is live for the call.
     unsafe {
         let prov = &*clink_fi::fi_prov_ini();
         let mut info: *mut fi_info = null_mut();
@@ -170,6 +172,7 @@ fn ctx(n: usize) -> *mut c_void {
 
 #[test]
 fn hints_it_cannot_meet_find_nothing() {
+    // SAFETY: getinfo with zeroed hints and a live out-pointer.
     unsafe {
         let prov = &*clink_fi::fi_prov_ini();
         let mut hints: fi_info = std::mem::zeroed();
@@ -183,6 +186,8 @@ fn hints_it_cannot_meet_find_nothing() {
 
 #[test]
 fn messages_truncation_peek_and_cancel() {
+    // SAFETY: the provider's calls on the objects `setup` made; every buffer posted
+    // outlives its completion (the test reads every completion before returning).
     unsafe {
         let s = setup();
         let [a, b] = s.eps;

@@ -65,6 +65,8 @@ unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Option<&'a [iovec]> {
 #[no_mangle]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     if !config().enabled || table::get(fd).is_some() {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::connect(fd, addr, len) };
     }
     // SAFETY: the caller's address of `len` bytes.
@@ -73,6 +75,8 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         Some(dst) if sys::is_inet_tcp(fd) && !kernel_only(fd) => Conn::before_connect(fd, dst),
         _ => None,
     };
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     let r = unsafe { real::connect(fd, addr, len) };
     let e = errno();
     if let Some(l) = listener {
@@ -103,6 +107,8 @@ fn after_accept(r: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     after_accept(unsafe { real::accept4(fd, addr, len, 0) })
 }
 
@@ -113,6 +119,8 @@ pub unsafe extern "C" fn accept4(
     len: *mut socklen_t,
     flags: c_int,
 ) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     after_accept(unsafe { real::accept4(fd, addr, len, flags) })
 }
 
@@ -120,6 +128,8 @@ pub unsafe extern "C" fn accept4(
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     match table::get(fd) {
         Some(c) => c.recv(fd, &one(buf, n), 0),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::read(fd, buf, n) },
     }
 }
@@ -134,6 +144,7 @@ pub unsafe extern "C" fn __read_chk(
     if n > buflen {
         chk_fail();
     }
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { read(fd, buf, n) }
 }
 
@@ -141,22 +152,30 @@ pub unsafe extern "C" fn __read_chk(
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     match table::get(fd) {
         Some(c) => c.send(fd, &one(buf, n), 0),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::write(fd, buf, n) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: the caller's array of iovecs of the count it gives.
     match (table::get(fd), unsafe { iovs(iov, n.max(0) as usize) }) {
         (Some(c), Some(v)) if n >= 0 => c.recv(fd, v, 0),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         _ => unsafe { real::readv(fd, iov, n) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize_t {
+    // SAFETY: the caller's array of iovecs of the count it gives.
     match (table::get(fd), unsafe { iovs(iov, n.max(0) as usize) }) {
         (Some(c), Some(v)) if n >= 0 => c.send(fd, v, 0),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         _ => unsafe { real::writev(fd, iov, n) },
     }
 }
@@ -165,6 +184,8 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     match table::get(fd) {
         Some(c) => c.recv(fd, &one(buf, n), flags),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::recv(fd, buf, n, flags) },
     }
 }
@@ -180,6 +201,7 @@ pub unsafe extern "C" fn __recv_chk(
     if n > buflen {
         chk_fail();
     }
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { recv(fd, buf, n, flags) }
 }
 
@@ -187,6 +209,8 @@ pub unsafe extern "C" fn __recv_chk(
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     match table::get(fd) {
         Some(c) => c.send(fd, &one(buf, n), flags),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::send(fd, buf, n, flags) },
     }
 }
@@ -205,10 +229,13 @@ pub unsafe extern "C" fn recvfrom(
             let r = c.recv(fd, &one(buf, n), flags);
             if r >= 0 && !alen.is_null() {
                 // TCP reports no source address (the kernel sets the length to 0 too).
+                // SAFETY: the caller's length word (not null), which recvfrom may write.
                 unsafe { *alen = 0 };
             }
             r
         }
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::recvfrom(fd, buf, n, flags, addr, alen) },
     }
 }
@@ -226,6 +253,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     if n > buflen {
         chk_fail();
     }
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { recvfrom(fd, buf, n, flags, addr, alen) }
 }
 
@@ -240,6 +268,8 @@ pub unsafe extern "C" fn sendto(
 ) -> ssize_t {
     match table::get(fd) {
         Some(c) if flags & libc::MSG_FASTOPEN == 0 => c.send(fd, &one(buf, n), flags),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         _ => unsafe { real::sendto(fd, buf, n, flags, addr, alen) },
     }
 }
@@ -247,14 +277,21 @@ pub unsafe extern "C" fn sendto(
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     let Some(c) = table::get(fd) else {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::recvmsg(fd, msg, flags) };
     };
     if msg.is_null() {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::recvmsg(fd, msg, flags) };
     }
     // SAFETY: the caller's msghdr and its iovecs.
     let m = unsafe { &mut *msg };
+    // SAFETY: the caller's array of iovecs of the count it gives.
     let Some(v) = (unsafe { iovs(m.msg_iov, m.msg_iovlen) }) else {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::recvmsg(fd, msg, flags) };
     };
     let r = c.recv(fd, v, flags);
@@ -300,15 +337,22 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         leave_passed(msg);
     }
     let Some(c) = table::get(fd) else {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::sendmsg(fd, msg, flags) };
     };
     if msg.is_null() || flags & libc::MSG_FASTOPEN != 0 {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::sendmsg(fd, msg, flags) };
     }
     // SAFETY: the caller's msghdr and its iovecs.
     let m = unsafe { &*msg };
+    // SAFETY: the caller's array of iovecs of the count it gives.
     match unsafe { iovs(m.msg_iov, m.msg_iovlen) } {
         Some(v) => c.send(fd, v, flags),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::sendmsg(fd, msg, flags) },
     }
 }
@@ -316,6 +360,8 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
 #[no_mangle]
 pub unsafe extern "C" fn poll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int {
     if fds.is_null() || n == 0 || n > 1 << 20 {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::poll(fds, n, timeout) };
     }
     // SAFETY: the caller's array of `n` pollfds.
@@ -336,6 +382,7 @@ pub unsafe extern "C" fn __poll_chk(
     if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
         chk_fail();
     }
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { poll(fds, n, timeout) }
 }
 
@@ -347,6 +394,8 @@ pub unsafe extern "C" fn ppoll(
     mask: *const sigset_t,
 ) -> c_int {
     if fds.is_null() || n == 0 || n > 1 << 20 {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         return unsafe { real::ppoll(fds, n, ts, mask) };
     }
     // SAFETY: the caller's array of `n` pollfds.
@@ -368,6 +417,7 @@ pub unsafe extern "C" fn __ppoll_chk(
     if (fdslen / std::mem::size_of::<pollfd>()) < n as usize {
         chk_fail();
     }
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { ppoll(fds, n, ts, mask) }
 }
 
@@ -388,6 +438,8 @@ pub unsafe extern "C" fn select(
     };
     match wait::select(n, r, w, e, ms, std::ptr::null()) {
         Some(x) => x,
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::select(n, r, w, e, tv) },
     }
 }
@@ -403,6 +455,8 @@ pub unsafe extern "C" fn pselect(
 ) -> c_int {
     match wait::select(n, r, w, e, wait::ts_to_ms(ts), mask) {
         Some(x) => x,
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::pselect(n, r, w, e, ts, mask) },
     }
 }
@@ -414,6 +468,8 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     let r = unsafe { real::epoll_ctl(epfd, op, fd, ev) };
     if r == 0 {
         let _keep = SavedErrno::save();
@@ -431,6 +487,8 @@ pub unsafe extern "C" fn epoll_wait(
 ) -> c_int {
     match wait::epoll_wait(epfd, evs, max, timeout, std::ptr::null()) {
         Some(x) => x,
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::epoll_wait(epfd, evs, max, timeout) },
     }
 }
@@ -445,6 +503,8 @@ pub unsafe extern "C" fn epoll_pwait(
 ) -> c_int {
     match wait::epoll_wait(epfd, evs, max, timeout, mask) {
         Some(x) => x,
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::epoll_pwait(epfd, evs, max, timeout, mask) },
     }
 }
@@ -459,6 +519,8 @@ pub unsafe extern "C" fn epoll_pwait2(
 ) -> c_int {
     match wait::epoll_wait(epfd, evs, max, wait::ts_to_ms(ts), mask) {
         Some(x) => x,
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::epoll_pwait2(epfd, evs, max, ts, mask) },
     }
 }
@@ -475,6 +537,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         set_kernel_only(fd, false);
         drop(gone);
     }
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     unsafe { real::close(fd) }
 }
 
@@ -490,11 +554,15 @@ fn after_dup(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     after_dup(fd, unsafe { real::dup(fd) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     let r = unsafe { real::dup2(fd, to) };
     if r >= 0 && fd != to {
         let _keep = SavedErrno::save();
@@ -506,6 +574,8 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     let r = unsafe { real::dup3(fd, to, flags) };
     if r >= 0 {
         let _keep = SavedErrno::save();
@@ -517,6 +587,8 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     if r < 0 {
         return r;
@@ -538,6 +610,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_in
 
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int {
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { fcntl(fd, cmd, arg) }
 }
 
@@ -551,6 +624,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) 
                 return 0;
             }
         }
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         let r = unsafe { real::ioctl(fd, req, arg) };
         if r == 0 && req == libc::FIONBIO && !arg.is_null() {
             // SAFETY: FIONBIO's argument is an int the caller provides.
@@ -559,6 +634,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) 
         }
         return r;
     }
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     unsafe { real::ioctl(fd, req, arg) }
 }
 
@@ -570,6 +647,8 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
     let kernel = (level == libc::IPPROTO_TCP
         && matches!(name, libc::TCP_REPAIR | libc::TCP_ULP | libc::TCP_MD5SIG))
@@ -585,12 +664,15 @@ pub unsafe extern "C" fn setsockopt(
 pub unsafe extern "C" fn sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
     match table::get(out) {
         Some(c) => c.send_file(out, inp, off, n),
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+        // contract.
         None => unsafe { real::sendfile(out, inp, off, n) },
     }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments, passed on to this library's own version of the call.
     unsafe { sendfile(out, inp, off, n) }
 }
 
@@ -611,6 +693,8 @@ macro_rules! leaving_first {
             #[no_mangle]
             pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
                 crate::exec::before_exec();
+                // SAFETY: the caller's arguments, passed unchanged to the C library's call
+                // of the same contract.
                 unsafe { real::$name($($a),*) }
             }
         )*
@@ -649,6 +733,8 @@ leaving_first! {
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
     crate::exec::leave_fd(fd);
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     unsafe { real::fdopen(fd, mode) }
 }
 
@@ -670,6 +756,8 @@ pub unsafe extern "C" fn syscall(
         crate::exec::leave_where(|_| true);
         crate::disable();
     }
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
     unsafe { real::syscall(n, a, b, c, d, e, f) }
 }
 

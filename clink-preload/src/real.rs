@@ -37,6 +37,7 @@ macro_rules! real_fns {
                 // SAFETY: `p` is the address of the C library's function of this name,
                 // whose C signature is the one declared here.
                 let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute::<usize, _>(p) };
+                // SAFETY: the caller's arguments for that function (this one's contract).
                 unsafe { f($($a),*) }
             }
         )*

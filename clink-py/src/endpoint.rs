@@ -235,9 +235,13 @@ impl Message {
         flags: std::ffi::c_int,
     ) -> PyResult<()> {
         let (ptr, len) = {
+            // SAFETY: only the pointer and length are taken (the GIL is held, nothing
+            // else borrows the vector now); it is never resized after creation.
             let v = unsafe { &mut *slf.get().data.0.get() };
             (v.as_mut_ptr(), v.len())
         };
+        // SAFETY: `view` as Python gave it; the vector lives as long as the message,
+        // which the view holds a reference to.
         unsafe { fill_view(slf.as_any(), view, flags, ptr, len, false) }
     }
 
@@ -999,6 +1003,8 @@ impl InPlaceMessage {
         if !me.live() {
             return Err(PyBufferError::new_err("message released"));
         }
+        // SAFETY: held (checked above): the bytes stay in place while any view is
+        // exported (`exports` keeps the release from freeing them).
         unsafe { fill_view(slf.as_any(), view, flags, me.ptr as *mut u8, me.len, true)? };
         me.exports.fetch_add(1, Ordering::AcqRel);
         Ok(())
@@ -1100,6 +1106,8 @@ impl SendSlot {
                 "slot already committed or abandoned",
             ));
         }
+        // SAFETY: the slot is still open (checked above): its ring space stays reserved
+        // while any view is exported (`exports` keeps commit and abandon from ending it).
         unsafe { fill_view(slf.as_any(), view, flags, me.ptr as *mut u8, me.len, false)? };
         me.exports.fetch_add(1, Ordering::AcqRel);
         Ok(())

@@ -197,6 +197,7 @@ pub(crate) unsafe fn fill_view(
     len: usize,
     readonly: bool,
 ) -> PyResult<()> {
+    // SAFETY: the caller's contract (above); `owner` is a live object the view keeps.
     let rc = unsafe {
         pyo3::ffi::PyBuffer_FillInfo(
             view,

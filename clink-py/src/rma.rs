@@ -56,6 +56,8 @@ impl Aperture {
         flags: std::ffi::c_int,
     ) -> PyResult<()> {
         let w = &slf.get().win;
+        // SAFETY: `view` as Python gave it; the window's mapping lives as long as this
+        // object, which the view holds a reference to.
         unsafe {
             fill_view(
                 slf.as_any(),
@@ -126,6 +128,8 @@ impl MappedWindow {
         flags: std::ffi::c_int,
     ) -> PyResult<()> {
         let w = &slf.get().win;
+        // SAFETY: `view` as Python gave it; the window's mapping lives as long as this
+        // object, which the view holds a reference to.
         unsafe {
             fill_view(
                 slf.as_any(),

@@ -80,6 +80,7 @@ pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: plain syscalls on an fd we own.
     cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    // SAFETY: as above; the seals are constants.
     cvt(unsafe {
         libc::fcntl(
             fd.as_raw_fd(),
@@ -500,6 +501,7 @@ impl SeqPacket {
         let (a, len) = abstract_addr(name)?;
         // SAFETY: valid socket and address.
         cvt(unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) })?;
+        // SAFETY: a socket we own.
         cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
         let s = SeqPacket(fd);
         s.set_nonblocking(true)?;
@@ -545,6 +547,7 @@ impl SeqPacket {
         } else {
             fl & !libc::O_NONBLOCK
         };
+        // SAFETY: fcntl on a valid fd.
         cvt(unsafe { libc::fcntl(self.0.as_raw_fd(), libc::F_SETFL, fl) })?;
         Ok(())
     }

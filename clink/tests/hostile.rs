@@ -123,10 +123,8 @@ fn unsealed_memfd(len: usize) -> OwnedFd {
     // SAFETY: fresh fd from the kernel.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: plain syscall on an fd we own.
-    assert_eq!(
-        unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) },
-        0
-    );
+    let r = unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) };
+    assert_eq!(r, 0);
     fd
 }
 

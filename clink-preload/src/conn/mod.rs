@@ -870,10 +870,11 @@ impl Conn {
                 return n;
             }
         }
-        // SAFETY: lseek on the caller's file (its position when `off` is null).
         let mut pos = if off.is_null() {
+            // SAFETY: lseek on the caller's file (its position when `off` is null).
             unsafe { libc::lseek(inp, 0, libc::SEEK_CUR) }
         } else {
+            // SAFETY: `off` is not null: the caller's offset, as sendfile reads it.
             unsafe { *off }
         };
         if pos < 0 {

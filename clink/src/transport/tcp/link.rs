@@ -591,9 +591,9 @@ impl TcpLink {
             HEADER
         };
         let r = {
-            // SAFETY: the posted buffer's range (see above); nothing valid is there yet
-            // (bytes arrive in order and `at` is the next one).
             let dest: &mut [u8] = if direct > 0 {
+                // SAFETY: the posted buffer's range (see above); nothing valid is there
+                // yet (bytes arrive in order and `at` is the next one).
                 unsafe { std::slice::from_raw_parts_mut(ptr, direct) }
             } else {
                 &mut []

@@ -1,0 +1,549 @@
+//! The sending half of a connection: queuing messages and bulk transfers, choosing the
+//! next packet (new, lost or probe), building datagrams with their piggybacked acks, and
+//! processing the peer's acks and naks (the congestion window and the send floor).
+
+use super::*;
+
+impl Conn {
+    /// Queues a message; it is copied once. Call [`Conn::poll_transmit`] afterwards.
+    pub fn send(&mut self, tag: u64, data: &[u8]) -> Result<MsgId, SendError> {
+        self.send_with(tag, data.len(), |b| b.copy_from_slice(data))
+    }
+
+    /// Queues a `len`-byte message that `fill` writes straight into the send buffer (the
+    /// caller's one copy: no intermediate buffer). `fill` is not called when the message
+    /// is refused.
+    pub fn send_with(
+        &mut self,
+        tag: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<MsgId, SendError> {
+        if self.dead {
+            return Err(SendError::PeerDead);
+        }
+        if len > self.cfg.max_message_len as usize {
+            return Err(SendError::TooLarge {
+                len,
+                limit: self.cfg.max_message_len,
+            });
+        }
+        if self.send_bytes > 0 && self.send_bytes + len > self.cfg.send_buffer_bytes {
+            return Err(SendError::BufferFull);
+        }
+        let id = self.next_msg_id;
+        let mut msg = self.spare_msgs.pop().unwrap_or_default();
+        let m = Arc::get_mut(&mut msg).expect("a spare record has no other owner");
+        m.id = id;
+        m.tag = tag;
+        m.data.clear();
+        m.data.resize(len, 0);
+        fill(&mut m.data);
+        self.next_msg_id += 1;
+        self.send_bytes += len;
+        self.stats.messages_sent += 1;
+        self.send_queue.push_back(Queued {
+            item: Item::Msg(msg),
+            next_off: 0,
+        });
+        Ok(MsgId(id))
+    }
+
+    /// Queues a bulk transfer of `len` bytes (`len` > 0) named `xfer` by the receiver. Its
+    /// bytes are not copied: each transmission asks the `source` callback of
+    /// [`Conn::poll_transmit_with`] for them, so the caller keeps them unchanged until
+    /// [`Event::BulkSent`]. The receiver gets the fragments through the `place` callback of
+    /// [`Conn::handle_datagram_with`] (or finds them in place, [`Conn::accept_placed`]);
+    /// they are ordered with the messages around them only for acknowledgement, not for
+    /// delivery.
+    pub fn send_bulk(&mut self, xfer: u64, len: u64) -> Result<(), SendError> {
+        if self.dead {
+            return Err(SendError::PeerDead);
+        }
+        if len == 0 {
+            return Err(SendError::EmptyBulk);
+        }
+        self.stats.bulk_transfers += 1;
+        self.bulk_outstanding += 1;
+        self.send_queue.push_back(Queued {
+            item: Item::Bulk { xfer, total: len },
+            next_off: 0,
+        });
+        Ok(())
+    }
+
+    /// Gives back the buffer of a delivered message ([`Event::Message`]) once its bytes
+    /// are no longer needed, for a later small message to be delivered in (optional: a
+    /// few small ones are kept, anything else is freed).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.spare_bufs.len() < SPARE_COUNT && buf.capacity() <= SPARE_BYTES {
+            self.spare_bufs.push(buf);
+        }
+    }
+
+    /// Appends the next datagram to send to `buf` and returns its length, or `None` when
+    /// there is nothing to send now. Call repeatedly until `None` after every other call.
+    /// For a connection with bulk transfers use [`Conn::poll_transmit_with`].
+    pub fn poll_transmit(&mut self, now: u64, buf: &mut Vec<u8>) -> Option<usize> {
+        self.poll_transmit_with(now, buf, &mut |_, _, _| None)
+            .map(|t| t.len)
+    }
+
+    /// As [`Conn::poll_transmit`]; a bulk fragment's payload is read where `source(xfer,
+    /// offset, len)` says it is (checksummed there) and returned in
+    /// [`Transmit::payload`], not appended: the buffer gets its header only. `source`
+    /// returning `None` or another length (no such transfer or range: a caller bug) fails
+    /// the connection.
+    pub fn poll_transmit_with<'s>(
+        &mut self,
+        now: u64,
+        buf: &mut Vec<u8>,
+        source: &mut BulkSource<'s>,
+    ) -> Option<Transmit<'s>> {
+        if self.dead {
+            return None;
+        }
+        let mut group_start = false;
+        let mut bulk = false;
+        let mut payload: &'s [u8] = &[];
+        let conn = self.cfg.conn_id;
+        self.asker.bulk_active(now, self.bulk_outstanding > 0);
+        let n = if !self.nak_ranges.is_empty() {
+            let mut ack = self.build_ack(now);
+            // Only holes still open are worth a NAK: packets that arrived since the hole
+            // was seen (a batch's misses are handed over after its hits) are left out, or
+            // the sender would resend them and count a burst of losses. (Naming `cum`
+            // itself, the first missing packet, stalled the 5% loss simulation for
+            // seconds of timeouts, for a reason not found; the hole at `cum` is left to
+            // SACK and the tail probe.)
+            let ranges = std::mem::take(&mut self.nak_ranges);
+            ack.ranges = self.still_missing(&ranges, ack.cum + 1);
+            if ack.ranges.is_empty() {
+                return self.poll_transmit_with(now, buf, source);
+            }
+            self.stats.naks_sent += 1;
+            self.advertised_limit = ack.limit;
+            Datagram::Nak { conn, ack }.encode(buf)
+        } else if self.ack_now
+            || self
+                .ack_deadline
+                .is_some_and(|d| d <= now || self.bulk_outstanding > 0)
+        {
+            // With a bulk transfer to send, a pending ack goes at once: bulk fragments
+            // carry none, and a transfer of megabytes leaves in one burst that can outlast
+            // the peer's retransmission timer (a 16 MiB burst is 8 ms at 2 GB/s; each
+            // rendezvous answer waiting behind it timed out twice at the peer).
+
+            let ack = self.take_ack(now);
+            self.stats.acks_sent += 1;
+            Datagram::Ack { conn, ack }.encode(buf)
+        } else if self.ping_pending {
+            self.ping_pending = false;
+            self.stats.pings_sent += 1;
+            Datagram::Ping {
+                conn,
+                floor: self.snd_una,
+            }
+            .encode(buf)
+        } else if let Some(admit) = self
+            .admit_out
+            .pop_front()
+            .or_else(|| self.asker.poll_transmit())
+        {
+            Datagram::Admit { conn, admit }.encode(buf)
+        } else if let Some(pn) = self.next_to_send() {
+            let idx = (pn - self.snd_una) as usize;
+            let tx_seq = self.next_tx_seq;
+            self.next_tx_seq += 1;
+            self.tx_order.push_back((pn, tx_seq));
+            if self.sent[idx].state != PState::InFlight {
+                self.in_flight += 1; // (a probe resends a packet still in flight)
+            }
+            let reported_missing = pn < self.sack_top;
+            let s = &mut self.sent[idx];
+            s.tx_seq = tx_seq;
+            s.sent_at = now;
+            if s.tx_count == 0 {
+                s.first_sent_at = now;
+            } else if reported_missing {
+                // A hole below packets the receiver has: lost, not late.
+                s.timer_only = false;
+            }
+            s.tx_count += 1;
+            s.state = PState::InFlight;
+            if s.tx_count > 1 {
+                self.stats.retransmissions += 1;
+            }
+            self.stats.data_sent += 1;
+            self.round.sent += 1;
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now + self.rto());
+            }
+            self.arm_tail_probe(now);
+            let piggy = match self.sent[idx].item {
+                Item::Msg(_) => self.take_piggy(now, self.sent[idx].len as usize),
+                Item::Bulk { .. } => None,
+            };
+            let s = &self.sent[idx];
+            let floor = self.snd_una;
+            match &s.item {
+                Item::Msg(m) => {
+                    let hdr = DataHeader {
+                        pn,
+                        floor,
+                        msg_id: m.id,
+                        tag: m.tag,
+                        msg_len: m.data.len() as u32,
+                        offset: s.offset as u32,
+                        ack: piggy,
+                    };
+                    let payload =
+                        &m.data[s.offset as usize..(s.offset + u64::from(s.len)) as usize];
+                    Datagram::Data { conn, hdr, payload }.encode(buf)
+                }
+                &Item::Bulk { xfer, total } => {
+                    let hdr = BulkHeader {
+                        pn,
+                        floor,
+                        xfer,
+                        offset: s.offset,
+                        total,
+                        hashed: self.cfg.payload_hash,
+                    };
+                    bulk = s.tx_count <= 1;
+                    group_start = s.tx_count > 1 || s.opens_group;
+                    let len = s.len as usize;
+                    let Some(p) = source(xfer, s.offset, len).filter(|p| p.len() == len) else {
+                        self.stats.dropped_malformed += 1;
+                        self.dead = true;
+                        self.events.push_back(Event::PeerDead);
+                        return None;
+                    };
+                    payload = p;
+                    buf.extend_from_slice(&packet::encode_bulk_header(conn, &hdr, p));
+                    packet::BULK_HEADER
+                }
+            }
+        } else {
+            return None;
+        };
+        self.stats.datagrams_sent += 1;
+        self.stats.bytes_sent += (n + payload.len()) as u64;
+        Some(Transmit {
+            len: n,
+            payload,
+            group_start,
+            bulk,
+        })
+    }
+
+    /// Fragments per bulk group: the configured group while fast, single fragments
+    /// while slow (a refused stream sends no bursts).
+    pub(super) fn bulk_group(&self) -> u64 {
+        if self.asker.fast() {
+            self.cfg.bulk_group.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// The pn to transmit next: a tail probe (whatever the window), else, if the window
+    /// has room, a lost one or a new fragment the credit allows.
+    pub(super) fn next_to_send(&mut self) -> Option<u64> {
+        if let Some(pn) = self.probe.take() {
+            if pn >= self.snd_una
+                && self.sent[(pn - self.snd_una) as usize].state == PState::InFlight
+            {
+                return Some(pn);
+            }
+        }
+        if self.in_flight >= self.cwnd {
+            return None;
+        }
+        while let Some(pn) = self.lost.pop_first() {
+            if pn >= self.snd_una && self.sent[(pn - self.snd_una) as usize].state == PState::Lost {
+                return Some(pn);
+            }
+        }
+        if self.next_pn >= self.peer_limit || self.send_queue.is_empty() {
+            return None;
+        }
+        let group = self.bulk_group();
+        // Slow (refused), or waiting for the acks that let a steered stream switch ports.
+        let hold_bulk =
+            !self.asker.fast() && self.in_flight >= self.cfg.slow_window || self.steer_pending();
+        let q = self.send_queue.front_mut()?;
+        let total = q.item.len();
+        let frag = self.cfg.mtu_payload as u64;
+        if hold_bulk && matches!(q.item, Item::Bulk { .. }) {
+            return None;
+        }
+        if matches!(q.item, Item::Bulk { .. }) && (q.next_off / frag).is_multiple_of(group) {
+            // Start a group only when all of it can go at once (capped by what the window
+            // and the peer's whole credit could ever allow, so this never deadlocks).
+            let need = group
+                .min((total - q.next_off).div_ceil(frag))
+                .min(self.cwnd)
+                .min(self.peer_limit.saturating_sub(self.snd_una).max(1));
+            if self.cwnd.saturating_sub(self.in_flight) < need
+                || self.peer_limit - self.next_pn < need
+            {
+                return None;
+            }
+        }
+        // `q.next_off` walks the transfer in sending order (groups are cut by it); the
+        // fragment sent at that position is normally the same one, or, with the
+        // experiment's misorder, another of its group.
+        // (A message's fragments need no division: they go in order, in no group.)
+        let (opens_group, offset) = match q.item {
+            Item::Bulk { .. } => {
+                let seq = q.next_off / frag;
+                // Within the configured groups, not the current ones: a stream that goes
+                // from slow (single fragments, misordered in pairs) to fast mid-transfer
+                // would otherwise mix two permutations, which for odd groups send some
+                // fragments twice and others never.
+                let offset = if self.cfg.bulk_misorder {
+                    misordered(seq, total.div_ceil(frag), self.cfg.bulk_group.max(1)) * frag
+                } else {
+                    q.next_off
+                };
+                (seq.is_multiple_of(group), offset)
+            }
+            Item::Msg(_) => (false, q.next_off),
+        };
+        let len = (total - offset).min(frag);
+        q.next_off += (total - q.next_off).min(frag);
+        let closes_item = q.next_off >= total;
+        let item = if closes_item {
+            self.send_queue.pop_front().expect("front exists").item
+        } else {
+            q.item.clone()
+        };
+        let pn = self.next_pn;
+        self.next_pn += 1;
+        self.sent.push_back(Sent {
+            item,
+            offset,
+            len: len as u32,
+            opens_group,
+            closes_item,
+            tx_seq: 0,
+            sent_at: 0,
+            first_sent_at: 0,
+            timer_only: true,
+            tx_count: 0,
+            state: PState::Lost,
+        });
+        Some(pn)
+    }
+
+    /// An ack for a data datagram of `len` payload bytes to carry, when one is due and
+    /// needs no ranges (nothing received out of order) and the datagram has room: it
+    /// then counts as sent (no ack datagram of its own follows).
+    pub(super) fn take_piggy(&mut self, now: u64, len: usize) -> Option<packet::Piggy> {
+        let due = self.ack_now || self.ack_deadline.is_some();
+        if !due
+            || self.rcv_highest > self.rcv_next
+            || len + packet::PIGGY_LEN > self.cfg.mtu_payload
+        {
+            return None;
+        }
+        let ack = self.take_ack(now);
+        self.stats.acks_piggybacked += 1;
+        Some(packet::Piggy {
+            cum: ack.cum,
+            limit: ack.limit,
+            delay_us: ack.delay_us,
+        })
+    }
+
+    pub(super) fn on_ack(&mut self, now: u64, ack: &AckInfo, nak: bool) -> Result<(), RecvError> {
+        if ack.cum > self.next_pn || ack.ranges.last().is_some_and(|r| r.1 > self.next_pn) {
+            return Err(RecvError::Protocol("ack of a packet never sent"));
+        }
+        if ack.limit < ack.cum {
+            return Err(RecvError::Protocol("credit limit below the cumulative ack"));
+        }
+        self.peer_limit = self.peer_limit.max(ack.limit);
+        let mut newly = 0u64;
+        let mut sample: Option<(u64, u64)> = None; // (tx_seq, sent_at) of the latest timed
+                                                   // A packet the timeout condemned arrived all the same, from its one transmission.
+        let mut original_arrived = false;
+        let mut ack_one = |this: &mut Conn, pn: u64, cumulative: bool| {
+            let idx = (pn - this.snd_una) as usize;
+            let s = &mut this.sent[idx];
+            if matches!(s.state, PState::Acked | PState::Abandoned) {
+                return;
+            }
+            original_arrived |= s.state == PState::Lost && s.tx_count == 1;
+            if s.state == PState::InFlight {
+                this.in_flight -= 1;
+            }
+            s.state = PState::Acked;
+            newly += 1;
+            this.largest_acked_tx =
+                Some(this.largest_acked_tx.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
+            // Karn's rule leaves a resent packet's ack untimed, as it may answer any of
+            // its transmissions. A packet resent only by the timers, never reported
+            // missing, and acked with everything before it is the exception, timed from
+            // its first transmission: the timers fired because that one's ack was late,
+            // and if lateness is what the path does (acks queued behind another stream's
+            // burst at a shaped link, a peer descheduled), untimed acks left the timer at
+            // its floor, firing on every packet, for ever. If the first copy was lost
+            // after all, the sample is too long by the timers' wait: a timer slow to fire
+            // for a while, not one that fires when nothing is lost.
+            let t = if s.tx_count == 1 || (s.timer_only && cumulative) {
+                Some(s.first_sent_at)
+            } else {
+                None
+            };
+            if let Some(t) = t.filter(|_| sample.is_none_or(|(x, _)| s.tx_seq > x)) {
+                sample = Some((s.tx_seq, t));
+            }
+        };
+        for pn in self.snd_una..ack.cum.max(self.snd_una) {
+            ack_one(self, pn, true);
+        }
+        if !nak {
+            // Only what the ranges add to what earlier acks said: each ack repeats the
+            // ranges above a hole, thousands of packets behind one in a fast stream.
+            let mut sacked = std::mem::take(&mut self.sacked);
+            for &(s, e) in &ack.ranges {
+                sacked.insert(s.max(self.snd_una), e, |a, b| {
+                    for pn in a..b {
+                        ack_one(self, pn, false);
+                    }
+                });
+            }
+            self.sacked = sacked;
+            let top = ack.ranges.last().map_or(ack.cum, |r| r.1);
+            self.sack_top = self.sack_top.max(top);
+        }
+        if original_arrived && self.rto_undo.is_some() {
+            self.undo_spurious_timeout();
+        }
+        if let Some((_, sent_at)) = sample {
+            // QUIC's rule: the peer's ack delay comes out of the sample unless that would
+            // go below the minimum (a delayed ack is not a queue).
+            let r = now.saturating_sub(sent_at);
+            let delay = u64::from(ack.delay_us) * 1000;
+            let adjusted = if r >= self.rtt.min + delay {
+                r - delay
+            } else {
+                r
+            };
+            self.rtt.sample(now, r, adjusted);
+        }
+        if self.round.sent >= MIN_ROUND_PACKETS
+            && self
+                .largest_acked_tx
+                .is_some_and(|t| t >= self.round.end_tx)
+        {
+            let r = &mut self.round;
+            (r.prev_sent, r.prev_lost) = (r.sent, r.lost);
+            (r.sent, r.lost) = (0, 0);
+            r.end_tx = self.next_tx_seq;
+        }
+        if newly > 0 {
+            self.backoff = 0;
+            // No growth until a transmission of the current epoch is acked.
+            if self.largest_acked_tx.is_some_and(|t| t >= self.recovery_tx) {
+                if self.cwnd < self.ssthresh {
+                    self.cwnd = (self.cwnd + newly).min(self.cfg.max_cwnd);
+                } else {
+                    self.cwnd_acc += newly;
+                    if self.cwnd_acc >= self.cwnd {
+                        self.cwnd_acc -= self.cwnd;
+                        self.cwnd = (self.cwnd + 1).min(self.cfg.max_cwnd);
+                    }
+                }
+            }
+        }
+        if nak {
+            for &(s, e) in &ack.ranges {
+                for pn in s.max(self.snd_una)..e.min(self.next_pn) {
+                    if self.sent[(pn - self.snd_una) as usize].tx_count == 1 {
+                        self.mark_lost(pn, true);
+                    }
+                }
+            }
+        }
+        // RACK-like detection: lost when a packet transmitted dup_thresh later was acked.
+        // Only a packet the acks have reported on can be missing: above the last SACK
+        // range its fate is unknown (a retransmission's ack, raising `largest`, would
+        // otherwise condemn every packet beyond the ranges an ack has room for). Those stay
+        // queued, in order, while the scan goes on past them: a lost retransmission behind
+        // them is still found.
+        if let Some(largest) = self.largest_acked_tx {
+            let mut unknown = std::mem::take(&mut self.rack_unknown);
+            while let Some(&(pn, tx)) = self.tx_order.front() {
+                if pn < self.snd_una {
+                    self.tx_order.pop_front();
+                    continue;
+                }
+                let s = &self.sent[(pn - self.snd_una) as usize];
+                if s.tx_seq != tx || s.state != PState::InFlight {
+                    self.tx_order.pop_front();
+                    continue;
+                }
+                if tx + self.cfg.dup_thresh > largest {
+                    break;
+                }
+                self.tx_order.pop_front();
+                if pn < self.sack_top {
+                    self.mark_lost(pn, true);
+                } else {
+                    unknown.push((pn, tx));
+                }
+            }
+            for &e in unknown.iter().rev() {
+                self.tx_order.push_front(e);
+            }
+            unknown.clear();
+            self.rack_unknown = unknown;
+        }
+        self.advance_una();
+        if newly > 0 || self.rto_deadline.is_none() {
+            self.rto_deadline = self.outstanding().then(|| now + self.rto());
+        }
+        if newly > 0 {
+            self.probes = 0;
+            self.arm_tail_probe(now);
+        }
+        Ok(())
+    }
+
+    pub(super) fn advance_una(&mut self) {
+        while let Some(front) = self.sent.front() {
+            if !matches!(front.state, PState::Acked | PState::Abandoned) {
+                break;
+            }
+            let s = self.sent.pop_front().expect("front exists");
+            self.snd_una += 1;
+            if s.closes_item {
+                match s.item {
+                    Item::Msg(mut m) => {
+                        self.send_bytes -= m.data.len();
+                        if self.cfg.reliable {
+                            self.events.push_back(Event::Acked(MsgId(m.id)));
+                        }
+                        // Its last fragment's record is normally the last owner.
+                        if self.spare_msgs.len() < SPARE_COUNT
+                            && m.data.capacity() <= SPARE_BYTES
+                            && Arc::get_mut(&mut m).is_some()
+                        {
+                            self.spare_msgs.push(m);
+                        }
+                    }
+                    // Acknowledged or (unreliable mode) given up: either way the source
+                    // bytes are no longer needed.
+                    Item::Bulk { xfer, .. } => {
+                        self.bulk_outstanding -= 1;
+                        self.events.push_back(Event::BulkSent(xfer));
+                    }
+                }
+            }
+        }
+        self.sacked.trim_below(self.snd_una);
+    }
+}

@@ -1,0 +1,336 @@
+//! Peers: connecting, accepting and adopting them, what is known of each, and failing
+//! them (with every operation that involved them) when their link ends.
+
+use super::*;
+
+impl Endpoint {
+    /// Connects to the endpoint at `addr` (a string from its [`Endpoint::address`]).
+    /// Shared memory is used when the address is on this host and network namespace
+    /// (unless `CLINK_TRANSPORT` says otherwise); else UDP, or TCP when configured
+    /// (`CLINK_TRANSPORT=tcp`), when the peer offers only TCP, or when this endpoint's
+    /// UDP is off.
+    pub fn connect(&mut self, addr: &str) -> Result<PeerId> {
+        self.check_fork()?;
+        let a = Address::parse(addr)?;
+        let fail = |why: &str| Error::Connect {
+            addr: addr.to_string(),
+            why: why.to_string(),
+        };
+        if a.id == self.id {
+            return Err(fail("that is this endpoint itself"));
+        }
+        let tcp_first = self.tcp.is_some()
+            && (self.ctx.config.prefer_tcp || a.udp.is_none() || self.net.is_none());
+        let name = match (a.shm.as_deref(), a.udp, a.tcp) {
+            (Some(name), _, _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
+            (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id),
+            (_, Some(dest), _) => return self.connect_udp(addr, dest, a.id),
+            (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id),
+            (Some(_), None, None) => {
+                return Err(fail(
+                    "the endpoint is on another host or network namespace and offers no network transport (udp, tcp)",
+                ))
+            }
+            (None, None, None) => {
+                return Err(fail(
+                    "the address offers no transport this build supports (shm, udp, tcp)",
+                ))
+            }
+        };
+        let mut incoming = std::mem::take(&mut self.incoming);
+        let mut accepted = Vec::new();
+        let mut refused = Vec::new();
+        let link = {
+            let me = self.local();
+            let (listener, epoll) = (&self.listener, &self.epoll);
+            ShmPeer::connect(name, &me, || {
+                // Answer peers connecting to us meanwhile (mutual connects must not deadlock).
+                handshake_incoming(
+                    listener,
+                    epoll,
+                    &mut incoming,
+                    &me,
+                    &mut accepted,
+                    &mut refused,
+                );
+            })
+        };
+        self.incoming = incoming;
+        self.adopt(accepted, refused);
+        self.add_peer(Link::Shm(link?))
+    }
+
+    /// Registers peers accepted by [`handshake_incoming`] and records refusals.
+    pub(super) fn adopt(&mut self, accepted: Vec<ShmPeer>, refused: Vec<Error>) {
+        for p in accepted {
+            match self.add_peer(Link::Shm(p)) {
+                Ok(id) => self.new_peers.push_back(id),
+                Err(e) => self.last_error = Some(e.to_string()),
+            }
+        }
+        for e in refused {
+            tracing::warn!("incoming connection refused: {e}");
+            self.stats.handshakes_refused += 1;
+            self.last_error = Some(e.to_string());
+        }
+    }
+
+    pub(super) fn add_peer(&mut self, link: Link) -> Result<PeerId> {
+        let id = PeerId(self.peers.len() as u32);
+        let eager_max = match &link {
+            Link::Shm(s) => {
+                self.epoll
+                    .add(s.sock.raw(), TOK_PEER0 + u64::from(id.0))
+                    .map_err(io_err("epoll_ctl peer socket"))?;
+                // Limits follow the connection's rings (the connector chose their size).
+                eager_threshold(&self.ctx, s.peer_cma, s.tx.mem().cap())
+            }
+            Link::Udp(u) => {
+                if let Some(net) = self.net.as_mut() {
+                    net.route(u, id.0 as usize);
+                }
+                self.watch_new_sockets();
+                net::eager_threshold(&self.ctx, u.conn.config().reliable)
+            }
+            Link::Tcp(_) => net::eager_threshold(&self.ctx, false),
+        };
+        let tcp = matches!(link, Link::Tcp(_));
+        self.peers.push(Peer {
+            link,
+            alive: true,
+            eager_max,
+            txq: VecDeque::new(),
+            pipeline_out: VecDeque::new(),
+            pipeline_in: HashMap::new(),
+            blocked: false,
+            chooser: RndvChooser::default(),
+            push_refused: false,
+            engine: VecDeque::new(),
+            announced: false,
+            closing: false,
+            unacked: false,
+            listed: false,
+        });
+        if tcp {
+            if let Err(e) = self.tcp_added(id.0 as usize) {
+                self.peers.pop();
+                return Err(e);
+            }
+        }
+        self.ready_add(id.0 as usize);
+        self.stats.peers_connected += 1;
+        self.evq.push(events::PEERS, Event::PeerConnected(id));
+        Ok(id)
+    }
+
+    /// Waits up to `timeout` for a peer to connect to us and returns it. Peers that
+    /// connected earlier are returned first, one per call.
+    pub fn accept(&mut self, timeout: Option<Duration>) -> Result<PeerId> {
+        // Progress looks at the listener only at liveness checks (no system call per poll);
+        // a caller waiting for a connection looks at it on every poll, and sleeps where
+        // the listener is watched (not on a peer's bell).
+        self.wait_for(timeout, false, None, |ep| {
+            if ep.new_peers.is_empty() {
+                ep.accept_pending();
+                ep.tcp_accept();
+            }
+            !ep.new_peers.is_empty()
+        })?;
+        self.new_peers.pop_front().ok_or(Error::Timeout)
+    }
+
+    /// The peers connected so far (alive or not).
+    pub fn peers(&self) -> Vec<PeerId> {
+        (0..self.peers.len() as u32).map(PeerId).collect()
+    }
+
+    /// How many peers have connected so far (alive or not): the `PeerId`s are
+    /// `0..peer_count()`.
+    pub fn peer_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// True while `peer` is connected and alive.
+    pub fn is_alive(&self, peer: PeerId) -> bool {
+        self.peers.get(peer.0 as usize).is_some_and(|p| p.alive)
+    }
+
+    /// The identity of the endpoint behind `peer` (the `id` of its address): the same
+    /// for every connection to that endpoint, whichever side connected.
+    pub fn peer_endpoint_id(&self, peer: PeerId) -> Result<u128> {
+        Ok(self.peer(peer)?.link.remote_id())
+    }
+
+    /// Eager/rendezvous threshold used towards `peer` (bytes sent eagerly at most).
+    pub fn eager_max(&self, peer: PeerId) -> Result<u64> {
+        Ok(self.peer(peer)?.eager_max)
+    }
+
+    /// The transport that reaches `peer`: `"shm"`, `"udp"` or `"tcp"`.
+    pub fn transport(&self, peer: PeerId) -> Result<&'static str> {
+        Ok(self.peer(peer)?.link.transport())
+    }
+
+    /// Whether this endpoint reads `peer`'s rendezvous messages with one CMA copy (true) or
+    /// through the two-copy pipeline (false).
+    pub fn uses_cma(&self, peer: PeerId) -> Result<bool> {
+        Ok(self.peer(peer)?.link.cma())
+    }
+
+    pub(super) fn peer(&self, peer: PeerId) -> Result<&Peer> {
+        // `let else`, not `ok_or`: the error would be built (and dropped) on every call.
+        let Some(p) = self.peers.get(peer.0 as usize) else {
+            return Err(Error::UnknownPeer(peer));
+        };
+        Ok(p)
+    }
+
+    pub(super) fn accept_pending(&mut self) -> bool {
+        let mut accepted = Vec::new();
+        let mut refused = Vec::new();
+        let mut incoming = std::mem::take(&mut self.incoming);
+        handshake_incoming(
+            &self.listener,
+            &self.epoll,
+            &mut incoming,
+            &self.local(),
+            &mut accepted,
+            &mut refused,
+        );
+        self.incoming = incoming;
+        let did = !accepted.is_empty();
+        self.adopt(accepted, refused);
+        did
+    }
+
+    /// Queues a message-arrival event for the frame at the head of peer `i`'s queue, once.
+    /// Only with message events of interest: a message passed over while they were off
+    /// is announced when interest is turned on.
+    pub(super) fn announce(&mut self, i: usize, tag: u64) {
+        let p = &mut self.peers[i];
+        if !p.announced && self.evq.interest & events::MESSAGES != 0 {
+            p.announced = true;
+            let peer = PeerId(i as u32);
+            self.evq
+                .push(events::MESSAGES, Event::Message { peer, tag });
+        }
+    }
+
+    pub(super) fn fail_peer(&mut self, i: usize, why: String) {
+        tracing::debug!("peer {i} failed: {why}");
+        self.last_error = Some(why);
+        self.stats.peers_failed += 1;
+        self.peers[i].alive = false;
+        self.ready_remove(i);
+        let peer = PeerId(i as u32);
+        self.evq.push(
+            events::PEERS,
+            if self.peers[i].closing {
+                Event::PeerClosed(peer)
+            } else {
+                Event::PeerFailed(peer)
+            },
+        );
+        match &self.peers[i].link {
+            Link::Shm(s) => self.epoll.remove(s.sock.raw()),
+            Link::Udp(u) => {
+                if let Some(net) = self.net.as_mut() {
+                    net.unroute(u);
+                }
+            }
+            Link::Tcp(_) => self.tcp_removed(i),
+        }
+        self.fail_peer_ops(i);
+    }
+
+    /// Fails every operation that needs the (dead or closed) peer `i`.
+    pub(super) fn fail_peer_ops(&mut self, i: usize) {
+        let peer = PeerId(i as u32);
+        let p = &mut self.peers[i];
+        p.txq.clear();
+        p.pipeline_out.clear();
+        if let Some(b) = p.link.bulk() {
+            // No pointer into a request buffer survives the requests' failure.
+            b.clear_bulk();
+        }
+        for (_, rid) in p.pipeline_in.drain() {
+            if let Some(op) = self.recvs.get_mut(&rid) {
+                op.state = RecvState::Done(Err(Error::PeerDead(peer)));
+                self.finished = true;
+            }
+        }
+        for op in self.sends.values_mut() {
+            if op.peer == peer && !matches!(op.state, SendState::Done(_)) {
+                op.state = SendState::Done(Err(Error::PeerDead(peer)));
+                self.finished = true;
+            }
+        }
+        self.fail_peer_rma(i);
+        for rid in self.matcher.drain_posted_from(peer) {
+            if let Some(op) = self.recvs.get_mut(&rid) {
+                op.state = RecvState::Done(Err(Error::PeerDead(peer)));
+                self.finished = true;
+            }
+        }
+        // Rendezvous messages of a dead peer cannot be read any more; eager ones can.
+        self.matcher
+            .drain_unexpected_from(peer, |u| matches!(u, Unexp::Eager(_)));
+    }
+}
+
+/// Accepts new connections and completes the handshake of those whose hello has arrived,
+/// without ever waiting for one: a connection that stays silent cannot stall the endpoint.
+/// Silent ones are dropped after the connect timeout.
+pub(super) fn handshake_incoming(
+    listener: &SeqPacket,
+    epoll: &Epoll,
+    incoming: &mut Vec<(SeqPacket, Instant)>,
+    me: &Local,
+    accepted: &mut Vec<ShmPeer>,
+    refused: &mut Vec<Error>,
+) {
+    loop {
+        match listener.accept() {
+            Ok(Some(s)) => {
+                if let Err(e) = epoll.add(s.raw(), TOK_INCOMING) {
+                    refused.push(Error::Io {
+                        what: "epoll_ctl incoming".into(),
+                        source: e,
+                    });
+                    continue;
+                }
+                incoming.push((s, Instant::now()));
+            }
+            Ok(None) => break,
+            Err(e) => {
+                refused.push(Error::Io {
+                    what: "accept".into(),
+                    source: e,
+                });
+                break;
+            }
+        }
+    }
+    let mut i = 0;
+    while i < incoming.len() {
+        let (s, since) = &incoming[i];
+        let ready = sys::poll_readable(s.raw(), Duration::ZERO).unwrap_or(true);
+        if !ready && since.elapsed() < me.config.connect_timeout {
+            i += 1;
+            continue;
+        }
+        let (s, _) = incoming.swap_remove(i);
+        epoll.remove(s.raw());
+        if !ready {
+            refused.push(Error::Connect {
+                addr: "incoming connection".into(),
+                why: format!("no hello within {:?}", me.config.connect_timeout),
+            });
+            continue;
+        }
+        match ShmPeer::accept(s, me) {
+            Ok(p) => accepted.push(p),
+            Err(e) => refused.push(e),
+        }
+    }
+}

@@ -1,0 +1,404 @@
+//! The messaging protocol's frame handling: eager delivery, rendezvous (RTS, CTS, FIN),
+//! the CMA read and its split, the pipelined copy, cancels; and completing the transfers
+//! a network link finished.
+
+use super::*;
+
+impl Endpoint {
+    pub(super) fn start_rendezvous(
+        &mut self,
+        src: PeerId,
+        tag: u64,
+        rid: u64,
+        len: u64,
+        send_id: u64,
+        addr: u64,
+    ) {
+        let i = src.0 as usize;
+        let status = Status {
+            peer: src,
+            tag,
+            len,
+        };
+        let Some(op) = self.recvs.get_mut(&rid) else {
+            return;
+        };
+        let p = &mut self.peers[i];
+        if !p.alive {
+            op.state = RecvState::Done(Err(Error::PeerDead(src)));
+            self.finished = true;
+            return;
+        }
+        let cma = p.link.cma();
+        let method = match self.ctx.config.rndv {
+            Some(_) => rendezvous_method(&self.ctx, len, cma),
+            None => {
+                let model = rendezvous_method(&self.ctx, len, cma);
+                p.chooser.choose(&self.ctx.costs, len, cma, model)
+            }
+        };
+        if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
+            let pid = shm.pid;
+            let buf = op.buf.slice();
+            let cap = buf.len() as u64;
+            let n = len.min(cap);
+            let dest = buf.as_mut_ptr() as u64;
+            // From CMA_SPLIT_MIN on both cores copy: the sender writes the first half
+            // (page-aligned) while this side reads the rest, and the buffer stays the
+            // sender's target until its answer. (Whether the peer may write here is not
+            // waited for: the handshake's late Ready says it, but a refused write is
+            // answered, and the first one stops the splits.)
+            let pushed = if self.ctx.config.cma_split && !p.push_refused && n >= CMA_SPLIT_MIN {
+                (n / 2) & !(CMA_SPLIT_ALIGN - 1)
+            } else {
+                0
+            };
+            let t = Instant::now();
+            if pushed > 0 {
+                p.pipeline_in.insert(send_id, rid);
+                let f = Frame::Push {
+                    send_id,
+                    addr: dest,
+                    len: pushed,
+                };
+                self.push_ctrl(i, f);
+            }
+            let Some(op) = self.recvs.get_mut(&rid) else {
+                return;
+            };
+            let buf = &mut op.buf.slice()[pushed as usize..n as usize];
+            let read = sys::cma_read(pid, addr + pushed, buf);
+            if read.is_ok() {
+                self.stats.cma_bytes += n - pushed;
+            }
+            if pushed > 0 {
+                self.stats.cma_splits += 1;
+                op.state = RecvState::Split {
+                    status,
+                    pushed,
+                    read,
+                    since: t,
+                    addr,
+                };
+            } else {
+                op.state = cma_outcome(src, status, cap, read);
+                self.finished = true;
+                self.finish_cma(i, send_id, n, t);
+            }
+        } else {
+            if let Some(u) = p.link.bulk() {
+                // A bulk transfer straight into the posted buffer (speculatively).
+                let buf = op.buf.slice();
+                let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
+                // SAFETY: the receive op owns the buffer (heap or a blocking caller's
+                // slice) and keeps it until the transfer completes (finish_bulk_peer) or the
+                // peer fails (fail_peer_ops clears the link's transfers first).
+                unsafe { u.expect_bulk(send_id, len, ptr, cap) };
+            }
+            op.state = RecvState::Pipelining {
+                status,
+                got: 0,
+                since: Instant::now(),
+            };
+            p.pipeline_in.insert(send_id, rid);
+            self.push_ctrl(i, Frame::Cts { send_id });
+        }
+    }
+
+    /// Handles one frame; `Ok(false)` when it was left in the ring (see `drain`).
+    pub(super) fn handle(&mut self, i: usize, rec: Rx, force: bool) -> Result<bool> {
+        let src = PeerId(i as u32);
+        // The record lives in the peer's segment, kept mapped while the peer exists (or in
+        // the heap buffer at the head of a UDP link's queue); the slice is detached from
+        // `self` so the handlers below can take `&mut self`.
+        let bytes: &[u8] = {
+            let b = self.peers[i].link.frame(rec);
+            // SAFETY: the mapping outlives this call (peers are never removed), and the
+            // record is not released until handle() returns (a UDP link's queued frame is
+            // a heap buffer that stays put until it is released after handle()).
+            unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) }
+        };
+        let f = Frame::parse(bytes).map_err(|e| Error::Proto {
+            peer: src,
+            source: e,
+        })?;
+        match f {
+            Frame::Eager { tag, data } => match self.matcher.take_posted(src, tag) {
+                Some(rid) => self.complete_eager(src, tag, rid, data),
+                None if !force => {
+                    self.announce(i, tag);
+                    return Ok(false);
+                }
+                None => {
+                    self.announce(i, tag);
+                    self.stats.unexpected += 1;
+                    self.matcher
+                        .push_unexpected(src, tag, Unexp::Eager(data.to_vec()));
+                }
+            },
+            Frame::Rts {
+                tag,
+                len,
+                send_id,
+                addr,
+            } => match self.matcher.take_posted(src, tag) {
+                Some(rid) => self.start_rendezvous(src, tag, rid, len, send_id, addr),
+                None if !force => {
+                    self.announce(i, tag);
+                    return Ok(false);
+                }
+                None => {
+                    self.announce(i, tag);
+                    self.matcher
+                        .push_unexpected(src, tag, Unexp::Rts { len, send_id, addr })
+                }
+            },
+            Frame::Fin { send_id } => {
+                if let Some(op) = self.sends.get_mut(&send_id) {
+                    if op.peer == src && matches!(op.state, SendState::WaitFin) {
+                        op.state = SendState::Done(Ok(()));
+                        self.finished = true;
+                    }
+                }
+            }
+            Frame::Cts { send_id } => {
+                let len = match self.sends.get_mut(&send_id) {
+                    Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => {
+                        op.state = SendState::Pipelining;
+                        if let Some(u) = self.peers[i].link.bulk() {
+                            let d = op.data.bytes();
+                            // SAFETY: the send op owns (or borrows from a blocking caller)
+                            // the bytes until it completes, which happens only when the
+                            // link reports the transfer acknowledged, or the peer fails
+                            // (the link's transfers are cleared first).
+                            if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
+                                op.state = SendState::Done(Err(Error::PeerDead(src)));
+                                self.finished = true;
+                            }
+                            self.kick(i);
+                            return Ok(true);
+                        }
+                        op.data.bytes().len() as u64
+                    }
+                    _ => return Err(bad_send_ref(src, send_id, "CTS for unknown send")),
+                };
+                self.peers[i].pipeline_out.push_back(PipelineOut {
+                    send_id,
+                    next: 0,
+                    len,
+                });
+                self.pump_pipeline(i);
+            }
+            Frame::Chunk {
+                send_id,
+                offset,
+                data,
+            } => {
+                let p = &mut self.peers[i];
+                let bad = |what| bad_send_ref(src, send_id, what);
+                let rid = *p
+                    .pipeline_in
+                    .get(&send_id)
+                    .ok_or_else(|| bad("chunk for unknown send"))?;
+                let op = self
+                    .recvs
+                    .get_mut(&rid)
+                    .ok_or_else(|| bad("chunk for unknown receive"))?;
+                let RecvState::Pipelining { status, got, since } = &mut op.state else {
+                    return Err(bad("chunk for a receive not in progress"));
+                };
+                let len = data.len() as u64;
+                if offset != *got || offset + len > status.len {
+                    return Err(bad("chunk out of order or beyond the message"));
+                }
+                let buf = op.buf.slice();
+                let cap = buf.len() as u64;
+                if offset < cap {
+                    let end = (offset + len).min(cap);
+                    buf[offset as usize..end as usize]
+                        .copy_from_slice(&data[..(end - offset) as usize]);
+                }
+                *got += len;
+                self.stats.pipeline_bytes += len;
+                if *got == status.len {
+                    let st = *status;
+                    p.chooser.record(
+                        &self.ctx.costs,
+                        Rndv::Pipeline,
+                        st.len,
+                        since.elapsed().as_nanos() as f64,
+                    );
+                    op.state = RecvState::Done(receive_result(st, cap));
+                    self.finished = true;
+                    p.pipeline_in.remove(&send_id);
+                }
+            }
+            Frame::Cancel { send_id } => {
+                let mut found = false;
+                let removed = self.matcher.drain_unexpected_from(src, |u| {
+                    let hit = !found && matches!(u, Unexp::Rts { send_id: s, .. } if *s == send_id);
+                    found |= hit;
+                    !hit
+                });
+                self.push_ctrl(
+                    i,
+                    Frame::CancelAck {
+                        send_id,
+                        cancelled: !removed.is_empty(),
+                    },
+                );
+            }
+            Frame::CancelAck { send_id, cancelled } => {
+                if let Some(op) = self.sends.get_mut(&send_id) {
+                    if cancelled && op.peer == src && matches!(op.state, SendState::WaitFin) {
+                        op.state = SendState::Done(Err(Error::Cancelled));
+                        self.finished = true;
+                    }
+                }
+            }
+            Frame::Push { send_id, addr, len } => {
+                let bad = |what| bad_send_ref(src, send_id, what);
+                let op = match self.sends.get(&send_id) {
+                    Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => op,
+                    _ => return Err(bad("push for unknown send")),
+                };
+                let d = op.data.bytes();
+                let part = d
+                    .get(..len as usize)
+                    .ok_or_else(|| bad("push beyond the message"))?;
+                let pid = self.peers[i].link.shm().map(|s| s.pid);
+                let ok = pid.is_some_and(|pid| sys::cma_write(pid, addr, part).is_ok());
+                self.push_ctrl(i, Frame::Pushed { send_id, ok });
+            }
+            Frame::Pushed { send_id, ok } => {
+                let p = &mut self.peers[i];
+                let bad = |what| bad_send_ref(src, send_id, what);
+                let rid = p
+                    .pipeline_in
+                    .remove(&send_id)
+                    .ok_or_else(|| bad("pushed for unknown send"))?;
+                let op = self
+                    .recvs
+                    .get_mut(&rid)
+                    .ok_or_else(|| bad("pushed for unknown receive"))?;
+                let RecvState::Split {
+                    status,
+                    pushed,
+                    read,
+                    since,
+                    addr,
+                } = std::mem::replace(&mut op.state, RecvState::Posted)
+                else {
+                    return Err(bad("pushed for a receive not split"));
+                };
+                let buf = op.buf.slice();
+                let cap = buf.len() as u64;
+                // The sender could not write its part: read it too (its memory is still
+                // there: it waits for the Fin).
+                let head = if ok {
+                    Ok(())
+                } else {
+                    p.push_refused = true;
+                    match p.link.shm() {
+                        Some(shm) => sys::cma_read(shm.pid, addr, &mut buf[..pushed as usize]),
+                        None => Err(std::io::Error::other("not a shared-memory peer")),
+                    }
+                };
+                if head.is_ok() {
+                    self.stats.cma_bytes += pushed;
+                }
+                op.state = cma_outcome(src, status, cap, read.and(head));
+                self.finished = true;
+                self.finish_cma(i, send_id, status.len.min(cap), since);
+            }
+            Frame::Close => {
+                // Transfers the peer acknowledged before its goodbye (the ack rides with
+                // it: see `close`) complete; only the rest fail.
+                self.finish_bulk_peer(i);
+                self.peers[i].closing = true;
+                self.fail_peer(i, format!("{src} closed the connection"))
+            }
+            Frame::Rma(r) => self.handle_rma(i, bytes, r)?,
+        }
+        Ok(true)
+    }
+
+    /// The end of a CMA rendezvous receive of `n` bytes from peer `i` started at `since`:
+    /// the chooser's sample, and the Fin that releases the sender's buffer.
+    pub(super) fn finish_cma(&mut self, i: usize, send_id: u64, n: u64, since: Instant) {
+        let ns = since.elapsed().as_nanos() as f64;
+        self.peers[i]
+            .chooser
+            .record(&self.ctx.costs, Rndv::Cma, n, ns);
+        self.push_ctrl(i, Frame::Fin { send_id });
+    }
+
+    /// Completes the rendezvous sends and receives whose bulk transfers peer `i`'s link
+    /// finished (UDP or TCP).
+    pub(super) fn finish_bulk_peer(&mut self, i: usize) {
+        let Some((done_in, done_out)) = self.peers[i].link.bulk().and_then(|b| b.take_done())
+        else {
+            return;
+        };
+        if !done_in.is_empty() {
+            if let Link::Udp(u) = &mut self.peers[i].link {
+                // The sender's send completes with the ack of the last fragments: it goes
+                // with this pass's (or wake-up's) transmit, not after the ack delay (the
+                // application may stop driving this endpoint once it has its message).
+                u.conn.ack_now();
+            }
+        }
+        for x in done_out {
+            if let Some(op) = self.sends.get_mut(&x) {
+                if matches!(op.state, SendState::Pipelining) {
+                    op.state = SendState::Done(Ok(()));
+                    self.finished = true;
+                }
+            }
+        }
+        for x in done_in {
+            let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
+                continue;
+            };
+            let Some(op) = self.recvs.get_mut(&rid) else {
+                continue;
+            };
+            if let RecvState::Pipelining { status, .. } = op.state {
+                // Its bytes are counted by the link (hits, direct reads, cleanup copies).
+                let cap = op.buf.slice().len() as u64;
+                op.state = RecvState::Done(receive_result(status, cap));
+                self.finished = true;
+            }
+        }
+    }
+}
+
+/// The state a CMA rendezvous receive of `status` into a `cap`-byte buffer ends in, given
+/// how its reads went.
+pub(super) fn cma_outcome(
+    src: PeerId,
+    status: Status,
+    cap: u64,
+    read: std::io::Result<()>,
+) -> RecvState {
+    RecvState::Done(match read {
+        Ok(()) => receive_result(status, cap),
+        Err(e) => Err(Error::Io {
+            what: format!("reading rendezvous message from {src}"),
+            source: e,
+        }),
+    })
+}
+
+/// The protocol error for a peer's frame naming a send (or its receive) that does not
+/// exist or is not in the state the frame needs.
+pub(super) fn bad_send_ref(peer: PeerId, send_id: u64, what: &'static str) -> Error {
+    Error::Proto {
+        peer,
+        source: clink_proto::ProtoError::OutOfRange {
+            what,
+            value: send_id,
+            limit: 0,
+        },
+    }
+}

@@ -1,0 +1,495 @@
+//! Receiving: posting receives, the fast path of a blocking receive, a receive request's
+//! life (test, wait, wait-any, cancel), probing, in-place receives ([`InPlace`]) and
+//! delivering eager messages.
+
+use super::*;
+
+impl Endpoint {
+    /// Posts a receive into `buf` (its length is the capacity) for a message matching
+    /// `sel`. Complete it with [`Endpoint::wait_recv`] or [`Endpoint::test_recv`]. With
+    /// [`events::REQUESTS`] in the interest mask, its completion is reported by an
+    /// [`Event::RecvDone`].
+    pub fn irecv(&mut self, sel: Selector, buf: Vec<u8>) -> Result<RecvRequest> {
+        Ok(self.post_recv(sel, RecvBuf::Owned(buf)))
+    }
+
+    /// Posts a non-blocking receive into `buf`.
+    pub(super) fn post_recv(&mut self, sel: Selector, buf: RecvBuf) -> RecvRequest {
+        let id = self.alloc_id();
+        self.recvs.insert(
+            id,
+            RecvOp {
+                buf,
+                state: RecvState::Posted,
+            },
+        );
+        self.post(sel, id);
+        if self.evq.interest & events::REQUESTS != 0 {
+            self.watched.push((false, id));
+        }
+        RecvRequest { id }
+    }
+
+    pub(super) fn post(&mut self, sel: Selector, id: u64) {
+        if let Some((_, u)) = self.matcher.post(sel, id) {
+            self.deliver(u.src, u.tag, id, u.item);
+            return;
+        }
+        // Nothing it could match has arrived, and a dead (or unknown) source will send
+        // nothing more: fail now rather than at the caller's timeout.
+        if let Some(src) = sel.src.filter(|&p| !self.is_alive(p)) {
+            self.matcher.cancel(&id);
+            let err = if (src.0 as usize) < self.peers.len() {
+                Error::PeerDead(src)
+            } else {
+                Error::UnknownPeer(src)
+            };
+            if let Some(op) = self.recvs.get_mut(&id) {
+                op.state = RecvState::Done(Err(err));
+                self.finished = true;
+            }
+        }
+    }
+
+    /// Receives one message matching `sel` into `buf` (blocking helper). Returns who sent
+    /// what; a message longer than `buf` fills it and returns [`Error::Truncated`].
+    pub fn recv(&mut self, sel: Selector, buf: &mut [u8]) -> Result<Status> {
+        self.recv_timeout(sel, buf, None)
+    }
+
+    /// As [`Endpoint::recv`], giving up after `timeout` (the receive is withdrawn).
+    pub fn recv_timeout(
+        &mut self,
+        sel: Selector,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> Result<Status> {
+        if let Some(r) = self.recv_fast(sel, buf) {
+            return r;
+        }
+        // The time the network fast path spun counts towards the spin time and the timeout.
+        let mut spun = None;
+        if let Some(r) = self.recv_fast_net(sel, buf, timeout, &mut spun) {
+            return r;
+        }
+        let id = self.alloc_id();
+        self.recvs.insert(
+            id,
+            RecvOp {
+                buf: RecvBuf::Borrowed(buf.as_mut_ptr(), buf.len()),
+                state: RecvState::Posted,
+            },
+        );
+        self.post(sel, id);
+        let r = self.wait_for(timeout, true, spun, |ep| {
+            matches!(
+                ep.recvs.get(&id).map(|r| &r.state),
+                Some(RecvState::Done(_))
+            )
+        });
+        if let Err(e) = r {
+            // Withdraw before `buf` goes out of scope. A pipelined receive in flight must
+            // finish first: its chunks land in `buf`.
+            if !self.matcher.cancel(&id) {
+                self.wait_until(None, |ep| {
+                    !matches!(
+                        ep.recvs.get(&id).map(|r| &r.state),
+                        Some(RecvState::Pipelining { .. } | RecvState::Split { .. })
+                    )
+                })?;
+            }
+            if let Some(RecvOp {
+                state: RecvState::Done(res),
+                ..
+            }) = self.recvs.remove(&id)
+            {
+                return res;
+            }
+            return Err(e);
+        }
+        match self.recvs.remove(&id).map(|r| r.state) {
+            Some(RecvState::Done(res)) => res,
+            _ => Err(Error::Consumed),
+        }
+    }
+
+    /// The latency fast path of a blocking receive: when nothing else is in flight (no
+    /// posted receive, no matching unexpected message, no pending send or queued frame),
+    /// poll the rings directly for a small message matching `sel` and copy it straight
+    /// into `buf`: no request, no matching queues. Gives up (`None`) as soon as anything
+    /// else shows up at a ring's head, or after a short spin, leaving it to the general
+    /// path.
+    pub(super) fn recv_fast(&mut self, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
+        if self.matcher.posted_len() != 0
+            || !self.sends.is_empty()
+            || self.matcher.has_unexpected(&sel)
+        {
+            return None;
+        }
+        let spins = match self.ctx.config.spin {
+            Some(d) if d.is_zero() => 1,
+            _ => 4096,
+        };
+        let (lo, hi) = match sel.src {
+            // A dead or unknown source: the general path fails the receive at once.
+            Some(p) if !self.is_alive(p) => return None,
+            Some(p) => (p.0 as usize, p.0 as usize + 1),
+            None => (0, self.peers.len()),
+        };
+        for _ in 0..spins {
+            for i in lo..hi {
+                let p = &mut self.peers[i];
+                let rec = match p.quiet_head() {
+                    Ok(Some(r)) => r,
+                    Ok(None) => continue,
+                    Err(()) => return None,
+                };
+                let src = PeerId(i as u32);
+                let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.frame(rec)) else {
+                    return None;
+                };
+                if !sel.matches(src, tag) {
+                    return None;
+                }
+                let result = copy_eager(src, tag, data, buf);
+                if p.release(rec) {
+                    p.link.wake();
+                    self.stats.doorbells += 1;
+                }
+                self.stats.frames_received += 1;
+                return Some(result);
+            }
+            std::hint::spin_loop();
+        }
+        None
+    }
+
+    /// Tests a receive: `Ok(Some(..))` when complete, `Ok(None)` while pending.
+    pub fn test_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
+        self.progress();
+        self.take_recv(req.id)
+    }
+
+    /// A receive's outcome without a progress pass (for callers that learnt of its
+    /// completion from [`Event::RecvDone`]): as [`Endpoint::test_recv`] otherwise.
+    pub fn finish_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
+        self.take_recv(req.id)
+    }
+
+    pub(super) fn take_recv(&mut self, id: u64) -> Result<Option<Received>> {
+        if self.rma.has_aperture_recvs() {
+            // Fire its tripwires before the request goes (a completion in this call's own
+            // pass, or one found without a pass).
+            self.settle_aperture_recvs();
+        }
+        match self.recvs.get(&id).map(|r| (&r.state, &r.buf)) {
+            None => Err(Error::Consumed),
+            Some((RecvState::Done(_), RecvBuf::Aperture { .. })) => {
+                // The bytes are in the aperture: no buffer to hand back, even truncated.
+                match self.recvs.remove(&id).map(|op| op.state) {
+                    Some(RecvState::Done(res)) => res.map(|status| {
+                        Some(Received {
+                            buf: Vec::new(),
+                            status,
+                        })
+                    }),
+                    _ => Err(Error::Consumed),
+                }
+            }
+            Some((RecvState::Done(Err(Error::Truncated { .. })), _)) => {
+                // Keep the buffer (with the message's first bytes) for take_recv_buffer.
+                match &self.recvs[&id].state {
+                    RecvState::Done(Err(Error::Truncated { len, capacity })) => {
+                        Err(Error::Truncated {
+                            len: *len,
+                            capacity: *capacity,
+                        })
+                    }
+                    _ => Err(Error::Consumed),
+                }
+            }
+            Some((RecvState::Done(_), _)) => match self.recvs.remove(&id) {
+                Some(RecvOp {
+                    buf: RecvBuf::Owned(mut buf),
+                    state: RecvState::Done(res),
+                }) => {
+                    let st = res?;
+                    buf.truncate(st.len as usize);
+                    Ok(Some(Received { buf, status: st }))
+                }
+                _ => Err(Error::Consumed),
+            },
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// After a receive failed with [`Error::Truncated`], returns its buffer (which holds
+    /// the message's first bytes).
+    pub fn take_recv_buffer(&mut self, req: RecvRequest) -> Option<Vec<u8>> {
+        match self.recvs.remove(&req.id)? {
+            RecvOp {
+                buf: RecvBuf::Owned(v),
+                ..
+            } => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Waits for a receive, at most `timeout`. On timeout the request stays valid.
+    pub fn wait_recv(&mut self, req: &RecvRequest, timeout: Option<Duration>) -> Result<Received> {
+        let id = req.id;
+        self.wait_until(timeout, |ep| {
+            matches!(
+                ep.recvs.get(&id).map(|r| &r.state),
+                Some(RecvState::Done(_)) | None
+            )
+        })?;
+        self.take_recv(id)?.ok_or(Error::Consumed)
+    }
+
+    /// Waits for the first of `reqs` to complete, at most `timeout` (MPI's `Waitany`):
+    /// its index in `reqs` and what it received (or its error). One progress loop serves
+    /// them all, where polling each with [`Endpoint::test_recv`] makes a progress pass per
+    /// request. The other requests stay valid, and all of them on timeout. Empty `reqs` is
+    /// [`Error::Invalid`].
+    pub fn wait_any_recv(
+        &mut self,
+        reqs: &[RecvRequest],
+        timeout: Option<Duration>,
+    ) -> Result<(usize, Result<Received>)> {
+        if reqs.is_empty() {
+            return Err(Error::Invalid("wait_any_recv: no request".into()));
+        }
+        let mut first = None;
+        self.wait_until(timeout, |ep| {
+            first = reqs.iter().position(|r| {
+                matches!(
+                    ep.recvs.get(&r.id).map(|r| &r.state),
+                    Some(RecvState::Done(_)) | None
+                )
+            });
+            first.is_some()
+        })?;
+        let i = first.expect("the wait ended on a completed request");
+        Ok((
+            i,
+            self.take_recv(reqs[i].id)
+                .and_then(|r| r.ok_or(Error::Consumed)),
+        ))
+    }
+
+    /// Cancels a receive that has not matched a message; returns its buffer. `Ok(None)`
+    /// when it had already matched (complete it with `wait_recv`).
+    pub fn cancel_recv(&mut self, req: &RecvRequest) -> Result<Option<Vec<u8>>> {
+        if !self.matcher.cancel(&req.id) {
+            return Ok(None);
+        }
+        match self.recvs.remove(&req.id) {
+            Some(RecvOp {
+                buf: RecvBuf::Owned(v),
+                ..
+            }) => Ok(Some(v)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Looks for a message matching `sel` that has arrived and not been received yet,
+    /// without receiving it. Makes progress first.
+    pub fn probe(&mut self, sel: Selector) -> Option<Status> {
+        self.progress();
+        for i in 0..self.peers.len() {
+            if self.peers[i].alive && self.peers[i].blocked {
+                self.drain(i, true);
+            }
+        }
+        self.matcher.probe(&sel).map(|u| Status {
+            peer: u.src,
+            tag: u.tag,
+            len: match &u.item {
+                Unexp::Eager(v) => v.len() as u64,
+                Unexp::Rts { len, .. } => *len,
+            },
+        })
+    }
+
+    /// Receives a message matching `sel` without copying it when it is a small message at
+    /// the head of its sender's ring: the guard borrows the ring memory and frees it when
+    /// dropped. Other messages (unexpected, or large) are delivered in an owned buffer
+    /// behind the same guard. Waits up to `timeout`.
+    pub fn recv_in_place(
+        &mut self,
+        sel: Selector,
+        timeout: Option<Duration>,
+    ) -> Result<InPlace<'_>> {
+        let mut found: Option<(usize, Rx, u64)> = None;
+        let mut owned: Option<(Status, Vec<u8>)> = None;
+        self.wait_until(timeout, |ep| {
+            if let Some(u) = ep.matcher.probe(&sel) {
+                let is_eager = matches!(u.item, Unexp::Eager(_));
+                if is_eager {
+                    if let Some(u) = ep.matcher.take_unexpected(&sel) {
+                        if let Unexp::Eager(v) = u.item {
+                            owned = Some((
+                                Status {
+                                    peer: u.src,
+                                    tag: u.tag,
+                                    len: v.len() as u64,
+                                },
+                                v,
+                            ));
+                            return true;
+                        }
+                    }
+                }
+                return true; // a rendezvous message: received into a buffer below
+            }
+            for i in 0..ep.peers.len() {
+                if sel.src.is_some_and(|s| s.0 as usize != i) || !ep.peers[i].alive {
+                    continue;
+                }
+                let p = &mut ep.peers[i];
+                if let Ok(Some(r)) = p.link.peek() {
+                    if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.frame(r)) {
+                        if sel.matches(PeerId(i as u32), tag)
+                            && !ep.matcher.has_posted_for(PeerId(i as u32), tag)
+                        {
+                            found = Some((i, r, tag));
+                            return true;
+                        }
+                    }
+                }
+            }
+            false
+        })
+        .or_else(|e| {
+            if matches!(e, Error::Timeout) && self.matcher.probe(&sel).is_some() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
+        if let Some((i, r, tag)) = found {
+            let len = self.peers[i]
+                .link
+                .frame(r)
+                .len()
+                .saturating_sub(EAGER_HEADER);
+            return Ok(InPlace {
+                ep: self,
+                status: Status {
+                    peer: PeerId(i as u32),
+                    tag,
+                    len: len as u64,
+                },
+                data: InPlaceData::Ring(i, r),
+            });
+        }
+        if let Some((status, v)) = owned {
+            return Ok(InPlace {
+                ep: self,
+                status,
+                data: InPlaceData::Owned(v),
+            });
+        }
+        // A rendezvous message is waiting: receive it into a buffer of its size.
+        let len = self.matcher.probe(&sel).map(|u| match &u.item {
+            Unexp::Rts { len, .. } => *len,
+            Unexp::Eager(v) => v.len() as u64,
+        });
+        let len = len.ok_or(Error::Timeout)?;
+        let req = self.irecv(sel, vec![0u8; len as usize])?;
+        let got = self.wait_recv(&req, None)?;
+        Ok(InPlace {
+            ep: self,
+            status: got.status,
+            data: InPlaceData::Owned(got.buf),
+        })
+    }
+
+    /// Matched a message to receive `rid`: copy it in, or start the rendezvous.
+    pub(super) fn deliver(&mut self, src: PeerId, tag: u64, rid: u64, item: Unexp) {
+        match item {
+            Unexp::Eager(v) => self.complete_eager(src, tag, rid, &v),
+            Unexp::Rts { len, send_id, addr } => {
+                self.start_rendezvous(src, tag, rid, len, send_id, addr)
+            }
+        }
+    }
+
+    pub(super) fn complete_eager(&mut self, src: PeerId, tag: u64, rid: u64, data: &[u8]) {
+        let Some(op) = self.recvs.get_mut(&rid) else {
+            return;
+        };
+        op.state = RecvState::Done(copy_eager(src, tag, data, op.buf.slice()));
+        self.finished = true;
+    }
+}
+
+pub(super) enum InPlaceData {
+    Ring(usize, Rx),
+    Owned(Vec<u8>),
+}
+
+/// A received small message read in place from the sender's ring (zero copies), or an
+/// owned buffer when the message could not be read in place. The ring space is freed when
+/// the guard is dropped; until then the sender's later messages queue behind it.
+pub struct InPlace<'a> {
+    ep: &'a mut Endpoint,
+    status: Status,
+    data: InPlaceData,
+}
+
+impl InPlace<'_> {
+    /// Who sent what.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+}
+
+impl std::ops::Deref for InPlace<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.data {
+            InPlaceData::Ring(i, r) => &self.ep.peers[*i].link.frame(*r)[EAGER_HEADER..],
+            InPlaceData::Owned(v) => v,
+        }
+    }
+}
+
+impl Drop for InPlace<'_> {
+    fn drop(&mut self) {
+        if let InPlaceData::Ring(i, r) = self.data {
+            let p = &mut self.ep.peers[i];
+            self.ep.stats.frames_received += 1;
+            if p.release(r) {
+                p.link.wake();
+            }
+        }
+    }
+}
+
+/// The outcome of a receive whose bytes are all in: its status, or `Truncated` when the
+/// message was longer than the `cap`-byte buffer (which holds its head).
+pub(super) fn receive_result(status: Status, cap: u64) -> Result<Status> {
+    if status.len > cap {
+        Err(Error::Truncated {
+            len: status.len,
+            capacity: cap,
+        })
+    } else {
+        Ok(status)
+    }
+}
+
+/// Copies an eager message into a receive buffer: its status, or `Truncated` (with the
+/// buffer holding the first bytes) when it is longer than the buffer.
+pub(super) fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> Result<Status> {
+    let n = data.len().min(buf.len());
+    buf[..n].copy_from_slice(&data[..n]);
+    let status = Status {
+        peer: src,
+        tag,
+        len: data.len() as u64,
+    };
+    receive_result(status, buf.len() as u64)
+}

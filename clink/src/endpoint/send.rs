@@ -1,0 +1,472 @@
+//! Sending: eager frames, rendezvous requests and the pipelined copy, the send queue per
+//! peer, and a send request's life (test, wait, cancel), in place included ([`SendSlot`]).
+
+use super::*;
+
+impl Endpoint {
+    /// Starts sending `data` to `peer` with `tag`. Small messages are copied into the
+    /// peer's ring at once (the request is then already complete); large ones wait in
+    /// `data` until the receiver has read them (one copy, by CMA) or they have been
+    /// pushed through the ring (pipeline). `data` is kept alive by the request: pass a `Vec<u8>` (moved, not
+    /// copied) or a `Bytes`.
+    ///
+    /// With [`events::REQUESTS`] in the interest mask, its completion is reported by an
+    /// [`Event::SendDone`] (a send complete at once included, under its own number).
+    pub fn isend(&mut self, peer: PeerId, tag: u64, data: impl Into<Bytes>) -> Result<SendRequest> {
+        let req = self.start_send(peer, tag, SendData::Owned(data.into()))?;
+        if self.evq.interest & events::REQUESTS == 0 {
+            return Ok(req);
+        }
+        let id = if req.id == 0 {
+            // Complete already: give it a number and a finished entry to report and take.
+            let id = self.alloc_id();
+            self.sends.insert(
+                id,
+                SendOp {
+                    peer,
+                    tag,
+                    data: SendData::Owned(Bytes::new()),
+                    state: SendState::Done(Ok(())),
+                },
+            );
+            id
+        } else {
+            req.id
+        };
+        // Reported by the next progress pass (which `next_event`, `wait_event` and
+        // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
+        // request is watched), not here: one scan per pass, not per request.
+        self.watched.push((true, id));
+        self.finished = true;
+        Ok(SendRequest { id })
+    }
+
+    pub(super) fn start_send(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        data: SendData,
+    ) -> Result<SendRequest> {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return Err(Error::UnknownPeer(peer));
+        };
+        if !p.alive {
+            return Err(Error::PeerDead(peer));
+        }
+        let bytes = data.bytes();
+        let len = bytes.len() as u64;
+        if len <= p.eager_max {
+            self.stats.eager_sends += 1;
+            self.stats.eager_bytes += len;
+            if p.txq.is_empty() && p.link.try_send(&Frame::Eager { tag, data: bytes }) {
+                self.stats.frames_sent += 1;
+                self.kick(peer.0 as usize);
+                return Ok(SendRequest { id: 0 });
+            }
+            self.stats.ring_full += 1;
+        } else if p.link.unreliable() {
+            // A lost chunk or FIN would leave the rendezvous hanging: in unreliable mode
+            // (BCL-4's datagram service) messages are at most one eager frame.
+            return Err(Error::TooLarge(format!(
+                "{len} bytes over an unreliable link: at most {} (CLINK_EAGER_MAX)",
+                p.eager_max
+            )));
+        } else {
+            self.stats.rendezvous_sends += 1;
+        }
+        let id = self.alloc_id();
+        let p = &mut self.peers[peer.0 as usize];
+        p.txq.push_back(TxItem::Send(id));
+        self.mark_busy(peer.0 as usize);
+        self.sends.insert(
+            id,
+            SendOp {
+                peer,
+                tag,
+                data,
+                state: SendState::Queued,
+            },
+        );
+        self.flush(peer.0 as usize);
+        Ok(SendRequest { id })
+    }
+
+    /// Sends and waits until the message is out of `data` (blocking helper).
+    pub fn send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<()> {
+        let req = self.start_send(peer, tag, SendData::Borrowed(data.as_ptr(), data.len()))?;
+        self.finish_borrowed_send(req)
+    }
+
+    /// Sends every message of `msgs` to `peer` with `tag`, all in flight at once, and
+    /// waits until all are out of the caller's memory (blocking helper for streaming:
+    /// large messages pipeline their rendezvous without copying into owned buffers).
+    pub fn send_batch(&mut self, peer: PeerId, tag: u64, msgs: &[&[u8]]) -> Result<()> {
+        let mut reqs = Vec::with_capacity(msgs.len());
+        let mut first_err = None;
+        for m in msgs {
+            match self.start_send(peer, tag, SendData::Borrowed(m.as_ptr(), m.len())) {
+                Ok(r) => reqs.push(r),
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        // Every started send must be over before the borrowed slices go away.
+        for r in reqs {
+            if let Err(e) = self.finish_borrowed_send(r) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Lets a send complete on its own: nobody will wait for it.
+    pub(super) fn detach_send(&mut self, req: SendRequest) {
+        if req.id != 0 {
+            self.detached.push(req.id);
+        }
+    }
+
+    pub(super) fn finish_borrowed_send(&mut self, req: SendRequest) -> Result<()> {
+        // The request points into the caller's slice: it must be over before we return,
+        // whatever happens. Only peer death (bounded by the liveness check) ends it early.
+        match self.wait_send(&req, None) {
+            Err(Error::Timeout) => unreachable!("no timeout given"),
+            r => r,
+        }
+    }
+
+    /// Tests a send: `Ok(true)` when complete, `Ok(false)` while pending, an error when
+    /// it failed. Makes progress first.
+    pub fn test_send(&mut self, req: &SendRequest) -> Result<bool> {
+        if req.id == 0 {
+            return Ok(true);
+        }
+        self.progress();
+        self.take_send(req.id)
+    }
+
+    /// A send's outcome without a progress pass (for callers that learnt of its
+    /// completion from [`Event::SendDone`]): as [`Endpoint::test_send`] otherwise.
+    pub fn finish_send(&mut self, req: &SendRequest) -> Result<bool> {
+        if req.id == 0 {
+            return Ok(true);
+        }
+        self.take_send(req.id)
+    }
+
+    pub(super) fn take_send(&mut self, id: u64) -> Result<bool> {
+        match self.sends.get(&id).map(|s| &s.state) {
+            None => Err(Error::Consumed),
+            Some(SendState::Done(_)) => match self.sends.remove(&id).map(|s| s.state) {
+                Some(SendState::Done(r)) => r.map(|_| true),
+                _ => Err(Error::Consumed),
+            },
+            Some(_) => Ok(false),
+        }
+    }
+
+    /// Waits for a send to complete, at most `timeout` (`None`: until it completes or the
+    /// peer dies). On timeout the request stays valid.
+    pub fn wait_send(&mut self, req: &SendRequest, timeout: Option<Duration>) -> Result<()> {
+        if req.id == 0 {
+            return Ok(());
+        }
+        let id = req.id;
+        self.wait_until(timeout, |ep| {
+            matches!(
+                ep.sends.get(&id).map(|s| &s.state),
+                Some(SendState::Done(_)) | None
+            )
+        })?;
+        self.take_send(id).map(|_| ())
+    }
+
+    /// Cancels a send. A send whose bytes are already in the peer's ring cannot be
+    /// withdrawn (`Ok(false)`, it will be delivered); an unmatched rendezvous send is
+    /// withdrawn (`Ok(true)`) after the receiver confirms. Waits for that answer (bounded by
+    /// the peer's liveness).
+    pub fn cancel_send(&mut self, req: SendRequest) -> Result<bool> {
+        let id = req.id;
+        let Some(op) = self.sends.get_mut(&id) else {
+            return Ok(false);
+        };
+        let peer = op.peer;
+        match op.state {
+            SendState::Queued => {
+                // Never left this process: drop it from the queue.
+                let p = &mut self.peers[peer.0 as usize];
+                p.txq.retain(|t| !matches!(t, TxItem::Send(s) if *s == id));
+                self.sends.remove(&id);
+                Ok(true)
+            }
+            SendState::WaitFin => {
+                self.push_ctrl(peer.0 as usize, Frame::Cancel { send_id: id });
+                self.wait_until(None, |ep| {
+                    matches!(
+                        ep.sends.get(&id).map(|s| &s.state),
+                        Some(SendState::Done(_)) | None
+                    )
+                })?;
+                match self.sends.remove(&id).map(|s| s.state) {
+                    Some(SendState::Done(Err(Error::Cancelled))) => Ok(true),
+                    Some(SendState::Done(Err(e))) => Err(e),
+                    _ => Ok(false),
+                }
+            }
+            SendState::Pipelining => {
+                self.wait_until(None, |ep| {
+                    matches!(
+                        ep.sends.get(&id).map(|s| &s.state),
+                        Some(SendState::Done(_)) | None
+                    )
+                })?;
+                self.sends.remove(&id);
+                Ok(false)
+            }
+            SendState::Done(_) => {
+                self.sends.remove(&id);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Claims space for an `len`-byte eager message in `peer`'s ring, to be written in
+    /// place and published with [`SendSlot::commit`] (zero copies on the sending side).
+    /// Waits up to `timeout` for ring space. `len` must not exceed the eager threshold.
+    pub fn claim(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        len: usize,
+        timeout: Option<Duration>,
+    ) -> Result<SendSlot<'_>> {
+        let i = peer.0 as usize;
+        let max = self.peer(peer)?.eager_max;
+        if len as u64 > max {
+            return Err(Error::TooLarge(format!(
+                "claim of {len} bytes exceeds the eager threshold {max} towards {peer}"
+            )));
+        }
+        if !self.peers[i].alive {
+            return Err(Error::PeerDead(peer));
+        }
+        if self.peers[i].link.shm().is_none() {
+            // Over the network the message is written into a buffer the link then owns
+            // (one copy less than `send`, none saved on the wire).
+            return Ok(SendSlot {
+                ep: self,
+                peer: i,
+                res: None,
+                owned: Some(vec![0u8; len]),
+                len,
+                tag,
+            });
+        }
+        let need = EAGER_HEADER + len;
+        self.wait_until(timeout, |ep| {
+            let p = &mut ep.peers[i];
+            !p.alive || (p.txq.is_empty() && p.link.shm_mut().is_some_and(|s| s.tx.arm_wait(need)))
+        })?;
+        let p = &mut self.peers[i];
+        if !p.alive {
+            return Err(Error::PeerDead(peer));
+        }
+        let Some(shm) = p.link.shm_mut() else {
+            return Err(Error::PeerDead(peer));
+        };
+        let Some(res) = shm.tx.reserve(need) else {
+            return Err(Error::Timeout);
+        };
+        Ok(SendSlot {
+            ep: self,
+            peer: i,
+            res: Some(res),
+            owned: None,
+            len,
+            tag,
+        })
+    }
+
+    pub(super) fn push_ctrl(&mut self, i: usize, f: Frame<'static>) {
+        let p = &mut self.peers[i];
+        if !p.alive {
+            return;
+        }
+        if p.txq.is_empty() && p.link.try_send(&f) {
+            self.stats.frames_sent += 1;
+            return;
+        }
+        p.txq.push_back(TxItem::Ctrl(f));
+        self.mark_busy(i);
+    }
+
+    /// Moves queued frames of peer `i` into its ring; true when something moved.
+    pub(super) fn flush(&mut self, i: usize) -> bool {
+        let mut did = false;
+        loop {
+            let p = &mut self.peers[i];
+            let Some(item) = p.txq.front() else { break };
+            let ok = match item {
+                TxItem::Ctrl(f) => p.link.try_send(f),
+                TxItem::Raw(v) => match Frame::parse(v) {
+                    Ok(f) => p.link.try_send(&f),
+                    Err(_) => true, // we encoded it: cannot happen; drop rather than stall
+                },
+                TxItem::Send(id) => match self.sends.get_mut(id) {
+                    None => true, // cancelled meanwhile
+                    Some(op) => {
+                        let data = op.data.bytes();
+                        let len = data.len() as u64;
+                        if len <= p.eager_max {
+                            let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
+                            if ok {
+                                op.state = SendState::Done(Ok(()));
+                                self.finished = true;
+                            }
+                            ok
+                        } else {
+                            let ok = p.link.try_send(&Frame::Rts {
+                                tag: op.tag,
+                                len,
+                                send_id: *id,
+                                addr: data.as_ptr() as u64,
+                            });
+                            if ok {
+                                op.state = SendState::WaitFin;
+                            }
+                            ok
+                        }
+                    }
+                },
+            };
+            if !ok {
+                break;
+            }
+            p.txq.pop_front();
+            self.stats.frames_sent += 1;
+            did = true;
+        }
+        let did = did | self.pump_pipeline(i);
+        if did {
+            self.kick(i);
+        }
+        did
+    }
+
+    /// Copies chunks of the active pipelined send into the peer's ring while it has room;
+    /// a send whose last chunk is in the ring is complete.
+    pub(super) fn pump_pipeline(&mut self, i: usize) -> bool {
+        let mut did = false;
+        let p = &mut self.peers[i];
+        if !p.txq.is_empty() {
+            return false; // keep frame order: queued frames first
+        }
+        while let Some(st) = p.pipeline_out.front_mut() {
+            let Some(op) = self.sends.get_mut(&st.send_id) else {
+                p.pipeline_out.pop_front();
+                continue;
+            };
+            let chunk = match &p.link {
+                Link::Shm(s) => pipeline_chunk(&self.ctx, st.len, s.tx.mem().cap()),
+                // (Not reached over UDP, where a rendezvous is a bulk transfer; bounded
+                // like an eager frame all the same.)
+                Link::Udp(_) | Link::Tcp(_) => net::eager_threshold(&self.ctx, false),
+            }
+            .min(st.len - st.next);
+            let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
+            let f = Frame::Chunk {
+                send_id: st.send_id,
+                offset: st.next,
+                data,
+            };
+            if !p.link.try_send(&f) {
+                break;
+            }
+            self.stats.frames_sent += 1;
+            st.next += chunk;
+            did = true;
+            if st.next >= st.len {
+                op.state = SendState::Done(Ok(()));
+                self.finished = true;
+                p.pipeline_out.pop_front();
+            }
+        }
+        did
+    }
+}
+
+/// Space claimed in a peer's ring for one eager message ([`Endpoint::claim`]): write the
+/// message into [`SendSlot::buf`], then [`SendSlot::commit`]. Dropping it uncommitted
+/// abandons the message.
+pub struct SendSlot<'a> {
+    ep: &'a mut Endpoint,
+    peer: usize,
+    res: Option<crate::transport::shm::ring::Reservation>,
+    /// Over the network: the message's own buffer, sent on commit.
+    owned: Option<Vec<u8>>,
+    len: usize,
+    tag: u64,
+}
+
+impl Drop for SendSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(r) = self.res.take() {
+            if let Some(shm) = self.ep.peers[self.peer].link.shm_mut() {
+                shm.tx.abandon(r);
+            }
+        }
+    }
+}
+
+impl SendSlot<'_> {
+    /// The message bytes, in the peer's ring.
+    pub fn buf(&mut self) -> &mut [u8] {
+        if let Some(v) = &mut self.owned {
+            return v;
+        }
+        let Some(shm) = self.ep.peers[self.peer].link.shm() else {
+            return &mut [];
+        };
+        let Some(r) = &self.res else { return &mut [] };
+        let idx = r.idx(shm.tx.mem().cap());
+        // SAFETY: the reservation owns EAGER_HEADER + len bytes of this record.
+        unsafe {
+            std::slice::from_raw_parts_mut(shm.tx.mem().payload(idx).add(EAGER_HEADER), self.len)
+        }
+    }
+
+    /// Publishes the message.
+    pub fn commit(mut self) {
+        if let Some(v) = self.owned.take() {
+            let peer = PeerId(self.peer as u32);
+            // The peer may have died meanwhile: its requests fail, and so does this one,
+            // silently as a ring commit would (the caller learns it from the next call).
+            if let Ok(req) = self
+                .ep
+                .start_send(peer, self.tag, SendData::Owned(v.into()))
+            {
+                self.ep.detach_send(req);
+            }
+            return;
+        }
+        let Some(r) = self.res.take() else { return };
+        let Some(shm) = self.ep.peers[self.peer].link.shm_mut() else {
+            return;
+        };
+        let idx = r.idx(shm.tx.mem().cap());
+        let mut hdr = [0u8; EAGER_HEADER];
+        Frame::encode_eager_header(self.tag, &mut hdr);
+        // SAFETY: the reservation owns the record's first EAGER_HEADER bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), shm.tx.mem().payload(idx), EAGER_HEADER)
+        };
+        if shm.commit(r) {
+            self.ep.stats.doorbells += 1;
+        }
+        self.ep.stats.frames_sent += 1;
+        self.ep.stats.eager_sends += 1;
+        self.ep.stats.eager_bytes += self.len as u64;
+    }
+}

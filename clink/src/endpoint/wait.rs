@@ -1,0 +1,280 @@
+//! Waiting: spinning, then sleeping in epoll or on a peer's doorbell until a condition
+//! holds or a timeout passes; the endpoint's file descriptor for an application's own
+//! event loop; lingering at close.
+
+use super::*;
+
+impl Endpoint {
+    /// Spins calling `progress` until `done` holds, for up to the configured spin time,
+    /// then blocks on the endpoint's fd (arm, re-check, sleep). `Error::Timeout` after
+    /// `timeout`.
+    pub(super) fn wait_until(
+        &mut self,
+        timeout: Option<Duration>,
+        done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
+        self.wait_for(timeout, true, None, done)
+    }
+
+    /// [`Self::wait_until`]; `bell`: the wait may sleep on a lone peer's bell (only what
+    /// that peer sends, or its exit, can end it); `since`: when the caller began spinning
+    /// for the same thing (the spin time and the timeout count from there).
+    pub(super) fn wait_for(
+        &mut self,
+        timeout: Option<Duration>,
+        bell: bool,
+        since: Option<Instant>,
+        done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
+        let r = self.wait_inner(timeout, bell, since, done);
+        if self.awaiting {
+            self.mark_awaited(false);
+        }
+        r
+    }
+
+    /// [`Endpoint::wait_for`] itself.
+    pub(super) fn wait_inner(
+        &mut self,
+        timeout: Option<Duration>,
+        bell: bool,
+        since: Option<Instant>,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> Result<()> {
+        if done(self) {
+            return Ok(());
+        }
+        // The clock is read only every 16 idle polls; `start` on the first such read.
+        let mut start: Option<Instant> = since;
+        let spin = self.ctx.config.spin;
+        // With no spin time at all, go to sleep after the first empty poll.
+        let no_spin = spin == Some(Duration::ZERO);
+        let mut polls: u32 = 0;
+        // A wake-up has just read the sockets: the pass after it only matches what came.
+        let mut woken = false;
+        // The first idle clock reading since the last pass that did something (at most
+        // 16 polls after it).
+        let mut quiet_since: Option<Instant> = None;
+        loop {
+            let did = self.progress_pass(!std::mem::take(&mut woken));
+            if done(self) {
+                return Ok(());
+            }
+            polls = polls.wrapping_add(1);
+            if did {
+                quiet_since = None;
+            }
+            if did || (!no_spin && !polls.is_multiple_of(16)) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let now = Instant::now();
+            let start = *start.get_or_insert(now);
+            let quiet = *quiet_since.get_or_insert(now);
+            let deadline = timeout.map(|t| start + t);
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(Error::Timeout);
+            }
+            // Within the spin time, spin; but a bulk stream admission control slowed down
+            // is slow by design, and its sender spinning for the acks took the core that
+            // two senders share from the granted stream (two senders' aggregate 0.83x
+            // one sender spinning, 0.92x sleeping at once; BENCHMARKS.md). A
+            // spin time of "forever" (never block) is kept.
+            // Nor while runnable threads outnumber the CPUs: the spin would take the
+            // CPU a peer needs to produce what is awaited.
+            let spinning = match spin {
+                None => true,
+                Some(s) => {
+                    now < start + s && !self.only_slowed() && !crate::oversub::oversubscribed()
+                }
+            };
+            if spinning {
+                continue;
+            }
+            // Spun its time, but a reply is due within a round trip: spin on for it (not
+            // with a spin time of zero, which asks to block at once).
+            if !no_spin
+                && self.reply_due().is_some_and(|due| now < quiet + due)
+                && !crate::oversub::oversubscribed()
+            {
+                continue;
+            }
+            if let Some(i) = self.bell_peer().filter(|_| bell) {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                self.bell_sleep(i, left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX)));
+            } else if self.arm() {
+                // Block: ask producers for a doorbell, re-check, then sleep.
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                self.stats.sleeps += 1;
+                // Wake up at least every second to re-check (belt and braces; every
+                // wake-up path is signalled).
+                let mut t = left.map_or(Duration::from_secs(1), |l| l.min(Duration::from_secs(1)));
+                if let Some(n) = self.net_timer() {
+                    t = t.min(n);
+                }
+                woken = self.check_events(Some(t), true);
+                self.finish_wait();
+                if woken {
+                    quiet_since = None; // (what woke it is activity)
+                }
+            }
+            // Arming polls too: what it found (a message event, say) is looked at before
+            // another pass, which could copy an announced message aside.
+            if done(self) {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The peer a wait may sleep on through its bell instead of epoll: the only live peer,
+    /// over shared memory, and nothing else that could need a wake-up: no live network
+    /// peer (so no protocol timer), no activity board, no event senders on other threads,
+    /// no connection being set up, nothing waiting for ring space or for the copy engine.
+    /// (A connection that starts meanwhile waits up to [`BELL_SLEEP_MAX`].)
+    pub(super) fn bell_peer(&self) -> Option<usize> {
+        if self.ready.on
+            || self.tcp.as_ref().is_some_and(|t| t.handshaking())
+            || self.evq.has_senders()
+            || !self.new_peers.is_empty()
+            || !self.incoming.is_empty()
+        {
+            return None;
+        }
+        let mut live = self.peers.iter().enumerate().filter(|(_, p)| p.alive);
+        let (i, p) = live.next()?;
+        if live.next().is_some() {
+            return None;
+        }
+        let Link::Shm(shm) = &p.link else {
+            return None;
+        };
+        (shm.bell.is_some() && p.txq.is_empty() && p.pipeline_out.is_empty() && p.engine.is_empty())
+            .then_some(i)
+    }
+
+    /// Sleeps on peer `i`'s bell (see [`Self::bell_peer`]) for at most `timeout`: asks
+    /// the peer to ring it, re-checks, then blocks in its read. Its hang-up drops the bell;
+    /// the next sleep, in epoll, then sees the peer's socket hang up.
+    pub(super) fn bell_sleep(&mut self, i: usize, timeout: Duration) {
+        let Some(shm) = self.peers[i].link.shm_mut() else {
+            return;
+        };
+        shm.rx.arm_sleep(Wake::Bell);
+        if shm.rx.publish() {
+            shm.wake();
+            self.stats.doorbells += 1;
+        }
+        let busy = self.progress_pass(false)
+            || !self.peers[i].engine.is_empty()
+            || matches!(self.peers[i].link.peek(), Ok(Some(_)))
+            || !self.evq.is_empty();
+        let Some(shm) = self.peers[i].link.shm_mut() else {
+            return;
+        };
+        if !busy {
+            self.stats.sleeps += 1;
+            self.stats.bell_sleeps += 1;
+            if let Some(b) = shm.bell.as_mut() {
+                match b.wait(timeout) {
+                    Ok(sys::BellWait::Rang | sys::BellWait::TimedOut) => {}
+                    Ok(sys::BellWait::HungUp) => shm.bell = None,
+                    Err(e) => {
+                        tracing::warn!("bell: {e}");
+                        shm.bell = None;
+                    }
+                }
+            }
+        }
+        shm.rx.disarm_sleep();
+    }
+
+    /// Prepares to block on [`Endpoint::fd`]: consumes the fd's pending readiness, asks
+    /// every peer for a doorbell on its next message, then re-checks. Returns true when it
+    /// is safe to block (nothing arrived meanwhile); false when there is work, in which
+    /// case call `progress` instead. After waking, call [`Endpoint::finish_wait`].
+    pub fn prepare_wait(&mut self) -> bool {
+        self.check_events(Some(Duration::ZERO), true);
+        self.arm()
+    }
+
+    /// Arm-then-recheck without consuming readiness (the internal wait loop consumes it
+    /// in its own epoll_wait: one system call per sleep).
+    pub(super) fn arm(&mut self) -> bool {
+        // About to sleep: every UDP socket must be able to wake it, and the peers it
+        // awaits are probed while it sleeps.
+        self.watch_udp();
+        self.mark_awaited(true);
+        let board = self.ready.on;
+        if board {
+            // One flag for every peer on the board.
+            self.board.arm_sleep();
+        }
+        let list = self.arm_list();
+        for &i in &list {
+            let p = &mut self.peers[i];
+            let waiting = !p.txq.is_empty() || !p.pipeline_out.is_empty();
+            let Some(shm) = p.link.shm_mut() else {
+                continue;
+            };
+            if waiting {
+                // Blocked on a full ring: ask for a doorbell when the peer frees space.
+                shm.tx.arm_wait_any();
+            }
+            if !board || shm.slot.is_none() {
+                shm.rx.arm_sleep(Wake::Doorbell);
+            }
+            if shm.rx.publish() {
+                shm.wake();
+                self.stats.doorbells += 1;
+            }
+        }
+        self.ready.armed = list;
+        // (The doorbell is drained when epoll reports it, not here: one system call less
+        // per sleep; a stale ring only costs one spurious wake-up.)
+        self.evq.arm_sleep();
+        let busy = self.progress_pass(false)
+            || (board && self.board.any())
+            || self.arm_list().into_iter().any(|i| {
+                let p = &mut self.peers[i];
+                !p.engine.is_empty() || matches!(p.link.peek(), Ok(Some(_)))
+            })
+            || !self.new_peers.is_empty()
+            || !self.evq.is_empty();
+        if busy {
+            self.finish_wait();
+        }
+        !busy
+    }
+
+    /// Withdraws the doorbell requests of [`Endpoint::prepare_wait`].
+    pub fn finish_wait(&mut self) {
+        self.evq.disarm_sleep();
+        self.board.disarm_sleep();
+        for &i in &self.ready.armed {
+            if let Some(shm) = self.peers[i].link.shm_mut() {
+                shm.rx.disarm_sleep();
+                shm.tx.disarm_wait();
+            }
+        }
+    }
+
+    /// The endpoint's file descriptor, level-triggered: readable when a message,
+    /// connection or peer failure may be pending. For poll/epoll/select: call
+    /// [`Endpoint::prepare_wait`] before blocking on it and `progress` after
+    /// (`prepare_wait` also puts the UDP peers' own sockets in the set it reports on:
+    /// until the endpoint first sleeps or prepares to, only its progress passes read
+    /// them).
+    pub fn fd(&self) -> RawFd {
+        self.epoll.raw()
+    }
+
+    /// Progresses until no live network link has data its peer has not taken (bounded by
+    /// [`LINGER`]), waiting as any wait does (spin, then sleep until a datagram or a
+    /// retransmission timer): a peer that has gone never acknowledges, and spinning out
+    /// the whole bound burned a core for it.
+    pub(super) fn linger(&mut self) {
+        let pending = |ep: &Endpoint| ep.peers.iter().any(|p| p.alive && p.link.has_unsent());
+        // A timeout is the bound doing its job: close goes on regardless.
+        let _ = self.wait_until(Some(LINGER), |ep| !pending(ep));
+    }
+}

@@ -1,0 +1,230 @@
+//! One peer over UDP ([`UdpLink`]): its reliable connection, its bulk transfers, the
+//! frames it delivered, and its side of admission control.
+
+use super::*;
+
+/// One peer over UDP: its reliable connection and the frames it delivered.
+pub struct UdpLink {
+    /// The reliable connection.
+    pub conn: Conn,
+    /// Where the peer's datagrams go.
+    pub dest: SocketAddrV4,
+    /// The peer's endpoint id.
+    pub remote_id: u128,
+    /// Bulk transfers in progress.
+    pub bulk: Bulk,
+    /// Frames delivered and not yet released (beyond its bound the connection's own
+    /// receive budget, and so the sender's credit, takes over).
+    pub rxq: FrameQueue,
+    /// The peer's admission requests (true) and releases (false, with the grant) not
+    /// yet taken to the gate.
+    pub(super) admit_in: Vec<(bool, u32)>,
+    /// The latest answer to this side's own request (granted or not), for
+    /// [`crate::Endpoint::request_fast`].
+    pub fast_answer: Option<bool>,
+    /// Its grant was revoked: a Fast_NAck is repeated while its bulk keeps coming.
+    pub(super) revoked: bool,
+    pub(super) last_nack: u64,
+    /// Bulk fragments received so far (to see the stream's activity), and how many of
+    /// them were speculation hits.
+    pub(super) bulk_seen: u64,
+    pub(super) hits_seen: u64,
+}
+
+impl UdpLink {
+    pub(super) fn new(conn: Conn, dest: SocketAddrV4, remote_id: u128) -> UdpLink {
+        UdpLink {
+            conn,
+            dest,
+            remote_id,
+            bulk: Bulk::default(),
+            rxq: FrameQueue::default(),
+            admit_in: Vec::new(),
+            fast_answer: None,
+            revoked: false,
+            last_nack: 0,
+            bulk_seen: 0,
+            hits_seen: 0,
+        }
+    }
+
+    /// Feeds what a receive got for this link to its connection; bulk fragments go to
+    /// their destination.
+    pub fn handle(&mut self, now: u64, got: Got<'_>) {
+        // Errors are counted by the connection (corrupt, malformed, stray).
+        match got {
+            Got::Datagram(d) => {
+                let bulk = &mut self.bulk;
+                let _ = self
+                    .conn
+                    .handle_datagram_with(now, d, &mut |h, p| bulk.place(h, p));
+            }
+            Got::Placed(h, wire_len) => {
+                if self.conn.accept_placed(now, &h, wire_len) == Ok(true) {
+                    self.bulk.placed(&h, wire_len - BULK_HEADER);
+                }
+            }
+            Got::Moved(h, wire_len) => {
+                if self.conn.accept_placed(now, &h, wire_len) == Ok(true) {
+                    self.bulk.moved(&h, wire_len - BULK_HEADER);
+                }
+            }
+        }
+    }
+
+    /// Starts sending `len` bytes at `ptr` as bulk transfer `xfer` (the receiver's clear to
+    /// send named it); false when the connection is dead.
+    ///
+    /// # Safety
+    /// As [`Bulk::add_source`].
+    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
+        if self.conn.send_bulk(xfer, len as u64).is_err() {
+            return false;
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.bulk.add_source(xfer, ptr, len) };
+        true
+    }
+
+    /// Expects bulk transfer `xfer` of `total` bytes into `ptr` (`cap` bytes).
+    ///
+    /// # Safety
+    /// As [`Bulk::add_dest`].
+    pub unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+        let frag = self.conn.config().mtu_payload;
+        // SAFETY: forwarded contract.
+        unsafe { self.bulk.add_dest(xfer, total, ptr, cap, frag) };
+    }
+
+    /// Queues one frame on the connection (copied once, straight from the frame);
+    /// false when the connection's send buffer is full (retry after progress).
+    pub fn try_send(&mut self, f: &Frame) -> bool {
+        match self.conn.send_with(0, f.encoded_len(), |b| {
+            f.encode(b);
+        }) {
+            Ok(_) => true,
+            Err(SendError::BufferFull) => false,
+            // A dead connection reports itself through its event; a frame too large is a
+            // caller bug the endpoint prevents (chunks are bounded). Either way the frame is
+            // not sent; pretend it left so nothing waits on a queue that cannot drain.
+            Err(e) => {
+                tracing::debug!("UDP link refused a frame: {e}");
+                true
+            }
+        }
+    }
+
+    /// Runs the connection's timers that are due at `now` (a receive's clock reading),
+    /// then [`UdpLink::take_events`]. Returns true when the peer was declared dead.
+    pub fn tick(&mut self, now: u64) -> bool {
+        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+        }
+        self.take_events()
+    }
+
+    /// Releases the frame at the head of [`UdpLink::rxq`], its buffer back to the
+    /// connection for reuse.
+    pub fn release(&mut self) {
+        if let Some(buf) = self.rxq.release() {
+            self.conn.recycle(buf);
+        }
+    }
+
+    /// Moves delivered messages from the connection into the frame queue while it has
+    /// room (beyond that the connection's receive budget shrinks the sender's credit).
+    /// Returns true when the connection declared the peer dead.
+    pub fn take_events(&mut self) -> bool {
+        let mut dead = false;
+        while !self.rxq.full() {
+            match self.conn.poll_event() {
+                Some(Event::Message { data, .. }) => self.rxq.push(data),
+                Some(Event::Acked(_)) => {}
+                Some(Event::BulkSent(x)) => self.bulk.sent(x),
+                Some(Event::PeerDead) => dead = true,
+                Some(Event::FastRequest) => self.admit_in.push((true, 0)),
+                Some(Event::FastRelease { grant }) => self.admit_in.push((false, grant)),
+                Some(Event::Fast { granted }) => self.fast_answer = Some(granted),
+                None => break,
+            }
+        }
+        dead
+    }
+
+    /// Appends the connection's datagrams to `batch`. Bulk fragments of a stream the peer
+    /// steered to a socket of its own go to that port.
+    pub fn transmit(&mut self, now: u64, batch: &mut TxBatch) {
+        let dest = self.dest;
+        let bulk = &self.bulk;
+        let conn = &mut self.conn;
+        // SAFETY: bulk payloads are the sources' bytes, kept until their transfer is over
+        // (acknowledged, seen by `take_events`) or the link is cleared, neither of which
+        // happens before the transport sends the batch (`UdpTransport::flush`).
+        while unsafe {
+            batch.push_grouped(|buf| {
+                let t = conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
+                let to = match conn.steered_port() {
+                    Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
+                    _ => dest,
+                };
+                Some((t.len, t.payload, t.group_start, to))
+            })
+        } {}
+    }
+
+    /// Sends the gate's answer (Fast_Ack or Fast_NAck) to the peer; `revoked`: it takes a
+    /// grant back (repeated while the peer's bulk keeps coming).
+    pub fn answer_admit(&mut self, answer: Admit, revoked: bool) {
+        self.revoked = revoked;
+        self.conn.answer_admit(answer);
+    }
+
+    /// Moves the peer's admission requests and releases to `gate` (under route `idx`), and
+    /// notes its bulk stream's activity: the holder's keeps its grant, a revoked sender's
+    /// gets its Fast_NAck again (at most once per millisecond: the first may be lost).
+    /// `own`: the peer's datagrams reach a socket of its own (a receive queue no other
+    /// stream shares), so its stream cannot disturb another's speculative layout, nor
+    /// another its: it is granted at once, outside the gate, which arbitrates only the
+    /// streams that share the main socket. (Held to the slow window, seven streams
+    /// into one receiver of an all-to-all moved a third as fast as over TCP.)
+    pub(super) fn admit(
+        &mut self,
+        now: u64,
+        idx: usize,
+        own: bool,
+        gate: &mut Gate<usize>,
+        out: &mut Vec<Decision<usize>>,
+        stats: &mut UdpStats,
+    ) {
+        for (req, grant) in self.admit_in.drain(..) {
+            self.revoked = false;
+            if own {
+                if req {
+                    stats.own_queue_grants += 1;
+                    self.conn.answer_admit(Admit::Ack {
+                        grant: OWN_QUEUE_GRANT,
+                        port: 0,
+                    });
+                }
+            } else if req {
+                gate.request(now, idx, out);
+            } else {
+                gate.release(now, idx, grant, out);
+            }
+        }
+        let seen = self.conn.bulk_received();
+        if seen != self.bulk_seen {
+            let hits = self.bulk.stats.hits;
+            let (new, new_hits) = (seen - self.bulk_seen, hits - self.hits_seen);
+            (self.bulk_seen, self.hits_seen) = (seen, hits);
+            if gate.holder().is_some_and(|h| h.peer == idx) {
+                gate.active(now, idx);
+                stats.granted_fragments += new;
+                stats.granted_hits += new_hits;
+            } else if self.revoked && now >= self.last_nack + 1_000_000 {
+                self.last_nack = now;
+                self.conn.answer_admit(Admit::NAck);
+            }
+        }
+    }
+}
