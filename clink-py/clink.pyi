@@ -62,6 +62,19 @@ class Context:
     def __init__(self) -> None: ...
     def endpoint(self) -> Endpoint:
         """Opens a new endpoint."""
+    @staticmethod
+    def from_launcher() -> Tuple["Context", "Job"]:
+        """A context for a process started by mpirun or srun, with its job (ConfigError without one)."""
+
+class Job:
+    """The job a launcher started this process in: rank, size, and the address exchange."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    def exchange_addresses(self, address: str) -> List[str]:
+        """Publishes this rank's address and returns every rank's (collective)."""
 
 class Status:
     """Who sent what."""

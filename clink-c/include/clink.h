@@ -173,6 +173,11 @@ typedef struct clink_event_sender_t clink_event_sender_t;
 // `CLINK_ERR_BUSY` until `clink_inplace_release`.
 typedef struct clink_inplace_t clink_inplace_t;
 
+// The job a launcher started this process in (`clink_context_from_launcher`): this
+// process's rank, the job's size, and after `clink_job_exchange` every rank's endpoint
+// address.
+typedef struct clink_job_t clink_job_t;
+
 // An imported cookie (`clink_import`): a window of a peer's aperture this endpoint may
 // access with put, get, atomics, notify and map.
 typedef struct clink_remote_t clink_remote_t;
@@ -698,6 +703,65 @@ int clink_event_post(const struct clink_event_sender_t *sender, uint64_t value);
 // # Safety
 // `sender` NULL or a sender not freed yet, not in use by another thread.
 void clink_event_sender_free(struct clink_event_sender_t *sender);
+
+// Creates a context configured from the `CLINK_*` environment variables and joins the
+// job of the launcher that started this process (`mpirun`, `srun`: its PMIx service,
+// `libpmix.so.2`, loaded at run time). Fails with `CLINK_ERR_CONFIG` when no launcher
+// started the process, or the launcher's service fails (`clink_last_error` says which).
+//
+// Ownership: on success `*ctx` is a new context (`clink_context_free`) and `*job` a new
+// job (`clink_job_free`). Thread safety: any thread; call it once per process.
+//
+// # Safety
+// `ctx` and `job` must point to writable storage for a pointer (NULL refused).
+int clink_context_from_launcher(struct clink_context_t **ctx, struct clink_job_t **job);
+
+// This process's rank in its job, from 0 (0 for a NULL job).
+//
+// Thread safety: any thread.
+//
+// # Safety
+// `job` must be NULL or a live job.
+uint32_t clink_job_rank(const struct clink_job_t *job);
+
+// The number of ranks in the job (0 for a NULL job).
+//
+// Thread safety: any thread.
+//
+// # Safety
+// `job` must be NULL or a live job.
+uint32_t clink_job_size(const struct clink_job_t *job);
+
+// Publishes `address` (this rank's endpoint address, `clink_endpoint_address`) and
+// fetches every rank's, which `clink_job_address` then returns. Collective: every rank
+// of the job calls it, and it returns when all have published. A second call publishes
+// again and replaces the addresses.
+//
+// Thread safety: one thread at a time per job.
+//
+// # Safety
+// `job` a live job; `address` a NUL-terminated string (NULL refused).
+int clink_job_exchange(struct clink_job_t *job, const char *address);
+
+// The endpoint address rank `rank` published, a NUL-terminated string; NULL before
+// `clink_job_exchange`, for a rank outside the job, or for a NULL job.
+//
+// Ownership: the string belongs to the job and stays valid until the next
+// `clink_job_exchange` or `clink_job_free`. Thread safety: any thread, not during a
+// `clink_job_exchange` of the same job.
+//
+// # Safety
+// `job` must be NULL or a live job.
+const char *clink_job_address(const struct clink_job_t *job, uint32_t rank);
+
+// Frees a job and leaves the launcher's service (`PMIx_Finalize`); contexts and
+// endpoints made meanwhile stay valid. NULL is ignored.
+//
+// Thread safety: no other call may be using this job.
+//
+// # Safety
+// `job` must be NULL or a job from `clink_context_from_launcher` not freed yet.
+void clink_job_free(struct clink_job_t *job);
 
 // The default tripwire options: writes, re-arming, with events.
 //

@@ -11,6 +11,12 @@ pub struct clink_context_t {
     ctx: Context,
 }
 
+impl clink_context_t {
+    pub(crate) fn new(ctx: Context) -> clink_context_t {
+        clink_context_t { ctx }
+    }
+}
+
 /// Creates a context configured from the `CLINK_*` environment variables (an unknown
 /// `CLINK_*` variable or a bad value fails with `CLINK_ERR_CONFIG`).
 ///

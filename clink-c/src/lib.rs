@@ -21,11 +21,13 @@ use std::time::Duration;
 
 mod endpoint;
 mod events;
+mod launcher;
 mod rma;
 mod tagged;
 
 pub use endpoint::*;
 pub use events::*;
+pub use launcher::*;
 pub use rma::*;
 pub use tagged::*;
 

@@ -5,6 +5,7 @@
 #   plain     linked against libclink.so
 #   asan      -fsanitize=address,undefined, linked against libclink.a, leaks detected
 #   valgrind  the plain binaries under valgrind --leak-check=full --error-exitcode=1
+# and the launcher test once more as three ranks under mpirun.
 # Prints one line per run and "N passed, M failed"; exits 1 if any run failed or a tool
 # (cc, valgrind) is missing. Run by tests/c_suite.rs (cargo test -p clink-c).
 set -uo pipefail
@@ -98,7 +99,7 @@ run() { # variant name command...
     if [ "$rc" -ne 0 ]; then
         sed 's/^/      /' "$log" | tail -n 40
     else
-        grep -v '^==' "$log" | grep -E '^(clink C ping-pong|stream_nb|epoll|apertures)' | sed 's/^/      /'
+        grep -v '^==' "$log" | grep -E '^(clink C ping-pong|stream_nb|epoll|apertures|launcher|rank )' | sed 's/^/      /'
     fi
 }
 
@@ -128,6 +129,20 @@ for name in "${names[@]}"; do
         --suppressions="$here/tests/valgrind.supp" \
         "$out/plain/$name" $(args_for "$name" valgrind)
 done
+
+# The launcher test once more with three ranks under Open MPI's mpirun (its PMIx
+# service carries the addresses), plain build only.
+if [ -x "$out/plain/test_launcher" ]; then
+    if command -v mpirun >/dev/null; then
+        root_flag=()
+        [ "$(id -u)" -eq 0 ] && root_flag=(--allow-run-as-root)
+        run mpirun test_launcher timeout 120 mpirun "${root_flag[@]}" --oversubscribe \
+            --bind-to none -np 3 "$out/plain/test_launcher"
+    else
+        record test_launcher mpirun 1
+        echo "      mpirun is not installed (Debian: apt-get install -y openmpi-bin)"
+    fi
+fi
 
 if [ "$failed" -ne 0 ]; then
     echo "failed runs: ${failures[*]}"

@@ -135,6 +135,48 @@ impl Context {
         let ep = self.ctx.endpoint().or_py(py)?;
         Ok(Endpoint::wrap(ep))
     }
+
+    /// A context for a process started by a launcher (``mpirun``, ``srun``), with the
+    /// :class:`Job` it belongs to: ``ctx, job = clink.Context.from_launcher()``. Raises
+    /// :class:`ConfigError` when no launcher started the process.
+    #[staticmethod]
+    fn from_launcher(py: Python<'_>) -> PyResult<(Context, Job)> {
+        let (ctx, job) = py.detach(clink_rs::Context::from_launcher).or_py(py)?;
+        Ok((Context { ctx }, Job { job }))
+    }
+}
+
+/// The job a launcher started this process in (:meth:`Context.from_launcher`): this
+/// process's ``rank``, the job's ``size``, and the exchange of endpoint addresses.
+#[pyclass(module = "clink", frozen)]
+pub struct Job {
+    job: clink_rs::launcher::Launcher,
+}
+
+#[pymethods]
+impl Job {
+    /// This process's rank (from 0).
+    #[getter]
+    fn rank(&self) -> u32 {
+        self.job.rank()
+    }
+
+    /// The number of ranks in the job.
+    #[getter]
+    fn size(&self) -> u32 {
+        self.job.size()
+    }
+
+    /// Publishes ``address`` (this rank's :attr:`Endpoint.address`) and returns every
+    /// rank's, indexed by rank. Collective: every rank calls it; it returns when all have
+    /// published (the GIL is released meanwhile).
+    fn exchange_addresses(&self, py: Python<'_>, address: &str) -> PyResult<Vec<String>> {
+        py.detach(|| self.job.exchange_addresses(address)).or_py(py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Job(rank={}, size={})", self.job.rank(), self.job.size())
+    }
 }
 
 // ------------------------------------------------------------------ status, message

@@ -261,6 +261,7 @@ fn clink_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("READ", clink_rs::rma::READ)?;
     m.add("WRITE", clink_rs::rma::WRITE)?;
     m.add_class::<endpoint::Context>()?;
+    m.add_class::<endpoint::Job>()?;
     m.add_class::<endpoint::Endpoint>()?;
     m.add_class::<endpoint::Status>()?;
     m.add_class::<endpoint::Message>()?;

@@ -277,6 +277,38 @@ def test_apertures_tripwires_events(pair):
 # ------------------------------------------------------------------ two processes
 
 
+def test_from_launcher_without_a_launcher_raises_config_error():
+    assert "PMIX_NAMESPACE" not in os.environ, "this test must run outside a launcher"
+    with pytest.raises(clink.ConfigError, match="not started by a PMIx launcher") as e:
+        clink.Context.from_launcher()
+    assert e.value.code == clink.ERROR_CODES["CLINK_ERR_CONFIG"]
+
+
+def test_ranks_started_by_mpirun_find_each_other():
+    mpirun = shutil.which("mpirun")
+    assert mpirun, "mpirun is not installed (Debian: openmpi-bin; .ci/run installs it)"
+    cmd = [mpirun, "--oversubscribe", "--bind-to", "none", "-np", "3"]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    ring = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher_ring.py")
+    p = subprocess.Popen(
+        [*cmd, sys.executable, ring],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)  # mpirun and its ranks: a session of their own
+        p.communicate()
+        raise
+    assert p.returncode == 0, out
+    for r in range(3):
+        assert f"rank {r} of 3: got 'hello from {(r + 2) % 3}' from its left" in out, out
+
+
 def test_two_processes_echo(ctx):
     ep = ctx.endpoint()
     child = Child(ep, "echo")

@@ -72,7 +72,8 @@ pub struct Row {
     pub min: Option<f64>,
     /// Largest sample (latency) or fastest repetition (bandwidth), if known.
     pub max: Option<f64>,
-    /// Copies of each payload byte (`None` when the system does not say).
+    /// Copies of each payload byte by the protocol's design (nominal, not measured; `None`
+    /// when the system does not say).
     pub copies_per_byte: Option<f64>,
     /// Measured ping-pong round trips, or messages per bandwidth repetition.
     pub iterations: u64,
@@ -531,7 +532,9 @@ fn render_group(rows: &[Row]) -> String {
     }
     let copies = copies_lines(rows);
     if !copies.is_empty() {
-        out.push_str("copies per byte:\n");
+        out.push_str(
+            "copies per byte (nominal: counted from each protocol's design, not measured; on one host the\n  rendezvous mix of CMA and pipeline is the receiver's actual choice):\n",
+        );
         for c in copies {
             out.push_str(&format!("  {c}\n"));
         }
