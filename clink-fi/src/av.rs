@@ -21,6 +21,8 @@ pub struct Entry {
     pub addr: String,
     /// Its endpoint identity.
     pub id: u128,
+    /// Its host key (machine and network namespace).
+    pub host: u64,
 }
 
 /// The entries, shared with the endpoints bound to the vector.
@@ -172,6 +174,7 @@ unsafe extern "C" fn insert(
                     t.entries.push(Some(Entry {
                         addr: a.to_string(),
                         id: a.id,
+                        host: a.host,
                     }));
                     ok += 1;
                     index

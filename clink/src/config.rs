@@ -13,6 +13,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CMA", "'auto' (default: probe process_vm_readv at connect) or 'off' (never use CMA: pipeline only)"),
     ("CLINK_CMA_SPLIT", "'1' (default): a CMA rendezvous of 128 KiB or more is copied by both sides at once, the sender writing the first half into the posted buffer (process_vm_writev) while the receiver reads the second; '0': the receiver reads it all"),
     ("CLINK_RING_CELLS", "64-byte cells per ring direction, a power of two (default 2048 = 128 KiB: small enough to stay in the caches of both cores)"),
+    ("CLINK_RING_SHRINK", "'1' (default): an endpoint with many same-host peers connects to more of them with smaller rings (halved for each doubling of its peers beyond 4, down to 128 cells = 8 KiB; each pair's rings are its own memory, and a full mesh of N processes holds N(N-1)/2 pairs); '0': every connection gets CLINK_RING_CELLS"),
     ("CLINK_SHM_ANY_UID", "'1' lets peers of other uids connect (default: same uid only)"),
     ("CLINK_CALIBRATE", "'1' (default): the copy, CMA and ring-hop costs the protocols are chosen from are measured once per host and boot, by the first process that needs them (the others wait for it, then read them from CLINK_COSTS_CACHE); a figure no machine could measure (a measurement disturbed by load) is replaced by the built-in one and not stored; 'fresh': measured by this process (and stored); '0': built-in figures"),
     ("CLINK_COSTS_CACHE", "the file holding the host's measured costs (default /dev/shm/clink-costs-UID)"),
@@ -60,6 +61,9 @@ pub struct Config {
     pub cma_split: bool,
     /// Cells per ring direction (power of two).
     pub ring_cells: u32,
+    /// Connect to more same-host peers with smaller rings once there are many
+    /// ([`crate::transport::shm::ring_cells_for`]).
+    pub ring_shrink: bool,
     /// Accept shared-memory peers with another uid.
     pub any_uid: bool,
     /// Use measured costs (once per host, cached) rather than the built-in ones.
@@ -94,6 +98,7 @@ impl Default for Config {
             cma: true,
             cma_split: true,
             ring_cells: 2048,
+            ring_shrink: true,
             any_uid: false,
             calibrate: true,
             calibrate_fresh: false,
@@ -168,6 +173,7 @@ impl Config {
                     }
                 }
                 "CLINK_CMA_SPLIT" => c.cma_split = flag(&k, &v)?,
+                "CLINK_RING_SHRINK" => c.ring_shrink = flag(&k, &v)?,
                 "CLINK_RING_CELLS" => {
                     let n = num(&k, &v, 64, 1 << 20)?;
                     if !n.is_power_of_two() {

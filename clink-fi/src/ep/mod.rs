@@ -269,6 +269,13 @@ impl State {
             return;
         };
         let t = av.lock().unwrap_or_else(|e| e.into_inner());
+        // The job's other ranks on this host: the rings are sized for that many from the
+        // first connection (a full mesh of local ranks holds a pair of rings per pair).
+        let host = self.ctx.host();
+        let local = (t.entries.iter().flatten())
+            .filter(|e| e.host == host && e.id != self.my_id)
+            .count();
+        self.ep.expect_peers(local);
         let todo: Vec<(u128, String)> = t.entries[self.considered.min(t.entries.len())..]
             .iter()
             .flatten()

@@ -372,6 +372,8 @@ pub struct Endpoint {
     /// Our activity board and which peers a progress pass visits.
     board: Board,
     ready: ready::Ready,
+    /// How many same-host peers the application expects ([`Endpoint::expect_peers`]).
+    expected_peers: usize,
 }
 
 // The raw pointers an endpoint holds point into memory it owns or that stays valid while
@@ -448,6 +450,7 @@ impl Endpoint {
             finished: false,
             board: Board::new()?,
             ready: ready::Ready::default(),
+            expected_peers: 0,
         })
     }
 

@@ -2,6 +2,7 @@
 //! them (with every operation that involved them) when their link ends.
 
 use super::*;
+use crate::transport::shm::ring_cells_for;
 
 impl Endpoint {
     /// Connects to the endpoint at `addr` (a string from its [`Endpoint::address`]).
@@ -40,10 +41,19 @@ impl Endpoint {
         let mut incoming = std::mem::take(&mut self.incoming);
         let mut accepted = Vec::new();
         let mut refused = Vec::new();
+        let same_host = (self.peers.iter())
+            .filter(|p| p.alive && matches!(p.link, Link::Shm(_)))
+            .count();
+        let cfg = &self.ctx.config;
+        let cells = ring_cells_for(
+            cfg.ring_cells,
+            same_host.max(self.expected_peers),
+            cfg.ring_shrink,
+        );
         let link = {
             let me = self.local();
             let (listener, epoll) = (&self.listener, &self.epoll);
-            ShmPeer::connect(name, &me, || {
+            ShmPeer::connect(name, &me, cells, || {
                 // Answer peers connecting to us meanwhile (mutual connects must not deadlock).
                 handshake_incoming(
                     listener,
@@ -137,6 +147,14 @@ impl Endpoint {
             !ep.new_peers.is_empty()
         })?;
         self.new_peers.pop_front().ok_or(Error::Timeout)
+    }
+
+    /// Says that this endpoint will connect to about `n` peers on its host (a job's
+    /// other local ranks, say). Its connections' rings are then sized for that many from
+    /// the first connection on, rather than shrinking only as peers accumulate (see
+    /// `CLINK_RING_SHRINK`): a full mesh of 64 processes holds 2 016 pairs of rings.
+    pub fn expect_peers(&mut self, n: usize) {
+        self.expected_peers = n;
     }
 
     /// The peers connected so far (alive or not).

@@ -39,6 +39,25 @@ const HDR_SLOT_OF_CONNECTOR: usize = 3;
 
 /// Largest ring the acceptor agrees to map.
 pub const MAX_RING_CELLS: u32 = 1 << 20;
+/// Same-host peers an endpoint connects to with full-size rings before it shrinks them.
+const FULL_RING_PEERS: usize = 4;
+/// The smallest ring a shrunk connection gets (8 KiB: eager up to 2 KiB, larger messages
+/// by CMA or the pipeline).
+const MIN_SHRUNK_CELLS: u32 = 128;
+
+/// Cells per ring of a new connection made by an endpoint that has `peers` same-host
+/// peers already: `configured` for the first [`FULL_RING_PEERS`], then halved for each
+/// doubling beyond (4-7 peers: a half, 8-15: a quarter, ...), down to
+/// [`MIN_SHRUNK_CELLS`]. Each pair's rings are its own memory and a full mesh of N
+/// processes holds N(N-1)/2 pairs: 64 processes at 128 KiB a ring took 527 MiB. The
+/// connector chooses (its hello carries the size) and both sides' limits follow it.
+pub fn ring_cells_for(configured: u32, peers: usize, shrink: bool) -> u32 {
+    if !shrink || peers < FULL_RING_PEERS {
+        return configured;
+    }
+    let halvings = usize::BITS - (peers / FULL_RING_PEERS).leading_zeros();
+    (configured >> halvings.min(31)).max(MIN_SHRUNK_CELLS.min(configured))
+}
 
 /// Byte offsets of the parts of a segment.
 #[derive(Clone, Copy, Debug)]
@@ -280,12 +299,18 @@ impl ShmPeer {
         )
     }
 
-    /// Connects to the endpoint listening on abstract socket `name`. `while_waiting` is
-    /// called while the answer is pending, so two endpoints connecting to each other at
-    /// once can each accept the other.
-    pub fn connect(name: &str, me: &Local, while_waiting: impl FnMut()) -> Result<ShmPeer> {
+    /// Connects to the endpoint listening on abstract socket `name`, with rings of
+    /// `ring_cells` cells each way (see [`ring_cells_for`]). `while_waiting` is called
+    /// while the answer is pending, so two endpoints connecting to each other at once can
+    /// each accept the other.
+    pub fn connect(
+        name: &str,
+        me: &Local,
+        ring_cells: u32,
+        while_waiting: impl FnMut(),
+    ) -> Result<ShmPeer> {
         let slot = me.board.alloc();
-        let r = Self::connect_with(name, me, slot, while_waiting);
+        let r = Self::connect_with(name, me, ring_cells, slot, while_waiting);
         if let (Err(_), Some(s)) = (&r, slot) {
             me.board.release(s);
         }
@@ -295,6 +320,7 @@ impl ShmPeer {
     fn connect_with(
         name: &str,
         me: &Local,
+        ring_cells: u32,
         slot: Option<u32>,
         mut while_waiting: impl FnMut(),
     ) -> Result<ShmPeer> {
@@ -312,7 +338,7 @@ impl ShmPeer {
         let cred = check_uid(&sock, cfg).map_err(|e| fail(e.to_string()))?;
         let hello = Hello {
             id: me.id,
-            ring_cells: cfg.ring_cells,
+            ring_cells,
             probe_addr: me.probe.0,
             probe_value: me.probe.1,
         };
@@ -562,5 +588,26 @@ impl ShmPeer {
     pub fn record(&self, r: ring::Record) -> &[u8] {
         // SAFETY: peek() checked that the record lies inside the ring.
         unsafe { std::slice::from_raw_parts(self.rx.mem().payload(r.idx), r.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ring_cells_for, MIN_SHRUNK_CELLS};
+
+    #[test]
+    fn rings_shrink_by_half_per_doubling_of_peers_down_to_the_floor() {
+        let sizes: Vec<u32> = [0, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64, 1000]
+            .iter()
+            .map(|&n| ring_cells_for(2048, n, true))
+            .collect();
+        assert_eq!(
+            sizes,
+            [2048, 2048, 1024, 1024, 512, 512, 256, 256, 128, 128, 128, 128]
+        );
+        // Off: always the configured size; a configured size below the floor stays.
+        assert_eq!(ring_cells_for(2048, 1000, false), 2048);
+        assert_eq!(ring_cells_for(64, 1000, true), 64);
+        assert!(ring_cells_for(1 << 20, usize::MAX, true) >= MIN_SHRUNK_CELLS);
     }
 }
