@@ -480,6 +480,16 @@ int clink_endpoint_free(struct clink_endpoint_t *ep);
 // `ep` must be NULL or a live endpoint.
 const char *clink_endpoint_address(const struct clink_endpoint_t *ep);
 
+// Says that this endpoint will connect to about `n` peers on its host (a job's other
+// local ranks): its connections' rings are sized for that many from the first (see
+// `CLINK_RING_SHRINK`; a full mesh of N processes holds N(N-1)/2 pairs of rings).
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` must be a live endpoint.
+int clink_endpoint_expect_peers(struct clink_endpoint_t *ep, uintptr_t n);
+
 // Connects to the endpoint at `address` (a string from its `clink_endpoint_address`) and
 // stores the new peer in `*peer`. Shared memory on the same host and network namespace,
 // else UDP or TCP (see `CLINK_TRANSPORT`). The wait for the other side is bounded by
@@ -731,6 +741,16 @@ uint32_t clink_job_rank(const struct clink_job_t *job);
 // # Safety
 // `job` must be NULL or a live job.
 uint32_t clink_job_size(const struct clink_job_t *job);
+
+// The number of the job's ranks on this node (this one included), or 0 when the
+// launcher does not say (or for a NULL job). Endpoints of the job's context expect the
+// others as peers already (`clink_endpoint_expect_peers`).
+//
+// Thread safety: any thread.
+//
+// # Safety
+// `job` must be NULL or a live job.
+uint32_t clink_job_local_size(const struct clink_job_t *job);
 
 // Publishes `address` (this rank's endpoint address, `clink_endpoint_address`) and
 // fetches every rank's, which `clink_job_address` then returns. Collective: every rank

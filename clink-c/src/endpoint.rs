@@ -129,6 +129,22 @@ pub unsafe extern "C" fn clink_endpoint_address(ep: *const clink_endpoint_t) -> 
     ep.as_ref().map_or(std::ptr::null(), |h| h.address.as_ptr())
 }
 
+/// Says that this endpoint will connect to about `n` peers on its host (a job's other
+/// local ranks): its connections' rings are sized for that many from the first (see
+/// `CLINK_RING_SHRINK`; a full mesh of N processes holds N(N-1)/2 pairs of rings).
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` must be a live endpoint.
+#[no_mangle]
+pub unsafe extern "C" fn clink_endpoint_expect_peers(ep: *mut clink_endpoint_t, n: usize) -> c_int {
+    with_ep("clink_endpoint_expect_peers", ep, |e, _| {
+        e.expect_peers(n);
+        Ok(OK)
+    })
+}
+
 /// Connects to the endpoint at `address` (a string from its `clink_endpoint_address`) and
 /// stores the new peer in `*peer`. Shared memory on the same host and network namespace,
 /// else UDP or TCP (see `CLINK_TRANSPORT`). The wait for the other side is bounded by

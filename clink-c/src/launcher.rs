@@ -64,6 +64,19 @@ pub unsafe extern "C" fn clink_job_size(job: *const clink_job_t) -> u32 {
     job.as_ref().map_or(0, |j| j.job.size())
 }
 
+/// The number of the job's ranks on this node (this one included), or 0 when the
+/// launcher does not say (or for a NULL job). Endpoints of the job's context expect the
+/// others as peers already (`clink_endpoint_expect_peers`).
+///
+/// Thread safety: any thread.
+///
+/// # Safety
+/// `job` must be NULL or a live job.
+#[no_mangle]
+pub unsafe extern "C" fn clink_job_local_size(job: *const clink_job_t) -> u32 {
+    job.as_ref().and_then(|j| j.job.local_size()).unwrap_or(0)
+}
+
 /// Publishes `address` (this rank's endpoint address, `clink_endpoint_address`) and
 /// fetches every rank's, which `clink_job_address` then returns. Collective: every rank
 /// of the job calls it, and it returns when all have published. A second call publishes

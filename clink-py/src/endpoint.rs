@@ -167,6 +167,13 @@ impl Job {
         self.job.size()
     }
 
+    /// The number of the job's ranks on this node (this one included), or None when the
+    /// launcher does not say.
+    #[getter]
+    fn local_size(&self) -> Option<u32> {
+        self.job.local_size()
+    }
+
     /// Publishes ``address`` (this rank's :attr:`Endpoint.address`) and returns every
     /// rank's, indexed by rank. Collective: every rank calls it; it returns when all have
     /// published (the GIL is released meanwhile).
@@ -336,6 +343,17 @@ impl Endpoint {
     /// ``finish_wait()`` and then make progress (any call). Owned by the endpoint.
     fn fileno(&self) -> RawFd {
         self.sh.fd
+    }
+
+    /// Says that this endpoint will connect to about ``n`` peers on its host (a job's
+    /// other local ranks): its connections' rings are sized for that many from the first
+    /// (see ``CLINK_RING_SHRINK``). Endpoints of ``Context.from_launcher()`` know it
+    /// already when the launcher says.
+    fn expect_peers(&self, py: Python<'_>, n: usize) -> PyResult<()> {
+        self.sh.with(py, |ep| {
+            ep.expect_peers(n);
+            Ok(())
+        })
     }
 
     /// Connects to the endpoint at ``address``; returns the peer's number.

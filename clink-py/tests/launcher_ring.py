@@ -16,6 +16,7 @@ got = bytes(buf[: st.length]).decode()
 left = (job.rank + job.size - 1) % job.size
 assert got == f"hello from {left}", got
 print(f"rank {job.rank} of {job.size}: got {got!r} from its left", flush=True)
+print(f"rank {job.rank}: {job.local_size} ranks on this node", flush=True)
 # Every rank has its greeting before any closes.
 job.exchange_addresses(ep.address)
 ep.close()

@@ -307,6 +307,7 @@ def test_ranks_started_by_mpirun_find_each_other():
     assert p.returncode == 0, out
     for r in range(3):
         assert f"rank {r} of 3: got 'hello from {(r + 2) % 3}' from its left" in out, out
+        assert f"rank {r}: 3 ranks on this node" in out, out
 
 
 def test_two_processes_echo(ctx):

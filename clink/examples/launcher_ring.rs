@@ -1,7 +1,7 @@
 //! Ranks started by a launcher find each other and pass a message around a ring:
 //! `mpirun -np 3 target/debug/examples/launcher_ring` (any program, not only MPI ones:
 //! mpirun's PMIx service carries the endpoint addresses). Each rank prints `rank R of N:
-//! got G from its left`.
+//! got G from its left` and how many ranks share its node.
 
 use clink::Selector;
 use std::time::Duration;
@@ -26,6 +26,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("rank {rank}: got {got:?}, not the left neighbour's greeting").into());
     }
     println!("rank {rank} of {size}: got {got:?} from its left");
+    match job.local_size() {
+        Some(n) => println!("rank {rank}: {n} ranks on this node"),
+        None => println!("rank {rank}: the launcher does not say how many ranks share this node"),
+    }
     ep.close();
     Ok(())
 }

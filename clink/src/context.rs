@@ -13,6 +13,8 @@ pub(crate) struct CtxInner {
     pub costs_source: calibrate::Source,
     pub host: u64,
     pub pid: i32,
+    /// Same-host peers each endpoint expects ([`Endpoint::expect_peers`]); 0: unknown.
+    pub local_peers: usize,
 }
 
 /// One per process: configuration (from `CLINK_*` variables), the measured cost model and
@@ -60,6 +62,7 @@ impl Context {
                 costs_source: source,
                 host: host_key(),
                 pid: sys::getpid(),
+                local_peers: 0,
             }),
         })
     }
@@ -68,9 +71,17 @@ impl Context {
     /// (`mpirun`, `srun`), with the job it belongs to: its rank, the job's size, and the
     /// exchange of endpoint addresses between the ranks ([`crate::launcher::Launcher`]).
     /// Fails with [`crate::Error::Launcher`] when no launcher started the process.
+    /// Its endpoints expect the job's other ranks on this node as peers
+    /// ([`Endpoint::expect_peers`]) when the launcher says how many there are.
     pub fn from_launcher() -> Result<(Context, crate::launcher::Launcher)> {
         let job = crate::launcher::Launcher::from_env()?;
-        Ok((Context::new()?, job))
+        let mut ctx = Context::new()?;
+        if let Some(n) = job.local_size() {
+            if let Some(inner) = Arc::get_mut(&mut ctx.inner) {
+                inner.local_peers = n as usize - 1;
+            }
+        }
+        Ok((ctx, job))
     }
 
     /// Creates an endpoint listening for peers.

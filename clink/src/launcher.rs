@@ -109,6 +109,7 @@ pub struct Launcher {
     pmix: Pmix,
     me: Proc,
     size: u32,
+    local_size: Option<u32>,
 }
 
 // SAFETY: PMIx's client calls are thread-safe; the struct only holds its name and the
@@ -135,7 +136,12 @@ impl Launcher {
         if rc != PMIX_SUCCESS {
             return Err(fail(format!("PMIx_Init failed ({rc})")));
         }
-        let mut job = Launcher { pmix, me, size: 0 };
+        let mut job = Launcher {
+            pmix,
+            me,
+            size: 0,
+            local_size: None,
+        };
         let wildcard = Proc {
             nspace: job.me.nspace,
             rank: PMIX_RANK_WILDCARD,
@@ -146,6 +152,14 @@ impl Launcher {
         job.size = size
             .filter(|&n| n > 0)
             .ok_or_else(|| fail("the job size is not a positive number"))?;
+        // Optional: a launcher that does not say leaves the rings sized as peers come.
+        job.local_size = job
+            .get(&wildcard, c"pmix.local.size", |v| {
+                (v.kind == PMIX_UINT32).then_some(v.data[0] as u32)
+            })
+            .ok()
+            .flatten()
+            .filter(|&n| n > 0 && n <= job.size);
         Ok(job)
     }
 
@@ -157,6 +171,12 @@ impl Launcher {
     /// Number of ranks in the job.
     pub fn size(&self) -> u32 {
         self.size
+    }
+
+    /// Number of the job's ranks on this node (this one included), when the launcher
+    /// says (`pmix.local.size`).
+    pub fn local_size(&self) -> Option<u32> {
+        self.local_size
     }
 
     /// Reads `key` of `proc` and maps the value with `f` (`None`: unusable value).

@@ -84,5 +84,9 @@ fn ranks_started_by_mpirun_pass_a_message_around_a_ring() {
         let left = (r + 2) % 3;
         let want = format!("rank {r} of 3: got \"hello from {left}\" from its left");
         assert!(text.contains(&want), "no {want:?} in {text}");
+        // Open MPI's PMIx says how many ranks share the node (all three here); the
+        // endpoints size their rings for that many peers.
+        let local = format!("rank {r}: 3 ranks on this node");
+        assert!(text.contains(&local), "no {local:?} in {text}");
     }
 }

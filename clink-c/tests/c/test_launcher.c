@@ -14,7 +14,7 @@ static int alone(void) {
     printf("launcher: none; refused with \"%s\"\n", clink_last_error());
     CHECK_RC(clink_context_from_launcher(NULL, &job), CLINK_ERR_NULL);
     CHECK_RC(clink_job_exchange(NULL, "x"), CLINK_ERR_NULL);
-    CHECK(clink_job_rank(NULL) == 0 && clink_job_size(NULL) == 0);
+    CHECK(clink_job_rank(NULL) == 0 && clink_job_size(NULL) == 0 && clink_job_local_size(NULL) == 0);
     CHECK(clink_job_address(NULL, 0) == NULL);
     clink_job_free(NULL);
     return 0;
@@ -29,8 +29,11 @@ int main(void) {
     uint32_t rank = clink_job_rank(job), size = clink_job_size(job);
     CHECK(size >= 1 && rank < size);
     CHECK(clink_job_address(job, 0) == NULL); /* nothing before the exchange */
+    /* Open MPI's PMIx says how many ranks share the node: all of them here. */
+    CHECK(clink_job_local_size(job) == size);
     clink_endpoint_t *ep = NULL;
     OK(clink_endpoint_create(ctx, &ep));
+    OK(clink_endpoint_expect_peers(ep, size - 1));
     CHECK_RC(clink_job_exchange(job, NULL), CLINK_ERR_NULL);
     OK(clink_job_exchange(job, clink_endpoint_address(ep)));
     CHECK(strcmp(clink_job_address(job, rank), clink_endpoint_address(ep)) == 0);

@@ -385,6 +385,7 @@ unsafe impl Send for Endpoint {}
 
 impl Endpoint {
     pub(crate) fn new(ctx: Arc<CtxInner>) -> Result<Endpoint> {
+        let local_peers = ctx.local_peers;
         let id = sys::random_u128().map_err(io_err("random identity"))?;
         let sock_name = format!("clink-{id:032x}");
         let listener =
@@ -450,7 +451,7 @@ impl Endpoint {
             finished: false,
             board: Board::new()?,
             ready: ready::Ready::default(),
-            expected_peers: 0,
+            expected_peers: local_peers,
         })
     }
 
