@@ -489,6 +489,58 @@ pub struct fi_ops_tagged {
     pub injectdata: Slot,
 }
 
+#[repr(C)]
+pub struct fi_msg {
+    pub msg_iov: *const libc::iovec,
+    pub desc: *mut *mut c_void,
+    pub iov_count: usize,
+    pub addr: fi_addr_t,
+    pub context: *mut c_void,
+    pub data: u64,
+}
+
+#[repr(C)]
+pub struct fi_ops_msg {
+    pub size: usize,
+    pub recv: unsafe extern "C" fn(
+        *mut fid_ep,
+        *mut c_void,
+        usize,
+        *mut c_void,
+        fi_addr_t,
+        *mut c_void,
+    ) -> isize,
+    pub recvv: unsafe extern "C" fn(
+        *mut fid_ep,
+        *const libc::iovec,
+        *mut *mut c_void,
+        usize,
+        fi_addr_t,
+        *mut c_void,
+    ) -> isize,
+    pub recvmsg: unsafe extern "C" fn(*mut fid_ep, *const fi_msg, u64) -> isize,
+    pub send: unsafe extern "C" fn(
+        *mut fid_ep,
+        *const c_void,
+        usize,
+        *mut c_void,
+        fi_addr_t,
+        *mut c_void,
+    ) -> isize,
+    pub sendv: unsafe extern "C" fn(
+        *mut fid_ep,
+        *const libc::iovec,
+        *mut *mut c_void,
+        usize,
+        fi_addr_t,
+        *mut c_void,
+    ) -> isize,
+    pub sendmsg: unsafe extern "C" fn(*mut fid_ep, *const fi_msg, u64) -> isize,
+    pub inject: unsafe extern "C" fn(*mut fid_ep, *const c_void, usize, fi_addr_t) -> isize,
+    pub senddata: Slot,
+    pub injectdata: Slot,
+}
+
 /// A table of which every slot is unimplemented (`fi_ops_msg`, `fi_ops_rma`,
 /// `fi_ops_atomic`, `fi_ops_collective`: each a size and function pointers).
 #[repr(C)]
@@ -502,7 +554,7 @@ pub struct fid_ep {
     pub fid: fid,
     pub ops: *const fi_ops_ep,
     pub cm: *const fi_ops_cm,
-    pub msg: *const fi_ops_none<9>,
+    pub msg: *const fi_ops_msg,
     pub rma: *const fi_ops_none<9>,
     pub tagged: *const fi_ops_tagged,
     pub atomic: *const fi_ops_none<13>,

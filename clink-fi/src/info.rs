@@ -6,8 +6,14 @@ use crate::{c_calloc, c_strdup, NAME};
 use std::ffi::{c_char, c_int, CStr};
 
 /// Primary and secondary capabilities.
-pub const CAPS: u64 =
-    FI_TAGGED | FI_SEND | FI_RECV | FI_LOCAL_COMM | FI_REMOTE_COMM | FI_DIRECTED_RECV | FI_SOURCE;
+pub const CAPS: u64 = FI_TAGGED
+    | FI_MSG
+    | FI_SEND
+    | FI_RECV
+    | FI_LOCAL_COMM
+    | FI_REMOTE_COMM
+    | FI_DIRECTED_RECV
+    | FI_SOURCE;
 /// Operation flags the data path understands.
 const OP_FLAGS: u64 =
     FI_COMPLETION | FI_INJECT | FI_INJECT_COMPLETE | FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE;
@@ -29,7 +35,7 @@ fn name_is(p: *const c_char, want: &str) -> bool {
 fn unmet(h: &fi_info) -> Option<&'static str> {
     if h.caps & !CAPS != 0 {
         return Some(
-            "capabilities beyond FI_TAGGED, FI_DIRECTED_RECV, FI_SOURCE, local and remote",
+            "capabilities beyond FI_TAGGED, FI_MSG, FI_DIRECTED_RECV, FI_SOURCE, local and remote",
         );
     }
     if h.addr_format != FI_FORMAT_UNSPEC {
@@ -181,7 +187,12 @@ unsafe fn build(h: Option<&fi_info>) -> Option<*mut fi_info> {
             max_order_raw_size: 0,
             max_order_war_size: 0,
             max_order_waw_size: 0,
-            mem_tag_format: u64::MAX,
+            // With untagged messages too, they take the top bit (see ep::MSG_TAG).
+            mem_tag_format: if caps & FI_MSG != 0 && caps & FI_TAGGED != 0 {
+                u64::MAX >> 1
+            } else {
+                u64::MAX
+            },
             tx_ctx_cnt: 1,
             rx_ctx_cnt: 1,
             auth_key_size: 0,

@@ -2,7 +2,8 @@
 //! libfabric (and Open MPI, through its `mtl ofi`) on clink's endpoints: shared memory
 //! on one host, the network path across hosts.
 //!
-//! What it offers: `FI_EP_RDM` endpoints with tagged messages (`FI_TAGGED`), directed
+//! What it offers: `FI_EP_RDM` endpoints with tagged messages (`FI_TAGGED`) and untagged
+//! ones (`FI_MSG`; the top tag bit marks them, see `ep::MSG_TAG`), directed
 //! receives, `FI_SOURCE`, peek / claim / discard, cancel, truncation reported as
 //! `FI_ETRUNC`, inject, address vectors of both kinds (`FI_AV_MAP`, `FI_AV_TABLE`),
 //! completion queues in every format, `FI_THREAD_SAFE` (every object is locked), manual

@@ -308,3 +308,113 @@ fn messages_truncation_peek_and_cancel() {
         check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
     }
 }
+
+/// FI_MSG beside FI_TAGGED on one endpoint: an untagged receive takes only untagged
+/// messages and a wildcard tagged receive only tagged ones; the completions say which
+/// (FI_MSG with tag 0, FI_TAGGED with the tag); a tagged send may not use the top tag bit
+/// (63 tag bits when both are offered).
+#[test]
+fn untagged_and_tagged_messages_do_not_cross() {
+    // SAFETY: the provider's calls on the objects `setup` made; every buffer posted
+    // outlives its completion (both are read before the buffers go).
+    unsafe {
+        let s = setup();
+        let [a, b] = s.eps;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rx_a, ha) = reader(s.cqs[0], stop.clone());
+        let (rx_b, hb) = reader(s.cqs[1], stop.clone());
+        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
+        let msg = |ep: *mut fid_ep| &*(*ep).msg;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let again = |r: isize, what: &str| {
+            assert!(r == 0 || r == -(FI_EAGAIN as isize), "{what}: {r}");
+            assert!(Instant::now() < deadline, "{what}: never connected");
+            std::thread::yield_now();
+            r == 0
+        };
+        let (mut ubuf, mut tbuf) = ([0u8; 16], [0u8; 16]);
+        while !again(
+            (msg(b).recv)(
+                b,
+                ubuf.as_mut_ptr() as *mut c_void,
+                16,
+                null_mut(),
+                s.addrs[0],
+                ctx(1),
+            ),
+            "recv",
+        ) {}
+        // Any tag at all: still not an untagged message.
+        assert_eq!(
+            (tagged(b).recv)(
+                b,
+                tbuf.as_mut_ptr() as *mut c_void,
+                16,
+                null_mut(),
+                s.addrs[0],
+                0,
+                u64::MAX,
+                ctx(2),
+            ),
+            0
+        );
+        let (t, u) = (*b"tagged", *b"untagged");
+        while !again(
+            (tagged(a).send)(
+                a,
+                t.as_ptr() as *const c_void,
+                t.len(),
+                null_mut(),
+                s.addrs[1],
+                5,
+                ctx(3),
+            ),
+            "tsend",
+        ) {}
+        assert_eq!(
+            (msg(a).send)(
+                a,
+                u.as_ptr() as *const c_void,
+                u.len(),
+                null_mut(),
+                s.addrs[1],
+                ctx(4)
+            ),
+            0
+        );
+        let mut got = [next(&rx_b).unwrap(), next(&rx_b).unwrap()];
+        got.sort_by_key(|e| e.op_context as usize);
+        assert_eq!((got[0].len, got[0].tag), (u.len(), 0), "untagged receive");
+        assert_eq!(
+            got[0].flags & (FI_MSG | FI_TAGGED | FI_RECV),
+            FI_MSG | FI_RECV
+        );
+        assert_eq!(&ubuf[..u.len()], &u);
+        assert_eq!((got[1].len, got[1].tag), (t.len(), 5), "tagged receive");
+        assert_eq!(
+            got[1].flags & (FI_MSG | FI_TAGGED | FI_RECV),
+            FI_TAGGED | FI_RECV
+        );
+        assert_eq!(&tbuf[..t.len()], &t);
+        let mut sent = [next(&rx_a).unwrap(), next(&rx_a).unwrap()];
+        sent.sort_by_key(|e| e.op_context as usize);
+        assert_eq!(sent[0].flags & (FI_MSG | FI_TAGGED), FI_TAGGED);
+        assert_eq!(sent[1].flags & (FI_MSG | FI_TAGGED), FI_MSG);
+        // The top tag bit belongs to untagged messages.
+        assert_eq!(
+            (tagged(a).inject)(a, t.as_ptr() as *const c_void, 1, s.addrs[1], 1 << 63),
+            -(FI_EINVAL as isize)
+        );
+
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        ha.join().unwrap();
+        hb.join().unwrap();
+        for ep in s.eps {
+            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
+        }
+        for cq in s.cqs {
+            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
+        }
+        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+    }
+}

@@ -157,11 +157,21 @@ fn listening(port: u16) -> bool {
 
 #[test]
 fn fi_pingpong_tagged_every_size_with_verification() {
+    pingpong_every_size("tagged");
+}
+
+/// The untagged (FI_MSG) data path, fi_pingpong's default.
+#[test]
+fn fi_pingpong_untagged_every_size_with_verification() {
+    pingpong_every_size("msg");
+}
+
+fn pingpong_every_size(mode: &str) {
     need("fi_pingpong", "libfabric-bin");
-    let dir = ProviderDir::new("pingpong");
+    let dir = ProviderDir::new(&format!("pingpong-{mode}"));
     let port = free_port().to_string();
     let args = [
-        "-p", "clink", "-e", "rdm", "-m", "tagged", "-I", "20", "-S", "all", "-v",
+        "-p", "clink", "-e", "rdm", "-m", mode, "-I", "20", "-S", "all", "-v",
     ];
     let mut srv = Command::new("fi_pingpong");
     srv.args(args)

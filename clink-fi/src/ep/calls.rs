@@ -1,4 +1,4 @@
-//! The endpoint's libfabric face: the object and its operation tables (fid, ep, cm,
+//! The endpoint's libfabric face: the object and its operation tables (fid, ep, cm, msg,
 //! tagged; the unsupported classes' stubs), `fi_endpoint`, and the `extern "C"` calls
 //! that check their arguments and hand them to the endpoint's [`State`].
 
@@ -47,9 +47,17 @@ static TAGGED_OPS: fi_ops_tagged = fi_ops_tagged {
     senddata: enosys,
     injectdata: enosys,
 };
-static MSG_OPS: fi_ops_none<9> = fi_ops_none {
-    size: std::mem::size_of::<fi_ops_none<9>>(),
-    slots: [enosys; 9],
+static MSG_OPS: fi_ops_msg = fi_ops_msg {
+    size: std::mem::size_of::<fi_ops_msg>(),
+    recv: mrecv,
+    recvv: mrecvv,
+    recvmsg: mrecvmsg,
+    send: msend,
+    sendv: msendv,
+    sendmsg: msendmsg,
+    inject: minject,
+    senddata: enosys,
+    injectdata: enosys,
 };
 static RMA_OPS: fi_ops_none<9> = fi_ops_none {
     size: std::mem::size_of::<fi_ops_none<9>>(),
@@ -125,6 +133,7 @@ pub unsafe extern "C" fn endpoint(
                 tx_flags,
                 rx_flags,
                 directed,
+                msg: info.is_some_and(|i| i.caps & FI_MSG != 0),
                 links: Map::default(),
                 remote_of: Vec::new(),
                 ring_max: Vec::new(),
@@ -318,6 +327,7 @@ unsafe extern "C" fn trecv(
         let sh = unsafe { shared(ep as *mut fid) };
         let mut st = sh.lock();
         let flags = st.rx_flags;
+        let (tag, ignore) = st.tagged_recv_bits(tag, ignore);
         st.recv(&[(buf as *mut u8, len)], src, tag, ignore, ctx, flags)
     })
 }
@@ -340,6 +350,7 @@ unsafe extern "C" fn trecvv(
         let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
         let mut st = sh.lock();
         let flags = st.rx_flags;
+        let (tag, ignore) = st.tagged_recv_bits(tag, ignore);
         st.recv(&v, src, tag, ignore, ctx, flags)
     })
 }
@@ -360,10 +371,9 @@ unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
         } else {
             v
         };
-        let r = sh
-            .lock()
-            .recv(&v, m.addr, m.tag, m.ignore, m.context, flags);
-        r
+        let mut st = sh.lock();
+        let (tag, ignore) = st.tagged_recv_bits(m.tag, m.ignore);
+        st.recv(&v, m.addr, tag, ignore, m.context, flags)
     })
 }
 
@@ -381,7 +391,10 @@ unsafe extern "C" fn tsend(
         let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
         let mut st = sh.lock();
         let flags = st.tx_flags;
-        st.send(Data::Caller(data), dest, tag, ctx, flags)
+        match st.tagged_send_tag(tag) {
+            Ok(tag) => st.send(Data::Caller(data), dest, tag, ctx, flags),
+            Err(e) => err(e),
+        }
     })
 }
 
@@ -435,8 +448,17 @@ unsafe extern "C" fn tsendv(
     tag: u64,
     ctx: *mut c_void,
 ) -> isize {
-    // SAFETY: forwarded.
-    guard(|| unsafe { send_iov(ep, iov, count, dest, tag, ctx, None) })
+    guard(|| {
+        // SAFETY: an open endpoint of ours.
+        if let Err(e) = unsafe { shared(ep as *mut fid) }
+            .lock()
+            .tagged_send_tag(tag)
+        {
+            return err(e);
+        }
+        // SAFETY: forwarded.
+        unsafe { send_iov(ep, iov, count, dest, tag, ctx, None) }
+    })
 }
 
 unsafe extern "C" fn tsendmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags: u64) -> isize {
@@ -445,6 +467,13 @@ unsafe extern "C" fn tsendmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
         let Some(m) = (unsafe { msg.as_ref() }) else {
             return err(FI_EINVAL);
         };
+        // SAFETY: an open endpoint of ours.
+        if let Err(e) = unsafe { shared(ep as *mut fid) }
+            .lock()
+            .tagged_send_tag(m.tag)
+        {
+            return err(e);
+        }
         // SAFETY: forwarded.
         unsafe {
             send_iov(
@@ -473,10 +502,159 @@ unsafe extern "C" fn tinject(
         }
         // SAFETY: an open endpoint of ours; the caller's buffer (copied).
         let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
+        let mut st = sh.lock();
+        match st.tagged_send_tag(tag) {
+            Ok(tag) => st.send(
+                Data::Caller(data),
+                dest,
+                tag,
+                std::ptr::null_mut(),
+                FI_INJECT,
+            ),
+            Err(e) => err(e),
+        }
+    })
+}
+
+// ------------------------------------------------------------------ untagged (FI_MSG)
+
+/// Untagged messages are tagged messages with [`MSG_TAG`]; an untagged receive takes the
+/// next one from its source (or any), in order.
+const MSG_IGNORE: u64 = !MSG_TAG;
+
+unsafe extern "C" fn mrecv(
+    ep: *mut fid_ep,
+    buf: *mut c_void,
+    len: usize,
+    _desc: *mut c_void,
+    src: fi_addr_t,
+    ctx: *mut c_void,
+) -> isize {
+    guard(|| {
+        // SAFETY: an open endpoint of ours.
+        let sh = unsafe { shared(ep as *mut fid) };
+        let mut st = sh.lock();
+        let flags = st.rx_flags;
+        st.recv(
+            &[(buf as *mut u8, len)],
+            src,
+            MSG_TAG,
+            MSG_IGNORE,
+            ctx,
+            flags,
+        )
+    })
+}
+
+unsafe extern "C" fn mrecvv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    src: fi_addr_t,
+    ctx: *mut c_void,
+) -> isize {
+    guard(|| {
+        if count > crate::info::IOV_LIMIT {
+            return err(FI_EINVAL);
+        }
+        // SAFETY: an open endpoint of ours; the caller's iovecs.
+        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
+        let mut st = sh.lock();
+        let flags = st.rx_flags;
+        st.recv(&v, src, MSG_TAG, MSG_IGNORE, ctx, flags)
+    })
+}
+
+unsafe extern "C" fn mrecvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
+    guard(|| {
+        // SAFETY: the caller's message description.
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            return err(FI_EINVAL);
+        };
+        if m.iov_count > crate::info::IOV_LIMIT {
+            return err(FI_EINVAL);
+        }
+        // SAFETY: an open endpoint of ours; the message's iovecs.
+        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(m.msg_iov, m.iov_count)) };
+        let v = if v.is_empty() {
+            vec![(std::ptr::null_mut(), 0)]
+        } else {
+            v
+        };
+        let r = sh
+            .lock()
+            .recv(&v, m.addr, MSG_TAG, MSG_IGNORE, m.context, flags);
+        r
+    })
+}
+
+unsafe extern "C" fn msend(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    _desc: *mut c_void,
+    dest: fi_addr_t,
+    ctx: *mut c_void,
+) -> isize {
+    guard(|| {
+        // SAFETY: an open endpoint of ours; the caller's buffer.
+        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
+        let mut st = sh.lock();
+        let flags = st.tx_flags;
+        st.send(Data::Caller(data), dest, MSG_TAG, ctx, flags)
+    })
+}
+
+unsafe extern "C" fn msendv(
+    ep: *mut fid_ep,
+    iov: *const libc::iovec,
+    _desc: *mut *mut c_void,
+    count: usize,
+    dest: fi_addr_t,
+    ctx: *mut c_void,
+) -> isize {
+    // SAFETY: forwarded.
+    guard(|| unsafe { send_iov(ep, iov, count, dest, MSG_TAG, ctx, None) })
+}
+
+unsafe extern "C" fn msendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
+    guard(|| {
+        // SAFETY: the caller's message description.
+        let Some(m) = (unsafe { msg.as_ref() }) else {
+            return err(FI_EINVAL);
+        };
+        // SAFETY: forwarded.
+        unsafe {
+            send_iov(
+                ep,
+                m.msg_iov,
+                m.iov_count,
+                m.addr,
+                MSG_TAG,
+                m.context,
+                Some(flags),
+            )
+        }
+    })
+}
+
+unsafe extern "C" fn minject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: fi_addr_t,
+) -> isize {
+    guard(|| {
+        if len > crate::info::INJECT_MAX {
+            return err(FI_EINVAL);
+        }
+        // SAFETY: an open endpoint of ours; the caller's buffer (copied).
+        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
         let r = sh.lock().send(
             Data::Caller(data),
             dest,
-            tag,
+            MSG_TAG,
             std::ptr::null_mut(),
             FI_INJECT,
         );

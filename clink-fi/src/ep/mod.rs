@@ -139,6 +139,7 @@ enum Op {
         req: SendRequest,
         ctx: *mut c_void,
         len: usize,
+        tag: u64,
         report: bool,
     },
     Recv(PostedRecv),
@@ -182,6 +183,8 @@ struct State {
     /// Receives honour their source address (`FI_DIRECTED_RECV` asked for); without it
     /// the address is ignored, as libfabric specifies.
     directed: bool,
+    /// Untagged messages (`FI_MSG`) are offered: tagged ones have 63 bits ([`MSG_TAG`]).
+    msg: bool,
     /// The connection to each peer endpoint, by its identity.
     links: Map<u128, PeerId>,
     /// Each connection's peer identity, by `PeerId`.
@@ -223,13 +226,26 @@ impl EpShared {
     }
 }
 
+/// The clink tag of untagged (`FI_MSG`) messages. On an endpoint that offers FI_MSG,
+/// tagged messages keep this bit clear (63 tag bits, as its `mem_tag_format` says), and an
+/// untagged receive matches exactly the messages that have it.
+pub(super) const MSG_TAG: u64 = 1 << 63;
+
+/// A completion entry; on an endpoint with FI_MSG (`msg`), one of an untagged message
+/// (its clink tag has [`MSG_TAG`]) says `FI_MSG` and tag 0.
 fn tagged_entry(
+    msg: bool,
     ctx: *mut c_void,
     flags: u64,
     len: usize,
     buf: *mut c_void,
     tag: u64,
 ) -> fi_cq_tagged_entry {
+    let (flags, tag) = if msg && tag & MSG_TAG != 0 {
+        ((flags & !FI_TAGGED) | FI_MSG, 0)
+    } else {
+        (flags, tag)
+    };
     fi_cq_tagged_entry {
         op_context: ctx,
         flags,
@@ -455,6 +471,7 @@ impl State {
                         req: r,
                         ctx,
                         len,
+                        tag,
                         report,
                     }) = l.ops.remove(&req)
                     {
@@ -466,11 +483,12 @@ impl State {
                                     req: r,
                                     ctx,
                                     len,
+                                    tag,
                                     report,
                                 },
                             );
                         } else {
-                            self.report_send(res, ctx, len, report);
+                            self.report_send(res, ctx, len, tag, report);
                         }
                     }
                 }
@@ -494,6 +512,7 @@ impl State {
             req,
             ctx,
             len,
+            tag,
             report,
         }) = self.ops.remove(&id)
         else {
@@ -507,25 +526,33 @@ impl State {
                     req,
                     ctx,
                     len,
+                    tag,
                     report,
                 },
             );
             return;
         }
-        self.report_send(res, ctx, len, report);
+        self.report_send(res, ctx, len, tag, report);
     }
 
     /// Queues a finished send's completion (or failure).
-    fn report_send(&self, res: clink::Result<bool>, ctx: *mut c_void, len: usize, report: bool) {
+    fn report_send(
+        &self,
+        res: clink::Result<bool>,
+        ctx: *mut c_void,
+        len: usize,
+        tag: u64,
+        report: bool,
+    ) {
         let Some(cq) = &self.tx_cq else { return };
         match res {
             Ok(_) if report => cq.push(
-                tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0),
+                tagged_entry(self.msg, ctx, TX, 0, std::ptr::null_mut(), tag),
                 FI_ADDR_NOTAVAIL,
             ),
             Ok(_) => {}
             Err(_) => cq.fail(Failure {
-                entry: tagged_entry(ctx, TX, len, std::ptr::null_mut(), 0),
+                entry: tagged_entry(self.msg, ctx, TX, len, std::ptr::null_mut(), tag),
                 olen: 0,
                 err: FI_EIO,
             }),
@@ -574,13 +601,20 @@ impl State {
                 if let Some(cq) = &self.rx_cq {
                     if full > len {
                         cq.fail(Failure {
-                            entry: tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag),
+                            entry: tagged_entry(
+                                self.msg,
+                                r.ctx,
+                                RX,
+                                len,
+                                r.dest.first(),
+                                got.status.tag,
+                            ),
                             olen: full - len,
                             err: FI_ETRUNC,
                         });
                     } else if r.report {
                         cq.push(
-                            tagged_entry(r.ctx, RX, len, r.dest.first(), got.status.tag),
+                            tagged_entry(self.msg, r.ctx, RX, len, r.dest.first(), got.status.tag),
                             src,
                         );
                     }
@@ -592,7 +626,14 @@ impl State {
                 let tag = if r.sel.mask == u64::MAX { r.sel.tag } else { 0 };
                 if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
-                        entry: tagged_entry(r.ctx, RX, capacity as usize, r.dest.first(), tag),
+                        entry: tagged_entry(
+                            self.msg,
+                            r.ctx,
+                            RX,
+                            capacity as usize,
+                            r.dest.first(),
+                            tag,
+                        ),
                         olen: (len - capacity) as usize,
                         err: FI_ETRUNC,
                     });
@@ -607,7 +648,7 @@ impl State {
                 };
                 if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
-                        entry: tagged_entry(r.ctx, RX, 0, r.dest.first(), r.sel.tag),
+                        entry: tagged_entry(self.msg, r.ctx, RX, 0, r.dest.first(), r.sel.tag),
                         olen: 0,
                         err,
                     });
@@ -648,19 +689,26 @@ impl State {
                 };
                 if !t.discard && full > len {
                     cq.fail(Failure {
-                        entry: tagged_entry(t.ctx, RX, len, t.dest.first(), got.status.tag),
+                        entry: tagged_entry(
+                            self.msg,
+                            t.ctx,
+                            RX,
+                            len,
+                            t.dest.first(),
+                            got.status.tag,
+                        ),
                         olen: full - len,
                         err: FI_ETRUNC,
                     });
                 } else if t.report {
                     cq.push(
-                        tagged_entry(t.ctx, RX, len, t.dest.first(), got.status.tag),
+                        tagged_entry(self.msg, t.ctx, RX, len, t.dest.first(), got.status.tag),
                         src,
                     );
                 }
             }
             _ => cq.fail(Failure {
-                entry: tagged_entry(t.ctx, RX, 0, t.dest.first(), 0),
+                entry: tagged_entry(self.msg, t.ctx, RX, 0, t.dest.first(), 0),
                 olen: 0,
                 err: FI_EIO,
             }),
@@ -699,7 +747,7 @@ impl State {
                     if report {
                         if let Some(cq) = &self.tx_cq {
                             cq.push(
-                                tagged_entry(ctx, TX, 0, std::ptr::null_mut(), 0),
+                                tagged_entry(self.msg, ctx, TX, 0, std::ptr::null_mut(), tag),
                                 FI_ADDR_NOTAVAIL,
                             );
                         }
@@ -733,12 +781,31 @@ impl State {
                         req,
                         ctx,
                         len,
+                        tag,
                         report,
                     },
                 );
                 0
             }
             Err(_) => err(FI_EIO),
+        }
+    }
+
+    /// A tagged send's tag: with FI_MSG offered, the top bit is the untagged messages'.
+    fn tagged_send_tag(&self, tag: u64) -> Result<u64, c_int> {
+        if self.msg && tag & MSG_TAG != 0 {
+            return Err(FI_EINVAL);
+        }
+        Ok(tag)
+    }
+
+    /// A tagged receive's tag and ignore mask: with FI_MSG offered, the top bit is always
+    /// compared and clear (no untagged message matches a tagged receive).
+    fn tagged_recv_bits(&self, tag: u64, ignore: u64) -> (u64, u64) {
+        if self.msg {
+            (tag & !MSG_TAG, ignore & !MSG_TAG)
+        } else {
+            (tag, ignore)
         }
     }
 
@@ -842,7 +909,7 @@ impl State {
         };
         let Some(st) = self.ep.probe(sel) else {
             cq.fail(Failure {
-                entry: tagged_entry(ctx, RX, 0, std::ptr::null_mut(), 0),
+                entry: tagged_entry(self.msg, ctx, RX, 0, std::ptr::null_mut(), sel.tag),
                 olen: 0,
                 err: FI_ENOMSG,
             });
@@ -872,7 +939,14 @@ impl State {
         }
         let src = self.source_of(st.peer);
         cq.push(
-            tagged_entry(ctx, RX, st.len as usize, std::ptr::null_mut(), st.tag),
+            tagged_entry(
+                self.msg,
+                ctx,
+                RX,
+                st.len as usize,
+                std::ptr::null_mut(),
+                st.tag,
+            ),
             src,
         );
         0
