@@ -93,6 +93,37 @@ impl CqShared {
             .retain(|e| !Arc::ptr_eq(e, ep));
     }
 
+    /// Sleeps until one of the bound endpoints may have something, at most `limit`: their
+    /// file descriptors armed (`Endpoint::prepare_wait`) and polled. Returns at once when
+    /// one has work already.
+    fn sleep(&self, limit: Duration) {
+        let eps: Vec<Arc<EpShared>> = self.eps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut fds = Vec::new();
+        let mut armed = 0;
+        for ep in &eps {
+            if !ep.prepare_wait(&mut fds) {
+                break;
+            }
+            armed += 1;
+        }
+        if armed == eps.len() && !fds.is_empty() {
+            let mut p: Vec<libc::pollfd> = fds
+                .iter()
+                .map(|&fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            let ms = limit.as_millis().clamp(1, i32::MAX as u128) as c_int;
+            // SAFETY: `p` holds `p.len()` initialised pollfds for the call.
+            unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        }
+        for ep in &eps[..armed] {
+            ep.finish_wait();
+        }
+    }
+
     /// Drives the endpoints, holding the list (binds and closes wait meanwhile).
     fn progress(&self) {
         for ep in self.eps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
@@ -279,7 +310,12 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
     })
 }
 
-/// Blocking read: polls (with progress) until a completion, a failure or the timeout.
+/// Slices of a blocking read's sleep: a bound on how late a network retransmission timer
+/// (which wakes no file descriptor) is served while the application sleeps here.
+const SLEEP_SLICE: Duration = Duration::from_millis(10);
+
+/// Blocking read: polls (with progress), then sleeps on the bound endpoints' file
+/// descriptors, until a completion, a failure or the timeout.
 unsafe fn sread_until(
     cq: *mut fid_cq,
     buf: *mut c_void,
@@ -303,7 +339,9 @@ unsafe fn sread_until(
         }
         idle += 1;
         if idle > 1000 {
-            std::thread::sleep(Duration::from_micros(50));
+            let left =
+                deadline.map_or(SLEEP_SLICE, |d| d.saturating_duration_since(Instant::now()));
+            s.sleep(left.min(SLEEP_SLICE));
         } else {
             std::hint::spin_loop();
         }

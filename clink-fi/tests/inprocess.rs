@@ -418,3 +418,98 @@ fn untagged_and_tagged_messages_do_not_cross() {
         check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
     }
 }
+
+/// CPU seconds the calling thread has used.
+fn thread_cpu() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// A blocking completion read (`fi_cq_sread`) sleeps on the endpoints' file descriptors:
+/// one that times out has used a small part of its wait in CPU time, and one that a
+/// message ends returns that message's completion.
+#[test]
+fn a_blocking_read_sleeps_until_a_completion() {
+    // SAFETY: the provider's calls on the objects `setup` made; the buffers outlive the
+    // reads that complete them.
+    unsafe {
+        let s = setup();
+        let [a, b] = s.eps;
+        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
+        let cq_b = s.cqs[1];
+        let sread = |cq: *mut fid_cq, e: &mut fi_cq_tagged_entry, ms: i32| {
+            ((*(*cq).ops).sread)(cq, e as *mut _ as *mut c_void, 1, null(), ms)
+        };
+        // A thread reading the sender's queue drives its endpoint (its connect waits for
+        // this side's answer).
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (_rx_a, ha) = reader(s.cqs[0], stop.clone());
+        let mut buf = [0u8; 8];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (tagged(b).recv)(
+            b,
+            buf.as_mut_ptr() as *mut c_void,
+            8,
+            null_mut(),
+            s.addrs[0],
+            9,
+            0,
+            ctx(1),
+        ) != 0
+        {
+            assert!(Instant::now() < deadline, "never connected");
+            let mut x: fi_cq_tagged_entry = std::mem::zeroed();
+            let r = ((*(*cq_b).ops).read)(cq_b, &mut x as *mut _ as *mut c_void, 1);
+            assert_eq!(r, -(FI_EAGAIN as isize));
+        }
+        let mut e: fi_cq_tagged_entry = std::mem::zeroed();
+        let (t0, c0) = (Instant::now(), thread_cpu());
+        assert_eq!(
+            sread(cq_b, &mut e, 400),
+            -(FI_EAGAIN as isize),
+            "nothing came"
+        );
+        let (waited, cpu) = (t0.elapsed().as_secs_f64(), thread_cpu() - c0);
+        assert!(waited >= 0.39, "returned after {waited} s of a 0.4 s wait");
+        assert!(
+            cpu < waited / 2.0,
+            "{cpu} s of CPU in a {waited} s wait: it spun rather than slept"
+        );
+        // The sender is another thread; the sleeping reader is woken by the message.
+        let sender = {
+            let (a, dest) = (a as usize, s.addrs[1]);
+            std::thread::spawn(move || {
+                let a = a as *mut fid_ep;
+                let word = 77u64.to_le_bytes();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let r = ((*(*a).tagged).inject)(a, word.as_ptr() as *const c_void, 8, dest, 9);
+                    if r == 0 {
+                        break;
+                    }
+                    assert_eq!(r, -(FI_EAGAIN as isize));
+                    assert!(Instant::now() < deadline, "inject never taken");
+                    std::thread::yield_now();
+                }
+            })
+        };
+        assert_eq!(sread(cq_b, &mut e, 10_000), 1, "the completion");
+        assert_eq!((e.op_context, e.len, e.tag), (ctx(1), 8, 9));
+        assert_eq!(u64::from_le_bytes(buf), 77);
+        sender.join().unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        ha.join().unwrap();
+        for ep in s.eps {
+            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
+        }
+        for cq in s.cqs {
+            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
+        }
+        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+    }
+}

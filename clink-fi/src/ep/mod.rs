@@ -220,6 +220,35 @@ impl EpShared {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Arms this endpoint's clink endpoints (its own and the one its messages to itself
+    /// take) for a sleep on their file descriptors, which it adds to `fds`: false when one
+    /// has work already (progress instead; nothing stays armed). Then
+    /// [`EpShared::finish_wait`].
+    pub fn prepare_wait(&self, fds: &mut Vec<std::os::fd::RawFd>) -> bool {
+        let mut st = self.lock();
+        if !st.ep.prepare_wait() {
+            return false;
+        }
+        if let Some(l) = st.looped.as_mut() {
+            if !l.ep.prepare_wait() {
+                st.ep.finish_wait();
+                return false;
+            }
+            fds.push(l.ep.fd());
+        }
+        fds.push(st.ep.fd());
+        true
+    }
+
+    /// Withdraws what [`EpShared::prepare_wait`] armed.
+    pub fn finish_wait(&self) {
+        let mut st = self.lock();
+        st.ep.finish_wait();
+        if let Some(l) = st.looped.as_mut() {
+            l.ep.finish_wait();
+        }
+    }
+
     /// One round of progress: new connections, clink's progress, completions.
     pub fn progress(&self) {
         self.lock().progress();
