@@ -117,6 +117,20 @@ unsafe fn setup() -> Setup {
     }
 }
 
+/// Closes what `setup` made.
+unsafe fn teardown(s: Setup) {
+    // SAFETY: the objects `setup` made, each closed once.
+    unsafe {
+        for ep in s.eps {
+            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
+        }
+        for cq in s.cqs {
+            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
+        }
+        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+    }
+}
+
 type Outcome = Result<fi_cq_tagged_entry, fi_cq_err_entry>;
 
 /// A completion queue's pointer, handed to the thread that reads it.
@@ -299,13 +313,7 @@ fn messages_truncation_peek_and_cancel() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         ha.join().unwrap();
         hb.join().unwrap();
-        for ep in s.eps {
-            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
-        }
-        for cq in s.cqs {
-            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
-        }
-        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+        teardown(s);
     }
 }
 
@@ -409,13 +417,7 @@ fn untagged_and_tagged_messages_do_not_cross() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         ha.join().unwrap();
         hb.join().unwrap();
-        for ep in s.eps {
-            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
-        }
-        for cq in s.cqs {
-            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
-        }
-        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+        teardown(s);
     }
 }
 
@@ -504,12 +506,6 @@ fn a_blocking_read_sleeps_until_a_completion() {
         sender.join().unwrap();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         ha.join().unwrap();
-        for ep in s.eps {
-            check(((*(*ep).fid.ops).close)(&mut (*ep).fid), "close endpoint");
-        }
-        for cq in s.cqs {
-            check(((*(*cq).fid.ops).close)(&mut (*cq).fid), "close cq");
-        }
-        check(((*(*s.av).fid.ops).close)(&mut (*s.av).fid), "close av");
+        teardown(s);
     }
 }

@@ -2,20 +2,11 @@
 //! (`examples/launcher_ring.rs`, three ranks), and a process no launcher started gets a
 //! clear error. mpirun comes from Debian's openmpi-bin, which `.ci/run` installs.
 
-use std::path::PathBuf;
+mod common;
+
+use common::example;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn example(name: &str) -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name)
-}
 
 #[test]
 fn a_process_without_a_launcher_gets_a_clear_error() {
@@ -44,11 +35,6 @@ fn ranks_started_by_mpirun_pass_a_message_around_a_ring() {
         "mpirun is not installed (Debian package openmpi-bin; .ci/run installs it)"
     );
     let ring = example("launcher_ring");
-    assert!(
-        ring.exists(),
-        "{} is missing (cargo test builds the examples)",
-        ring.display()
-    );
     let mut cmd = Command::new("mpirun");
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {

@@ -2,28 +2,14 @@
 //! exchange a checked message with every other and ping-pong; the rings they share stay
 //! within the bound their expected peer count sets (full-size rings would take 31 MiB).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn example(name: &str) -> PathBuf {
-    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name)
-}
+use common::example;
+use std::process::Command;
 
 #[test]
 fn sixteen_processes_mesh_within_the_shrunk_rings_memory() {
     let mesh = example("mesh");
-    assert!(
-        mesh.exists(),
-        "{} is missing (cargo test builds the examples)",
-        mesh.display()
-    );
     // The example bounds each of its waits (120 s) and fails then.
     let out = Command::new(&mesh)
         .args(["16", "2000"])

@@ -300,17 +300,139 @@ unsafe extern "C" fn setopt(_: *mut fid, _: c_int, _: c_int, _: *const c_void, _
     -FI_ENOPROTOOPT
 }
 
-/// The iovecs as (pointer, length) pairs.
+/// The iovecs as (pointer, length) pairs; beyond `IOV_LIMIT` only one more is read (the
+/// operation refuses the count anyway).
 unsafe fn iovs(iov: *const libc::iovec, count: usize) -> Vec<(*mut u8, usize)> {
     if count == 0 || iov.is_null() {
         return Vec::new();
     }
-    // SAFETY: the caller's `count` iovecs.
+    let count = count.min(crate::info::IOV_LIMIT + 1);
+    // SAFETY: the caller's `count` iovecs (at least as many as read here).
     unsafe { std::slice::from_raw_parts(iov, count) }
         .iter()
         .map(|v| (v.iov_base as *mut u8, v.iov_len))
         .collect()
 }
+
+/// The caller's `len` bytes at `buf` (empty for a NULL pointer).
+unsafe fn bytes_at<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
+    if buf.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's buffer.
+    unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
+}
+
+/// Which message kind an operation is: tagged with the caller's tag (and ignore bits), or
+/// untagged (`FI_MSG`: [`MSG_TAG`], of which a receive takes any).
+#[derive(Clone, Copy)]
+enum Kind {
+    Tagged { tag: u64, ignore: u64 },
+    Untagged,
+}
+
+/// Untagged messages are tagged messages with [`MSG_TAG`]; an untagged receive takes the
+/// next one from its source (or any), in order.
+const UNTAGGED_IGNORE: u64 = !MSG_TAG;
+
+impl Kind {
+    /// The clink tag of a send: a tagged one may not use the untagged messages' bit when
+    /// the endpoint offers both.
+    fn send_tag(self, st: &State) -> Result<u64, c_int> {
+        match self {
+            Kind::Tagged { tag, .. } => st.tagged_send_tag(tag),
+            Kind::Untagged => Ok(MSG_TAG),
+        }
+    }
+
+    /// The tag and ignore bits of a receive.
+    fn recv_bits(self, st: &State) -> (u64, u64) {
+        match self {
+            Kind::Tagged { tag, ignore } => st.tagged_recv_bits(tag, ignore),
+            Kind::Untagged => (MSG_TAG, UNTAGGED_IGNORE),
+        }
+    }
+}
+
+/// Posts a receive into `iov` (at most `IOV_LIMIT` pieces; none: a zero-length buffer),
+/// with the endpoint's default flags unless `flags` says.
+unsafe fn post_recv(
+    ep: *mut fid_ep,
+    iov: Vec<(*mut u8, usize)>,
+    src: fi_addr_t,
+    kind: Kind,
+    ctx: *mut c_void,
+    flags: Option<u64>,
+) -> isize {
+    if iov.len() > crate::info::IOV_LIMIT {
+        return err(FI_EINVAL);
+    }
+    let iov = if iov.is_empty() {
+        vec![(std::ptr::null_mut(), 0)]
+    } else {
+        iov
+    };
+    // SAFETY: an open endpoint of ours.
+    let sh = unsafe { shared(ep as *mut fid) };
+    let mut st = sh.lock();
+    let flags = flags.unwrap_or(st.rx_flags);
+    let (tag, ignore) = kind.recv_bits(&st);
+    st.recv(&iov, src, tag, ignore, ctx, flags)
+}
+
+/// Sends the caller's `iov` as one message (several pieces gathered into a copy, one
+/// lent), with the endpoint's default flags unless `flags` says.
+unsafe fn post_send(
+    ep: *mut fid_ep,
+    iov: &[(*mut u8, usize)],
+    dest: fi_addr_t,
+    kind: Kind,
+    ctx: *mut c_void,
+    flags: Option<u64>,
+) -> isize {
+    if iov.len() > crate::info::IOV_LIMIT {
+        return err(FI_EINVAL);
+    }
+    // SAFETY: an open endpoint of ours.
+    let sh = unsafe { shared(ep as *mut fid) };
+    let mut st = sh.lock();
+    let flags = flags.unwrap_or(st.tx_flags);
+    let tag = match kind.send_tag(&st) {
+        Ok(t) => t,
+        Err(e) => return err(e),
+    };
+    if iov.len() <= 1 {
+        // SAFETY: the caller's buffer.
+        let data = iov.first().map_or(&[][..], |&(p, n)| unsafe {
+            bytes_at(p as *const c_void, n)
+        });
+        return st.send(Data::Caller(data), dest, tag, ctx, flags);
+    }
+    let mut all = Vec::new();
+    for &(p, n) in iov {
+        // SAFETY: the caller's buffers.
+        all.extend_from_slice(unsafe { bytes_at(p as *const c_void, n) });
+    }
+    st.send(Data::Owned(all), dest, tag, ctx, flags)
+}
+
+/// An inject: copied at once, never completed.
+unsafe fn post_inject(
+    ep: *mut fid_ep,
+    buf: *const c_void,
+    len: usize,
+    dest: fi_addr_t,
+    kind: Kind,
+) -> isize {
+    if len > crate::info::INJECT_MAX {
+        return err(FI_EINVAL);
+    }
+    let one = [(buf as *mut u8, len)];
+    // SAFETY: forwarded.
+    unsafe { post_send(ep, &one, dest, kind, std::ptr::null_mut(), Some(FI_INJECT)) }
+}
+
+// ------------------------------------------------------------------ tagged
 
 unsafe extern "C" fn trecv(
     ep: *mut fid_ep,
@@ -322,14 +444,9 @@ unsafe extern "C" fn trecv(
     ignore: u64,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        // SAFETY: an open endpoint of ours.
-        let sh = unsafe { shared(ep as *mut fid) };
-        let mut st = sh.lock();
-        let flags = st.rx_flags;
-        let (tag, ignore) = st.tagged_recv_bits(tag, ignore);
-        st.recv(&[(buf as *mut u8, len)], src, tag, ignore, ctx, flags)
-    })
+    let kind = Kind::Tagged { tag, ignore };
+    // SAFETY: forwarded.
+    guard(|| unsafe { post_recv(ep, vec![(buf as *mut u8, len)], src, kind, ctx, None) })
 }
 
 unsafe extern "C" fn trecvv(
@@ -342,17 +459,9 @@ unsafe extern "C" fn trecvv(
     ignore: u64,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        if count > crate::info::IOV_LIMIT {
-            return err(FI_EINVAL);
-        }
-        // SAFETY: an open endpoint of ours; the caller's iovecs.
-        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
-        let mut st = sh.lock();
-        let flags = st.rx_flags;
-        let (tag, ignore) = st.tagged_recv_bits(tag, ignore);
-        st.recv(&v, src, tag, ignore, ctx, flags)
-    })
+    let kind = Kind::Tagged { tag, ignore };
+    // SAFETY: the caller's iovecs; forwarded.
+    guard(|| unsafe { post_recv(ep, iovs(iov, count), src, kind, ctx, None) })
 }
 
 unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags: u64) -> isize {
@@ -361,19 +470,21 @@ unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
         let Some(m) = (unsafe { msg.as_ref() }) else {
             return err(FI_EINVAL);
         };
-        if m.iov_count > crate::info::IOV_LIMIT {
-            return err(FI_EINVAL);
-        }
-        // SAFETY: an open endpoint of ours; the message's iovecs.
-        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(m.msg_iov, m.iov_count)) };
-        let v = if v.is_empty() {
-            vec![(std::ptr::null_mut(), 0)]
-        } else {
-            v
+        let kind = Kind::Tagged {
+            tag: m.tag,
+            ignore: m.ignore,
         };
-        let mut st = sh.lock();
-        let (tag, ignore) = st.tagged_recv_bits(m.tag, m.ignore);
-        st.recv(&v, m.addr, tag, ignore, m.context, flags)
+        // SAFETY: the message's iovecs; forwarded.
+        unsafe {
+            post_recv(
+                ep,
+                iovs(m.msg_iov, m.iov_count),
+                m.addr,
+                kind,
+                m.context,
+                Some(flags),
+            )
+        }
     })
 }
 
@@ -386,57 +497,10 @@ unsafe extern "C" fn tsend(
     tag: u64,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        // SAFETY: an open endpoint of ours; the caller's buffer.
-        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
-        let mut st = sh.lock();
-        let flags = st.tx_flags;
-        match st.tagged_send_tag(tag) {
-            Ok(tag) => st.send(Data::Caller(data), dest, tag, ctx, flags),
-            Err(e) => err(e),
-        }
-    })
-}
-
-/// The caller's `len` bytes at `buf` (empty for a NULL pointer).
-unsafe fn bytes_at<'a>(buf: *const c_void, len: usize) -> &'a [u8] {
-    if buf.is_null() || len == 0 {
-        return &[];
-    }
-    // SAFETY: the caller's buffer.
-    unsafe { std::slice::from_raw_parts(buf as *const u8, len) }
-}
-
-/// Several iovecs gathered into one message (a copy), or the one iovec lent.
-unsafe fn send_iov(
-    ep: *mut fid_ep,
-    iov: *const libc::iovec,
-    count: usize,
-    dest: u64,
-    tag: u64,
-    ctx: *mut c_void,
-    flags: Option<u64>,
-) -> isize {
-    if count > crate::info::IOV_LIMIT {
-        return err(FI_EINVAL);
-    }
-    // SAFETY: an open endpoint of ours; the caller's iovecs.
-    let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
-    let mut st = sh.lock();
-    let flags = flags.unwrap_or(st.tx_flags);
-    if v.len() <= 1 {
-        // SAFETY: the caller's buffer.
-        let data = v.first().map_or(&[][..], |&(p, n)| unsafe {
-            bytes_at(p as *const c_void, n)
-        });
-        return st.send(Data::Caller(data), dest, tag, ctx, flags);
-    }
-    let mut all = Vec::new();
-    for &(p, n) in &v {
-        // SAFETY: the caller's buffers.
-        all.extend_from_slice(unsafe { bytes_at(p as *const c_void, n) });
-    }
-    st.send(Data::Owned(all), dest, tag, ctx, flags)
+    let kind = Kind::Tagged { tag, ignore: 0 };
+    let one = [(buf as *mut u8, len)];
+    // SAFETY: forwarded.
+    guard(|| unsafe { post_send(ep, &one, dest, kind, ctx, None) })
 }
 
 unsafe extern "C" fn tsendv(
@@ -448,17 +512,9 @@ unsafe extern "C" fn tsendv(
     tag: u64,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        // SAFETY: an open endpoint of ours.
-        if let Err(e) = unsafe { shared(ep as *mut fid) }
-            .lock()
-            .tagged_send_tag(tag)
-        {
-            return err(e);
-        }
-        // SAFETY: forwarded.
-        unsafe { send_iov(ep, iov, count, dest, tag, ctx, None) }
-    })
+    let kind = Kind::Tagged { tag, ignore: 0 };
+    // SAFETY: the caller's iovecs; forwarded.
+    guard(|| unsafe { post_send(ep, &iovs(iov, count), dest, kind, ctx, None) })
 }
 
 unsafe extern "C" fn tsendmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags: u64) -> isize {
@@ -467,21 +523,17 @@ unsafe extern "C" fn tsendmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
         let Some(m) = (unsafe { msg.as_ref() }) else {
             return err(FI_EINVAL);
         };
-        // SAFETY: an open endpoint of ours.
-        if let Err(e) = unsafe { shared(ep as *mut fid) }
-            .lock()
-            .tagged_send_tag(m.tag)
-        {
-            return err(e);
-        }
-        // SAFETY: forwarded.
+        let kind = Kind::Tagged {
+            tag: m.tag,
+            ignore: 0,
+        };
+        // SAFETY: the message's iovecs; forwarded.
         unsafe {
-            send_iov(
+            post_send(
                 ep,
-                m.msg_iov,
-                m.iov_count,
+                &iovs(m.msg_iov, m.iov_count),
                 m.addr,
-                m.tag,
+                kind,
                 m.context,
                 Some(flags),
             )
@@ -496,31 +548,11 @@ unsafe extern "C" fn tinject(
     dest: fi_addr_t,
     tag: u64,
 ) -> isize {
-    guard(|| {
-        if len > crate::info::INJECT_MAX {
-            return err(FI_EINVAL);
-        }
-        // SAFETY: an open endpoint of ours; the caller's buffer (copied).
-        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
-        let mut st = sh.lock();
-        match st.tagged_send_tag(tag) {
-            Ok(tag) => st.send(
-                Data::Caller(data),
-                dest,
-                tag,
-                std::ptr::null_mut(),
-                FI_INJECT,
-            ),
-            Err(e) => err(e),
-        }
-    })
+    // SAFETY: forwarded.
+    guard(|| unsafe { post_inject(ep, buf, len, dest, Kind::Tagged { tag, ignore: 0 }) })
 }
 
 // ------------------------------------------------------------------ untagged (FI_MSG)
-
-/// Untagged messages are tagged messages with [`MSG_TAG`]; an untagged receive takes the
-/// next one from its source (or any), in order.
-const MSG_IGNORE: u64 = !MSG_TAG;
 
 unsafe extern "C" fn mrecv(
     ep: *mut fid_ep,
@@ -530,18 +562,15 @@ unsafe extern "C" fn mrecv(
     src: fi_addr_t,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        // SAFETY: an open endpoint of ours.
-        let sh = unsafe { shared(ep as *mut fid) };
-        let mut st = sh.lock();
-        let flags = st.rx_flags;
-        st.recv(
-            &[(buf as *mut u8, len)],
+    // SAFETY: forwarded.
+    guard(|| unsafe {
+        post_recv(
+            ep,
+            vec![(buf as *mut u8, len)],
             src,
-            MSG_TAG,
-            MSG_IGNORE,
+            Kind::Untagged,
             ctx,
-            flags,
+            None,
         )
     })
 }
@@ -554,16 +583,8 @@ unsafe extern "C" fn mrecvv(
     src: fi_addr_t,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        if count > crate::info::IOV_LIMIT {
-            return err(FI_EINVAL);
-        }
-        // SAFETY: an open endpoint of ours; the caller's iovecs.
-        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(iov, count)) };
-        let mut st = sh.lock();
-        let flags = st.rx_flags;
-        st.recv(&v, src, MSG_TAG, MSG_IGNORE, ctx, flags)
-    })
+    // SAFETY: the caller's iovecs; forwarded.
+    guard(|| unsafe { post_recv(ep, iovs(iov, count), src, Kind::Untagged, ctx, None) })
 }
 
 unsafe extern "C" fn mrecvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
@@ -572,20 +593,9 @@ unsafe extern "C" fn mrecvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -
         let Some(m) = (unsafe { msg.as_ref() }) else {
             return err(FI_EINVAL);
         };
-        if m.iov_count > crate::info::IOV_LIMIT {
-            return err(FI_EINVAL);
-        }
-        // SAFETY: an open endpoint of ours; the message's iovecs.
-        let (sh, v) = unsafe { (shared(ep as *mut fid), iovs(m.msg_iov, m.iov_count)) };
-        let v = if v.is_empty() {
-            vec![(std::ptr::null_mut(), 0)]
-        } else {
-            v
-        };
-        let r = sh
-            .lock()
-            .recv(&v, m.addr, MSG_TAG, MSG_IGNORE, m.context, flags);
-        r
+        let v = iovs(m.msg_iov, m.iov_count);
+        // SAFETY: the message's iovecs; forwarded.
+        unsafe { post_recv(ep, v, m.addr, Kind::Untagged, m.context, Some(flags)) }
     })
 }
 
@@ -597,13 +607,9 @@ unsafe extern "C" fn msend(
     dest: fi_addr_t,
     ctx: *mut c_void,
 ) -> isize {
-    guard(|| {
-        // SAFETY: an open endpoint of ours; the caller's buffer.
-        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
-        let mut st = sh.lock();
-        let flags = st.tx_flags;
-        st.send(Data::Caller(data), dest, MSG_TAG, ctx, flags)
-    })
+    let one = [(buf as *mut u8, len)];
+    // SAFETY: forwarded.
+    guard(|| unsafe { post_send(ep, &one, dest, Kind::Untagged, ctx, None) })
 }
 
 unsafe extern "C" fn msendv(
@@ -614,8 +620,8 @@ unsafe extern "C" fn msendv(
     dest: fi_addr_t,
     ctx: *mut c_void,
 ) -> isize {
-    // SAFETY: forwarded.
-    guard(|| unsafe { send_iov(ep, iov, count, dest, MSG_TAG, ctx, None) })
+    // SAFETY: the caller's iovecs; forwarded.
+    guard(|| unsafe { post_send(ep, &iovs(iov, count), dest, Kind::Untagged, ctx, None) })
 }
 
 unsafe extern "C" fn msendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
@@ -624,18 +630,9 @@ unsafe extern "C" fn msendmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -
         let Some(m) = (unsafe { msg.as_ref() }) else {
             return err(FI_EINVAL);
         };
-        // SAFETY: forwarded.
-        unsafe {
-            send_iov(
-                ep,
-                m.msg_iov,
-                m.iov_count,
-                m.addr,
-                MSG_TAG,
-                m.context,
-                Some(flags),
-            )
-        }
+        let v = iovs(m.msg_iov, m.iov_count);
+        // SAFETY: the message's iovecs; forwarded.
+        unsafe { post_send(ep, &v, m.addr, Kind::Untagged, m.context, Some(flags)) }
     })
 }
 
@@ -645,19 +642,6 @@ unsafe extern "C" fn minject(
     len: usize,
     dest: fi_addr_t,
 ) -> isize {
-    guard(|| {
-        if len > crate::info::INJECT_MAX {
-            return err(FI_EINVAL);
-        }
-        // SAFETY: an open endpoint of ours; the caller's buffer (copied).
-        let (sh, data) = unsafe { (shared(ep as *mut fid), bytes_at(buf, len)) };
-        let r = sh.lock().send(
-            Data::Caller(data),
-            dest,
-            MSG_TAG,
-            std::ptr::null_mut(),
-            FI_INJECT,
-        );
-        r
-    })
+    // SAFETY: forwarded.
+    guard(|| unsafe { post_inject(ep, buf, len, dest, Kind::Untagged) })
 }

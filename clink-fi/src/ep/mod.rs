@@ -285,6 +285,21 @@ fn tagged_entry(
     }
 }
 
+/// Reports a received message of `full` bytes whose entry `e` says how many landed: a
+/// truncation failure when fewer than all, else the completion if `report`.
+fn report_received(cq: &CqShared, e: fi_cq_tagged_entry, full: usize, report: bool, src: u64) {
+    if full > e.len {
+        let olen = full - e.len;
+        cq.fail(Failure {
+            entry: e,
+            olen,
+            err: FI_ETRUNC,
+        });
+    } else if report {
+        cq.push(e, src);
+    }
+}
+
 const RX: u64 = FI_RECV | FI_TAGGED;
 const TX: u64 = FI_SEND | FI_TAGGED;
 
@@ -628,25 +643,8 @@ impl State {
                 let full = got.status.len as usize;
                 let src = self.source_of(got.status.peer);
                 if let Some(cq) = &self.rx_cq {
-                    if full > len {
-                        cq.fail(Failure {
-                            entry: tagged_entry(
-                                self.msg,
-                                r.ctx,
-                                RX,
-                                len,
-                                r.dest.first(),
-                                got.status.tag,
-                            ),
-                            olen: full - len,
-                            err: FI_ETRUNC,
-                        });
-                    } else if r.report {
-                        cq.push(
-                            tagged_entry(self.msg, r.ctx, RX, len, r.dest.first(), got.status.tag),
-                            src,
-                        );
-                    }
+                    let e = tagged_entry(self.msg, r.ctx, RX, len, r.dest.first(), got.status.tag);
+                    report_received(cq, e, full, r.report, src);
                 }
             }
             Ok(None) => {}
@@ -716,25 +714,9 @@ impl State {
                         d => unsafe { d.scatter(&got.buf) },
                     }
                 };
-                if !t.discard && full > len {
-                    cq.fail(Failure {
-                        entry: tagged_entry(
-                            self.msg,
-                            t.ctx,
-                            RX,
-                            len,
-                            t.dest.first(),
-                            got.status.tag,
-                        ),
-                        olen: full - len,
-                        err: FI_ETRUNC,
-                    });
-                } else if t.report {
-                    cq.push(
-                        tagged_entry(self.msg, t.ctx, RX, len, t.dest.first(), got.status.tag),
-                        src,
-                    );
-                }
+                let e = tagged_entry(self.msg, t.ctx, RX, len, t.dest.first(), got.status.tag);
+                // A discarded message is not truncated: nothing of it was wanted.
+                report_received(&cq, e, if t.discard { len } else { full }, t.report, src);
             }
             _ => cq.fail(Failure {
                 entry: tagged_entry(self.msg, t.ctx, RX, 0, t.dest.first(), 0),

@@ -462,3 +462,22 @@ pub fn away_and_back(
     assert_eq!(&got.buf[..got.status.len as usize], b"back");
     back.join().unwrap()
 }
+
+/// The example `name` cargo built beside this test (`cargo test` builds the examples).
+pub fn example(name: &str) -> std::path::PathBuf {
+    // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing (cargo test builds the examples)",
+        path.display()
+    );
+    path
+}
