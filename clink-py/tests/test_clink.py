@@ -87,6 +87,12 @@ def test_send_recv_buffers(pair):
     # Non-contiguous input is refused, not copied behind the caller's back.
     with pytest.raises(BufferError):
         b.send(pb, 1, np.arange(10)[::2])
+    # A batch: every buffer its own message, in order.
+    b.send_batch(pb, 6, payloads)
+    for p in payloads:
+        assert bytes(a.recv(pa, 6, timeout=T)) == bytes(memoryview(p).cast("B"))
+    with pytest.raises(BufferError):
+        b.send_batch(pb, 6, [b"ok", np.arange(10)[::2]])
 
 
 def test_probe_and_masks(pair):

@@ -47,6 +47,19 @@ impl Endpoint {
         tag: u64,
         data: SendData,
     ) -> Result<SendRequest> {
+        self.start_send_kick(peer, tag, data, true)
+    }
+
+    /// [`Endpoint::start_send`]; an eager message is sent at once (`kick`), or left queued
+    /// in its link for a later kick (a batch's messages then leave together: one gathering
+    /// write over TCP, one batch of datagrams over UDP).
+    fn start_send_kick(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        data: SendData,
+        kick: bool,
+    ) -> Result<SendRequest> {
         let Some(p) = self.peers.get_mut(peer.0 as usize) else {
             return Err(Error::UnknownPeer(peer));
         };
@@ -60,7 +73,9 @@ impl Endpoint {
             self.stats.eager_bytes += len;
             if p.txq.is_empty() && p.link.try_send(&Frame::Eager { tag, data: bytes }) {
                 self.stats.frames_sent += 1;
-                self.kick(peer.0 as usize);
+                if kick {
+                    self.kick(peer.0 as usize);
+                }
                 return Ok(SendRequest { id: 0 });
             }
             self.stats.ring_full += 1;
@@ -99,18 +114,25 @@ impl Endpoint {
 
     /// Sends every message of `msgs` to `peer` with `tag`, all in flight at once, and
     /// waits until all are out of the caller's memory (blocking helper for streaming:
-    /// large messages pipeline their rendezvous without copying into owned buffers).
+    /// large messages pipeline their rendezvous without copying into owned buffers, small
+    /// ones leave together: over TCP one gathering write, over UDP one batch of
+    /// datagrams, where `send` in a loop makes a system call per message).
     pub fn send_batch(&mut self, peer: PeerId, tag: u64, msgs: &[&[u8]]) -> Result<()> {
         let mut reqs = Vec::with_capacity(msgs.len());
         let mut first_err = None;
         for m in msgs {
-            match self.start_send(peer, tag, SendData::Borrowed(m.as_ptr(), m.len())) {
+            // The small ones wait in the link and leave together, below (over TCP one
+            // gathering write instead of one per message).
+            match self.start_send_kick(peer, tag, SendData::Borrowed(m.as_ptr(), m.len()), false) {
                 Ok(r) => reqs.push(r),
                 Err(e) => {
                     first_err = Some(e);
                     break;
                 }
             }
+        }
+        if (peer.0 as usize) < self.peers.len() {
+            self.kick(peer.0 as usize);
         }
         // Every started send must be over before the borrowed slices go away.
         for r in reqs {
