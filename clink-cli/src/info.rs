@@ -192,9 +192,14 @@ pub fn run() -> Result<(), String> {
         }
     );
     println!(
-        "rings               {} cells x 64 B = {} per direction per peer",
+        "rings               {} cells x 64 B = {} per direction per peer{}",
         cfg.ring_cells,
-        size(cfg.ring_cells as u64 * 64)
+        size(cfg.ring_cells as u64 * 64),
+        if cfg.ring_shrink {
+            "; halved per doubling of an endpoint's same-host peers beyond 3, down to 8 KiB (CLINK_RING_SHRINK)"
+        } else {
+            " for every connection (CLINK_RING_SHRINK=0)"
+        }
     );
     println!(
         "spin before block   {}",
