@@ -174,6 +174,18 @@ fn reader(
     (rx, h)
 }
 
+/// A check for calls retried while the two endpoints connect (they answer -FI_EAGAIN
+/// until then): true once one is taken, failing on any other answer or after 10 s.
+fn connecting() -> impl Fn(isize, &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    move |r, what| {
+        assert!(r == 0 || r == -(FI_EAGAIN as isize), "{what}: {r}");
+        assert!(Instant::now() < deadline, "{what}: never connected");
+        std::thread::yield_now();
+        r == 0
+    }
+}
+
 fn next(rx: &std::sync::mpsc::Receiver<Entry>) -> Outcome {
     rx.recv_timeout(Duration::from_secs(10))
         .expect("no completion within 10 s")
@@ -212,14 +224,8 @@ fn messages_truncation_peek_and_cancel() {
         // A message checked byte for byte (the receive posted before the send).
         let msg: Vec<u8> = (0..100_000u32).map(|i| (i * 7 + 3) as u8).collect();
         let mut got = vec![0u8; msg.len()];
-        let deadline = Instant::now() + Duration::from_secs(10);
         // Both answer -FI_EAGAIN until the connection between the two endpoints is made.
-        let again = |r: isize, what: &str| {
-            assert!(r == 0 || r == -(FI_EAGAIN as isize), "{what}: {r}");
-            assert!(Instant::now() < deadline, "{what}: never connected");
-            std::thread::yield_now();
-            r == 0
-        };
+        let again = connecting();
         while !again(
             (tagged(b).recv)(
                 b,
@@ -333,13 +339,7 @@ fn untagged_and_tagged_messages_do_not_cross() {
         let (rx_b, hb) = reader(s.cqs[1], stop.clone());
         let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
         let msg = |ep: *mut fid_ep| &*(*ep).msg;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let again = |r: isize, what: &str| {
-            assert!(r == 0 || r == -(FI_EAGAIN as isize), "{what}: {r}");
-            assert!(Instant::now() < deadline, "{what}: never connected");
-            std::thread::yield_now();
-            r == 0
-        };
+        let again = connecting();
         let (mut ubuf, mut tbuf) = ([0u8; 16], [0u8; 16]);
         while !again(
             (msg(b).recv)(

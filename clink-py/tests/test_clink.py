@@ -307,7 +307,7 @@ def test_ranks_started_by_mpirun_find_each_other():
     try:
         out, _ = p.communicate(timeout=180)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)  # mpirun and its ranks: a session of their own
+        os.killpg(p.pid, 9)  # mpirun and its ranks: their own process group
         p.communicate()
         raise
     assert p.returncode == 0, out

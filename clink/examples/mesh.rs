@@ -110,17 +110,22 @@ fn shmem_kib() -> Result<u64, Box<dyn std::error::Error>> {
 
 /// Waits until `dir` holds `n` files named `PREFIX.R` (or the limit passes).
 fn wait_files(dir: &Path, prefix: &str, n: usize) -> Result<(), String> {
+    let names: Vec<String> = (0..n).map(|r| format!("{prefix}.{r}")).collect();
+    wait_for(dir, &names, prefix)
+}
+
+/// Waits until every file of `names` is in `dir` (or the limit passes).
+fn wait_for(dir: &Path, names: &[String], what: &str) -> Result<(), String> {
     let deadline = Instant::now() + LIMIT;
     loop {
-        let have = (0..n)
-            .filter(|r| dir.join(format!("{prefix}.{r}")).exists())
-            .count();
-        if have == n {
+        let have = names.iter().filter(|f| dir.join(f).exists()).count();
+        if have == names.len() {
             return Ok(());
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{have} of {n} ranks reached '{prefix}' within {LIMIT:?}"
+                "{have} of {} ranks reached '{what}' within {LIMIT:?}",
+                names.len()
             ));
         }
         std::thread::sleep(Duration::from_millis(2));
@@ -181,7 +186,8 @@ fn rank_main(
     }
     println!("alltoall_ms {:.1}", t.elapsed().as_secs_f64() * 1e3);
     std::fs::write(dir.join(format!("stands.{rank}")), b"")?;
-    wait_go(dir)?;
+    // The parent's go: it has read the memory the mesh holds.
+    wait_for(dir, &["go".to_string()], "go")?;
     match rank {
         0 => {
             let other = peer_of[1].ok_or("no rank 1")?;
@@ -206,18 +212,6 @@ fn rank_main(
         }
     }
     ep.close();
-    Ok(())
-}
-
-/// Waits for the parent's "go" (it has read the memory the mesh holds).
-fn wait_go(dir: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + LIMIT;
-    while !dir.join("go").exists() {
-        if Instant::now() > deadline {
-            return Err("no go within the limit".into());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
     Ok(())
 }
 

@@ -300,6 +300,49 @@ fn report_received(cq: &CqShared, e: fi_cq_tagged_entry, full: usize, report: bo
     }
 }
 
+/// What a finished send reports.
+struct SentOp {
+    ctx: *mut c_void,
+    len: usize,
+    tag: u64,
+    report: bool,
+}
+
+/// The outcome of send `id` of `ops` (made on `ep`) once it is over, the op taken out;
+/// `None` while it is still under way (or not a send of `ops`).
+fn finished_send(
+    ep: &mut Endpoint,
+    ops: &mut Map<u64, Op>,
+    id: u64,
+) -> Option<(clink::Result<bool>, SentOp)> {
+    let Some(Op::Send { req, .. }) = ops.get(&id) else {
+        return None;
+    };
+    let res = ep.finish_send(req);
+    if let Ok(false) = res {
+        return None;
+    }
+    let Some(Op::Send {
+        ctx,
+        len,
+        tag,
+        report,
+        ..
+    }) = ops.remove(&id)
+    else {
+        return None;
+    };
+    Some((
+        res,
+        SentOp {
+            ctx,
+            len,
+            tag,
+            report,
+        },
+    ))
+}
+
 const RX: u64 = FI_RECV | FI_TAGGED;
 const TX: u64 = FI_SEND | FI_TAGGED;
 
@@ -511,29 +554,8 @@ impl State {
             l.ep.progress();
             while let Some(ev) = l.ep.pop_event() {
                 if let Event::SendDone { req, .. } = ev {
-                    if let Some(Op::Send {
-                        req: r,
-                        ctx,
-                        len,
-                        tag,
-                        report,
-                    }) = l.ops.remove(&req)
-                    {
-                        let res = l.ep.finish_send(&r);
-                        if let Ok(false) = res {
-                            l.ops.insert(
-                                req,
-                                Op::Send {
-                                    req: r,
-                                    ctx,
-                                    len,
-                                    tag,
-                                    report,
-                                },
-                            );
-                        } else {
-                            self.report_send(res, ctx, len, tag, report);
-                        }
+                    if let Some((res, s)) = finished_send(&mut l.ep, &mut l.ops, req) {
+                        self.report_send(res, s);
                     }
                 }
             }
@@ -552,42 +574,19 @@ impl State {
     }
 
     fn send_done(&mut self, id: u64) {
-        let Some(Op::Send {
-            req,
+        if let Some((res, s)) = finished_send(&mut self.ep, &mut self.ops, id) {
+            self.report_send(res, s);
+        }
+    }
+
+    /// Queues a finished send's completion (or failure).
+    fn report_send(&self, res: clink::Result<bool>, s: SentOp) {
+        let SentOp {
             ctx,
             len,
             tag,
             report,
-        }) = self.ops.remove(&id)
-        else {
-            return;
-        };
-        let res = self.ep.finish_send(&req);
-        if let Ok(false) = res {
-            self.ops.insert(
-                id,
-                Op::Send {
-                    req,
-                    ctx,
-                    len,
-                    tag,
-                    report,
-                },
-            );
-            return;
-        }
-        self.report_send(res, ctx, len, tag, report);
-    }
-
-    /// Queues a finished send's completion (or failure).
-    fn report_send(
-        &self,
-        res: clink::Result<bool>,
-        ctx: *mut c_void,
-        len: usize,
-        tag: u64,
-        report: bool,
-    ) {
+        } = s;
         let Some(cq) = &self.tx_cq else { return };
         match res {
             Ok(_) if report => cq.push(

@@ -131,9 +131,7 @@ impl Endpoint {
                 }
             }
         }
-        if (peer.0 as usize) < self.peers.len() {
-            self.kick(peer.0 as usize);
-        }
+        self.kick(peer.0 as usize);
         // Every started send must be over before the borrowed slices go away.
         for r in reqs {
             if let Err(e) = self.finish_borrowed_send(r) {
