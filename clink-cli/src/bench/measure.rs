@@ -373,7 +373,8 @@ fn bandwidth(
     }
     let warm = stream_once(ch, &buf, warm_count, false)?.elapsed;
     let per_msg = warm / warm_count as u32;
-    let count = iters_for(plan.bw_rep_time, per_msg, 1, BW_MAX_COUNT);
+    let count = iters_for(plan.bw_rep_time, per_msg, 1, BW_MAX_COUNT)
+        .max(plan.bw_min_bytes.div_ceil(size).min(BW_MAX_COUNT));
     // Discard the server's CPU time of the warm-up rounds.
     server_cpu_secs(ch)?;
     let mut gbs = Vec::with_capacity(plan.bw_reps);
@@ -448,7 +449,9 @@ mod tests {
             lat_min_iters: 5,
             lat_max_iters: 50,
             bw_reps: 2,
-            bw_rep_time: Duration::from_millis(2),
+            // No time target: the byte floor alone sizes the repetitions.
+            bw_rep_time: Duration::ZERO,
+            bw_min_bytes: 64 << 10,
         };
         // Channels are not Send: each side makes its own in its own thread.
         let client = std::thread::spawn(move || -> io::Result<Vec<Row>> {
@@ -472,6 +475,7 @@ mod tests {
         assert!(rows.iter().all(|r| r.median.is_finite() && r.median > 0.0));
         assert_eq!(rows[2].metric, Metric::BandwidthGbs);
         assert_eq!(rows[2].reps, 2);
+        assert_eq!(rows[2].iterations, 16, "64 KiB in messages of 4 KiB");
         assert!(
             rows[2].cpu_s_per_gb.is_some_and(|c| c > 0.0),
             "{:?}",

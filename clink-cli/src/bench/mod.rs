@@ -29,7 +29,8 @@
 //! for each `--mtu` (default 1500) and each `--loss` percentage (default 0: packets
 //! dropped at random by nftables on the switch on the way into each host), with each
 //! host's input limited to `--rate` (tc's tbf) if given; rows carry `loss_pct` and
-//! `rate` too.
+//! `rate` too. Under loss each bandwidth repetition moves at least 128 MiB (`--quick`:
+//! 32 MiB), so that kernel TCP's retransmission timeouts land inside the repetitions.
 //!
 //! # What a bandwidth row holds
 //!
@@ -775,6 +776,16 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 .unwrap_or_default()
         ),
     });
+    // Under loss a repetition moves at least this much, so that it holds many losses and
+    // whatever timeouts they cost (kernel TCP's are 200 ms and more).
+    let lossy_rep_bytes = if args.quick { 32 << 20 } else { 128 << 20 };
+    if losses.iter().any(|&l| l > 0.0) && args.placement == Placement::Bridge {
+        header.push(format!(
+            "under loss each bandwidth repetition moves at least {} MiB, however fast its \
+             warm-up was",
+            lossy_rep_bytes >> 20
+        ));
+    }
     header.push(load_note());
     for line in &header {
         say(args.json, line);
@@ -795,6 +806,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     for round in 0..args.rounds {
         for slot in &slots {
+            ctx.plan.bw_min_bytes = match slot {
+                Some(spec) if spec.loss_pct > 0.0 => lossy_rep_bytes,
+                _ => 0,
+            };
             let net = match slot {
                 None => None,
                 Some(spec) => {

@@ -23,7 +23,7 @@ pub const DEFAULT_BW_SIZES: &[usize] = &[
 /// Iteration counts are time-bounded: the client estimates the round-trip time
 /// during warm-up and picks a count that fills `lat_time`, clamped to
 /// `[lat_min_iters, lat_max_iters]`; bandwidth repetitions are sized to last
-/// about `bw_rep_time` each.
+/// about `bw_rep_time` each and to move at least `bw_min_bytes`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// Ping-pong message sizes in bytes.
@@ -40,6 +40,10 @@ pub struct Plan {
     pub bw_reps: usize,
     /// Target duration of one streaming repetition.
     pub bw_rep_time: Duration,
+    /// Least payload one streaming repetition moves, whatever its warm-up's rate. Over a
+    /// lossy path a warm-up that met no loss would otherwise size repetitions too short to
+    /// contain a retransmission timeout, and the median would hide them.
+    pub bw_min_bytes: usize,
 }
 
 impl Plan {
@@ -54,6 +58,7 @@ impl Plan {
             lat_max_iters: 20_000,
             bw_reps: 5,
             bw_rep_time: Duration::from_millis(80),
+            bw_min_bytes: 0,
         }
     }
 
@@ -72,14 +77,15 @@ impl Plan {
     /// Encodes the plan as one `key=value;...` line for the child command line.
     pub fn encode(&self) -> String {
         format!(
-            "lat={};bw={};lat_ms={};lat_min={};lat_max={};reps={};rep_ms={}",
+            "lat={};bw={};lat_ms={};lat_min={};lat_max={};reps={};rep_ms={};rep_min={}",
             join(&self.lat_sizes),
             join(&self.bw_sizes),
             self.lat_time.as_millis(),
             self.lat_min_iters,
             self.lat_max_iters,
             self.bw_reps,
-            self.bw_rep_time.as_millis()
+            self.bw_rep_time.as_millis(),
+            self.bw_min_bytes
         )
     }
 
@@ -99,12 +105,13 @@ impl Plan {
                 "lat_max" => plan.lat_max_iters = parse_num(key, value)? as usize,
                 "reps" => plan.bw_reps = parse_num(key, value)? as usize,
                 "rep_ms" => plan.bw_rep_time = Duration::from_millis(parse_num(key, value)?),
+                "rep_min" => plan.bw_min_bytes = parse_num(key, value)? as usize,
                 _ => return Err(format!("plan: unknown key {key:?}")),
             }
             seen.push(key.to_string());
         }
         for key in [
-            "lat", "bw", "lat_ms", "lat_min", "lat_max", "reps", "rep_ms",
+            "lat", "bw", "lat_ms", "lat_min", "lat_max", "reps", "rep_ms", "rep_min",
         ] {
             if !seen.iter().any(|k| k == key) {
                 return Err(format!("plan: missing key {key:?} in {text:?}"));
@@ -184,6 +191,7 @@ mod tests {
         let custom = Plan {
             lat_sizes: vec![],
             bw_sizes: vec![4096],
+            bw_min_bytes: 64 << 20,
             ..Plan::quick()
         };
         assert_eq!(Plan::decode(&custom.encode()), Ok(custom));
