@@ -19,7 +19,9 @@
  *   one thread at a time (any thread, calls not overlapping): a call made while another
  *   thread is inside a call on the same endpoint returns CLINK_ERR_BUSY instead of
  *   racing, as does any call while an in-place message or claimed send slot holds the
- *   endpoint. Windows and event senders may be used from any thread concurrently.
+ *   endpoint. clink_endpoint_bind_thread gives an endpoint to one thread: the shortest
+ *   calls (no atomic read-modify-write each), other threads refused with CLINK_ERR_BUSY.
+ *   Windows and event senders may be used from any thread concurrently.
  *   clink_last_error is per thread.
  * - Timeouts are in milliseconds: -1 (CLINK_FOREVER) waits forever, 0 looks once.
  * - Progress: there is no background thread. Every call that waits, and clink_progress,
@@ -479,6 +481,32 @@ int clink_endpoint_free(struct clink_endpoint_t *ep);
 // # Safety
 // `ep` must be NULL or a live endpoint.
 const char *clink_endpoint_address(const struct clink_endpoint_t *ep);
+
+// Binds the endpoint to the calling thread: from now on only this thread may call on it
+// (other threads' calls return `CLINK_ERR_BUSY` without touching it), and its calls claim
+// the endpoint with a plain load and store instead of an atomic compare-and-swap, which
+// shortens every send and receive (as libfabric's `FI_THREAD_DOMAIN` and a
+// single-threaded UCX worker do, but checked). Binding again from the owner does nothing.
+// `CLINK_ERR_BUSY` if another thread is in a call, holds a borrow (in-place message,
+// send slot) or owns the binding.
+//
+// Thread safety: any thread. A thread that exits while it owns an endpoint should unbind
+// it first (a later thread could be given the same `pthread_t`).
+//
+// # Safety
+// `ep` must be a live endpoint.
+int clink_endpoint_bind_thread(struct clink_endpoint_t *ep);
+
+// Gives up the calling thread's binding (`clink_endpoint_bind_thread`): any thread may
+// call on the endpoint again, one at a time. Nothing to do if it is not bound;
+// `CLINK_ERR_BUSY` if another thread owns it or this thread still holds a borrow of it
+// (an in-place message or send slot not given back).
+//
+// Thread safety: the owning thread.
+//
+// # Safety
+// `ep` must be a live endpoint.
+int clink_endpoint_unbind_thread(struct clink_endpoint_t *ep);
 
 // Says that this endpoint will connect to about `n` peers on its host (a job's other
 // local ranks): its connections' rings are sized for that many from the first (see

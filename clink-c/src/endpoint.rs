@@ -129,6 +129,44 @@ pub unsafe extern "C" fn clink_endpoint_address(ep: *const clink_endpoint_t) -> 
     ep.as_ref().map_or(std::ptr::null(), |h| h.address.as_ptr())
 }
 
+/// Binds the endpoint to the calling thread: from now on only this thread may call on it
+/// (other threads' calls return `CLINK_ERR_BUSY` without touching it), and its calls claim
+/// the endpoint with a plain load and store instead of an atomic compare-and-swap, which
+/// shortens every send and receive (as libfabric's `FI_THREAD_DOMAIN` and a
+/// single-threaded UCX worker do, but checked). Binding again from the owner does nothing.
+/// `CLINK_ERR_BUSY` if another thread is in a call, holds a borrow (in-place message,
+/// send slot) or owns the binding.
+///
+/// Thread safety: any thread. A thread that exits while it owns an endpoint should unbind
+/// it first (a later thread could be given the same `pthread_t`).
+///
+/// # Safety
+/// `ep` must be a live endpoint.
+#[no_mangle]
+pub unsafe extern "C" fn clink_endpoint_bind_thread(ep: *mut clink_endpoint_t) -> c_int {
+    ffi("clink_endpoint_bind_thread", || {
+        ep_ref(ep)?.owner.bind().map_err(busy)?;
+        Ok(OK)
+    })
+}
+
+/// Gives up the calling thread's binding (`clink_endpoint_bind_thread`): any thread may
+/// call on the endpoint again, one at a time. Nothing to do if it is not bound;
+/// `CLINK_ERR_BUSY` if another thread owns it or this thread still holds a borrow of it
+/// (an in-place message or send slot not given back).
+///
+/// Thread safety: the owning thread.
+///
+/// # Safety
+/// `ep` must be a live endpoint.
+#[no_mangle]
+pub unsafe extern "C" fn clink_endpoint_unbind_thread(ep: *mut clink_endpoint_t) -> c_int {
+    ffi("clink_endpoint_unbind_thread", || {
+        ep_ref(ep)?.owner.unbind().map_err(busy)?;
+        Ok(OK)
+    })
+}
+
 /// Says that this endpoint will connect to about `n` peers on its host (a job's other
 /// local ranks): its connections' rings are sized for that many from the first (see
 /// `CLINK_RING_SHRINK`; a full mesh of N processes holds N(N-1)/2 pairs of rings).

@@ -22,6 +22,7 @@ use std::time::Duration;
 mod endpoint;
 mod events;
 mod launcher;
+mod owner;
 mod rma;
 mod tagged;
 
@@ -377,17 +378,16 @@ pub(crate) unsafe fn bytes_mut<'a>(
 /// receives tagged messages, owns apertures and an event queue.
 pub struct clink_endpoint_t {
     ep: UnsafeCell<Endpoint>,
-    /// Set while a call runs on the endpoint, or while an in-place receive or a send slot
-    /// borrows it: a second call meanwhile gets `CLINK_ERR_BUSY` instead of racing.
-    busy: AtomicBool,
+    /// Claimed while a call runs on the endpoint, or while an in-place receive or a send
+    /// slot borrows it: a second call meanwhile gets `CLINK_ERR_BUSY` instead of racing.
+    pub(crate) owner: owner::Owner,
     /// A panic was caught in a call on this endpoint: its state may be inconsistent.
     poisoned: AtomicBool,
     address: CString,
 }
 
-// SAFETY: the endpoint is `Send`; concurrent access is excluded by the `busy` flag (a
-// compare-and-swap), so sharing the handle between threads never gives two threads the
-// endpoint at once.
+// SAFETY: the endpoint is `Send`; concurrent access is excluded by the claim (`owner`),
+// so sharing the handle between threads never gives two threads the endpoint at once.
 unsafe impl Sync for clink_endpoint_t {}
 
 impl clink_endpoint_t {
@@ -395,7 +395,7 @@ impl clink_endpoint_t {
         let address = CString::new(ep.address()).unwrap_or_default();
         clink_endpoint_t {
             ep: UnsafeCell::new(ep),
-            busy: AtomicBool::new(false),
+            owner: owner::Owner::default(),
             poisoned: AtomicBool::new(false),
             address,
         }
@@ -403,16 +403,7 @@ impl clink_endpoint_t {
 
     /// Takes the endpoint for one call (or a borrow that outlives the call).
     pub(crate) fn lock(&self) -> R<()> {
-        if self
-            .busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            return Err(Fail::new(
-                CLINK_ERR_BUSY,
-                "endpoint in use by another thread, or held by an in-place receive or a send slot",
-            ));
-        }
+        self.owner.claim().map_err(busy)?;
         if self.poisoned.load(Ordering::Relaxed) {
             self.unlock();
             return Err(Fail::new(
@@ -424,7 +415,7 @@ impl clink_endpoint_t {
     }
 
     pub(crate) fn unlock(&self) {
-        self.busy.store(false, Ordering::Release);
+        self.owner.release();
     }
 
     /// The endpoint itself; the caller holds the lock.
@@ -454,6 +445,20 @@ impl clink_endpoint_t {
     /// An identity for requests: which endpoint they belong to.
     pub(crate) fn key(&self) -> usize {
         self as *const _ as usize
+    }
+}
+
+/// The error of a refused claim.
+pub(crate) fn busy(r: owner::Refused) -> Fail {
+    match r {
+        owner::Refused::Busy => Fail::new(
+            CLINK_ERR_BUSY,
+            "endpoint in use by another thread, or held by an in-place receive or a send slot",
+        ),
+        owner::Refused::OtherThread => Fail::new(
+            CLINK_ERR_BUSY,
+            "endpoint bound to another thread (clink_endpoint_bind_thread)",
+        ),
     }
 }
 

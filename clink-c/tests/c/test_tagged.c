@@ -1,13 +1,41 @@
 /* Two processes: blocking tagged messages of every size class with their contents,
  * selectors (peer, tag, mask), status, truncation, probe, batches, in-place receives,
- * claimed send slots, peer information, statistics, and a peer that exits. */
+ * claimed send slots, peer information, statistics, an endpoint bound to a thread, and a
+ * peer that exits. */
 #include "common.h"
+
+#include <pthread.h>
 
 static const size_t SIZES[] = {0, 1, 8, 4096, 65536, 1 << 20, (3 << 20) + 7};
 #define NSIZES (sizeof SIZES / sizeof SIZES[0])
 #define BIG (4 << 20)
 
+/* Runs f(arg) on a thread of its own and returns what it returned. */
+static intptr_t on_thread(void *(*f)(void *), void *arg) {
+    pthread_t th;
+    void *res = NULL;
+    CHECK(pthread_create(&th, NULL, f, arg) == 0);
+    CHECK(pthread_join(th, &res) == 0);
+    return (intptr_t)res;
+}
+
+static void *progress_from_thread(void *ep) {
+    return (void *)(intptr_t)clink_progress((clink_endpoint_t *)ep);
+}
+
+static void *bind_from_thread(void *ep) {
+    return (void *)(intptr_t)clink_endpoint_bind_thread((clink_endpoint_t *)ep);
+}
+
+static void *release_from_thread(void *m) {
+    clink_inplace_release((clink_inplace_t *)m);
+    return NULL;
+}
+
 static void child(pair_t *p) {
+    /* The child's whole conversation runs with its endpoint bound to this thread. */
+    OK(clink_endpoint_bind_thread(p->ep));
+    OK(clink_endpoint_bind_thread(p->ep)); /* again: nothing to do */
     uint8_t *buf = malloc(BIG);
     CHECK(buf != NULL);
     /* 1: every size class, tag 2, contents seeded by the size index. */
@@ -31,8 +59,9 @@ static void child(pair_t *p) {
     fill(c, sizeof c, 63);
     clink_iov_t iov[3] = {{a, sizeof a}, {b, sizeof b}, {c, sizeof c}};
     OK(clink_send_batch(p->ep, p->peer, 6, iov, 3));
-    /* 6: for the in-place receive. */
+    /* 6: for the in-place receives (the second while the parent's endpoint is bound). */
     OK(clink_send(p->ep, p->peer, 7, "in place", 8));
+    OK(clink_send(p->ep, p->peer, 7, "held", 4));
     /* 7: the parent's claimed message. */
     char got[64];
     clink_status_t st;
@@ -114,7 +143,25 @@ static void parent(pair_t *p) {
     CHECK(st.len == 8 && st.tag == 7 && st.peer == p->peer);
     CHECK_RC(clink_send(p->ep, p->peer, 1, "x", 1), CLINK_ERR_BUSY);
     CHECK_RC(clink_endpoint_free(p->ep), CLINK_ERR_BUSY);
+    CHECK_RC(clink_endpoint_bind_thread(p->ep), CLINK_ERR_BUSY);
     clink_inplace_release(m);
+
+    /* Bound to this thread: other threads are refused; an in-place message is still
+     * held against the owner's calls and may be given back from another thread. */
+    OK(clink_endpoint_bind_thread(p->ep));
+    CHECK(on_thread(progress_from_thread, p->ep) == CLINK_ERR_BUSY);
+    CHECK(on_thread(bind_from_thread, p->ep) == CLINK_ERR_BUSY);
+    CHECK(clink_progress(p->ep) >= 0); /* CLINK_OK or CLINK_AGAIN: allowed */
+    OK(clink_recv_in_place(p->ep, clink_selector_exact(p->peer, 7), 30000, &m));
+    data = clink_inplace_data(m, &len);
+    CHECK(len == 4 && memcmp(data, "held", 4) == 0);
+    CHECK_RC(clink_progress(p->ep), CLINK_ERR_BUSY);
+    CHECK_RC(clink_endpoint_unbind_thread(p->ep), CLINK_ERR_BUSY);
+    CHECK(on_thread(release_from_thread, m) == 0);
+    CHECK(clink_progress(p->ep) >= 0);
+    OK(clink_endpoint_unbind_thread(p->ep));
+    OK(clink_endpoint_unbind_thread(p->ep)); /* not bound: nothing to do */
+    CHECK(on_thread(progress_from_thread, p->ep) >= 0);
 
     /* A claimed slot: written in the peer's ring, then committed. */
     clink_slot_t *slot = NULL;
