@@ -90,8 +90,8 @@ pub unsafe extern "C" fn clink_endpoint_create(
 /// (a window keeps its memory mapped); using a request with another endpoint is refused.
 /// NULL is ignored (`CLINK_OK`).
 ///
-/// Returns `CLINK_ERR_BUSY` (and frees nothing) while another thread is in a call on it
-/// or an in-place receive or send slot still holds it.
+/// Returns `CLINK_ERR_BUSY` (and frees nothing) while another thread is in a call on it,
+/// an in-place receive or send slot still holds it, or it is bound to another thread.
 ///
 /// # Safety
 /// `ep` must be NULL or an endpoint from `clink_endpoint_create` not freed yet.
