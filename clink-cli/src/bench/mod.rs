@@ -196,9 +196,11 @@ pub struct BenchArgs {
     /// Do not pin the two sides to CPUs 0 and 1.
     #[arg(long)]
     pub no_pin: bool,
-    /// Bound in seconds on one system+mode run (children are killed after it).
-    #[arg(long, default_value_t = 120)]
-    pub timeout_secs: u64,
+    /// Bound in seconds on one system+mode run (children are killed after it); default
+    /// 120, and 600 under `--loss`, where kernel TCP's backed-off retransmission timeouts
+    /// can stretch a run to minutes
+    #[arg(long)]
+    pub timeout_secs: Option<u64>,
     /// Repeat the whole run this many times, interleaving the systems
     /// (A B A B ...); tables show the median over rounds, JSON rows carry
     /// their `round` (with `--rma`, every round's rows are printed).
@@ -680,7 +682,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;
-    let timeout = Duration::from_secs(args.timeout_secs.max(1));
+    let lossy = args.loss.iter().flatten().any(|&l| l > 0.0);
+    let default_secs = if lossy { 600 } else { 120 };
+    let timeout = Duration::from_secs(args.timeout_secs.unwrap_or(default_secs).max(1));
     let mut header = Vec::new();
     header.push(if pinned {
         format!(
@@ -875,7 +879,7 @@ fn run_spec(args: BenchArgs, pinned: bool) -> Result<(), String> {
         } else {
             spec::FRAGMENTS
         }),
-        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+        timeout: Duration::from_secs(args.timeout_secs.unwrap_or(120).max(1)),
     })
 }
 
