@@ -34,8 +34,12 @@ const SPEC_FIRST: usize = 8 << 10;
 /// allocation on either side: a 64-byte hop spent about 420 of its 3 300 user
 /// instructions in `malloc` and `free`, `callgrind` of `examples/path_cost 20000 tcp`).
 const SPARE_FRAMES: usize = 8;
-/// The largest capacity of a kept frame buffer (at most 8 x 64 KiB kept per link).
-const SPARE_FRAME_MAX: usize = 64 << 10;
+/// The largest capacity of a kept frame buffer, sent or received: a frame of the largest
+/// eager message (64 KiB by default, plus the record and frame headers) fits. Smaller, an
+/// eager message of 64 KiB got a fresh buffer on both sides every time, which glibc gave
+/// back to the kernel and faulted in again (64 KiB streams ran at half the rate of 63 KiB
+/// ones); at most 8 such buffers are kept per link for receiving, one for sending.
+const SPARE_FRAME_MAX: usize = OWN_SEG + 4096;
 /// Reads per `receive` call at most (one progress pass).
 const MAX_READS: usize = 16;
 /// Writes per `write` call at most.
@@ -255,7 +259,9 @@ impl TcpLink {
             _ => {
                 let v = match self.spare_tx.take() {
                     Some(v) if v.capacity() >= n => v,
-                    _ => Vec::with_capacity(n.clamp(4096, OWN_SEG)),
+                    // A frame larger than a segment gets its own buffer, of its size
+                    // (growing one of OWN_SEG would double it).
+                    _ => Vec::with_capacity(n.clamp(4096, OWN_SEG).max(n)),
                 };
                 self.tx.push_back(Seg::Own(v));
                 match self.tx.back_mut() {
@@ -412,7 +418,7 @@ impl TcpLink {
             match self.tx.pop_front() {
                 Some(Seg::Own(mut v)) => {
                     self.tx_owned -= left;
-                    if v.capacity() <= OWN_SEG {
+                    if v.capacity() <= SPARE_FRAME_MAX {
                         v.clear();
                         self.spare_tx = Some(v);
                     }
