@@ -589,9 +589,10 @@ impl TcpLink {
         };
         self.start = 0;
         self.end = 0;
-        // More pieces of the transfer follow: read only the next header behind this
-        // piece, so the next payload is not caught in the receive buffer (and copied).
-        let spare = if c.last || direct < c.left {
+        // More pieces of the transfer follow, or another transfer is expected after its
+        // last (the sender serves them back to back): read only the next header behind
+        // this piece, so the next payload is not caught in the receive buffer (and copied).
+        let spare = if direct < c.left || (c.last && self.incoming.is_empty()) {
             self.rx.len()
         } else {
             HEADER
