@@ -501,9 +501,16 @@ impl Node {
                 continue;
             }
             if let Some((what, e)) = lost_down.take() {
-                // A next node that stopped on an error of its own said why: no splice.
-                if let Some(f) = self.down_report_error(&report_req) {
-                    return Err(f);
+                // A next node that stopped said why before going: an error of its own (no
+                // splice), or, after the end, that the rest of the chain is done (it left
+                // between its report and a send of this node's: not a death).
+                match self.down_report(&report_req) {
+                    Some(Err(f)) => return Err(f),
+                    Some(Ok(())) if end_done => {
+                        report_req = None;
+                        continue;
+                    }
+                    _ => {}
                 }
                 if !self.repair || self.p.index + 2 > self.addrs.len() {
                     return Err(self.down_lost(what, e));
@@ -593,7 +600,8 @@ impl Node {
                 if let Err(e) = self.ep.send(up, T_PROGRESS, m.to_string().as_bytes()) {
                     lost_up = Some(("sending progress", e));
                 }
-                if let Some(d) = self.down {
+                // Not once the next node has reported: it may be gone by now.
+                if let (Some(d), Some(_)) = (self.down, &report_req) {
                     if let Err(e) = self.ep.send(d, T_BEAT, b"beat") {
                         lost_down = Some(("sending a beat", e));
                     }
@@ -817,13 +825,17 @@ impl Node {
         }
     }
 
-    /// The next node's own reason for stopping, when it sent one before going.
-    fn down_report_error(&mut self, report_req: &Option<RecvRequest>) -> Option<Failure> {
+    /// The next node's report, when it sent one before going: its own reason for
+    /// stopping, or success.
+    fn down_report(&mut self, report_req: &Option<RecvRequest>) -> Option<Result<(), Failure>> {
         let r = report_req.as_ref()?;
         let got = self.ep.test_recv(r).ok()??;
         let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
         self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
-        v["error"].as_str().map(|m| fail_up(m.to_string()))
+        Some(match v["error"].as_str() {
+            Some(m) => Err(fail_up(m.to_string())),
+            None => Ok(()),
+        })
     }
 
     /// Waits for a node before the dead upstream to take its place: answers its splice
