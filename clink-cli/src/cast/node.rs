@@ -85,6 +85,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         ep,
         up,
         down: None,
+        down_node: 0,
         down_addr: String::new(),
         file,
         out: a.out.clone(),
@@ -175,6 +176,8 @@ struct Node {
     ep: Endpoint,
     up: PeerId,
     down: Option<PeerId>,
+    /// The next node's index in the chain (`index + 1`, more after a splice).
+    down_node: usize,
     down_addr: String,
     file: File,
     out: std::path::PathBuf,
@@ -291,8 +294,8 @@ impl Node {
     fn down_lost(&self, what: &str, e: clink::Error) -> Failure {
         fail_up(format!(
             "{}: node {} failed ({what}): {e}",
-            hop(self.p.index + 1, &self.down_addr),
-            self.p.index + 1
+            hop(self.down_node, &self.down_addr),
+            self.down_node
         ))
     }
 
@@ -309,6 +312,7 @@ impl Node {
             Ok(have)
         } else {
             let addr = self.next_addr(addrs);
+            self.down_node = index + 1;
             self.down_addr = addr.clone();
             // What every node holds: this one's chunks and the rest of the chain's.
             self.connect_down(route, &addr)
@@ -512,15 +516,14 @@ impl Node {
                     }
                     _ => {}
                 }
-                if !self.repair || self.p.index + 2 > self.addrs.len() {
+                if !self.repair || self.down_node + 1 > self.addrs.len() {
                     return Err(self.down_lost(what, e));
                 }
                 let lost = self.down_lost(what, e).msg;
                 let (d, from) = self.splice_down(&lost)?;
                 eprintln!(
                     "clink cast: node {}: {lost}; spliced to node {}, resending from chunk {from}",
-                    self.p.index,
-                    self.p.index + 2
+                    self.p.index, self.down_node
                 );
                 sends.clear();
                 let (r, p) = self.post_down_receives(d)?;
@@ -558,7 +561,7 @@ impl Node {
                         if !end_done {
                             return Err(fail_up(format!(
                                 "node {} reported success before the end of the stream",
-                                self.p.index + 1
+                                self.down_node
                             )));
                         }
                     }
@@ -863,7 +866,7 @@ impl Node {
     /// Splices the dead next node out: connects to the one after it and learns the
     /// first chunk it lacks; returns the new next node and that chunk.
     fn splice_down(&mut self, lost: &str) -> Result<(PeerId, u64), Failure> {
-        let dead = self.p.index + 1;
+        let dead = self.down_node;
         let succ = dead + 1;
         let addr = self.addrs[succ - 1].clone();
         let h = hop(succ, &addr);
@@ -901,6 +904,7 @@ impl Node {
             "status": format!("failed: {lost}; spliced out (node {} -> node {succ})", self.p.index),
         }));
         self.down = Some(d);
+        self.down_node = succ;
         self.down_addr = addr;
         Ok((d, from))
     }
