@@ -90,8 +90,8 @@ impl Owner {
         if self.thread.load(Ordering::Relaxed) == me {
             return Ok(());
         }
+        // (`bound` is clear: it is only set while bound, and unbinding requires it clear.)
         self.claim()?;
-        self.bound.store(false, Ordering::Relaxed);
         self.thread.store(me, Ordering::Release);
         self.shared.store(false, Ordering::Release);
         Ok(())

@@ -682,7 +682,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     }
     let plan = build_plan(&args)?;
     let names = selected_systems(&args)?;
-    let lossy = args.loss.iter().flatten().any(|&l| l > 0.0);
+    let losses = losses(&args)?;
+    let lossy = losses.iter().any(|&l| l > 0.0);
     let default_secs = if lossy { 600 } else { 120 };
     let timeout = Duration::from_secs(args.timeout_secs.unwrap_or(default_secs).max(1));
     let mut header = Vec::new();
@@ -718,7 +719,6 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         Placement::Bridge => vec![1500],
         _ => DEFAULT_MTUS.to_vec(),
     });
-    let losses = losses(&args)?;
     if args.placement != Placement::Bridge && (args.loss.is_some() || args.rate.is_some()) {
         return Err("--loss and --rate apply to --placement bridge only".into());
     }
@@ -783,7 +783,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     // Under loss a repetition moves at least this much, so that it holds many losses and
     // whatever timeouts they cost (kernel TCP's are 200 ms and more).
     let lossy_rep_bytes = if args.quick { 32 << 20 } else { 128 << 20 };
-    if losses.iter().any(|&l| l > 0.0) && args.placement == Placement::Bridge {
+    if lossy {
         header.push(format!(
             "under loss each bandwidth repetition moves at least {} MiB, however fast its \
              warm-up was",

@@ -553,11 +553,7 @@ impl Node {
                     Ok(Some(got)) => {
                         report_req = None;
                         did = true;
-                        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
-                        self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
-                        if let Some(e) = v["error"].as_str() {
-                            return Err(fail_up(e.to_string()));
-                        }
+                        self.read_report(&got.buf)?;
                         if !end_done {
                             return Err(fail_up(format!(
                                 "node {} reported success before the end of the stream",
@@ -833,12 +829,17 @@ impl Node {
     fn down_report(&mut self, report_req: &Option<RecvRequest>) -> Option<Result<(), Failure>> {
         let r = report_req.as_ref()?;
         let got = self.ep.test_recv(r).ok()??;
-        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+        Some(self.read_report(&got.buf))
+    }
+
+    /// Takes in the next node's report: the nodes below it, and its error if it failed.
+    fn read_report(&mut self, buf: &[u8]) -> Result<(), Failure> {
+        let v: Value = serde_json::from_slice(buf).unwrap_or(Value::Null);
         self.down_reports = v["nodes"].as_array().cloned().unwrap_or_default();
-        Some(match v["error"].as_str() {
+        match v["error"].as_str() {
             Some(m) => Err(fail_up(m.to_string())),
             None => Ok(()),
-        })
+        }
     }
 
     /// Waits for a node before the dead upstream to take its place: answers its splice

@@ -121,8 +121,7 @@ impl Endpoint {
         let mut reqs = Vec::with_capacity(msgs.len());
         let mut first_err = None;
         for m in msgs {
-            // The small ones wait in the link and leave together, below (over TCP one
-            // gathering write instead of one per message).
+            // Not kicked one by one: the batch's small messages leave together below.
             match self.start_send_kick(peer, tag, SendData::Borrowed(m.as_ptr(), m.len()), false) {
                 Ok(r) => reqs.push(r),
                 Err(e) => {

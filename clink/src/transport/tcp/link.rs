@@ -36,9 +36,9 @@ const SPEC_FIRST: usize = 8 << 10;
 const SPARE_FRAMES: usize = 8;
 /// The largest capacity of a kept frame buffer, sent or received: a frame of the largest
 /// eager message (64 KiB by default, plus the record and frame headers) fits. Smaller, an
-/// eager message of 64 KiB got a fresh buffer on both sides every time, which glibc gave
-/// back to the kernel and faulted in again (64 KiB streams ran at half the rate of 63 KiB
-/// ones); at most 8 such buffers are kept per link for receiving, one for sending.
+/// eager message of 64 KiB got a fresh buffer on both sides every time, faulted in page by
+/// page (16 faults per message, slower than 63 KiB messages); at most 8 such buffers are
+/// kept per link for receiving, one for sending.
 const SPARE_FRAME_MAX: usize = OWN_SEG + 4096;
 /// Reads per `receive` call at most (one progress pass).
 const MAX_READS: usize = 16;
