@@ -104,14 +104,20 @@ pub fn run() -> Result<(), String> {
         .unwrap_or_default();
     let ifaces = clink::sys::ipv4_interfaces();
     println!(
-        "network address     {}",
+        "network addresses   {}",
         match clink::netdev::choose(&ifaces, &devices) {
-            Ok((i, why)) => format!(
-                "{} on {} (MTU {}), advertised when bound to all interfaces: {why}",
-                i.ip, i.name, i.mtu
+            Ok((v, why)) => format!(
+                "{}, advertised in this order when bound to all interfaces: {why}",
+                v.iter()
+                    .map(|i| format!("{} on {} (MTU {})", i.ip, i.name, i.mtu))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Err(e) => format!("none: {e}"),
         }
+    );
+    println!(
+        "                    of a peer's addresses, connect picks the first on the subnet of an advertised interface, else of any interface here, else the first it lists; this host's own addresses last"
     );
     let others: Vec<String> = ifaces
         .iter()

@@ -4,19 +4,25 @@
 //! message) and that `connect` parses:
 //!
 //! ```text
-//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IPv4>:<port>;tcp=<IPv4>:<port>
+//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IPv4>:<port>[,...];tcp=<IPv4>:<port>[,...]
 //! ```
 //!
 //! `host` names the machine and network namespace (shared memory is only possible when it
 //! matches), `id` is the endpoint's random identity, and each further `key=value` names a
-//! transport the endpoint offers and how to reach it. Unknown transport keys are skipped
-//! so that newer endpoints can offer more; malformed text is an error.
+//! transport the endpoint offers and how to reach it. A network transport lists every
+//! address it can be reached at (a host with a management and a data network has two),
+//! preferred first, at most [`MAX_NET_ADDRS`]; the connecting side picks the one it can
+//! reach. Unknown transport keys are skipped so that newer endpoints can offer more;
+//! malformed text is an error.
 
 use crate::ProtoError;
 use std::net::SocketAddrV4;
 
 /// Prefix of every address.
 pub const PREFIX: &str = "clink:";
+
+/// Most addresses one network transport may list (a peer's text is bounded).
+pub const MAX_NET_ADDRS: usize = 8;
 
 /// A parsed endpoint address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,10 +33,12 @@ pub struct Address {
     pub id: u128,
     /// Abstract Unix socket name of the shared-memory transport, if offered.
     pub shm: Option<String>,
-    /// UDP socket address of the network transport, if offered.
-    pub udp: Option<SocketAddrV4>,
-    /// TCP listening address of the stream transport, if offered.
-    pub tcp: Option<SocketAddrV4>,
+    /// UDP socket addresses of the network transport, preferred first; empty if not
+    /// offered.
+    pub udp: Vec<SocketAddrV4>,
+    /// TCP listening addresses of the stream transport, preferred first; empty if not
+    /// offered.
+    pub tcp: Vec<SocketAddrV4>,
 }
 
 fn bad(addr: &str, why: &'static str) -> ProtoError {
@@ -90,37 +98,12 @@ impl Address {
                     }
                     shm = Some(v.to_string());
                 }
-                "udp" => {
-                    if udp.is_some() {
-                        return Err(bad(s, "duplicate udp"));
+                "udp" | "tcp" => {
+                    let list = if k == "udp" { &mut udp } else { &mut tcp };
+                    if list.is_some() {
+                        return Err(bad(s, "duplicate network transport"));
                     }
-                    let a: SocketAddrV4 = v
-                        .parse()
-                        .map_err(|_| bad(s, "udp must be <IPv4 address>:<port>"))?;
-                    if a.port() == 0
-                        || a.ip().is_unspecified()
-                        || a.ip().is_multicast()
-                        || a.ip().is_broadcast()
-                    {
-                        return Err(bad(s, "udp needs a unicast address and a non-zero port"));
-                    }
-                    udp = Some(a);
-                }
-                "tcp" => {
-                    if tcp.is_some() {
-                        return Err(bad(s, "duplicate tcp"));
-                    }
-                    let a: SocketAddrV4 = v
-                        .parse()
-                        .map_err(|_| bad(s, "tcp must be <IPv4 address>:<port>"))?;
-                    if a.port() == 0
-                        || a.ip().is_unspecified()
-                        || a.ip().is_multicast()
-                        || a.ip().is_broadcast()
-                    {
-                        return Err(bad(s, "tcp needs a unicast address and a non-zero port"));
-                    }
-                    tcp = Some(a);
+                    *list = Some(parse_net(s, v)?);
                 }
                 k if k.is_empty() || !k.bytes().all(|b| b.is_ascii_lowercase()) => {
                     return Err(bad(s, "malformed key"));
@@ -132,10 +115,51 @@ impl Address {
             host: host.ok_or_else(|| bad(s, "missing host"))?,
             id: id.ok_or_else(|| bad(s, "missing id"))?,
             shm,
-            udp,
-            tcp,
+            udp: udp.unwrap_or_default(),
+            tcp: tcp.unwrap_or_default(),
         })
     }
+}
+
+/// A network transport's addresses: `<IPv4>:<port>` items, comma-separated, each a
+/// unicast address with a non-zero port, at most [`MAX_NET_ADDRS`], none repeated.
+fn parse_net(s: &str, v: &str) -> Result<Vec<SocketAddrV4>, ProtoError> {
+    let mut out: Vec<SocketAddrV4> = Vec::new();
+    for item in v.split(',') {
+        let a: SocketAddrV4 = item
+            .parse()
+            .map_err(|_| bad(s, "a network address must be <IPv4 address>:<port>"))?;
+        if a.port() == 0
+            || a.ip().is_unspecified()
+            || a.ip().is_multicast()
+            || a.ip().is_broadcast()
+        {
+            return Err(bad(
+                s,
+                "a network address needs a unicast address and a non-zero port",
+            ));
+        }
+        if out.contains(&a) {
+            return Err(bad(s, "a network address is listed twice"));
+        }
+        if out.len() == MAX_NET_ADDRS {
+            return Err(bad(s, "more network addresses than a transport may list"));
+        }
+        out.push(a);
+    }
+    Ok(out)
+}
+
+fn write_net(f: &mut std::fmt::Formatter<'_>, key: &str, v: &[SocketAddrV4]) -> std::fmt::Result {
+    for (n, a) in v.iter().enumerate() {
+        let sep = if n == 0 {
+            format!(";{key}=")
+        } else {
+            ",".into()
+        };
+        write!(f, "{sep}{a}")?;
+    }
+    Ok(())
 }
 
 impl std::fmt::Display for Address {
@@ -144,13 +168,8 @@ impl std::fmt::Display for Address {
         if let Some(s) = &self.shm {
             write!(f, ";shm={s}")?;
         }
-        if let Some(u) = &self.udp {
-            write!(f, ";udp={u}")?;
-        }
-        if let Some(t) = &self.tcp {
-            write!(f, ";tcp={t}")?;
-        }
-        Ok(())
+        write_net(f, "udp", &self.udp)?;
+        write_net(f, "tcp", &self.tcp)
     }
 }
 
@@ -170,6 +189,7 @@ impl Address {
 
     /// The address in [`BINARY_LEN`] bytes, for interfaces that carry addresses as short
     /// opaque blobs (libfabric's names are at most 64 bytes; the text form is longer).
+    /// It carries each network transport's first (preferred) address only.
     /// `None` when the shared-memory name is not the one [`Address::shm_name`] derives from
     /// the identity (the binary form does not carry it).
     pub fn to_bytes(&self) -> Option<[u8; BINARY_LEN]> {
@@ -184,8 +204,8 @@ impl Address {
             }
             flags |= HAS_SHM;
         }
-        for (bit, at, a) in [(HAS_UDP, 26, self.udp), (HAS_TCP, 32, self.tcp)] {
-            if let Some(a) = a {
+        for (bit, at, a) in [(HAS_UDP, 26, &self.udp), (HAS_TCP, 32, &self.tcp)] {
+            if let Some(a) = a.first() {
                 flags |= bit;
                 b[at..at + 4].copy_from_slice(&a.ip().octets());
                 b[at + 4..at + 6].copy_from_slice(&a.port().to_le_bytes());
@@ -213,21 +233,21 @@ impl Address {
         }
         let host = u64::from_le_bytes(b[1..9].try_into().expect("8 bytes"));
         let id = u128::from_le_bytes(b[9..25].try_into().expect("16 bytes"));
-        let sock = |bit: u8, at: usize| -> Result<Option<SocketAddrV4>, ProtoError> {
+        let sock = |bit: u8, at: usize| -> Result<Vec<SocketAddrV4>, ProtoError> {
             let ip = std::net::Ipv4Addr::new(b[at], b[at + 1], b[at + 2], b[at + 3]);
             let port = u16::from_le_bytes([b[at + 4], b[at + 5]]);
             if flags & bit == 0 {
                 if b[at..at + 6].iter().any(|&x| x != 0) {
                     return Err(bad("binary address with bytes in an absent field"));
                 }
-                return Ok(None);
+                return Ok(Vec::new());
             }
             if port == 0 || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() {
                 return Err(bad(
                     "binary address needs a unicast address and a non-zero port",
                 ));
             }
-            Ok(Some(SocketAddrV4::new(ip, port)))
+            Ok(vec![SocketAddrV4::new(ip, port)])
         };
         Ok(Address {
             host,
@@ -257,14 +277,14 @@ mod tests {
             host: 0x0123_4567_89ab_cdef,
             id: 0xfeed_f00d << 64 | 42,
             shm: Some(Address::shm_name(0xfeed_f00d << 64 | 42)),
-            udp: Some("10.0.0.1:4000".parse().unwrap()),
-            tcp: Some("10.0.0.2:4001".parse().unwrap()),
+            udp: vec!["10.0.0.1:4000".parse().unwrap()],
+            tcp: vec!["10.0.0.2:4001".parse().unwrap()],
         };
         let b = a.to_bytes().unwrap();
         assert_eq!(Address::from_bytes(&b), Ok(a.clone()));
         let only_udp = Address {
             shm: None,
-            tcp: None,
+            tcp: Vec::new(),
             ..a.clone()
         };
         assert_eq!(
@@ -297,8 +317,8 @@ mod tests {
             host: 1,
             id: 2,
             shm: None,
-            udp: Some("127.0.0.1:9".parse().unwrap()),
-            tcp: None,
+            udp: vec!["127.0.0.1:9".parse().unwrap()],
+            tcp: Vec::new(),
         }
         .to_bytes()
         .unwrap()
@@ -310,8 +330,8 @@ mod tests {
             host: 0xabc,
             id: 7,
             shm: Some("clink-00ff".into()),
-            udp: Some("10.0.0.1:4000".parse().unwrap()),
-            tcp: Some("10.0.0.1:4001".parse().unwrap()),
+            udp: vec!["10.0.0.1:4000".parse().unwrap()],
+            tcp: vec!["10.0.0.1:4001".parse().unwrap()],
         };
         assert_eq!(Address::parse(&a.to_string()), Ok(a.clone()));
         let with_future = format!("{a};rdma=mlx5:1");
@@ -322,7 +342,26 @@ mod tests {
         let only_tcp =
             "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=127.0.0.1:9";
         let t = Address::parse(only_tcp).unwrap();
-        assert_eq!((t.udp, t.tcp), (None, Some("127.0.0.1:9".parse().unwrap())));
+        assert_eq!(
+            (t.udp, t.tcp),
+            (Vec::new(), vec!["127.0.0.1:9".parse().unwrap()])
+        );
+        let two = "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=10.0.0.1:9,192.168.1.5:9;tcp=10.0.0.1:7";
+        let t = Address::parse(two).unwrap();
+        assert_eq!(t.udp.len(), 2);
+        assert_eq!(t.to_string(), two);
+        // The binary form keeps the preferred address of each.
+        let b = Address::from_bytes(&t.to_bytes().unwrap()).unwrap();
+        assert_eq!((b.udp, b.tcp), (vec![t.udp[0]], t.tcp));
+        let many: Vec<String> = (1..=MAX_NET_ADDRS)
+            .map(|i| format!("10.0.0.{i}:9"))
+            .collect();
+        let at_most = format!(
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp={}",
+            many.join(",")
+        );
+        assert_eq!(Address::parse(&at_most).unwrap().udp.len(), MAX_NET_ADDRS);
+        assert!(Address::parse(&format!("{at_most},10.0.0.99:9")).is_err());
         for s in [
             "",
             "clink:",
@@ -340,6 +379,9 @@ mod tests {
             "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=1.2.3.4:5;tcp=1.2.3.4:5",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=1.2.3.4:0",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;tcp=1.2.3.4",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5,",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5,1.2.3.4:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5,0.0.0.0:5",
         ] {
             assert!(Address::parse(s).is_err(), "{s}");
         }

@@ -1,19 +1,29 @@
-//! Which interface's address an endpoint advertises to network peers.
+//! Which interfaces' addresses an endpoint advertises to network peers, and which of a
+//! peer's addresses it connects to.
 //!
 //! A node of a real cluster has several interfaces (a management network, a data network,
 //! a container bridge). Bound to all interfaces (`CLINK_UDP_BIND` / `CLINK_TCP_BIND`
-//! unset), an endpoint advertises one address per transport; `CLINK_NET_DEVICES` says
-//! which, as UCX's `UCX_NET_DEVICES` and Open MPI's `btl_tcp_if_include` do: a
-//! comma-separated list of interface names (`eth1`) and IPv4 subnets (`10.1.0.0/16`),
-//! tried in order, the first interface address matching one of them winning. Unset, the
-//! first non-loopback interface that is up is used (else loopback). A list nothing
-//! matches is an error that names the interfaces there are, not a silent fallback.
+//! unset), an endpoint advertises the address of every non-loopback interface that is up,
+//! in the kernel's order (loopback only when there is no other), at most
+//! [`MAX_NET_ADDRS`]. `CLINK_NET_DEVICES` narrows and orders them, as UCX's
+//! `UCX_NET_DEVICES` and Open MPI's `btl_tcp_if_include` do: a comma-separated list of
+//! interface names (`eth1`) and IPv4 subnets (`10.1.0.0/16`), the interfaces matching the
+//! first entry first. A list nothing matches is an error that names the interfaces there
+//! are, not a silent fallback. The first address advertised is the preferred one, and
+//! sets the path MTU towards peers on no advertised interface's subnet.
+//!
+//! The connecting side picks among a peer's addresses ([`pick`]) as Open MPI's TCP
+//! transport does, by subnet: the first on the subnet of an interface it advertises
+//! itself, else the first on any of its interfaces' subnets, else the first the kernel
+//! must route; an address that is one of this host's own (a container bridge's
+//! `172.17.0.1` exists on every host) is taken last, since it would reach this host.
 //!
 //! `clink info` prints the choice and why.
 
 use crate::sys::Iface;
+use clink_proto::addr::MAX_NET_ADDRS;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 
 /// One entry of `CLINK_NET_DEVICES`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,14 +38,7 @@ impl DeviceRule {
     fn matches(&self, i: &Iface) -> bool {
         match self {
             DeviceRule::Name(n) => *n == i.name,
-            DeviceRule::Subnet(net, bits) => {
-                let mask = if *bits == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - bits)
-                };
-                u32::from(i.ip) & mask == u32::from(*net) & mask
-            }
+            DeviceRule::Subnet(net, bits) => in_subnet(i.ip, *net, *bits),
         }
     }
 }
@@ -75,29 +78,54 @@ pub fn parse_rules(text: &str) -> Result<Vec<DeviceRule>, String> {
     Ok(out)
 }
 
-/// The interface address to advertise among `ifaces` (as [`crate::sys::ipv4_interfaces`]
-/// lists them: loopback last), with why it was chosen.
-pub fn choose(ifaces: &[Iface], rules: &[DeviceRule]) -> Result<(Iface, String), String> {
+fn in_subnet(ip: Ipv4Addr, net: Ipv4Addr, bits: u8) -> bool {
+    let mask = if bits == 0 {
+        0
+    } else {
+        u32::MAX << (32 - bits.min(32))
+    };
+    u32::from(ip) & mask == u32::from(net) & mask
+}
+
+/// The interfaces whose addresses to advertise among `ifaces` (as
+/// [`crate::sys::ipv4_interfaces`] lists them: loopback last), preferred first, with why
+/// they were chosen. Never empty.
+pub fn choose(ifaces: &[Iface], rules: &[DeviceRule]) -> Result<(Vec<Iface>, String), String> {
     if rules.is_empty() {
-        return match ifaces.first() {
-            Some(i) if !i.lo => Ok((i.clone(), "the first non-loopback interface".into())),
-            Some(i) => Ok((i.clone(), "loopback: no other interface is up".into())),
-            None => Ok((
-                Iface {
+        let up: Vec<Iface> = ifaces
+            .iter()
+            .filter(|i| !i.lo)
+            .take(MAX_NET_ADDRS)
+            .cloned()
+            .collect();
+        if !up.is_empty() {
+            return Ok((up, "every non-loopback interface that is up".into()));
+        }
+        return Ok(match ifaces.first() {
+            Some(i) => (vec![i.clone()], "loopback: no other interface is up".into()),
+            None => (
+                vec![Iface {
                     name: "lo".into(),
                     ip: Ipv4Addr::LOCALHOST,
                     prefix: 8,
                     mtu: 65536,
                     lo: true,
-                },
+                }],
                 "loopback: no interface is up".into(),
-            )),
-        };
+            ),
+        });
     }
+    let mut out: Vec<Iface> = Vec::new();
     for r in rules {
-        if let Some(i) = ifaces.iter().find(|i| r.matches(i)) {
-            return Ok((i.clone(), format!("CLINK_NET_DEVICES entry {r}")));
+        for i in ifaces.iter().filter(|i| r.matches(i)) {
+            if out.len() < MAX_NET_ADDRS && !out.iter().any(|o| o.ip == i.ip) {
+                out.push(i.clone());
+            }
         }
+    }
+    if !out.is_empty() {
+        let want: Vec<String> = rules.iter().map(ToString::to_string).collect();
+        return Ok((out, format!("CLINK_NET_DEVICES={}", want.join(","))));
     }
     let have: Vec<String> = ifaces
         .iter()
@@ -113,6 +141,64 @@ pub fn choose(ifaces: &[Iface], rules: &[DeviceRule]) -> Result<(Iface, String),
             have.join(", ")
         }
     ))
+}
+
+/// The interfaces an endpoint whose socket is bound to `bind` advertises: those
+/// [`choose`] picks when `bind` is unspecified (all interfaces), else the one holding
+/// `bind`.
+pub fn advertise(bind: Ipv4Addr, rules: &[DeviceRule]) -> crate::Result<Vec<Iface>> {
+    let ifaces = crate::sys::ipv4_interfaces();
+    if bind.is_unspecified() {
+        return Ok(choose(&ifaces, rules).map_err(crate::Error::Config)?.0);
+    }
+    Ok(vec![ifaces.into_iter().find(|i| i.ip == bind).unwrap_or(
+        Iface {
+            name: "?".into(),
+            ip: bind,
+            prefix: 32,
+            mtu: 1500,
+            lo: bind.is_loopback(),
+        },
+    )])
+}
+
+/// Which of a peer's addresses `peer` (its preference order, never empty) to connect to
+/// from a host whose interfaces are `local`, of which this endpoint advertises `mine`;
+/// `same_host` when the peer is in this host and namespace (its addresses are then all
+/// reachable: the preferred one). The rule is the module's.
+pub fn pick(
+    peer: &[SocketAddrV4],
+    mine: &[Iface],
+    local: &[Iface],
+    same_host: bool,
+) -> SocketAddrV4 {
+    if peer.len() == 1 || same_host {
+        return peer[0];
+    }
+    let on = |set: &[Iface], a: &SocketAddrV4| {
+        set.iter()
+            .any(|i| !i.lo && in_subnet(*a.ip(), i.ip, i.prefix))
+    };
+    let foreign: Vec<SocketAddrV4> = peer
+        .iter()
+        .filter(|a| !local.iter().any(|i| i.ip == *a.ip()))
+        .copied()
+        .collect();
+    (foreign.iter().find(|a| on(mine, a)))
+        .or_else(|| foreign.iter().find(|a| on(local, a)))
+        .or(foreign.first())
+        .copied()
+        .unwrap_or(peer[0])
+}
+
+/// The MTU towards `dest` of an endpoint advertising `mine` (never empty): the MTU of the
+/// advertised interface whose subnet holds `dest`, else the smallest advertised one (the
+/// kernel may route through any of them).
+pub fn mtu_towards(mine: &[Iface], dest: Ipv4Addr) -> usize {
+    mine.iter()
+        .find(|i| in_subnet(dest, i.ip, i.prefix))
+        .or_else(|| mine.iter().min_by_key(|i| i.mtu))
+        .map_or(1500, |i| i.mtu)
 }
 
 #[cfg(test)]
@@ -136,20 +222,75 @@ mod tests {
             iface("data0", [10, 1, 2, 3], false),
             iface("lo", [127, 0, 0, 1], true),
         ];
-        let pick = |t: &str| choose(&ifs, &parse_rules(t).unwrap()).map(|(i, _)| i.name);
-        assert_eq!(choose(&ifs, &[]).unwrap().0.name, "mgmt0");
+        let names = |v: Vec<Iface>| v.into_iter().map(|i| i.name).collect::<Vec<_>>().join(",");
+        let pick = |t: &str| choose(&ifs, &parse_rules(t).unwrap()).map(|(v, _)| names(v));
+        assert_eq!(names(choose(&ifs, &[]).unwrap().0), "mgmt0,data0");
         assert_eq!(pick("data0").unwrap(), "data0");
         assert_eq!(pick("10.0.0.0/8").unwrap(), "data0");
         assert_eq!(pick("eth9, 192.168.0.0/16").unwrap(), "mgmt0");
-        assert_eq!(pick("data0,mgmt0").unwrap(), "data0");
-        assert_eq!(pick("0.0.0.0/0").unwrap(), "mgmt0");
+        assert_eq!(pick("data0,mgmt0").unwrap(), "data0,mgmt0");
+        assert_eq!(pick("data0,10.0.0.0/8").unwrap(), "data0");
+        assert_eq!(pick("0.0.0.0/0").unwrap(), "mgmt0,data0,lo");
         let err = pick("eth9,172.16.0.0/12").unwrap_err();
         assert!(
             err.contains("no interface") && err.contains("data0 10.1.2.3/24"),
             "{err}"
         );
-        let (i, why) = choose(&[iface("lo", [127, 0, 0, 1], true)], &[]).unwrap();
-        assert!(i.lo && why.contains("loopback"), "{why}");
+        let (v, why) = choose(&[iface("lo", [127, 0, 0, 1], true)], &[]).unwrap();
+        assert!(v.len() == 1 && v[0].lo && why.contains("loopback"), "{why}");
+        let (v, _) = choose(&[], &[]).unwrap();
+        assert_eq!(v[0].ip, Ipv4Addr::LOCALHOST);
+        let many: Vec<Iface> = (0..20)
+            .map(|n| iface(&format!("e{n}"), [10, 0, n, 1], false))
+            .collect();
+        assert_eq!(choose(&many, &[]).unwrap().0.len(), MAX_NET_ADDRS);
+    }
+
+    fn sa(ip: [u8; 4]) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::from(ip), 7000)
+    }
+
+    #[test]
+    fn a_peer_is_reached_on_a_shared_subnet() {
+        // This host: a management network first, a data network, a container bridge.
+        let local = [
+            iface("mgmt0", [192, 168, 1, 5], false),
+            iface("data0", [10, 1, 2, 3], false),
+            iface("docker0", [172, 17, 0, 1], false),
+            iface("lo", [127, 0, 0, 1], true),
+        ];
+        let mine = &local[..3];
+        // A peer on the data network only, which lists an unreachable address first.
+        let peer = [sa([192, 168, 9, 9]), sa([10, 1, 2, 4])];
+        assert_eq!(pick(&peer, mine, &local, false), sa([10, 1, 2, 4]));
+        // Its container bridge has this host's address: never preferred.
+        let peer = [sa([172, 17, 0, 1]), sa([10, 1, 2, 4])];
+        assert_eq!(pick(&peer, mine, &local, false), sa([10, 1, 2, 4]));
+        // Advertised interfaces' subnets before the others'.
+        let only_data = &local[1..2];
+        let peer = [sa([192, 168, 1, 6]), sa([10, 1, 2, 4])];
+        assert_eq!(pick(&peer, only_data, &local, false), sa([10, 1, 2, 4]));
+        assert_eq!(pick(&peer, mine, &local, false), sa([192, 168, 1, 6]));
+        // No shared subnet: the peer's preference (the kernel routes it).
+        let peer = [sa([8, 8, 4, 4]), sa([9, 9, 9, 9])];
+        assert_eq!(pick(&peer, mine, &local, false), sa([8, 8, 4, 4]));
+        // Only this host's own addresses, or a peer on this host: its first.
+        assert_eq!(
+            pick(&[sa([172, 17, 0, 1])], mine, &local, false),
+            sa([172, 17, 0, 1])
+        );
+        let peer = [sa([192, 168, 1, 5]), sa([10, 1, 2, 3])];
+        assert_eq!(pick(&peer, mine, &local, true), sa([192, 168, 1, 5]));
+    }
+
+    #[test]
+    fn the_mtu_is_the_interface_towards_the_peer() {
+        let mut data = iface("data0", [10, 1, 2, 3], false);
+        data.mtu = 9000;
+        let mine = [iface("mgmt0", [192, 168, 1, 5], false), data];
+        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(10, 1, 2, 200)), 9000);
+        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(192, 168, 1, 7)), 1500);
+        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(8, 8, 8, 8)), 1500);
     }
 
     #[test]

@@ -855,14 +855,6 @@ pub fn ipv4_interfaces() -> Vec<Iface> {
     out
 }
 
-/// The MTU of the interface holding `ip`.
-pub fn ipv4_mtu(ip: std::net::Ipv4Addr) -> Option<usize> {
-    ipv4_interfaces()
-        .into_iter()
-        .find(|i| i.ip == ip)
-        .map(|i| i.mtu)
-}
-
 /// Writes `bufs` to the connected stream socket `fd` with one `sendmsg` (a gathering
 /// write, as `writev`), with `MSG_NOSIGNAL`: a peer that reset the connection gives
 /// `EPIPE`, never a `SIGPIPE` that would kill a process that did not ignore it.

@@ -31,6 +31,14 @@ fn child_entry() {
                 }
                 recv_vec(&mut ep, parent, 1, 8);
             }
+            "echo" => {
+                // One message there and back.
+                ep.send(parent, 0, b"over the reachable address").unwrap();
+                assert_eq!(
+                    recv_vec(&mut ep, parent, 1, 64),
+                    b"over the reachable address"
+                );
+            }
             "sink" => {
                 // Receives 1 MiB messages until killed.
                 let mut buf = vec![0u8; 1 << 20];
@@ -209,15 +217,11 @@ fn a_cut_path_is_declared_dead_after_the_timeout() {
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
-#[test]
-fn the_advertised_address_follows_clink_net_devices() {
-    // Host 0 gets a second interface (a data network beside the bridge's): the address
-    // an endpoint advertises is the first non-loopback one by default, the named or
-    // matching one with CLINK_NET_DEVICES, and a list nothing matches is refused.
-    let b = bridge(0.0);
+/// Gives host 0 a second interface, `data0` with 10.203.7.1/24, a network host 1 is not
+/// on (a veth pair within the host: the kernel may lack the dummy device).
+fn add_data_iface(b: &Bridge) {
     let ip = clink::netns::ip_binary().unwrap();
     for args in [
-        // (A veth pair within the host: the kernel may lack the dummy device.)
         vec![
             "-n",
             b.ns(0),
@@ -248,15 +252,30 @@ fn the_advertised_address_follows_clink_net_devices() {
             .unwrap();
         assert!(st.success(), "ip {args:?}");
     }
+}
+
+/// [`config`] with `CLINK_NET_DEVICES` set to `devices` for both network transports.
+fn config_devices(devices: &str) -> (Config, bool) {
+    let mut c = config(Duration::from_secs(2));
+    let rules = clink::netdev::parse_rules(devices).ok();
+    if let Some(u) = c.udp.as_mut() {
+        u.devices = rules.clone().unwrap_or_default();
+    }
+    if let Some(t) = c.tcp.as_mut() {
+        t.devices = rules.clone().unwrap_or_default();
+    }
+    (c, rules.is_some())
+}
+
+#[test]
+fn the_advertised_address_follows_clink_net_devices() {
+    // Host 0 gets a second interface (a data network beside the bridge's): an endpoint
+    // advertises every non-loopback interface by default, the named or matching ones
+    // with CLINK_NET_DEVICES (in its order), and a list nothing matches is refused.
+    let b = bridge(0.0);
+    add_data_iface(&b);
     let advertised = |devices: &str| {
-        let mut c = config(Duration::from_secs(2));
-        let rules = clink::netdev::parse_rules(devices).ok();
-        if let Some(u) = c.udp.as_mut() {
-            u.devices = rules.clone().unwrap_or_default();
-        }
-        if let Some(t) = c.tcp.as_mut() {
-            t.devices = rules.unwrap_or_default();
-        }
+        let (c, _) = config_devices(devices);
         let (tx, rx) = std::sync::mpsc::channel();
         let ns = format!("/var/run/netns/{}", b.ns(0));
         std::thread::spawn(move || {
@@ -273,17 +292,52 @@ fn the_advertised_address_follows_clink_net_devices() {
     };
     let eth0 = b.addr(0).to_string();
     let default = advertised("").unwrap();
-    assert!(default.contains(&format!("udp={eth0}:")), "{default}");
+    assert!(
+        default.contains(&format!("udp={eth0}:")) && default.contains(",10.203.7.1:"),
+        "{default}"
+    );
     for rule in ["data0", "10.203.0.0/16", "eth9,data0"] {
         let a = advertised(rule).unwrap();
         assert!(
-            a.contains("udp=10.203.7.1:") && a.contains("tcp=10.203.7.1:"),
+            a.contains("udp=10.203.7.1:") && a.contains("tcp=10.203.7.1:") && !a.contains(&eth0),
             "{rule}: {a}"
         );
     }
+    let both = advertised("data0,eth0").unwrap();
+    assert!(
+        both.contains("udp=10.203.7.1:") && both.contains(&format!(",{eth0}:")),
+        "{both}"
+    );
     let err = advertised("eth9,172.16.0.0/12").unwrap_err();
     assert!(
         err.contains("no interface") && err.contains("data0"),
         "{err}"
     );
+}
+
+#[test]
+fn a_peer_connects_over_the_address_it_can_reach() {
+    // Host 0 advertises an address on a network host 1 is not on first (its data0, by
+    // CLINK_NET_DEVICES), its bridge address second: host 1 connects over the second,
+    // over UDP and over TCP, and a message goes each way.
+    let b = bridge(0.0);
+    add_data_iface(&b);
+    for transport in ["udp", "tcp"] {
+        let (mut c, _) = config_devices("data0,eth0");
+        c.prefer_tcp = transport == "tcp";
+        let (addr, h) = in_netns(b.ns(0), c, move |mut ep| {
+            let peer = ep.accept(Some(T)).expect("host 1 connects");
+            let got = recv_vec(&mut ep, peer, 0, 64);
+            ep.send(peer, 1, &got).unwrap();
+            ep.close();
+            got
+        });
+        assert!(
+            addr.contains("udp=10.203.7.1:") && addr.contains(&format!(",{}:", b.addr(0))),
+            "{addr}"
+        );
+        let mut child = child_on_host1(&b, "echo", &addr, &[("CLINK_TRANSPORT", transport)]);
+        assert_eq!(h.join().expect("host 0"), b"over the reachable address");
+        child.expect_success(T);
+    }
 }

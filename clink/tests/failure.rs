@@ -569,14 +569,14 @@ fn bad_addresses_give_clear_errors() {
     let other_host = clink_proto::addr::Address {
         host: me.host ^ 1,
         id: me.id ^ 1,
-        udp: None,
-        tcp: None,
+        udp: Vec::new(),
+        tcp: Vec::new(),
         ..me.clone()
     };
     let no_shm = clink_proto::addr::Address {
         shm: None,
-        udp: None,
-        tcp: None,
+        udp: Vec::new(),
+        tcp: Vec::new(),
         id: me.id ^ 1,
         ..me.clone()
     };

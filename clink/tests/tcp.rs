@@ -355,7 +355,7 @@ fn read_welcome(s: &mut TcpStream) -> Vec<u8> {
 fn malformed_streams_kill_only_their_own_link() {
     let ((mut a, pa), (b, pb)) = pair(true, 20);
     let addr = Address::parse(&a.address()).unwrap();
-    let (target, my_id) = (addr.tcp.unwrap(), addr.id);
+    let (target, my_id) = (addr.tcp[0], addr.id);
     let hello = |to: u128| {
         clink_proto::stream::Handshake {
             from: 77,

@@ -461,8 +461,8 @@ impl Endpoint {
             host: self.ctx.host,
             id: self.id,
             shm: Some(self.sock_name.clone()),
-            udp: self.net.as_ref().map(UdpTransport::advertised),
-            tcp: self.tcp.as_ref().map(TcpTransport::advertised),
+            udp: (self.net.as_ref()).map_or(Vec::new(), |n| n.advertised().to_vec()),
+            tcp: (self.tcp.as_ref()).map_or(Vec::new(), |t| t.advertised().to_vec()),
         }
         .to_string()
     }

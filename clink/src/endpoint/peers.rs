@@ -21,8 +21,17 @@ impl Endpoint {
             return Err(fail("that is this endpoint itself"));
         }
         let tcp_first = self.tcp.is_some()
-            && (self.ctx.config.prefer_tcp || a.udp.is_none() || self.net.is_none());
-        let name = match (a.shm.as_deref(), a.udp, a.tcp) {
+            && (self.ctx.config.prefer_tcp || a.udp.is_empty() || self.net.is_none());
+        let same_host = a.host == self.ctx.host;
+        let udp = (!a.udp.is_empty()).then(|| {
+            let mine = self.net.as_ref().map_or(&[][..], |n| n.interfaces());
+            self.reachable(&a.udp, mine, same_host)
+        });
+        let tcp = (!a.tcp.is_empty()).then(|| {
+            let mine = self.tcp.as_ref().map_or(&[][..], |t| t.interfaces());
+            self.reachable(&a.tcp, mine, same_host)
+        });
+        let name = match (a.shm.as_deref(), udp, tcp) {
             (Some(name), _, _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
             (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id),
             (_, Some(dest), _) => return self.connect_udp(addr, dest, a.id),
@@ -68,6 +77,20 @@ impl Endpoint {
         self.incoming = incoming;
         self.adopt(accepted, refused);
         self.add_peer(Link::Shm(link?))
+    }
+
+    /// Which of a peer's network addresses `addrs` to connect to ([`crate::netdev::pick`]),
+    /// this endpoint advertising interfaces `mine`.
+    fn reachable(
+        &self,
+        addrs: &[std::net::SocketAddrV4],
+        mine: &[crate::sys::Iface],
+        same_host: bool,
+    ) -> std::net::SocketAddrV4 {
+        if addrs.len() == 1 || same_host {
+            return addrs[0];
+        }
+        crate::netdev::pick(addrs, mine, &crate::sys::ipv4_interfaces(), same_host)
     }
 
     /// Registers peers accepted by [`handshake_incoming`] and records refusals.

@@ -352,6 +352,8 @@ fn sender(a: &ChildArgs, deadline: Instant) -> Result<(), String> {
         let target = clink_proto::addr::Address::parse(addr)
             .map_err(|e| e.to_string())?
             .udp
+            .first()
+            .copied()
             .ok_or("the receiver's address has no udp= part")?;
         let i = Interferer::start(
             target,

@@ -70,7 +70,9 @@ pub struct Handshakes {
 /// The endpoint's listening socket and the connections being set up.
 pub struct TcpTransport {
     listener: TcpListener,
-    advertised: SocketAddrV4,
+    /// The interfaces advertised, preferred first.
+    ifaces: Vec<crate::sys::Iface>,
+    advertised: Vec<SocketAddrV4>,
     my_id: u128,
     cfg: TcpConfig,
     incoming: Vec<Incoming>,
@@ -90,17 +92,14 @@ impl TcpTransport {
             .local_addr()
             .map_err(io_err("TCP listener address"))?
             .port();
-        let ip = if cfg.bind.ip().is_unspecified() {
-            crate::netdev::choose(&crate::sys::ipv4_interfaces(), &cfg.devices)
-                .map_err(crate::Error::Config)?
-                .0
-                .ip
-        } else {
-            *cfg.bind.ip()
-        };
+        let ifaces = crate::netdev::advertise(*cfg.bind.ip(), &cfg.devices)?;
         Ok(TcpTransport {
             listener,
-            advertised: SocketAddrV4::new(ip, port),
+            advertised: ifaces
+                .iter()
+                .map(|i| SocketAddrV4::new(i.ip, port))
+                .collect(),
+            ifaces,
             my_id,
             cfg,
             incoming: Vec::new(),
@@ -108,9 +107,14 @@ impl TcpTransport {
         })
     }
 
-    /// The address peers reach this endpoint at.
-    pub fn advertised(&self) -> SocketAddrV4 {
-        self.advertised
+    /// The addresses peers reach this endpoint at, preferred first.
+    pub fn advertised(&self) -> &[SocketAddrV4] {
+        &self.advertised
+    }
+
+    /// The interfaces those addresses are on.
+    pub fn interfaces(&self) -> &[crate::sys::Iface] {
+        &self.ifaces
     }
 
     /// The listening socket's descriptor (for epoll).

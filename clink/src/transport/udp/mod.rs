@@ -90,7 +90,8 @@ pub enum Got<'a> {
 pub struct UdpConfig {
     /// Address to bind; unspecified IP = all interfaces, port 0 = any.
     pub bind: SocketAddrV4,
-    /// Path MTU; `None`: the MTU of the interface holding the advertised address.
+    /// Path MTU; `None`: per peer, the MTU of the advertised interface towards it
+    /// ([`crate::netdev::mtu_towards`]).
     pub mtu: Option<usize>,
     /// Kernel socket buffer size each way.
     pub sock_buf: usize,
@@ -289,8 +290,9 @@ impl Routes {
 /// Everything but the socket (so a receive can borrow both at once).
 struct State {
     cfg: UdpConfig,
-    advertised: SocketAddrV4,
-    mtu: usize,
+    /// The interfaces advertised, preferred first.
+    ifaces: Vec<crate::sys::Iface>,
+    advertised: Vec<SocketAddrV4>,
     my_id: u128,
     batch: TxBatch,
     routes: Routes,
@@ -343,9 +345,18 @@ impl State {
         t
     }
 
-    /// The configuration of a connection with the peer whose handshake is `peer`.
-    fn conn_config(&self, conn_id: u32, peer: &Handshake) -> reliable::Config {
-        let mine = mtu_payload(self.mtu);
+    /// The path MTU towards `dest`: the configured one, else that of the advertised
+    /// interface towards it ([`crate::netdev::mtu_towards`]).
+    fn mtu(&self, dest: SocketAddrV4) -> usize {
+        (self.cfg.mtu)
+            .unwrap_or_else(|| crate::netdev::mtu_towards(&self.ifaces, *dest.ip()))
+            .clamp(576, 65536)
+    }
+
+    /// The configuration of a connection with the peer at `dest` whose handshake is
+    /// `peer`.
+    fn conn_config(&self, conn_id: u32, dest: SocketAddrV4, peer: &Handshake) -> reliable::Config {
+        let mine = mtu_payload(self.mtu(dest));
         let mtu_payload = mine.min(peer.mtu_payload as usize).max(64);
         reliable::Config {
             conn_id,
@@ -370,11 +381,11 @@ impl State {
         }
     }
 
-    fn handshake(&self, to: u128) -> Handshake {
+    fn handshake(&self, to: u128, dest: SocketAddrV4) -> Handshake {
         Handshake {
             from: self.my_id,
             to,
-            mtu_payload: mtu_payload(self.mtu) as u32,
+            mtu_payload: mtu_payload(self.mtu(dest)) as u32,
             payload_hash: self.cfg.payload_hash,
         }
     }
@@ -429,10 +440,10 @@ impl State {
                 .iter()
                 .any(|l| l.dest == src && l.conn.config().conn_id == conn);
         if !known {
-            let c = Conn::new(self.conn_config(conn, &hs), self.now());
+            let c = Conn::new(self.conn_config(conn, src, &hs), self.now());
             self.accepted.push(UdpLink::new(c, src, hs.from));
         }
-        let hs = self.handshake(hs.from);
+        let hs = self.handshake(hs.from, src);
         self.send_handshake(src, Datagram::Welcome { conn, hs });
     }
 }
@@ -446,15 +457,8 @@ impl UdpTransport {
             UdpSock::bind(cfg.bind, cfg.sock_buf)
         }
         .map_err(io_err(format!("bind UDP {}", cfg.bind)))?;
-        let (ip, if_mtu) = if cfg.bind.ip().is_unspecified() {
-            let (i, _) = crate::netdev::choose(&crate::sys::ipv4_interfaces(), &cfg.devices)
-                .map_err(crate::Error::Config)?;
-            (i.ip, i.mtu)
-        } else {
-            let ip = *cfg.bind.ip();
-            (ip, crate::sys::ipv4_mtu(ip).unwrap_or(1500))
-        };
-        let mtu = cfg.mtu.unwrap_or(if_mtu).clamp(576, 65536);
+        let ifaces = crate::netdev::advertise(*cfg.bind.ip(), &cfg.devices)?;
+        let port = sock.local().port();
         let batch = TxBatch::new(sock.gso());
         let steer = Steering::new(cfg.steer, cfg.bind, cfg.sock_buf);
         // The ring is opened with the first UDP peer ([`UdpTransport::open_ring`]): an
@@ -478,8 +482,11 @@ impl UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
-                advertised: SocketAddrV4::new(ip, sock.local().port()),
-                mtu,
+                advertised: ifaces
+                    .iter()
+                    .map(|i| SocketAddrV4::new(i.ip, port))
+                    .collect(),
+                ifaces,
                 cfg,
                 my_id,
                 batch,
@@ -517,9 +524,14 @@ impl UdpTransport {
         self.st.now()
     }
 
-    /// The address peers reach this endpoint at.
-    pub fn advertised(&self) -> SocketAddrV4 {
-        self.st.advertised
+    /// The addresses peers reach this endpoint at, preferred first.
+    pub fn advertised(&self) -> &[SocketAddrV4] {
+        &self.st.advertised
+    }
+
+    /// The interfaces those addresses are on.
+    pub fn interfaces(&self) -> &[crate::sys::Iface] {
+        &self.st.ifaces
     }
 
     /// Transport counters.
@@ -622,7 +634,7 @@ impl UdpTransport {
             last_hello: Instant::now(),
             welcomed: None,
         });
-        let hs = self.st.handshake(remote_id);
+        let hs = self.st.handshake(remote_id, dest);
         self.st.send_handshake(dest, Datagram::Hello { conn, hs });
         self.flush();
         Ok(conn)
@@ -635,13 +647,13 @@ impl UdpTransport {
         let p = &mut self.st.pending[i];
         if let Some(hs) = p.welcomed {
             let p = self.st.pending.swap_remove(i);
-            let conn = Conn::new(self.st.conn_config(p.conn, &hs), self.now());
+            let conn = Conn::new(self.st.conn_config(p.conn, p.dest, &hs), self.now());
             return Some(UdpLink::new(conn, p.dest, p.remote_id));
         }
         if p.last_hello.elapsed() >= HELLO_EVERY {
             p.last_hello = Instant::now();
             let (dest, conn, to) = (p.dest, p.conn, p.remote_id);
-            let hs = self.st.handshake(to);
+            let hs = self.st.handshake(to, dest);
             self.st.send_handshake(dest, Datagram::Hello { conn, hs });
             self.flush();
         }
