@@ -102,7 +102,7 @@ pub fn run() -> Result<(), String> {
         .map(|u| u.devices.clone())
         .or_else(|| cfg.tcp.as_ref().map(|t| t.devices.clone()))
         .unwrap_or_default();
-    let ifaces = clink::sys::ipv4_interfaces();
+    let ifaces = clink::sys::interfaces();
     println!(
         "network addresses   {}",
         match clink::netdev::choose(&ifaces, &devices) {

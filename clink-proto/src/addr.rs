@@ -4,19 +4,20 @@
 //! message) and that `connect` parses:
 //!
 //! ```text
-//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IPv4>:<port>[,...];tcp=<IPv4>:<port>[,...]
+//! clink:host=<16 hex>;id=<32 hex>;shm=<socket name>;udp=<IP>:<port>[,...];tcp=<IP>:<port>[,...]
 //! ```
 //!
 //! `host` names the machine and network namespace (shared memory is only possible when it
 //! matches), `id` is the endpoint's random identity, and each further `key=value` names a
-//! transport the endpoint offers and how to reach it. A network transport lists every
+//! transport the endpoint offers and how to reach it (an IPv6 address in brackets,
+//! `[fd00::1]:5000`). A network transport lists every
 //! address it can be reached at (a host with a management and a data network has two),
 //! preferred first, at most [`MAX_NET_ADDRS`]; the connecting side picks the one it can
 //! reach. Unknown transport keys are skipped so that newer endpoints can offer more;
 //! malformed text is an error.
 
 use crate::ProtoError;
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 
 /// Prefix of every address.
 pub const PREFIX: &str = "clink:";
@@ -35,10 +36,10 @@ pub struct Address {
     pub shm: Option<String>,
     /// UDP socket addresses of the network transport, preferred first; empty if not
     /// offered.
-    pub udp: Vec<SocketAddrV4>,
+    pub udp: Vec<SocketAddr>,
     /// TCP listening addresses of the stream transport, preferred first; empty if not
     /// offered.
-    pub tcp: Vec<SocketAddrV4>,
+    pub tcp: Vec<SocketAddr>,
 }
 
 fn bad(addr: &str, why: &'static str) -> ProtoError {
@@ -121,19 +122,33 @@ impl Address {
     }
 }
 
-/// A network transport's addresses: `<IPv4>:<port>` items, comma-separated, each a
-/// unicast address with a non-zero port, at most [`MAX_NET_ADDRS`], none repeated.
-fn parse_net(s: &str, v: &str) -> Result<Vec<SocketAddrV4>, ProtoError> {
-    let mut out: Vec<SocketAddrV4> = Vec::new();
+/// Whether `a` can be a peer's address: a unicast IP, a non-zero port, and for IPv6 no
+/// scope or flow label (the text form would not carry them back).
+pub fn valid_net(a: &SocketAddr) -> bool {
+    let ip_ok = match a {
+        SocketAddr::V4(v) => {
+            !(v.ip().is_unspecified() || v.ip().is_multicast() || v.ip().is_broadcast())
+        }
+        SocketAddr::V6(v) => {
+            !(v.ip().is_unspecified() || v.ip().is_multicast())
+                && v.scope_id() == 0
+                && v.flowinfo() == 0
+                && v.ip().to_ipv4_mapped().is_none()
+        }
+    };
+    ip_ok && a.port() != 0
+}
+
+/// A network transport's addresses: `<IP>:<port>` items (IPv6 in brackets),
+/// comma-separated, each valid ([`valid_net`]), at most [`MAX_NET_ADDRS`], none
+/// repeated.
+fn parse_net(s: &str, v: &str) -> Result<Vec<SocketAddr>, ProtoError> {
+    let mut out: Vec<SocketAddr> = Vec::new();
     for item in v.split(',') {
-        let a: SocketAddrV4 = item
+        let a: SocketAddr = item
             .parse()
-            .map_err(|_| bad(s, "a network address must be <IPv4 address>:<port>"))?;
-        if a.port() == 0
-            || a.ip().is_unspecified()
-            || a.ip().is_multicast()
-            || a.ip().is_broadcast()
-        {
+            .map_err(|_| bad(s, "a network address must be <IP address>:<port>"))?;
+        if !valid_net(&a) {
             return Err(bad(
                 s,
                 "a network address needs a unicast address and a non-zero port",
@@ -150,7 +165,7 @@ fn parse_net(s: &str, v: &str) -> Result<Vec<SocketAddrV4>, ProtoError> {
     Ok(out)
 }
 
-fn write_net(f: &mut std::fmt::Formatter<'_>, key: &str, v: &[SocketAddrV4]) -> std::fmt::Result {
+fn write_net(f: &mut std::fmt::Formatter<'_>, key: &str, v: &[SocketAddr]) -> std::fmt::Result {
     for (n, a) in v.iter().enumerate() {
         let sep = if n == 0 {
             format!(";{key}=")
@@ -189,7 +204,8 @@ impl Address {
 
     /// The address in [`BINARY_LEN`] bytes, for interfaces that carry addresses as short
     /// opaque blobs (libfabric's names are at most 64 bytes; the text form is longer).
-    /// It carries each network transport's first (preferred) address only.
+    /// It carries each network transport's first IPv4 address only; `None` also when a
+    /// transport offers IPv6 addresses alone.
     /// `None` when the shared-memory name is not the one [`Address::shm_name`] derives from
     /// the identity (the binary form does not carry it).
     pub fn to_bytes(&self) -> Option<[u8; BINARY_LEN]> {
@@ -204,8 +220,15 @@ impl Address {
             }
             flags |= HAS_SHM;
         }
-        for (bit, at, a) in [(HAS_UDP, 26, &self.udp), (HAS_TCP, 32, &self.tcp)] {
-            if let Some(a) = a.first() {
+        for (bit, at, list) in [(HAS_UDP, 26, &self.udp), (HAS_TCP, 32, &self.tcp)] {
+            let first_v4 = list.iter().find_map(|a| match a {
+                SocketAddr::V4(v) => Some(*v),
+                SocketAddr::V6(_) => None,
+            });
+            if !list.is_empty() && first_v4.is_none() {
+                return None;
+            }
+            if let Some(a) = first_v4 {
                 flags |= bit;
                 b[at..at + 4].copy_from_slice(&a.ip().octets());
                 b[at + 4..at + 6].copy_from_slice(&a.port().to_le_bytes());
@@ -233,7 +256,7 @@ impl Address {
         }
         let host = u64::from_le_bytes(b[1..9].try_into().expect("8 bytes"));
         let id = u128::from_le_bytes(b[9..25].try_into().expect("16 bytes"));
-        let sock = |bit: u8, at: usize| -> Result<Vec<SocketAddrV4>, ProtoError> {
+        let sock = |bit: u8, at: usize| -> Result<Vec<SocketAddr>, ProtoError> {
             let ip = std::net::Ipv4Addr::new(b[at], b[at + 1], b[at + 2], b[at + 3]);
             let port = u16::from_le_bytes([b[at + 4], b[at + 5]]);
             if flags & bit == 0 {
@@ -247,7 +270,7 @@ impl Address {
                     "binary address needs a unicast address and a non-zero port",
                 ));
             }
-            Ok(vec![SocketAddrV4::new(ip, port)])
+            Ok(vec![SocketAddr::V4(SocketAddrV4::new(ip, port))])
         };
         Ok(Address {
             host,
@@ -353,6 +376,18 @@ mod tests {
         // The binary form keeps the preferred address of each.
         let b = Address::from_bytes(&t.to_bytes().unwrap()).unwrap();
         assert_eq!((b.udp, b.tcp), (vec![t.udp[0]], t.tcp));
+        let six = "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=10.0.0.1:9,[fd00::1]:9;tcp=[fd00::1]:7";
+        let a6 = Address::parse(six).unwrap();
+        assert!(a6.udp[1].is_ipv6() && a6.tcp[0].is_ipv6());
+        assert_eq!(a6.to_string(), six);
+        // The binary form keeps IPv4 only: a transport offering IPv6 alone cannot go.
+        assert_eq!(a6.to_bytes(), None);
+        let a6v4 = Address {
+            tcp: Vec::new(),
+            ..a6.clone()
+        };
+        let b = Address::from_bytes(&a6v4.to_bytes().unwrap()).unwrap();
+        assert_eq!(b.udp, vec![a6.udp[0]]);
         let many: Vec<String> = (1..=MAX_NET_ADDRS)
             .map(|i| format!("10.0.0.{i}:9"))
             .collect();
@@ -382,6 +417,11 @@ mod tests {
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5,",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5,1.2.3.4:5",
             "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=1.2.3.4:5,0.0.0.0:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=[::]:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=[ff02::1]:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=[fe80::1%2]:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=[::ffff:1.2.3.4]:5",
+            "clink:host=0000000000000001;id=00000000000000000000000000000001;udp=fd00::1:5",
         ] {
             assert!(Address::parse(s).is_err(), "{s}");
         }

@@ -10,7 +10,7 @@
 //! Run: `cargo run --release -p clink --example bulk_cost -- [spec|off|miss|backoff]`
 use clink::transport::udp::UdpConfig;
 use clink::{Config, Context, Selector};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mode = std::env::args().nth(1).unwrap_or_default();
@@ -19,7 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         force_net: true,
         tcp: None,
         udp: Some(UdpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            bind: (Ipv4Addr::LOCALHOST, 0).into(),
             mtu: Some(1500),
             speculate: mode != "off",
             force_miss: mode == "miss" || mode == "backoff",

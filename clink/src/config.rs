@@ -22,7 +22,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_BOARD_PEERS", "same-host peers from which progress visits only the peers that raised their bit on the activity board (default 4; 0 = never)"),
     ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise (TCP when the peer offers only TCP or UDP is off); 'udp': UDP even on the same host (loopback tests and benchmarks); 'tcp': TCP for every peer, even on the same host"),
     ("CLINK_UDP", "'on' (default): offer the UDP network transport to peers on other hosts; 'off': same-host shared memory only"),
-    ("CLINK_UDP_BIND", "IPv4 address:port the UDP socket binds (default 0.0.0.0:0: every interface, all of whose addresses are advertised; see CLINK_NET_DEVICES)"),
+    ("CLINK_UDP_BIND", "IP address:port the UDP socket binds (default 0.0.0.0:0: every interface, all of whose addresses are advertised; see CLINK_NET_DEVICES)"),
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
     ("CLINK_UDP_SPECULATE", "'1' (default): receive bulk transfers speculatively, payloads straight into the posted buffer; '0': through the socket's slots and one copy (the baseline of the speculation experiments)"),
     ("CLINK_UDP_SPEC_BACKOFF", "'1' (default): when under a fifth of the armed stream's fragments land in place in two windows of 256 in a row (a sender or path that misorders them), turn speculation off for 4 096 datagrams read, then probe with one window, doubling the backoff on each losing probe up to 262 144: a miss costs more than the copy path (forced misses 0.70x speculation off without it, 0.92x with it, BENCHMARKS.md); '0': keep speculating whatever the misses (the raw miss path, clink bench --spec's forced_miss_raw)"),
@@ -34,10 +34,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_PAYLOAD_HASH", "'0' (default): a bulk fragment's payload is left to the UDP checksum (filled in by the sending kernel or NIC, verified by the receiving one), as TCP leaves its stream to its own, and clink's CRC-32C covers its header (which the speculation verifier trusts) and every byte of the other datagrams; '1': each fragment's payload is also hashed end to end (XXH3), on both directions of every connection this endpoint makes or accepts (either side's wish applies), and an unhashed fragment is refused. It costs goodput and CPU (BENCHMARKS.md)"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
-    ("CLINK_TCP_BIND", "IPv4 address:port the TCP listening socket binds (default 0.0.0.0:0: every interface, all of whose addresses are advertised; see CLINK_NET_DEVICES)"),
+    ("CLINK_TCP_BIND", "IP address:port the TCP listening socket binds (default 0.0.0.0:0: every interface, all of whose addresses are advertised; see CLINK_NET_DEVICES)"),
     ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
     ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
-    ("CLINK_NET_DEVICES", "which interfaces' addresses the network transports advertise when bound to all interfaces: interface names and IPv4 subnets, comma-separated, in order of preference (e.g. 'eth1' or '10.1.0.0/16'); default: every non-loopback interface that is up. A list nothing matches is an error naming the interfaces there are. A connecting peer picks the advertised address on a subnet it shares"),
+    ("CLINK_NET_DEVICES", "which interfaces' addresses the network transports advertise when bound to all interfaces: interface names and IPv4 or IPv6 subnets, comma-separated, in order of preference (e.g. 'eth1', '10.1.0.0/16' or 'fd00:1::/64'); default: every non-loopback IPv4 interface that is up (IPv6 ones on a host without IPv4). A list nothing matches is an error naming the interfaces there are. A connecting peer picks the advertised address on a subnet it shares"),
     ("CLINK_NET_KEEPALIVE_THREAD", "'1' (default): a thread per endpoint pings its UDP peers while the application makes no call for a keepalive interval, so a process that computes for minutes between calls stays alive to its peers (TCP peers are kept alive by the kernel's keepalives); '0': no thread, the application must call in more often than CLINK_NET_DEAD_MS"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
@@ -223,17 +223,15 @@ impl Config {
                     }
                 }
                 "CLINK_UDP_BIND" => {
-                    udp.bind = v
-                        .trim()
-                        .parse()
-                        .map_err(|_| bad(&k, &v, "expected <IPv4 address>:<port>"))?
+                    udp.bind = v.trim().parse().map_err(|_| {
+                        bad(&k, &v, "expected <IP address>:<port> (IPv6 in brackets)")
+                    })?
                 }
                 "CLINK_TCP" => tcp_on = flag(&k, &v)?,
                 "CLINK_TCP_BIND" => {
-                    tcp.bind = v
-                        .trim()
-                        .parse()
-                        .map_err(|_| bad(&k, &v, "expected <IPv4 address>:<port>"))?
+                    tcp.bind = v.trim().parse().map_err(|_| {
+                        bad(&k, &v, "expected <IP address>:<port> (IPv6 in brackets)")
+                    })?
                 }
                 "CLINK_TCP_SPECULATE" => tcp.speculate = flag(&k, &v)?,
                 "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),

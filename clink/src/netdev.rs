@@ -3,35 +3,41 @@
 //!
 //! A node of a real cluster has several interfaces (a management network, a data network,
 //! a container bridge). Bound to all interfaces (`CLINK_UDP_BIND` / `CLINK_TCP_BIND`
-//! unset), an endpoint advertises the address of every non-loopback interface that is up,
-//! in the kernel's order (loopback only when there is no other), at most
-//! [`MAX_NET_ADDRS`]. `CLINK_NET_DEVICES` narrows and orders them, as UCX's
-//! `UCX_NET_DEVICES` and Open MPI's `btl_tcp_if_include` do: a comma-separated list of
-//! interface names (`eth1`) and IPv4 subnets (`10.1.0.0/16`), the interfaces matching the
-//! first entry first. A list nothing matches is an error that names the interfaces there
-//! are, not a silent fallback. The first address advertised is the preferred one, and
-//! sets the path MTU towards peers on no advertised interface's subnet.
+//! unset), an endpoint advertises the IPv4 address of every non-loopback interface that
+//! is up, in the kernel's order, at most [`MAX_NET_ADDRS`]; on a host without IPv4 (but
+//! loopback), its IPv6 addresses (link-local ones aside); loopback only when there is no
+//! other. IPv6 is not advertised beside IPv4 by default because the UDP transport then
+//! needs an IPv6 socket, which carries IPv4 as mapped addresses at a cost
+//! (ARCHITECTURE.md, "Which address is advertised"). `CLINK_NET_DEVICES` narrows,
+//! orders and widens them, as UCX's `UCX_NET_DEVICES` and Open MPI's `btl_tcp_if_include` do: a
+//! comma-separated list of interface names (`eth1`) and subnets (`10.1.0.0/16`,
+//! `fd00:1::/64`), the interfaces matching the first entry first; a name takes all of
+//! that interface's addresses. A list nothing matches is an error that names the
+//! interfaces there are, not a silent fallback. The first address advertised is the
+//! preferred one, and sets the path MTU towards peers on no advertised interface's
+//! subnet.
 //!
 //! The connecting side picks among a peer's addresses ([`pick`]) as Open MPI's TCP
 //! transport does, by subnet: the first on the subnet of an interface it advertises
 //! itself, else the first on any of its interfaces' subnets, else the first the kernel
 //! must route; an address that is one of this host's own (a container bridge's
-//! `172.17.0.1` exists on every host) is taken last, since it would reach this host.
+//! `172.17.0.1` exists on every host) is taken last, since it would reach this host. A
+//! UDP socket of one family reaches that family only; TCP connects over either.
 //!
 //! `clink info` prints the choice and why.
 
 use crate::sys::Iface;
 use clink_proto::addr::MAX_NET_ADDRS;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 /// One entry of `CLINK_NET_DEVICES`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceRule {
     /// An interface, by name.
     Name(String),
-    /// Any address in this IPv4 subnet.
-    Subnet(Ipv4Addr, u8),
+    /// Any address in this subnet (IPv4 or IPv6).
+    Subnet(IpAddr, u8),
 }
 
 impl DeviceRule {
@@ -52,19 +58,20 @@ impl fmt::Display for DeviceRule {
     }
 }
 
-/// Parses `CLINK_NET_DEVICES`: names and `A.B.C.D/N` subnets, comma-separated.
+/// Parses `CLINK_NET_DEVICES`: names and `A.B.C.D/N` or `IPv6/N` subnets, comma-separated.
 pub fn parse_rules(text: &str) -> Result<Vec<DeviceRule>, String> {
     let mut out = Vec::new();
     for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         if let Some((a, b)) = item.split_once('/') {
-            let ip: Ipv4Addr = a
+            let ip: IpAddr = a
                 .parse()
-                .map_err(|_| format!("{item:?}: not an IPv4 subnet (A.B.C.D/N)"))?;
+                .map_err(|_| format!("{item:?}: not a subnet (A.B.C.D/N or IPv6/N)"))?;
+            let max = if ip.is_ipv4() { 32 } else { 128 };
             let bits: u8 = b
                 .parse()
                 .ok()
-                .filter(|&n| n <= 32)
-                .ok_or_else(|| format!("{item:?}: the prefix length must be 0 to 32"))?;
+                .filter(|&n| n <= max)
+                .ok_or_else(|| format!("{item:?}: the prefix length must be 0 to {max}"))?;
             out.push(DeviceRule::Subnet(ip, bits));
         } else if item.len() <= 15 && item.bytes().all(|c| c.is_ascii_graphic() && c != b'/') {
             out.push(DeviceRule::Name(item.to_string()));
@@ -78,35 +85,56 @@ pub fn parse_rules(text: &str) -> Result<Vec<DeviceRule>, String> {
     Ok(out)
 }
 
-fn in_subnet(ip: Ipv4Addr, net: Ipv4Addr, bits: u8) -> bool {
-    let mask = if bits == 0 {
-        0
-    } else {
-        u32::MAX << (32 - bits.min(32))
+/// Whether `ip` is in `net/bits` (never across families).
+fn in_subnet(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    let masked = |a: u128, width: u32| {
+        let bits = u32::from(bits).min(width);
+        if bits == 0 {
+            0
+        } else {
+            a >> (width - bits)
+        }
     };
-    u32::from(ip) & mask == u32::from(net) & mask
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            masked(u32::from(a).into(), 32) == masked(u32::from(n).into(), 32)
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => masked(a.into(), 128) == masked(n.into(), 128),
+        _ => false,
+    }
 }
 
 /// The interfaces whose addresses to advertise among `ifaces` (as
-/// [`crate::sys::ipv4_interfaces`] lists them: loopback last), preferred first, with why
-/// they were chosen. Never empty.
+/// [`crate::sys::interfaces`] lists them: IPv4 first, loopback last), preferred first,
+/// with why they were chosen. Never empty.
 pub fn choose(ifaces: &[Iface], rules: &[DeviceRule]) -> Result<(Vec<Iface>, String), String> {
     if rules.is_empty() {
-        let up: Vec<Iface> = ifaces
-            .iter()
-            .filter(|i| !i.lo)
-            .take(MAX_NET_ADDRS)
-            .cloned()
-            .collect();
-        if !up.is_empty() {
-            return Ok((up, "every non-loopback interface that is up".into()));
+        // IPv4 where the host has it (an IPv6 socket taking IPv4 as mapped addresses
+        // costs the IPv4 path), IPv6 on a host that has only IPv6.
+        let up = |v6: bool| -> Vec<Iface> {
+            (ifaces.iter())
+                .filter(|i| !i.lo && i.ip.is_ipv6() == v6)
+                .take(MAX_NET_ADDRS)
+                .cloned()
+                .collect()
+        };
+        let v4 = up(false);
+        if !v4.is_empty() {
+            return Ok((v4, "every non-loopback IPv4 interface that is up".into()));
+        }
+        let v6 = up(true);
+        if !v6.is_empty() {
+            return Ok((
+                v6,
+                "every non-loopback interface that is up (IPv6 only here)".into(),
+            ));
         }
         return Ok(match ifaces.first() {
             Some(i) => (vec![i.clone()], "loopback: no other interface is up".into()),
             None => (
                 vec![Iface {
                     name: "lo".into(),
-                    ip: Ipv4Addr::LOCALHOST,
+                    ip: Ipv4Addr::LOCALHOST.into(),
                     prefix: 8,
                     mtu: 65536,
                     lo: true,
@@ -146,8 +174,8 @@ pub fn choose(ifaces: &[Iface], rules: &[DeviceRule]) -> Result<(Vec<Iface>, Str
 /// The interfaces an endpoint whose socket is bound to `bind` advertises: those
 /// [`choose`] picks when `bind` is unspecified (all interfaces), else the one holding
 /// `bind`.
-pub fn advertise(bind: Ipv4Addr, rules: &[DeviceRule]) -> crate::Result<Vec<Iface>> {
-    let ifaces = crate::sys::ipv4_interfaces();
+pub fn advertise(bind: IpAddr, rules: &[DeviceRule]) -> crate::Result<Vec<Iface>> {
+    let ifaces = crate::sys::interfaces();
     if bind.is_unspecified() {
         return Ok(choose(&ifaces, rules).map_err(crate::Error::Config)?.0);
     }
@@ -155,33 +183,39 @@ pub fn advertise(bind: Ipv4Addr, rules: &[DeviceRule]) -> crate::Result<Vec<Ifac
         Iface {
             name: "?".into(),
             ip: bind,
-            prefix: 32,
+            prefix: if bind.is_ipv4() { 32 } else { 128 },
             mtu: 1500,
             lo: bind.is_loopback(),
         },
     )])
 }
 
+/// Where a transport configured to bind `bind` binds its socket, given the interfaces it
+/// advertises: all interfaces of both families (`[::]`, taking IPv4 too) when it is bound
+/// to all and one of them is IPv6, else `bind`.
+pub fn socket_bind(bind: SocketAddr, mine: &[Iface]) -> SocketAddr {
+    if bind.ip().is_unspecified() && mine.iter().any(|i| i.ip.is_ipv6()) {
+        SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), bind.port())
+    } else {
+        bind
+    }
+}
+
 /// Which of a peer's addresses `peer` (its preference order, never empty) to connect to
 /// from a host whose interfaces are `local`, of which this endpoint advertises `mine`;
 /// `same_host` when the peer is in this host and namespace (its addresses are then all
 /// reachable: the preferred one). The rule is the module's.
-pub fn pick(
-    peer: &[SocketAddrV4],
-    mine: &[Iface],
-    local: &[Iface],
-    same_host: bool,
-) -> SocketAddrV4 {
+pub fn pick(peer: &[SocketAddr], mine: &[Iface], local: &[Iface], same_host: bool) -> SocketAddr {
     if peer.len() == 1 || same_host {
         return peer[0];
     }
-    let on = |set: &[Iface], a: &SocketAddrV4| {
+    let on = |set: &[Iface], a: &SocketAddr| {
         set.iter()
-            .any(|i| !i.lo && in_subnet(*a.ip(), i.ip, i.prefix))
+            .any(|i| !i.lo && in_subnet(a.ip(), i.ip, i.prefix))
     };
-    let foreign: Vec<SocketAddrV4> = peer
+    let foreign: Vec<SocketAddr> = peer
         .iter()
-        .filter(|a| !local.iter().any(|i| i.ip == *a.ip()))
+        .filter(|a| !local.iter().any(|i| i.ip == a.ip()))
         .copied()
         .collect();
     (foreign.iter().find(|a| on(mine, a)))
@@ -194,7 +228,7 @@ pub fn pick(
 /// The MTU towards `dest` of an endpoint advertising `mine` (never empty): the MTU of the
 /// advertised interface whose subnet holds `dest`, else the smallest advertised one (the
 /// kernel may route through any of them).
-pub fn mtu_towards(mine: &[Iface], dest: Ipv4Addr) -> usize {
+pub fn mtu_towards(mine: &[Iface], dest: IpAddr) -> usize {
     mine.iter()
         .find(|i| in_subnet(dest, i.ip, i.prefix))
         .or_else(|| mine.iter().min_by_key(|i| i.mtu))
@@ -208,7 +242,7 @@ mod tests {
     fn iface(name: &str, ip: [u8; 4], lo: bool) -> Iface {
         Iface {
             name: name.into(),
-            ip: Ipv4Addr::from(ip),
+            ip: Ipv4Addr::from(ip).into(),
             prefix: 24,
             mtu: 1500,
             lo,
@@ -240,14 +274,45 @@ mod tests {
         assert!(v.len() == 1 && v[0].lo && why.contains("loopback"), "{why}");
         let (v, _) = choose(&[], &[]).unwrap();
         assert_eq!(v[0].ip, Ipv4Addr::LOCALHOST);
+    }
+
+    #[test]
+    fn ipv6_subnets_and_addresses() {
+        let mut v6 = iface("data6", [0; 4], false);
+        v6.ip = "fd00:1::5".parse().unwrap();
+        v6.prefix = 64;
+        let ifs = [iface("eth0", [10, 1, 2, 3], false), v6];
+        let rules = parse_rules("fd00:1::/64").unwrap();
+        assert_eq!(choose(&ifs, &rules).unwrap().0[0].name, "data6");
+        // By default IPv4 where there is any, IPv6 on an IPv6-only host.
+        let names = |v: Vec<Iface>| v.into_iter().map(|i| i.name).collect::<Vec<_>>();
+        assert_eq!(names(choose(&ifs, &[]).unwrap().0), ["eth0"]);
+        assert_eq!(names(choose(&ifs[1..], &[]).unwrap().0), ["data6"]);
+        let both = parse_rules("10.0.0.0/8,fd00:1::/64").unwrap();
+        assert_eq!(names(choose(&ifs, &both).unwrap().0), ["eth0", "data6"]);
+        assert_eq!(parse_rules("10.0.0.0/8").unwrap().len(), 1);
+        assert!(parse_rules("fd00::/129").is_err());
+        assert!(parse_rules("fd00::/64").is_ok());
+        // An IPv4 subnet never holds an IPv6 address, nor the other way round.
+        assert!(
+            choose(&ifs, &parse_rules("0.0.0.0/0").unwrap())
+                .unwrap()
+                .0
+                .len()
+                == 1
+        );
+        assert!(choose(&ifs, &parse_rules("::/0").unwrap()).unwrap().0.len() == 1);
+        let six = |s: &str| SocketAddr::new(s.parse().unwrap(), 7000);
+        let peer = [sa([192, 168, 9, 9]), six("fd00:1::9")];
+        assert_eq!(pick(&peer, &ifs, &ifs, false), six("fd00:1::9"));
         let many: Vec<Iface> = (0..20)
             .map(|n| iface(&format!("e{n}"), [10, 0, n, 1], false))
             .collect();
         assert_eq!(choose(&many, &[]).unwrap().0.len(), MAX_NET_ADDRS);
     }
 
-    fn sa(ip: [u8; 4]) -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::from(ip), 7000)
+    fn sa(ip: [u8; 4]) -> SocketAddr {
+        SocketAddr::new(Ipv4Addr::from(ip).into(), 7000)
     }
 
     #[test]
@@ -288,9 +353,15 @@ mod tests {
         let mut data = iface("data0", [10, 1, 2, 3], false);
         data.mtu = 9000;
         let mine = [iface("mgmt0", [192, 168, 1, 5], false), data];
-        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(10, 1, 2, 200)), 9000);
-        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(192, 168, 1, 7)), 1500);
-        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(8, 8, 8, 8)), 1500);
+        assert_eq!(
+            mtu_towards(&mine, Ipv4Addr::new(10, 1, 2, 200).into()),
+            9000
+        );
+        assert_eq!(
+            mtu_towards(&mine, Ipv4Addr::new(192, 168, 1, 7).into()),
+            1500
+        );
+        assert_eq!(mtu_towards(&mine, Ipv4Addr::new(8, 8, 8, 8).into()), 1500);
     }
 
     #[test]
@@ -309,7 +380,7 @@ mod tests {
             parse_rules("eth1, 10.0.0.0/8").unwrap(),
             [
                 DeviceRule::Name("eth1".into()),
-                DeviceRule::Subnet(Ipv4Addr::new(10, 0, 0, 0), 8)
+                DeviceRule::Subnet(Ipv4Addr::new(10, 0, 0, 0).into(), 8)
             ]
         );
     }

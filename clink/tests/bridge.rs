@@ -39,6 +39,13 @@ fn child_entry() {
                     b"over the reachable address"
                 );
             }
+            "echo_big" => {
+                // A small message and a 2 MiB one (a bulk transfer over UDP), then one back.
+                ep.send(parent, 0, b"over IPv6").unwrap();
+                let big: Vec<u8> = (0..2u32 << 20).map(|i| (i % 251) as u8).collect();
+                ep.send(parent, 0, &big).unwrap();
+                assert_eq!(recv_vec(&mut ep, parent, 1, 64), b"both arrived");
+            }
             "sink" => {
                 // Receives 1 MiB messages until killed.
                 let mut buf = vec![0u8; 1 << 20];
@@ -140,11 +147,28 @@ fn a_lossy_path_is_slow_not_dead() {
 
 #[test]
 fn a_killed_peer_process_across_the_bridge_is_told_by_its_host() {
-    // A liveness timeout of 60 s: only the peer host's "port unreachable" can end the
-    // send within the bound.
+    killed_peer(false);
+}
+
+#[test]
+fn a_killed_peer_process_is_told_over_ipv6_too() {
+    killed_peer(true);
+}
+
+/// A liveness timeout of 60 s: only the peer host's "port unreachable" (ICMP, or ICMPv6
+/// when the hosts talk over IPv6 only) can end the send within the bound.
+fn killed_peer(v6: bool) {
     let b = bridge(0.0);
+    let mut cfg = config(Duration::from_secs(60));
+    let mut env = vec![("CLINK_TRANSPORT", "udp")];
+    if v6 {
+        add_ipv6(&b);
+        cfg = config_devices(V6_NET).0;
+        cfg.udp.as_mut().unwrap().dead_after = Duration::from_secs(60);
+        env.push(("CLINK_NET_DEVICES", V6_NET));
+    }
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(60)), move |mut ep| {
+    let (addr, h) = in_netns(b.ns(0), cfg, move |mut ep| {
         let peer = ep.accept(Some(T)).unwrap();
         let msg = vec![5u8; 1 << 20];
         for _ in 0..20 {
@@ -164,7 +188,8 @@ fn a_killed_peer_process_across_the_bridge_is_told_by_its_host() {
             ep.last_error().unwrap_or_default().to_string(),
         )
     });
-    let mut child = child_on_host1(&b, "sink", &addr, &[("CLINK_TRANSPORT", "udp")]);
+    assert_eq!(addr.contains("udp=[fd0c:202::1]:"), v6, "{addr}");
+    let mut child = child_on_host1(&b, "sink", &addr, &env);
     rx.recv_timeout(T).expect("the stream started");
     child.kill();
     child.reap();
@@ -254,6 +279,22 @@ fn add_data_iface(b: &Bridge) {
     }
 }
 
+/// The IPv6 subnet [`add_ipv6`] puts the hosts on.
+const V6_NET: &str = "fd0c:202::/64";
+
+/// Gives hosts 0 and 1 the IPv6 addresses `fd0c:202::1` and `::2` on the bridge (no
+/// duplicate address detection: usable at once).
+fn add_ipv6(b: &Bridge) {
+    let ip = clink::netns::ip_binary().unwrap();
+    for (h, a) in [(0, "fd0c:202::1/64"), (1, "fd0c:202::2/64")] {
+        let st = std::process::Command::new(&ip)
+            .args(["-n", b.ns(h), "addr", "add", a, "dev", "eth0", "nodad"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip addr add {a}");
+    }
+}
+
 /// [`config`] with `CLINK_NET_DEVICES` set to `devices` for both network transports.
 fn config_devices(devices: &str) -> (Config, bool) {
     let mut c = config(Duration::from_secs(2));
@@ -338,6 +379,49 @@ fn a_peer_connects_over_the_address_it_can_reach() {
         );
         let mut child = child_on_host1(&b, "echo", &addr, &[("CLINK_TRANSPORT", transport)]);
         assert_eq!(h.join().expect("host 0"), b"over the reachable address");
+        child.expect_success(T);
+    }
+}
+
+#[test]
+fn hosts_that_share_only_ipv6_talk_over_it() {
+    // Both hosts get an IPv6 address on the bridge and advertise only it
+    // (CLINK_NET_DEVICES names its subnet): a small and a 2 MiB message cross over UDP
+    // (the 2 MiB one as a bulk transfer, fragments sized for IPv6's longer header) and
+    // over TCP, checked byte for byte; then from an IPv4-only host to one on both.
+    let b = bridge(0.0);
+    add_ipv6(&b);
+    let dual = format!("{}/24,{V6_NET}", b.addr(0));
+    // (host 0's devices, host 1's, the transport, what host 0 advertises first)
+    let legs = [
+        (V6_NET, V6_NET, "udp", "udp=[fd0c:202::1]:"),
+        (V6_NET, V6_NET, "tcp", "tcp=[fd0c:202::1]:"),
+        // Host 0 on both families (an IPv6 socket), host 1 on IPv4 only (the default):
+        // IPv4 as mapped addresses on host 0's socket.
+        (&dual[..], "", "udp", ",[fd0c:202::1]:"),
+    ];
+    for (devices0, devices1, transport, advertised) in legs {
+        let (mut c, _) = config_devices(devices0);
+        c.prefer_tcp = transport == "tcp";
+        let (addr, h) = in_netns(b.ns(0), c, move |mut ep| {
+            let peer = ep.accept(Some(T)).expect("host 1 connects");
+            assert_eq!(recv_vec(&mut ep, peer, 0, 64), b"over IPv6");
+            let big = recv_vec(&mut ep, peer, 0, 4 << 20);
+            assert_eq!(big.len(), 2 << 20);
+            assert!(big.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8));
+            let tr = ep.transport(peer).unwrap().to_string();
+            ep.send(peer, 1, b"both arrived").unwrap();
+            ep.close();
+            tr
+        });
+        assert!(addr.contains(advertised), "{addr}");
+        assert_eq!(devices0 == V6_NET, !addr.contains("10.202"), "{addr}");
+        let mut env = vec![("CLINK_TRANSPORT", transport)];
+        if !devices1.is_empty() {
+            env.push(("CLINK_NET_DEVICES", devices1));
+        }
+        let mut child = child_on_host1(&b, "echo_big", &addr, &env);
+        assert_eq!(h.join().expect("host 0"), transport);
         child.expect_success(T);
     }
 }

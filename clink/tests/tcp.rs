@@ -10,7 +10,7 @@ use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
 use clink_proto::addr::Address;
 use common::*;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// A TCP-everywhere configuration. The liveness timeout is long (10 s): a test thread
@@ -27,13 +27,13 @@ fn tcp_config_dead(speculate: bool, spin_us: u64, dead_ms: u64) -> Config {
         prefer_tcp: true,
         spin: Some(Duration::from_micros(spin_us)),
         tcp: Some(TcpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            bind: (Ipv4Addr::LOCALHOST, 0).into(),
             speculate,
             dead_after: Duration::from_millis(dead_ms),
             ..TcpConfig::default()
         }),
         udp: Some(clink::transport::udp::UdpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+            bind: (Ipv4Addr::LOCALHOST, 0).into(),
             ..Default::default()
         }),
         ..Config::default()

@@ -8,7 +8,7 @@ use clink::transport::udp::{FaultConfig, UdpConfig};
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
 use clink_proto::reliable::packet::VERSION;
 use common::{drive_until, echo, fill, T};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
 fn net_ctx(faults: &str, dead_ms: u64) -> Context {
@@ -26,7 +26,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
         keepalive_thread: !faults.contains("nothread"),
         payload_hash: faults.contains("hash"),
         ring: !faults.contains("noring"),
-        bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+        bind: (Ipv4Addr::LOCALHOST, 0).into(),
         mtu: Some(1500),
         dead_after: Duration::from_millis(dead_ms),
         speculate: !faults.contains("nospec"),
@@ -605,7 +605,7 @@ fn a_one_way_run_of_small_messages_keeps_flowing() {
 #[test]
 fn hostile_datagrams_are_dropped_and_counted() {
     let ((mut a, pa), (mut b, pb)) = pair("", 2000);
-    let target: SocketAddrV4 = a
+    let target: std::net::SocketAddr = a
         .address()
         .split(';')
         .find_map(|s| s.strip_prefix("udp="))
@@ -703,7 +703,7 @@ fn the_last_fragments_are_acked_before_the_receive_returns() {
                 force_net: true,
                 spin,
                 udp: Some(UdpConfig {
-                    bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                    bind: (Ipv4Addr::LOCALHOST, 0).into(),
                     mtu: Some(1500),
                     dead_after: Duration::from_millis(3000),
                     ..UdpConfig::default()
@@ -757,7 +757,7 @@ fn peers_beyond_the_socket_limit_share_the_main_socket_and_sleepers_wake_for_bot
             force_net: true,
             spin: Some(Duration::ZERO),
             udp: Some(UdpConfig {
-                bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                bind: (Ipv4Addr::LOCALHOST, 0).into(),
                 mtu: Some(1500),
                 peer_sockets: sockets,
                 ..UdpConfig::default()

@@ -12,7 +12,7 @@ use crate::Status;
 use clink_proto::reliable::Stats as ConnStats;
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// Eager limit over the network unless `CLINK_EAGER_MAX` says otherwise: above it a
@@ -93,12 +93,7 @@ pub(crate) fn eager_threshold(c: &CtxInner, bulk: bool) -> u64 {
 impl Endpoint {
     /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, repeated until
     /// answered or the connect timeout).
-    pub(super) fn connect_udp(
-        &mut self,
-        addr: &str,
-        dest: SocketAddrV4,
-        id: u128,
-    ) -> Result<PeerId> {
+    pub(super) fn connect_udp(&mut self, addr: &str, dest: SocketAddr, id: u128) -> Result<PeerId> {
         let fail = |why: String| Error::Connect {
             addr: addr.to_string(),
             why,

@@ -23,9 +23,20 @@ impl Endpoint {
         let tcp_first = self.tcp.is_some()
             && (self.ctx.config.prefer_tcp || a.udp.is_empty() || self.net.is_none());
         let same_host = a.host == self.ctx.host;
-        let udp = (!a.udp.is_empty()).then(|| {
+        // A UDP socket reaches its own family only (an IPv6 one both).
+        let v6_udp = self.net.as_ref().is_some_and(|n| n.local().is_ipv6());
+        let udp_addrs: Vec<std::net::SocketAddr> = (a.udp.iter())
+            .filter(|u| u.is_ipv4() || v6_udp)
+            .copied()
+            .collect();
+        if udp_addrs.is_empty() && !a.udp.is_empty() && a.tcp.is_empty() && self.net.is_some() {
+            return Err(fail(
+                "the peer offers only IPv6 UDP addresses and this endpoint's UDP socket is IPv4 (include an IPv6 subnet in CLINK_NET_DEVICES)",
+            ));
+        }
+        let udp = (!udp_addrs.is_empty()).then(|| {
             let mine = self.net.as_ref().map_or(&[][..], |n| n.interfaces());
-            self.reachable(&a.udp, mine, same_host)
+            self.reachable(&udp_addrs, mine, same_host)
         });
         let tcp = (!a.tcp.is_empty()).then(|| {
             let mine = self.tcp.as_ref().map_or(&[][..], |t| t.interfaces());
@@ -83,14 +94,14 @@ impl Endpoint {
     /// this endpoint advertising interfaces `mine`.
     fn reachable(
         &self,
-        addrs: &[std::net::SocketAddrV4],
+        addrs: &[std::net::SocketAddr],
         mine: &[crate::sys::Iface],
         same_host: bool,
-    ) -> std::net::SocketAddrV4 {
+    ) -> std::net::SocketAddr {
         if addrs.len() == 1 || same_host {
             return addrs[0];
         }
-        crate::netdev::pick(addrs, mine, &crate::sys::ipv4_interfaces(), same_host)
+        crate::netdev::pick(addrs, mine, &crate::sys::interfaces(), same_host)
     }
 
     /// Registers peers accepted by [`handshake_incoming`] and records refusals.

@@ -10,7 +10,7 @@ use crate::transport::tcp::{LinkError, TcpTransport};
 use crate::{Selector, Status};
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// Epoll token of the TCP listening socket.
@@ -21,12 +21,7 @@ pub(super) const TOK_TCP_INCOMING: u64 = u64::MAX - 2;
 impl Endpoint {
     /// Connects over TCP to the endpoint `id` at `dest`: connect (bounded by the connect
     /// timeout), hello, then progress everything else until the welcome arrives.
-    pub(super) fn connect_tcp(
-        &mut self,
-        addr: &str,
-        dest: SocketAddrV4,
-        id: u128,
-    ) -> Result<PeerId> {
+    pub(super) fn connect_tcp(&mut self, addr: &str, dest: SocketAddr, id: u128) -> Result<PeerId> {
         let fail = |why: String| Error::Connect {
             addr: addr.to_string(),
             why,
@@ -352,7 +347,7 @@ mod tests {
     use super::FAST_STREAK;
     use crate::transport::tcp::TcpConfig;
     use crate::{Config, Endpoint, PeerId, Selector};
-    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::net::{Ipv4Addr, SocketAddr};
     use std::time::Duration;
 
     /// Two endpoints over TCP on loopback that spin 100 us before they sleep, and each
@@ -364,7 +359,7 @@ mod tests {
             prefer_tcp: true,
             spin: Some(Duration::from_micros(100)),
             tcp: Some(TcpConfig {
-                bind: SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0),
+                bind: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
                 ..TcpConfig::default()
             }),
             ..Config::default()

@@ -47,7 +47,7 @@ pub fn net_config() -> Config {
         calibrate: false,
         force_net: true,
         udp: Some(clink::transport::udp::UdpConfig {
-            bind: std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0),
+            bind: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
             ..Default::default()
         }),
         ..Config::default()

@@ -233,7 +233,7 @@ impl Interferer {
     /// to `target`, spread over the `count` messages whose completions `progress` counts
     /// (each message's share while it is under way, at the pace of the messages so far).
     fn start(
-        target: SocketAddrV4,
+        target: std::net::SocketAddr,
         n: u64,
         count: u64,
         size: usize,

@@ -72,7 +72,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::UdpSocket;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -19,7 +19,7 @@ pub mod link;
 
 use crate::error::{io_err, Result};
 use clink_proto::stream::{Handshake, Kind, REFUSED_WRONG_ID};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -28,22 +28,23 @@ pub use link::{LinkError, TcpLink, TcpStats};
 /// Settings of the TCP transport (from `CLINK_*`, see [`crate::config`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TcpConfig {
-    /// Address the listening socket binds; unspecified IP = all interfaces, port 0 = any.
-    pub bind: SocketAddrV4,
+    /// Address the listening socket binds; unspecified IP = all interfaces (of both
+    /// families where an IPv6 address is advertised), port 0 = any.
+    pub bind: SocketAddr,
     /// Speculative receive of rendezvous payloads straight into the posted buffer.
     pub speculate: bool,
     /// Silence after which a peer is declared dead (`CLINK_NET_DEAD_MS`, shared with UDP);
     /// keepalives go every quarter of it on an otherwise idle connection.
     pub dead_after: Duration,
-    /// Which interface's address to advertise when bound to all of them
-    /// (`CLINK_NET_DEVICES`, [`crate::netdev`]); empty: the first non-loopback one.
+    /// Which interfaces' addresses to advertise when bound to all of them
+    /// (`CLINK_NET_DEVICES`, [`crate::netdev`]); empty: every non-loopback one.
     pub devices: Vec<crate::netdev::DeviceRule>,
 }
 
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            bind: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
             speculate: true,
             dead_after: Duration::from_millis(2000),
             devices: Vec::new(),
@@ -72,7 +73,7 @@ pub struct TcpTransport {
     listener: TcpListener,
     /// The interfaces advertised, preferred first.
     ifaces: Vec<crate::sys::Iface>,
-    advertised: Vec<SocketAddrV4>,
+    advertised: Vec<SocketAddr>,
     my_id: u128,
     cfg: TcpConfig,
     incoming: Vec<Incoming>,
@@ -83,8 +84,9 @@ pub struct TcpTransport {
 impl TcpTransport {
     /// Binds the listening socket and works out the address to advertise.
     pub fn new(cfg: TcpConfig, my_id: u128) -> Result<TcpTransport> {
-        let listener =
-            TcpListener::bind(cfg.bind).map_err(io_err(format!("bind TCP {}", cfg.bind)))?;
+        let ifaces = crate::netdev::advertise(cfg.bind.ip(), &cfg.devices)?;
+        let at = crate::netdev::socket_bind(cfg.bind, &ifaces);
+        let listener = crate::sys::tcp_listen(at).map_err(io_err(format!("bind TCP {at}")))?;
         listener
             .set_nonblocking(true)
             .map_err(io_err("non-blocking TCP listener"))?;
@@ -92,13 +94,9 @@ impl TcpTransport {
             .local_addr()
             .map_err(io_err("TCP listener address"))?
             .port();
-        let ifaces = crate::netdev::advertise(*cfg.bind.ip(), &cfg.devices)?;
         Ok(TcpTransport {
             listener,
-            advertised: ifaces
-                .iter()
-                .map(|i| SocketAddrV4::new(i.ip, port))
-                .collect(),
+            advertised: ifaces.iter().map(|i| SocketAddr::new(i.ip, port)).collect(),
             ifaces,
             my_id,
             cfg,
@@ -108,7 +106,7 @@ impl TcpTransport {
     }
 
     /// The addresses peers reach this endpoint at, preferred first.
-    pub fn advertised(&self) -> &[SocketAddrV4] {
+    pub fn advertised(&self) -> &[SocketAddr] {
         &self.advertised
     }
 
@@ -132,11 +130,11 @@ impl TcpTransport {
     /// ([`TcpTransport::welcomed`]).
     pub fn connect(
         &self,
-        dest: SocketAddrV4,
+        dest: SocketAddr,
         remote_id: u128,
         timeout: Duration,
     ) -> std::io::Result<TcpLink> {
-        let sock = TcpStream::connect_timeout(&dest.into(), timeout)?;
+        let sock = TcpStream::connect_timeout(&dest, timeout)?;
         let mut link = TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after)?;
         link.remote_id = remote_id;
         link.queue_record(

@@ -5,7 +5,7 @@
 
 use clink_proto::netsim::Rng;
 use std::collections::VecDeque;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 /// What to inject. Probabilities are per datagram.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -108,7 +108,7 @@ impl Fate {
 pub struct Faults {
     cfg: FaultConfig,
     rng: Rng,
-    held: VecDeque<(u64, SocketAddrV4, Vec<u8>)>,
+    held: VecDeque<(u64, SocketAddr, Vec<u8>)>,
     /// Counters.
     pub stats: FaultStats,
 }
@@ -151,9 +151,9 @@ impl Faults {
     pub fn apply(
         &mut self,
         now: u64,
-        src: SocketAddrV4,
+        src: SocketAddr,
         d: &[u8],
-        deliver: &mut impl FnMut(SocketAddrV4, &[u8]),
+        deliver: &mut impl FnMut(SocketAddr, &[u8]),
     ) {
         let fate = self.fate();
         self.apply_fate(fate, now, src, d, deliver);
@@ -164,9 +164,9 @@ impl Faults {
         &mut self,
         fate: Fate,
         now: u64,
-        src: SocketAddrV4,
+        src: SocketAddr,
         d: &[u8],
-        deliver: &mut impl FnMut(SocketAddrV4, &[u8]),
+        deliver: &mut impl FnMut(SocketAddr, &[u8]),
     ) {
         if fate.drop {
             self.stats.dropped += 1;
@@ -203,7 +203,7 @@ impl Faults {
     }
 
     /// Delivers the held-back datagrams due at `now`.
-    pub fn release(&mut self, now: u64, deliver: &mut impl FnMut(SocketAddrV4, &[u8])) {
+    pub fn release(&mut self, now: u64, deliver: &mut impl FnMut(SocketAddr, &[u8])) {
         while self.held.front().is_some_and(|h| h.0 <= now) {
             let (_, src, v) = self.held.pop_front().expect("front exists");
             deliver(src, &v);
@@ -238,7 +238,7 @@ mod tests {
             let mut f = Faults::new(
                 FaultConfig::parse("drop=0.1,dup=0.1,corrupt=0.1,reorder=0.1,delay_us=1").unwrap(),
             );
-            let src = SocketAddrV4::new([127, 0, 0, 1].into(), 1);
+            let src = SocketAddr::new([127, 0, 0, 1].into(), 1);
             let mut got = Vec::new();
             for i in 0..1000u32 {
                 f.apply(u64::from(i) * 1000, src, &i.to_le_bytes(), &mut |_, d| {

@@ -17,7 +17,7 @@
 //! that comes back after two or more keepalive intervals restarts its peers' liveness
 //! timeouts rather than judging them on silence it was not there to hear.
 
-use std::net::{SocketAddrV4, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,7 +34,7 @@ struct Shared {
     /// Keepalive rounds the thread sent (each to every connection).
     rounds: AtomicU64,
     /// One ping per open connection: (peer address, connection id, encoded datagram).
-    pings: Mutex<Vec<(SocketAddrV4, u32, Vec<u8>)>>,
+    pings: Mutex<Vec<(SocketAddr, u32, Vec<u8>)>>,
 }
 
 /// The keepalive thread of one endpoint; stopped and joined on drop.
@@ -70,14 +70,14 @@ impl Keepalive {
     }
 
     /// Adds connection `conn` to peer `dest` to those kept alive.
-    pub fn add(&self, dest: SocketAddrV4, conn: u32) {
+    pub fn add(&self, dest: SocketAddr, conn: u32) {
         let mut ping = Vec::new();
         Datagram::Ping { conn, floor: 0 }.encode(&mut ping);
         self.lock().push((dest, conn, ping));
     }
 
     /// Removes connection `conn` to peer `dest` (it failed or closed).
-    pub fn remove(&self, dest: SocketAddrV4, conn: u32) {
+    pub fn remove(&self, dest: SocketAddr, conn: u32) {
         self.lock().retain(|(d, c, _)| (*d, *c) != (dest, conn));
     }
 
@@ -86,7 +86,7 @@ impl Keepalive {
         self.shared.rounds.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SocketAddrV4, u32, Vec<u8>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SocketAddr, u32, Vec<u8>)>> {
         // A panic while holding it left a valid list.
         self.shared
             .pings
@@ -136,10 +136,7 @@ mod tests {
     fn pings_go_only_while_no_pass_is_made() {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let dest = match rx.local_addr().unwrap() {
-            std::net::SocketAddr::V4(a) => a,
-            _ => unreachable!(),
-        };
+        let dest = rx.local_addr().unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let k = Keepalive::start(tx, Duration::from_millis(50)).unwrap();
         k.add(dest, 7);

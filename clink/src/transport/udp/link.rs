@@ -8,7 +8,7 @@ pub struct UdpLink {
     /// The reliable connection.
     pub conn: Conn,
     /// Where the peer's datagrams go.
-    pub dest: SocketAddrV4,
+    pub dest: SocketAddr,
     /// The peer's endpoint id.
     pub remote_id: u128,
     /// Bulk transfers in progress.
@@ -32,7 +32,7 @@ pub struct UdpLink {
 }
 
 impl UdpLink {
-    pub(super) fn new(conn: Conn, dest: SocketAddrV4, remote_id: u128) -> UdpLink {
+    pub(super) fn new(conn: Conn, dest: SocketAddr, remote_id: u128) -> UdpLink {
         UdpLink {
             conn,
             dest,
@@ -164,7 +164,7 @@ impl UdpLink {
             batch.push_grouped(|buf| {
                 let t = conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
                 let to = match conn.steered_port() {
-                    Some(port) if t.bulk => SocketAddrV4::new(*dest.ip(), port),
+                    Some(port) if t.bulk => SocketAddr::new(dest.ip(), port),
                     _ => dest,
                 };
                 Some((t.len, t.payload, t.group_start, to))

@@ -40,7 +40,7 @@ use clink_proto::spec::{self, Check, Confidence, Displaced, Layout, Move, Segmen
 use clink_proto::wire::Frame;
 use keepalive::Keepalive;
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
@@ -89,7 +89,7 @@ pub enum Got<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct UdpConfig {
     /// Address to bind; unspecified IP = all interfaces, port 0 = any.
-    pub bind: SocketAddrV4,
+    pub bind: SocketAddr,
     /// Path MTU; `None`: per peer, the MTU of the advertised interface towards it
     /// ([`crate::netdev::mtu_towards`]).
     pub mtu: Option<usize>,
@@ -137,7 +137,7 @@ pub struct UdpConfig {
 impl Default for UdpConfig {
     fn default() -> Self {
         UdpConfig {
-            bind: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            bind: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
             mtu: None,
             sock_buf: 32 << 20,
             dead_after: Duration::from_millis(2000),
@@ -206,7 +206,7 @@ const OWN_QUEUE_GRANT: u32 = u32::MAX;
 
 /// An outgoing connection waiting for its welcome.
 struct Pending {
-    dest: SocketAddrV4,
+    dest: SocketAddr,
     conn: u32,
     remote_id: u128,
     last_hello: Instant,
@@ -248,7 +248,7 @@ pub struct UdpTransport {
     /// With the ring: where each peer's datagrams came from, one hop away (learned from
     /// the ring's frames of datagrams that reached a link): lone datagrams to it are sent
     /// through the packet socket.
-    links: Vec<(SocketAddrV4, ring::LinkAddr)>,
+    links: Vec<(SocketAddr, ring::LinkAddr)>,
     /// The keepalive thread, started with the first peer ([`keepalive`]).
     keepalive: Option<Keepalive>,
     /// ICMP errors read from the sockets, not yet taken by the endpoint.
@@ -259,14 +259,14 @@ pub struct UdpTransport {
 /// The links' routes: (source address, connection id) to the endpoint's peer index.
 #[derive(Default)]
 struct Routes {
-    map: HashMap<(SocketAddrV4, u32), usize>,
+    map: HashMap<(SocketAddr, u32), usize>,
     /// The last route found: a stream's datagrams skip the hashing (SipHash, keyed
     /// against forged sources) that was 2% of a 64-byte hop's user time.
-    last: std::cell::Cell<Option<((SocketAddrV4, u32), usize)>>,
+    last: std::cell::Cell<Option<((SocketAddr, u32), usize)>>,
 }
 
 impl Routes {
-    fn get(&self, key: (SocketAddrV4, u32)) -> Option<usize> {
+    fn get(&self, key: (SocketAddr, u32)) -> Option<usize> {
         if let Some((k, i)) = self.last.get().filter(|(k, _)| *k == key) {
             debug_assert_eq!(self.map.get(&k), Some(&i));
             return Some(i);
@@ -276,12 +276,12 @@ impl Routes {
         Some(i)
     }
 
-    fn insert(&mut self, key: (SocketAddrV4, u32), i: usize) {
+    fn insert(&mut self, key: (SocketAddr, u32), i: usize) {
         self.last.set(None);
         self.map.insert(key, i);
     }
 
-    fn remove(&mut self, key: (SocketAddrV4, u32)) -> Option<usize> {
+    fn remove(&mut self, key: (SocketAddr, u32)) -> Option<usize> {
         self.last.set(None);
         self.map.remove(&key)
     }
@@ -292,7 +292,7 @@ struct State {
     cfg: UdpConfig,
     /// The interfaces advertised, preferred first.
     ifaces: Vec<crate::sys::Iface>,
-    advertised: Vec<SocketAddrV4>,
+    advertised: Vec<SocketAddr>,
     my_id: u128,
     batch: TxBatch,
     routes: Routes,
@@ -347,15 +347,17 @@ impl State {
 
     /// The path MTU towards `dest`: the configured one, else that of the advertised
     /// interface towards it ([`crate::netdev::mtu_towards`]).
-    fn mtu(&self, dest: SocketAddrV4) -> usize {
+    fn mtu(&self, dest: SocketAddr) -> usize {
         (self.cfg.mtu)
-            .unwrap_or_else(|| crate::netdev::mtu_towards(&self.ifaces, *dest.ip()))
+            .unwrap_or_else(|| crate::netdev::mtu_towards(&self.ifaces, dest.ip()))
             .clamp(576, 65536)
+            // IPv6's header is 20 bytes longer than the IPv4 one the payload sizes count.
+            - if dest.is_ipv6() { 20 } else { 0 }
     }
 
     /// The configuration of a connection with the peer at `dest` whose handshake is
     /// `peer`.
-    fn conn_config(&self, conn_id: u32, dest: SocketAddrV4, peer: &Handshake) -> reliable::Config {
+    fn conn_config(&self, conn_id: u32, dest: SocketAddr, peer: &Handshake) -> reliable::Config {
         let mine = mtu_payload(self.mtu(dest));
         let mtu_payload = mine.min(peer.mtu_payload as usize).max(64);
         reliable::Config {
@@ -381,7 +383,7 @@ impl State {
         }
     }
 
-    fn handshake(&self, to: u128, dest: SocketAddrV4) -> Handshake {
+    fn handshake(&self, to: u128, dest: SocketAddr) -> Handshake {
         Handshake {
             from: self.my_id,
             to,
@@ -390,7 +392,7 @@ impl State {
         }
     }
 
-    fn send_handshake(&mut self, dest: SocketAddrV4, d: Datagram) {
+    fn send_handshake(&mut self, dest: SocketAddr, d: Datagram) {
         self.batch.push(dest, |buf| d.encode(buf));
     }
 
@@ -399,7 +401,7 @@ impl State {
     fn dispatch(
         &mut self,
         to_link: &mut impl FnMut(usize, &[u8]),
-        src: SocketAddrV4,
+        src: SocketAddr,
         d: &[u8],
     ) -> bool {
         if is_handshake(d) {
@@ -432,7 +434,7 @@ impl State {
         }
     }
 
-    fn on_hello(&mut self, src: SocketAddrV4, conn: u32, hs: Handshake) {
+    fn on_hello(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
         // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
         let known = self.routes.get((src, conn)).is_some()
             || self
@@ -451,16 +453,17 @@ impl State {
 impl UdpTransport {
     /// Binds the socket and works out the address to advertise and the path MTU.
     pub fn new(cfg: UdpConfig, my_id: u128) -> Result<UdpTransport> {
+        let ifaces = crate::netdev::advertise(cfg.bind.ip(), &cfg.devices)?;
+        let at = crate::netdev::socket_bind(cfg.bind, &ifaces);
         let sock = if cfg.peer_sockets > 0 {
-            UdpSock::bind_shared(cfg.bind, cfg.sock_buf)
+            UdpSock::bind_shared(at, cfg.sock_buf)
         } else {
-            UdpSock::bind(cfg.bind, cfg.sock_buf)
+            UdpSock::bind(at, cfg.sock_buf)
         }
-        .map_err(io_err(format!("bind UDP {}", cfg.bind)))?;
-        let ifaces = crate::netdev::advertise(*cfg.bind.ip(), &cfg.devices)?;
+        .map_err(io_err(format!("bind UDP {at}")))?;
         let port = sock.local().port();
         let batch = TxBatch::new(sock.gso());
-        let steer = Steering::new(cfg.steer, cfg.bind, cfg.sock_buf);
+        let steer = Steering::new(cfg.steer, at, cfg.sock_buf);
         // The ring is opened with the first UDP peer ([`UdpTransport::open_ring`]): an
         // endpoint that never talks UDP adds no packet tap to every IP packet's path.
         let ring_off = (!cfg.ring).then(|| "off (CLINK_UDP_RING=0)".to_string());
@@ -482,10 +485,7 @@ impl UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
-                advertised: ifaces
-                    .iter()
-                    .map(|i| SocketAddrV4::new(i.ip, port))
-                    .collect(),
+                advertised: ifaces.iter().map(|i| SocketAddr::new(i.ip, port)).collect(),
                 ifaces,
                 cfg,
                 my_id,
@@ -525,13 +525,18 @@ impl UdpTransport {
     }
 
     /// The addresses peers reach this endpoint at, preferred first.
-    pub fn advertised(&self) -> &[SocketAddrV4] {
+    pub fn advertised(&self) -> &[SocketAddr] {
         &self.st.advertised
     }
 
     /// The interfaces those addresses are on.
     pub fn interfaces(&self) -> &[crate::sys::Iface] {
         &self.st.ifaces
+    }
+
+    /// The socket's bound address (IPv6: it reaches IPv4 peers too).
+    pub fn local(&self) -> SocketAddr {
+        self.sock.local()
     }
 
     /// Transport counters.
@@ -570,7 +575,17 @@ impl UdpTransport {
         if self.ring.is_some() || self.ring_off.is_some() {
             return;
         }
-        let local = SocketAddrV4::new(*self.st.cfg.bind.ip(), self.sock.local().port());
+        // The ring reads IPv4 frames: those to the bound IPv4 address, or to any when the
+        // socket is bound to all interfaces (of one family or both).
+        let port = self.sock.local().port();
+        let local = match self.st.cfg.bind.ip() {
+            std::net::IpAddr::V4(ip) => std::net::SocketAddrV4::new(ip, port),
+            ip if ip.is_unspecified() => std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port),
+            _ => {
+                self.ring_off = Some("off: the socket is bound to an IPv6 address".into());
+                return;
+            }
+        };
         let r = match ring::RxRing::open(local) {
             Ok(r) => r,
             Err(e) => {
@@ -618,7 +633,7 @@ impl UdpTransport {
 
     /// Starts connecting to the endpoint `remote_id` at `dest`; returns a token for
     /// [`UdpTransport::connected`].
-    pub fn start_connect(&mut self, dest: SocketAddrV4, remote_id: u128) -> Result<u32> {
+    pub fn start_connect(&mut self, dest: SocketAddr, remote_id: u128) -> Result<u32> {
         let conn = loop {
             let c = (crate::sys::random_u128().map_err(io_err("random connection id"))? as u32) | 1;
             if self.st.routes.get((dest, c)).is_none()
@@ -803,7 +818,8 @@ impl UdpTransport {
                 .lone_datagram(i, 1)
                 .filter(|d| d.len() <= ring::SEND_MAX && !is_bulk(d));
             if let (Some(ring), Some(d)) = (self.ring.as_mut(), lone) {
-                if let Some(k) = self.links.iter().position(|(a, _)| *a == dest) {
+                let k = self.links.iter().position(|(a, _)| *a == dest);
+                if let (Some(k), SocketAddr::V4(dest)) = (k, dest) {
                     match ring.send(&self.links[k].1, dest, d) {
                         Ok(()) => {
                             i += 1;

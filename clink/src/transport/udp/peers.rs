@@ -14,7 +14,7 @@
 
 use super::sock::{SockStats, UdpSock};
 use super::steer::add_stats;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 /// With every peer on a socket of its own, the main socket is read once per this many
@@ -24,7 +24,7 @@ pub const MAIN_EVERY: u32 = 16;
 /// One connected socket and its peer's address.
 struct PeerSock {
     sock: UdpSock,
-    dest: SocketAddrV4,
+    dest: SocketAddr,
 }
 
 /// The connected peer sockets of one endpoint.
@@ -32,7 +32,7 @@ pub struct PeerSocks {
     /// Sockets at most (0: none).
     max: usize,
     /// The main socket's address, which they share.
-    local: SocketAddrV4,
+    local: SocketAddr,
     buf: usize,
     socks: Vec<PeerSock>,
     /// Descriptors made since the endpoint last looked (to add to its epoll set).
@@ -47,7 +47,7 @@ impl PeerSocks {
     /// Up to `max` sockets bound to `local` (the main socket's address, bound with
     /// [`UdpSock::bind_shared`]), `buf` bytes of kernel buffer each way; with `ring`,
     /// each leaves the receive ring's datagrams to it.
-    pub fn new(max: usize, local: SocketAddrV4, buf: usize, ring: bool) -> PeerSocks {
+    pub fn new(max: usize, local: SocketAddr, buf: usize, ring: bool) -> PeerSocks {
         PeerSocks {
             max,
             local,
@@ -62,7 +62,7 @@ impl PeerSocks {
     /// Gives `dest` a socket of its own unless it has one or the limit is reached.
     /// Returns true when it made one. A socket that cannot be made is logged and the
     /// peer stays on the main socket.
-    pub fn open(&mut self, dest: SocketAddrV4) -> bool {
+    pub fn open(&mut self, dest: SocketAddr) -> bool {
         if self.socks.len() >= self.max || self.index_of(dest).is_some() {
             return false;
         }
@@ -83,7 +83,7 @@ impl PeerSocks {
     /// Closes `dest`'s socket (its peer is gone); true when it had one. Datagrams still
     /// queued there are lost (to a peer that failed or closed). Indices of later sockets
     /// shift: the caller re-plans anything that names one.
-    pub fn close(&mut self, dest: SocketAddrV4) -> bool {
+    pub fn close(&mut self, dest: SocketAddr) -> bool {
         let Some(i) = self.index_of(dest) else {
             return false;
         };
@@ -107,12 +107,12 @@ impl PeerSocks {
     }
 
     /// The index of `dest`'s socket.
-    pub fn index_of(&self, dest: SocketAddrV4) -> Option<usize> {
+    pub fn index_of(&self, dest: SocketAddr) -> Option<usize> {
         self.socks.iter().position(|s| s.dest == dest)
     }
 
     /// Whether `dest` has a socket of its own.
-    pub fn has(&self, dest: SocketAddrV4) -> bool {
+    pub fn has(&self, dest: SocketAddr) -> bool {
         self.index_of(dest).is_some()
     }
 
@@ -153,15 +153,12 @@ mod tests {
     use std::net::{Ipv4Addr, UdpSocket};
     use std::time::{Duration, Instant};
 
-    fn v4(s: &UdpSocket) -> SocketAddrV4 {
-        match s.local_addr().unwrap() {
-            std::net::SocketAddr::V4(a) => a,
-            _ => unreachable!(),
-        }
+    fn v4(s: &UdpSocket) -> SocketAddr {
+        s.local_addr().unwrap()
     }
 
     /// Reads `s` until a datagram arrives or 2 s pass; its source and first byte.
-    fn read_one(s: &mut UdpSock) -> Option<(SocketAddrV4, u8)> {
+    fn read_one(s: &mut UdpSock) -> Option<(SocketAddr, u8)> {
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
             if s.recv_batch() > 0 {
@@ -174,7 +171,7 @@ mod tests {
 
     #[test]
     fn a_peer_socket_takes_its_peers_datagrams_and_the_main_one_the_rest() {
-        let lo = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+        let lo = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0);
         let mut main = UdpSock::bind_shared(lo, 1 << 20).unwrap();
         let (a, b) = (UdpSocket::bind(lo).unwrap(), UdpSocket::bind(lo).unwrap());
         let mut peers = PeerSocks::new(1, main.local(), 1 << 20, false);
@@ -198,10 +195,7 @@ mod tests {
         let mut got = [0u8; 4];
         a.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let (n, from) = a.recv_from(&mut got).unwrap();
-        assert_eq!(
-            (n, got[0], from),
-            (1, 3, std::net::SocketAddr::V4(main.local()))
-        );
+        assert_eq!((n, got[0], from), (1, 3, main.local()));
         assert!(peers.close(v4(&a)));
         assert!(peers.is_empty());
         assert_eq!(

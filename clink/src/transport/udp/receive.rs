@@ -35,7 +35,7 @@ impl UdpTransport {
     pub fn set_arm(
         &mut self,
         key: Option<(usize, u64)>,
-        armed: Option<((usize, u64), SocketAddrV4, Arm)>,
+        armed: Option<((usize, u64), SocketAddr, Arm)>,
     ) {
         let st = &mut self.st;
         st.planned = key;
@@ -237,6 +237,7 @@ impl UdpTransport {
         let links = &mut self.links;
         let Some(f) = self.faults.as_mut() else {
             let n = ring.poll(RING_BATCH, |src, link, d| {
+                let src = SocketAddr::V4(src);
                 let t = *now.get_or_insert_with(|| st.now());
                 let routed = st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d);
                 if let Some(link) = link.filter(|_| routed) {
@@ -251,7 +252,7 @@ impl UdpTransport {
         // (With faults, where a datagram came from is not learned: the injector may hand
         // it over late, or a corrupted copy.)
         let n = ring.poll(RING_BATCH, |src, _, d| {
-            f.apply(t, src, d, &mut |s, d| gathered.push(s, d))
+            f.apply(t, SocketAddr::V4(src), d, &mut |s, d| gathered.push(s, d))
         });
         // Held-back datagrams are released by the main socket's read (every pass while
         // faults are injected): they may be bulk fragments, whose copy into a place the
@@ -471,8 +472,8 @@ impl UdpTransport {
 /// only from a datagram that verifies (its CRC-32C and structure): a forged one from a
 /// known source cannot redirect our sends to that peer.
 pub(super) fn learn(
-    links: &mut Vec<(SocketAddrV4, ring::LinkAddr)>,
-    src: SocketAddrV4,
+    links: &mut Vec<(SocketAddr, ring::LinkAddr)>,
+    src: SocketAddr,
     link: ring::LinkAddr,
     d: &[u8],
 ) {
@@ -659,17 +660,17 @@ pub(super) fn deliver(
 pub(super) struct Gathered {
     bytes: Vec<u8>,
     /// (source, end in `bytes`), in arrival order.
-    items: Vec<(SocketAddrV4, usize)>,
+    items: Vec<(SocketAddr, usize)>,
 }
 
 impl Gathered {
-    fn push(&mut self, src: SocketAddrV4, d: &[u8]) {
+    fn push(&mut self, src: SocketAddr, d: &[u8]) {
         self.bytes.extend_from_slice(d);
         self.items.push((src, self.bytes.len()));
     }
 
     /// Ends the datagram appended to `bytes` since the last one.
-    fn close(&mut self, src: SocketAddrV4) {
+    fn close(&mut self, src: SocketAddr) {
         self.items.push((src, self.bytes.len()));
     }
 
@@ -720,7 +721,7 @@ pub(super) struct Armed {
     /// (route index of the link, the link's bulk generation when planned).
     key: (usize, u64),
     /// The link's address: only its datagrams can be hits.
-    src: SocketAddrV4,
+    src: SocketAddr,
     arm: Arm,
     /// Per armed entry, how a read into its vectors splits (made once per arming).
     layouts: Vec<Layout>,
@@ -732,7 +733,7 @@ mod tests {
 
     #[test]
     fn a_peers_link_address_changes_only_on_a_datagram_that_verifies() {
-        let peer = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 4000);
+        let peer = SocketAddr::new(Ipv4Addr::new(10, 0, 0, 2).into(), 4000);
         let at = |ifindex, mac0| ring::LinkAddr {
             ifindex,
             mac: [mac0, 1, 2, 3, 4, 5, 0, 0],

@@ -76,6 +76,8 @@ const JGT_K: u16 = 0x25;
 const JGE_K: u16 = 0x35;
 const JSET_K: u16 = 0x45;
 const RET_K: u16 = 0x06;
+/// Offset of the network header for the loads of a socket's filter (`SKF_NET_OFF`).
+const NET_OFF: u32 = (-0x100000i32) as u32;
 /// Ancillary load of the packet type (`SKF_AD_OFF + SKF_AD_PKTTYPE`).
 const AD_PKTTYPE: u32 = (-0x1000i32 + 4) as u32;
 
@@ -175,10 +177,13 @@ fn ring_filter(ip: Option<std::net::Ipv4Addr>, port: u16) -> Vec<libc::sock_filt
 }
 
 /// The UDP sockets' filter (offsets from the UDP header): drops what `ring_filter`
-/// takes, keeps everything else.
+/// takes, keeps everything else (IPv6 datagrams among it: the ring takes IPv4 only; the
+/// version nibble is 4 or 6, told apart by its bit 0x20).
 pub fn socket_filter() -> Vec<libc::sock_filter> {
     let mut p = Prog(Vec::new());
-    p.op(LD_H_ABS, 4)
+    p.op(LD_B_ABS, NET_OFF)
+        .jump(JSET_K, 0x20, To::Leave, To::Next)
+        .op(LD_H_ABS, 4)
         .jump(JGT_K, u32::from(RING_MAX_UDP), To::Leave, To::Next)
         .jump(JGE_K, KIND_AT + 1, To::Next, To::Take)
         .op(LD_B_ABS, KIND_AT)
@@ -492,8 +497,10 @@ mod tests {
     use super::*;
 
     /// A classic BPF interpreter for the instructions the filters use, to check them
-    /// against packets without a kernel.
-    fn run(prog: &[libc::sock_filter], pkt: &[u8], pkttype: u32) -> u32 {
+    /// against packets without a kernel. Loads are relative to `base` (the packet
+    /// socket's filter sees the IP header first, a UDP socket's the UDP header), those
+    /// past [`NET_OFF`] to the IP header at 0.
+    fn run(prog: &[libc::sock_filter], pkt: &[u8], base: usize, pkttype: u32) -> u32 {
         let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
         let load = |at: usize, n: usize| -> Option<u32> {
             pkt.get(at..at + n)
@@ -502,7 +509,12 @@ mod tests {
         loop {
             let i = prog[pc];
             pc += 1;
-            let (k, x_k) = (i.k as usize, x as usize + i.k as usize);
+            let k = if i.k >= NET_OFF {
+                (i.k - NET_OFF) as usize
+            } else {
+                base + i.k as usize
+            };
+            let x_k = base + x as usize + i.k as usize;
             let loaded = match i.code {
                 LD_W_ABS if i.k == AD_PKTTYPE => Some(pkttype),
                 LD_W_ABS => load(k, 4),
@@ -555,22 +567,29 @@ mod tests {
                 }
                 let mut pkt = Vec::new();
                 ipv4::encode_udp(other, me, &payload, &mut pkt);
-                let to_ring = run(&ring, &pkt, 0) != 0;
-                assert_eq!(to_ring, run(&ring_ip, &pkt, 0) != 0);
-                let to_sock = run(&sock, &pkt[20..], 0) != 0;
+                let to_ring = run(&ring, &pkt, 0, 0) != 0;
+                assert_eq!(to_ring, run(&ring_ip, &pkt, 0, 0) != 0);
+                let to_sock = run(&sock, &pkt, 20, 0) != 0;
                 assert_ne!(to_ring, to_sock, "kind {kind}, {len} bytes");
                 let small_kind = len > 5 && RING_KINDS.contains(&u32::from(kind));
                 assert_eq!(to_ring, len <= max && (len <= 5 || small_kind));
                 // Not for this host, another port, another address: never the ring's.
-                assert_eq!(run(&ring, &pkt, 3), 0);
+                assert_eq!(run(&ring, &pkt, 0, 3), 0);
                 for (filter, to) in [
                     (&ring, SocketAddrV4::new(*me.ip(), 7001)),
                     (&ring_ip, SocketAddrV4::new(*other.ip(), 7000)),
                 ] {
                     let mut wrong = Vec::new();
                     ipv4::encode_udp(other, to, &payload, &mut wrong);
-                    assert_eq!(run(filter, &wrong, 0), 0, "to {to}");
+                    assert_eq!(run(filter, &wrong, 0, 0), 0, "to {to}");
                 }
+                // An IPv6 datagram (the ring takes IPv4 only): always the socket's.
+                let mut six = vec![0u8; 48];
+                six[0] = 0x60;
+                six[6] = ipv4::PROTO_UDP;
+                six[44..46].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+                six.extend_from_slice(&payload);
+                assert_ne!(run(&sock, &six, 40, 0), 0, "IPv6, kind {kind}, {len} bytes");
             }
         }
     }

@@ -14,11 +14,11 @@
 //! layout puts caller-given vectors before each slot ([`UdpSock::set_lead`]); they are
 //! built once per layout, not per read.
 
-use crate::sys::{cvt, setsockopt};
+use crate::sys::{cvt, setsockopt, SockAddr};
 use clink_proto::reliable::packet::coalesced_segment;
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Largest UDP payload of one send (IPv4).
@@ -54,7 +54,9 @@ pub struct SockStats {
 /// A non-blocking UDP socket with GSO/GRO where the kernel offers them.
 pub struct UdpSock {
     fd: OwnedFd,
-    local: SocketAddrV4,
+    local: SocketAddr,
+    /// An IPv6 socket (IPv4 peers as mapped addresses).
+    v6: bool,
     gso: bool,
     gro: bool,
     rx: Box<RxBufs>,
@@ -67,10 +69,10 @@ pub struct UdpSock {
     single: bool,
     /// The peer of a connected socket until it is first found empty: it may still hold
     /// datagrams that anyone sent before the connect, so reads ask for the sender.
-    peer: Option<SocketAddrV4>,
+    peer: Option<SocketAddr>,
     /// That peer once the socket was found empty: the only sender it can hold, so a
     /// one-entry read asks for no name.
-    only: Option<SocketAddrV4>,
+    only: Option<SocketAddr>,
     /// A read failed with an error other than "nothing to read": the kernel holds an
     /// ICMP error for a datagram this socket sent ([`UdpSock::take_unreachable`]).
     pub errored: bool,
@@ -80,7 +82,7 @@ pub struct UdpSock {
 
 struct RxBufs {
     data: Vec<u8>,
-    addrs: [libc::sockaddr_in; RX_SLOTS],
+    addrs: [SockAddr; RX_SLOTS],
     /// Each entry's vectors: the caller's leading ones (a speculative layout, see
     /// [`UdpSock::set_lead`]), then its 64 KiB slot. Built when the layout changes, not
     /// per read; the headers point at them.
@@ -104,7 +106,7 @@ impl RxBufs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unreachable {
     /// Where the datagram went.
-    pub dest: SocketAddrV4,
+    pub dest: SocketAddr,
     /// Its connection id, read from the part of it the ICMP message quoted (`None`: not
     /// a datagram of ours, or cut too short to tell).
     pub conn: Option<u32>,
@@ -129,7 +131,7 @@ fn quoted_conn(q: &[u8]) -> Option<u32> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RxEntry {
     /// Source address.
-    pub src: SocketAddrV4,
+    pub src: SocketAddr,
     /// Bytes received (over the leading vectors, then the slot).
     pub len: usize,
     /// Segment size of a coalesced (GRO) read.
@@ -145,33 +147,17 @@ pub struct IoVec {
     pub len: usize,
 }
 
-fn to_sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    // SAFETY: sockaddr_in is plain old data; all-zero is a valid value.
-    let mut sa: libc::sockaddr_in = unsafe { zeroed() };
-    sa.sin_family = libc::AF_INET as libc::sa_family_t;
-    sa.sin_port = a.port().to_be();
-    sa.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-    sa
-}
-
-fn from_sockaddr(sa: &libc::sockaddr_in) -> SocketAddrV4 {
-    SocketAddrV4::new(
-        Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
-        u16::from_be(sa.sin_port),
-    )
-}
-
 impl UdpSock {
     /// Binds a non-blocking socket to `addr` (port 0: any) with `buf_bytes` of kernel
     /// buffers each way (forced as root, else as large as allowed), and turns on GRO.
-    pub fn bind(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
+    pub fn bind(addr: SocketAddr, buf_bytes: usize) -> io::Result<UdpSock> {
         UdpSock::open(addr, buf_bytes, false, None)
     }
 
     /// As [`UdpSock::bind`], with `SO_REUSEPORT`: sockets of this user may bind the same
     /// address too. Those connected to a peer then take its datagrams (the kernel prefers
     /// a connected socket's exact match), the others everything else.
-    pub fn bind_shared(addr: SocketAddrV4, buf_bytes: usize) -> io::Result<UdpSock> {
+    pub fn bind_shared(addr: SocketAddr, buf_bytes: usize) -> io::Result<UdpSock> {
         UdpSock::open(addr, buf_bytes, true, None)
     }
 
@@ -180,8 +166,8 @@ impl UdpSock {
     /// and sends to it without a route lookup per datagram. `filter`: a classic BPF
     /// program attached before the socket is bound (so nothing it drops is ever queued).
     pub fn connected(
-        local: SocketAddrV4,
-        peer: SocketAddrV4,
+        local: SocketAddr,
+        peer: SocketAddr,
         buf_bytes: usize,
         filter: Option<&[libc::sock_filter]>,
     ) -> io::Result<UdpSock> {
@@ -192,7 +178,7 @@ impl UdpSock {
     }
 
     fn open(
-        addr: SocketAddrV4,
+        addr: SocketAddr,
         buf_bytes: usize,
         shared: bool,
         filter: Option<&[libc::sock_filter]>,
@@ -200,7 +186,11 @@ impl UdpSock {
         // SAFETY: plain socket(2).
         let raw = cvt(unsafe {
             libc::socket(
-                libc::AF_INET,
+                if addr.is_ipv4() {
+                    libc::AF_INET
+                } else {
+                    libc::AF_INET6
+                },
                 libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
                 0,
             )
@@ -221,37 +211,35 @@ impl UdpSock {
         // is gone) are queued with the destination and the datagram they answer, on
         // connected and unconnected sockets alike (`take_unreachable`).
         setsockopt(raw, libc::IPPROTO_IP, libc::IP_RECVERR, &1)?;
+        if addr.is_ipv6() {
+            // IPv4 peers too (mapped addresses), whatever the host's default, and their
+            // ICMPv6 errors.
+            setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &0)?;
+            setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVERR, &1)?;
+        }
         if shared {
             setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1)?;
         }
         if let Some(prog) = filter {
             super::ring::attach_filter(raw, prog)?;
         }
-        let sa = to_sockaddr(addr);
-        // SAFETY: a valid sockaddr_in of the size given.
-        cvt(unsafe {
-            libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_in).cast(),
-                size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        })?;
-        // SAFETY: sockaddr_in is plain old data.
-        let mut got: libc::sockaddr_in = unsafe { zeroed() };
-        let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: out-pointers to a sockaddr_in and its length.
-        cvt(unsafe {
-            libc::getsockname(raw, (&mut got as *mut libc::sockaddr_in).cast(), &mut len)
-        })?;
+        let name = SockAddr::from(addr);
+        let (sa, sa_len) = name.raw();
+        // SAFETY: a valid socket address of the length given.
+        cvt(unsafe { libc::bind(raw, sa, sa_len) })?;
+        let mut got = SockAddr::empty();
+        let (gp, mut len) = got.raw_mut();
+        // SAFETY: out-pointers to storage for either family and its length.
+        cvt(unsafe { libc::getsockname(raw, gp, &mut len) })?;
         let mut sock = UdpSock {
             fd,
-            local: from_sockaddr(&got),
+            local: got.get().unwrap_or(addr),
+            v6: addr.is_ipv6(),
             gso: true,
             gro,
             rx: Box::new(RxBufs {
                 data: vec![0u8; RX_SLOTS * RX_SLOT],
-                // SAFETY: plain old data; set up before each call.
-                addrs: unsafe { zeroed() },
+                addrs: [SockAddr::empty(); RX_SLOTS],
                 iovs: (0..RX_SLOTS)
                     .map(|_| Vec::with_capacity(2 * MAX_GSO_SEGMENTS + 1))
                     .collect(),
@@ -260,7 +248,7 @@ impl UdpSock {
                 // SAFETY: as above.
                 hdrs: unsafe { zeroed() },
                 got: [RxEntry {
-                    src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+                    src: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
                     len: 0,
                     seg: None,
                 }; RX_SLOTS],
@@ -280,21 +268,15 @@ impl UdpSock {
 
     /// Connects the socket to `peer`: from now on the kernel gives it only `peer`'s
     /// datagrams (flow steering; datagrams already queued stay).
-    pub fn connect(&self, peer: SocketAddrV4) -> io::Result<()> {
-        let sa = to_sockaddr(peer);
-        // SAFETY: a valid sockaddr_in of the size given.
-        cvt(unsafe {
-            libc::connect(
-                self.fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_in).cast(),
-                size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        })
-        .map(|_| ())
+    pub fn connect(&self, peer: SocketAddr) -> io::Result<()> {
+        let name = SockAddr::for_socket(peer, self.v6);
+        let (sa, len) = name.raw();
+        // SAFETY: a valid socket address of the length given.
+        cvt(unsafe { libc::connect(self.fd.as_raw_fd(), sa, len) }).map(|_| ())
     }
 
     /// The bound address (the port the kernel chose).
-    pub fn local(&self) -> SocketAddrV4 {
+    pub fn local(&self) -> SocketAddr {
         self.local
     }
 
@@ -318,8 +300,7 @@ impl UdpSock {
         // Bounded: the queue holds what the kernel's ICMP rate limit let through.
         for _ in 0..64 {
             let mut quote = [0u8; 64];
-            // SAFETY: plain old data, filled by the kernel.
-            let mut name: libc::sockaddr_in = unsafe { zeroed() };
+            let mut name = SockAddr::empty();
             let mut ctrl = [0u64; 16];
             let mut iov = libc::iovec {
                 iov_base: quote.as_mut_ptr().cast(),
@@ -327,8 +308,10 @@ impl UdpSock {
             };
             // SAFETY: plain old data; every pointer is set below.
             let mut h: libc::msghdr = unsafe { zeroed() };
-            h.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            (h.msg_name, h.msg_namelen) = {
+                let (p, l) = name.raw_mut();
+                (p.cast(), l)
+            };
             h.msg_iov = &mut iov;
             h.msg_iovlen = 1;
             h.msg_control = ctrl.as_mut_ptr().cast();
@@ -351,20 +334,33 @@ impl UdpSock {
             while !c.is_null() {
                 // SAFETY: `c` points at a control message header inside `ctrl`.
                 let (level, kind) = unsafe { ((*c).cmsg_level, (*c).cmsg_type) };
-                if level == libc::IPPROTO_IP && kind == libc::IP_RECVERR {
-                    // SAFETY: an IP_RECVERR message holds a sock_extended_err; read
-                    // unaligned (control data is only 8-aligned by convention).
+                let v4 = level == libc::IPPROTO_IP && kind == libc::IP_RECVERR;
+                let v6 = level == libc::IPPROTO_IPV6 && kind == libc::IPV6_RECVERR;
+                if v4 || v6 {
+                    // SAFETY: an IP_RECVERR / IPV6_RECVERR message holds a
+                    // sock_extended_err; read unaligned (control data is only 8-aligned
+                    // by convention).
                     let ee: libc::sock_extended_err =
                         unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
-                    // ICMP destination unreachable: net (0), host (1), port (3).
-                    if ee.ee_origin == libc::SO_EE_ORIGIN_ICMP
-                        && ee.ee_type == 3
-                        && matches!(ee.ee_code, 0 | 1 | 3)
+                    // Destination unreachable: ICMP net (0), host (1), port (3); ICMPv6
+                    // no route (0), address (3), port (4).
+                    let (icmp, port) = if v4 {
+                        (libc::SO_EE_ORIGIN_ICMP, 3)
+                    } else {
+                        (libc::SO_EE_ORIGIN_ICMP6, 4)
+                    };
+                    let unreachable = if v4 {
+                        ee.ee_type == 3 && matches!(ee.ee_code, 0 | 1 | 3)
+                    } else {
+                        ee.ee_type == 1 && matches!(ee.ee_code, 0 | 3 | 4)
+                    };
+                    if let (true, true, Some(dest)) =
+                        (ee.ee_origin == icmp, unreachable, name.get())
                     {
                         out.push(Unreachable {
-                            dest: from_sockaddr(&name),
+                            dest,
                             conn: quoted_conn(quoted),
-                            port: ee.ee_code == 3,
+                            port: ee.ee_code == port,
                         });
                     }
                 }
@@ -450,13 +446,9 @@ impl UdpSock {
             // straight from it, without the vectors and message header built below (no
             // header and vector for the kernel to import either: about 0.2 us of a 5 us
             // one-thread loopback hop, `examples/path_cost`).
-            let name = (!connected).then(|| to_sockaddr(batch.frames[first].dest));
-            let (np, nl) = name.as_ref().map_or((std::ptr::null(), 0), |a| {
-                (
-                    (a as *const libc::sockaddr_in).cast::<libc::sockaddr>(),
-                    size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            });
+            let name =
+                (!connected).then(|| SockAddr::for_socket(batch.frames[first].dest, self.v6));
+            let (np, nl) = name.as_ref().map_or((std::ptr::null(), 0), SockAddr::raw);
             // SAFETY: `b` and the name (if any) are live for the call.
             let k = unsafe {
                 libc::sendto(
@@ -487,7 +479,7 @@ impl UdpSock {
         frame_vectors(frames, &batch.dgrams, &batch.buf, &mut a.iovs, &mut a.spans);
         for f in frames {
             if !connected {
-                a.addrs.push(to_sockaddr(f.dest));
+                a.addrs.push(SockAddr::for_socket(f.dest, self.v6));
             }
             a.ctrl.push([0; 4]);
         }
@@ -497,8 +489,9 @@ impl UdpSock {
             let mut m: libc::mmsghdr = unsafe { zeroed() };
             let h = &mut m.msg_hdr;
             if !connected {
-                h.msg_name = (&mut a.addrs[k] as *mut libc::sockaddr_in).cast();
-                h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                let (p, l) = a.addrs[k].raw();
+                h.msg_name = p.cast_mut().cast();
+                h.msg_namelen = l;
             }
             h.msg_iov = a.iovs[a.spans[k].0..].as_mut_ptr();
             h.msg_iovlen = a.spans[k].1;
@@ -549,7 +542,7 @@ impl UdpSock {
     /// Calls `f` with each datagram entry `k` of the last [`UdpSock::recv_batch`] put in
     /// its own slot (a coalesced read split by its segment size); returns how many. For an
     /// entry without leading vectors that is everything it received.
-    pub fn for_each_datagram(&self, k: usize, mut f: impl FnMut(SocketAddrV4, &[u8])) -> usize {
+    pub fn for_each_datagram(&self, k: usize, mut f: impl FnMut(SocketAddr, &[u8])) -> usize {
         let e = self.rx.got[k];
         let data = self.slot(k, e.len);
         let seg = e.seg.unwrap_or(data.len()).max(1);
@@ -593,7 +586,7 @@ impl UdpSock {
             });
             rx.caps[k] = v.iter().map(|x| x.iov_len).sum();
             let h = &mut rx.hdrs[k].msg_hdr;
-            h.msg_name = (&mut rx.addrs[k] as *mut libc::sockaddr_in).cast();
+            h.msg_name = rx.addrs[k].raw_mut().0.cast();
             h.msg_iov = v.as_mut_ptr();
             h.msg_iovlen = v.len();
             h.msg_control = rx.ctrl[k].as_mut_ptr().cast();
@@ -614,7 +607,7 @@ impl UdpSock {
         // Only the entries this call asks for (the kernel touches no other).
         for k in 0..width {
             let h = &mut rx.hdrs[k].msg_hdr;
-            h.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            h.msg_namelen = rx.addrs[k].raw_mut().1;
             h.msg_controllen = size_of::<[u64; 8]>();
             h.msg_flags = 0;
             rx.hdrs[k].msg_len = 0;
@@ -726,7 +719,7 @@ impl UdpSock {
             }
             let src = match self.only {
                 Some(p) if plain => p,
-                _ => from_sockaddr(&rx.addrs[k]),
+                _ => rx.addrs[k].get().unwrap_or(self.local),
             };
             rx.got[k] = RxEntry { src, len, seg };
         }
@@ -787,7 +780,7 @@ struct Dgram {
 /// last may be shorter), `len` in all.
 #[derive(Clone, Copy, Debug)]
 struct Frame {
-    dest: SocketAddrV4,
+    dest: SocketAddr,
     first: usize,
     len: usize,
     seg: usize,
@@ -861,7 +854,7 @@ pub struct TxBatch {
 #[derive(Default)]
 struct SendArgs {
     hdrs: Vec<libc::mmsghdr>,
-    addrs: Vec<libc::sockaddr_in>,
+    addrs: Vec<SockAddr>,
     ctrl: Vec<[u64; 4]>,
     iovs: Vec<libc::iovec>,
     spans: Vec<(usize, usize)>,
@@ -894,7 +887,7 @@ impl TxBatch {
 
     /// Appends one datagram for `dest`: `write` appends its bytes to the buffer it is
     /// given and returns how many (0: nothing to send, the call is undone).
-    pub fn push(&mut self, dest: SocketAddrV4, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
+    pub fn push(&mut self, dest: SocketAddr, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
         // SAFETY: no payload outside the buffer.
         unsafe { self.push_grouped(|b| Some((write(b), &[][..], false, dest))) }
     }
@@ -910,7 +903,7 @@ impl TxBatch {
     /// ([`UdpSock::send_run`]); only its address is kept.
     pub unsafe fn push_grouped<'p>(
         &mut self,
-        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, &'p [u8], bool, SocketAddrV4)>,
+        write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, &'p [u8], bool, SocketAddr)>,
     ) -> bool {
         let start = self.buf.len();
         let Some((n, ext, boundary, dest)) = write(&mut self.buf) else {
@@ -964,7 +957,7 @@ impl TxBatch {
     }
 
     /// The destination of frame `i`.
-    pub fn frame_dest(&self, i: usize) -> SocketAddrV4 {
+    pub fn frame_dest(&self, i: usize) -> SocketAddr {
         self.frames[i].dest
     }
 
@@ -1022,14 +1015,14 @@ impl TxBatch {
 mod tests {
     use super::*;
 
-    fn lo() -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)
+    fn lo() -> SocketAddr {
+        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0)
     }
 
     #[test]
     fn batches_group_equal_datagrams() {
         let mut b = TxBatch::new(true);
-        let d = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 9);
+        let d = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 9);
         for n in [100, 100, 100, 40, 100] {
             b.push(d, |buf| {
                 buf.extend(std::iter::repeat_n(1u8, n));
@@ -1061,11 +1054,11 @@ mod tests {
         ) {
             let src: Vec<u8> = (0..4096u32).map(|k| (k * 31 + 7) as u8).collect();
             let dests = [
-                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1),
-                SocketAddrV4::new(Ipv4Addr::LOCALHOST, 2),
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 1),
+                SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 2),
             ];
             let mut batch = TxBatch::new(true);
-            let mut want: Vec<(SocketAddrV4, Vec<u8>)> = Vec::new();
+            let mut want: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
             for (k, &(head, ext, boundary, other)) in dgrams.iter().enumerate() {
                 let off = (k * 97) % 2048;
                 let payload = &src[off..off + ext];
@@ -1085,7 +1078,7 @@ mod tests {
                 }
             }
             // All frames' vectors in one list, as `send_some` builds them for `sendmmsg`.
-            let spell = |batch: &mut TxBatch| -> Vec<(SocketAddrV4, Vec<u8>, usize, u32)> {
+            let spell = |batch: &mut TxBatch| -> Vec<(SocketAddr, Vec<u8>, usize, u32)> {
                 let (mut iovs, mut spans) = (Vec::new(), Vec::new());
                 frame_vectors(&batch.frames, &batch.dgrams, &batch.buf, &mut iovs, &mut spans);
                 (0..batch.frames.len())
@@ -1279,10 +1272,7 @@ mod tests {
     fn a_datagram_queued_before_the_connect_is_read_with_its_senders_name() {
         let lo_sock = || std::net::UdpSocket::bind(lo()).unwrap();
         let (x, y) = (lo_sock(), lo_sock());
-        let v4 = |s: &std::net::UdpSocket| match s.local_addr().unwrap() {
-            std::net::SocketAddr::V4(a) => a,
-            _ => unreachable!(),
-        };
+        let v4 = |s: &std::net::UdpSocket| s.local_addr().unwrap();
         // Bound but not yet connected (as `connected` makes it): anyone can reach it.
         let mut s = UdpSock::open(lo(), 1 << 20, true, None).unwrap();
         x.send_to(b"early", s.local()).unwrap();

@@ -10,7 +10,7 @@
 //! after [`IDLE_CLOSE`] without a holder (an idle endpoint reads one socket per poll).
 
 use super::sock::{SockStats, UdpSock};
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 /// How long the sockets stay open with no grant in force, nanoseconds.
@@ -27,7 +27,7 @@ struct Steered {
 /// The steered sockets of one endpoint.
 pub struct Steering {
     on: bool,
-    bind: SocketAddrV4,
+    bind: SocketAddr,
     buf: usize,
     socks: [Option<Steered>; SOCKETS],
     /// The socket granted last.
@@ -43,10 +43,10 @@ pub struct Steering {
 impl Steering {
     /// Steering (when `on`) with sockets bound to `bind`'s address (any port), `buf`
     /// bytes of kernel buffer each way.
-    pub fn new(on: bool, bind: SocketAddrV4, buf: usize) -> Steering {
+    pub fn new(on: bool, bind: SocketAddr, buf: usize) -> Steering {
         Steering {
             on,
-            bind: SocketAddrV4::new(*bind.ip(), 0),
+            bind: SocketAddr::new(bind.ip(), 0),
             buf,
             socks: [None, None],
             last: 0,
@@ -59,7 +59,7 @@ impl Steering {
     /// Steers `peer` (whose datagrams come from `dest`) to a socket of its own and returns
     /// the port; `None` with steering off or when no socket can be made (the stream then
     /// shares the main socket).
-    pub fn steer(&mut self, peer: usize, dest: SocketAddrV4) -> Option<u16> {
+    pub fn steer(&mut self, peer: usize, dest: SocketAddr) -> Option<u16> {
         if !self.on {
             return None;
         }
@@ -165,20 +165,18 @@ mod tests {
     use std::net::{Ipv4Addr, UdpSocket};
     use std::time::{Duration, Instant};
 
-    fn lo() -> SocketAddrV4 {
-        SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)
+    fn lo() -> SocketAddr {
+        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0)
     }
 
-    fn bound() -> (UdpSocket, SocketAddrV4) {
+    fn bound() -> (UdpSocket, SocketAddr) {
         let s = UdpSocket::bind(lo()).unwrap();
-        let std::net::SocketAddr::V4(a) = s.local_addr().unwrap() else {
-            unreachable!()
-        };
+        let a = s.local_addr().unwrap();
         (s, a)
     }
 
     /// Reads socket `i` until a datagram arrives or 2 s pass.
-    fn read_one(st: &mut Steering, i: usize) -> Option<SocketAddrV4> {
+    fn read_one(st: &mut Steering, i: usize) -> Option<SocketAddr> {
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
             let s = st.sock_mut(i).unwrap();
@@ -216,7 +214,7 @@ mod tests {
         let (other, _) = bound();
         let port = st.steer(7, ha).unwrap();
         let i = st.socket_of(7).unwrap();
-        let to = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
+        let to = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
         // The other sender's datagram is refused by the kernel (no socket matches); the
         // holder's, sent after it, is the first one read.
         other.send_to(b"stray", to).unwrap();
