@@ -26,11 +26,16 @@ fn big() -> usize {
 }
 
 fn bridge(rate: Option<&str>) -> Bridge {
+    bridge_of(4, rate)
+}
+
+/// A source and `hosts - 1` receivers' hosts on one bridge.
+fn bridge_of(hosts: usize, rate: Option<&str>) -> Bridge {
     if let Some(why) = clink::netns::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
     Bridge::create(&BridgeSpec {
-        hosts: 4,
+        hosts,
         rate: rate.map(String::from),
         ..BridgeSpec::default()
     })
@@ -182,9 +187,14 @@ fn exe() -> &'static str {
 /// Starts receivers on hosts 1..=3 writing to `dir/outN` (extra arguments per host);
 /// returns them and their addresses.
 fn receivers(b: &Bridge, dir: &Path, extra: &[&[&str]]) -> (Vec<Proc>, Vec<String>) {
+    receivers_of(3, b, dir, extra)
+}
+
+/// `n` receivers on hosts 1 to `n`, writing `out1`...
+fn receivers_of(n: usize, b: &Bridge, dir: &Path, extra: &[&[&str]]) -> (Vec<Proc>, Vec<String>) {
     let mut procs = Vec::new();
     let mut addrs = Vec::new();
-    for i in 1..=3 {
+    for i in 1..=n {
         let extra = extra.get(i - 1).copied().unwrap_or(&[]);
         let mut cmd = b.command(i, exe());
         cmd.args(["cast", "recv", "--json"]);
@@ -531,6 +541,58 @@ fn a_dead_middle_receiver_is_spliced_out_and_the_others_get_everything() {
         "{err}"
     );
     for i in [1, 3] {
+        let got = std::fs::read(dir.0.join(format!("out{i}"))).unwrap();
+        assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
+    }
+}
+
+/// Waits until `path` holds at least `bytes` (a node writes its chunks in order).
+fn wait_for_len(path: &Path, bytes: u64, what: &str) {
+    let deadline = Instant::now() + T;
+    while std::fs::metadata(path).map_or(0, |m| m.len()) < bytes {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn two_receivers_dying_one_after_the_other_are_both_spliced_out() {
+    // A chain of four: node 2 dies, node 1 splices to node 3; once the stream flows
+    // again node 3 dies too, and node 1 splices past it to node 4. Nodes 1 and 4 get the
+    // whole file.
+    let b = bridge_of(5, Some("100mbit"));
+    let dir = TempDir::new("splice2");
+    let src = dir.0.join("source.bin");
+    let data = random(32 * MIB + 77, 10);
+    std::fs::write(&src, &data).unwrap();
+    let (mut rx, addrs) = receivers_of(4, &b, &dir.0, &[]);
+    let s = sender(
+        &b,
+        src.to_str().unwrap(),
+        &addrs,
+        &["--chunk", "1048576"],
+        false,
+    );
+    wait_for_len(
+        &dir.0.join("out2"),
+        4 * MIB as u64,
+        "node 2 received nothing",
+    );
+    rx[1].kill();
+    // Node 3 took chunks from node 1 after the splice (more than node 2 ever held).
+    let at = std::fs::metadata(dir.0.join("out2")).unwrap().len();
+    wait_for_len(
+        &dir.0.join("out3"),
+        at + 4 * MIB as u64,
+        "node 3 got nothing after the splice",
+    );
+    rx[2].kill();
+    let (err, errs) = failing_cast(s, &mut rx);
+    assert!(
+        err.contains("2 of 4 nodes hold the whole file") && err.contains("spliced out"),
+        "{err}"
+    );
+    for i in [1, 4] {
         let got = std::fs::read(dir.0.join(format!("out{i}"))).unwrap();
         assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
     }
