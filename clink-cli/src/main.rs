@@ -1,4 +1,7 @@
 //! The `clink` command-line tool: `bench`, `info`, `demo`, `cast`, `run`.
+//!
+//! No unsafe code: system calls go through `clink::sys` and rustix.
+#![forbid(unsafe_code)]
 
 mod bench;
 mod cast;

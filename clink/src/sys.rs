@@ -785,6 +785,49 @@ pub fn getpid() -> i32 {
     unsafe { libc::getpid() }
 }
 
+/// Makes the child `cmd` starts receive SIGKILL when the thread that started it dies
+/// (`PR_SET_PDEATHSIG`, set between fork and exec): benchmark and test children never
+/// outlive a killed parent.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook only calls prctl, which is async-signal-safe, and touches no
+    // memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Reaps `child` if it has exited (`wait4` with `WNOHANG`), with the CPU seconds (user
+/// and system, all its threads) it used, which `std`'s `try_wait` drops. `None` while it
+/// runs. Call it only for a child not reaped yet.
+pub fn try_reap(
+    child: &std::process::Child,
+) -> io::Result<Option<(std::process::ExitStatus, f64)>> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is the caller's unreaped child; both out-pointers are valid.
+    let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+    match r {
+        0 => Ok(None),
+        r if r == pid => {
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            Ok(Some((
+                std::process::ExitStatus::from_raw(status),
+                secs(ru.ru_utime) + secs(ru.ru_stime),
+            )))
+        }
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 /// A TCP listening socket bound to `at`; an IPv6 one takes IPv4 connections too (as
 /// mapped addresses) whatever the host's `bindv6only` default.
 pub fn tcp_listen(at: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {

@@ -47,6 +47,31 @@ fn child_entry() {
                 let _ = ep.recv_timeout(Selector::exact(Some(parent), 2), &mut [0u8; 8], Some(T));
                 panic!("the parent should have killed us");
             }
+            "fixed_port" => {
+                // Says which incarnation it is, then echoes tag 2 until tag 3.
+                let (mut ep, parent) = child_connect();
+                let gen = std::env::var("CLINKTEST_GEN").unwrap();
+                ep.send(parent, 0, gen.as_bytes()).unwrap();
+                let mut buf = [0u8; 64];
+                loop {
+                    let st = ep
+                        .recv_timeout(
+                            Selector {
+                                src: Some(parent),
+                                tag: 0,
+                                mask: 0,
+                            },
+                            &mut buf,
+                            Some(T),
+                        )
+                        .unwrap();
+                    if st.tag == 3 {
+                        break;
+                    }
+                    ep.send(parent, 2, &buf[..st.len as usize]).unwrap();
+                }
+                ep.close();
+            }
             "exit_unclosed" => {
                 let (mut ep, parent) = child_connect();
                 for i in 0..EXIT_N {
@@ -517,6 +542,74 @@ fn a_udp_peer_killed_while_awaited_is_found_by_the_pings_of_the_wait() {
         killed_at.elapsed()
     );
     assert_port_unreachable(&ep, peer, r);
+}
+
+#[test]
+fn a_peer_restarted_on_the_same_udp_port_is_a_new_peer_and_the_old_one_dies() {
+    // A server restarted on its fixed port: the old process is killed, a new one binds
+    // the same address and connects again. Datagrams for the old connection now reach the
+    // new process, which drops them (another connection id); the parent takes the new
+    // process for a new peer, talks to it, and declares the old one dead (silent: no
+    // "port unreachable" comes from a port that is in use again).
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let bind = format!("127.0.0.1:{port}");
+    let mut config = net_config();
+    if let Some(u) = config.udp.as_mut() {
+        u.dead_after = Duration::from_millis(1000);
+    }
+    let ctx = ctx_with(Config {
+        calibrate: false,
+        ..config
+    });
+    let mut ep = ctx.endpoint().unwrap();
+    let env = |gen| -> Vec<(&str, &str)> {
+        let mut e = transport_env(true);
+        e.extend([("CLINK_UDP_BIND", bind.as_str()), ("CLINKTEST_GEN", gen)]);
+        e
+    };
+    let mut first = spawn("fixed_port", &ep.address(), seed(32), &env("1"));
+    let old = ep.accept(Some(T)).expect("the first incarnation connects");
+    assert_eq!(recv_vec(&mut ep, old, 0, 8), b"1");
+    first.kill();
+    first.reap();
+    let mut second = spawn("fixed_port", &ep.address(), seed(33), &env("2"));
+    let new = ep.accept(Some(T)).expect("the second incarnation connects");
+    assert_ne!(new, old);
+    assert_eq!(recv_vec(&mut ep, new, 0, 8), b"2");
+    for i in 0..10u8 {
+        ep.send(new, 2, &[i; 32]).unwrap();
+        assert_eq!(recv_vec(&mut ep, new, 2, 64), [i; 32]);
+    }
+    // The old peer: sends to it fail once it is declared dead, and nothing of the new
+    // process is ever taken for its.
+    let t0 = Instant::now();
+    let r = loop {
+        match ep.send(old, 2, b"anyone?") {
+            Ok(()) => {
+                assert!(t0.elapsed() < DETECT, "the old peer never died");
+                let got = ep.recv_timeout(
+                    Selector::exact(Some(old), 2),
+                    &mut [0u8; 64],
+                    Some(Duration::from_millis(50)),
+                );
+                assert!(got.is_err(), "an answer came from the old peer: {got:?}");
+            }
+            Err(e) => break e,
+        }
+    };
+    println!(
+        "old incarnation declared dead after {:?}: {:?}",
+        t0.elapsed(),
+        ep.last_error()
+    );
+    assert!(matches!(r, Error::PeerDead(p) if p == old), "{r:?}");
+    ep.send(new, 3, b"").unwrap();
+    second.expect_success(T);
 }
 
 #[test]

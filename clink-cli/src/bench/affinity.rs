@@ -5,6 +5,7 @@
 //! or an external program such as `ucx_perftest`) starts on its CPU from its
 //! first instruction. Our own children also pin themselves with [`pin_self`].
 
+use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 use std::io;
 use std::process::{Child, Command};
 
@@ -15,33 +16,24 @@ pub const CLIENT_CPU: usize = 1;
 
 /// Number of CPUs the calling thread may run on, or `None` if unknown.
 pub fn allowed_cpus() -> Option<usize> {
-    get_mask().ok().map(|set| {
-        // SAFETY: CPU_COUNT only reads the fully initialised cpu_set_t.
-        unsafe { libc::CPU_COUNT(&set) as usize }
-    })
+    get_mask().ok().map(|set| set.count() as usize)
 }
 
 /// Whether the two sides can be pinned to [`SERVER_CPU`] and [`CLIENT_CPU`].
 pub fn can_pin_pair() -> bool {
-    get_mask().is_ok_and(|set| {
-        // SAFETY: CPU_ISSET reads a bit of the initialised set; the indices are
-        // below CPU_SETSIZE.
-        unsafe { libc::CPU_ISSET(SERVER_CPU, &set) && libc::CPU_ISSET(CLIENT_CPU, &set) }
-    })
+    get_mask().is_ok_and(|set| set.is_set(SERVER_CPU) && set.is_set(CLIENT_CPU))
 }
 
 /// Pins the calling thread to `cpu`.
 pub fn pin_self(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; zeroed is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= libc::CPU_SETSIZE as usize {
+    if cpu >= CpuSet::MAX_CPU {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("cpu {cpu} out of range"),
         ));
     }
-    // SAFETY: cpu is below CPU_SETSIZE, checked above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let mut set = CpuSet::new();
+    set.set(cpu);
     set_mask(&set)
 }
 
@@ -59,26 +51,13 @@ pub fn spawn_pinned(cmd: &mut Command, cpu: Option<usize>) -> io::Result<Child> 
     restored.map(|()| child)
 }
 
-fn get_mask() -> io::Result<libc::cpu_set_t> {
-    // SAFETY: zeroed cpu_set_t is valid; the kernel writes at most its size.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 = calling thread; pointer and size describe `set`.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    if rc == 0 {
-        Ok(set)
-    } else {
-        Err(io::Error::last_os_error())
-    }
+/// The calling thread's affinity mask.
+fn get_mask() -> io::Result<CpuSet> {
+    Ok(sched_getaffinity(None)?)
 }
 
-fn set_mask(set: &libc::cpu_set_t) -> io::Result<()> {
-    // SAFETY: pid 0 = calling thread; pointer and size describe `set`.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+fn set_mask(set: &CpuSet) -> io::Result<()> {
+    Ok(sched_setaffinity(None, set)?)
 }
 
 /// Spawns a thread named `name`, pinned to `cpu` when given (the caller checked with

@@ -102,16 +102,16 @@ fn config(board: bool) -> Config {
 /// Raises the descriptor limit to its hard maximum (a thousand connections need several
 /// thousand descriptors on each side).
 fn raise_fd_limit() {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain system calls with a valid out-parameter.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    if r.current != r.maximum {
+        let _ = setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: r.maximum,
+                maximum: r.maximum,
+            },
+        );
     }
 }
 

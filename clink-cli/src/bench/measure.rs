@@ -96,24 +96,16 @@ fn bad_data(msg: String) -> io::Error {
 
 /// CPU seconds this process has used so far (all threads).
 pub fn process_cpu_secs() -> f64 {
-    cpu_secs(libc::CLOCK_PROCESS_CPUTIME_ID)
+    cpu_secs(rustix::time::ClockId::ProcessCPUTime)
 }
 
 /// CPU seconds the calling thread has used so far.
 pub fn thread_cpu_secs() -> f64 {
-    cpu_secs(libc::CLOCK_THREAD_CPUTIME_ID)
+    cpu_secs(rustix::time::ClockId::ThreadCPUTime)
 }
 
-fn cpu_secs(clock: libc::clockid_t) -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; `clock` is one of the CPU-time clocks.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    if rc != 0 {
-        return f64::NAN;
-    }
+fn cpu_secs(clock: rustix::time::ClockId) -> f64 {
+    let ts = rustix::time::clock_gettime(clock);
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 

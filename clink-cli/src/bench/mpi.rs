@@ -235,8 +235,11 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<Output, String> {
             break s;
         }
         if Instant::now() > deadline {
-            // SAFETY: signalling the process group of our own child.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            // (The process group of our own child: it leads it.)
+            let _ = rustix::process::kill_process_group(
+                rustix::process::Pid::from_child(&child),
+                rustix::process::Signal::KILL,
+            );
             let _ = child.wait();
             return Err(format!("mpirun ran past {limit:?}"));
         }
@@ -257,8 +260,7 @@ fn output_within(mut cmd: Command, limit: Duration) -> Result<Output, String> {
 }
 
 fn nix_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    clink::sys::geteuid() == 0
 }
 
 /// Runs the comparison: `rounds` rounds of every experiment on every system, on one host

@@ -30,14 +30,15 @@ impl Drop for Server {
     /// SIGTERM first, so that a server with workers (nginx) takes them down with it; then
     /// SIGKILL after 10 s. The PID is signalled only while the child is not yet reaped.
     fn drop(&mut self) {
-        let pid = self.0.id() as i32;
+        use rustix::process::{kill_process, Pid, Signal};
+        let pid = Pid::from_child(&self.0);
         let end = Instant::now() + Duration::from_secs(10);
-        let mut sig = libc::SIGTERM;
+        let mut sig = Signal::TERM;
         while matches!(self.0.try_wait(), Ok(None)) {
-            // SAFETY: signalling our own child, not yet reaped, by its PID.
-            unsafe { libc::kill(pid, sig) };
+            // (Our own child, not yet reaped: its PID is still its own.)
+            let _ = kill_process(pid, sig);
             if Instant::now() > end {
-                sig = libc::SIGKILL;
+                sig = Signal::KILL;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -99,8 +100,7 @@ fn output(c: Result<Command, String>) -> Result<String, String> {
             return Ok(text);
         }
         if Instant::now() > deadline {
-            // SAFETY: signalling our own child by its PID.
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.kill();
             let _ = child.wait();
             return Err(format!("{c:?} took longer than {LIMIT:?}"));
         }

@@ -7,7 +7,6 @@
 
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -51,16 +50,7 @@ impl ChildProc {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: the hook only calls prctl, which is async-signal-safe, and
-        // touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        clink::sys::die_with_parent(&mut cmd);
         let mut child = spawn_pinned(&mut cmd, cpu)
             .map_err(|e| format!("{name}: cannot start {:?}: {e}", cmd.get_program()))?;
         let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
@@ -242,23 +232,11 @@ impl ChildProc {
         if let Some(s) = self.reaped {
             return Ok(Some(s));
         }
-        let pid = self.child.id() as libc::pid_t;
-        let mut status: libc::c_int = 0;
-        // SAFETY: an all-zero rusage is a valid value to be overwritten.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `pid` is our own unreaped child; both out-pointers are valid.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
-        match r {
-            0 => Ok(None),
-            r if r == pid => {
-                let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-                self.cpu_secs = Some(secs(ru.ru_utime) + secs(ru.ru_stime));
-                let s = ExitStatus::from_raw(status);
-                self.reaped = Some(s);
-                Ok(Some(s))
-            }
-            _ => Err(io::Error::last_os_error()),
-        }
+        Ok(clink::sys::try_reap(&self.child)?.map(|(s, cpu)| {
+            self.cpu_secs = Some(cpu);
+            self.reaped = Some(s);
+            s
+        }))
     }
 
     /// Kills the child by PID (if still running) and reaps it.

@@ -35,7 +35,6 @@
 
 use std::io::{self, ErrorKind};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::channel::{Acceptor, Channel, Mode, System};
@@ -134,32 +133,12 @@ impl System for UdpSystem {
 
 /// Best-effort large socket buffers (forced as root, else capped by the sysctl limits).
 fn set_buffers(sock: &UdpSocket) {
-    let fd = sock.as_raw_fd();
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-    ] {
-        if setsockopt_int(fd, force, SOCKET_BUFFER as libc::c_int).is_err() {
-            let _ = setsockopt_int(fd, plain, SOCKET_BUFFER as libc::c_int);
-        }
+    use rustix::net::sockopt as so;
+    if so::set_socket_recv_buffer_size_force(sock, SOCKET_BUFFER).is_err() {
+        let _ = so::set_socket_recv_buffer_size(sock, SOCKET_BUFFER);
     }
-}
-
-fn setsockopt_int(fd: libc::c_int, opt: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: `value` is a live c_int and the length passed is its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
+    if so::set_socket_send_buffer_size_force(sock, SOCKET_BUFFER).is_err() {
+        let _ = so::set_socket_send_buffer_size(sock, SOCKET_BUFFER);
     }
 }
 
@@ -187,35 +166,27 @@ impl UdpChannel {
         })
     }
 
-    fn flags(&self) -> libc::c_int {
-        if self.busy {
-            libc::MSG_DONTWAIT
-        } else {
-            0
-        }
-    }
-
     /// Sends one datagram, retrying while the socket buffer is full.
     fn send_dgram(&self, buf: &[u8]) -> io::Result<()> {
-        let fd = self.sock.as_raw_fd();
+        use rustix::io::Errno;
+        use rustix::net::SendFlags;
+        let flags = if self.busy {
+            SendFlags::DONTWAIT
+        } else {
+            SendFlags::empty()
+        };
         loop {
-            // SAFETY: the pointer and length describe `buf`, which outlives the call.
-            let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), self.flags()) };
-            if n >= 0 {
-                return if n as usize == buf.len() {
-                    Ok(())
-                } else {
-                    Err(io::Error::other(format!(
+            match rustix::net::send(&self.sock, buf, flags) {
+                Ok(n) if n == buf.len() => return Ok(()),
+                Ok(n) => {
+                    return Err(io::Error::other(format!(
                         "short datagram send: {n} of {} bytes",
                         buf.len()
                     )))
-                };
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => std::hint::spin_loop(),
-                Some(libc::EINTR) => {}
-                _ => return Err(e),
+                }
+                Err(Errno::AGAIN | Errno::NOBUFS) => std::hint::spin_loop(),
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -240,28 +211,24 @@ impl UdpChannel {
     /// Receives one datagram into `buf`; returns its full length (which may exceed
     /// `buf.len()`: the rest was cut off). Resends a pending end marker while waiting.
     fn recv_dgram(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = self.sock.as_raw_fd();
+        use rustix::io::Errno;
+        use rustix::net::RecvFlags;
+        let flags = if self.busy {
+            RecvFlags::DONTWAIT | RecvFlags::TRUNC
+        } else {
+            RecvFlags::TRUNC
+        };
         let start = Instant::now();
         let mut spins = 0u32;
         loop {
-            // SAFETY: the pointer and length describe `buf`, which outlives the call.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    self.flags() | libc::MSG_TRUNC,
-                )
-            };
-            if n >= 0 {
-                self.end_answered()?;
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN) => {}
-                Some(libc::EINTR) => continue,
-                _ => return Err(e),
+            match rustix::net::recv(&self.sock, &mut *buf, flags) {
+                Ok((_, full)) => {
+                    self.end_answered()?;
+                    return Ok(full);
+                }
+                Err(Errno::AGAIN) => {}
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
             // Nothing there: a busy spin, or a blocking receive's timeout.
             if self.busy {
@@ -439,7 +406,7 @@ mod tests {
             a.connect(b.local_addr().expect("addr")).expect("connect");
             b.connect(a.local_addr().expect("addr")).expect("connect");
             // The smallest receive buffer the kernel allows.
-            setsockopt_int(b.as_raw_fd(), libc::SO_RCVBUF, 0).expect("rcvbuf");
+            rustix::net::sockopt::set_socket_recv_buffer_size(&b, 0).expect("rcvbuf");
             let sent = 200 * 10_000u64;
             let sender = std::thread::spawn(move || {
                 let mut ch = UdpChannel::new(a, mode, "loopback").expect("channel");

@@ -197,13 +197,7 @@ fn hop(k: usize, addr: &str) -> String {
 /// Sleeps on the endpoint's fd until something may have arrived, at most [`POLL_MS`].
 fn idle(ep: &mut Endpoint) {
     if ep.prepare_wait() {
-        let mut p = libc::pollfd {
-            fd: ep.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on the stack, valid for the call.
-        unsafe { libc::poll(&mut p, 1, POLL_MS) };
+        let _ = clink::sys::poll_readable(ep.fd(), Duration::from_millis(POLL_MS as u64));
         ep.finish_wait();
     }
 }
