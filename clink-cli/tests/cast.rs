@@ -358,12 +358,11 @@ fn a_receiver_killed_mid_stream_fails_the_cast_naming_the_hop() {
         false,
     );
     // Node 2 dies once it has stored some data.
-    let out2 = dir.0.join("out2");
-    let deadline = Instant::now() + T;
-    while std::fs::metadata(&out2).map_or(0, |m| m.len()) < 4 * MIB as u64 {
-        assert!(Instant::now() < deadline, "node 2 received nothing");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_len(
+        &dir.0.join("out2"),
+        4 * MIB as u64,
+        "node 2 received nothing",
+    );
     rx[1].kill();
     let killed = Instant::now();
     let (err, errs) = failing_cast(s, &mut rx);
@@ -472,12 +471,11 @@ fn a_cast_cut_short_resumes_from_the_chunks_every_node_holds() {
     let (mut rx, addrs) = receivers(&b, &dir.0, &[&no, &no, &no]);
     let s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
     // Node 2 dies once node 3 holds chunks 0 and 1 for sure (it writes in order).
-    let out3 = dir.0.join("out3");
-    let deadline = Instant::now() + T;
-    while std::fs::metadata(&out3).map_or(0, |m| m.len()) < 3 * MIB as u64 {
-        assert!(Instant::now() < deadline, "node 3 received too little");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_len(
+        &dir.0.join("out3"),
+        3 * MIB as u64,
+        "node 3 received too little",
+    );
     rx[1].kill();
     failing_cast(s, &mut rx);
     assert!(
@@ -525,12 +523,11 @@ fn a_dead_middle_receiver_is_spliced_out_and_the_others_get_everything() {
         &["--chunk", "1048576"],
         false,
     );
-    let out2 = dir.0.join("out2");
-    let deadline = Instant::now() + T;
-    while std::fs::metadata(&out2).map_or(0, |m| m.len()) < 4 * MIB as u64 {
-        assert!(Instant::now() < deadline, "node 2 received nothing");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_len(
+        &dir.0.join("out2"),
+        4 * MIB as u64,
+        "node 2 received nothing",
+    );
     rx[1].kill();
     // The cast says node 2 is missing, and nodes 1 and 3 hold the whole file.
     let (err, errs) = failing_cast(s, &mut rx);
