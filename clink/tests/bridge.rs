@@ -46,6 +46,25 @@ fn child_entry() {
                 ep.send(parent, 0, &big).unwrap();
                 assert_eq!(recv_vec(&mut ep, parent, 1, 64), b"both arrived");
             }
+            "chatty" => {
+                // Says hello, then sends 1 MiB messages (bulk transfers through the
+                // sockets) every 10 ms until its peer is declared dead.
+                ep.send(parent, 0, b"hello").unwrap();
+                let t0 = Instant::now();
+                let big = vec![3u8; 1 << 20];
+                let e = loop {
+                    if let Err(e) = ep.send(parent, 1, &big) {
+                        break e;
+                    }
+                    assert!(t0.elapsed() < T, "the parent never went dead");
+                    let _ = ep.recv_timeout(
+                        Selector::exact(Some(parent), 9),
+                        &mut [0u8; 8],
+                        Some(Duration::from_millis(10)),
+                    );
+                };
+                assert!(matches!(e, Error::PeerDead(_)), "{e:?}");
+            }
             "sink" => {
                 // Receives 1 MiB messages until killed.
                 let mut buf = vec![0u8; 1 << 20];
@@ -424,4 +443,62 @@ fn hosts_that_share_only_ipv6_talk_over_it() {
         assert_eq!(h.join().expect("host 0"), transport);
         child.expect_success(T);
     }
+}
+
+#[test]
+fn a_host_whose_address_changes_is_declared_dead_not_confused() {
+    // Host 1's address changes under a live connection while it streams 1 MiB messages
+    // (a lease renewed to another address). A connection is its peer's address and id
+    // (no migration): host 1's kernel refuses the sockets' sends from the address that is
+    // gone, which fails the peer there at once; host 0 then hears nothing and declares it
+    // dead after the liveness timeout. Before, the packet ring's small datagrams (sent
+    // below IP, from the old address) kept both sides alive while no bulk transfer could
+    // move: the stream hung.
+    let b = bridge(0.0);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(1)), move |mut ep| {
+        let peer = ep.accept(Some(T)).unwrap();
+        assert_eq!(recv_vec(&mut ep, peer, 0, 8), b"hello");
+        tx.send(()).unwrap(); // the address changes now
+        let t0 = Instant::now();
+        let mut buf = vec![0u8; 1 << 20];
+        let r = loop {
+            match ep.recv_timeout(Selector::exact(Some(peer), 1), &mut buf, Some(T)) {
+                Ok(_) => assert!(t0.elapsed() < T, "the peer never went dead"),
+                Err(e) => break e,
+            }
+        };
+        (
+            t0.elapsed(),
+            r,
+            ep.last_error().unwrap_or_default().to_string(),
+            ep.stats(),
+        )
+    });
+    let mut child = child_on_host1(
+        &b,
+        "chatty",
+        &addr,
+        &[("CLINK_TRANSPORT", "udp"), ("CLINK_NET_DEAD_MS", "1000")],
+    );
+    rx.recv_timeout(T).expect("the child said hello");
+    let old = format!("{}/24", b.addr(1));
+    let o = b.addr(1).octets();
+    let new = format!("{}.{}.{}.{}/24", o[0], o[1], o[2], 99);
+    let ip = clink::netns::ip_binary().unwrap();
+    for args in [
+        ["-n", b.ns(1), "addr", "del", &old, "dev", "eth0"],
+        ["-n", b.ns(1), "addr", "add", &new, "dev", "eth0"],
+    ] {
+        let st = std::process::Command::new(&ip).args(args).status().unwrap();
+        assert!(st.success(), "ip {args:?}");
+    }
+    let (took, r, why, stats) = h.join().unwrap();
+    println!(
+        "host 1 moved to {new}: declared dead after {took:?}: {why}; {} stray datagrams",
+        stats.stray_dropped
+    );
+    assert!(matches!(r, Error::PeerDead(_)), "{r:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    child.expect_success(T);
 }

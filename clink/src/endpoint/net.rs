@@ -333,7 +333,7 @@ impl Endpoint {
             let why = if port {
                 "its host answered 'port unreachable': no process listens there any more"
             } else {
-                "its host or network is unreachable"
+                "its host or network is unreachable (an ICMP answer, or this host has no route or source address for it any more)"
             };
             self.fail_peer(i, format!("{}: {why}", PeerId(i as u32)));
         }

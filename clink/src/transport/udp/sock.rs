@@ -76,6 +76,9 @@ pub struct UdpSock {
     /// A read failed with an error other than "nothing to read": the kernel holds an
     /// ICMP error for a datagram this socket sent ([`UdpSock::take_unreachable`]).
     pub errored: bool,
+    /// Destinations this host refused to send to (no route, or the source address a
+    /// connected socket holds is gone), handed out with the ICMP errors.
+    refused: Vec<Unreachable>,
     /// Counters.
     pub stats: SockStats,
 }
@@ -101,8 +104,8 @@ impl RxBufs {
     }
 }
 
-/// A destination that answered one of our datagrams with ICMP destination unreachable
-/// ([`UdpSock::take_unreachable`]).
+/// A destination that answered one of our datagrams with ICMP destination unreachable, or
+/// that this host refused to send to ([`UdpSock::take_unreachable`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unreachable {
     /// Where the datagram went.
@@ -259,6 +262,7 @@ impl UdpSock {
             peer: None,
             only: None,
             errored: false,
+            refused: Vec::new(),
             stats: SockStats::default(),
         };
         // SAFETY: no leading vectors.
@@ -297,6 +301,7 @@ impl UdpSock {
     /// not one of ours). Other errors are dropped. Also clears [`UdpSock::errored`].
     pub fn take_unreachable(&mut self, out: &mut Vec<Unreachable>) {
         self.errored = false;
+        out.append(&mut self.refused);
         // Bounded: the queue holds what the kernel's ICMP rate limit let through.
         for _ in 0..64 {
             let mut quote = [0u8; 64];
@@ -421,10 +426,22 @@ impl UdpSock {
                 }
                 r => {
                     // A hard error on this frame: drop it, go on with the others. An
-                    // ICMP error the kernel reported here is also in the error queue.
+                    // ICMP error the kernel reported here is also in the error queue; a
+                    // refusal of this host's own (no route to the peer, or the address
+                    // a connected socket sends from is gone) is kept as one.
                     if let Err(e) = r {
                         tracing::debug!("sendmmsg: {e}");
                         self.errored = true;
+                        let local = [libc::ENETUNREACH, libc::EHOSTUNREACH, libc::EADDRNOTAVAIL];
+                        if e.raw_os_error().is_some_and(|c| local.contains(&c)) {
+                            let f = &batch.frames[i];
+                            let d = &batch.dgrams[f.first];
+                            self.refused.push(Unreachable {
+                                dest: f.dest,
+                                conn: quoted_conn(&batch.buf[d.start..d.start + d.len]),
+                                port: false,
+                            });
+                        }
                     }
                     self.stats.send_drops += u64::from(batch.frames[i].count);
                     i += 1;
