@@ -11,8 +11,9 @@
 //! (ARCHITECTURE.md, "Which address is advertised"). `CLINK_NET_DEVICES` narrows,
 //! orders and widens them, as UCX's `UCX_NET_DEVICES` and Open MPI's `btl_tcp_if_include` do: a
 //! comma-separated list of interface names (`eth1`) and subnets (`10.1.0.0/16`,
-//! `fd00:1::/64`), the interfaces matching the first entry first; a name takes all of
-//! that interface's addresses. A list nothing matches is an error that names the
+//! `fd00:1::/64`), the interfaces matching the first entry first; a name takes its
+//! interface's IPv4 addresses (its IPv6 ones if it has no IPv4), a subnet what it holds.
+//! A list nothing matches is an error that names the
 //! interfaces there are, not a silent fallback. The first address advertised is the
 //! preferred one, and sets the path MTU towards peers on no advertised interface's
 //! subnet.
@@ -145,7 +146,14 @@ pub fn choose(ifaces: &[Iface], rules: &[DeviceRule]) -> Result<(Vec<Iface>, Str
     }
     let mut out: Vec<Iface> = Vec::new();
     for r in rules {
-        for i in ifaces.iter().filter(|i| r.matches(i)) {
+        // A name takes its interface's IPv4 addresses, or its IPv6 ones when it has no
+        // IPv4 (as the default does); a subnet takes what it holds.
+        let has_v4 = |name: &str| ifaces.iter().any(|j| j.name == name && j.ip.is_ipv4());
+        let wanted = |i: &&Iface| match r {
+            DeviceRule::Name(_) => r.matches(i) && (i.ip.is_ipv4() || !has_v4(&i.name)),
+            DeviceRule::Subnet(..) => r.matches(i),
+        };
+        for i in ifaces.iter().filter(wanted) {
             if out.len() < MAX_NET_ADDRS && !out.iter().any(|o| o.ip == i.ip) {
                 out.push(i.clone());
             }
@@ -290,6 +298,21 @@ mod tests {
         assert_eq!(names(choose(&ifs[1..], &[]).unwrap().0), ["data6"]);
         let both = parse_rules("10.0.0.0/8,fd00:1::/64").unwrap();
         assert_eq!(names(choose(&ifs, &both).unwrap().0), ["eth0", "data6"]);
+        // A name: the interface's IPv4 address when it has one.
+        let mut eth0_v6 = ifs[1].clone();
+        eth0_v6.name = "eth0".into();
+        let dual = [ifs[0].clone(), eth0_v6.clone()];
+        let ips = |v: Vec<Iface>| v.into_iter().map(|i| i.ip).collect::<Vec<_>>();
+        assert_eq!(
+            ips(choose(&dual, &parse_rules("eth0").unwrap()).unwrap().0),
+            [ifs[0].ip]
+        );
+        assert_eq!(
+            ips(choose(&[eth0_v6.clone()], &parse_rules("eth0").unwrap())
+                .unwrap()
+                .0),
+            [eth0_v6.ip]
+        );
         assert_eq!(parse_rules("10.0.0.0/8").unwrap().len(), 1);
         assert!(parse_rules("fd00::/129").is_err());
         assert!(parse_rules("fd00::/64").is_ok());
