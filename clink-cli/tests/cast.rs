@@ -340,32 +340,60 @@ fn failing_cast(mut s: Proc, rx: &mut [Proc]) -> (String, Vec<String>) {
     (err, errs)
 }
 
-#[test]
-fn a_receiver_killed_mid_stream_fails_the_cast_naming_the_hop() {
-    // A rate limit makes the stream last seconds, so it is killed midway.
-    let b = bridge(Some("100mbit"));
-    let dir = TempDir::new("kill");
+/// A cast of `len` seeded bytes in 1 MiB chunks from host 0 through `n` receivers (each
+/// given `extra`) on a bridge shaped to 100 Mbit/s, so the stream lasts seconds and nodes
+/// can be killed midway; returned once node 2 has stored 4 MiB.
+struct ShapedCast {
+    _bridge: Bridge,
+    dir: TempDir,
+    data: Vec<u8>,
+    rx: Vec<Proc>,
+    source: Proc,
+}
+
+fn shaped_cast(name: &str, n: usize, len: usize, seed: u64, extra: &[&str]) -> ShapedCast {
+    let b = bridge_of(n + 1, Some("100mbit"));
+    let dir = TempDir::new(name);
     let src = dir.0.join("source.bin");
-    let size = 48 * MIB;
-    std::fs::write(&src, random(size, 4)).unwrap();
-    let no = ["--no-repair"];
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[&no, &no, &no]);
-    let s = sender(
+    let data = random(len, seed);
+    std::fs::write(&src, &data).unwrap();
+    let (rx, addrs) = receivers_of(n, &b, &dir.0, &vec![extra; n]);
+    let source = sender(
         &b,
         src.to_str().unwrap(),
         &addrs,
         &["--chunk", "1048576"],
         false,
     );
-    // Node 2 dies once it has stored some data.
     wait_for_len(
         &dir.0.join("out2"),
         4 * MIB as u64,
         "node 2 received nothing",
     );
-    rx[1].kill();
+    ShapedCast {
+        _bridge: b,
+        dir,
+        data,
+        rx,
+        source,
+    }
+}
+
+/// Checks that each of `nodes` holds `data` in `dir` (`errs`: what the nodes said).
+fn assert_whole(dir: &TempDir, data: &[u8], nodes: &[usize], errs: &[String]) {
+    for &i in nodes {
+        let got = std::fs::read(dir.0.join(format!("out{i}"))).unwrap();
+        assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
+    }
+}
+
+#[test]
+fn a_receiver_killed_mid_stream_fails_the_cast_naming_the_hop() {
+    // Node 2 dies once it has stored some data; without repair the cast fails.
+    let mut c = shaped_cast("kill", 3, 48 * MIB, 4, &["--no-repair"]);
+    c.rx[1].kill();
     let killed = Instant::now();
-    let (err, errs) = failing_cast(s, &mut rx);
+    let (err, errs) = failing_cast(c.source, &mut c.rx);
     assert!(
         killed.elapsed() < Duration::from_secs(15),
         "the failure took {:?}",
@@ -510,37 +538,17 @@ fn a_cast_cut_short_resumes_from_the_chunks_every_node_holds() {
 
 #[test]
 fn a_dead_middle_receiver_is_spliced_out_and_the_others_get_everything() {
-    let b = bridge(Some("100mbit"));
-    let dir = TempDir::new("splice");
-    let src = dir.0.join("source.bin");
-    let data = random(24 * MIB + 99, 9);
-    std::fs::write(&src, &data).unwrap();
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
-    let s = sender(
-        &b,
-        src.to_str().unwrap(),
-        &addrs,
-        &["--chunk", "1048576"],
-        false,
-    );
-    wait_for_len(
-        &dir.0.join("out2"),
-        4 * MIB as u64,
-        "node 2 received nothing",
-    );
-    rx[1].kill();
+    let mut c = shaped_cast("splice", 3, 24 * MIB + 99, 9, &[]);
+    c.rx[1].kill();
     // The cast says node 2 is missing, and nodes 1 and 3 hold the whole file.
-    let (err, errs) = failing_cast(s, &mut rx);
+    let (err, errs) = failing_cast(c.source, &mut c.rx);
     assert!(
         err.contains("2 of 3 nodes hold the whole file")
             && err.contains("hop 2")
             && err.contains("spliced out"),
         "{err}"
     );
-    for i in [1, 3] {
-        let got = std::fs::read(dir.0.join(format!("out{i}"))).unwrap();
-        assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
-    }
+    assert_whole(&c.dir, &c.data, &[1, 3], &errs);
 }
 
 /// Waits until `path` holds at least `bytes` (a node writes its chunks in order).
@@ -557,42 +565,22 @@ fn two_receivers_dying_one_after_the_other_are_both_spliced_out() {
     // A chain of four: node 2 dies, node 1 splices to node 3; once the stream flows
     // again node 3 dies too, and node 1 splices past it to node 4. Nodes 1 and 4 get the
     // whole file.
-    let b = bridge_of(5, Some("100mbit"));
-    let dir = TempDir::new("splice2");
-    let src = dir.0.join("source.bin");
-    let data = random(32 * MIB + 77, 10);
-    std::fs::write(&src, &data).unwrap();
-    let (mut rx, addrs) = receivers_of(4, &b, &dir.0, &[]);
-    let s = sender(
-        &b,
-        src.to_str().unwrap(),
-        &addrs,
-        &["--chunk", "1048576"],
-        false,
-    );
-    wait_for_len(
-        &dir.0.join("out2"),
-        4 * MIB as u64,
-        "node 2 received nothing",
-    );
-    rx[1].kill();
+    let mut c = shaped_cast("splice2", 4, 32 * MIB + 77, 10, &[]);
+    c.rx[1].kill();
     // Node 3 took chunks from node 1 after the splice (more than node 2 ever held).
-    let at = std::fs::metadata(dir.0.join("out2")).unwrap().len();
+    let at = std::fs::metadata(c.dir.0.join("out2")).unwrap().len();
     wait_for_len(
-        &dir.0.join("out3"),
+        &c.dir.0.join("out3"),
         at + 4 * MIB as u64,
         "node 3 got nothing after the splice",
     );
-    rx[2].kill();
-    let (err, errs) = failing_cast(s, &mut rx);
+    c.rx[2].kill();
+    let (err, errs) = failing_cast(c.source, &mut c.rx);
     assert!(
         err.contains("2 of 4 nodes hold the whole file") && err.contains("spliced out"),
         "{err}"
     );
-    for i in [1, 4] {
-        let got = std::fs::read(dir.0.join(format!("out{i}"))).unwrap();
-        assert!(got == data, "node {i}: its file differs\n{}", errs[i - 1]);
-    }
+    assert_whole(&c.dir, &c.data, &[1, 4], &errs);
 }
 
 #[test]

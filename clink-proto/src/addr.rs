@@ -124,7 +124,7 @@ impl Address {
 
 /// Whether `a` can be a peer's address: a unicast IP, a non-zero port, and for IPv6 no
 /// scope or flow label (the text form would not carry them back).
-pub fn valid_net(a: &SocketAddr) -> bool {
+fn valid_net(a: &SocketAddr) -> bool {
     let ip_ok = match a {
         SocketAddr::V4(v) => {
             !(v.ip().is_unspecified() || v.ip().is_multicast() || v.ip().is_broadcast())
@@ -167,12 +167,12 @@ fn parse_net(s: &str, v: &str) -> Result<Vec<SocketAddr>, ProtoError> {
 
 fn write_net(f: &mut std::fmt::Formatter<'_>, key: &str, v: &[SocketAddr]) -> std::fmt::Result {
     for (n, a) in v.iter().enumerate() {
-        let sep = if n == 0 {
-            format!(";{key}=")
+        if n == 0 {
+            write!(f, ";{key}=")?;
         } else {
-            ",".into()
-        };
-        write!(f, "{sep}{a}")?;
+            f.write_str(",")?;
+        }
+        write!(f, "{a}")?;
     }
     Ok(())
 }
@@ -204,10 +204,9 @@ impl Address {
 
     /// The address in [`BINARY_LEN`] bytes, for interfaces that carry addresses as short
     /// opaque blobs (libfabric's names are at most 64 bytes; the text form is longer).
-    /// It carries each network transport's first IPv4 address only; `None` also when a
-    /// transport offers IPv6 addresses alone.
-    /// `None` when the shared-memory name is not the one [`Address::shm_name`] derives from
-    /// the identity (the binary form does not carry it).
+    /// It carries each network transport's first IPv4 address only. `None` when the
+    /// shared-memory name is not the one [`Address::shm_name`] derives from the identity,
+    /// or a transport offers IPv6 addresses alone (the binary form carries neither).
     pub fn to_bytes(&self) -> Option<[u8; BINARY_LEN]> {
         let mut b = [0u8; BINARY_LEN];
         b[0] = BINARY_VERSION;
@@ -265,12 +264,13 @@ impl Address {
                 }
                 return Ok(Vec::new());
             }
-            if port == 0 || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast() {
+            let a = SocketAddr::V4(SocketAddrV4::new(ip, port));
+            if !valid_net(&a) {
                 return Err(bad(
                     "binary address needs a unicast address and a non-zero port",
                 ));
             }
-            Ok(vec![SocketAddr::V4(SocketAddrV4::new(ip, port))])
+            Ok(vec![a])
         };
         Ok(Address {
             host,

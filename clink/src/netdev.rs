@@ -210,13 +210,20 @@ pub fn socket_bind(bind: SocketAddr, mine: &[Iface]) -> SocketAddr {
 }
 
 /// Which of a peer's addresses `peer` (its preference order, never empty) to connect to
-/// from a host whose interfaces are `local`, of which this endpoint advertises `mine`;
-/// `same_host` when the peer is in this host and namespace (its addresses are then all
-/// reachable: the preferred one). The rule is the module's.
-pub fn pick(peer: &[SocketAddr], mine: &[Iface], local: &[Iface], same_host: bool) -> SocketAddr {
+/// from a host whose interfaces `local` lists (called only when there is a choice), of
+/// which this endpoint advertises `mine`; `same_host` when the peer is in this host and
+/// namespace (its addresses are then all reachable: the preferred one). The rule is the
+/// module's.
+pub fn pick(
+    peer: &[SocketAddr],
+    mine: &[Iface],
+    local: impl FnOnce() -> Vec<Iface>,
+    same_host: bool,
+) -> SocketAddr {
     if peer.len() == 1 || same_host {
         return peer[0];
     }
+    let local = local();
     let on = |set: &[Iface], a: &SocketAddr| {
         set.iter()
             .any(|i| !i.lo && in_subnet(a.ip(), i.ip, i.prefix))
@@ -227,7 +234,7 @@ pub fn pick(peer: &[SocketAddr], mine: &[Iface], local: &[Iface], same_host: boo
         .copied()
         .collect();
     (foreign.iter().find(|a| on(mine, a)))
-        .or_else(|| foreign.iter().find(|a| on(local, a)))
+        .or_else(|| foreign.iter().find(|a| on(&local, a)))
         .or(foreign.first())
         .copied()
         .unwrap_or(peer[0])
@@ -247,6 +254,10 @@ pub fn mtu_towards(mine: &[Iface], dest: IpAddr) -> usize {
 mod tests {
     use super::*;
 
+    fn names(v: Vec<Iface>) -> Vec<String> {
+        v.into_iter().map(|i| i.name).collect()
+    }
+
     fn iface(name: &str, ip: [u8; 4], lo: bool) -> Iface {
         Iface {
             name: name.into(),
@@ -264,9 +275,9 @@ mod tests {
             iface("data0", [10, 1, 2, 3], false),
             iface("lo", [127, 0, 0, 1], true),
         ];
-        let names = |v: Vec<Iface>| v.into_iter().map(|i| i.name).collect::<Vec<_>>().join(",");
-        let pick = |t: &str| choose(&ifs, &parse_rules(t).unwrap()).map(|(v, _)| names(v));
-        assert_eq!(names(choose(&ifs, &[]).unwrap().0), "mgmt0,data0");
+        let pick =
+            |t: &str| choose(&ifs, &parse_rules(t).unwrap()).map(|(v, _)| names(v).join(","));
+        assert_eq!(names(choose(&ifs, &[]).unwrap().0), ["mgmt0", "data0"]);
         assert_eq!(pick("data0").unwrap(), "data0");
         assert_eq!(pick("10.0.0.0/8").unwrap(), "data0");
         assert_eq!(pick("eth9, 192.168.0.0/16").unwrap(), "mgmt0");
@@ -293,7 +304,6 @@ mod tests {
         let rules = parse_rules("fd00:1::/64").unwrap();
         assert_eq!(choose(&ifs, &rules).unwrap().0[0].name, "data6");
         // By default IPv4 where there is any, IPv6 on an IPv6-only host.
-        let names = |v: Vec<Iface>| v.into_iter().map(|i| i.name).collect::<Vec<_>>();
         assert_eq!(names(choose(&ifs, &[]).unwrap().0), ["eth0"]);
         assert_eq!(names(choose(&ifs[1..], &[]).unwrap().0), ["data6"]);
         let both = parse_rules("10.0.0.0/8,fd00:1::/64").unwrap();
@@ -317,17 +327,17 @@ mod tests {
         assert!(parse_rules("fd00::/129").is_err());
         assert!(parse_rules("fd00::/64").is_ok());
         // An IPv4 subnet never holds an IPv6 address, nor the other way round.
-        assert!(
-            choose(&ifs, &parse_rules("0.0.0.0/0").unwrap())
-                .unwrap()
-                .0
-                .len()
-                == 1
+        assert_eq!(
+            names(choose(&ifs, &parse_rules("0.0.0.0/0").unwrap()).unwrap().0),
+            ["eth0"]
         );
-        assert!(choose(&ifs, &parse_rules("::/0").unwrap()).unwrap().0.len() == 1);
+        assert_eq!(
+            names(choose(&ifs, &parse_rules("::/0").unwrap()).unwrap().0),
+            ["data6"]
+        );
         let six = |s: &str| SocketAddr::new(s.parse().unwrap(), 7000);
         let peer = [sa([192, 168, 9, 9]), six("fd00:1::9")];
-        assert_eq!(pick(&peer, &ifs, &ifs, false), six("fd00:1::9"));
+        assert_eq!(pick(&peer, &ifs, || ifs.to_vec(), false), six("fd00:1::9"));
         let many: Vec<Iface> = (0..20)
             .map(|n| iface(&format!("e{n}"), [10, 0, n, 1], false))
             .collect();
@@ -348,27 +358,31 @@ mod tests {
             iface("lo", [127, 0, 0, 1], true),
         ];
         let mine = &local[..3];
+        let at = |peer: &[SocketAddr], mine: &[Iface]| pick(peer, mine, || local.to_vec(), false);
         // A peer on the data network only, which lists an unreachable address first.
         let peer = [sa([192, 168, 9, 9]), sa([10, 1, 2, 4])];
-        assert_eq!(pick(&peer, mine, &local, false), sa([10, 1, 2, 4]));
+        assert_eq!(at(&peer, mine), sa([10, 1, 2, 4]));
         // Its container bridge has this host's address: never preferred.
         let peer = [sa([172, 17, 0, 1]), sa([10, 1, 2, 4])];
-        assert_eq!(pick(&peer, mine, &local, false), sa([10, 1, 2, 4]));
+        assert_eq!(at(&peer, mine), sa([10, 1, 2, 4]));
         // Advertised interfaces' subnets before the others'.
         let only_data = &local[1..2];
         let peer = [sa([192, 168, 1, 6]), sa([10, 1, 2, 4])];
-        assert_eq!(pick(&peer, only_data, &local, false), sa([10, 1, 2, 4]));
-        assert_eq!(pick(&peer, mine, &local, false), sa([192, 168, 1, 6]));
+        assert_eq!(at(&peer, only_data), sa([10, 1, 2, 4]));
+        assert_eq!(at(&peer, mine), sa([192, 168, 1, 6]));
         // No shared subnet: the peer's preference (the kernel routes it).
         let peer = [sa([8, 8, 4, 4]), sa([9, 9, 9, 9])];
-        assert_eq!(pick(&peer, mine, &local, false), sa([8, 8, 4, 4]));
+        assert_eq!(at(&peer, mine), sa([8, 8, 4, 4]));
         // Only this host's own addresses, or a peer on this host: its first.
-        assert_eq!(
-            pick(&[sa([172, 17, 0, 1])], mine, &local, false),
-            sa([172, 17, 0, 1])
-        );
+        assert_eq!(at(&[sa([172, 17, 0, 1])], mine), sa([172, 17, 0, 1]));
         let peer = [sa([192, 168, 1, 5]), sa([10, 1, 2, 3])];
-        assert_eq!(pick(&peer, mine, &local, true), sa([192, 168, 1, 5]));
+        // (Neither lists this host's interfaces.)
+        let no_listing = || -> Vec<Iface> { panic!("interfaces listed without a choice") };
+        assert_eq!(pick(&peer, mine, no_listing, true), sa([192, 168, 1, 5]));
+        assert_eq!(
+            pick(&peer[..1], mine, no_listing, false),
+            sa([192, 168, 1, 5])
+        );
     }
 
     #[test]

@@ -880,18 +880,17 @@ impl SockAddr {
         }
     }
 
-    /// The pointer and length for a system call that reads the name; the pointer is
-    /// valid while `self` is (keep the `SockAddr` in a variable, not a temporary).
-    pub fn raw(&self) -> (*const libc::sockaddr, libc::socklen_t) {
+    /// The name and its length for a system call that reads it (a borrow: the storage
+    /// outlives the call; `&sockaddr` coerces to the call's pointer).
+    pub fn raw(&self) -> (&libc::sockaddr, libc::socklen_t) {
         let len = if i32::from(self.sa.sin6_family) == libc::AF_INET {
             std::mem::size_of::<libc::sockaddr_in>()
         } else {
             std::mem::size_of::<libc::sockaddr_in6>()
         };
-        (
-            (&self.sa as *const libc::sockaddr_in6).cast(),
-            len as libc::socklen_t,
-        )
+        // SAFETY: a sockaddr (16 bytes, 2-aligned) is a prefix of the sockaddr_in6.
+        let sa = unsafe { &*(&self.sa as *const libc::sockaddr_in6).cast::<libc::sockaddr>() };
+        (sa, len as libc::socklen_t)
     }
 
     /// The pointer and capacity for a system call that writes the name.
@@ -917,11 +916,10 @@ impl SockAddr {
             }
             libc::AF_INET6 => {
                 let ip = std::net::Ipv6Addr::from(self.sa.sin6_addr.s6_addr);
-                let port = u16::from_be(self.sa.sin6_port);
-                Some(match ip.to_ipv4_mapped() {
-                    Some(v4) => std::net::SocketAddr::new(v4.into(), port),
-                    None => std::net::SocketAddr::new(ip.into(), port),
-                })
+                Some(std::net::SocketAddr::new(
+                    ip.to_ipv4_mapped().map_or(ip.into(), Into::into),
+                    u16::from_be(self.sa.sin6_port),
+                ))
             }
             _ => None,
         }

@@ -29,24 +29,24 @@ impl Endpoint {
             .filter(|u| u.is_ipv4() || v6_udp)
             .copied()
             .collect();
-        if udp_addrs.is_empty() && !a.udp.is_empty() && a.tcp.is_empty() && self.net.is_some() {
-            return Err(fail(
-                "the peer offers only IPv6 UDP addresses and this endpoint's UDP socket is IPv4 (include an IPv6 subnet in CLINK_NET_DEVICES)",
-            ));
-        }
         let udp = (!udp_addrs.is_empty()).then(|| {
             let mine = self.net.as_ref().map_or(&[][..], |n| n.interfaces());
-            self.reachable(&udp_addrs, mine, same_host)
+            crate::netdev::pick(&udp_addrs, mine, crate::sys::interfaces, same_host)
         });
         let tcp = (!a.tcp.is_empty()).then(|| {
             let mine = self.tcp.as_ref().map_or(&[][..], |t| t.interfaces());
-            self.reachable(&a.tcp, mine, same_host)
+            crate::netdev::pick(&a.tcp, mine, crate::sys::interfaces, same_host)
         });
         let name = match (a.shm.as_deref(), udp, tcp) {
-            (Some(name), _, _) if a.host == self.ctx.host && !self.ctx.config.force_net => name,
+            (Some(name), _, _) if same_host && !self.ctx.config.force_net => name,
             (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id),
             (_, Some(dest), _) => return self.connect_udp(addr, dest, a.id),
             (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id),
+            _ if !a.udp.is_empty() && self.net.is_some() => {
+                return Err(fail(
+                    "the peer offers only IPv6 UDP addresses and this endpoint's UDP socket is IPv4 (include an IPv6 subnet in CLINK_NET_DEVICES)",
+                ))
+            }
             (Some(_), None, None) => {
                 return Err(fail(
                     "the endpoint is on another host or network namespace and offers no network transport (udp, tcp)",
@@ -61,13 +61,13 @@ impl Endpoint {
         let mut incoming = std::mem::take(&mut self.incoming);
         let mut accepted = Vec::new();
         let mut refused = Vec::new();
-        let same_host = (self.peers.iter())
+        let shm_peers = (self.peers.iter())
             .filter(|p| p.alive && matches!(p.link, Link::Shm(_)))
             .count();
         let cfg = &self.ctx.config;
         let cells = ring_cells_for(
             cfg.ring_cells,
-            same_host.max(self.expected_peers),
+            shm_peers.max(self.expected_peers),
             cfg.ring_shrink,
         );
         let link = {
@@ -88,20 +88,6 @@ impl Endpoint {
         self.incoming = incoming;
         self.adopt(accepted, refused);
         self.add_peer(Link::Shm(link?))
-    }
-
-    /// Which of a peer's network addresses `addrs` to connect to ([`crate::netdev::pick`]),
-    /// this endpoint advertising interfaces `mine`.
-    fn reachable(
-        &self,
-        addrs: &[std::net::SocketAddr],
-        mine: &[crate::sys::Iface],
-        same_host: bool,
-    ) -> std::net::SocketAddr {
-        if addrs.len() == 1 || same_host {
-            return addrs[0];
-        }
-        crate::netdev::pick(addrs, mine, &crate::sys::interfaces(), same_host)
     }
 
     /// Registers peers accepted by [`handshake_incoming`] and records refusals.

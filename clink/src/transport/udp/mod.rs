@@ -40,7 +40,7 @@ use clink_proto::spec::{self, Check, Confidence, Displaced, Layout, Move, Segmen
 use clink_proto::wire::Frame;
 use keepalive::Keepalive;
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
@@ -248,7 +248,7 @@ pub struct UdpTransport {
     /// With the ring: where each peer's datagrams came from, one hop away (learned from
     /// the ring's frames of datagrams that reached a link): lone datagrams to it are sent
     /// through the packet socket.
-    links: Vec<(SocketAddr, ring::LinkAddr)>,
+    links: Vec<(SocketAddrV4, ring::LinkAddr)>,
     /// The keepalive thread, started with the first peer ([`keepalive`]).
     keepalive: Option<Keepalive>,
     /// ICMP errors read from the sockets, not yet taken by the endpoint.
@@ -345,20 +345,21 @@ impl State {
         t
     }
 
-    /// The path MTU towards `dest`: the configured one, else that of the advertised
-    /// interface towards it ([`crate::netdev::mtu_towards`]).
-    fn mtu(&self, dest: SocketAddr) -> usize {
-        (self.cfg.mtu)
+    /// The largest message payload per datagram towards `dest`, by the path MTU: the
+    /// configured one, else that of the advertised interface towards it
+    /// ([`crate::netdev::mtu_towards`]).
+    fn payload_towards(&self, dest: SocketAddr) -> usize {
+        let mtu = (self.cfg.mtu)
             .unwrap_or_else(|| crate::netdev::mtu_towards(&self.ifaces, dest.ip()))
-            .clamp(576, 65536)
-            // IPv6's header is 20 bytes longer than the IPv4 one the payload sizes count.
-            - if dest.is_ipv6() { 20 } else { 0 }
+            .clamp(576, 65536);
+        // IPv6's header is 20 bytes longer than the IPv4 one `mtu_payload` counts.
+        mtu_payload(if dest.is_ipv6() { mtu - 20 } else { mtu })
     }
 
     /// The configuration of a connection with the peer at `dest` whose handshake is
     /// `peer`.
     fn conn_config(&self, conn_id: u32, dest: SocketAddr, peer: &Handshake) -> reliable::Config {
-        let mine = mtu_payload(self.mtu(dest));
+        let mine = self.payload_towards(dest);
         let mtu_payload = mine.min(peer.mtu_payload as usize).max(64);
         reliable::Config {
             conn_id,
@@ -387,7 +388,7 @@ impl State {
         Handshake {
             from: self.my_id,
             to,
-            mtu_payload: mtu_payload(self.mtu(dest)) as u32,
+            mtu_payload: self.payload_towards(dest) as u32,
             payload_hash: self.cfg.payload_hash,
         }
     }
@@ -721,7 +722,7 @@ impl UdpTransport {
         }
         let shared = st.routes.map.keys().any(|(d, _)| *d == link.dest);
         if !shared {
-            self.links.retain(|(a, _)| *a != link.dest);
+            self.links.retain(|(a, _)| SocketAddr::V4(*a) != link.dest);
         }
         if !shared && self.peers.close(link.dest) {
             // Sockets after it moved down one index.
@@ -817,9 +818,9 @@ impl UdpTransport {
             let lone = batch
                 .lone_datagram(i, 1)
                 .filter(|d| d.len() <= ring::SEND_MAX && !is_bulk(d));
-            if let (Some(ring), Some(d)) = (self.ring.as_mut(), lone) {
-                let k = self.links.iter().position(|(a, _)| *a == dest);
-                if let (Some(k), SocketAddr::V4(dest)) = (k, dest) {
+            // (The ring is IPv4's: it knows IPv4 peers only.)
+            if let (Some(ring), Some(d), SocketAddr::V4(dest)) = (self.ring.as_mut(), lone, dest) {
+                if let Some(k) = self.links.iter().position(|(a, _)| *a == dest) {
                     match ring.send(&self.links[k].1, dest, d) {
                         Ok(()) => {
                             i += 1;

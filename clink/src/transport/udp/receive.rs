@@ -237,9 +237,9 @@ impl UdpTransport {
         let links = &mut self.links;
         let Some(f) = self.faults.as_mut() else {
             let n = ring.poll(RING_BATCH, |src, link, d| {
-                let src = SocketAddr::V4(src);
                 let t = *now.get_or_insert_with(|| st.now());
-                let routed = st.dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), src, d);
+                let to_link = &mut |i, d: &[u8]| sink(i, Got::Datagram(d), t);
+                let routed = st.dispatch(to_link, SocketAddr::V4(src), d);
                 if let Some(link) = link.filter(|_| routed) {
                     learn(links, src, link, d);
                 }
@@ -472,8 +472,8 @@ impl UdpTransport {
 /// only from a datagram that verifies (its CRC-32C and structure): a forged one from a
 /// known source cannot redirect our sends to that peer.
 pub(super) fn learn(
-    links: &mut Vec<(SocketAddr, ring::LinkAddr)>,
-    src: SocketAddr,
+    links: &mut Vec<(SocketAddrV4, ring::LinkAddr)>,
+    src: SocketAddrV4,
     link: ring::LinkAddr,
     d: &[u8],
 ) {
@@ -733,7 +733,7 @@ mod tests {
 
     #[test]
     fn a_peers_link_address_changes_only_on_a_datagram_that_verifies() {
-        let peer = SocketAddr::new(Ipv4Addr::new(10, 0, 0, 2).into(), 4000);
+        let peer = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 4000);
         let at = |ifindex, mac0| ring::LinkAddr {
             ifindex,
             mac: [mac0, 1, 2, 3, 4, 5, 0, 0],

@@ -347,21 +347,16 @@ impl UdpSock {
                     // by convention).
                     let ee: libc::sock_extended_err =
                         unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
-                    // Destination unreachable: ICMP net (0), host (1), port (3); ICMPv6
-                    // no route (0), address (3), port (4).
-                    let (icmp, port) = if v4 {
-                        (libc::SO_EE_ORIGIN_ICMP, 3)
+                    // Destination unreachable: ICMP type 3, codes net (0), host (1),
+                    // port (3); ICMPv6 type 1, codes no route (0), address (3), port (4).
+                    let (origin, kind, codes, port) = if v4 {
+                        (libc::SO_EE_ORIGIN_ICMP, 3, [0, 1, 3], 3)
                     } else {
-                        (libc::SO_EE_ORIGIN_ICMP6, 4)
+                        (libc::SO_EE_ORIGIN_ICMP6, 1, [0, 3, 4], 4)
                     };
-                    let unreachable = if v4 {
-                        ee.ee_type == 3 && matches!(ee.ee_code, 0 | 1 | 3)
-                    } else {
-                        ee.ee_type == 1 && matches!(ee.ee_code, 0 | 3 | 4)
-                    };
-                    if let (true, true, Some(dest)) =
-                        (ee.ee_origin == icmp, unreachable, name.get())
-                    {
+                    let unreachable =
+                        ee.ee_origin == origin && ee.ee_type == kind && codes.contains(&ee.ee_code);
+                    if let Some(dest) = name.get().filter(|_| unreachable) {
                         out.push(Unreachable {
                             dest,
                             conn: quoted_conn(quoted),
@@ -465,7 +460,10 @@ impl UdpSock {
             // one-thread loopback hop, `examples/path_cost`).
             let name =
                 (!connected).then(|| SockAddr::for_socket(batch.frames[first].dest, self.v6));
-            let (np, nl) = name.as_ref().map_or((std::ptr::null(), 0), SockAddr::raw);
+            let (np, nl) = name.as_ref().map_or((std::ptr::null(), 0), |n| {
+                let (sa, len) = n.raw();
+                (sa as *const libc::sockaddr, len)
+            });
             // SAFETY: `b` and the name (if any) are live for the call.
             let k = unsafe {
                 libc::sendto(
@@ -507,7 +505,7 @@ impl UdpSock {
             let h = &mut m.msg_hdr;
             if !connected {
                 let (p, l) = a.addrs[k].raw();
-                h.msg_name = p.cast_mut().cast();
+                h.msg_name = (p as *const libc::sockaddr).cast_mut().cast();
                 h.msg_namelen = l;
             }
             h.msg_iov = a.iovs[a.spans[k].0..].as_mut_ptr();
