@@ -125,6 +125,9 @@ pub struct Stats {
     /// Network path: datagrams sent through the receive ring's packet socket to a peer
     /// one hop away (also counted in `datagrams_sent`).
     pub ring_sent: u64,
+    /// Network path: notices in the receive ring of a coalesced run of an eager
+    /// message's datagrams waiting in a socket, which the endpoint then read at once.
+    pub ring_notices: u64,
     /// Network path: keepalive rounds the endpoint's keepalive thread sent to its UDP
     /// peers while the application made no call.
     pub keepalive_rounds: u64,

@@ -192,6 +192,8 @@ pub struct UdpStats {
     pub ring_full_drops: u64,
     /// Datagrams sent through the ring's packet socket.
     pub ring_sent: u64,
+    /// Notices in the ring of coalesced data runs waiting in a socket.
+    pub ring_notices: u64,
     /// Keepalive rounds the keepalive thread sent while the application was away.
     pub keepalive_rounds: u64,
     /// Fast-stream requests granted at once because the peer has a receive socket of
@@ -241,6 +243,10 @@ pub struct UdpTransport {
     /// With the ring: the last pass's socket reads brought something, so the next pass
     /// reads the sockets again (else they are read every [`RING_SOCK_EVERY`]th pass).
     sock_hot: bool,
+    /// With the ring: passes left that read every socket because the ring gave notice
+    /// of a coalesced data run ([`RxRing::take_notice`]); the kernel queues the run on
+    /// the socket just after the ring's copy, so a read at once may come too early.
+    notice_due: u32,
     /// With the ring: a bulk transfer is coming in, so every pass reads the sockets.
     bulk_expected: bool,
     /// Datagrams the last [`UdpTransport::receive`] took from the ring.
@@ -475,6 +481,7 @@ impl UdpTransport {
             ring_off,
             ring_new_fd: None,
             sock_hot: false,
+            notice_due: 0,
             bulk_expected: false,
             ring_reads: 0,
             links: Vec::new(),
@@ -552,6 +559,7 @@ impl UdpTransport {
             ring_malformed: r.malformed,
             ring_full_drops: r.full_drops,
             ring_sent: r.sent,
+            ring_notices: r.notices,
             keepalive_rounds: self.keepalive.as_ref().map_or(0, Keepalive::rounds),
             ..self.st.stats
         }
@@ -876,6 +884,10 @@ pub const RING_SOCK_EVERY: u32 = 256;
 /// ring: counted in those slower passes, one in 1 024 left strays unread through a whole
 /// short transfer (`clink bench --spec --quick` counted none of 34 dropped).
 pub const RING_MAIN_EVERY: u32 = 4 * RING_SOCK_EVERY;
+
+/// Passes that read every socket after a notice from the ring, until one brings
+/// something.
+pub const NOTICE_PASSES: u32 = 64;
 
 /// Frames one pass takes from the ring at most.
 const RING_BATCH: usize = 64;

@@ -187,6 +187,13 @@ impl UdpTransport {
         let mut now = (all || self.passes.is_multiple_of(every)).then(|| self.st.now());
         let from_ring = self.receive_ring(&mut now, sink);
         self.ring_reads = from_ring;
+        // A notice: a coalesced run of data waits in some socket (the main one, maybe).
+        if self.ring.as_mut().is_some_and(ring::RxRing::take_notice) {
+            self.notice_due = NOTICE_PASSES;
+        }
+        let notice = self.notice_due > 0;
+        self.notice_due = self.notice_due.saturating_sub(1);
+        let all = all || notice;
         // The main socket's cadence: one pass in MAIN_EVERY while the sockets are read on
         // every pass (as without the ring), one idle socket read in four with the ring.
         let mut main_every = peers::MAIN_EVERY;
@@ -211,6 +218,9 @@ impl UdpTransport {
         }
         let n = self.receive_sockets(all, main_every, &mut now, sink);
         self.sock_hot = n > 0;
+        if n > 0 {
+            self.notice_due = 0;
+        }
         if n > 0 && self.ring.is_some() {
             // What the sockets just gave may follow ring datagrams that arrived during
             // the reads (the kernel fills both in arrival order): read those too, so a

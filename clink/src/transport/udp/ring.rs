@@ -63,6 +63,11 @@ pub const SEND_MAX: usize = RING_MAX_UDP as usize - ipv4::UDP_HEADER;
 const RING_KINDS: [u32; 5] = [1, 2, 3, 4, 8];
 /// Offset of the kind byte in a UDP datagram (UDP header, then the common header's byte 5).
 const KIND_AT: u32 = 8 + 5;
+/// Kind byte of a data datagram.
+const KIND_DATA: u32 = 1;
+/// Bytes the ring keeps of a coalesced run of data datagrams too long for a frame (from
+/// the IP header on): a notice that the sockets hold it (see [`RxRing::take_notice`]).
+const NOTICE_SNAP: u32 = 64;
 
 // Classic BPF opcodes (linux/filter.h).
 const LD_W_ABS: u16 = 0x20;
@@ -87,6 +92,10 @@ enum To {
     Next,
     Take,
     Leave,
+    /// The ring keeps the packet's first [`NOTICE_SNAP`] bytes (the socket gets it whole).
+    Notice,
+    /// Over this many instructions.
+    Skip(u8),
 }
 
 /// A filter under construction: instructions with symbolic targets, resolved by
@@ -104,15 +113,18 @@ impl Prog {
         self
     }
 
-    /// The program: `take` returns `take_ret`, `leave` returns `leave_ret`.
+    /// The program: `take` returns `take_ret`, `leave` returns `leave_ret`, `notice`
+    /// [`NOTICE_SNAP`].
     fn finish(&self, take_ret: u32, leave_ret: u32) -> Vec<libc::sock_filter> {
         let n = self.0.len();
-        let (take, leave) = (n, n + 1);
+        let (take, leave, notice) = (n, n + 1, n + 2);
         let rel = |i: usize, t: To| -> u8 {
             let at = match t {
                 To::Next => i + 1,
                 To::Take => take,
                 To::Leave => leave,
+                To::Notice => notice,
+                To::Skip(k) => i + 1 + usize::from(k),
             };
             (at - i - 1) as u8
         };
@@ -127,7 +139,7 @@ impl Prog {
                 k,
             })
             .collect();
-        for k in [take_ret, leave_ret] {
+        for k in [take_ret, leave_ret, NOTICE_SNAP] {
             out.push(libc::sock_filter {
                 code: RET_K,
                 jt: 0,
@@ -153,6 +165,8 @@ impl Prog {
 /// length is at most [`RING_MAX_UDP`] and whose kind is one of the ring's. A datagram
 /// too short to hold a kind byte is taken too (the ring counts it as malformed: the UDP
 /// socket's filter cannot read its kind and drops it, so it must not be lost unseen).
+/// Of a longer one whose kind says data (a coalesced run of an eager message's
+/// fragments, which the socket reads), the ring keeps a notice: its first bytes.
 fn ring_filter(ip: Option<std::net::Ipv4Addr>, port: u16) -> Vec<libc::sock_filter> {
     let mut p = Prog(Vec::new());
     p.op(LD_W_ABS, AD_PKTTYPE)
@@ -169,7 +183,9 @@ fn ring_filter(ip: Option<std::net::Ipv4Addr>, port: u16) -> Vec<libc::sock_filt
         .op(LD_H_IND, 2)
         .jump(JEQ_K, u32::from(port), To::Next, To::Leave)
         .op(LD_H_IND, 4)
-        .jump(JGT_K, u32::from(RING_MAX_UDP), To::Leave, To::Next)
+        .jump(JGT_K, u32::from(RING_MAX_UDP), To::Next, To::Skip(2))
+        .op(LD_B_IND, KIND_AT)
+        .jump(JEQ_K, KIND_DATA, To::Notice, To::Leave)
         .jump(JGE_K, KIND_AT + 1, To::Next, To::Take)
         .op(LD_B_IND, KIND_AT)
         .kinds(To::Take, To::Leave);
@@ -245,6 +261,8 @@ pub struct RingStats {
     pub full_drops: u64,
     /// Datagrams sent through the packet socket ([`RxRing::send`]).
     pub sent: u64,
+    /// Notices of coalesced data runs too long for a frame ([`RxRing::take_notice`]).
+    pub notices: u64,
 }
 
 /// A packet socket's receive ring (see the module doc). Owns its mapping; `Send`, not
@@ -259,6 +277,8 @@ pub struct RxRing {
     full_drops: std::cell::Cell<u64>,
     /// The packet [`RxRing::send`] builds, reused.
     tx: Vec<u8>,
+    /// A notice came since [`RxRing::take_notice`] last looked.
+    notice: bool,
 }
 
 // SAFETY: the mapping is owned by this value alone and freed with it; moving it to
@@ -319,6 +339,7 @@ impl RxRing {
             stats: RingStats::default(),
             full_drops: std::cell::Cell::new(0),
             tx: Vec::with_capacity(ipv4::IP_HEADER + ipv4::UDP_HEADER + SEND_MAX),
+            notice: false,
         };
         let ll = sockaddr_ll(0, 0, [0; 8]);
         // SAFETY: a valid sockaddr_ll of the size given.
@@ -386,6 +407,12 @@ impl RxRing {
             u32::from_ne_bytes([frame[at], frame[at + 1], frame[at + 2], frame[at + 3]])
         };
         let (len, snap) = (word(4) as usize, word(8) as usize);
+        if snap < len && snap == NOTICE_SNAP as usize {
+            // Only the filter cuts a packet this short: a run the sockets hold.
+            self.notice = true;
+            self.stats.notices += 1;
+            return 0;
+        }
         let net = usize::from(u16::from_ne_bytes([frame[14], frame[15]]));
         let pkt = frame.get(net..net.saturating_add(snap));
         let udp = match pkt.filter(|_| snap == len).map(ipv4::parse_udp) {
@@ -456,6 +483,15 @@ impl RxRing {
         }
         self.stats.sent += 1;
         Ok(())
+    }
+
+    /// Whether a notice came since the last call: a run of data datagrams too long for a
+    /// frame (an eager message's fragments coalesced by GSO/GRO) waits in a socket. The
+    /// sockets are otherwise read on one idle pass in [`super::RING_SOCK_EVERY`]; told,
+    /// the receiver reads them at once (a 24 KiB ping-pong across a bridge found its
+    /// message a few hundred passes late).
+    pub fn take_notice(&mut self) -> bool {
+        std::mem::take(&mut self.notice)
     }
 
     /// Counters, with the kernel's ring-full drops collected since the last call.
@@ -567,12 +603,20 @@ mod tests {
                 }
                 let mut pkt = Vec::new();
                 ipv4::encode_udp(other, me, &payload, &mut pkt);
-                let to_ring = run(&ring, &pkt, 0, 0) != 0;
-                assert_eq!(to_ring, run(&ring_ip, &pkt, 0, 0) != 0);
+                let ret = run(&ring, &pkt, 0, 0);
+                assert_eq!(ret, run(&ring_ip, &pkt, 0, 0));
+                // A notice keeps a packet's head only: the socket still has to take it.
+                let notice = ret == NOTICE_SNAP;
+                let to_ring = ret != 0 && !notice;
                 let to_sock = run(&sock, &pkt, 20, 0) != 0;
                 assert_ne!(to_ring, to_sock, "kind {kind}, {len} bytes");
                 let small_kind = len > 5 && RING_KINDS.contains(&u32::from(kind));
                 assert_eq!(to_ring, len <= max && (len <= 5 || small_kind));
+                assert_eq!(notice, len > max && u32::from(kind) == KIND_DATA);
+                if notice {
+                    // Cut short, which is how the ring tells a notice from a datagram.
+                    assert!((NOTICE_SNAP as usize) < pkt.len());
+                }
                 // Not for this host, another port, another address: never the ring's.
                 assert_eq!(run(&ring, &pkt, 0, 3), 0);
                 for (filter, to) in [
