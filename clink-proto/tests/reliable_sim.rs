@@ -976,38 +976,46 @@ fn a_lost_retransmission_behind_unknown_packets_is_found() {
 }
 
 #[test]
-fn a_bulk_sender_acks_what_it_received_before_its_burst() {
+fn a_bulk_sender_acks_what_it_received_after_its_first_group() {
     // The receiver of a rendezvous answers with a small message (its clear-to-send); the
     // sender then streams the transfer. Bulk fragments carry no ack, so the answer's ack
-    // must leave first, not after a burst of megabytes that outlasts the answerer's
-    // retransmission timer.
-    let cfg = Config::default(); // delayed acks on
+    // leaves within the same transmit round: after the first group of fragments (not
+    // before them: the peer waits for those, not for the ack), and not after a burst of
+    // megabytes that outlasts the answerer's retransmission timer. A transfer shorter
+    // than a group goes whole, then the ack.
+    let group = 8;
+    let cfg = Config {
+        bulk_group: group,
+        ..Config::default() // delayed acks on
+    };
     let frag = cfg.mtu_payload as u64;
-    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
-    let now = 1_000;
-    b.send(1, b"clear to send").unwrap();
-    a.send_bulk(7, 256 * frag).unwrap();
-    for d in transmit_all(&mut b, now) {
-        a.handle_datagram(now, &d).unwrap();
+    for (frags, ack_at) in [(256, group as usize), (3, 3)] {
+        let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg.clone(), 0));
+        let now = 1_000;
+        b.send(1, b"clear to send").unwrap();
+        a.send_bulk(7, frags * frag).unwrap();
+        for d in transmit_all(&mut b, now) {
+            a.handle_datagram(now, &d).unwrap();
+        }
+        let out = transmit_bulk(&mut a, now);
+        let is_ack = |d: &[u8]| {
+            matches!(
+                clink_proto::reliable::Datagram::parse(d),
+                Ok(Datagram::Ack { .. })
+            )
+        };
+        let acks: Vec<usize> = (0..out.len()).filter(|&k| is_ack(&out[k].0)).collect();
+        assert_eq!(acks, [ack_at], "{frags} fragments: where the ack went");
+        assert!(out[..ack_at].iter().all(|(_, t)| t.bulk), "fragments first");
+        let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
+        for (d, _) in &out {
+            b.handle_datagram_with(now + OWD, d, place).unwrap();
+        }
+        assert!(
+            std::iter::from_fn(|| b.poll_event()).any(|e| matches!(e, Event::Acked(_))),
+            "{frags} fragments: the answer is acknowledged in the same round"
+        );
     }
-    let out = transmit_bulk(&mut a, now);
-    assert!(out.iter().any(|(_, t)| t.bulk), "the burst went");
-    let (first, _) = &out[0];
-    let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
-    for (d, _) in &out {
-        b.handle_datagram_with(now + OWD, d, place).unwrap();
-    }
-    assert!(
-        matches!(
-            clink_proto::reliable::Datagram::parse(first),
-            Ok(Datagram::Ack { .. })
-        ),
-        "the first datagram is the ack"
-    );
-    assert!(
-        std::iter::from_fn(|| b.poll_event()).any(|e| matches!(e, Event::Acked(_))),
-        "the answer is acknowledged by the burst's first datagram"
-    );
 }
 
 #[test]

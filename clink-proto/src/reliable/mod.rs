@@ -634,6 +634,8 @@ pub struct Conn {
     /// The receive buffer in packets (`recv_buffer_bytes / mtu_payload`).
     recv_budget: u64,
     unacked: u32,
+    /// Bulk fragments sent since an ack became pending (see `poll_transmit_with`).
+    bulk_since_ack: u64,
     ack_now: bool,
     ack_deadline: Option<u64>,
     advertised_limit: u64,
@@ -720,6 +722,7 @@ impl Conn {
             event_bytes: 0,
             recv_budget,
             unacked: 0,
+            bulk_since_ack: 0,
             ack_now: false,
             ack_deadline: None,
             advertised_limit: initial_limit,

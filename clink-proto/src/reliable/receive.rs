@@ -410,6 +410,7 @@ impl Conn {
         self.ack_now = false;
         self.ack_deadline = None;
         self.unacked = 0;
+        self.bulk_since_ack = 0;
         self.advertised_limit = ack.limit;
         ack
     }

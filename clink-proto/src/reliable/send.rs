@@ -125,14 +125,16 @@ impl Conn {
             self.advertised_limit = ack.limit;
             Datagram::Nak { conn, ack }.encode(buf)
         } else if self.ack_now
-            || self
-                .ack_deadline
-                .is_some_and(|d| d <= now || self.bulk_outstanding > 0)
+            || self.ack_deadline.is_some_and(|d| {
+                d <= now || self.bulk_outstanding > 0 && self.bulk_since_ack >= self.bulk_group()
+            })
         {
-            // With a bulk transfer to send, a pending ack goes at once: bulk fragments
-            // carry none, and a transfer of megabytes leaves in one burst that can outlast
-            // the peer's retransmission timer (a 16 MiB burst is 8 ms at 2 GB/s; each
-            // rendezvous answer waiting behind it timed out twice at the peer).
+            // With a bulk transfer to send, a pending ack goes after one group of its
+            // fragments: bulk fragments carry none, and a transfer of megabytes leaves in
+            // one burst that can outlast the peer's retransmission timer (a 16 MiB burst
+            // is 8 ms at 2 GB/s; each rendezvous answer waiting behind it timed out twice
+            // at the peer). Not before the group: the ack (of the clear-to-send, say)
+            // would delay the fragments the peer waits for by a send of its own.
 
             let ack = self.take_ack(now);
             self.stats.acks_sent += 1;
@@ -212,6 +214,9 @@ impl Conn {
                     };
                     bulk = s.tx_count <= 1;
                     group_start = s.tx_count > 1 || s.opens_group;
+                    if self.ack_deadline.is_some() {
+                        self.bulk_since_ack += 1;
+                    }
                     let len = s.len as usize;
                     let Some(p) = source(xfer, s.offset, len).filter(|p| p.len() == len) else {
                         self.stats.dropped_malformed += 1;
@@ -224,6 +229,11 @@ impl Conn {
                     packet::BULK_HEADER
                 }
             }
+        } else if self.ack_deadline.is_some() && self.bulk_outstanding > 0 {
+            // Nothing more to send now: the ack the fragments went ahead of.
+            let ack = self.take_ack(now);
+            self.stats.acks_sent += 1;
+            Datagram::Ack { conn, ack }.encode(buf)
         } else {
             return None;
         };
