@@ -450,7 +450,7 @@ impl RxRing {
 
     /// Sends one datagram to `dest`, one hop away at `link`, through the packet socket:
     /// the IPv4 and UDP headers built here (don't-fragment, TTL 64, UDP checksum 0: none,
-    /// which IPv4 allows; every clink datagram carries a CRC-32C), no qdisc
+    /// which IPv4 allows; every clink datagram carries its own checksum), no qdisc
     /// (`PACKET_QDISC_BYPASS`), no route or neighbour lookup. The packet is an ordinary
     /// UDP datagram from our port: a receiver without a ring reads it from its socket.
     /// `d` is at most [`SEND_MAX`] bytes.
