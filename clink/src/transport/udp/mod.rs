@@ -16,6 +16,7 @@
 //! straight into the posted buffer ([`bulk`], [`clink_proto::spec`]).
 
 mod admit;
+pub mod batch;
 pub mod bulk;
 pub mod faults;
 pub mod keepalive;
@@ -44,10 +45,11 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
+pub use batch::TxBatch;
 pub use bulk::{Arm, Bulk, BulkStats};
 pub use faults::{FaultConfig, FaultStats, Faults};
 pub use peers::PeerSocks;
-pub use sock::{IoVec, SockStats, TxBatch, UdpSock};
+pub use sock::{IoVec, SockStats, UdpSock};
 pub use steer::Steering;
 
 /// IPv4 + UDP header bytes.

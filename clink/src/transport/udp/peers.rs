@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(read_one(own), Some((v4(&a), 1)));
         assert_eq!(read_one(&mut main), Some((v4(&b), 2)));
         // Sends through it come from the shared address.
-        let mut batch = super::super::sock::TxBatch::new(true);
+        let mut batch = super::super::TxBatch::new(true);
         batch.push(v4(&a), |buf| {
             buf.push(3);
             1
