@@ -518,9 +518,8 @@ impl Endpoint {
             }
             self.drain_before_nak();
             // What came may be no message at all (an ack of the caller's last send,
-            // which the peer sends at once after a long message): then spin on here. The
-            // general path, entered instead, found the answer behind it 40-50 us later
-            // (32 KiB ping-pong across a bridge).
+            // which the peer sends at once after a long message): then spin on here
+            // rather than in the general path, whose slower passes find the answer late.
             if let Some(r) = self.take_fast_udp(i, sel, buf) {
                 return Some(r);
             }

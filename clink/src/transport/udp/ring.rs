@@ -488,8 +488,7 @@ impl RxRing {
     /// Whether a notice came since the last call: a run of data datagrams too long for a
     /// frame (an eager message's fragments coalesced by GSO/GRO) waits in a socket. The
     /// sockets are otherwise read on one idle pass in [`super::RING_SOCK_EVERY`]; told,
-    /// the receiver reads them at once (a 24 KiB ping-pong across a bridge found its
-    /// message a few hundred passes late).
+    /// the receiver reads them at once.
     pub fn take_notice(&mut self) -> bool {
         std::mem::take(&mut self.notice)
     }
