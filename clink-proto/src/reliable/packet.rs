@@ -474,7 +474,9 @@ impl<'a> Datagram<'a> {
         }
         let body = b.len() - TRAILER;
         let carried = u32_at(b, body);
-        let computed = if kind == K_DATA {
+        // (A datagram too short to hold a hashed payload is CRC'd whole: one comparison
+        // on the small messages' path.)
+        let computed = if kind == K_DATA && body >= DATA_HEADER + HASHED_PAYLOAD_MIN {
             data_checksum(&b[..body])
         } else {
             crc32c(&b[..body])
@@ -793,10 +795,11 @@ impl<'a> Datagram<'a> {
                 out.extend_from_slice(&grant.to_le_bytes());
             }
         }
-        let sum = if kind == K_DATA {
-            data_checksum(&out[start..])
-        } else {
-            crc32c(&out[start..])
+        let sum = match self {
+            Datagram::Data { payload, .. } if payload.len() >= HASHED_PAYLOAD_MIN => {
+                data_checksum(&out[start..])
+            }
+            _ => crc32c(&out[start..]),
         };
         out.extend_from_slice(&sum.to_le_bytes());
         out.len() - start
