@@ -474,9 +474,7 @@ impl<'a> Datagram<'a> {
         }
         let body = b.len() - TRAILER;
         let carried = u32_at(b, body);
-        // (A datagram too short to hold a hashed payload is CRC'd whole: one comparison
-        // on the small messages' path.)
-        let computed = if kind == K_DATA && body >= DATA_HEADER + HASHED_PAYLOAD_MIN {
+        let computed = if kind == K_DATA {
             data_checksum(&b[..body])
         } else {
             crc32c(&b[..body])
@@ -795,11 +793,10 @@ impl<'a> Datagram<'a> {
                 out.extend_from_slice(&grant.to_le_bytes());
             }
         }
-        let sum = match self {
-            Datagram::Data { payload, .. } if payload.len() >= HASHED_PAYLOAD_MIN => {
-                data_checksum(&out[start..])
-            }
-            _ => crc32c(&out[start..]),
+        let sum = if kind == K_DATA {
+            data_checksum(&out[start..])
+        } else {
+            crc32c(&out[start..])
         };
         out.extend_from_slice(&sum.to_le_bytes());
         out.len() - start
@@ -931,10 +928,13 @@ pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; B
 /// which the sending kernel (or NIC) fills in and the receiving one verifies below clink.
 pub fn bulk_checksum(header60: &[u8], payload: Option<&[u8]>) -> u32 {
     let crc = crc32c(header60);
-    match payload {
-        Some(p) => twox_hash::XxHash3_64::oneshot(p) as u32 ^ crc,
-        None => crc,
-    }
+    payload.map_or(crc, |p| with_hash(crc, p))
+}
+
+/// `crc` XORed with the low 32 bits of `payload`'s XXH3-64 (unseeded): a hashed payload's
+/// part of a checksum ([`bulk_checksum`], [`data_checksum`]).
+fn with_hash(crc: u32, payload: &[u8]) -> u32 {
+    twox_hash::XxHash3_64::oneshot(payload) as u32 ^ crc
 }
 
 /// The trailer of data datagram `d` (everything before the trailer): with a payload of
@@ -945,18 +945,29 @@ pub fn bulk_checksum(header60: &[u8], payload: Option<&[u8]>) -> u32 {
 /// XXH3's vector code is several times cheaper per byte. A damaged header or ack moves
 /// the CRC, a damaged payload the hash; random damage escapes with probability 2^-32.
 /// Shorter payloads, and a datagram too short or too inconsistent to say where its
-/// payload is, are CRC'd whole (parsing then refuses the latter anyway).
+/// payload is, are CRC'd whole (parsing then refuses the latter anyway); a datagram too
+/// short to hold a hashed payload costs one comparison more than a plain CRC.
+#[inline]
 pub fn data_checksum(d: &[u8]) -> u32 {
-    if d.len() >= DATA_HEADER {
-        let plen = usize::from(u16_at(d, 56));
-        if plen >= HASHED_PAYLOAD_MIN {
-            if let Some(p) = d.get(DATA_HEADER..DATA_HEADER + plen) {
-                let crc = crc32c_append(crc32c(&d[..DATA_HEADER]), &d[DATA_HEADER + plen..]);
-                return twox_hash::XxHash3_64::oneshot(p) as u32 ^ crc;
-            }
-        }
+    if d.len() < DATA_HEADER + HASHED_PAYLOAD_MIN {
+        crc32c(d)
+    } else {
+        long_data_checksum(d)
     }
-    crc32c(d)
+}
+
+/// [`data_checksum`] of a datagram long enough to hold a hashed payload (kept out of
+/// line: the short datagrams' path inlines to a comparison and the CRC).
+#[inline(never)]
+fn long_data_checksum(d: &[u8]) -> u32 {
+    let end = DATA_HEADER + usize::from(u16_at(d, 56));
+    match d.get(DATA_HEADER..end) {
+        Some(p) if p.len() >= HASHED_PAYLOAD_MIN => with_hash(
+            ::crc32c::crc32c_append(crc32c(&d[..DATA_HEADER]), &d[end..]),
+            p,
+        ),
+        _ => crc32c(d),
+    }
 }
 
 /// How many leading bytes of datagram `d` clink's own checksum covers: all of them,
@@ -979,19 +990,10 @@ pub fn crc32c(data: &[u8]) -> u32 {
     ::crc32c::crc32c(data)
 }
 
-/// [`crc32c`] of the bytes `crc` was computed over followed by `data`.
-fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    ::crc32c::crc32c_append(crc, data)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The bulk checksum is part of the wire format: its values for these inputs are
-    /// pinned (computed with xxhash-rust 0.8 and the crc32c crate, and checked against
-    /// twox-hash 2, which computes it now), so a change of the crate that computes XXH3
-    /// cannot change them unnoticed.
     /// A data datagram's checksum catches damage to any byte, for payloads CRC'd with the
     /// rest and for hashed ones, with and without a piggybacked ack; the hashed form is
     /// pinned (a changed hash or layout must not pass unnoticed between builds).
@@ -1049,6 +1051,10 @@ mod tests {
         assert_eq!(data_checksum(&b), crc32c(&b));
     }
 
+    /// The bulk checksum is part of the wire format: its values for these inputs are
+    /// pinned (computed with xxhash-rust 0.8 and the crc32c crate, and checked against
+    /// twox-hash 2, which computes it now), so a change of the crate that computes XXH3
+    /// cannot change them unnoticed.
     #[test]
     fn bulk_checksum_check_values() {
         let h: Vec<u8> = (0..60u32).map(|i| (i * 3) as u8).collect();

@@ -135,10 +135,7 @@ impl Conn {
             // is 8 ms at 2 GB/s; each rendezvous answer waiting behind it timed out twice
             // at the peer). Not before the group: the ack (of the clear-to-send, say)
             // would delay the fragments the peer waits for by a send of its own.
-
-            let ack = self.take_ack(now);
-            self.stats.acks_sent += 1;
-            Datagram::Ack { conn, ack }.encode(buf)
+            self.encode_ack(now, buf)
         } else if self.ping_pending {
             self.ping_pending = false;
             self.stats.pings_sent += 1;
@@ -231,9 +228,7 @@ impl Conn {
             }
         } else if self.ack_deadline.is_some() && self.bulk_outstanding > 0 {
             // Nothing more to send now: the ack the fragments went ahead of.
-            let ack = self.take_ack(now);
-            self.stats.acks_sent += 1;
-            Datagram::Ack { conn, ack }.encode(buf)
+            self.encode_ack(now, buf)
         } else {
             return None;
         };
@@ -345,6 +340,17 @@ impl Conn {
             state: PState::Lost,
         });
         Some(pn)
+    }
+
+    /// The pending ack as a datagram of its own, into `buf` (it then counts as sent).
+    fn encode_ack(&mut self, now: u64, buf: &mut Vec<u8>) -> usize {
+        let ack = self.take_ack(now);
+        self.stats.acks_sent += 1;
+        Datagram::Ack {
+            conn: self.cfg.conn_id,
+            ack,
+        }
+        .encode(buf)
     }
 
     /// An ack for a data datagram of `len` payload bytes to carry, when one is due and

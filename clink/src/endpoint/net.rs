@@ -551,8 +551,9 @@ impl Endpoint {
 
     /// After [`Endpoint::recv_fast_udp`] read something: the peer's due timers and
     /// delivered messages, then the message at the head of its queue if it is a small one
-    /// matching `sel` (copied out; what the connection owes the peer, an ack say, goes
-    /// out at once rather than when the next progress pass comes), else `None`.
+    /// matching `sel` (copied out), else `None`. With that message or with none queued
+    /// (an ack came), what the connection owes the peer (an ack, data an ack let out)
+    /// goes out at once rather than when the next progress pass comes.
     fn take_fast_udp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
         let net = self.net.as_mut()?;
         let now = net.read_at();
@@ -564,24 +565,20 @@ impl Endpoint {
             return None;
         }
         let src = PeerId(i as u32);
-        let Some(head) = u.rxq.peek() else {
-            // Nothing for the caller: send what the connection owes (an ack, data the
-            // ack let out) before spinning on.
-            net.transmit(u, now);
-            net.flush();
-            return None;
-        };
-        let result = match Frame::parse(head) {
-            Ok(Frame::Eager { tag, data }) if sel.matches(src, tag) => {
-                super::copy_eager(src, tag, data, buf)
+        let result = match u.rxq.peek().map(Frame::parse) {
+            None => None,
+            Some(Ok(Frame::Eager { tag, data })) if sel.matches(src, tag) => {
+                Some(super::copy_eager(src, tag, data, buf))
             }
-            _ => return None,
+            Some(_) => return None,
         };
-        u.release();
+        if result.is_some() {
+            u.release();
+            self.stats.frames_received += 1;
+        }
         net.transmit(u, now);
         net.flush();
-        self.stats.frames_received += 1;
-        Some(result)
+        result
     }
 
     /// Completes the rendezvous sends and receives whose UDP bulk transfers are over.

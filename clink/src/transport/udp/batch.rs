@@ -13,8 +13,8 @@ use std::net::SocketAddr;
 pub(super) struct Dgram {
     pub(super) start: usize,
     pub(super) len: usize,
-    pub(super) ext: *const u8,
-    pub(super) ext_len: usize,
+    ext: *const u8,
+    ext_len: usize,
 }
 
 /// One entry of a send batch: `count` datagrams from `first`, each of `seg` bytes (the
@@ -23,11 +23,11 @@ pub(super) struct Dgram {
 pub(super) struct Frame {
     pub(super) dest: SocketAddr,
     pub(super) first: usize,
-    pub(super) len: usize,
+    len: usize,
     pub(super) seg: usize,
     pub(super) count: u32,
     /// A shorter datagram ended it: nothing more may join.
-    pub(super) closed: bool,
+    closed: bool,
 }
 
 /// The vectors of `frames`, all in one list as one `sendmmsg` takes them (`iovs`, cleared
@@ -52,7 +52,7 @@ impl Frame {
     /// Appends this frame's vectors to `iovs`: each datagram's bytes in the batch's
     /// buffer `buf` (joined with the frame's previous vector where they follow it, never
     /// with another frame's), then its payload.
-    pub(super) fn iovecs(&self, dgrams: &[Dgram], buf: &[u8], iovs: &mut Vec<libc::iovec>) {
+    fn iovecs(&self, dgrams: &[Dgram], buf: &[u8], iovs: &mut Vec<libc::iovec>) {
         let own = iovs.len();
         for d in &dgrams[self.first..self.first + self.count as usize] {
             if d.len > 0 {
@@ -87,7 +87,7 @@ pub struct TxBatch {
     pub(super) frames: Vec<Frame>,
     /// The arguments of one `sendmmsg`, reused.
     pub(super) args: SendArgs,
-    pub(super) gso: bool,
+    gso: bool,
 }
 
 /// The arguments of one `sendmmsg`: per entry a header, a name, a control buffer and its
