@@ -138,12 +138,13 @@ pub unsafe extern "C" fn endpoint(
                 remote_of: Vec::new(),
                 ring_max: Vec::new(),
                 considered: 0,
-                routes: Map::default(),
+                routes: Vec::new(),
                 waiting: Map::default(),
                 sources: Vec::new(),
                 unreachable: HashSet::new(),
                 ops: Map::default(),
                 claims: Map::default(),
+                fast: Vec::new(),
             }),
         });
         let e = Box::new(Ep {
@@ -300,18 +301,37 @@ unsafe extern "C" fn setopt(_: *mut fid, _: c_int, _: c_int, _: *const c_void, _
     -FI_ENOPROTOOPT
 }
 
+/// An operation's buffers as (pointer, length) pairs, held inline (no allocation on the
+/// data path).
+struct Iovs {
+    v: [(*mut u8, usize); crate::info::IOV_LIMIT + 1],
+    n: usize,
+}
+
+impl std::ops::Deref for Iovs {
+    type Target = [(*mut u8, usize)];
+    fn deref(&self) -> &Self::Target {
+        &self.v[..self.n]
+    }
+}
+
 /// The iovecs as (pointer, length) pairs; beyond `IOV_LIMIT` only one more is read (the
 /// operation refuses the count anyway).
-unsafe fn iovs(iov: *const libc::iovec, count: usize) -> Vec<(*mut u8, usize)> {
+unsafe fn iovs(iov: *const libc::iovec, count: usize) -> Iovs {
+    let mut out = Iovs {
+        v: [(std::ptr::null_mut(), 0); crate::info::IOV_LIMIT + 1],
+        n: 0,
+    };
     if count == 0 || iov.is_null() {
-        return Vec::new();
+        return out;
     }
-    let count = count.min(crate::info::IOV_LIMIT + 1);
+    out.n = count.min(crate::info::IOV_LIMIT + 1);
     // SAFETY: the caller's `count` iovecs (at least as many as read here).
-    unsafe { std::slice::from_raw_parts(iov, count) }
-        .iter()
-        .map(|v| (v.iov_base as *mut u8, v.iov_len))
-        .collect()
+    let given = unsafe { std::slice::from_raw_parts(iov, out.n) };
+    for (o, v) in out.v.iter_mut().zip(given) {
+        *o = (v.iov_base as *mut u8, v.iov_len);
+    }
+    out
 }
 
 /// The caller's `len` bytes at `buf` (empty for a NULL pointer).
@@ -358,7 +378,7 @@ impl Kind {
 /// with the endpoint's default flags unless `flags` says.
 unsafe fn post_recv(
     ep: *mut fid_ep,
-    iov: Vec<(*mut u8, usize)>,
+    iov: &[(*mut u8, usize)],
     src: fi_addr_t,
     kind: Kind,
     ctx: *mut c_void,
@@ -367,17 +387,14 @@ unsafe fn post_recv(
     if iov.len() > crate::info::IOV_LIMIT {
         return err(FI_EINVAL);
     }
-    let iov = if iov.is_empty() {
-        vec![(std::ptr::null_mut(), 0)]
-    } else {
-        iov
-    };
+    let none = [(std::ptr::null_mut(), 0)];
+    let iov = if iov.is_empty() { &none[..] } else { iov };
     // SAFETY: an open endpoint of ours.
     let sh = unsafe { shared(ep as *mut fid) };
     let mut st = sh.lock();
     let flags = flags.unwrap_or(st.rx_flags);
     let (tag, ignore) = kind.recv_bits(&st);
-    st.recv(&iov, src, tag, ignore, ctx, flags)
+    st.recv(iov, src, tag, ignore, ctx, flags)
 }
 
 /// Sends the caller's `iov` as one message (several pieces gathered into a copy, one
@@ -446,7 +463,7 @@ unsafe extern "C" fn trecv(
 ) -> isize {
     let kind = Kind::Tagged { tag, ignore };
     // SAFETY: forwarded.
-    guard(|| unsafe { post_recv(ep, vec![(buf as *mut u8, len)], src, kind, ctx, None) })
+    guard(|| unsafe { post_recv(ep, &[(buf as *mut u8, len)], src, kind, ctx, None) })
 }
 
 unsafe extern "C" fn trecvv(
@@ -461,7 +478,7 @@ unsafe extern "C" fn trecvv(
 ) -> isize {
     let kind = Kind::Tagged { tag, ignore };
     // SAFETY: the caller's iovecs; forwarded.
-    guard(|| unsafe { post_recv(ep, iovs(iov, count), src, kind, ctx, None) })
+    guard(|| unsafe { post_recv(ep, &iovs(iov, count), src, kind, ctx, None) })
 }
 
 unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags: u64) -> isize {
@@ -478,7 +495,7 @@ unsafe extern "C" fn trecvmsg(ep: *mut fid_ep, msg: *const fi_msg_tagged, flags:
         unsafe {
             post_recv(
                 ep,
-                iovs(m.msg_iov, m.iov_count),
+                &iovs(m.msg_iov, m.iov_count),
                 m.addr,
                 kind,
                 m.context,
@@ -563,16 +580,7 @@ unsafe extern "C" fn mrecv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: forwarded.
-    guard(|| unsafe {
-        post_recv(
-            ep,
-            vec![(buf as *mut u8, len)],
-            src,
-            Kind::Untagged,
-            ctx,
-            None,
-        )
-    })
+    guard(|| unsafe { post_recv(ep, &[(buf as *mut u8, len)], src, Kind::Untagged, ctx, None) })
 }
 
 unsafe extern "C" fn mrecvv(
@@ -584,7 +592,7 @@ unsafe extern "C" fn mrecvv(
     ctx: *mut c_void,
 ) -> isize {
     // SAFETY: the caller's iovecs; forwarded.
-    guard(|| unsafe { post_recv(ep, iovs(iov, count), src, Kind::Untagged, ctx, None) })
+    guard(|| unsafe { post_recv(ep, &iovs(iov, count), src, Kind::Untagged, ctx, None) })
 }
 
 unsafe extern "C" fn mrecvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -> isize {
@@ -595,7 +603,7 @@ unsafe extern "C" fn mrecvmsg(ep: *mut fid_ep, msg: *const fi_msg, flags: u64) -
         };
         let v = iovs(m.msg_iov, m.iov_count);
         // SAFETY: the message's iovecs; forwarded.
-        unsafe { post_recv(ep, v, m.addr, Kind::Untagged, m.context, Some(flags)) }
+        unsafe { post_recv(ep, &v, m.addr, Kind::Untagged, m.context, Some(flags)) }
     })
 }
 

@@ -198,12 +198,15 @@ struct State {
     sources: Vec<u64>,
     /// Peers with a larger identity we wait for (to connect to us), since when.
     waiting: Map<u128, Instant>,
-    /// Where each address used so far leads.
-    routes: Map<u64, Target>,
+    /// Where each address used so far leads, by address (the vector hands out small
+    /// consecutive numbers).
+    routes: Vec<Option<Target>>,
     /// Peers our connection attempt failed for (sends to them fail).
     unreachable: HashSet<u128>,
     ops: Map<u64, Op>,
     claims: Map<usize, Claim>,
+    /// Receives [`clink::Endpoint::poll_recvs`] completed, kept for its memory.
+    fast: Vec<(u64, clink::Result<clink::Status>)>,
 }
 
 // SAFETY: the endpoint and the application's pointers are only used under the state's
@@ -464,12 +467,17 @@ impl State {
     /// Where address-vector entry `dest` leads: to a connection (ours if we connect, else
     /// the one the peer made: `FI_EAGAIN` until it has) or to this endpoint itself.
     fn target(&mut self, dest: u64) -> Result<Target, c_int> {
-        if let Some(&p) = self.routes.get(&dest) {
+        if let Some(&Some(p)) = self.routes.get(dest as usize) {
             return Ok(p);
         }
         let t = self.route(dest)?;
-        // Addresses are never reused (the vector only grows), so the answer stays right.
-        self.routes.insert(dest, t);
+        // Addresses are never reused (the vector only grows), so the answer stays right;
+        // `route` found `dest` in the vector, so the table is no longer than it.
+        let i = dest as usize;
+        if self.routes.len() <= i {
+            self.routes.resize(i + 1, None);
+        }
+        self.routes[i] = Some(t);
         Ok(t)
     }
 
@@ -550,6 +558,26 @@ impl State {
 
     fn progress(&mut self) {
         self.connect_new_entries();
+        // Small messages into posted receives straight off the rings, while nothing else
+        // needs a pass (clink says when one is due).
+        let mut fast = std::mem::take(&mut self.fast);
+        let enough =
+            self.looped.is_none() && self.ep.poll_recvs(|id, res| fast.push((id, res))).is_some();
+        for (id, res) in fast.drain(..) {
+            if let Some(Op::Recv(r)) = self.ops.remove(&id) {
+                let got = res.map(|status| {
+                    Some(clink::Received {
+                        buf: Vec::new(),
+                        status,
+                    })
+                });
+                self.finish_recv(r, got);
+            }
+        }
+        self.fast = fast;
+        if enough {
+            return;
+        }
         if let Some(mut l) = self.looped.take() {
             l.ep.progress();
             while let Some(ev) = l.ep.pop_event() {
@@ -822,7 +850,7 @@ impl State {
     fn selector(&mut self, src: u64, tag: u64, ignore: u64) -> Result<Selector, c_int> {
         let named = src != FI_ADDR_UNSPEC
             && self.directed
-            && (self.routes.contains_key(&src)
+            && (self.routes.get(src as usize).is_some_and(Option::is_some)
                 || self
                     .av
                     .as_ref()

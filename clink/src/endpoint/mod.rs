@@ -182,6 +182,9 @@ struct SendOp {
     tag: u64,
     data: SendData,
     state: SendState,
+    /// Its completion is to be reported by an event (posted with [`events::REQUESTS`] in
+    /// the interest mask, not reported yet).
+    watched: bool,
 }
 
 enum RecvBuf {
@@ -238,6 +241,8 @@ enum RecvState {
 struct RecvOp {
     buf: RecvBuf,
     state: RecvState,
+    /// As [`SendOp::watched`].
+    watched: bool,
 }
 
 /// A message that arrived before its receive.
@@ -346,6 +351,8 @@ pub struct Endpoint {
     /// Events `wait_event`'s fast path returned since the last progress pass (it gives
     /// way to a pass after [`FAST_STREAK`]).
     fast_streak: u32,
+    /// Calls of [`Endpoint::poll_recvs`] (wrapping): every 64th leaves it to a pass.
+    fast_polls: u32,
     events: Vec<u64>,
     last_error: Option<String>,
     /// The network transport, when enabled (`CLINK_UDP`).
@@ -364,11 +371,11 @@ pub struct Endpoint {
     rma: rma::RmaState,
     /// The event queue.
     evq: EventQueue,
-    /// Non-blocking requests whose completion is to be reported: (is a send, id).
-    watched: Vec<(bool, u64)>,
-    /// A request finished since the watched ones were last looked at (set wherever a
-    /// request's state becomes `Done`, so that passes without one skip the scan).
-    finished: bool,
+    /// How many requests are watched (their completion still to be reported).
+    watching: usize,
+    /// Requests whose state became `Done` since the last report: (is a send, id). Every
+    /// place that finishes a request adds it, so a report looks at those alone.
+    finished: Vec<(bool, u64)>,
     /// Our activity board and which peers a progress pass visits.
     board: Board,
     ready: ready::Ready,
@@ -438,6 +445,7 @@ impl Endpoint {
             passes: 0,
             last_check: Instant::now(),
             fast_streak: 0,
+            fast_polls: 0,
             events: Vec::with_capacity(32),
             last_error: None,
             net,
@@ -447,8 +455,8 @@ impl Endpoint {
             detached: Vec::new(),
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
-            watched: Vec::new(),
-            finished: false,
+            watching: 0,
+            finished: Vec::new(),
             board: Board::new()?,
             ready: ready::Ready::default(),
             expected_peers: local_peers,
@@ -562,6 +570,23 @@ impl Endpoint {
                 self.fail_peer(i, format!("{} closed locally", PeerId(i as u32)));
             }
         }
+    }
+}
+
+impl Endpoint {
+    /// Takes receive `id` out of the table. Every removal goes through here (or
+    /// [`Endpoint::remove_send`]), which keeps the count of watched requests right.
+    fn remove_recv(&mut self, id: u64) -> Option<RecvOp> {
+        let op = self.recvs.remove(&id)?;
+        self.watching -= usize::from(op.watched);
+        Some(op)
+    }
+
+    /// Takes send `id` out of the table (see [`Endpoint::remove_recv`]).
+    fn remove_send(&mut self, id: u64) -> Option<SendOp> {
+        let op = self.sends.remove(&id)?;
+        self.watching -= usize::from(op.watched);
+        Some(op)
     }
 }
 

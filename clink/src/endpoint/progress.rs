@@ -47,18 +47,19 @@ impl Endpoint {
         let fresh = pass.copies || did && self.net_clock_stale();
         self.net_transmit(fresh);
         self.tcp_transmit();
-        if !self.watched.is_empty() {
+        if !self.finished.is_empty() {
             self.report_done();
         }
         if self.rma.has_aperture_recvs() {
             self.settle_aperture_recvs();
         }
         if !self.detached.is_empty() {
-            let sends = &mut self.sends;
+            let (sends, watching) = (&mut self.sends, &mut self.watching);
             self.detached
                 .retain(|id| match sends.get(id).map(|s| &s.state) {
                     Some(SendState::Done(_)) => {
-                        sends.remove(id);
+                        let op = sends.remove(id);
+                        *watching -= usize::from(op.is_some_and(|o| o.watched));
                         false
                     }
                     Some(_) => true,
@@ -210,43 +211,41 @@ impl Endpoint {
         did
     }
 
-    /// Queues completion events for the watched requests that are done (see
-    /// [`events::REQUESTS`]); a request taken by `test`/`wait`/`cancel` first is dropped
-    /// from the watch silently.
+    /// Queues completion events for the watched requests that finished since the last
+    /// report (a request taken by its caller meanwhile is not reported).
     pub(super) fn report_done(&mut self) {
-        if !std::mem::take(&mut self.finished) {
-            return;
-        }
-        let (sends, recvs, evq) = (&self.sends, &self.recvs, &mut self.evq);
-        self.watched.retain(|&(send, id)| {
-            // None: gone (taken by the caller); Some(None): pending; Some(Some(ok)): done.
-            let state = if send {
-                sends.get(&id).map(|o| match &o.state {
-                    SendState::Done(r) => Some(r.is_ok()),
+        let mut finished = std::mem::take(&mut self.finished);
+        for (send, id) in finished.drain(..) {
+            let ok = if send {
+                self.sends.get_mut(&id).and_then(|o| match &o.state {
+                    SendState::Done(r) if o.watched => {
+                        o.watched = false;
+                        Some(r.is_ok())
+                    }
                     _ => None,
                 })
             } else {
-                recvs.get(&id).map(|o| match &o.state {
-                    RecvState::Done(r) => Some(r.is_ok()),
+                self.recvs.get_mut(&id).and_then(|o| match &o.state {
+                    RecvState::Done(r) if o.watched => {
+                        o.watched = false;
+                        Some(r.is_ok())
+                    }
                     _ => None,
                 })
             };
-            match state {
-                None => false,
-                Some(None) => true,
-                Some(Some(ok)) => {
-                    let req = id;
-                    evq.push(
-                        events::REQUESTS,
-                        if send {
-                            Event::SendDone { req, ok }
-                        } else {
-                            Event::RecvDone { req, ok }
-                        },
-                    );
-                    false
-                }
-            }
-        });
+            let Some(ok) = ok else { continue };
+            self.watching -= 1;
+            let req = id;
+            self.evq.push(
+                events::REQUESTS,
+                if send {
+                    Event::SendDone { req, ok }
+                } else {
+                    Event::RecvDone { req, ok }
+                },
+            );
+        }
+        // The list's memory is kept for the next pass.
+        self.finished = finished;
     }
 }

@@ -26,7 +26,7 @@ impl Endpoint {
         let p = &mut self.peers[i];
         if !p.alive {
             op.state = RecvState::Done(Err(Error::PeerDead(src)));
-            self.finished = true;
+            self.finished.push((false, rid));
             return;
         }
         let cma = p.link.cma();
@@ -82,7 +82,7 @@ impl Endpoint {
                 };
             } else {
                 op.state = cma_outcome(src, status, cap, read);
-                self.finished = true;
+                self.finished.push((false, rid));
                 self.finish_cma(i, send_id, n, t);
             }
         } else {
@@ -157,7 +157,7 @@ impl Endpoint {
                 if let Some(op) = self.sends.get_mut(&send_id) {
                     if op.peer == src && matches!(op.state, SendState::WaitFin) {
                         op.state = SendState::Done(Ok(()));
-                        self.finished = true;
+                        self.finished.push((true, send_id));
                     }
                 }
             }
@@ -173,7 +173,7 @@ impl Endpoint {
                             // (the link's transfers are cleared first).
                             if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
                                 op.state = SendState::Done(Err(Error::PeerDead(src)));
-                                self.finished = true;
+                                self.finished.push((true, send_id));
                             }
                             self.kick(i);
                             return Ok(true);
@@ -229,7 +229,7 @@ impl Endpoint {
                         since.elapsed().as_nanos() as f64,
                     );
                     op.state = RecvState::Done(receive_result(st, cap));
-                    self.finished = true;
+                    self.finished.push((false, rid));
                     p.pipeline_in.remove(&send_id);
                 }
             }
@@ -252,7 +252,7 @@ impl Endpoint {
                 if let Some(op) = self.sends.get_mut(&send_id) {
                     if cancelled && op.peer == src && matches!(op.state, SendState::WaitFin) {
                         op.state = SendState::Done(Err(Error::Cancelled));
-                        self.finished = true;
+                        self.finished.push((true, send_id));
                     }
                 }
             }
@@ -308,7 +308,7 @@ impl Endpoint {
                     self.stats.cma_bytes += pushed;
                 }
                 op.state = cma_outcome(src, status, cap, read.and(head));
-                self.finished = true;
+                self.finished.push((false, rid));
                 self.finish_cma(i, send_id, status.len.min(cap), since);
             }
             Frame::Close => {
@@ -352,7 +352,7 @@ impl Endpoint {
             if let Some(op) = self.sends.get_mut(&x) {
                 if matches!(op.state, SendState::Pipelining) {
                     op.state = SendState::Done(Ok(()));
-                    self.finished = true;
+                    self.finished.push((true, x));
                 }
             }
         }
@@ -367,7 +367,7 @@ impl Endpoint {
                 // Its bytes are counted by the link (hits, direct reads, cleanup copies).
                 let cap = op.buf.slice().len() as u64;
                 op.state = RecvState::Done(receive_result(status, cap));
-                self.finished = true;
+                self.finished.push((false, rid));
             }
         }
     }

@@ -16,17 +16,17 @@ impl Endpoint {
     /// Posts a non-blocking receive into `buf`.
     pub(super) fn post_recv(&mut self, sel: Selector, buf: RecvBuf) -> RecvRequest {
         let id = self.alloc_id();
+        let watched = self.evq.interest & events::REQUESTS != 0;
+        self.watching += usize::from(watched);
         self.recvs.insert(
             id,
             RecvOp {
                 buf,
                 state: RecvState::Posted,
+                watched,
             },
         );
         self.post(sel, id);
-        if self.evq.interest & events::REQUESTS != 0 {
-            self.watched.push((false, id));
-        }
         RecvRequest { id }
     }
 
@@ -46,7 +46,7 @@ impl Endpoint {
             };
             if let Some(op) = self.recvs.get_mut(&id) {
                 op.state = RecvState::Done(Err(err));
-                self.finished = true;
+                self.finished.push((false, id));
             }
         }
     }
@@ -78,6 +78,7 @@ impl Endpoint {
             RecvOp {
                 buf: RecvBuf::Borrowed(buf.as_mut_ptr(), buf.len()),
                 state: RecvState::Posted,
+                watched: false,
             },
         );
         self.post(sel, id);
@@ -101,13 +102,13 @@ impl Endpoint {
             if let Some(RecvOp {
                 state: RecvState::Done(res),
                 ..
-            }) = self.recvs.remove(&id)
+            }) = self.remove_recv(id)
             {
                 return res;
             }
             return Err(e);
         }
-        match self.recvs.remove(&id).map(|r| r.state) {
+        match self.remove_recv(id).map(|r| r.state) {
             Some(RecvState::Done(res)) => res,
             _ => Err(Error::Consumed),
         }
@@ -164,6 +165,73 @@ impl Endpoint {
         None
     }
 
+    /// Completes posted receives straight off the shared-memory rings, for callers that
+    /// drive the endpoint by polling its requests (the libfabric provider's completion
+    /// queues): while a ring's head is an eager message the first matching posted receive
+    /// takes, it is copied there and, for a receive into caller memory
+    /// ([`Endpoint::irecv_raw`]), `done(request id, outcome)` is called and the request is
+    /// gone (no event, nothing to finish); a receive into an owned buffer completes as in
+    /// a progress pass. Returns how many `done` was called for, or `None` when a progress
+    /// pass is due instead: anything else at a ring's head, a network peer, a send or a
+    /// handshake in flight, or every 64th call (liveness, timers). Completions reported
+    /// before a `None` stand.
+    pub fn poll_recvs(&mut self, mut done: impl FnMut(u64, Result<Status>)) -> Option<usize> {
+        self.fast_polls = self.fast_polls.wrapping_add(1);
+        if self.fast_polls.is_multiple_of(64)
+            || self.ready.on
+            || !self.sends.is_empty()
+            || !self.detached.is_empty()
+            || !self.incoming.is_empty()
+            || !self.finished.is_empty()
+            || self.rma.has_aperture_recvs()
+        {
+            return None;
+        }
+        let mut n = 0;
+        for i in 0..self.peers.len() {
+            loop {
+                let p = &mut self.peers[i];
+                let rec = match p.quiet_head() {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(()) => return None,
+                };
+                let src = PeerId(i as u32);
+                let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.frame(rec)) else {
+                    return None;
+                };
+                // A message no posted receive wants: the progress pass decides (it stays
+                // at the head, or is copied aside).
+                let Some(rid) = self.matcher.take_posted(src, tag) else {
+                    return None;
+                };
+                let Some(op) = self.recvs.get_mut(&rid) else {
+                    return None;
+                };
+                let result = copy_eager(src, tag, data, op.buf.slice());
+                let report = if matches!(op.buf, RecvBuf::Owned(_)) {
+                    op.state = RecvState::Done(result);
+                    self.finished.push((false, rid));
+                    None
+                } else {
+                    self.remove_recv(rid);
+                    Some(result)
+                };
+                let p = &mut self.peers[i];
+                if p.release(rec) {
+                    p.link.wake();
+                    self.stats.doorbells += 1;
+                }
+                self.stats.frames_received += 1;
+                if let Some(result) = report {
+                    done(rid, result);
+                    n += 1;
+                }
+            }
+        }
+        Some(n)
+    }
+
     /// Tests a receive: `Ok(Some(..))` when complete, `Ok(None)` while pending.
     pub fn test_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
         self.progress();
@@ -186,7 +254,7 @@ impl Endpoint {
             None => Err(Error::Consumed),
             Some((RecvState::Done(_), RecvBuf::Aperture { .. })) => {
                 // The bytes are in the aperture: no buffer to hand back, even truncated.
-                match self.recvs.remove(&id).map(|op| op.state) {
+                match self.remove_recv(id).map(|op| op.state) {
                     Some(RecvState::Done(res)) => res.map(|status| {
                         Some(Received {
                             buf: Vec::new(),
@@ -208,10 +276,11 @@ impl Endpoint {
                     _ => Err(Error::Consumed),
                 }
             }
-            Some((RecvState::Done(_), _)) => match self.recvs.remove(&id) {
+            Some((RecvState::Done(_), _)) => match self.remove_recv(id) {
                 Some(RecvOp {
                     buf: RecvBuf::Owned(mut buf),
                     state: RecvState::Done(res),
+                    ..
                 }) => {
                     let st = res?;
                     buf.truncate(st.len as usize);
@@ -226,7 +295,7 @@ impl Endpoint {
     /// After a receive failed with [`Error::Truncated`], returns its buffer (which holds
     /// the message's first bytes).
     pub fn take_recv_buffer(&mut self, req: RecvRequest) -> Option<Vec<u8>> {
-        match self.recvs.remove(&req.id)? {
+        match self.remove_recv(req.id)? {
             RecvOp {
                 buf: RecvBuf::Owned(v),
                 ..
@@ -284,7 +353,7 @@ impl Endpoint {
         if !self.matcher.cancel(&req.id) {
             return Ok(None);
         }
-        match self.recvs.remove(&req.id) {
+        match self.remove_recv(req.id) {
             Some(RecvOp {
                 buf: RecvBuf::Owned(v),
                 ..
@@ -421,7 +490,7 @@ impl Endpoint {
             return;
         };
         op.state = RecvState::Done(copy_eager(src, tag, data, op.buf.slice()));
-        self.finished = true;
+        self.finished.push((false, rid));
     }
 }
 

@@ -27,17 +27,22 @@ impl Endpoint {
                     tag,
                     data: SendData::Owned(Bytes::new()),
                     state: SendState::Done(Ok(())),
+                    watched: true,
                 },
             );
+            // Reported by the next progress pass (which `next_event`, `wait_event` and
+            // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
+            // request is watched).
+            self.finished.push((true, id));
+            self.watching += 1;
             id
         } else {
+            if let Some(op) = self.sends.get_mut(&req.id) {
+                op.watched = true;
+                self.watching += 1;
+            }
             req.id
         };
-        // Reported by the next progress pass (which `next_event`, `wait_event` and
-        // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
-        // request is watched), not here: one scan per pass, not per request.
-        self.watched.push((true, id));
-        self.finished = true;
         Ok(SendRequest { id })
     }
 
@@ -100,6 +105,7 @@ impl Endpoint {
                 tag,
                 data,
                 state: SendState::Queued,
+                watched: false,
             },
         );
         self.flush(peer.0 as usize);
@@ -178,7 +184,7 @@ impl Endpoint {
     pub(super) fn take_send(&mut self, id: u64) -> Result<bool> {
         match self.sends.get(&id).map(|s| &s.state) {
             None => Err(Error::Consumed),
-            Some(SendState::Done(_)) => match self.sends.remove(&id).map(|s| s.state) {
+            Some(SendState::Done(_)) => match self.remove_send(id).map(|s| s.state) {
                 Some(SendState::Done(r)) => r.map(|_| true),
                 _ => Err(Error::Consumed),
             },
@@ -217,7 +223,7 @@ impl Endpoint {
                 // Never left this process: drop it from the queue.
                 let p = &mut self.peers[peer.0 as usize];
                 p.txq.retain(|t| !matches!(t, TxItem::Send(s) if *s == id));
-                self.sends.remove(&id);
+                self.remove_send(id);
                 Ok(true)
             }
             SendState::WaitFin => {
@@ -228,7 +234,7 @@ impl Endpoint {
                         Some(SendState::Done(_)) | None
                     )
                 })?;
-                match self.sends.remove(&id).map(|s| s.state) {
+                match self.remove_send(id).map(|s| s.state) {
                     Some(SendState::Done(Err(Error::Cancelled))) => Ok(true),
                     Some(SendState::Done(Err(e))) => Err(e),
                     _ => Ok(false),
@@ -241,11 +247,11 @@ impl Endpoint {
                         Some(SendState::Done(_)) | None
                     )
                 })?;
-                self.sends.remove(&id);
+                self.remove_send(id);
                 Ok(false)
             }
             SendState::Done(_) => {
-                self.sends.remove(&id);
+                self.remove_send(id);
                 Ok(false)
             }
         }
@@ -342,7 +348,7 @@ impl Endpoint {
                             let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
                             if ok {
                                 op.state = SendState::Done(Ok(()));
-                                self.finished = true;
+                                self.finished.push((true, *id));
                             }
                             ok
                         } else {
@@ -408,7 +414,7 @@ impl Endpoint {
             did = true;
             if st.next >= st.len {
                 op.state = SendState::Done(Ok(()));
-                self.finished = true;
+                self.finished.push((true, st.send_id));
                 p.pipeline_out.pop_front();
             }
         }

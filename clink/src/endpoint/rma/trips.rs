@@ -219,7 +219,7 @@ impl Endpoint {
         if self.ready.on
             || self.peers.is_empty()
             || self.fast_streak >= FAST_STREAK
-            || !self.watched.is_empty()
+            || self.watching != 0
             || !self.detached.is_empty()
             || !self.incoming.is_empty()
         {

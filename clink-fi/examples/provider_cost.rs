@@ -1,0 +1,306 @@
+//! CPU cost of one 8-byte hop through the provider, without the cross-core transfer: two
+//! endpoints of one domain on one host (shared memory), driven alternately by one thread
+//! through the provider's libfabric tables, as a libfabric program (or Open MPI's `mtl
+//! ofi`) drives them: a tagged receive posted, the send, and completion-queue reads until
+//! the receive's completion. Three ways of sending: `fi_tinject` (no completion: what Open
+//! MPI uses for small messages), `fi_tsend` with its completion read, and `fi_tsend` with
+//! the receive posted after the message arrived (an unexpected message). Beside them, the
+//! same hop over clink's own API in the same process (a blocking `send` and `recv`), so the
+//! difference is what the provider adds.
+//!
+//! Run: `cargo run --release -p clink-fi --example provider_cost -- [hops] [inject|send|unexpected]`
+
+use clink_fi::abi::*;
+use std::ffi::c_void;
+use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn check(r: i32, what: &str) -> Result<(), String> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what} failed with {r}"))
+    }
+}
+
+/// Two endpoints, each with its own completion queue, and each one's address for the
+/// other.
+struct Pair {
+    eps: [*mut fid_ep; 2],
+    cqs: [*mut fid_cq; 2],
+    addrs: [u64; 2],
+}
+
+/// Opens the provider's objects and inserts both names into one table.
+unsafe fn open() -> Result<Pair, String> {
+    // SAFETY: the provider's entry points called as libfabric calls them, with objects it
+    // returned; every pointer passed is live for the call.
+    unsafe {
+        let prov = &*clink_fi::fi_prov_ini();
+        let mut info: *mut fi_info = null_mut();
+        let v = fi_version(1, 17);
+        check(
+            (prov.getinfo)(v, null(), null(), 0, null(), &mut info),
+            "getinfo",
+        )?;
+        let mut fabric: *mut fid_fabric = null_mut();
+        check(
+            (prov.fabric)((*info).fabric_attr, &mut fabric, null_mut()),
+            "fabric",
+        )?;
+        let mut domain: *mut fid_domain = null_mut();
+        let dops = |f: *mut fid_fabric| &*(*f).ops;
+        check(
+            (dops(fabric).domain)(fabric, info, &mut domain, null_mut()),
+            "domain",
+        )?;
+        let ops = &*(*domain).ops;
+        let mut cq_attr: fi_cq_attr = std::mem::zeroed();
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        let mut cqs = [null_mut(); 2];
+        for cq in &mut cqs {
+            check(
+                (ops.cq_open)(domain, &mut cq_attr, cq, null_mut()),
+                "cq_open",
+            )?;
+        }
+        let mut av: *mut fid_av = null_mut();
+        let mut av_attr: fi_av_attr = std::mem::zeroed();
+        av_attr.type_ = FI_AV_TABLE;
+        check(
+            (ops.av_open)(domain, &mut av_attr, &mut av, null_mut()),
+            "av_open",
+        )?;
+        let mut eps = [null_mut(); 2];
+        let mut names = Vec::new();
+        for (i, ep) in eps.iter_mut().enumerate() {
+            check((ops.endpoint)(domain, info, ep, null_mut()), "endpoint")?;
+            let f = &mut (**ep).fid;
+            check(((*f.ops).bind)(f, &mut (*av).fid, 0), "bind av")?;
+            let cq = &mut (*cqs[i]).fid;
+            check(((*f.ops).bind)(f, cq, FI_TRANSMIT | FI_RECV), "bind cq")?;
+            check(((*f.ops).control)(f, FI_ENABLE, null_mut()), "enable")?;
+            let mut name = [0u8; 64];
+            let mut len = name.len();
+            let r = ((*(**ep).cm).getname)(f, name.as_mut_ptr() as *mut c_void, &mut len);
+            check(r, "getname")?;
+            names.extend_from_slice(&name[..len]);
+        }
+        let mut addrs = [0u64; 2];
+        let blob = names.as_ptr() as *const c_void;
+        let r = ((*(*av).ops).insert)(av, blob, 2, addrs.as_mut_ptr(), 0, null_mut());
+        if r != 2 {
+            return Err(format!("av insert: {r}"));
+        }
+        Ok(Pair { eps, cqs, addrs })
+    }
+}
+
+/// Reads `cq` until one completion comes; an error entry or another answer is an error.
+unsafe fn completion(cq: *mut fid_cq) -> Result<fi_cq_tagged_entry, String> {
+    // SAFETY: an open queue; room for one entry.
+    unsafe {
+        let mut e: fi_cq_tagged_entry = std::mem::zeroed();
+        loop {
+            match ((*(*cq).ops).read)(cq, &mut e as *mut _ as *mut c_void, 1) {
+                1 => return Ok(e),
+                r if r == -(FI_EAGAIN as isize) => {}
+                r => return Err(format!("cq read: {r}")),
+            }
+        }
+    }
+}
+
+/// A call that answers `-FI_EAGAIN` until the two endpoints are connected, retried.
+fn retried(mut call: impl FnMut() -> isize, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call() {
+            0 => return Ok(()),
+            r if r == -(FI_EAGAIN as isize) && Instant::now() < deadline => {
+                std::thread::yield_now()
+            }
+            r => return Err(format!("{what}: {r}")),
+        }
+    }
+}
+
+/// A queue pointer for the thread that drives it while the endpoints connect.
+struct Queue(*mut fid_cq);
+// SAFETY: the provider's objects are thread-safe (FI_THREAD_SAFE).
+unsafe impl Send for Queue {}
+
+/// Connects the pair: one message each way, each queue read by a thread of its own
+/// meanwhile (the connecting endpoint waits for the other's progress).
+unsafe fn connect(p: &Pair) -> Result<(), String> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for &cq in &p.cqs {
+            let q = Queue(cq);
+            let stop = &stop;
+            s.spawn(move || {
+                let q = q;
+                let mut e: fi_cq_tagged_entry = unsafe { std::mem::zeroed() };
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: an open queue, room for one entry.
+                    unsafe { ((*(*q.0).ops).read)(q.0, &mut e as *mut _ as *mut c_void, 1) };
+                    std::thread::yield_now();
+                }
+            });
+        }
+        let msg = [0u8; 8];
+        let res = (|| -> Result<(), String> {
+            for (from, to) in [(0, 1), (1, 0)] {
+                let ep = p.eps[from];
+                // SAFETY: an open endpoint; `msg` is copied by the inject.
+                let t = unsafe { &*(*ep).tagged };
+                let buf = msg.as_ptr() as *const c_void;
+                retried(
+                    || unsafe { (t.inject)(ep, buf, 8, p.addrs[to], 1) },
+                    "inject",
+                )?;
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        res
+    })?;
+    // The two connecting messages, received (unexpected) now that one thread drives both.
+    for (at, from) in [(1, 0), (0, 1)] {
+        let mut buf = [0u8; 8];
+        let ep = p.eps[at];
+        // SAFETY: an open endpoint; `buf` outlives the completion read below.
+        unsafe {
+            let t = &*(*ep).tagged;
+            let b = buf.as_mut_ptr() as *mut c_void;
+            let r = (t.recv)(ep, b, 8, null_mut(), p.addrs[from], 1, 0, null_mut());
+            check(r as i32, "connecting recv")?;
+            completion(p.cqs[at])?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    Inject,
+    Send,
+    Unexpected,
+}
+
+/// `n` hops of 8 bytes, alternately each way; ns per hop.
+unsafe fn hops(p: &Pair, n: u64, way: Way) -> Result<f64, String> {
+    let mut buf = [[0u8; 8]; 2];
+    let t = Instant::now();
+    for i in 0..n {
+        let (from, to) = ((i & 1) as usize, 1 - (i & 1) as usize);
+        let (src, dst) = (p.eps[from], p.eps[to]);
+        // SAFETY: open endpoints and queues; each receive's buffer outlives its completion,
+        // read before the next hop; a sent buffer is not touched before its completion.
+        unsafe {
+            let rb = buf[to].as_mut_ptr() as *mut c_void;
+            let post = || {
+                let t = &*(*dst).tagged;
+                check(
+                    (t.recv)(dst, rb, 8, null_mut(), p.addrs[from], 5, 0, null_mut()) as i32,
+                    "trecv",
+                )
+            };
+            if way != Way::Unexpected {
+                post()?;
+            }
+            let sb = buf[from].as_ptr() as *const c_void;
+            let t = &*(*src).tagged;
+            if way == Way::Inject {
+                check((t.inject)(src, sb, 8, p.addrs[to], 5) as i32, "tinject")?;
+            } else {
+                let r = (t.send)(src, sb, 8, null_mut(), p.addrs[to], 5, null_mut());
+                check(r as i32, "tsend")?;
+                completion(p.cqs[from])?;
+            }
+            if way == Way::Unexpected {
+                // The message is in the receiver's ring: a read of its queue takes it in
+                // as unexpected before the receive is posted.
+                let mut e: fi_cq_tagged_entry = std::mem::zeroed();
+                let q = p.cqs[to];
+                ((*(*q).ops).read)(q, &mut e as *mut _ as *mut c_void, 1);
+                post()?;
+            }
+            let e = completion(p.cqs[to])?;
+            if e.len != 8 || e.tag != 5 {
+                return Err(format!("completion of {} bytes, tag {}", e.len, e.tag));
+            }
+        }
+    }
+    Ok(t.elapsed().as_nanos() as f64 / n as f64)
+}
+
+/// The same hop over clink's own API: a blocking `send` and `recv` between two endpoints.
+fn clink_hops(n: u64) -> Result<f64, Box<dyn std::error::Error>> {
+    use clink::{Config, Context, Selector};
+    let cfg = || Config {
+        calibrate: false,
+        ..Config::default()
+    };
+    let ctx_a = Context::with_config(cfg())?;
+    let mut a = ctx_a.endpoint()?;
+    let addr = a.address();
+    let joined = std::thread::spawn(move || -> clink::Result<_> {
+        let ctx_b = Context::with_config(cfg())?;
+        let mut b = ctx_b.endpoint()?;
+        let p = b.connect(&addr)?;
+        Ok((ctx_b, b, p))
+    });
+    let pa = a.accept(Some(Duration::from_secs(10)))?;
+    let (_ctx_b, mut b, pb) = joined.join().expect("connecting thread")?;
+    let mut buf = [0u8; 8];
+    let t = Instant::now();
+    for _ in 0..n / 2 {
+        a.send(pa, 5, &buf)?;
+        b.recv(Selector::exact(Some(pb), 5), &mut buf)?;
+        b.send(pb, 5, &buf)?;
+        a.recv(Selector::exact(Some(pa), 5), &mut buf)?;
+    }
+    Ok(t.elapsed().as_nanos() as f64 / (n / 2 * 2) as f64)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .map_or(Ok(1_000_000), |s| s.parse())?;
+    // SAFETY: the pair's objects are used only through the provider's calls above.
+    let p = unsafe { open() }?;
+    unsafe { connect(&p) }?;
+    // One way alone (for a profiler): `inject`, `send` or `unexpected`.
+    if let Some(only) = std::env::args().nth(2) {
+        let way = match only.as_str() {
+            "inject" => Way::Inject,
+            "send" => Way::Send,
+            "unexpected" => Way::Unexpected,
+            _ => return Err(format!("unknown way {only}: inject, send or unexpected").into()),
+        };
+        // SAFETY: as above.
+        let ns = unsafe { hops(&p, n, way) }?;
+        println!("ns per hop: {only} {ns:.1}");
+        return Ok(());
+    }
+    for round in 0..3 {
+        let own = clink_hops(n)?;
+        // SAFETY: as above.
+        let (inject, send, unexpected) = unsafe {
+            (
+                hops(&p, n, Way::Inject)?,
+                hops(&p, n, Way::Send)?,
+                hops(&p, n, Way::Unexpected)?,
+            )
+        };
+        println!(
+            "round {round}: ns per hop: clink send+recv {own:.1}; provider tinject {inject:.1} (+{:.1}), tsend {send:.1} (+{:.1}), unexpected {unexpected:.1} (+{:.1})",
+            inject - own,
+            send - own,
+            unexpected - own
+        );
+    }
+    Ok(())
+}
