@@ -272,7 +272,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: the pair's objects are used only through the provider's calls above.
     let p = unsafe { open() }?;
     unsafe { connect(&p) }?;
-    // One way alone (for a profiler): `inject`, `send` or `unexpected`.
+    // One way alone (for a profiler): `inject`, `send` or `unexpected`; or `idle`: reads
+    // of a completion queue with nothing to complete (what a waiting receiver repeats).
+    if std::env::args().nth(2).as_deref() == Some("idle") {
+        let mut e: fi_cq_tagged_entry = unsafe { std::mem::zeroed() };
+        let q = p.cqs[0];
+        let t = Instant::now();
+        for _ in 0..n {
+            // SAFETY: an open queue; room for one entry.
+            let r = unsafe { ((*(*q).ops).read)(q, &mut e as *mut _ as *mut c_void, 1) };
+            if r != -(FI_EAGAIN as isize) {
+                return Err(format!("an idle read answered {r}").into());
+            }
+        }
+        println!("ns per idle read: {:.1}", t.elapsed().as_nanos() as f64 / n as f64);
+        return Ok(());
+    }
     if let Some(only) = std::env::args().nth(2) {
         let way = match only.as_str() {
             "inject" => Way::Inject,

@@ -915,6 +915,7 @@ impl State {
             self.settle_claim(key);
             return 0;
         }
+        let waiting = self.ep.unexpected_count() != 0;
         let req = match &dest {
             // SAFETY: libfabric's contract: the buffer stays valid until completion.
             Dest::Direct { buf, cap } => unsafe { self.ep.irecv_raw(sel, *buf, *cap) },
@@ -926,16 +927,26 @@ impl State {
                 }
             }
         };
-        self.ops.insert(
-            req.id(),
-            Op::Recv(PostedRecv {
-                req,
-                ctx,
-                dest,
-                report,
-                sel,
-            }),
-        );
+        let r = PostedRecv {
+            req,
+            ctx,
+            dest,
+            report,
+            sel,
+        };
+        // A message that had arrived (unexpected) completes the receive at once: its
+        // completion is queued now rather than after the next pass's event.
+        let res = if waiting {
+            self.ep.finish_recv(&r.req)
+        } else {
+            Ok(None)
+        };
+        match res {
+            Ok(None) => {
+                self.ops.insert(r.req.id(), Op::Recv(r));
+            }
+            res => self.finish_recv(r, res),
+        }
         0
     }
 

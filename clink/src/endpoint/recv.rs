@@ -232,6 +232,12 @@ impl Endpoint {
         Some(n)
     }
 
+    /// How many messages arrived before any receive wanted them and wait, copied aside,
+    /// for one (a receive posted now may complete at once from them).
+    pub fn unexpected_count(&self) -> usize {
+        self.matcher.unexpected_len()
+    }
+
     /// Tests a receive: `Ok(Some(..))` when complete, `Ok(None)` while pending.
     pub fn test_recv(&mut self, req: &RecvRequest) -> Result<Option<Received>> {
         self.progress();
