@@ -285,7 +285,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 return Err(format!("an idle read answered {r}").into());
             }
         }
-        println!("ns per idle read: {:.1}", t.elapsed().as_nanos() as f64 / n as f64);
+        println!(
+            "ns per idle read: {:.1}",
+            t.elapsed().as_nanos() as f64 / n as f64
+        );
         return Ok(());
     }
     if let Some(only) = std::env::args().nth(2) {

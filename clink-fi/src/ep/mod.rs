@@ -481,6 +481,8 @@ impl State {
         Ok(t)
     }
 
+    /// The first use of an address (out of line: the data path finds it in `routes`).
+    #[inline(never)]
     fn route(&mut self, dest: u64) -> Result<Target, c_int> {
         let entry = {
             let av = self.av.as_ref().ok_or(FI_EINVAL)?;

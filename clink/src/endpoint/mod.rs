@@ -576,6 +576,7 @@ impl Endpoint {
 impl Endpoint {
     /// Takes receive `id` out of the table. Every removal goes through here (or
     /// [`Endpoint::remove_send`]), which keeps the count of watched requests right.
+    #[inline]
     fn remove_recv(&mut self, id: u64) -> Option<RecvOp> {
         let op = self.recvs.remove(&id)?;
         self.watching -= usize::from(op.watched);
@@ -583,6 +584,7 @@ impl Endpoint {
     }
 
     /// Takes send `id` out of the table (see [`Endpoint::remove_recv`]).
+    #[inline]
     fn remove_send(&mut self, id: u64) -> Option<SendOp> {
         let op = self.sends.remove(&id)?;
         self.watching -= usize::from(op.watched);

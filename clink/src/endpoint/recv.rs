@@ -568,3 +568,115 @@ pub(super) fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> 
     };
     receive_result(status, buf.len() as u64)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::events::{Event, REQUESTS};
+    use crate::{Config, Error, Selector};
+
+    fn pair() -> (
+        (super::Endpoint, super::PeerId),
+        (super::Endpoint, super::PeerId),
+    ) {
+        let cfg = || Config {
+            calibrate: false,
+            ..Config::default()
+        };
+        super::super::connected_pair(cfg(), cfg())
+    }
+
+    /// Events until the endpoint's queue is empty, after progress passes enough to report
+    /// everything finished.
+    fn events(ep: &mut super::Endpoint) -> Vec<Event> {
+        ep.progress();
+        std::iter::from_fn(|| ep.pop_event()).collect()
+    }
+
+    /// A small message into a receive in caller memory completes from the ring with no
+    /// event and leaves nothing to finish; a receive into an owned buffer, and a message
+    /// no receive wants, are left to the progress pass.
+    #[test]
+    fn poll_recvs_completes_receives_in_caller_memory_and_leaves_the_rest() {
+        let ((mut a, pa), (mut b, pb)) = pair();
+        b.set_interest(REQUESTS);
+        let mut buf = [0u8; 16];
+        // SAFETY: `buf` outlives the receive, which completes (or is cancelled) below.
+        let raw = unsafe { b.irecv_raw(Selector::exact(Some(pb), 7), buf.as_mut_ptr(), 16) };
+        a.send(pa, 7, b"in place").unwrap();
+        let mut done = Vec::new();
+        assert_eq!(b.poll_recvs(|id, r| done.push((id, r))), Some(1));
+        let (id, r) = done.pop().unwrap();
+        assert_eq!(id, raw.id());
+        let st = r.unwrap();
+        assert_eq!((st.peer, st.tag, st.len), (pb, 7, 8));
+        assert_eq!(&buf[..8], b"in place");
+        assert!(matches!(b.finish_recv(&raw), Err(Error::Consumed)));
+        assert_eq!(b.watching, 0, "the taken request is no longer watched");
+        assert!(events(&mut b).is_empty(), "no event for a request taken");
+
+        // Owned buffer: completed in the ring's order, reported by an event.
+        let owned = b.irecv(Selector::exact(Some(pb), 8), vec![0; 16]).unwrap();
+        a.send(pa, 8, b"owned").unwrap();
+        assert_eq!(b.poll_recvs(|_, _| panic!("not in caller memory")), Some(0));
+        let ev = events(&mut b);
+        assert!(
+            matches!(ev[..], [Event::RecvDone { req, ok: true }] if req == owned.id()),
+            "{ev:?}"
+        );
+        let got = b.finish_recv(&owned).unwrap().unwrap();
+        assert_eq!(&got.buf, b"owned");
+
+        // Nothing wants tag 9: the pass decides, and the receive posted later gets it.
+        a.send(pa, 9, b"later").unwrap();
+        assert_eq!(b.poll_recvs(|_, _| panic!("no receive wants it")), None);
+        let mut late = [0u8; 8];
+        let st = b.recv(Selector::exact(Some(pb), 9), &mut late).unwrap();
+        assert_eq!(&late[..st.len as usize], b"later");
+        assert_eq!(b.watching, 0);
+    }
+
+    /// Every watched request is reported once, whichever way it finished, and one taken
+    /// before the report is not reported at all.
+    #[test]
+    fn finished_requests_are_reported_once() {
+        let ((mut a, pa), (mut b, pb)) = pair();
+        a.set_interest(REQUESTS);
+        b.set_interest(REQUESTS);
+        // A send complete at once (in the peer's ring) and two receives.
+        let s = a.isend(pa, 1, vec![1u8; 32]).unwrap();
+        let r1 = b.irecv(Selector::exact(Some(pb), 1), vec![0; 32]).unwrap();
+        let r2 = b.irecv(Selector::exact(Some(pb), 2), vec![0; 32]).unwrap();
+        a.send(pa, 2, &[2u8; 32]).unwrap();
+        let ev_a = events(&mut a);
+        assert!(
+            matches!(ev_a[..], [Event::SendDone { req, ok: true }] if req == s.id()),
+            "{ev_a:?}"
+        );
+        assert!(events(&mut a).is_empty(), "reported twice");
+        assert_eq!(a.watching, 0);
+        b.progress();
+        let mut ids: Vec<u64> = std::iter::from_fn(|| b.pop_event())
+            .filter_map(|e| match e {
+                Event::RecvDone { req, ok: true } => Some(req),
+                _ => None,
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [r1.id(), r2.id()]);
+        // A message copied aside (nothing wanted it), then a receive that matches it when
+        // posted and is taken before any pass.
+        a.send(pa, 3, &[3u8; 32]).unwrap();
+        b.progress();
+        assert_eq!(b.unexpected_count(), 1);
+        let r3 = b.irecv(Selector::exact(Some(pb), 3), vec![0; 32]).unwrap();
+        let got = b.finish_recv(&r3).unwrap().unwrap();
+        assert_eq!(got.buf, [3u8; 32]);
+        let ev = events(&mut b);
+        assert!(ev.is_empty(), "{ev:?}");
+        for r in [r1, r2] {
+            assert!(b.finish_recv(&r).unwrap().is_some());
+        }
+        assert_eq!(b.watching, 0);
+        assert!(b.finished.is_empty());
+    }
+}
