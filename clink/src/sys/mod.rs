@@ -1,0 +1,409 @@
+//! Thin, safe wrappers over the Linux system calls clink needs, each `unsafe` block with its
+//! reason. (Other `unsafe` lives next to the memory it touches: the shared-memory ring and
+//! board, the UDP socket's vectored calls and speculative placement, aperture memory.)
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+mod bell;
+mod epoll;
+mod net;
+mod seqpacket;
+
+pub use bell::{Bell, BellWait};
+pub use epoll::Epoll;
+pub use net::{interfaces, send_vectored, tcp_listen, Iface, SockAddr};
+pub use seqpacket::{poll_readable, PeerCred, SeqPacket};
+
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `setsockopt(2)` with a value of any plain type (an int, a struct the option takes).
+pub(crate) fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: &T,
+) -> io::Result<()> {
+    // SAFETY: a pointer to a live `T` and its size; the kernel only reads it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    })
+    .map(|_| ())
+}
+
+fn cvt_isize(r: isize) -> io::Result<usize> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// The monotonic clock (`CLOCK_MONOTONIC`, the one `Instant` reads) in nanoseconds: the
+/// network connections read it a few times per message, and going through `Instant` and
+/// `Duration` added a checked subtraction and a 128-bit conversion to each reading.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: an out-pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Fills `buf` from the kernel's random source.
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    getrandom::getrandom(buf).map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// A random u128 (identities, names, keys).
+pub fn random_u128() -> io::Result<u128> {
+    let mut b = [0u8; 16];
+    random_bytes(&mut b)?;
+    Ok(u128::from_le_bytes(b))
+}
+
+/// Creates an anonymous memory file of `len` bytes, sealed against shrinking and growing so
+/// a peer cannot make our mapping fault (SIGBUS) by truncating it.
+pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("memfd name has NUL"))?;
+    // SAFETY: cname is a valid C string; flags are constants.
+    let fd = cvt(unsafe {
+        libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+    })?;
+    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: plain syscalls on an fd we own.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    // SAFETY: as above; the seals are constants.
+    cvt(unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    })?;
+    Ok(fd)
+}
+
+/// Checks that a memory file received from a peer is at least `len` bytes and sealed
+/// against shrinking (so mapping it cannot fault later).
+pub fn check_peer_memfd(fd: &OwnedFd, len: usize) -> io::Result<()> {
+    // SAFETY: fcntl on an fd we own.
+    let seals = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
+    if seals & libc::F_SEAL_SHRINK == 0 {
+        return Err(io::Error::other(
+            "peer segment is not sealed against shrinking",
+        ));
+    }
+    let size = fd_size(fd)?;
+    if size < len as u64 {
+        return Err(io::Error::other(format!(
+            "peer segment has {size} bytes, protocol needs {len}"
+        )));
+    }
+    Ok(())
+}
+
+/// `epoll_pwait2` is missing or refused here: waits use `epoll_wait` (milliseconds).
+static NO_PWAIT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A shared mapping of a memory file; unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; concurrent access is governed by the ring protocol.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; the handle itself is immutable after creation.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of `fd` read-write, shared.
+    pub fn new(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        Self::with_flags(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)
+    }
+
+    /// Maps `len` bytes of `fd` read-only, shared (the fd may be read-only).
+    pub fn new_read_only(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        Self::with_flags(fd, len, libc::PROT_READ, 0)
+    }
+
+    /// As [`Mapping::new`], with every page allocated and mapped now (MAP_POPULATE): for
+    /// rings, whose first pass would otherwise take a page fault on each side every 64
+    /// cells, in the middle of the traffic.
+    pub fn new_populated(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        Self::with_flags(
+            fd,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_POPULATE,
+        )
+    }
+
+    fn with_flags(
+        fd: &OwnedFd,
+        len: usize,
+        prot: libc::c_int,
+        flags: libc::c_int,
+    ) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping chosen by the kernel; fd is valid and len non-zero.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED | flags,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
+            len,
+        })
+    }
+    /// Base address.
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// Length in bytes (never zero).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Always false: a mapping has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what new() mapped; nothing borrows it past the owner.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A non-blocking eventfd used as a doorbell.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+    // SAFETY: fresh fd owned by us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Rings a doorbell (adds 1 to an eventfd). Doorbells are watched edge-triggered and
+/// never read back; the 64-bit counter would take centuries to fill.
+pub fn ring_doorbell(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid u64. A full counter (EAGAIN) already means "awake".
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// Returns this process's uid.
+pub fn getuid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getuid() }
+}
+
+/// This process's effective uid.
+pub fn geteuid() -> u32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::geteuid() }
+}
+
+/// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst` with
+/// process_vm_readv (one copy, no staging).
+pub fn cma_read(pid: i32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
+    // SAFETY: `dst` is memory we own mutably for the whole call.
+    unsafe { cma(pid, remote, dst.as_mut_ptr(), dst.len(), false) }
+}
+
+/// Copies `src` to address `remote` in process `pid` with process_vm_writev (the
+/// same-host copy engine writing a get's answer into the initiator's buffer).
+pub fn cma_write(pid: i32, remote: u64, src: &[u8]) -> io::Result<()> {
+    // SAFETY: `src` is only read (process_vm_writev does not write the local side).
+    unsafe { cma(pid, remote, src.as_ptr().cast_mut(), src.len(), true) }
+}
+
+/// One CMA copy of `len` bytes between `local` and `remote` in process `pid`, looping
+/// over partial transfers.
+///
+/// # Safety
+/// `local` must be valid for `len` bytes: for writes when `to_remote` is false (the
+/// kernel writes it), for reads otherwise.
+unsafe fn cma(
+    pid: i32,
+    remote: u64,
+    local: *mut u8,
+    len: usize,
+    to_remote: bool,
+) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // Bounded pieces keep each call's latency (and the time the peer can't be served)
+        // reasonable and stay under the kernel's per-call limits.
+        let n = (len - done).min(1 << 30);
+        let l = libc::iovec {
+            iov_base: local.add(done).cast(),
+            iov_len: n,
+        };
+        let rem = libc::iovec {
+            iov_base: (remote as usize + done) as *mut libc::c_void,
+            iov_len: n,
+        };
+        // SAFETY: the local iovec is valid per the caller; the kernel checks the remote
+        // side against the peer's address space.
+        let r = cvt_isize(if to_remote {
+            libc::process_vm_writev(pid, &l, 1, &rem, 1, 0)
+        } else {
+            libc::process_vm_readv(pid, &l, 1, &rem, 1, 0)
+        })?;
+        if r == 0 {
+            return Err(io::Error::other("cross-memory copy made no progress"));
+        }
+        done += r;
+    }
+    Ok(())
+}
+
+/// A read-only descriptor of the same memory file (opened through /proc/self/fd), so a
+/// peer given it cannot map the memory writable.
+pub fn reopen_read_only(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::Error::other("fd path has NUL"))?;
+    // SAFETY: a valid C string; the result is a new fd we own.
+    let r = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+    // SAFETY: just returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Size of a memory file in bytes.
+pub fn fd_size(fd: &OwnedFd) -> io::Result<u64> {
+    // SAFETY: zeroed stat is a valid out-parameter for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and out-pointer.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st.st_size as u64)
+}
+
+/// Hints the CPU to fetch the cache line at `p` for writing (never faults, changes
+/// nothing).
+#[inline]
+pub fn prefetch_for_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// This process's id (used only for fork detection and CMA, never as an identity).
+pub fn getpid() -> i32 {
+    // SAFETY: always succeeds.
+    unsafe { libc::getpid() }
+}
+
+/// Makes the child `cmd` starts receive SIGKILL when the thread that started it dies
+/// (`PR_SET_PDEATHSIG`, set between fork and exec): benchmark and test children never
+/// outlive a killed parent.
+pub fn die_with_parent(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook only calls prctl, which is async-signal-safe, and touches no
+    // memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Reaps `child` if it has exited (`wait4` with `WNOHANG`), with the CPU seconds (user
+/// and system, all its threads) it used, which `std`'s `try_wait` drops. `None` while it
+/// runs. Call it only for a child not reaped yet.
+pub fn try_reap(
+    child: &std::process::Child,
+) -> io::Result<Option<(std::process::ExitStatus, f64)>> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is the caller's unreaped child; both out-pointers are valid.
+    let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+    match r {
+        0 => Ok(None),
+        r if r == pid => {
+            let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+            Ok(Some((
+                std::process::ExitStatus::from_raw(status),
+                secs(ru.ru_utime) + secs(ru.ru_stime),
+            )))
+        }
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// An exclusive `flock` on a file, released when dropped.
+pub struct FileLock {
+    fd: OwnedFd,
+}
+
+impl FileLock {
+    /// Takes the lock on `path` (created 0600 if missing), waiting up to `wait`; `None`
+    /// if it cannot be opened or stays held that long.
+    pub fn acquire(path: &std::path::Path, wait: std::time::Duration) -> Option<FileLock> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .ok()?;
+        let fd: OwnedFd = f.into();
+        let end = std::time::Instant::now() + wait;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(FileLock { fd });
+            }
+            if std::time::Instant::now() >= end {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        // SAFETY: unlocking our own descriptor (closing it would too).
+        unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_UN) };
+    }
+}

@@ -1,0 +1,239 @@
+//! Network sockets and interfaces: TCP listeners of either family, socket addresses in
+//! the kernel's form, the interfaces that are up, gathering writes.
+
+use super::*;
+
+/// A TCP listening socket bound to `at`; an IPv6 one takes IPv4 connections too (as
+/// mapped addresses) whatever the host's `bindv6only` default.
+pub fn tcp_listen(at: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
+    let family = if at.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2).
+    let raw = cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a fresh descriptor we own; the listener closes it.
+    let listener = unsafe { std::net::TcpListener::from_raw_fd(raw) };
+    if at.is_ipv6() {
+        setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &0)?;
+    }
+    let name = SockAddr::from(at);
+    let (sa, len) = name.raw();
+    // SAFETY: a valid socket address of the length given.
+    cvt(unsafe { libc::bind(raw, sa, len) })?;
+    // SAFETY: listen on our socket.
+    cvt(unsafe { libc::listen(raw, 128) })?;
+    Ok(listener)
+}
+
+/// A socket address in the kernel's form, either family.
+#[derive(Clone, Copy)]
+pub struct SockAddr {
+    /// Large enough for either family; `sin6_family` sits where `sin_family` does.
+    sa: libc::sockaddr_in6,
+}
+
+impl SockAddr {
+    /// Space for a name the kernel writes (`recvmsg`, `getsockname`).
+    pub fn empty() -> SockAddr {
+        SockAddr {
+            // SAFETY: sockaddr_in6 is plain old data; all-zero is a valid value.
+            sa: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    /// `a` for a socket of the family `v6` says: an IPv4 address on an IPv6 socket is
+    /// written as an IPv4-mapped IPv6 address.
+    pub fn for_socket(a: std::net::SocketAddr, v6: bool) -> SockAddr {
+        match a {
+            std::net::SocketAddr::V4(v) if v6 => SockAddr::from(std::net::SocketAddr::new(
+                v.ip().to_ipv6_mapped().into(),
+                v.port(),
+            )),
+            a => SockAddr::from(a),
+        }
+    }
+
+    /// The name and its length for a system call that reads it (a borrow: the storage
+    /// outlives the call; `&sockaddr` coerces to the call's pointer).
+    pub fn raw(&self) -> (&libc::sockaddr, libc::socklen_t) {
+        let len = if i32::from(self.sa.sin6_family) == libc::AF_INET {
+            std::mem::size_of::<libc::sockaddr_in>()
+        } else {
+            std::mem::size_of::<libc::sockaddr_in6>()
+        };
+        // SAFETY: a sockaddr (16 bytes, 2-aligned) is a prefix of the sockaddr_in6.
+        let sa = unsafe { &*(&self.sa as *const libc::sockaddr_in6).cast::<libc::sockaddr>() };
+        (sa, len as libc::socklen_t)
+    }
+
+    /// The pointer and capacity for a system call that writes the name.
+    pub fn raw_mut(&mut self) -> (*mut libc::sockaddr, libc::socklen_t) {
+        (
+            (&mut self.sa as *mut libc::sockaddr_in6).cast(),
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
+    }
+
+    /// The address, IPv4-mapped IPv6 addresses as IPv4 (`None`: another family).
+    pub fn get(&self) -> Option<std::net::SocketAddr> {
+        match i32::from(self.sa.sin6_family) {
+            libc::AF_INET => {
+                // SAFETY: the family says the storage holds a sockaddr_in.
+                let sin = unsafe {
+                    &*(&self.sa as *const libc::sockaddr_in6).cast::<libc::sockaddr_in>()
+                };
+                Some(std::net::SocketAddr::new(
+                    std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into(),
+                    u16::from_be(sin.sin_port),
+                ))
+            }
+            libc::AF_INET6 => {
+                let ip = std::net::Ipv6Addr::from(self.sa.sin6_addr.s6_addr);
+                Some(std::net::SocketAddr::new(
+                    ip.to_ipv4_mapped().map_or(ip.into(), Into::into),
+                    u16::from_be(self.sa.sin6_port),
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl From<std::net::SocketAddr> for SockAddr {
+    fn from(a: std::net::SocketAddr) -> SockAddr {
+        let mut s = SockAddr::empty();
+        match a {
+            std::net::SocketAddr::V4(v) => {
+                // SAFETY: the storage is larger than a sockaddr_in and suitably aligned.
+                let sin = unsafe {
+                    &mut *(&mut s.sa as *mut libc::sockaddr_in6).cast::<libc::sockaddr_in>()
+                };
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_port = v.port().to_be();
+                sin.sin_addr.s_addr = u32::from(*v.ip()).to_be();
+            }
+            std::net::SocketAddr::V6(v) => {
+                s.sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                s.sa.sin6_port = v.port().to_be();
+                s.sa.sin6_addr.s6_addr = v.ip().octets();
+                s.sa.sin6_scope_id = v.scope_id();
+                s.sa.sin6_flowinfo = v.flowinfo();
+            }
+        }
+        s
+    }
+}
+
+/// An address of an interface that is up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Iface {
+    /// Interface name (`eth0`).
+    pub name: String,
+    /// The address.
+    pub ip: std::net::IpAddr,
+    /// Its prefix length (the netmask's bits).
+    pub prefix: u8,
+    /// The interface MTU.
+    pub mtu: usize,
+    /// A loopback interface.
+    pub lo: bool,
+}
+
+/// The addresses of the interfaces that are up, with their interface's name, prefix and
+/// MTU (from `getifaddrs` and `/sys/class/net/IF/mtu`): IPv4 then IPv6 (link-local IPv6
+/// addresses left out: they need a scope to be reached), each in the kernel's order,
+/// loopback last.
+pub fn interfaces() -> Vec<Iface> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        let up = ifa.ifa_flags & libc::IFF_UP as u32 != 0;
+        let lo = ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
+        if ifa.ifa_addr.is_null() || !up {
+            continue;
+        }
+        let (ip, prefix) = match i32::from(
+            // SAFETY: a non-null ifa_addr points to a sockaddr of its family.
+            unsafe { (*ifa.ifa_addr).sa_family },
+        ) {
+            libc::AF_INET => {
+                // SAFETY: the family is AF_INET, so this is a sockaddr_in, and so is a
+                // non-null netmask.
+                let (sin, mask) = unsafe {
+                    (
+                        &*(ifa.ifa_addr as *const libc::sockaddr_in),
+                        (ifa.ifa_netmask as *const libc::sockaddr_in).as_ref(),
+                    )
+                };
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                let prefix =
+                    mask.map_or(32, |m| u32::from_be(m.sin_addr.s_addr).count_ones() as u8);
+                (std::net::IpAddr::V4(ip), prefix)
+            }
+            libc::AF_INET6 => {
+                // SAFETY: the family is AF_INET6: sockaddr_in6, netmask too.
+                let (sin, mask) = unsafe {
+                    (
+                        &*(ifa.ifa_addr as *const libc::sockaddr_in6),
+                        (ifa.ifa_netmask as *const libc::sockaddr_in6).as_ref(),
+                    )
+                };
+                let ip = std::net::Ipv6Addr::from(sin.sin6_addr.s6_addr);
+                if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                    continue; // link-local
+                }
+                let prefix = mask.map_or(128, |m| {
+                    m.sin6_addr
+                        .s6_addr
+                        .iter()
+                        .map(|b| b.count_ones())
+                        .sum::<u32>() as u8
+                });
+                (std::net::IpAddr::V6(ip), prefix)
+            }
+            _ => continue,
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1500);
+        out.push(Iface {
+            name,
+            ip,
+            prefix,
+            mtu,
+            lo,
+        });
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out.sort_by_key(|i| (i.lo, i.ip.is_ipv6()));
+    out
+}
+
+/// Writes `bufs` to the connected stream socket `fd` with one `sendmsg` (a gathering
+/// write, as `writev`), with `MSG_NOSIGNAL`: a peer that reset the connection gives
+/// `EPIPE`, never a `SIGPIPE` that would kill a process that did not ignore it.
+pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: zeroed msghdr is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSlice is ABI-compatible with iovec on Unix (documented by std).
+    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = bufs.len() as _;
+    // SAFETY: the vectors point into live slices for the duration of the call.
+    cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
+}
