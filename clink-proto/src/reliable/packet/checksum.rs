@@ -1,0 +1,76 @@
+//! The datagrams' checksums: CRC-32C of headers, XXH3 of long payloads.
+
+use super::*;
+
+/// The checksum of a bulk datagram: the CRC-32C of the first 60 header bytes, XORed, for a
+/// hashed payload (`Some`), with the low 32 bits of the payload's XXH3-64 (unseeded). A
+/// damaged header changes the CRC, a damaged hashed payload the hash; both at once cancel
+/// with probability 2^-32, as a seeded hash would. (Until datagram version 2 the CRC
+/// seeded the hash: a seeded XXH3 derives its 192-byte secret on every call, 25 against
+/// 31-32 GB/s on 1408-byte fragments.) Computed by `twox-hash`, which picks AVX2 at run
+/// time (`xxhash-rust`, used before, compiles SSE2 only for the baseline x86-64 target;
+/// BENCHMARKS.md). An unhashed payload (`None`) is left to the UDP checksum,
+/// which the sending kernel (or NIC) fills in and the receiving one verifies below clink.
+pub fn bulk_checksum(header60: &[u8], payload: Option<&[u8]>) -> u32 {
+    let crc = crc32c(header60);
+    payload.map_or(crc, |p| with_hash(crc, p))
+}
+
+/// `crc` XORed with the low 32 bits of `payload`'s XXH3-64 (unseeded): a hashed payload's
+/// part of a checksum ([`bulk_checksum`], [`data_checksum`]).
+fn with_hash(crc: u32, payload: &[u8]) -> u32 {
+    twox_hash::XxHash3_64::oneshot(payload) as u32 ^ crc
+}
+
+/// The trailer of data datagram `d` (everything before the trailer): with a payload of
+/// at least [`HASHED_PAYLOAD_MIN`] bytes, the CRC-32C of the rest (header, piggybacked
+/// ack) XORed with the low 32 bits of the payload's XXH3-64, as [`bulk_checksum`] does
+/// and for its reason: the CRC instruction's serial chain made checksumming the largest
+/// user-space cost of a 16 KiB eager ping-pong (6% of all samples, both sides), where
+/// XXH3's vector code is several times cheaper per byte. A damaged header or ack moves
+/// the CRC, a damaged payload the hash; random damage escapes with probability 2^-32.
+/// Shorter payloads, and a datagram too short or too inconsistent to say where its
+/// payload is, are CRC'd whole (parsing then refuses the latter anyway); a datagram too
+/// short to hold a hashed payload costs one comparison more than a plain CRC.
+#[inline]
+pub fn data_checksum(d: &[u8]) -> u32 {
+    if d.len() < DATA_HEADER + HASHED_PAYLOAD_MIN {
+        crc32c(d)
+    } else {
+        long_data_checksum(d)
+    }
+}
+
+/// [`data_checksum`] of a datagram long enough to hold a hashed payload (kept out of
+/// line: the short datagrams' path inlines to a comparison and the CRC).
+#[inline(never)]
+fn long_data_checksum(d: &[u8]) -> u32 {
+    let end = DATA_HEADER + usize::from(u16_at(d, 56));
+    match d.get(DATA_HEADER..end) {
+        Some(p) if p.len() >= HASHED_PAYLOAD_MIN => with_hash(
+            ::crc32c::crc32c_append(crc32c(&d[..DATA_HEADER]), &d[end..]),
+            p,
+        ),
+        _ => crc32c(d),
+    }
+}
+
+/// How many leading bytes of datagram `d` clink's own checksum covers: all of them,
+/// except for a bulk datagram whose payload is not hashed ([`BulkHeader::hashed`]), whose
+/// header alone it covers. Read without verifying anything (a fault injector damages only
+/// bytes clink is meant to catch damage to).
+pub fn checked_len(d: &[u8]) -> usize {
+    if is_bulk(d) && d.len() >= BULK_HEADER && u16_at(d, 6) & FLAG_HASHED == 0 {
+        BULK_HEADER
+    } else {
+        d.len()
+    }
+}
+
+/// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has
+/// it (the `crc32c` crate checks at run time), software otherwise. It covers every byte of
+/// ordinary datagrams and the header of bulk ones (whose payloads go through XXH3, see
+/// [`bulk_checksum`]); a table-driven CRC (2-3 GB/s here) was a bottleneck of its own.
+pub fn crc32c(data: &[u8]) -> u32 {
+    ::crc32c::crc32c(data)
+}
