@@ -1,0 +1,186 @@
+use super::packet::{DataHeader, Datagram};
+use super::{misordered, Config, Conn, Event, SPARE_BYTES, SPARE_COUNT};
+
+/// A ping-pong of messages of changing sizes, each delivered buffer given back: every
+/// message arrives intact in a reused buffer (a longer one after a shorter, a shorter
+/// after a longer), the acknowledged records are filled again, and the stores stay
+/// bounded (a buffer too large to keep is freed).
+#[test]
+fn spare_buffers_carry_later_messages_intact_and_stay_bounded() {
+    let cfg = Config::default();
+    let cfg_mtu = cfg.mtu_payload;
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let mut now = 1_000;
+    let mut buf = Vec::new();
+    let mut reused = (0, 0);
+    let sizes = [64usize, 7, 300, 0, 1, 2000, 64, 5000, 3];
+    for (i, &len) in sizes.iter().cycle().take(60).enumerate() {
+        let (from, to) = if i % 2 == 0 {
+            (&mut a, &mut b)
+        } else {
+            (&mut b, &mut a)
+        };
+        let msg: Vec<u8> = (0..len).map(|k| (k * 31 + i * 7) as u8).collect();
+        let spare = (from.spare_msgs.len(), to.spare_bufs.len());
+        from.send(i as u64, &msg).expect("queued");
+        if spare.0 > 0 {
+            assert_eq!(from.spare_msgs.len(), spare.0 - 1, "a record reused");
+            reused.0 += 1;
+        }
+        while let Some(n) = from.poll_transmit(now, &mut buf) {
+            to.handle_datagram(now, &buf[..n]).expect("valid datagram");
+            buf.clear();
+        }
+        if spare.1 > 0 && len <= cfg_mtu {
+            // (The delivery of a one-datagram message took a kept buffer.)
+            assert!(to.spare_bufs.len() < spare.1, "a buffer reused");
+            reused.1 += 1;
+        }
+        let mut got = None;
+        while let Some(ev) = to.poll_event() {
+            if let Event::Message { tag, data, .. } = ev {
+                assert!(got.is_none(), "one message per turn");
+                assert_eq!(tag, i as u64);
+                assert_eq!(data, msg, "message {i} ({len} bytes)");
+                got = Some(());
+                to.recycle(data);
+            }
+        }
+        assert!(got.is_some(), "message {i} delivered");
+        for c in [&*from, &*to] {
+            assert!(c.spare_bufs.len() <= SPARE_COUNT && c.spare_msgs.len() <= SPARE_COUNT);
+            assert!(c.spare_bufs.iter().all(|b| b.capacity() <= SPARE_BYTES));
+            assert!(c
+                .spare_msgs
+                .iter()
+                .all(|m| m.data.capacity() <= SPARE_BYTES));
+        }
+        now += 10_000;
+    }
+    // Most sends found the record of the last message acknowledged (the answer carried
+    // the ack; not after a message too large to keep), most deliveries a buffer.
+    assert!(reused.0 >= 50 && reused.1 >= 42, "reused {reused:?}");
+}
+
+/// A reply is due while packets are in flight (their acks) or a hole waits for its
+/// repair, once there is an RTT to say when; not otherwise.
+#[test]
+fn a_reply_is_due_for_packets_in_flight_and_for_holes() {
+    let cfg = Config::default();
+    let mut a = Conn::new(cfg.clone(), 0);
+    let mut b = Conn::new(cfg, 0);
+    let mut now = 1_000;
+    let pass = |from: &mut Conn, to: &mut Conn, now: u64| {
+        let mut buf = Vec::new();
+        while let Some(n) = from.poll_transmit(now, &mut buf) {
+            to.handle_datagram(now, &buf[..n]).expect("valid datagram");
+            buf.clear();
+        }
+    };
+    a.send(0, b"ping").expect("queued");
+    assert_eq!(a.reply_due(), None, "no RTT sample yet");
+    pass(&mut a, &mut b, now);
+    now += 50_000;
+    b.send(0, b"pong").expect("queued");
+    pass(&mut b, &mut a, now); // the answer acks the ping: a has its sample
+    now += 500_000; // past the ack delay
+    pass(&mut a, &mut b, now); // the ack of the pong: b has its sample
+    assert_eq!(a.reply_due(), None, "everything acked");
+    assert_eq!(b.reply_due(), None);
+    a.send(0, b"again").expect("queued");
+    let mut buf = Vec::new();
+    a.poll_transmit(now, &mut buf).expect("a datagram");
+    assert_eq!(a.reply_due(), Some(a.rtt.srtt), "its ack is due");
+    // b misses that one and gets the next: a hole.
+    a.send(0, b"later").expect("queued");
+    buf.clear();
+    let m = a.poll_transmit(now, &mut buf).expect("a datagram");
+    assert_eq!(b.reply_due(), None, "nothing due before the hole");
+    b.handle_datagram(now, &buf[..m]).expect("valid datagram");
+    assert_eq!(
+        b.reply_due(),
+        Some(b.rtt.srtt),
+        "the repair of the hole is due"
+    );
+}
+
+/// The received ranges kept as packets arrive are those a walk of the slots finds
+/// (what acks carried before), whatever the arrival order, duplicates included.
+#[test]
+fn received_ranges_match_the_slots_in_any_arrival_order() {
+    let window = 64u64;
+    for seed in 1..=200u64 {
+        let cfg = Config {
+            recv_window: window,
+            ..Config::default()
+        };
+        let mut rx = Conn::new(cfg, 0);
+        // Packets 0..48, shuffled (seeded xorshift), some twice.
+        let mut order: Vec<u64> = (0..48).chain(0..8).collect();
+        let mut x = seed;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        for pn in order {
+            let hdr = DataHeader {
+                pn,
+                floor: 0,
+                msg_id: pn,
+                tag: 0,
+                msg_len: 1,
+                offset: 0,
+                ack: None,
+            };
+            let mut buf = Vec::new();
+            Datagram::Data {
+                conn: 0,
+                hdr,
+                payload: &[7],
+            }
+            .encode(&mut buf);
+            rx.handle_datagram(1, &buf).expect("valid datagram");
+            let mut walked = Vec::new();
+            let mut run = None;
+            for p in rx.rcv_next + 1..rx.rcv_highest + 1 {
+                let have = p < rx.rcv_highest && rx.slots[(p % window) as usize].is_some();
+                match (have, run) {
+                    (true, None) => run = Some(p),
+                    (false, Some(s)) => {
+                        walked.push((s, p));
+                        run = None;
+                    }
+                    _ => {}
+                }
+            }
+            let kept: Vec<(u64, u64)> = rx.rcv_ranges.iter().collect();
+            assert_eq!(kept, walked, "seed {seed}, after {pn}");
+        }
+        assert_eq!(rx.rcv_next, 48);
+        assert_eq!(rx.rcv_ranges.iter().count(), 0);
+    }
+}
+
+#[test]
+fn misorder_permutes_each_group_without_fixed_points() {
+    for group in [1u64, 2, 3, 7, 16, 44] {
+        for n in 1..=200u64 {
+            let mut seen = vec![false; n as usize];
+            for k in 0..n {
+                let i = misordered(k, n, group);
+                assert!(i < n, "group {group}, n {n}: {k} -> {i}");
+                let unit = group.max(2);
+                assert_eq!(i / unit, k / unit, "stays in its unit");
+                assert!(!seen[i as usize], "sent twice");
+                seen[i as usize] = true;
+                let lone_last = k == n - 1 && n % unit == 1;
+                assert_eq!(i == k, lone_last, "group {group}, n {n}: {k} -> {i}");
+            }
+        }
+    }
+    // Pairs swapped; an odd unit's tail rotates.
+    let order: Vec<u64> = (0..7).map(|k| misordered(k, 7, 7)).collect();
+    assert_eq!(order, vec![1, 0, 3, 2, 5, 6, 4]);
+}
