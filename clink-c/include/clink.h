@@ -1356,6 +1356,47 @@ int clink_probe(struct clink_endpoint_t *ep,
                 struct clink_selector_t sel,
                 struct clink_status_t *status);
 
+// Receives a message matching `sel` without copying it when it is a small message at the
+// head of its sender's ring, waiting up to `timeout_ms` (-1 forever). On success `*msg`
+// holds it: read it with `clink_inplace_data` and give it back with
+// `clink_inplace_release` (until then the sender's later messages queue behind it and the
+// endpoint answers `CLINK_ERR_BUSY` to other calls).
+//
+// Thread safety: one thread at a time per endpoint; the message may be released from
+// another thread.
+//
+// # Safety
+// `ep` a live endpoint; `msg` writable (NULL refused).
+int clink_recv_in_place(struct clink_endpoint_t *ep,
+                        struct clink_selector_t sel,
+                        int timeout_ms,
+                        struct clink_inplace_t **msg);
+
+// The bytes of an in-place message (NULL for a NULL message or an empty one); `*len`
+// (may be NULL) gets their length.
+//
+// Ownership: the bytes belong to the library (the sender's ring) until
+// `clink_inplace_release`. Thread safety: any thread holding the message.
+//
+// # Safety
+// `msg` NULL or a live in-place message; `len` NULL or writable.
+const void *clink_inplace_data(const struct clink_inplace_t *msg, uintptr_t *len);
+
+// Copies the status (sender, tag, length) of an in-place message into `*status`.
+//
+// # Safety
+// `msg` a live in-place message; `status` writable (NULL refused).
+int clink_inplace_status(const struct clink_inplace_t *msg, struct clink_status_t *status);
+
+// Gives an in-place message back (frees its ring space, lets the sender go on) and frees
+// the handle; the endpoint is usable again. NULL is ignored.
+//
+// Thread safety: once per message, from any thread, while no call is using it.
+//
+// # Safety
+// `msg` NULL or a live in-place message.
+void clink_inplace_release(struct clink_inplace_t *msg);
+
 // Starts sending `len` bytes at `buf` to `peer` with `tag` and stores the request in
 // `*req`. Zero-copy: the endpoint reads `buf` itself (small messages are copied into the
 // peer's ring at once and the request is then already complete; large ones are read from
@@ -1494,47 +1535,6 @@ uint64_t clink_request_id(const struct clink_request_t *req);
 // # Safety
 // `req` NULL or a request not freed yet.
 void clink_request_free(struct clink_request_t *req);
-
-// Receives a message matching `sel` without copying it when it is a small message at the
-// head of its sender's ring, waiting up to `timeout_ms` (-1 forever). On success `*msg`
-// holds it: read it with `clink_inplace_data` and give it back with
-// `clink_inplace_release` (until then the sender's later messages queue behind it and the
-// endpoint answers `CLINK_ERR_BUSY` to other calls).
-//
-// Thread safety: one thread at a time per endpoint; the message may be released from
-// another thread.
-//
-// # Safety
-// `ep` a live endpoint; `msg` writable (NULL refused).
-int clink_recv_in_place(struct clink_endpoint_t *ep,
-                        struct clink_selector_t sel,
-                        int timeout_ms,
-                        struct clink_inplace_t **msg);
-
-// The bytes of an in-place message (NULL for a NULL message or an empty one); `*len`
-// (may be NULL) gets their length.
-//
-// Ownership: the bytes belong to the library (the sender's ring) until
-// `clink_inplace_release`. Thread safety: any thread holding the message.
-//
-// # Safety
-// `msg` NULL or a live in-place message; `len` NULL or writable.
-const void *clink_inplace_data(const struct clink_inplace_t *msg, uintptr_t *len);
-
-// Copies the status (sender, tag, length) of an in-place message into `*status`.
-//
-// # Safety
-// `msg` a live in-place message; `status` writable (NULL refused).
-int clink_inplace_status(const struct clink_inplace_t *msg, struct clink_status_t *status);
-
-// Gives an in-place message back (frees its ring space, lets the sender go on) and frees
-// the handle; the endpoint is usable again. NULL is ignored.
-//
-// Thread safety: once per message, from any thread, while no call is using it.
-//
-// # Safety
-// `msg` NULL or a live in-place message.
-void clink_inplace_release(struct clink_inplace_t *msg);
 
 // Claims space for a `len`-byte message to `peer` with `tag` in its ring, waiting up to
 // `timeout_ms` (-1 forever) for room: the message is written in place (zero copies on the
