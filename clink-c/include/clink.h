@@ -1135,6 +1135,72 @@ int clink_map(struct clink_endpoint_t *ep,
               const struct clink_remote_t *remote,
               struct clink_window_t **win);
 
+// Arms a tripwire on `offset..offset+len` of an own aperture with `opts` (NULL: the
+// defaults, `clink_trip_options_default`) and stores it in `*trip`.
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint; `opts` NULL or readable; `trip` writable (NULL refused).
+int clink_tripwire(struct clink_endpoint_t *ep,
+                   struct clink_aperture_t ap,
+                   uint64_t offset,
+                   uint64_t len,
+                   const struct clink_trip_options_t *opts,
+                   struct clink_tripwire_t *trip);
+
+// Disarms a tripwire: `*removed` (may be NULL) = 1, or 0 when it was not armed (stale id,
+// or a once-only one that fired).
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint; `removed` NULL or writable.
+int clink_tripwire_remove(struct clink_endpoint_t *ep, struct clink_tripwire_t trip, int *removed);
+
+// Reads a tripwire: `*fired` (may be NULL) = 1 when it fired since armed or last cleared
+// (a bit read, no progress made: call `clink_progress` to apply what peers sent), and
+// `*count` (may be NULL) how many times it fired since armed.
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint; `fired`, `count` NULL or writable.
+int clink_tripwire_state(struct clink_endpoint_t *ep,
+                         struct clink_tripwire_t trip,
+                         int *fired,
+                         uint64_t *count);
+
+// Clears the fired bit of a tripwire.
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint.
+int clink_tripwire_clear(struct clink_endpoint_t *ep, struct clink_tripwire_t trip);
+
+// Waits (spinning, then blocking) up to `timeout_ms` (-1 forever) until a tripwire fires,
+// and clears its bit (a bit already set counts).
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint.
+int clink_wait_tripwire(struct clink_endpoint_t *ep, struct clink_tripwire_t trip, int timeout_ms);
+
+// Waits up to `timeout_ms` (-1 forever) until one of the `n` tripwires of `trips` fires;
+// stores it in `*fired` (may be NULL) with its bit cleared.
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint; `trips` `n` readable entries; `fired` NULL or writable.
+int clink_wait_tripset(struct clink_endpoint_t *ep,
+                       const struct clink_tripwire_t *trips,
+                       uintptr_t n,
+                       int timeout_ms,
+                       struct clink_tripwire_t *fired);
+
 // Frees a window (unmaps its memory once no other window shares the mapping). NULL is
 // ignored.
 //
@@ -1226,72 +1292,6 @@ int clink_window_compare_swap_u64(const struct clink_window_t *win,
                                   uint64_t expected,
                                   uint64_t desired,
                                   uint64_t *old);
-
-// Arms a tripwire on `offset..offset+len` of an own aperture with `opts` (NULL: the
-// defaults, `clink_trip_options_default`) and stores it in `*trip`.
-//
-// Thread safety: one thread at a time per endpoint.
-//
-// # Safety
-// `ep` a live endpoint; `opts` NULL or readable; `trip` writable (NULL refused).
-int clink_tripwire(struct clink_endpoint_t *ep,
-                   struct clink_aperture_t ap,
-                   uint64_t offset,
-                   uint64_t len,
-                   const struct clink_trip_options_t *opts,
-                   struct clink_tripwire_t *trip);
-
-// Disarms a tripwire: `*removed` (may be NULL) = 1, or 0 when it was not armed (stale id,
-// or a once-only one that fired).
-//
-// Thread safety: one thread at a time per endpoint.
-//
-// # Safety
-// `ep` a live endpoint; `removed` NULL or writable.
-int clink_tripwire_remove(struct clink_endpoint_t *ep, struct clink_tripwire_t trip, int *removed);
-
-// Reads a tripwire: `*fired` (may be NULL) = 1 when it fired since armed or last cleared
-// (a bit read, no progress made: call `clink_progress` to apply what peers sent), and
-// `*count` (may be NULL) how many times it fired since armed.
-//
-// Thread safety: one thread at a time per endpoint.
-//
-// # Safety
-// `ep` a live endpoint; `fired`, `count` NULL or writable.
-int clink_tripwire_state(struct clink_endpoint_t *ep,
-                         struct clink_tripwire_t trip,
-                         int *fired,
-                         uint64_t *count);
-
-// Clears the fired bit of a tripwire.
-//
-// Thread safety: one thread at a time per endpoint.
-//
-// # Safety
-// `ep` a live endpoint.
-int clink_tripwire_clear(struct clink_endpoint_t *ep, struct clink_tripwire_t trip);
-
-// Waits (spinning, then blocking) up to `timeout_ms` (-1 forever) until a tripwire fires,
-// and clears its bit (a bit already set counts).
-//
-// Thread safety: one thread at a time per endpoint.
-//
-// # Safety
-// `ep` a live endpoint.
-int clink_wait_tripwire(struct clink_endpoint_t *ep, struct clink_tripwire_t trip, int timeout_ms);
-
-// Waits up to `timeout_ms` (-1 forever) until one of the `n` tripwires of `trips` fires;
-// stores it in `*fired` (may be NULL) with its bit cleared.
-//
-// Thread safety: one thread at a time per endpoint.
-//
-// # Safety
-// `ep` a live endpoint; `trips` `n` readable entries; `fired` NULL or writable.
-int clink_wait_tripset(struct clink_endpoint_t *ep,
-                       const struct clink_tripwire_t *trips,
-                       uintptr_t n,
-                       int timeout_ms,
-                       struct clink_tripwire_t *fired);
 
 // Sends `len` bytes at `buf` to `peer` with `tag` and returns once the message is out of
 // `buf` (copied into the peer's ring, or read by the peer for large messages: one copy by
