@@ -141,6 +141,7 @@ unsafe fn connect(p: &Pair) -> Result<(), String> {
             let stop = &stop;
             s.spawn(move || {
                 let q = q;
+                // SAFETY: a plain C struct, all zeroes a valid value.
                 let mut e: fi_cq_tagged_entry = unsafe { std::mem::zeroed() };
                 while !stop.load(Ordering::Relaxed) {
                     // SAFETY: an open queue, room for one entry.
@@ -156,10 +157,9 @@ unsafe fn connect(p: &Pair) -> Result<(), String> {
                 // SAFETY: an open endpoint; `msg` is copied by the inject.
                 let t = unsafe { &*(*ep).tagged };
                 let buf = msg.as_ptr() as *const c_void;
-                retried(
-                    || unsafe { (t.inject)(ep, buf, 8, p.addrs[to], 1) },
-                    "inject",
-                )?;
+                // SAFETY: as above; the inject copies the 8 bytes before it returns.
+                let inject = || unsafe { (t.inject)(ep, buf, 8, p.addrs[to], 1) };
+                retried(inject, "inject")?;
             }
             Ok(())
         })();
@@ -271,10 +271,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or(Ok(1_000_000), |s| s.parse())?;
     // SAFETY: the pair's objects are used only through the provider's calls above.
     let p = unsafe { open() }?;
+    // SAFETY: the objects `open` made.
     unsafe { connect(&p) }?;
     // One way alone (for a profiler): `inject`, `send` or `unexpected`; or `idle`: reads
     // of a completion queue with nothing to complete (what a waiting receiver repeats).
     if std::env::args().nth(2).as_deref() == Some("idle") {
+        // SAFETY: a plain C struct, all zeroes a valid value.
         let mut e: fi_cq_tagged_entry = unsafe { std::mem::zeroed() };
         let q = p.cqs[0];
         let t = Instant::now();

@@ -202,12 +202,8 @@ impl Endpoint {
                 };
                 // A message no posted receive wants: the progress pass decides (it stays
                 // at the head, or is copied aside).
-                let Some(rid) = self.matcher.take_posted(src, tag) else {
-                    return None;
-                };
-                let Some(op) = self.recvs.get_mut(&rid) else {
-                    return None;
-                };
+                let rid = self.matcher.take_posted(src, tag)?;
+                let op = self.recvs.get_mut(&rid)?;
                 let result = copy_eager(src, tag, data, op.buf.slice());
                 let report = if matches!(op.buf, RecvBuf::Owned(_)) {
                     op.state = RecvState::Done(result);

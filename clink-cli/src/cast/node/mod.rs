@@ -1,0 +1,290 @@
+//! A receiving node of the chain: stores every chunk and forwards it from the same buffer.
+
+use super::*;
+use bytes::Bytes;
+use clink::{PeerId, RecvRequest, Selector, SendRequest};
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::time::Instant;
+
+mod down;
+mod stream;
+
+/// Where a node stands when it stops, for its report.
+struct Progress {
+    index: usize,
+    address: String,
+    chunks: u64,
+    bytes: u64,
+    resumed: u64,
+    resumed_bytes: u64,
+    total: Option<u64>,
+    start: Option<Instant>,
+    end: Option<Instant>,
+    hash_s: f64,
+    write_s: f64,
+    idle_s: f64,
+    root: Option<String>,
+    costs: Option<model::Costs>,
+    predicted_bps: f64,
+}
+
+impl Progress {
+    fn report(&self, status: &str) -> Value {
+        let secs = match (self.start, self.end) {
+            (Some(s), Some(e)) => e.duration_since(s).as_secs_f64(),
+            (Some(s), None) => s.elapsed().as_secs_f64(),
+            _ => 0.0,
+        };
+        json!({
+            "node": self.index,
+            "address": short(&self.address),
+            "bytes": self.bytes,
+            "chunks": self.chunks,
+            "chunks_total": self.total,
+            "chunks_resumed": self.resumed,
+            "seconds": secs,
+            "rate_mbps": mbps(self.bytes, secs),
+            "hash_seconds": self.hash_s,
+            "write_seconds": self.write_s,
+            "busy_seconds": (secs - self.idle_s).max(0.0),
+            "predicted_mbps": self.predicted_bps / 1e6,
+            "costs": self.costs.map(model::Costs::to_json),
+            // Copies of each byte by this program in user space: none (received into
+            // the buffer that is hashed, written and forwarded).
+            "copies": 0,
+            "root": self.root,
+            "status": status,
+        })
+    }
+}
+
+/// `clink cast recv`.
+pub fn run(a: RecvArgs) -> Result<(), String> {
+    let mut ep = endpoint()?;
+    let address = ep.address();
+    println!("{address}");
+    let _ = std::io::stdout().flush();
+    if let Some(f) = &a.listen_file {
+        let tmp = f.with_extension("tmp");
+        std::fs::write(&tmp, format!("{address}\n"))
+            .and_then(|()| std::fs::rename(&tmp, f))
+            .map_err(|e| format!("{}: {e}", f.display()))?;
+    }
+    // Not truncated: a bitmap beside it may say which chunks it holds already.
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&a.out)
+        .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let up = ep
+        .accept(None)
+        .map_err(|e| format!("waiting for the upstream node: {e}"))?;
+    let mut n = Node {
+        ep,
+        up,
+        down: None,
+        down_node: 0,
+        down_addr: String::new(),
+        file,
+        out: a.out.clone(),
+        window: a.window.max(1),
+        corrupt: a.corrupt_chunk,
+        p: Progress {
+            index: 0,
+            address,
+            chunks: 0,
+            bytes: 0,
+            resumed: 0,
+            resumed_bytes: 0,
+            total: None,
+            start: None,
+            end: None,
+            hash_s: 0.0,
+            write_s: 0.0,
+            idle_s: 0.0,
+            root: None,
+            costs: Some(model::Costs::measure(Some(&a.out))),
+            predicted_bps: 0.0,
+        },
+        down_reports: Vec::new(),
+        bitmap: None,
+        skip: Vec::new(),
+        next_due: 0,
+        addrs: Vec::new(),
+        lens: Vec::new(),
+        spliced: Vec::new(),
+        repair: !a.no_repair,
+    };
+    let r = n.serve();
+    let (status, err) = match &r {
+        Ok(()) => ("ok".to_string(), None),
+        Err(Failure { msg, .. }) => (format!("failed: {msg}"), Some(msg.clone())),
+    };
+    let mut mine = n.p.report(&status);
+    // The network path's recovery work on this node's links (its sends downstream, and
+    // the retransmission timeouts of both links).
+    let timeouts: u64 = [Some(n.up), n.down]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| n.ep.conn_stats(p).ok().flatten())
+        .map(|c| c.timeouts)
+        .sum();
+    mine["retransmissions"] = json!(n.ep.stats().retransmissions);
+    mine["timeouts"] = json!(timeouts);
+    if let Err(Failure { up_alive: true, .. }) | Ok(()) = &r {
+        // Upstream learns of this node and of the ones after it.
+        let mut all = vec![mine.clone()];
+        all.append(&mut n.spliced);
+        all.append(&mut n.down_reports);
+        let msg = json!({ "nodes": all, "error": err });
+        let _ = n.ep.send(n.up, T_REPORT, msg.to_string().as_bytes());
+    }
+    n.ep.close();
+    if a.json {
+        mine["out"] = json!(a.out.display().to_string());
+        // A reader that has gone is no reason to fail a cast that succeeded.
+        let _ = writeln!(std::io::stdout(), "{mine}");
+    } else {
+        eprintln!(
+            "clink cast: node {}: {} of {} chunks verified and written ({} bytes) to {}: {status}",
+            n.p.index,
+            n.p.chunks,
+            n.p.total.map_or("?".into(), |t| t.to_string()),
+            n.p.bytes,
+            a.out.display()
+        );
+    }
+    r.map_err(|f| f.msg)
+}
+
+/// Why a node stopped early; `up_alive` when its upstream can still hear of it.
+struct Failure {
+    msg: String,
+    up_alive: bool,
+}
+
+fn fail_up(msg: String) -> Failure {
+    Failure {
+        msg,
+        up_alive: true,
+    }
+}
+
+struct Node {
+    ep: Endpoint,
+    up: PeerId,
+    down: Option<PeerId>,
+    /// The next node's index in the chain (`index + 1`, more after a splice).
+    down_node: usize,
+    down_addr: String,
+    file: File,
+    out: std::path::PathBuf,
+    window: usize,
+    corrupt: Option<u64>,
+    p: Progress,
+    down_reports: Vec<Value>,
+    /// The `.clinkcast` file beside the output and where its bits start.
+    bitmap: Option<(File, u64)>,
+    /// Chunks every node holds already (not sent again).
+    skip: Vec<bool>,
+    /// Index of the next chunk due.
+    next_due: u64,
+    /// The chain's addresses.
+    addrs: Vec<String>,
+    /// Length of each chunk written (for a replay to a new next node).
+    lens: Vec<u64>,
+    /// Reports of the next nodes that died and were spliced out.
+    spliced: Vec<Value>,
+    /// Whether a dead neighbour is spliced out.
+    repair: bool,
+}
+
+impl Node {
+    /// Label of the hop into this node.
+    fn hop_in(&self) -> String {
+        hop(self.p.index, &self.p.address)
+    }
+
+    fn upstream_lost(&self, what: &str, e: clink::Error) -> Failure {
+        Failure {
+            msg: format!(
+                "{}: the upstream {} is gone ({what}): {e}; {} chunks verified here",
+                self.hop_in(),
+                if self.p.index == 1 {
+                    "source".to_string()
+                } else {
+                    format!("node {}", self.p.index - 1)
+                },
+                self.p.chunks
+            ),
+            up_alive: false,
+        }
+    }
+
+    fn serve(&mut self) -> Result<(), Failure> {
+        let route = self.recv_small(T_ROUTE, 1 << 20, "route")?;
+        let route: Value = serde_json::from_slice(&route)
+            .map_err(|e| fail_up(format!("bad route message: {e}")))?;
+        let index = route["index"].as_u64().unwrap_or(0) as usize;
+        let addrs: Vec<String> = route["nodes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if index == 0 || index > addrs.len() {
+            return Err(fail_up("bad route message: no place for this node".into()));
+        }
+        self.p.index = index;
+        self.addrs = addrs.clone();
+        let have = self
+            .open_bitmap(&route["id"])
+            .map_err(|e| fail_up(format!("node {index}: {e}")))?;
+        self.setup_down(&route, &addrs, have)?;
+        if let Some(c) = self.p.costs {
+            let link = route["link_bps"].as_f64();
+            self.p.predicted_bps = c.predict(true, true, false, true, self.down.is_some(), link);
+        }
+        let man_bytes = self.recv_small(T_MANIFEST, MANIFEST_MAX, "manifest")?;
+        let man = Manifest::parse(&man_bytes)
+            .map_err(|e| fail_up(format!("node {index}: wrong manifest: {e}")))?;
+        self.p.total = man.chunks();
+        self.skip = man.skip.clone().unwrap_or_default();
+        self.advance_due();
+        if let Some(d) = self.down {
+            self.ep
+                .send(d, T_MANIFEST, &man_bytes)
+                .map_err(|e| self.down_lost("sending the manifest", e))?;
+        }
+        self.stream(&man)
+    }
+
+    /// Blocking receive of a small message from upstream.
+    fn recv_small(&mut self, tag: u64, max: usize, what: &str) -> Result<Vec<u8>, Failure> {
+        let mut buf = vec![0u8; max];
+        let st = self
+            .ep
+            .recv_timeout(Selector::exact(Some(self.up), tag), &mut buf, None)
+            .map_err(|e| self.upstream_lost(&format!("waiting for the {what}"), e))?;
+        buf.truncate(st.len as usize);
+        Ok(buf)
+    }
+
+    fn next_addr(&self, addrs: &[String]) -> String {
+        addrs.get(self.p.index).cloned().unwrap_or_default()
+    }
+}
+
+/// The bitmap file of the output `out`: `out.clinkcast`.
+fn bitmap_path(out: &std::path::Path) -> std::path::PathBuf {
+    let mut p = out.as_os_str().to_owned();
+    p.push(".clinkcast");
+    p.into()
+}
