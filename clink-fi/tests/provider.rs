@@ -275,7 +275,8 @@ fn suite_across_two_namespace_hosts(loss_pct: f64, max: u64) {
         panic!("needs network namespaces (run as root): {why}");
     }
     need("mpirun", "openmpi-bin");
-    let dir = ProviderDir::new("mpi-net");
+    // A directory of its own: the two runs of this suite may go in parallel.
+    let dir = ProviderDir::new(&format!("mpi-net-{loss_pct}"));
     let suite = build_suite();
     let bridge = clink::netns::Bridge::create(&clink::netns::BridgeSpec {
         hosts: 3,

@@ -143,6 +143,7 @@ pub unsafe extern "C" fn endpoint(
                 sources: Vec::new(),
                 unreachable: HashSet::new(),
                 ops: Map::default(),
+                posted: Default::default(),
                 claims: Map::default(),
                 fast: Vec::new(),
             }),

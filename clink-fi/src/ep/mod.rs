@@ -120,6 +120,55 @@ struct PostedRecv {
     sel: Selector,
 }
 
+/// The receives posted into one caller buffer, by the word clink keeps for each
+/// (`Endpoint::irecv_raw_user`): its slot's index plus one, 0 meaning none. A completion
+/// finds its receive by index, without a look-up.
+#[derive(Default)]
+struct Posted {
+    slots: Vec<Option<PostedRecv>>,
+    free: Vec<usize>,
+}
+
+impl Posted {
+    /// A slot for a receive about to be posted ([`Posted::fill`] or [`Posted::release`]).
+    fn reserve(&mut self) -> u64 {
+        let i = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        i as u64 + 1
+    }
+
+    fn fill(&mut self, user: u64, r: PostedRecv) {
+        self.slots[user as usize - 1] = Some(r);
+    }
+
+    fn release(&mut self, user: u64) {
+        self.free.push(user as usize - 1);
+    }
+
+    fn get(&self, user: u64) -> Option<&PostedRecv> {
+        self.slots.get((user as usize).checked_sub(1)?)?.as_ref()
+    }
+
+    /// Takes the receive out, freeing its slot.
+    fn take(&mut self, user: u64) -> Option<PostedRecv> {
+        let i = (user as usize).checked_sub(1)?;
+        let r = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        Some(r)
+    }
+
+    /// The word of the receive posted with context `ctx`.
+    fn find(&self, ctx: *mut c_void) -> Option<u64> {
+        let i = self
+            .slots
+            .iter()
+            .position(|r| r.as_ref().is_some_and(|r| r.ctx == ctx))?;
+        Some(i as u64 + 1)
+    }
+}
+
 /// A claimed message's final receive (`FI_CLAIM`), or where it is waited for.
 struct ClaimTarget {
     ctx: *mut c_void,
@@ -204,9 +253,14 @@ struct State {
     routes: Vec<Option<Target>>,
     /// Peers our connection attempt failed for (sends to them fail).
     unreachable: HashSet<u128>,
+    /// Sends in flight, receives into several buffers (`Dest::Scatter`) and claims, by
+    /// clink's request number.
     ops: Map<u64, Op>,
+    /// Receives into one buffer.
+    posted: Posted,
     claims: Map<usize, Claim>,
-    /// Receives [`clink::Endpoint::poll_recvs`] completed, kept for its memory.
+    /// Receives [`clink::Endpoint::poll_recvs`] completed (their words), kept for its
+    /// memory.
     fast: Vec<(u64, clink::Result<clink::Status>)>,
 }
 
@@ -356,10 +410,13 @@ impl State {
         // Small messages into posted receives straight off the rings, while nothing else
         // needs a pass (clink says when one is due).
         let mut fast = std::mem::take(&mut self.fast);
-        let enough =
-            self.looped.is_none() && self.ep.poll_recvs(|id, res| fast.push((id, res))).is_some();
-        for (id, res) in fast.drain(..) {
-            if let Some(Op::Recv(r)) = self.ops.remove(&id) {
+        let enough = self.looped.is_none()
+            && self
+                .ep
+                .poll_recvs(|_, user, res| fast.push((user, res)))
+                .is_some();
+        for (user, res) in fast.drain(..) {
+            if let Some(r) = self.posted.take(user) {
                 let got = res.map(|status| {
                     Some(clink::Received {
                         buf: Vec::new(),
@@ -426,6 +483,19 @@ impl State {
     }
 
     fn recv_done(&mut self, id: u64) {
+        if let Some(user) = self.ep.recv_user(id).filter(|&u| u != 0) {
+            let Some(r) = self.posted.get(user) else {
+                return;
+            };
+            let res = self.ep.finish_recv(&r.req);
+            if let Ok(None) = res {
+                return;
+            }
+            if let Some(r) = self.posted.take(user) {
+                self.finish_recv(r, res);
+            }
+            return;
+        }
         match self.ops.remove(&id) {
             Some(Op::Recv(r)) => {
                 let res = self.ep.finish_recv(&r.req);
@@ -711,9 +781,13 @@ impl State {
             return 0;
         }
         let waiting = self.ep.unexpected_count() != 0;
+        let mut user = 0;
         let req = match &dest {
-            // SAFETY: libfabric's contract: the buffer stays valid until completion.
-            Dest::Direct { buf, cap } => unsafe { self.ep.irecv_raw(sel, *buf, *cap) },
+            Dest::Direct { buf, cap } => {
+                user = self.posted.reserve();
+                // SAFETY: libfabric's contract: the buffer stays valid until completion.
+                unsafe { self.ep.irecv_raw_user(sel, *buf, *cap, user) }
+            }
             Dest::Scatter(v) => {
                 let total = v.iter().map(|s| s.1).sum();
                 match self.ep.irecv(sel, vec![0; total]) {
@@ -737,10 +811,16 @@ impl State {
             Ok(None)
         };
         match res {
+            Ok(None) if user != 0 => self.posted.fill(user, r),
             Ok(None) => {
                 self.ops.insert(r.req.id(), Op::Recv(r));
             }
-            res => self.finish_recv(r, res),
+            res => {
+                if user != 0 {
+                    self.posted.release(user);
+                }
+                self.finish_recv(r, res)
+            }
         }
         0
     }
@@ -797,6 +877,22 @@ impl State {
     }
 
     fn cancel(&mut self, ctx: *mut c_void) -> isize {
+        if let Some(user) = self.posted.find(ctx) {
+            let Some(r) = self.posted.get(user) else {
+                return 0;
+            };
+            let _ = self.ep.cancel_recv(&r.req);
+            // Cancelled: the request is gone (Consumed); matched meanwhile: it finishes
+            // (and stays in its slot until then: clink knows it by that slot's word).
+            let res = self.ep.test_recv(&r.req);
+            if let Ok(None) = res {
+                return 0;
+            }
+            if let Some(r) = self.posted.take(user) {
+                self.finish_recv(r, res);
+            }
+            return 0;
+        }
         let id = self.ops.iter().find_map(|(id, op)| match op {
             Op::Recv(r) if r.ctx == ctx => Some(*id),
             _ => None,

@@ -243,6 +243,8 @@ struct RecvOp {
     state: RecvState,
     /// As [`SendOp::watched`].
     watched: bool,
+    /// The caller's word for it ([`Endpoint::irecv_raw_user`]), handed back on completion.
+    user: u64,
 }
 
 /// A message that arrived before its receive.
@@ -529,13 +531,37 @@ impl Endpoint {
     /// `ptr` must be valid for writes of `len` bytes, and neither read nor freed by the
     /// caller, until the request completes or [`Endpoint::cancel_recv`] withdraws it.
     pub unsafe fn irecv_raw(&mut self, sel: Selector, ptr: *mut u8, len: usize) -> RecvRequest {
+        // SAFETY: the caller's contract, forwarded.
+        unsafe { self.irecv_raw_user(sel, ptr, len, 0) }
+    }
+
+    /// [`Endpoint::irecv_raw`] carrying a word of the caller's (`user`), which
+    /// [`Endpoint::poll_recvs`] and [`Endpoint::recv_user`] hand back: a caller keeping its
+    /// own record of each receive (the libfabric provider) indexes it by that word instead
+    /// of looking the request up.
+    ///
+    /// # Safety
+    /// As [`Endpoint::irecv_raw`].
+    pub unsafe fn irecv_raw_user(
+        &mut self,
+        sel: Selector,
+        ptr: *mut u8,
+        len: usize,
+        user: u64,
+    ) -> RecvRequest {
         // A zero-length buffer may come as NULL (C callers): slices need a non-null pointer.
         let ptr = if len == 0 {
             std::ptr::NonNull::dangling().as_ptr()
         } else {
             ptr
         };
-        self.post_recv(sel, RecvBuf::Aperture { ptr, len })
+        self.post_recv(sel, RecvBuf::Aperture { ptr, len }, user)
+    }
+
+    /// The word a pending receive was posted with ([`Endpoint::irecv_raw_user`]; 0 for the
+    /// other receives), `None` once it is gone.
+    pub fn recv_user(&self, req: u64) -> Option<u64> {
+        self.recvs.get(&req).map(|op| op.user)
     }
 
     // ---------------------------------------------------------------- progress

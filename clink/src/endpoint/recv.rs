@@ -10,11 +10,11 @@ impl Endpoint {
     /// [`events::REQUESTS`] in the interest mask, its completion is reported by an
     /// [`Event::RecvDone`].
     pub fn irecv(&mut self, sel: Selector, buf: Vec<u8>) -> Result<RecvRequest> {
-        Ok(self.post_recv(sel, RecvBuf::Owned(buf)))
+        Ok(self.post_recv(sel, RecvBuf::Owned(buf), 0))
     }
 
     /// Posts a non-blocking receive into `buf`.
-    pub(super) fn post_recv(&mut self, sel: Selector, buf: RecvBuf) -> RecvRequest {
+    pub(super) fn post_recv(&mut self, sel: Selector, buf: RecvBuf, user: u64) -> RecvRequest {
         let id = self.alloc_id();
         let watched = self.evq.interest & events::REQUESTS != 0;
         self.watching += usize::from(watched);
@@ -24,6 +24,7 @@ impl Endpoint {
                 buf,
                 state: RecvState::Posted,
                 watched,
+                user,
             },
         );
         self.post(sel, id);
@@ -79,6 +80,7 @@ impl Endpoint {
                 buf: RecvBuf::Borrowed(buf.as_mut_ptr(), buf.len()),
                 state: RecvState::Posted,
                 watched: false,
+                user: 0,
             },
         );
         self.post(sel, id);
@@ -169,13 +171,14 @@ impl Endpoint {
     /// drive the endpoint by polling its requests (the libfabric provider's completion
     /// queues): while a ring's head is an eager message the first matching posted receive
     /// takes, it is copied there and, for a receive into caller memory
-    /// ([`Endpoint::irecv_raw`]), `done(request id, outcome)` is called and the request is
+    /// ([`Endpoint::irecv_raw`], `irecv_raw_user`), `done(request id, its user word,
+    /// outcome)` is called and the request is
     /// gone (no event, nothing to finish); a receive into an owned buffer completes as in
     /// a progress pass. Returns how many `done` was called for, or `None` when a progress
     /// pass is due instead: anything else at a ring's head, a network peer, a send or a
     /// handshake in flight, or every 64th call (liveness, timers). Completions reported
     /// before a `None` stand.
-    pub fn poll_recvs(&mut self, mut done: impl FnMut(u64, Result<Status>)) -> Option<usize> {
+    pub fn poll_recvs(&mut self, mut done: impl FnMut(u64, u64, Result<Status>)) -> Option<usize> {
         self.fast_polls = self.fast_polls.wrapping_add(1);
         if self.fast_polls.is_multiple_of(64)
             || self.ready.on
@@ -210,8 +213,9 @@ impl Endpoint {
                     self.finished.push((false, rid));
                     None
                 } else {
+                    let user = op.user;
                     self.remove_recv(rid);
-                    Some(result)
+                    Some((user, result))
                 };
                 let p = &mut self.peers[i];
                 if p.release(rec) {
@@ -219,8 +223,8 @@ impl Endpoint {
                     self.stats.doorbells += 1;
                 }
                 self.stats.frames_received += 1;
-                if let Some(result) = report {
-                    done(rid, result);
+                if let Some((user, result)) = report {
+                    done(rid, user, result);
                     n += 1;
                 }
             }
@@ -597,12 +601,16 @@ mod tests {
         b.set_interest(REQUESTS);
         let mut buf = [0u8; 16];
         // SAFETY: `buf` outlives the receive, which completes (or is cancelled) below.
-        let raw = unsafe { b.irecv_raw(Selector::exact(Some(pb), 7), buf.as_mut_ptr(), 16) };
+        let raw =
+            unsafe { b.irecv_raw_user(Selector::exact(Some(pb), 7), buf.as_mut_ptr(), 16, 77) };
         a.send(pa, 7, b"in place").unwrap();
         let mut done = Vec::new();
-        assert_eq!(b.poll_recvs(|id, r| done.push((id, r))), Some(1));
-        let (id, r) = done.pop().unwrap();
-        assert_eq!(id, raw.id());
+        assert_eq!(
+            b.poll_recvs(|id, user, r| done.push((id, user, r))),
+            Some(1)
+        );
+        let (id, user, r) = done.pop().unwrap();
+        assert_eq!((id, user), (raw.id(), 77));
         let st = r.unwrap();
         assert_eq!((st.peer, st.tag, st.len), (pb, 7, 8));
         assert_eq!(&buf[..8], b"in place");
@@ -613,7 +621,11 @@ mod tests {
         // Owned buffer: completed in the ring's order, reported by an event.
         let owned = b.irecv(Selector::exact(Some(pb), 8), vec![0; 16]).unwrap();
         a.send(pa, 8, b"owned").unwrap();
-        assert_eq!(b.poll_recvs(|_, _| panic!("not in caller memory")), Some(0));
+        assert_eq!(b.recv_user(owned.id()), Some(0));
+        assert_eq!(
+            b.poll_recvs(|_, _, _| panic!("not in caller memory")),
+            Some(0)
+        );
         let ev = events(&mut b);
         assert!(
             matches!(ev[..], [Event::RecvDone { req, ok: true }] if req == owned.id()),
@@ -624,7 +636,7 @@ mod tests {
 
         // Nothing wants tag 9: the pass decides, and the receive posted later gets it.
         a.send(pa, 9, b"later").unwrap();
-        assert_eq!(b.poll_recvs(|_, _| panic!("no receive wants it")), None);
+        assert_eq!(b.poll_recvs(|_, _, _| panic!("no receive wants it")), None);
         let mut late = [0u8; 8];
         let st = b.recv(Selector::exact(Some(pb), 9), &mut late).unwrap();
         assert_eq!(&late[..st.len as usize], b"later");

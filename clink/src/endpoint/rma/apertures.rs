@@ -143,7 +143,7 @@ impl Endpoint {
             ptr,
             len: len as usize,
         };
-        let req = self.post_recv(sel, buf);
+        let req = self.post_recv(sel, buf, 0);
         self.rma.aperture_recvs.push(ApertureRecv {
             req: req.id(),
             ap: ap.0,
