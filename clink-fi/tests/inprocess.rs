@@ -509,3 +509,76 @@ fn a_blocking_read_sleeps_until_a_completion() {
         teardown(s);
     }
 }
+
+/// A receive over several buffers gets the message scattered over them in order and a
+/// completion saying how much landed; a cancelled one fails as cancelled.
+#[test]
+fn a_receive_over_several_buffers_is_scattered_in_order() {
+    // SAFETY: the provider's calls on the objects `setup` made; every buffer posted
+    // outlives its completion (both are read before the buffers go).
+    unsafe {
+        let s = setup();
+        let [a, b] = s.eps;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rx_a, ha) = reader(s.cqs[0], stop.clone());
+        let (rx_b, hb) = reader(s.cqs[1], stop.clone());
+        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
+        let (mut x, mut y, mut z) = ([0u8; 5], [0u8; 7], [0u8; 32]);
+        let iov = |bufs: [&mut [u8]; 3]| {
+            bufs.map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr() as *mut c_void,
+                iov_len: b.len(),
+            })
+        };
+        let pieces = iov([&mut x, &mut y, &mut z]);
+        let again = connecting();
+        while !again(
+            (tagged(b).recvv)(b, pieces.as_ptr(), null_mut(), 3, s.addrs[0], 9, 0, ctx(1)),
+            "trecvv",
+        ) {}
+        let msg: Vec<u8> = (1..=30u8).collect();
+        while !again(
+            (tagged(a).send)(
+                a,
+                msg.as_ptr() as *const c_void,
+                msg.len(),
+                null_mut(),
+                s.addrs[1],
+                9,
+                ctx(2),
+            ),
+            "tsend",
+        ) {}
+        assert_eq!(next(&rx_a).expect("send completion").op_context, ctx(2));
+        let e = next(&rx_b).expect("receive completion");
+        assert_eq!((e.op_context, e.len, e.tag), (ctx(1), 30, 9));
+        assert_eq!(x[..], msg[..5]);
+        assert_eq!(y[..], msg[5..12]);
+        assert_eq!(z[..18], msg[12..]);
+        assert_eq!(z[18..], [0u8; 14], "bytes beyond the message were written");
+
+        let (mut u, mut v, mut w) = ([0u8; 4], [0u8; 4], [0u8; 4]);
+        let pieces = iov([&mut u, &mut v, &mut w]);
+        assert_eq!(
+            (tagged(b).recvv)(
+                b,
+                pieces.as_ptr(),
+                null_mut(),
+                3,
+                FI_ADDR_UNSPEC,
+                4321,
+                0,
+                ctx(3)
+            ),
+            0
+        );
+        assert_eq!(((*(*b).ops).cancel)(&mut (*b).fid, ctx(3)), 0);
+        let err = next(&rx_b).expect_err("a cancelled receive fails");
+        assert_eq!((err.err, err.op_context), (FI_ECANCELED, ctx(3)));
+
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        ha.join().unwrap();
+        hb.join().unwrap();
+        teardown(s);
+    }
+}

@@ -80,9 +80,10 @@ enum Data<'a> {
 /// Where a receive's bytes go.
 #[derive(Clone)]
 enum Dest {
-    /// Straight into one caller buffer (`irecv_raw`).
+    /// Straight into one caller buffer.
     Direct { buf: *mut u8, cap: usize },
-    /// Into the endpoint's buffer, then scattered over the caller's iovecs.
+    /// Into a buffer of the provider's (a posted receive's `staging`, a claim's), then
+    /// scattered over the caller's iovecs.
     Scatter(Vec<(*mut u8, usize)>),
 }
 
@@ -118,9 +119,12 @@ struct PostedRecv {
     dest: Dest,
     report: bool,
     sel: Selector,
+    /// Where a receive into several buffers lands before it is scattered (empty for one
+    /// buffer: the message lands there).
+    staging: Vec<u8>,
 }
 
-/// The receives posted into one caller buffer, by the word clink keeps for each
+/// The posted receives, by the word clink keeps for each
 /// (`Endpoint::irecv_raw_user`): its slot's index plus one, 0 meaning none. A completion
 /// finds its receive by index, without a look-up.
 #[derive(Default)]
@@ -192,7 +196,6 @@ enum Op {
         tag: u64,
         report: bool,
     },
-    Recv(PostedRecv),
     Claim {
         req: RecvRequest,
         key: usize,
@@ -253,10 +256,9 @@ struct State {
     routes: Vec<Option<Target>>,
     /// Peers our connection attempt failed for (sends to them fail).
     unreachable: HashSet<u128>,
-    /// Sends in flight, receives into several buffers (`Dest::Scatter`) and claims, by
-    /// clink's request number.
+    /// Sends in flight and claims, by clink's request number.
     ops: Map<u64, Op>,
-    /// Receives into one buffer.
+    /// The posted receives.
     posted: Posted,
     claims: Map<usize, Claim>,
     /// Receives [`clink::Endpoint::poll_recvs`] completed (their words), kept for its
@@ -497,14 +499,6 @@ impl State {
             return;
         }
         match self.ops.remove(&id) {
-            Some(Op::Recv(r)) => {
-                let res = self.ep.finish_recv(&r.req);
-                if let Ok(None) = res {
-                    self.ops.insert(id, Op::Recv(r));
-                    return;
-                }
-                self.finish_recv(r, res);
-            }
             Some(Op::Claim { req, key }) => {
                 let res = self.ep.finish_recv(&req);
                 if let Ok(None) = res {
@@ -527,12 +521,14 @@ impl State {
     fn finish_recv(&mut self, r: PostedRecv, res: clink::Result<Option<clink::Received>>) {
         match res {
             Ok(Some(got)) => {
+                let full = got.status.len as usize;
                 let len = match &r.dest {
                     // SAFETY: the caller's iovecs, valid until this completion.
-                    Dest::Scatter(_) => unsafe { r.dest.scatter(&got.buf) },
-                    Dest::Direct { .. } => got.status.len as usize,
+                    Dest::Scatter(_) => unsafe {
+                        r.dest.scatter(&r.staging[..full.min(r.staging.len())])
+                    },
+                    Dest::Direct { .. } => full,
                 };
-                let full = got.status.len as usize;
                 let src = self.source_of(got.status.peer);
                 if let Some(cq) = &self.rx_cq {
                     let e = tagged_entry(self.msg, r.ctx, RX, len, r.dest.first(), got.status.tag);
@@ -541,7 +537,6 @@ impl State {
             }
             Ok(None) => {}
             Err(Error::Truncated { len, capacity }) => {
-                let _ = self.ep.take_recv_buffer(r.req);
                 let tag = if r.sel.mask == u64::MAX { r.sel.tag } else { 0 };
                 if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
@@ -781,27 +776,26 @@ impl State {
             return 0;
         }
         let waiting = self.ep.unexpected_count() != 0;
-        let mut user = 0;
-        let req = match &dest {
-            Dest::Direct { buf, cap } => {
-                user = self.posted.reserve();
-                // SAFETY: libfabric's contract: the buffer stays valid until completion.
-                unsafe { self.ep.irecv_raw_user(sel, *buf, *cap, user) }
-            }
-            Dest::Scatter(v) => {
-                let total = v.iter().map(|s| s.1).sum();
-                match self.ep.irecv(sel, vec![0; total]) {
-                    Ok(r) => r,
-                    Err(_) => return err(FI_EIO),
-                }
-            }
+        let mut staging = match &dest {
+            Dest::Scatter(v) => vec![0; v.iter().map(|s| s.1).sum()],
+            Dest::Direct { .. } => Vec::new(),
         };
+        let (buf, cap) = match &dest {
+            Dest::Direct { buf, cap } => (*buf, *cap),
+            // The vector's memory stays put when it moves into the receive below.
+            Dest::Scatter(_) => (staging.as_mut_ptr(), staging.len()),
+        };
+        let user = self.posted.reserve();
+        // SAFETY: libfabric's contract keeps a caller buffer valid until the completion;
+        // `staging` lives in the receive's slot until then.
+        let req = unsafe { self.ep.irecv_raw_user(sel, buf, cap, user) };
         let r = PostedRecv {
             req,
             ctx,
             dest,
             report,
             sel,
+            staging,
         };
         // A message that had arrived (unexpected) completes the receive at once: its
         // completion is queued now rather than after the next pass's event.
@@ -811,14 +805,9 @@ impl State {
             Ok(None)
         };
         match res {
-            Ok(None) if user != 0 => self.posted.fill(user, r),
-            Ok(None) => {
-                self.ops.insert(r.req.id(), Op::Recv(r));
-            }
+            Ok(None) => self.posted.fill(user, r),
             res => {
-                if user != 0 {
-                    self.posted.release(user);
-                }
+                self.posted.release(user);
                 self.finish_recv(r, res)
             }
         }
@@ -877,38 +866,22 @@ impl State {
     }
 
     fn cancel(&mut self, ctx: *mut c_void) -> isize {
-        if let Some(user) = self.posted.find(ctx) {
-            let Some(r) = self.posted.get(user) else {
-                return 0;
-            };
-            let _ = self.ep.cancel_recv(&r.req);
-            // Cancelled: the request is gone (Consumed); matched meanwhile: it finishes
-            // (and stays in its slot until then: clink knows it by that slot's word).
-            let res = self.ep.test_recv(&r.req);
-            if let Ok(None) = res {
-                return 0;
-            }
-            if let Some(r) = self.posted.take(user) {
-                self.finish_recv(r, res);
-            }
+        let Some(user) = self.posted.find(ctx) else {
             return 0;
-        }
-        let id = self.ops.iter().find_map(|(id, op)| match op {
-            Op::Recv(r) if r.ctx == ctx => Some(*id),
-            _ => None,
-        });
-        let Some(id) = id else { return 0 };
-        let Some(Op::Recv(r)) = self.ops.remove(&id) else {
+        };
+        let Some(r) = self.posted.get(user) else {
             return 0;
         };
         let _ = self.ep.cancel_recv(&r.req);
-        // Cancelled: the request is gone (Consumed); matched meanwhile: it finishes.
+        // Cancelled: the request is gone (Consumed); matched meanwhile: it finishes (and
+        // stays in its slot until then: clink knows it by that slot's word).
         let res = self.ep.test_recv(&r.req);
         if let Ok(None) = res {
-            self.ops.insert(id, Op::Recv(r));
             return 0;
         }
-        self.finish_recv(r, res);
+        if let Some(r) = self.posted.take(user) {
+            self.finish_recv(r, res);
+        }
         0
     }
 }

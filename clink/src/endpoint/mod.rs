@@ -324,7 +324,24 @@ impl Peer {
         }
         self.link.peek().map_err(|_| ())
     }
+
+    /// For the receive fast paths (`recv_fast`, `poll_recvs`): the eager message at the
+    /// head of a quiet ring ([`Peer::quiet_head`]) as (record, tag, bytes); `Err(())` for
+    /// any other frame there, as for what `quiet_head` refuses.
+    #[inline]
+    fn quiet_eager(&mut self) -> std::result::Result<Option<EagerHead<'_>>, ()> {
+        let Some(rec) = self.quiet_head()? else {
+            return Ok(None);
+        };
+        match Frame::parse(self.link.frame(rec)) {
+            Ok(Frame::Eager { tag, data }) => Ok(Some((rec, tag, data))),
+            _ => Err(()),
+        }
+    }
 }
+
+/// An eager message at the head of a ring: its record, tag and bytes.
+type EagerHead<'a> = (Rx, u64, &'a [u8]);
 
 /// A communication port: listens for peers, connects to them, sends and receives tagged
 /// messages. See the module docs for threading and progress rules.
@@ -600,6 +617,17 @@ impl Endpoint {
 }
 
 impl Endpoint {
+    /// Releases frame `rec` of peer `i` once handled: counted, and the peer woken when it
+    /// waits for room in its ring.
+    #[inline]
+    fn release_frame(&mut self, i: usize, rec: Rx) {
+        self.stats.frames_received += 1;
+        if self.peers[i].release(rec) {
+            self.peers[i].link.wake();
+            self.stats.doorbells += 1;
+        }
+    }
+
     /// Takes receive `id` out of the table. Every removal goes through here (or
     /// [`Endpoint::remove_send`]), which keeps the count of watched requests right.
     #[inline]

@@ -54,17 +54,16 @@ impl Endpoint {
             self.settle_aperture_recvs();
         }
         if !self.detached.is_empty() {
-            let (sends, watching) = (&mut self.sends, &mut self.watching);
-            self.detached
-                .retain(|id| match sends.get(id).map(|s| &s.state) {
-                    Some(SendState::Done(_)) => {
-                        let op = sends.remove(id);
-                        *watching -= usize::from(op.is_some_and(|o| o.watched));
-                        false
-                    }
-                    Some(_) => true,
-                    None => false,
-                });
+            let mut detached = std::mem::take(&mut self.detached);
+            detached.retain(|&id| match self.sends.get(&id).map(|s| &s.state) {
+                Some(SendState::Done(_)) => {
+                    self.remove_send(id);
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            });
+            self.detached = detached;
         }
         // Every 64 passes, busy or not, look at the clock (cheap, but not free), and every
         // liveness interval at the epoll set: hang-ups, new connections. Only idle passes
@@ -141,11 +140,7 @@ impl Endpoint {
                     return true;
                 }
             }
-            self.stats.frames_received += 1;
-            if self.peers[i].release(rec) {
-                self.peers[i].link.wake();
-                self.stats.doorbells += 1;
-            }
+            self.release_frame(i, rec);
             n += 1;
         }
         n > 0

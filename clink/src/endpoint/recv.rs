@@ -141,25 +141,17 @@ impl Endpoint {
         };
         for _ in 0..spins {
             for i in lo..hi {
-                let p = &mut self.peers[i];
-                let rec = match p.quiet_head() {
-                    Ok(Some(r)) => r,
+                let (rec, tag, data) = match self.peers[i].quiet_eager() {
+                    Ok(Some(m)) => m,
                     Ok(None) => continue,
                     Err(()) => return None,
                 };
                 let src = PeerId(i as u32);
-                let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.frame(rec)) else {
-                    return None;
-                };
                 if !sel.matches(src, tag) {
                     return None;
                 }
                 let result = copy_eager(src, tag, data, buf);
-                if p.release(rec) {
-                    p.link.wake();
-                    self.stats.doorbells += 1;
-                }
-                self.stats.frames_received += 1;
+                self.release_frame(i, rec);
                 return Some(result);
             }
             std::hint::spin_loop();
@@ -193,16 +185,12 @@ impl Endpoint {
         let mut n = 0;
         for i in 0..self.peers.len() {
             loop {
-                let p = &mut self.peers[i];
-                let rec = match p.quiet_head() {
-                    Ok(Some(r)) => r,
+                let (rec, tag, data) = match self.peers[i].quiet_eager() {
+                    Ok(Some(m)) => m,
                     Ok(None) => break,
                     Err(()) => return None,
                 };
                 let src = PeerId(i as u32);
-                let Ok(Frame::Eager { tag, data }) = Frame::parse(p.link.frame(rec)) else {
-                    return None;
-                };
                 // A message no posted receive wants: the progress pass decides (it stays
                 // at the head, or is copied aside).
                 let rid = self.matcher.take_posted(src, tag)?;
@@ -217,12 +205,7 @@ impl Endpoint {
                     self.remove_recv(rid);
                     Some((user, result))
                 };
-                let p = &mut self.peers[i];
-                if p.release(rec) {
-                    p.link.wake();
-                    self.stats.doorbells += 1;
-                }
-                self.stats.frames_received += 1;
+                self.release_frame(i, rec);
                 if let Some((user, result)) = report {
                     done(rid, user, result);
                     n += 1;

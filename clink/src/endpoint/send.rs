@@ -27,22 +27,21 @@ impl Endpoint {
                     tag,
                     data: SendData::Owned(Bytes::new()),
                     state: SendState::Done(Ok(())),
-                    watched: true,
+                    watched: false,
                 },
             );
-            // Reported by the next progress pass (which `next_event`, `wait_event` and
-            // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
-            // request is watched).
             self.finished.push((true, id));
-            self.watching += 1;
             id
         } else {
-            if let Some(op) = self.sends.get_mut(&req.id) {
-                op.watched = true;
-                self.watching += 1;
-            }
             req.id
         };
+        // Reported by the next progress pass (which `next_event`, `wait_event` and
+        // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
+        // request is watched).
+        if let Some(op) = self.sends.get_mut(&id) {
+            op.watched = true;
+            self.watching += 1;
+        }
         Ok(SendRequest { id })
     }
 

@@ -263,11 +263,7 @@ impl Endpoint {
                     return None;
                 };
                 let taken = self.serve_put_take(i, req, to, data, true);
-                self.stats.frames_received += 1;
-                if self.peers[i].release(rec) {
-                    self.peers[i].link.wake();
-                    self.stats.doorbells += 1;
-                }
+                self.release_frame(i, rec);
                 if let Some(e) = taken {
                     self.fast_streak += 1;
                     return Some(e);
