@@ -110,8 +110,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .join(", ")
     );
     println!(
-        "receiver: {} datagrams in {} reads ({} coalesced), {} sleeps; speculation: {} hits ({} B, {:.2}% of bulk bytes), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short; admission: {} grants, {} refusals, {} revocations, {} datagrams on the steered socket; the granted stream's hit rate {:.2}% of {} fragments",
-        s.datagrams_received, s.recv_calls, s.gro_reads, s.sleeps, s.spec_hits, s.spec_hit_bytes,
+        "receiver: {} datagrams in {} reads ({} coalesced), {} sent in {} calls, {} sleeps; speculation: {} hits ({} B, {:.2}% of bulk bytes), {} misses; {} B copied by cleanup; {} duplicates, {} NAKs sent, {} malformed or cut short; admission: {} grants, {} refusals, {} revocations, {} datagrams on the steered socket; the granted stream's hit rate {:.2}% of {} fragments",
+        s.datagrams_received, s.recv_calls, s.gro_reads, s.datagrams_sent, s.send_calls, s.sleeps, s.spec_hits, s.spec_hit_bytes,
         100.0 * s.spec_hit_rate().unwrap_or(0.0),
         s.spec_misses, s.cleanup_bytes, s.duplicates_dropped, s.naks_sent, s.malformed_dropped,
         s.fast_grants, s.fast_refusals, s.fast_revocations, s.steered_datagrams,

@@ -28,6 +28,9 @@ pub struct BenchArgs {
     /// Chunk size in bytes (`--chunk` of the source).
     #[arg(long, default_value_t = DEFAULT_CHUNK)]
     chunk: u64,
+    /// The clink chain's transport (`--transport` of the source).
+    #[arg(long, value_enum, default_value_t = super::Transport::Tcp)]
+    transport: super::Transport,
     /// Prints JSON rows only.
     #[arg(long)]
     json: bool,
@@ -132,6 +135,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "bytes": size,
             "rate_limit": rate,
             "window": a.window,
+            "transport": if *system == "clink-cast" { a.transport.key().unwrap_or("any") } else { "tcp" },
             "seconds": secs,
             "rate_mbps": mbps(size, *secs),
         });
@@ -139,10 +143,11 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     if !a.json {
         println!(
-            "{} MiB to {} receivers in a chain (link rate {rate}): clink cast {:.1} MB/s \
+            "{} MiB to {} receivers in a chain (link rate {rate}): clink cast over {} {:.1} MB/s \
              (every chunk verified by BLAKE3 at every hop), kernel TCP relay {:.1} MB/s",
             a.size_mib,
             a.hosts,
+            a.transport.key().unwrap_or("any transport"),
             mbps(size, rows[0].1),
             mbps(size, rows[1].1)
         );
@@ -210,6 +215,8 @@ fn clink_chain(
         &c,
         "--to",
         &addrs.join(","),
+        "--transport",
+        a.transport.key().unwrap_or("any"),
     ])
     .arg(src);
     if let Some(r) = &a.rate {

@@ -151,6 +151,68 @@ pub struct SendArgs {
     /// Rate of the links in tc's syntax (`1gbit`), for the model's prediction.
     #[arg(long)]
     link_rate: Option<String>,
+    /// Which of clink's network transports carries every hop of the chain: `tcp` (the
+    /// default), `udp`, or `any` (each connection's own choice, UDP where both ends offer
+    /// it).
+    #[arg(long, value_enum, default_value_t = Transport::Tcp)]
+    transport: Transport,
+}
+
+/// The transport of the chain's hops. TCP by default: a chain of UDP hops on one bridge
+/// ran at about half the rate of TCP hops, shaped or not, from four receivers on
+/// (BENCHMARKS.md, "clink cast"): each node's answers upstream (clear-to-sends, acks)
+/// wait behind the chunks queued on its upstream neighbour's input, and clink's UDP
+/// recovery resends where the kernel's TCP, its pacing and its timers do not.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// clink over kernel TCP connections.
+    Tcp,
+    /// clink's UDP transport (bulk fragments received in place).
+    Udp,
+    /// The addresses as given: each connection picks, UDP where both ends offer it.
+    Any,
+}
+
+impl Transport {
+    /// The key of this transport's item in a clink address, `None` for [`Transport::Any`].
+    pub(crate) fn key(self) -> Option<&'static str> {
+        match self {
+            Transport::Tcp => Some("tcp"),
+            Transport::Udp => Some("udp"),
+            Transport::Any => None,
+        }
+    }
+
+    /// `addr` with the other network transports' items left out, so that a connection to
+    /// it can only use this one; an error when `addr` does not offer it.
+    fn restrict(self, addr: &str) -> Result<String, String> {
+        let Some(key) = self.key() else {
+            return Ok(addr.to_string());
+        };
+        let body = addr
+            .trim()
+            .strip_prefix("clink:")
+            .ok_or_else(|| format!("{addr}: not a clink address"))?;
+        let mut found = false;
+        let kept: Vec<&str> = body
+            .split(';')
+            .filter(|item| match item.split_once('=').map(|(k, _)| k) {
+                Some(k) if k == key => {
+                    found = true;
+                    true
+                }
+                Some("udp" | "tcp") => false,
+                _ => true,
+            })
+            .collect();
+        if !found {
+            return Err(format!(
+                "{addr}: offers no {key} transport (is CLINK_{} off on that node?)",
+                key.to_uppercase()
+            ));
+        }
+        Ok(format!("clink:{}", kept.join(";")))
+    }
 }
 
 /// Runs `clink cast`.
@@ -463,6 +525,28 @@ mod tests {
             root: Some([9; 32]),
             skip: None,
         }
+    }
+
+    #[test]
+    fn an_address_restricted_to_a_transport_keeps_only_its_items() {
+        let a = "clink:host=00000000000000aa;id=0000000000000000000000000000000b;\
+                 shm=s1;udp=10.0.0.2:5000,10.1.0.2:5000;tcp=10.0.0.2:6000";
+        let id = "host=00000000000000aa;id=0000000000000000000000000000000b;shm=s1";
+        assert_eq!(
+            Transport::Tcp.restrict(a).unwrap(),
+            format!("clink:{id};tcp=10.0.0.2:6000")
+        );
+        assert_eq!(
+            Transport::Udp.restrict(a).unwrap(),
+            format!("clink:{id};udp=10.0.0.2:5000,10.1.0.2:5000")
+        );
+        assert_eq!(Transport::Any.restrict(a).unwrap(), a);
+        // The result is an address clink takes.
+        clink_proto::addr::Address::parse(&Transport::Tcp.restrict(a).unwrap()).unwrap();
+        let udp_only = format!("clink:{id};udp=10.0.0.2:5000");
+        let e = Transport::Tcp.restrict(&udp_only).unwrap_err();
+        assert!(e.contains("offers no tcp transport"), "{e}");
+        assert!(Transport::Udp.restrict("udp=1.2.3.4:5").is_err());
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl Show {
 }
 
 /// `clink cast send`.
-pub fn run(a: SendArgs) -> Result<(), String> {
+pub fn run(mut a: SendArgs) -> Result<(), String> {
     let chunk = a.chunk;
     if !chunk.is_power_of_two() || !(CHUNK_MIN..=CHUNK_MAX).contains(&chunk) {
         return Err(format!(
@@ -177,6 +177,12 @@ pub fn run(a: SendArgs) -> Result<(), String> {
             }
         }
     };
+    // Every node connects to the next through the route's addresses: restricted here,
+    // they carry the chain's transport to every hop (and to a splice).
+    a.to =
+        a.to.iter()
+            .map(|addr| a.transport.restrict(addr))
+            .collect::<Result<_, _>>()?;
     let mut ep = endpoint()?;
     let first = &a.to[0];
     let h1 = hop(1, first);
