@@ -189,6 +189,67 @@ fn a_stalled_receivers_flight_is_probed_not_resent() {
     assert!(b.stats().duplicates <= 3, "{:?}", b.stats());
 }
 
+/// Round trips (50 us each way, every datagram delivered, acks at once) until `b` has
+/// the message `a` has queued; fails past `bound` of them.
+fn round_trips_to_deliver(a: &mut Conn, b: &mut Conn, now: &mut u64, bound: u32) -> u32 {
+    for trips in 1..=bound {
+        for d in transmit_all(a, *now) {
+            b.handle_datagram(*now + OWD, &d).unwrap();
+        }
+        *now += OWD;
+        for d in transmit_all(b, *now) {
+            a.handle_datagram(*now + OWD, &d).unwrap();
+        }
+        *now += OWD;
+        if b.poll_event().is_some() {
+            return trips;
+        }
+    }
+    panic!("not delivered in {bound} round trips: {:?}", a.stats());
+}
+
+#[test]
+fn a_quiet_peer_with_one_packet_in_flight_leaves_the_threshold_alone() {
+    // One small message in flight and the peer quiet past two timeouts (a process busy
+    // for milliseconds): the first timeout probes, resending the only packet, so no ack
+    // can prove the second one spurious, and the window collapses. A single packet
+    // cannot have overfilled the path: the threshold must stay, so a bulk transfer
+    // afterwards regrows the window exponentially. (Halved to 5 packets, the threshold
+    // held every later transfer to one more packet per round trip.)
+    let (mut a, mut b, mut now) = warmed_pair();
+    let threshold = a.stats().ssthresh;
+    a.send(1, b"route").unwrap();
+    let rto = a.stats().rto_ns;
+    let release = now + 4 * rto;
+    let got = deliver_with_acks_held(&mut a, &mut b, now, release, now + 20 * rto);
+    assert_eq!(got, b"route");
+    now = release + 2 * OWD;
+    let s = a.stats();
+    assert!(s.timeouts >= 2, "the window never collapsed: {s:?}");
+    assert_eq!(s.ssthresh, threshold, "{s:?}");
+    // 400 fragments: from a window of 2 in slow start, about eight round trips; in
+    // linear growth from 5, about twenty-five.
+    let frag = a.config().mtu_payload;
+    let msg = content(3, 400 * frag);
+    a.send(2, &msg).unwrap();
+    let trips = round_trips_to_deliver(&mut a, &mut b, &mut now, 40);
+    assert!(trips <= 10, "{trips} round trips: {:?}", a.stats());
+
+    // A flight larger than the initial window lost whole (nothing reaches the peer past
+    // two timeouts) does halve it.
+    let (mut a, mut b, mut now) = warmed_pair();
+    let initial = a.config().initial_cwnd as usize;
+    a.send(1, &content(4, (initial + 1) * frag)).unwrap();
+    while a.stats().timeouts < 2 {
+        transmit_all(&mut a, now);
+        now = a.poll_timeout().expect("a timer is pending").max(now);
+        a.handle_timeout(now);
+    }
+    round_trips_to_deliver(&mut a, &mut b, &mut now, 40);
+    let s = a.stats();
+    assert!(s.ssthresh < threshold, "{s:?}");
+}
+
 #[test]
 fn a_timeout_that_proves_spurious_gives_the_window_back() {
     // As above, but the acks are held past the second timeout, which condemns the whole

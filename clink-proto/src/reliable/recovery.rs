@@ -179,17 +179,28 @@ impl Conn {
             self.tlp_deadline = None;
             return;
         }
-        let mut any = false;
+        let mut flight = 0;
         for i in 0..self.sent.len() {
             if self.sent[i].state == PState::InFlight {
                 let pn = self.snd_una + i as u64;
                 self.mark_lost(pn, false);
-                any = true;
+                flight += 1;
             }
         }
-        if any {
+        if flight > 0 {
             self.rto_undo = Some((self.cwnd, self.ssthresh));
-            self.ssthresh = (self.cwnd / 2).max(2);
+            // A flight no larger than the initial window (sent without any evidence of
+            // the path's capacity) cannot have overfilled it: its timeouts say the peer
+            // or the path went quiet, not that the window was too large, so the
+            // threshold stays and the window regrows in slow start once acks come. (A
+            // peer process busy for tens of milliseconds with one small message in
+            // flight, a single packet that a probe resent so no ack can prove the
+            // timeout spurious, otherwise left the threshold at 5 packets and every
+            // later bulk transfer in linear growth: a `clink cast` hop ran at a third of
+            // its rate for seconds.)
+            if flight > self.cfg.initial_cwnd {
+                self.ssthresh = (self.cwnd / 2).max(2);
+            }
             self.cwnd = 2;
             self.cwnd_acc = 0;
             self.recovery_tx = self.next_tx_seq;

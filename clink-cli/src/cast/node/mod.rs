@@ -63,6 +63,10 @@ impl Progress {
 
 /// `clink cast recv`.
 pub fn run(a: RecvArgs) -> Result<(), String> {
+    // Measured before the address is out: a node busy measuring (tens of milliseconds of
+    // hashing, copying and writing) once its upstream neighbour has connected answers
+    // nothing meanwhile, and the upstream's timers read that silence as a lost flight.
+    let costs = model::Costs::measure(Some(&a.out));
     let mut ep = endpoint()?;
     let address = ep.address();
     println!("{address}");
@@ -108,7 +112,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             write_s: 0.0,
             idle_s: 0.0,
             root: None,
-            costs: Some(model::Costs::measure(Some(&a.out))),
+            costs: Some(costs),
             predicted_bps: 0.0,
         },
         down_reports: Vec::new(),
