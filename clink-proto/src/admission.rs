@@ -33,6 +33,14 @@
 use crate::reliable::Admit;
 use std::collections::VecDeque;
 
+/// The grant id of a *standing* grant: a receiver that gave this sender a receive queue
+/// of its own (a socket no other stream shares) has nothing to arbitrate, grants it
+/// outside any gate and may tell it so unasked. In implicit mode the sender keeps such a
+/// grant through idle times instead of giving it back after [`AskerConfig::linger`]
+/// (and asking again, slow until answered, at its next transfer). The last id a gate
+/// would reach, after 4 billion grants, so a release of it matches none of a gate's.
+pub const STANDING_GRANT: u32 = u32::MAX;
+
 /// Who asks for grants: nobody (every stream is fast, no admission control), the protocol
 /// itself when a bulk transfer starts, or the application.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -135,6 +143,11 @@ impl Asker {
         }
     }
 
+    /// Holds a [`STANDING_GRANT`] (kept through idle times).
+    fn standing_grant(&self) -> bool {
+        matches!(self.standing, Standing::Granted { grant, .. } if grant == STANDING_GRANT)
+    }
+
     fn ask(&mut self, now: u64) {
         self.standing = Standing::Asking;
         self.out = Some(Admit::Req);
@@ -145,7 +158,7 @@ impl Asker {
     /// implicit mode a new one asks (unless already asking or granted), and none starts
     /// the linger time, after which the grant (or the request) is given back.
     pub fn bulk_active(&mut self, now: u64, active: bool) {
-        if self.cfg.mode != Mode::Implicit || self.wanted {
+        if self.cfg.mode != Mode::Implicit || self.wanted || self.standing_grant() {
             return;
         }
         if active {
@@ -194,6 +207,13 @@ impl Asker {
     pub fn on_answer(&mut self, now: u64, a: Admit) -> Option<bool> {
         match a {
             Admit::Ack { grant, port } => match self.standing {
+                // A standing grant, told unasked: kept (implicit mode) for the next
+                // transfer, which then starts fast.
+                Standing::Idle if grant == STANDING_GRANT && self.cfg.mode == Mode::Implicit => {
+                    self.standing = Standing::Granted { grant, port };
+                    self.idle_since = None;
+                    Some(true)
+                }
                 // Granted after we stopped asking (a late Fast_Ack): give it straight back.
                 Standing::Idle => {
                     self.out = Some(Admit::Release { grant });
@@ -242,8 +262,13 @@ impl Asker {
     /// bulk transfer has been outstanding for the linger time ([`Asker::bulk_active`]).
     pub fn handle_timeout(&mut self, now: u64) {
         if self.idle_since.is_some_and(|t| now >= t + self.cfg.linger) {
-            self.give_back();
-            return;
+            if self.standing_grant() {
+                // (Idle since before the standing grant came.)
+                self.idle_since = None;
+            } else {
+                self.give_back();
+                return;
+            }
         }
         if self.retry_at.is_some_and(|t| now >= t) {
             let again = match self.standing {
@@ -476,6 +501,7 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000_000_000;
 
     #[test]
     fn one_grant_at_a_time_then_the_next_in_order() {
@@ -572,6 +598,54 @@ mod tests {
         // A late Fast_Ack while idle is given straight back.
         assert_eq!(a.on_answer(20 * MS, Admit::Ack { grant: 8, port: 0 }), None);
         assert_eq!(a.poll_transmit(), Some(Admit::Release { grant: 8 }));
+    }
+
+    #[test]
+    fn a_standing_grant_is_kept_through_idle_times_in_implicit_mode_only() {
+        let cfg = AskerConfig::default();
+        let standing = Admit::Ack {
+            grant: STANDING_GRANT,
+            port: 0,
+        };
+        // Told unasked, while idle: taken, and the next transfer starts fast.
+        let mut a = Asker::new(cfg.clone());
+        assert_eq!(a.on_answer(0, standing), Some(true));
+        assert_eq!(a.poll_transmit(), None);
+        a.bulk_active(MS, true);
+        assert!(a.fast());
+        assert_eq!(a.poll_transmit(), None, "nothing to ask");
+        // Idle for far longer than the linger time: still granted, nothing given back.
+        a.bulk_active(2 * MS, false);
+        assert_eq!(a.poll_timeout(), None);
+        a.handle_timeout(SEC);
+        assert!(a.fast());
+        assert_eq!(a.poll_transmit(), None);
+        // Answering a request that had gone idle meanwhile: the linger is cleared.
+        let mut a = Asker::new(cfg.clone());
+        a.bulk_active(0, true);
+        assert_eq!(a.poll_transmit(), Some(Admit::Req));
+        a.bulk_active(MS, false);
+        assert_eq!(a.on_answer(2 * MS, standing), Some(true));
+        a.handle_timeout(MS + cfg.linger);
+        assert!(a.fast());
+        assert_eq!(a.poll_transmit(), None);
+        assert_eq!(a.poll_timeout(), None);
+        // A revocation still ends it.
+        assert_eq!(a.on_answer(SEC, Admit::NAck), Some(false));
+        assert!(!a.fast());
+        // Explicit mode: the application decides; an unasked grant goes straight back.
+        let mut e = Asker::new(AskerConfig {
+            mode: Mode::Explicit,
+            ..cfg
+        });
+        assert_eq!(e.on_answer(0, standing), None);
+        assert_eq!(
+            e.poll_transmit(),
+            Some(Admit::Release {
+                grant: STANDING_GRANT
+            })
+        );
+        assert!(!e.fast());
     }
 
     #[test]

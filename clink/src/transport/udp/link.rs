@@ -29,6 +29,9 @@ pub struct UdpLink {
     /// them were speculation hits.
     pub(super) bulk_seen: u64,
     pub(super) hits_seen: u64,
+    /// The peer was told, unasked, that its stream is granted for good (it reaches a
+    /// socket of its own here).
+    standing_told: bool,
 }
 
 impl UdpLink {
@@ -45,6 +48,7 @@ impl UdpLink {
             last_nack: 0,
             bulk_seen: 0,
             hits_seen: 0,
+            standing_told: false,
         }
     }
 
@@ -186,7 +190,11 @@ impl UdpLink {
     /// stream shares), so its stream cannot disturb another's speculative layout, nor
     /// another its: it is granted at once, outside the gate, which arbitrates only the
     /// streams that share the main socket. (Held to the slow window, seven streams
-    /// into one receiver of an all-to-all moved a third as fast as over TCP.)
+    /// into one receiver of an all-to-all moved a third as fast as over TCP.) Such a peer
+    /// is told so once, unasked: a [`STANDING_GRANT`] it keeps through idle times, so its
+    /// transfers do not each start slow while a request crosses (an 8-host all-to-all,
+    /// whose processes wait for one another between exchanges, asked again at nearly
+    /// every message). If that answer is lost, its first transfer asks as before.
     pub(super) fn admit(
         &mut self,
         now: u64,
@@ -196,13 +204,20 @@ impl UdpLink {
         out: &mut Vec<Decision<usize>>,
         stats: &mut UdpStats,
     ) {
+        if own && !self.standing_told {
+            self.standing_told = true;
+            self.conn.answer_admit(Admit::Ack {
+                grant: STANDING_GRANT,
+                port: 0,
+            });
+        }
         for (req, grant) in self.admit_in.drain(..) {
             self.revoked = false;
             if own {
                 if req {
                     stats.own_queue_grants += 1;
                     self.conn.answer_admit(Admit::Ack {
-                        grant: OWN_QUEUE_GRANT,
+                        grant: STANDING_GRANT,
                         port: 0,
                     });
                 }

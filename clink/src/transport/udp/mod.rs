@@ -32,7 +32,7 @@ use receive::{Armed, Gathered, Misplaced};
 
 use crate::error::{io_err, Result};
 use crate::transport::FrameQueue;
-use clink_proto::admission::{Decision, Gate, GateConfig, Mode};
+use clink_proto::admission::{Decision, Gate, GateConfig, Mode, STANDING_GRANT};
 use clink_proto::reliable::packet::{
     bulk_claim, is_bulk, is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER,
 };
@@ -202,11 +202,6 @@ pub struct UdpStats {
     /// its own (outside the gate).
     pub own_queue_grants: u64,
 }
-
-/// The grant id of a stream granted outside the gate (a peer with a socket of its own):
-/// the last the gate would reach (after 4 billion grants), so a release of it does not
-/// match one of the gate's.
-const OWN_QUEUE_GRANT: u32 = u32::MAX;
 
 /// An outgoing connection waiting for its welcome.
 struct Pending {
