@@ -135,6 +135,28 @@ fn every_size_class_round_trips_over_loopback_tcp() {
 }
 
 #[test]
+fn the_bytes_put_on_the_wire_over_tcp_are_counted() {
+    let ((mut a, pa), (mut b, pb)) = pair(true, 20);
+    let before = b.wire_bytes_sent(pb).unwrap().expect("a TCP peer's count");
+    let msg = vec![7u8; 1 << 20];
+    // The receiver on a thread of its own: a rendezvous needs both sides driven.
+    let rx = std::thread::spawn(move || {
+        let mut got = vec![0u8; 1 << 20];
+        a.recv_timeout(Selector::exact(Some(pa), 1), &mut got, Some(T))
+            .unwrap();
+        (a, got)
+    });
+    b.send(pb, 1, &msg).unwrap();
+    let (a, got) = rx.join().unwrap();
+    assert_eq!(got, msg);
+    let sent = b.wire_bytes_sent(pb).unwrap().unwrap() - before;
+    // The message and clink's frame headers; nothing near a second copy.
+    assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&sent), "{sent}");
+    // The receiver sent only small answers.
+    assert!(a.wire_bytes_sent(pa).unwrap().unwrap() < 64 << 10);
+}
+
+#[test]
 fn rendezvous_without_speculation_takes_the_copy_path() {
     let ((a, pa), (mut b, pb)) = pair(false, 20);
     let server = std::thread::spawn(move || echo(a, pa));

@@ -252,10 +252,10 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
         .map_or(0, |s| s.iter().filter(|&&x| x).count()));
     mine["retransmissions"] = json!(ep.stats().retransmissions);
     let conn = ep.conn_stats(down).ok().flatten();
-    mine["timeouts"] = json!(conn.as_ref().map_or(0, |c| c.timeouts));
-    // What the source put on the wire towards the chain, headers and resends included
-    // (UDP payloads; null over a transport without datagram counters).
-    mine["wire_bytes"] = json!(conn.map(|c| c.bytes_sent));
+    mine["timeouts"] = json!(conn.map_or(0, |c| c.timeouts));
+    // What the source put on the wire towards the chain, clink's headers and resends
+    // included (UDP payloads, or TCP segments' payloads).
+    mine["wire_bytes"] = json!(ep.wire_bytes_sent(down).ok().flatten());
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);

@@ -181,6 +181,18 @@ impl Endpoint {
         })
     }
 
+    /// Payload bytes this endpoint has put on the wire towards `peer`, resends included:
+    /// UDP payloads over UDP (clink's headers with them), TCP segments' payloads over TCP
+    /// (the kernel's count, `TCP_INFO`). `None` over shared memory, and over TCP once the
+    /// peer's socket is closed or on a kernel before 4.19.
+    pub fn wire_bytes_sent(&self, peer: PeerId) -> Result<Option<u64>> {
+        Ok(match &self.peer(peer)?.link {
+            Link::Udp(u) => Some(u.conn.stats().bytes_sent),
+            Link::Tcp(t) => crate::sys::tcp_bytes_sent(t.fd()).ok(),
+            Link::Shm(_) => None,
+        })
+    }
+
     /// How this endpoint reads its small UDP datagrams: `Some(Ok(()))` from the receive
     /// ring (`CLINK_UDP_RING`), `Some(Err(why))` from its sockets, and why; `None` without
     /// a UDP transport.

@@ -14,7 +14,7 @@ mod seqpacket;
 
 pub use bell::{Bell, BellWait};
 pub use epoll::Epoll;
-pub use net::{interfaces, send_vectored, tcp_listen, Iface, SockAddr};
+pub use net::{interfaces, send_vectored, tcp_bytes_sent, tcp_listen, Iface, SockAddr};
 pub use seqpacket::{poll_readable, PeerCred, SeqPacket};
 
 pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {

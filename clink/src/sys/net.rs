@@ -237,3 +237,29 @@ pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
     // SAFETY: the vectors point into live slices for the duration of the call.
     cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
 }
+
+/// Payload bytes a TCP socket has put on the wire, resends included (`tcpi_bytes_sent`
+/// of `TCP_INFO`, Linux 4.19 and later; `Unsupported` on an older kernel).
+pub fn tcp_bytes_sent(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: tcp_info is plain data; all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` describe a writable buffer of the option's size.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    })?;
+    let need = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_sent) + std::mem::size_of::<u64>();
+    if (len as usize) < need {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this kernel's TCP_INFO has no tcpi_bytes_sent (Linux 4.19 or later)",
+        ));
+    }
+    Ok(info.tcpi_bytes_sent)
+}
