@@ -944,7 +944,7 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
             let stats = dir.stats(p, outer);
             let port = free_port();
             let ps = port.to_string();
-            let _server = Proc::start(
+            let mut server = Proc::start(
                 command(
                     "python3",
                     &[srv.to_str().unwrap(), &ps, outer],
@@ -955,6 +955,10 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
             );
             wait_for_listen(port);
             expect_match(p, &cli, &ps, &stats);
+            // The server writes its end's statistics as it exits, on the client's
+            // end-of-stream: read them only then.
+            let st = server.wait_exit(LIMIT);
+            assert!(st.success(), "{p:?} {outer}: server failed: {st}");
             check_placement(p, &stats, port);
         }
     }

@@ -18,7 +18,8 @@
 //! - [`Asker`], the sender's, one per connection (inside [`crate::reliable::Conn`]). In
 //!   [`Mode::Implicit`] (the default, the seed's "transparent" allocation) it asks when a
 //!   bulk transfer is queued and gives the grant back after [`AskerConfig::linger`] without
-//!   one; in [`Mode::Explicit`] the application asks and releases (the seed's ioctl).
+//!   one (a [`STANDING_GRANT`], from a receiver with nothing to arbitrate, is kept); in
+//!   [`Mode::Explicit`] the application asks and releases (the seed's ioctl).
 //!
 //! **Lost datagrams.** Every message is idempotent and repeated by whoever needs the
 //! answer: an unanswered Fast_Req is sent again after [`AskerConfig::retry`]; a refused

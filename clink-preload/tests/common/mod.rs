@@ -141,6 +141,23 @@ impl Proc {
 }
 
 impl Proc {
+    /// Waits up to `limit` for the process to exit by itself and returns its status;
+    /// fails the test if it is still running then.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(
+                Instant::now() < end,
+                "process {} still running after {limit:?}",
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Asks the process to stop (SIGTERM) and waits up to 10 s for it: a server that forks
     /// workers (nginx) takes them down with it, which a SIGKILL of the parent would not.
     pub fn terminate(&mut self) {
@@ -252,10 +269,22 @@ pub fn stats_lines(stats: &Path) -> Vec<String> {
 /// when both ran under clink, and the end that did reporting the kernel when only one did.
 pub fn check_placement(p: Placement, stats: &Path, port: u16) {
     let needle = format!("127.0.0.1:{port}");
-    let lines: Vec<String> = stats_lines(stats)
-        .into_iter()
-        .filter(|l| l.contains(&needle))
-        .collect();
+    let ours = || -> Vec<String> {
+        stats_lines(stats)
+            .into_iter()
+            .filter(|l| l.contains(&needle))
+            .collect()
+    };
+    let mut lines = ours();
+    if p.server && p.client {
+        // Each end writes its line as it closes: a server still handling the client's
+        // end-of-stream has not yet. Wait (bounded) for both.
+        let end = Instant::now() + Duration::from_secs(10);
+        while lines.len() < 2 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(10));
+            lines = ours();
+        }
+    }
     let accel = lines.iter().filter(|l| l.contains(": accelerated")).count();
     let kernel = lines.iter().filter(|l| l.contains(": kernel")).count();
     match (p.server, p.client) {

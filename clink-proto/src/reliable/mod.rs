@@ -77,9 +77,9 @@
 //! copied once into the message buffer (a single-fragment message once into its own);
 //! an out-of-order one is copied once more into the receive window.
 //!
-//! Where things are: [`send`] (queuing, choosing and building packets, processing acks),
-//! [`receive`] (admitting datagrams, reassembly, the acks owed), [`recovery`] (timers,
-//! probes, liveness, loss), [`packet`] (the datagram format), [`ranges`] (received ranges).
+//! Where things are: `send.rs` (queuing, choosing and building packets, processing acks),
+//! `receive.rs` (admitting datagrams, reassembly, the acks owed), `recovery.rs` (timers,
+//! probes, liveness, loss), [`packet`] (the datagram format), `ranges.rs` (received ranges).
 //!
 //! `Conn` is `Send` and `Sync` (plain owned data; shared message buffers are `Arc`s) and is
 //! driven by one thread at a time through `&mut self`.
