@@ -196,6 +196,27 @@ fn ctx(n: usize) -> *mut c_void {
     n as *mut c_void
 }
 
+/// Cancels the receive posted on `ep` with context `c`: its completion must say
+/// cancelled.
+unsafe fn cancel_fails_it(ep: *mut fid_ep, rx: &std::sync::mpsc::Receiver<Entry>, c: usize) {
+    assert_eq!(((*(*ep).ops).cancel)(&mut (*ep).fid, ctx(c)), 0);
+    let err = next(rx).expect_err("a cancelled receive fails");
+    assert_eq!((err.err, err.op_context), (FI_ECANCELED, ctx(c)));
+}
+
+/// Stops the completion readers, then closes what `setup` opened.
+unsafe fn finish(
+    s: Setup,
+    stop: &std::sync::atomic::AtomicBool,
+    readers: impl IntoIterator<Item = std::thread::JoinHandle<()>>,
+) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in readers {
+        h.join().unwrap();
+    }
+    teardown(s);
+}
+
 #[test]
 fn hints_it_cannot_meet_find_nothing() {
     // SAFETY: getinfo with zeroed hints and a live out-pointer.
@@ -312,14 +333,9 @@ fn messages_truncation_peek_and_cancel() {
             ),
             0
         );
-        assert_eq!(((*(*b).ops).cancel)(&mut (*b).fid, ctx(5)), 0);
-        let err = next(&rx_b).expect_err("a cancelled receive fails");
-        assert_eq!((err.err, err.op_context), (FI_ECANCELED, ctx(5)));
+        cancel_fails_it(b, &rx_b, 5);
 
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        ha.join().unwrap();
-        hb.join().unwrap();
-        teardown(s);
+        finish(s, &stop, [ha, hb]);
     }
 }
 
@@ -414,10 +430,7 @@ fn untagged_and_tagged_messages_do_not_cross() {
             -(FI_EINVAL as isize)
         );
 
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        ha.join().unwrap();
-        hb.join().unwrap();
-        teardown(s);
+        finish(s, &stop, [ha, hb]);
     }
 }
 
@@ -504,9 +517,7 @@ fn a_blocking_read_sleeps_until_a_completion() {
         assert_eq!((e.op_context, e.len, e.tag), (ctx(1), 8, 9));
         assert_eq!(u64::from_le_bytes(buf), 77);
         sender.join().unwrap();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        ha.join().unwrap();
-        teardown(s);
+        finish(s, &stop, [ha]);
     }
 }
 
@@ -572,13 +583,8 @@ fn a_receive_over_several_buffers_is_scattered_in_order() {
             ),
             0
         );
-        assert_eq!(((*(*b).ops).cancel)(&mut (*b).fid, ctx(3)), 0);
-        let err = next(&rx_b).expect_err("a cancelled receive fails");
-        assert_eq!((err.err, err.op_context), (FI_ECANCELED, ctx(3)));
+        cancel_fails_it(b, &rx_b, 3);
 
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        ha.join().unwrap();
-        hb.join().unwrap();
-        teardown(s);
+        finish(s, &stop, [ha, hb]);
     }
 }

@@ -187,29 +187,19 @@ impl Transport {
         let Some(key) = self.key() else {
             return Ok(addr.to_string());
         };
-        let body = addr
-            .trim()
-            .strip_prefix("clink:")
-            .ok_or_else(|| format!("{addr}: not a clink address"))?;
-        let mut found = false;
-        let kept: Vec<&str> = body
-            .split(';')
-            .filter(|item| match item.split_once('=').map(|(k, _)| k) {
-                Some(k) if k == key => {
-                    found = true;
-                    true
-                }
-                Some("udp" | "tcp") => false,
-                _ => true,
-            })
-            .collect();
-        if !found {
+        let mut a = clink_proto::addr::Address::parse(addr).map_err(|e| e.to_string())?;
+        let (keep, drop) = match self {
+            Transport::Tcp => (&a.tcp, &mut a.udp),
+            _ => (&a.udp, &mut a.tcp),
+        };
+        if keep.is_empty() {
             return Err(format!(
                 "{addr}: offers no {key} transport (is CLINK_{} off on that node?)",
                 key.to_uppercase()
             ));
         }
-        Ok(format!("clink:{}", kept.join(";")))
+        drop.clear();
+        Ok(a.to_string())
     }
 }
 
