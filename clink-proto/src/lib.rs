@@ -6,6 +6,8 @@
 //!
 //! - [`wire`]: the frames that travel on a per-peer ring and the connection handshake,
 //!   parsed by total functions into typed errors;
+//! - [`msg`]: the messaging protocol's decisions: what a send or receive request does
+//!   with each eager or rendezvous frame, and what it ends in;
 //! - [`matching`]: tag matching of posted receives against arrived messages (BIP's tags,
 //!   MPI's source/tag/mask);
 //! - [`cost`]: the cost model that picks the eager/rendezvous threshold and the pipeline
@@ -41,6 +43,7 @@ pub mod idhash;
 pub mod ipv4;
 mod le;
 pub mod matching;
+pub mod msg;
 pub mod netsim;
 pub mod reliable;
 pub mod rma;

@@ -99,3 +99,18 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error
     let what = what.into();
     move |source| Error::Io { what, source }
 }
+
+impl From<clink_proto::msg::Failure> for Error {
+    fn from(f: clink_proto::msg::Failure) -> Error {
+        use clink_proto::msg::Failure;
+        match f {
+            Failure::PeerDead(p) => Error::PeerDead(p),
+            Failure::Cancelled => Error::Cancelled,
+            Failure::Truncated { len, capacity } => Error::Truncated { len, capacity },
+            Failure::Read { peer, source } => Error::Io {
+                what: format!("reading rendezvous message from {peer}"),
+                source,
+            },
+        }
+    }
+}

@@ -36,8 +36,9 @@ use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
 use clink_proto::addr::Address;
-use clink_proto::cost::{Rndv, RndvChooser, CMA_SPLIT_MIN};
+use clink_proto::cost::{Rndv, RndvChooser};
 use clink_proto::matching::{Matcher, Selector};
+use clink_proto::msg::{self, Arrived};
 use clink_proto::wire::{Frame, EAGER_HEADER};
 use clink_proto::PeerId;
 use link::{Link, Rx};
@@ -58,8 +59,8 @@ mod send;
 mod tcp;
 mod wait;
 
+use msg::copy_eager;
 pub use recv::InPlace;
-use recv::{copy_eager, receive_result};
 pub use send::SendSlot;
 
 const TOK_DOORBELL: u64 = 0;
@@ -84,22 +85,11 @@ const FAST_STREAK: u32 = 64;
 /// The longest sleep on a peer's bell: the listener is not watched meanwhile, so this
 /// bounds how long a connecting process waits for its welcome.
 const BELL_SLEEP_MAX: Duration = Duration::from_millis(50);
-/// The split point is a multiple of this (page-aligned halves: no page pinned by both).
-const CMA_SPLIT_ALIGN: u64 = 4096;
 
 /// Request ids are small sequential integers: a multiply, not SipHash, per message.
 type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;
 
-/// What a completed receive reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Status {
-    /// Sender.
-    pub peer: PeerId,
-    /// Tag of the message.
-    pub tag: u64,
-    /// Length of the message in bytes.
-    pub len: u64,
-}
+pub use clink_proto::msg::Status;
 
 /// A completed non-blocking receive: the buffer (truncated to the message length) and its
 /// status.
@@ -166,16 +156,8 @@ impl SendData {
     }
 }
 
-enum SendState {
-    /// Waiting in the peer's transmit queue (eager: ring full; rendezvous: RTS not sent).
-    Queued,
-    /// RTS sent; the receiver will read it (CMA, then FIN) or ask for chunks (CTS).
-    WaitFin,
-    /// Being pushed through the ring in chunks.
-    Pipelining,
-    /// Over.
-    Done(Result<()>),
-}
+/// A send request's protocol state (see [`clink_proto::msg`]).
+type SendState = msg::SendState<Error>;
 
 struct SendOp {
     peer: PeerId,
@@ -215,28 +197,8 @@ impl RecvBuf {
     }
 }
 
-enum RecvState {
-    Posted,
-    /// Receiving a pipelined rendezvous message chunk by chunk (since `since`).
-    Pipelining {
-        status: Status,
-        got: u64,
-        since: Instant,
-    },
-    /// A split CMA rendezvous: this side has read the message from byte `pushed` on
-    /// (`read`: how that went); the sender writes the first `pushed` bytes into the
-    /// buffer and says so ([`Frame::Pushed`]). The buffer is the sender's target until then.
-    Split {
-        status: Status,
-        pushed: u64,
-        read: std::io::Result<()>,
-        since: Instant,
-        /// The message in the sender's memory (for reading the first part if it cannot
-        /// write it).
-        addr: u64,
-    },
-    Done(Result<Status>),
-}
+/// A receive request's protocol state (see [`clink_proto::msg`]).
+type RecvState = msg::RecvState<Error>;
 
 struct RecvOp {
     buf: RecvBuf,
@@ -245,12 +207,6 @@ struct RecvOp {
     watched: bool,
     /// The caller's word for it ([`Endpoint::irecv_raw_user`]), handed back on completion.
     user: u64,
-}
-
-/// A message that arrived before its receive.
-enum Unexp {
-    Eager(Vec<u8>),
-    Rts { len: u64, send_id: u64, addr: u64 },
 }
 
 /// Something to put in a peer's ring, in order.
@@ -357,7 +313,7 @@ pub struct Endpoint {
     new_peers: VecDeque<PeerId>,
     /// Accepted connections waiting for their hello, with their arrival time.
     incoming: Vec<(SeqPacket, Instant)>,
-    matcher: Matcher<u64, Unexp>,
+    matcher: Matcher<u64, Arrived>,
     sends: IdMap<SendOp>,
     recvs: IdMap<RecvOp>,
     next_id: u64,

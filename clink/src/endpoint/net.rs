@@ -422,7 +422,7 @@ impl Endpoint {
                 }
             }
             for op in self.sends.values() {
-                if !matches!(op.state, super::SendState::Done(_)) {
+                if !op.state.is_done() {
                     if let Some(w) = want.get_mut(op.peer.0 as usize) {
                         *w = true;
                     }

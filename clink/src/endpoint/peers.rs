@@ -293,26 +293,27 @@ impl Endpoint {
         }
         for (_, rid) in p.pipeline_in.drain() {
             if let Some(op) = self.recvs.get_mut(&rid) {
-                op.state = RecvState::Done(Err(Error::PeerDead(peer)));
-                self.finished.push((false, rid));
+                if op.state.fail(Error::PeerDead(peer)) {
+                    self.finished.push((false, rid));
+                }
             }
         }
         for (&id, op) in self.sends.iter_mut() {
-            if op.peer == peer && !matches!(op.state, SendState::Done(_)) {
-                op.state = SendState::Done(Err(Error::PeerDead(peer)));
+            if op.peer == peer && op.state.fail(Error::PeerDead(peer)) {
                 self.finished.push((true, id));
             }
         }
         self.fail_peer_rma(i);
         for rid in self.matcher.drain_posted_from(peer) {
             if let Some(op) = self.recvs.get_mut(&rid) {
-                op.state = RecvState::Done(Err(Error::PeerDead(peer)));
-                self.finished.push((false, rid));
+                if op.state.fail(Error::PeerDead(peer)) {
+                    self.finished.push((false, rid));
+                }
             }
         }
         // Rendezvous messages of a dead peer cannot be read any more; eager ones can.
         self.matcher
-            .drain_unexpected_from(peer, |u| matches!(u, Unexp::Eager(_)));
+            .drain_unexpected_from(peer, |u| matches!(u, Arrived::Eager(_)));
     }
 }
 

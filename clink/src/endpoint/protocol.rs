@@ -37,71 +37,57 @@ impl Endpoint {
                 p.chooser.choose(&self.ctx.costs, len, cma, model)
             }
         };
-        if let (Rndv::Cma, Some(shm)) = (method, p.link.shm()) {
-            let pid = shm.pid;
-            let buf = op.buf.slice();
-            let cap = buf.len() as u64;
-            let n = len.min(cap);
-            let dest = buf.as_mut_ptr() as u64;
-            // From CMA_SPLIT_MIN on both cores copy: the sender writes the first half
-            // (page-aligned) while this side reads the rest, and the buffer stays the
-            // sender's target until its answer. (Whether the peer may write here is not
-            // waited for: the handshake's late Ready says it, but a refused write is
-            // answered, and the first one stops the splits.)
-            let pushed = if self.ctx.config.cma_split && !p.push_refused && n >= CMA_SPLIT_MIN {
-                (n / 2) & !(CMA_SPLIT_ALIGN - 1)
-            } else {
-                0
-            };
-            let t = Instant::now();
-            if pushed > 0 {
+        let cap = op.buf.slice().len() as u64;
+        // (Whether the peer may write into this process for a split read is not waited
+        // for: the handshake's late Ready says it, but a refused write is answered, and
+        // the first one stops the splits.)
+        let split = self.ctx.config.cma_split && !p.push_refused;
+        let shm_pid = p.link.shm().map(|s| s.pid);
+        let plan = msg::plan(method, shm_pid.is_some(), len, cap, split);
+        let since = sys::monotonic_ns();
+        match (plan, shm_pid) {
+            (msg::Plan::Cma { n, pushed }, Some(pid)) => {
+                let dest = op.buf.slice().as_mut_ptr() as u64;
+                if pushed > 0 {
+                    p.pipeline_in.insert(send_id, rid);
+                    let f = Frame::Push {
+                        send_id,
+                        addr: dest,
+                        len: pushed,
+                    };
+                    self.push_ctrl(i, f);
+                }
+                let Some(op) = self.recvs.get_mut(&rid) else {
+                    return;
+                };
+                let buf = &mut op.buf.slice()[pushed as usize..n as usize];
+                let read = sys::cma_read(pid, addr + pushed, buf)
+                    .map_err(|source| Error::from(msg::Failure::Read { peer: src, source }));
+                if read.is_ok() {
+                    self.stats.cma_bytes += n - pushed;
+                }
+                op.state = RecvState::after_cma(status, cap, pushed, read, since, addr);
+                if pushed > 0 {
+                    self.stats.cma_splits += 1;
+                } else {
+                    self.finished.push((false, rid));
+                    self.finish_cma(i, send_id, n, since);
+                }
+            }
+            _ => {
+                if let Some(u) = p.link.bulk() {
+                    // A bulk transfer straight into the posted buffer (speculatively).
+                    let buf = op.buf.slice();
+                    let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
+                    // SAFETY: the receive op owns the buffer (heap or a blocking caller's
+                    // slice) and keeps it until the transfer completes (finish_bulk_peer)
+                    // or the peer fails (fail_peer_ops clears the link's transfers first).
+                    unsafe { u.expect_bulk(send_id, len, ptr, cap) };
+                }
+                op.state = RecvState::transfer(status, since);
                 p.pipeline_in.insert(send_id, rid);
-                let f = Frame::Push {
-                    send_id,
-                    addr: dest,
-                    len: pushed,
-                };
-                self.push_ctrl(i, f);
+                self.push_ctrl(i, Frame::Cts { send_id });
             }
-            let Some(op) = self.recvs.get_mut(&rid) else {
-                return;
-            };
-            let buf = &mut op.buf.slice()[pushed as usize..n as usize];
-            let read = sys::cma_read(pid, addr + pushed, buf);
-            if read.is_ok() {
-                self.stats.cma_bytes += n - pushed;
-            }
-            if pushed > 0 {
-                self.stats.cma_splits += 1;
-                op.state = RecvState::Split {
-                    status,
-                    pushed,
-                    read,
-                    since: t,
-                    addr,
-                };
-            } else {
-                op.state = cma_outcome(src, status, cap, read);
-                self.finished.push((false, rid));
-                self.finish_cma(i, send_id, n, t);
-            }
-        } else {
-            if let Some(u) = p.link.bulk() {
-                // A bulk transfer straight into the posted buffer (speculatively).
-                let buf = op.buf.slice();
-                let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
-                // SAFETY: the receive op owns the buffer (heap or a blocking caller's
-                // slice) and keeps it until the transfer completes (finish_bulk_peer) or the
-                // peer fails (fail_peer_ops clears the link's transfers first).
-                unsafe { u.expect_bulk(send_id, len, ptr, cap) };
-            }
-            op.state = RecvState::Pipelining {
-                status,
-                got: 0,
-                since: Instant::now(),
-            };
-            p.pipeline_in.insert(send_id, rid);
-            self.push_ctrl(i, Frame::Cts { send_id });
         }
     }
 
@@ -133,7 +119,7 @@ impl Endpoint {
                     self.announce(i, tag);
                     self.stats.unexpected += 1;
                     self.matcher
-                        .push_unexpected(src, tag, Unexp::Eager(data.to_vec()));
+                        .push_unexpected(src, tag, Arrived::Eager(data.to_vec()));
                 }
             },
             Frame::Rts {
@@ -150,38 +136,38 @@ impl Endpoint {
                 None => {
                     self.announce(i, tag);
                     self.matcher
-                        .push_unexpected(src, tag, Unexp::Rts { len, send_id, addr })
+                        .push_unexpected(src, tag, Arrived::Rts { len, send_id, addr })
                 }
             },
             Frame::Fin { send_id } => {
                 if let Some(op) = self.sends.get_mut(&send_id) {
-                    if op.peer == src && matches!(op.state, SendState::WaitFin) {
-                        op.state = SendState::Done(Ok(()));
+                    if op.peer == src && op.state.on_fin() {
                         self.finished.push((true, send_id));
                     }
                 }
             }
             Frame::Cts { send_id } => {
-                let len = match self.sends.get_mut(&send_id) {
-                    Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => {
-                        op.state = SendState::Pipelining;
-                        if let Some(u) = self.peers[i].link.bulk() {
-                            let d = op.data.bytes();
-                            // SAFETY: the send op owns (or borrows from a blocking caller)
-                            // the bytes until it completes, which happens only when the
-                            // link reports the transfer acknowledged, or the peer fails
-                            // (the link's transfers are cleared first).
-                            if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) } {
-                                op.state = SendState::Done(Err(Error::PeerDead(src)));
-                                self.finished.push((true, send_id));
-                            }
-                            self.kick(i);
-                            return Ok(true);
-                        }
-                        op.data.bytes().len() as u64
-                    }
-                    _ => return Err(bad_send_ref(src, send_id, "CTS for unknown send")),
+                let bad = |what| bad_send_ref(src, send_id, what);
+                let op = match self.sends.get_mut(&send_id) {
+                    Some(op) if op.peer == src => op,
+                    _ => return Err(bad("CTS for unknown send")),
                 };
+                op.state.on_cts().map_err(bad)?;
+                let len = op.data.bytes().len() as u64;
+                if let Some(u) = self.peers[i].link.bulk() {
+                    let d = op.data.bytes();
+                    // SAFETY: the send op owns (or borrows from a blocking caller) the
+                    // bytes until it completes, which happens only when the link reports
+                    // the transfer acknowledged, or the peer fails (the link's transfers
+                    // are cleared first).
+                    if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) }
+                        && op.state.fail(Error::PeerDead(src))
+                    {
+                        self.finished.push((true, send_id));
+                    }
+                    self.kick(i);
+                    return Ok(true);
+                }
                 self.peers[i].pipeline_out.push_back(PipelineOut {
                     send_id,
                     next: 0,
@@ -204,54 +190,29 @@ impl Endpoint {
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("chunk for unknown receive"))?;
-                let RecvState::Pipelining { status, got, since } = &mut op.state else {
-                    return Err(bad("chunk for a receive not in progress"));
-                };
-                let len = data.len() as u64;
-                if offset != *got || offset + len > status.len {
-                    return Err(bad("chunk out of order or beyond the message"));
-                }
                 let buf = op.buf.slice();
-                let cap = buf.len() as u64;
-                if offset < cap {
-                    let end = (offset + len).min(cap);
-                    buf[offset as usize..end as usize]
-                        .copy_from_slice(&data[..(end - offset) as usize]);
-                }
-                *got += len;
+                let len = data.len() as u64;
+                let chunk = op
+                    .state
+                    .on_chunk(offset, len, buf.len() as u64, sys::monotonic_ns())
+                    .map_err(bad)?;
+                buf[chunk.copy.clone()].copy_from_slice(&data[..chunk.copy.len()]);
                 self.stats.pipeline_bytes += len;
-                if *got == status.len {
-                    let st = *status;
-                    p.chooser.record(
-                        &self.ctx.costs,
-                        Rndv::Pipeline,
-                        st.len,
-                        since.elapsed().as_nanos() as f64,
-                    );
-                    op.state = RecvState::Done(receive_result(st, cap));
+                if let Some(ns) = chunk.done {
+                    let n = offset + len;
+                    p.chooser
+                        .record(&self.ctx.costs, Rndv::Pipeline, n, ns as f64);
                     self.finished.push((false, rid));
                     p.pipeline_in.remove(&send_id);
                 }
             }
             Frame::Cancel { send_id } => {
-                let mut found = false;
-                let removed = self.matcher.drain_unexpected_from(src, |u| {
-                    let hit = !found && matches!(u, Unexp::Rts { send_id: s, .. } if *s == send_id);
-                    found |= hit;
-                    !hit
-                });
-                self.push_ctrl(
-                    i,
-                    Frame::CancelAck {
-                        send_id,
-                        cancelled: !removed.is_empty(),
-                    },
-                );
+                let cancelled = msg::withdraw(&mut self.matcher, src, send_id);
+                self.push_ctrl(i, Frame::CancelAck { send_id, cancelled });
             }
             Frame::CancelAck { send_id, cancelled } => {
                 if let Some(op) = self.sends.get_mut(&send_id) {
-                    if cancelled && op.peer == src && matches!(op.state, SendState::WaitFin) {
-                        op.state = SendState::Done(Err(Error::Cancelled));
+                    if op.peer == src && op.state.on_cancel_ack(cancelled) {
                         self.finished.push((true, send_id));
                     }
                 }
@@ -259,13 +220,11 @@ impl Endpoint {
             Frame::Push { send_id, addr, len } => {
                 let bad = |what| bad_send_ref(src, send_id, what);
                 let op = match self.sends.get(&send_id) {
-                    Some(op) if op.peer == src && matches!(op.state, SendState::WaitFin) => op,
+                    Some(op) if op.peer == src => op,
                     _ => return Err(bad("push for unknown send")),
                 };
                 let d = op.data.bytes();
-                let part = d
-                    .get(..len as usize)
-                    .ok_or_else(|| bad("push beyond the message"))?;
+                let part = &d[op.state.push_part(len, d.len() as u64).map_err(bad)?];
                 let pid = self.peers[i].link.shm().map(|s| s.pid);
                 let ok = pid.is_some_and(|pid| sys::cma_write(pid, addr, part).is_ok());
                 self.push_ctrl(i, Frame::Pushed { send_id, ok });
@@ -281,35 +240,29 @@ impl Endpoint {
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("pushed for unknown receive"))?;
-                let RecvState::Split {
-                    status,
-                    pushed,
-                    read,
-                    since,
-                    addr,
-                } = std::mem::replace(&mut op.state, RecvState::Posted)
-                else {
-                    return Err(bad("pushed for a receive not split"));
-                };
+                let end = op.state.on_pushed(ok).map_err(bad)?;
                 let buf = op.buf.slice();
                 let cap = buf.len() as u64;
                 // The sender could not write its part: read it too (its memory is still
                 // there: it waits for the Fin).
-                let head = if ok {
+                let head = if end.written {
                     Ok(())
                 } else {
                     p.push_refused = true;
+                    let head = &mut buf[..end.pushed as usize];
                     match p.link.shm() {
-                        Some(shm) => sys::cma_read(shm.pid, addr, &mut buf[..pushed as usize]),
+                        Some(shm) => sys::cma_read(shm.pid, end.addr, head),
                         None => Err(std::io::Error::other("not a shared-memory peer")),
                     }
+                    .map_err(|source| Error::from(msg::Failure::Read { peer: src, source }))
                 };
                 if head.is_ok() {
-                    self.stats.cma_bytes += pushed;
+                    self.stats.cma_bytes += end.pushed;
                 }
-                op.state = cma_outcome(src, status, cap, read.and(head));
+                let (n, since) = (end.status.len.min(cap), end.since);
+                op.state = end.finish(head, cap);
                 self.finished.push((false, rid));
-                self.finish_cma(i, send_id, status.len.min(cap), since);
+                self.finish_cma(i, send_id, n, since);
             }
             Frame::Close => {
                 // Transfers the peer acknowledged before its goodbye (the ack rides with
@@ -325,8 +278,8 @@ impl Endpoint {
 
     /// The end of a CMA rendezvous receive of `n` bytes from peer `i` started at `since`:
     /// the chooser's sample, and the Fin that releases the sender's buffer.
-    pub(super) fn finish_cma(&mut self, i: usize, send_id: u64, n: u64, since: Instant) {
-        let ns = since.elapsed().as_nanos() as f64;
+    pub(super) fn finish_cma(&mut self, i: usize, send_id: u64, n: u64, since: u64) {
+        let ns = sys::monotonic_ns().saturating_sub(since) as f64;
         self.peers[i]
             .chooser
             .record(&self.ctx.costs, Rndv::Cma, n, ns);
@@ -350,8 +303,7 @@ impl Endpoint {
         }
         for x in done_out {
             if let Some(op) = self.sends.get_mut(&x) {
-                if matches!(op.state, SendState::Pipelining) {
-                    op.state = SendState::Done(Ok(()));
+                if op.state.transfer_done() {
                     self.finished.push((true, x));
                 }
             }
@@ -363,31 +315,13 @@ impl Endpoint {
             let Some(op) = self.recvs.get_mut(&rid) else {
                 continue;
             };
-            if let RecvState::Pipelining { status, .. } = op.state {
-                // Its bytes are counted by the link (hits, direct reads, cleanup copies).
-                let cap = op.buf.slice().len() as u64;
-                op.state = RecvState::Done(receive_result(status, cap));
+            // Its bytes are counted by the link (hits, direct reads, cleanup copies).
+            let cap = op.buf.slice().len() as u64;
+            if op.state.transfer_done(cap) {
                 self.finished.push((false, rid));
             }
         }
     }
-}
-
-/// The state a CMA rendezvous receive of `status` into a `cap`-byte buffer ends in, given
-/// how its reads went.
-pub(super) fn cma_outcome(
-    src: PeerId,
-    status: Status,
-    cap: u64,
-    read: std::io::Result<()>,
-) -> RecvState {
-    RecvState::Done(match read {
-        Ok(()) => receive_result(status, cap),
-        Err(e) => Err(Error::Io {
-            what: format!("reading rendezvous message from {src}"),
-            source: e,
-        }),
-    })
 }
 
 /// The protocol error for a peer's frame naming a send (or its receive) that does not

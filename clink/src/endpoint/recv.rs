@@ -95,10 +95,7 @@ impl Endpoint {
             // finish first: its chunks land in `buf`.
             if !self.matcher.cancel(&id) {
                 self.wait_until(None, |ep| {
-                    !matches!(
-                        ep.recvs.get(&id).map(|r| &r.state),
-                        Some(RecvState::Pipelining { .. } | RecvState::Split { .. })
-                    )
+                    ep.recvs.get(&id).is_none_or(|r| !r.state.in_flight())
                 })?;
             }
             if let Some(RecvOp {
@@ -364,8 +361,8 @@ impl Endpoint {
             peer: u.src,
             tag: u.tag,
             len: match &u.item {
-                Unexp::Eager(v) => v.len() as u64,
-                Unexp::Rts { len, .. } => *len,
+                Arrived::Eager(v) => v.len() as u64,
+                Arrived::Rts { len, .. } => *len,
             },
         })
     }
@@ -383,10 +380,10 @@ impl Endpoint {
         let mut owned: Option<(Status, Vec<u8>)> = None;
         self.wait_until(timeout, |ep| {
             if let Some(u) = ep.matcher.probe(&sel) {
-                let is_eager = matches!(u.item, Unexp::Eager(_));
+                let is_eager = matches!(u.item, Arrived::Eager(_));
                 if is_eager {
                     if let Some(u) = ep.matcher.take_unexpected(&sel) {
-                        if let Unexp::Eager(v) = u.item {
+                        if let Arrived::Eager(v) = u.item {
                             owned = Some((
                                 Status {
                                     peer: u.src,
@@ -451,8 +448,8 @@ impl Endpoint {
         }
         // A rendezvous message is waiting: receive it into a buffer of its size.
         let len = self.matcher.probe(&sel).map(|u| match &u.item {
-            Unexp::Rts { len, .. } => *len,
-            Unexp::Eager(v) => v.len() as u64,
+            Arrived::Rts { len, .. } => *len,
+            Arrived::Eager(v) => v.len() as u64,
         });
         let len = len.ok_or(Error::Timeout)?;
         let req = self.irecv(sel, vec![0u8; len as usize])?;
@@ -465,10 +462,10 @@ impl Endpoint {
     }
 
     /// Matched a message to receive `rid`: copy it in, or start the rendezvous.
-    pub(super) fn deliver(&mut self, src: PeerId, tag: u64, rid: u64, item: Unexp) {
+    pub(super) fn deliver(&mut self, src: PeerId, tag: u64, rid: u64, item: Arrived) {
         match item {
-            Unexp::Eager(v) => self.complete_eager(src, tag, rid, &v),
-            Unexp::Rts { len, send_id, addr } => {
+            Arrived::Eager(v) => self.complete_eager(src, tag, rid, &v),
+            Arrived::Rts { len, send_id, addr } => {
                 self.start_rendezvous(src, tag, rid, len, send_id, addr)
             }
         }
@@ -524,32 +521,6 @@ impl Drop for InPlace<'_> {
             }
         }
     }
-}
-
-/// The outcome of a receive whose bytes are all in: its status, or `Truncated` when the
-/// message was longer than the `cap`-byte buffer (which holds its head).
-pub(super) fn receive_result(status: Status, cap: u64) -> Result<Status> {
-    if status.len > cap {
-        Err(Error::Truncated {
-            len: status.len,
-            capacity: cap,
-        })
-    } else {
-        Ok(status)
-    }
-}
-
-/// Copies an eager message into a receive buffer: its status, or `Truncated` (with the
-/// buffer holding the first bytes) when it is longer than the buffer.
-pub(super) fn copy_eager(src: PeerId, tag: u64, data: &[u8], buf: &mut [u8]) -> Result<Status> {
-    let n = data.len().min(buf.len());
-    buf[..n].copy_from_slice(&data[..n]);
-    let status = Status {
-        peer: src,
-        tag,
-        len: data.len() as u64,
-    };
-    receive_result(status, buf.len() as u64)
 }
 
 #[cfg(test)]

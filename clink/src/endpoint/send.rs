@@ -2,6 +2,7 @@
 //! peer, and a send request's life (test, wait, cancel), in place included ([`SendSlot`]).
 
 use super::*;
+use clink_proto::msg::CancelStep;
 
 impl Endpoint {
     /// Starts sending `data` to `peer` with `tag`. Small messages are copied into the
@@ -199,10 +200,7 @@ impl Endpoint {
         }
         let id = req.id;
         self.wait_until(timeout, |ep| {
-            matches!(
-                ep.sends.get(&id).map(|s| &s.state),
-                Some(SendState::Done(_)) | None
-            )
+            ep.sends.get(&id).is_none_or(|s| s.state.is_done())
         })?;
         self.take_send(id).map(|_| ())
     }
@@ -217,43 +215,40 @@ impl Endpoint {
             return Ok(false);
         };
         let peer = op.peer;
-        match op.state {
-            SendState::Queued => {
+        match op.state.cancel_step() {
+            CancelStep::Withdraw => {
                 // Never left this process: drop it from the queue.
                 let p = &mut self.peers[peer.0 as usize];
                 p.txq.retain(|t| !matches!(t, TxItem::Send(s) if *s == id));
                 self.remove_send(id);
                 Ok(true)
             }
-            SendState::WaitFin => {
+            CancelStep::AskReceiver => {
                 self.push_ctrl(peer.0 as usize, Frame::Cancel { send_id: id });
-                self.wait_until(None, |ep| {
-                    matches!(
-                        ep.sends.get(&id).map(|s| &s.state),
-                        Some(SendState::Done(_)) | None
-                    )
-                })?;
+                self.wait_send_over(id)?;
                 match self.remove_send(id).map(|s| s.state) {
                     Some(SendState::Done(Err(Error::Cancelled))) => Ok(true),
                     Some(SendState::Done(Err(e))) => Err(e),
                     _ => Ok(false),
                 }
             }
-            SendState::Pipelining => {
-                self.wait_until(None, |ep| {
-                    matches!(
-                        ep.sends.get(&id).map(|s| &s.state),
-                        Some(SendState::Done(_)) | None
-                    )
-                })?;
+            CancelStep::AwaitEnd => {
+                self.wait_send_over(id)?;
                 self.remove_send(id);
                 Ok(false)
             }
-            SendState::Done(_) => {
+            CancelStep::Over => {
                 self.remove_send(id);
                 Ok(false)
             }
         }
+    }
+
+    /// Waits, however long, until send `id` is over (or gone).
+    fn wait_send_over(&mut self, id: u64) -> Result<()> {
+        self.wait_until(None, |ep| {
+            ep.sends.get(&id).is_none_or(|s| s.state.is_done())
+        })
     }
 
     /// Claims space for an `len`-byte eager message in `peer`'s ring, to be written in
@@ -346,7 +341,7 @@ impl Endpoint {
                         if len <= p.eager_max {
                             let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
                             if ok {
-                                op.state = SendState::Done(Ok(()));
+                                op.state.delivered();
                                 self.finished.push((true, *id));
                             }
                             ok
@@ -358,7 +353,7 @@ impl Endpoint {
                                 addr: data.as_ptr() as u64,
                             });
                             if ok {
-                                op.state = SendState::WaitFin;
+                                op.state.announced();
                             }
                             ok
                         }
@@ -411,8 +406,7 @@ impl Endpoint {
             self.stats.frames_sent += 1;
             st.next += chunk;
             did = true;
-            if st.next >= st.len {
-                op.state = SendState::Done(Ok(()));
+            if st.next >= st.len && op.state.transfer_done() {
                 self.finished.push((true, st.send_id));
                 p.pipeline_out.pop_front();
             }
