@@ -242,7 +242,7 @@ struct Peer {
     push_refused: bool,
     /// The copy engine's queue of this peer's large one-sided requests (and the requests
     /// behind them).
-    engine: VecDeque<rma::EngineItem>,
+    engine: rma::EngineQueue,
     /// The message at the head of the ring was announced by an event.
     announced: bool,
     /// The peer said goodbye (or we closed): its end is reported as closed, not failed.

@@ -135,7 +135,7 @@ impl Endpoint {
             blocked: false,
             chooser: RndvChooser::default(),
             push_refused: false,
-            engine: VecDeque::new(),
+            engine: Default::default(),
             announced: false,
             closing: false,
             unacked: false,

@@ -31,9 +31,6 @@ use std::time::{Duration, Instant};
 /// No tripwire taken ([`Endpoint::fire_first`]).
 const NO_TRIP: u64 = u64::MAX;
 
-/// Bytes the copy engine moves for one peer before serving the next (fairness quantum).
-const ENGINE_QUANTUM: u64 = 256 << 10;
-
 enum ApMem {
     /// clink's memory file, mappable by same-host peers.
     File { fd: OwnedFd, map: Arc<Mapping> },
@@ -95,25 +92,9 @@ impl RmaOp {
     }
 }
 
-/// A large copy queued in the target's copy engine.
-pub(super) struct EngineCopy {
-    req: u64,
-    ap: u32,
-    /// Offset in the aperture.
-    at: u64,
-    len: u64,
-    /// Initiator's address.
-    addr: u64,
-    done: u64,
-    /// True: put (read the initiator, write the aperture); false: get.
-    put: bool,
-}
-
-/// The per-peer copy-engine queue: a large copy, or a later request waiting behind it.
-pub(super) enum EngineItem {
-    Copy(EngineCopy),
-    Frame(Vec<u8>),
-}
+/// A peer's copy-engine queue (see [`clink_proto::rma::Engine`]): a large copy, then
+/// the requests waiting behind it as received.
+pub(super) type EngineQueue = rma::Engine<Vec<u8>>;
 
 #[derive(Clone, Copy, Default)]
 struct TripMeta {

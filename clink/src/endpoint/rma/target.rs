@@ -17,11 +17,8 @@ impl Endpoint {
             f,
             RmaFrame::Ack { .. } | RmaFrame::AtomicReply { .. } | RmaFrame::GetData { .. }
         );
-        if is_request && !self.peers[i].engine.is_empty() {
-            // Keep the peer's order: behind the copy in the engine.
-            self.peers[i]
-                .engine
-                .push_back(EngineItem::Frame(bytes.to_vec()));
+        // Keep the peer's order: behind a copy in the engine.
+        if is_request && self.peers[i].engine.queued(|| bytes.to_vec()) {
             return Ok(());
         }
         match f {
@@ -75,7 +72,7 @@ impl Endpoint {
             req => {
                 // The engine is idle for this peer (else the frame was queued above).
                 if let Some(c) = self.serve(i, req) {
-                    self.peers[i].engine.push_back(EngineItem::Copy(c));
+                    self.peers[i].engine.start(c);
                 }
                 Ok(())
             }
@@ -153,7 +150,7 @@ impl Endpoint {
     /// Applies one request from peer `i` and answers it; a large copy admitted for the copy
     /// engine is returned instead (the caller queues it where the peer's order wants it).
     #[must_use]
-    pub(super) fn serve(&mut self, i: usize, f: RmaFrame) -> Option<EngineCopy> {
+    pub(super) fn serve(&mut self, i: usize, f: RmaFrame) -> Option<rma::BulkCopy> {
         let src = Some(PeerId(i as u32));
         match f {
             RmaFrame::Put { req, to, data } => self.serve_put(i, req, to, data),
@@ -186,7 +183,7 @@ impl Endpoint {
                         );
                     }
                     Ok(a) => {
-                        return Some(EngineCopy {
+                        return Some(rma::BulkCopy {
                             req,
                             ap: a.ap,
                             at: a.at,
@@ -353,7 +350,7 @@ impl Endpoint {
         }
     }
 
-    /// One turn of the copy engine: up to [`ENGINE_QUANTUM`] bytes for each peer with a
+    /// One turn of the copy engine: up to [`rma::QUANTUM`] bytes for each peer with a
     /// queued copy, round-robin, so one peer's bulk cannot starve another's. True when
     /// anything moved.
     pub(in crate::endpoint) fn run_engine(&mut self) -> bool {
@@ -370,64 +367,62 @@ impl Endpoint {
     pub(super) fn engine_turn(&mut self, i: usize) {
         let src = PeerId(i as u32);
         let pid = self.peers[i].link.shm().map_or(0, |s| s.pid);
-        let Some(EngineItem::Copy(c)) = self.peers[i].engine.front_mut() else {
+        let Some(piece) = self.peers[i].engine.piece(rma::QUANTUM) else {
             return;
         };
-        let n = (c.len - c.done).min(ENGINE_QUANTUM);
-        let (ap, at, put) = (c.ap, c.at + c.done, c.put);
-        let addr = c.addr + c.done;
-        let res = match self.rma.aps.get_mut(&ap) {
+        let res = match self.rma.aps.get_mut(&piece.ap) {
             None => Err(std::io::Error::other("aperture destroyed")),
             Some(a) => {
                 // SAFETY: the copy was checked inside the export, inside the aperture.
-                let mem =
-                    unsafe { std::slice::from_raw_parts_mut(a.ptr().add(at as usize), n as usize) };
-                if put {
-                    sys::cma_read(pid, addr, mem)
+                let mem = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        a.ptr().add(piece.at as usize),
+                        piece.len as usize,
+                    )
+                };
+                if piece.put {
+                    sys::cma_read(pid, piece.addr, mem)
                 } else {
-                    sys::cma_write(pid, addr, mem)
+                    sys::cma_write(pid, piece.addr, mem)
                 }
             }
         };
-        let Some(EngineItem::Copy(c)) = self.peers[i].engine.front_mut() else {
-            return;
-        };
-        let status = match res {
+        let engine = &mut self.peers[i].engine;
+        let (c, status) = match res {
             Ok(()) => {
-                c.done += n;
-                self.stats.rma_engine_bytes += n;
-                if c.done < c.len {
-                    return;
+                self.stats.rma_engine_bytes += piece.len;
+                match engine.copied(piece.len) {
+                    Some(c) => (c, Status::Ok),
+                    None => return,
                 }
-                Status::Ok
             }
             Err(e) => {
                 tracing::warn!("copy engine for {src}: {e}");
-                Status::Failed
+                match engine.failed() {
+                    Some(c) => (c, Status::Failed),
+                    None => return,
+                }
             }
         };
-        let (req, ap, at, len, put) = (c.req, c.ap, c.at, c.len, c.put);
-        self.peers[i].engine.pop_front();
         if status == Status::Ok {
-            if put {
-                self.stats.rma_put_bytes += len;
+            if c.put {
+                self.stats.rma_put_bytes += c.len;
             } else {
-                self.stats.rma_get_bytes += len;
+                self.stats.rma_get_bytes += c.len;
             }
-            self.fire(ap, at, len, if put { WRITE } else { READ }, Some(src));
+            let access = if c.put { WRITE } else { READ };
+            self.fire(c.ap, c.at, c.len, access, Some(src));
         }
+        let req = c.req;
         self.send_rma(i, RmaFrame::Ack { req, status });
         // Requests that waited behind the copy, in order, until one needs the engine: its
         // copy takes the head of the queue, ahead of the requests still waiting.
-        while matches!(self.peers[i].engine.front(), Some(EngineItem::Frame(_))) {
-            let Some(EngineItem::Frame(v)) = self.peers[i].engine.pop_front() else {
-                break;
-            };
+        while let Some(v) = self.peers[i].engine.next_waiting() {
             let Ok(Frame::Rma(f)) = Frame::parse(&v) else {
                 continue; // we checked it on arrival
             };
             if let Some(c) = self.serve(i, f) {
-                self.peers[i].engine.push_front(EngineItem::Copy(c));
+                self.peers[i].engine.start(c);
                 break;
             }
         }

@@ -13,6 +13,10 @@
 //! request's target continues with `key | offset` ([`RMA_HEADER`]), offsets relative to
 //! the export's window. Every integer is little-endian; parsing is total.
 
+mod engine;
+
+pub use engine::{BulkCopy, Engine, Piece, QUANTUM};
+
 use crate::le::{need, put_u128, put_u32, put_u64, u128_at, u32_at, u64_at};
 use crate::ProtoError;
 
