@@ -16,7 +16,9 @@
 
 use clink_proto::cost::Rndv;
 use clink_proto::matching::{Matcher, Selector};
-use clink_proto::msg::{self, Arrived, CancelStep, Failure, Plan, RecvState, SendState, Status};
+use clink_proto::msg::{
+    self, Arrived, CancelStep, Chunker, Failure, Plan, RecvState, SendState, Status,
+};
 use clink_proto::netsim::Rng;
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
@@ -65,6 +67,8 @@ struct Side {
     out: VecDeque<Vec<u8>>,
     /// Sends that could not enter the link yet, in order.
     txq: VecDeque<u64>,
+    /// Transfers the other side asked for, going out in chunks.
+    chunker: Chunker,
     sent_per_tag: Vec<u64>,
     next_id: u64,
     push_refused: bool,
@@ -183,6 +187,35 @@ impl World {
                     addr: id,
                 }));
                 op.state.announced();
+            }
+        }
+        self.pump(k);
+    }
+
+    /// Moves chunks of the transfers asked for into the link while it takes them (after
+    /// the queued sends: frames keep their order).
+    fn pump(&mut self, k: usize) {
+        let s = &mut self.sides[k];
+        if !s.txq.is_empty() {
+            return;
+        }
+        while let Some(c) = s.chunker.next(|_| CHUNK) {
+            if self.rng.chance(0.3) {
+                return;
+            }
+            let op = s
+                .sends
+                .get_mut(&c.send_id)
+                .expect("a transfer of a send of ours");
+            let data = &op.data[c.offset as usize..(c.offset + c.len) as usize];
+            s.out.push_back(frame(&Frame::Chunk {
+                send_id: c.send_id,
+                offset: c.offset,
+                data,
+            }));
+            if s.chunker.sent(c).is_some() {
+                assert!(op.state.transfer_done());
+                op.data = Vec::new();
             }
         }
     }
@@ -306,18 +339,8 @@ impl World {
             Frame::Cts { send_id } => {
                 let op = s.sends.get_mut(&send_id).expect("CTS for a send of ours");
                 op.state.on_cts().expect("CTS accepted");
-                let mut off = 0;
-                while off < op.len {
-                    let n = CHUNK.min(op.len - off);
-                    s.out.push_back(frame(&Frame::Chunk {
-                        send_id,
-                        offset: off,
-                        data: &op.data[off as usize..(off + n) as usize],
-                    }));
-                    off += n;
-                }
-                assert!(op.state.transfer_done());
-                op.data = Vec::new();
+                s.chunker.push(send_id, op.len);
+                self.pump(k);
             }
             Frame::Chunk {
                 send_id,
@@ -427,6 +450,7 @@ impl World {
         o.out.clear();
         o.peer_dead = true;
         o.txq.clear();
+        o.chunker.clear();
         for (_, rid) in o.pipeline_in.drain() {
             o.recvs
                 .get_mut(&rid)
@@ -480,7 +504,7 @@ impl World {
                 if self.sides[k].dead || self.sides[k].peer_dead {
                     continue;
                 }
-                while !self.sides[k].txq.is_empty() {
+                while !self.sides[k].txq.is_empty() || !self.sides[k].chunker.is_empty() {
                     self.flush(k);
                 }
                 moved |= self.deliver_frame(k);

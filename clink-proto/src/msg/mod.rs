@@ -33,9 +33,11 @@
 //! [`Frame::Cancel`]: crate::wire::Frame::Cancel
 //! [`Frame::CancelAck`]: crate::wire::Frame::CancelAck
 
+mod chunker;
 mod recv;
 mod send;
 
+pub use chunker::{Chunker, NextChunk};
 pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
 pub use send::{CancelStep, SendState};
 

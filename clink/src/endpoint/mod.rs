@@ -217,20 +217,13 @@ enum TxItem {
     Raw(Vec<u8>),
 }
 
-/// A pipelined send in progress towards one peer.
-struct PipelineOut {
-    send_id: u64,
-    next: u64,
-    len: u64,
-}
-
 struct Peer {
     link: Link,
     alive: bool,
     eager_max: u64,
     txq: VecDeque<TxItem>,
     /// Pipelined sends the receiver asked for (CTS), in order; the first is active.
-    pipeline_out: VecDeque<PipelineOut>,
+    pipeline_out: msg::Chunker,
     /// Pipelined receives in progress: send_id -> receive id.
     pipeline_in: HashMap<u64, u64>,
     /// The ring's head holds a message no receive wants yet (left in place).

@@ -130,7 +130,7 @@ impl Endpoint {
             alive: true,
             eager_max,
             txq: VecDeque::new(),
-            pipeline_out: VecDeque::new(),
+            pipeline_out: msg::Chunker::default(),
             pipeline_in: HashMap::new(),
             blocked: false,
             chooser: RndvChooser::default(),

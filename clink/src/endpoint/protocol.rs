@@ -168,11 +168,7 @@ impl Endpoint {
                     self.kick(i);
                     return Ok(true);
                 }
-                self.peers[i].pipeline_out.push_back(PipelineOut {
-                    send_id,
-                    next: 0,
-                    len,
-                });
+                self.peers[i].pipeline_out.push(send_id, len);
                 self.pump_pipeline(i);
             }
             Frame::Chunk {

@@ -382,33 +382,31 @@ impl Endpoint {
         if !p.txq.is_empty() {
             return false; // keep frame order: queued frames first
         }
-        while let Some(st) = p.pipeline_out.front_mut() {
-            let Some(op) = self.sends.get_mut(&st.send_id) else {
-                p.pipeline_out.pop_front();
+        let ring_cells = p.link.shm().map(|s| s.tx.mem().cap());
+        let chunk = |len| match ring_cells {
+            Some(cells) => pipeline_chunk(&self.ctx, len, cells),
+            // (Not reached over UDP or TCP, where a rendezvous is a bulk transfer;
+            // bounded like an eager frame all the same.)
+            None => net::eager_threshold(&self.ctx, false),
+        };
+        while let Some(c) = p.pipeline_out.next(chunk) {
+            let Some(op) = self.sends.get_mut(&c.send_id) else {
+                p.pipeline_out.skip();
                 continue;
             };
-            let chunk = match &p.link {
-                Link::Shm(s) => pipeline_chunk(&self.ctx, st.len, s.tx.mem().cap()),
-                // (Not reached over UDP, where a rendezvous is a bulk transfer; bounded
-                // like an eager frame all the same.)
-                Link::Udp(_) | Link::Tcp(_) => net::eager_threshold(&self.ctx, false),
-            }
-            .min(st.len - st.next);
-            let data = &op.data.bytes()[st.next as usize..(st.next + chunk) as usize];
+            let data = &op.data.bytes()[c.offset as usize..(c.offset + c.len) as usize];
             let f = Frame::Chunk {
-                send_id: st.send_id,
-                offset: st.next,
+                send_id: c.send_id,
+                offset: c.offset,
                 data,
             };
             if !p.link.try_send(&f) {
                 break;
             }
             self.stats.frames_sent += 1;
-            st.next += chunk;
             did = true;
-            if st.next >= st.len && op.state.transfer_done() {
-                self.finished.push((true, st.send_id));
-                p.pipeline_out.pop_front();
+            if p.pipeline_out.sent(c).is_some() && op.state.transfer_done() {
+                self.finished.push((true, c.send_id));
             }
         }
         did
