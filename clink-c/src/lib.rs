@@ -222,18 +222,30 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs the body of an exported function: its result code, or the code of its failure
 /// (message recorded), or `CLINK_ERR_PANIC` for a panic (caught here, never unwound
 /// into C).
+#[inline(always)]
 pub(crate) fn ffi(name: &str, f: impl FnOnce() -> R<c_int>) -> c_int {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            set_last_error(&format!("{name}: {}", e.msg));
-            e.code as c_int
-        }
-        Err(p) => {
-            set_last_error(&format!("{name}: internal panic: {}", panic_message(&*p)));
-            CLINK_ERR_PANIC as c_int
-        }
+        Ok(Err(e)) => failed(name, e),
+        Err(p) => panicked(name, p),
     }
+}
+
+/// Records a failure of exported function `name` and returns its code. Out of line and
+/// cold: the message formatting stays out of the fast paths' frames.
+#[cold]
+#[inline(never)]
+fn failed(name: &str, e: Fail) -> c_int {
+    set_last_error(&format!("{name}: {}", e.msg));
+    e.code as c_int
+}
+
+/// Records a panic caught in exported function `name` (see [`failed`]).
+#[cold]
+#[inline(never)]
+fn panicked(name: &str, p: Box<dyn std::any::Any + Send>) -> c_int {
+    set_last_error(&format!("{name}: internal panic: {}", panic_message(&*p)));
+    CLINK_ERR_PANIC as c_int
 }
 
 /// The C code for success.
@@ -402,16 +414,25 @@ impl clink_endpoint_t {
     }
 
     /// Takes the endpoint for one call (or a borrow that outlives the call).
+    #[inline(always)]
     pub(crate) fn lock(&self) -> R<()> {
-        self.owner.claim().map_err(busy)?;
+        if let Err(r) = self.owner.claim() {
+            return Err(busy(r));
+        }
         if self.poisoned.load(Ordering::Relaxed) {
-            self.unlock();
-            return Err(Fail::new(
-                CLINK_ERR_PANIC,
-                "an earlier call on this endpoint panicked; free it",
-            ));
+            return Err(self.refuse_poisoned());
         }
         Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refuse_poisoned(&self) -> Fail {
+        self.unlock();
+        Fail::new(
+            CLINK_ERR_PANIC,
+            "an earlier call on this endpoint panicked; free it",
+        )
     }
 
     pub(crate) fn unlock(&self) {
@@ -424,24 +445,6 @@ impl clink_endpoint_t {
         &mut *self.ep.get()
     }
 
-    /// Runs `f` on the locked endpoint; a panic poisons the endpoint and is passed on.
-    pub(crate) fn run<T>(&self, f: impl FnOnce(&mut Endpoint) -> R<T>) -> R<T> {
-        self.lock()?;
-        // SAFETY: locked: no other call has the endpoint.
-        let r = catch_unwind(AssertUnwindSafe(|| f(unsafe { self.get() })));
-        match r {
-            Ok(v) => {
-                self.unlock();
-                v
-            }
-            Err(p) => {
-                self.poisoned.store(true, Ordering::Relaxed);
-                self.unlock();
-                resume_unwind(p)
-            }
-        }
-    }
-
     /// An identity for requests: which endpoint they belong to.
     pub(crate) fn key(&self) -> usize {
         self as *const _ as usize
@@ -449,6 +452,8 @@ impl clink_endpoint_t {
 }
 
 /// The error of a refused claim.
+#[cold]
+#[inline(never)]
 pub(crate) fn busy(r: owner::Refused) -> Fail {
     match r {
         owner::Refused::Busy => Fail::new(
@@ -468,15 +473,33 @@ pub(crate) unsafe fn ep_ref<'a>(ep: *const clink_endpoint_t) -> R<&'a clink_endp
 }
 
 /// Runs `f` on the endpoint behind `ep` as exported function `name`, returning its code.
+#[inline(always)]
 pub(crate) unsafe fn with_ep(
     name: &str,
     ep: *const clink_endpoint_t,
     f: impl FnOnce(&mut Endpoint, &clink_endpoint_t) -> R<c_int>,
 ) -> c_int {
-    ffi(name, || {
-        let h = ep_ref(ep)?;
-        h.run(|e| f(e, h))
-    })
+    // One unwinding guard for the whole call (as `ffi` and `run` together: a panic
+    // poisons the endpoint and returns `CLINK_ERR_PANIC`), the fast paths' only one.
+    let h = match ep_ref(ep).and_then(|h| h.lock().map(|()| h)) {
+        Ok(h) => h,
+        Err(e) => return failed(name, e),
+    };
+    // SAFETY: locked: no other call has the endpoint.
+    match catch_unwind(AssertUnwindSafe(|| f(unsafe { h.get() }, h))) {
+        Ok(r) => {
+            h.unlock();
+            match r {
+                Ok(c) => c,
+                Err(e) => failed(name, e),
+            }
+        }
+        Err(p) => {
+            h.poisoned.store(true, Ordering::Relaxed);
+            h.unlock();
+            panicked(name, p)
+        }
+    }
 }
 
 /// A C string argument as UTF-8.

@@ -48,6 +48,7 @@ fn me() -> usize {
 
 impl Owner {
     /// Claims the endpoint for the calling thread.
+    #[inline(always)]
     pub(crate) fn claim(&self) -> Result<(), Refused> {
         let me = me();
         if self.thread.load(Ordering::Relaxed) == me {
@@ -76,6 +77,7 @@ impl Owner {
     }
 
     /// Gives a claim back (from the thread that took it or, for a borrow, any thread).
+    #[inline(always)]
     pub(crate) fn release(&self) {
         if self.thread.load(Ordering::Relaxed) != 0 {
             self.bound.store(false, Ordering::Release);

@@ -79,12 +79,16 @@ for src in "${srcs[@]}"; do
     record "$name" compile 0
 done
 
-# Arguments per program (the ping-pong's round trips: fewer under the slower variants).
+# Arguments per program (the ping-pong's round trips and path_cost's hops: fewer under the
+# slower variants).
 args_for() { # name variant
     case "$1:$2" in
         pingpong:plain) echo 20000 ;;
         pingpong:asan) echo 5000 ;;
         pingpong:valgrind) echo 300 ;;
+        path_cost:plain) echo 100000 ;;
+        path_cost:asan) echo 10000 ;;
+        path_cost:valgrind) echo 300 ;;
         *) echo "" ;;
     esac
 }
@@ -99,7 +103,7 @@ run() { # variant name command...
     if [ "$rc" -ne 0 ]; then
         sed 's/^/      /' "$log" | tail -n 40
     else
-        grep -v '^==' "$log" | grep -E '^(clink C ping-pong|stream_nb|epoll|apertures|launcher|rank )' | sed 's/^/      /'
+        grep -v '^==' "$log" | grep -E '^(clink C ping-pong|path_cost|stream_nb|epoll|apertures|launcher|rank )' | sed 's/^/      /'
     fi
 }
 

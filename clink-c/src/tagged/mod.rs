@@ -147,13 +147,19 @@ pub unsafe extern "C" fn clink_recv(
                 put_opt(status, st.into());
                 Ok(OK)
             }
-            Err(err @ Error::Truncated { len, .. }) => {
-                put_opt(status, truncated_status(s, len));
-                Err(err.into())
-            }
-            Err(err) => Err(err.into()),
+            Err(err) => Err(recv_failed(err, s, status)),
         }
     })
+}
+
+/// A failed receive's error; a truncated one's status is filled in too.
+#[cold]
+#[inline(never)]
+unsafe fn recv_failed(err: Error, s: Selector, status: *mut clink_status_t) -> Fail {
+    if let Error::Truncated { len, .. } = err {
+        put_opt(status, truncated_status(s, len));
+    }
+    err.into()
 }
 
 /// Looks for a message matching `sel` that arrived and was not received yet, without

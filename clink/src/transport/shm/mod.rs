@@ -556,6 +556,7 @@ impl ShmPeer {
 
     /// Publishes a reserved record, raises our bit on the peer's board, and rings the
     /// doorbell the peer sleeps on, if it sleeps. Returns true when it rang.
+    #[inline(always)]
     pub fn commit(&mut self, r: Reservation) -> bool {
         // Evaluate both: the board's sleeping flag must be cleared even when the ring's
         // flag already asks for a doorbell.
