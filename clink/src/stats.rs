@@ -28,8 +28,8 @@ pub struct Stats {
     pub doorbells: u64,
     /// Times this endpoint blocked in the kernel.
     pub sleeps: u64,
-    /// Of those, the sleeps on a lone peer's bell (a read, not epoll).
-    pub bell_sleeps: u64,
+    /// Of those, the sleeps on a lone peer's futex (not epoll).
+    pub futex_sleeps: u64,
     /// Liveness / connection checks (epoll_wait with zero timeout while busy).
     pub liveness_checks: u64,
     /// Malformed frames or ring contents received (the peer is dropped).

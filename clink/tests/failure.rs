@@ -212,7 +212,7 @@ fn sigkill_fails_pending_rendezvous_send_and_receive() {
     child.reap();
 }
 
-/// Spin-free configuration: every wait sleeps at once (on the lone peer's bell when it
+/// Spin-free configuration: every wait sleeps at once (on the lone peer's futex when it
 /// can).
 fn no_spin() -> Config {
     Config {
@@ -222,10 +222,11 @@ fn no_spin() -> Config {
 }
 
 #[test]
-fn sigkill_wakes_a_receive_sleeping_on_the_peers_bell() {
+fn sigkill_ends_a_receive_sleeping_on_the_peers_futex() {
     let (mut ep, peer, mut child) = setup("stubborn", no_spin(), &[]);
     assert_eq!(recv_vec(&mut ep, peer, 0, 16), b"ready");
-    // Sleep on the bell (nothing else to wait for) until the child is killed.
+    // Sleep on the futex (nothing else to wait for) until the child is killed: the sleep
+    // times out within FUTEX_SLEEP_MAX and finds the pair's tether hung up.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
         child.kill();
@@ -233,21 +234,21 @@ fn sigkill_wakes_a_receive_sleeping_on_the_peers_bell() {
     });
     let t0 = Instant::now();
     let r = ep.recv_timeout(Selector::exact(Some(peer), 2), &mut [0u8; 8], Some(DETECT));
-    println!("kill -9 seen by a bell sleep after {:?}", t0.elapsed());
+    println!("kill -9 seen by a futex sleep after {:?}", t0.elapsed());
     assert!(matches!(r, Err(Error::PeerDead(p)) if p == peer), "{r:?}");
     assert!(
-        ep.stats().bell_sleeps > 0,
-        "the receive never slept on the bell"
+        ep.stats().futex_sleeps > 0,
+        "the receive never slept on the futex"
     );
     killer.join().unwrap().reap();
 }
 
 #[test]
-fn a_bell_sleep_still_accepts_a_new_peer_and_its_message() {
+fn a_futex_sleep_still_accepts_a_new_peer_and_its_message() {
     let (mut ep, first, mut child) = setup("stubborn", no_spin(), &[]);
     assert_eq!(recv_vec(&mut ep, first, 0, 16), b"ready");
     let mut late = spawn("late_sender", &ep.address(), seed(32), &[]);
-    // One live peer: this receive (from anyone) sleeps on its bell; the newcomer is
+    // One live peer: this receive (from anyone) sleeps on its futex; the newcomer is
     // accepted at the latest when the sleep times out.
     let mut buf = [0u8; 8];
     let st = ep
@@ -256,8 +257,8 @@ fn a_bell_sleep_still_accepts_a_new_peer_and_its_message() {
     assert_eq!(&buf[..st.len as usize], b"late");
     assert_ne!(st.peer, first);
     assert!(
-        ep.stats().bell_sleeps > 0,
-        "the receive never slept on the bell"
+        ep.stats().futex_sleeps > 0,
+        "the receive never slept on the futex"
     );
     child.kill();
     late.kill();

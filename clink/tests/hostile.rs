@@ -2,7 +2,7 @@
 //! memfds, mappings, eventfds and `clink_proto::wire` handshake messages) connects to a
 //! real endpoint and
 //! - sends a malformed hello (bad magic, version, kind, ring size, truncated, wrong fd
-//!   count, a bell that is not a stream socket, unsealed or too small segment, nothing at
+//!   count, a tether that is not a stream socket, unsealed or too small segment, nothing at
 //!   all): the connection is refused,
 //!   `last_error` says why, and the endpoint keeps serving a well-behaved peer;
 //! - completes the handshake, then writes garbage into the ring (a sequence word from the
@@ -106,11 +106,11 @@ enum Fds {
     One,
     /// Segment and doorbell but no activity board.
     Two,
-    /// No bell.
+    /// No tether.
     Three,
     Five,
-    /// An eventfd where the bell (a stream socket) belongs.
-    BadBell,
+    /// An eventfd where the tether (a stream socket) belongs.
+    BadTether,
     Unsealed,
     TooSmall,
 }
@@ -142,19 +142,19 @@ fn send_hello(name: String, msg: Option<Vec<u8>>, fds: Fds) -> std::io::Result<u
     let db = sys::eventfd()?;
     let db2 = sys::eventfd()?;
     let board = sys::memfd_sealed("clinktest-board", 4096)?;
-    let (_bell, bell_theirs) = sys::Bell::pair()?;
+    let (_tether, tether_theirs) = sys::Tether::pair()?;
     let (seg, db, board) = (seg.as_raw_fd(), db.as_raw_fd(), board.as_raw_fd());
-    let bell = bell_theirs.as_raw_fd();
+    let tether = tether_theirs.as_raw_fd();
     let list: Vec<RawFd> = match fds {
-        Fds::Good => vec![seg, db, board, bell],
+        Fds::Good => vec![seg, db, board, tether],
         Fds::None => vec![],
         Fds::One => vec![seg],
         Fds::Two => vec![seg, db],
         Fds::Three => vec![seg, db, board],
-        Fds::Five => vec![seg, db, board, bell, db2.as_raw_fd()],
-        Fds::BadBell => vec![seg, db, board, db2.as_raw_fd()],
-        Fds::Unsealed => vec![unsealed.as_raw_fd(), db, board, bell],
-        Fds::TooSmall => vec![small.as_raw_fd(), db, board, bell],
+        Fds::Five => vec![seg, db, board, tether, db2.as_raw_fd()],
+        Fds::BadTether => vec![seg, db, board, db2.as_raw_fd()],
+        Fds::Unsealed => vec![unsealed.as_raw_fd(), db, board, tether],
+        Fds::TooSmall => vec![small.as_raw_fd(), db, board, tether],
     };
     sock.send_with_fds(&msg, &list)?;
     let mut buf = [0u8; 64];
@@ -203,10 +203,10 @@ fn bad_hellos_are_refused_and_the_endpoint_keeps_working() {
         ("three fds", Some(good.clone()), Fds::Three, "fds"),
         ("five fds", Some(good.clone()), Fds::Five, "fds"),
         (
-            "bell not a socket",
+            "tether not a socket",
             Some(good.clone()),
-            Fds::BadBell,
-            "bell",
+            Fds::BadTether,
+            "tether",
         ),
         (
             "unsealed segment",
@@ -291,8 +291,8 @@ struct Fake {
     seg: Mapping,
     ep_doorbell: OwnedFd,
     _doorbell: OwnedFd,
-    /// Our end of the bell, held so that the endpoint sees no hang-up on it.
-    _bell: sys::Bell,
+    /// Our end of the tether, held so that the endpoint sees no hang-up on it.
+    _tether: sys::Tether,
     cells: u32,
 }
 
@@ -313,14 +313,14 @@ fn fake_connect_with(name: String, hello: Hello) -> std::io::Result<Fake> {
     // still gives the fake a slot on its own board; with fewer than CLINK_BOARD_PEERS
     // peers every ring is polled on each pass anyway.)
     let board = sys::memfd_sealed("clinktest-board", 64)?;
-    let (bell, bell_theirs) = sys::Bell::pair()?;
+    let (tether, tether_theirs) = sys::Tether::pair()?;
     sock.send_with_fds(
         &hello.encode(),
         &[
             memfd.as_raw_fd(),
             db.as_raw_fd(),
             board.as_raw_fd(),
-            bell_theirs.as_raw_fd(),
+            tether_theirs.as_raw_fd(),
         ],
     )?;
     let mut buf = [0u8; 64];
@@ -344,7 +344,7 @@ fn fake_connect_with(name: String, hello: Hello) -> std::io::Result<Fake> {
         seg,
         ep_doorbell: fds.pop().expect("doorbell"),
         _doorbell: db,
-        _bell: bell,
+        _tether: tether,
         cells,
     })
 }

@@ -154,7 +154,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => Just(Op::Pop),
         1 => Just(Op::Peek),
         1 => Just(Op::Publish),
-        1 => prop_oneof![Just(Wake::None), Just(Wake::Doorbell), Just(Wake::Bell)].prop_map(Op::Sleep),
+        1 => prop_oneof![Just(Wake::None), Just(Wake::Doorbell), Just(Wake::Futex)].prop_map(Op::Sleep),
         1 => any::<usize>().prop_map(Op::Wait),
     ]
 }
@@ -366,12 +366,12 @@ fn fills_to_capacity_and_wraps() {
 
 #[test]
 fn a_sleep_flag_value_the_ring_never_writes_asks_for_the_doorbell() {
-    // A hostile or broken peer may leave anything in the flag: every value but the bell's
+    // A hostile or broken peer may leave anything in the flag: every value but the futex's
     // gets the doorbell, which wakes any kind of sleep.
     for (v, want) in [
         (0, Wake::None),
         (1, Wake::Doorbell),
-        (2, Wake::Bell),
+        (2, Wake::Futex),
         (3, Wake::Doorbell),
         (u32::MAX, Wake::Doorbell),
     ] {

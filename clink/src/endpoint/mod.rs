@@ -82,9 +82,11 @@ const RX_BUDGET: usize = 64;
 const EVENT_QUEUE_CAP: usize = 4096;
 /// Events `wait_event`'s fast path may return in a row before a full progress pass.
 const FAST_STREAK: u32 = 64;
-/// The longest sleep on a peer's bell: the listener is not watched meanwhile, so this
-/// bounds how long a connecting process waits for its welcome.
-const BELL_SLEEP_MAX: Duration = Duration::from_millis(50);
+/// The longest sleep on a peer's futex: neither the listener nor the peer's socket is
+/// watched meanwhile, so this bounds how long a connecting process waits for its welcome
+/// and how late the peer's death (its tether hung up) is seen; an idle receiver wakes
+/// this often to look.
+const FUTEX_SLEEP_MAX: Duration = Duration::from_millis(10);
 
 /// Request ids are small sequential integers: a multiply, not SipHash, per message.
 type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;

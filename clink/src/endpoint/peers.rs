@@ -158,7 +158,7 @@ impl Endpoint {
     pub fn accept(&mut self, timeout: Option<Duration>) -> Result<PeerId> {
         // Progress looks at the listener only at liveness checks (no system call per poll);
         // a caller waiting for a connection looks at it on every poll, and sleeps where
-        // the listener is watched (not on a peer's bell).
+        // the listener is watched (not on a peer's futex).
         self.wait_for(timeout, false, None, |ep| {
             if ep.new_peers.is_empty() {
                 ep.accept_pending();

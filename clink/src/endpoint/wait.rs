@@ -16,17 +16,17 @@ impl Endpoint {
         self.wait_for(timeout, true, None, done)
     }
 
-    /// [`Self::wait_until`]; `bell`: the wait may sleep on a lone peer's bell (only what
+    /// [`Self::wait_until`]; `futex`: the wait may sleep on a lone peer's futex (only what
     /// that peer sends, or its exit, can end it); `since`: when the caller began spinning
     /// for the same thing (the spin time and the timeout count from there).
     pub(super) fn wait_for(
         &mut self,
         timeout: Option<Duration>,
-        bell: bool,
+        futex: bool,
         since: Option<Instant>,
         done: impl FnMut(&mut Self) -> bool,
     ) -> Result<()> {
-        let r = self.wait_inner(timeout, bell, since, done);
+        let r = self.wait_inner(timeout, futex, since, done);
         if self.awaiting {
             self.mark_awaited(false);
         }
@@ -37,7 +37,7 @@ impl Endpoint {
     pub(super) fn wait_inner(
         &mut self,
         timeout: Option<Duration>,
-        bell: bool,
+        futex: bool,
         since: Option<Instant>,
         mut done: impl FnMut(&mut Self) -> bool,
     ) -> Result<()> {
@@ -99,9 +99,9 @@ impl Endpoint {
             {
                 continue;
             }
-            if let Some(i) = self.bell_peer().filter(|_| bell) {
+            if let Some(i) = self.futex_peer().filter(|_| futex) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                self.bell_sleep(i, left.map_or(BELL_SLEEP_MAX, |l| l.min(BELL_SLEEP_MAX)));
+                self.futex_sleep(i, left.map_or(FUTEX_SLEEP_MAX, |l| l.min(FUTEX_SLEEP_MAX)));
             } else if self.arm() {
                 // Block: ask producers for a doorbell, re-check, then sleep.
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -126,12 +126,12 @@ impl Endpoint {
         }
     }
 
-    /// The peer a wait may sleep on through its bell instead of epoll: the only live peer,
+    /// The peer a wait may sleep on through its futex instead of epoll: the only live peer,
     /// over shared memory, and nothing else that could need a wake-up: no live network
     /// peer (so no protocol timer), no activity board, no event senders on other threads,
     /// no connection being set up, nothing waiting for ring space or for the copy engine.
-    /// (A connection that starts meanwhile waits up to [`BELL_SLEEP_MAX`].)
-    pub(super) fn bell_peer(&self) -> Option<usize> {
+    /// (A connection that starts meanwhile waits up to [`FUTEX_SLEEP_MAX`].)
+    pub(super) fn futex_peer(&self) -> Option<usize> {
         if self.ready.on
             || self.tcp.as_ref().is_some_and(|t| t.handshaking())
             || self.evq.has_senders()
@@ -148,18 +148,23 @@ impl Endpoint {
         let Link::Shm(shm) = &p.link else {
             return None;
         };
-        (shm.bell.is_some() && p.txq.is_empty() && p.pipeline_out.is_empty() && p.engine.is_empty())
-            .then_some(i)
+        (shm.tether.is_some()
+            && p.txq.is_empty()
+            && p.pipeline_out.is_empty()
+            && p.engine.is_empty())
+        .then_some(i)
     }
 
-    /// Sleeps on peer `i`'s bell (see [`Self::bell_peer`]) for at most `timeout`: asks
-    /// the peer to ring it, re-checks, then blocks in its read. Its hang-up drops the bell;
-    /// the next sleep, in epoll, then sees the peer's socket hang up.
-    pub(super) fn bell_sleep(&mut self, i: usize, timeout: Duration) {
+    /// Sleeps on peer `i`'s futex (see [`Self::futex_peer`]) for at most `timeout`: sets
+    /// the ring's sleep flag to [`Wake::Futex`] (the peer's next commit wakes the futex),
+    /// re-checks, then waits while the flag holds. A sleep that times out looks at the
+    /// pair's tether: the peer's exit drops it, and the next sleep, in epoll, sees the
+    /// peer's socket hang up.
+    pub(super) fn futex_sleep(&mut self, i: usize, timeout: Duration) {
         let Some(shm) = self.peers[i].link.shm_mut() else {
             return;
         };
-        shm.rx.arm_sleep(Wake::Bell);
+        shm.rx.arm_sleep(Wake::Futex);
         if shm.rx.publish() {
             shm.wake();
             self.stats.doorbells += 1;
@@ -173,15 +178,18 @@ impl Endpoint {
         };
         if !busy {
             self.stats.sleeps += 1;
-            self.stats.bell_sleeps += 1;
-            if let Some(b) = shm.bell.as_mut() {
-                match b.wait(timeout) {
-                    Ok(sys::BellWait::Rang | sys::BellWait::TimedOut) => {}
-                    Ok(sys::BellWait::HungUp) => shm.bell = None,
-                    Err(e) => {
-                        tracing::warn!("bell: {e}");
-                        shm.bell = None;
+            self.stats.futex_sleeps += 1;
+            let flag = shm.rx.mem().sleep_flag();
+            match sys::futex_wait(flag, Wake::Futex as u32, timeout) {
+                Ok(sys::FutexWait::Woken) => {}
+                Ok(sys::FutexWait::TimedOut) => {
+                    if shm.tether.as_ref().is_some_and(|t| t.hung_up()) {
+                        shm.tether = None;
                     }
+                }
+                Err(e) => {
+                    tracing::warn!("futex: {e}");
+                    shm.tether = None;
                 }
             }
         }

@@ -5,17 +5,18 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-mod bell;
 mod epoll;
 mod net;
 mod seqpacket;
+mod tether;
 
-pub use bell::{Bell, BellWait};
 pub use epoll::Epoll;
 pub use net::{interfaces, send_vectored, tcp_bytes_sent, tcp_listen, Iface, SockAddr};
 pub use seqpacket::{poll_readable, PeerCred, SeqPacket};
+pub use tether::Tether;
 
 pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -217,6 +218,49 @@ pub fn ring_doorbell(fd: RawFd) {
     let one: u64 = 1;
     // SAFETY: writes 8 bytes from a valid u64. A full counter (EAGAIN) already means "awake".
     unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+}
+
+/// What [`futex_wait`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FutexWait {
+    /// Woken, or the word no longer held the value (or a signal): re-check.
+    Woken,
+    /// Nothing within the timeout.
+    TimedOut,
+}
+
+/// Sleeps while `word` holds `expected`, at most `timeout` (a futex shared between
+/// processes: the word may live in a mapping another process wakes it through).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) -> io::Result<FutexWait> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `word` is a live, 4-aligned u32; `ts` a valid timespec for the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+    if r == 0 {
+        return Ok(FutexWait::Woken);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ETIMEDOUT) => Ok(FutexWait::TimedOut),
+        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(FutexWait::Woken),
+        _ => Err(e),
+    }
+}
+
+/// Wakes one sleeper of [`futex_wait`] on `word` (if any).
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, 4-aligned u32; waking has no other effect on memory.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) };
 }
 
 /// Returns this process's uid.

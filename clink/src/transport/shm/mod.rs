@@ -21,7 +21,7 @@ pub mod ring;
 
 use crate::config::Config;
 use crate::error::{io_err, Error, Result};
-use crate::sys::{self, Bell, Mapping, SeqPacket};
+use crate::sys::{self, Mapping, SeqPacket, Tether};
 use board::{Board, Post};
 use clink_proto::wire::{Frame, Hello, Ready, Welcome, HELLO_LEN, READY_LEN, WELCOME_LEN};
 pub use ring::Wake;
@@ -110,6 +110,10 @@ impl ShmMem {
     fn atomic64(&self, p: *mut u8) -> &AtomicU64 {
         // SAFETY: p is 8-aligned inside the live mapping; AtomicU64 has u64's layout.
         unsafe { &*(p as *const AtomicU64) }
+    }
+    /// The consumer's sleep flag: the futex a [`Wake::Futex`] sleep waits on.
+    pub fn sleep_flag(&self) -> &AtomicU32 {
+        self.flag(Flag::ConsumerSleeping)
     }
     fn flag(&self, f: Flag) -> &AtomicU32 {
         let off = match f {
@@ -218,8 +222,9 @@ pub struct ShmPeer {
     pub sock: SeqPacket,
     /// The peer's doorbell.
     pub doorbell: OwnedFd,
-    /// The pair's bell (`None` once the peer hung up on it).
-    pub bell: Option<Bell>,
+    /// The pair's tether (`None` once the peer hung up on it): a receiver sleeps on this
+    /// peer's futex only while it holds it (see [`Tether`]).
+    pub tether: Option<Tether>,
     /// Peer pid in our PID namespace (for CMA only).
     pub pid: i32,
     /// We can read the peer's memory with CMA.
@@ -343,7 +348,7 @@ impl ShmPeer {
             probe_value: me.probe.1,
         };
         let lay = Layout::new(hello.ring_cells);
-        let (bell, bell_theirs) = Bell::pair().map_err(io_err("bell socketpair"))?;
+        let (tether, tether_theirs) = Tether::pair().map_err(io_err("tether socketpair"))?;
         let memfd =
             sys::memfd_sealed("clink-segment", lay.total).map_err(io_err("memfd_create"))?;
         let seg =
@@ -355,12 +360,12 @@ impl ShmPeer {
                 memfd.as_raw_fd(),
                 me.doorbell,
                 me.board.fd(),
-                bell_theirs.as_raw_fd(),
+                tether_theirs.as_raw_fd(),
             ],
         )
         .map_err(|e| fail(format!("sending hello: {e}")))?;
         // Only the peer may hold its end: its exit must read as a hang-up on ours.
-        drop((memfd, bell_theirs));
+        drop((memfd, tether_theirs));
         let deadline = std::time::Instant::now() + cfg.connect_timeout;
         let mut buf = [0u8; 64];
         let mut fds = Vec::new();
@@ -397,7 +402,7 @@ impl ShmPeer {
             rx,
             sock,
             doorbell,
-            bell: Some(bell),
+            tether: Some(tether),
             pid: cred.pid,
             cma,
             peer_cma: w.cma_ok,
@@ -433,8 +438,8 @@ impl ShmPeer {
         if fds.len() != 4 {
             return Err(fail(format!("hello carried {} fds, expected 4", fds.len())));
         }
-        let bell = fds.pop().ok_or_else(|| fail("no bell".into()))?;
-        let bell = Bell::from_fd(bell).map_err(|e| fail(format!("bell: {e}")))?;
+        let tether = fds.pop().ok_or_else(|| fail("no tether".into()))?;
+        let tether = Tether::from_fd(tether).map_err(|e| fail(format!("tether: {e}")))?;
         let board = fds.pop().ok_or_else(|| fail("no board".into()))?;
         let doorbell = fds.pop().ok_or_else(|| fail("no doorbell".into()))?;
         let memfd = fds.pop().ok_or_else(|| fail("no segment".into()))?;
@@ -466,7 +471,7 @@ impl ShmPeer {
             rx,
             sock,
             doorbell,
-            bell: Some(bell),
+            tether: Some(tether),
             pid: cred.pid,
             cma,
             peer_cma: false,
@@ -562,16 +567,11 @@ impl ShmPeer {
         // flag already asks for a doorbell.
         let ring = self.tx.commit(r);
         let board = self.post.as_ref().is_some_and(|p| p.raise());
-        let bell = match (ring, &self.bell) {
-            (Wake::Bell, Some(b)) => {
-                b.ring();
-                true
-            }
-            _ => false,
-        };
-        // The doorbell for an epoll sleep, and for a bell sleep whose bell we lost (the
-        // peer is gone then; its sleep ends at its timeout at worst).
-        if board || (ring != Wake::None && !bell) {
+        if ring == Wake::Futex {
+            sys::futex_wake(self.tx.mem().sleep_flag());
+        }
+        // The doorbell for an epoll sleep (and a board's).
+        if board || (ring != Wake::None && ring != Wake::Futex) {
             sys::ring_doorbell(self.doorbell.as_raw_fd());
         }
         ring != Wake::None || board

@@ -51,8 +51,9 @@ pub enum Wake {
     None = 0,
     /// Through the endpoint's doorbell (an eventfd watched by epoll).
     Doorbell = 1,
-    /// Through the peer pair's bell (a blocking read on a stream socket).
-    Bell = 2,
+    /// Through a futex on the sleep flag itself (a wait while the flag holds this value):
+    /// a receiver that waits for this one peer only.
+    Futex = 2,
 }
 
 impl Wake {
@@ -60,12 +61,12 @@ impl Wake {
         self as u32
     }
 
-    /// Any value but 2 that a peer left in the flag asks for the doorbell: it wakes every
-    /// kind of sleep, a bell ring only a bell wait.
+    /// Any other value a peer left in the flag asks for the doorbell: it wakes every kind
+    /// of sleep, a futex wake only a futex wait.
     fn from_flag(v: u32) -> Wake {
         match v {
             0 => Wake::None,
-            2 => Wake::Bell,
+            2 => Wake::Futex,
             _ => Wake::Doorbell,
         }
     }
