@@ -451,3 +451,44 @@ impl Drop for FileLock {
         unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_UN) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_futex_wait_ends_on_a_wake_a_changed_word_or_its_timeout() {
+        let word = Arc::new(AtomicU32::new(2));
+        // A word that no longer holds the value: back at once.
+        assert_eq!(
+            futex_wait(&word, 1, Duration::from_secs(5)).unwrap(),
+            FutexWait::Woken
+        );
+        assert_eq!(
+            futex_wait(&word, 2, Duration::from_millis(1)).unwrap(),
+            FutexWait::TimedOut
+        );
+        // Woken from another thread, which clears the word first (as a producer does).
+        let w = word.clone();
+        let waker = std::thread::spawn(move || {
+            while w.load(Ordering::SeqCst) != 3 {
+                std::hint::spin_loop();
+            }
+            w.store(0, Ordering::SeqCst);
+            futex_wake(&w);
+        });
+        word.store(3, Ordering::SeqCst);
+        let t = std::time::Instant::now();
+        while word.load(Ordering::SeqCst) == 3 {
+            assert_eq!(
+                futex_wait(&word, 3, Duration::from_secs(5)).unwrap(),
+                FutexWait::Woken,
+                "timed out instead of being woken"
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(5));
+        waker.join().unwrap();
+    }
+}
