@@ -82,7 +82,8 @@ pub struct Chunk {
     /// Where its bytes go in the buffer (`copy.len()` of them from its start; empty when
     /// it lies beyond a short buffer).
     pub copy: Range<usize>,
-    /// It was the last: the transfer took this many ns.
+    /// It was the last: the transfer started at this time (the runtime's clock, as
+    /// given to [`RecvState::transfer`]).
     pub done: Option<u64>,
 }
 
@@ -160,15 +161,9 @@ impl<E: From<Failure>> RecvState<E> {
     }
 
     /// A [`Frame::Chunk`](crate::wire::Frame::Chunk) of `len` bytes at `offset`, into a
-    /// `cap`-byte buffer, at `now`: where it goes, and whether it completed the receive.
-    /// Refused unless it is the next chunk of a transfer in progress, within the message.
-    pub fn on_chunk(
-        &mut self,
-        offset: u64,
-        len: u64,
-        cap: u64,
-        now: u64,
-    ) -> Result<Chunk, &'static str> {
+    /// `cap`-byte buffer: where it goes, and whether it completed the receive. Refused
+    /// unless it is the next chunk of a transfer in progress, within the message.
+    pub fn on_chunk(&mut self, offset: u64, len: u64, cap: u64) -> Result<Chunk, &'static str> {
         let RecvState::Transfer { status, got, since } = self else {
             return Err("chunk for a receive not in progress");
         };
@@ -180,11 +175,11 @@ impl<E: From<Failure>> RecvState<E> {
         if *got < status.len {
             return Ok(Chunk { copy, done: None });
         }
-        let ns = now.saturating_sub(*since);
+        let since = *since;
         *self = RecvState::Done(receive_result(*status, cap));
         Ok(Chunk {
             copy,
-            done: Some(ns),
+            done: Some(since),
         })
     }
 
@@ -202,27 +197,26 @@ impl<E: From<Failure>> RecvState<E> {
     /// (`written`). The receive leaves the split (to [`RecvState::Posted`] until
     /// [`SplitEnd::finish`]); refused unless it was split.
     pub fn on_pushed(&mut self, written: bool) -> Result<SplitEnd<E>, &'static str> {
-        if !matches!(self, RecvState::Split { .. }) {
-            return Err("pushed for a receive not split");
+        match std::mem::replace(self, RecvState::Posted) {
+            RecvState::Split {
+                status,
+                pushed,
+                read,
+                since,
+                addr,
+            } => Ok(SplitEnd {
+                status,
+                pushed,
+                read,
+                since,
+                addr,
+                written,
+            }),
+            other => {
+                *self = other;
+                Err("pushed for a receive not split")
+            }
         }
-        let RecvState::Split {
-            status,
-            pushed,
-            read,
-            since,
-            addr,
-        } = std::mem::replace(self, RecvState::Posted)
-        else {
-            unreachable!("checked above");
-        };
-        Ok(SplitEnd {
-            status,
-            pushed,
-            read,
-            since,
-            addr,
-            written,
-        })
     }
 
     /// Ends the receive with `e` unless it is over already: true when it ended it.

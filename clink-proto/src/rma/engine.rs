@@ -129,24 +129,23 @@ impl<F> Engine<F> {
     }
 
     fn take_head(&mut self) -> Option<BulkCopy> {
+        if !matches!(self.queue.front(), Some(Item::Copy(_))) {
+            return None;
+        }
         match self.queue.pop_front() {
             Some(Item::Copy(c)) => Some(c),
-            Some(other) => {
-                self.queue.push_front(other);
-                None
-            }
-            None => None,
+            _ => None,
         }
     }
 
     /// The next request that waited behind a finished copy, while no copy is at the head:
     /// serve it; if it admits a copy, [`Engine::start`] it (the rest keep waiting).
     pub fn next_waiting(&mut self) -> Option<F> {
-        match self.queue.front() {
-            Some(Item::Frame(_)) => match self.queue.pop_front() {
-                Some(Item::Frame(f)) => Some(f),
-                _ => None,
-            },
+        if !matches!(self.queue.front(), Some(Item::Frame(_))) {
+            return None;
+        }
+        match self.queue.pop_front() {
+            Some(Item::Frame(f)) => Some(f),
             _ => None,
         }
     }

@@ -61,8 +61,7 @@ impl Endpoint {
                     return;
                 };
                 let buf = &mut op.buf.slice()[pushed as usize..n as usize];
-                let read = sys::cma_read(pid, addr + pushed, buf)
-                    .map_err(|source| Error::from(msg::Failure::Read { peer: src, source }));
+                let read = sys::cma_read(pid, addr + pushed, buf).map_err(read_failed(src));
                 if read.is_ok() {
                     self.stats.cma_bytes += n - pushed;
                 }
@@ -190,14 +189,14 @@ impl Endpoint {
                 let len = data.len() as u64;
                 let chunk = op
                     .state
-                    .on_chunk(offset, len, buf.len() as u64, sys::monotonic_ns())
+                    .on_chunk(offset, len, buf.len() as u64)
                     .map_err(bad)?;
                 buf[chunk.copy.clone()].copy_from_slice(&data[..chunk.copy.len()]);
                 self.stats.pipeline_bytes += len;
-                if let Some(ns) = chunk.done {
-                    let n = offset + len;
+                if let Some(since) = chunk.done {
+                    let ns = sys::monotonic_ns().saturating_sub(since) as f64;
                     p.chooser
-                        .record(&self.ctx.costs, Rndv::Pipeline, n, ns as f64);
+                        .record(&self.ctx.costs, Rndv::Pipeline, offset + len, ns);
                     self.finished.push((false, rid));
                     p.pipeline_in.remove(&send_id);
                 }
@@ -250,7 +249,7 @@ impl Endpoint {
                         Some(shm) => sys::cma_read(shm.pid, end.addr, head),
                         None => Err(std::io::Error::other("not a shared-memory peer")),
                     }
-                    .map_err(|source| Error::from(msg::Failure::Read { peer: src, source }))
+                    .map_err(read_failed(src))
                 };
                 if head.is_ok() {
                     self.stats.cma_bytes += end.pushed;
@@ -318,6 +317,11 @@ impl Endpoint {
             }
         }
     }
+}
+
+/// The error of a failed read of peer `src`'s message out of its memory.
+fn read_failed(src: PeerId) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| msg::Failure::Read { peer: src, source }.into()
 }
 
 /// The protocol error for a peer's frame naming a send (or its receive) that does not

@@ -360,10 +360,7 @@ impl Endpoint {
         self.matcher.probe(&sel).map(|u| Status {
             peer: u.src,
             tag: u.tag,
-            len: match &u.item {
-                Arrived::Eager(v) => v.len() as u64,
-                Arrived::Rts { len, .. } => *len,
-            },
+            len: u.item.len(),
         })
     }
 
@@ -447,10 +444,7 @@ impl Endpoint {
             });
         }
         // A rendezvous message is waiting: receive it into a buffer of its size.
-        let len = self.matcher.probe(&sel).map(|u| match &u.item {
-            Arrived::Rts { len, .. } => *len,
-            Arrived::Eager(v) => v.len() as u64,
-        });
+        let len = self.matcher.probe(&sel).map(|u| u.item.len());
         let len = len.ok_or(Error::Timeout)?;
         let req = self.irecv(sel, vec![0u8; len as usize])?;
         let got = self.wait_recv(&req, None)?;

@@ -198,11 +198,8 @@ impl Endpoint {
         if req.id == 0 {
             return Ok(());
         }
-        let id = req.id;
-        self.wait_until(timeout, |ep| {
-            ep.sends.get(&id).is_none_or(|s| s.state.is_done())
-        })?;
-        self.take_send(id).map(|_| ())
+        self.wait_send_over(req.id, timeout)?;
+        self.take_send(req.id).map(|_| ())
     }
 
     /// Cancels a send. A send whose bytes are already in the peer's ring cannot be
@@ -225,7 +222,7 @@ impl Endpoint {
             }
             CancelStep::AskReceiver => {
                 self.push_ctrl(peer.0 as usize, Frame::Cancel { send_id: id });
-                self.wait_send_over(id)?;
+                self.wait_send_over(id, None)?;
                 match self.remove_send(id).map(|s| s.state) {
                     Some(SendState::Done(Err(Error::Cancelled))) => Ok(true),
                     Some(SendState::Done(Err(e))) => Err(e),
@@ -233,7 +230,7 @@ impl Endpoint {
                 }
             }
             CancelStep::AwaitEnd => {
-                self.wait_send_over(id)?;
+                self.wait_send_over(id, None)?;
                 self.remove_send(id);
                 Ok(false)
             }
@@ -244,9 +241,9 @@ impl Endpoint {
         }
     }
 
-    /// Waits, however long, until send `id` is over (or gone).
-    fn wait_send_over(&mut self, id: u64) -> Result<()> {
-        self.wait_until(None, |ep| {
+    /// Waits until send `id` is over (or gone), at most `timeout`.
+    fn wait_send_over(&mut self, id: u64, timeout: Option<Duration>) -> Result<()> {
+        self.wait_until(timeout, |ep| {
             ep.sends.get(&id).is_none_or(|s| s.state.is_done())
         })
     }

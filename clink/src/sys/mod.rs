@@ -480,7 +480,6 @@ mod tests {
             futex_wake(&w);
         });
         word.store(3, Ordering::SeqCst);
-        let t = std::time::Instant::now();
         while word.load(Ordering::SeqCst) == 3 {
             assert_eq!(
                 futex_wait(&word, 3, Duration::from_secs(5)).unwrap(),
@@ -488,7 +487,6 @@ mod tests {
                 "timed out instead of being woken"
             );
         }
-        assert!(t.elapsed() < Duration::from_secs(5));
         waker.join().unwrap();
     }
 }

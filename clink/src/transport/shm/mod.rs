@@ -559,8 +559,8 @@ impl ShmPeer {
         true
     }
 
-    /// Publishes a reserved record, raises our bit on the peer's board, and rings the
-    /// doorbell the peer sleeps on, if it sleeps. Returns true when it rang.
+    /// Publishes a reserved record, raises our bit on the peer's board, and wakes the
+    /// peer if it sleeps (its futex, or its doorbell). Returns true when it woke it.
     #[inline(always)]
     pub fn commit(&mut self, r: Reservation) -> bool {
         // Evaluate both: the board's sleeping flag must be cleared even when the ring's
