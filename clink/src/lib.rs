@@ -41,6 +41,7 @@ mod error;
 pub mod events;
 pub(crate) mod evq;
 pub mod launcher;
+mod lease;
 pub mod netdev;
 pub mod netns;
 mod oversub;

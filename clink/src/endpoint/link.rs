@@ -3,6 +3,7 @@
 //! release it), dispatched to the shared-memory ring, the UDP connection or the TCP
 //! connection.
 
+use crate::lease::{Dst, Src};
 use crate::transport::shm::ring::{Record, RingError};
 use crate::transport::shm::ShmPeer;
 use crate::transport::tcp::TcpLink;
@@ -22,18 +23,12 @@ pub(crate) enum Link {
 /// buffer is read in place, the receiver's posted buffer is written in place, and the
 /// link reports completions ([`BulkLink::take_done`]).
 pub(crate) trait BulkLink {
-    /// Starts sending `len` bytes at `ptr` as transfer `xfer`; false when the link is dead.
-    ///
-    /// # Safety
-    /// The bytes must stay valid and unchanged until the link reports the transfer done or
-    /// forgets its transfers (peer failure).
-    unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool;
-    /// Expects transfer `xfer` of `total` bytes into `ptr` (`cap` bytes).
-    ///
-    /// # Safety
-    /// The buffer must stay valid and otherwise unused until the link reports the transfer
-    /// done or forgets its transfers (peer failure).
-    unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64);
+    /// Starts sending the bytes of `src` as transfer `xfer`; false when the link is dead.
+    /// The link holds the lease until it reports the transfer done or forgets its
+    /// transfers (peer failure).
+    fn send_bulk(&mut self, xfer: u64, src: Src) -> bool;
+    /// Expects transfer `xfer` of `total` bytes into `dst`, held as `send_bulk`'s source.
+    fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst);
     /// The transfers finished since the last call: (received, sent); `None` when there
     /// are none (the common case, checked on every read and write of a link).
     fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)>;
@@ -43,13 +38,11 @@ pub(crate) trait BulkLink {
 }
 
 impl BulkLink for UdpLink {
-    unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
-        // SAFETY: forwarded contract.
-        unsafe { UdpLink::send_bulk(self, xfer, ptr, len) }
+    fn send_bulk(&mut self, xfer: u64, src: Src) -> bool {
+        UdpLink::send_bulk(self, xfer, src)
     }
-    unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
-        // SAFETY: forwarded contract.
-        unsafe { UdpLink::expect_bulk(self, xfer, total, ptr, cap) }
+    fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst) {
+        UdpLink::expect_bulk(self, xfer, total, dst)
     }
     fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
         let b = &mut self.bulk;
@@ -67,15 +60,13 @@ impl BulkLink for UdpLink {
 }
 
 impl BulkLink for TcpLink {
-    unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
-        // SAFETY: forwarded contract.
-        unsafe { TcpLink::send_bulk(self, xfer, ptr, len) };
+    fn send_bulk(&mut self, xfer: u64, src: Src) -> bool {
+        TcpLink::send_bulk(self, xfer, src);
         // Queued: a dead connection shows at its next read, which fails the transfer.
         true
     }
-    unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
-        // SAFETY: forwarded contract.
-        unsafe { TcpLink::expect_bulk(self, xfer, total, ptr, cap) }
+    fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst) {
+        TcpLink::expect_bulk(self, xfer, total, dst)
     }
     fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
         if self.done_in.is_empty() && self.done_out.is_empty() {
@@ -186,10 +177,23 @@ impl Link {
     /// The bytes of a frame returned by [`Link::peek`].
     pub fn frame(&self, rx: Rx) -> &[u8] {
         match (self, rx) {
-            (Link::Shm(s), Rx::Ring(r)) => s.record(r),
+            (Link::Shm(s), Rx::Ring(r)) => s.record_bytes(r),
             (Link::Udp(u), Rx::Net) => u.rxq.peek().unwrap_or(&[]),
             (Link::Tcp(t), Rx::Net) => t.rxq.peek().unwrap_or(&[]),
             _ => &[],
+        }
+    }
+
+    /// As [`Link::frame`], as a lease that outlives the borrow of the link: valid until
+    /// the frame is released (the endpoint handles a frame, with `&mut self`, before it
+    /// releases it).
+    pub fn frame_lease(&self, rx: Rx) -> Src {
+        let none = Src::from_static(&[]);
+        match (self, rx) {
+            (Link::Shm(s), Rx::Ring(r)) => s.record_lease(r),
+            (Link::Udp(u), Rx::Net) => u.rxq.head().unwrap_or(none),
+            (Link::Tcp(t), Rx::Net) => t.rxq.head().unwrap_or(none),
+            _ => none,
         }
     }
 

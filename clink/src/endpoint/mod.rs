@@ -34,6 +34,7 @@ use crate::transport::shm::ring::RingMem;
 use crate::transport::shm::{Local, ShmPeer, Wake};
 use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
+use crate::lease::{Dst, RecvBuf, SendBuf};
 use bytes::Bytes;
 use clink_proto::addr::Address;
 use clink_proto::cost::{Rndv, RndvChooser};
@@ -47,6 +48,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod lend;
 mod link;
 pub(crate) mod net;
 mod peers;
@@ -142,61 +144,17 @@ impl RecvRequest {
     }
 }
 
-enum SendData {
-    Owned(Bytes),
-    /// Memory owned by a blocking caller that waits until the send is over.
-    Borrowed(*const u8, usize),
-}
-
-impl SendData {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            SendData::Owned(b) => b,
-            // SAFETY: the blocking caller keeps the slice alive until completion (send_raw).
-            SendData::Borrowed(p, n) => unsafe { std::slice::from_raw_parts(*p, *n) },
-        }
-    }
-}
-
 /// A send request's protocol state (see [`clink_proto::msg`]).
 type SendState = msg::SendState<Error>;
 
 struct SendOp {
     peer: PeerId,
     tag: u64,
-    data: SendData,
+    data: SendBuf,
     state: SendState,
     /// Its completion is to be reported by an event (posted with [`events::REQUESTS`] in
     /// the interest mask, not reported yet).
     watched: bool,
-}
-
-enum RecvBuf {
-    Owned(Vec<u8>),
-    /// Memory owned by a blocking caller that waits until completion.
-    Borrowed(*mut u8, usize),
-    /// Memory the endpoint does not own: a range of one of its apertures
-    /// (`Endpoint::irecv_into_aperture`, which cannot then be destroyed while the receive
-    /// is pending) or caller memory (`Endpoint::irecv_raw`).
-    Aperture {
-        ptr: *mut u8,
-        len: usize,
-    },
-}
-
-impl RecvBuf {
-    fn slice(&mut self) -> &mut [u8] {
-        match self {
-            RecvBuf::Owned(v) => v,
-            // SAFETY: the blocking caller keeps the slice alive until completion (recv).
-            RecvBuf::Borrowed(p, n) => unsafe { std::slice::from_raw_parts_mut(*p, *n) },
-            // SAFETY: in bounds of an aperture that outlives the receive (destroying it is
-            // refused while the receive is pending).
-            RecvBuf::Aperture { ptr, len, .. } => unsafe {
-                std::slice::from_raw_parts_mut(*ptr, *len)
-            },
-        }
-    }
 }
 
 /// A receive request's protocol state (see [`clink_proto::msg`]).
@@ -489,42 +447,6 @@ impl Endpoint {
     // ---------------------------------------------------------------- sending
 
     // ---------------------------------------------------------------- receiving
-
-    /// Posts a receive of a message matching `sel` straight into `len` bytes of caller
-    /// memory at `ptr` (no copy on completion, unlike [`Endpoint::irecv`], whose buffer
-    /// the endpoint owns). Complete it with [`Endpoint::test_recv`] or `wait_recv`: its
-    /// [`Received`] has an empty `buf`, the message being at `ptr`.
-    ///
-    /// # Safety
-    /// `ptr` must be valid for writes of `len` bytes, and neither read nor freed by the
-    /// caller, until the request completes or [`Endpoint::cancel_recv`] withdraws it.
-    pub unsafe fn irecv_raw(&mut self, sel: Selector, ptr: *mut u8, len: usize) -> RecvRequest {
-        // SAFETY: the caller's contract, forwarded.
-        unsafe { self.irecv_raw_user(sel, ptr, len, 0) }
-    }
-
-    /// [`Endpoint::irecv_raw`] carrying a word of the caller's (`user`), which
-    /// [`Endpoint::poll_recvs`] and [`Endpoint::recv_user`] hand back: a caller keeping its
-    /// own record of each receive (the libfabric provider) indexes it by that word instead
-    /// of looking the request up.
-    ///
-    /// # Safety
-    /// As [`Endpoint::irecv_raw`].
-    pub unsafe fn irecv_raw_user(
-        &mut self,
-        sel: Selector,
-        ptr: *mut u8,
-        len: usize,
-        user: u64,
-    ) -> RecvRequest {
-        // A zero-length buffer may come as NULL (C callers): slices need a non-null pointer.
-        let ptr = if len == 0 {
-            std::ptr::NonNull::dangling().as_ptr()
-        } else {
-            ptr
-        };
-        self.post_recv(sel, RecvBuf::Aperture { ptr, len }, user)
-    }
 
     /// The word a pending receive was posted with ([`Endpoint::irecv_raw_user`]; 0 for the
     /// other receives), `None` once it is gone.

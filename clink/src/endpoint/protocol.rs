@@ -76,12 +76,10 @@ impl Endpoint {
             _ => {
                 if let Some(u) = p.link.bulk() {
                     // A bulk transfer straight into the posted buffer (speculatively).
-                    let buf = op.buf.slice();
-                    let (ptr, cap) = (buf.as_mut_ptr(), buf.len() as u64);
-                    // SAFETY: the receive op owns the buffer (heap or a blocking caller's
-                    // slice) and keeps it until the transfer completes (finish_bulk_peer)
-                    // or the peer fails (fail_peer_ops clears the link's transfers first).
-                    unsafe { u.expect_bulk(send_id, len, ptr, cap) };
+                    // The receive op keeps the buffer until the transfer completes
+                    // (finish_bulk_peer) or the peer fails (fail_peer_ops clears the
+                    // link's transfers first).
+                    u.expect_bulk(send_id, len, op.buf.lease());
                 }
                 op.state = RecvState::transfer(status, since);
                 p.pipeline_in.insert(send_id, rid);
@@ -96,13 +94,8 @@ impl Endpoint {
         // The record lives in the peer's segment, kept mapped while the peer exists (or in
         // the heap buffer at the head of a UDP link's queue); the slice is detached from
         // `self` so the handlers below can take `&mut self`.
-        let bytes: &[u8] = {
-            let b = self.peers[i].link.frame(rec);
-            // SAFETY: the mapping outlives this call (peers are never removed), and the
-            // record is not released until handle() returns (a UDP link's queued frame is
-            // a heap buffer that stays put until it is released after handle()).
-            unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) }
-        };
+        let lease = self.peers[i].link.frame_lease(rec);
+        let bytes = lease.bytes();
         let f = Frame::parse(bytes).map_err(|e| Error::Proto {
             peer: src,
             source: e,
@@ -154,12 +147,10 @@ impl Endpoint {
                 op.state.on_cts().map_err(bad)?;
                 let len = op.data.bytes().len() as u64;
                 if let Some(u) = self.peers[i].link.bulk() {
-                    let d = op.data.bytes();
-                    // SAFETY: the send op owns (or borrows from a blocking caller) the
-                    // bytes until it completes, which happens only when the link reports
-                    // the transfer acknowledged, or the peer fails (the link's transfers
-                    // are cleared first).
-                    if !unsafe { u.send_bulk(send_id, d.as_ptr(), d.len()) }
+                    // The send op holds the bytes until it completes, which happens only
+                    // when the link reports the transfer acknowledged, or the peer fails
+                    // (the link's transfers are cleared first).
+                    if !u.send_bulk(send_id, op.data.lease())
                         && op.state.fail(Error::PeerDead(src))
                     {
                         self.finished.push((true, send_id));

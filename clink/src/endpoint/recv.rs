@@ -73,11 +73,23 @@ impl Endpoint {
         if let Some(r) = self.recv_fast_net(sel, buf, timeout, &mut spun) {
             return r;
         }
+        self.recv_lent(sel, buf, timeout, spun)
+    }
+
+    /// The general path of [`Endpoint::recv_timeout`], into a lent buffer: returns only
+    /// once the receive is over (done, or withdrawn with nothing in flight).
+    pub(super) fn recv_posted(
+        &mut self,
+        sel: Selector,
+        dst: Dst,
+        timeout: Option<Duration>,
+        spun: Option<Instant>,
+    ) -> Result<Status> {
         let id = self.alloc_id();
         self.recvs.insert(
             id,
             RecvOp {
-                buf: RecvBuf::Borrowed(buf.as_mut_ptr(), buf.len()),
+                buf: RecvBuf::Lent(dst),
                 state: RecvState::Posted,
                 watched: false,
                 user: 0,
@@ -91,7 +103,7 @@ impl Endpoint {
             )
         });
         if let Err(e) = r {
-            // Withdraw before `buf` goes out of scope. A pipelined receive in flight must
+            // Withdraw before the lent buffer goes out of scope. A pipelined receive in flight must
             // finish first: its chunks land in `buf`.
             if !self.matcher.cancel(&id) {
                 self.wait_until(None, |ep| {
@@ -238,7 +250,7 @@ impl Endpoint {
         }
         match self.recvs.get(&id).map(|r| (&r.state, &r.buf)) {
             None => Err(Error::Consumed),
-            Some((RecvState::Done(_), RecvBuf::Aperture { .. })) => {
+            Some((RecvState::Done(_), RecvBuf::InPlace(_))) => {
                 // The bytes are in the aperture: no buffer to hand back, even truncated.
                 match self.remove_recv(id).map(|op| op.state) {
                     Some(RecvState::Done(res)) => res.map(|status| {

@@ -14,7 +14,7 @@ impl Endpoint {
     /// With [`events::REQUESTS`] in the interest mask, its completion is reported by an
     /// [`Event::SendDone`] (a send complete at once included, under its own number).
     pub fn isend(&mut self, peer: PeerId, tag: u64, data: impl Into<Bytes>) -> Result<SendRequest> {
-        let req = self.start_send(peer, tag, SendData::Owned(data.into()))?;
+        let req = self.start_send(peer, tag, SendBuf::Owned(data.into()))?;
         if self.evq.interest & events::REQUESTS == 0 {
             return Ok(req);
         }
@@ -26,7 +26,7 @@ impl Endpoint {
                 SendOp {
                     peer,
                     tag,
-                    data: SendData::Owned(Bytes::new()),
+                    data: SendBuf::Owned(Bytes::new()),
                     state: SendState::Done(Ok(())),
                     watched: false,
                 },
@@ -50,7 +50,7 @@ impl Endpoint {
         &mut self,
         peer: PeerId,
         tag: u64,
-        data: SendData,
+        data: SendBuf,
     ) -> Result<SendRequest> {
         self.start_send_kick(peer, tag, data, true)
     }
@@ -58,11 +58,11 @@ impl Endpoint {
     /// [`Endpoint::start_send`]; an eager message is sent at once (`kick`), or left queued
     /// in its link for a later kick (a batch's messages then leave together: one gathering
     /// write over TCP, one batch of datagrams over UDP).
-    fn start_send_kick(
+    pub(super) fn start_send_kick(
         &mut self,
         peer: PeerId,
         tag: u64,
-        data: SendData,
+        data: SendBuf,
         kick: bool,
     ) -> Result<SendRequest> {
         let Some(p) = self.peers.get_mut(peer.0 as usize) else {
@@ -110,40 +110,6 @@ impl Endpoint {
         );
         self.flush(peer.0 as usize);
         Ok(SendRequest { id })
-    }
-
-    /// Sends and waits until the message is out of `data` (blocking helper).
-    pub fn send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<()> {
-        let req = self.start_send(peer, tag, SendData::Borrowed(data.as_ptr(), data.len()))?;
-        self.finish_borrowed_send(req)
-    }
-
-    /// Sends every message of `msgs` to `peer` with `tag`, all in flight at once, and
-    /// waits until all are out of the caller's memory (blocking helper for streaming:
-    /// large messages pipeline their rendezvous without copying into owned buffers, small
-    /// ones leave together: over TCP one gathering write, over UDP one batch of
-    /// datagrams, where `send` in a loop makes a system call per message).
-    pub fn send_batch(&mut self, peer: PeerId, tag: u64, msgs: &[&[u8]]) -> Result<()> {
-        let mut reqs = Vec::with_capacity(msgs.len());
-        let mut first_err = None;
-        for m in msgs {
-            // Not kicked one by one: the batch's small messages leave together below.
-            match self.start_send_kick(peer, tag, SendData::Borrowed(m.as_ptr(), m.len()), false) {
-                Ok(r) => reqs.push(r),
-                Err(e) => {
-                    first_err = Some(e);
-                    break;
-                }
-            }
-        }
-        self.kick(peer.0 as usize);
-        // Every started send must be over before the borrowed slices go away.
-        for r in reqs {
-            if let Err(e) = self.finish_borrowed_send(r) {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
     }
 
     /// Lets a send complete on its own: nobody will wait for it.
@@ -439,15 +405,11 @@ impl SendSlot<'_> {
         if let Some(v) = &mut self.owned {
             return v;
         }
-        let Some(shm) = self.ep.peers[self.peer].link.shm() else {
+        let Some(shm) = self.ep.peers[self.peer].link.shm_mut() else {
             return &mut [];
         };
         let Some(r) = &self.res else { return &mut [] };
-        let idx = r.idx(shm.tx.mem().cap());
-        // SAFETY: the reservation owns EAGER_HEADER + len bytes of this record.
-        unsafe {
-            std::slice::from_raw_parts_mut(shm.tx.mem().payload(idx).add(EAGER_HEADER), self.len)
-        }
+        shm.reserved(r, EAGER_HEADER, self.len)
     }
 
     /// Publishes the message.
@@ -458,7 +420,7 @@ impl SendSlot<'_> {
             // silently as a ring commit would (the caller learns it from the next call).
             if let Ok(req) = self
                 .ep
-                .start_send(peer, self.tag, SendData::Owned(v.into()))
+                .start_send(peer, self.tag, SendBuf::Owned(v.into()))
             {
                 self.ep.detach_send(req);
             }
@@ -468,13 +430,9 @@ impl SendSlot<'_> {
         let Some(shm) = self.ep.peers[self.peer].link.shm_mut() else {
             return;
         };
-        let idx = r.idx(shm.tx.mem().cap());
         let mut hdr = [0u8; EAGER_HEADER];
         Frame::encode_eager_header(self.tag, &mut hdr);
-        // SAFETY: the reservation owns the record's first EAGER_HEADER bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(hdr.as_ptr(), shm.tx.mem().payload(idx), EAGER_HEADER)
-        };
+        shm.reserved(&r, 0, EAGER_HEADER).copy_from_slice(&hdr);
         if shm.commit(r) {
             self.ep.stats.doorbells += 1;
         }

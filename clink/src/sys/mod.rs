@@ -14,7 +14,9 @@ mod seqpacket;
 mod tether;
 
 pub use epoll::Epoll;
-pub use net::{interfaces, send_vectored, tcp_bytes_sent, tcp_listen, Iface, SockAddr};
+pub use net::{
+    interfaces, send_pieces, send_vectored, tcp_bytes_sent, tcp_listen, Iface, SockAddr, MAX_PIECES,
+};
 pub use seqpacket::{poll_readable, PeerCred, SeqPacket};
 pub use tether::Tether;
 
@@ -136,6 +138,13 @@ unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
+    /// The mapped bytes as a lease (held while the mapping lives: its owner keeps it).
+    pub fn lease(&self) -> crate::lease::Dst {
+        // SAFETY: the whole mapping, valid until it is unmapped on drop; the holder keeps
+        // the mapping alive while it uses the lease.
+        unsafe { crate::lease::Dst::new(self.ptr.as_ptr(), self.len) }
+    }
+
     /// Maps `len` bytes of `fd` read-write, shared.
     pub fn new(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
         Self::with_flags(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)

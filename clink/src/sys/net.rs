@@ -238,6 +238,31 @@ pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
     cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
 }
 
+/// [`send_vectored`] of the first [`MAX_PIECES`] non-empty slices of `pieces` (0 when
+/// there are none).
+pub fn send_pieces<'a>(
+    fd: RawFd,
+    pieces: impl Iterator<Item = &'a [u8]>,
+) -> io::Result<usize> {
+    // Left uninitialised: zeroing 64 vectors took about 200 of a 64-byte TCP hop's 2 900
+    // user instructions (`callgrind`, `examples/path_cost 20000 tcp`).
+    let mut iov = [const { std::mem::MaybeUninit::<io::IoSlice<'a>>::uninit() }; MAX_PIECES];
+    let mut k = 0;
+    for p in pieces.filter(|p| !p.is_empty()).take(MAX_PIECES) {
+        iov[k].write(io::IoSlice::new(p));
+        k += 1;
+    }
+    if k == 0 {
+        return Ok(0);
+    }
+    // SAFETY: the first `k` entries were written just above.
+    let iov = unsafe { std::slice::from_raw_parts(iov.as_ptr().cast::<io::IoSlice<'a>>(), k) };
+    send_vectored(fd, iov)
+}
+
+/// Most slices one [`send_pieces`] writes.
+pub const MAX_PIECES: usize = 64;
+
 /// Payload bytes a TCP socket has put on the wire, resends included (`tcpi_bytes_sent`
 /// of `TCP_INFO`, Linux 4.19 and later; `Unsupported` on an older kernel).
 pub fn tcp_bytes_sent(fd: RawFd) -> io::Result<u64> {

@@ -15,42 +15,6 @@ pub mod shm;
 pub mod tcp;
 pub mod udp;
 
-use std::collections::VecDeque;
+mod frames;
 
-/// The frames a network link (UDP or TCP) received and the endpoint has not released,
-/// in order, bounded in bytes: once [`FrameQueue::full`] the link takes no more, and its
-/// transport's own flow control (the connection's credit, the kernel's TCP window) holds
-/// the sender back.
-#[derive(Default)]
-pub struct FrameQueue {
-    q: VecDeque<Vec<u8>>,
-    bytes: usize,
-}
-
-impl FrameQueue {
-    /// Bytes held before the queue counts as full.
-    pub const CAP: usize = 4 << 20;
-
-    /// Appends a received frame.
-    pub fn push(&mut self, f: Vec<u8>) {
-        self.bytes += f.len();
-        self.q.push_back(f);
-    }
-
-    /// The oldest frame not yet released.
-    pub fn peek(&self) -> Option<&[u8]> {
-        self.q.front().map(Vec::as_slice)
-    }
-
-    /// Releases the frame [`FrameQueue::peek`] returned, handing back its buffer.
-    pub fn release(&mut self) -> Option<Vec<u8>> {
-        let v = self.q.pop_front()?;
-        self.bytes -= v.len();
-        Some(v)
-    }
-
-    /// Whether it holds [`FrameQueue::CAP`] bytes or more.
-    pub fn full(&self) -> bool {
-        self.bytes >= Self::CAP
-    }
-}
+pub use frames::FrameQueue;

@@ -78,9 +78,7 @@ impl Endpoint {
     /// Writes `data` into this endpoint's own aperture at `offset`, firing its write
     /// tripwires (an access made through clink).
     pub fn aperture_write(&mut self, ap: ApertureId, offset: u64, data: &[u8]) -> Result<()> {
-        let p = self.local_range(ap, offset, data.len() as u64)?;
-        // SAFETY: in bounds of the aperture (checked); the source is a distinct slice.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        self.local_range(ap, offset, data.len() as u64)?.write(0, data);
         self.fire(ap.0, offset, data.len() as u64, WRITE, None);
         Ok(())
     }
@@ -88,9 +86,8 @@ impl Endpoint {
     /// Reads this endpoint's own aperture at `offset` into `buf`, firing its read
     /// tripwires.
     pub fn aperture_read(&mut self, ap: ApertureId, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let p = self.local_range(ap, offset, buf.len() as u64)?;
-        // SAFETY: in bounds (checked); the destination is a distinct slice.
-        unsafe { std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), buf.len()) };
+        let mem = self.local_range(ap, offset, buf.len() as u64)?;
+        buf.copy_from_slice(mem.range(0, buf.len()).unwrap_or_default());
         self.fire(ap.0, offset, buf.len() as u64, READ, None);
         Ok(())
     }
@@ -111,11 +108,10 @@ impl Endpoint {
         len: u64,
         timeout: Option<Duration>,
     ) -> Result<crate::endpoint::Status> {
-        let p = self.local_range(ap, offset, len)?;
-        // SAFETY: in bounds of the aperture (checked). The memory stays mapped during the
-        // call: destroying the aperture needs `&mut self`, which the receive holds.
-        let buf = unsafe { std::slice::from_raw_parts_mut(p, len as usize) };
-        let res = self.recv_timeout(sel, buf, timeout);
+        // The memory stays mapped during the call: destroying the aperture needs
+        // `&mut self`, which the receive holds.
+        let mut mem = self.local_range(ap, offset, len)?;
+        let res = self.recv_timeout(sel, mem.bytes_mut(), timeout);
         // (A truncation error does not name the sender: the selector's source, if any;
         // with an any-source selector the tripwire event says `peer: None`.)
         if let Some((peer, n)) = landed(&res, sel.src, len) {
@@ -138,11 +134,7 @@ impl Endpoint {
         offset: u64,
         len: u64,
     ) -> Result<crate::endpoint::RecvRequest> {
-        let ptr = self.local_range(ap, offset, len)?;
-        let buf = RecvBuf::Aperture {
-            ptr,
-            len: len as usize,
-        };
+        let buf = RecvBuf::InPlace(self.local_range(ap, offset, len)?);
         let req = self.post_recv(sel, buf, 0);
         self.rma.aperture_recvs.push(ApertureRecv {
             req: req.id(),
@@ -180,11 +172,13 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn local_range(&mut self, ap: ApertureId, offset: u64, len: u64) -> Result<*mut u8> {
+    pub(super) fn local_range(&mut self, ap: ApertureId, offset: u64, len: u64) -> Result<Dst> {
         let a = self.rma.aps.get_mut(&ap.0).ok_or_else(|| no_aperture(ap))?;
         match offset.checked_add(len) {
-            // SAFETY: offset is within the aperture.
-            Some(end) if end <= a.len => Ok(unsafe { a.ptr().add(offset as usize) }),
+            Some(end) if end <= a.len => Ok(a
+                .lease()
+                .sub(offset as usize, len as usize)
+                .expect("inside the aperture")),
             _ => Err(Error::Invalid(format!(
                 "access {offset}+{len} outside aperture of {} bytes",
                 a.len
@@ -196,7 +190,7 @@ impl Endpoint {
     /// ([`crate::rma::READ`] | [`crate::rma::WRITE`]): the cookie to send to peers.
     pub fn export(&mut self, ap: ApertureId, offset: u64, len: u64, rights: u8) -> Result<Cookie> {
         let a = self.rma.aps.get_mut(&ap.0).ok_or_else(|| no_aperture(ap))?;
-        let mem = a.ptr();
+        let mem = a.lease();
         if offset.checked_add(len).is_none_or(|e| e > a.len) {
             return Err(Error::Invalid(format!(
                 "export {offset}+{len} outside aperture of {} bytes",

@@ -12,7 +12,8 @@ mod ops;
 mod target;
 mod trips;
 
-use super::{Endpoint, RecvBuf, SendData, TxItem, FAST_STREAK};
+use super::{Endpoint, RecvBuf, SendBuf, TxItem, FAST_STREAK};
+use crate::lease::Dst;
 use crate::error::{io_err, Error, Result};
 use crate::events::{self, Event, EventSender};
 use crate::rma::{ApertureId, Remote, RmaRequest, TripOptions, Tripset, Window};
@@ -24,7 +25,7 @@ use clink_proto::tripwire::{self, TripId};
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,10 +45,13 @@ struct LocalAp {
 }
 
 impl LocalAp {
-    fn ptr(&mut self) -> *mut u8 {
+    /// The aperture's memory as a lease: it stays put while the aperture lives (a memory
+    /// file's mapping, or a registered `Vec`'s buffer, never resized), and destroying the
+    /// aperture removes its exports and is refused while a receive into it is pending.
+    fn lease(&mut self) -> Dst {
         match &mut self.mem {
-            ApMem::File { map, .. } => map.ptr(),
-            ApMem::User(v) => v.as_mut_ptr(),
+            ApMem::File { map, .. } => map.lease(),
+            ApMem::User(v) => Dst::of_owned(v),
         }
     }
 }
@@ -69,7 +73,7 @@ struct RmaOp {
     status: Status,
     kind: OpKind,
     /// Keeps a put's bytes alive until the target has them.
-    _keep: Option<SendData>,
+    _keep: Option<SendBuf>,
     reap: Reap,
     /// The peer died before answering.
     dead: bool,
@@ -153,25 +157,20 @@ fn landed(
 }
 
 /// An export as its owner keeps it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Export {
     grant: Grant,
-    /// The aperture's first byte: it stays put while the aperture lives (a memory file's
-    /// mapping, or a registered `Vec`'s buffer, never resized), and destroying the
-    /// aperture removes its exports. Saves a second table lookup per access.
-    mem: *mut u8,
+    /// The aperture's memory ([`LocalAp::lease`]): saves a second table lookup per
+    /// access.
+    mem: Dst,
 }
-
-// SAFETY: `mem` points into an aperture owned by the same endpoint; the export moves
-// between threads only with the endpoint that owns both.
-unsafe impl Send for Export {}
 
 /// What a target needs to apply one request.
 struct Applied {
     ap: u32,
     at: u64,
-    /// The first byte accessed (`at` bytes into the aperture).
-    ptr: *mut u8,
+    /// The bytes accessed, from `at` bytes into the aperture.
+    mem: Dst,
     /// The export's rights.
     rights: u8,
 }
@@ -210,47 +209,4 @@ fn rma_put(bytes: &[u8]) -> Option<RmaFrame<'_>> {
         return None;
     }
     RmaFrame::parse(bytes).ok()
-}
-
-/// Copies `len` bytes between distinct buffers; 8 to 16 of them as two (overlapping)
-/// unaligned words rather than a call into the C library: one-word puts are the latency
-/// path.
-///
-/// # Safety
-/// As [`std::ptr::copy_nonoverlapping`].
-unsafe fn copy_short(src: *const u8, dst: *mut u8, len: usize) {
-    if (8..=16).contains(&len) {
-        // SAFETY: both words lie within the `len` bytes the caller vouches for.
-        unsafe {
-            let (a, b) = (
-                src.cast::<u64>().read_unaligned(),
-                src.add(len - 8).cast::<u64>().read_unaligned(),
-            );
-            dst.cast::<u64>().write_unaligned(a);
-            dst.add(len - 8).cast::<u64>().write_unaligned(b);
-        }
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::copy_short;
-
-    /// Every length up to 40 (both branches and their edges) copies exactly its bytes and
-    /// nothing around them.
-    #[test]
-    fn copy_short_copies_exactly_len_bytes() {
-        let src: Vec<u8> = (1..=64).collect();
-        for len in 0..=40usize {
-            let mut dst = vec![0u8; 64];
-            // SAFETY: both buffers hold at least 3 + len bytes and do not overlap.
-            unsafe { copy_short(src.as_ptr().add(3), dst.as_mut_ptr().add(5), len) };
-            let mut want = vec![0u8; 64];
-            want[5..5 + len].copy_from_slice(&src[3..3 + len]);
-            assert_eq!(dst, want, "len {len}");
-        }
-    }
 }

@@ -26,7 +26,7 @@ impl Endpoint {
         &mut self,
         peer: PeerId,
         kind: OpKind,
-        keep: Option<SendData>,
+        keep: Option<SendBuf>,
         reap: Reap,
         parts: u32,
     ) -> Result<u64> {
@@ -208,18 +208,17 @@ impl Endpoint {
     /// Starts a put of `data` (kept alive by the request); completes with
     /// [`Endpoint::wait_rma`] and an [`Event::RmaDone`].
     pub fn iput(&mut self, r: &Remote, offset: u64, data: impl Into<Bytes>) -> Result<RmaRequest> {
-        let data: Bytes = data.into();
-        let (ptr, len) = (data.as_ptr(), data.len());
+        let data = SendBuf::Owned(data.into());
+        // The op holds the bytes until it is over.
+        let lease = data.lease();
         let id = self.start_op(
             r.peer,
             OpKind::Put,
-            Some(SendData::Owned(data)),
+            Some(data),
             Reap::Request,
             0, // counted by issue_put
         )?;
-        // SAFETY: the op keeps the Bytes (heap memory that does not move) alive.
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        self.issue_put(r, offset, bytes, id);
+        self.issue_put(r, offset, lease.bytes(), id);
         self.kick(r.peer.0 as usize);
         Ok(RmaRequest { id })
     }
@@ -241,19 +240,19 @@ impl Endpoint {
         self.send_rma(i, f);
     }
 
-    /// Reads `buf.len()` bytes at `offset` of a remote window.
-    pub fn get(&mut self, r: &Remote, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let (addr, len) = (buf.as_mut_ptr(), buf.len());
+    /// [`Endpoint::get`] into a lent buffer: returns only once the request is over.
+    pub(in crate::endpoint) fn get_lent(&mut self, r: &Remote, offset: u64, dst: Dst) -> Result<()> {
+        let (addr, len) = (dst.ptr_at(0).map_or(0, |p| p as u64), dst.len() as u64);
         let id = self.start_op(
             r.peer,
             OpKind::Get {
-                buf: RecvBuf::Borrowed(addr, len),
+                buf: RecvBuf::Lent(dst),
             },
             None,
             Reap::Caller,
             1,
         )?;
-        self.issue_get(r, offset, id, addr as u64, len as u64);
+        self.issue_get(r, offset, id, addr, len);
         self.finish_op(id).map(|_| ())
     }
 

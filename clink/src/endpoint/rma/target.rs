@@ -128,12 +128,12 @@ impl Endpoint {
         match rma::check(e.map(|e| &e.grant), t.key, t.offset, len, need) {
             Ok(at) => {
                 let e = e.expect("check admits only an existing export");
+                // `check` kept the access inside the export, inside the aperture.
+                let mem = e.mem.sub(at as usize, len as usize).expect("inside the aperture");
                 Ok(Applied {
                     ap: e.grant.aperture,
                     at,
-                    // SAFETY: `check` kept the access inside the export, which is inside
-                    // the aperture starting at `mem`.
-                    ptr: unsafe { e.mem.add(at as usize) },
+                    mem,
                     rights: e.grant.rights,
                 })
             }
@@ -199,13 +199,11 @@ impl Endpoint {
             RmaFrame::Get { req, from, len } => {
                 let status = match self.admit(&from, len, READ) {
                     Ok(a) => {
-                        let p = a.ptr as *const u8;
                         let chunk = self.rma_chunk(i);
                         let mut off = 0usize;
                         while off < len as usize {
                             let n = chunk.min(len as usize - off);
-                            // SAFETY: inside the aperture (checked).
-                            let data = unsafe { std::slice::from_raw_parts(p.add(off), n) };
+                            let data = a.mem.range(off, n).unwrap_or_default();
                             self.send_rma(
                                 i,
                                 RmaFrame::GetData {
@@ -227,13 +225,7 @@ impl Endpoint {
             RmaFrame::Atomic { req, at, op, a, b } => {
                 let (status, old) = match self.admit(&at, 8, READ | WRITE) {
                     Ok(ap) => {
-                        let p = ap.ptr;
-                        if !(p as usize).is_multiple_of(8) {
-                            (self.refuse(Status::Misaligned), 0)
-                        } else {
-                            // SAFETY: aligned, inside the aperture; aperture memory is
-                            // only accessed atomically or by raw copies.
-                            let w = unsafe { AtomicU64::from_ptr(p.cast()) };
+                        if let Some(w) = ap.mem.word(0) {
                             let old = match op {
                                 AtomicOp::FetchAdd => w.fetch_add(a, Ordering::AcqRel),
                                 AtomicOp::CompareSwap => {
@@ -249,6 +241,8 @@ impl Endpoint {
                             };
                             self.fire(ap.ap, ap.at, 8, READ | WRITE, src);
                             (Status::Ok, old)
+                        } else {
+                            (self.refuse(Status::Misaligned), 0)
                         }
                     }
                     Err(s) => (s, 0),
@@ -294,9 +288,8 @@ impl Endpoint {
         let peer = Some(PeerId(i as u32));
         let (status, taken) = match self.admit(&to, data.len() as u64, WRITE) {
             Ok(a) => {
-                let p = a.ptr;
-                // SAFETY: inside the aperture (checked); the frame is distinct memory.
-                unsafe { copy_short(data.as_ptr(), p, data.len()) };
+                let mut a = a;
+                a.mem.write_short(0, data);
                 self.stats.rma_put_bytes += data.len() as u64;
                 let len = data.len() as u64;
                 let first = self.fire_first(a.ap, a.at, len, WRITE, peer, take);
@@ -373,17 +366,12 @@ impl Endpoint {
         let res = match self.rma.aps.get_mut(&piece.ap) {
             None => Err(std::io::Error::other("aperture destroyed")),
             Some(a) => {
-                // SAFETY: the copy was checked inside the export, inside the aperture.
-                let mem = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        a.ptr().add(piece.at as usize),
-                        piece.len as usize,
-                    )
-                };
-                if piece.put {
-                    sys::cma_read(pid, piece.addr, mem)
-                } else {
-                    sys::cma_write(pid, piece.addr, mem)
+                // The copy was checked inside the export, inside the aperture.
+                let mut lease = a.lease();
+                match lease.range_mut(piece.at as usize, piece.len as usize) {
+                    None => Err(std::io::Error::other("outside the aperture")),
+                    Some(mem) if piece.put => sys::cma_read(pid, piece.addr, mem),
+                    Some(mem) => sys::cma_write(pid, piece.addr, mem),
                 }
             }
         };

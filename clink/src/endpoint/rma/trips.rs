@@ -255,10 +255,9 @@ impl Endpoint {
                     Ok(None) => continue,
                     Err(()) => return None,
                 };
-                let b = p.link.frame(rec);
-                // SAFETY: as in `handle`: the segment stays mapped and the record is not
-                // released before `serve` returns.
-                let bytes = unsafe { std::slice::from_raw_parts(b.as_ptr(), b.len()) };
+                // As in `handle`: the record is not released before `serve` returns.
+                let lease = p.link.frame_lease(rec);
+                let bytes = lease.bytes();
                 let Some(RmaFrame::Put { req, to, data }) = rma_put(bytes) else {
                     return None;
                 };

@@ -21,6 +21,7 @@ pub mod ring;
 
 use crate::config::Config;
 use crate::error::{io_err, Error, Result};
+use crate::lease::Src;
 use crate::sys::{self, Mapping, SeqPacket, Tether};
 use board::{Board, Post};
 use clink_proto::wire::{Frame, Hello, Ready, Welcome, HELLO_LEN, READY_LEN, WELCOME_LEN};
@@ -582,13 +583,31 @@ impl ShmPeer {
         sys::ring_doorbell(self.doorbell.as_raw_fd());
     }
 
-    /// The bytes of a record returned by `rx.peek()`.
+    /// The bytes of a record returned by `rx.peek()`, as a lease that lasts until the
+    /// record is released (the segment stays mapped while the peer exists).
     ///
-    /// The slice aliases memory the peer can write; a misbehaving peer can change bytes
-    /// under us but never make us read outside the ring (lengths were checked by `peek`).
-    pub fn record(&self, r: ring::Record) -> &[u8] {
-        // SAFETY: peek() checked that the record lies inside the ring.
+    /// The bytes alias memory the peer can write; a misbehaving peer can change them under
+    /// us but never make us read outside the ring (lengths were checked by `peek`).
+    pub fn record_lease(&self, r: ring::Record) -> Src {
+        // SAFETY: peek() checked that the record lies inside the ring; the record is ours
+        // until released, and the endpoint drops the lease before releasing it.
+        unsafe { Src::new(self.rx.mem().payload(r.idx), r.len) }
+    }
+
+    /// As [`ShmPeer::record_lease`], borrowed from the peer.
+    pub fn record_bytes(&self, r: ring::Record) -> &[u8] {
+        // SAFETY: inside the ring (peek() checked); the record cannot be released while
+        // `self` is borrowed.
         unsafe { std::slice::from_raw_parts(self.rx.mem().payload(r.idx), r.len) }
+    }
+
+    /// The `len` payload bytes from `off` of a reserved record, to write the message into.
+    pub fn reserved(&mut self, r: &Reservation, off: usize, len: usize) -> &mut [u8] {
+        let idx = r.idx(self.tx.mem().cap());
+        assert!(off + len <= r.len(), "inside the reservation");
+        // SAFETY: the reservation owns its payload bytes until committed or abandoned,
+        // and `&mut self` keeps any other view of them away meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.tx.mem().payload(idx).add(off), len) }
     }
 }
 

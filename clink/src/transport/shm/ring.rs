@@ -171,6 +171,11 @@ impl Reservation {
     pub fn idx(&self, cap: u64) -> u64 {
         self.pos & (cap - 1)
     }
+
+    /// Payload bytes reserved.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
 }
 
 /// The producing half.

@@ -2,24 +2,24 @@
 //! transmission (the sender's own buffer, no staging copy) and the destinations the
 //! fragments land in (the posted receive buffer), speculatively or by the cleanup copy.
 //!
-//! The memory behind the raw pointers belongs to the endpoint's send and receive
-//! requests, which stay alive (and their buffers in place) until the transfer reports
-//! done here or the link is cleared ([`Bulk::clear`]) when the peer fails.
+//! The memory is lent by the endpoint's send and receive requests ([`crate::lease`]);
+//! a transfer's lease is dropped here when the transfer reports done or the link is
+//! cleared ([`Bulk::clear`]) when the peer fails.
 
+use crate::lease::{Dst, Src};
 use clink_proto::reliable::BulkHeader;
 use clink_proto::spec::{Expect, Mark, Placement};
 
 /// A transfer being sent: the caller's bytes.
 struct Source {
     xfer: u64,
-    ptr: *const u8,
-    len: usize,
+    src: Src,
 }
 
 /// A transfer being received into the caller's buffer.
 struct Dest {
     pl: Placement,
-    ptr: *mut u8,
+    dst: Dst,
 }
 
 /// Counters of the bulk path.
@@ -41,8 +41,8 @@ pub struct BulkStats {
 pub struct Arm {
     /// What a hit must carry.
     pub expect: Expect,
-    /// Destination start.
-    pub dest: *mut u8,
+    /// The destination.
+    pub dest: Dst,
     /// Per receive entry, the (offset, length) of each armed fragment.
     pub entries: Vec<Vec<(u64, usize)>>,
 }
@@ -65,30 +65,20 @@ pub struct Bulk {
     pub stats: BulkStats,
 }
 
-// SAFETY: the raw pointers are into request buffers owned by the endpoint that owns this
-// link; they move with it between threads and are only used by its (single) driver.
-unsafe impl Send for Bulk {}
-
 impl Bulk {
-    /// Registers the source of transfer `xfer`.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` must stay valid and unchanged until `xfer` appears in
+    /// Registers the source of transfer `xfer`, held until `xfer` appears in
     /// [`Bulk::done_out`] or [`Bulk::clear`] is called.
-    pub unsafe fn add_source(&mut self, xfer: u64, ptr: *const u8, len: usize) {
-        self.out.push(Source { xfer, ptr, len });
+    pub fn add_source(&mut self, xfer: u64, src: Src) {
+        self.out.push(Source { xfer, src });
     }
 
     /// Registers the destination of transfer `xfer`: `total` bytes arriving in fragments of
-    /// `frag`, of which the first `cap` fit at `ptr`.
-    ///
-    /// # Safety
-    /// `ptr..ptr + min(cap, total)` must stay valid for writes, and untouched by anyone
-    /// else, until `xfer` appears in [`Bulk::done_in`] or [`Bulk::clear`] is called.
-    pub unsafe fn add_dest(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64, frag: usize) {
+    /// `frag`, of which the first `dst.len()` fit (held until `xfer` appears in
+    /// [`Bulk::done_in`] or [`Bulk::clear`] is called).
+    pub fn add_dest(&mut self, xfer: u64, total: u64, dst: Dst, frag: usize) {
         self.dests.push(Dest {
-            pl: Placement::new(xfer, total, cap, frag),
-            ptr,
+            pl: Placement::new(xfer, total, dst.len() as u64, frag),
+            dst,
         });
         self.gen += 1;
         // A zero-byte destination has nothing to wait for.
@@ -119,13 +109,10 @@ impl Bulk {
     }
 
     /// The `len` bytes of transfer `xfer` from `off`, in the sender's buffer; `None` when
-    /// there is no such source or range. They stay valid (beyond this borrow) until the
-    /// transfer is over, by the contract of [`Bulk::add_source`].
+    /// there is no such source or range.
     pub fn source(&self, xfer: u64, off: u64, len: usize) -> Option<&[u8]> {
         let s = self.out.iter().find(|s| s.xfer == xfer)?;
-        (off as usize).checked_add(len).filter(|&e| e <= s.len)?;
-        // SAFETY: in bounds of a source kept valid by the contract of `add_source`.
-        Some(unsafe { std::slice::from_raw_parts(s.ptr.add(off as usize), len) })
+        s.src.range(usize::try_from(off).ok()?, len)
     }
 
     /// The sender's side of a transfer is over (acknowledged).
@@ -149,15 +136,9 @@ impl Bulk {
             let cap = d.pl.cap();
             if hdr.offset < cap {
                 let n = (payload.len() as u64).min(cap - hdr.offset) as usize;
-                // SAFETY: `offset + n <= cap`, inside the destination of `add_dest`; the
-                // fragment was missing, so nothing valid is overwritten.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        payload.as_ptr(),
-                        d.ptr.add(hdr.offset as usize),
-                        n,
-                    )
-                };
+                // Inside the destination (`offset + n <= cap`); the fragment was missing,
+                // so nothing valid is overwritten.
+                d.dst.write(hdr.offset as usize, &payload[..n]);
                 self.stats.cleanup_bytes += n as u64;
             }
             self.finish_if_complete(i);
@@ -219,7 +200,7 @@ impl Bulk {
         }
         Some(Arm {
             expect: d.pl.expect(conn),
-            dest: d.ptr,
+            dest: d.dst.clone(),
             entries: self
                 .plan
                 .iter()
@@ -244,17 +225,14 @@ mod tests {
         }
     }
 
-    /// A `Bulk` receiving transfers 1..=n of 4 KiB in 1 KiB fragments, with their buffers
-    /// (keep them while it is used: it points into them).
-    fn receiving(n: usize) -> (Vec<Vec<u8>>, Bulk) {
-        let mut bufs = vec![vec![0u8; 4096]; n];
+    /// A `Bulk` receiving transfers 1..=n of 4 KiB in 1 KiB fragments.
+    fn receiving(n: usize) -> Bulk {
         let mut b = Bulk::default();
-        for (x, buf) in bufs.iter_mut().enumerate() {
-            // SAFETY: the buffers move out with `b` (their heap memory stays put) and the
-            // caller keeps them while it uses `b`; nothing else touches them.
-            unsafe { b.add_dest(x as u64 + 1, 4096, buf.as_mut_ptr(), 4096, 1024) };
+        for x in 0..n {
+            let buf = Box::leak(vec![0u8; 4096].into_boxed_slice());
+            b.add_dest(x as u64 + 1, 4096, Dst::from_static(buf), 1024);
         }
-        (bufs, b)
+        b
     }
 
     /// A transfer waiting only for retransmissions (holes below its highest fragment)
@@ -262,7 +240,7 @@ mod tests {
     /// end is still to come keeps it.
     #[test]
     fn the_layout_goes_to_the_transfer_still_streaming() {
-        let (_bufs, mut b) = receiving(2);
+        let mut b = receiving(2);
         b.placed(&frag(1, 0), 1024);
         assert_eq!(
             b.arm(7, 4, 8).expect("armed").expect.xfer,
@@ -283,7 +261,7 @@ mod tests {
     /// arm, whichever finishes: the layout follows the order the sender streams them in.
     #[test]
     fn the_oldest_unfinished_transfer_is_armed() {
-        let (_bufs, mut b) = receiving(3);
+        let mut b = receiving(3);
         assert_eq!(b.arm(7, 4, 8).expect("armed").expect.xfer, 1);
         for k in 0..4 {
             b.placed(&frag(1, k), 1024);

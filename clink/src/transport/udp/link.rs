@@ -2,6 +2,7 @@
 //! frames it delivered, and its side of admission control.
 
 use super::*;
+use crate::lease::{Dst, Src};
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
 pub struct UdpLink {
@@ -76,28 +77,21 @@ impl UdpLink {
         }
     }
 
-    /// Starts sending `len` bytes at `ptr` as bulk transfer `xfer` (the receiver's clear to
+    /// Starts sending the bytes of `src` as bulk transfer `xfer` (the receiver's clear to
     /// send named it); false when the connection is dead.
-    ///
-    /// # Safety
-    /// As [`Bulk::add_source`].
-    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) -> bool {
-        if self.conn.send_bulk(xfer, len as u64).is_err() {
+    pub fn send_bulk(&mut self, xfer: u64, src: Src) -> bool {
+        if self.conn.send_bulk(xfer, src.len() as u64).is_err() {
             return false;
         }
-        // SAFETY: forwarded contract.
-        unsafe { self.bulk.add_source(xfer, ptr, len) };
+        self.bulk.add_source(xfer, src);
         true
     }
 
-    /// Expects bulk transfer `xfer` of `total` bytes into `ptr` (`cap` bytes).
-    ///
-    /// # Safety
-    /// As [`Bulk::add_dest`].
-    pub unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+    /// Expects bulk transfer `xfer` of `total` bytes into `dst` (bytes beyond it are
+    /// dropped).
+    pub fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst) {
         let frag = self.conn.config().mtu_payload;
-        // SAFETY: forwarded contract.
-        unsafe { self.bulk.add_dest(xfer, total, ptr, cap, frag) };
+        self.bulk.add_dest(xfer, total, dst, frag);
     }
 
     /// Queues one frame on the connection (copied once, straight from the frame);

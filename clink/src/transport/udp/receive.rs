@@ -51,12 +51,12 @@ impl UdpTransport {
                         ptr: st.hdr_slots[e * max + k].as_mut_ptr(),
                         len: BULK_HEADER,
                     });
-                    st.lead[e].push(IoVec {
-                        // SAFETY: `off + len` lies inside the destination (Bulk::arm arms
-                        // only fragments inside it).
-                        ptr: unsafe { arm.dest.add(off as usize) },
-                        len,
-                    });
+                    // `off + len` lies inside the destination (Bulk::arm arms only
+                    // fragments inside it).
+                    let Some(ptr) = arm.dest.sub(off as usize, len).and_then(|d| d.ptr_at(0)) else {
+                        continue;
+                    };
+                    st.lead[e].push(IoVec { ptr, len });
                 }
             }
             let layouts = arm
@@ -540,10 +540,10 @@ pub(super) fn move_displaced(
         true
     });
     spec::plan_moves(&list, &mut st.moves);
-    // SAFETY: the destination the layout is armed on, valid for its capacity while the
-    // key is current (the Bulk contract), and referenced by nothing else during the call
+    // The destination the layout is armed on, referenced by nothing else during the call
     // (the read's vectors point into it, but the kernel is done with them).
-    let dest = unsafe { std::slice::from_raw_parts_mut(a.arm.dest, a.arm.expect.cap as usize) };
+    let mut lease = a.arm.dest.clone();
+    let dest = lease.range_mut(0, a.arm.expect.cap as usize).unwrap_or_default();
     spec::apply_moves(&st.moves, dest, &mut st.scratch);
     for &(_, k) in &order {
         sink(a.key.0, Got::Moved(displaced[k].h, displaced[k].wire));
@@ -583,9 +583,8 @@ pub(super) fn deliver(
             let (start, len) = match *seg {
                 Segment::Candidate { start, slot, len } if got.src == a.src => {
                     let (off, _) = frags[slot];
-                    // SAFETY: the armed payload slot, `len` <= its length.
-                    let payload =
-                        unsafe { std::slice::from_raw_parts(a.arm.dest.add(off as usize), len) };
+                    // The armed payload slot, `len` <= its length.
+                    let payload = a.arm.dest.range(off as usize, len).unwrap_or_default();
                     let clean = fate.is_none_or(|f| f.is_clean());
                     let header = &st.hdr_slots[k * max + slot];
                     match spec::check(&a.arm.expect, off, header, payload) {

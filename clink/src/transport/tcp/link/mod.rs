@@ -2,13 +2,13 @@
 //! referenced in place and written with gathering `sendmsg`), its receive buffer, and the
 //! speculative receive of rendezvous payloads straight into the posted buffer.
 
+use crate::lease::{Dst, Src};
 use crate::transport::FrameQueue;
 use clink_proto::stream::{self, Handshake, Header, Incoming, Kind, CHUNK, HEADER, MAX_RECORD};
 use clink_proto::wire::Frame;
 use clink_proto::ProtoError;
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
-use std::mem::MaybeUninit;
+use std::io::{self, ErrorKind, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
@@ -20,8 +20,6 @@ const TX_BOUND: usize = 4 << 20;
 const TX_WINDOW: usize = 2 << 20;
 /// Frames are coalesced into owned segments of up to this size (fewer vectors per write).
 const OWN_SEG: usize = 64 << 10;
-/// Vectors per gathering write.
-const MAX_IOV: usize = 64;
 /// Receive buffer room after a speculative layout (and the least a plain read asks for).
 const RX_SPARE: usize = 256 << 10;
 /// Receive buffer size: a header, one whole piece, and the spare (see `read_spec`).
@@ -103,18 +101,14 @@ enum Seg {
     Own(Vec<u8>),
     /// Rendezvous payload bytes in the send request's buffer; `done` names the transfer
     /// this piece completes.
-    Ext {
-        ptr: *const u8,
-        len: usize,
-        done: Option<u64>,
-    },
+    Ext { src: Src, done: Option<u64> },
 }
 
 impl Seg {
     fn len(&self) -> usize {
         match self {
             Seg::Own(v) => v.len(),
-            Seg::Ext { len, .. } => *len,
+            Seg::Ext { src, .. } => src.len(),
         }
     }
 }
@@ -122,15 +116,14 @@ impl Seg {
 /// A rendezvous send not yet entirely queued.
 struct Source {
     xfer: u64,
-    ptr: *const u8,
-    len: usize,
+    src: Src,
     next: usize,
 }
 
 /// A posted receive buffer of an incoming transfer.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Dest {
-    ptr: *mut u8,
+    dst: Dst,
     cap: usize,
 }
 
@@ -203,10 +196,6 @@ pub struct TcpLink {
     /// the frames again).
     pub failed: Option<LinkError>,
 }
-
-// SAFETY: the raw pointers point into request buffers owned by the endpoint that owns
-// this link, valid while the transfers are registered; nothing is tied to a thread.
-unsafe impl Send for TcpLink {}
 
 impl TcpLink {
     /// Wraps a connected socket: non-blocking, `TCP_NODELAY`, and liveness left to the
@@ -291,37 +280,21 @@ impl TcpLink {
         true
     }
 
-    /// Starts sending `len` bytes at `ptr` as transfer `xfer` (the receiver's clear to
-    /// send named it): data records of [`CHUNK`] bytes written straight from the buffer.
-    /// The transfer is reported in [`TcpLink::done_out`] once the kernel has every byte.
-    ///
-    /// # Safety
-    /// `ptr..ptr + len` must stay valid and unchanged until the transfer is reported done
-    /// or [`TcpLink::clear_bulk`] is called.
-    pub unsafe fn send_bulk(&mut self, xfer: u64, ptr: *const u8, len: usize) {
-        self.out.push_back(Source {
-            xfer,
-            ptr,
-            len,
-            next: 0,
-        });
+    /// Starts sending the bytes of `src` as transfer `xfer` (the receiver's clear to send
+    /// named it): data records of [`CHUNK`] bytes written straight from the buffer. The
+    /// transfer is reported in [`TcpLink::done_out`] once the kernel has every byte (the
+    /// lease is held until then, or until [`TcpLink::clear_bulk`]).
+    pub fn send_bulk(&mut self, xfer: u64, src: Src) {
+        self.out.push_back(Source { xfer, src, next: 0 });
     }
 
-    /// Expects transfer `xfer` of `total` bytes into `ptr` (`cap` bytes; bytes beyond it
-    /// are read and dropped). Reported in [`TcpLink::done_in`] when complete.
-    ///
-    /// # Safety
-    /// `ptr..ptr + cap` must stay valid, and not be used by anything else, until the
-    /// transfer is reported done or [`TcpLink::clear_bulk`] is called.
-    pub unsafe fn expect_bulk(&mut self, xfer: u64, total: u64, ptr: *mut u8, cap: u64) {
+    /// Expects transfer `xfer` of `total` bytes into `dst` (bytes beyond it are read and
+    /// dropped). Reported in [`TcpLink::done_in`] when complete (the lease is held until
+    /// then, or until [`TcpLink::clear_bulk`]).
+    pub fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst) {
         self.incoming.expect(xfer, total);
-        self.dests.insert(
-            xfer,
-            Dest {
-                ptr,
-                cap: cap.min(total) as usize,
-            },
-        );
+        let cap = dst.len().min(usize::try_from(total).unwrap_or(usize::MAX));
+        self.dests.insert(xfer, Dest { dst, cap });
     }
 
     /// Forgets every transfer: no pointer into a request buffer survives (the peer failed).
@@ -380,11 +353,10 @@ impl TcpLink {
     fn fill_tx(&mut self) {
         while self.tx_queued < TX_WINDOW {
             let Some(s) = self.out.front_mut() else { break };
-            let n = (s.len - s.next).min(CHUNK);
+            let n = (s.src.len() - s.next).min(CHUNK);
             let (xfer, off) = (s.xfer, s.next);
-            let last = off + n == s.len;
-            // SAFETY: `off + n <= len`: inside the source (send_bulk's contract).
-            let ptr = unsafe { s.ptr.add(off) };
+            let last = off + n == s.src.len();
+            let Some(src) = s.src.sub(off, n) else { break };
             s.next += n;
             if last {
                 self.out.pop_front();
@@ -393,8 +365,7 @@ impl TcpLink {
                 b.copy_from_slice(&Header::data(xfer, off as u64, n).encode())
             });
             self.tx.push_back(Seg::Ext {
-                ptr,
-                len: n,
+                src,
                 done: last.then_some(xfer),
             });
             self.tx_queued += n;
@@ -430,7 +401,7 @@ impl TcpLink {
     }
 
     /// Writes what is queued with gathering `sendmsg` calls (`MSG_NOSIGNAL`; up to
-    /// `MAX_IOV` (64) pieces per call) until the queue is empty or the socket is full. True
+    /// `sys::MAX_PIECES` (64) pieces per call) until the queue is empty or the socket is full. True
     /// when anything was written.
     pub fn write(&mut self) -> Result<bool, LinkError> {
         let mut did = false;
@@ -439,35 +410,20 @@ impl TcpLink {
             if self.tx.is_empty() {
                 break;
             }
-            // Left uninitialised: zeroing 64 vectors took about 200 of a 64-byte hop's
-            // 2 900 user instructions (`callgrind`, `examples/path_cost 20000 tcp`).
-            let mut iov = [const { MaybeUninit::<IoSlice<'_>>::uninit() }; MAX_IOV];
-            let mut k = 0;
-            for (j, s) in self.tx.iter().enumerate().take(MAX_IOV) {
-                let skip = if j == 0 { self.tx_off } else { 0 };
-                let bytes: &[u8] = match s {
+            let skip = self.tx_off;
+            let pieces = self.tx.iter().enumerate().map(|(j, s)| {
+                let skip = if j == 0 { skip } else { 0 };
+                match s {
                     Seg::Own(v) => &v[skip..],
-                    // SAFETY: a live source range (send_bulk's contract).
-                    Seg::Ext { ptr, len, .. } => unsafe {
-                        std::slice::from_raw_parts(ptr.add(skip), len - skip)
-                    },
-                };
-                if !bytes.is_empty() {
-                    iov[k].write(IoSlice::new(bytes));
-                    k += 1;
+                    Seg::Ext { src, .. } => &src.bytes()[skip..],
                 }
-            }
-            // SAFETY: the first `k` entries were written just above.
-            let iov = unsafe { std::slice::from_raw_parts(iov.as_ptr().cast::<IoSlice<'_>>(), k) };
-            let n = if k == 0 {
-                0 // only empty pieces (a zero-length transfer): nothing to write
-            } else {
-                match crate::sys::send_vectored(self.sock.as_raw_fd(), iov) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(LinkError::Io(e)),
-                }
+            });
+            // Only empty pieces (a zero-length transfer) write nothing.
+            let n = match crate::sys::send_pieces(self.sock.as_raw_fd(), pieces) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(LinkError::Io(e)),
             };
             if n > 0 {
                 self.stats.writes += 1;
@@ -517,7 +473,7 @@ impl TcpLink {
         }
         if self.speculate && self.start == self.end {
             if let Some(p) = self.incoming.predict() {
-                if let Some(d) = self.dests.get(&p.xfer).copied() {
+                if let Some(d) = self.dests.get(&p.xfer).cloned() {
                     if p.len > 0 && p.offset as usize + p.len <= d.cap {
                         return self.read_spec(p, d);
                     }
@@ -579,13 +535,9 @@ impl TcpLink {
     /// receive buffer empty (`parse` consumed it).
     fn read_direct(&mut self) -> Result<Option<ReadLen>, LinkError> {
         let Some(c) = self.cur else { return Ok(None) };
-        let (direct, ptr) = match self.dests.get(&c.xfer) {
-            Some(d) if (c.at as usize) < d.cap => {
-                let n = c.left.min(d.cap - c.at as usize);
-                // SAFETY: `at + n <= cap`: inside the posted buffer (expect_bulk).
-                (n, unsafe { d.ptr.add(c.at as usize) })
-            }
-            _ => (0, std::ptr::null_mut()),
+        let (direct, mut dst) = match self.dests.get(&c.xfer) {
+            Some(d) if (c.at as usize) < d.cap => (c.left.min(d.cap - c.at as usize), Some(d.dst.clone())),
+            _ => (0, None),
         };
         self.start = 0;
         self.end = 0;
@@ -598,12 +550,11 @@ impl TcpLink {
             HEADER
         };
         let r = {
-            let dest: &mut [u8] = if direct > 0 {
-                // SAFETY: the posted buffer's range (see above); nothing valid is there
-                // yet (bytes arrive in order and `at` is the next one).
-                unsafe { std::slice::from_raw_parts_mut(ptr, direct) }
-            } else {
-                &mut []
+            // The posted buffer's range (`at + direct <= cap`); nothing valid is there yet
+            // (bytes arrive in order and `at` is the next one).
+            let dest: &mut [u8] = match &mut dst {
+                Some(d) => d.range_mut(c.at as usize, direct).unwrap_or_default(),
+                None => &mut [],
             };
             let mut iov = [
                 IoSliceMut::new(dest),
@@ -632,7 +583,11 @@ impl TcpLink {
     /// bytes are put back in stream order in the receive buffer (cleanup) for `parse`.
     /// Only bytes of the destination not yet received are targeted, so a miss costs a
     /// copy, never data.
-    fn read_spec(&mut self, p: stream::Prediction, d: Dest) -> Result<Option<ReadLen>, LinkError> {
+    fn read_spec(
+        &mut self,
+        p: stream::Prediction,
+        mut d: Dest,
+    ) -> Result<Option<ReadLen>, LinkError> {
         let off = p.offset as usize;
         // The first read takes at most SPEC_FIRST bytes of the piece (a miss costs at most
         // that much copying); on a hit the rest is read directly.
@@ -642,9 +597,9 @@ impl TcpLink {
         if self.rx.len() < HEADER + first + RX_SPARE {
             self.rx.resize(HEADER + first + RX_SPARE, 0);
         }
-        // SAFETY: `off + len <= cap` (checked by the caller): inside the posted buffer,
-        // bytes of the transfer not yet received.
-        let dest = unsafe { std::slice::from_raw_parts_mut(d.ptr.add(off), first) };
+        // `off + len <= cap` (checked by the caller): inside the posted buffer, bytes of
+        // the transfer not yet received.
+        let dest = d.dst.range_mut(off, first).unwrap_or_default();
         // More of the transfer follows: no spare, so it is read directly or by the next
         // speculative read rather than caught in the receive buffer (and copied).
         let spare_len = if p.last && first == p.len {
@@ -671,8 +626,7 @@ impl TcpLink {
             return Ok(r);
         }
         let landed = (n - HEADER).min(first);
-        // SAFETY: as above; the read wrote `landed` bytes there.
-        let dest = unsafe { std::slice::from_raw_parts(d.ptr.add(off), landed) };
+        let dest = d.dst.range(off, landed).unwrap_or_default();
         if Header::parse(&self.hdr).ok() == Some(p.header()) {
             let last = self.incoming.begin(&p.header())?;
             self.stats.spec_hits += 1;
@@ -721,19 +675,11 @@ impl TcpLink {
             if let Some(c) = &mut self.cur {
                 let k = (self.end - self.start).min(c.left);
                 if k > 0 {
-                    if let Some(d) = self.dests.get(&c.xfer) {
+                    if let Some(d) = self.dests.get_mut(&c.xfer) {
                         let at = c.at as usize;
                         if at < d.cap {
                             let m = k.min(d.cap - at);
-                            // SAFETY: `at + m <= cap`: inside the posted buffer, which the
-                            // receive buffer does not overlap.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    self.rx[self.start..].as_ptr(),
-                                    d.ptr.add(at),
-                                    m,
-                                )
-                            };
+                            d.dst.write(at, &self.rx[self.start..self.start + m]);
                             self.stats.cleanup_bytes += m as u64;
                         }
                     }

@@ -4,6 +4,7 @@
 //! link calls valid must be the right ones (speculation never clobbers valid data),
 //! and at the end everything must be in place.
 use super::*;
+use crate::lease::Dst;
 use std::io::Write;
 use std::net::TcpListener;
 
@@ -56,9 +57,9 @@ fn run(seed: u64, speculate: bool) -> TcpStats {
     let want: Vec<u8> = (0..total)
         .map(|i| (i as u64 ^ seed) as u8 ^ (i >> 8) as u8)
         .collect();
-    let mut dest = vec![0xeeu8; cap];
-    // SAFETY: `dest` outlives the link's use of it (the link is dropped first).
-    unsafe { link.expect_bulk(7, total as u64, dest.as_mut_ptr(), cap as u64) };
+    let lent = Dst::from_static(Box::leak(vec![0xeeu8; cap].into_boxed_slice()));
+    link.expect_bulk(7, total as u64, lent.clone());
+    let dest = |r: std::ops::RangeTo<usize>| lent.range(0, r.end).expect("in the lease");
     // The stream: pieces of the transfer (mostly as predicted, sometimes cut
     // otherwise), frames in between.
     let mut stream = Vec::new();
@@ -111,7 +112,7 @@ fn run(seed: u64, speculate: bool) -> TcpStats {
         let valid = link.valid_prefix(7).unwrap_or(total as u64) as usize;
         let v = valid.min(cap);
         assert!(
-            dest[..v] == want[..v],
+            dest(..v) == &want[..v],
             "seed {seed}: valid prefix {v} clobbered"
         );
         while let Some(f) = link.rxq.peek() {
@@ -125,7 +126,7 @@ fn run(seed: u64, speculate: bool) -> TcpStats {
     drop(writer.join().unwrap());
     assert_eq!(got_frames, frames, "seed {seed}");
     assert_eq!(link.done_in, vec![7], "seed {seed}");
-    assert!(dest[..] == want[..cap], "seed {seed}: final content");
+    assert!(dest(..cap) == &want[..cap], "seed {seed}: final content");
     link.stats
 }
 
@@ -140,9 +141,10 @@ fn mutated_streams_fail_cleanly() {
         let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
         let (mut w, mut link) = connected(rng.below(2) == 0);
         let total = 1 + rng.below(200_000) as usize;
-        let mut dest = vec![0u8; total + 4096];
-        // SAFETY: `dest` outlives the link's use of it; only `total` bytes are offered.
-        unsafe { link.expect_bulk(3, total as u64, dest.as_mut_ptr(), total as u64) };
+        // The buffer goes 4 KiB beyond the lease: the zone a bug could write past it.
+        let buf = Box::leak(vec![0u8; total + 4096].into_boxed_slice());
+        let whole = Dst::from_static(buf);
+        link.expect_bulk(3, total as u64, whole.sub(0, total).expect("inside"));
         let mut stream = Vec::new();
         let mut off = 0;
         while off < total {
@@ -189,7 +191,7 @@ fn mutated_streams_fail_cleanly() {
         drop(link); // a writer still blocked on a dead link gets an error
         writer.join().unwrap();
         assert!(
-            dest[total..].iter().all(|&b| b == 0),
+            whole.range(total, 4096).expect("inside").iter().all(|&b| b == 0),
             "seed {seed}: wrote past the buffer"
         );
     }

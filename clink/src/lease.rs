@@ -1,0 +1,315 @@
+//! Memory the application lends to a request: a send's source, a receive's destination.
+//!
+//! A blocking call, a raw request or a receive into an aperture hands the endpoint memory
+//! it does not own, as a pointer and a length, and the transports read from or write
+//! into it later (a rendezvous payload leaves straight from the send buffer and lands
+//! straight in the posted receive buffer). A lease is that pointer and length: made once,
+//! by an `unsafe` constructor whose caller promises the memory stays valid (and, for a
+//! destination, unused by anyone else) until the request is over; every other use is
+//! safe and bounds-checked here. The runtime's side of the bargain is that no holder
+//! (a link's bulk table, an armed receive layout, a batch of datagrams not yet sent) keeps
+//! a lease past the end of its request: links forget their transfers when they complete
+//! or when the peer fails (`Bulk::clear`, `TcpLink::clear_bulk`), and the transports
+//! re-arm or flush before a request that a lease belongs to is reported over.
+
+use std::sync::atomic::AtomicU64;
+
+/// Readable bytes lent for the life of a request (a send's source). Copies are handles to
+/// the same memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Src {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a lease is a loan of plain bytes with no thread affinity; whoever holds it is
+// driven by the endpoint's one thread at a time (the endpoint is `Send`, not `Sync`).
+unsafe impl Send for Src {}
+
+impl Src {
+    /// Lends `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be readable and left unchanged until the request the lease
+    /// is made for is over and the runtime has dropped every copy (module docs).
+    pub unsafe fn new(ptr: *const u8, len: usize) -> Src {
+        let ptr = if len == 0 { std::ptr::NonNull::dangling().as_ptr() } else { ptr };
+        Src { ptr, len }
+    }
+
+    /// Lends bytes that live for ever (tests, constants).
+    pub fn from_static(b: &'static [u8]) -> Src {
+        Src {
+            ptr: b.as_ptr(),
+            len: b.len(),
+        }
+    }
+
+    /// The number of bytes lent.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no bytes are lent.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// All the bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: readable and unchanged for the life of the lease (constructor's contract).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The `len` bytes from `off`; `None` when the range is not inside the lease.
+    pub fn range(&self, off: usize, len: usize) -> Option<&[u8]> {
+        self.bytes().get(off..off.checked_add(len)?)
+    }
+
+    /// The lease of the `len` bytes from `off` (same loan); `None` when not inside.
+    pub fn sub(&self, off: usize, len: usize) -> Option<Src> {
+        let b = self.range(off, len)?;
+        Some(Src {
+            ptr: b.as_ptr(),
+            len,
+        })
+    }
+}
+
+/// Writable bytes lent for the life of a request (a receive's destination). Clones are
+/// handles to the same memory: the endpoint's one driving thread never keeps a view of
+/// it across a call into another holder, so views do not overlap in time.
+#[derive(Clone, Debug)]
+pub struct Dst {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: as for `Src`.
+unsafe impl Send for Dst {}
+
+impl Dst {
+    /// Lends `len` writable bytes at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes and used by nothing else until
+    /// the request the lease is made for is over and the runtime has dropped every clone
+    /// (module docs).
+    pub unsafe fn new(ptr: *mut u8, len: usize) -> Dst {
+        let ptr = if len == 0 { std::ptr::NonNull::dangling().as_ptr() } else { ptr };
+        Dst { ptr, len }
+    }
+
+    /// Lends memory that lives for ever (tests: a leaked buffer).
+    pub fn from_static(b: &'static mut [u8]) -> Dst {
+        Dst {
+            ptr: b.as_mut_ptr(),
+            len: b.len(),
+        }
+    }
+
+    /// The number of bytes lent.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no bytes are lent.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// All the bytes, to write.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: valid and exclusively the lease's (constructor's contract); no other
+        // view is alive (type docs).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The `len` bytes from `off`, to read what landed there; `None` when the range is
+    /// not inside the lease.
+    pub fn range(&self, off: usize, len: usize) -> Option<&[u8]> {
+        if off.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: in bounds of memory valid for the life of the lease; no mutable view
+        // is alive (type docs).
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) })
+    }
+
+    /// The `len` bytes from `off`, to write; `None` when not inside the lease.
+    pub fn range_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
+        self.bytes_mut().get_mut(off..off.checked_add(len)?)
+    }
+
+    /// Copies `data` to `off`; false (nothing written) when it does not fit.
+    pub fn write(&mut self, off: usize, data: &[u8]) -> bool {
+        match self.range_mut(off, data.len()) {
+            Some(d) => {
+                d.copy_from_slice(data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A lease of a buffer its owner keeps in place (never resized or dropped) for as
+    /// long as any holder has the lease: an owned receive buffer, a registered aperture.
+    pub fn of_owned(v: &mut [u8]) -> Dst {
+        Dst {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+        }
+    }
+
+    /// The aligned 64-bit word at `off`, for atomic access to memory other processes may
+    /// access at the same time; `None` when outside the lease or misaligned.
+    pub fn word(&self, off: usize) -> Option<&AtomicU64> {
+        let p = self.sub(off, 8)?.ptr;
+        // SAFETY: eight bytes inside the lease, aligned (checked); memory shared with other
+        // processes is only accessed atomically or by raw copies.
+        (p as usize).is_multiple_of(8).then(|| unsafe { AtomicU64::from_ptr(p.cast()) })
+    }
+
+    /// Copies `data` to `off` as [`Dst::write`], 8 to 16 bytes as two (overlapping)
+    /// unaligned words rather than a call into the C library: one-word puts are the
+    /// latency path. False (nothing written) when it does not fit.
+    pub fn write_short(&mut self, off: usize, data: &[u8]) -> bool {
+        let len = data.len();
+        if !(8..=16).contains(&len) {
+            return self.write(off, data);
+        }
+        let Some(d) = self.sub(off, len) else {
+            return false;
+        };
+        let (a, b) = (
+            u64::from_ne_bytes(data[..8].try_into().expect("8 bytes")),
+            u64::from_ne_bytes(data[len - 8..].try_into().expect("8 bytes")),
+        );
+        // SAFETY: both words lie within the `len` bytes of the lease checked just above.
+        unsafe {
+            d.ptr.cast::<u64>().write_unaligned(a);
+            d.ptr.add(len - 8).cast::<u64>().write_unaligned(b);
+        }
+        true
+    }
+
+    /// The lease of the `len` bytes from `off` (same loan); `None` when not inside.
+    pub fn sub(&self, off: usize, len: usize) -> Option<Dst> {
+        let ptr = self.ptr_at(off)?;
+        (len <= self.len - off).then_some(Dst { ptr, len })
+    }
+
+    /// The address of byte `off` (at most the length), for a vector the kernel writes
+    /// through; `None` when outside the lease.
+    pub fn ptr_at(&self, off: usize) -> Option<*mut u8> {
+        // SAFETY: in bounds (or one past the end) of the lent allocation.
+        (off <= self.len).then(|| unsafe { self.ptr.add(off) })
+    }
+}
+
+/// A send's bytes: owned by the request, or lent by its caller.
+pub enum SendBuf {
+    /// Owned by the request.
+    Owned(bytes::Bytes),
+    /// Lent by the caller (a blocking send waiting until the request is over).
+    Lent(Src),
+}
+
+impl SendBuf {
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            SendBuf::Owned(b) => b,
+            SendBuf::Lent(s) => s.bytes(),
+        }
+    }
+
+    /// A lease of the bytes, for a link that sends them while the request lasts.
+    pub fn lease(&self) -> Src {
+        match self {
+            // A lease of memory the request owns: the buffer stays put (`Bytes` never
+            // moves its bytes) until the request is dropped, after its links let go.
+            SendBuf::Owned(b) => Src {
+                ptr: b.as_ptr(),
+                len: b.len(),
+            },
+            SendBuf::Lent(s) => *s,
+        }
+    }
+}
+
+/// A receive's destination: owned by the request, or lent.
+pub enum RecvBuf {
+    /// Owned by the request (handed to the caller when it completes).
+    Owned(Vec<u8>),
+    /// Lent by a blocking caller or a raw request's caller.
+    Lent(Dst),
+    /// Received in place, nothing handed back on completion: caller memory of a raw
+    /// receive, or a range of one of the endpoint's apertures (which cannot be destroyed
+    /// while the receive is pending).
+    InPlace(Dst),
+}
+
+impl RecvBuf {
+    /// The destination's bytes.
+    pub fn slice(&mut self) -> &mut [u8] {
+        match self {
+            RecvBuf::Owned(v) => v,
+            RecvBuf::Lent(d) | RecvBuf::InPlace(d) => d.bytes_mut(),
+        }
+    }
+
+    /// A lease of the destination, for a link that writes into it while the request
+    /// lasts.
+    pub fn lease(&mut self) -> Dst {
+        match self {
+            // As `SendBuf::lease`: an owned buffer is never resized while the request
+            // that owns it is pending.
+            RecvBuf::Owned(v) => Dst::of_owned(v),
+            RecvBuf::Lent(d) | RecvBuf::InPlace(d) => d.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_checked() {
+        let s = Src::from_static(b"abcdef");
+        assert_eq!(s.range(2, 3), Some(&b"cde"[..]));
+        assert_eq!(s.sub(1, 4).and_then(|t| t.range(1, 2).map(<[u8]>::to_vec)), Some(b"cd".to_vec()));
+        assert!(s.sub(3, 4).is_none());
+        assert_eq!(s.range(4, 3), None);
+        assert_eq!(s.range(usize::MAX, 2), None);
+        let mut d = Dst::from_static(Box::leak(vec![0u8; 8].into_boxed_slice()));
+        assert!(d.write(6, b"xy"));
+        assert!(!d.write(7, b"xy"));
+        assert_eq!(d.range(5, 3), Some(&b"\0xy"[..]));
+        assert_eq!(d.range(usize::MAX, 2), None);
+        assert!(d.ptr_at(8).is_some() && d.ptr_at(9).is_none());
+        assert_eq!(d.sub(6, 2).and_then(|t| t.range(0, 2).map(<[u8]>::to_vec)), Some(b"xy".to_vec()));
+        assert!(d.sub(7, 2).is_none() && d.sub(9, 0).is_none());
+        // Every length up to 16 (both branches of the short copy and their edges) writes
+        // exactly its bytes and nothing around them.
+        for len in 0..=16usize {
+            let mut m = Dst::from_static(Box::leak(vec![0u8; 40].into_boxed_slice()));
+            let src: Vec<u8> = (1..=len as u8).collect();
+            assert!(m.write_short(5, &src));
+            let mut want = vec![0u8; 40];
+            want[5..5 + len].copy_from_slice(&src);
+            assert_eq!(m.range(0, 40).map(<[u8]>::to_vec), Some(want), "len {len}");
+            assert!(!m.write_short(40 - len + 1, &src) || len == 0);
+        }
+        // Sixteen bytes hold an aligned word at one of their first eight offsets.
+        let w = Dst::from_static(Box::leak(vec![0u8; 16].into_boxed_slice()));
+        let o = (0..8)
+            .find(|&o| w.ptr_at(o).is_some_and(|p| (p as usize).is_multiple_of(8)))
+            .expect("an aligned offset");
+        assert!(w.word(o).is_some() && w.word(o + 1).is_none() && w.word(o + 9).is_none());
+        // SAFETY: zero bytes: nothing is ever read or written.
+        let e = unsafe { Dst::new(std::ptr::null_mut(), 0) };
+        assert!(e.is_empty() && e.range(0, 0) == Some(&[][..]));
+    }
+}
