@@ -33,8 +33,22 @@ impl Src {
     /// `ptr..ptr + len` must be readable and left unchanged until the request the lease
     /// is made for is over and the runtime has dropped every copy (module docs).
     pub unsafe fn new(ptr: *const u8, len: usize) -> Src {
-        let ptr = if len == 0 { std::ptr::NonNull::dangling().as_ptr() } else { ptr };
+        let ptr = if len == 0 {
+            std::ptr::NonNull::dangling().as_ptr()
+        } else {
+            ptr
+        };
         Src { ptr, len }
+    }
+
+    /// A lease of bytes their owner in the runtime keeps in place, unchanged, for as long
+    /// as any holder has the lease (a request's own buffer, a received frame until it is
+    /// released).
+    pub fn of_owned(b: &[u8]) -> Src {
+        Src {
+            ptr: b.as_ptr(),
+            len: b.len(),
+        }
     }
 
     /// Lends bytes that live for ever (tests, constants).
@@ -96,7 +110,11 @@ impl Dst {
     /// the request the lease is made for is over and the runtime has dropped every clone
     /// (module docs).
     pub unsafe fn new(ptr: *mut u8, len: usize) -> Dst {
-        let ptr = if len == 0 { std::ptr::NonNull::dangling().as_ptr() } else { ptr };
+        let ptr = if len == 0 {
+            std::ptr::NonNull::dangling().as_ptr()
+        } else {
+            ptr
+        };
         Dst { ptr, len }
     }
 
@@ -167,7 +185,9 @@ impl Dst {
         let p = self.sub(off, 8)?.ptr;
         // SAFETY: eight bytes inside the lease, aligned (checked); memory shared with other
         // processes is only accessed atomically or by raw copies.
-        (p as usize).is_multiple_of(8).then(|| unsafe { AtomicU64::from_ptr(p.cast()) })
+        (p as usize)
+            .is_multiple_of(8)
+            .then(|| unsafe { AtomicU64::from_ptr(p.cast()) })
     }
 
     /// Copies `data` to `off` as [`Dst::write`], 8 to 16 bytes as two (overlapping)
@@ -229,10 +249,7 @@ impl SendBuf {
         match self {
             // A lease of memory the request owns: the buffer stays put (`Bytes` never
             // moves its bytes) until the request is dropped, after its links let go.
-            SendBuf::Owned(b) => Src {
-                ptr: b.as_ptr(),
-                len: b.len(),
-            },
+            SendBuf::Owned(b) => Src::of_owned(b),
             SendBuf::Lent(s) => *s,
         }
     }
@@ -279,7 +296,10 @@ mod tests {
     fn ranges_are_checked() {
         let s = Src::from_static(b"abcdef");
         assert_eq!(s.range(2, 3), Some(&b"cde"[..]));
-        assert_eq!(s.sub(1, 4).and_then(|t| t.range(1, 2).map(<[u8]>::to_vec)), Some(b"cd".to_vec()));
+        assert_eq!(
+            s.sub(1, 4).and_then(|t| t.range(1, 2).map(<[u8]>::to_vec)),
+            Some(b"cd".to_vec())
+        );
         assert!(s.sub(3, 4).is_none());
         assert_eq!(s.range(4, 3), None);
         assert_eq!(s.range(usize::MAX, 2), None);
@@ -289,7 +309,10 @@ mod tests {
         assert_eq!(d.range(5, 3), Some(&b"\0xy"[..]));
         assert_eq!(d.range(usize::MAX, 2), None);
         assert!(d.ptr_at(8).is_some() && d.ptr_at(9).is_none());
-        assert_eq!(d.sub(6, 2).and_then(|t| t.range(0, 2).map(<[u8]>::to_vec)), Some(b"xy".to_vec()));
+        assert_eq!(
+            d.sub(6, 2).and_then(|t| t.range(0, 2).map(<[u8]>::to_vec)),
+            Some(b"xy".to_vec())
+        );
         assert!(d.sub(7, 2).is_none() && d.sub(9, 0).is_none());
         // Every length up to 16 (both branches of the short copy and their edges) writes
         // exactly its bytes and nothing around them.

@@ -32,6 +32,9 @@
 //! connection; UDP: its host answers "port unreachable"), a host or path that is gone
 //! after `CLINK_NET_DEAD_MS` (2 s).
 #![warn(missing_docs)]
+// `unsafe` only where memory Rust does not own is touched, in the modules that allow it
+// below and in `endpoint::lend` and `transport::shm` (ARCHITECTURE.md, "Where unsafe lives").
+#![deny(unsafe_code)]
 
 mod calibrate;
 pub mod config;
@@ -39,8 +42,10 @@ mod context;
 mod endpoint;
 mod error;
 pub mod events;
+#[allow(unsafe_code)]
 pub(crate) mod evq;
 pub mod launcher;
+#[allow(unsafe_code)]
 mod lease;
 pub mod netdev;
 pub mod netns;
@@ -48,6 +53,7 @@ mod oversub;
 pub mod patterns;
 pub mod rma;
 pub mod stats;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod transport;
 

@@ -131,23 +131,18 @@ impl Default for TripOptions {
 /// A window of aperture memory mapped into this process: an imported window of a
 /// same-host peer ([`crate::Endpoint::map`]) or a local aperture
 /// ([`crate::Endpoint::aperture_window`]). Reads and writes are plain loads and stores on
-/// memory other processes access concurrently, so they go through raw copies and atomics,
-/// never Rust references. Bounds are checked on every call. `Send` and `Sync`; it keeps the
-/// memory mapped while it lives, whatever happens to the endpoints.
+/// memory other processes access concurrently, so they go through raw copies and atomics
+/// ([`Mapping`]), never Rust references. Bounds are checked on every call. `Send` and
+/// `Sync`; it keeps the memory mapped while it lives, whatever happens to the endpoints.
 #[derive(Clone)]
 pub struct Window {
-    _map: Arc<Mapping>,
-    ptr: *mut u8,
+    map: Arc<Mapping>,
+    /// Where the window starts in the mapping.
+    base: usize,
     len: u64,
     writable: bool,
     peer: Option<PeerId>,
 }
-
-// SAFETY: the window is a raw view on a shared mapping kept alive by the Arc; all accesses
-// are raw copies or atomics, valid from any thread.
-unsafe impl Send for Window {}
-// SAFETY: as above.
-unsafe impl Sync for Window {}
 
 impl std::fmt::Debug for Window {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,11 +164,9 @@ impl Window {
         peer: Option<PeerId>,
     ) -> Window {
         debug_assert!(offset + len <= map.len() as u64);
-        // SAFETY: in bounds of the mapping (checked by the caller).
-        let ptr = unsafe { map.ptr().add(offset as usize) };
         Window {
-            _map: map,
-            ptr,
+            map,
+            base: offset as usize,
             len,
             writable,
             peer,
@@ -197,7 +190,7 @@ impl Window {
 
     /// Base address of the window (for code that manages its own raw accesses).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.map.ptr().wrapping_add(self.base)
     }
 
     fn refuse(&self, status: AccessStatus) -> Error {
@@ -219,24 +212,17 @@ impl Window {
 
     fn word(&self, offset: u64, write: bool) -> Result<&AtomicU64> {
         self.check(offset, 8, write)?;
-        // SAFETY: in bounds (checked).
-        let p = unsafe { self.ptr.add(offset as usize) };
-        if !(p as usize).is_multiple_of(8) {
-            return Err(self.refuse(AccessStatus::Misaligned));
-        }
-        // SAFETY: aligned, in bounds, live while self lives; shared memory is only accessed
-        // atomically or by raw copies.
-        Ok(unsafe { AtomicU64::from_ptr(p.cast()) })
+        // In bounds (checked): only misalignment is left to refuse.
+        self.map
+            .word(self.base + offset as usize)
+            .ok_or_else(|| self.refuse(AccessStatus::Misaligned))
     }
 
     /// Copies `data` into the window at `offset` (plain stores), then a release fence so a
     /// later flag store publishes it.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len() as u64, true)?;
-        // SAFETY: in bounds and writable (checked); the source is a distinct local slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset as usize), data.len())
-        };
+        self.map.copy_in(self.base + offset as usize, data);
         std::sync::atomic::fence(Ordering::Release);
         Ok(())
     }
@@ -246,14 +232,7 @@ impl Window {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check(offset, buf.len() as u64, false)?;
         std::sync::atomic::fence(Ordering::Acquire);
-        // SAFETY: in bounds (checked); the destination is a distinct local slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.add(offset as usize),
-                buf.as_mut_ptr(),
-                buf.len(),
-            )
-        };
+        self.map.copy_out(self.base + offset as usize, buf);
         Ok(())
     }
 

@@ -27,6 +27,7 @@
 use crate::context::{eager_threshold, pipeline_chunk, rendezvous_method, CtxInner};
 use crate::error::{io_err, Error, Result};
 use crate::events::{self, Event, EventQueue};
+use crate::lease::{Dst, RecvBuf, SendBuf};
 use crate::stats::Stats;
 use crate::sys::{self, Epoll, SeqPacket};
 use crate::transport::shm::board::Board;
@@ -34,7 +35,6 @@ use crate::transport::shm::ring::RingMem;
 use crate::transport::shm::{Local, ShmPeer, Wake};
 use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
-use crate::lease::{Dst, RecvBuf, SendBuf};
 use bytes::Bytes;
 use clink_proto::addr::Address;
 use clink_proto::cost::{Rndv, RndvChooser};
@@ -48,6 +48,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[allow(unsafe_code)]
 mod lend;
 mod link;
 pub(crate) mod net;
@@ -143,6 +144,12 @@ impl RecvRequest {
         self.id
     }
 }
+
+// An endpoint moves between threads with everything it holds (it is `Send`, not `Sync`).
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<Endpoint>();
+};
 
 /// A send request's protocol state (see [`clink_proto::msg`]).
 type SendState = msg::SendState<Error>;
@@ -310,13 +317,6 @@ pub struct Endpoint {
     /// How many same-host peers the application expects ([`Endpoint::expect_peers`]).
     expected_peers: usize,
 }
-
-// The raw pointers an endpoint holds point into memory it owns or that stays valid while
-// it holds them: borrowed send/receive buffers during the blocking call that lent them, a
-// UDP link's bulk sources and destinations (request buffers the endpoint owns), aperture
-// memory, mapped segments. None is tied to a thread.
-// SAFETY: see above; moving the endpoint to another thread moves all of it.
-unsafe impl Send for Endpoint {}
 
 impl Endpoint {
     pub(crate) fn new(ctx: Arc<CtxInner>) -> Result<Endpoint> {

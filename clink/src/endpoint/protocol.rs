@@ -150,8 +150,7 @@ impl Endpoint {
                     // The send op holds the bytes until it completes, which happens only
                     // when the link reports the transfer acknowledged, or the peer fails
                     // (the link's transfers are cleared first).
-                    if !u.send_bulk(send_id, op.data.lease())
-                        && op.state.fail(Error::PeerDead(src))
+                    if !u.send_bulk(send_id, op.data.lease()) && op.state.fail(Error::PeerDead(src))
                     {
                         self.finished.push((true, send_id));
                     }

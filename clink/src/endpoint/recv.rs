@@ -532,6 +532,7 @@ impl Drop for InPlace<'_> {
 #[cfg(test)]
 mod tests {
     use crate::events::{Event, REQUESTS};
+    use crate::lease::{Dst, RecvBuf};
     use crate::{Config, Error, Selector};
 
     fn pair() -> (
@@ -559,10 +560,13 @@ mod tests {
     fn poll_recvs_completes_receives_in_caller_memory_and_leaves_the_rest() {
         let ((mut a, pa), (mut b, pb)) = pair();
         b.set_interest(REQUESTS);
-        let mut buf = [0u8; 16];
-        // SAFETY: `buf` outlives the receive, which completes (or is cancelled) below.
-        let raw =
-            unsafe { b.irecv_raw_user(Selector::exact(Some(pb), 7), buf.as_mut_ptr(), 16, 77) };
+        // Caller memory, as `irecv_raw_user` lends it.
+        let buf = Dst::from_static(Box::leak(Box::new([0u8; 16])));
+        let raw = b.post_recv(
+            Selector::exact(Some(pb), 7),
+            RecvBuf::InPlace(buf.clone()),
+            77,
+        );
         a.send(pa, 7, b"in place").unwrap();
         let mut done = Vec::new();
         assert_eq!(
@@ -573,7 +577,7 @@ mod tests {
         assert_eq!((id, user), (raw.id(), 77));
         let st = r.unwrap();
         assert_eq!((st.peer, st.tag, st.len), (pb, 7, 8));
-        assert_eq!(&buf[..8], b"in place");
+        assert_eq!(buf.range(0, 8), Some(&b"in place"[..]));
         assert!(matches!(b.finish_recv(&raw), Err(Error::Consumed)));
         assert_eq!(b.watching, 0, "the taken request is no longer watched");
         assert!(events(&mut b).is_empty(), "no event for a request taken");

@@ -418,10 +418,7 @@ impl SendSlot<'_> {
             let peer = PeerId(self.peer as u32);
             // The peer may have died meanwhile: its requests fail, and so does this one,
             // silently as a ring commit would (the caller learns it from the next call).
-            if let Ok(req) = self
-                .ep
-                .start_send(peer, self.tag, SendBuf::Owned(v.into()))
-            {
+            if let Ok(req) = self.ep.start_send(peer, self.tag, SendBuf::Owned(v.into())) {
                 self.ep.detach_send(req);
             }
             return;

@@ -5,13 +5,16 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
 mod epoll;
 mod net;
+pub mod packet;
+pub mod pmix;
 mod seqpacket;
 mod tether;
+pub mod udp;
 
 pub use epoll::Epoll;
 pub use net::{
@@ -203,6 +206,42 @@ impl Mapping {
     /// Always false: a mapping has at least one byte.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// True when `len` bytes from `off` lie inside the mapping.
+    fn inside(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
+    /// Copies `data` to `off` (plain stores: other processes may access the bytes at the
+    /// same time, so no Rust reference to them is ever made); false when outside.
+    pub fn copy_in(&self, off: usize, data: &[u8]) -> bool {
+        if !self.inside(off, data.len()) {
+            return false;
+        }
+        // SAFETY: in bounds (checked); the source is a distinct local slice.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr().add(off), data.len()) };
+        true
+    }
+
+    /// Copies the bytes at `off` into `buf` (plain loads); false when outside.
+    pub fn copy_out(&self, off: usize, buf: &mut [u8]) -> bool {
+        if !self.inside(off, buf.len()) {
+            return false;
+        }
+        // SAFETY: in bounds (checked); the destination is a distinct local slice.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr().add(off), buf.as_mut_ptr(), buf.len()) };
+        true
+    }
+
+    /// The 64-bit word at `off`, for atomic access; `None` when outside or misaligned.
+    pub fn word(&self, off: usize) -> Option<&AtomicU64> {
+        if !self.inside(off, 8) || !(self.ptr() as usize + off).is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: aligned and in bounds (checked), live while `self` is; shared memory is
+        // only accessed atomically or by raw copies.
+        Some(unsafe { AtomicU64::from_ptr(self.ptr().add(off).cast()) })
     }
 }
 

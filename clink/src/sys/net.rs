@@ -240,10 +240,7 @@ pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
 
 /// [`send_vectored`] of the first [`MAX_PIECES`] non-empty slices of `pieces` (0 when
 /// there are none).
-pub fn send_pieces<'a>(
-    fd: RawFd,
-    pieces: impl Iterator<Item = &'a [u8]>,
-) -> io::Result<usize> {
+pub fn send_pieces<'a>(fd: RawFd, pieces: impl Iterator<Item = &'a [u8]>) -> io::Result<usize> {
     // Left uninitialised: zeroing 64 vectors took about 200 of a 64-byte TCP hop's 2 900
     // user instructions (`callgrind`, `examples/path_cost 20000 tcp`).
     let mut iov = [const { std::mem::MaybeUninit::<io::IoSlice<'a>>::uninit() }; MAX_PIECES];

@@ -30,9 +30,9 @@ impl FrameQueue {
 
     /// [`FrameQueue::peek`] as a lease, valid until the frame is released.
     pub fn head(&self) -> Option<Src> {
-        // SAFETY: the frame's heap buffer stays where it is until `release` pops it (the
-        // queue moves the `Vec`, never its bytes), and the endpoint drops the lease first.
-        self.q.front().map(|v| unsafe { Src::new(v.as_ptr(), v.len()) })
+        // The frame's heap buffer stays where it is until `release` pops it (the queue
+        // moves the `Vec`, never its bytes), and the endpoint drops the lease first.
+        self.q.front().map(|v| Src::of_owned(v))
     }
 
     /// Releases the frame [`FrameQueue::peek`] returned, handing back its buffer.

@@ -1,5 +1,5 @@
 //! Transports: the "network interfaces" of clink. They move frames and bytes and own the
-//! system calls and `unsafe`; protocol decisions stay in `clink-proto` and the endpoint.
+//! system calls; protocol decisions stay in `clink-proto` and the endpoint.
 //!
 //! - [`shm`]: same host; per-peer rings in a shared memfd, CMA or pipelined rendezvous;
 //! - [`udp`]: other hosts; one socket per endpoint, a reliable connection per peer
@@ -11,6 +11,7 @@
 //! send a frame or report full, peek the next received frame, release it; the endpoint's
 //! `Link` type dispatches between them.
 
+#[allow(unsafe_code)]
 pub mod shm;
 pub mod tcp;
 pub mod udp;

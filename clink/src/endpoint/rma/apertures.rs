@@ -78,7 +78,8 @@ impl Endpoint {
     /// Writes `data` into this endpoint's own aperture at `offset`, firing its write
     /// tripwires (an access made through clink).
     pub fn aperture_write(&mut self, ap: ApertureId, offset: u64, data: &[u8]) -> Result<()> {
-        self.local_range(ap, offset, data.len() as u64)?.write(0, data);
+        self.local_range(ap, offset, data.len() as u64)?
+            .write(0, data);
         self.fire(ap.0, offset, data.len() as u64, WRITE, None);
         Ok(())
     }

@@ -13,9 +13,9 @@ mod target;
 mod trips;
 
 use super::{Endpoint, RecvBuf, SendBuf, TxItem, FAST_STREAK};
-use crate::lease::Dst;
 use crate::error::{io_err, Error, Result};
 use crate::events::{self, Event, EventSender};
+use crate::lease::Dst;
 use crate::rma::{ApertureId, Remote, RmaRequest, TripOptions, Tripset, Window};
 use crate::sys::{self, Mapping};
 use bytes::Bytes;

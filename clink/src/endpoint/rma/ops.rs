@@ -241,7 +241,12 @@ impl Endpoint {
     }
 
     /// [`Endpoint::get`] into a lent buffer: returns only once the request is over.
-    pub(in crate::endpoint) fn get_lent(&mut self, r: &Remote, offset: u64, dst: Dst) -> Result<()> {
+    pub(in crate::endpoint) fn get_lent(
+        &mut self,
+        r: &Remote,
+        offset: u64,
+        dst: Dst,
+    ) -> Result<()> {
         let (addr, len) = (dst.ptr_at(0).map_or(0, |p| p as u64), dst.len() as u64);
         let id = self.start_op(
             r.peer,

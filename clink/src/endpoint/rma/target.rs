@@ -129,7 +129,10 @@ impl Endpoint {
             Ok(at) => {
                 let e = e.expect("check admits only an existing export");
                 // `check` kept the access inside the export, inside the aperture.
-                let mem = e.mem.sub(at as usize, len as usize).expect("inside the aperture");
+                let mem = e
+                    .mem
+                    .sub(at as usize, len as usize)
+                    .expect("inside the aperture");
                 Ok(Applied {
                     ap: e.grant.aperture,
                     at,

@@ -155,19 +155,17 @@ impl UdpLink {
         let dest = self.dest;
         let bulk = &self.bulk;
         let conn = &mut self.conn;
-        // SAFETY: bulk payloads are the sources' bytes, kept until their transfer is over
+        // Bulk payloads are the sources' bytes, held until their transfer is over
         // (acknowledged, seen by `take_events`) or the link is cleared, neither of which
         // happens before the transport sends the batch (`UdpTransport::flush`).
-        while unsafe {
-            batch.push_grouped(|buf| {
-                let t = conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
-                let to = match conn.steered_port() {
-                    Some(port) if t.bulk => SocketAddr::new(dest.ip(), port),
-                    _ => dest,
-                };
-                Some((t.len, t.payload, t.group_start, to))
-            })
-        } {}
+        while batch.push_grouped(|buf| {
+            let t = conn.poll_transmit_with(now, buf, &mut |x, o, n| bulk.source(x, o, n))?;
+            let to = match conn.steered_port() {
+                Some(port) if t.bulk => SocketAddr::new(dest.ip(), port),
+                _ => dest,
+            };
+            Some((t.len, t.payload, t.group_start, to))
+        }) {}
     }
 
     /// Sends the gate's answer (Fast_Ack or Fast_NAck) to the peer; `revoked`: it takes a

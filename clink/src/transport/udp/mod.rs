@@ -16,7 +16,6 @@
 //! straight into the posted buffer ([`bulk`], [`clink_proto::spec`]).
 
 mod admit;
-pub mod batch;
 pub mod bulk;
 pub mod faults;
 pub mod keepalive;
@@ -24,13 +23,15 @@ mod link;
 pub mod peers;
 mod receive;
 pub mod ring;
-pub mod sock;
 pub mod steer;
+
+pub use crate::sys::udp as sock;
 
 pub use link::UdpLink;
 use receive::{Armed, Gathered, Misplaced};
 
 use crate::error::{io_err, Result};
+use crate::lease::Dst;
 use crate::transport::FrameQueue;
 use clink_proto::admission::{Decision, Gate, GateConfig, Mode, STANDING_GRANT};
 use clink_proto::reliable::packet::{
@@ -45,11 +46,11 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-pub use batch::TxBatch;
 pub use bulk::{Arm, Bulk, BulkStats};
 pub use faults::{FaultConfig, FaultStats, Faults};
 pub use peers::PeerSocks;
-pub use sock::{IoVec, SockStats, UdpSock};
+pub use sock::TxBatch;
+pub use sock::{SockStats, UdpSock};
 pub use steer::Steering;
 
 /// IPv4 + UDP header bytes.
@@ -309,7 +310,7 @@ struct State {
     /// Header slots of the speculative layouts: [`sock::MAX_GSO_SEGMENTS`] per entry.
     hdr_slots: Vec<[u8; BULK_HEADER]>,
     /// The receive vectors of the armed entries.
-    lead: Vec<Vec<IoVec>>,
+    lead: Vec<Vec<Dst>>,
     /// The armed layout, rebuilt only when its key changes.
     armed: Option<Armed>,
     /// The socket the layout is armed on (see [`socket`]: 0 the main one).

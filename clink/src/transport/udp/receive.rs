@@ -47,16 +47,14 @@ impl UdpTransport {
             let max = sock::MAX_GSO_SEGMENTS;
             for (e, frags) in arm.entries.iter().take(sock::RX_SLOTS).enumerate() {
                 for (k, &(off, len)) in frags.iter().take(max).enumerate() {
-                    st.lead[e].push(IoVec {
-                        ptr: st.hdr_slots[e * max + k].as_mut_ptr(),
-                        len: BULK_HEADER,
-                    });
                     // `off + len` lies inside the destination (Bulk::arm arms only
                     // fragments inside it).
-                    let Some(ptr) = arm.dest.sub(off as usize, len).and_then(|d| d.ptr_at(0)) else {
+                    let Some(dest) = arm.dest.sub(off as usize, len) else {
                         continue;
                     };
-                    st.lead[e].push(IoVec { ptr, len });
+                    // The header slots stay put (allocated once) while the transport lives.
+                    st.lead[e].push(Dst::of_owned(&mut st.hdr_slots[e * max + k]));
+                    st.lead[e].push(dest);
                 }
             }
             let layouts = arm
@@ -89,7 +87,7 @@ impl UdpTransport {
             }
         });
         for i in 0..PEER_SOCK0 + self.peers.len() {
-            let lead: &[Vec<IoVec>] = if st.armed.is_some() && st.armed_on == i {
+            let lead: &[Vec<Dst>] = if st.armed.is_some() && st.armed_on == i {
                 &st.lead
             } else {
                 &[]
@@ -106,11 +104,10 @@ impl UdpTransport {
             // transfer's first read and every group behind it landed one entry late (a
             // clean stream 77-80% in place, BENCHMARKS.md).
             let cap = !lead.is_empty();
-            // SAFETY: header slots are ours; destination ranges are distinct missing
-            // fragments of a buffer the Bulk contract keeps valid while the key is
-            // current, and the endpoint re-arms (replacing these vectors) before using a
-            // changed key.
-            unsafe { sock.set_lead(lead, cap) };
+            // Header slots are ours; destination ranges are distinct missing fragments of a
+            // buffer the link holds while the key is current, and the endpoint re-arms
+            // (replacing these vectors) before using a changed key.
+            sock.set_lead(lead, cap);
         }
     }
 
@@ -543,7 +540,9 @@ pub(super) fn move_displaced(
     // The destination the layout is armed on, referenced by nothing else during the call
     // (the read's vectors point into it, but the kernel is done with them).
     let mut lease = a.arm.dest.clone();
-    let dest = lease.range_mut(0, a.arm.expect.cap as usize).unwrap_or_default();
+    let dest = lease
+        .range_mut(0, a.arm.expect.cap as usize)
+        .unwrap_or_default();
     spec::apply_moves(&st.moves, dest, &mut st.scratch);
     for &(_, k) in &order {
         sink(a.key.0, Got::Moved(displaced[k].h, displaced[k].wire));
@@ -691,17 +690,16 @@ impl Gathered {
 
 /// Appends bytes `start..start + len` of an armed entry's logical stream (its leading
 /// vectors, then its slot) to `out`: the copy a miss costs.
-pub(super) fn gather(out: &mut Vec<u8>, lead: &[IoVec], slot: &[u8], start: usize, len: usize) {
+pub(super) fn gather(out: &mut Vec<u8>, lead: &[Dst], slot: &[u8], start: usize, len: usize) {
     let mut at = 0usize; // logical start of the current piece
     let end = start + len;
     for v in lead {
-        let (a, b) = (at.max(start), (at + v.len).min(end));
+        let (a, b) = (at.max(start), (at + v.len()).min(end));
         if a < b {
-            // SAFETY: inside a vector the kernel just wrote (header slot or destination
-            // range, valid per the receive's contract).
-            out.extend_from_slice(unsafe { std::slice::from_raw_parts(v.ptr.add(a - at), b - a) });
+            // Inside a vector the kernel just wrote (header slot or destination range).
+            out.extend_from_slice(v.range(a - at, b - a).unwrap_or_default());
         }
-        at += v.len;
+        at += v.len();
     }
     if end > at {
         let (a, b) = (start.max(at) - at, (end - at).min(slot.len()));

@@ -34,14 +34,13 @@
 //! packet-socket or AF_XDP stack). Needs `CAP_NET_RAW`; without it the transport uses
 //! its sockets alone.
 
-use crate::sys::{cvt, setsockopt};
+use crate::sys::packet::PacketRing;
+pub use crate::sys::packet::{attach_filter, detach_filter};
 use clink_proto::ipv4;
 use clink_proto::reliable::packet::coalesced_segment;
 use std::io;
-use std::mem::size_of;
 use std::net::SocketAddrV4;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::os::fd::RawFd;
 
 /// Bytes of one ring frame (the TPACKET_V2 header, then the IP packet).
 const FRAME: usize = 2048;
@@ -208,33 +207,6 @@ pub fn socket_filter() -> Vec<libc::sock_filter> {
     p.finish(0, u32::MAX)
 }
 
-/// Attaches a classic BPF filter to a socket.
-pub fn attach_filter(fd: RawFd, prog: &[libc::sock_filter]) -> io::Result<()> {
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr().cast_mut(),
-    };
-    // (The kernel copies the program: `prog` need only outlive the call.)
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
-}
-
-/// Takes a socket's filter off (best effort: used to undo a partial set-up).
-pub fn detach_filter(fd: RawFd) {
-    let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_DETACH_FILTER, &0);
-}
-
-/// A link-layer address for the packet socket: `ifindex` 0 is every interface.
-fn sockaddr_ll(ifindex: i32, halen: u8, addr: [u8; 8]) -> libc::sockaddr_ll {
-    // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value.
-    let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    ll.sll_family = libc::AF_PACKET as u16;
-    ll.sll_protocol = (libc::ETH_P_IP as u16).to_be();
-    ll.sll_ifindex = ifindex;
-    ll.sll_halen = halen;
-    ll.sll_addr = addr;
-    ll
-}
-
 /// Where a peer's datagrams came from, one hop away: enough to send it a packet through
 /// the packet socket ([`RxRing::send`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,11 +237,10 @@ pub struct RingStats {
     pub notices: u64,
 }
 
-/// A packet socket's receive ring (see the module doc). Owns its mapping; `Send`, not
-/// `Sync` (one endpoint reads it).
+/// A packet socket's receive ring (see the module doc). `Send`, not `Sync` (one endpoint
+/// reads it).
 pub struct RxRing {
-    fd: OwnedFd,
-    map: *mut u8,
+    ring: PacketRing,
     head: usize,
     port: u16,
     stats: RingStats,
@@ -281,89 +252,27 @@ pub struct RxRing {
     notice: bool,
 }
 
-// SAFETY: the mapping is owned by this value alone and freed with it; moving it to
-// another thread moves that ownership.
-unsafe impl Send for RxRing {}
-
 impl RxRing {
     /// Opens a ring taking the endpoint's small datagrams: those sent to `local`'s port
     /// (and to its address, unless it is unspecified). Fails without `CAP_NET_RAW`.
     pub fn open(local: SocketAddrV4) -> io::Result<RxRing> {
-        // SAFETY: plain socket(2).
-        let raw = cvt(unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from((libc::ETH_P_IP as u16).to_be()),
-            )
-        })?;
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // The filter first: nothing else is queued while the ring is set up.
         let ip = Some(*local.ip()).filter(|ip| !ip.is_unspecified());
-        attach_filter(raw, &ring_filter(ip, local.port()))?;
-        setsockopt(
-            raw,
-            libc::SOL_PACKET,
-            libc::PACKET_VERSION,
-            &(libc::tpacket_versions::TPACKET_V2 as libc::c_int),
-        )?;
-        let req = libc::tpacket_req {
-            tp_block_size: BLOCK as u32,
-            tp_block_nr: (FRAMES * FRAME / BLOCK) as u32,
-            tp_frame_size: FRAME as u32,
-            tp_frame_nr: FRAMES as u32,
-        };
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
-        // Sends go straight to the device (a veth pair has no queue to bypass anyway).
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1)?;
-        // SAFETY: maps the ring the kernel just made for this socket, at its size.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                FRAMES * FRAME,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                raw,
-                0,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ring = RxRing {
-            fd,
-            map: map.cast(),
+        let ring = PacketRing::open(&ring_filter(ip, local.port()), FRAME, FRAMES, BLOCK)?;
+        Ok(RxRing {
+            ring,
             head: 0,
             port: local.port(),
             stats: RingStats::default(),
             full_drops: std::cell::Cell::new(0),
             tx: Vec::with_capacity(ipv4::IP_HEADER + ipv4::UDP_HEADER + SEND_MAX),
             notice: false,
-        };
-        let ll = sockaddr_ll(0, 0, [0; 8]);
-        // SAFETY: a valid sockaddr_ll of the size given.
-        cvt(unsafe {
-            libc::bind(
-                raw,
-                (&ll as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        })?;
-        Ok(ring)
+        })
     }
 
     /// The descriptor (readable while a frame waits), for epoll.
     pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// The status word of frame `i`.
-    fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: frame `i` < FRAMES lies in the mapping, which lives as long as `self`;
-        // its first word (`tp_status`, 4-aligned: frames are 2048-aligned) is the word
-        // the kernel and we hand the frame over with, so atomic access is right.
-        unsafe { &*self.map.add(i * FRAME).cast::<AtomicU32>() }
+        self.ring.raw()
     }
 
     /// Hands every datagram of up to `max` waiting frames to `f` (source, link,
@@ -380,16 +289,11 @@ impl RxRing {
         let mut n = 0;
         for _ in 0..max {
             let head = self.head;
-            if self.status(head).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            let Some(frame) = self.ring.frame(head) else {
                 break;
-            }
-            // SAFETY: a frame the kernel handed to user space (TP_STATUS_USER, read with
-            // Acquire above): it does not write it again until we give it back below,
-            // and the slice stays within the frame.
-            let frame = unsafe { std::slice::from_raw_parts(self.map.add(head * FRAME), FRAME) };
-            n += self.frame(frame, &mut f);
-            self.status(head)
-                .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+            };
+            n += Self::frame(self.port, &mut self.stats, &mut self.notice, frame, &mut f);
+            self.ring.give_back(head);
             self.head = (head + 1) % FRAMES;
         }
         self.stats.datagrams += n as u64;
@@ -398,7 +302,9 @@ impl RxRing {
 
     /// The datagrams of one frame, to `f`.
     fn frame(
-        &mut self,
+        port: u16,
+        stats: &mut RingStats,
+        notice: &mut bool,
         frame: &[u8],
         f: &mut impl FnMut(SocketAddrV4, Option<LinkAddr>, &[u8]),
     ) -> usize {
@@ -409,16 +315,16 @@ impl RxRing {
         let (len, snap) = (word(4) as usize, word(8) as usize);
         if snap < len && snap == NOTICE_SNAP as usize {
             // Only the filter cuts a packet this short: a run the sockets hold.
-            self.notice = true;
-            self.stats.notices += 1;
+            *notice = true;
+            stats.notices += 1;
             return 0;
         }
         let net = usize::from(u16::from_ne_bytes([frame[14], frame[15]]));
         let pkt = frame.get(net..net.saturating_add(snap));
         let udp = match pkt.filter(|_| snap == len).map(ipv4::parse_udp) {
-            Some(Ok(u)) if u.dst.port() == self.port => u,
+            Some(Ok(u)) if u.dst.port() == port => u,
             _ => {
-                self.stats.malformed += 1;
+                stats.malformed += 1;
                 return 0;
             }
         };
@@ -465,22 +371,8 @@ impl RxRing {
         self.tx.clear();
         self.tx.extend_from_slice(&hdr);
         self.tx.extend_from_slice(d);
-        let ll = sockaddr_ll(link.ifindex, link.halen, link.mac);
-        // SAFETY: the packet and the name are live for the call; the kernel only reads
-        // them.
-        let n = unsafe {
-            libc::sendto(
-                self.raw(),
-                self.tx.as_ptr().cast(),
-                self.tx.len(),
-                libc::MSG_DONTWAIT,
-                (&ll as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.ring
+            .send(link.ifindex, link.halen, link.mac, &self.tx)?;
         self.stats.sent += 1;
         Ok(())
     }
@@ -495,35 +387,12 @@ impl RxRing {
 
     /// Counters, with the kernel's ring-full drops collected since the last call.
     pub fn stats(&self) -> RingStats {
-        // SAFETY: tpacket_stats is plain old data.
-        let mut st: libc::tpacket_stats = unsafe { std::mem::zeroed() };
-        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
-        // SAFETY: out-pointers to a tpacket_stats and its length. (Reading resets the
-        // kernel's counters, so they are accumulated here.)
-        let r = unsafe {
-            libc::getsockopt(
-                self.raw(),
-                libc::SOL_PACKET,
-                libc::PACKET_STATISTICS,
-                (&mut st as *mut libc::tpacket_stats).cast(),
-                &mut len,
-            )
-        };
-        if r == 0 {
-            self.full_drops
-                .set(self.full_drops.get() + u64::from(st.tp_drops));
-        }
+        self.full_drops
+            .set(self.full_drops.get() + self.ring.take_drops());
         RingStats {
             full_drops: self.full_drops.get(),
             ..self.stats
         }
-    }
-}
-
-impl Drop for RxRing {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, at its size; nothing borrows it past `self`.
-        unsafe { libc::munmap(self.map.cast(), FRAMES * FRAME) };
     }
 }
 

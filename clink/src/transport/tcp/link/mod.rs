@@ -536,7 +536,9 @@ impl TcpLink {
     fn read_direct(&mut self) -> Result<Option<ReadLen>, LinkError> {
         let Some(c) = self.cur else { return Ok(None) };
         let (direct, mut dst) = match self.dests.get(&c.xfer) {
-            Some(d) if (c.at as usize) < d.cap => (c.left.min(d.cap - c.at as usize), Some(d.dst.clone())),
+            Some(d) if (c.at as usize) < d.cap => {
+                (c.left.min(d.cap - c.at as usize), Some(d.dst.clone()))
+            }
             _ => (0, None),
         };
         self.start = 0;

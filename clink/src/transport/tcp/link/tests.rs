@@ -191,7 +191,11 @@ fn mutated_streams_fail_cleanly() {
         drop(link); // a writer still blocked on a dead link gets an error
         writer.join().unwrap();
         assert!(
-            whole.range(total, 4096).expect("inside").iter().all(|&b| b == 0),
+            whole
+                .range(total, 4096)
+                .expect("inside")
+                .iter()
+                .all(|&b| b == 0),
             "seed {seed}: wrote past the buffer"
         );
     }

@@ -14,8 +14,13 @@
 //! layout puts caller-given vectors before each slot ([`UdpSock::set_lead`]); they are
 //! built once per layout, not per read.
 
-use super::batch::{frame_vectors, TxBatch};
+mod batch;
+
+pub use batch::TxBatch;
+
+use crate::lease::Dst;
 use crate::sys::{cvt, setsockopt, SockAddr};
+use batch::frame_vectors;
 use clink_proto::reliable::packet::coalesced_segment;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -98,6 +103,10 @@ struct RxBufs {
     got: [RxEntry; RX_SLOTS],
 }
 
+// SAFETY: the headers and vectors point into this value's own buffers and into memory the
+// caller of `set_lead` vouches for; none of it is tied to a thread.
+unsafe impl Send for RxBufs {}
+
 impl RxBufs {
     /// The first `len` bytes of entry `k`'s slot.
     fn slot(&self, k: usize, len: usize) -> &[u8] {
@@ -140,15 +149,6 @@ pub struct RxEntry {
     pub len: usize,
     /// Segment size of a coalesced (GRO) read.
     pub seg: Option<usize>,
-}
-
-/// One receive vector given to [`UdpSock::set_lead`]: raw memory the kernel writes.
-#[derive(Clone, Copy, Debug)]
-pub struct IoVec {
-    /// Start.
-    pub ptr: *mut u8,
-    /// Length.
-    pub len: usize,
 }
 
 impl UdpSock {
@@ -225,7 +225,7 @@ impl UdpSock {
             setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1)?;
         }
         if let Some(prog) = filter {
-            super::ring::attach_filter(raw, prog)?;
+            crate::sys::packet::attach_filter(raw, prog)?;
         }
         let name = SockAddr::from(addr);
         let (sa, sa_len) = name.raw();
@@ -266,8 +266,7 @@ impl UdpSock {
             refused: Vec::new(),
             stats: SockStats::default(),
         };
-        // SAFETY: no leading vectors.
-        unsafe { sock.set_lead(&[], false) };
+        sock.set_lead(&[], false);
         Ok(sock)
     }
 
@@ -578,12 +577,11 @@ impl UdpSock {
 
     /// Sets the vectors every later [`UdpSock::recv_batch`] reads entry `k` into first:
     /// `lead[k]` (none for entries beyond `lead`), then the entry's own 64 KiB slot.
-    /// `cap`: reads take no more entries than `lead` arms (at least one).
-    ///
-    /// # Safety
-    /// Every vector of `lead` must be valid for writes of its length and overlap no other
-    /// until the next call of this function (later reads write into them).
-    pub unsafe fn set_lead(&mut self, lead: &[Vec<IoVec>], cap: bool) {
+    /// `cap`: reads take no more entries than `lead` arms (at least one). The leases must
+    /// not overlap; they are written by every read until the next call of this function,
+    /// which the transport makes before a transfer they belong to ends (the lease rule,
+    /// [`crate::lease`]).
+    pub fn set_lead(&mut self, lead: &[Vec<Dst>], cap: bool) {
         let armed = lead.iter().take_while(|l| !l.is_empty()).count();
         self.cap = if cap { armed.max(1) } else { RX_SLOTS };
         let rx = &mut *self.rx;
@@ -592,8 +590,8 @@ impl UdpSock {
             v.clear();
             if let Some(l) = lead.get(k) {
                 v.extend(l.iter().map(|x| libc::iovec {
-                    iov_base: x.ptr.cast(),
-                    iov_len: x.len,
+                    iov_base: x.ptr_at(0).unwrap_or(std::ptr::null_mut()).cast(),
+                    iov_len: x.len(),
                 }));
             }
             v.push(libc::iovec {

@@ -20,13 +20,10 @@ fn payloads_from_caller_memory_follow_their_headers() {
         let n = (src.len() - off).min(1000);
         let payload = &src[off..off + n];
         want.push([&i.to_le_bytes()[..], payload].concat());
-        // SAFETY: `src` outlives the send below.
-        unsafe {
-            batch.push_grouped(|buf| {
-                buf.extend_from_slice(&i.to_le_bytes());
-                Some((8, payload, i.is_multiple_of(16), dest))
-            })
-        };
+        batch.push_grouped(|buf| {
+            buf.extend_from_slice(&i.to_le_bytes());
+            Some((8, payload, i.is_multiple_of(16), dest))
+        });
         if i == 20 {
             want.push(b"plain".to_vec());
             batch.push(dest, |buf| {
@@ -63,15 +60,8 @@ fn payloads_from_caller_memory_follow_their_headers() {
 fn a_capped_layout_reads_no_more_entries_than_it_arms() {
     let mut s = UdpSock::bind(lo(), 1 << 20).unwrap();
     let x = std::net::UdpSocket::bind(lo()).unwrap();
-    let mut heads = [[0u8; 16]; 2];
-    let lead: Vec<Vec<IoVec>> = heads
-        .iter_mut()
-        .map(|h| {
-            vec![IoVec {
-                ptr: h.as_mut_ptr(),
-                len: h.len(),
-            }]
-        })
+    let lead: Vec<Vec<Dst>> = (0..2)
+        .map(|_| vec![Dst::from_static(Box::leak(Box::new([0u8; 16])))])
         .collect();
     // Drains the socket; the entries each read returned.
     let drain = |s: &mut UdpSock, n: usize| {
@@ -86,8 +76,7 @@ fn a_capped_layout_reads_no_more_entries_than_it_arms() {
         reads
     };
     for capped in [true, false] {
-        // SAFETY: `heads` outlives every read below.
-        unsafe { s.set_lead(&lead, capped) };
+        s.set_lead(&lead, capped);
         for len in 1..=6 {
             x.send_to(&vec![len as u8; 100 + len], s.local()).unwrap();
         }
@@ -98,8 +87,7 @@ fn a_capped_layout_reads_no_more_entries_than_it_arms() {
             assert!(reads.iter().any(|&r| r > 2), "uncapped reads {reads:?}");
         }
     }
-    // SAFETY: no leading vectors.
-    unsafe { s.set_lead(&[], false) };
+    s.set_lead(&[], false);
 }
 
 #[test]

@@ -1,20 +1,20 @@
 //! A send batch: datagrams waiting to leave, grouped into GSO frames (consecutive
 //! datagrams to one destination of one size become one `UDP_SEGMENT` send), with the
-//! vectors and headers one `sendmmsg` takes ([`super::sock::UdpSock::send_run`] sends
+//! vectors and headers one `sendmmsg` takes ([`super::UdpSock::send_run`] sends
 //! them).
 
-use super::sock::{MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD};
+use super::{MAX_GSO_SEGMENTS, MAX_UDP_PAYLOAD};
+use crate::lease::Src;
 use crate::sys::SockAddr;
 use std::net::SocketAddr;
 
 /// One datagram of a send batch: `len` bytes of the batch's buffer from `start`, then
-/// `ext_len` bytes of caller memory at `ext` (a bulk payload sent where it is).
+/// the bytes of `ext` (a bulk payload sent where it is).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Dgram {
     pub(super) start: usize,
     pub(super) len: usize,
-    ext: *const u8,
-    ext_len: usize,
+    ext: Src,
 }
 
 /// One entry of a send batch: `count` datagrams from `first`, each of `seg` bytes (the
@@ -69,10 +69,10 @@ impl Frame {
                     }),
                 }
             }
-            if d.ext_len > 0 {
+            if !d.ext.is_empty() {
                 iovs.push(libc::iovec {
-                    iov_base: d.ext as *mut libc::c_void,
-                    iov_len: d.ext_len,
+                    iov_base: d.ext.bytes().as_ptr().cast_mut().cast(),
+                    iov_len: d.ext.len(),
                 });
             }
         }
@@ -101,10 +101,9 @@ pub(super) struct SendArgs {
     pub(super) spans: Vec<(usize, usize)>,
 }
 
-// SAFETY: the raw pointers are bulk payloads of the link that queued them, valid until the
-// batch is sent (the contract of `TxBatch::push_grouped`); the batch moves with its
-// endpoint and is used by one thread at a time.
-unsafe impl Send for TxBatch {}
+// SAFETY: the vectors of `args` point into the batch's own buffer and into payload leases
+// it holds; the batch moves with its endpoint and is used by one thread at a time.
+unsafe impl Send for SendArgs {}
 
 impl TxBatch {
     /// An empty batch; `gso` groups equal-sized datagrams to one destination.
@@ -129,20 +128,17 @@ impl TxBatch {
     /// Appends one datagram for `dest`: `write` appends its bytes to the buffer it is
     /// given and returns how many (0: nothing to send, the call is undone).
     pub fn push(&mut self, dest: SocketAddr, write: impl FnOnce(&mut Vec<u8>) -> usize) -> bool {
-        // SAFETY: no payload outside the buffer.
-        unsafe { self.push_grouped(|b| Some((write(b), &[][..], false, dest))) }
+        self.push_grouped(|b| Some((write(b), &[][..], false, dest)))
     }
 
     /// As [`TxBatch::push`]; `write` also gives bytes that follow those it appended
     /// (a bulk payload, sent from where it is: no copy), says whether the datagram must
     /// open a new GSO send (a bulk group boundary: the receiver's speculative layout
     /// expects each group in one read), and where it goes (`None`: nothing to send, the
-    /// call is undone).
-    ///
-    /// # Safety
-    /// The payload `write` returns must stay valid and unchanged until the batch is sent
-    /// ([`UdpSock::send_run`]); only its address is kept.
-    pub unsafe fn push_grouped<'p>(
+    /// call is undone). The payload is held as a lease ([`crate::lease`]): it is a bulk
+    /// source's bytes, which stay until their transfer is acknowledged, after the batch
+    /// is sent ([`super::UdpSock::send_run`]).
+    pub fn push_grouped<'p>(
         &mut self,
         write: impl FnOnce(&mut Vec<u8>) -> Option<(usize, &'p [u8], bool, SocketAddr)>,
     ) -> bool {
@@ -159,8 +155,7 @@ impl TxBatch {
         self.dgrams.push(Dgram {
             start,
             len: n,
-            ext: ext.as_ptr(),
-            ext_len: ext.len(),
+            ext: Src::of_owned(ext),
         });
         let n = n + ext.len();
         if self.gso && !boundary {
@@ -191,9 +186,9 @@ impl TxBatch {
 
     /// The bytes of the one datagram that makes up the `n` frames from `first`, when they
     /// are one frame of one datagram held whole in the buffer (no payload elsewhere).
-    pub(super) fn lone_datagram(&self, first: usize, n: usize) -> Option<&[u8]> {
+    pub(crate) fn lone_datagram(&self, first: usize, n: usize) -> Option<&[u8]> {
         let f = self.frames.get(first).filter(|f| n == 1 && f.count == 1)?;
-        let d = self.dgrams.get(f.first).filter(|d| d.ext_len == 0)?;
+        let d = self.dgrams.get(f.first).filter(|d| d.ext.is_empty())?;
         self.buf.get(d.start..d.start + d.len)
     }
 
@@ -233,8 +228,8 @@ impl TxBatch {
                     .map(move |(k, d)| Frame {
                         dest,
                         first: f.first + k,
-                        len: d.len + d.ext_len,
-                        seg: d.len + d.ext_len,
+                        len: d.len + d.ext.len(),
+                        seg: d.len + d.ext.len(),
                         count: 1,
                         closed: false,
                     })
@@ -303,13 +298,10 @@ mod tests {
                 let dest = dests[usize::from(other)];
                 let bytes: Vec<u8> = (0..head).map(|i| (k + i) as u8).collect();
                 let d = [&bytes[..], payload].concat();
-                // SAFETY: `src` outlives the batch.
-                let pushed = unsafe {
-                    batch.push_grouped(|buf| {
-                        buf.extend_from_slice(&bytes);
-                        Some((head, payload, boundary, dest))
-                    })
-                };
+                let pushed = batch.push_grouped(|buf| {
+                    buf.extend_from_slice(&bytes);
+                    Some((head, payload, boundary, dest))
+                });
                 proptest::prop_assert_eq!(pushed, !d.is_empty());
                 if !d.is_empty() {
                     want.push((dest, d));
