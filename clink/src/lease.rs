@@ -1,16 +1,21 @@
-//! Memory the application lends to a request: a send's source, a receive's destination.
+//! Leases: memory lent to a request (a send's source, a receive's destination) and held
+//! by the transports that move its bytes.
 //!
-//! A blocking call, a raw request or a receive into an aperture hands the endpoint memory
-//! it does not own, as a pointer and a length, and the transports read from or write
-//! into it later (a rendezvous payload leaves straight from the send buffer and lands
-//! straight in the posted receive buffer). A lease is that pointer and length: made once,
-//! by an `unsafe` constructor whose caller promises the memory stays valid (and, for a
-//! destination, unused by anyone else) until the request is over; every other use is
-//! safe and bounds-checked here. The runtime's side of the bargain is that no holder
-//! (a link's bulk table, an armed receive layout, a batch of datagrams not yet sent) keeps
-//! a lease past the end of its request: links forget their transfers when they complete
-//! or when the peer fails (`Bulk::clear`, `TcpLink::clear_bulk`), and the transports
-//! re-arm or flush before a request that a lease belongs to is reported over.
+//! A rendezvous payload leaves straight from the send buffer and lands straight in the
+//! posted receive buffer, so the links (`Bulk`, `TcpLink`), the speculative read's vectors
+//! and a send batch keep a pointer and a length into memory they do not own, for as long
+//! as the transfer lasts. A lease is that pointer and length, with every access
+//! bounds-checked here. It carries no lifetime, so it is sound under one rule the runtime
+//! keeps: no holder uses a lease after the request it was made for is over (links forget
+//! their transfers when they complete or the peer fails, a send batch is flushed within
+//! the pass that filled it, the UDP transport re-arms before reading after a transfer
+//! ended).
+//!
+//! Caller memory becomes a lease through the `unsafe` constructors, whose callers promise
+//! it stays valid until the request is over (`endpoint::lend`: blocking calls that wait
+//! for that, and the raw receive). Memory the runtime owns is leased by its owner, which
+//! keeps it in place while the lease is held ([`Src::of_owned`], [`SendBuf::lease`],
+//! [`RecvBuf::lease`]).
 
 use std::sync::atomic::AtomicU64;
 

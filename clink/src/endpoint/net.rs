@@ -26,7 +26,7 @@ const NET_EAGER_MAX: u64 = 64 << 10;
 /// round trip costs more than the copies save (BENCHMARKS.md).
 const UDP_EAGER_MAX: u64 = 16 << 10;
 /// Receive entries a speculative read arms (the socket reads up to this many at once).
-const RX_ENTRIES: usize = crate::transport::udp::sock::RX_SLOTS;
+const RX_ENTRIES: usize = crate::sys::udp::RX_SLOTS;
 /// The earliest a sleeping endpoint wakes for a connection's tail-probe, retransmission,
 /// keepalive or admission timer, nanoseconds from now (a due ack wakes it on time). Every
 /// request arms a tail probe a few hundred microseconds out, and a sleep with that

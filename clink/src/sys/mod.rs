@@ -1,6 +1,7 @@
 //! Thin, safe wrappers over the Linux system calls clink needs, each `unsafe` block with its
-//! reason. (Other `unsafe` lives next to the memory it touches: the shared-memory ring and
-//! board, the UDP socket's vectored calls and speculative placement, aperture memory.)
+//! reason: memory, descriptors and libraries the kernel or another process shares with
+//! us. (The crate's other `unsafe`: leases of lent memory, the shared-memory ring and
+//! board, the event queue; ARCHITECTURE.md, "Where unsafe lives".)
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

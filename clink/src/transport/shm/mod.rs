@@ -604,7 +604,7 @@ impl ShmPeer {
     /// The `len` payload bytes from `off` of a reserved record, to write the message into.
     pub fn reserved(&mut self, r: &Reservation, off: usize, len: usize) -> &mut [u8] {
         let idx = r.idx(self.tx.mem().cap());
-        assert!(off + len <= r.len(), "inside the reservation");
+        assert!(off + len <= r.bytes(), "inside the reservation");
         // SAFETY: the reservation owns its payload bytes until committed or abandoned,
         // and `&mut self` keeps any other view of them away meanwhile.
         unsafe { std::slice::from_raw_parts_mut(self.tx.mem().payload(idx).add(off), len) }

@@ -173,7 +173,7 @@ impl Reservation {
     }
 
     /// Payload bytes reserved.
-    pub fn len(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.len as usize
     }
 }
