@@ -1,7 +1,6 @@
 //! The per-process context: configuration, measured costs, host identity.
 
 use crate::config::Config;
-use crate::endpoint::Endpoint;
 use crate::{calibrate, sys, Result};
 use clink_proto::cost::Costs;
 use std::sync::Arc;
@@ -13,7 +12,7 @@ pub(crate) struct CtxInner {
     pub costs_source: calibrate::Source,
     pub host: u64,
     pub pid: i32,
-    /// Same-host peers each endpoint expects ([`Endpoint::expect_peers`]); 0: unknown.
+    /// Same-host peers each endpoint expects ([`crate::Endpoint::expect_peers`]); 0: unknown.
     pub local_peers: usize,
 }
 
@@ -72,7 +71,7 @@ impl Context {
     /// exchange of endpoint addresses between the ranks ([`crate::launcher::Launcher`]).
     /// Fails with [`crate::Error::Launcher`] when no launcher started the process.
     /// Its endpoints expect the job's other ranks on this node as peers
-    /// ([`Endpoint::expect_peers`]) when the launcher says how many there are.
+    /// ([`crate::Endpoint::expect_peers`]) when the launcher says how many there are.
     pub fn from_launcher() -> Result<(Context, crate::launcher::Launcher)> {
         let job = crate::launcher::Launcher::from_env()?;
         let mut ctx = Context::new()?;
@@ -82,11 +81,6 @@ impl Context {
             }
         }
         Ok((ctx, job))
-    }
-
-    /// Creates an endpoint listening for peers.
-    pub fn endpoint(&self) -> Result<Endpoint> {
-        Endpoint::new(self.inner.clone())
     }
 
     /// The configuration in force.
@@ -113,8 +107,8 @@ impl Context {
     /// TCP (or unreliable UDP).
     pub fn net_eager_thresholds(&self) -> (u64, u64) {
         (
-            crate::endpoint::net::eager_threshold(&self.inner, true),
-            crate::endpoint::net::eager_threshold(&self.inner, false),
+            net_eager_threshold(&self.inner, true),
+            net_eager_threshold(&self.inner, false),
         )
     }
 
@@ -179,4 +173,26 @@ pub(crate) fn eager_threshold(c: &CtxInner, cma: bool, cells: u64) -> u64 {
         None => c.costs.eager_threshold(cma, limit),
     }
     .min(limit)
+}
+
+/// Eager limit over the network unless `CLINK_EAGER_MAX` says otherwise: above it a
+/// message waits for its receive (rendezvous) instead of filling the receiver's memory.
+const NET_EAGER_MAX: u64 = 64 << 10;
+/// The same over a reliable UDP link. Above it the rendezvous's bulk transfer (fragments
+/// sent from the caller's buffer, landed in the posted one, payloads left to the UDP
+/// checksum) beats an eager message (copied into the connection, CRC-32C over every
+/// payload, copied out) despite its extra round trip: one-way across two bridge hosts,
+/// 32 KiB took 36-46 us against 60-71 eager, 64 KiB 62-69 against 79-97; at 16 KiB the
+/// round trip costs more than the copies save (BENCHMARKS.md).
+const UDP_EAGER_MAX: u64 = 16 << 10;
+/// Largest frame payload a connection message carries, with room for the frame header
+/// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
+const NET_FRAME_MAX: u64 = (1 << 30) - 64;
+
+/// The eager/rendezvous threshold towards a network peer: over reliable UDP (`bulk`: a
+/// rendezvous there is a bulk transfer), or over TCP and unreliable UDP (where a message is
+/// one eager frame at most).
+pub(crate) fn net_eager_threshold(c: &CtxInner, bulk: bool) -> u64 {
+    let default = if bulk { UDP_EAGER_MAX } else { NET_EAGER_MAX };
+    c.config.eager_max.unwrap_or(default).min(NET_FRAME_MAX)
 }

@@ -145,6 +145,13 @@ impl RecvRequest {
     }
 }
 
+impl crate::Context {
+    /// Creates an endpoint listening for peers.
+    pub fn endpoint(&self) -> Result<Endpoint> {
+        Endpoint::new(self.inner.clone())
+    }
+}
+
 // An endpoint moves between threads with everything it holds (it is `Send`, not `Sync`).
 const _: fn() = || {
     fn send<T: Send>() {}
@@ -422,7 +429,11 @@ impl Endpoint {
             doorbell: self.doorbell.as_raw_fd(),
             probe: (&*self.probe as *const u64 as u64, *self.probe),
             board: &self.board,
-            config: &self.ctx.config,
+            config: crate::transport::shm::ShmConfig {
+                any_uid: self.ctx.config.any_uid,
+                cma: self.ctx.config.cma,
+                connect_timeout: self.ctx.config.connect_timeout,
+            },
         }
     }
 

@@ -4,7 +4,6 @@
 
 use super::link::Link;
 use super::Endpoint;
-use crate::context::CtxInner;
 use crate::error::{Error, Result};
 use crate::transport::udp::Got;
 use crate::Selector;
@@ -15,16 +14,6 @@ use clink_proto::PeerId;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// Eager limit over the network unless `CLINK_EAGER_MAX` says otherwise: above it a
-/// message waits for its receive (rendezvous) instead of filling the receiver's memory.
-const NET_EAGER_MAX: u64 = 64 << 10;
-/// The same over a reliable UDP link. Above it the rendezvous's bulk transfer (fragments
-/// sent from the caller's buffer, landed in the posted one, payloads left to the UDP
-/// checksum) beats an eager message (copied into the connection, CRC-32C over every
-/// payload, copied out) despite its extra round trip: one-way across two bridge hosts,
-/// 32 KiB took 36-46 us against 60-71 eager, 64 KiB 62-69 against 79-97; at 16 KiB the
-/// round trip costs more than the copies save (BENCHMARKS.md).
-const UDP_EAGER_MAX: u64 = 16 << 10;
 /// Receive entries a speculative read arms (the socket reads up to this many at once).
 const RX_ENTRIES: usize = crate::sys::udp::RX_SLOTS;
 /// The earliest a sleeping endpoint wakes for a connection's tail-probe, retransmission,
@@ -77,18 +66,6 @@ pub(super) fn spin_for(
 /// Most passes [`Endpoint::drain_before_nak`] reads the sockets for (each reads a batch
 /// of every socket; a socket still not empty after them holds a burst the NAK may name).
 const DRAIN_READS: usize = 8;
-
-/// Largest frame payload a connection message carries, with room for the frame header
-/// (the connection refuses longer messages: see `clink_proto::reliable::Config`).
-const NET_FRAME_MAX: u64 = (1 << 30) - 64;
-
-/// The eager/rendezvous threshold towards a network peer: over reliable UDP (`bulk`: a
-/// rendezvous there is a bulk transfer), or over TCP and unreliable UDP (where a message is
-/// one eager frame at most).
-pub(crate) fn eager_threshold(c: &CtxInner, bulk: bool) -> u64 {
-    let default = if bulk { UDP_EAGER_MAX } else { NET_EAGER_MAX };
-    c.config.eager_max.unwrap_or(default).min(NET_FRAME_MAX)
-}
 
 impl Endpoint {
     /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, repeated until

@@ -120,9 +120,9 @@ impl Endpoint {
                     net.route(u, id.0 as usize);
                 }
                 self.watch_new_sockets();
-                net::eager_threshold(&self.ctx, u.conn.config().reliable)
+                crate::context::net_eager_threshold(&self.ctx, u.conn.config().reliable)
             }
-            Link::Tcp(_) => net::eager_threshold(&self.ctx, false),
+            Link::Tcp(_) => crate::context::net_eager_threshold(&self.ctx, false),
         };
         let tcp = matches!(link, Link::Tcp(_));
         self.peers.push(Peer {

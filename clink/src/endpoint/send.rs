@@ -350,7 +350,7 @@ impl Endpoint {
             Some(cells) => pipeline_chunk(&self.ctx, len, cells),
             // (Not reached over UDP or TCP, where a rendezvous is a bulk transfer;
             // bounded like an eager frame all the same.)
-            None => net::eager_threshold(&self.ctx, false),
+            None => crate::context::net_eager_threshold(&self.ctx, false),
         };
         while let Some(c) = p.pipeline_out.next(chunk) {
             let Some(op) = self.sends.get_mut(&c.send_id) else {

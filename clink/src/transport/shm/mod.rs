@@ -19,7 +19,6 @@
 pub mod board;
 pub mod ring;
 
-use crate::config::Config;
 use crate::error::{io_err, Error, Result};
 use crate::lease::Src;
 use crate::sys::{self, Mapping, SeqPacket, Tether};
@@ -209,8 +208,19 @@ pub struct Local<'a> {
     pub probe: (u64, u64),
     /// Our activity board (its file is sent to the peer, which gets a slot on it).
     pub board: &'a Board,
-    /// Configuration.
-    pub config: &'a Config,
+    /// Settings.
+    pub config: ShmConfig,
+}
+
+/// Settings of the shared-memory handshake (from `CLINK_*`, see [`crate::config`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ShmConfig {
+    /// Peers of another uid are accepted.
+    pub any_uid: bool,
+    /// Rendezvous by CMA where the kernel allows it (`CLINK_CMA`).
+    pub cma: bool,
+    /// How long a connect waits for the answer (`CLINK_CONNECT_TIMEOUT_MS`).
+    pub connect_timeout: Duration,
 }
 
 /// A connected shared-memory peer.
@@ -250,7 +260,7 @@ const AP_FD_MAGIC: &[u8; 8] = b"CLNKAPFD";
 /// hoard descriptors).
 const MAX_STASHED_FDS: usize = 16;
 
-fn check_uid(sock: &SeqPacket, cfg: &Config) -> Result<sys::PeerCred> {
+fn check_uid(sock: &SeqPacket, cfg: &ShmConfig) -> Result<sys::PeerCred> {
     let cred = sock.peer_cred().map_err(io_err("SO_PEERCRED"))?;
     if !cfg.any_uid && cred.uid != sys::getuid() {
         return Err(Error::Connect {
@@ -265,7 +275,7 @@ fn check_uid(sock: &SeqPacket, cfg: &Config) -> Result<sys::PeerCred> {
     Ok(cred)
 }
 
-fn probe_cma(cfg: &Config, pid: i32, addr: u64, value: u64) -> bool {
+fn probe_cma(cfg: &ShmConfig, pid: i32, addr: u64, value: u64) -> bool {
     if !cfg.cma || pid <= 0 {
         return false;
     }
@@ -330,7 +340,7 @@ impl ShmPeer {
         slot: Option<u32>,
         mut while_waiting: impl FnMut(),
     ) -> Result<ShmPeer> {
-        let cfg = me.config;
+        let cfg = &me.config;
         let fail = |why: String| Error::Connect {
             addr: name.to_string(),
             why,
@@ -418,7 +428,7 @@ impl ShmPeer {
     /// socket is readable; this never waits): maps the segment and answers. The peer's CMA result arrives later
     /// ([`ShmPeer::on_socket_readable`]).
     pub fn accept(sock: SeqPacket, me: &Local) -> Result<ShmPeer> {
-        let cfg = me.config;
+        let cfg = &me.config;
         let fail = |why: String| Error::Connect {
             addr: "incoming connection".into(),
             why,
