@@ -45,17 +45,10 @@ impl BulkLink for UdpLink {
         UdpLink::expect_bulk(self, xfer, total, dst)
     }
     fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
-        let b = &mut self.bulk;
-        if b.done_in.is_empty() && b.done_out.is_empty() {
-            return None;
-        }
-        Some((
-            std::mem::take(&mut b.done_in),
-            std::mem::take(&mut b.done_out),
-        ))
+        UdpLink::take_bulk_done(self)
     }
     fn clear_bulk(&mut self) {
-        self.bulk.clear();
+        UdpLink::clear_bulk(self);
     }
 }
 
@@ -97,7 +90,7 @@ impl Link {
     pub fn has_unsent(&self) -> bool {
         match self {
             Link::Shm(_) => false,
-            Link::Udp(u) => !u.conn.is_idle() && !u.conn.is_dead(),
+            Link::Udp(u) => !u.conn().is_idle() && !u.conn().is_dead(),
             Link::Tcp(t) => t.wants_write(),
         }
     }
@@ -106,7 +99,7 @@ impl Link {
     pub fn remote_id(&self) -> u128 {
         match self {
             Link::Shm(s) => s.id,
-            Link::Udp(u) => u.remote_id,
+            Link::Udp(u) => u.remote_id(),
             Link::Tcp(t) => t.remote_id,
         }
     }
@@ -140,7 +133,7 @@ impl Link {
     /// unreliable mode refuses rendezvous messages altogether) and TCP.
     pub fn bulk(&mut self) -> Option<&mut dyn BulkLink> {
         match self {
-            Link::Udp(u) if u.conn.config().reliable => Some(&mut **u),
+            Link::Udp(u) if u.conn().config().reliable => Some(&mut **u),
             Link::Tcp(t) => Some(&mut **t),
             _ => None,
         }
@@ -148,7 +141,7 @@ impl Link {
 
     /// A UDP link in unreliable mode (no rendezvous: messages are single eager frames).
     pub fn unreliable(&self) -> bool {
-        matches!(self, Link::Udp(u) if !u.conn.config().reliable)
+        matches!(self, Link::Udp(u) if !u.conn().config().reliable)
     }
 
     /// Whether rendezvous messages from this peer can be read with one CMA copy.
@@ -169,7 +162,7 @@ impl Link {
     pub fn peek(&mut self) -> Result<Option<Rx>, RingError> {
         match self {
             Link::Shm(s) => Ok(s.rx.peek()?.map(Rx::Ring)),
-            Link::Udp(u) => Ok(u.rxq.peek().map(|_| Rx::Net)),
+            Link::Udp(u) => Ok(u.frames().peek().map(|_| Rx::Net)),
             Link::Tcp(t) => Ok(t.rxq.peek().map(|_| Rx::Net)),
         }
     }
@@ -178,7 +171,7 @@ impl Link {
     pub fn frame(&self, rx: Rx) -> &[u8] {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_bytes(r),
-            (Link::Udp(u), Rx::Net) => u.rxq.peek().unwrap_or(&[]),
+            (Link::Udp(u), Rx::Net) => u.frames().peek().unwrap_or(&[]),
             (Link::Tcp(t), Rx::Net) => t.rxq.peek().unwrap_or(&[]),
             _ => &[],
         }
@@ -191,7 +184,7 @@ impl Link {
         let none = Src::from_static(&[]);
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_lease(r),
-            (Link::Udp(u), Rx::Net) => u.rxq.head().unwrap_or(none),
+            (Link::Udp(u), Rx::Net) => u.frames().head().unwrap_or(none),
             (Link::Tcp(t), Rx::Net) => t.rxq.head().unwrap_or(none),
             _ => none,
         }

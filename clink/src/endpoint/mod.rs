@@ -484,7 +484,7 @@ impl Endpoint {
                 if let Link::Udp(u) = &mut p.link {
                     // The goodbye must not overtake the ack of a transfer received:
                     // the peer fails its sends towards us when the goodbye arrives.
-                    u.conn.ack_with_next_data();
+                    u.ack_with_next_data();
                 }
                 p.link.try_send(&Frame::Close);
             }

@@ -109,15 +109,14 @@ impl Endpoint {
         let i = self.net_peer(peer)?;
         let now = self.net.as_ref().map_or(0, |n| n.now());
         if let Link::Udp(u) = &mut self.peers[i].link {
-            if u.conn.is_fast() {
+            if u.conn().is_fast() {
                 return Ok(true);
             }
-            u.fast_answer = None;
-            u.conn.request_fast(now);
+            u.request_fast(now);
         }
         self.kick(i);
         let answer = |ep: &Endpoint| match &ep.peers[i].link {
-            Link::Udp(u) => u.fast_answer,
+            Link::Udp(u) => u.fast_answer(),
             _ => None,
         };
         self.wait_until(Some(timeout), |ep| {
@@ -132,7 +131,7 @@ impl Endpoint {
     pub fn release_fast(&mut self, peer: PeerId) -> Result<()> {
         let i = self.net_peer(peer)?;
         if let Link::Udp(u) = &mut self.peers[i].link {
-            u.conn.release_fast();
+            u.release_fast();
         }
         self.kick(i);
         Ok(())
@@ -142,7 +141,7 @@ impl Endpoint {
     /// admission control, or admission control off); false for a shared-memory or TCP
     /// peer.
     pub fn is_fast(&self, peer: PeerId) -> Result<bool> {
-        Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn.is_fast()))
+        Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn().is_fast()))
     }
 
     /// The reliable connection to `peer` as it stands: round-trip time (smoothed and
@@ -153,7 +152,7 @@ impl Endpoint {
     /// state stays readable.
     pub fn conn_stats(&self, peer: PeerId) -> Result<Option<ConnStats>> {
         Ok(match &self.peer(peer)?.link {
-            Link::Udp(u) => Some(u.conn.stats()),
+            Link::Udp(u) => Some(u.conn().stats()),
             Link::Shm(_) | Link::Tcp(_) => None,
         })
     }
@@ -164,7 +163,7 @@ impl Endpoint {
     /// peer's socket is closed or on a kernel before 4.19.
     pub fn wire_bytes_sent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
-            Link::Udp(u) => Some(u.conn.stats().bytes_sent),
+            Link::Udp(u) => Some(u.conn().stats().bytes_sent),
             Link::Tcp(t) => crate::sys::tcp_bytes_sent(t.fd()).ok(),
             Link::Shm(_) => None,
         })
@@ -344,7 +343,7 @@ impl Endpoint {
         // first peer with a bulk transfer coming in. Re-planned only when that link's
         // transfers changed, not on every poll.
         let receiving = |i: usize, p: &super::Peer| match &p.link {
-            Link::Udp(u) if p.alive && u.bulk.receiving() => Some((i, u.bulk.generation())),
+            Link::Udp(u) if p.alive && u.bulk().receiving() => Some((i, u.bulk().generation())),
             _ => None,
         };
         let key = match (net.speculate(), net.fast_holder()) {
@@ -358,14 +357,9 @@ impl Endpoint {
         };
         if net.planned_key() != key {
             let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
-                Link::Udp(u) => {
-                    let c = u.conn.config();
-                    let (conn, group) = (c.conn_id, net.rx_group(c.mtu_payload));
-                    let src = u.dest;
-                    u.bulk
-                        .arm(conn, group, RX_ENTRIES)
-                        .map(|a| ((i, g), src, a))
-                }
+                Link::Udp(u) => u
+                    .plan_arm(|mtu| net.rx_group(mtu), RX_ENTRIES)
+                    .map(|(src, a)| ((i, g), src, a)),
                 _ => None,
             });
             net.set_arm(key, arm);
@@ -409,8 +403,8 @@ impl Endpoint {
         let mut any = false;
         for (p, &w) in self.peers.iter_mut().zip(&want) {
             if let Link::Udp(u) = &mut p.link {
-                let w = on && p.alive && (w || u.bulk.receiving());
-                u.conn.set_awaited(w);
+                let w = on && p.alive && (w || u.bulk().receiving());
+                u.set_awaited(w);
                 any |= w;
             }
         }
@@ -489,7 +483,7 @@ impl Endpoint {
             let Link::Udp(u) = &self.peers[i].link else {
                 return None;
             };
-            let quiet = u.rxq.peek().is_none() && !u.bulk.receiving() && !u.bulk.sending();
+            let quiet = u.frames().peek().is_none() && !u.bulk().receiving() && !u.bulk().sending();
             let net = self.net.as_mut()?;
             if !quiet || net.planned_key().is_some() || !self.peers[i].alive {
                 return None;
@@ -529,7 +523,7 @@ impl Endpoint {
         let hole = |peers: &[super::Peer]| {
             peers
                 .iter()
-                .any(|p| matches!(&p.link, Link::Udp(u) if u.conn.nak_pending()))
+                .any(|p| matches!(&p.link, Link::Udp(u) if u.conn().nak_pending()))
         };
         for _ in 0..DRAIN_READS {
             if !hole(&self.peers) || self.read_net(true) == 0 {
@@ -554,7 +548,7 @@ impl Endpoint {
             return None;
         }
         let src = PeerId(i as u32);
-        let result = match u.rxq.peek().map(Frame::parse) {
+        let result = match u.frames().peek().map(Frame::parse) {
             None => None,
             Some(Ok(Frame::Eager { tag, data })) if sel.matches(src, tag) => {
                 Some(super::copy_eager(src, tag, data, buf))
@@ -606,7 +600,7 @@ impl Endpoint {
             .iter()
             .filter(|p| p.alive)
             .filter_map(|p| match &p.link {
-                Link::Udp(u) => u.conn.reply_due(),
+                Link::Udp(u) => u.conn().reply_due(),
                 _ => None,
             })
             .max()
@@ -622,7 +616,7 @@ impl Endpoint {
             .iter()
             .filter(|p| p.alive)
             .any(|p| match &p.link {
-                Link::Udp(u) => u.conn.is_slowed(),
+                Link::Udp(u) => u.conn().is_slowed(),
                 _ => false,
             });
         slowed && self.reply_due().is_none()
@@ -647,9 +641,9 @@ impl Endpoint {
                 // Loss-recovery, keepalive and admission timers may fire a little late
                 // in a sleep; a due ack may not (the peer's retransmission timer waits
                 // for it).
-                Link::Udp(u) => u.conn.poll_timeout().map(|t| {
-                    let ack = u.conn.ack_timeout().unwrap_or(u64::MAX);
-                    let floor = if u.bulk.sending() {
+                Link::Udp(u) => u.conn().poll_timeout().map(|t| {
+                    let ack = u.conn().ack_timeout().unwrap_or(u64::MAX);
+                    let floor = if u.bulk().sending() {
                         0
                     } else {
                         SLEEP_TIMER_FLOOR
@@ -699,7 +693,7 @@ impl Endpoint {
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in &self.peers {
             if let Link::Udp(u) = &p.link {
-                let c = u.conn.stats();
+                let c = u.conn().stats();
                 s.retransmissions += c.retransmissions;
                 s.bulk_hashed += c.bulk_hashed;
                 s.naks_sent += c.naks_sent;
@@ -714,7 +708,7 @@ impl Endpoint {
                 s.malformed_dropped += c.dropped_malformed;
                 s.duplicates_dropped += c.duplicates;
                 s.stray_dropped += c.dropped_stray;
-                let b = u.bulk.stats;
+                let b = u.bulk().stats;
                 s.spec_hits += b.hits;
                 s.spec_hit_bytes += b.hit_bytes;
                 s.cleanup_bytes += b.cleanup_bytes;
@@ -767,7 +761,7 @@ mod tests {
         let ((mut a, pa), (mut b, pb)) = udp_pair();
         let floor = Duration::from_nanos(SLEEP_TIMER_FLOOR);
         let in_flight = |ep: &Endpoint| match &ep.peers[pa.0 as usize].link {
-            Link::Udp(u) => (u.bulk.sending(), u.conn.stats().in_flight),
+            Link::Udp(u) => (u.bulk().sending(), u.conn().stats().in_flight),
             _ => unreachable!("a UDP peer"),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -794,7 +788,7 @@ mod tests {
         }
         // Until this side's delayed ack has gone (it would bound the sleep by itself).
         let acking = |ep: &Endpoint| match &ep.peers[pa.0 as usize].link {
-            Link::Udp(u) => u.conn.ack_timeout().is_some(),
+            Link::Udp(u) => u.conn().ack_timeout().is_some(),
             _ => unreachable!("a UDP peer"),
         };
         while acking(&a) {

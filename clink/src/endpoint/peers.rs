@@ -120,7 +120,7 @@ impl Endpoint {
                     net.route(u, id.0 as usize);
                 }
                 self.watch_new_sockets();
-                crate::context::net_eager_threshold(&self.ctx, u.conn.config().reliable)
+                crate::context::net_eager_threshold(&self.ctx, u.conn().config().reliable)
             }
             Link::Tcp(_) => crate::context::net_eager_threshold(&self.ctx, false),
         };

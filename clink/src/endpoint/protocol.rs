@@ -283,7 +283,7 @@ impl Endpoint {
                 // The sender's send completes with the ack of the last fragments: it goes
                 // with this pass's (or wake-up's) transmit, not after the ack delay (the
                 // application may stop driving this endpoint once it has its message).
-                u.conn.ack_now();
+                u.ack_now();
             }
         }
         for x in done_out {

@@ -246,7 +246,7 @@ impl Endpoint {
         let p = self.peer(peer)?;
         let owner = match &p.link {
             crate::endpoint::Link::Shm(s) => s.id,
-            crate::endpoint::Link::Udp(u) => u.remote_id,
+            crate::endpoint::Link::Udp(u) => u.remote_id(),
             crate::endpoint::Link::Tcp(t) => t.remote_id,
         };
         if owner != cookie.owner {

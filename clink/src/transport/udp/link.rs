@@ -7,22 +7,22 @@ use crate::lease::{Dst, Src};
 /// One peer over UDP: its reliable connection and the frames it delivered.
 pub struct UdpLink {
     /// The reliable connection.
-    pub conn: Conn,
+    pub(super) conn: Conn,
     /// Where the peer's datagrams go.
-    pub dest: SocketAddr,
+    pub(super) dest: SocketAddr,
     /// The peer's endpoint id.
-    pub remote_id: u128,
+    pub(super) remote_id: u128,
     /// Bulk transfers in progress.
-    pub bulk: Bulk,
+    pub(super) bulk: Bulk,
     /// Frames delivered and not yet released (beyond its bound the connection's own
     /// receive budget, and so the sender's credit, takes over).
-    pub rxq: FrameQueue,
+    pub(super) rxq: FrameQueue,
     /// The peer's admission requests (true) and releases (false, with the grant) not
     /// yet taken to the gate.
     pub(super) admit_in: Vec<(bool, u32)>,
     /// The latest answer to this side's own request (granted or not), for
     /// [`crate::Endpoint::request_fast`].
-    pub fast_answer: Option<bool>,
+    pub(super) fast_answer: Option<bool>,
     /// Its grant was revoked: a Fast_NAck is repeated while its bulk keeps coming.
     pub(super) revoked: bool,
     pub(super) last_nack: u64,
@@ -51,6 +51,94 @@ impl UdpLink {
             hits_seen: 0,
             standing_told: false,
         }
+    }
+
+    /// The reliable connection, to read its state (configuration, counters, timers).
+    pub fn conn(&self) -> &Conn {
+        &self.conn
+    }
+
+    /// Where the peer's datagrams go.
+    pub fn dest(&self) -> SocketAddr {
+        self.dest
+    }
+
+    /// The peer's endpoint id.
+    pub fn remote_id(&self) -> u128 {
+        self.remote_id
+    }
+
+    /// The bulk transfers in progress, to read their state.
+    pub fn bulk(&self) -> &Bulk {
+        &self.bulk
+    }
+
+    /// The frames delivered and not yet released.
+    pub fn frames(&self) -> &FrameQueue {
+        &self.rxq
+    }
+
+    /// The bulk transfers finished since the last call: (received, sent); `None` when
+    /// there are none.
+    pub fn take_bulk_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
+        let b = &mut self.bulk;
+        if b.done_in.is_empty() && b.done_out.is_empty() {
+            return None;
+        }
+        Some((
+            std::mem::take(&mut b.done_in),
+            std::mem::take(&mut b.done_out),
+        ))
+    }
+
+    /// Forgets every bulk transfer (the peer failed): no lease is used afterwards.
+    pub fn clear_bulk(&mut self) {
+        self.bulk.clear();
+    }
+
+    /// Acknowledges at the next transmit, not after the ack delay (a transfer just
+    /// completed here: its sender completes with this ack).
+    pub fn ack_now(&mut self) {
+        self.conn.ack_now();
+    }
+
+    /// Sends the owed ack with the next data packet (a goodbye must not overtake it).
+    pub fn ack_with_next_data(&mut self) {
+        self.conn.ack_with_next_data();
+    }
+
+    /// Asks the peer for the fast stream (admission control); the answer shows in
+    /// [`UdpLink::fast_answer`].
+    pub fn request_fast(&mut self, now: u64) {
+        self.fast_answer = None;
+        self.conn.request_fast(now);
+    }
+
+    /// The peer's latest answer to [`UdpLink::request_fast`].
+    pub fn fast_answer(&self) -> Option<bool> {
+        self.fast_answer
+    }
+
+    /// Gives the fast stream back (or withdraws the request).
+    pub fn release_fast(&mut self) {
+        self.conn.release_fast();
+    }
+
+    /// Marks the peer as awaited (a silent one is pinged soon) or not.
+    pub fn set_awaited(&mut self, awaited: bool) {
+        self.conn.set_awaited(awaited);
+    }
+
+    /// The speculative layout to arm for this link's bulk stream: its source address and
+    /// up to `entries` receive entries of `rx_group(mtu_payload)` fragments.
+    pub fn plan_arm(
+        &mut self,
+        rx_group: impl FnOnce(usize) -> u64,
+        entries: usize,
+    ) -> Option<(SocketAddr, Arm)> {
+        let c = self.conn.config();
+        let (conn, group) = (c.conn_id, rx_group(c.mtu_payload));
+        self.bulk.arm(conn, group, entries).map(|a| (self.dest, a))
     }
 
     /// Feeds what a receive got for this link to its connection; bulk fragments go to
