@@ -62,13 +62,7 @@ impl BulkLink for TcpLink {
         TcpLink::expect_bulk(self, xfer, total, dst)
     }
     fn take_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
-        if self.done_in.is_empty() && self.done_out.is_empty() {
-            return None;
-        }
-        Some((
-            std::mem::take(&mut self.done_in),
-            std::mem::take(&mut self.done_out),
-        ))
+        TcpLink::take_bulk_done(self)
     }
     fn clear_bulk(&mut self) {
         TcpLink::clear_bulk(self);
@@ -100,7 +94,7 @@ impl Link {
         match self {
             Link::Shm(s) => s.id,
             Link::Udp(u) => u.remote_id(),
-            Link::Tcp(t) => t.remote_id,
+            Link::Tcp(t) => t.remote_id(),
         }
     }
 
@@ -163,7 +157,7 @@ impl Link {
         match self {
             Link::Shm(s) => Ok(s.rx.peek()?.map(Rx::Ring)),
             Link::Udp(u) => Ok(u.frames().peek().map(|_| Rx::Net)),
-            Link::Tcp(t) => Ok(t.rxq.peek().map(|_| Rx::Net)),
+            Link::Tcp(t) => Ok(t.frames().peek().map(|_| Rx::Net)),
         }
     }
 
@@ -172,7 +166,7 @@ impl Link {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_bytes(r),
             (Link::Udp(u), Rx::Net) => u.frames().peek().unwrap_or(&[]),
-            (Link::Tcp(t), Rx::Net) => t.rxq.peek().unwrap_or(&[]),
+            (Link::Tcp(t), Rx::Net) => t.frames().peek().unwrap_or(&[]),
             _ => &[],
         }
     }
@@ -185,7 +179,7 @@ impl Link {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_lease(r),
             (Link::Udp(u), Rx::Net) => u.frames().head().unwrap_or(none),
-            (Link::Tcp(t), Rx::Net) => t.rxq.head().unwrap_or(none),
+            (Link::Tcp(t), Rx::Net) => t.frames().head().unwrap_or(none),
             _ => none,
         }
     }

@@ -142,14 +142,14 @@ impl Endpoint {
         let Link::Tcp(t) = &mut self.peers[i].link else {
             return None;
         };
-        if t.rxq.peek().is_some() || !t.bulk_idle() || t.wants_write() || t.failed.is_some() {
+        if t.frames().peek().is_some() || !t.bulk_idle() || t.wants_write() || t.has_failed() {
             return None;
         }
         let got = spin_for(spin, spun, || match t.receive() {
             Ok(true) => Some(true),
             Ok(false) => None,
             Err(e) => {
-                t.failed = Some(e);
+                t.note_failure(e);
                 Some(false)
             }
         });
@@ -167,7 +167,7 @@ impl Endpoint {
             return None;
         };
         let src = PeerId(i as u32);
-        let result = match Frame::parse(t.rxq.peek()?) {
+        let result = match Frame::parse(t.frames().peek()?) {
             Ok(Frame::Eager { tag, data }) if sel.matches(src, tag) => {
                 copy_eager(src, tag, data, buf)
             }
@@ -203,7 +203,7 @@ impl Endpoint {
         if !p.alive {
             return false;
         }
-        let r = match t.failed.take() {
+        let r = match t.take_failure() {
             Some(e) => Err(e),
             None => t.receive(),
         };
@@ -255,8 +255,8 @@ impl Endpoint {
         let p = &mut self.peers[i];
         let Link::Tcp(t) = &mut p.link else { return };
         if !p.alive || !t.wants_write() {
-            if t.out_armed && p.alive {
-                t.out_armed = false;
+            if t.out_armed() && p.alive {
+                t.set_out_armed(false);
                 let _ = self.epoll.modify(t.fd(), TOK_PEER0 + i as u64, false);
             }
             return;
@@ -264,8 +264,8 @@ impl Endpoint {
         let r = t.write();
         // Asleep, wake when the socket takes more (level-triggered).
         let want = t.wants_write();
-        if want != t.out_armed {
-            t.out_armed = want;
+        if want != t.out_armed() {
+            t.set_out_armed(want);
             if let Err(e) = self.epoll.modify(t.fd(), TOK_PEER0 + i as u64, want) {
                 tracing::warn!("epoll_ctl TCP connection: {e}");
             }
@@ -273,7 +273,7 @@ impl Endpoint {
         if let Err(e) = r {
             // Failed at the next read (see `TcpLink::failed`), which comes at once:
             // the hang-up makes the socket readable.
-            t.failed = Some(e);
+            t.note_failure(e);
         }
         self.finish_bulk_peer(i);
     }

@@ -151,12 +151,12 @@ struct Cur {
 
 /// One peer's TCP connection (see the module docs of [`super`]).
 ///
-/// `Send`, not `Sync`: it holds raw pointers into request buffers the endpoint owns (see
-/// [`TcpLink::send_bulk`], [`TcpLink::expect_bulk`]).
+/// `Send`, not `Sync`: it holds leases of request buffers (see [`TcpLink::send_bulk`],
+/// [`TcpLink::expect_bulk`]).
 pub struct TcpLink {
     sock: TcpStream,
     /// The peer's endpoint id (from the handshake).
-    pub remote_id: u128,
+    pub(in crate::transport::tcp) remote_id: u128,
     tx: VecDeque<Seg>,
     /// A written owned segment's buffer, kept for the next one.
     spare_tx: Option<Vec<u8>>,
@@ -169,32 +169,32 @@ pub struct TcpLink {
     tx_owned: usize,
     out: VecDeque<Source>,
     /// Rendezvous sends whose every byte the kernel has taken (the send is complete).
-    pub done_out: Vec<u64>,
+    done_out: Vec<u64>,
     rx: Vec<u8>,
     start: usize,
     end: usize,
     /// Frames received and not yet released (once full, the link stops reading and the
     /// kernel's window pushes back on the sender).
-    pub rxq: FrameQueue,
+    pub(in crate::transport::tcp) rxq: FrameQueue,
     cur: Option<Cur>,
     incoming: Incoming,
     dests: HashMap<u64, Dest>,
     /// Incoming transfers whose every byte is at its place (the receive is complete).
-    pub done_in: Vec<u64>,
+    done_in: Vec<u64>,
     hdr: [u8; HEADER],
     speculate: bool,
     /// The handshake record received (a hello on the accepting side, a welcome on the
     /// connecting side); frames are refused before it and handshakes after it.
-    pub handshake: Option<(Kind, Handshake)>,
+    pub(in crate::transport::tcp) handshake: Option<(Kind, Handshake)>,
     /// Counters.
     pub stats: TcpStats,
     /// The endpoint watches the socket for writability too (set by the endpoint).
-    pub out_armed: bool,
+    out_armed: bool,
     /// A write (or a read off the progress pass, the latency path's) failed: the link is
     /// dead; the endpoint fails the peer at its next read in a progress pass (a write can
     /// happen inside the handling of a frame, where failing the peer at once would handle
     /// the frames again).
-    pub failed: Option<LinkError>,
+    failed: Option<LinkError>,
 }
 
 impl TcpLink {
@@ -230,6 +230,56 @@ impl TcpLink {
             out_armed: false,
             failed: None,
         })
+    }
+
+    /// The peer's endpoint id (from the handshake).
+    pub fn remote_id(&self) -> u128 {
+        self.remote_id
+    }
+
+    /// The frames received and not yet released.
+    pub fn frames(&self) -> &FrameQueue {
+        &self.rxq
+    }
+
+    /// The transfers finished since the last call: (received, sent); `None` when there
+    /// are none (the common case, checked on every read and write of a link).
+    pub fn take_bulk_done(&mut self) -> Option<(Vec<u64>, Vec<u64>)> {
+        if self.done_in.is_empty() && self.done_out.is_empty() {
+            return None;
+        }
+        Some((
+            std::mem::take(&mut self.done_in),
+            std::mem::take(&mut self.done_out),
+        ))
+    }
+
+    /// Records that a write (or a read off the progress pass) failed: the link is dead,
+    /// and the endpoint fails the peer at its next read in a progress pass (a write can
+    /// happen inside the handling of a frame, where failing the peer at once would handle
+    /// the frames again).
+    pub fn note_failure(&mut self, e: LinkError) {
+        self.failed = Some(e);
+    }
+
+    /// The failure [`TcpLink::note_failure`] recorded, taken.
+    pub fn take_failure(&mut self) -> Option<LinkError> {
+        self.failed.take()
+    }
+
+    /// Whether a failure is recorded.
+    pub fn has_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
+    /// Whether the endpoint watches the socket for writability too.
+    pub fn out_armed(&self) -> bool {
+        self.out_armed
+    }
+
+    /// Sets what [`TcpLink::out_armed`] says (the endpoint changed its epoll interest).
+    pub fn set_out_armed(&mut self, on: bool) {
+        self.out_armed = on;
     }
 
     /// The socket's file descriptor (for epoll).
