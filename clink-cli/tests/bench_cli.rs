@@ -20,10 +20,10 @@ fn assert_namespaces_removed(stderr: &str, n: usize) {
         .lines()
         .filter_map(|l| l.strip_prefix("network namespaces "))
         .flat_map(|l| l.split_whitespace())
-        .filter(|w| w.starts_with(clink::netns::NAME_PREFIX))
+        .filter(|w| w.starts_with(clink_testbed::NAME_PREFIX))
         .collect();
     assert_eq!(made.len(), n, "{stderr}");
-    let list = Command::new(clink::netns::ip_binary().expect("ip"))
+    let list = Command::new(clink_testbed::ip_binary().expect("ip"))
         .args(["netns", "list"])
         .output()
         .expect("ip netns list");
@@ -98,7 +98,7 @@ fn quick_json_run_over_sockets() {
 
 #[test]
 fn quick_netns_run_over_tcp_and_udp() {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_clink"))
@@ -189,7 +189,7 @@ fn quick_rma_run_with_the_event_server() {
 
 #[test]
 fn quick_bridge_run_with_loss() {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_clink"))
@@ -225,7 +225,7 @@ fn quick_bridge_run_with_loss() {
 
 #[test]
 fn quick_spec_run_between_namespaces() {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
     let out = Command::new(env!("CARGO_BIN_EXE_clink"))

@@ -5,7 +5,7 @@
 //! the command with a message naming the hop or node. Needs root and iproute2: fails with
 //! the reason where network namespaces are unavailable.
 
-use clink::netns::{Bridge, BridgeSpec};
+use clink_testbed::{Bridge, BridgeSpec};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -31,7 +31,7 @@ fn bridge(rate: Option<&str>) -> Bridge {
 
 /// A source and `hosts - 1` receivers' hosts on one bridge.
 fn bridge_of(hosts: usize, rate: Option<&str>) -> Bridge {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
     Bridge::create(&BridgeSpec {

@@ -271,14 +271,14 @@ fn open_mpi_runs_the_suite_on_one_two_and_four_ranks() {
 /// percent of the packets into each rank's host dropped at random: the provider reaches
 /// the other rank over clink's network path.
 fn suite_across_two_namespace_hosts(loss_pct: f64, max: u64) {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         panic!("needs network namespaces (run as root): {why}");
     }
     need("mpirun", "openmpi-bin");
     // A directory of its own: the two runs of this suite may go in parallel.
     let dir = ProviderDir::new(&format!("mpi-net-{loss_pct}"));
     let suite = build_suite();
-    let bridge = clink::netns::Bridge::create(&clink::netns::BridgeSpec {
+    let bridge = clink_testbed::Bridge::create(&clink_testbed::BridgeSpec {
         hosts: 3,
         ..Default::default()
     })

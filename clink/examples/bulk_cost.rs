@@ -8,7 +8,7 @@
 //! default: after a window that mostly missed, the copy path for a while).
 //!
 //! Run: `cargo run --release -p clink --example bulk_cost -- [spec|off|miss|backoff]`
-use clink::transport::udp::UdpConfig;
+use clink::config::UdpConfig;
 use clink::{Config, Context, Selector};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

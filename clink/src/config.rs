@@ -1,6 +1,8 @@
 //! Configuration, read from `CLINK_*` environment variables. This is the one place they are
 //! defined; `clink info` prints them with their values.
 
+pub use crate::transport::tcp::TcpConfig;
+pub use crate::transport::udp::{FaultConfig, UdpConfig};
 use crate::{Error, Result};
 use std::time::Duration;
 
@@ -81,11 +83,11 @@ pub struct Config {
     /// Use the network transport even for peers on the same host.
     pub force_net: bool,
     /// The UDP network transport's settings, `None` when it is off.
-    pub udp: Option<crate::transport::udp::UdpConfig>,
+    pub udp: Option<UdpConfig>,
     /// Network peers over TCP rather than UDP (`CLINK_TRANSPORT=tcp`).
     pub prefer_tcp: bool,
     /// The TCP transport's settings, `None` when it is off.
-    pub tcp: Option<crate::transport::tcp::TcpConfig>,
+    pub tcp: Option<TcpConfig>,
 }
 
 impl Default for Config {
@@ -107,9 +109,9 @@ impl Default for Config {
             liveness: Duration::from_millis(10),
             board_peers: 4,
             force_net: false,
-            udp: Some(crate::transport::udp::UdpConfig::default()),
+            udp: Some(UdpConfig::default()),
             prefer_tcp: false,
-            tcp: Some(crate::transport::tcp::TcpConfig::default()),
+            tcp: Some(TcpConfig::default()),
         }
     }
 }
@@ -147,9 +149,9 @@ impl Config {
     /// are ignored, unknown `CLINK_` names are an error (a typo should not pass silently).
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Config> {
         let mut c = Config::default();
-        let mut udp = crate::transport::udp::UdpConfig::default();
+        let mut udp = UdpConfig::default();
         let mut udp_on = true;
-        let mut tcp = crate::transport::tcp::TcpConfig::default();
+        let mut tcp = TcpConfig::default();
         let mut tcp_on = true;
         for (k, v) in vars {
             if !k.starts_with("CLINK_") {
@@ -262,8 +264,7 @@ impl Config {
                     tcp.dead_after = udp.dead_after;
                 }
                 "CLINK_FAULTS" => {
-                    udp.faults = crate::transport::udp::FaultConfig::parse(&v)
-                        .map_err(|e| bad(&k, &v, &e))?
+                    udp.faults = FaultConfig::parse(&v).map_err(|e| bad(&k, &v, &e))?
                 }
                 _ => {
                     let known: Vec<&str> = VARIABLES.iter().map(|(n, _)| *n).collect();

@@ -18,10 +18,10 @@
 //! (a single `process_vm_readv` from the sender's buffer into the receive buffer), or 2
 //! through the two-copy pipeline (chosen when faster, or where CMA is not permitted).
 //!
-//! Between hosts the same API runs over UDP ([`transport::udp`]): a reliable connection per
+//! Between hosts the same API runs over UDP ([`config::UdpConfig`]): a reliable connection per
 //! peer, batched system calls with segmentation offload and receive coalescing, and
 //! rendezvous payloads received speculatively straight into the posted buffer. Where UDP is
-//! not wanted or not reachable, over TCP ([`transport::tcp`], `CLINK_TRANSPORT=tcp` or a peer
+//! not wanted or not reachable, over TCP ([`config::TcpConfig`], `CLINK_TRANSPORT=tcp` or a peer
 //! that offers only TCP): one connection per peer, rendezvous payloads written from the
 //! send buffer and read by one vectored read into the posted buffer. Data moves only
 //! when the application calls in (any operation, or [`Endpoint::progress`]), but liveness
@@ -48,13 +48,16 @@ pub mod launcher;
 #[allow(unsafe_code)]
 mod lease;
 pub mod netdev;
-pub mod netns;
 mod oversub;
 pub mod patterns;
 pub mod rma;
 pub mod stats;
+// Not part of the API: the system-call layer and the transports are public for clink's
+// own crates (the CLI, the bindings, the test bed) and its tests only.
+#[doc(hidden)]
 #[allow(unsafe_code)]
 pub mod sys;
+#[doc(hidden)]
 pub mod transport;
 
 pub use clink_proto::cost::Rndv;

@@ -8,8 +8,8 @@
 
 mod common;
 
-use clink::netns::{Bridge, BridgeSpec};
 use clink::{Config, Error, Selector};
+use clink_testbed::{Bridge, BridgeSpec};
 use common::*;
 use std::time::{Duration, Instant};
 
@@ -261,7 +261,7 @@ fn a_cut_path_is_declared_dead_after_the_timeout() {
 
 /// Runs `ip -n NS ARGS...` in host `h`'s namespace, which must succeed.
 fn ip_in(b: &Bridge, h: usize, args: &str) {
-    let ip = clink::netns::ip_binary().unwrap();
+    let ip = clink_testbed::ip_binary().unwrap();
     let st = std::process::Command::new(&ip)
         .args(["-n", b.ns(h)])
         .args(args.split_whitespace())

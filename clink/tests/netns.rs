@@ -6,8 +6,8 @@
 
 mod common;
 
-use clink::netns::NetnsPair;
 use clink::{Endpoint, Error, PeerId, Selector};
+use clink_testbed::NetnsPair;
 use common::*;
 use std::time::{Duration, Instant};
 

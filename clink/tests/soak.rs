@@ -12,8 +12,8 @@
 
 mod common;
 
-use clink::netns::{Bridge, BridgeSpec};
 use clink::{Config, Endpoint, PeerId, Received, RecvRequest, Selector, SendRequest};
+use clink_testbed::{Bridge, BridgeSpec};
 use common::*;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

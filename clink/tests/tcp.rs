@@ -5,7 +5,7 @@
 
 mod common;
 
-use clink::transport::tcp::TcpConfig;
+use clink::config::TcpConfig;
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
 use clink_proto::addr::Address;
 use common::*;
@@ -32,7 +32,7 @@ fn tcp_config_dead(speculate: bool, spin_us: u64, dead_ms: u64) -> Config {
             dead_after: Duration::from_millis(dead_ms),
             ..TcpConfig::default()
         }),
-        udp: Some(clink::transport::udp::UdpConfig {
+        udp: Some(clink::config::UdpConfig {
             bind: (Ipv4Addr::LOCALHOST, 0).into(),
             ..Default::default()
         }),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use clink::transport::udp::{FaultConfig, UdpConfig};
+use clink::config::{FaultConfig, UdpConfig};
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
 use clink_proto::reliable::packet::VERSION;
 use common::{drive_until, echo, fill, T};

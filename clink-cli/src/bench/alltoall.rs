@@ -1,5 +1,5 @@
 //! `clink bench --alltoall`: the traffic of collectives (all-to-all, allgather) and of
-//! servers with many clients. N hosts on one bridge ([`clink::netns::Bridge`]), one
+//! servers with many clients. N hosts on one bridge ([`clink_testbed::Bridge`]), one
 //! process per host; every round, every process sends a message of `--bw-sizes` (default
 //! 256 KiB) to every other and receives one from each, contents checked; the row is the
 //! slowest process's time for all rounds. Systems: clink over UDP (`clink-udp`), clink
@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use clink::netns::{Bridge, BridgeSpec};
 use clink::{Context, Endpoint, PeerId, Selector};
+use clink_testbed::{Bridge, BridgeSpec};
 use serde_json::json;
 
 /// The systems of the experiment.
@@ -281,7 +281,7 @@ pub fn run(
     reps: u64,
     json: bool,
 ) -> Result<(), String> {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         return Err(format!("--alltoall: {why}"));
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use clink::netns::NetnsPair;
+use clink_testbed::NetnsPair;
 
 use super::affinity::{CLIENT_CPU, SERVER_CPU};
 use super::proc::ChildProc;

@@ -13,7 +13,7 @@
 //! `--placement host` (default): both children on this host, IP systems over
 //! loopback, clink over shared memory. `--placement netns`: for each `--mtu`
 //! (default 1500 and 9000) the parent makes two network namespaces joined by a
-//! veth pair with that MTU ([`clink::netns::NetnsPair`], needs root), runs every
+//! veth pair with that MTU ([`clink_testbed::NetnsPair`], needs root), runs every
 //! selected system with the server in namespace 0 and the client in namespace 1
 //! (`ip netns exec`, which execs the child, so pinning is unchanged), then
 //! deletes the pair. The server gets the address of its namespace (hidden
@@ -25,7 +25,7 @@
 //! run. Unix sockets cannot cross namespaces and are skipped with a note;
 //! UCX runs with `UCX_TLS=tcp`. Rows carry `placement` and, in netns, `mtu`.
 //! `--placement bridge`: as netns, but the two namespaces are hosts 0 and 1 of a Linux
-//! bridge ([`clink::netns::Bridge`]: one switch hop apart, as on a cluster), made afresh
+//! bridge ([`clink_testbed::Bridge`]: one switch hop apart, as on a cluster), made afresh
 //! for each `--mtu` (default 1500) and each `--loss` percentage (default 0: packets
 //! dropped at random by nftables on the switch on the way into each host), with each
 //! host's input limited to `--rate` (tc's tbf) if given; rows carry `loss_pct` and
@@ -89,7 +89,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use clink::netns::{BridgeSpec, NetnsPair};
+use clink_testbed::{BridgeSpec, NetnsPair};
 
 // The plug-in interface and result types, re-exported for system implementations.
 #[allow(unused_imports)]
@@ -725,7 +725,7 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     let slots: Vec<Option<BridgeSpec>> = match args.placement {
         Placement::Host => vec![None],
         p => {
-            if let Some(why) = clink::netns::unavailable() {
+            if let Some(why) = clink_testbed::unavailable() {
                 return Err(format!("--placement {p:?}: {why}"));
             }
             let mut v = Vec::new();

@@ -93,7 +93,7 @@ enum Hosts {
     One,
     /// Hosts 1 and 2 of a bridge, mpirun on host 0.
     Bridge {
-        bridge: clink::netns::Bridge,
+        bridge: clink_testbed::Bridge,
         agent: PathBuf,
         loss_pct: f64,
     },
@@ -101,10 +101,10 @@ enum Hosts {
 
 impl Hosts {
     fn bridge(work: &Path, mtu: u32, loss_pct: f64) -> Result<Hosts, String> {
-        if let Some(why) = clink::netns::unavailable() {
+        if let Some(why) = clink_testbed::unavailable() {
             return Err(format!("--placement bridge: {why}"));
         }
-        let bridge = clink::netns::Bridge::create(&clink::netns::BridgeSpec {
+        let bridge = clink_testbed::Bridge::create(&clink_testbed::BridgeSpec {
             hosts: 3,
             mtu,
             ..Default::default()

@@ -26,7 +26,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clink::netns::NetnsPair;
+use clink_testbed::NetnsPair;
 
 use super::external;
 use super::plan::Plan;

@@ -3,7 +3,7 @@
 //! host), the same file through the same shape.
 
 use super::*;
-use clink::netns::{Bridge, BridgeSpec};
+use clink_testbed::{Bridge, BridgeSpec};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -104,7 +104,7 @@ fn line(out: &mut BufReader<std::process::ChildStdout>) -> Result<String, String
 
 /// Runs `clink cast bench`.
 pub fn run(a: BenchArgs) -> Result<(), String> {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         return Err(why);
     }
     if a.hosts == 0 {

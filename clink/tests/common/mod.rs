@@ -46,7 +46,7 @@ pub fn net_config() -> Config {
     Config {
         calibrate: false,
         force_net: true,
-        udp: Some(clink::transport::udp::UdpConfig {
+        udp: Some(clink::config::UdpConfig {
             bind: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
             ..Default::default()
         }),
@@ -396,7 +396,7 @@ pub fn drive_until(
 /// root and iproute2): such a test never passes without running.
 #[allow(dead_code)] // (not every test binary uses it)
 pub fn require_netns() {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
 }

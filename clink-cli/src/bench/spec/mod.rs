@@ -2,7 +2,7 @@
 //! experiments (Kurmann/Rauch/Stricker), clink over UDP across a veth pair.
 //!
 //! For every round and `--mtu` (default 1500 only) the parent makes a fresh pair of
-//! network namespaces ([`clink::netns::NetnsPair`]), runs an untimed warm-up transfer,
+//! network namespaces ([`clink_testbed::NetnsPair`]), runs an untimed warm-up transfer,
 //! then for every experiment and variant one bulk transfer between real processes: the
 //! **receiver** in namespace 0 (pinned to CPU 0), one or two **senders** in namespace 1
 //! (pinned to CPU 1), all started by the parent as the hidden subcommand
@@ -81,8 +81,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use clink::netns::NetnsPair;
 use clink::{Config, Context, Endpoint, PeerId, Selector};
+use clink_testbed::NetnsPair;
 use serde_json::{json, Map, Value};
 
 use super::affinity::{self, CLIENT_CPU, SERVER_CPU};
@@ -376,7 +376,7 @@ fn round(x: f64, scale: f64) -> Option<f64> {
 
 /// Entry point of `clink bench --placement netns --spec`.
 pub fn run(opts: Opts) -> Result<(), String> {
-    if let Some(why) = clink::netns::unavailable() {
+    if let Some(why) = clink_testbed::unavailable() {
         return Err(format!("--spec: {why}"));
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;

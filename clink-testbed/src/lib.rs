@@ -1,4 +1,4 @@
-//! Network namespaces as "hosts" on one machine, for tests and benchmarks: two joined by
+//! Network namespaces as "hosts" on one machine, for clink's tests and benchmarks: two joined by
 //! a veth pair ([`NetnsPair`]), or several on a Linux bridge with loss and rate limits
 //! ([`Bridge`]). The pair:
 //!
@@ -20,11 +20,11 @@
 //! [`unavailable`] says why, so callers can skip with a message:
 //!
 //! ```no_run
-//! if let Some(why) = clink::netns::unavailable() {
+//! if let Some(why) = clink_testbed::unavailable() {
 //!     eprintln!("skipped: {why}");
 //!     return;
 //! }
-//! let pair = clink::netns::NetnsPair::create(1500).expect("netns pair");
+//! let pair = clink_testbed::NetnsPair::create(1500).expect("netns pair");
 //! let mut server = pair.command(0, "my-server");
 //! server.arg(pair.addr(0).to_string());
 //! ```
@@ -36,7 +36,7 @@ mod bridge;
 
 pub use bridge::{Bridge, BridgeSpec};
 
-use crate::sys;
+use clink::sys;
 use std::ffi::OsStr;
 use std::io;
 use std::net::Ipv4Addr;

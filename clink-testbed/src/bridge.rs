@@ -14,7 +14,7 @@
 //! behind.
 
 use super::{ip_binary, remove_stale, run_ip, wait_up, CARRIER_TIMEOUT, NAME_PREFIX};
-use crate::sys;
+use clink::sys;
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
