@@ -88,8 +88,10 @@ pub mod packet;
 mod ranges;
 mod receive;
 mod recovery;
+mod rtt;
 mod send;
 
+use rtt::Rtt;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -472,38 +474,6 @@ struct Reasm {
     tag: u64,
     len: u32,
     buf: Vec<u8>,
-}
-
-/// RFC 6298 round-trip estimator.
-#[derive(Clone, Copy)]
-struct Rtt {
-    srtt: u64,
-    rttvar: u64,
-    has: bool,
-    /// The smallest sample since `min_at` (the path's propagation delay, no queue).
-    min: u64,
-    min_at: u64,
-}
-
-/// How long a minimum RTT stands before a larger sample may replace it (a route change).
-const MIN_RTT_WINDOW: u64 = 10_000_000_000;
-
-impl Rtt {
-    /// A raw sample `r` and the same without the peer's ack delay.
-    fn sample(&mut self, now: u64, raw: u64, r: u64) {
-        if !self.has || raw <= self.min || now.saturating_sub(self.min_at) > MIN_RTT_WINDOW {
-            self.min = raw;
-            self.min_at = now;
-        }
-        if self.has {
-            self.rttvar = (3 * self.rttvar + self.srtt.abs_diff(r)) / 4;
-            self.srtt = (7 * self.srtt + r) / 8;
-        } else {
-            self.srtt = r;
-            self.rttvar = r / 2;
-            self.has = true;
-        }
-    }
 }
 
 /// The payload source of [`Conn::poll_transmit_with`]: `(xfer, offset, len)` gives the
