@@ -37,6 +37,7 @@ impl Src {
     /// # Safety
     /// `ptr..ptr + len` must be readable and left unchanged until the request the lease
     /// is made for is over and the runtime has dropped every copy (module docs).
+    #[inline]
     pub unsafe fn new(ptr: *const u8, len: usize) -> Src {
         let ptr = if len == 0 {
             std::ptr::NonNull::dangling().as_ptr()
@@ -49,6 +50,7 @@ impl Src {
     /// A lease of bytes their owner in the runtime keeps in place, unchanged, for as long
     /// as any holder has the lease (a request's own buffer, a received frame until it is
     /// released).
+    #[inline]
     pub fn of_owned(b: &[u8]) -> Src {
         Src {
             ptr: b.as_ptr(),
@@ -57,6 +59,7 @@ impl Src {
     }
 
     /// Lends bytes that live for ever (tests, constants).
+    #[inline]
     pub fn from_static(b: &'static [u8]) -> Src {
         Src {
             ptr: b.as_ptr(),
@@ -65,27 +68,32 @@ impl Src {
     }
 
     /// The number of bytes lent.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True when no bytes are lent.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// All the bytes.
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: readable and unchanged for the life of the lease (constructor's contract).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
     /// The `len` bytes from `off`; `None` when the range is not inside the lease.
+    #[inline]
     pub fn range(&self, off: usize, len: usize) -> Option<&[u8]> {
         self.bytes().get(off..off.checked_add(len)?)
     }
 
     /// The lease of the `len` bytes from `off` (same loan); `None` when not inside.
+    #[inline]
     pub fn sub(&self, off: usize, len: usize) -> Option<Src> {
         let b = self.range(off, len)?;
         Some(Src {
@@ -114,6 +122,7 @@ impl Dst {
     /// `ptr..ptr + len` must be valid for reads and writes and used by nothing else until
     /// the request the lease is made for is over and the runtime has dropped every clone
     /// (module docs).
+    #[inline]
     pub unsafe fn new(ptr: *mut u8, len: usize) -> Dst {
         let ptr = if len == 0 {
             std::ptr::NonNull::dangling().as_ptr()
@@ -124,6 +133,7 @@ impl Dst {
     }
 
     /// Lends memory that lives for ever (tests: a leaked buffer).
+    #[inline]
     pub fn from_static(b: &'static mut [u8]) -> Dst {
         Dst {
             ptr: b.as_mut_ptr(),
@@ -132,16 +142,19 @@ impl Dst {
     }
 
     /// The number of bytes lent.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True when no bytes are lent.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// All the bytes, to write.
+    #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: valid and exclusively the lease's (constructor's contract); no other
         // view is alive (type docs).
@@ -150,6 +163,7 @@ impl Dst {
 
     /// The `len` bytes from `off`, to read what landed there; `None` when the range is
     /// not inside the lease.
+    #[inline]
     pub fn range(&self, off: usize, len: usize) -> Option<&[u8]> {
         if off.checked_add(len)? > self.len {
             return None;
@@ -160,11 +174,13 @@ impl Dst {
     }
 
     /// The `len` bytes from `off`, to write; `None` when not inside the lease.
+    #[inline]
     pub fn range_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
         self.bytes_mut().get_mut(off..off.checked_add(len)?)
     }
 
     /// Copies `data` to `off`; false (nothing written) when it does not fit.
+    #[inline]
     pub fn write(&mut self, off: usize, data: &[u8]) -> bool {
         match self.range_mut(off, data.len()) {
             Some(d) => {
@@ -177,6 +193,7 @@ impl Dst {
 
     /// A lease of a buffer its owner keeps in place (never resized or dropped) for as
     /// long as any holder has the lease: an owned receive buffer, a registered aperture.
+    #[inline]
     pub fn of_owned(v: &mut [u8]) -> Dst {
         Dst {
             ptr: v.as_mut_ptr(),
@@ -186,6 +203,7 @@ impl Dst {
 
     /// The aligned 64-bit word at `off`, for atomic access to memory other processes may
     /// access at the same time; `None` when outside the lease or misaligned.
+    #[inline]
     pub fn word(&self, off: usize) -> Option<&AtomicU64> {
         let p = self.sub(off, 8)?.ptr;
         // SAFETY: eight bytes inside the lease, aligned (checked); memory shared with other
@@ -198,34 +216,47 @@ impl Dst {
     /// Copies `data` to `off` as [`Dst::write`], 8 to 16 bytes as two (overlapping)
     /// unaligned words rather than a call into the C library: one-word puts are the
     /// latency path. False (nothing written) when it does not fit.
+    #[inline]
     pub fn write_short(&mut self, off: usize, data: &[u8]) -> bool {
         let len = data.len();
-        if !(8..=16).contains(&len) {
-            return self.write(off, data);
-        }
-        let Some(d) = self.sub(off, len) else {
+        if !self.fits(off, len) {
             return false;
-        };
-        let (a, b) = (
-            u64::from_ne_bytes(data[..8].try_into().expect("8 bytes")),
-            u64::from_ne_bytes(data[len - 8..].try_into().expect("8 bytes")),
-        );
-        // SAFETY: both words lie within the `len` bytes of the lease checked just above.
+        }
+        let src = data.as_ptr();
+        // SAFETY: `off + len` is inside the lease (checked above), `data` is distinct
+        // memory of `len` bytes; with 8 to 16 bytes both words lie within them.
         unsafe {
-            d.ptr.cast::<u64>().write_unaligned(a);
-            d.ptr.add(len - 8).cast::<u64>().write_unaligned(b);
+            let dst = self.ptr.add(off);
+            if (8..=16).contains(&len) {
+                let a = src.cast::<u64>().read_unaligned();
+                let b = src.add(len - 8).cast::<u64>().read_unaligned();
+                dst.cast::<u64>().write_unaligned(a);
+                dst.add(len - 8).cast::<u64>().write_unaligned(b);
+            } else {
+                std::ptr::copy_nonoverlapping(src, dst, len);
+            }
         }
         true
     }
 
+    /// True when `len` bytes from `off` lie inside the lease.
+    #[inline]
+    fn fits(&self, off: usize, len: usize) -> bool {
+        off <= self.len && len <= self.len - off
+    }
+
     /// The lease of the `len` bytes from `off` (same loan); `None` when not inside.
+    #[inline]
     pub fn sub(&self, off: usize, len: usize) -> Option<Dst> {
-        let ptr = self.ptr_at(off)?;
-        (len <= self.len - off).then_some(Dst { ptr, len })
+        self.fits(off, len).then(|| Dst {
+            ptr: self.ptr.wrapping_add(off),
+            len,
+        })
     }
 
     /// The address of byte `off` (at most the length), for a vector the kernel writes
     /// through; `None` when outside the lease.
+    #[inline]
     pub fn ptr_at(&self, off: usize) -> Option<*mut u8> {
         // SAFETY: in bounds (or one past the end) of the lent allocation.
         (off <= self.len).then(|| unsafe { self.ptr.add(off) })
@@ -242,6 +273,7 @@ pub enum SendBuf {
 
 impl SendBuf {
     /// The bytes.
+    #[inline]
     pub fn bytes(&self) -> &[u8] {
         match self {
             SendBuf::Owned(b) => b,
@@ -250,6 +282,7 @@ impl SendBuf {
     }
 
     /// A lease of the bytes, for a link that sends them while the request lasts.
+    #[inline]
     pub fn lease(&self) -> Src {
         match self {
             // A lease of memory the request owns: the buffer stays put (`Bytes` never
@@ -274,6 +307,7 @@ pub enum RecvBuf {
 
 impl RecvBuf {
     /// The destination's bytes.
+    #[inline]
     pub fn slice(&mut self) -> &mut [u8] {
         match self {
             RecvBuf::Owned(v) => v,
@@ -283,6 +317,7 @@ impl RecvBuf {
 
     /// A lease of the destination, for a link that writes into it while the request
     /// lasts.
+    #[inline]
     pub fn lease(&mut self) -> Dst {
         match self {
             // As `SendBuf::lease`: an owned buffer is never resized while the request

@@ -174,6 +174,7 @@ impl Link {
     /// As [`Link::frame`], as a lease that outlives the borrow of the link: valid until
     /// the frame is released (the endpoint handles a frame, with `&mut self`, before it
     /// releases it).
+    #[inline]
     pub fn frame_lease(&self, rx: Rx) -> Src {
         let none = Src::from_static(&[]);
         match (self, rx) {

@@ -223,6 +223,7 @@ struct Peer {
 impl Peer {
     /// Releases the frame at the head of the peer's queue (the next one is announced
     /// afresh); true when the peer must be woken.
+    #[inline]
     fn release(&mut self, rx: Rx) -> bool {
         self.announced = false;
         self.link.release(rx)

@@ -121,24 +121,24 @@ impl Endpoint {
     }
 
     /// Checks a request against the export table; counts refusals.
+    #[inline]
     pub(super) fn admit(&mut self, t: &Target, len: u64, need: u8) -> Result<Applied, Status> {
         // Borrowed, not copied out of the table (the refusal's `&mut self` comes after
         // the last use of the borrow).
         let e = self.rma.exports.get(&t.export);
         match rma::check(e.map(|e| &e.grant), t.key, t.offset, len, need) {
             Ok(at) => {
-                let e = e.expect("check admits only an existing export");
-                // `check` kept the access inside the export, inside the aperture.
-                let mem = e
-                    .mem
-                    .sub(at as usize, len as usize)
-                    .expect("inside the aperture");
-                Ok(Applied {
-                    ap: e.grant.aperture,
-                    at,
-                    mem,
-                    rights: e.grant.rights,
-                })
+                // `check` admits only an existing export and keeps the access inside it,
+                // inside the aperture.
+                match e.and_then(|e| Some((e, e.mem.sub(at as usize, len as usize)?))) {
+                    Some((e, mem)) => Ok(Applied {
+                        ap: e.grant.aperture,
+                        at,
+                        mem,
+                        rights: e.grant.rights,
+                    }),
+                    None => Err(self.refuse(Status::OutOfRange)),
+                }
             }
             Err(s) => Err(self.refuse(s)),
         }
@@ -279,7 +279,7 @@ impl Endpoint {
 
     /// As [`Endpoint::serve_put`]; with `take`, the put's first tripwire event is returned
     /// rather than queued ([`Endpoint::fire_first`]).
-    #[inline]
+    #[inline(always)]
     pub(super) fn serve_put_take(
         &mut self,
         i: usize,
