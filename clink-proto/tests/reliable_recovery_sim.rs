@@ -319,59 +319,6 @@ fn a_nak_names_only_packets_still_missing() {
     assert_eq!(naks, vec![vec![(2, 3)]]);
 }
 
-/// With a NAK delay, a hole waits that long: one filled meanwhile (the packet came by the
-/// slower of two paths) is never NAKed, one still open then is, and the deadline is the
-/// connection's timer. Each hole waits from when it was seen.
-#[test]
-fn a_nak_delay_spares_holes_filled_in_time() {
-    let cfg = Config {
-        nak_delay: 40_000,
-        ..Config::default()
-    };
-    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
-    for i in 0..10 {
-        a.send(i, b"x").unwrap();
-    }
-    let sent = transmit_all(&mut a, 0);
-    assert_eq!(sent.len(), 10);
-    let naks = |b: &mut Conn, now| -> Vec<Vec<(u64, u64)>> {
-        transmit_all(b, now)
-            .into_iter()
-            .filter_map(|d| match Datagram::parse(&d) {
-                Ok(Datagram::Nak { ack, .. }) => Some(ack.ranges),
-                _ => None,
-            })
-            .collect()
-    };
-    // 1 never comes: the cumulative ack's hole, left to SACK and probes (never NAKed).
-    // 0, 2, 3 and 5 at 10 us (hole [4, 5)); 4 comes by the slow path at 30 us.
-    for i in [0usize, 2, 3, 5] {
-        b.handle_datagram(10_000, &sent[i]).unwrap();
-    }
-    assert!(naks(&mut b, 10_000).is_empty(), "no hole is due yet");
-    assert!(
-        b.poll_timeout().is_some_and(|t| t <= 50_000),
-        "{:?}",
-        b.poll_timeout()
-    );
-    b.handle_datagram(30_000, &sent[4]).unwrap();
-    assert!(naks(&mut b, 60_000).is_empty(), "filled in time: no NAK");
-    // 7 at 70 us (hole [6, 7)), 9 at 100 us (hole [8, 9)); neither filled.
-    b.handle_datagram(70_000, &sent[7]).unwrap();
-    b.handle_datagram(100_000, &sent[9]).unwrap();
-    assert_eq!(
-        naks(&mut b, 110_000),
-        vec![vec![(6, 7)]],
-        "only the older hole is due"
-    );
-    assert_eq!(
-        naks(&mut b, 140_000),
-        vec![vec![(8, 9)]],
-        "then the newer one"
-    );
-    assert!(naks(&mut b, 200_000).is_empty(), "each NAKed once");
-}
-
 #[test]
 fn packets_beyond_the_acks_ranges_are_not_declared_lost() {
     // 50 holes in 200 packets: more than an ack's MAX_RANGES SACK ranges can describe.

@@ -150,42 +150,6 @@ fn heavy_reordering_duplication_and_corruption() {
     assert!(b.duplicates > 0 && b.out_of_order > 0);
 }
 
-/// Datagrams reordered by up to 60 us (as a capture ring and a socket reorder them),
-/// with real losses too: a NAK delay longer than the reordering keeps the receiver from
-/// NAKing packets still on their way, so fewer are resent than with NAKs at once, and the
-/// messages arrive intact either way.
-#[test]
-fn a_nak_delay_saves_the_resends_reordering_causes() {
-    let run = |nak_delay| {
-        let net = NetConfig {
-            seed: 31,
-            loss: 0.005,
-            jitter: 60_000,
-            ..NetConfig::default()
-        };
-        let cfg = Config {
-            nak_delay,
-            ..Config::default()
-        };
-        let mut p = pair(cfg, net);
-        let o = transfer(&mut p, 2000, 23, 1 << 20, 600 * SEC, |r| {
-            1 + r.below(16_000) as usize
-        });
-        let (a, b) = (p.a.stats(), p.b.stats());
-        println!(
-            "nak_delay {nak_delay}: {o:?} resent {} naks {}",
-            a.retransmissions, b.naks_sent
-        );
-        (a.retransmissions, b.naks_sent)
-    };
-    let (at_once, naks_at_once) = run(0);
-    let (delayed, naks_delayed) = run(100_000);
-    assert!(
-        delayed < at_once && naks_delayed < naks_at_once,
-        "resent {delayed} against {at_once}, NAKs {naks_delayed} against {naks_at_once}"
-    );
-}
-
 #[test]
 fn four_mib_messages_under_loss() {
     let net = NetConfig {

@@ -33,7 +33,6 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_UDP_PEER_SOCKETS", "how many peers (the first ones) get a UDP socket of their own, connected to them and sharing the endpoint's port (SO_REUSEPORT): their datagrams skip the per-datagram route lookup and the main socket (64-byte one-way across the veth pair 0.5-0.8 us less in three alternated pairs, BENCHMARKS.md); every such socket is read on every pass (with the receive ring, when a transfer comes in or it was busy), so a few: default 8, one per peer of an 8-host all-to-all (each then its own receive queue for admission control: such an all-to-all took 0.76x the time it took with 4, BENCHMARKS.md), 0-64; 0: one socket for all"),
     ("CLINK_UDP_STEER", "'1': a receiver steers the fast stream admission control granted to a UDP socket of its own, connected to that sender (the kernel keeps other traffic out of its speculative layout; it puts no more in place than without it, and costs goodput with two senders and under loss, BENCHMARKS.md); '0' (default): no steered socket (a stream arrives on its peer's own socket, see CLINK_UDP_PEER_SOCKETS, or on the main one)"),
     ("CLINK_UDP_RING", "'1' (default): once an endpoint has a UDP peer, it reads the small datagrams (data, acks, naks, pings, admission; UDP length up to 1 908 bytes) from a packet socket's receive ring shared with the kernel (PACKET_RX_RING), polled in memory without a system call, the UDP sockets dropping them by a BPF filter, and it sends its lone datagrams to a peer one hop away through that packet socket (IP and UDP headers built by clink, no qdisc, the peer's link-layer address learned from its frames); bulk fragments, GSO runs and handshakes stay on the UDP sockets. Needs CAP_NET_RAW (without it, the sockets alone, as with '0'); these packets bypass the host's netfilter rules. It shortens the busy 64-byte one-way hop across a veth pair (BENCHMARKS.md); no packet-socket sends on loopback"),
-    ("CLINK_UDP_RING_NAK_DELAY_US", "with the receive ring: how long a hole in a connection's sequence waits before it is NAKed (default 100; 0: at once, as without the ring). The ring takes small datagrams before the kernel has queued on the socket the bulk fragments sent ahead of them, so a hole it opens is mostly a fragment still on its way"),
     ("CLINK_UDP_PAYLOAD_HASH", "'0' (default): a bulk fragment's payload is left to the UDP checksum (filled in by the sending kernel or NIC, verified by the receiving one), as TCP leaves its stream to its own, and clink's CRC-32C covers its header (which the speculation verifier trusts) and every byte of the other datagrams; '1': each fragment's payload is also hashed end to end (XXH3), on both directions of every connection this endpoint makes or accepts (either side's wish applies), and an unhashed fragment is refused. It costs goodput and CPU (BENCHMARKS.md)"),
     ("CLINK_UDP_RELIABLE", "'1' (default): retransmit lost datagrams; '0': BCL-4's unreliable mode (lost messages are dropped, never damaged or duplicated)"),
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
@@ -244,9 +243,6 @@ impl Config {
                 "CLINK_UDP_STEER" => udp.steer = flag(&k, &v)?,
                 "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
                 "CLINK_UDP_RING" => udp.ring = flag(&k, &v)?,
-                "CLINK_UDP_RING_NAK_DELAY_US" => {
-                    udp.ring_nak_delay = Duration::from_micros(num(&k, &v, 0, 100_000)?)
-                }
                 "CLINK_NET_KEEPALIVE_THREAD" => udp.keepalive_thread = flag(&k, &v)?,
                 "CLINK_NET_DEVICES" => {
                     udp.devices = crate::netdev::parse_rules(&v).map_err(|e| bad(&k, &v, &e))?;
@@ -336,11 +332,6 @@ mod tests {
         assert!(udp("PATH", "x").spec_backoff);
         assert!(!udp("PATH", "x").force_miss);
         assert!(udp("CLINK_UDP_PAYLOAD_HASH", "1").payload_hash);
-        assert_eq!(
-            udp("CLINK_UDP_RING_NAK_DELAY_US", "40").ring_nak_delay,
-            Duration::from_micros(40)
-        );
-        assert_eq!(udp("PATH", "x").ring_nak_delay, Duration::from_micros(100));
         assert!(!udp("PATH", "x").payload_hash);
         let board = |v: &str| Config::from_vars(vars(&[("CLINK_BOARD_PEERS", v)]));
         let slots = crate::transport::shm::board::SLOTS;

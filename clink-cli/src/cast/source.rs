@@ -253,6 +253,18 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     mine["retransmissions"] = json!(ep.stats().retransmissions);
     let conn = ep.conn_stats(down).ok().flatten();
     mine["timeouts"] = json!(conn.map_or(0, |c| c.timeouts));
+    // Why the downstream connection resent (over UDP): the peer's NAKs, the losses acks
+    // revealed, the timers.
+    if let Some(c) = conn {
+        mine["recovery"] = json!({
+            "naks_received": c.naks_received,
+            "lost": c.lost,
+            "tail_probes": c.tail_probes,
+            "rto_probes": c.rto_probes,
+            "spurious_timeouts": c.spurious_timeouts,
+            "bulk_discarded": c.bulk_discarded,
+        });
+    }
     // What the source put on the wire towards the chain, clink's headers and resends
     // included (UDP payloads, or TCP segments' payloads).
     mine["wire_bytes"] = json!(ep.wire_bytes_sent(down).ok().flatten());

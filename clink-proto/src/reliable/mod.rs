@@ -140,11 +140,6 @@ pub struct Config {
     pub ack_every: u32,
     /// Reordering tolerance: a packet is lost when one transmitted this many later is acked.
     pub dup_thresh: u64,
-    /// How long a hole in the received sequence waits before it is NAKed (0: at once). A
-    /// receiver whose packets reach it by two paths that reorder them (a capture ring for
-    /// the small ones, the socket for the others) sets it, so that a packet still on the
-    /// other path is not NAKed and resent as lost.
-    pub nak_delay: u64,
     /// A loss is congestion (the window is cut) when the smoothed RTT is at least this
     /// many times the minimum RTT, and at least [`Config::congestion_queue_floor`] above
     /// it: a queue has built. 0: every loss is congestion (NewReno). See the module docs.
@@ -209,7 +204,6 @@ impl Default for Config {
             ack_delay: 200_000,
             ack_every: 2,
             dup_thresh: 3,
-            nak_delay: 0,
             congestion_rtt_factor: 4,
             congestion_queue_floor: 500_000,
             congestion_loss_pct: 5,
@@ -616,10 +610,6 @@ pub struct Conn {
     ack_deadline: Option<u64>,
     advertised_limit: u64,
     nak_ranges: Vec<(u64, u64)>,
-    /// When each hole of `nak_ranges` was seen (in order), and when the oldest may be
-    /// NAKed ([`Config::nak_delay`] after it was seen).
-    nak_seen: Vec<u64>,
-    nak_at: Option<u64>,
     // --- liveness ---
     last_recv: u64,
     last_ping: u64,
@@ -707,8 +697,6 @@ impl Conn {
             ack_deadline: None,
             advertised_limit: initial_limit,
             nak_ranges: Vec::new(),
-            nak_seen: Vec::new(),
-            nak_at: None,
             last_recv: now,
             last_ping: now,
             last_driven: now,

@@ -230,8 +230,8 @@ impl Conn {
             return Ok(false);
         }
         if pn > self.rcv_highest {
-            // A new hole [rcv_highest, pn): NAK it at once, or after the reordering delay.
-            self.push_nak(self.rcv_highest, pn, now);
+            // A new hole [rcv_highest, pn): NAK it at once.
+            self.push_nak(self.rcv_highest, pn);
         }
         if pn != self.rcv_next {
             self.stats.out_of_order += 1;
@@ -252,9 +252,7 @@ impl Conn {
         Ok(true)
     }
 
-    /// Records the hole `s..e`, seen at `now` (joined to the previous one when they
-    /// touch: it keeps that one's time).
-    pub(super) fn push_nak(&mut self, s: u64, e: u64, now: u64) {
+    pub(super) fn push_nak(&mut self, s: u64, e: u64) {
         if let Some(last) = self.nak_ranges.last_mut() {
             if last.1 == s {
                 last.1 = e;
@@ -263,23 +261,7 @@ impl Conn {
         }
         if self.nak_ranges.len() < packet::MAX_RANGES {
             self.nak_ranges.push((s, e));
-            self.nak_seen.push(now);
-            self.nak_at.get_or_insert(now + self.cfg.nak_delay);
         }
-    }
-
-    /// The holes due to be NAKed at `now` (seen [`Config::nak_delay`] ago or more), taken
-    /// out of the pending ones.
-    pub(super) fn take_due_naks(&mut self, now: u64) -> Vec<(u64, u64)> {
-        let delay = self.cfg.nak_delay;
-        let k = self
-            .nak_seen
-            .iter()
-            .take_while(|&&t| t + delay <= now)
-            .count();
-        self.nak_seen.drain(..k);
-        self.nak_at = self.nak_seen.first().map(|&t| t + delay);
-        self.nak_ranges.drain(..k).collect()
     }
 
     pub(super) fn drain_in_order(&mut self) {
@@ -468,11 +450,6 @@ impl Conn {
 
     /// When a delayed ack is due (included in [`Conn::poll_timeout`]).
     pub fn ack_timeout(&self) -> Option<u64> {
-        let nak = self.nak_at.filter(|_| !self.nak_ranges.is_empty());
-        match (self.ack_deadline, nak) {
-            (Some(a), Some(n)) => Some(a.min(n)),
-            (a, n) => a.or(n),
-        }
-        .filter(|_| !self.dead)
+        self.ack_deadline.filter(|_| !self.dead)
     }
 }

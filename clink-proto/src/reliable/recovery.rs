@@ -17,7 +17,7 @@ impl Conn {
             }
         };
         min(self.tlp_deadline);
-        min(self.ack_timeout());
+        min(self.ack_deadline);
         min(self.asker.poll_timeout());
         if self.cfg.keepalive > 0 {
             min(Some(

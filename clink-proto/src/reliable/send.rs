@@ -108,7 +108,7 @@ impl Conn {
         let mut payload: &'s [u8] = &[];
         let conn = self.cfg.conn_id;
         self.asker.bulk_active(now, self.bulk_outstanding > 0);
-        let n = if !self.nak_ranges.is_empty() && self.nak_at.is_none_or(|t| t <= now) {
+        let n = if !self.nak_ranges.is_empty() {
             let mut ack = self.build_ack(now);
             // Only holes still open are worth a NAK: packets that arrived since the hole
             // was seen (a batch's misses are handed over after its hits) are left out, or
@@ -116,7 +116,7 @@ impl Conn {
             // itself, the first missing packet, stalled the 5% loss simulation for
             // seconds of timeouts, for a reason not found; the hole at `cum` is left to
             // SACK and the tail probe.)
-            let ranges = self.take_due_naks(now);
+            let ranges = std::mem::take(&mut self.nak_ranges);
             ack.ranges = self.still_missing(&ranges, ack.cum + 1);
             if ack.ranges.is_empty() {
                 return self.poll_transmit_with(now, buf, source);

@@ -123,12 +123,6 @@ pub struct UdpConfig {
     /// sockets, and send lone small datagrams to a peer one hop away through that packet
     /// socket ([`ring`]; needs `CAP_NET_RAW`, else the sockets alone).
     pub ring: bool,
-    /// How long a receiver with the ring waits before it NAKs a hole
-    /// ([`reliable::Config::nak_delay`]): the ring takes the small datagrams before the
-    /// kernel has queued the bulk fragments sent ahead of them on the socket, so a hole it
-    /// opens is mostly a fragment still on its way. Without the ring, holes are NAKed at
-    /// once.
-    pub ring_nak_delay: Duration,
     /// Hash bulk payloads end to end (XXH3 per fragment) on this side's connections, both
     /// ways (either side's wish applies); otherwise they are left to the UDP checksum, as
     /// TCP leaves its stream to its own, and only bulk headers carry clink's checksum
@@ -159,7 +153,6 @@ impl Default for UdpConfig {
             steer: false,
             peer_sockets: 8,
             ring: true,
-            ring_nak_delay: Duration::from_micros(100),
             payload_hash: false,
             keepalive_thread: true,
             devices: Vec::new(),
@@ -301,8 +294,6 @@ impl Routes {
 /// Everything but the socket (so a receive can borrow both at once).
 struct State {
     cfg: UdpConfig,
-    /// The NAK delay of new connections (nanoseconds): the ring's, once it is open.
-    nak_delay: u64,
     /// The interfaces advertised, preferred first.
     ifaces: Vec<crate::sys::Iface>,
     advertised: Vec<SocketAddr>,
@@ -393,7 +384,6 @@ impl State {
             // One ack per 16 packets or per delay keeps them cheap in bulk transfers; in a
             // ping-pong they ride on the answers (piggybacked).
             ack_every: 16,
-            nak_delay: self.nak_delay,
             ..reliable::Config::default()
         }
     }
@@ -501,7 +491,6 @@ impl UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
-                nak_delay: 0,
                 advertised: ifaces.iter().map(|i| SocketAddr::new(i.ip, port)).collect(),
                 ifaces,
                 cfg,
@@ -623,7 +612,6 @@ impl UdpTransport {
             }
         }
         self.peers.leave_to_ring();
-        self.st.nak_delay = self.st.cfg.ring_nak_delay.as_nanos() as u64;
         self.ring_new_fd = Some(r.raw());
         self.ring = Some(r);
     }
