@@ -135,7 +135,7 @@ impl TxBatch {
     /// (a bulk payload, sent from where it is: no copy), says whether the datagram must
     /// open a new GSO send (a bulk group boundary: the receiver's speculative layout
     /// expects each group in one read), and where it goes (`None`: nothing to send, the
-    /// call is undone). The payload is held as a lease ([`crate::lease`]): it is a bulk
+    /// call is undone). The payload is held as a lease (`crate::lease`): it is a bulk
     /// source's bytes, which stay until their transfer is acknowledged, after the batch
     /// is sent ([`super::UdpSock::send_run`]).
     pub fn push_grouped<'p>(

@@ -580,7 +580,7 @@ impl UdpSock {
     /// `cap`: reads take no more entries than `lead` arms (at least one). The leases must
     /// not overlap; they are written by every read until the next call of this function,
     /// which the transport makes before a transfer they belong to ends (the lease rule,
-    /// [`crate::lease`]).
+    /// `crate::lease`).
     pub fn set_lead(&mut self, lead: &[Vec<Dst>], cap: bool) {
         let armed = lead.iter().take_while(|l| !l.is_empty()).count();
         self.cap = if cap { armed.max(1) } else { RX_SLOTS };

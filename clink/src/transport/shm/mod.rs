@@ -46,9 +46,9 @@ const FULL_RING_PEERS: usize = 4;
 const MIN_SHRUNK_CELLS: u32 = 128;
 
 /// Cells per ring of a new connection made by an endpoint that has `peers` same-host
-/// peers already: `configured` for the first [`FULL_RING_PEERS`], then halved for each
+/// peers already: `configured` for the first `FULL_RING_PEERS`, then halved for each
 /// doubling beyond (4-7 peers: a half, 8-15: a quarter, ...), down to
-/// [`MIN_SHRUNK_CELLS`]. Each pair's rings are its own memory and a full mesh of N
+/// `MIN_SHRUNK_CELLS`. Each pair's rings are its own memory and a full mesh of N
 /// processes holds N(N-1)/2 pairs: 64 processes at 128 KiB a ring took 527 MiB. The
 /// connector chooses (its hello carries the size) and both sides' limits follow it.
 pub fn ring_cells_for(configured: u32, peers: usize, shrink: bool) -> u32 {

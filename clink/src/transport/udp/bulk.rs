@@ -2,7 +2,7 @@
 //! transmission (the sender's own buffer, no staging copy) and the destinations the
 //! fragments land in (the posted receive buffer), speculatively or by the cleanup copy.
 //!
-//! The memory is lent by the endpoint's send and receive requests ([`crate::lease`]);
+//! The memory is lent by the endpoint's send and receive requests (`crate::lease`);
 //! a transfer's lease is dropped here when the transfer reports done or the link is
 //! cleared ([`Bulk::clear`]) when the peer fails.
 
