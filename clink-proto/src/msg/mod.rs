@@ -35,10 +35,12 @@
 
 mod chunker;
 mod recv;
+mod requests;
 mod send;
 
 pub use chunker::{Chunker, NextChunk};
 pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
+pub use requests::{RecvReq, Requests, SendReq};
 pub use send::{CancelStep, SendState};
 
 use crate::matching::Matcher;

@@ -91,9 +91,6 @@ const FAST_STREAK: u32 = 64;
 /// this often to look.
 const FUTEX_SLEEP_MAX: Duration = Duration::from_millis(10);
 
-/// Request ids are small sequential integers: a multiply, not SipHash, per message.
-type IdMap<V> = clink_proto::idhash::IdMap<u64, V>;
-
 pub use clink_proto::msg::Status;
 
 /// A completed non-blocking receive: the buffer (truncated to the message length) and its
@@ -161,27 +158,12 @@ const _: fn() = || {
 /// A send request's protocol state (see [`clink_proto::msg`]).
 type SendState = msg::SendState<Error>;
 
-struct SendOp {
-    peer: PeerId,
-    tag: u64,
-    data: SendBuf,
-    state: SendState,
-    /// Its completion is to be reported by an event (posted with [`events::REQUESTS`] in
-    /// the interest mask, not reported yet).
-    watched: bool,
-}
+type SendOp = msg::SendReq<SendBuf, Error>;
 
 /// A receive request's protocol state (see [`clink_proto::msg`]).
 type RecvState = msg::RecvState<Error>;
 
-struct RecvOp {
-    buf: RecvBuf,
-    state: RecvState,
-    /// As [`SendOp::watched`].
-    watched: bool,
-    /// The caller's word for it ([`Endpoint::irecv_raw_user`]), handed back on completion.
-    user: u64,
-}
+type RecvOp = msg::RecvReq<RecvBuf, Error>;
 
 /// Something to put in a peer's ring, in order.
 enum TxItem {
@@ -282,9 +264,8 @@ pub struct Endpoint {
     /// Accepted connections waiting for their hello, with their arrival time.
     incoming: Vec<(SeqPacket, Instant)>,
     matcher: Matcher<u64, Arrived>,
-    sends: IdMap<SendOp>,
-    recvs: IdMap<RecvOp>,
-    next_id: u64,
+    /// The requests, their states and buffers ([`clink_proto::msg::Requests`]).
+    req: msg::Requests<SendBuf, RecvBuf, Error>,
     stats: Stats,
     /// Progress passes made (wrapping): every 64th looks at the clock for the liveness
     /// check.
@@ -308,17 +289,10 @@ pub struct Endpoint {
     udp_watched: bool,
     /// The TCP transport, when enabled (`CLINK_TCP`).
     tcp: Option<TcpTransport>,
-    /// Sends nobody waits for (committed network claims): removed once complete.
-    detached: Vec<u64>,
     /// Apertures, exports, tripwires and one-sided requests.
     rma: rma::RmaState,
     /// The event queue.
     evq: EventQueue,
-    /// How many requests are watched (their completion still to be reported).
-    watching: usize,
-    /// Requests whose state became `Done` since the last report: (is a send, id). Every
-    /// place that finishes a request adds it, so a report looks at those alone.
-    finished: Vec<(bool, u64)>,
     /// Our activity board and which peers a progress pass visits.
     board: Board,
     ready: ready::Ready,
@@ -374,9 +348,7 @@ impl Endpoint {
             new_peers: VecDeque::new(),
             incoming: Vec::new(),
             matcher: Matcher::default(),
-            sends: IdMap::default(),
-            recvs: IdMap::default(),
-            next_id: 1,
+            req: msg::Requests::default(),
             stats: Stats::default(),
             passes: 0,
             last_check: Instant::now(),
@@ -388,11 +360,8 @@ impl Endpoint {
             awaiting: false,
             udp_watched: false,
             tcp,
-            detached: Vec::new(),
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
-            watching: 0,
-            finished: Vec::new(),
             board: Board::new()?,
             ready: ready::Ready::default(),
             expected_peers: local_peers,
@@ -451,9 +420,7 @@ impl Endpoint {
     }
 
     fn alloc_id(&mut self) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
-        id
+        self.req.alloc_id()
     }
 
     // ---------------------------------------------------------------- sending
@@ -463,7 +430,7 @@ impl Endpoint {
     /// The word a pending receive was posted with ([`Endpoint::irecv_raw_user`]; 0 for the
     /// other receives), `None` once it is gone.
     pub fn recv_user(&self, req: u64) -> Option<u64> {
-        self.recvs.get(&req).map(|op| op.user)
+        self.req.recvs.get(&req).map(|op| op.user)
     }
 
     // ---------------------------------------------------------------- progress
@@ -517,17 +484,13 @@ impl Endpoint {
     /// [`Endpoint::remove_send`]), which keeps the count of watched requests right.
     #[inline]
     fn remove_recv(&mut self, id: u64) -> Option<RecvOp> {
-        let op = self.recvs.remove(&id)?;
-        self.watching -= usize::from(op.watched);
-        Some(op)
+        self.req.remove_recv(id)
     }
 
     /// Takes send `id` out of the table (see [`Endpoint::remove_recv`]).
     #[inline]
     fn remove_send(&mut self, id: u64) -> Option<SendOp> {
-        let op = self.sends.remove(&id)?;
-        self.watching -= usize::from(op.watched);
-        Some(op)
+        self.req.remove_send(id)
     }
 }
 
@@ -537,7 +500,7 @@ impl Drop for Endpoint {
         // for the peer (it will see our socket close and fail its receive).
         // A split rendezvous's sender may still write into its receive buffer: leak it
         // rather than let the allocator hand that memory out again.
-        for op in self.recvs.values_mut() {
+        for op in self.req.recvs.values_mut() {
             if let (RecvState::Split { .. }, RecvBuf::Owned(v)) = (&op.state, &mut op.buf) {
                 std::mem::forget(std::mem::take(v));
             }

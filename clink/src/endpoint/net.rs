@@ -392,7 +392,7 @@ impl Endpoint {
                     *w = true;
                 }
             }
-            for op in self.sends.values() {
+            for op in self.req.sends.values() {
                 if !op.state.is_done() {
                     if let Some(w) = want.get_mut(op.peer.0 as usize) {
                         *w = true;
@@ -455,7 +455,7 @@ impl Endpoint {
             && p.pipeline_out.is_empty()
             && p.engine.is_empty()
             && self.matcher.posted_len() == 0
-            && self.sends.is_empty()
+            && self.req.sends.is_empty()
             && !self.matcher.has_unexpected(&sel)
             && self.peers.iter().filter(|p| p.alive).count() == 1;
         if !open {

@@ -292,22 +292,22 @@ impl Endpoint {
             b.clear_bulk();
         }
         for (_, rid) in p.pipeline_in.drain() {
-            if let Some(op) = self.recvs.get_mut(&rid) {
+            if let Some(op) = self.req.recvs.get_mut(&rid) {
                 if op.state.fail(Error::PeerDead(peer)) {
-                    self.finished.push((false, rid));
+                    self.req.finished.push((false, rid));
                 }
             }
         }
-        for (&id, op) in self.sends.iter_mut() {
+        for (&id, op) in self.req.sends.iter_mut() {
             if op.peer == peer && op.state.fail(Error::PeerDead(peer)) {
-                self.finished.push((true, id));
+                self.req.finished.push((true, id));
             }
         }
         self.fail_peer_rma(i);
         for rid in self.matcher.drain_posted_from(peer) {
-            if let Some(op) = self.recvs.get_mut(&rid) {
+            if let Some(op) = self.req.recvs.get_mut(&rid) {
                 if op.state.fail(Error::PeerDead(peer)) {
-                    self.finished.push((false, rid));
+                    self.req.finished.push((false, rid));
                 }
             }
         }

@@ -47,23 +47,14 @@ impl Endpoint {
         let fresh = pass.copies || did && self.net_clock_stale();
         self.net_transmit(fresh);
         self.tcp_transmit();
-        if !self.finished.is_empty() {
+        if !self.req.finished.is_empty() {
             self.report_done();
         }
         if self.rma.has_aperture_recvs() {
             self.settle_aperture_recvs();
         }
-        if !self.detached.is_empty() {
-            let mut detached = std::mem::take(&mut self.detached);
-            detached.retain(|&id| match self.sends.get(&id).map(|s| &s.state) {
-                Some(SendState::Done(_)) => {
-                    self.remove_send(id);
-                    false
-                }
-                Some(_) => true,
-                None => false,
-            });
-            self.detached = detached;
+        if !self.req.detached.is_empty() {
+            self.req.reap_detached();
         }
         // Every 64 passes, busy or not, look at the clock (cheap, but not free), and every
         // liveness interval at the epoll set: hang-ups, new connections. Only idle passes
@@ -211,29 +202,9 @@ impl Endpoint {
     /// passes finish nothing.
     #[inline(never)]
     pub(super) fn report_done(&mut self) {
-        for k in 0..self.finished.len() {
-            let (send, id) = self.finished[k];
-            let ok = if send {
-                self.sends.get_mut(&id).and_then(|o| match &o.state {
-                    SendState::Done(r) if o.watched => {
-                        o.watched = false;
-                        Some(r.is_ok())
-                    }
-                    _ => None,
-                })
-            } else {
-                self.recvs.get_mut(&id).and_then(|o| match &o.state {
-                    RecvState::Done(r) if o.watched => {
-                        o.watched = false;
-                        Some(r.is_ok())
-                    }
-                    _ => None,
-                })
-            };
-            let Some(ok) = ok else { continue };
-            self.watching -= 1;
-            let req = id;
-            self.evq.push(
+        let evq = &mut self.evq;
+        self.req.report(|send, req, ok| {
+            evq.push(
                 events::REQUESTS,
                 if send {
                     Event::SendDone { req, ok }
@@ -241,7 +212,6 @@ impl Endpoint {
                     Event::RecvDone { req, ok }
                 },
             );
-        }
-        self.finished.clear();
+        });
     }
 }

@@ -20,13 +20,13 @@ impl Endpoint {
             tag,
             len,
         };
-        let Some(op) = self.recvs.get_mut(&rid) else {
+        let Some(op) = self.req.recvs.get_mut(&rid) else {
             return;
         };
         let p = &mut self.peers[i];
         if !p.alive {
             op.state = RecvState::Done(Err(Error::PeerDead(src)));
-            self.finished.push((false, rid));
+            self.req.finished.push((false, rid));
             return;
         }
         let cma = p.link.cma();
@@ -57,7 +57,7 @@ impl Endpoint {
                     };
                     self.push_ctrl(i, f);
                 }
-                let Some(op) = self.recvs.get_mut(&rid) else {
+                let Some(op) = self.req.recvs.get_mut(&rid) else {
                     return;
                 };
                 let buf = &mut op.buf.slice()[pushed as usize..n as usize];
@@ -69,7 +69,7 @@ impl Endpoint {
                 if pushed > 0 {
                     self.stats.cma_splits += 1;
                 } else {
-                    self.finished.push((false, rid));
+                    self.req.finished.push((false, rid));
                     self.finish_cma(i, send_id, n, since);
                 }
             }
@@ -132,15 +132,15 @@ impl Endpoint {
                 }
             },
             Frame::Fin { send_id } => {
-                if let Some(op) = self.sends.get_mut(&send_id) {
+                if let Some(op) = self.req.sends.get_mut(&send_id) {
                     if op.peer == src && op.state.on_fin() {
-                        self.finished.push((true, send_id));
+                        self.req.finished.push((true, send_id));
                     }
                 }
             }
             Frame::Cts { send_id } => {
                 let bad = |what| bad_send_ref(src, send_id, what);
-                let op = match self.sends.get_mut(&send_id) {
+                let op = match self.req.sends.get_mut(&send_id) {
                     Some(op) if op.peer == src => op,
                     _ => return Err(bad("CTS for unknown send")),
                 };
@@ -152,7 +152,7 @@ impl Endpoint {
                     // (the link's transfers are cleared first).
                     if !u.send_bulk(send_id, op.data.lease()) && op.state.fail(Error::PeerDead(src))
                     {
-                        self.finished.push((true, send_id));
+                        self.req.finished.push((true, send_id));
                     }
                     self.kick(i);
                     return Ok(true);
@@ -172,6 +172,7 @@ impl Endpoint {
                     .get(&send_id)
                     .ok_or_else(|| bad("chunk for unknown send"))?;
                 let op = self
+                    .req
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("chunk for unknown receive"))?;
@@ -187,7 +188,7 @@ impl Endpoint {
                     let ns = sys::monotonic_ns().saturating_sub(since) as f64;
                     p.chooser
                         .record(&self.ctx.costs, Rndv::Pipeline, offset + len, ns);
-                    self.finished.push((false, rid));
+                    self.req.finished.push((false, rid));
                     p.pipeline_in.remove(&send_id);
                 }
             }
@@ -196,15 +197,15 @@ impl Endpoint {
                 self.push_ctrl(i, Frame::CancelAck { send_id, cancelled });
             }
             Frame::CancelAck { send_id, cancelled } => {
-                if let Some(op) = self.sends.get_mut(&send_id) {
+                if let Some(op) = self.req.sends.get_mut(&send_id) {
                     if op.peer == src && op.state.on_cancel_ack(cancelled) {
-                        self.finished.push((true, send_id));
+                        self.req.finished.push((true, send_id));
                     }
                 }
             }
             Frame::Push { send_id, addr, len } => {
                 let bad = |what| bad_send_ref(src, send_id, what);
-                let op = match self.sends.get(&send_id) {
+                let op = match self.req.sends.get(&send_id) {
                     Some(op) if op.peer == src => op,
                     _ => return Err(bad("push for unknown send")),
                 };
@@ -222,6 +223,7 @@ impl Endpoint {
                     .remove(&send_id)
                     .ok_or_else(|| bad("pushed for unknown send"))?;
                 let op = self
+                    .req
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("pushed for unknown receive"))?;
@@ -246,7 +248,7 @@ impl Endpoint {
                 }
                 let (n, since) = (end.status.len.min(cap), end.since);
                 op.state = end.finish(head, cap);
-                self.finished.push((false, rid));
+                self.req.finished.push((false, rid));
                 self.finish_cma(i, send_id, n, since);
             }
             Frame::Close => {
@@ -287,9 +289,9 @@ impl Endpoint {
             }
         }
         for x in done_out {
-            if let Some(op) = self.sends.get_mut(&x) {
+            if let Some(op) = self.req.sends.get_mut(&x) {
                 if op.state.transfer_done() {
-                    self.finished.push((true, x));
+                    self.req.finished.push((true, x));
                 }
             }
         }
@@ -297,13 +299,13 @@ impl Endpoint {
             let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
                 continue;
             };
-            let Some(op) = self.recvs.get_mut(&rid) else {
+            let Some(op) = self.req.recvs.get_mut(&rid) else {
                 continue;
             };
             // Its bytes are counted by the link (hits, direct reads, cleanup copies).
             let cap = op.buf.slice().len() as u64;
             if op.state.transfer_done(cap) {
-                self.finished.push((false, rid));
+                self.req.finished.push((false, rid));
             }
         }
     }

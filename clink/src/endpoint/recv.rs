@@ -17,8 +17,7 @@ impl Endpoint {
     pub(super) fn post_recv(&mut self, sel: Selector, buf: RecvBuf, user: u64) -> RecvRequest {
         let id = self.alloc_id();
         let watched = self.evq.interest & events::REQUESTS != 0;
-        self.watching += usize::from(watched);
-        self.recvs.insert(
+        self.req.add_recv(
             id,
             RecvOp {
                 buf,
@@ -45,9 +44,9 @@ impl Endpoint {
             } else {
                 Error::UnknownPeer(src)
             };
-            if let Some(op) = self.recvs.get_mut(&id) {
+            if let Some(op) = self.req.recvs.get_mut(&id) {
                 op.state = RecvState::Done(Err(err));
-                self.finished.push((false, id));
+                self.req.finished.push((false, id));
             }
         }
     }
@@ -86,7 +85,7 @@ impl Endpoint {
         spun: Option<Instant>,
     ) -> Result<Status> {
         let id = self.alloc_id();
-        self.recvs.insert(
+        self.req.add_recv(
             id,
             RecvOp {
                 buf: RecvBuf::Lent(dst),
@@ -98,7 +97,7 @@ impl Endpoint {
         self.post(sel, id);
         let r = self.wait_for(timeout, true, spun, |ep| {
             matches!(
-                ep.recvs.get(&id).map(|r| &r.state),
+                ep.req.recvs.get(&id).map(|r| &r.state),
                 Some(RecvState::Done(_))
             )
         });
@@ -107,7 +106,7 @@ impl Endpoint {
             // finish first: its chunks land in `buf`.
             if !self.matcher.cancel(&id) {
                 self.wait_until(None, |ep| {
-                    ep.recvs.get(&id).is_none_or(|r| !r.state.in_flight())
+                    ep.req.recvs.get(&id).is_none_or(|r| !r.state.in_flight())
                 })?;
             }
             if let Some(RecvOp {
@@ -133,7 +132,7 @@ impl Endpoint {
     /// path.
     pub(super) fn recv_fast(&mut self, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
         if self.matcher.posted_len() != 0
-            || !self.sends.is_empty()
+            || !self.req.sends.is_empty()
             || self.matcher.has_unexpected(&sel)
         {
             return None;
@@ -183,10 +182,10 @@ impl Endpoint {
         self.fast_polls = self.fast_polls.wrapping_add(1);
         if self.fast_polls.is_multiple_of(64)
             || self.ready.on
-            || !self.sends.is_empty()
-            || !self.detached.is_empty()
+            || !self.req.sends.is_empty()
+            || !self.req.detached.is_empty()
             || !self.incoming.is_empty()
-            || !self.finished.is_empty()
+            || !self.req.finished.is_empty()
             || self.rma.has_aperture_recvs()
         {
             return None;
@@ -203,11 +202,11 @@ impl Endpoint {
                 // A message no posted receive wants: the progress pass decides (it stays
                 // at the head, or is copied aside).
                 let rid = self.matcher.take_posted(src, tag)?;
-                let op = self.recvs.get_mut(&rid)?;
+                let op = self.req.recvs.get_mut(&rid)?;
                 let result = copy_eager(src, tag, data, op.buf.slice());
                 let report = if matches!(op.buf, RecvBuf::Owned(_)) {
                     op.state = RecvState::Done(result);
-                    self.finished.push((false, rid));
+                    self.req.finished.push((false, rid));
                     None
                 } else {
                     let user = op.user;
@@ -248,7 +247,7 @@ impl Endpoint {
             // pass, or one found without a pass).
             self.settle_aperture_recvs();
         }
-        match self.recvs.get(&id).map(|r| (&r.state, &r.buf)) {
+        match self.req.recvs.get(&id).map(|r| (&r.state, &r.buf)) {
             None => Err(Error::Consumed),
             Some((RecvState::Done(_), RecvBuf::InPlace(_))) => {
                 // The bytes are in the aperture: no buffer to hand back, even truncated.
@@ -264,7 +263,7 @@ impl Endpoint {
             }
             Some((RecvState::Done(Err(Error::Truncated { .. })), _)) => {
                 // Keep the buffer (with the message's first bytes) for take_recv_buffer.
-                match &self.recvs[&id].state {
+                match &self.req.recvs[&id].state {
                     RecvState::Done(Err(Error::Truncated { len, capacity })) => {
                         Err(Error::Truncated {
                             len: *len,
@@ -307,7 +306,7 @@ impl Endpoint {
         let id = req.id;
         self.wait_until(timeout, |ep| {
             matches!(
-                ep.recvs.get(&id).map(|r| &r.state),
+                ep.req.recvs.get(&id).map(|r| &r.state),
                 Some(RecvState::Done(_)) | None
             )
         })?;
@@ -331,7 +330,7 @@ impl Endpoint {
         self.wait_until(timeout, |ep| {
             first = reqs.iter().position(|r| {
                 matches!(
-                    ep.recvs.get(&r.id).map(|r| &r.state),
+                    ep.req.recvs.get(&r.id).map(|r| &r.state),
                     Some(RecvState::Done(_)) | None
                 )
             });
@@ -478,11 +477,11 @@ impl Endpoint {
     }
 
     pub(super) fn complete_eager(&mut self, src: PeerId, tag: u64, rid: u64, data: &[u8]) {
-        let Some(op) = self.recvs.get_mut(&rid) else {
+        let Some(op) = self.req.recvs.get_mut(&rid) else {
             return;
         };
         op.state = RecvState::Done(copy_eager(src, tag, data, op.buf.slice()));
-        self.finished.push((false, rid));
+        self.req.finished.push((false, rid));
     }
 }
 
@@ -579,7 +578,11 @@ mod tests {
         assert_eq!((st.peer, st.tag, st.len), (pb, 7, 8));
         assert_eq!(buf.range(0, 8), Some(&b"in place"[..]));
         assert!(matches!(b.finish_recv(&raw), Err(Error::Consumed)));
-        assert_eq!(b.watching, 0, "the taken request is no longer watched");
+        assert_eq!(
+            b.req.watching(),
+            0,
+            "the taken request is no longer watched"
+        );
         assert!(events(&mut b).is_empty(), "no event for a request taken");
 
         // Owned buffer: completed in the ring's order, reported by an event.
@@ -604,7 +607,7 @@ mod tests {
         let mut late = [0u8; 8];
         let st = b.recv(Selector::exact(Some(pb), 9), &mut late).unwrap();
         assert_eq!(&late[..st.len as usize], b"later");
-        assert_eq!(b.watching, 0);
+        assert_eq!(b.req.watching(), 0);
     }
 
     /// Every watched request is reported once, whichever way it finished, and one taken
@@ -625,7 +628,7 @@ mod tests {
             "{ev_a:?}"
         );
         assert!(events(&mut a).is_empty(), "reported twice");
-        assert_eq!(a.watching, 0);
+        assert_eq!(a.req.watching(), 0);
         b.progress();
         let mut ids: Vec<u64> = std::iter::from_fn(|| b.pop_event())
             .filter_map(|e| match e {
@@ -648,7 +651,7 @@ mod tests {
         for r in [r1, r2] {
             assert!(b.finish_recv(&r).unwrap().is_some());
         }
-        assert_eq!(b.watching, 0);
-        assert!(b.finished.is_empty());
+        assert_eq!(b.req.watching(), 0);
+        assert!(b.req.finished.is_empty());
     }
 }

@@ -21,7 +21,7 @@ impl Endpoint {
         let id = if req.id == 0 {
             // Complete already: give it a number and a finished entry to report and take.
             let id = self.alloc_id();
-            self.sends.insert(
+            self.req.add_send(
                 id,
                 SendOp {
                     peer,
@@ -31,7 +31,7 @@ impl Endpoint {
                     watched: false,
                 },
             );
-            self.finished.push((true, id));
+            self.req.finished.push((true, id));
             id
         } else {
             req.id
@@ -39,10 +39,7 @@ impl Endpoint {
         // Reported by the next progress pass (which `next_event`, `wait_event` and
         // `prepare_wait` all run first; `wait_event`'s fast path stands aside while any
         // request is watched).
-        if let Some(op) = self.sends.get_mut(&id) {
-            op.watched = true;
-            self.watching += 1;
-        }
+        self.req.watch_send(id);
         Ok(SendRequest { id })
     }
 
@@ -98,7 +95,7 @@ impl Endpoint {
         let p = &mut self.peers[peer.0 as usize];
         p.txq.push_back(TxItem::Send(id));
         self.mark_busy(peer.0 as usize);
-        self.sends.insert(
+        self.req.add_send(
             id,
             SendOp {
                 peer,
@@ -115,7 +112,7 @@ impl Endpoint {
     /// Lets a send complete on its own: nobody will wait for it.
     pub(super) fn detach_send(&mut self, req: SendRequest) {
         if req.id != 0 {
-            self.detached.push(req.id);
+            self.req.detached.push(req.id);
         }
     }
 
@@ -148,7 +145,7 @@ impl Endpoint {
     }
 
     pub(super) fn take_send(&mut self, id: u64) -> Result<bool> {
-        match self.sends.get(&id).map(|s| &s.state) {
+        match self.req.sends.get(&id).map(|s| &s.state) {
             None => Err(Error::Consumed),
             Some(SendState::Done(_)) => match self.remove_send(id).map(|s| s.state) {
                 Some(SendState::Done(r)) => r.map(|_| true),
@@ -174,7 +171,7 @@ impl Endpoint {
     /// the peer's liveness).
     pub fn cancel_send(&mut self, req: SendRequest) -> Result<bool> {
         let id = req.id;
-        let Some(op) = self.sends.get_mut(&id) else {
+        let Some(op) = self.req.sends.get_mut(&id) else {
             return Ok(false);
         };
         let peer = op.peer;
@@ -210,7 +207,7 @@ impl Endpoint {
     /// Waits until send `id` is over (or gone), at most `timeout`.
     fn wait_send_over(&mut self, id: u64, timeout: Option<Duration>) -> Result<()> {
         self.wait_until(timeout, |ep| {
-            ep.sends.get(&id).is_none_or(|s| s.state.is_done())
+            ep.req.sends.get(&id).is_none_or(|s| s.state.is_done())
         })
     }
 
@@ -296,7 +293,7 @@ impl Endpoint {
                     Ok(f) => p.link.try_send(&f),
                     Err(_) => true, // we encoded it: cannot happen; drop rather than stall
                 },
-                TxItem::Send(id) => match self.sends.get_mut(id) {
+                TxItem::Send(id) => match self.req.sends.get_mut(id) {
                     None => true, // cancelled meanwhile
                     Some(op) => {
                         let data = op.data.bytes();
@@ -305,7 +302,7 @@ impl Endpoint {
                             let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
                             if ok {
                                 op.state.delivered();
-                                self.finished.push((true, *id));
+                                self.req.finished.push((true, *id));
                             }
                             ok
                         } else {
@@ -353,7 +350,7 @@ impl Endpoint {
             None => crate::context::net_eager_threshold(&self.ctx, false),
         };
         while let Some(c) = p.pipeline_out.next(chunk) {
-            let Some(op) = self.sends.get_mut(&c.send_id) else {
+            let Some(op) = self.req.sends.get_mut(&c.send_id) else {
                 p.pipeline_out.skip();
                 continue;
             };
@@ -369,7 +366,7 @@ impl Endpoint {
             self.stats.frames_sent += 1;
             did = true;
             if p.pipeline_out.sent(c).is_some() && op.state.transfer_done() {
-                self.finished.push((true, c.send_id));
+                self.req.finished.push((true, c.send_id));
             }
         }
         did

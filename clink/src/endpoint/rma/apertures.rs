@@ -155,7 +155,7 @@ impl Endpoint {
     /// they were posted); forgets those cancelled or failed.
     pub(in crate::endpoint) fn settle_aperture_recvs(&mut self) {
         let mut fires = Vec::new();
-        let recvs = &self.recvs;
+        let recvs = &self.req.recvs;
         self.rma
             .aperture_recvs
             .retain(|r| match recvs.get(&r.req).map(|op| &op.state) {

@@ -219,8 +219,8 @@ impl Endpoint {
         if self.ready.on
             || self.peers.is_empty()
             || self.fast_streak >= FAST_STREAK
-            || self.watching != 0
-            || !self.detached.is_empty()
+            || self.req.watching() != 0
+            || !self.req.detached.is_empty()
             || !self.incoming.is_empty()
         {
             return None;
