@@ -36,7 +36,7 @@ impl Src {
     ///
     /// # Safety
     /// `ptr..ptr + len` must be readable and left unchanged until the request the lease
-    /// is made for is over and the runtime has dropped every copy (module docs).
+    /// is made for is over (the runtime uses no copy after that: module docs).
     #[inline]
     pub unsafe fn new(ptr: *const u8, len: usize) -> Src {
         let ptr = if len == 0 {
@@ -61,10 +61,7 @@ impl Src {
     /// Lends bytes that live for ever (tests, constants).
     #[inline]
     pub fn from_static(b: &'static [u8]) -> Src {
-        Src {
-            ptr: b.as_ptr(),
-            len: b.len(),
-        }
+        Src::of_owned(b)
     }
 
     /// The number of bytes lent.
@@ -120,8 +117,8 @@ impl Dst {
     ///
     /// # Safety
     /// `ptr..ptr + len` must be valid for reads and writes and used by nothing else until
-    /// the request the lease is made for is over and the runtime has dropped every clone
-    /// (module docs).
+    /// the request the lease is made for is over (the runtime uses no clone after that:
+    /// module docs).
     #[inline]
     pub unsafe fn new(ptr: *mut u8, len: usize) -> Dst {
         let ptr = if len == 0 {
@@ -135,10 +132,7 @@ impl Dst {
     /// Lends memory that lives for ever (tests: a leaked buffer).
     #[inline]
     pub fn from_static(b: &'static mut [u8]) -> Dst {
-        Dst {
-            ptr: b.as_mut_ptr(),
-            len: b.len(),
-        }
+        Dst::of_owned(b)
     }
 
     /// The number of bytes lent.
