@@ -2,8 +2,10 @@
 # Coverage-guided fuzzing (libFuzzer) of every parser a peer can reach: fuzz/fuzz_targets/.
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]   (default 10 s, every target)
 # Builds with the nightly toolchain and the sanitizer-coverage instrumentation cargo-fuzz
-# would use (no cargo-fuzz needed); the corpus grows in target/fuzz-corpus/TARGET across
-# runs; a crash leaves its input in target/fuzz-artifacts/TARGET/ and fails the script.
+# would use (no cargo-fuzz needed); each run starts from the kept corpus fuzz/corpus/TARGET
+# (read only) and grows its own in target/fuzz-corpus/TARGET across runs; a crash leaves
+# its input in target/fuzz-artifacts/TARGET/ and fails the script. To refresh the kept
+# corpus: TARGET -merge=1 fuzz/corpus/TARGET target/fuzz-corpus/TARGET.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-10}
@@ -24,7 +26,7 @@ for t in "${targets[@]}"; do
     mkdir -p "$corpus" "$artifacts"
     echo "fuzz: $t for ${secs}s"
     target/fuzz/"$host"/release/"$t" -max_total_time="$secs" -artifact_prefix="$artifacts" \
-        -print_final_stats=1 "$corpus" 2>&1 | grep -E "^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|.*panicked)" || true
+        -print_final_stats=1 "$corpus" fuzz/corpus/"$t" 2>&1 | grep -E "^(stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|.*panicked)" || true
     if ls "$artifacts" | grep -q .; then
         echo "fuzz: $t crashed; inputs in $artifacts" >&2
         exit 1
