@@ -1,6 +1,7 @@
 //! The UDP socket of an endpoint: batched sends with segmentation offload, batched
-//! receives with receive coalescing. The system calls of the UDP path (the speculative
-//! placement's `unsafe` is in `mod.rs` and `bulk.rs`, next to the buffers it writes).
+//! receives with receive coalescing: the system calls of the UDP path, with the message
+//! headers and vectors they take (into the batch's buffer, the socket's slots, and the
+//! leases of bulk payloads and speculative destinations).
 //!
 //! **Send.** Datagrams are appended to a [`TxBatch`]; consecutive datagrams to the same
 //! destination of the same size become one GSO "virtual frame" (`UDP_SEGMENT`: the kernel
