@@ -619,6 +619,52 @@ fn a_bulk_sender_acks_what_it_received_after_its_first_group() {
     }
 }
 
+/// A small message sent after a bulk transfer's fragments overtakes them (a receive ring
+/// takes it before the kernel has queued the fragments on the socket), and the receiver
+/// acks it: on one path that condemns the fragments, which are resent; with
+/// `split_paths`, only a later fragment's ack could, so nothing is lost or resent.
+#[test]
+fn with_two_paths_a_small_packet_overtaking_fragments_does_not_condemn_them() {
+    let frag = Config::default().mtu_payload as u64;
+    for split in [false, true] {
+        let cfg = Config {
+            ack_every: 1,
+            initial_cwnd: 64, // the transfer and the message in one flight
+            split_paths: split,
+            ..Config::default()
+        };
+        let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+        let now = 1_000;
+        a.send_bulk(7, 16 * frag).unwrap();
+        a.send(1, b"after the transfer").unwrap();
+        let out = transmit_bulk(&mut a, now);
+        let (frags, small): (Vec<_>, Vec<_>) = out.into_iter().partition(|(_, t)| t.bulk);
+        assert_eq!((frags.len(), small.len()), (16, 1), "split {split}");
+        // The small packet first, and its ack back.
+        let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
+        b.handle_datagram_with(now + OWD, &small[0].0, place)
+            .unwrap();
+        for d in transmit_all(&mut b, now + OWD) {
+            a.handle_datagram(now + 2 * OWD, &d).unwrap();
+        }
+        // Then the fragments, and their acks.
+        for (d, _) in &frags {
+            b.handle_datagram_with(now + OWD + 1_000, d, place).unwrap();
+        }
+        let resent = transmit_bulk(&mut a, now + 2 * OWD).len();
+        for d in transmit_all(&mut b, now + OWD + 1_000) {
+            a.handle_datagram(now + 2 * OWD + 1_000, &d).unwrap();
+        }
+        let st = a.stats();
+        if split {
+            assert_eq!((st.lost, st.retransmissions, resent), (0, 0, 0), "{st:?}");
+        } else {
+            assert!(st.lost >= 13 && resent >= 13, "one path: condemned {st:?}");
+        }
+        assert_eq!(st.in_flight, 0, "split {split}: everything acked");
+    }
+}
+
 #[test]
 fn a_caller_away_for_a_minute_is_not_dead_and_does_not_judge_its_peer_on_the_gap() {
     // b's application computes for 60 s without calling in. Its beacons (pings sent for

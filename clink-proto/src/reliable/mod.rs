@@ -140,6 +140,11 @@ pub struct Config {
     pub ack_every: u32,
     /// Reordering tolerance: a packet is lost when one transmitted this many later is acked.
     pub dup_thresh: u64,
+    /// Bulk fragments and the other packets reach the peer by two paths that reorder them
+    /// (a receive ring takes the small packets before the kernel has queued on the socket
+    /// the fragments sent ahead of them): a packet is then lost only when one of its own
+    /// kind transmitted `dup_thresh` later is acked.
+    pub split_paths: bool,
     /// A loss is congestion (the window is cut) when the smoothed RTT is at least this
     /// many times the minimum RTT, and at least [`Config::congestion_queue_floor`] above
     /// it: a queue has built. 0: every loss is congestion (NewReno). See the module docs.
@@ -204,6 +209,7 @@ impl Default for Config {
             ack_delay: 200_000,
             ack_every: 2,
             dup_thresh: 3,
+            split_paths: false,
             congestion_rtt_factor: 4,
             congestion_queue_floor: 500_000,
             congestion_loss_pct: 5,
@@ -417,6 +423,10 @@ enum Item {
 }
 
 impl Item {
+    fn is_bulk(&self) -> bool {
+        matches!(self, Item::Bulk { .. })
+    }
+
     fn len(&self) -> u64 {
         match self {
             Item::Msg(m) => m.data.len() as u64,
@@ -540,6 +550,9 @@ pub struct Conn {
     tx_order: VecDeque<(u64, u64)>,
     next_tx_seq: u64,
     largest_acked_tx: Option<u64>,
+    /// The same per kind of packet (bulk fragments, the others), for
+    /// [`Config::split_paths`].
+    largest_acked_tx_of: [Option<u64>; 2],
     /// The peer's acks have said, for every packet below this, whether it arrived (the
     /// cumulative ack, or the end of the highest SACK range; an ack carries at most
     /// [`packet::MAX_RANGES`] ranges, so with more holes than that the packets above
@@ -652,6 +665,7 @@ impl Conn {
             tx_order: VecDeque::new(),
             next_tx_seq: 0,
             largest_acked_tx: None,
+            largest_acked_tx_of: [None; 2],
             sack_top: 0,
             sacked: ranges::Ranges::default(),
             steer_after: None,

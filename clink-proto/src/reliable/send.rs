@@ -399,6 +399,8 @@ impl Conn {
             newly += 1;
             this.largest_acked_tx =
                 Some(this.largest_acked_tx.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
+            let of = &mut this.largest_acked_tx_of[usize::from(s.item.is_bulk())];
+            *of = Some(of.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
             // Karn's rule leaves a resent packet's ack untimed, as it may answer any of
             // its transmissions. A packet resent only by the timers, never reported
             // missing, and acked with everything before it is the exception, timed from
@@ -478,7 +480,13 @@ impl Conn {
         if nak {
             for &(s, e) in &ack.ranges {
                 for pn in s.max(self.snd_una)..e.min(self.next_pn) {
-                    if self.sent[(pn - self.snd_una) as usize].tx_count == 1 {
+                    let p = &self.sent[(pn - self.snd_una) as usize];
+                    // With two paths a hole the other kind's packet opened is not news
+                    // (the packet may be on the slower path): believed once a later
+                    // packet of its own kind arrived.
+                    let own = self.largest_acked_tx_of[usize::from(p.item.is_bulk())];
+                    let believed = !self.cfg.split_paths || own.is_some_and(|m| m > p.tx_seq);
+                    if p.tx_count == 1 && believed {
                         self.mark_lost(pn, true);
                     }
                 }
@@ -506,7 +514,12 @@ impl Conn {
                     break;
                 }
                 self.tx_order.pop_front();
-                if pn < self.sack_top {
+                // With two paths, only its own kind's acks condemn a packet; one the other
+                // kind's overtook stays queued, in order, as an unknown one does.
+                let own = self.largest_acked_tx_of[usize::from(s.item.is_bulk())];
+                let overtaken =
+                    self.cfg.split_paths && own.is_none_or(|m| tx + self.cfg.dup_thresh > m);
+                if pn < self.sack_top && !overtaken {
                     self.mark_lost(pn, true);
                 } else {
                     unknown.push((pn, tx));

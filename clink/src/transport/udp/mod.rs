@@ -294,6 +294,9 @@ impl Routes {
 /// Everything but the socket (so a receive can borrow both at once).
 struct State {
     cfg: UdpConfig,
+    /// The receive ring is open: the connections' small packets and their bulk fragments
+    /// arrive by two paths ([`reliable::Config::split_paths`]).
+    two_paths: bool,
     /// The interfaces advertised, preferred first.
     ifaces: Vec<crate::sys::Iface>,
     advertised: Vec<SocketAddr>,
@@ -384,6 +387,7 @@ impl State {
             // One ack per 16 packets or per delay keeps them cheap in bulk transfers; in a
             // ping-pong they ride on the answers (piggybacked).
             ack_every: 16,
+            split_paths: self.two_paths,
             ..reliable::Config::default()
         }
     }
@@ -491,6 +495,7 @@ impl UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
+                two_paths: false,
                 advertised: ifaces.iter().map(|i| SocketAddr::new(i.ip, port)).collect(),
                 ifaces,
                 cfg,
@@ -612,6 +617,7 @@ impl UdpTransport {
             }
         }
         self.peers.leave_to_ring();
+        self.st.two_paths = true;
         self.ring_new_fd = Some(r.raw());
         self.ring = Some(r);
     }
