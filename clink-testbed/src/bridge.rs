@@ -13,8 +13,7 @@
 //! of earlier runs whose process is gone (a crashed test or benchmark), so nothing stays
 //! behind.
 
-use super::{ip_binary, remove_stale, run_ip, wait_up, CARRIER_TIMEOUT, NAME_PREFIX};
-use clink::sys;
+use super::{fresh_names, run_ip, wait_up, CARRIER_TIMEOUT};
 use std::ffi::OsStr;
 use std::io::{self, Write};
 use std::net::Ipv4Addr;
@@ -73,16 +72,7 @@ impl Bridge {
                 format!("loss {}% is not a percentage", spec.loss_pct),
             ));
         }
-        let ip = ip_binary().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "the `ip` program (iproute2) is not installed",
-            )
-        })?;
-        remove_stale(&ip);
-        let rand = sys::random_u128().map(|r| r as u32)?;
-        let base = format!("{NAME_PREFIX}br-{}-{rand:08x}", std::process::id());
-        let x = (rand % 250 + 1) as u8;
+        let (ip, base, _, x) = fresh_names("br-")?;
         let mut names: Vec<String> = (0..spec.hosts).map(|i| format!("{base}-h{i}")).collect();
         names.push(format!("{base}-sw"));
         let mut b = Bridge {

@@ -70,16 +70,7 @@ pub struct NetnsPair {
 impl NetnsPair {
     /// Makes the two namespaces, the veth pair between them, addresses, MTU, links up.
     pub fn create(mtu: u32) -> io::Result<NetnsPair> {
-        let ip = ip_binary().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                "the `ip` program (iproute2) is not installed",
-            )
-        })?;
-        remove_stale(&ip);
-        let rand = sys::random_u128().map(|r| r as u32)?;
-        let base = format!("{NAME_PREFIX}{}-{rand:08x}", std::process::id());
-        let x = (rand % 250 + 1) as u8;
+        let (ip, base, rand, x) = fresh_names("")?;
         let mut pair = NetnsPair {
             ip,
             names: [format!("{base}-0"), format!("{base}-1")],
@@ -236,6 +227,22 @@ fn wait_up(ip: &Path, ns: &str, dev: &str, deadline: Instant) -> io::Result<()> 
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// What making namespaces starts with: the `ip` program, the namespaces of crashed runs
+/// removed ([`remove_stale`]), a fresh name stem `clink-<kind><pid>-<random>`, the random
+/// number, and the third byte X of the addresses (1..=250) taken from it.
+fn fresh_names(kind: &str) -> io::Result<(PathBuf, String, u32, u8)> {
+    let ip = ip_binary().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the `ip` program (iproute2) is not installed",
+        )
+    })?;
+    remove_stale(&ip);
+    let rand = sys::random_u128().map(|r| r as u32)?;
+    let base = format!("{NAME_PREFIX}{kind}{}-{rand:08x}", std::process::id());
+    Ok((ip, base, rand, (rand % 250 + 1) as u8))
 }
 
 /// Deletes the namespaces this module made in processes that are gone (a crashed test or

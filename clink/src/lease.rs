@@ -147,6 +147,14 @@ impl Dst {
         self.len == 0
     }
 
+    /// All the bytes, to read what landed there.
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: valid for the life of the lease (constructor's contract); no mutable
+        // view is alive (type docs).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
     /// All the bytes, to write.
     #[inline]
     pub fn bytes_mut(&mut self) -> &mut [u8] {
@@ -159,30 +167,13 @@ impl Dst {
     /// not inside the lease.
     #[inline]
     pub fn range(&self, off: usize, len: usize) -> Option<&[u8]> {
-        if off.checked_add(len)? > self.len {
-            return None;
-        }
-        // SAFETY: in bounds of memory valid for the life of the lease; no mutable view
-        // is alive (type docs).
-        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) })
+        self.bytes().get(off..off.checked_add(len)?)
     }
 
     /// The `len` bytes from `off`, to write; `None` when not inside the lease.
     #[inline]
     pub fn range_mut(&mut self, off: usize, len: usize) -> Option<&mut [u8]> {
         self.bytes_mut().get_mut(off..off.checked_add(len)?)
-    }
-
-    /// Copies `data` to `off`; false (nothing written) when it does not fit.
-    #[inline]
-    pub fn write(&mut self, off: usize, data: &[u8]) -> bool {
-        match self.range_mut(off, data.len()) {
-            Some(d) => {
-                d.copy_from_slice(data);
-                true
-            }
-            None => false,
-        }
     }
 
     /// A lease of a buffer its owner keeps in place (never resized or dropped) for as
@@ -207,11 +198,11 @@ impl Dst {
             .then(|| unsafe { AtomicU64::from_ptr(p.cast()) })
     }
 
-    /// Copies `data` to `off` as [`Dst::write`], 8 to 16 bytes as two (overlapping)
-    /// unaligned words rather than a call into the C library: one-word puts are the
-    /// latency path. False (nothing written) when it does not fit.
+    /// Copies `data` to `off`; false (nothing written) when it does not fit. 8 to 16
+    /// bytes go as two (overlapping) unaligned words rather than a call into the C
+    /// library: one-word puts are the latency path.
     #[inline]
-    pub fn write_short(&mut self, off: usize, data: &[u8]) -> bool {
+    pub fn write(&mut self, off: usize, data: &[u8]) -> bool {
         let len = data.len();
         if !self.fits(off, len) {
             return false;
@@ -248,12 +239,11 @@ impl Dst {
         })
     }
 
-    /// The address of byte `off` (at most the length), for a vector the kernel writes
-    /// through; `None` when outside the lease.
+    /// The first byte's address, for a vector the kernel writes through or an address
+    /// a peer reads from.
     #[inline]
-    pub fn ptr_at(&self, off: usize) -> Option<*mut u8> {
-        // SAFETY: in bounds (or one past the end) of the lent allocation.
-        (off <= self.len).then(|| unsafe { self.ptr.add(off) })
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr
     }
 }
 
@@ -342,27 +332,27 @@ mod tests {
         assert!(!d.write(7, b"xy"));
         assert_eq!(d.range(5, 3), Some(&b"\0xy"[..]));
         assert_eq!(d.range(usize::MAX, 2), None);
-        assert!(d.ptr_at(8).is_some() && d.ptr_at(9).is_none());
+        assert!(d.sub(8, 0).is_some() && d.sub(9, 0).is_none());
         assert_eq!(
             d.sub(6, 2).and_then(|t| t.range(0, 2).map(<[u8]>::to_vec)),
             Some(b"xy".to_vec())
         );
         assert!(d.sub(7, 2).is_none() && d.sub(9, 0).is_none());
-        // Every length up to 16 (both branches of the short copy and their edges) writes
-        // exactly its bytes and nothing around them.
-        for len in 0..=16usize {
+        // Every length up to 24 (both branches of the write, the two-word one for 8 to 16
+        // bytes, and their edges) writes exactly its bytes and nothing around them.
+        for len in 0..=24usize {
             let mut m = Dst::from_static(Box::leak(vec![0u8; 40].into_boxed_slice()));
             let src: Vec<u8> = (1..=len as u8).collect();
-            assert!(m.write_short(5, &src));
+            assert!(m.write(5, &src));
             let mut want = vec![0u8; 40];
             want[5..5 + len].copy_from_slice(&src);
             assert_eq!(m.range(0, 40).map(<[u8]>::to_vec), Some(want), "len {len}");
-            assert!(!m.write_short(40 - len + 1, &src) || len == 0);
+            assert!(!m.write(40 - len + 1, &src) || len == 0);
         }
         // Sixteen bytes hold an aligned word at one of their first eight offsets.
         let w = Dst::from_static(Box::leak(vec![0u8; 16].into_boxed_slice()));
         let o = (0..8)
-            .find(|&o| w.ptr_at(o).is_some_and(|p| (p as usize).is_multiple_of(8)))
+            .find(|&o| (w.as_mut_ptr() as usize + o).is_multiple_of(8))
             .expect("an aligned offset");
         assert!(w.word(o).is_some() && w.word(o + 1).is_none() && w.word(o + 9).is_none());
         // SAFETY: zero bytes: nothing is ever read or written.

@@ -419,10 +419,6 @@ impl Endpoint {
         self.id
     }
 
-    fn alloc_id(&mut self) -> u64 {
-        self.req.alloc_id()
-    }
-
     // ---------------------------------------------------------------- sending
 
     // ---------------------------------------------------------------- receiving
@@ -478,19 +474,6 @@ impl Endpoint {
             self.peers[i].link.wake();
             self.stats.doorbells += 1;
         }
-    }
-
-    /// Takes receive `id` out of the table. Every removal goes through here (or
-    /// [`Endpoint::remove_send`]), which keeps the count of watched requests right.
-    #[inline]
-    fn remove_recv(&mut self, id: u64) -> Option<RecvOp> {
-        self.req.remove_recv(id)
-    }
-
-    /// Takes send `id` out of the table (see [`Endpoint::remove_recv`]).
-    #[inline]
-    fn remove_send(&mut self, id: u64) -> Option<SendOp> {
-        self.req.remove_send(id)
     }
 }
 

@@ -15,7 +15,7 @@ impl Endpoint {
 
     /// Posts a non-blocking receive into `buf`.
     pub(super) fn post_recv(&mut self, sel: Selector, buf: RecvBuf, user: u64) -> RecvRequest {
-        let id = self.alloc_id();
+        let id = self.req.alloc_id();
         let watched = self.evq.interest & events::REQUESTS != 0;
         self.req.add_recv(
             id,
@@ -84,7 +84,7 @@ impl Endpoint {
         timeout: Option<Duration>,
         spun: Option<Instant>,
     ) -> Result<Status> {
-        let id = self.alloc_id();
+        let id = self.req.alloc_id();
         self.req.add_recv(
             id,
             RecvOp {
@@ -102,8 +102,8 @@ impl Endpoint {
             )
         });
         if let Err(e) = r {
-            // Withdraw before the lent buffer goes out of scope. A pipelined receive in flight must
-            // finish first: its chunks land in `buf`.
+            // Withdraw before the lent buffer goes out of scope. A pipelined receive in
+            // flight must finish first: its chunks land in that buffer.
             if !self.matcher.cancel(&id) {
                 self.wait_until(None, |ep| {
                     ep.req.recvs.get(&id).is_none_or(|r| !r.state.in_flight())
@@ -112,13 +112,13 @@ impl Endpoint {
             if let Some(RecvOp {
                 state: RecvState::Done(res),
                 ..
-            }) = self.remove_recv(id)
+            }) = self.req.remove_recv(id)
             {
                 return res;
             }
             return Err(e);
         }
-        match self.remove_recv(id).map(|r| r.state) {
+        match self.req.remove_recv(id).map(|r| r.state) {
             Some(RecvState::Done(res)) => res,
             _ => Err(Error::Consumed),
         }
@@ -210,7 +210,7 @@ impl Endpoint {
                     None
                 } else {
                     let user = op.user;
-                    self.remove_recv(rid);
+                    self.req.remove_recv(rid);
                     Some((user, result))
                 };
                 self.release_frame(i, rec);
@@ -251,7 +251,7 @@ impl Endpoint {
             None => Err(Error::Consumed),
             Some((RecvState::Done(_), RecvBuf::InPlace(_))) => {
                 // The bytes are in the aperture: no buffer to hand back, even truncated.
-                match self.remove_recv(id).map(|op| op.state) {
+                match self.req.remove_recv(id).map(|op| op.state) {
                     Some(RecvState::Done(res)) => res.map(|status| {
                         Some(Received {
                             buf: Vec::new(),
@@ -273,7 +273,7 @@ impl Endpoint {
                     _ => Err(Error::Consumed),
                 }
             }
-            Some((RecvState::Done(_), _)) => match self.remove_recv(id) {
+            Some((RecvState::Done(_), _)) => match self.req.remove_recv(id) {
                 Some(RecvOp {
                     buf: RecvBuf::Owned(mut buf),
                     state: RecvState::Done(res),
@@ -292,7 +292,7 @@ impl Endpoint {
     /// After a receive failed with [`Error::Truncated`], returns its buffer (which holds
     /// the message's first bytes).
     pub fn take_recv_buffer(&mut self, req: RecvRequest) -> Option<Vec<u8>> {
-        match self.remove_recv(req.id)? {
+        match self.req.remove_recv(req.id)? {
             RecvOp {
                 buf: RecvBuf::Owned(v),
                 ..
@@ -350,7 +350,7 @@ impl Endpoint {
         if !self.matcher.cancel(&req.id) {
             return Ok(None);
         }
-        match self.remove_recv(req.id) {
+        match self.req.remove_recv(req.id) {
             Some(RecvOp {
                 buf: RecvBuf::Owned(v),
                 ..

@@ -20,7 +20,7 @@ impl Endpoint {
         }
         let id = if req.id == 0 {
             // Complete already: give it a number and a finished entry to report and take.
-            let id = self.alloc_id();
+            let id = self.req.alloc_id();
             self.req.add_send(
                 id,
                 SendOp {
@@ -91,7 +91,7 @@ impl Endpoint {
         } else {
             self.stats.rendezvous_sends += 1;
         }
-        let id = self.alloc_id();
+        let id = self.req.alloc_id();
         let p = &mut self.peers[peer.0 as usize];
         p.txq.push_back(TxItem::Send(id));
         self.mark_busy(peer.0 as usize);
@@ -147,7 +147,7 @@ impl Endpoint {
     pub(super) fn take_send(&mut self, id: u64) -> Result<bool> {
         match self.req.sends.get(&id).map(|s| &s.state) {
             None => Err(Error::Consumed),
-            Some(SendState::Done(_)) => match self.remove_send(id).map(|s| s.state) {
+            Some(SendState::Done(_)) => match self.req.remove_send(id).map(|s| s.state) {
                 Some(SendState::Done(r)) => r.map(|_| true),
                 _ => Err(Error::Consumed),
             },
@@ -180,13 +180,13 @@ impl Endpoint {
                 // Never left this process: drop it from the queue.
                 let p = &mut self.peers[peer.0 as usize];
                 p.txq.retain(|t| !matches!(t, TxItem::Send(s) if *s == id));
-                self.remove_send(id);
+                self.req.remove_send(id);
                 Ok(true)
             }
             CancelStep::AskReceiver => {
                 self.push_ctrl(peer.0 as usize, Frame::Cancel { send_id: id });
                 self.wait_send_over(id, None)?;
-                match self.remove_send(id).map(|s| s.state) {
+                match self.req.remove_send(id).map(|s| s.state) {
                     Some(SendState::Done(Err(Error::Cancelled))) => Ok(true),
                     Some(SendState::Done(Err(e))) => Err(e),
                     _ => Ok(false),
@@ -194,11 +194,11 @@ impl Endpoint {
             }
             CancelStep::AwaitEnd => {
                 self.wait_send_over(id, None)?;
-                self.remove_send(id);
+                self.req.remove_send(id);
                 Ok(false)
             }
             CancelStep::Over => {
-                self.remove_send(id);
+                self.req.remove_send(id);
                 Ok(false)
             }
         }

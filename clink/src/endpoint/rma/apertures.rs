@@ -88,7 +88,7 @@ impl Endpoint {
     /// tripwires.
     pub fn aperture_read(&mut self, ap: ApertureId, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mem = self.local_range(ap, offset, buf.len() as u64)?;
-        buf.copy_from_slice(mem.range(0, buf.len()).unwrap_or_default());
+        buf.copy_from_slice(mem.bytes());
         self.fire(ap.0, offset, buf.len() as u64, READ, None);
         Ok(())
     }

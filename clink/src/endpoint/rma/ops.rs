@@ -34,7 +34,7 @@ impl Endpoint {
         if !p.alive {
             return Err(Error::PeerDead(peer));
         }
-        let id = self.alloc_id();
+        let id = self.req.alloc_id();
         self.rma.ops.insert(
             id,
             RmaOp {
@@ -247,7 +247,7 @@ impl Endpoint {
         offset: u64,
         dst: Dst,
     ) -> Result<()> {
-        let (addr, len) = (dst.ptr_at(0).map_or(0, |p| p as u64), dst.len() as u64);
+        let (addr, len) = (dst.as_mut_ptr() as u64, dst.len() as u64);
         let id = self.start_op(
             r.peer,
             OpKind::Get {

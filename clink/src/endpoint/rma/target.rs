@@ -290,9 +290,8 @@ impl Endpoint {
     ) -> Option<Event> {
         let peer = Some(PeerId(i as u32));
         let (status, taken) = match self.admit(&to, data.len() as u64, WRITE) {
-            Ok(a) => {
-                let mut a = a;
-                a.mem.write_short(0, data);
+            Ok(mut a) => {
+                a.mem.write(0, data);
                 self.stats.rma_put_bytes += data.len() as u64;
                 let len = data.len() as u64;
                 let first = self.fire_first(a.ap, a.at, len, WRITE, peer, take);

@@ -591,7 +591,7 @@ impl UdpSock {
             v.clear();
             if let Some(l) = lead.get(k) {
                 v.extend(l.iter().map(|x| libc::iovec {
-                    iov_base: x.ptr_at(0).unwrap_or(std::ptr::null_mut()).cast(),
+                    iov_base: x.as_mut_ptr().cast(),
                     iov_len: x.len(),
                 }));
             }

@@ -49,8 +49,7 @@ use std::time::{Duration, Instant};
 pub use bulk::{Arm, Bulk, BulkStats};
 pub use faults::{FaultConfig, FaultStats, Faults};
 pub use peers::PeerSocks;
-pub use sock::TxBatch;
-pub use sock::{SockStats, UdpSock};
+pub use sock::{SockStats, TxBatch, UdpSock};
 pub use steer::Steering;
 
 /// IPv4 + UDP header bytes.

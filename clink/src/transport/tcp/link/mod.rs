@@ -120,13 +120,6 @@ struct Source {
     next: usize,
 }
 
-/// A posted receive buffer of an incoming transfer.
-#[derive(Clone)]
-struct Dest {
-    dst: Dst,
-    cap: usize,
-}
-
 /// What one `readv` returned.
 #[derive(Clone, Copy)]
 struct ReadLen {
@@ -178,7 +171,8 @@ pub struct TcpLink {
     pub(in crate::transport::tcp) rxq: FrameQueue,
     cur: Option<Cur>,
     incoming: Incoming,
-    dests: HashMap<u64, Dest>,
+    /// The posted buffers of incoming transfers, each no longer than its transfer.
+    dests: HashMap<u64, Dst>,
     /// Incoming transfers whose every byte is at its place (the receive is complete).
     done_in: Vec<u64>,
     hdr: [u8; HEADER],
@@ -344,7 +338,9 @@ impl TcpLink {
     pub fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst) {
         self.incoming.expect(xfer, total);
         let cap = dst.len().min(usize::try_from(total).unwrap_or(usize::MAX));
-        self.dests.insert(xfer, Dest { dst, cap });
+        if let Some(dst) = dst.sub(0, cap) {
+            self.dests.insert(xfer, dst);
+        }
     }
 
     /// Forgets every transfer: no pointer into a request buffer survives (the peer failed).
@@ -451,8 +447,8 @@ impl TcpLink {
     }
 
     /// Writes what is queued with gathering `sendmsg` calls (`MSG_NOSIGNAL`; up to
-    /// `sys::MAX_PIECES` (64) pieces per call) until the queue is empty or the socket is full. True
-    /// when anything was written.
+    /// `sys::MAX_PIECES` (64) pieces per call) until the queue is empty or the socket is
+    /// full. True when anything was written.
     pub fn write(&mut self) -> Result<bool, LinkError> {
         let mut did = false;
         for _ in 0..MAX_WRITES {
@@ -524,7 +520,7 @@ impl TcpLink {
         if self.speculate && self.start == self.end {
             if let Some(p) = self.incoming.predict() {
                 if let Some(d) = self.dests.get(&p.xfer).cloned() {
-                    if p.len > 0 && p.offset as usize + p.len <= d.cap {
+                    if p.len > 0 && p.offset as usize + p.len <= d.len() {
                         return self.read_spec(p, d);
                     }
                 }
@@ -586,8 +582,8 @@ impl TcpLink {
     fn read_direct(&mut self) -> Result<Option<ReadLen>, LinkError> {
         let Some(c) = self.cur else { return Ok(None) };
         let (direct, mut dst) = match self.dests.get(&c.xfer) {
-            Some(d) if (c.at as usize) < d.cap => {
-                (c.left.min(d.cap - c.at as usize), Some(d.dst.clone()))
+            Some(d) if (c.at as usize) < d.len() => {
+                (c.left.min(d.len() - c.at as usize), Some(d.clone()))
             }
             _ => (0, None),
         };
@@ -602,8 +598,8 @@ impl TcpLink {
             HEADER
         };
         let r = {
-            // The posted buffer's range (`at + direct <= cap`); nothing valid is there yet
-            // (bytes arrive in order and `at` is the next one).
+            // The posted buffer's range (`at + direct` within it); nothing valid is there
+            // yet (bytes arrive in order and `at` is the next one).
             let dest: &mut [u8] = match &mut dst {
                 Some(d) => d.range_mut(c.at as usize, direct).unwrap_or_default(),
                 None => &mut [],
@@ -638,7 +634,7 @@ impl TcpLink {
     fn read_spec(
         &mut self,
         p: stream::Prediction,
-        mut d: Dest,
+        mut d: Dst,
     ) -> Result<Option<ReadLen>, LinkError> {
         let off = p.offset as usize;
         // The first read takes at most SPEC_FIRST bytes of the piece (a miss costs at most
@@ -649,9 +645,9 @@ impl TcpLink {
         if self.rx.len() < HEADER + first + RX_SPARE {
             self.rx.resize(HEADER + first + RX_SPARE, 0);
         }
-        // `off + len <= cap` (checked by the caller): inside the posted buffer, bytes of
-        // the transfer not yet received.
-        let dest = d.dst.range_mut(off, first).unwrap_or_default();
+        // `off + len` lies inside the posted buffer (checked by the caller): bytes of the
+        // transfer not yet received.
+        let dest = d.range_mut(off, first).unwrap_or_default();
         // More of the transfer follows: no spare, so it is read directly or by the next
         // speculative read rather than caught in the receive buffer (and copied).
         let spare_len = if p.last && first == p.len {
@@ -678,7 +674,7 @@ impl TcpLink {
             return Ok(r);
         }
         let landed = (n - HEADER).min(first);
-        let dest = d.dst.range(off, landed).unwrap_or_default();
+        let dest = d.range(off, landed).unwrap_or_default();
         if Header::parse(&self.hdr).ok() == Some(p.header()) {
             let last = self.incoming.begin(&p.header())?;
             self.stats.spec_hits += 1;
@@ -729,9 +725,9 @@ impl TcpLink {
                 if k > 0 {
                     if let Some(d) = self.dests.get_mut(&c.xfer) {
                         let at = c.at as usize;
-                        if at < d.cap {
-                            let m = k.min(d.cap - at);
-                            d.dst.write(at, &self.rx[self.start..self.start + m]);
+                        if at < d.len() {
+                            let m = k.min(d.len() - at);
+                            d.write(at, &self.rx[self.start..self.start + m]);
                             self.stats.cleanup_bytes += m as u64;
                         }
                     }
