@@ -2,7 +2,8 @@
 //! servers with many clients. N hosts on one bridge ([`clink_testbed::Bridge`]), one
 //! process per host; every round, every process sends a message of `--bw-sizes` (default
 //! 256 KiB) to every other and receives one from each, contents checked; the row is the
-//! slowest process's time for all rounds. Systems: clink over UDP (`clink-udp`), clink
+//! slowest process's time for all rounds and the CPU time all processes spent in them
+//! (user and system, which includes the kernel's delivery of what a process sends). Systems: clink over UDP (`clink-udp`), clink
 //! over TCP (`clink-tcp`), and kernel TCP (`tcp`: one connection per pair, each round's
 //! sends and receives on a thread per peer so that no pair waits on another).
 //!
@@ -18,6 +19,8 @@ use std::time::{Duration, Instant};
 use clink::{Context, Endpoint, PeerId, Selector};
 use clink_testbed::{Bridge, BridgeSpec};
 use serde_json::json;
+
+use super::measure::process_cpu_secs;
 
 /// The systems of the experiment.
 pub const SYSTEMS: [&str; 3] = ["clink-udp", "clink-tcp", "tcp"];
@@ -79,25 +82,33 @@ impl ChildSpec {
     }
 }
 
-/// The content of the message `src` sends `dst` in `round`.
+/// The content of the message `src` sends `dst` in `round`: word `i` (little-endian) is
+/// the message's key xor `i`, the last word cut to the length.
 fn fill(buf: &mut [u8], round: u64, src: usize, dst: usize) {
-    let k = (round << 16 | (src as u64) << 8 | dst as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    for (i, c) in buf.chunks_mut(8).enumerate() {
-        let w = (k ^ i as u64).to_le_bytes();
-        c.copy_from_slice(&w[..c.len()]);
+    let k = key(round, src, dst);
+    let mut words = buf.chunks_exact_mut(8);
+    for (i, c) in (&mut words).enumerate() {
+        c.copy_from_slice(&(k ^ i as u64).to_le_bytes());
     }
+    let n = buf.len() / 8;
+    let tail = &mut buf[n * 8..];
+    let len = tail.len();
+    tail.copy_from_slice(&(k ^ n as u64).to_le_bytes()[..len]);
 }
 
-fn check(
-    buf: &[u8],
-    round: u64,
-    src: usize,
-    dst: usize,
-    scratch: &mut Vec<u8>,
-) -> Result<(), String> {
-    scratch.resize(buf.len(), 0);
-    fill(scratch, round, src, dst);
-    if buf == &scratch[..] {
+fn key(round: u64, src: usize, dst: usize) -> u64 {
+    (round << 16 | (src as u64) << 8 | dst as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Checks that `buf` holds what [`fill`] writes for the message `src` -> `dst`.
+fn check(buf: &[u8], round: u64, src: usize, dst: usize) -> Result<(), String> {
+    let k = key(round, src, dst);
+    let n = buf.len() / 8;
+    let words_ok = buf
+        .chunks_exact(8)
+        .enumerate()
+        .all(|(i, c)| c == (k ^ i as u64).to_le_bytes());
+    if words_ok && buf[n * 8..] == (k ^ n as u64).to_le_bytes()[..buf.len() - n * 8] {
         Ok(())
     } else {
         Err(format!(
@@ -138,19 +149,20 @@ fn barrier(s: &ChildSpec, tag: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The child: connects to every other rank, then runs the rounds; prints the seconds.
+/// The child: connects to every other rank, then runs the rounds; prints their seconds
+/// of wall-clock and of CPU time.
 pub fn run_child(spec_text: &str) -> Result<(), String> {
     let s = ChildSpec::decode(spec_text)?;
-    let secs = if s.system == "tcp" {
+    let (secs, cpu) = if s.system == "tcp" {
         tcp_child(&s)?
     } else {
         clink_child(&s)?
     };
-    println!("alltoall-seconds {secs}");
+    println!("alltoall-seconds {secs} {cpu}");
     Ok(())
 }
 
-fn clink_child(s: &ChildSpec) -> Result<f64, String> {
+fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
     let mut ep = ctx.endpoint().map_err(|e| e.to_string())?;
     publish(&s.dir, &format!("addr.{}", s.rank), &ep.address())?;
@@ -174,7 +186,7 @@ fn clink_child(s: &ChildSpec) -> Result<f64, String> {
     let others: Vec<usize> = (0..s.n).filter(|&r| r != s.rank).collect();
     let mut out: Vec<Vec<u8>> = others.iter().map(|_| vec![0u8; s.size]).collect();
     let mut bufs: Vec<Vec<u8>> = others.iter().map(|_| vec![0u8; s.size]).collect();
-    let mut scratch = Vec::new();
+    let cpu0 = process_cpu_secs();
     let t = Instant::now();
     for round in 0..s.rounds {
         let tag = 2 + round;
@@ -191,7 +203,7 @@ fn clink_child(s: &ChildSpec) -> Result<f64, String> {
         }
         for (k, q) in recvs.iter().enumerate() {
             let got = ep.wait_recv(q, Some(CHILD_TIMEOUT)).map_err(e)?;
-            check(&got.buf, round, others[k], s.rank, &mut scratch)?;
+            check(&got.buf, round, others[k], s.rank)?;
             bufs[k] = got.buf;
         }
         for (k, q) in sends {
@@ -200,9 +212,10 @@ fn clink_child(s: &ChildSpec) -> Result<f64, String> {
         }
     }
     let secs = t.elapsed().as_secs_f64();
+    let cpu = process_cpu_secs() - cpu0;
     barrier(s, "done")?;
     drop_endpoint(ep);
-    Ok(secs)
+    Ok((secs, cpu))
 }
 
 /// Closes an endpoint after every rank finished (so none sees a peer leave early).
@@ -210,7 +223,7 @@ fn drop_endpoint(mut ep: Endpoint) {
     ep.close();
 }
 
-fn tcp_child(s: &ChildSpec) -> Result<f64, String> {
+fn tcp_child(s: &ChildSpec) -> Result<(f64, f64), String> {
     let hosts: Vec<Ipv4Addr> = await_file(&s.dir, "hosts")?
         .lines()
         .map(|l| l.parse().map_err(|_| format!("bad host {l:?}")))
@@ -239,6 +252,7 @@ fn tcp_child(s: &ChildSpec) -> Result<f64, String> {
     }
     barrier(s, "connected")?;
     let me = s.rank;
+    let cpu0 = process_cpu_secs();
     let t = Instant::now();
     for round in 0..s.rounds {
         std::thread::scope(|sc| -> Result<(), String> {
@@ -257,7 +271,7 @@ fn tcp_child(s: &ChildSpec) -> Result<f64, String> {
                     let mut buf = vec![0u8; size];
                     rd.read_exact(&mut buf)
                         .map_err(|e| format!("receive from {r}: {e}"))?;
-                    check(&buf, round, r, me, &mut Vec::new())
+                    check(&buf, round, r, me)
                 }));
             }
             for j in jobs {
@@ -268,14 +282,16 @@ fn tcp_child(s: &ChildSpec) -> Result<f64, String> {
         })?;
     }
     let secs = t.elapsed().as_secs_f64();
+    let cpu = process_cpu_secs() - cpu0;
     barrier(s, "done")?;
-    Ok(secs)
+    Ok((secs, cpu))
 }
 
 /// The parent: for each host count, round and system, a fresh bridge, one child per
-/// host; the row is the slowest child's time.
+/// host; the row is the slowest child's time and all children's CPU time.
 pub fn run(
     hosts: &[usize],
+    systems: &[&'static str],
     size: usize,
     rounds_each: u64,
     reps: u64,
@@ -285,21 +301,21 @@ pub fn run(
         return Err(format!("--alltoall: {why}"));
     }
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let mut rows: Vec<(usize, String, u64, f64)> = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
     super::say(
         json,
         &format!(
             "alltoall: N hosts on a bridge, one process each; {rounds_each} rounds of every \
              process sending {size} B to every other (contents checked); time of the \
-             slowest process; {reps} interleaved repetitions"
+             slowest process and CPU time of all; {reps} interleaved repetitions"
         ),
     );
     for &n in hosts {
         for rep in 0..reps {
-            for system in SYSTEMS {
-                let secs = one_run(&exe, system, n, size, rounds_each)?;
+            for &system in systems {
+                let (secs, cpu) = one_run(&exe, system, n, size, rounds_each)?;
                 eprintln!(
-                    "alltoall {system} N={n} repetition {}: {secs:.3} s",
+                    "alltoall {system} N={n} repetition {}: {secs:.3} s, CPU {cpu:.2} s",
                     rep + 1
                 );
                 if json {
@@ -307,49 +323,48 @@ pub fn run(
                         "{}",
                         json!({"experiment": "alltoall", "system": system, "hosts": n,
                                "size": size, "rounds": rounds_each, "round": rep,
-                               "seconds": secs, "placement": "bridge"})
+                               "seconds": secs, "cpu_seconds": cpu, "placement": "bridge"})
                     );
                 }
-                rows.push((n, system.to_string(), rep, secs));
+                rows.push(Row {
+                    hosts: n,
+                    system,
+                    rep,
+                    secs,
+                    cpu,
+                });
             }
         }
     }
     if !json {
-        println!("hosts  system     median s  (per repetition)  vs clink-tcp  vs tcp");
+        println!("hosts  system     median s  (per repetition)  vs clink-tcp  vs tcp  CPU s (all)");
         for &n in hosts {
-            let med = |sys: &str| {
-                let mut v: Vec<f64> = rows
-                    .iter()
-                    .filter(|r| r.0 == n && r.1 == sys)
-                    .map(|r| r.3)
-                    .collect();
+            let of =
+                |sys: &'static str| rows.iter().filter(move |r| r.hosts == n && r.system == sys);
+            for &system in systems {
+                let mut v: Vec<f64> = of(system).map(|r| r.secs).collect();
                 v.sort_by(f64::total_cmp);
-                (v.get(v.len() / 2).copied().unwrap_or(f64::NAN), v)
-            };
-            for system in SYSTEMS {
-                let (m, v) = med(system);
+                let cpu = median(of(system).map(|r| r.cpu).collect());
                 // Per-repetition ratios against the baselines measured in the same
                 // repetition, then their median (a ratio > 1: faster than the baseline).
-                let ratio = |base: &str| {
-                    let mut r: Vec<f64> = (0..reps)
-                        .filter_map(|k| {
-                            let t = |s: &str| {
-                                rows.iter()
-                                    .find(|r| r.0 == n && r.1 == s && r.2 == k)
-                                    .map(|r| r.3)
-                            };
-                            Some(t(base)? / t(system)?)
-                        })
-                        .collect();
-                    r.sort_by(f64::total_cmp);
-                    r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
+                let ratio = |base: &'static str| {
+                    median(
+                        (0..reps)
+                            .filter_map(|k| {
+                                let t =
+                                    |s: &'static str| of(s).find(|r| r.rep == k).map(|r| r.secs);
+                                Some(t(base)? / t(system)?)
+                            })
+                            .collect(),
+                    )
                 };
                 let per: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
                 println!(
-                    "{n:>5}  {system:<9}  {m:>8.3}  ({})  {:.2}x  {:.2}x",
+                    "{n:>5}  {system:<9}  {:>8.3}  ({})  {:>11}  {:>6}  {cpu:.2}",
+                    median(v.clone()),
                     per.join(" "),
-                    ratio("clink-tcp"),
-                    ratio("tcp")
+                    times(ratio("clink-tcp")),
+                    times(ratio("tcp"))
                 );
             }
         }
@@ -357,7 +372,62 @@ pub fn run(
     Ok(())
 }
 
-fn one_run(exe: &Path, system: &str, n: usize, size: usize, rounds: u64) -> Result<f64, String> {
+/// The systems `--systems` names (`clink` is `clink-udp`), in [`SYSTEMS`]' order; all
+/// of them without it.
+pub fn systems(asked: Option<&[String]>) -> Result<Vec<&'static str>, String> {
+    let Some(asked) = asked else {
+        return Ok(SYSTEMS.to_vec());
+    };
+    for a in asked {
+        if a != "clink" && !SYSTEMS.contains(&a.as_str()) {
+            return Err(format!(
+                "--alltoall: no system {a:?} (it runs {})",
+                SYSTEMS.join(", ")
+            ));
+        }
+    }
+    let named = |s: &str| {
+        asked
+            .iter()
+            .any(|a| a == s || (a == "clink" && s == "clink-udp"))
+    };
+    Ok(SYSTEMS.into_iter().filter(|s| named(s)).collect())
+}
+
+/// One run's figures.
+struct Row {
+    hosts: usize,
+    system: &'static str,
+    rep: u64,
+    /// The slowest process's seconds.
+    secs: f64,
+    /// All processes' CPU seconds.
+    cpu: f64,
+}
+
+/// A ratio as `1.23x`, `-` where its baseline did not run.
+fn times(r: f64) -> String {
+    if r.is_nan() {
+        "-".into()
+    } else {
+        format!("{r:.2}x")
+    }
+}
+
+/// The median (the upper one of an even count), NaN for none.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// One run: the slowest child's seconds and all children's CPU seconds.
+fn one_run(
+    exe: &Path,
+    system: &str,
+    n: usize,
+    size: usize,
+    rounds: u64,
+) -> Result<(f64, f64), String> {
     let b = Bridge::create(&BridgeSpec {
         hosts: n,
         ..BridgeSpec::default()
@@ -392,20 +462,22 @@ fn one_run(exe: &Path, system: &str, n: usize, size: usize, rounds: u64) -> Resu
         children.push(child);
     }
     let deadline = Instant::now() + CHILD_TIMEOUT;
-    let mut worst: f64 = 0.0;
+    let (mut worst, mut cpu) = (0.0f64, 0.0);
     for c in &mut children {
         let line = c.read_prefixed("alltoall-seconds ", "alltoall child", "its time", deadline)?;
-        let secs: f64 = line
-            .trim()
-            .parse()
-            .map_err(|_| format!("bad time {line:?}"))?;
+        let bad = || format!("bad times {line:?}");
+        let mut f = line.split_whitespace().map(str::parse::<f64>);
+        let (Some(Ok(secs)), Some(Ok(c_cpu)), None) = (f.next(), f.next(), f.next()) else {
+            return Err(bad());
+        };
         worst = worst.max(secs);
+        cpu += c_cpu;
     }
     for c in &mut children {
         c.wait(deadline)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(worst)
+    Ok((worst, cpu))
 }
 
 #[cfg(test)]
@@ -440,7 +512,13 @@ mod tests {
         fill(&mut a, 1, 2, 3);
         fill(&mut b, 1, 3, 2);
         assert_ne!(a, b);
-        assert!(check(&a, 1, 2, 3, &mut Vec::new()).is_ok());
-        assert!(check(&a, 2, 2, 3, &mut Vec::new()).is_err());
+        assert!(check(&a, 1, 2, 3).is_ok());
+        assert!(check(&a, 2, 2, 3).is_err());
+        // Damage anywhere is found, in a whole word and in the cut last one.
+        for at in [0, 7, 8, 95, 96, 99] {
+            let mut d = a.clone();
+            d[at] ^= 1;
+            assert!(check(&d, 1, 2, 3).is_err(), "byte {at}");
+        }
     }
 }

@@ -245,9 +245,10 @@ pub struct BenchArgs {
               rma::EXPERIMENTS.iter().chain(spec::EXPERIMENTS).copied()))]
     pub experiments: Vec<String>,
     /// The all-to-all experiment on `--hosts` hosts on a bridge (clink over UDP, clink
-    /// over TCP, kernel TCP; message size the first of `--bw-sizes`, default 256K;
-    /// `--rounds` repetitions) instead of the system comparison.
-    #[arg(long, conflicts_with_all = ["systems", "mode", "placement", "lat_sizes"])]
+    /// over TCP, kernel TCP, or those `--systems` names; message size the first of
+    /// `--bw-sizes`, default 256K; `--rounds` repetitions) instead of the system
+    /// comparison.
+    #[arg(long, conflicts_with_all = ["mode", "placement", "lat_sizes"])]
     pub alltoall: bool,
     /// With `--alltoall`: host counts, comma-separated (default 4,8).
     #[arg(long, value_delimiter = ',', requires = "alltoall",
@@ -662,7 +663,8 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
             None => 256 << 10,
         };
         let exchanges = args.exchanges.unwrap_or(if args.quick { 10 } else { 100 });
-        return alltoall::run(&hosts, size, exchanges, args.rounds, args.json);
+        let systems = alltoall::systems(args.systems.as_deref())?;
+        return alltoall::run(&hosts, &systems, size, exchanges, args.rounds, args.json);
     }
     let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
