@@ -32,12 +32,13 @@
 //!   the byte-offset switch of each direction onto a shared-memory ring;
 //! - [`tripwire`]: CLAN's tripwires, byte ranges of an aperture that fire on access, matched
 //!   through per-page buckets.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod addr;
 pub mod admission;
 pub mod cost;
+mod crc;
 mod error;
 pub mod idhash;
 pub mod ipv4;

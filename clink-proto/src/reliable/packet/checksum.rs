@@ -68,9 +68,23 @@ pub fn checked_len(d: &[u8]) -> usize {
 }
 
 /// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has
-/// it (the `crc32c` crate checks at run time), software otherwise. It covers every byte of
-/// ordinary datagrams and the header of bulk ones (whose payloads go through XXH3, see
-/// [`bulk_checksum`]); a table-driven CRC (2-3 GB/s here) was a bottleneck of its own.
+/// it, software otherwise. It covers every byte of ordinary datagrams and the header of
+/// bulk ones (whose payloads go through XXH3, see [`bulk_checksum`]); a table-driven CRC
+/// (2-3 GB/s here) was a bottleneck of its own. Inputs of at most [`SHORT_CRC`] bytes (a
+/// bulk header, an ack, a small message) take one instruction per 8 bytes in a plain
+/// loop ([`crate::crc`]); longer ones the `crc32c` crate's three interleaved streams,
+/// whose set-up (alignment, dispatch, the combining tables) cost a 60-byte bulk header
+/// about 160 instructions, twice per fragment.
+#[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
+    if data.len() <= SHORT_CRC {
+        if let Some(c) = crate::crc::short(data) {
+            return c;
+        }
+    }
     ::crc32c::crc32c(data)
 }
+
+/// The longest input [`crc32c`] computes in one serial loop: beyond it, interleaving hides
+/// the instruction's latency of 3 cycles.
+pub const SHORT_CRC: usize = 512;
