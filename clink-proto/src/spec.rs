@@ -177,6 +177,9 @@ impl Placement {
         let first = self.highest.map_or(0, |h| h + 1);
         // The stream's continuation, then the holes: each cut into entries at group
         // boundaries and at most `group` long.
+        // An entry's list takes its whole group at once (grown push by push, the lists
+        // cost more in reallocations than the plan itself).
+        let cap = group.min(MAX_GROUP_CAPACITY) as usize;
         for (from, to) in [(first, n), (self.low, first.min(n))] {
             let mut cur: Vec<u64> = Vec::new();
             let mut at = from;
@@ -193,6 +196,9 @@ impl Placement {
                         return;
                     }
                 }
+                if cur.is_empty() {
+                    cur.reserve_exact(cap);
+                }
                 cur.push(i);
             }
             if !cur.is_empty() {
@@ -204,6 +210,9 @@ impl Placement {
         }
     }
 }
+
+/// The most fragment indices [`Placement::plan`] reserves for an entry at once.
+const MAX_GROUP_CAPACITY: u64 = 256;
 
 /// The receive vectors of one armed entry, by length: a header slot and a payload slot
 /// per armed fragment, then a spill area that takes whatever does not fit.
