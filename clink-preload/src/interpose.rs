@@ -657,6 +657,11 @@ pub unsafe extern "C" fn setsockopt(
         let _keep = SavedErrno::save();
         set_kernel_only(fd, true);
     }
+    if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVTIMEO {
+        if let Some(c) = table::get(fd) {
+            c.rcv_timeout_changed();
+        }
+    }
     r
 }
 

@@ -16,7 +16,10 @@
 //! - `CLINK_SOCKETS_RING_KB` (default 1024, a power of two from 4 to 65536): each
 //!   direction's ring;
 //! - `CLINK_SOCKETS_STATS=PATH`: append one line per connection to PATH (accelerated or
-//!   not, and why; bytes by ring and by kernel).
+//!   not, and why; bytes by ring and by kernel);
+//! - `CLINK_SOCKETS_WAKE=0` wakes a reader asleep in a blocking receive or in epoll with
+//!   a byte through the kernel socket, as one asleep in poll or select, instead of a
+//!   datagram to its wake socket (see `conn/wake.rs`).
 
 mod conn;
 mod exec;
@@ -40,6 +43,8 @@ pub struct Config {
     pub ring: u32,
     /// Where statistics lines go.
     pub stats: Option<String>,
+    /// Whether a reader asleep in a blocking receive listens on a wake socket.
+    pub wake_sockets: bool,
 }
 
 fn complain(var: &str, value: &str, why: &str) {
@@ -56,7 +61,18 @@ fn read_config() -> Config {
         stats: std::env::var("CLINK_SOCKETS_STATS")
             .ok()
             .filter(|s| !s.is_empty()),
+        wake_sockets: true,
     };
+    if let Ok(v) = std::env::var("CLINK_SOCKETS_WAKE") {
+        match v.as_str() {
+            "0" | "off" | "no" | "false" => c.wake_sockets = false,
+            "1" | "on" | "yes" | "true" => {}
+            _ => {
+                complain("CLINK_SOCKETS_WAKE", &v, "not 0 or 1");
+                c.enabled = false;
+            }
+        }
+    }
     if let Ok(v) = std::env::var("CLINK_SOCKETS") {
         c.enabled = !matches!(v.as_str(), "0" | "off" | "no" | "false");
     }

@@ -164,6 +164,11 @@ impl Shared {
         self.dir_u64(dir, Layout::BELLS_SENT)
     }
 
+    /// The number of direction `dir`'s reader's wake socket (0: none).
+    pub fn wake_socket(&self, dir: usize) -> &AtomicU64 {
+        self.dir_u64(dir, Layout::WAKE_SOCKET)
+    }
+
     /// Copies the `n` bytes of direction `dir`'s ring from position `from` (for a resend).
     pub fn copy_out(&self, dir: usize, from: u64, n: usize) -> Vec<u8> {
         let cap = self.layout.ring as usize;

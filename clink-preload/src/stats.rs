@@ -49,9 +49,10 @@ pub fn record_close(c: &Conn) {
     }
     let k = &c.counters;
     line(&format!(
-        "{}: {} ring tx {} rx {} kernel tx {} rx {}",
+        "{}: {} wakes {} ring tx {} rx {} kernel tx {} rx {}",
         c.label,
         c.outcome(),
+        k.wake_datagrams.load(Ordering::Relaxed),
         k.ring_tx.load(Ordering::Relaxed),
         k.ring_rx.load(Ordering::Relaxed),
         k.kernel_tx.load(Ordering::Relaxed),

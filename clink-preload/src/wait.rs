@@ -8,6 +8,7 @@
 use crate::conn::{enter_sleep, leave_sleep, Conn};
 use crate::sys::{errno, now_ns, set_errno};
 use crate::{real, table};
+use clink_proto::sockets::READER_ON_WAKE_SOCKET;
 use libc::{c_int, pollfd, sigset_t};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -177,9 +178,14 @@ fn sleep_poll(
 
 /// Raises the sleep flags of every connection; false (all lowered) if one is ready.
 fn arm_all<'a>(conns: impl Iterator<Item = (&'a Conn, i16)> + Clone) -> bool {
-    for (c, ev) in conns.clone() {
-        if !c.arm(ev) {
-            for (c, _) in conns {
+    arm_all_as(conns.map(|(c, ev)| (c, ev, 1)))
+}
+
+/// [`arm_all`] with each reader's flag value (see [`Conn::arm_as`]).
+fn arm_all_as<'a>(conns: impl Iterator<Item = (&'a Conn, i16, u32)> + Clone) -> bool {
+    for (c, ev, flag) in conns.clone() {
+        if !c.arm_as(ev, flag) {
+            for (c, _, _) in conns {
                 c.disarm();
             }
             return false;
@@ -306,10 +312,80 @@ struct Reg {
 
 /// One epoll set's registrations, with the list of its followed members cached against
 /// the table's generation (epoll_wait runs far more often than anything changes).
-#[derive(Default)]
 struct Set {
+    /// This set's number, unique in the process (an epoll descriptor's number is reused
+    /// once closed; connections remember the sets their wake sockets are in by this).
+    id: u64,
     regs: HashMap<c_int, Reg>,
     cache: Option<(u64, Arc<Vec<Member>>)>,
+}
+
+impl Default for Set {
+    fn default() -> Set {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Set {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            regs: HashMap::new(),
+            cache: None,
+        }
+    }
+}
+
+/// The data of a connection's wake socket's registration in an application's epoll set,
+/// the socket's descriptor in the low 32 bits. The high bits are those of no canonical
+/// x86-64 address and of no small number, so no pointer or descriptor an application
+/// registers as its data can equal it; `fix_epoll` takes these events out.
+const WAKE_MARK: u64 = 0xc11c_5e70_0000_0000;
+const WAKE_MASK: u64 = 0xffff_ffff_0000_0000;
+
+/// Before a sleep in epoll set `epfd`: puts the wake socket of every member that waits
+/// for ring data into the set (once; it stays), and says for each member whether its
+/// wake socket is there (its reader's flag then tells writers a datagram wakes it).
+fn register_wakes(epfd: c_int, members: &[Member]) -> Vec<bool> {
+    if !crate::config().wake_sockets {
+        return vec![false; members.len()];
+    }
+    let Some(id) = regs()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&epfd)
+        .map(|s| s.id)
+    else {
+        return vec![false; members.len()];
+    };
+    members
+        .iter()
+        .map(|(_, r, c)| {
+            if r.disabled || r.events & libc::EPOLLIN as u32 == 0 || !c.rx_in_ring() {
+                return false;
+            }
+            if c.wake_in_set(id) {
+                return true;
+            }
+            let Some(w) = c.wake_fd() else { return false };
+            let mut ev = libc::epoll_event {
+                events: libc::EPOLLIN as u32,
+                u64: WAKE_MARK | w as u32 as u64,
+            };
+            // SAFETY: adding our own socket to the caller's epoll set with our own event.
+            let ok = unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, w, &mut ev) } == 0
+                || errno() == libc::EEXIST;
+            if ok {
+                c.note_wake_set(id);
+            }
+            ok
+        })
+        .collect()
+}
+
+/// Takes connection `fd`'s wake socket out of epoll set `set` (numbered `id`), when
+/// the application takes the connection out or closes it.
+fn unregister_wake(epfd: c_int, id: u64, fd: c_int) {
+    let Some(c) = table::get(fd) else { return };
+    if let Some(w) = c.forget_wake_set(id) {
+        // SAFETY: removing our own socket from the caller's epoll set.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w, std::ptr::null_mut()) };
+    }
 }
 
 fn regs() -> &'static Mutex<HashMap<c_int, Set>> {
@@ -367,6 +443,9 @@ pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event
             if let Some(set) = m.get_mut(&epfd) {
                 set.regs.remove(&fd);
                 set.cache = None;
+                let id = set.id;
+                drop(m);
+                unregister_wake(epfd, id, fd);
             }
         }
         _ => {}
@@ -381,10 +460,16 @@ pub fn forget(fd: c_int) {
     registered(fd, Some(false));
     let mut m = regs().lock().unwrap_or_else(|e| e.into_inner());
     m.remove(&fd);
-    for set in m.values_mut() {
+    let mut left = Vec::new();
+    for (&epfd, set) in m.iter_mut() {
         if set.regs.remove(&fd).is_some() {
             set.cache = None;
+            left.push((epfd, set.id));
         }
+    }
+    drop(m);
+    for (epfd, id) in left {
+        unregister_wake(epfd, id, fd);
     }
 }
 
@@ -494,6 +579,11 @@ fn fix_epoll(
     let mut reported = vec![false; members.len()];
     for ev in &evs[..n] {
         let (events, data) = (ev.events, ev.u64);
+        if data & WAKE_MASK == WAKE_MARK {
+            // A wake socket: its connection's ring is looked at below.
+            crate::conn::drain_wake(data as u32 as c_int);
+            continue;
+        }
         match members.iter().position(|(_, r, _)| r.data == data) {
             Some(k) => {
                 let (fd, r, c) = &members[k];
@@ -653,7 +743,20 @@ pub fn epoll_wait(
             }
         }
         look = true;
-        if !arm_all(armed()) {
+        let wakes = register_wakes(epfd, &members);
+        let flagged = members
+            .iter()
+            .zip(&wakes)
+            .map(|((_, r, c), &w)| {
+                let flag = if w { READER_ON_WAKE_SOCKET } else { 1 };
+                (c.as_ref(), (r.events & 0xffff) as i16, flag)
+            })
+            .chain(
+                nested
+                    .iter()
+                    .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev, 1))),
+            );
+        if !arm_all_as(flagged) {
             continue;
         }
         let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);

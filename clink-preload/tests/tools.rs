@@ -963,3 +963,175 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
         }
     }
 }
+
+/// A blocking reader's waits, as kernel TCP gives them: `server PORT` echoes 8-byte
+/// messages (kind 1), answers kind 2 never, kind 3 after 300 ms; `client PORT` checks
+/// 2000 echoed round trips, then a receive that SO_RCVTIMEO ends (EAGAIN), one that a
+/// signal without SA_RESTART interrupts (EINTR), and one that a signal with SA_RESTART
+/// does not. Under the sockets layer with no spinning, every one of those receives
+/// sleeps in its own wait.
+const BLOCKING_WAITS_C: &str = r#"
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+static int full(int fd, void *b, size_t n, int rd) {
+    size_t k = 0;
+    while (k < n) {
+        ssize_t r = rd ? recv(fd, (char *)b + k, n - k, 0) : send(fd, (char *)b + k, n - k, 0);
+        if (r <= 0) return -1;
+        k += r;
+    }
+    return 0;
+}
+static volatile sig_atomic_t fired;
+static void on_alarm(int s) { (void)s; fired = 1; }
+static void alarm_in(int ms, int restart) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sa.sa_flags = restart ? SA_RESTART : 0;
+    sigaction(SIGALRM, &sa, 0);
+    struct itimerval it = {{0, 0}, {0, ms * 1000}};
+    fired = 0;
+    setitimer(ITIMER_REAL, &it, 0);
+}
+#define FAIL(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); return 1; } while (0)
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(atoi(argv[2]));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    if (!strcmp(argv[1], "server")) {
+        int l = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(l, (void *)&a, sizeof a) || listen(l, 1)) FAIL("listen: %s", strerror(errno));
+        int c = accept(l, 0, 0);
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        uint64_t m[2];
+        while (full(c, m, sizeof m, 1) == 0) {
+            if (m[0] == 2) continue;
+            if (m[0] == 3) usleep(300000);
+            if (full(c, m, sizeof m, 0)) FAIL("server send: %s", strerror(errno));
+        }
+        return 0;
+    }
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (void *)&a, sizeof a)) FAIL("connect: %s", strerror(errno));
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    uint64_t m[2], b[2];
+    for (uint64_t i = 0; i < 2000; i++) {
+        m[0] = 1; m[1] = i * 0x9e3779b97f4a7c15ULL;
+        if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1)) FAIL("round trip %d failed", (int)i);
+        if (b[1] != m[1]) FAIL("round trip %d: wrong bytes", (int)i);
+    }
+    /* SO_RCVTIMEO ends a receive nothing answers. */
+    m[0] = 2;
+    full(c, m, sizeof m, 0);
+    struct timeval tv = {0, 200000};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    double t0 = now_ms();
+    ssize_t r = recv(c, b, sizeof b, 0);
+    double waited = now_ms() - t0;
+    if (r != -1 || (errno != EAGAIN && errno != EWOULDBLOCK)) FAIL("timeout: recv gave %zd, %s", r, strerror(errno));
+    if (waited < 150 || waited > 5000) FAIL("timeout after %.0f ms, not 200", waited);
+    tv.tv_usec = 0;
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    /* A signal without SA_RESTART interrupts it. */
+    full(c, m, sizeof m, 0);
+    alarm_in(100, 0);
+    r = recv(c, b, sizeof b, 0);
+    if (r != -1 || errno != EINTR || !fired) FAIL("no SA_RESTART: recv gave %zd, %s", r, strerror(errno));
+    /* With SA_RESTART the receive goes on until the late answer. */
+    m[0] = 3; m[1] = 77;
+    full(c, m, sizeof m, 0);
+    alarm_in(100, 1);
+    t0 = now_ms();
+    r = recv(c, b, sizeof b, MSG_WAITALL);
+    waited = now_ms() - t0;
+    if (r != sizeof b || b[1] != 77) FAIL("SA_RESTART: recv gave %zd, %s", r, strerror(errno));
+    if (!fired || waited < 250) FAIL("SA_RESTART: answer after %.0f ms, signal %d", waited, (int)fired);
+    close(c);
+    puts("ok");
+    return 0;
+}
+"#;
+
+#[test]
+fn a_blocking_reader_sleeps_and_wakes_as_on_kernel_tcp() {
+    let dir = Scratch::new("blocking");
+    let (src, bin) = (dir.path("waits.c"), dir.path("waits"));
+    std::fs::write(&src, BLOCKING_WAITS_C).unwrap();
+    let cc = run(
+        command(
+            "cc",
+            &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
+            false,
+            &src,
+        ),
+        None,
+        LIMIT,
+    );
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let bin = bin.to_str().unwrap();
+    for wake in ["1", "0"] {
+        for p in PLACEMENTS {
+            let stats = dir.stats(p, &format!("wake{wake}"));
+            let port = free_port();
+            let ps = port.to_string();
+            let cmd = |role: &str, preload: bool| {
+                let mut c = command(bin, &[role, &ps], preload, &stats);
+                c.env("CLINK_SOCKETS_SPIN_US", "0")
+                    .env("CLINK_SOCKETS_WAKE", wake);
+                c
+            };
+            let mut server = Proc::start(cmd("server", p.server), None);
+            wait_for_listen(port);
+            let out = run(cmd("client", p.client), None, LIMIT);
+            assert!(
+                out.status.success(),
+                "{p:?} wake={wake}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let st = server.wait_exit(LIMIT);
+            assert!(st.success(), "{p:?} wake={wake}: server failed: {st}");
+            check_placement(p, &stats, port);
+            // Both ends under clink: each reader slept in the library's wait 2000 times
+            // and was woken through its wake socket (or, turned off, never so).
+            if p.server && p.client {
+                let wakes: Vec<u64> = stats_lines(&stats)
+                    .iter()
+                    .filter(|l| l.contains(&format!("127.0.0.1:{port}")))
+                    .filter_map(|l| l.split(" wakes ").nth(1)?.split(' ').next()?.parse().ok())
+                    .collect();
+                assert_eq!(wakes.len(), 2, "{p:?} wake={wake}: {wakes:?}");
+                if wake == "1" {
+                    assert!(wakes.iter().all(|&w| w >= 100), "{wakes:?}");
+                } else {
+                    assert!(wakes.iter().all(|&w| w == 0), "{wakes:?}");
+                }
+            }
+        }
+    }
+}

@@ -184,6 +184,11 @@ impl Layout {
     pub const BELLS_IN_FLIGHT: usize = 384;
     /// Offset of the count (u64) of wake-up bytes sent on this direction's kernel stream.
     pub const BELLS_SENT: usize = 392;
+    /// Offset of the reader's wake socket's number (u64, 0: none): a reader asleep in
+    /// the library's own wait, with [`READER_ON_WAKE_SOCKET`] in its sleep flag, also
+    /// listens on the abstract Unix datagram socket [`wake_name`] of this number, so
+    /// one datagram wakes it instead of a byte through the kernel's TCP stack.
+    pub const WAKE_SOCKET: usize = 400;
 
     /// Bytes of the whole mapping.
     pub fn total(&self) -> usize {
@@ -199,6 +204,16 @@ impl Layout {
     pub fn ring_at(&self, dir: usize) -> usize {
         Self::HEADER + dir * self.ring as usize
     }
+}
+
+/// The reader's sleep flag ([`Layout::READER_SLEEPING`]) of a reader that also listens
+/// on its wake socket ([`Layout::WAKE_SOCKET`]); 1 means it waits on the kernel socket
+/// only (in the application's poll or epoll), where only a wake-up byte reaches it.
+pub const READER_ON_WAKE_SOCKET: u32 = 2;
+
+/// The abstract Unix socket name of wake socket `number` ([`Layout::WAKE_SOCKET`]).
+pub fn wake_name(number: u64) -> String {
+    format!("clink-sockets/{VERSION}/wake/{number:016x}")
 }
 
 /// Bytes a reader may take from a ring of `cap` bytes whose writer is at `tail` and

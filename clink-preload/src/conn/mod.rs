@@ -24,6 +24,7 @@ use crate::stats;
 use crate::sys::{self, errno, now_ns, set_errno};
 use clink_proto::sockets::{
     is_mirror, kernel_share, rendezvous_name, Ack, Hello, MSG_LEN, NOT_SWITCHED,
+    READER_ON_WAKE_SOCKET,
 };
 use libc::{c_int, iovec};
 
@@ -32,6 +33,9 @@ mod leave;
 mod pairing;
 mod recv;
 mod send;
+mod wake;
+
+pub use wake::drain_wake;
 
 use iov::{gather, kernel_recv, kernel_send, scatter, slice_iov};
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -66,6 +70,8 @@ pub struct Counters {
     pub kernel_tx: AtomicU64,
     /// Bytes received through the kernel socket.
     pub kernel_rx: AtomicU64,
+    /// Readers woken by a datagram to their wake socket (not a byte by the kernel).
+    pub wake_datagrams: AtomicU64,
 }
 
 /// A followed connection (shared by every fd that refers to the same socket).
@@ -98,6 +104,13 @@ pub struct Conn {
     carry: Mutex<Vec<u8>>,
     /// Set once `carry` was ever used (the receive path takes its lock only then).
     carried: AtomicBool,
+    /// This end's wake socket for its receiving direction (-1: none yet; see `wake.rs`).
+    wake_fd: AtomicI32,
+    /// The epoll sets (by the sockets layer's number of each) the wake socket is in.
+    wake_sets: Mutex<Vec<u64>>,
+    /// The socket's SO_RCVTIMEO in milliseconds as last read (-1: none, -2: not read
+    /// since it was last set through this library).
+    rcv_timeout_ms: AtomicI32,
     eof: AtomicBool,
     err: AtomicI32,
     outcome: Mutex<String>,
@@ -160,6 +173,9 @@ impl Conn {
             bells_seen: AtomicU64::new(0),
             carry: Mutex::new(Vec::new()),
             carried: AtomicBool::new(false),
+            wake_fd: AtomicI32::new(-1),
+            wake_sets: Mutex::new(Vec::new()),
+            rcv_timeout_ms: AtomicI32::new(-2),
             eof: AtomicBool::new(false),
             err: AtomicI32::new(0),
             outcome: Mutex::new("pairing".to_string()),
@@ -187,7 +203,7 @@ impl Conn {
 
     /// Whether this direction's reader reached the ring: the peer switched and every byte
     /// it sent by the kernel was consumed.
-    fn rx_in_ring(&self) -> bool {
+    pub fn rx_in_ring(&self) -> bool {
         match self.shared.get() {
             Some(s) => {
                 let sw = s.switch_at(self.rx_dir()).load(Ordering::Acquire);
@@ -291,12 +307,19 @@ impl Conn {
     /// Before sleeping in the kernel for `events`: raises the sleep flags so the other end
     /// sends wake-ups. Returns false (flags left down) when something is ready already.
     pub fn arm(&self, events: i16) -> bool {
+        self.arm_as(events, 1)
+    }
+
+    /// [`Conn::arm`], a reader's flag raised to `reader` (1, or `READER_ON_WAKE_SOCKET`
+    /// for a reader that also listens on its wake socket).
+    pub fn arm_as(&self, events: i16, reader: u32) -> bool {
         let Some(s) = self.shared.get().filter(|_| !self.left()) else {
             return true;
         };
         let unswitched = s.switch_at(self.rx_dir()).load(Ordering::Acquire) == NOT_SWITCHED;
         if events & libc::POLLIN != 0 && (self.rx_in_ring() || unswitched) {
-            s.reader_sleeping(self.rx_dir()).store(1, Ordering::SeqCst);
+            s.reader_sleeping(self.rx_dir())
+                .store(reader, Ordering::SeqCst);
         }
         if events & libc::POLLOUT != 0 && self.tx_on_ring() {
             s.writer_sleeping(self.tx_dir()).store(1, Ordering::SeqCst);
@@ -484,6 +507,10 @@ impl Drop for Conn {
                 Pairing::ServerWaiting { uconn } => close_fd(uconn),
                 Pairing::Done => {}
             }
+        }
+        let w = *self.wake_fd.get_mut();
+        if w >= 0 {
+            close_fd(w);
         }
         stats::record_close(self);
     }

@@ -301,9 +301,10 @@ impl Conn {
         }
     }
 
-    /// A reader's sleep when it is this process's only sleeper: a blocking receive of
+    /// A reader's sleep when it is this process's only sleeper: on its wake socket and
+    /// the kernel socket (`wake.rs`), or, without a wake socket, a blocking receive of
     /// wake-up bytes, which sleeps and consumes the wake-up in one system call (as a kernel
-    /// recv would), and honours SO_RCVTIMEO and SA_RESTART as the application's own recv
+    /// recv would); either honours SO_RCVTIMEO and SA_RESTART as the application's own recv
     /// would. `None` when this sleep does not apply (poll-based sleep instead).
     pub(super) fn sleep_in_recv(&self, fd: c_int) -> Option<Result<(), c_int>> {
         if !self.rx_in_ring() {
@@ -312,6 +313,12 @@ impl Conn {
         if enter_sleep(-1) != -1 {
             leave_sleep();
             return None;
+        }
+        if crate::config().wake_sockets {
+            if let Some(r) = self.sleep_on_wake_socket(fd) {
+                leave_sleep();
+                return Some(r);
+            }
         }
         let r = if !self.arm(libc::POLLIN) {
             Ok(())

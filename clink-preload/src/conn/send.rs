@@ -72,8 +72,14 @@ impl Conn {
                 self.counters.ring_tx.fetch_add(n as u64, Ordering::Relaxed);
                 fence(Ordering::SeqCst);
                 let flag = s.reader_sleeping(tx);
-                if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::AcqRel) != 0 {
-                    self.bell(fd);
+                if flag.load(Ordering::Relaxed) != 0 {
+                    match flag.swap(0, Ordering::AcqRel) {
+                        0 => {}
+                        READER_ON_WAKE_SOCKET if wake::ring(s.wake_socket(tx)) => {
+                            self.counters.wake_datagrams.fetch_add(1, Ordering::Relaxed);
+                        }
+                        _ => self.bell(fd),
+                    }
                 }
             }
             if put == total {
