@@ -647,6 +647,19 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if level == libc::IPPROTO_TCP
+        && name == libc::TCP_NODELAY
+        && !val.is_null()
+        && len as usize >= std::mem::size_of::<c_int>()
+    {
+        if let Some(c) = table::get(fd) {
+            // SAFETY: the caller's option value, at least an int long (checked above).
+            let v = unsafe { std::ptr::read_unaligned(val as *const c_int) };
+            if let Some(r) = c.app_sets_nodelay(fd, v) {
+                return r;
+            }
+        }
+    }
     // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
     // contract.
     let r = unsafe { real::setsockopt(fd, level, name, val, len) };
@@ -660,6 +673,30 @@ pub unsafe extern "C" fn setsockopt(
     if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVTIMEO {
         if let Some(c) = table::get(fd) {
             c.rcv_timeout_changed();
+        }
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
+    let r = unsafe { real::getsockopt(fd, level, name, val, len) };
+    if r == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_NODELAY && !val.is_null() {
+        // SAFETY: the kernel just wrote the option through the caller's length.
+        let n = unsafe { *len } as usize;
+        if n >= std::mem::size_of::<c_int>() {
+            if let Some(app) = table::get(fd).and_then(|c| c.app_nodelay()) {
+                // SAFETY: the caller's buffer, holding at least an int (checked above).
+                unsafe { std::ptr::write_unaligned(val as *mut c_int, app) };
+            }
         }
     }
     r

@@ -72,6 +72,7 @@ real_fns! {
     fcntl(fd: c_int, cmd: c_int, arg: libc::c_long) -> c_int;
     ioctl(fd: c_int, req: libc::c_ulong, arg: *mut c_void) -> c_int;
     setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+    getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
     execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;

@@ -114,7 +114,7 @@ pub fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
     let mut len = std::mem::size_of::<c_int>() as socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `v`.
     let r = unsafe {
-        libc::getsockopt(
+        crate::real::getsockopt(
             fd,
             level,
             name,
@@ -134,7 +134,7 @@ pub fn sock_timeout_ms(fd: c_int, name: c_int) -> c_int {
     let mut len = std::mem::size_of::<libc::timeval>() as socklen_t;
     // SAFETY: the kernel writes at most `len` bytes into `tv`.
     let r = unsafe {
-        libc::getsockopt(
+        crate::real::getsockopt(
             fd,
             libc::SOL_SOCKET,
             name,

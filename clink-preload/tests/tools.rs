@@ -968,8 +968,8 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
 /// messages (kind 1), answers kind 2 never, kind 3 after 300 ms; `client PORT` checks
 /// 2000 echoed round trips, then a receive that SO_RCVTIMEO ends (EAGAIN), one that a
 /// signal without SA_RESTART interrupts (EINTR), and one that a signal with SA_RESTART
-/// does not. Under the sockets layer with no spinning, every one of those receives
-/// sleeps in its own wait.
+/// does not, and that TCP_NODELAY reads back as it set it. Under the sockets layer with no
+/// spinning, every one of those receives sleeps in its own wait.
 const BLOCKING_WAITS_C: &str = r#"
 #include <errno.h>
 #include <netinet/in.h>
@@ -1041,6 +1041,17 @@ int main(int argc, char **argv) {
         m[0] = 1; m[1] = i * 0x9e3779b97f4a7c15ULL;
         if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1)) FAIL("round trip %d failed", (int)i);
         if (b[1] != m[1]) FAIL("round trip %d: wrong bytes", (int)i);
+    }
+    /* TCP_NODELAY reads back as the program set it (the library holds the socket at 1
+       while the ring carries the data). */
+    for (int want = 0; want < 2; want++) {
+        int v = want, got = -1;
+        socklen_t len = sizeof got;
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &v, sizeof v);
+        getsockopt(c, IPPROTO_TCP, TCP_NODELAY, &got, &len);
+        if (got != want) FAIL("TCP_NODELAY set to %d reads %d", want, got);
+        m[0] = 1; m[1] = want;
+        if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1) || b[1] != m[1]) FAIL("round trip after TCP_NODELAY");
     }
     /* SO_RCVTIMEO ends a receive nothing answers. */
     m[0] = 2;

@@ -182,7 +182,12 @@ fn measure(
                     "-m",
                     "64",
                     "-t",
-                    "1", // sockperf's sequence numbers overflow in longer spinning runs
+                    "1",
+                    // Without a rate, sockperf bounds its sequence numbers by a guess that
+                    // a spinning ping-pong below 1 us one-way overruns ("_seqN >
+                    // m_maxSequenceNo"); a cap far above any ping-pong's rate paces nothing.
+                    "--mps",
+                    "5000000",
                 ],
                 lib,
                 spin,

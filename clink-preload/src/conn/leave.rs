@@ -31,6 +31,7 @@ impl Conn {
             return;
         }
         self.tx_back.store(true, Ordering::SeqCst);
+        self.give_back_nodelay(fd);
         if !self.tx_switched.load(Ordering::Acquire) {
             return;
         }
@@ -112,6 +113,7 @@ impl Conn {
             }
             self.bell(fd);
             self.tx_back.store(true, Ordering::SeqCst);
+            self.give_back_nodelay(fd);
             wait_until(|| s.bells_in_flight(tx).load(Ordering::SeqCst) == 0);
             let resume =
                 s.switch_at(tx).load(Ordering::SeqCst) + s.bells_sent(tx).load(Ordering::SeqCst);
@@ -120,6 +122,7 @@ impl Conn {
                 .store(s.tail(tx).load(Ordering::SeqCst), Ordering::SeqCst);
         } else {
             self.tx_back.store(true, Ordering::SeqCst);
+            self.give_back_nodelay(fd);
         }
         *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) =
             if self.peer_ready.load(Ordering::Acquire) || sw != NOT_SWITCHED {

@@ -30,6 +30,7 @@ use libc::{c_int, iovec};
 
 mod iov;
 mod leave;
+mod nodelay;
 mod pairing;
 mod recv;
 mod send;
@@ -111,6 +112,10 @@ pub struct Conn {
     /// The socket's SO_RCVTIMEO in milliseconds as last read (-1: none, -2: not read
     /// since it was last set through this library).
     rcv_timeout_ms: AtomicI32,
+    /// The application's TCP_NODELAY while the library holds the socket at 1 (its
+    /// sending direction on the ring, where the kernel stream carries only wake-up bytes,
+    /// which Nagle's algorithm would hold back for the peer's delayed ack); -1 otherwise.
+    app_nodelay: AtomicI32,
     eof: AtomicBool,
     err: AtomicI32,
     outcome: Mutex<String>,
@@ -176,6 +181,7 @@ impl Conn {
             wake_fd: AtomicI32::new(-1),
             wake_sets: Mutex::new(Vec::new()),
             rcv_timeout_ms: AtomicI32::new(-2),
+            app_nodelay: AtomicI32::new(-1),
             eof: AtomicBool::new(false),
             err: AtomicI32::new(0),
             outcome: Mutex::new("pairing".to_string()),

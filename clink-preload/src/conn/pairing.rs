@@ -202,6 +202,7 @@ impl Conn {
         s.switch_at(self.tx_dir()).store(sent, Ordering::SeqCst);
         self.tx_switched.store(true, Ordering::Release);
         fence(Ordering::SeqCst);
+        self.take_nodelay(fd);
         // A reader asleep in the kernel before the switch waits for kernel bytes that
         // will not come: wake it. (A wake-up byte nobody reads would turn this end's close
         // into a reset, so none is sent to a reader that is not asleep.)
