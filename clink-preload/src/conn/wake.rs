@@ -6,7 +6,7 @@
 //! sleeps in `poll` on that socket and the kernel socket (blocking receive), or with the
 //! socket registered in the application's epoll set (`wait.rs`), with
 //! `READER_ON_WAKE_SOCKET` as its sleep flag. The kernel socket still reports the peer's
-//! end, a reset, and wake-up bytes from a writer that does not know wake sockets. A
+//! end, a reset, and the wake-up byte of a writer whose datagram could not be sent. A
 //! writer that finds that flag sends one empty datagram to the number's name through one
 //! unbound socket of its process, and falls back to the wake-up byte if that fails. A
 //! stranger's datagram only wakes the reader, which looks at its ring and sleeps again.
