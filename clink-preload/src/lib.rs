@@ -17,9 +17,8 @@
 //!   direction's ring;
 //! - `CLINK_SOCKETS_STATS=PATH`: append one line per connection to PATH (accelerated or
 //!   not, and why; bytes by ring and by kernel);
-//! - `CLINK_SOCKETS_WAKE=0` wakes a reader asleep in a blocking receive or in epoll with
-//!   a byte through the kernel socket, as one asleep in poll or select, instead of a
-//!   datagram to its wake socket (see `conn/wake.rs`).
+//! - `CLINK_SOCKETS_WAKE=0` wakes a sleeping reader with a byte through the kernel socket
+//!   instead of a datagram to its wake socket (see `conn/wake.rs`).
 
 mod conn;
 mod exec;

@@ -121,10 +121,36 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
             }
         }
         look = true;
-        if !arm_all(armed()) {
+        // Readers of a ring wait on their wake sockets too (see `conn/wake.rs`).
+        let wakes: Vec<Option<c_int>> = conns
+            .iter()
+            .map(|(i, c)| {
+                let reads = fds[*i].events & libc::POLLIN != 0 && c.rx_in_ring();
+                (crate::config().wake_sockets && reads)
+                    .then(|| c.wake_fd())
+                    .flatten()
+            })
+            .collect();
+        let flagged = conns
+            .iter()
+            .zip(&wakes)
+            .map(|((i, c), w)| {
+                let flag = if w.is_some() {
+                    READER_ON_WAKE_SOCKET
+                } else {
+                    1
+                };
+                (c.as_ref(), events[*i], flag)
+            })
+            .chain(
+                nested
+                    .iter()
+                    .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev, 1))),
+            );
+        if !arm_all(flagged) {
             continue;
         }
-        let r = sleep_poll(fds, n, &conns, remaining(deadline), mask);
+        let r = sleep_poll(fds, n, &conns, &wakes, remaining(deadline), mask);
         let e = errno();
         for (c, _) in armed() {
             c.disarm();
@@ -144,11 +170,13 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
 }
 
 /// The kernel part of a sleep in poll: writers facing a full ring wait for a wake-up
-/// byte instead of POLLOUT (see `Conn::room_events`).
+/// byte instead of POLLOUT (see `Conn::room_events`), and the wake sockets `wakes` (one
+/// per connection or none) are polled after the caller's descriptors.
 fn sleep_poll(
     fds: &mut [pollfd],
     n: libc::nfds_t,
     conns: &[(usize, Arc<Conn>)],
+    wakes: &[Option<c_int>],
     timeout_ms: c_int,
     mask: *const sigset_t,
 ) -> c_int {
@@ -164,8 +192,34 @@ fn sleep_poll(
         }
     }
     let t = enter_sleep(t);
-    let r = kernel_poll(fds, n, t, mask);
-    let e = errno();
+    let (r, e) = if wakes.iter().all(Option::is_none) {
+        (kernel_poll(fds, n, t, mask), errno())
+    } else {
+        let mut all: Vec<pollfd> = fds.to_vec();
+        all.extend(wakes.iter().flatten().map(|&w| pollfd {
+            fd: w,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let k = all.len() as libc::nfds_t;
+        let r = kernel_poll(&mut all, k, t, mask);
+        let e = errno();
+        for (mine, p) in fds.iter_mut().zip(&all) {
+            mine.revents = p.revents;
+        }
+        for p in &all[fds.len()..] {
+            if p.revents != 0 {
+                crate::conn::drain_wake(p.fd);
+            }
+        }
+        // What the caller's descriptors report (the rings are looked at after).
+        let r = if r > 0 {
+            fds.iter().filter(|p| p.revents != 0).count() as c_int
+        } else {
+            r
+        };
+        (r, e)
+    };
     leave_sleep();
     for (i, ev) in changed {
         fds[i].events = ev;
@@ -176,13 +230,9 @@ fn sleep_poll(
     r
 }
 
-/// Raises the sleep flags of every connection; false (all lowered) if one is ready.
-fn arm_all<'a>(conns: impl Iterator<Item = (&'a Conn, i16)> + Clone) -> bool {
-    arm_all_as(conns.map(|(c, ev)| (c, ev, 1)))
-}
-
-/// [`arm_all`] with each reader's flag value (see [`Conn::arm_as`]).
-fn arm_all_as<'a>(conns: impl Iterator<Item = (&'a Conn, i16, u32)> + Clone) -> bool {
+/// Raises the sleep flags of every connection, each reader's to its value (see
+/// [`Conn::arm_as`]); false (all lowered) if one is ready.
+fn arm_all<'a>(conns: impl Iterator<Item = (&'a Conn, i16, u32)> + Clone) -> bool {
     for (c, ev, flag) in conns.clone() {
         if !c.arm_as(ev, flag) {
             for (c, _, _) in conns {
@@ -756,7 +806,7 @@ pub fn epoll_wait(
                     .iter()
                     .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev, 1))),
             );
-        if !arm_all_as(flagged) {
+        if !arm_all(flagged) {
             continue;
         }
         let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);

@@ -1,16 +1,18 @@
 //! Wake sockets: a cheaper wake-up for a reader asleep in the library's own wait than a
 //! byte through the kernel's TCP stack (which runs the whole TCP output and input path on
 //! the writer's core). A reader that sleeps in a blocking `recv` or `read` with nothing
-//! in the ring, or in an epoll set holding its connection, makes once an abstract Unix
-//! datagram socket of a fresh number and publishes the number in the mapping. It then
-//! sleeps in `poll` on that socket and the kernel socket (blocking receive), or with the
-//! socket registered in the application's epoll set (`wait.rs`), with
-//! `READER_ON_WAKE_SOCKET` as its sleep flag. The kernel socket still reports the peer's
+//! in the ring, or in a poll, select or epoll wait holding its connection, makes once an
+//! abstract Unix datagram socket of a fresh number and publishes the number in the
+//! mapping. It then sleeps in `poll` on that socket and the kernel socket (blocking
+//! receive; poll and select add it to the caller's descriptors), or with the socket
+//! registered in the application's epoll set (`wait.rs`), with `READER_ON_WAKE_SOCKET` as
+//! its sleep flag. The kernel socket still reports the peer's
 //! end, a reset, and the wake-up byte of a writer whose datagram could not be sent. A
 //! writer that finds that flag sends one empty datagram to the number's name through one
 //! unbound socket of its process, and falls back to the wake-up byte if that fails. A
 //! stranger's datagram only wakes the reader, which looks at its ring and sleeps again.
-//! Readers asleep in poll or select wait for the byte (their flag is 1).
+//! Writers facing a full ring, and readers of an epoll set nested in another, wait for the
+//! byte (their flag is 1).
 
 use super::*;
 use clink_proto::sockets::wake_name;
