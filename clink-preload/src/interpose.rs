@@ -527,6 +527,11 @@ pub unsafe extern "C" fn epoll_pwait2(
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if crate::conn::is_own(fd) {
+        // Not the application's: to it, not an open descriptor.
+        set_errno(libc::EBADF);
+        return -1;
+    }
     if config().enabled {
         let _keep = SavedErrno::save();
         let gone = table::remove(fd);

@@ -968,8 +968,9 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
 /// messages (kind 1), answers kind 2 never, kind 3 after 300 ms; `client PORT` checks
 /// 2000 echoed round trips, then a receive that SO_RCVTIMEO ends (EAGAIN), one that a
 /// signal without SA_RESTART interrupts (EINTR), and one that a signal with SA_RESTART
-/// does not, and that TCP_NODELAY reads back as it set it. Under the sockets layer with no
-/// spinning, every one of those receives sleeps in its own wait.
+/// does not, that TCP_NODELAY reads back as it set it, and that closing every other
+/// descriptor does not break the connection. Under the sockets layer with no spinning,
+/// every one of those receives sleeps in its own wait.
 const BLOCKING_WAITS_C: &str = r#"
 #include <errno.h>
 #include <netinet/in.h>
@@ -1041,6 +1042,27 @@ int main(int argc, char **argv) {
         m[0] = 1; m[1] = i * 0x9e3779b97f4a7c15ULL;
         if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1)) FAIL("round trip %d failed", (int)i);
         if (b[1] != m[1]) FAIL("round trip %d: wrong bytes", (int)i);
+    }
+    /* Closing every descriptor it does not know of (as daemons do) leaves the library's
+       own (the wake socket of a sleeping reader) alone. */
+    for (int f = 3; f < 256; f++)
+        if (f != c) close(f);
+    /* The numbers freed go to new descriptors of the program's, each holding a datagram
+       the library must never read. */
+    int sv[8][2];
+    for (int k = 0; k < 8; k++) {
+        if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv[k])) FAIL("socketpair: %s", strerror(errno));
+        send(sv[k][0], "a", 1, 0);
+        send(sv[k][1], "b", 1, 0);
+    }
+    for (uint64_t i = 0; i < 500; i++) {
+        m[0] = 1; m[1] = i;
+        if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1) || b[1] != i) FAIL("after closing the others: round trip %d", (int)i);
+    }
+    for (int k = 0; k < 8; k++) {
+        char x[2];
+        if (recv(sv[k][1], x, 2, MSG_DONTWAIT) != 1 || x[0] != 'a' || recv(sv[k][0], x, 2, MSG_DONTWAIT) != 1 || x[0] != 'b')
+            FAIL("a datagram of the program's own sockets is gone");
     }
     /* TCP_NODELAY reads back as the program set it (the library holds the socket at 1
        while the ring carries the data). */

@@ -36,7 +36,7 @@ mod recv;
 mod send;
 mod wake;
 
-pub use wake::drain_wake;
+pub use wake::{drain_wake, is_own};
 
 use iov::{gather, kernel_recv, kernel_send, scatter, slice_iov};
 use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -516,7 +516,7 @@ impl Drop for Conn {
         }
         let w = *self.wake_fd.get_mut();
         if w >= 0 {
-            close_fd(w);
+            wake::close_own(w);
         }
         stats::record_close(self);
     }

@@ -25,15 +25,47 @@ static SENDER: AtomicI32 = AtomicI32::new(-1);
 /// Wake socket numbers made by this process (the high half is the process id).
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
+/// The library's own wake sockets (and sender), by descriptor: an application's `close`
+/// of one (a loop closing every descriptor, say) is refused as for a descriptor that is
+/// not open, so its number is never reused under a sleeping reader.
+static OWN: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
+
+fn mark_own(fd: c_int, on: bool) {
+    if let Some(w) = usize::try_from(fd).ok().and_then(|f| OWN.get(f / 64)) {
+        let b = 1u64 << (fd as usize % 64);
+        if on {
+            w.fetch_or(b, Ordering::AcqRel);
+        } else {
+            w.fetch_and(!b, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Whether `fd` is one of the library's wake sockets.
+pub fn is_own(fd: c_int) -> bool {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|f| OWN.get(f / 64))
+        .is_some_and(|w| w.load(Ordering::Acquire) & (1u64 << (fd as usize % 64)) != 0)
+}
+
+/// Closes one of the library's wake sockets.
+pub(super) fn close_own(fd: c_int) {
+    mark_own(fd, false);
+    close_fd(fd);
+}
+
 fn datagram_socket() -> c_int {
     // SAFETY: a new socket of our own.
-    unsafe {
+    let fd = unsafe {
         libc::socket(
             libc::AF_UNIX,
             libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         )
-    }
+    };
+    mark_own(fd, true);
+    fd
 }
 
 /// Wakes the reader whose wake socket `number` names (read from the mapping after the
@@ -52,7 +84,7 @@ pub(super) fn ring(number: &AtomicU64) -> bool {
         fd = match SENDER.compare_exchange(-1, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => new,
             Err(other) => {
-                close_fd(new);
+                close_own(new);
                 other
             }
         };
@@ -144,7 +176,7 @@ impl Conn {
         let (a, len) = sys::abstract_addr(&wake_name(number));
         // SAFETY: binding our own socket to a valid abstract address.
         if unsafe { libc::bind(fd, &a as *const _ as *const libc::sockaddr, len) } != 0 {
-            close_fd(fd);
+            close_own(fd);
             return None;
         }
         if self
@@ -152,7 +184,7 @@ impl Conn {
             .compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            close_fd(fd); // another thread of this process made one meanwhile
+            close_own(fd); // another thread of this process made one meanwhile
             return Some(self.wake_fd.load(Ordering::Acquire));
         }
         // Published before any flag that points to it is raised.
