@@ -820,23 +820,8 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
         dir.path("server"),
         dir.path("client.py"),
     );
-    std::fs::write(&src, STDIO_SERVER_C).unwrap();
+    compile_c(STDIO_SERVER_C, &src, &bin);
     std::fs::write(&cli, LINE_CLIENT).unwrap();
-    let cc = run(
-        command(
-            "cc",
-            &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
-            false,
-            &src,
-        ),
-        None,
-        LIMIT,
-    );
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
     let data = run(
         command(
             "python3",
@@ -1111,22 +1096,7 @@ int main(int argc, char **argv) {
 fn a_blocking_reader_sleeps_and_wakes_as_on_kernel_tcp() {
     let dir = Scratch::new("blocking");
     let (src, bin) = (dir.path("waits.c"), dir.path("waits"));
-    std::fs::write(&src, BLOCKING_WAITS_C).unwrap();
-    let cc = run(
-        command(
-            "cc",
-            &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
-            false,
-            &src,
-        ),
-        None,
-        LIMIT,
-    );
-    assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    compile_c(BLOCKING_WAITS_C, &src, &bin);
     let bin = bin.to_str().unwrap();
     for wake in ["1", "0"] {
         for p in PLACEMENTS {

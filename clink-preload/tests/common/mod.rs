@@ -110,6 +110,27 @@ pub fn command(program: &str, args: &[&str], preload: bool, stats: &Path) -> Com
     c
 }
 
+/// Writes C program `text` to `src` and compiles it to `bin` (the test fails with the
+/// compiler's message if it does not build).
+pub fn compile_c(text: &str, src: &Path, bin: &Path) {
+    std::fs::write(src, text).unwrap();
+    let cc = run(
+        command(
+            "cc",
+            &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
+            false,
+            src,
+        ),
+        None,
+        Duration::from_secs(60),
+    );
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+}
+
 /// A process stopped (SIGKILL, by PID) and reaped when dropped.
 pub struct Proc {
     /// The child.
