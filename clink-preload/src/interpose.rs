@@ -538,7 +538,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         if let Some(c) = &gone {
             c.before_close(fd);
         }
-        wait::forget(fd);
+        wait::forget(fd, gone.as_deref());
         set_kernel_only(fd, false);
         drop(gone);
     }
@@ -571,8 +571,8 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
     let r = unsafe { real::dup2(fd, to) };
     if r >= 0 && fd != to {
         let _keep = SavedErrno::save();
-        drop(table::remove(to));
-        wait::forget(to);
+        let gone = table::remove(to);
+        wait::forget(to, gone.as_deref());
     }
     after_dup(fd, r)
 }
@@ -584,8 +584,8 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
     let r = unsafe { real::dup3(fd, to, flags) };
     if r >= 0 {
         let _keep = SavedErrno::save();
-        drop(table::remove(to));
-        wait::forget(to);
+        let gone = table::remove(to);
+        wait::forget(to, gone.as_deref());
     }
     after_dup(fd, r)
 }

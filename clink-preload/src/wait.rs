@@ -428,10 +428,9 @@ fn register_wakes(epfd: c_int, members: &[Member]) -> Vec<bool> {
         .collect()
 }
 
-/// Takes connection `fd`'s wake socket out of epoll set `set` (numbered `id`), when
+/// Takes connection `c`'s wake socket out of epoll set `epfd` (numbered `id`), when
 /// the application takes the connection out or closes it.
-fn unregister_wake(epfd: c_int, id: u64, fd: c_int) {
-    let Some(c) = table::get(fd) else { return };
+fn unregister_wake(epfd: c_int, id: u64, c: &Conn) {
     if let Some(w) = c.forget_wake_set(id) {
         // SAFETY: removing our own socket from the caller's epoll set.
         unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, w, std::ptr::null_mut()) };
@@ -495,15 +494,18 @@ pub fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *const libc::epoll_event
                 set.cache = None;
                 let id = set.id;
                 drop(m);
-                unregister_wake(epfd, id, fd);
+                if let Some(c) = table::get(fd) {
+                    unregister_wake(epfd, id, &c);
+                }
             }
         }
         _ => {}
     }
 }
 
-/// Forgets `fd` (closed) as a member of epoll sets and as an epoll set.
-pub fn forget(fd: c_int) {
+/// Forgets `fd` (closed, or replaced by `dup2`; `conn` the connection it named, if any)
+/// as a member of epoll sets and as an epoll set.
+pub fn forget(fd: c_int, conn: Option<&Conn>) {
     if !registered(fd, None) {
         return;
     }
@@ -518,8 +520,10 @@ pub fn forget(fd: c_int) {
         }
     }
     drop(m);
-    for (epfd, id) in left {
-        unregister_wake(epfd, id, fd);
+    if let Some(c) = conn {
+        for (epfd, id) in left {
+            unregister_wake(epfd, id, c);
+        }
     }
 }
 
