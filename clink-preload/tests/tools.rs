@@ -323,25 +323,60 @@ fn redis_with_a_replica_and_redis_benchmark() {
 }
 
 #[test]
-fn nginx_serves_files_to_curl_and_wrk() {
+fn nginx_serves_files_to_curl_over_http_and_https_and_to_wrk() {
     let dir = Scratch::new("nginx");
     let www = dir.path("www");
     std::fs::create_dir_all(&www).unwrap();
     let file = random_bytes(3 << 20, 5);
     std::fs::write(www.join("big"), &file).unwrap();
     std::fs::write(www.join("small"), b"hello\n").unwrap();
+    // A self-signed certificate for the HTTPS server (TLS in the programs, not kTLS: the
+    // sockets layer carries its records like any bytes).
+    let (cert, key) = (dir.path("cert.pem"), dir.path("key.pem"));
+    let made = run(
+        command(
+            "openssl",
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                key.to_str().unwrap(),
+                "-out",
+                cert.to_str().unwrap(),
+            ],
+            false,
+            &cert,
+        ),
+        None,
+        LIMIT,
+    );
+    assert!(
+        made.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     for p in PLACEMENTS {
         let stats = dir.stats(p, "");
-        let port = free_port();
+        let (port, tls_port) = (free_port(), free_port());
         let conf = dir.path("nginx.conf");
         std::fs::write(
             &conf,
             format!(
                 "daemon off; master_process on; worker_processes 2; pid {d}/ng.pid; error_log {d}/err.log; user root;\n\
                  events {{}} http {{ sendfile on; tcp_nopush on; access_log off;\n\
-                 server {{ listen 127.0.0.1:{port}; root {w}; }} }}\n",
+                 server {{ listen 127.0.0.1:{port}; root {w}; }}\n\
+                 server {{ listen 127.0.0.1:{tls_port} ssl; ssl_certificate {c}; ssl_certificate_key {k}; root {w}; }} }}\n",
                 d = dir.0.display(),
-                w = www.display()
+                w = www.display(),
+                c = cert.display(),
+                k = key.display()
             ),
         )
         .unwrap();
@@ -355,17 +390,23 @@ fn nginx_serves_files_to_curl_and_wrk() {
             None,
         );
         wait_for_listen(port);
-        let url = format!("http://127.0.0.1:{port}/big");
-        let out = run(
-            command("curl", &["-sS", "--fail", &url], p.client, &stats),
-            None,
-            LIMIT,
-        );
-        assert!(
-            out.status.success() && out.stdout == file,
-            "{p:?}: curl got {} bytes",
-            out.stdout.len()
-        );
+        wait_for_listen(tls_port);
+        for url in [
+            format!("http://127.0.0.1:{port}/big"),
+            format!("https://127.0.0.1:{tls_port}/big"),
+        ] {
+            let out = run(
+                command("curl", &["-sS", "--fail", "-k", &url], p.client, &stats),
+                None,
+                LIMIT,
+            );
+            assert!(
+                out.status.success() && out.stdout == file,
+                "{p:?}: curl {url} got {} bytes: {}",
+                out.stdout.len(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let small = format!("http://127.0.0.1:{port}/small");
         let w = run(
             command("wrk", &["-t2", "-c16", "-d1s", &small], p.client, &stats),
@@ -389,6 +430,7 @@ fn nginx_serves_files_to_curl_and_wrk() {
             "{p:?}: nginx did not stop"
         );
         check_placement(p, &stats, port);
+        check_placement(p, &stats, tls_port);
     }
 }
 
