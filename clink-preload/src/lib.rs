@@ -42,7 +42,7 @@ pub struct Config {
     pub ring: u32,
     /// Where statistics lines go.
     pub stats: Option<String>,
-    /// Whether a reader asleep in a blocking receive listens on a wake socket.
+    /// Whether a sleeping reader of a ring listens on a wake socket (`conn/wake.rs`).
     pub wake_sockets: bool,
 }
 

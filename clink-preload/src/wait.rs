@@ -78,13 +78,8 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
         return kernel_poll(fds, n, timeout_ms, mask);
     }
     let events: Vec<i16> = fds.iter().map(|p| p.events).collect();
-    let armed = || {
-        conns.iter().map(|(i, c)| (c.as_ref(), events[*i])).chain(
-            nested
-                .iter()
-                .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev))),
-        )
-    };
+    let own = || conns.iter().map(|(i, c)| (c.as_ref(), events[*i]));
+    let inner = || nested.iter().map(|(_, v)| v.as_slice());
     for (i, c) in &conns {
         c.progress(fds[*i].fd, false);
         c.switch_if_ready(fds[*i].fd);
@@ -121,38 +116,16 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
             }
         }
         look = true;
-        // Readers of a ring wait on their wake sockets too (see `conn/wake.rs`).
         let wakes: Vec<Option<c_int>> = conns
             .iter()
-            .map(|(i, c)| {
-                let reads = fds[*i].events & libc::POLLIN != 0 && c.rx_in_ring();
-                (crate::config().wake_sockets && reads)
-                    .then(|| c.wake_fd())
-                    .flatten()
-            })
+            .map(|(i, c)| c.wake_fd_for(events[*i]))
             .collect();
-        let flagged = conns
-            .iter()
-            .zip(&wakes)
-            .map(|((i, c), w)| {
-                let flag = if w.is_some() {
-                    READER_ON_WAKE_SOCKET
-                } else {
-                    1
-                };
-                (c.as_ref(), events[*i], flag)
-            })
-            .chain(
-                nested
-                    .iter()
-                    .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev, 1))),
-            );
-        if !arm_all(flagged) {
+        if !arm_all(flagged(own(), &wakes, inner())) {
             continue;
         }
         let r = sleep_poll(fds, n, &conns, &wakes, remaining(deadline), mask);
         let e = errno();
-        for (c, _) in armed() {
+        for (c, _, _) in flagged(own(), &wakes, inner()) {
             c.disarm();
         }
         if r < 0 {
@@ -228,6 +201,29 @@ fn sleep_poll(
     }
     set_errno(e);
     r
+}
+
+/// A sleep's connections with their events and sleep flags: `READER_ON_WAKE_SOCKET` for
+/// the set's own connections whose wake socket the sleep waits on (`wakes`, see
+/// `conn/wake.rs`), 1 for the others and for those of the nested epoll sets `inner`.
+fn flagged<'c: 'w, 'w>(
+    own: impl Iterator<Item = (&'c Conn, i16)> + Clone + 'w,
+    wakes: &'w [Option<c_int>],
+    inner: impl Iterator<Item = &'c [Inner]> + Clone + 'w,
+) -> impl Iterator<Item = (&'c Conn, i16, u32)> + Clone + 'w {
+    own.zip(wakes)
+        .map(|((c, ev), w)| {
+            (
+                c,
+                ev,
+                if w.is_some() {
+                    READER_ON_WAKE_SOCKET
+                } else {
+                    1
+                },
+            )
+        })
+        .chain(inner.flat_map(|v| v.iter().map(|(_, ev, c)| (c.as_ref(), *ev, 1))))
 }
 
 /// Raises the sleep flags of every connection, each reader's to its value (see
@@ -389,30 +385,24 @@ const WAKE_MARK: u64 = 0xc11c_5e70_0000_0000;
 const WAKE_MASK: u64 = 0xffff_ffff_0000_0000;
 
 /// Before a sleep in epoll set `epfd`: puts the wake socket of every member that waits
-/// for ring data into the set (once; it stays), and says for each member whether its
-/// wake socket is there (its reader's flag then tells writers a datagram wakes it).
-fn register_wakes(epfd: c_int, members: &[Member]) -> Vec<bool> {
-    if !crate::config().wake_sockets {
-        return vec![false; members.len()];
-    }
-    let Some(id) = regs()
+/// for ring data into the set (once; it stays), and gives each member's wake socket if it
+/// is there (its reader's flag then tells writers a datagram wakes it).
+fn register_wakes(epfd: c_int, members: &[Member]) -> Vec<Option<c_int>> {
+    let id = regs()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&epfd)
-        .map(|s| s.id)
-    else {
-        return vec![false; members.len()];
-    };
+        .map(|s| s.id);
     members
         .iter()
         .map(|(_, r, c)| {
-            if r.disabled || r.events & libc::EPOLLIN as u32 == 0 || !c.rx_in_ring() {
-                return false;
+            if r.disabled {
+                return None;
             }
+            let (id, w) = (id?, c.wake_fd_for((r.events & 0xffff) as i16)?);
             if c.wake_in_set(id) {
-                return true;
+                return Some(w);
             }
-            let Some(w) = c.wake_fd() else { return false };
             let mut ev = libc::epoll_event {
                 events: libc::EPOLLIN as u32,
                 u64: WAKE_MARK | w as u32 as u64,
@@ -420,10 +410,10 @@ fn register_wakes(epfd: c_int, members: &[Member]) -> Vec<bool> {
             // SAFETY: adding our own socket to the caller's epoll set with our own event.
             let ok = unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, w, &mut ev) } == 0
                 || errno() == libc::EEXIST;
-            if ok {
+            ok.then(|| {
                 c.note_wake_set(id);
-            }
-            ok
+                w
+            })
         })
         .collect()
 }
@@ -751,16 +741,12 @@ pub fn epoll_wait(
     if nested.is_empty() && (members.is_empty() || members.iter().all(|(_, _, c)| c.left())) {
         return None;
     }
-    let armed = || {
+    let own = || {
         members
             .iter()
             .map(|(_, r, c)| (c.as_ref(), (r.events & 0xffff) as i16))
-            .chain(
-                nested
-                    .iter()
-                    .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev))),
-            )
     };
+    let inner = || nested.iter().map(|(_, v)| v.as_slice());
     // SAFETY: the caller's array of `max` events.
     let evs = unsafe { std::slice::from_raw_parts_mut(evs, max as usize) };
     for (fd, _, c) in members.iter() {
@@ -798,24 +784,12 @@ pub fn epoll_wait(
         }
         look = true;
         let wakes = register_wakes(epfd, &members);
-        let flagged = members
-            .iter()
-            .zip(&wakes)
-            .map(|((_, r, c), &w)| {
-                let flag = if w { READER_ON_WAKE_SOCKET } else { 1 };
-                (c.as_ref(), (r.events & 0xffff) as i16, flag)
-            })
-            .chain(
-                nested
-                    .iter()
-                    .flat_map(|(_, inner)| inner.iter().map(|(_, ev, c)| (c.as_ref(), *ev, 1))),
-            );
-        if !arm_all(flagged) {
+        if !arm_all(flagged(own(), &wakes, inner())) {
             continue;
         }
         let r = sleep_epoll(epfd, evs, &members, remaining(deadline), mask);
         let e = errno();
-        for (c, _) in armed() {
+        for (c, _, _) in flagged(own(), &wakes, inner()) {
             c.disarm();
         }
         if r < 0 {

@@ -333,38 +333,27 @@ fn nginx_serves_files_to_curl_over_http_and_https_and_to_wrk() {
     // A self-signed certificate for the HTTPS server (TLS in the programs, not kTLS: the
     // sockets layer carries its records like any bytes).
     let (cert, key) = (dir.path("cert.pem"), dir.path("key.pem"));
-    let made = run(
-        command(
-            "openssl",
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=127.0.0.1",
-                "-keyout",
-                key.to_str().unwrap(),
-                "-out",
-                cert.to_str().unwrap(),
-            ],
-            false,
-            &cert,
-        ),
-        None,
-        LIMIT,
-    );
-    assert!(
-        made.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&made.stderr)
+    run_ok(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
+        ],
     );
     for p in PLACEMENTS {
         let stats = dir.stats(p, "");
-        let (port, tls_port) = (free_port(), free_port());
+        let (port, tls_port) = free_ports();
         let conf = dir.path("nginx.conf");
         std::fs::write(
             &conf,

@@ -4,25 +4,27 @@
 //! from unaligned loads through safe slices: no pointer arithmetic.
 #![allow(unsafe_code)]
 
-/// CRC-32C of `data` (initial value and final inversion as in iSCSI and the `crc32c`
-/// crate), or `None` where the CPU has no CRC instruction (or this is not x86-64).
+/// The CRC-32C of `data` continued from `crc`, the CRC of what precedes it (0 for none;
+/// initial value and final inversion as in iSCSI and the `crc32c` crate's
+/// `crc32c_append`), or `None` where the CPU has no CRC instruction (or this is not
+/// x86-64).
 #[inline]
-pub fn short(data: &[u8]) -> Option<u32> {
+pub fn append(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.2") {
         // SAFETY: the CPU has SSE 4.2, checked just above (the detection is cached).
-        return Some(unsafe { sse42(data) });
+        return Some(unsafe { sse42(crc, data) });
     }
-    let _ = data;
+    let _ = (crc, data);
     None
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse4.2")]
-fn sse42(data: &[u8]) -> u32 {
+fn sse42(crc: u32, data: &[u8]) -> u32 {
     use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64, _mm_crc32_u8};
     let mut words = data.chunks_exact(8);
-    let mut crc = u64::from(u32::MAX);
+    let mut crc = u64::from(!crc);
     for w in &mut words {
         crc = _mm_crc32_u64(crc, u64::from_le_bytes(w.try_into().expect("8 bytes")));
     }
@@ -51,15 +53,24 @@ mod tests {
         let buf: Vec<u8> = (0..600).map(|_| rng.below(256) as u8).collect();
         #[cfg(target_arch = "x86_64")]
         assert_eq!(
-            super::short(b"x").is_some(),
+            super::append(0, b"x").is_some(),
             std::arch::is_x86_feature_detected!("sse4.2"),
             "the instruction is used wherever the CPU has it"
         );
         for start in 0..8 {
             for len in 0..=520 {
                 let d = &buf[start..start + len];
-                if let Some(c) = super::short(d) {
+                if let Some(c) = super::append(0, d) {
                     assert_eq!(c, crc32c::crc32c(d), "{len} bytes at {start}");
+                }
+                // Continued from the CRC of the bytes before it.
+                let head = crc32c::crc32c(&buf[..start]);
+                if let Some(c) = super::append(head, d) {
+                    assert_eq!(
+                        c,
+                        crc32c::crc32c(&buf[..start + len]),
+                        "{len} after {start}"
+                    );
                 }
             }
         }

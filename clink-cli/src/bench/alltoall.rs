@@ -3,9 +3,10 @@
 //! process per host; every round, every process sends a message of `--bw-sizes` (default
 //! 256 KiB) to every other and receives one from each, contents checked; the row is the
 //! slowest process's time for all rounds and the CPU time all processes spent in them
-//! (user and system, which includes the kernel's delivery of what a process sends). Systems: clink over UDP (`clink-udp`), clink
-//! over TCP (`clink-tcp`), and kernel TCP (`tcp`: one connection per pair, each round's
-//! sends and receives on a thread per peer so that no pair waits on another).
+//! (user and system, which includes the kernel's delivery of what a process sends).
+//! Systems: clink over UDP (`clink-udp`), clink over TCP (`clink-tcp`), and kernel TCP
+//! (`tcp`: one connection per pair, each round's sends and receives on a thread per peer
+//! so that no pair waits on another).
 //!
 //! The processes find each other through files in a fresh directory (every namespace
 //! sees the same filesystem): each writes its address, then reads the others'.
@@ -21,6 +22,7 @@ use clink_testbed::{Bridge, BridgeSpec};
 use serde_json::json;
 
 use super::measure::process_cpu_secs;
+use super::stats::median;
 
 /// The systems of the experiment.
 pub const SYSTEMS: [&str; 3] = ["clink-udp", "clink-tcp", "tcp"];
@@ -342,29 +344,25 @@ pub fn run(
             let of =
                 |sys: &'static str| rows.iter().filter(move |r| r.hosts == n && r.system == sys);
             for &system in systems {
-                let mut v: Vec<f64> = of(system).map(|r| r.secs).collect();
-                v.sort_by(f64::total_cmp);
-                let cpu = median(of(system).map(|r| r.cpu).collect());
+                let secs: Vec<f64> = of(system).map(|r| r.secs).collect();
+                let cpu: Vec<f64> = of(system).map(|r| r.cpu).collect();
                 // Per-repetition ratios against the baselines measured in the same
                 // repetition, then their median (a ratio > 1: faster than the baseline).
                 let ratio = |base: &'static str| {
-                    median(
-                        (0..reps)
-                            .filter_map(|k| {
-                                let t =
-                                    |s: &'static str| of(s).find(|r| r.rep == k).map(|r| r.secs);
-                                Some(t(base)? / t(system)?)
-                            })
-                            .collect(),
-                    )
+                    let t = |s: &'static str, k| of(s).find(|r| r.rep == k).map(|r| r.secs);
+                    let r: Vec<f64> = (0..reps)
+                        .filter_map(|k| Some(t(base, k)? / t(system, k)?))
+                        .collect();
+                    median(&r).map_or("-".into(), |r| format!("{r:.2}x"))
                 };
-                let per: Vec<String> = v.iter().map(|x| format!("{x:.2}")).collect();
+                let per: Vec<String> = secs.iter().map(|x| format!("{x:.2}")).collect();
                 println!(
-                    "{n:>5}  {system:<9}  {:>8.3}  ({})  {:>11}  {:>6}  {cpu:.2}",
-                    median(v.clone()),
+                    "{n:>5}  {system:<9}  {:>8.3}  ({})  {:>11}  {:>6}  {:.2}",
+                    median(&secs).unwrap_or(f64::NAN),
                     per.join(" "),
-                    times(ratio("clink-tcp")),
-                    times(ratio("tcp"))
+                    ratio("clink-tcp"),
+                    ratio("tcp"),
+                    median(&cpu).unwrap_or(f64::NAN)
                 );
             }
         }
@@ -403,21 +401,6 @@ struct Row {
     secs: f64,
     /// All processes' CPU seconds.
     cpu: f64,
-}
-
-/// A ratio as `1.23x`, `-` where its baseline did not run.
-fn times(r: f64) -> String {
-    if r.is_nan() {
-        "-".into()
-    } else {
-        format!("{r:.2}x")
-    }
-}
-
-/// The median (the upper one of an even count), NaN for none.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// One run: the slowest child's seconds and all children's CPU seconds.
@@ -504,6 +487,21 @@ mod tests {
         ] {
             assert!(ChildSpec::decode(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn systems_are_named_as_the_bench_names_them() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(systems(None).unwrap(), SYSTEMS.to_vec());
+        assert_eq!(
+            systems(Some(&names(&["tcp", "clink"]))).unwrap(),
+            ["clink-udp", "tcp"]
+        );
+        assert_eq!(
+            systems(Some(&names(&["clink-tcp"]))).unwrap(),
+            ["clink-tcp"]
+        );
+        assert!(systems(Some(&names(&["ucx"]))).is_err());
     }
 
     #[test]

@@ -32,8 +32,9 @@ impl Conn {
         }
     }
 
-    /// The application sets TCP_NODELAY to `v` (the kernel call returned `r`): while the
-    /// library holds it, the socket stays at 1 and `v` is what the application sees.
+    /// The application sets TCP_NODELAY to `v`: while the library holds it, the socket
+    /// stays at 1 and `v` is what the application sees (`None`: not held, the
+    /// application's call goes to the kernel).
     pub fn app_sets_nodelay(&self, fd: c_int, v: c_int) -> Option<c_int> {
         let held = self.app_nodelay.load(Ordering::Acquire);
         if held < 0 {

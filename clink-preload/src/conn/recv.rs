@@ -314,11 +314,9 @@ impl Conn {
             leave_sleep();
             return None;
         }
-        if crate::config().wake_sockets {
-            if let Some(r) = self.sleep_on_wake_socket(fd) {
-                leave_sleep();
-                return Some(r);
-            }
+        if let Some(r) = self.sleep_on_wake_socket(fd) {
+            leave_sleep();
+            return Some(r);
         }
         let r = if !self.arm(libc::POLLIN) {
             Ok(())

@@ -107,22 +107,23 @@ pub(super) fn ring(number: &AtomicU64) -> bool {
 }
 
 impl Conn {
-    /// This end's wake socket, made and published on first use, for a reader that will
-    /// sleep in an epoll set holding it; `None` if it cannot be (or the connection is not
-    /// paired).
-    pub fn wake_fd(&self) -> Option<c_int> {
+    /// This end's wake socket, for a reader about to sleep in a poll, select or epoll
+    /// wait on `events` (POLL* bits) that waits for its ring's data: made and published
+    /// on first use; `None` when the wait is not for ring data, or there can be none (see
+    /// [`Conn::wake_socket`]; the connection not paired).
+    pub fn wake_fd_for(&self, events: i16) -> Option<c_int> {
+        if events & libc::POLLIN == 0 || !self.rx_in_ring() {
+            return None;
+        }
         self.wake_socket(self.shared.get()?)
     }
 
-    /// Notes that the wake socket is registered in the epoll set numbered `set`; false
-    /// if it was already.
-    pub fn note_wake_set(&self, set: u64) -> bool {
+    /// Notes that the wake socket is registered in the epoll set numbered `set`.
+    pub fn note_wake_set(&self, set: u64) {
         let mut sets = self.wake_sets.lock().unwrap_or_else(|e| e.into_inner());
-        if sets.contains(&set) {
-            return false;
+        if !sets.contains(&set) {
+            sets.push(set);
         }
-        sets.push(set);
-        true
     }
 
     /// Forgets the wake socket's registration in epoll set `set`: its descriptor if it
@@ -160,11 +161,15 @@ impl Conn {
             .contains(&set)
     }
 
-    /// This end's wake socket, made and published on first use; `None` if it cannot be.
+    /// This end's wake socket, made and published on first use; `None` if it cannot be,
+    /// or wake sockets are off (`CLINK_SOCKETS_WAKE=0`).
     fn wake_socket(&self, s: &Shared) -> Option<c_int> {
         let fd = self.wake_fd.load(Ordering::Acquire);
         if fd >= 0 {
             return Some(fd);
+        }
+        if !crate::config().wake_sockets {
+            return None;
         }
         let fd = datagram_socket();
         if fd < 0 {
@@ -264,7 +269,7 @@ pub fn drain_wake(w: c_int) {
 /// Whether every signal handler the process installed has SA_RESTART: a kernel `recv`
 /// interrupted by one of them would have been restarted (`poll` never is).
 fn every_handler_restarts() -> bool {
-    (1..libc::SIGRTMAX()).all(|sig| {
+    (1..=libc::SIGRTMAX()).all(|sig| {
         // SAFETY: sigaction is plain data; zeroes are a valid value.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: reading the disposition of a signal into our own struct.

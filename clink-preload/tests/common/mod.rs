@@ -110,25 +110,40 @@ pub fn command(program: &str, args: &[&str], preload: bool, stats: &Path) -> Com
     c
 }
 
-/// Writes C program `text` to `src` and compiles it to `bin` (the test fails with the
-/// compiler's message if it does not build).
-pub fn compile_c(text: &str, src: &Path, bin: &Path) {
-    std::fs::write(src, text).unwrap();
-    let cc = run(
-        command(
-            "cc",
-            &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
-            false,
-            src,
-        ),
+/// Runs `program` with `args`, not under the sockets layer, and fails the test with its
+/// error output unless it succeeds.
+pub fn run_ok(program: &str, args: &[&str]) -> Output {
+    let out = run(
+        command(program, args, false, Path::new("/dev/null")),
         None,
         Duration::from_secs(60),
     );
     assert!(
-        cc.status.success(),
-        "cc: {}",
-        String::from_utf8_lossy(&cc.stderr)
+        out.status.success(),
+        "{program}: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+    out
+}
+
+/// Writes C program `text` to `src` and compiles it to `bin`.
+pub fn compile_c(text: &str, src: &Path, bin: &Path) {
+    std::fs::write(src, text).unwrap();
+    run_ok(
+        "cc",
+        &["-O1", "-o", bin.to_str().unwrap(), src.to_str().unwrap()],
+    );
+}
+
+/// Two different free ports.
+pub fn free_ports() -> (u16, u16) {
+    let a = free_port();
+    loop {
+        let b = free_port();
+        if b != a {
+            return (a, b);
+        }
+    }
 }
 
 /// A process stopped (SIGKILL, by PID) and reaped when dropped.

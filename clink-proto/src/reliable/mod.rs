@@ -549,9 +549,9 @@ pub struct Conn {
     sent: VecDeque<Sent>,
     tx_order: VecDeque<(u64, u64)>,
     next_tx_seq: u64,
-    largest_acked_tx: Option<u64>,
-    /// The same per kind of packet (bulk fragments, the others), for
-    /// [`Config::split_paths`].
+    /// The latest transmission acked, per kind of packet (the others, bulk fragments:
+    /// [`Config::split_paths`] judges each kind by its own); the later of the two is the
+    /// latest of all ([`Conn::largest_acked_tx`]).
     largest_acked_tx_of: [Option<u64>; 2],
     /// The peer's acks have said, for every packet below this, whether it arrived (the
     /// cumulative ack, or the end of the highest SACK range; an ack carries at most
@@ -664,7 +664,6 @@ impl Conn {
             sent: VecDeque::new(),
             tx_order: VecDeque::new(),
             next_tx_seq: 0,
-            largest_acked_tx: None,
             largest_acked_tx_of: [None; 2],
             sack_top: 0,
             sacked: ranges::Ranges::default(),

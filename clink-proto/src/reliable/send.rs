@@ -252,6 +252,11 @@ impl Conn {
         }
     }
 
+    /// The latest transmission acked, of either kind.
+    fn largest_acked_tx(&self) -> Option<u64> {
+        self.largest_acked_tx_of[0].max(self.largest_acked_tx_of[1])
+    }
+
     /// The pn to transmit next: a tail probe (whatever the window), else, if the window
     /// has room, a lost one or a new fragment the credit allows.
     pub(super) fn next_to_send(&mut self) -> Option<u64> {
@@ -397,8 +402,6 @@ impl Conn {
             }
             s.state = PState::Acked;
             newly += 1;
-            this.largest_acked_tx =
-                Some(this.largest_acked_tx.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
             let of = &mut this.largest_acked_tx_of[usize::from(s.item.is_bulk())];
             *of = Some(of.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
             // Karn's rule leaves a resent packet's ack untimed, as it may answer any of
@@ -454,7 +457,7 @@ impl Conn {
         }
         if self.round.sent >= MIN_ROUND_PACKETS
             && self
-                .largest_acked_tx
+                .largest_acked_tx()
                 .is_some_and(|t| t >= self.round.end_tx)
         {
             let r = &mut self.round;
@@ -465,7 +468,10 @@ impl Conn {
         if newly > 0 {
             self.backoff = 0;
             // No growth until a transmission of the current epoch is acked.
-            if self.largest_acked_tx.is_some_and(|t| t >= self.recovery_tx) {
+            if self
+                .largest_acked_tx()
+                .is_some_and(|t| t >= self.recovery_tx)
+            {
                 if self.cwnd < self.ssthresh {
                     self.cwnd = (self.cwnd + newly).min(self.cfg.max_cwnd);
                 } else {
@@ -498,7 +504,7 @@ impl Conn {
         // otherwise condemn every packet beyond the ranges an ack has room for). Those stay
         // queued, in order, while the scan goes on past them: a lost retransmission behind
         // them is still found.
-        if let Some(largest) = self.largest_acked_tx {
+        if let Some(largest) = self.largest_acked_tx() {
             let mut unknown = std::mem::take(&mut self.rack_unknown);
             while let Some(&(pn, tx)) = self.tx_order.front() {
                 if pn < self.snd_una {

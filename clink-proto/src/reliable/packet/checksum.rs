@@ -47,10 +47,9 @@ pub fn data_checksum(d: &[u8]) -> u32 {
 fn long_data_checksum(d: &[u8]) -> u32 {
     let end = DATA_HEADER + usize::from(u16_at(d, 56));
     match d.get(DATA_HEADER..end) {
-        Some(p) if p.len() >= HASHED_PAYLOAD_MIN => with_hash(
-            ::crc32c::crc32c_append(crc32c(&d[..DATA_HEADER]), &d[end..]),
-            p,
-        ),
+        Some(p) if p.len() >= HASHED_PAYLOAD_MIN => {
+            with_hash(crc32c_append(crc32c(&d[..DATA_HEADER]), &d[end..]), p)
+        }
         _ => crc32c(d),
     }
 }
@@ -77,12 +76,18 @@ pub fn checked_len(d: &[u8]) -> usize {
 /// about 160 instructions, twice per fragment.
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
+    crc32c_append(0, data)
+}
+
+/// [`crc32c`] of `data` continued from `crc`, the CRC of what precedes it.
+#[inline]
+pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     if data.len() <= SHORT_CRC {
-        if let Some(c) = crate::crc::short(data) {
+        if let Some(c) = crate::crc::append(crc, data) {
             return c;
         }
     }
-    ::crc32c::crc32c(data)
+    ::crc32c::crc32c_append(crc, data)
 }
 
 /// The longest input [`crc32c`] computes in one serial loop: beyond it, interleaving hides
