@@ -145,7 +145,8 @@ pub unsafe extern "C" fn clink_endpoint_address(ep: *const clink_endpoint_t) -> 
 #[no_mangle]
 pub unsafe extern "C" fn clink_endpoint_bind_thread(ep: *mut clink_endpoint_t) -> c_int {
     ffi("clink_endpoint_bind_thread", || {
-        ep_ref(ep)?.owner.bind().map_err(busy)?;
+        let h = ep_ref(ep)?;
+        h.owner.bind().map_err(|r| h.refused(r))?;
         Ok(OK)
     })
 }
@@ -162,7 +163,8 @@ pub unsafe extern "C" fn clink_endpoint_bind_thread(ep: *mut clink_endpoint_t) -
 #[no_mangle]
 pub unsafe extern "C" fn clink_endpoint_unbind_thread(ep: *mut clink_endpoint_t) -> c_int {
     ffi("clink_endpoint_unbind_thread", || {
-        ep_ref(ep)?.owner.unbind().map_err(busy)?;
+        let h = ep_ref(ep)?;
+        h.owner.unbind().map_err(|r| h.refused(r))?;
         Ok(OK)
     })
 }

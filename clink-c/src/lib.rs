@@ -171,10 +171,16 @@ impl Fail {
         }
     }
 
+    // Cold and out of line: the fast paths check their arguments without the message
+    // formatting in their frames.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn null(what: &str) -> Fail {
         Fail::new(CLINK_ERR_NULL, format!("{what} is NULL"))
     }
 
+    #[cold]
+    #[inline(never)]
     pub(crate) fn invalid(msg: impl Into<String>) -> Fail {
         Fail::new(CLINK_ERR_INVALID, msg)
     }
@@ -416,23 +422,31 @@ impl clink_endpoint_t {
     /// Takes the endpoint for one call (or a borrow that outlives the call).
     #[inline(always)]
     pub(crate) fn lock(&self) -> R<()> {
-        if let Err(r) = self.owner.claim() {
-            return Err(busy(r));
+        match self.owner.claim() {
+            Ok(()) => Ok(()),
+            Err(r) => Err(self.refused(r)),
         }
-        if self.poisoned.load(Ordering::Relaxed) {
-            return Err(self.refuse_poisoned());
-        }
-        Ok(())
     }
 
+    /// Why a claim was refused. A poisoned endpoint keeps its claim forever (see
+    /// [`clink_endpoint_t::poison`]), so only refused calls need to look at the flag.
     #[cold]
     #[inline(never)]
-    fn refuse_poisoned(&self) -> Fail {
-        self.unlock();
-        Fail::new(
-            CLINK_ERR_PANIC,
-            "an earlier call on this endpoint panicked; free it",
-        )
+    pub(crate) fn refused(&self, r: owner::Refused) -> Fail {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Fail::new(
+                CLINK_ERR_PANIC,
+                "an earlier call on this endpoint panicked; free it",
+            );
+        }
+        busy(r)
+    }
+
+    /// Marks the endpoint unusable after a panic in a call that held its claim: the claim
+    /// is never given back, so every later call is refused with `CLINK_ERR_PANIC`
+    /// (`clink_endpoint_free` still frees it).
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
     }
 
     pub(crate) fn unlock(&self) {
@@ -454,7 +468,7 @@ impl clink_endpoint_t {
 /// The error of a refused claim.
 #[cold]
 #[inline(never)]
-pub(crate) fn busy(r: owner::Refused) -> Fail {
+fn busy(r: owner::Refused) -> Fail {
     match r {
         owner::Refused::Busy => Fail::new(
             CLINK_ERR_BUSY,
@@ -481,10 +495,12 @@ pub(crate) unsafe fn with_ep(
 ) -> c_int {
     // One unwinding guard for the whole call (as `ffi` and `run` together: a panic
     // poisons the endpoint and returns `CLINK_ERR_PANIC`), the fast paths' only one.
-    let h = match ep_ref(ep).and_then(|h| h.lock().map(|()| h)) {
-        Ok(h) => h,
-        Err(e) => return failed(name, e),
+    let Some(h) = ep.as_ref() else {
+        return failed(name, Fail::null("endpoint"));
     };
+    if let Err(r) = h.owner.claim() {
+        return failed(name, h.refused(r));
+    }
     // SAFETY: locked: no other call has the endpoint.
     match catch_unwind(AssertUnwindSafe(|| f(unsafe { h.get() }, h))) {
         Ok(r) => {
@@ -495,8 +511,7 @@ pub(crate) unsafe fn with_ep(
             }
         }
         Err(p) => {
-            h.poisoned.store(true, Ordering::Relaxed);
-            h.unlock();
+            h.poison();
             panicked(name, p)
         }
     }

@@ -61,8 +61,7 @@ pub unsafe extern "C" fn clink_recv_in_place(
                 Err(err.into())
             }
             Err(p) => {
-                h.poisoned.store(true, Ordering::Relaxed);
-                h.unlock();
+                h.poison();
                 resume_unwind(p)
             }
         }
@@ -127,7 +126,8 @@ pub unsafe extern "C" fn clink_inplace_release(msg: *mut clink_inplace_t) {
     let owner = &*m.owner;
     let guard = m.guard.take();
     if catch_unwind(AssertUnwindSafe(|| drop(guard))).is_err() {
-        owner.poisoned.store(true, Ordering::Relaxed);
+        owner.poison();
+    } else {
+        owner.unlock();
     }
-    owner.unlock();
 }

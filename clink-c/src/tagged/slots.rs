@@ -62,8 +62,7 @@ pub unsafe extern "C" fn clink_claim(
                 Err(err.into())
             }
             Err(p) => {
-                h.poisoned.store(true, Ordering::Relaxed);
-                h.unlock();
+                h.poison();
                 resume_unwind(p)
             }
         }
@@ -104,9 +103,10 @@ unsafe fn end_slot(slot: *mut clink_slot_t, commit: bool) -> c_int {
             s => drop(s),
         }));
         if r.is_err() {
-            owner.poisoned.store(true, Ordering::Relaxed);
+            owner.poison();
+        } else {
+            owner.unlock();
         }
-        owner.unlock();
         if let Err(p) = r {
             resume_unwind(p);
         }
