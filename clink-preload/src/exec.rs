@@ -6,7 +6,7 @@
 //! position the peer can tell (see `Conn::leave`). New connections of the new program are
 //! paired as usual.
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Why};
 use crate::{real, table};
 use libc::{c_char, c_int};
 use std::sync::Arc;
@@ -19,7 +19,7 @@ fn survives(fd: c_int) -> bool {
 
 /// Hands back to the kernel every connection one of whose descriptors `pick` chooses, and
 /// stops following all of its descriptors here.
-pub fn leave_where(pick: impl Fn(c_int) -> bool) {
+pub fn leave_where(why: Why, pick: impl Fn(c_int) -> bool) {
     if !crate::config().enabled {
         return;
     }
@@ -28,7 +28,7 @@ pub fn leave_where(pick: impl Fn(c_int) -> bool) {
     let mut left: Vec<Arc<Conn>> = Vec::new();
     for (fd, c) in &all {
         if pick(*fd) && !c.left() && !left.iter().any(|l| Arc::ptr_eq(l, c)) {
-            c.leave(*fd);
+            c.leave(*fd, why);
             left.push(c.clone());
         }
     }
@@ -39,16 +39,17 @@ pub fn leave_where(pick: impl Fn(c_int) -> bool) {
     }
 }
 
-/// Hands `fd`'s connection back to the kernel (its descriptor is about to escape).
-pub fn leave_fd(fd: c_int) {
+/// Hands `fd`'s connection back to the kernel (its descriptor is about to escape, or a
+/// call only the kernel serves is about to be made on it).
+pub fn leave_fd(fd: c_int, why: Why) {
     if table::get(fd).is_some() {
-        leave_where(|f| f == fd);
+        leave_where(why, |f| f == fd);
     }
 }
 
 /// Hands every connection whose descriptor survives exec back to the kernel.
 pub fn before_exec() {
-    leave_where(survives);
+    leave_where(Why::Escaped, survives);
 }
 
 /// execve, after [`before_exec`].

@@ -2,7 +2,7 @@
 //! forwards to the C library unless the descriptor is a followed connection; forwarding
 //! keeps arguments, return value and errno exactly as the application gave and expects.
 
-use crate::conn::{close_fd, Conn};
+use crate::conn::{close_fd, Conn, Why};
 use crate::sys::{self, errno, set_errno, SavedErrno};
 use crate::{config, real, stats, table, wait};
 use libc::{
@@ -60,6 +60,76 @@ unsafe fn iovs<'a>(iov: *const iovec, n: usize) -> Option<&'a [iovec]> {
     }
     // SAFETY: the caller's array of `n` iovecs.
     Some(unsafe { std::slice::from_raw_parts(iov, n) })
+}
+
+/// The accelerated connection a send with `flags` on `fd` goes through, if any. Urgent
+/// data (`MSG_OOB`) is outside the byte stream the rings carry: the connection goes back
+/// to the kernel first (for good), so the urgent byte follows the ring's data in order.
+fn sending_on(fd: c_int, flags: c_int) -> Option<Arc<Conn>> {
+    let c = table::get(fd)?;
+    if flags & libc::MSG_OOB != 0 {
+        drop(c);
+        crate::exec::leave_fd(fd, Why::Call("urgent data sent"));
+        return None;
+    }
+    Some(c)
+}
+
+/// The accelerated connection a receive with `flags` on `fd` reads, if any: a receive of
+/// urgent data (`MSG_OOB`) asks the kernel, which holds the only urgent byte there can be
+/// (a peer sends one only once it is back on the kernel) and leaves the stream alone.
+fn receiving_on(fd: c_int, flags: c_int) -> Option<Arc<Conn>> {
+    table::get(fd).filter(|_| flags & libc::MSG_OOB == 0)
+}
+
+/// Takes each of `fds` that is an accelerated connection back to the kernel before a call
+/// (`what`) that moves its bytes without passing through the wrappers.
+fn kernel_call(what: &'static str, fds: &[c_int]) {
+    for &fd in fds {
+        crate::exec::leave_fd(fd, Why::Call(what));
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+    ts: *mut timespec,
+) -> c_int {
+    kernel_call("recvmmsg", &[fd]);
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
+    unsafe { real::recvmmsg(fd, msgs, n, flags, ts) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmmsg(
+    fd: c_int,
+    msgs: *mut libc::mmsghdr,
+    n: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    kernel_call("sendmmsg", &[fd]);
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
+    unsafe { real::sendmmsg(fd, msgs, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    n: size_t,
+    flags: libc::c_uint,
+) -> ssize_t {
+    kernel_call("splice", &[fd_in, fd_out]);
+    // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
+    // contract.
+    unsafe { real::splice(fd_in, off_in, fd_out, off_out, n, flags) }
 }
 
 #[no_mangle]
@@ -182,7 +252,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, n: c_int) -> ssize
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    match table::get(fd) {
+    match receiving_on(fd, flags) {
         Some(c) => c.recv(fd, &one(buf, n), flags),
         // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
         // contract.
@@ -207,7 +277,7 @@ pub unsafe extern "C" fn __recv_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    match table::get(fd) {
+    match sending_on(fd, flags) {
         Some(c) => c.send(fd, &one(buf, n), flags),
         // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
         // contract.
@@ -224,7 +294,7 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    match table::get(fd) {
+    match receiving_on(fd, flags) {
         Some(c) => {
             let r = c.recv(fd, &one(buf, n), flags);
             if r >= 0 && !alen.is_null() {
@@ -266,7 +336,7 @@ pub unsafe extern "C" fn sendto(
     addr: *const sockaddr,
     alen: socklen_t,
 ) -> ssize_t {
-    match table::get(fd) {
+    match sending_on(fd, flags) {
         Some(c) if flags & libc::MSG_FASTOPEN == 0 => c.send(fd, &one(buf, n), flags),
         // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
         // contract.
@@ -276,7 +346,7 @@ pub unsafe extern "C" fn sendto(
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    let Some(c) = table::get(fd) else {
+    let Some(c) = receiving_on(fd, flags) else {
         // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
         // contract.
         return unsafe { real::recvmsg(fd, msg, flags) };
@@ -322,7 +392,7 @@ fn leave_passed(msg: *const msghdr) {
                 let data = libc::CMSG_DATA(c) as *const c_int;
                 for i in 0..k {
                     let fd = std::ptr::read_unaligned(data.add(i));
-                    crate::exec::leave_fd(fd);
+                    crate::exec::leave_fd(fd, Why::Escaped);
                 }
             }
             c = libc::CMSG_NXTHDR(m, c);
@@ -336,7 +406,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
         let _keep = SavedErrno::save();
         leave_passed(msg);
     }
-    let Some(c) = table::get(fd) else {
+    let Some(c) = sending_on(fd, flags) else {
         // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
         // contract.
         return unsafe { real::sendmsg(fd, msg, flags) };
@@ -534,17 +604,68 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
     if config().enabled {
         let _keep = SavedErrno::save();
-        let gone = table::remove(fd);
-        if let Some(c) = &gone {
-            c.before_close(fd);
-        }
-        wait::forget(fd, gone.as_deref());
-        set_kernel_only(fd, false);
-        drop(gone);
+        before_close(fd);
     }
     // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
     // contract.
     unsafe { real::close(fd) }
+}
+
+/// What closing the application's descriptor `fd` ends here: its connection, its
+/// memberships of epoll sets, its kernel-only mark.
+fn before_close(fd: c_int) {
+    let gone = table::remove(fd);
+    if let Some(c) = &gone {
+        c.before_close(fd);
+    }
+    wait::forget(fd, gone.as_deref());
+    set_kernel_only(fd, false);
+}
+
+/// `close_range`'s flag that marks the descriptors close-on-exec instead of closing them.
+const CLOSE_RANGE_CLOEXEC: c_int = 1 << 2;
+
+/// Closes the application's descriptors from `first` to `last` as [`close`] does each
+/// (daemons close every descriptor they do not know of this way), in runs around the
+/// library's own, which stay open.
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    if !config().enabled || flags & CLOSE_RANGE_CLOEXEC != 0 || first > last {
+        // SAFETY: the caller's arguments, passed unchanged to the C library's call of the
+        // same contract.
+        return unsafe { real::close_range(first, last, flags) };
+    }
+    // No descriptor is numbered at or above the limit on open files (the library's own
+    // included).
+    // SAFETY: sysconf has no preconditions.
+    let open_max =
+        unsafe { libc::sysconf(libc::_SC_OPEN_MAX) }.clamp(1, c_int::MAX as libc::c_long);
+    let top = last.min(open_max as libc::c_uint - 1);
+    let mut from = first;
+    for fd in first..=top {
+        if crate::conn::is_own(fd as c_int) {
+            if from < fd {
+                // SAFETY: closing a run of the application's descriptors, as it asked.
+                let r = unsafe { real::close_range(from, fd - 1, flags) };
+                if r != 0 {
+                    return r;
+                }
+            }
+            from = fd + 1;
+        } else {
+            let _keep = SavedErrno::save();
+            before_close(fd as c_int);
+        }
+    }
+    if from > last {
+        return 0;
+    }
+    // SAFETY: closing the rest of the range, the application's descriptors.
+    unsafe { real::close_range(from, last, flags) }
 }
 
 fn after_dup(old: c_int, new: c_int) -> c_int {
@@ -779,7 +900,7 @@ leaving_first! {
 /// inside the C library, past the wrappers: the connection leaves first.
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
-    crate::exec::leave_fd(fd);
+    crate::exec::leave_fd(fd, Why::Escaped);
     // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same
     // contract.
     unsafe { real::fdopen(fd, mode) }
@@ -800,7 +921,7 @@ pub unsafe extern "C" fn syscall(
 ) -> libc::c_long {
     if n == libc::SYS_io_uring_setup {
         // Leave first: leave_where does nothing once pairing is off.
-        crate::exec::leave_where(|_| true);
+        crate::exec::leave_where(Why::Call("io_uring"), |_| true);
         crate::disable();
     }
     // SAFETY: the caller's arguments, passed unchanged to the C library's call of the same

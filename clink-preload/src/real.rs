@@ -66,6 +66,7 @@ real_fns! {
     epoll_pwait(epfd: c_int, evs: *mut libc::epoll_event, max: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
     epoll_pwait2(epfd: c_int, evs: *mut libc::epoll_event, max: c_int, ts: *const timespec, mask: *const sigset_t) -> c_int;
     close(fd: c_int) -> c_int;
+    close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int;
     dup(fd: c_int) -> c_int;
     dup2(fd: c_int, to: c_int) -> c_int;
     dup3(fd: c_int, to: c_int, flags: c_int) -> c_int;
@@ -74,6 +75,9 @@ real_fns! {
     setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     sendfile(out: c_int, inp: c_int, off: *mut off_t, n: size_t) -> ssize_t;
+    recvmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int, ts: *mut timespec) -> c_int;
+    sendmmsg(fd: c_int, msgs: *mut libc::mmsghdr, n: libc::c_uint, flags: c_int) -> c_int;
+    splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, n: size_t, flags: libc::c_uint) -> ssize_t;
     execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     execv(path: *const c_char, argv: *const *const c_char) -> c_int;

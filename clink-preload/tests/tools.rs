@@ -899,6 +899,184 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
     }
 }
 
+/// `escapes PORT MODE` reads two lines and writes "x" with ordinary calls, then writes
+/// "yz\n" and reads the rest of the stream with calls the rings do not carry (MODE `mmsg`:
+/// sendmmsg and recvmmsg; `splice`: splice through a pipe both ways; `oob`: "z" sent as
+/// urgent data, then plain reads), and writes "HEAD N HASH\n" (the two lines' bytes, the
+/// rest's bytes, FNV-1a of the rest).
+const ESCAPES_C: &str = r#"
+/* escapes PORT MODE: reads two lines and writes "x" through ordinary calls, then writes
+ * "yz\n" and reads the rest of the stream with the calls MODE names (mmsg: sendmmsg and
+ * recvmmsg; splice: splice through a pipe both ways; oob: send with MSG_OOB, then plain
+ * reads), and writes "HEAD N HASH\n" (bytes of the two lines, bytes of the rest, FNV-1a of
+ * the rest) with write. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+static uint64_t h = 1469598103934665603ULL, n = 0;
+static void hash(const unsigned char *p, size_t k) {
+    for (size_t i = 0; i < k; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    n += k;
+}
+int main(int argc, char **argv) {
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[1])) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1)) return 2;
+    int c = accept(l, 0, 0);
+    const char *mode = argv[2];
+    char ch; size_t head = 0;
+    do { if (read(c, &ch, 1) != 1) return 3; head++; } while (ch != '\n');
+    if (write(c, "x", 1) != 1) return 4;
+    do { if (read(c, &ch, 1) != 1) return 5; head++; } while (ch != '\n');
+    static unsigned char buf[4][3000];
+    if (!strcmp(mode, "mmsg")) {
+        struct iovec out[2] = {{"y", 1}, {"z\n", 2}};
+        struct mmsghdr om[2] = {{.msg_hdr = {.msg_iov = &out[0], .msg_iovlen = 1}},
+                                {.msg_hdr = {.msg_iov = &out[1], .msg_iovlen = 1}}};
+        if (sendmmsg(c, om, 2, 0) != 2 || om[0].msg_len != 1 || om[1].msg_len != 2) return 6;
+        for (;;) {
+            struct iovec iv[4];
+            struct mmsghdr m[4];
+            memset(m, 0, sizeof m);
+            for (int i = 0; i < 4; i++) {
+                iv[i] = (struct iovec){buf[i], sizeof buf[i]};
+                m[i].msg_hdr.msg_iov = &iv[i];
+                m[i].msg_hdr.msg_iovlen = 1;
+            }
+            int k = recvmmsg(c, m, 4, MSG_WAITFORONE, NULL);
+            if (k < 0) return 7;
+            int end = k == 0;
+            for (int i = 0; i < k; i++) {
+                if (m[i].msg_len == 0) { end = 1; break; }
+                hash(buf[i], m[i].msg_len);
+            }
+            if (end) break;
+        }
+    } else if (!strcmp(mode, "splice")) {
+        int p[2];
+        if (pipe(p)) return 8;
+        if (write(p[1], "yz\n", 3) != 3) return 9;
+        if (splice(p[0], NULL, c, NULL, 3, 0) != 3) return 10;
+        for (;;) {
+            ssize_t k = splice(c, NULL, p[1], NULL, sizeof buf[0], 0);
+            if (k < 0) return 11;
+            if (k == 0) break;
+            ssize_t r = read(p[0], buf[0], k);
+            if (r != k) return 12;
+            hash(buf[0], k);
+        }
+    } else if (!strcmp(mode, "oob")) {
+        if (send(c, "y", 1, 0) != 1 || send(c, "z", 1, MSG_OOB) != 1 || send(c, "\n", 1, 0) != 1) return 13;
+        ssize_t k;
+        while ((k = read(c, buf[0], sizeof buf[0])) > 0) hash(buf[0], k);
+        if (k < 0) return 14;
+    } else return 15;
+    char line[100];
+    int len = snprintf(line, sizeof line, "%zu %llu %llu\n", head, (unsigned long long)n, (unsigned long long)h);
+    if (write(c, line, len) != len) return 16;
+    return 0;
+}
+"#;
+
+/// Sends two lines around the server's "x", then 2 MiB of seeded bytes, shuts its sending
+/// side and prints all it read after "x" (newlines as `|`).
+const ESCAPES_CLIENT: &str = r#"
+import socket, sys, random
+data = random.Random(13).randbytes(2 << 20)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.settimeout(20)
+c.sendall(b"hello\n")
+assert c.recv(1) == b"x"
+c.sendall(b"world\n")
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    try:
+        k = c.recv(65536)
+    except socket.timeout:
+        print("timeout after", got)
+        sys.exit(1)
+    if not k:
+        break
+    got += k
+print(got.decode(errors="replace").replace("\n", "|"))
+"#;
+
+#[test]
+fn calls_the_rings_do_not_carry_hand_the_connection_to_the_kernel_first() {
+    let dir = Scratch::new("escapes");
+    let (src, bin, cli) = (
+        dir.path("escapes.c"),
+        dir.path("escapes"),
+        dir.path("client.py"),
+    );
+    compile_c(ESCAPES_C, &src, &bin);
+    std::fs::write(&cli, ESCAPES_CLIENT).unwrap();
+    let data = run(
+        command(
+            "python3",
+            &[
+                "-c",
+                "import random,sys; sys.stdout.buffer.write(random.Random(13).randbytes(2 << 20))",
+            ],
+            false,
+            &src,
+        ),
+        None,
+        LIMIT,
+    )
+    .stdout;
+    let fnv = data.iter().fold(1469598103934665603u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(1099511628211)
+    });
+    // What kernel TCP gives: urgent data is not in the stream (no SO_OOBINLINE).
+    for (mode, reply, call) in [
+        ("mmsg", "yz", "sendmmsg"),
+        ("splice", "yz", "splice"),
+        ("oob", "y", "urgent data sent"),
+    ] {
+        for p in PLACEMENTS {
+            let stats = dir.stats(p, mode);
+            let port = free_port();
+            let ps = port.to_string();
+            let mut server = Proc::start(
+                command(bin.to_str().unwrap(), &[&ps, mode], p.server, &stats),
+                None,
+            );
+            wait_for_listen(port);
+            expect_output(
+                p,
+                &cli,
+                &ps,
+                &stats,
+                &format!("{reply}|12 {} {fnv}|", data.len()),
+            );
+            let st = server.wait_exit(LIMIT);
+            assert!(st.success(), "{p:?} {mode}: server failed: {st}");
+            check_placement(p, &stats, port);
+            if p.server && p.client {
+                let lines = stats_lines(&stats).join("\n");
+                assert!(
+                    lines.contains(&format!(
+                        "handed to the kernel ({call}, which the rings do not carry)"
+                    )),
+                    "{mode}: the connection did not leave: {lines}"
+                );
+            }
+        }
+    }
+}
+
 const NESTED_SERVER: &str = r#"
 import select, socket, sys
 s = socket.socket()
@@ -988,6 +1166,7 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
 /// descriptor does not break the connection. Under the sockets layer with no spinning,
 /// every one of those receives sleeps in its own wait.
 const BLOCKING_WAITS_C: &str = r#"
+#define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1059,26 +1238,33 @@ int main(int argc, char **argv) {
         if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1)) FAIL("round trip %d failed", (int)i);
         if (b[1] != m[1]) FAIL("round trip %d: wrong bytes", (int)i);
     }
-    /* Closing every descriptor it does not know of (as daemons do) leaves the library's
-       own (the wake socket of a sleeping reader) alone. */
-    for (int f = 3; f < 256; f++)
-        if (f != c) close(f);
-    /* The numbers freed go to new descriptors of the program's, each holding a datagram
-       the library must never read. */
-    int sv[8][2];
-    for (int k = 0; k < 8; k++) {
-        if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv[k])) FAIL("socketpair: %s", strerror(errno));
-        send(sv[k][0], "a", 1, 0);
-        send(sv[k][1], "b", 1, 0);
-    }
-    for (uint64_t i = 0; i < 500; i++) {
-        m[0] = 1; m[1] = i;
-        if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1) || b[1] != i) FAIL("after closing the others: round trip %d", (int)i);
-    }
-    for (int k = 0; k < 8; k++) {
-        char x[2];
-        if (recv(sv[k][1], x, 2, MSG_DONTWAIT) != 1 || x[0] != 'a' || recv(sv[k][0], x, 2, MSG_DONTWAIT) != 1 || x[0] != 'b')
-            FAIL("a datagram of the program's own sockets is gone");
+    /* Closing every descriptor it does not know of (as daemons do: one by one, then with
+       close_range) leaves the library's own (the wake socket of a sleeping reader)
+       alone. */
+    for (int way = 0; way < 2; way++) {
+        if (way == 0) {
+            for (int f = 3; f < 256; f++)
+                if (f != c) close(f);
+        } else if ((c > 3 && close_range(3, c - 1, 0)) || close_range(c + 1, ~0U, 0)) {
+            FAIL("close_range: %s", strerror(errno));
+        }
+        /* The numbers freed go to new descriptors of the program's, each holding a
+           datagram the library must never read. */
+        int sv[8][2];
+        for (int k = 0; k < 8; k++) {
+            if (socketpair(AF_UNIX, SOCK_DGRAM, 0, sv[k])) FAIL("socketpair: %s", strerror(errno));
+            send(sv[k][0], "a", 1, 0);
+            send(sv[k][1], "b", 1, 0);
+        }
+        for (uint64_t i = 0; i < 500; i++) {
+            m[0] = 1; m[1] = i;
+            if (full(c, m, sizeof m, 0) || full(c, b, sizeof b, 1) || b[1] != i) FAIL("after closing the others (%d): round trip %d", way, (int)i);
+        }
+        for (int k = 0; k < 8; k++) {
+            char x[2];
+            if (recv(sv[k][1], x, 2, MSG_DONTWAIT) != 1 || x[0] != 'a' || recv(sv[k][0], x, 2, MSG_DONTWAIT) != 1 || x[0] != 'b')
+                FAIL("a datagram of the program's own sockets is gone (%d)", way);
+        }
     }
     /* TCP_NODELAY reads back as the program set it (the library holds the socket at 1
        while the ring carries the data). */

@@ -4,6 +4,17 @@
 
 use super::*;
 
+/// Why a connection goes back to the kernel (its statistics line says it).
+#[derive(Clone, Copy, Debug)]
+pub enum Why {
+    /// Its descriptor escapes to a program that reads and writes the kernel socket itself
+    /// (exec, a passed descriptor, stdio).
+    Escaped,
+    /// The application makes a call the rings cannot serve with the kernel's semantics
+    /// (`recvmmsg`, `splice`, urgent data, io_uring), named here.
+    Call(&'static str),
+}
+
 impl Conn {
     /// Sends one wake-up byte on this end's outgoing kernel stream, counted in the mapping
     /// so that a reader who leaves can read exactly the wake-ups sent to it, and not at all
@@ -58,11 +69,11 @@ impl Conn {
         }
     }
 
-    /// This end's descriptor escapes to a program that will read and write the kernel
-    /// socket itself (exec): asks the peer to resend by the kernel what the ring holds
-    /// unread, reads the wake-up bytes queued for this end exactly, and puts this end's
-    /// own sending direction back on the kernel at a stream position the peer can tell.
-    pub fn leave(&self, fd: c_int) {
+    /// This end goes back to the kernel for good (`why`): asks the peer to resend by the
+    /// kernel what the ring holds unread, reads the wake-up bytes queued for this end
+    /// exactly, and puts this end's own sending direction back on the kernel at a stream
+    /// position the peer can tell.
+    pub fn leave(&self, fd: c_int, why: Why) {
         let Some(s) = self.shared.get() else { return };
         let (rx, tx) = (self.rx_dir(), self.tx_dir());
         let _keep = sys::SavedErrno::save();
@@ -124,11 +135,15 @@ impl Conn {
             self.tx_back.store(true, Ordering::SeqCst);
             self.give_back_nodelay(fd);
         }
+        let why = match why {
+            Why::Escaped => "its descriptor left this process".to_string(),
+            Why::Call(name) => format!("{name}, which the rings do not carry"),
+        };
         *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) =
             if self.peer_ready.load(Ordering::Acquire) || sw != NOT_SWITCHED {
-                "accelerated, then handed to the kernel (its descriptor left this process)".into()
+                format!("accelerated, then handed to the kernel ({why})")
             } else {
-                "kernel (its descriptor left this process before the pairing ended)".into()
+                format!("kernel ({why}, before the pairing ended)")
             };
         self.pairing_done.store(true, Ordering::Release);
     }

@@ -36,6 +36,7 @@ mod recv;
 mod send;
 mod wake;
 
+pub use leave::Why;
 pub use wake::{drain_wake, is_own};
 
 use iov::{gather, kernel_recv, kernel_send, scatter, slice_iov};
