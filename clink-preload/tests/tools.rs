@@ -1159,11 +1159,14 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
 }
 
 /// A blocking reader's waits, as kernel TCP gives them: `server PORT` echoes 8-byte
-/// messages (kind 1), answers kind 2 never, kind 3 after 300 ms; `client PORT` checks
+/// messages (kind 1), answers kind 2 never, kind 3 after 300 ms, kind 4 after 400 ms and
+/// reading the bytes that follow; `client PORT` checks
 /// 2000 echoed round trips, then a receive that SO_RCVTIMEO ends (EAGAIN), one that a
 /// signal without SA_RESTART interrupts (EINTR), and one that a signal with SA_RESTART
-/// does not, that TCP_NODELAY reads back as it set it, and that closing every other
-/// descriptor does not break the connection. Under the sockets layer with no spinning,
+/// does not (unless the socket has a timeout), a send into a full buffer a signal with
+/// SA_RESTART does not end, that TCP_NODELAY reads back as it set it, and that closing
+/// every other descriptor (one by one and with close_range) does not break the
+/// connection. Under the sockets layer with no spinning,
 /// every one of those receives sleeps in its own wait.
 const BLOCKING_WAITS_C: &str = r#"
 #define _GNU_SOURCE
@@ -1225,6 +1228,16 @@ int main(int argc, char **argv) {
         while (full(c, m, sizeof m, 1) == 0) {
             if (m[0] == 2) continue;
             if (m[0] == 3) usleep(300000);
+            if (m[0] == 4) {
+                /* Late, then m[1] bytes to read before the answer. */
+                static char sink[1 << 16];
+                usleep(400000);
+                for (uint64_t left = m[1]; left > 0;) {
+                    ssize_t r = recv(c, sink, left < sizeof sink ? left : sizeof sink, 0);
+                    if (r <= 0) FAIL("server drain: %s", strerror(errno));
+                    left -= r;
+                }
+            }
             if (full(c, m, sizeof m, 0)) FAIL("server send: %s", strerror(errno));
         }
         return 0;
@@ -1303,6 +1316,40 @@ int main(int argc, char **argv) {
     waited = now_ms() - t0;
     if (r != sizeof b || b[1] != 77) FAIL("SA_RESTART: recv gave %zd, %s", r, strerror(errno));
     if (!fired || waited < 250) FAIL("SA_RESTART: answer after %.0f ms, signal %d", waited, (int)fired);
+    /* With a timeout on the socket even SA_RESTART does not restart it (signal(7)). */
+    m[0] = 2;
+    full(c, m, sizeof m, 0);
+    tv.tv_sec = 5;
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    alarm_in(100, 1);
+    r = recv(c, b, sizeof b, 0);
+    if (r != -1 || errno != EINTR || !fired) FAIL("SA_RESTART and SO_RCVTIMEO: recv gave %zd, %s", r, strerror(errno));
+    tv.tv_sec = 0;
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    /* A send that finds no room sleeps as a kernel send does: a signal with SA_RESTART
+       does not end it; one without ends it with EINTR, or with what it sent if the room
+       it found first moved a part. */
+    size_t total = 32 << 20;
+    char *big = calloc(total, 1);
+    if (!big) FAIL("calloc");
+    for (int restart = 1; restart >= 0; restart--) {
+        m[0] = 4; m[1] = total;
+        full(c, m, sizeof m, 0);
+        size_t k = 0;
+        for (;;) {
+            r = send(c, big + k, total - k, MSG_DONTWAIT);
+            if (r <= 0) break;
+            k += r;
+        }
+        if (r != -1 || errno != EAGAIN) FAIL("filling: send gave %zd, %s", r, strerror(errno));
+        alarm_in(100, restart);
+        r = send(c, big + k, total - k, 0);
+        if (!fired || (restart ? r <= 0 : r == 0 || (r < 0 && errno != EINTR)))
+            FAIL("send into a full buffer, SA_RESTART %d: gave %zd (%s), signal %d", restart, r, strerror(errno), (int)fired);
+        if (r > 0) k += r;
+        if (full(c, big + k, total - k, 0) || full(c, b, sizeof b, 1) || b[0] != 4) FAIL("after the full buffer (%d)", restart);
+    }
+    free(big);
     close(c);
     puts("ok");
     return 0;

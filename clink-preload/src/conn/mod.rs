@@ -37,6 +37,7 @@ mod send;
 mod wake;
 
 pub use leave::Why;
+use wake::restarts_after_signal;
 pub use wake::{drain_wake, is_own};
 
 use iov::{gather, kernel_recv, kernel_send, scatter, slice_iov};
@@ -447,6 +448,9 @@ impl Conn {
             leave_sleep();
             self.disarm();
             if r < 0 {
+                if e == libc::EINTR && restarts_after_signal(deadline.is_some()) {
+                    continue;
+                }
                 return Err(e);
             }
             if clean && pfd.revents != 0 {

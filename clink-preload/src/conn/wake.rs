@@ -236,7 +236,7 @@ impl Conn {
                 self.drain(fd);
             }
             if r < 0 {
-                if e == libc::EINTR && every_handler_restarts() {
+                if e == libc::EINTR && restarts_after_signal(deadline.is_some()) {
                     continue;
                 }
                 return Some(Err(e));
@@ -266,8 +266,15 @@ pub fn drain_wake(w: c_int) {
     {}
 }
 
-/// Whether every signal handler the process installed has SA_RESTART: a kernel `recv`
-/// interrupted by one of them would have been restarted (`poll` never is).
+/// Whether a kernel send or receive that a signal interrupted before it moved a byte
+/// would go on (the library's own sleep is a `poll`, which never does): only without a
+/// timeout on the socket (SO_RCVTIMEO / SO_SNDTIMEO, `timed`; see signal(7)) and, since
+/// which signal came is not known, when every handler the process installed has
+/// SA_RESTART.
+pub(super) fn restarts_after_signal(timed: bool) -> bool {
+    !timed && every_handler_restarts()
+}
+
 fn every_handler_restarts() -> bool {
     (1..=libc::SIGRTMAX()).all(|sig| {
         // SAFETY: sigaction is plain data; zeroes are a valid value.
