@@ -126,6 +126,7 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
                 to: u128::from(hdr.msg_id) << 32 | u128::from(hdr.floor),
                 mtu_payload: hdr.offset,
                 payload_hash: hdr.tag & 1 == 1,
+                two_paths: hdr.tag & 2 == 2,
             };
             if k == 4 {
                 Datagram::Hello { conn, hs }

@@ -7,8 +7,10 @@
 //!   0..4   magic "CLRD" (0x4452_4c43)
 //!   4      version ([`VERSION`])
 //!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk, 8 admit
-//!   6..8   flags: bit 0 in a data datagram, "an ack rides along" (below); every other
-//!          bit, and bit 0 in any other kind, must be zero
+//!   6..8   flags: bit 0 in a data datagram, "an ack rides along" (below); in a hello
+//!          or welcome, bit 0 "the sender wants bulk payloads hashed" and bit 1 "the
+//!          sender reads small datagrams by another path than bulk fragments" (a receive
+//!          ring); every other bit, and these in any other kind, must be zero
 //!   8..12  connection id
 //!   12..16 reserved (must be zero)
 //! data body (44 bytes, then the payload)
@@ -87,7 +89,7 @@ pub const MAGIC: u32 = 0x4452_4c43;
 /// stopped seeding its hash, [`bulk_checksum`]; 3 since a bulk datagram's payload is
 /// hashed only when its flag says so, [`BulkHeader::hashed`]; 4 since a data datagram's
 /// long payload is hashed rather than CRC'd, [`data_checksum`]).
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Shortest data payload [`data_checksum`] hashes (shorter ones are CRC'd with the rest:
 /// both cost little there, and the small messages' path stays as it was).
 pub const HASHED_PAYLOAD_MIN: usize = 256;
@@ -104,6 +106,9 @@ const FLAG_HASHED: u16 = 1;
 /// Flag bit of a hello or welcome whose sender wants bulk payloads hashed
 /// ([`Handshake::payload_hash`]).
 const FLAG_WANT_HASH: u16 = 1;
+/// Flag bit of a hello or welcome whose sender reads small datagrams apart from bulk
+/// fragments ([`Handshake::two_paths`]).
+const FLAG_TWO_PATHS: u16 = 2;
 /// Bytes before the ranges of an ack or nak datagram.
 pub const ACK_HEADER: usize = 36;
 /// Bytes of a ping datagram without its trailer.
@@ -343,6 +348,11 @@ pub struct Handshake {
     /// The sender wants the bulk payloads of this connection hashed end to end, both
     /// ways ([`BulkHeader::hashed`]).
     pub payload_hash: bool,
+    /// The sender reads this connection's small datagrams by another path than its bulk
+    /// fragments (a receive ring beside the sockets), so a small one can overtake
+    /// fragments sent before it: the other end judges losses per kind
+    /// ([`crate::reliable::Config::split_paths`]).
+    pub two_paths: bool,
 }
 
 /// What an admit datagram says (admission control of fast bulk streams, the seed's
@@ -487,7 +497,7 @@ impl<'a> Datagram<'a> {
         let handshake = kind == K_HELLO || kind == K_WELCOME;
         if flags != 0
             && !(kind == K_DATA && flags == FLAG_ACK)
-            && !(handshake && flags == FLAG_WANT_HASH)
+            && !(handshake && flags & !(FLAG_WANT_HASH | FLAG_TWO_PATHS) == 0)
         {
             return Err(PacketError::Reserved("flags"));
         }
@@ -647,7 +657,8 @@ impl<'a> Datagram<'a> {
                     from: u128_at(b, 16),
                     to: u128_at(b, 32),
                     mtu_payload: u32_at(b, 48),
-                    payload_hash: flags == FLAG_WANT_HASH,
+                    payload_hash: flags & FLAG_WANT_HASH != 0,
+                    two_paths: flags & FLAG_TWO_PATHS != 0,
                 };
                 Ok(if kind == K_HELLO {
                     Datagram::Hello { conn, hs }
@@ -725,8 +736,9 @@ impl<'a> Datagram<'a> {
         };
         let flags = match self {
             Datagram::Data { hdr, .. } if hdr.ack.is_some() => FLAG_ACK,
-            Datagram::Hello { hs, .. } | Datagram::Welcome { hs, .. } if hs.payload_hash => {
-                FLAG_WANT_HASH
+            Datagram::Hello { hs, .. } | Datagram::Welcome { hs, .. } => {
+                (if hs.payload_hash { FLAG_WANT_HASH } else { 0 })
+                    | (if hs.two_paths { FLAG_TWO_PATHS } else { 0 })
             }
             _ => 0,
         };

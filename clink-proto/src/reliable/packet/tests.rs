@@ -116,13 +116,14 @@ fn the_bulk_flag_chooses_what_the_checksum_covers() {
 }
 
 #[test]
-fn a_handshake_carries_the_wish_for_hashed_payloads() {
-    for payload_hash in [true, false] {
+fn a_handshake_carries_the_wish_for_hashed_payloads_and_the_paths() {
+    for (payload_hash, two_paths) in [(true, false), (false, false), (false, true), (true, true)] {
         let hs = Handshake {
             from: 1,
             to: 2,
             mtu_payload: 1400,
             payload_hash,
+            two_paths,
         };
         for d in [
             Datagram::Hello { conn: 7, hs },
@@ -133,6 +134,27 @@ fn a_handshake_carries_the_wish_for_hashed_payloads() {
             assert_eq!(Datagram::parse(&b), Ok(d));
         }
     }
+    // A flag this version does not know is refused, not ignored.
+    let hs = Handshake {
+        from: 1,
+        to: 2,
+        mtu_payload: 1400,
+        payload_hash: false,
+        two_paths: false,
+    };
+    let mut b = Vec::new();
+    Datagram::Hello { conn: 7, hs }.encode(&mut b);
+    assert_eq!(
+        u16::from_le_bytes([b[6], b[7]]),
+        0,
+        "flags where this test expects them"
+    );
+    b[6] = 4;
+    // Sealed again, so that only the flag is wrong.
+    let body = b.len() - TRAILER;
+    let sum = crc32c(&b[..body]).to_le_bytes();
+    b[body..].copy_from_slice(&sum);
+    assert_eq!(Datagram::parse(&b), Err(PacketError::Reserved("flags")));
 }
 
 #[test]

@@ -293,8 +293,12 @@ impl Routes {
 /// Everything but the socket (so a receive can borrow both at once).
 struct State {
     cfg: UdpConfig,
-    /// The receive ring is open: the connections' small packets and their bulk fragments
-    /// arrive by two paths ([`reliable::Config::split_paths`]).
+    /// The receive ring is open, or will be with the first UDP peer unless the kernel
+    /// refuses it: the connections' small packets and their bulk fragments arrive by two
+    /// paths. Said in the handshake: the peer's sends judge losses per kind
+    /// ([`reliable::Config::split_paths`]), for the first peer too, whose connection is
+    /// made before its route opens the ring. A refusal after a handshake said so leaves
+    /// that peer judging per kind, which only makes it wait for more evidence.
     two_paths: bool,
     /// The interfaces advertised, preferred first.
     ifaces: Vec<crate::sys::Iface>,
@@ -386,7 +390,8 @@ impl State {
             // One ack per 16 packets or per delay keeps them cheap in bulk transfers; in a
             // ping-pong they ride on the answers (piggybacked).
             ack_every: 16,
-            split_paths: self.two_paths,
+            // The peer's receive paths decide whether ours reorder (its ring).
+            split_paths: peer.two_paths,
             ..reliable::Config::default()
         }
     }
@@ -397,6 +402,7 @@ impl State {
             to,
             mtu_payload: self.payload_towards(dest) as u32,
             payload_hash: self.cfg.payload_hash,
+            two_paths: self.two_paths,
         }
     }
 
@@ -475,6 +481,12 @@ impl UdpTransport {
         // The ring is opened with the first UDP peer ([`UdpTransport::open_ring`]): an
         // endpoint that never talks UDP adds no packet tap to every IP packet's path.
         let ring_off = (!cfg.ring).then(|| "off (CLINK_UDP_RING=0)".to_string());
+        // What `open_ring` will find: the ring reads IPv4 frames.
+        let two_paths = ring_off.is_none()
+            && match cfg.bind.ip() {
+                std::net::IpAddr::V4(_) => true,
+                ip => ip.is_unspecified(),
+            };
         let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf, false);
         Ok(UdpTransport {
             peers,
@@ -494,7 +506,7 @@ impl UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
-                two_paths: false,
+                two_paths,
                 advertised: ifaces.iter().map(|i| SocketAddr::new(i.ip, port)).collect(),
                 ifaces,
                 cfg,
@@ -594,6 +606,7 @@ impl UdpTransport {
             ip if ip.is_unspecified() => std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port),
             _ => {
                 self.ring_off = Some("off: the socket is bound to an IPv6 address".into());
+                self.st.two_paths = false;
                 return;
             }
         };
@@ -601,6 +614,7 @@ impl UdpTransport {
             Ok(r) => r,
             Err(e) => {
                 self.ring_off = Some(format!("refused by the kernel ({e})"));
+                self.st.two_paths = false;
                 return;
             }
         };
@@ -612,6 +626,7 @@ impl UdpTransport {
             if let Err(e) = ring::attach_filter(fd, &prog) {
                 raws[..n].iter().for_each(|&fd| ring::detach_filter(fd));
                 self.ring_off = Some(format!("a socket's filter was refused ({e})"));
+                self.st.two_paths = false;
                 return;
             }
         }
@@ -919,5 +934,55 @@ fn socket<'a>(
         0 => Some(main),
         _ if i < PEER_SOCK0 => steer.sock_mut(i - 1),
         _ => peers.sock_mut(i - PEER_SOCK0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+
+    fn transport(ring: bool, bind: IpAddr) -> UdpTransport {
+        let cfg = UdpConfig {
+            bind: SocketAddr::new(bind, 0),
+            ring,
+            ..UdpConfig::default()
+        };
+        UdpTransport::new(cfg, 1).expect("a loopback socket")
+    }
+
+    #[test]
+    fn a_handshake_says_whether_small_datagrams_take_another_path_and_the_peer_judges_by_it() {
+        let lo4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let dest = SocketAddr::new(lo4, 9);
+        // Said before the ring opens (it opens with the first routed peer, after that
+        // peer's connection is made), and not by an endpoint that will have none.
+        for (ring, bind, says) in [
+            (true, lo4, true),
+            (false, lo4, false),
+            (true, IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), false),
+        ] {
+            let t = transport(ring, bind);
+            assert!(!t.has_ring());
+            assert_eq!(
+                t.st.handshake(2, dest).two_paths,
+                says,
+                "ring {ring}, {bind}"
+            );
+        }
+        // The peer's paths decide how this end's sends judge losses, whatever its own.
+        for ring in [true, false] {
+            let t = transport(ring, lo4);
+            for two_paths in [true, false] {
+                let peer = Handshake {
+                    from: 2,
+                    to: 1,
+                    mtu_payload: 1400,
+                    payload_hash: false,
+                    two_paths,
+                };
+                assert_eq!(t.st.conn_config(7, dest, &peer).split_paths, two_paths);
+            }
+        }
     }
 }
