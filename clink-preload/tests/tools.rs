@@ -843,16 +843,27 @@ c.shutdown(socket.SHUT_WR)
 print("sent")
 "#;
 
-#[test]
-fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
-    let dir = Scratch::new("stdio");
+/// Compiles the C server `c` and writes the Python client `py` into `dir`: their paths,
+/// and the length and hash of the stream the client sends after its lines.
+fn server_and_client(
+    dir: &Scratch,
+    c: &str,
+    py: &str,
+) -> (std::path::PathBuf, std::path::PathBuf, usize, u64) {
     let (src, bin, cli) = (
         dir.path("server.c"),
         dir.path("server"),
         dir.path("client.py"),
     );
-    compile_c(STDIO_SERVER_C, &src, &bin);
-    std::fs::write(&cli, LINE_CLIENT).unwrap();
+    compile_c(c, &src, &bin);
+    std::fs::write(&cli, py).unwrap();
+    let (len, fnv) = seeded_stream(&src);
+    (bin, cli, len, fnv)
+}
+
+/// The length and FNV-1a hash of the 2 MiB the Python clients send after their lines
+/// (`random.Random(13).randbytes(2 << 20)`), made by Python itself (`scratch`: any path).
+fn seeded_stream(scratch: &std::path::Path) -> (usize, u64) {
     let data = run(
         command(
             "python3",
@@ -861,7 +872,7 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
                 "import random,sys; sys.stdout.buffer.write(random.Random(13).randbytes(2 << 20))",
             ],
             false,
-            &src,
+            scratch,
         ),
         None,
         LIMIT,
@@ -870,6 +881,13 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
     let fnv = data.iter().fold(1469598103934665603u64, |h, b| {
         (h ^ *b as u64).wrapping_mul(1099511628211)
     });
+    (data.len(), fnv)
+}
+
+#[test]
+fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
+    let dir = Scratch::new("stdio");
+    let (bin, cli, len, fnv) = server_and_client(&dir, STDIO_SERVER_C, LINE_CLIENT);
     for p in PLACEMENTS {
         let stats = dir.stats(p, "");
         let port = free_port();
@@ -891,7 +909,7 @@ fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
         let got = std::fs::read_to_string(&log).unwrap();
         assert_eq!(
             got.trim(),
-            format!("12 {} {fnv}", data.len()),
+            format!("12 {len} {fnv}"),
             "{p:?}: what stdio read"
         );
         check_placement(p, &stats, port);
@@ -1015,30 +1033,7 @@ print(got.decode(errors="replace").replace("\n", "|"))
 #[test]
 fn calls_the_rings_do_not_carry_hand_the_connection_to_the_kernel_first() {
     let dir = Scratch::new("escapes");
-    let (src, bin, cli) = (
-        dir.path("escapes.c"),
-        dir.path("escapes"),
-        dir.path("client.py"),
-    );
-    compile_c(ESCAPES_C, &src, &bin);
-    std::fs::write(&cli, ESCAPES_CLIENT).unwrap();
-    let data = run(
-        command(
-            "python3",
-            &[
-                "-c",
-                "import random,sys; sys.stdout.buffer.write(random.Random(13).randbytes(2 << 20))",
-            ],
-            false,
-            &src,
-        ),
-        None,
-        LIMIT,
-    )
-    .stdout;
-    let fnv = data.iter().fold(1469598103934665603u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(1099511628211)
-    });
+    let (bin, cli, len, fnv) = server_and_client(&dir, ESCAPES_C, ESCAPES_CLIENT);
     // What kernel TCP gives: urgent data is not in the stream (no SO_OOBINLINE).
     for (mode, reply, call) in [
         ("mmsg", "yz", "sendmmsg"),
@@ -1054,13 +1049,7 @@ fn calls_the_rings_do_not_carry_hand_the_connection_to_the_kernel_first() {
                 None,
             );
             wait_for_listen(port);
-            expect_output(
-                p,
-                &cli,
-                &ps,
-                &stats,
-                &format!("{reply}|12 {} {fnv}|", data.len()),
-            );
+            expect_output(p, &cli, &ps, &stats, &format!("{reply}|12 {len} {fnv}|"));
             let st = server.wait_exit(LIMIT);
             assert!(st.success(), "{p:?} {mode}: server failed: {st}");
             check_placement(p, &stats, port);

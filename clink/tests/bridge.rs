@@ -124,6 +124,17 @@ fn child_on_host1(b: &Bridge, role: &str, addr: &str, env: &[(&str, &str)]) -> C
     spawn_with(b.command(1, exe), role, addr, seed(61), env)
 }
 
+/// The child on host 1 sending `n` messages over UDP in role `role`.
+fn sender_on_host1(b: &Bridge, role: &str, addr: &str, n: usize) -> ChildProc {
+    let count = n.to_string();
+    child_on_host1(
+        b,
+        role,
+        addr,
+        &[("CLINK_TRANSPORT", "udp"), ("STREAM_COUNT", &count)],
+    )
+}
+
 /// Receives `n` 16 MiB messages sent by blocking sends across the bridge with the default
 /// liveness timeout (2 s), checking each; returns the receiver's stats and the packets
 /// the switch dropped.
@@ -148,13 +159,7 @@ fn stream16(loss_pct: f64, n: usize) -> (clink::Stats, u64) {
         ep.close();
         s
     });
-    let count = n.to_string();
-    let mut child = child_on_host1(
-        &b,
-        "stream16",
-        &addr,
-        &[("CLINK_TRANSPORT", "udp"), ("STREAM_COUNT", &count)],
-    );
+    let mut child = sender_on_host1(&b, "stream16", &addr, n);
     let s = h.join().expect("receiver");
     child.expect_success(T);
     let dropped = b.dropped().unwrap_or(0);
@@ -210,13 +215,7 @@ fn overlapping_rendezvous_on_a_lossless_path_resend_nothing() {
         ep.close();
         (u64::from_le_bytes(lost.try_into().unwrap()), ring)
     });
-    let count = n.to_string();
-    let mut child = child_on_host1(
-        &b,
-        "pipeline",
-        &addr,
-        &[("CLINK_TRANSPORT", "udp"), ("STREAM_COUNT", &count)],
-    );
+    let mut child = sender_on_host1(&b, "pipeline", &addr, n);
     let (lost, ring) = h.join().expect("receiver");
     child.expect_success(T);
     let dropped = b.dropped().unwrap_or(0);
