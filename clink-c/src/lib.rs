@@ -498,8 +498,8 @@ pub(crate) unsafe fn with_ep(
     let Some(h) = ep.as_ref() else {
         return failed(name, Fail::null("endpoint"));
     };
-    if let Err(r) = h.owner.claim() {
-        return failed(name, h.refused(r));
+    if let Err(e) = h.lock() {
+        return failed(name, e);
     }
     // SAFETY: locked: no other call has the endpoint.
     match catch_unwind(AssertUnwindSafe(|| f(unsafe { h.get() }, h))) {

@@ -611,15 +611,21 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     unsafe { real::close(fd) }
 }
 
-/// What closing the application's descriptor `fd` ends here: its connection, its
-/// memberships of epoll sets, its kernel-only mark.
+/// What closing the application's descriptor `fd` ends here (see [`forget`]), the
+/// connection's wake-up bytes read first.
 fn before_close(fd: c_int) {
-    let gone = table::remove(fd);
-    if let Some(c) = &gone {
+    if let Some(c) = forget(fd) {
         c.before_close(fd);
     }
+}
+
+/// Forgets the application's descriptor `fd` (closing, or replaced by `dup2`): its
+/// connection (returned), its memberships of epoll sets, its kernel-only mark.
+fn forget(fd: c_int) -> Option<Arc<Conn>> {
+    let gone = table::remove(fd);
     wait::forget(fd, gone.as_deref());
     set_kernel_only(fd, false);
+    gone
 }
 
 /// `close_range`'s flag that marks the descriptors close-on-exec instead of closing them.
@@ -692,8 +698,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, to: c_int) -> c_int {
     let r = unsafe { real::dup2(fd, to) };
     if r >= 0 && fd != to {
         let _keep = SavedErrno::save();
-        let gone = table::remove(to);
-        wait::forget(to, gone.as_deref());
+        forget(to);
     }
     after_dup(fd, r)
 }
@@ -705,8 +710,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, to: c_int, flags: c_int) -> c_int {
     let r = unsafe { real::dup3(fd, to, flags) };
     if r >= 0 {
         let _keep = SavedErrno::save();
-        let gone = table::remove(to);
-        wait::forget(to, gone.as_deref());
+        forget(to);
     }
     after_dup(fd, r)
 }

@@ -22,6 +22,7 @@
 
 mod conn;
 mod exec;
+mod fdbits;
 mod interpose;
 mod real;
 mod shared;

@@ -3,13 +3,13 @@
 //! under a read-write lock gives the connection. Several descriptors (dup) share one.
 
 use crate::conn::Conn;
+use crate::fdbits::FdBits;
 use libc::c_int;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
-const BITMAP_FDS: usize = 1 << 16;
-static BITS: [AtomicU64; BITMAP_FDS / 64] = [const { AtomicU64::new(0) }; BITMAP_FDS / 64];
+static BITS: FdBits = FdBits::new();
 
 /// Bumped whenever a descriptor starts or stops being followed (epoll's member lists are
 /// cached against it).
@@ -25,21 +25,9 @@ fn map() -> &'static RwLock<HashMap<c_int, Arc<Conn>>> {
     M.get_or_init(|| RwLock::new(HashMap::new()))
 }
 
-fn set_bit(fd: c_int, on: bool) {
-    if fd >= 0 && (fd as usize) < BITMAP_FDS {
-        let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
-        if on {
-            BITS[w].fetch_or(b, Ordering::Release);
-        } else {
-            BITS[w].fetch_and(!b, Ordering::Release);
-        }
-    }
-}
-
+/// Whether `fd` may be followed (beyond the bitmap: the map says).
 fn marked(fd: c_int) -> bool {
-    fd >= 0
-        && ((fd as usize) >= BITMAP_FDS
-            || BITS[fd as usize / 64].load(Ordering::Acquire) & (1u64 << (fd as usize % 64)) != 0)
+    fd >= 0 && BITS.get(fd).unwrap_or(true)
 }
 
 /// The connection behind `fd`, if it is one (and its end has not left: see
@@ -62,7 +50,7 @@ pub fn insert(fd: c_int, conn: Arc<Conn>) {
         .write()
         .unwrap_or_else(|e| e.into_inner())
         .insert(fd, conn);
-    set_bit(fd, true);
+    BITS.set(fd, true);
     drop(old);
 }
 
@@ -71,7 +59,7 @@ pub fn remove(fd: c_int) -> Option<Arc<Conn>> {
     if !marked(fd) {
         return None;
     }
-    set_bit(fd, false);
+    BITS.set(fd, false);
     GENERATION.fetch_add(1, Ordering::AcqRel);
     map().write().unwrap_or_else(|e| e.into_inner()).remove(&fd)
 }

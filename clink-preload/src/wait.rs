@@ -434,19 +434,16 @@ fn regs() -> &'static Mutex<HashMap<c_int, Set>> {
 
 /// Descriptors that are, or are members of, an epoll set: `forget` (every close) looks no
 /// further for the others.
-static REGISTERED: [std::sync::atomic::AtomicU64; 1024] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 1024];
+static REGISTERED: crate::fdbits::FdBits = crate::fdbits::FdBits::new();
 
+/// Whether `fd` is (or, with `set`, was before it is set to that) registered; true beyond
+/// the bitmap, where every descriptor is looked for.
 fn registered(fd: c_int, set: Option<bool>) -> bool {
-    if fd < 0 || fd as usize >= REGISTERED.len() * 64 {
-        return true;
-    }
-    let (w, b) = (fd as usize / 64, 1u64 << (fd as usize % 64));
     match set {
-        Some(true) => REGISTERED[w].fetch_or(b, std::sync::atomic::Ordering::AcqRel) & b != 0,
-        Some(false) => REGISTERED[w].fetch_and(!b, std::sync::atomic::Ordering::AcqRel) & b != 0,
-        None => REGISTERED[w].load(std::sync::atomic::Ordering::Acquire) & b != 0,
+        Some(on) => REGISTERED.set(fd, on),
+        None => REGISTERED.get(fd),
     }
+    .unwrap_or(true)
 }
 
 /// Set once an epoll set has been put inside another (only then do waits look for nested

@@ -804,130 +804,18 @@ fn memcached_returns_every_value_it_stored() {
     }
 }
 
-const STDIO_SERVER_C: &str = r#"
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(atoi(argv[1])) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1)) return 2;
-    int c = accept(l, 0, 0);
-    char ch; size_t head = 0;
-    do { if (read(c, &ch, 1) != 1) return 3; head++; } while (ch != '\n');
-    if (write(c, "g", 1) != 1) return 4;
-    do { if (read(c, &ch, 1) != 1) return 5; head++; } while (ch != '\n');
-    FILE *f = fdopen(c, "r");
-    uint64_t h = 1469598103934665603ULL, n = 0; int x;
-    while ((x = fgetc(f)) != EOF) { h = (h ^ (uint8_t)x) * 1099511628211ULL; n++; }
-    printf("%zu %llu %llu\n", head, (unsigned long long)n, (unsigned long long)h);
-    return 0;
-}
-"#;
-
-const LINE_CLIENT: &str = r#"
-import socket, sys, random
-data = random.Random(13).randbytes(2 << 20)
-c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-c.sendall(b"hello\n")
-assert c.recv(1) == b"g"
-c.sendall(b"world\n")
-c.sendall(data)
-c.shutdown(socket.SHUT_WR)
-print("sent")
-"#;
-
-/// Compiles the C server `c` and writes the Python client `py` into `dir`: their paths,
-/// and the length and hash of the stream the client sends after its lines.
-fn server_and_client(
-    dir: &Scratch,
-    c: &str,
-    py: &str,
-) -> (std::path::PathBuf, std::path::PathBuf, usize, u64) {
-    let (src, bin, cli) = (
-        dir.path("server.c"),
-        dir.path("server"),
-        dir.path("client.py"),
-    );
-    compile_c(c, &src, &bin);
-    std::fs::write(&cli, py).unwrap();
-    let (len, fnv) = seeded_stream(&src);
-    (bin, cli, len, fnv)
-}
-
-/// The length and FNV-1a hash of the 2 MiB the Python clients send after their lines
-/// (`random.Random(13).randbytes(2 << 20)`), made by Python itself (`scratch`: any path).
-fn seeded_stream(scratch: &std::path::Path) -> (usize, u64) {
-    let data = run(
-        command(
-            "python3",
-            &[
-                "-c",
-                "import random,sys; sys.stdout.buffer.write(random.Random(13).randbytes(2 << 20))",
-            ],
-            false,
-            scratch,
-        ),
-        None,
-        LIMIT,
-    )
-    .stdout;
-    let fnv = data.iter().fold(1469598103934665603u64, |h, b| {
-        (h ^ *b as u64).wrapping_mul(1099511628211)
-    });
-    (data.len(), fnv)
-}
-
-#[test]
-fn a_connection_read_through_stdio_is_handed_to_the_kernel_first() {
-    let dir = Scratch::new("stdio");
-    let (bin, cli, len, fnv) = server_and_client(&dir, STDIO_SERVER_C, LINE_CLIENT);
-    for p in PLACEMENTS {
-        let stats = dir.stats(p, "");
-        let port = free_port();
-        let ps = port.to_string();
-        let mut c = std::process::Command::new(&bin);
-        c.arg(&ps).env_remove("LD_PRELOAD");
-        if p.server {
-            c.env("LD_PRELOAD", lib())
-                .env("CLINK_SOCKETS_STATS", &stats);
-        }
-        let log = dir.path("server.log");
-        let mut server = Proc::start(c, Some(&log));
-        wait_for_listen(port);
-        expect_output(p, &cli, &ps, &stats, "sent");
-        assert!(
-            server.child.wait().unwrap().success(),
-            "{p:?}: server failed"
-        );
-        let got = std::fs::read_to_string(&log).unwrap();
-        assert_eq!(
-            got.trim(),
-            format!("12 {len} {fnv}"),
-            "{p:?}: what stdio read"
-        );
-        check_placement(p, &stats, port);
-        expect_left(p, &stats);
-    }
-}
-
 /// `escapes PORT MODE` reads two lines and writes "x" with ordinary calls, then writes
 /// "yz\n" and reads the rest of the stream with calls the rings do not carry (MODE `mmsg`:
 /// sendmmsg and recvmmsg; `splice`: splice through a pipe both ways; `oob`: "z" sent as
-/// urgent data, then plain reads), and writes "HEAD N HASH\n" (the two lines' bytes, the
-/// rest's bytes, FNV-1a of the rest).
+/// urgent data, then plain reads), or writes nothing and reads it through a stdio stream
+/// (`stdio`: the C library reads the socket itself), and writes "HEAD N HASH\n" (the two
+/// lines' bytes, the rest's bytes, FNV-1a of the rest).
 const ESCAPES_C: &str = r#"
 /* escapes PORT MODE: reads two lines and writes "x" through ordinary calls, then writes
  * "yz\n" and reads the rest of the stream with the calls MODE names (mmsg: sendmmsg and
  * recvmmsg; splice: splice through a pipe both ways; oob: send with MSG_OOB, then plain
- * reads), and writes "HEAD N HASH\n" (bytes of the two lines, bytes of the rest, FNV-1a of
- * the rest) with write. */
+ * reads; stdio: nothing written, the rest read with fgetc), and writes "HEAD N HASH\n"
+ * (bytes of the two lines, bytes of the rest, FNV-1a of the rest) with write. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -997,6 +885,10 @@ int main(int argc, char **argv) {
         ssize_t k;
         while ((k = read(c, buf[0], sizeof buf[0])) > 0) hash(buf[0], k);
         if (k < 0) return 14;
+    } else if (!strcmp(mode, "stdio")) {
+        FILE *f = fdopen(c, "r");
+        int x;
+        while ((x = fgetc(f)) != EOF) { unsigned char b = (unsigned char)x; hash(&b, 1); }
     } else return 15;
     char line[100];
     int len = snprintf(line, sizeof line, "%zu %llu %llu\n", head, (unsigned long long)n, (unsigned long long)h);
@@ -1031,14 +923,44 @@ print(got.decode(errors="replace").replace("\n", "|"))
 "#;
 
 #[test]
-fn calls_the_rings_do_not_carry_hand_the_connection_to_the_kernel_first() {
+fn calls_the_rings_do_not_carry_and_stdio_hand_the_connection_to_the_kernel_first() {
     let dir = Scratch::new("escapes");
-    let (bin, cli, len, fnv) = server_and_client(&dir, ESCAPES_C, ESCAPES_CLIENT);
+    let (src, bin, cli) = (
+        dir.path("escapes.c"),
+        dir.path("escapes"),
+        dir.path("client.py"),
+    );
+    compile_c(ESCAPES_C, &src, &bin);
+    std::fs::write(&cli, ESCAPES_CLIENT).unwrap();
+    // The client's stream, made by Python itself.
+    let data = run(
+        command(
+            "python3",
+            &[
+                "-c",
+                "import random,sys; sys.stdout.buffer.write(random.Random(13).randbytes(2 << 20))",
+            ],
+            false,
+            &src,
+        ),
+        None,
+        LIMIT,
+    )
+    .stdout;
+    let fnv = data.iter().fold(1469598103934665603u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(1099511628211)
+    });
+    let len = data.len();
     // What kernel TCP gives: urgent data is not in the stream (no SO_OOBINLINE).
-    for (mode, reply, call) in [
-        ("mmsg", "yz", "sendmmsg"),
-        ("splice", "yz", "splice"),
-        ("oob", "y", "urgent data sent"),
+    for (mode, reply, why) in [
+        ("mmsg", "yz|", "sendmmsg, which the rings do not carry"),
+        ("splice", "yz|", "splice, which the rings do not carry"),
+        (
+            "oob",
+            "y|",
+            "urgent data sent, which the rings do not carry",
+        ),
+        ("stdio", "", "its descriptor left this process"),
     ] {
         for p in PLACEMENTS {
             let stats = dir.stats(p, mode);
@@ -1049,16 +971,14 @@ fn calls_the_rings_do_not_carry_hand_the_connection_to_the_kernel_first() {
                 None,
             );
             wait_for_listen(port);
-            expect_output(p, &cli, &ps, &stats, &format!("{reply}|12 {len} {fnv}|"));
+            expect_output(p, &cli, &ps, &stats, &format!("{reply}12 {len} {fnv}|"));
             let st = server.wait_exit(LIMIT);
             assert!(st.success(), "{p:?} {mode}: server failed: {st}");
             check_placement(p, &stats, port);
             if p.server && p.client {
                 let lines = stats_lines(&stats).join("\n");
                 assert!(
-                    lines.contains(&format!(
-                        "handed to the kernel ({call}, which the rings do not carry)"
-                    )),
+                    lines.contains(&format!("handed to the kernel ({why})")),
                     "{mode}: the connection did not leave: {lines}"
                 );
             }

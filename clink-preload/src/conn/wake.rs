@@ -28,30 +28,16 @@ static NEXT: AtomicU64 = AtomicU64::new(1);
 /// The library's own wake sockets (and sender), by descriptor: an application's `close`
 /// of one (a loop closing every descriptor, say) is refused as for a descriptor that is
 /// not open, so its number is never reused under a sleeping reader.
-static OWN: [AtomicU64; 1024] = [const { AtomicU64::new(0) }; 1024];
-
-fn mark_own(fd: c_int, on: bool) {
-    if let Some(w) = usize::try_from(fd).ok().and_then(|f| OWN.get(f / 64)) {
-        let b = 1u64 << (fd as usize % 64);
-        if on {
-            w.fetch_or(b, Ordering::AcqRel);
-        } else {
-            w.fetch_and(!b, Ordering::AcqRel);
-        }
-    }
-}
+static OWN: crate::fdbits::FdBits = crate::fdbits::FdBits::new();
 
 /// Whether `fd` is one of the library's wake sockets.
 pub fn is_own(fd: c_int) -> bool {
-    usize::try_from(fd)
-        .ok()
-        .and_then(|f| OWN.get(f / 64))
-        .is_some_and(|w| w.load(Ordering::Acquire) & (1u64 << (fd as usize % 64)) != 0)
+    OWN.get(fd) == Some(true)
 }
 
 /// Closes one of the library's wake sockets.
 pub(super) fn close_own(fd: c_int) {
-    mark_own(fd, false);
+    OWN.set(fd, false);
     close_fd(fd);
 }
 
@@ -64,7 +50,7 @@ fn datagram_socket() -> c_int {
             0,
         )
     };
-    mark_own(fd, true);
+    OWN.set(fd, true);
     fd
 }
 

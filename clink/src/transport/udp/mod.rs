@@ -232,9 +232,6 @@ pub struct UdpTransport {
     confidence: Confidence,
     /// The receive ring of the small datagrams, once opened ([`ring`]).
     ring: Option<ring::RxRing>,
-    /// Why there is no ring and will be none (for `clink info`); `None` while it may
-    /// still be opened.
-    ring_off: Option<String>,
     /// The ring's descriptor, for the endpoint's epoll set, until it takes it.
     ring_new_fd: Option<RawFd>,
     /// With the ring: the last pass's socket reads brought something, so the next pass
@@ -293,13 +290,9 @@ impl Routes {
 /// Everything but the socket (so a receive can borrow both at once).
 struct State {
     cfg: UdpConfig,
-    /// The receive ring is open, or will be with the first UDP peer unless the kernel
-    /// refuses it: the connections' small packets and their bulk fragments arrive by two
-    /// paths. Said in the handshake: the peer's sends judge losses per kind
-    /// ([`reliable::Config::split_paths`]), for the first peer too, whose connection is
-    /// made before its route opens the ring. A refusal after a handshake said so leaves
-    /// that peer judging per kind, which only makes it wait for more evidence.
-    two_paths: bool,
+    /// Why there is no receive ring and will be none (for `clink info`); `None` while it
+    /// is open or may still be opened ([`State::two_paths`]).
+    ring_off: Option<String>,
     /// The interfaces advertised, preferred first.
     ifaces: Vec<crate::sys::Iface>,
     advertised: Vec<SocketAddr>,
@@ -396,13 +389,23 @@ impl State {
         }
     }
 
+    /// Whether the receive ring is open, or will be with the first UDP peer unless the
+    /// kernel refuses it: the connections' small packets and their bulk fragments then
+    /// arrive by two paths. Said in the handshake: the peer's sends judge losses per kind
+    /// ([`reliable::Config::split_paths`]), for the first peer too, whose connection is
+    /// made before its route opens the ring. A refusal after a handshake said so leaves
+    /// that peer judging per kind, which only makes it wait for more evidence.
+    fn two_paths(&self) -> bool {
+        self.ring_off.is_none() && ring_ip(self.cfg.bind.ip()).is_some()
+    }
+
     fn handshake(&self, to: u128, dest: SocketAddr) -> Handshake {
         Handshake {
             from: self.my_id,
             to,
             mtu_payload: self.payload_towards(dest) as u32,
             payload_hash: self.cfg.payload_hash,
-            two_paths: self.two_paths,
+            two_paths: self.two_paths(),
         }
     }
 
@@ -481,17 +484,10 @@ impl UdpTransport {
         // The ring is opened with the first UDP peer ([`UdpTransport::open_ring`]): an
         // endpoint that never talks UDP adds no packet tap to every IP packet's path.
         let ring_off = (!cfg.ring).then(|| "off (CLINK_UDP_RING=0)".to_string());
-        // What `open_ring` will find: the ring reads IPv4 frames.
-        let two_paths = ring_off.is_none()
-            && match cfg.bind.ip() {
-                std::net::IpAddr::V4(_) => true,
-                ip => ip.is_unspecified(),
-            };
         let peers = PeerSocks::new(cfg.peer_sockets, sock.local(), cfg.sock_buf, false);
         Ok(UdpTransport {
             peers,
             ring: None,
-            ring_off,
             ring_new_fd: None,
             sock_hot: false,
             notice_due: 0,
@@ -506,7 +502,7 @@ impl UdpTransport {
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
-                two_paths,
+                ring_off,
                 advertised: ifaces.iter().map(|i| SocketAddr::new(i.ip, port)).collect(),
                 ifaces,
                 cfg,
@@ -583,7 +579,7 @@ impl UdpTransport {
     /// (opens it now if it is wanted and not open yet).
     pub fn ring(&mut self) -> std::result::Result<(), &str> {
         self.open_ring();
-        match &self.ring_off {
+        match &self.st.ring_off {
             None => Ok(()),
             Some(why) => Err(why),
         }
@@ -595,26 +591,18 @@ impl UdpTransport {
     /// duplicate; the other order would lose it). On any refusal there is no ring, and
     /// the reason is kept.
     fn open_ring(&mut self) {
-        if self.ring.is_some() || self.ring_off.is_some() {
+        if self.ring.is_some() || self.st.ring_off.is_some() {
             return;
         }
-        // The ring reads IPv4 frames: those to the bound IPv4 address, or to any when the
-        // socket is bound to all interfaces (of one family or both).
-        let port = self.sock.local().port();
-        let local = match self.st.cfg.bind.ip() {
-            std::net::IpAddr::V4(ip) => std::net::SocketAddrV4::new(ip, port),
-            ip if ip.is_unspecified() => std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port),
-            _ => {
-                self.ring_off = Some("off: the socket is bound to an IPv6 address".into());
-                self.st.two_paths = false;
-                return;
-            }
+        let Some(ip) = ring_ip(self.st.cfg.bind.ip()) else {
+            self.st.ring_off = Some("off: the socket is bound to an IPv6 address".into());
+            return;
         };
+        let local = std::net::SocketAddrV4::new(ip, self.sock.local().port());
         let r = match ring::RxRing::open(local) {
             Ok(r) => r,
             Err(e) => {
-                self.ring_off = Some(format!("refused by the kernel ({e})"));
-                self.st.two_paths = false;
+                self.st.ring_off = Some(format!("refused by the kernel ({e})"));
                 return;
             }
         };
@@ -625,13 +613,11 @@ impl UdpTransport {
         for (n, &fd) in raws.iter().enumerate() {
             if let Err(e) = ring::attach_filter(fd, &prog) {
                 raws[..n].iter().for_each(|&fd| ring::detach_filter(fd));
-                self.ring_off = Some(format!("a socket's filter was refused ({e})"));
-                self.st.two_paths = false;
+                self.st.ring_off = Some(format!("a socket's filter was refused ({e})"));
                 return;
             }
         }
         self.peers.leave_to_ring();
-        self.st.two_paths = true;
         self.ring_new_fd = Some(r.raw());
         self.ring = Some(r);
     }
@@ -934,6 +920,17 @@ fn socket<'a>(
         0 => Some(main),
         _ if i < PEER_SOCK0 => steer.sock_mut(i - 1),
         _ => peers.sock_mut(i - PEER_SOCK0),
+    }
+}
+
+/// The address the receive ring reads frames to for a socket bound to `bind`, if any: it
+/// reads IPv4 frames, those to the bound IPv4 address, or to any when the socket is bound
+/// to all interfaces (of one family or both).
+fn ring_ip(bind: std::net::IpAddr) -> Option<Ipv4Addr> {
+    match bind {
+        std::net::IpAddr::V4(ip) => Some(ip),
+        ip if ip.is_unspecified() => Some(Ipv4Addr::UNSPECIFIED),
+        _ => None,
     }
 }
 
