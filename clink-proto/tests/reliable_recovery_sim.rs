@@ -1,5 +1,5 @@
 //! The reliable protocol's recovery, acks and timers, driven datagram by datagram: tail
-//! probes, stalled receivers, spurious timeouts, NAKs, steered streams, where acks go,
+//! probes, stalled receivers, spurious timeouts and window cuts, NAKs, steered streams, where acks go,
 //! long absences, pings and goodbyes.
 //!
 //! Every test is deterministic: no network, no clock, the caller's hand on each datagram.
@@ -27,10 +27,12 @@ const OWD: u64 = 50_000;
 /// Two connections without delayed acks (crisp timing) that exchanged one message, so the
 /// sender has an RTT sample; and the time after it.
 fn warmed_pair() -> (Conn, Conn, u64) {
-    let cfg = Config {
-        ack_every: 1,
-        ..Config::default()
-    };
+    warmed_pair_with(Config::default())
+}
+
+/// [`warmed_pair`] from `cfg` (acks of every packet).
+fn warmed_pair_with(cfg: Config) -> (Conn, Conn, u64) {
+    let cfg = Config { ack_every: 1, ..cfg };
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let mut now = 0;
     a.send(0, b"warm-up").unwrap();
@@ -256,24 +258,8 @@ fn a_timeout_that_proves_spurious_gives_the_window_back() {
     // flight and collapses the window. The first ack then covers packets sent once and
     // never resent: the flight had arrived, so window and threshold come back and the
     // condemned packets are not all resent.
-    let (mut a, mut b, mut now) = warmed_pair();
+    let (mut a, mut b, now) = grown_pair(Config::default());
     let frag = a.config().mtu_payload;
-    // Grow the window first.
-    for i in 0..20u64 {
-        a.send(100 + i, &content(i, 8 * frag)).unwrap();
-        for _ in 0..4 {
-            for d in transmit_all(&mut a, now) {
-                b.handle_datagram(now + OWD, &d).unwrap();
-            }
-            now += OWD;
-            for d in transmit_all(&mut b, now) {
-                a.handle_datagram(now + OWD, &d).unwrap();
-            }
-            now += OWD;
-        }
-        while b.poll_event().is_some() {}
-        while a.poll_event().is_some() {}
-    }
     let cwnd_before = a.stats().cwnd;
     let msg = content(2, 16 * frag);
     a.send(1, &msg).unwrap();
@@ -292,6 +278,105 @@ fn a_timeout_that_proves_spurious_gives_the_window_back() {
         s.cwnd
     );
     assert!(s.retransmissions <= 6, "the flight was resent: {s:?}");
+}
+
+/// A pair from `cfg` warmed as [`warmed_pair`], whose sender's window has grown past 64
+/// packets.
+fn grown_pair(cfg: Config) -> (Conn, Conn, u64) {
+    let (mut a, mut b, mut now) = warmed_pair_with(cfg);
+    let frag = a.config().mtu_payload;
+    for i in 0..20u64 {
+        a.send(100 + i, &content(i, 8 * frag)).unwrap();
+        for _ in 0..4 {
+            for d in transmit_all(&mut a, now) {
+                b.handle_datagram(now + OWD, &d).unwrap();
+            }
+            now += OWD;
+            for d in transmit_all(&mut b, now) {
+                a.handle_datagram(now + OWD, &d).unwrap();
+            }
+            now += OWD;
+        }
+        while b.poll_event().is_some() {}
+        while a.poll_event().is_some() {}
+    }
+    assert!(a.stats().cwnd > 64, "{:?}", a.stats());
+    (a, b, now)
+}
+
+/// Sends a 48-fragment message from `a`, delivers all but fragments 5-7 and brings `b`'s
+/// acks back (the loss detector condemns 5-7 and cuts the window); then, if `late`, the
+/// three arrive before `a` transmits again, else they are resent. Returns the window
+/// before and after, and `a`'s stats at the end.
+fn three_overtaken(late: bool) -> (u64, clink_proto::reliable::Stats) {
+    // Every loss taken for congestion (none for random link loss, which cuts nothing).
+    let (mut a, mut b, mut now) = grown_pair(Config {
+        congestion_rtt_factor: 0,
+        ..Config::default()
+    });
+    let frag = a.config().mtu_payload;
+    let before = a.stats().cwnd;
+    let msg = content(9, 48 * frag);
+    a.send(1, &msg).unwrap();
+    let mut sent = transmit_all(&mut a, now);
+    assert_eq!(sent.len(), 48);
+    let held: Vec<_> = sent.drain(5..8).collect();
+    for d in &sent {
+        b.handle_datagram(now + OWD, d).unwrap();
+    }
+    now += OWD;
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now + OWD, &d).unwrap();
+    }
+    now += OWD;
+    let s = a.stats();
+    assert_eq!((s.lost, s.congestion_events), (3, 1), "{s:?}");
+    assert!(s.cwnd < before, "{s:?}");
+    if late {
+        for d in &held {
+            b.handle_datagram(now + OWD, d).unwrap();
+        }
+        now += OWD;
+        for d in transmit_all(&mut b, now) {
+            a.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+    }
+    let mut got = None;
+    for _ in 0..4 {
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+        for d in transmit_all(&mut b, now) {
+            a.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+        got = got.or_else(|| b.poll_event());
+    }
+    match got {
+        Some(Event::Message { data, .. }) => assert_eq!(data, msg),
+        other => panic!("{other:?}"),
+    }
+    (before, a.stats())
+}
+
+#[test]
+fn a_window_cut_for_packets_that_were_only_reordered_is_undone() {
+    // The three condemned packets arrive, late, before they are resent: their acks can
+    // only be of the first transmission, so nothing was lost and the window comes back.
+    let (before, s) = three_overtaken(true);
+    assert_eq!(s.spurious_cuts, 1, "{s:?}");
+    assert_eq!(s.retransmissions, 0, "{s:?}");
+    assert!(s.cwnd >= before, "window {} of {before}: {s:?}", s.cwnd);
+}
+
+#[test]
+fn a_window_cut_for_real_losses_stays() {
+    let (before, s) = three_overtaken(false);
+    assert_eq!(s.spurious_cuts, 0, "{s:?}");
+    assert_eq!(s.retransmissions, 3, "{s:?}");
+    assert!(s.cwnd < before, "window {} of {before}: {s:?}", s.cwnd);
 }
 
 #[test]

@@ -262,6 +262,7 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
             "tail_probes": c.tail_probes,
             "rto_probes": c.rto_probes,
             "spurious_timeouts": c.spurious_timeouts,
+            "spurious_cuts": c.spurious_cuts,
             "bulk_discarded": c.bulk_discarded,
         });
     }

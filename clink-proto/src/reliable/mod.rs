@@ -355,6 +355,10 @@ pub struct Stats {
     /// Timeouts that collapsed the window and proved spurious (the flight arrived, its
     /// acks late): window and threshold restored.
     pub spurious_timeouts: u64,
+    /// Window reductions by the loss detector that proved spurious (every packet they
+    /// condemned arrived from its first transmission: reordered, not lost): window and
+    /// threshold restored.
+    pub spurious_cuts: u64,
     /// Times the caller came back from an absence (no call for two keepalive intervals)
     /// and the liveness timeout restarted instead of judging the peer on the gap.
     pub absences_excused: u64,
@@ -448,6 +452,17 @@ enum PState {
     Abandoned,
 }
 
+/// What a window reduction by the loss detector changed, kept until the packets it
+/// condemned prove it spurious or one of them is resent.
+struct CutUndo {
+    cwnd: u64,
+    ssthresh: u64,
+    /// Its number in `Stats::congestion_events` (the packets' `condemned_by`).
+    cut: u64,
+    /// Packets it condemned whose first transmission is not yet acked.
+    unproven: u64,
+}
+
 struct Sent {
     item: Item,
     offset: u64,
@@ -468,6 +483,10 @@ struct Sent {
     /// of a packet that acks or a NAK reported missing.
     timer_only: bool,
     tx_count: u32,
+    /// The window reduction (its number in `Stats::congestion_events`) whose loss
+    /// detection condemned this packet, while its ack may still prove that reduction
+    /// spurious; 0 otherwise.
+    condemned_by: u64,
     state: PState,
 }
 
@@ -633,6 +652,9 @@ pub struct Conn {
     /// Window and threshold before the last timeout collapsed them, while it may still
     /// prove spurious (see `Conn::undo_spurious_timeout`).
     rto_undo: Option<(u64, u64)>,
+    /// The loss detector's last window reduction, while it may still prove spurious
+    /// (see `Conn::undo_spurious_cut`).
+    cut_undo: Option<CutUndo>,
     ping_pending: bool,
     dead: bool,
     stats: Stats,
@@ -715,6 +737,7 @@ impl Conn {
             last_driven: now,
             awaited: false,
             rto_undo: None,
+            cut_undo: None,
             ping_pending: false,
             dead: false,
             stats: Stats::default(),

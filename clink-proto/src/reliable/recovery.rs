@@ -1,5 +1,6 @@
 //! Timers and loss recovery: the retransmission timeout and its backoff, tail probes,
-//! liveness (pings and death), spurious-timeout undo, and marking packets lost.
+//! liveness (pings and death), the undo of spurious timeouts and window cuts, and marking
+//! packets lost.
 
 use super::*;
 
@@ -188,6 +189,8 @@ impl Conn {
             }
         }
         if flight > 0 {
+            // The flight's fate is now the timeout's to prove (its own undo).
+            self.cut_undo = None;
             self.rto_undo = Some((self.cwnd, self.ssthresh));
             // A flight no larger than the initial window (sent without any evidence of
             // the path's capacity) cannot have overfilled it: its timeouts say the peer
@@ -238,6 +241,22 @@ impl Conn {
         }
     }
 
+    /// The loss detector's last window reduction was spurious: every packet it condemned
+    /// (a NAK, or later packets acked first) was acked before it was resent, so only its
+    /// first transmission can have arrived; they were reordered (two receive sockets
+    /// read in turn, a sender that moved between cores with packets queued on the one it
+    /// left), not lost. As Linux undoes a recovery that DSACKs prove needless, the window
+    /// and threshold go back to what they were.
+    pub(super) fn undo_spurious_cut(&mut self) {
+        let Some(u) = self.cut_undo.take() else {
+            return;
+        };
+        self.cwnd = self.cwnd.max(u.cwnd);
+        self.ssthresh = self.ssthresh.max(u.ssthresh);
+        self.cwnd_acc = 0;
+        self.stats.spurious_cuts += 1;
+    }
+
     /// Marks an in-flight packet lost: queued for retransmission, or abandoned.
     pub(super) fn mark_lost(&mut self, pn: u64, congestion: bool) {
         let idx = (pn - self.snd_una) as usize;
@@ -267,11 +286,18 @@ impl Conn {
         }
         // One reduction per epoch: only the loss of a transmission made after the last
         // reduction reduces again (lost retransmissions included).
-        if congestion && s.tx_seq >= self.recovery_tx {
+        let tx_seq = s.tx_seq;
+        if congestion && tx_seq >= self.recovery_tx {
             if self.random_loss() {
                 self.stats.random_losses += 1;
                 return;
             }
+            self.cut_undo = self.cfg.reliable.then_some(CutUndo {
+                cwnd: self.cwnd,
+                ssthresh: self.ssthresh,
+                cut: self.stats.congestion_events + 1,
+                unproven: 0,
+            });
             self.ssthresh = (self.cwnd / 2).max(2);
             self.cwnd = self.ssthresh;
             self.cwnd_acc = 0;
@@ -282,6 +308,16 @@ impl Conn {
                 end_tx: self.next_tx_seq,
                 ..Round::default()
             };
+        }
+        // The loss belongs to the open cut's epoch (the one that made it, or one after
+        // it before the window shrank again): its ack may prove the cut spurious.
+        if let Some(u) = self
+            .cut_undo
+            .as_mut()
+            .filter(|_| congestion && tx_seq < self.recovery_tx)
+        {
+            self.sent[idx].condemned_by = u.cut;
+            u.unproven += 1;
         }
     }
 

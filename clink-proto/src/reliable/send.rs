@@ -172,6 +172,11 @@ impl Conn {
             s.state = PState::InFlight;
             if s.tx_count > 1 {
                 self.stats.retransmissions += 1;
+                // Its ack can no longer say which copy arrived (Karn's rule): the cut
+                // that condemned it cannot prove spurious.
+                if std::mem::take(&mut s.condemned_by) != 0 {
+                    self.cut_undo = None;
+                }
             }
             self.stats.data_sent += 1;
             self.round.sent += 1;
@@ -342,6 +347,7 @@ impl Conn {
             first_sent_at: 0,
             timer_only: true,
             tx_count: 0,
+            condemned_by: 0,
             state: PState::Lost,
         });
         Some(pn)
@@ -397,6 +403,10 @@ impl Conn {
                 return;
             }
             original_arrived |= s.state == PState::Lost && s.tx_count == 1;
+            let by = std::mem::take(&mut s.condemned_by);
+            if let Some(u) = this.cut_undo.as_mut().filter(|u| by == u.cut) {
+                u.unproven -= 1;
+            }
             if s.state == PState::InFlight {
                 this.in_flight -= 1;
             }
@@ -442,6 +452,9 @@ impl Conn {
         }
         if original_arrived && self.rto_undo.is_some() {
             self.undo_spurious_timeout();
+        }
+        if self.cut_undo.as_ref().is_some_and(|u| u.unproven == 0) {
+            self.undo_spurious_cut();
         }
         if let Some((_, sent_at)) = sample {
             // QUIC's rule: the peer's ack delay comes out of the sample unless that would
