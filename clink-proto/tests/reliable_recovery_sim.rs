@@ -380,6 +380,61 @@ fn a_window_cut_for_real_losses_stays() {
 }
 
 #[test]
+fn a_cut_window_grows_back_by_every_ack_while_the_rtt_shows_no_queue() {
+    // A quarter of a 48-packet flight lost, every fourth packet: more than the loss rate
+    // that random loss explains, so the window is halved. Nothing queues on the path (the
+    // RTT stays at its minimum): then each ack grows the window by what it acknowledges,
+    // as in slow start, not by one packet per window.
+    let (mut a, mut b, mut now) = grown_pair(Config::default());
+    let frag = a.config().mtu_payload;
+    let msg = content(5, 48 * frag);
+    a.send(1, &msg).unwrap();
+    let sent = transmit_all(&mut a, now);
+    assert_eq!(sent.len(), 48);
+    for (i, d) in sent.iter().enumerate() {
+        if i % 4 != 1 {
+            b.handle_datagram(now + OWD, d).unwrap();
+        }
+    }
+    now += OWD;
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now + OWD, &d).unwrap();
+    }
+    now += OWD;
+    let cut = a.stats();
+    assert_eq!(cut.congestion_events, 1, "{cut:?}");
+    // Repair, then one more message of a full window.
+    let mut rounds = 0;
+    let next = content(6, cut.cwnd as usize * frag);
+    a.send(2, &next).unwrap();
+    let mut got = 0;
+    while got < 2 {
+        rounds += 1;
+        assert!(rounds < 20, "{:?}", a.stats());
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+        for d in transmit_all(&mut b, now) {
+            a.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+        while let Some(ev) = b.poll_event() {
+            got += usize::from(matches!(ev, Event::Message { .. }));
+        }
+    }
+    let s = a.stats();
+    assert_eq!(s.congestion_events, 1, "{s:?}");
+    // Linear growth would have added one packet per window: a few in all.
+    assert!(
+        s.cwnd >= cut.cwnd + cut.cwnd / 2,
+        "window {} after the cut to {}: {s:?}",
+        s.cwnd,
+        cut.cwnd
+    );
+}
+
+#[test]
 fn a_nak_names_only_packets_still_missing() {
     // Packets 0, 4 and 3 arrive in one batch before the receiver transmits: the hole seen
     // at 4 was [1, 4), but 3 has filled since. The NAK must not name 3 (the sender would

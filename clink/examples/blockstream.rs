@@ -36,7 +36,7 @@ fn run(mode: &str, file: &str, size: &str, count: &str) -> Result<(), Box<dyn st
     let mut ep = ctx.endpoint()?;
     let t = Instant::now();
     let mut buf = vec![0u8; size];
-    let peer = if mode == "recv" {
+    let (peer, st) = if mode == "recv" {
         std::fs::write(format!("{file}.tmp"), ep.address())?;
         std::fs::rename(format!("{file}.tmp"), file)?;
         let peer = ep.accept(Some(Duration::from_secs(20)))?;
@@ -49,23 +49,25 @@ fn run(mode: &str, file: &str, size: &str, count: &str) -> Result<(), Box<dyn st
                 std::thread::sleep(Duration::from_secs(pause)); // the computation
             }
         }
+        // Counted before the last word: a peer that closes after it hangs up, not fails.
+        let st = ep.stats();
         ep.send(peer, 1, &[])?;
-        peer
+        (peer, st)
     } else {
         let peer = ep.connect(std::fs::read_to_string(file)?.trim())?;
         for i in 0..count {
             buf.fill(i as u8);
             ep.send(peer, 0, &buf)?;
         }
+        let st = ep.stats();
         ep.recv(Selector::exact(Some(peer), 1), &mut [])?;
-        peer
+        (peer, st)
     };
     let s = t.elapsed().as_secs_f64();
     if std::env::var_os("BLOCKSTREAM_VERBOSE").is_some() {
         eprintln!("{mode}: {:?}", ep.conn_stats(peer)?);
         eprintln!("{mode}: {:?}", ep.stats());
     }
-    let st = ep.stats();
     let c = ep.conn_stats(peer)?;
     println!(
         "{mode}: {:.2} GB/s in {s:.2} s over {}; timeouts {}, retransmissions {}, keepalive rounds {}, peers failed {}",

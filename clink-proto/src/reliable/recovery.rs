@@ -321,15 +321,23 @@ impl Conn {
         }
     }
 
-    /// Is this loss random rather than congestion? See the module docs.
-    pub(super) fn random_loss(&self) -> bool {
+    /// Whether the smoothed RTT shows no queue on the path: below
+    /// [`Config::congestion_rtt_factor`] times the minimum or within
+    /// [`Config::congestion_queue_floor`] of it (see the module docs). False before an RTT
+    /// sample and when the test is off (factor 0).
+    pub(super) fn no_queue(&self) -> bool {
         let r = &self.rtt;
         let factor = self.cfg.congestion_rtt_factor;
         let queue_at = r
             .min
             .saturating_mul(factor)
             .max(r.min + self.cfg.congestion_queue_floor);
-        if factor == 0 || !r.has || r.srtt >= queue_at {
+        factor != 0 && r.has && r.srtt < queue_at
+    }
+
+    /// Is this loss random rather than congestion? See the module docs.
+    pub(super) fn random_loss(&self) -> bool {
+        if !self.no_queue() {
             return false;
         }
         let (sent, lost) = (

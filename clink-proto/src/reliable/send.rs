@@ -485,7 +485,10 @@ impl Conn {
                 .largest_acked_tx()
                 .is_some_and(|t| t >= self.recovery_tx)
             {
-                if self.cwnd < self.ssthresh {
+                // Above the threshold the window grows by one per window only while the
+                // RTT shows a queue: with none, the link has room, and a window cut by
+                // a loss that only looked like congestion comes back in a few round trips.
+                if self.cwnd < self.ssthresh || self.no_queue() {
                     self.cwnd = (self.cwnd + newly).min(self.cfg.max_cwnd);
                 } else {
                     self.cwnd_acc += newly;
@@ -595,3 +598,4 @@ impl Conn {
         self.sacked.trim_below(self.snd_una);
     }
 }
+
