@@ -32,7 +32,10 @@ fn warmed_pair() -> (Conn, Conn, u64) {
 
 /// [`warmed_pair`] from `cfg` (acks of every packet).
 fn warmed_pair_with(cfg: Config) -> (Conn, Conn, u64) {
-    let cfg = Config { ack_every: 1, ..cfg };
+    let cfg = Config {
+        ack_every: 1,
+        ..cfg
+    };
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let mut now = 0;
     a.send(0, b"warm-up").unwrap();

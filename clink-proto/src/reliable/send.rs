@@ -598,4 +598,3 @@ impl Conn {
         self.sacked.trim_below(self.snd_una);
     }
 }
-
