@@ -393,8 +393,9 @@ impl Conn {
         }
         self.peer_limit = self.peer_limit.max(ack.limit);
         let mut newly = 0u64;
-        let mut sample: Option<(u64, u64)> = None; // (tx_seq, sent_at) of the latest timed
-                                                   // A packet the timeout condemned arrived all the same, from its one transmission.
+        // (tx_seq, sent_at) of the latest timed packet acked.
+        let mut sample: Option<(u64, u64)> = None;
+        // A packet the timeout condemned arrived all the same, from its one transmission.
         let mut original_arrived = false;
         let mut ack_one = |this: &mut Conn, pn: u64, cumulative: bool| {
             let idx = (pn - this.snd_una) as usize;
