@@ -24,6 +24,25 @@ fn transmit_all(c: &mut Conn, now: u64) -> Vec<Vec<u8>> {
 /// One-way delay of the hand-driven tests.
 const OWD: u64 = 50_000;
 
+/// One round trip by hand: everything `a` has to send reaches `b` one OWD later, then
+/// everything `b` answers reaches `a` one more OWD on.
+fn exchange(a: &mut Conn, b: &mut Conn, now: &mut u64) {
+    let sent = transmit_all(a, *now);
+    deliver(&sent, a, b, now);
+}
+
+/// As [`exchange`], for the datagrams of `a`'s given (the others lost or held back).
+fn deliver(datagrams: &[Vec<u8>], a: &mut Conn, b: &mut Conn, now: &mut u64) {
+    for d in datagrams {
+        b.handle_datagram(*now + OWD, d).unwrap();
+    }
+    *now += OWD;
+    for d in transmit_all(b, *now) {
+        a.handle_datagram(*now + OWD, &d).unwrap();
+    }
+    *now += OWD;
+}
+
 /// Two connections without delayed acks (crisp timing) that exchanged one message, so the
 /// sender has an RTT sample; and the time after it.
 fn warmed_pair() -> (Conn, Conn, u64) {
@@ -39,14 +58,7 @@ fn warmed_pair_with(cfg: Config) -> (Conn, Conn, u64) {
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let mut now = 0;
     a.send(0, b"warm-up").unwrap();
-    for d in transmit_all(&mut a, now) {
-        b.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
-    for d in transmit_all(&mut b, now) {
-        a.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
+    exchange(&mut a, &mut b, &mut now);
     assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
     (a, b, now)
 }
@@ -291,14 +303,7 @@ fn grown_pair(cfg: Config) -> (Conn, Conn, u64) {
     for i in 0..20u64 {
         a.send(100 + i, &content(i, 8 * frag)).unwrap();
         for _ in 0..4 {
-            for d in transmit_all(&mut a, now) {
-                b.handle_datagram(now + OWD, &d).unwrap();
-            }
-            now += OWD;
-            for d in transmit_all(&mut b, now) {
-                a.handle_datagram(now + OWD, &d).unwrap();
-            }
-            now += OWD;
+            exchange(&mut a, &mut b, &mut now);
         }
         while b.poll_event().is_some() {}
         while a.poll_event().is_some() {}
@@ -324,37 +329,16 @@ fn three_overtaken(late: bool) -> (u64, clink_proto::reliable::Stats) {
     let mut sent = transmit_all(&mut a, now);
     assert_eq!(sent.len(), 48);
     let held: Vec<_> = sent.drain(5..8).collect();
-    for d in &sent {
-        b.handle_datagram(now + OWD, d).unwrap();
-    }
-    now += OWD;
-    for d in transmit_all(&mut b, now) {
-        a.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
+    deliver(&sent, &mut a, &mut b, &mut now);
     let s = a.stats();
     assert_eq!((s.lost, s.congestion_events), (3, 1), "{s:?}");
     assert!(s.cwnd < before, "{s:?}");
     if late {
-        for d in &held {
-            b.handle_datagram(now + OWD, d).unwrap();
-        }
-        now += OWD;
-        for d in transmit_all(&mut b, now) {
-            a.handle_datagram(now + OWD, &d).unwrap();
-        }
-        now += OWD;
+        deliver(&held, &mut a, &mut b, &mut now);
     }
     let mut got = None;
     for _ in 0..4 {
-        for d in transmit_all(&mut a, now) {
-            b.handle_datagram(now + OWD, &d).unwrap();
-        }
-        now += OWD;
-        for d in transmit_all(&mut b, now) {
-            a.handle_datagram(now + OWD, &d).unwrap();
-        }
-        now += OWD;
+        exchange(&mut a, &mut b, &mut now);
         got = got.or_else(|| b.poll_event());
     }
     match got {
@@ -394,16 +378,11 @@ fn a_cut_window_grows_back_by_every_ack_while_the_rtt_shows_no_queue() {
     a.send(1, &msg).unwrap();
     let sent = transmit_all(&mut a, now);
     assert_eq!(sent.len(), 48);
-    for (i, d) in sent.iter().enumerate() {
-        if i % 4 != 1 {
-            b.handle_datagram(now + OWD, d).unwrap();
-        }
-    }
-    now += OWD;
-    for d in transmit_all(&mut b, now) {
-        a.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
+    let kept: Vec<_> = (0..48)
+        .filter(|i| i % 4 != 1)
+        .map(|i| sent[i].clone())
+        .collect();
+    deliver(&kept, &mut a, &mut b, &mut now);
     let cut = a.stats();
     assert_eq!(cut.congestion_events, 1, "{cut:?}");
     // Repair, then one more message of a full window.
@@ -414,14 +393,7 @@ fn a_cut_window_grows_back_by_every_ack_while_the_rtt_shows_no_queue() {
     while got < 2 {
         rounds += 1;
         assert!(rounds < 20, "{:?}", a.stats());
-        for d in transmit_all(&mut a, now) {
-            b.handle_datagram(now + OWD, &d).unwrap();
-        }
-        now += OWD;
-        for d in transmit_all(&mut b, now) {
-            a.handle_datagram(now + OWD, &d).unwrap();
-        }
-        now += OWD;
+        exchange(&mut a, &mut b, &mut now);
         while let Some(ev) = b.poll_event() {
             got += usize::from(matches!(ev, Event::Message { .. }));
         }
