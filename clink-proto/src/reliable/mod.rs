@@ -63,9 +63,8 @@
 //! packet acked, as in slow start, because the link has room; one packet per window
 //! starts only once a queue shows. A window halved by the losses that did look like
 //! congestion (a burst of them, or a moment of queue) otherwise took hundreds of round
-//! trips to regrow on a fast path with random loss: a 1 MiB stream across the bridge at
-//! 1% loss held its window at 130-550 packets where an unshaped path carries thousands. A
-//! shaped link's queue shows and keeps additive increase. A sender sends a new packet only
+//! trips to regrow on a fast path with random loss, holding its stream far below what the
+//! path carries. A shaped link's queue shows and keeps additive increase. A sender sends a new packet only
 //! when both allow it. When the credit is exhausted and nothing is in flight, the RTO timer
 //! sends a ping as a window probe so a lost window update cannot deadlock.
 //!

@@ -247,10 +247,7 @@ impl Conn {
     /// read in turn, a sender that moved between cores with packets queued on the one it
     /// left), not lost. As Linux undoes a recovery that DSACKs prove needless, the window
     /// and threshold go back to what they were.
-    pub(super) fn undo_spurious_cut(&mut self) {
-        let Some(u) = self.cut_undo.take() else {
-            return;
-        };
+    pub(super) fn undo_spurious_cut(&mut self, u: CutUndo) {
         self.cwnd = self.cwnd.max(u.cwnd);
         self.ssthresh = self.ssthresh.max(u.ssthresh);
         self.cwnd_acc = 0;

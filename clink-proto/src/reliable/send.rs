@@ -454,8 +454,8 @@ impl Conn {
         if original_arrived && self.rto_undo.is_some() {
             self.undo_spurious_timeout();
         }
-        if self.cut_undo.as_ref().is_some_and(|u| u.unproven == 0) {
-            self.undo_spurious_cut();
+        if let Some(u) = self.cut_undo.take_if(|u| u.unproven == 0) {
+            self.undo_spurious_cut(u);
         }
         if let Some((_, sent_at)) = sample {
             // QUIC's rule: the peer's ack delay comes out of the sample unless that would
