@@ -615,7 +615,10 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// connection's wake-up bytes read first.
 fn before_close(fd: c_int) {
     if let Some(c) = forget(fd) {
-        c.before_close(fd);
+        // Its last descriptor here when no other (a dup) is followed as the same one.
+        c.before_close(fd, || {
+            !table::all().iter().any(|(_, other)| Arc::ptr_eq(other, &c))
+        });
     }
 }
 

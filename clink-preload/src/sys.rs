@@ -108,6 +108,25 @@ pub fn peer_addr(fd: c_int) -> Option<SocketAddr> {
     name_of(fd, true)
 }
 
+/// Makes closing socket `fd` abort the connection with a reset (`SO_LINGER` on, zero
+/// seconds), as the kernel does by itself for a socket closed with unread bytes.
+pub fn reset_on_close(fd: c_int) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: the kernel reads `size_of::<linger>()` bytes from `l`.
+    unsafe {
+        crate::real::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &l as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as socklen_t,
+        )
+    };
+}
+
 /// An integer socket option.
 pub fn sockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
     let mut v: c_int = 0;

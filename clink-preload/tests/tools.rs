@@ -608,6 +608,70 @@ fn a_killed_server_gives_its_client_the_error_kernel_tcp_gives() {
     }
 }
 
+const UNREAD_CLOSING_SERVER: &str = r#"
+import socket, sys, select
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+c, _ = s.accept()
+c.recv(1 << 20, socket.MSG_WAITALL)  # well past the switch
+c.sendall(b"k")
+select.select([c], [], [], 30)  # more has come: closed unread
+c.close()
+print("closed", flush=True)
+"#;
+
+const RESET_CLIENT: &str = r#"
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.settimeout(30)
+c.sendall(b"x" * (1 << 20))
+assert c.recv(1) == b"k"
+c.sendall(b"y" * 65536)
+try:
+    print("eof" if c.recv(1) == b"" else "data")
+except OSError as e:
+    print(type(e).__name__)
+"#;
+
+#[test]
+fn a_server_closing_with_bytes_unread_resets_its_client_as_kernel_tcp_does() {
+    let dir = Scratch::new("unread-close");
+    let (srv, cli) = (dir.path("server.py"), dir.path("client.py"));
+    std::fs::write(&srv, UNREAD_CLOSING_SERVER).unwrap();
+    std::fs::write(&cli, RESET_CLIENT).unwrap();
+    let mut seen = Vec::new();
+    for p in PLACEMENTS {
+        let stats = dir.stats(p, "");
+        let port = free_port();
+        let ps = port.to_string();
+        let _server = Proc::start(
+            command("python3", &[srv.to_str().unwrap(), &ps], p.server, &stats),
+            None,
+        );
+        wait_for_listen(port);
+        let out = run(
+            command("python3", &[cli.to_str().unwrap(), &ps], p.client, &stats),
+            None,
+            LIMIT,
+        );
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            !said.is_empty(),
+            "{p:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_placement(p, &stats, port);
+        seen.push((p, said));
+    }
+    let kernel = &seen[3].1;
+    assert_eq!(kernel, "ConnectionResetError", "kernel TCP itself");
+    for (p, said) in &seen {
+        assert_eq!(said, kernel, "{p:?}: another answer than kernel TCP's");
+    }
+}
+
 const PASSING_SERVER: &str = r#"
 import socket, sys, hashlib
 s = socket.socket()

@@ -488,12 +488,36 @@ impl Conn {
     }
 
     /// Before the descriptor closes: reads the wake-up bytes still queued, which would
-    /// make the kernel answer the close with a reset instead of an orderly end.
-    pub fn before_close(&self, fd: c_int) {
-        if self.rx_in_ring() && !self.eof.load(Ordering::Acquire) {
-            let _keep = sys::SavedErrno::save();
+    /// make the kernel answer the close with a reset instead of an orderly end. When it
+    /// is the connection's last descriptor in this process (`last`, asked only then) and
+    /// bytes the peer wrote lie unread in the ring, asks the kernel for the reset it
+    /// answers a close with when its own buffer holds unread bytes (a linger of zero
+    /// seconds): the peer then reads ECONNRESET after what it had, as over kernel TCP.
+    pub fn before_close(&self, fd: c_int, last: impl FnOnce() -> bool) {
+        if !self.rx_in_ring() {
+            return; // unread bytes are in the kernel's buffer: it decides
+        }
+        let _keep = sys::SavedErrno::save();
+        if !self.eof.load(Ordering::Acquire) {
             self.drain(fd);
         }
+        if self.unread() && last() {
+            sys::reset_on_close(fd);
+        }
+    }
+
+    /// Whether bytes the peer wrote wait unread: in the ring, or read off the kernel with
+    /// wake-up bytes and kept.
+    fn unread(&self) -> bool {
+        self.shared
+            .get()
+            .is_some_and(|s| s.readable(self.rx_dir()).is_ok_and(|n| n > 0))
+            || (self.carried.load(Ordering::Acquire)
+                && !self
+                    .carry
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty())
     }
 
     /// Bytes a FIONREAD would report, when the ring decides it.
