@@ -51,6 +51,20 @@ impl Conn {
         }
     }
 
+    /// Whether the ring still holds bytes the writer put there before it went back to
+    /// the kernel. Bytes kept aside from the kernel ([`Conn::keep_data`]) were sent after
+    /// it went back (they follow its last wake-up), so these come first: a reader asleep
+    /// in the kernel can take the writer's last wake-up and the data after it in one
+    /// read before it has drained the ring.
+    fn ring_before_carry(&self) -> bool {
+        let Some(s) = self.shared.get() else {
+            return false;
+        };
+        let rx = self.rx_dir();
+        let uns = s.unswitch_at(rx).load(Ordering::Acquire);
+        uns != NOT_SWITCHED && s.head(rx).load(Ordering::Acquire) != uns
+    }
+
     /// Receives into `iov` with recv(2) `flags`: the kernel up to the switch offset, the
     /// ring after it, and the kernel again if the writer went back to it. Returns what
     /// recvmsg would, with errno set on -1.
@@ -67,8 +81,9 @@ impl Conn {
         let rx = self.rx_dir();
         let done = |got: usize| !waitall || got == total || peek;
         loop {
-            // Data read off the kernel as wake-ups comes first.
-            if self.carried.load(Ordering::Acquire) {
+            // Data read off the kernel as wake-ups comes first, once the ring holds
+            // nothing the writer put there before it went back to the kernel.
+            if self.carried.load(Ordering::Acquire) && !self.ring_before_carry() {
                 let mut carry = self.carry.lock().unwrap_or_else(|e| e.into_inner());
                 if !carry.is_empty() && got < total {
                     let n = scatter(iov, got, &carry);
