@@ -81,7 +81,7 @@ impl Conn {
         s.reader_sleeping(rx).store(0, Ordering::SeqCst);
         wait_until(|| s.bells_in_flight(rx).load(Ordering::SeqCst) == 0);
         let consumed = self.consumed_mirror.load(Ordering::Acquire);
-        let sw = s.switch_at(rx).load(Ordering::SeqCst);
+        let sw = self.rx_switch_at();
         if sw != NOT_SWITCHED && consumed >= sw {
             let mut want = s
                 .bells_sent(rx)
@@ -170,10 +170,11 @@ impl Conn {
         let seen = self.bells_seen.fetch_add(n, Ordering::AcqRel) + n;
         let Some(s) = self.shared.get() else { return 0 };
         let rx = self.rx_dir();
-        if s.unswitch_at(rx).load(Ordering::Acquire) == NOT_SWITCHED {
+        let sw = self.rx_switch_at();
+        if sw == NOT_SWITCHED || s.unswitch_at(rx).load(Ordering::Acquire) == NOT_SWITCHED {
             return 0;
         }
-        let pos = s.switch_at(rx).load(Ordering::Acquire).saturating_add(seen);
+        let pos = sw.saturating_add(seen);
         let resume = s.resume_at(rx).load(Ordering::Acquire);
         if pos <= resume {
             return 0;

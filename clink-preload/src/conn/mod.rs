@@ -34,6 +34,8 @@ mod nodelay;
 mod pairing;
 mod recv;
 mod send;
+#[cfg(test)]
+mod tests;
 mod wake;
 
 pub use leave::Why;
@@ -56,8 +58,13 @@ pub enum Role {
 enum Pairing {
     /// A connecting end waits for the accepting end's Hello on this listener.
     ClientWaiting { listener: c_int, deadline_ns: u64 },
-    /// An accepting end sent its Hello and waits for the Ack on this connection.
-    ServerWaiting { uconn: c_int },
+    /// An accepting end sent its Hello and waits for the Ack on this connection; the Ack
+    /// must carry the mirror of the socket with these addresses.
+    ServerWaiting {
+        uconn: c_int,
+        local: std::net::SocketAddr,
+        peer: std::net::SocketAddr,
+    },
     /// Paired, or given up (the connection stays on the kernel).
     Done,
 }
@@ -212,15 +219,10 @@ impl Conn {
     /// Whether this direction's reader reached the ring: the peer switched and every byte
     /// it sent by the kernel was consumed.
     pub fn rx_in_ring(&self) -> bool {
-        match self.shared.get() {
-            Some(s) => {
-                let sw = s.switch_at(self.rx_dir()).load(Ordering::Acquire);
-                sw != NOT_SWITCHED
-                    && self.consumed_mirror.load(Ordering::Acquire) >= sw
-                    && !self.rx_resumed.load(Ordering::Acquire)
-            }
-            None => false,
-        }
+        let sw = self.rx_switch_at();
+        sw != NOT_SWITCHED
+            && self.consumed_mirror.load(Ordering::Acquire) >= sw
+            && !self.rx_resumed.load(Ordering::Acquire)
     }
 
     /// For poll and epoll: this connection's readiness for `events` (POLL* bits) given what
@@ -324,7 +326,7 @@ impl Conn {
         let Some(s) = self.shared.get().filter(|_| !self.left()) else {
             return true;
         };
-        let unswitched = s.switch_at(self.rx_dir()).load(Ordering::Acquire) == NOT_SWITCHED;
+        let unswitched = self.rx_switch_at() == NOT_SWITCHED;
         if events & libc::POLLIN != 0 && (self.rx_in_ring() || unswitched) {
             s.reader_sleeping(self.rx_dir())
                 .store(reader, Ordering::SeqCst);
@@ -539,7 +541,7 @@ impl Drop for Conn {
         if let Ok(p) = self.pairing.get_mut() {
             match *p {
                 Pairing::ClientWaiting { listener, .. } => close_fd(listener),
-                Pairing::ServerWaiting { uconn } => close_fd(uconn),
+                Pairing::ServerWaiting { uconn, .. } => close_fd(uconn),
                 Pairing::Done => {}
             }
         }

@@ -102,7 +102,11 @@ impl Conn {
         Ok(Conn::new(
             Role::Accepting,
             fd,
-            Pairing::ServerWaiting { uconn: u },
+            Pairing::ServerWaiting {
+                uconn: u,
+                local,
+                peer,
+            },
             Some(shared),
         ))
     }
@@ -147,29 +151,69 @@ impl Conn {
                     self.finish(&mut p, Err("peer not under clink"));
                 }
             }
-            Pairing::ServerWaiting { uconn } => {
-                let mut buf = [0u8; MSG_LEN];
-                let mut fds = [-1; 2];
-                let (n, nfds) = recv_with_fds(uconn, &mut buf, &mut fds, libc::MSG_DONTWAIT);
-                if n < 0 && errno() == libc::EAGAIN {
-                    return;
-                }
-                let outcome = if n == MSG_LEN as isize && Ack::decode(&buf).is_ok() && nfds == 1 {
-                    if mirrors(fd, fds[0]) {
-                        Ok(())
-                    } else {
-                        Err("pairing refused: not the mirror socket")
-                    }
-                } else {
-                    Err("pairing refused")
-                };
-                for f in fds.iter().take(nfds) {
-                    close_fd(*f);
-                }
-                close_fd(uconn);
-                self.finish(&mut p, outcome);
+            Pairing::ServerWaiting { uconn, local, peer } => {
+                self.take_ack(&mut p, uconn, local, peer)
             }
             Pairing::Done => {}
+        }
+    }
+
+    /// An accepting end whose socket has addresses `local` and `peer`: reads and checks the
+    /// peer's Ack if it has come, and ends the pairing with its verdict.
+    fn take_ack(
+        &self,
+        p: &mut Pairing,
+        uconn: c_int,
+        local: std::net::SocketAddr,
+        peer: std::net::SocketAddr,
+    ) {
+        let mut buf = [0u8; MSG_LEN];
+        let mut fds = [-1; 2];
+        let (n, nfds) = recv_with_fds(uconn, &mut buf, &mut fds, libc::MSG_DONTWAIT);
+        if n < 0 && errno() == libc::EAGAIN {
+            return;
+        }
+        let outcome = if n == MSG_LEN as isize && Ack::decode(&buf).is_ok() && nfds == 1 {
+            if mirrors_addrs(local, peer, fds[0]) {
+                Ok(())
+            } else {
+                Err("pairing refused: not the mirror socket")
+            }
+        } else {
+            Err("pairing refused")
+        };
+        for f in fds.iter().take(nfds) {
+            close_fd(*f);
+        }
+        close_fd(uconn);
+        self.finish(p, outcome);
+    }
+
+    /// Where the peer's sends moved from the kernel to the ring, in the stream this end
+    /// reads ([`NOT_SWITCHED`] before): believed only once this end's pairing proved the
+    /// peer. The mapping went to whoever held the rendezvous name, and only the Ack shows
+    /// that it holds the mirror socket; a peer acks before it switches, so a switch that
+    /// shows before this end's pairing ended is settled here by reading the Ack (waiting
+    /// for a thread that is pairing meanwhile).
+    pub(super) fn rx_switch_at(&self) -> u64 {
+        let Some(s) = self.shared.get() else {
+            return NOT_SWITCHED;
+        };
+        let sw = s.switch_at(self.rx_dir()).load(Ordering::SeqCst);
+        if sw == NOT_SWITCHED || self.peer_ready.load(Ordering::Acquire) {
+            return sw;
+        }
+        if !self.pairing_done.load(Ordering::Acquire) {
+            let mut p = self.pairing.lock().unwrap_or_else(|e| e.into_inner());
+            if let Pairing::ServerWaiting { uconn, local, peer } = *p {
+                let _keep = sys::SavedErrno::save();
+                self.take_ack(&mut p, uconn, local, peer);
+            }
+        }
+        if self.peer_ready.load(Ordering::Acquire) {
+            sw
+        } else {
+            NOT_SWITCHED
         }
     }
 
@@ -270,13 +314,16 @@ impl Conn {
 
 /// Whether the socket `theirs` (received from the peer) is the mirror image of `ours`.
 pub(super) fn mirrors(ours: c_int, theirs: c_int) -> bool {
-    match (
-        sys::local_addr(ours),
-        sys::peer_addr(ours),
-        sys::local_addr(theirs),
-        sys::peer_addr(theirs),
-    ) {
-        (Some(a), Some(b), Some(c), Some(d)) => is_mirror(a, b, c, d),
+    match (sys::local_addr(ours), sys::peer_addr(ours)) {
+        (Some(a), Some(b)) => mirrors_addrs(a, b, theirs),
+        _ => false,
+    }
+}
+
+/// Whether the socket `theirs` is the mirror image of a socket from `local` to `peer`.
+fn mirrors_addrs(local: std::net::SocketAddr, peer: std::net::SocketAddr, theirs: c_int) -> bool {
+    match (sys::local_addr(theirs), sys::peer_addr(theirs)) {
+        (Some(c), Some(d)) => is_mirror(local, peer, c, d),
         _ => false,
     }
 }

@@ -100,9 +100,7 @@ impl Conn {
                 }
             }
             let s = self.shared.get();
-            let sw = s
-                .map(|s| s.switch_at(rx).load(Ordering::Acquire))
-                .unwrap_or(NOT_SWITCHED);
+            let sw = self.rx_switch_at();
             if sw == NOT_SWITCHED || *consumed < sw {
                 // Before the writer's switch: kernel bytes are data, up to the switch.
                 let limit = if sw == NOT_SWITCHED {
@@ -122,7 +120,7 @@ impl Conn {
                     {
                         s.reader_sleeping(rx).store(1, Ordering::SeqCst);
                         fence(Ordering::SeqCst);
-                        if s.switch_at(rx).load(Ordering::SeqCst) != NOT_SWITCHED {
+                        if self.rx_switch_at() != NOT_SWITCHED {
                             s.reader_sleeping(rx).store(0, Ordering::Relaxed);
                             continue;
                         }
@@ -148,18 +146,14 @@ impl Conn {
                     }
                     // End of stream by the kernel: the peer may have moved to the ring
                     // and closed after writing there.
-                    let now = s
-                        .map(|s| s.switch_at(rx).load(Ordering::Acquire))
-                        .unwrap_or(NOT_SWITCHED);
+                    let now = self.rx_switch_at();
                     if now != NOT_SWITCHED && *consumed >= now {
                         self.eof.store(true, Ordering::Release);
                         continue;
                     }
                     return got as isize;
                 }
-                let sw2 = s
-                    .map(|s| s.switch_at(rx).load(Ordering::Acquire))
-                    .unwrap_or(NOT_SWITCHED);
+                let sw2 = self.rx_switch_at();
                 let Ok(data) = kernel_share(*consumed, sw2, n as u64) else {
                     set_errno(libc::EPROTO);
                     return -1;
