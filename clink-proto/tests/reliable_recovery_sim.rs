@@ -927,6 +927,51 @@ fn a_goodbye_carries_the_ack_even_when_the_ack_datagram_was_lost() {
 }
 
 #[test]
+fn a_goodbye_resent_after_its_first_copy_was_lost_carries_the_ack_too() {
+    // As above, and the goodbye's first copy (which carried the ack) is lost too: the copy
+    // `b` resends must carry the ack again, or `a` learns of the goodbye first.
+    let (mut a, mut b, mut now) = warmed_pair();
+    while a.poll_event().is_some() {} // the warm-up's ack
+    a.send(1, b"the last message").unwrap();
+    for d in transmit_all(&mut a, now) {
+        b.handle_datagram(now + OWD, &d).unwrap();
+    }
+    now += OWD;
+    assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    assert_eq!(transmit_all(&mut b, now).len(), 1, "the ack datagram, lost");
+    b.ack_with_next_data();
+    b.send(2, b"goodbye").unwrap();
+    assert_eq!(
+        transmit_all(&mut b, now).len(),
+        1,
+        "the goodbye with the ack, lost"
+    );
+    let mut resent = Vec::new();
+    for _ in 0..8 {
+        now = b.poll_timeout().expect("a timer for the goodbye in flight");
+        b.handle_timeout(now);
+        resent = transmit_all(&mut b, now);
+        if !resent.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(resent.len(), 1, "the goodbye resent, alone");
+    a.handle_datagram(now + OWD, &resent[0]).unwrap();
+    let mut acked = false;
+    loop {
+        match a.poll_event() {
+            Some(Event::Acked(_)) => acked = true,
+            Some(Event::Message { .. }) => break,
+            e => panic!("{e:?}"),
+        }
+    }
+    assert!(
+        acked,
+        "the goodbye arrived before the ack of the last message"
+    );
+}
+
+#[test]
 fn acks_late_by_a_standing_queue_teach_the_timer() {
     // Every ack comes back 5 ms late (queued behind another stream's burst at a shaped
     // link), a single packet in flight at a time. The first exchanges are probed and

@@ -184,8 +184,9 @@ impl Conn {
                 self.rto_deadline = Some(now + self.rto());
             }
             self.arm_tail_probe(now);
+            let resend = self.sent[idx].tx_count > 1;
             let piggy = match self.sent[idx].item {
-                Item::Msg(_) => self.take_piggy(now, self.sent[idx].len as usize),
+                Item::Msg(_) => self.take_piggy(now, self.sent[idx].len as usize, resend),
                 Item::Bulk { .. } => None,
             };
             let s = &self.sent[idx];
@@ -364,11 +365,19 @@ impl Conn {
         .encode(buf)
     }
 
-    /// An ack for a data datagram of `len` payload bytes to carry, when one is due and
-    /// needs no ranges (nothing received out of order) and the datagram has room: it
-    /// then counts as sent (no ack datagram of its own follows).
-    pub(super) fn take_piggy(&mut self, now: u64, len: usize) -> Option<packet::Piggy> {
-        let due = self.ack_now || self.ack_deadline.is_some();
+    /// An ack for a data datagram of `len` payload bytes to carry, when one is due (or
+    /// the datagram is a `resend`) and needs no ranges (nothing received out of order) and
+    /// the datagram has room: it then counts as sent (no ack datagram of its own follows).
+    /// A resent copy carries the ack again: the lost first copy may have carried the only
+    /// one, and a message that must imply the ack before it (a goodbye, see
+    /// [`Conn::ack_with_next_data`]) must imply it in every copy.
+    pub(super) fn take_piggy(
+        &mut self,
+        now: u64,
+        len: usize,
+        resend: bool,
+    ) -> Option<packet::Piggy> {
+        let due = resend || self.ack_now || self.ack_deadline.is_some();
         if !due
             || self.rcv_highest > self.rcv_next
             || len + packet::PIGGY_LEN > self.cfg.mtu_payload
