@@ -531,19 +531,31 @@ fn expect_match(p: Placement, client: &std::path::Path, port: &str, stats: &std:
     expect_output(p, client, port, stats, "match");
 }
 
-const SLOW_SERVER: &str = r#"
-import socket, sys, time
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-c, _ = s.accept()
+/// A Python server that accepts one connection on the port of its first argument (as `c`)
+/// and then runs `body` (which imports what else it uses).
+macro_rules! python_one_client_server {
+    ($body:literal) => {
+        concat!(
+            "import socket, sys\n",
+            "s = socket.socket()\n",
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n",
+            "s.bind((\"127.0.0.1\", int(sys.argv[1])))\n",
+            "s.listen()\n",
+            "c, _ = s.accept()\n",
+            $body
+        )
+    };
+}
+
+const SLOW_SERVER: &str = python_one_client_server!(
+    r#"import time
 # Well past the switch: the kernel socket then holds nothing unread, so the server's
 # death sends a FIN, not a reset, and the client must draw the reset itself.
 c.recv(8 << 20, socket.MSG_WAITALL)
 print("read", flush=True)
 time.sleep(600)
-"#;
+"#
+);
 
 const PUSHING_CLIENT: &str = r#"
 import socket, sys
@@ -614,19 +626,15 @@ fn a_killed_server_gives_its_client_the_error_kernel_tcp_gives() {
     }
 }
 
-const UNREAD_CLOSING_SERVER: &str = r#"
-import socket, sys, select
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-c, _ = s.accept()
+const UNREAD_CLOSING_SERVER: &str = python_one_client_server!(
+    r#"import select
 c.recv(1 << 20, socket.MSG_WAITALL)  # well past the switch
 c.sendall(b"k")
 select.select([c], [], [], 30)  # more has come: closed unread
 c.close()
 print("closed", flush=True)
-"#;
+"#
+);
 
 const RESET_CLIENT: &str = r#"
 import socket, sys
@@ -654,13 +662,8 @@ fn a_server_closing_with_bytes_unread_resets_its_client_as_kernel_tcp_does() {
     );
 }
 
-const PASSING_SERVER: &str = r#"
-import socket, sys, hashlib
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-c, _ = s.accept()
+const PASSING_SERVER: &str = python_one_client_server!(
+    r#"import hashlib
 head = c.recv(1000, socket.MSG_WAITALL)
 c.send(b"g")
 head += c.recv(1000, socket.MSG_WAITALL)
@@ -670,7 +673,8 @@ socket.send_fds(u, [b"x"], [c.fileno()])
 c.close()
 u.recv(1)
 print(hashlib.sha256(head).hexdigest(), flush=True)
-"#;
+"#
+);
 
 const RECEIVING_HELPER: &str = r#"
 import socket, sys, hashlib, os

@@ -492,34 +492,38 @@ impl Conn {
     /// Before the descriptor closes: reads the wake-up bytes still queued, which would
     /// make the kernel answer the close with a reset instead of an orderly end. When it
     /// is the connection's last descriptor in this process (`last`, asked only then) and
-    /// bytes the peer wrote lie unread in the ring, asks the kernel for the reset it
+    /// bytes the peer wrote lie unread (in the ring, or kept aside from the kernel after
+    /// the peer went back to it), asks the kernel for the reset it
     /// answers a close with when its own buffer holds unread bytes (a linger of zero
     /// seconds): the peer then reads ECONNRESET after what it had, as over kernel TCP.
     pub fn before_close(&self, fd: c_int, last: impl FnOnce() -> bool) {
         if !self.rx_in_ring() {
-            return; // unread bytes are in the kernel's buffer: it decides
+            // Unread bytes are in the kernel's buffer (a reader goes back to the kernel
+            // only once it has taken what was kept aside): it decides.
+            return;
         }
         let _keep = sys::SavedErrno::save();
         if !self.eof.load(Ordering::Acquire) {
             self.drain(fd);
         }
-        if self.unread() && last() {
+        let in_ring = self
+            .shared
+            .get()
+            .is_some_and(|s| s.readable(self.rx_dir()).is_ok_and(|n| n > 0));
+        if (in_ring || self.carry_pending()) && last() {
             sys::reset_on_close(fd);
         }
     }
 
-    /// Whether bytes the peer wrote wait unread: in the ring, or read off the kernel with
-    /// wake-up bytes and kept.
-    fn unread(&self) -> bool {
-        self.shared
-            .get()
-            .is_some_and(|s| s.readable(self.rx_dir()).is_ok_and(|n| n > 0))
-            || (self.carried.load(Ordering::Acquire)
-                && !self
-                    .carry
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_empty())
+    /// Whether bytes read off the kernel with wake-up bytes and kept (the writer went back
+    /// to the kernel) wait to be read.
+    fn carry_pending(&self) -> bool {
+        self.carried.load(Ordering::Acquire)
+            && !self
+                .carry
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
     }
 
     /// Bytes a FIONREAD would report, when the ring decides it.

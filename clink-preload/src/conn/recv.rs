@@ -281,14 +281,7 @@ impl Conn {
                 if self.eof.load(Ordering::Acquire) || self.err.load(Ordering::Acquire) != 0 {
                     continue; // recheck the ring: data written before the close comes first
                 }
-                if s.readable(rx).map(|n| n > 0).unwrap_or(true)
-                    || self.carried.load(Ordering::Acquire)
-                        && !self
-                            .carry
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .is_empty()
-                {
+                if s.readable(rx).map(|n| n > 0).unwrap_or(true) || self.carry_pending() {
                     continue;
                 }
                 if s.unswitch_at(rx).load(Ordering::Acquire) != NOT_SWITCHED {
