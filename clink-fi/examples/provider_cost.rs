@@ -1,5 +1,6 @@
 //! CPU cost of one 8-byte hop through the provider, without the cross-core transfer: two
-//! endpoints of one domain on one host (shared memory), driven alternately by one thread
+//! endpoints on one host (shared memory), each in a domain of its own with the threading
+//! Open MPI asks for (`FI_THREAD_DOMAIN`), driven alternately by one thread
 //! through the provider's libfabric tables, as a libfabric program (or Open MPI's `mtl
 //! ofi`) drives them: a tagged receive posted, the send, and completion-queue reads until
 //! the receive's completion. Three ways of sending: `fi_tinject` (no completion: what Open
@@ -13,7 +14,7 @@
 use clink_fi::abi::*;
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 fn check(r: i32, what: &str) -> Result<(), String> {
@@ -32,7 +33,10 @@ struct Pair {
     addrs: [u64; 2],
 }
 
-/// Opens the provider's objects and inserts both names into one table.
+/// Opens the provider's objects: a domain per endpoint (with `FI_THREAD_DOMAIN`, the model
+/// Open MPI asks for, a domain's objects are driven by one thread at a time, and making
+/// the connection needs both endpoints driven at once), each with its completion queue
+/// and an address vector holding both names.
 unsafe fn open() -> Result<Pair, String> {
     // SAFETY: the provider's entry points called as libfabric calls them, with objects it
     // returned; every pointer passed is live for the call.
@@ -44,56 +48,69 @@ unsafe fn open() -> Result<Pair, String> {
             (prov.getinfo)(v, null(), null(), 0, null(), &mut info),
             "getinfo",
         )?;
+        if (*(*info).domain_attr).threading != FI_THREAD_DOMAIN {
+            return Err("the provider's default is not FI_THREAD_DOMAIN".into());
+        }
         let mut fabric: *mut fid_fabric = null_mut();
         check(
             (prov.fabric)((*info).fabric_attr, &mut fabric, null_mut()),
             "fabric",
         )?;
-        let mut domain: *mut fid_domain = null_mut();
-        let dops = |f: *mut fid_fabric| &*(*f).ops;
-        check(
-            (dops(fabric).domain)(fabric, info, &mut domain, null_mut()),
-            "domain",
-        )?;
-        let ops = &*(*domain).ops;
-        let mut cq_attr: fi_cq_attr = std::mem::zeroed();
-        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        let mut eps = [null_mut(); 2];
         let mut cqs = [null_mut(); 2];
-        for cq in &mut cqs {
+        let mut avs = [null_mut(); 2];
+        let mut names = Vec::new();
+        for i in 0..2 {
+            let mut domain: *mut fid_domain = null_mut();
+            let dops = |f: *mut fid_fabric| &*(*f).ops;
             check(
-                (ops.cq_open)(domain, &mut cq_attr, cq, null_mut()),
+                (dops(fabric).domain)(fabric, info, &mut domain, null_mut()),
+                "domain",
+            )?;
+            let ops = &*(*domain).ops;
+            let mut cq_attr: fi_cq_attr = std::mem::zeroed();
+            cq_attr.format = FI_CQ_FORMAT_TAGGED;
+            check(
+                (ops.cq_open)(domain, &mut cq_attr, &mut cqs[i], null_mut()),
                 "cq_open",
             )?;
-        }
-        let mut av: *mut fid_av = null_mut();
-        let mut av_attr: fi_av_attr = std::mem::zeroed();
-        av_attr.type_ = FI_AV_TABLE;
-        check(
-            (ops.av_open)(domain, &mut av_attr, &mut av, null_mut()),
-            "av_open",
-        )?;
-        let mut eps = [null_mut(); 2];
-        let mut names = Vec::new();
-        for (i, ep) in eps.iter_mut().enumerate() {
-            check((ops.endpoint)(domain, info, ep, null_mut()), "endpoint")?;
-            let f = &mut (**ep).fid;
-            check(((*f.ops).bind)(f, &mut (*av).fid, 0), "bind av")?;
+            let mut av_attr: fi_av_attr = std::mem::zeroed();
+            av_attr.type_ = FI_AV_TABLE;
+            check(
+                (ops.av_open)(domain, &mut av_attr, &mut avs[i], null_mut()),
+                "av_open",
+            )?;
+            check(
+                (ops.endpoint)(domain, info, &mut eps[i], null_mut()),
+                "endpoint",
+            )?;
+            let f = &mut (*eps[i]).fid;
+            check(((*f.ops).bind)(f, &mut (*avs[i]).fid, 0), "bind av")?;
             let cq = &mut (*cqs[i]).fid;
             check(((*f.ops).bind)(f, cq, FI_TRANSMIT | FI_RECV), "bind cq")?;
             check(((*f.ops).control)(f, FI_ENABLE, null_mut()), "enable")?;
             let mut name = [0u8; 64];
             let mut len = name.len();
-            let r = ((*(**ep).cm).getname)(f, name.as_mut_ptr() as *mut c_void, &mut len);
+            let r = ((*(*eps[i]).cm).getname)(f, name.as_mut_ptr() as *mut c_void, &mut len);
             check(r, "getname")?;
             names.extend_from_slice(&name[..len]);
         }
-        let mut addrs = [0u64; 2];
+        let mut addrs = [[0u64; 2]; 2];
         let blob = names.as_ptr() as *const c_void;
-        let r = ((*(*av).ops).insert)(av, blob, 2, addrs.as_mut_ptr(), 0, null_mut());
-        if r != 2 {
-            return Err(format!("av insert: {r}"));
+        for (av, a) in avs.iter().zip(&mut addrs) {
+            let r = ((*(**av).ops).insert)(*av, blob, 2, a.as_mut_ptr(), 0, null_mut());
+            if r != 2 {
+                return Err(format!("av insert: {r}"));
+            }
         }
-        Ok(Pair { eps, cqs, addrs })
+        if addrs[0] != addrs[1] {
+            return Err("the two vectors numbered the names differently".into());
+        }
+        Ok(Pair {
+            eps,
+            cqs,
+            addrs: addrs[0],
+        })
     }
 }
 
@@ -112,59 +129,59 @@ unsafe fn completion(cq: *mut fid_cq) -> Result<fi_cq_tagged_entry, String> {
     }
 }
 
-/// A call that answers `-FI_EAGAIN` until the two endpoints are connected, retried.
-fn retried(mut call: impl FnMut() -> isize, what: &str) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match call() {
-            0 => return Ok(()),
-            r if r == -(FI_EAGAIN as isize) && Instant::now() < deadline => {
-                std::thread::yield_now()
-            }
-            r => return Err(format!("{what}: {r}")),
-        }
-    }
-}
+/// An endpoint and its queue, for the thread that drives them while the pair connects.
+struct Side(*mut fid_ep, *mut fid_cq);
+// SAFETY: each side's objects (a domain of their own) are used by one thread at a time.
+unsafe impl Send for Side {}
 
-/// A queue pointer for the thread that drives it while the endpoints connect.
-struct Queue(*mut fid_cq);
-// SAFETY: the provider's objects are thread-safe (FI_THREAD_SAFE).
-unsafe impl Send for Queue {}
-
-/// Connects the pair: one message each way, each queue read by a thread of its own
-/// meanwhile (the connecting endpoint waits for the other's progress).
+/// Connects the pair: one message each way, each side driven by a thread of its own
+/// (the connecting endpoint waits for the other's progress), which injects its message
+/// (retried while the connection is not there) and reads its queue until both are sent.
 unsafe fn connect(p: &Pair) -> Result<(), String> {
-    let stop = AtomicBool::new(false);
+    let sent = AtomicUsize::new(0);
     std::thread::scope(|s| {
-        for &cq in &p.cqs {
-            let q = Queue(cq);
-            let stop = &stop;
-            s.spawn(move || {
-                let q = q;
-                // SAFETY: a plain C struct, all zeroes a valid value.
-                let mut e: fi_cq_tagged_entry = unsafe { std::mem::zeroed() };
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: an open queue, room for one entry.
-                    unsafe { ((*(*q.0).ops).read)(q.0, &mut e as *mut _ as *mut c_void, 1) };
-                    std::thread::yield_now();
-                }
-            });
-        }
-        let msg = [0u8; 8];
-        let res = (|| -> Result<(), String> {
-            for (from, to) in [(0, 1), (1, 0)] {
-                let ep = p.eps[from];
-                // SAFETY: an open endpoint; `msg` is copied by the inject.
-                let t = unsafe { &*(*ep).tagged };
-                let buf = msg.as_ptr() as *const c_void;
-                // SAFETY: as above; the inject copies the 8 bytes before it returns.
-                let inject = || unsafe { (t.inject)(ep, buf, 8, p.addrs[to], 1) };
-                retried(inject, "inject")?;
-            }
-            Ok(())
-        })();
-        stop.store(true, Ordering::Relaxed);
-        res
+        let sides: Vec<_> = (0..2)
+            .map(|i| {
+                let side = Side(p.eps[i], p.cqs[i]);
+                let (to, sent) = (p.addrs[1 - i], &sent);
+                s.spawn(move || -> Result<(), String> {
+                    let side = side;
+                    let (ep, cq) = (side.0, side.1);
+                    let msg = [0u8; 8];
+                    // SAFETY: a plain C struct, all zeroes a valid value.
+                    let mut e: fi_cq_tagged_entry = unsafe { std::mem::zeroed() };
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let mut done = false;
+                    while sent.load(Ordering::Acquire) < 2 {
+                        if !done {
+                            // SAFETY: an open endpoint; the inject copies the 8 bytes.
+                            let r = unsafe {
+                                let t = &*(*ep).tagged;
+                                (t.inject)(ep, msg.as_ptr() as *const c_void, 8, to, 1)
+                            };
+                            match r {
+                                0 => {
+                                    done = true;
+                                    sent.fetch_add(1, Ordering::Release);
+                                }
+                                r if r == -(FI_EAGAIN as isize) => {}
+                                r => return Err(format!("inject: {r}")),
+                            }
+                        }
+                        if Instant::now() > deadline {
+                            return Err("never connected".into());
+                        }
+                        // SAFETY: an open queue, room for one entry.
+                        unsafe { ((*(*cq).ops).read)(cq, &mut e as *mut _ as *mut c_void, 1) };
+                        std::thread::yield_now();
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        sides
+            .into_iter()
+            .try_for_each(|h| h.join().expect("a connecting thread"))
     })?;
     // The two connecting messages, received (unexpected) now that one thread drives both.
     for (at, from) in [(1, 0), (0, 1)] {

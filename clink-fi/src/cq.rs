@@ -3,11 +3,12 @@
 
 use crate::abi::*;
 use crate::ep::EpShared;
+use crate::lock::{DomainLock, Guard};
 use crate::{fid_ops, guard, no_bind, no_control};
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A failed operation, as `fi_cq_readerr` reports it.
@@ -41,13 +42,13 @@ unsafe impl Send for Queue {}
 pub struct CqShared {
     /// Entry format (`FI_CQ_FORMAT_*`).
     format: c_int,
-    queue: Mutex<Queue>,
+    queue: DomainLock<Queue>,
     /// How many entries `queue` holds, written under its lock: a read finding nothing
     /// skips the lock (an atomic read-modify-write costs more than the rest of an idle
     /// read on the machines measured).
     queued: AtomicUsize,
     /// The endpoints bound to it (each removes itself when it closes).
-    eps: Mutex<Vec<Arc<EpShared>>>,
+    eps: DomainLock<Vec<Arc<EpShared>>>,
 }
 
 impl CqShared {
@@ -65,8 +66,8 @@ impl CqShared {
         self.queued.store(q.len(), Ordering::Release);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Guard<'_, Queue> {
+        self.queue.lock()
     }
 
     /// The oldest failure, taken.
@@ -79,7 +80,7 @@ impl CqShared {
 
     /// Registers an endpoint whose progress reading this queue drives.
     pub fn attach(&self, ep: &Arc<EpShared>) {
-        let mut eps = self.eps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut eps = self.eps.lock();
         if !eps.iter().any(|e| Arc::ptr_eq(e, ep)) {
             eps.push(ep.clone());
         }
@@ -87,17 +88,14 @@ impl CqShared {
 
     /// Forgets a closing endpoint.
     pub fn detach(&self, ep: &Arc<EpShared>) {
-        self.eps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|e| !Arc::ptr_eq(e, ep));
+        self.eps.lock().retain(|e| !Arc::ptr_eq(e, ep));
     }
 
     /// Sleeps until one of the bound endpoints may have something, at most `limit`: their
     /// file descriptors armed (`Endpoint::prepare_wait`) and polled. Returns at once when
     /// one has work already.
     fn sleep(&self, limit: Duration) {
-        let eps: Vec<Arc<EpShared>> = self.eps.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let eps: Vec<Arc<EpShared>> = self.eps.lock().clone();
         let mut fds = Vec::new();
         let mut armed = 0;
         for ep in &eps {
@@ -126,7 +124,7 @@ impl CqShared {
 
     /// Drives the endpoints, holding the list (binds and closes wait meanwhile).
     fn progress(&self) {
-        for ep in self.eps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for ep in self.eps.lock().iter() {
             ep.progress();
         }
     }
@@ -200,7 +198,7 @@ static CQ_OPS: fi_ops_cq = fi_ops_cq {
 };
 
 pub unsafe extern "C" fn cq_open(
-    _domain: *mut fid_domain,
+    domain: *mut fid_domain,
     attr: *mut fi_cq_attr,
     out: *mut *mut fid_cq,
     context: *mut c_void,
@@ -222,6 +220,12 @@ pub unsafe extern "C" fn cq_open(
                 return -FI_ENOSYS; // no file descriptor or wait set to hand out
             }
         }
+        let threading = if domain.is_null() {
+            FI_THREAD_SAFE
+        } else {
+            // SAFETY: an open domain of ours.
+            unsafe { crate::fabric::domain_ref(domain) }.threading
+        };
         let cq = Box::new(Cq {
             fid: fid_cq {
                 fid: fid {
@@ -233,9 +237,9 @@ pub unsafe extern "C" fn cq_open(
             },
             shared: Arc::new(CqShared {
                 format,
-                queue: Mutex::default(),
+                queue: DomainLock::new(threading, Queue::default()),
                 queued: AtomicUsize::new(0),
-                eps: Mutex::new(Vec::new()),
+                eps: DomainLock::new(threading, Vec::new()),
             }),
         });
         // SAFETY: `out` checked above.

@@ -152,9 +152,11 @@ unsafe fn build(h: Option<&fi_info>) -> Option<*mut fi_info> {
             .and_then(|h| h.rx_attr.as_ref())
             .map_or(0, |r| r.op_flags & FI_COMPLETION);
         let hd = h.and_then(|h| h.domain_attr.as_ref());
-        let threading = match hd.map(|d| d.threading) {
-            Some(FI_THREAD_SAFE) => FI_THREAD_SAFE,
-            _ => FI_THREAD_DOMAIN,
+        // The application serialises calls on the domain's objects unless it asks for
+        // less of itself (any finer model gets the locks of FI_THREAD_SAFE).
+        let threading = match hd.map_or(FI_THREAD_UNSPEC, |d| d.threading) {
+            FI_THREAD_UNSPEC | FI_THREAD_DOMAIN => FI_THREAD_DOMAIN,
+            _ => FI_THREAD_SAFE,
         };
         *tx = fi_tx_attr {
             caps: caps & !FI_RECV,

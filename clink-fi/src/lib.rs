@@ -26,6 +26,7 @@ mod cq;
 mod ep;
 mod fabric;
 mod info;
+mod lock;
 
 use abi::*;
 use std::ffi::{c_char, c_int, c_void};

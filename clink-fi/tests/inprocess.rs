@@ -32,6 +32,9 @@ unsafe fn setup() -> Setup {
             (prov.getinfo)(fi_version(1, 17), null(), null(), 0, null(), &mut info),
             "getinfo",
         );
+        // Each queue is read by a thread of its own while the test's thread posts: the
+        // provider, not the test, serialises the calls.
+        (*(*info).domain_attr).threading = FI_THREAD_SAFE;
         let mut fabric: *mut fid_fabric = null_mut();
         check(
             (prov.fabric)((*info).fabric_attr, &mut fabric, null_mut()),

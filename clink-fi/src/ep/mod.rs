@@ -5,6 +5,7 @@ use crate::abi::*;
 use crate::av::{table_of, AvShared};
 use crate::cq::{shared_of, CqShared, Failure};
 use crate::fabric::{domain_ref, Domain};
+use crate::lock::{DomainLock, Guard};
 use crate::{enosys, err, fid_ops, guard};
 use bytes::Bytes;
 use clink::events::{Event, PEERS, REQUESTS};
@@ -13,7 +14,7 @@ use clink_proto::addr::Address;
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod calls;
@@ -272,12 +273,12 @@ unsafe impl Send for State {}
 
 /// The part of an endpoint that completion queues drive.
 pub struct EpShared {
-    st: Mutex<State>,
+    st: DomainLock<State>,
 }
 
 impl EpShared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Guard<'_, State> {
+        self.st.lock()
     }
 
     /// Arms this endpoint's clink endpoints (its own and the one its messages to itself
