@@ -411,25 +411,55 @@ impl State {
     fn progress(&mut self) {
         self.connect_new_entries();
         // Small messages into posted receives straight off the rings, while nothing else
-        // needs a pass (clink says when one is due).
-        let mut fast = std::mem::take(&mut self.fast);
-        let enough = self.looped.is_none()
-            && self
-                .ep
-                .poll_recvs(|_, user, res| fast.push((user, res)))
-                .is_some();
-        for (user, res) in fast.drain(..) {
-            if let Some(r) = self.posted.take(user) {
-                let got = res.map(|status| {
-                    Some(clink::Received {
-                        buf: Vec::new(),
-                        status,
-                    })
-                });
-                self.finish_recv(r, got);
+        // needs a pass (clink says when one is due). A completion into one buffer from a
+        // peer whose address is known is reported on the spot; the others (a scatter, an
+        // error, a first message) after the poll.
+        let enough = self.looped.is_none() && {
+            let State {
+                ep,
+                posted,
+                rx_cq,
+                sources,
+                msg,
+                fast,
+                ..
+            } = self;
+            ep.poll_recvs(|_, user, res| {
+                let known = |st: &clink::Status| {
+                    let a = sources.get(st.peer.0 as usize).copied();
+                    a.filter(|&a| a != FI_ADDR_NOTAVAIL)
+                };
+                match (&res, posted.get(user), rx_cq.as_deref()) {
+                    (Ok(st), Some(r), Some(cq)) if matches!(r.dest, Dest::Direct { .. }) => {
+                        if let Some(src) = known(st) {
+                            let r = posted.take(user).expect("looked at");
+                            let full = st.len as usize;
+                            let e = tagged_entry(*msg, r.ctx, RX, full, r.dest.first(), st.tag);
+                            report_received(cq, e, full, r.report, src);
+                            return;
+                        }
+                    }
+                    _ => {}
+                }
+                fast.push((user, res));
+            })
+            .is_some()
+        };
+        if !self.fast.is_empty() {
+            let mut fast = std::mem::take(&mut self.fast);
+            for (user, res) in fast.drain(..) {
+                if let Some(r) = self.posted.take(user) {
+                    let got = res.map(|status| {
+                        Some(clink::Received {
+                            buf: Vec::new(),
+                            status,
+                        })
+                    });
+                    self.finish_recv(r, got);
+                }
             }
+            self.fast = fast;
         }
-        self.fast = fast;
         if enough {
             return;
         }
