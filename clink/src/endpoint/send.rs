@@ -246,7 +246,9 @@ impl Endpoint {
         let need = EAGER_HEADER + len;
         self.wait_until(timeout, |ep| {
             let p = &mut ep.peers[i];
-            !p.alive || (p.txq.is_empty() && p.link.shm_mut().is_some_and(|s| s.tx.arm_wait(need)))
+            // Armed (for the sleep) only when the record does not fit.
+            let fits = |s: &mut ShmPeer| s.tx.has_room(need) || s.tx.arm_wait(need);
+            !p.alive || (p.txq.is_empty() && p.link.shm_mut().is_some_and(fits))
         })?;
         let p = &mut self.peers[i];
         if !p.alive {
