@@ -174,10 +174,11 @@ impl Endpoint {
     /// ([`Endpoint::irecv_raw`], `irecv_raw_user`), `done(request id, its user word,
     /// outcome)` is called and the request is
     /// gone (no event, nothing to finish); a receive into an owned buffer completes as in
-    /// a progress pass. Returns how many `done` was called for, or `None` when a progress
-    /// pass is due instead: anything else at a ring's head, a network peer, a send or a
-    /// handshake in flight, or every 64th call (liveness, timers). Completions reported
-    /// before a `None` stand.
+    /// a progress pass. A small message no posted receive wants is copied aside as
+    /// unexpected (a receive posted later takes it from there). Returns how many `done`
+    /// was called for, or `None` when a progress pass is due instead: anything else at a
+    /// ring's head, a network peer, a send or a handshake in flight, or every 64th call
+    /// (liveness, timers). Completions reported before a `None` stand.
     pub fn poll_recvs(&mut self, mut done: impl FnMut(u64, u64, Result<Status>)) -> Option<usize> {
         self.fast_polls = self.fast_polls.wrapping_add(1);
         if self.fast_polls.is_multiple_of(64)
@@ -199,9 +200,17 @@ impl Endpoint {
                     Err(()) => return None,
                 };
                 let src = PeerId(i as u32);
-                // A message no posted receive wants: the progress pass decides (it stays
-                // at the head, or is copied aside).
-                let rid = self.matcher.take_posted(src, tag)?;
+                let Some(rid) = self.matcher.take_posted(src, tag) else {
+                    // No posted receive wants it: copied aside as unexpected, which a pass
+                    // would do too once nothing else moves (a caller that polls its
+                    // requests posts receives only after such reads), without the pass.
+                    let item = Arrived::Eager(data.to_vec());
+                    self.announce(i, tag);
+                    self.stats.unexpected += 1;
+                    self.matcher.push_unexpected(src, tag, item);
+                    self.release_frame(i, rec);
+                    continue;
+                };
                 let op = self.req.recvs.get_mut(&rid)?;
                 let result = copy_eager(src, tag, data, op.buf.slice());
                 let report = if matches!(op.buf, RecvBuf::Owned(_)) {
@@ -553,8 +562,8 @@ mod tests {
     }
 
     /// A small message into a receive in caller memory completes from the ring with no
-    /// event and leaves nothing to finish; a receive into an owned buffer, and a message
-    /// no receive wants, are left to the progress pass.
+    /// event and leaves nothing to finish; a receive into an owned buffer is left to the
+    /// progress pass's event; messages no receive wants are copied aside, in order.
     #[test]
     fn poll_recvs_completes_receives_in_caller_memory_and_leaves_the_rest() {
         let ((mut a, pa), (mut b, pb)) = pair();
@@ -601,12 +610,34 @@ mod tests {
         let got = b.finish_recv(&owned).unwrap().unwrap();
         assert_eq!(&got.buf, b"owned");
 
-        // Nothing wants tag 9: the pass decides, and the receive posted later gets it.
+        // Nothing wants tag 9: both messages are copied aside, and receives posted later
+        // get them in the order they came; a message behind them still reaches its
+        // posted receive in the same poll.
+        let buf = Dst::from_static(Box::leak(Box::new([0u8; 16])));
+        let behind = b.post_recv(
+            Selector::exact(Some(pb), 10),
+            RecvBuf::InPlace(buf.clone()),
+            5,
+        );
         a.send(pa, 9, b"later").unwrap();
-        assert_eq!(b.poll_recvs(|_, _, _| panic!("no receive wants it")), None);
-        let mut late = [0u8; 8];
-        let st = b.recv(Selector::exact(Some(pb), 9), &mut late).unwrap();
-        assert_eq!(&late[..st.len as usize], b"later");
+        a.send(pa, 9, b"latest").unwrap();
+        a.send(pa, 10, b"behind").unwrap();
+        let mut done = Vec::new();
+        assert_eq!(
+            b.poll_recvs(|id, user, r| done.push((id, user, r.map(|s| s.len)))),
+            Some(1)
+        );
+        assert!(
+            matches!(done[..], [(id, 5, Ok(6))] if id == behind.id()),
+            "{done:?}"
+        );
+        assert_eq!(buf.range(0, 6), Some(&b"behind"[..]));
+        assert_eq!(b.unexpected_count(), 2);
+        for want in [&b"later"[..], b"latest"] {
+            let mut late = [0u8; 8];
+            let st = b.recv(Selector::exact(Some(pb), 9), &mut late).unwrap();
+            assert_eq!(&late[..st.len as usize], want);
+        }
         assert_eq!(b.req.watching(), 0);
     }
 
