@@ -79,20 +79,32 @@ enum Data<'a> {
 }
 
 /// Where a receive's bytes go.
-#[derive(Clone)]
 enum Dest {
     /// Straight into one caller buffer.
     Direct { buf: *mut u8, cap: usize },
     /// Into a buffer of the provider's (a posted receive's `staging`, a claim's), then
-    /// scattered over the caller's iovecs.
-    Scatter(Vec<(*mut u8, usize)>),
+    /// scattered over the caller's iovecs (boxed: the common receive stays small to move).
+    Scatter(Box<Scattered>),
+}
+
+/// The caller's iovecs of a receive into several buffers.
+struct Scattered {
+    iovs: Vec<(*mut u8, usize)>,
+    /// Where a posted receive's message lands before it is scattered (empty for a claim,
+    /// whose message is in the provider's buffer).
+    staging: Vec<u8>,
 }
 
 impl Dest {
+    fn scatter_over(iovs: Vec<(*mut u8, usize)>, staging: Vec<u8>) -> Dest {
+        Dest::Scatter(Box::new(Scattered { iovs, staging }))
+    }
+
     fn first(&self) -> *mut c_void {
         match self {
             Dest::Direct { buf, .. } => *buf as *mut c_void,
-            Dest::Scatter(v) => v
+            Dest::Scatter(s) => s
+                .iovs
                 .first()
                 .map_or(std::ptr::null_mut(), |s| s.0 as *mut c_void),
         }
@@ -101,8 +113,8 @@ impl Dest {
     /// Copies `data` over the iovecs; returns how much fitted.
     unsafe fn scatter(&self, data: &[u8]) -> usize {
         let mut off = 0;
-        if let Dest::Scatter(v) = self {
-            for &(p, n) in v {
+        if let Dest::Scatter(s) = self {
+            for &(p, n) in &s.iovs {
                 let k = n.min(data.len() - off);
                 // SAFETY: the caller's iovec of `n` bytes.
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), p, k) };
@@ -119,10 +131,10 @@ struct PostedRecv {
     ctx: *mut c_void,
     dest: Dest,
     report: bool,
-    sel: Selector,
-    /// Where a receive into several buffers lands before it is scattered (empty for one
-    /// buffer: the message lands there).
-    staging: Vec<u8>,
+    /// The receive's tag, and whether it wants that tag exactly (no ignored bits): what a
+    /// failure reports.
+    tag: u64,
+    exact: bool,
 }
 
 /// The posted receives, by the word clink keeps for each
@@ -555,8 +567,8 @@ impl State {
                 let full = got.status.len as usize;
                 let len = match &r.dest {
                     // SAFETY: the caller's iovecs, valid until this completion.
-                    Dest::Scatter(_) => unsafe {
-                        r.dest.scatter(&r.staging[..full.min(r.staging.len())])
+                    Dest::Scatter(s) => unsafe {
+                        r.dest.scatter(&s.staging[..full.min(s.staging.len())])
                     },
                     Dest::Direct { .. } => full,
                 };
@@ -568,7 +580,7 @@ impl State {
             }
             Ok(None) => {}
             Err(Error::Truncated { len, capacity }) => {
-                let tag = if r.sel.mask == u64::MAX { r.sel.tag } else { 0 };
+                let tag = if r.exact { r.tag } else { 0 };
                 if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
                         entry: tagged_entry(
@@ -593,7 +605,7 @@ impl State {
                 };
                 if let Some(cq) = &self.rx_cq {
                     cq.fail(Failure {
-                        entry: tagged_entry(self.msg, r.ctx, RX, 0, r.dest.first(), r.sel.tag),
+                        entry: tagged_entry(self.msg, r.ctx, RX, 0, r.dest.first(), r.tag),
                         olen: 0,
                         err,
                     });
@@ -781,13 +793,13 @@ impl State {
             }
         };
         let report = flags & FI_COMPLETION != 0 || !self.rx_selective;
-        let dest = if iov.len() == 1 {
+        let mut dest = if iov.len() == 1 {
             Dest::Direct {
                 buf: iov[0].0,
                 cap: iov[0].1,
             }
         } else {
-            Dest::Scatter(iov.to_vec())
+            Dest::scatter_over(iov.to_vec(), Vec::new())
         };
         if flags & FI_PEEK != 0 {
             return self.peek(sel, ctx, flags);
@@ -807,14 +819,13 @@ impl State {
             return 0;
         }
         let waiting = self.ep.unexpected_count() != 0;
-        let mut staging = match &dest {
-            Dest::Scatter(v) => vec![0; v.iter().map(|s| s.1).sum()],
-            Dest::Direct { .. } => Vec::new(),
-        };
-        let (buf, cap) = match &dest {
+        let (buf, cap) = match &mut dest {
             Dest::Direct { buf, cap } => (*buf, *cap),
-            // The vector's memory stays put when it moves into the receive below.
-            Dest::Scatter(_) => (staging.as_mut_ptr(), staging.len()),
+            // The vector's memory stays put when the receive moves.
+            Dest::Scatter(s) => {
+                s.staging = vec![0; s.iovs.iter().map(|v| v.1).sum()];
+                (s.staging.as_mut_ptr(), s.staging.len())
+            }
         };
         let user = self.posted.reserve();
         // SAFETY: libfabric's contract keeps a caller buffer valid until the completion;
@@ -825,8 +836,8 @@ impl State {
             ctx,
             dest,
             report,
-            sel,
-            staging,
+            tag: sel.tag,
+            exact: sel.mask == u64::MAX,
         };
         // A message that had arrived (unexpected) completes the receive at once: its
         // completion is queued now rather than after the next pass's event.
@@ -873,7 +884,7 @@ impl State {
                     done: None,
                     target: (flags & FI_CLAIM == 0).then_some(ClaimTarget {
                         ctx,
-                        dest: Dest::Scatter(Vec::new()),
+                        dest: Dest::scatter_over(Vec::new(), Vec::new()),
                         discard: true,
                         report: false,
                     }),

@@ -121,10 +121,18 @@ impl State {
 
     /// Where address-vector entry `dest` leads: to a connection (ours if we connect, else
     /// the one the peer made: `FI_EAGAIN` until it has) or to this endpoint itself.
+    #[inline]
     pub(super) fn target(&mut self, dest: u64) -> Result<Target, c_int> {
         if let Some(&Some(p)) = self.routes.get(dest as usize) {
             return Ok(p);
         }
+        self.first_target(dest)
+    }
+
+    /// [`State::target`] of an address not used before (out of line: the data path's
+    /// call stays a look-up, without this one's frame).
+    #[inline(never)]
+    fn first_target(&mut self, dest: u64) -> Result<Target, c_int> {
         let t = self.route(dest)?;
         // Addresses are never reused (the vector only grows), so the answer stays right;
         // `route` found `dest` in the vector, so the table is no longer than it.
@@ -136,8 +144,7 @@ impl State {
         Ok(t)
     }
 
-    /// The first use of an address (out of line: the data path finds it in `routes`).
-    #[inline(never)]
+    /// The first use of an address.
     pub(super) fn route(&mut self, dest: u64) -> Result<Target, c_int> {
         let entry = {
             let av = self.av.as_ref().ok_or(FI_EINVAL)?;
