@@ -62,3 +62,32 @@ pub fn execve(
     // SAFETY: the caller's arguments, forwarded.
     unsafe { real::execve(path, argv, envp) }
 }
+
+/// The list forms of exec, exported as the C library's names: each jumps, with the
+/// caller's registers and stack untouched, to its C implementation in `csrc/exec_list.c`,
+/// which builds the argument vector and calls the vector form this library wraps. The C
+/// library's own list forms call its internal execve, which no wrapper sees.
+macro_rules! list_exec {
+    ($( $name:ident => $imp:ident; )*) => {
+        extern "C" {
+            $( fn $imp(); )*
+        }
+        $(
+            #[unsafe(naked)]
+            #[no_mangle]
+            pub unsafe extern "C" fn $name() {
+                #[cfg(target_arch = "x86_64")]
+                core::arch::naked_asm!("jmp {}", sym $imp);
+                #[cfg(target_arch = "aarch64")]
+                core::arch::naked_asm!("b {}", sym $imp);
+            }
+        )*
+    };
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+list_exec! {
+    execl => clink_preload_execl;
+    execlp => clink_preload_execlp;
+    execle => clink_preload_execle;
+}
