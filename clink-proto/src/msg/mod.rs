@@ -35,11 +35,13 @@
 
 mod chunker;
 mod recv;
+mod reqmap;
 mod requests;
 mod send;
 
 pub use chunker::{Chunker, NextChunk};
 pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
+pub use reqmap::ReqMap;
 pub use requests::{RecvReq, Requests, SendReq};
 pub use send::{CancelStep, SendState};
 

@@ -2,8 +2,8 @@
 //! number, which of them the application watches (their completion is reported as an
 //! event), the ones finished since the last report, and the sends nobody waits for.
 
+use super::reqmap::ReqMap;
 use super::{RecvState, SendState};
-use crate::idhash::IdMap;
 use crate::PeerId;
 
 /// A send request: to whom, with which tag, its bytes (`B`: owned or lent) and state.
@@ -38,9 +38,9 @@ pub struct RecvReq<B, E> {
 /// look up"), and are never reused.
 pub struct Requests<S, R, E> {
     /// Sends by number.
-    pub sends: IdMap<u64, SendReq<S, E>>,
+    pub sends: ReqMap<SendReq<S, E>>,
     /// Receives by number.
-    pub recvs: IdMap<u64, RecvReq<R, E>>,
+    pub recvs: ReqMap<RecvReq<R, E>>,
     /// Requests whose state became done since the last report: (is a send, number). Every
     /// place that finishes a request adds it, so a report looks at those alone.
     pub finished: Vec<(bool, u64)>,
@@ -53,8 +53,8 @@ pub struct Requests<S, R, E> {
 impl<S, R, E> Default for Requests<S, R, E> {
     fn default() -> Self {
         Requests {
-            sends: IdMap::default(),
-            recvs: IdMap::default(),
+            sends: ReqMap::default(),
+            recvs: ReqMap::default(),
             finished: Vec::new(),
             detached: Vec::new(),
             next_id: 1,

@@ -298,7 +298,7 @@ impl Endpoint {
                 }
             }
         }
-        for (&id, op) in self.req.sends.iter_mut() {
+        for (id, op) in self.req.sends.iter_mut() {
             if op.peer == peer && op.state.fail(Error::PeerDead(peer)) {
                 self.req.finished.push((true, id));
             }
