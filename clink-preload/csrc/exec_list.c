@@ -31,49 +31,40 @@ static void list_fill(const char **argv, const char *arg, va_list *ap) {
     argv[i] = NULL;
 }
 
-/* Counts the list; E2BIG for one no vector can hold (the C library's own limit). */
-#define COUNT(n, arg)                                                                       \
-    do {                                                                                   \
-        va_list ap;                                                                        \
-        va_start(ap, arg);                                                                 \
-        n = list_len(arg, &ap);                                                            \
-        va_end(ap);                                                                        \
-        if (n >= INT_MAX) {                                                                \
-            errno = E2BIG;                                                                 \
-            return -1;                                                                     \
-        }                                                                                  \
-    } while (0)
+/* Declares `argv`, the list from `arg` up to its NULL (E2BIG for one no vector can hold,
+ * the C library's own limit), and leaves `ap` open after that NULL: the caller reads what
+ * follows, if anything, and ends it. */
+#define LIST_ARGV(argv, ap, arg)                                                            \
+    size_t argc_;                                                                          \
+    va_start(ap, arg);                                                                     \
+    argc_ = list_len(arg, &ap);                                                            \
+    va_end(ap);                                                                            \
+    if (argc_ >= INT_MAX) {                                                                \
+        errno = E2BIG;                                                                     \
+        return -1;                                                                         \
+    }                                                                                      \
+    const char *argv[argc_ + 1];                                                           \
+    va_start(ap, arg);                                                                     \
+    list_fill(argv, arg, &ap)
 
 HIDDEN int clink_preload_execl(const char *path, const char *arg, ...) {
-    size_t n;
-    COUNT(n, arg);
-    const char *argv[n + 1];
     va_list ap;
-    va_start(ap, arg);
-    list_fill(argv, arg, &ap);
+    LIST_ARGV(argv, ap, arg);
     va_end(ap);
     return execv(path, (char *const *)argv);
 }
 
 HIDDEN int clink_preload_execlp(const char *file, const char *arg, ...) {
-    size_t n;
-    COUNT(n, arg);
-    const char *argv[n + 1];
     va_list ap;
-    va_start(ap, arg);
-    list_fill(argv, arg, &ap);
+    LIST_ARGV(argv, ap, arg);
     va_end(ap);
     return execvp(file, (char *const *)argv);
 }
 
 /* execle: the environment follows the list's NULL. */
 HIDDEN int clink_preload_execle(const char *path, const char *arg, ...) {
-    size_t n;
-    COUNT(n, arg);
-    const char *argv[n + 1];
     va_list ap;
-    va_start(ap, arg);
-    list_fill(argv, arg, &ap);
+    LIST_ARGV(argv, ap, arg);
     char *const *envp = va_arg(ap, char *const *);
     va_end(ap);
     return execve(path, (char *const *)argv, envp);

@@ -65,6 +65,43 @@ fn socat_carries_a_stream_byte_for_byte() {
     }
 }
 
+/// Sends `input` with socat to the server on `port`, which runs sha256sum over the
+/// connection after an exec, and checks the digest that comes back; then that the
+/// accepting end left (with both ends under the library; the connecting end may have
+/// paired before the exec, then it resends what its ring held, or not, then it never
+/// left the kernel), or that a mixed placement stayed on the kernel.
+fn digest_back_and_leave(
+    p: Placement,
+    port: u16,
+    input: &std::path::Path,
+    stats: &std::path::Path,
+    want: &str,
+    what: &str,
+) {
+    let to = format!("TCP:127.0.0.1:{port}");
+    let out = run(
+        command("socat", &["-t", "30", "-", &to], p.client, stats),
+        Some(input),
+        LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{what}: client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        got.split_whitespace().next(),
+        Some(want),
+        "{what}: wrong digest"
+    );
+    if p.server && p.client {
+        expect_left(p, stats);
+    } else {
+        check_placement(p, stats, port);
+    }
+}
+
 #[test]
 fn socat_exec_half_close_and_a_program_without_the_library() {
     let dir = Scratch::new("socat-exec");
@@ -86,30 +123,8 @@ fn socat_exec_half_close_and_a_program_without_the_library() {
         let exec = format!("EXEC:{program},nofork");
         let _server = Proc::start(command("socat", &[&listen, &exec], p.server, &stats), None);
         wait_for_listen(port);
-        let to = format!("TCP:127.0.0.1:{port}");
-        let out = run(
-            command("socat", &["-t", "30", "-", &to], p.client, &stats),
-            Some(&src),
-            LIMIT,
-        );
-        assert!(
-            out.status.success(),
-            "{p:?} {program}: client failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let got = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(
-            got.split_whitespace().next(),
-            Some(want.as_str()),
-            "{p:?} {program}: wrong digest"
-        );
-        // The accepting end leaves at the exec; the connecting end may have paired before
-        // (then it resends what its ring held) or not (then it never left the kernel).
-        if p.server && p.client {
-            expect_left(p, &stats);
-        } else {
-            check_placement(p, &stats, port);
-        }
+        let what = format!("{p:?} {program}");
+        digest_back_and_leave(p, port, &src, &stats, &want, &what);
     }
 }
 
@@ -167,31 +182,9 @@ fn a_program_run_with_execl_execlp_or_execle_gets_the_connection() {
                 None,
             );
             wait_for_listen(port);
-            let to = format!("TCP:127.0.0.1:{port}");
-            let out = run(
-                command("socat", &["-t", "30", "-", &to], p.client, &stats),
-                Some(&input),
-                LIMIT,
-            );
-            assert!(
-                out.status.success(),
-                "{p:?} {mode}: client failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let got = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(
-                got.split_whitespace().next(),
-                Some(want.as_str()),
-                "{p:?} {mode}: wrong digest"
-            );
+            digest_back_and_leave(p, port, &input, &stats, &want, &format!("{p:?} {mode}"));
             let st = server.wait_exit(LIMIT);
             assert!(st.success(), "{p:?} {mode}: the server failed: {st}");
-            // The accepting end leaves before the exec, as with execve (see the socat test).
-            if p.server && p.client {
-                expect_left(p, &stats);
-            } else {
-                check_placement(p, &stats, port);
-            }
         }
     }
 }
