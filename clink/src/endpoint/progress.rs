@@ -201,9 +201,13 @@ impl Endpoint {
     /// report (a request taken by its caller meanwhile is not reported). Out of line: most
     /// passes finish nothing.
     #[inline(never)]
-    pub(super) fn report_done(&mut self) {
+    /// Reports the watched requests that finished since the last report; true when it
+    /// queued an event.
+    pub(super) fn report_done(&mut self) -> bool {
         let evq = &mut self.evq;
+        let mut any = false;
         self.req.report(|send, req, ok| {
+            any = true;
             evq.push(
                 events::REQUESTS,
                 if send {
@@ -213,5 +217,6 @@ impl Endpoint {
                 },
             );
         });
+        any
     }
 }
