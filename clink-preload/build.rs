@@ -5,7 +5,6 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/exec_list.c");
     cc::Build::new()
         .file("csrc/exec_list.c")
-        .flag_if_supported("-fvisibility=hidden")
         .warnings(true)
         .extra_warnings(true)
         .compile("clink_exec_list");

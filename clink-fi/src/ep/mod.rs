@@ -137,6 +137,15 @@ struct PostedRecv {
     exact: bool,
 }
 
+impl PostedRecv {
+    /// Queues its completion (if it is to be reported) on `cq`, or its truncation: a
+    /// message of `full` bytes with `tag` from address `src`, `len` of them landed.
+    fn report(&self, cq: &CqShared, msg: bool, len: usize, full: usize, tag: u64, src: u64) {
+        let e = tagged_entry(msg, self.ctx, RX, len, self.dest.first(), tag);
+        report_received(cq, e, full, self.report, src);
+    }
+}
+
 /// The posted receives, by the word clink keeps for each
 /// (`Endpoint::irecv_raw_user`): its slot's index plus one, 0 meaning none. A completion
 /// finds its receive by index, without a look-up.
@@ -437,21 +446,18 @@ impl State {
                 ..
             } = self;
             ep.poll_recvs(|_, user, res| {
-                let known = |st: &clink::Status| {
-                    let a = sources.get(st.peer.0 as usize).copied();
-                    a.filter(|&a| a != FI_ADDR_NOTAVAIL)
-                };
-                match (&res, posted.get(user), rx_cq.as_deref()) {
-                    (Ok(st), Some(r), Some(cq)) if matches!(r.dest, Dest::Direct { .. }) => {
-                        if let Some(src) = known(st) {
-                            let r = posted.take(user).expect("looked at");
-                            let full = st.len as usize;
-                            let e = tagged_entry(*msg, r.ctx, RX, full, r.dest.first(), st.tag);
-                            report_received(cq, e, full, r.report, src);
-                            return;
-                        }
+                if let (Ok(st), Some(cq)) = (&res, rx_cq.as_deref()) {
+                    let src = sources.get(st.peer.0 as usize).copied();
+                    let known = src.filter(|&a| a != FI_ADDR_NOTAVAIL);
+                    let direct = posted
+                        .get(user)
+                        .is_some_and(|r| matches!(r.dest, Dest::Direct { .. }));
+                    if let (Some(src), true) = (known, direct) {
+                        let full = st.len as usize;
+                        let r = posted.take(user).expect("looked at");
+                        r.report(cq, *msg, full, full, st.tag, src);
+                        return;
                     }
-                    _ => {}
                 }
                 fast.push((user, res));
             })
@@ -574,8 +580,7 @@ impl State {
                 };
                 let src = self.source_of(got.status.peer);
                 if let Some(cq) = &self.rx_cq {
-                    let e = tagged_entry(self.msg, r.ctx, RX, len, r.dest.first(), got.status.tag);
-                    report_received(cq, e, full, r.report, src);
+                    r.report(cq, self.msg, len, full, got.status.tag, src);
                 }
             }
             Ok(None) => {}

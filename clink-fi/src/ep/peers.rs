@@ -144,8 +144,8 @@ impl State {
         Ok(t)
     }
 
-    /// The first use of an address.
-    pub(super) fn route(&mut self, dest: u64) -> Result<Target, c_int> {
+    /// Where `dest` leads, from the address vector (the first use of an address).
+    fn route(&mut self, dest: u64) -> Result<Target, c_int> {
         let entry = {
             let av = self.av.as_ref().ok_or(FI_EINVAL)?;
             let t = av.lock().unwrap_or_else(|e| e.into_inner());

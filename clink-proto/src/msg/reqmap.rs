@@ -1,13 +1,13 @@
 //! The map of an endpoint's requests by number. Numbers come from one counter and only
 //! grow, and requests mostly finish in about the order they began, so a request sits in
-//! the slot its number picks in a small direct-mapped table (no hashing, no probing: a
-//! posted receive's insert was about a hundred instructions in a hash map); one still
-//! there when a number [`SLOTS`] later needs the slot moves to a hash map.
+//! the slot its number picks in a small direct-mapped table (no hashing, no probing on the
+//! path of every posted receive); one still there when a number [`SLOTS`] later needs the
+//! slot moves to a hash map.
 
 use crate::idhash::IdMap;
 
 /// Slots of the table (a power of two).
-pub const SLOTS: usize = 256;
+const SLOTS: usize = 256;
 
 /// Values by request number (see the module docs).
 pub struct ReqMap<V> {

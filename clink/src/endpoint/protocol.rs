@@ -88,6 +88,15 @@ impl Endpoint {
         }
     }
 
+    /// Copies aside, as unexpected, eager message `bytes` with `tag` from peer `i` that no
+    /// posted receive wants (a receive posted later takes it from there).
+    pub(super) fn set_aside_eager(&mut self, i: usize, tag: u64, bytes: Vec<u8>) {
+        self.announce(i, tag);
+        self.stats.unexpected += 1;
+        self.matcher
+            .push_unexpected(PeerId(i as u32), tag, Arrived::Eager(bytes));
+    }
+
     /// Handles one frame; `Ok(false)` when it was left in the ring (see `drain`).
     pub(super) fn handle(&mut self, i: usize, rec: Rx, force: bool) -> Result<bool> {
         let src = PeerId(i as u32);
@@ -107,12 +116,7 @@ impl Endpoint {
                     self.announce(i, tag);
                     return Ok(false);
                 }
-                None => {
-                    self.announce(i, tag);
-                    self.stats.unexpected += 1;
-                    self.matcher
-                        .push_unexpected(src, tag, Arrived::Eager(data.to_vec()));
-                }
+                None => self.set_aside_eager(i, tag, data.to_vec()),
             },
             Frame::Rts {
                 tag,

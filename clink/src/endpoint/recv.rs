@@ -210,10 +210,8 @@ impl Endpoint {
                     // No posted receive wants it: copied aside as unexpected, which a pass
                     // would do too once nothing else moves (a caller that polls its
                     // requests posts receives only after such reads), without the pass.
-                    let item = Arrived::Eager(data.to_vec());
-                    self.announce(i, tag);
-                    self.stats.unexpected += 1;
-                    self.matcher.push_unexpected(src, tag, item);
+                    let bytes = data.to_vec();
+                    self.set_aside_eager(i, tag, bytes);
                     self.release_frame(i, rec);
                     continue;
                 };
