@@ -316,6 +316,9 @@ pub struct Stats {
     pub datagrams_sent: u64,
     /// Bytes of those datagrams.
     pub bytes_sent: u64,
+    /// Bytes of the data datagrams among them that were retransmissions (in
+    /// `bytes_sent` too).
+    pub bytes_resent: u64,
     /// Datagrams passed to `handle_datagram` that were valid for this connection.
     pub datagrams_received: u64,
     /// Bytes of those datagrams.

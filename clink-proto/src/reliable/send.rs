@@ -105,6 +105,7 @@ impl Conn {
         }
         let mut group_start = false;
         let mut bulk = false;
+        let mut resend = false;
         let mut payload: &'s [u8] = &[];
         let conn = self.cfg.conn_id;
         self.asker.bulk_active(now, self.bulk_outstanding > 0);
@@ -184,7 +185,7 @@ impl Conn {
                 self.rto_deadline = Some(now + self.rto());
             }
             self.arm_tail_probe(now);
-            let resend = self.sent[idx].tx_count > 1;
+            resend = self.sent[idx].tx_count > 1;
             let piggy = match self.sent[idx].item {
                 Item::Msg(_) => self.take_piggy(now, self.sent[idx].len as usize, resend),
                 Item::Bulk { .. } => None,
@@ -240,6 +241,9 @@ impl Conn {
         };
         self.stats.datagrams_sent += 1;
         self.stats.bytes_sent += (n + payload.len()) as u64;
+        if resend {
+            self.stats.bytes_resent += (n + payload.len()) as u64;
+        }
         Some(Transmit {
             len: n,
             payload,

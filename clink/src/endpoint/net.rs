@@ -164,7 +164,18 @@ impl Endpoint {
     pub fn wire_bytes_sent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
             Link::Udp(u) => Some(u.conn().stats().bytes_sent),
-            Link::Tcp(t) => crate::sys::tcp_bytes_sent(t.fd()).ok(),
+            Link::Tcp(t) => crate::sys::tcp_wire_bytes(t.fd()).ok().map(|b| b.0),
+            Link::Shm(_) => None,
+        })
+    }
+
+    /// The part of [`Endpoint::wire_bytes_sent`] that was sent again: clink's
+    /// retransmissions over UDP, the kernel's over TCP (`tcpi_bytes_retrans`; even
+    /// loopback TCP resends now and then, when an ack comes later than its timer).
+    pub fn wire_bytes_resent(&self, peer: PeerId) -> Result<Option<u64>> {
+        Ok(match &self.peer(peer)?.link {
+            Link::Udp(u) => Some(u.conn().stats().bytes_resent),
+            Link::Tcp(t) => crate::sys::tcp_wire_bytes(t.fd()).ok().map(|b| b.1),
             Link::Shm(_) => None,
         })
     }

@@ -260,9 +260,10 @@ pub fn send_pieces<'a>(fd: RawFd, pieces: impl Iterator<Item = &'a [u8]>) -> io:
 /// Most slices one [`send_pieces`] writes.
 pub const MAX_PIECES: usize = 64;
 
-/// Payload bytes a TCP socket has put on the wire, resends included (`tcpi_bytes_sent`
-/// of `TCP_INFO`, Linux 4.19 and later; `Unsupported` on an older kernel).
-pub fn tcp_bytes_sent(fd: RawFd) -> io::Result<u64> {
+/// Payload bytes a TCP socket has put on the wire, resends included, and those of them
+/// that were resends (`tcpi_bytes_sent` and `tcpi_bytes_retrans` of `TCP_INFO`, Linux
+/// 4.19 and later; `Unsupported` on an older kernel).
+pub fn tcp_wire_bytes(fd: RawFd) -> io::Result<(u64, u64)> {
     // SAFETY: tcp_info is plain data; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -276,12 +277,13 @@ pub fn tcp_bytes_sent(fd: RawFd) -> io::Result<u64> {
             &mut len,
         )
     })?;
-    let need = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_sent) + std::mem::size_of::<u64>();
+    let need =
+        std::mem::offset_of!(libc::tcp_info, tcpi_bytes_retrans) + std::mem::size_of::<u64>();
     if (len as usize) < need {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "this kernel's TCP_INFO has no tcpi_bytes_sent (Linux 4.19 or later)",
         ));
     }
-    Ok(info.tcpi_bytes_sent)
+    Ok((info.tcpi_bytes_sent, info.tcpi_bytes_retrans))
 }
