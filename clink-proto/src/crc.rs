@@ -12,7 +12,12 @@
 pub fn append(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("sse4.2") {
-        // SAFETY: the CPU has SSE 4.2, checked just above (the detection is cached).
+        // A bulk datagram's checksummed header, twice per fragment: unrolled.
+        if let Ok(h) = <&[u8; 60]>::try_from(data) {
+            // SAFETY: the CPU has SSE 4.2, checked just above (the detection is cached).
+            return Some(unsafe { sse42_60(crc, h) });
+        }
+        // SAFETY: as above.
         return Some(unsafe { sse42(crc, data) });
     }
     let _ = (crc, data);
@@ -41,6 +46,20 @@ fn sse42(crc: u32, data: &[u8]) -> u32 {
         crc = _mm_crc32_u8(crc, b);
     }
     !crc
+}
+
+/// [`sse42`] of exactly 60 bytes, its loop unrolled (seven words and a half-word).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+fn sse42_60(crc: u32, data: &[u8; 60]) -> u32 {
+    use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64};
+    let mut crc = u64::from(!crc);
+    for k in 0..7 {
+        let w: [u8; 8] = data[8 * k..8 * k + 8].try_into().expect("8 bytes");
+        crc = _mm_crc32_u64(crc, u64::from_le_bytes(w));
+    }
+    let w: [u8; 4] = data[56..].try_into().expect("4 bytes");
+    !_mm_crc32_u32(crc as u32, u32::from_le_bytes(w))
 }
 
 #[cfg(test)]
