@@ -182,6 +182,9 @@ impl Placement {
         let cap = group.min(MAX_GROUP_CAPACITY) as usize;
         for (from, to) in [(first, n), (self.low, first.min(n))] {
             let mut cur: Vec<u64> = Vec::new();
+            // Where the sender group of `cur`'s first fragment ends (one division per
+            // entry, not per fragment).
+            let mut group_end = 0;
             let mut at = from;
             while let Some(i) = self.next_missing(at, to) {
                 at = i + 1;
@@ -190,7 +193,7 @@ impl Placement {
                     break; // so are all later ones
                 }
                 // A new sender group (the holes may skip its first fragment), or full.
-                if !cur.is_empty() && (i / group != cur[0] / group || cur.len() as u64 >= group) {
+                if !cur.is_empty() && (i >= group_end || cur.len() as u64 >= group) {
                     out.push(std::mem::take(&mut cur));
                     if out.len() >= entries {
                         return;
@@ -198,6 +201,7 @@ impl Placement {
                 }
                 if cur.is_empty() {
                     cur.reserve_exact(cap);
+                    group_end = (i / group + 1) * group;
                 }
                 cur.push(i);
             }
