@@ -426,7 +426,7 @@ fn hashed_payloads_under_injected_faults_lose_nothing() {
 fn injected_faults_lose_nothing() {
     // One receive queue ("onequeue"): the gate grants the stream and steers it.
     let faults = "drop=0.05,dup=0.02,corrupt=0.02,reorder=0.05,delay_us=300,seed=13,onequeue";
-    let ((a, _), (b, _)) = echoed(faults, 5000, 2, 2);
+    let ((a, pa), (b, pb)) = echoed(faults, 5000, 2, 2);
     let (sa, sb) = (a.stats(), b.stats());
     // Faults really happened, and every kind was repaired.
     assert!(
@@ -434,6 +434,14 @@ fn injected_faults_lose_nothing() {
         "{sa:?} {sb:?}"
     );
     assert!(sa.retransmissions + sb.retransmissions > 0);
+    // Each side's resent bytes are counted with its resends, as part of what it sent.
+    for (ep, p) in [(&a, pa), (&b, pb)] {
+        let c = ep.conn_stats(p).unwrap().expect("a UDP connection");
+        let sent = ep.wire_bytes_sent(p).unwrap().unwrap();
+        let resent = ep.wire_bytes_resent(p).unwrap().unwrap();
+        assert_eq!(c.retransmissions > 0, resent > 0, "{c:?}");
+        assert!(resent < sent, "{resent} of {sent} resent");
+    }
     assert!(sa.corrupt_dropped + sb.corrupt_dropped > 0);
     assert!(sa.duplicates_dropped + sb.duplicates_dropped > 0);
     // The bulk transfers were steered (implicit admission control grants the one sender),
