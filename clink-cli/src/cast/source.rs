@@ -269,6 +269,8 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     // What the source put on the wire towards the chain, clink's headers and resends
     // included (UDP payloads, or TCP segments' payloads).
     mine["wire_bytes"] = json!(ep.wire_bytes_sent(down).ok().flatten());
+    // Of which resent (clink's resends over UDP, the kernel's over TCP).
+    mine["wire_bytes_resent"] = json!(ep.wire_bytes_resent(down).ok().flatten());
     ep.close();
     let mut all = vec![mine];
     all.extend(reports);
