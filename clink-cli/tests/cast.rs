@@ -271,8 +271,12 @@ fn cast_and_compare(name: &str, data: &[u8], extra: &[&str], via_stdin: bool) {
         assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
     }
     // The source sent the file once, and says how much of what it sent was resent.
-    let wire = rows[0]["wire_bytes"].as_u64().expect("the source's wire bytes");
-    let resent = rows[0]["wire_bytes_resent"].as_u64().expect("its resent bytes");
+    let wire = rows[0]["wire_bytes"]
+        .as_u64()
+        .expect("the source's wire bytes");
+    let resent = rows[0]["wire_bytes_resent"]
+        .as_u64()
+        .expect("its resent bytes");
     assert!(wire >= data.len() as u64 && resent <= wire, "{}", rows[0]);
     for (i, p) in rx.iter_mut().enumerate() {
         let (st, out, err) = p.finish();

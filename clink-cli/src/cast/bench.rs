@@ -124,8 +124,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let src = dir.join("source.bin");
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
+    let want = file_hash(&src)?;
     let clink = clink_chain(&bridge, &exe, &dir, &src, &a)?;
+    // Every copy checked; then removed, so that the relay starts with the page cache as
+    // the clink chain did (a chain's files left behind slowed the other's writes).
+    check_copies(&dir, "clink", a.hosts, &want)?;
     let tcp = tcp_chain(&bridge, &exe, &dir, &src, a.hosts)?;
+    check_copies(&dir, "tcp", a.hosts, &want)?;
     let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
     for (system, secs) in &rows {
         let row = json!({
@@ -151,6 +156,34 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             mbps(size, rows[0].1),
             mbps(size, rows[1].1)
         );
+    }
+    Ok(())
+}
+
+/// BLAKE3 of the file at `p`.
+fn file_hash(p: &Path) -> Result<blake3::Hash, String> {
+    let mut h = blake3::Hasher::new();
+    let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    h.update_reader(f)
+        .map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(h.finalize())
+}
+
+/// Checks the copies `{prefix}1` ..= `{prefix}{hosts}` in `dir` against the source's
+/// hash `want`, then removes them (and a node's chunk bitmap, if left).
+fn check_copies(dir: &Path, prefix: &str, hosts: usize, want: &blake3::Hash) -> Result<(), String> {
+    for i in 1..=hosts {
+        let p = dir.join(format!("{prefix}{i}"));
+        let got = file_hash(&p)?;
+        if got != *want {
+            return Err(format!(
+                "{}: BLAKE3 {} differs from the source's {}",
+                p.display(),
+                got.to_hex(),
+                want.to_hex()
+            ));
+        }
+        std::fs::remove_file(&p).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(())
 }

@@ -86,6 +86,10 @@ const CHUNK_MAX: u64 = 64 << 20;
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest sleep of a waiting loop between looks at its requests.
 const POLL_MS: i32 = 50;
+/// The largest write a node makes into its output file: a chunk is written in pieces of
+/// this size. Whole 1 MiB writes (and 256 KiB pieces) took a busy chain several times as
+/// long in the kernel's page-cache copy as 16 or 64 KiB pieces (BENCHMARKS.md, "clink cast").
+const WRITE_PIECE: usize = 64 << 10;
 
 /// `clink cast` arguments.
 #[derive(Args, Debug)]
@@ -242,6 +246,17 @@ fn hop(k: usize, addr: &str) -> String {
         format!("node {}", k - 1)
     };
     format!("hop {k} ({from} -> node {k} at {})", short(addr))
+}
+
+/// Writes `data` at `off` of `f` in pieces of [`WRITE_PIECE`] bytes.
+fn write_in_pieces(f: &std::fs::File, data: &[u8], off: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mut at = off;
+    for p in data.chunks(WRITE_PIECE) {
+        f.write_all_at(p, at)?;
+        at += p.len() as u64;
+    }
+    Ok(())
 }
 
 /// Sleeps on the endpoint's fd until something may have arrived, at most [`POLL_MS`].

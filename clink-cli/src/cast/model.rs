@@ -11,7 +11,6 @@
 
 use serde_json::{json, Value};
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -100,8 +99,9 @@ fn write_speed(out: &Path, data: &[u8]) -> std::io::Result<f64> {
     let _guard = Remove(&path);
     let t = Instant::now();
     let mut off = 0u64;
+    // As a node writes its chunks.
     for c in data.chunks(1 << 20) {
-        f.write_all_at(c, off)?;
+        super::write_in_pieces(&f, c, off)?;
         off += c.len() as u64;
     }
     let secs = t.elapsed().as_secs_f64();

@@ -510,7 +510,7 @@ impl Node {
             )));
         }
         let t = Instant::now();
-        self.file.write_all_at(payload, h.offset).map_err(|e| {
+        write_in_pieces(&self.file, payload, h.offset).map_err(|e| {
             fail_up(format!(
                 "node {index}: writing chunk {} to {}: {e}",
                 h.index,
