@@ -125,7 +125,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
     let want = file_hash(&src)?;
-    let clink = clink_chain(&bridge, &exe, &dir, &src, &a)?;
+    let (clink, predicted) = clink_chain(&bridge, &exe, &dir, &src, &a)?;
     // Every copy checked; then removed, so that the relay starts with the page cache as
     // the clink chain did (a chain's files left behind slowed the other's writes).
     check_copies(&dir, "clink", a.hosts, &want)?;
@@ -144,6 +144,11 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "seconds": secs,
             "rate_mbps": mbps(size, *secs),
         });
+        let mut row = row;
+        if *system == "clink-cast" {
+            // The cost model's rate for the chain, its hosts sharing this machine.
+            row["predicted_mbps"] = json!(predicted / 1e6);
+        }
         println!("{row}");
     }
     if !a.json {
@@ -217,14 +222,16 @@ fn write_file(p: &Path, size: u64) -> std::io::Result<()> {
     f.flush()
 }
 
-/// Seconds from the start of `clink cast send` until every host of the chain is done.
+/// Seconds from the start of `clink cast send` until every host of the chain is done,
+/// and the model's rate for the chain (bytes per second) with every host on this
+/// machine's cores.
 fn clink_chain(
     b: &Bridge,
     exe: &Path,
     dir: &Path,
     src: &Path,
     a: &BenchArgs,
-) -> Result<f64, String> {
+) -> Result<(f64, f64), String> {
     let w = a.window.to_string();
     let c = a.chunk.to_string();
     let mut kids = Vec::new();
@@ -275,9 +282,20 @@ fn clink_chain(
         .next()
         .and_then(|l| serde_json::from_str(l).ok())
         .ok_or("clink cast printed no report")?;
-    first["chain_seconds"]
+    let secs = first["chain_seconds"]
         .as_f64()
-        .ok_or_else(|| "clink cast's report has no chain_seconds".to_string())
+        .ok_or_else(|| "clink cast's report has no chain_seconds".to_string())?;
+    // Each host's prediction assumes a core of its own; here they all share this one's.
+    let rates: Vec<f64> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|r| r["cpu_mbps"].as_f64())
+        .map(|m| m * 1e6)
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shared = super::model::shared_rate(&rates, cores);
+    let link = a.rate.as_deref().and_then(super::model::parse_rate);
+    Ok((secs, link.map_or(shared, |l| shared.min(l))))
 }
 
 /// Seconds from the start of the TCP source until every relay has written its file.

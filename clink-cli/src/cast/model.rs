@@ -3,11 +3,11 @@
 //!
 //! A host does its work on one thread, one chunk after another, so its rate is the
 //! inverse of the sum of its costs per byte: hashing (BLAKE3), writing to the page cache
-//! (a copy into the kernel), and for each network direction the kernel's copy between the
-//! socket and the buffer (priced as one memory copy: the UDP path sends by `sendmmsg`
-//! from the buffer and receives by speculative scatter straight into it, one kernel copy
-//! each way), plus the source's read from its file (one copy). A link rate, when given,
-//! caps the result. The chain goes at the pace of its slowest host.
+//! (a copy into the kernel), for each network direction half of what a byte costs to go
+//! through a loopback TCP connection (the kernel's copies and its TCP path, both ends
+//! driven by one thread), plus the source's read from its file (one copy). A link rate,
+//! when given, caps the result. The chain goes at the pace of its slowest host; hosts
+//! that share a machine share its cores ([`shared_rate`]).
 
 use serde_json::{json, Value};
 use std::io::Write;
@@ -26,6 +26,9 @@ pub struct Costs {
     pub copy_bps: f64,
     /// `pwrite` into the page cache of the output's file system (0: not measured).
     pub write_bps: f64,
+    /// A byte sent and received through a loopback TCP connection by one thread (0: not
+    /// measured; each direction is then priced as a memory copy).
+    pub net_bps: f64,
 }
 
 impl Costs {
@@ -45,10 +48,12 @@ impl Costs {
         }
         let copy_bps = 4.0 * PROBE as f64 / t.elapsed().as_secs_f64().max(1e-9);
         let write_bps = out.map_or(0.0, |p| write_speed(p, &src).unwrap_or(0.0));
+        let net_bps = net_speed(&src).unwrap_or(0.0);
         Costs {
             hash_bps,
             copy_bps,
             write_bps,
+            net_bps,
         }
     }
 
@@ -71,8 +76,15 @@ impl Costs {
         if write && self.write_bps > 0.0 {
             t += 1.0 / self.write_bps;
         }
-        let copies = [read, net_in, net_out].iter().filter(|&&b| b).count();
-        t += copies as f64 / self.copy_bps;
+        if read {
+            t += 1.0 / self.copy_bps;
+        }
+        let per_direction = if self.net_bps > 0.0 {
+            0.5 / self.net_bps
+        } else {
+            1.0 / self.copy_bps
+        };
+        t += [net_in, net_out].iter().filter(|&&b| b).count() as f64 * per_direction;
         let cpu = if t > 0.0 { 1.0 / t } else { f64::MAX };
         link_bps.map_or(cpu, |l| cpu.min(l))
     }
@@ -83,6 +95,7 @@ impl Costs {
             "hash_mbps": self.hash_bps / 1e6,
             "copy_mbps": self.copy_bps / 1e6,
             "write_mbps": self.write_bps / 1e6,
+            "net_mbps": self.net_bps / 1e6,
         })
     }
 }
@@ -107,6 +120,43 @@ fn write_speed(out: &Path, data: &[u8]) -> std::io::Result<f64> {
     let secs = t.elapsed().as_secs_f64();
     (&f).flush()?;
     Ok(data.len() as f64 / secs.max(1e-9))
+}
+
+/// Speed of moving `data` through a loopback TCP connection, one thread writing and
+/// reading in turn (so the figure is what a byte costs both ends, the kernel's TCP path
+/// included, not what two cores could overlap).
+fn net_speed(data: &[u8]) -> std::io::Result<f64> {
+    use std::io::{ErrorKind, Read};
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let mut tx = std::net::TcpStream::connect(l.local_addr()?)?;
+    let (mut rx, _) = l.accept()?;
+    tx.set_nonblocking(true)?;
+    rx.set_read_timeout(Some(std::time::Duration::from_secs(1)))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    let (mut sent, mut got) = (0, 0);
+    while got < data.len() {
+        while sent < data.len() {
+            match tx.write(&data[sent..(sent + (256 << 10)).min(data.len())]) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        // What was written is in the receiver's queue (loopback delivers within the
+        // write): a blocking read returns at once.
+        got += rx.read(&mut buf)?;
+    }
+    Ok(data.len() as f64 / t.elapsed().as_secs_f64().max(1e-9))
+}
+
+/// The rate of a chain whose hosts, predicted at `rates` (bytes per second) each with a
+/// core of its own, share `cores` cores: every byte costs each host its time per byte,
+/// and the cores supply `cores` seconds per second.
+pub fn shared_rate(rates: &[f64], cores: usize) -> f64 {
+    let per_byte: f64 = rates.iter().map(|r| 1.0 / r).sum();
+    let shared = cores as f64 / per_byte;
+    rates.iter().copied().fold(shared, f64::min)
 }
 
 struct Remove<'a>(&'a Path);
@@ -156,10 +206,21 @@ mod tests {
             hash_bps: 1e9,
             copy_bps: 1e9,
             write_bps: 1e9,
+            net_bps: 0.5e9,
         };
-        // hash + write + two network copies: 4 ns per byte.
+        // hash + write + two network directions at 1 ns each: 4 ns per byte.
         let r = c.predict(true, true, false, true, true, None);
         assert!((r - 250e6).abs() < 1.0, "{r}");
         assert_eq!(c.predict(true, true, false, true, true, Some(100e6)), 100e6);
+        // Unmeasured, a direction is a copy.
+        let r = Costs { net_bps: 0.0, ..c }.predict(false, false, false, true, false, None);
+        assert!((r - 1e9).abs() < 1.0, "{r}");
+    }
+
+    #[test]
+    fn hosts_sharing_cores_share_their_time() {
+        // Three hosts at 1 GB/s each on two cores: 2 / 3 GB/s; on six, the slowest alone.
+        assert!((shared_rate(&[1e9, 1e9, 1e9], 2) - 2e9 / 3.0).abs() < 1.0);
+        assert_eq!(shared_rate(&[1e9, 2e9, 1e9], 6), 1e9);
     }
 }

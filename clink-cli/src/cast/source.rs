@@ -197,6 +197,7 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     };
     let costs = model::Costs::measure(None);
     let predicted = costs.predict(man.cvs.is_none(), false, true, false, true, link_bps);
+    let cpu = costs.predict(man.cvs.is_none(), false, true, false, true, None);
     let route = json!({ "index": 1, "nodes": a.to, "link_bps": link_bps, "id": man.id() });
     ep.send(down, T_ROUTE, route.to_string().as_bytes())
         .map_err(|e| format!("{h1}: sending the route: {e}"))?;
@@ -243,6 +244,7 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     let secs = mine["seconds"].as_f64().unwrap_or(0.0);
     mine["busy_seconds"] = json!((secs - idle_s).max(0.0));
     mine["predicted_mbps"] = json!(predicted / 1e6);
+    mine["cpu_mbps"] = json!(cpu / 1e6);
     mine["costs"] = costs.to_json();
     // From the first chunk to the last node's report.
     mine["chain_seconds"] = json!(chain_s);

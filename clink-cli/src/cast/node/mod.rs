@@ -29,6 +29,8 @@ struct Progress {
     root: Option<String>,
     costs: Option<model::Costs>,
     predicted_bps: f64,
+    /// The same without the link's cap: what this host's CPU allows.
+    cpu_bps: f64,
 }
 
 impl Progress {
@@ -51,6 +53,7 @@ impl Progress {
             "write_seconds": self.write_s,
             "busy_seconds": (secs - self.idle_s).max(0.0),
             "predicted_mbps": self.predicted_bps / 1e6,
+            "cpu_mbps": self.cpu_bps / 1e6,
             "costs": self.costs.map(model::Costs::to_json),
             // Copies of each byte by this program in user space: none (received into
             // the buffer that is hashed, written and forwarded).
@@ -114,6 +117,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             root: None,
             costs: Some(costs),
             predicted_bps: 0.0,
+            cpu_bps: 0.0,
         },
         down_reports: Vec::new(),
         bitmap: None,
@@ -254,7 +258,9 @@ impl Node {
         self.setup_down(&route, &addrs, have)?;
         if let Some(c) = self.p.costs {
             let link = route["link_bps"].as_f64();
-            self.p.predicted_bps = c.predict(true, true, false, true, self.down.is_some(), link);
+            let down = self.down.is_some();
+            self.p.predicted_bps = c.predict(true, true, false, true, down, link);
+            self.p.cpu_bps = c.predict(true, true, false, true, down, None);
         }
         let man_bytes = self.recv_small(T_MANIFEST, MANIFEST_MAX, "manifest")?;
         let man = Manifest::parse(&man_bytes)
