@@ -133,7 +133,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     check_copies(&dir, "tcp", a.hosts, &want)?;
     let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
     for (system, secs) in &rows {
-        let row = json!({
+        let mut row = json!({
             "bench": "cast",
             "system": system,
             "hosts": a.hosts,
@@ -144,7 +144,6 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             "seconds": secs,
             "rate_mbps": mbps(size, *secs),
         });
-        let mut row = row;
         if *system == "clink-cast" {
             // The cost model's rate for the chain, its hosts sharing this machine.
             row["predicted_mbps"] = json!(predicted / 1e6);
@@ -175,7 +174,7 @@ fn file_hash(p: &Path) -> Result<blake3::Hash, String> {
 }
 
 /// Checks the copies `{prefix}1` ..= `{prefix}{hosts}` in `dir` against the source's
-/// hash `want`, then removes them (and a node's chunk bitmap, if left).
+/// hash `want`, then removes them.
 fn check_copies(dir: &Path, prefix: &str, hosts: usize, want: &blake3::Hash) -> Result<(), String> {
     for i in 1..=hosts {
         let p = dir.join(format!("{prefix}{i}"));

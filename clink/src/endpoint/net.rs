@@ -170,8 +170,8 @@ impl Endpoint {
     }
 
     /// The part of [`Endpoint::wire_bytes_sent`] that was sent again: clink's
-    /// retransmissions over UDP, the kernel's over TCP (`tcpi_bytes_retrans`; even
-    /// loopback TCP resends now and then, when an ack comes later than its timer).
+    /// retransmissions over UDP, the kernel's over TCP (`tcpi_bytes_retrans`: the kernel
+    /// may resend even over loopback). `None` where `wire_bytes_sent` is.
     pub fn wire_bytes_resent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
             Link::Udp(u) => Some(u.conn().stats().bytes_resent),
