@@ -25,9 +25,9 @@ pub struct BenchArgs {
     /// Chunks in flight per hop (`--window` of the receivers and the source).
     #[arg(long, default_value_t = 6)]
     window: usize,
-    /// Chunk size in bytes (`--chunk` of the source).
-    #[arg(long, default_value_t = DEFAULT_CHUNK)]
-    chunk: u64,
+    /// Chunk size in bytes (`--chunk` of the source; its default when not given).
+    #[arg(long)]
+    chunk: Option<u64>,
     /// The clink chain's transport (`--transport` of the source).
     #[arg(long, value_enum, default_value_t = super::Transport::Tcp)]
     transport: super::Transport,
@@ -125,7 +125,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
     let want = file_hash(&src)?;
-    let (clink, predicted) = clink_chain(&bridge, &exe, &dir, &src, &a)?;
+    let (clink, predicted, chunk) = clink_chain(&bridge, &exe, &dir, &src, &a)?;
     // Every copy checked; then removed, so that the relay starts with the page cache as
     // the clink chain did (a chain's files left behind slowed the other's writes).
     check_copies(&dir, "clink", a.hosts, &want)?;
@@ -147,6 +147,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         if *system == "clink-cast" {
             // The cost model's rate for the chain, its hosts sharing this machine.
             row["predicted_mbps"] = json!(predicted / 1e6);
+            row["chunk"] = json!(chunk);
         }
         println!("{row}");
     }
@@ -222,17 +223,16 @@ fn write_file(p: &Path, size: u64) -> std::io::Result<()> {
 }
 
 /// Seconds from the start of `clink cast send` until every host of the chain is done,
-/// and the model's rate for the chain (bytes per second) with every host on this
-/// machine's cores.
+/// the model's rate for the chain (bytes per second) with every host on this machine's
+/// cores, and the chunk size the source used.
 fn clink_chain(
     b: &Bridge,
     exe: &Path,
     dir: &Path,
     src: &Path,
     a: &BenchArgs,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64, u64), String> {
     let w = a.window.to_string();
-    let c = a.chunk.to_string();
     let mut kids = Vec::new();
     let mut addrs = Vec::new();
     for i in 1..=a.hosts {
@@ -250,8 +250,6 @@ fn clink_chain(
         "--json",
         "--window",
         &w,
-        "--chunk",
-        &c,
         "--to",
         &addrs.join(","),
         "--transport",
@@ -260,6 +258,9 @@ fn clink_chain(
     .arg(src);
     if let Some(r) = &a.rate {
         cmd.args(["--link-rate", r]);
+    }
+    if let Some(c) = a.chunk {
+        cmd.args(["--chunk", &c.to_string()]);
     }
     let deadline = Instant::now() + RUN_TIMEOUT;
     let (mut s, mut out) = Kid::spawn(cmd)?;
@@ -294,7 +295,8 @@ fn clink_chain(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let shared = super::model::shared_rate(&rates, cores);
     let link = a.rate.as_deref().and_then(super::model::parse_rate);
-    Ok((secs, link.map_or(shared, |l| shared.min(l))))
+    let chunk = first["chunk"].as_u64().unwrap_or(0);
+    Ok((secs, link.map_or(shared, |l| shared.min(l)), chunk))
 }
 
 /// Seconds from the start of the TCP source until every relay has written its file.

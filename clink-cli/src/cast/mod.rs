@@ -78,6 +78,11 @@ const MANIFEST_PER_CHUNK: u64 = 67;
 /// with 4 MiB chunks they streamed from memory, at about 0.7x the rate (`clink cast
 /// bench`, BENCHMARKS.md).
 const DEFAULT_CHUNK: u64 = 1 << 20;
+/// Default chunk size of a chain its links hold back (`--link-rate` below the rate the
+/// model gives a relaying host): a smaller unit of store-and-forward kept six shaped
+/// receivers nearer the link's rate, where larger chunks cost a processor-bound chain
+/// more per byte (BENCHMARKS.md, "clink cast").
+const LINK_BOUND_CHUNK: u64 = 256 << 10;
 /// Bounds on the chunk size.
 const CHUNK_MIN: u64 = 64 << 10;
 /// Bounds on the chunk size.
@@ -143,9 +148,10 @@ pub struct SendArgs {
     /// The receivers' clink addresses, in chain order, separated by commas.
     #[arg(long, value_delimiter = ',', required = true)]
     to: Vec<String>,
-    /// Chunk size in bytes (a power of two from 64 KiB to 64 MiB).
-    #[arg(long, default_value_t = DEFAULT_CHUNK)]
-    chunk: u64,
+    /// Chunk size in bytes (a power of two from 64 KiB to 64 MiB); by default 1 MiB, or
+    /// 256 KiB when `--link-rate` is below what a host's processor could keep up with.
+    #[arg(long)]
+    chunk: Option<u64>,
     /// Chunks in flight towards the first node.
     #[arg(long, default_value_t = 6)]
     window: usize,

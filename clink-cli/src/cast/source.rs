@@ -114,8 +114,26 @@ impl Show {
 }
 
 /// `clink cast send`.
+/// The chunk size when none is given: smaller for a chain whose links (`link_bps`) are
+/// slower than a relaying host's processor (`relay_cpu`, bytes per second).
+fn default_chunk(link_bps: Option<f64>, relay_cpu: f64) -> u64 {
+    match link_bps {
+        Some(l) if l < relay_cpu => LINK_BOUND_CHUNK,
+        _ => DEFAULT_CHUNK,
+    }
+}
+
 pub fn run(mut a: SendArgs) -> Result<(), String> {
-    let chunk = a.chunk;
+    let link_bps = match &a.link_rate {
+        Some(r) => {
+            Some(model::parse_rate(r).ok_or(format!("--link-rate {r}: not a rate such as 1gbit"))?)
+        }
+        None => None,
+    };
+    let costs = model::Costs::measure(None);
+    // A relaying host hashes, writes, receives and sends every byte.
+    let relay_cpu = costs.predict(true, true, false, true, true, None);
+    let chunk = a.chunk.unwrap_or(default_chunk(link_bps, relay_cpu));
     if !chunk.is_power_of_two() || !(CHUNK_MIN..=CHUNK_MAX).contains(&chunk) {
         return Err(format!(
             "--chunk {chunk}: a power of two from {CHUNK_MIN} to {CHUNK_MAX} bytes"
@@ -189,13 +207,6 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     let down = ep
         .connect(first)
         .map_err(|e| format!("{h1}: cannot connect: {e}"))?;
-    let link_bps = match &a.link_rate {
-        Some(r) => {
-            Some(model::parse_rate(r).ok_or(format!("--link-rate {r}: not a rate such as 1gbit"))?)
-        }
-        None => None,
-    };
-    let costs = model::Costs::measure(None);
     let predicted = costs.predict(man.cvs.is_none(), false, true, false, true, link_bps);
     let cpu = costs.predict(man.cvs.is_none(), false, true, false, true, None);
     let route = json!({ "index": 1, "nodes": a.to, "link_bps": link_bps, "id": man.id() });
@@ -245,6 +256,7 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     mine["busy_seconds"] = json!((secs - idle_s).max(0.0));
     mine["predicted_mbps"] = json!(predicted / 1e6);
     mine["cpu_mbps"] = json!(cpu / 1e6);
+    mine["chunk"] = json!(man.chunk);
     mine["costs"] = costs.to_json();
     // From the first chunk to the last node's report.
     mine["chain_seconds"] = json!(chain_s);
@@ -581,4 +593,16 @@ fn source_report(
         "root": root.map(|r| r.to_hex().to_string()),
         "status": "ok",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_its_links_hold_back_gets_smaller_chunks() {
+        assert_eq!(default_chunk(None, 1e9), DEFAULT_CHUNK);
+        assert_eq!(default_chunk(Some(125e6), 1e9), LINK_BOUND_CHUNK);
+        assert_eq!(default_chunk(Some(10e9), 1e9), DEFAULT_CHUNK);
+    }
 }
