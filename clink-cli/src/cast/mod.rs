@@ -89,6 +89,8 @@ const CHUNK_MIN: u64 = 64 << 10;
 const CHUNK_MAX: u64 = 64 << 20;
 /// How long the set-up of the chain (connections, route, readiness) may take per node.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a failed node waits for its upstream to stop after reporting why.
+const REPORT_LINGER: Duration = Duration::from_secs(5);
 /// Longest sleep of a waiting loop between looks at its requests.
 const POLL_MS: i32 = 50;
 /// The largest write a node makes into its output file: a chunk is written in pieces of

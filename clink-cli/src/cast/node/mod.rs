@@ -151,6 +151,17 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         all.append(&mut n.down_reports);
         let msg = json!({ "nodes": all, "error": err });
         let _ = n.ep.send(n.up, T_REPORT, msg.to_string().as_bytes());
+        if r.is_err() {
+            // The upstream may still be sending: gone now, this node's unread chunks
+            // would reset the connection, and the upstream, failing a send, could lose
+            // the report behind them and splice this node out without its reason. It
+            // stops on the report; wait for that (for nothing on this tag), a while at most.
+            let _ = n.ep.recv_timeout(
+                Selector::exact(Some(n.up), T_REPORT),
+                &mut [],
+                Some(REPORT_LINGER),
+            );
+        }
     }
     n.ep.close();
     if a.json {
