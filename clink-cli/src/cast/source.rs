@@ -113,7 +113,6 @@ impl Show {
     }
 }
 
-/// `clink cast send`.
 /// The chunk size when none is given: smaller for a chain whose links (`link_bps`) are
 /// slower than a relaying host's processor (`relay_cpu`, bytes per second).
 fn default_chunk(link_bps: Option<f64>, relay_cpu: f64) -> u64 {
@@ -123,6 +122,7 @@ fn default_chunk(link_bps: Option<f64>, relay_cpu: f64) -> u64 {
     }
 }
 
+/// `clink cast send`.
 pub fn run(mut a: SendArgs) -> Result<(), String> {
     let link_bps = match &a.link_rate {
         Some(r) => {

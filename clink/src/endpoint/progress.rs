@@ -198,11 +198,9 @@ impl Endpoint {
     }
 
     /// Queues completion events for the watched requests that finished since the last
-    /// report (a request taken by its caller meanwhile is not reported). Out of line: most
-    /// passes finish nothing.
+    /// report (a request taken by its caller meanwhile is not reported); true when it
+    /// queued one. Out of line: most passes finish nothing.
     #[inline(never)]
-    /// Reports the watched requests that finished since the last report; true when it
-    /// queued an event.
     pub(super) fn report_done(&mut self) -> bool {
         let evq = &mut self.evq;
         let mut any = false;

@@ -210,6 +210,7 @@ impl Endpoint {
                     // No posted receive wants it: copied aside as unexpected, which a pass
                     // would do too once nothing else moves (a caller that polls its
                     // requests posts receives only after such reads), without the pass.
+                    // (Copied before the call: `data` borrows the peer's ring.)
                     let bytes = data.to_vec();
                     self.set_aside_eager(i, tag, bytes);
                     self.release_frame(i, rec);
