@@ -631,6 +631,53 @@ fn close_is_delivered_over_tcp() {
     ));
 }
 
+/// A peer whose connection resets (a process killed with bytes of ours unread: its
+/// kernel answers with a reset) is heard out first: the message it sent before dying is
+/// delivered although our next write meets the reset before we read anything, and the
+/// peer fails after it. The peer is a raw TCP client speaking the stream format.
+#[test]
+fn a_peer_that_resets_the_connection_is_heard_out_first() {
+    use clink_proto::stream::{Handshake, Header, Kind};
+    use clink_proto::wire::Frame;
+    let mut a = tcp_ctx(true, 20).endpoint().unwrap();
+    let addr = Address::parse(&a.address()).unwrap();
+    let mut s = TcpStream::connect(addr.tcp[0]).unwrap();
+    let hello = Handshake {
+        from: 77,
+        to: addr.id,
+        status: 0,
+    };
+    s.write_all(&hello.record(Kind::Hello)).unwrap();
+    let pa = a.accept(Some(T)).unwrap();
+    read_welcome(&mut s);
+    // Its last words, then our message, which it never reads.
+    let last = Frame::Eager {
+        tag: 7,
+        data: b"last words",
+    };
+    let mut rec = vec![0u8; 24 + last.encoded_len()];
+    rec[..24].copy_from_slice(&Header::frame(last.encoded_len()).encode());
+    last.encode(&mut rec[24..]);
+    s.write_all(&rec).unwrap();
+    a.send(pa, 1, b"never read").unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    s.peek(&mut [0u8; 1]).unwrap();
+    drop(s);
+    // Our next write meets the reset before the last words are read.
+    let _ = a.send(pa, 2, b"into a reset");
+    let mut buf = [0u8; 32];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 7), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"last words");
+    let r = a.irecv(Selector::exact(Some(pa), 8), vec![0u8; 8]).unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_secs(5))),
+        Err(Error::PeerDead(_))
+    ));
+    assert!(!a.is_alive(pa));
+}
+
 #[test]
 fn a_large_message_into_a_short_buffer_is_truncated() {
     let ((mut a, pa), (mut b, pb)) = pair(true, 20);

@@ -204,7 +204,7 @@ impl Endpoint {
             return false;
         }
         let r = match t.take_failure() {
-            Some(e) => Err(e),
+            Some(e) => return self.tcp_last_words(i, e),
             None => t.receive(),
         };
         let did = matches!(r, Ok(true));
@@ -217,6 +217,37 @@ impl Endpoint {
             return true;
         }
         did
+    }
+
+    /// A write to peer `i` (or a read off the progress pass) failed with `e`: the peer
+    /// reset the connection (a killed process with bytes of ours unread), closed it, or it
+    /// timed out. What the peer sent before is still readable (the kernel keeps bytes
+    /// that came before a reset), so it is read and handled first, one batch of reads per
+    /// pass, and the peer fails once the socket has no more: its last messages (a reason
+    /// it gave for leaving, say) are not lost to the failed write.
+    fn tcp_last_words(&mut self, i: usize, e: LinkError) -> bool {
+        if matches!(&self.peers[i].link, Link::Tcp(t) if t.frames().full()) {
+            // Room for what is left: the frames read are handled (copied aside if no
+            // receive wants them), as they would be when the peer fails.
+            self.drain(i, true);
+        }
+        let Link::Tcp(t) = &mut self.peers[i].link else {
+            return false;
+        };
+        let r = t.receive();
+        self.finish_bulk_peer(i);
+        match r {
+            Ok(true) => {
+                if let Link::Tcp(t) = &mut self.peers[i].link {
+                    t.note_failure(e);
+                }
+                self.mark_busy(i);
+            }
+            Err(m @ LinkError::Malformed(_)) => self.tcp_failed(i, m),
+            // Nothing more to read (the write's error says why the link ended).
+            Ok(false) | Err(_) => self.tcp_failed(i, e),
+        }
+        true
     }
 
     /// Fails peer `i` after its link reported `e`; frames it delivered before are handled

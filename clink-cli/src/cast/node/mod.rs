@@ -153,9 +153,11 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         let _ = n.ep.send(n.up, T_REPORT, msg.to_string().as_bytes());
         if r.is_err() {
             // The upstream may still be sending: gone now, this node's unread chunks
-            // would reset the connection, and the upstream, failing a send, could lose
-            // the report behind them and splice this node out without its reason. It
-            // stops on the report; wait for that (for nothing on this tag), a while at most.
+            // would make its kernel reset the connection and drop what of the report it
+            // had not yet sent (over UDP, the report's resends would end with the
+            // process), and the upstream would splice this node out without its reason.
+            // It stops on the report; wait for that (for nothing on this tag), a while at
+            // most.
             let _ = n.ep.recv_timeout(
                 Selector::exact(Some(n.up), T_REPORT),
                 &mut [],

@@ -185,9 +185,9 @@ pub struct TcpLink {
     /// The endpoint watches the socket for writability too (set by the endpoint).
     out_armed: bool,
     /// A write (or a read off the progress pass, the latency path's) failed: the link is
-    /// dead; the endpoint fails the peer at its next read in a progress pass (a write can
-    /// happen inside the handling of a frame, where failing the peer at once would handle
-    /// the frames again).
+    /// dead; the endpoint reads what the socket still holds and fails the peer in a
+    /// progress pass (a write can happen inside the handling of a frame, where failing
+    /// the peer at once would handle the frames again).
     failed: Option<LinkError>,
 }
 
@@ -249,9 +249,8 @@ impl TcpLink {
     }
 
     /// Records that a write (or a read off the progress pass) failed: the link is dead,
-    /// and the endpoint fails the peer at its next read in a progress pass (a write can
-    /// happen inside the handling of a frame, where failing the peer at once would handle
-    /// the frames again).
+    /// and the endpoint reads what the socket still holds, then fails the peer, in a
+    /// progress pass (see the field `failed`).
     pub fn note_failure(&mut self, e: LinkError) {
         self.failed = Some(e);
     }
