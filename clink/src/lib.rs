@@ -30,7 +30,11 @@
 //! UDP peers while it is away; TCP connections are kept by the kernel's keepalives). A
 //! peer process that exits or is killed is seen at once (TCP: its kernel closes the
 //! connection; UDP: its host answers "port unreachable"), a host or path that is gone
-//! after `CLINK_NET_DEAD_MS` (2 s).
+//! after `CLINK_NET_DEAD_MS` (2 s); what it sent and this host received before is
+//! delivered first. A process should drop or [`Endpoint::close`] its endpoint before it
+//! exits: over UDP the messages not yet sent (a completed eager send may still be queued in
+//! the endpoint, behind the congestion window) leave with the process otherwise, as
+//! they would not from a kernel TCP socket or a ring.
 #![warn(missing_docs)]
 // `unsafe` only where memory Rust does not own is touched, in the modules that allow it
 // below and in `endpoint::lend` and `transport::shm` (ARCHITECTURE.md, "Where unsafe lives").

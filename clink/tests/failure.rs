@@ -1,7 +1,8 @@
 //! Failures: a peer killed (SIGKILL) in the middle of a large pipelined rendezvous, or
 //! while the parent waits on a rendezvous send to it, makes the pending operations fail
 //! with `Error::PeerDead` (the detection time is printed, not asserted); a peer that exits
-//! without closing still has its sent eager messages delivered, then receives from it fail;
+//! without closing still has its sent eager messages delivered (over UDP and TCP too,
+//! those that reached this host), then receives from it fail;
 //! kill -9 leaves nothing named in /dev/shm or under /tmp and no listening socket; the
 //! endpoint keeps serving another peer after one dies, and notices a death while another
 //! peer streams to it; bad addresses and bad `CLINK_*`
@@ -74,7 +75,8 @@ fn child_entry() {
             }
             "exit_unclosed" => {
                 let (mut ep, parent) = child_connect();
-                for i in 0..EXIT_N {
+                let n = std::env::var("CLINKTEST_EXIT_N").map_or(EXIT_N, |v| v.parse().unwrap());
+                for i in 0..n {
                     let r = ep
                         .isend(parent, 1, pattern(key(seed, i), exit_len(i)))
                         .unwrap();
@@ -737,4 +739,57 @@ fn bad_config_values_give_clear_errors() {
     // And from the real environment, in a child process.
     let mut child = spawn("env_config", "", 0, &[("CLINK_RING_CELLS", "1000")]);
     child.expect_success(T);
+}
+
+/// Messages a peer sent over the network before it exited without closing, and that
+/// reached this host, are delivered in order before the peer fails. A few small messages
+/// (within the initial congestion window, so they all leave at once): over UDP the host
+/// answers "port unreachable" to this endpoint's first ack, and the frames its
+/// connection had already delivered were dropped with the peer before; over TCP the
+/// kernel sends what the process had written, then ends the stream.
+#[test]
+fn exit_without_close_over_the_network_delivers_what_arrived() {
+    const FEW: u64 = 6;
+    let seed = seed(31);
+    let tcp = Config {
+        prefer_tcp: true,
+        tcp: Some(clink::config::TcpConfig {
+            bind: (std::net::Ipv4Addr::LOCALHOST, 0).into(),
+            ..Default::default()
+        }),
+        ..net_config()
+    };
+    let few = ("CLINKTEST_EXIT_N", "6");
+    let udp_env = [transport_env(true), vec![few]].concat();
+    let tcp_env = vec![
+        ("CLINK_TRANSPORT", "tcp"),
+        ("CLINK_TCP_BIND", "127.0.0.1:0"),
+        ("CLINK_UDP_BIND", "127.0.0.1:0"),
+        few,
+    ];
+    for (net, config, env) in [("udp", net_config(), udp_env), ("tcp", tcp, tcp_env)] {
+        let (mut ep, peer, mut child) = setup("exit_unclosed", config, &env);
+        assert_eq!(ep.transport(peer).unwrap(), net);
+        let st = child.wait(T);
+        assert!(st.success(), "child: {st}");
+        let mut buf = [0u8; 128];
+        let mut n = 0;
+        let r = loop {
+            match ep.recv_timeout(Selector::exact(Some(peer), 1), &mut buf, Some(DETECT)) {
+                Ok(st) => {
+                    assert_eq!(st.len as usize, exit_len(n), "{net}: message {n}");
+                    check(
+                        key(seed, n),
+                        &buf[..exit_len(n)],
+                        &format!("{net}: message {n}"),
+                    );
+                    n += 1;
+                }
+                Err(e) => break e,
+            }
+        };
+        println!("{net}: {n} of {FEW} messages delivered, then {r:?}");
+        assert!(matches!(r, Error::PeerDead(p) if p == peer), "{net}: {r:?}");
+        assert_eq!(n, FEW, "{net}: {:?}", ep.stats());
+    }
 }

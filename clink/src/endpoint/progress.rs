@@ -83,6 +83,22 @@ impl Endpoint {
         pass.copies |= !self.peers[i].engine.is_empty();
     }
 
+    /// Fails network peer `i` for `why` once every frame its link already delivered is
+    /// handled (copied aside if no receive wants it): what a peer sent and this endpoint
+    /// received before the peer died (a reset, a closed port, silence) is not lost with it.
+    pub(super) fn fail_after_drain(&mut self, i: usize, why: String) {
+        // The link's queue is finite and nothing refills it meanwhile (no read happens
+        // here), so the forced drains end.
+        while self.peers[i].alive && self.peers[i].link.peek().is_ok_and(|r| r.is_some()) {
+            if !self.drain(i, true) {
+                break;
+            }
+        }
+        if self.peers[i].alive {
+            self.fail_peer(i, why);
+        }
+    }
+
     /// Handles up to RX_BUDGET frames from peer `i`.
     ///
     /// A message no posted receive wants is left at the head of the ring (no copy) and the

@@ -264,10 +264,7 @@ impl Endpoint {
             self.fail_peer(i, err.to_string());
             return;
         }
-        self.drain(i, true);
-        if self.peers[i].alive {
-            self.fail_peer(i, format!("{peer} {e}"));
-        }
+        self.fail_after_drain(i, format!("{peer} {e}"));
     }
 
     /// Writes every TCP link's queue (one batch of gathering writes per link per pass) and keeps
