@@ -83,9 +83,10 @@ impl Endpoint {
         pass.copies |= !self.peers[i].engine.is_empty();
     }
 
-    /// Fails network peer `i` for `why` once every frame its link already delivered is
-    /// handled (copied aside if no receive wants it): what a peer sent and this endpoint
-    /// received before the peer died (a reset, a closed port, silence) is not lost with it.
+    /// Fails peer `i` for `why` once every frame its link already delivered is handled
+    /// (copied aside if no receive wants it): what a peer sent and this endpoint received
+    /// before the peer died (a hang-up, a reset, a closed port, silence) is not lost with
+    /// it.
     pub(super) fn fail_after_drain(&mut self, i: usize, why: String) {
         // The link's queue is finite and nothing refills it meanwhile (no read happens
         // here), so the forced drains end.
@@ -192,10 +193,7 @@ impl Endpoint {
                         p.eager_max = eager_threshold(&self.ctx, shm.peer_cma, shm.tx.mem().cap());
                     } else {
                         // Deliver what the peer left in its ring before declaring it dead.
-                        self.drain(i, true);
-                        if self.peers[i].alive {
-                            self.fail_peer(i, format!("{} hung up", PeerId(i as u32)));
-                        }
+                        self.fail_after_drain(i, format!("{} hung up", PeerId(i as u32)));
                         did = true;
                     }
                 }
