@@ -321,12 +321,32 @@ fn killed_peer(v6: bool) {
 
 #[test]
 fn a_cut_path_is_declared_dead_after_the_timeout() {
-    // The peer's switch port goes down mid-stream: no answer of any kind comes back, so
-    // only the liveness timeout (1 s here) can end the wait.
+    cut_path("udp");
+}
+
+#[test]
+fn a_cut_path_under_a_tcp_stream_is_declared_dead_after_the_timeout() {
+    // Over TCP the kernel retransmits into the cut for many minutes; the endpoint's look
+    // at the connection's acknowledgements ends it after the timeout.
+    cut_path("tcp");
+}
+
+/// The peer's switch port goes down mid-stream (a stream of 1 MiB messages over
+/// `transport`): no answer of any kind comes back, so only the liveness timeout (1 s
+/// here) can end the wait.
+fn cut_path(transport: &'static str) {
     let b = bridge(0.0);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(1)), move |mut ep| {
+    let mut cfg = config(Duration::from_secs(1));
+    if transport == "tcp" {
+        cfg.prefer_tcp = true;
+        let mut t = cfg.tcp.clone().unwrap_or_default();
+        t.dead_after = Duration::from_secs(1);
+        cfg.tcp = Some(t);
+    }
+    let (addr, h) = in_netns(b.ns(0), cfg, move |mut ep| {
         let peer = ep.accept(Some(T)).unwrap();
+        assert_eq!(ep.transport(peer).unwrap(), transport);
         let msg = vec![5u8; 1 << 20];
         for _ in 0..20 {
             ep.send(peer, 0, &msg).unwrap();
@@ -345,13 +365,13 @@ fn a_cut_path_is_declared_dead_after_the_timeout() {
             ep.last_error().unwrap_or_default().to_string(),
         )
     });
-    let _child = child_on_host1(&b, "sink", &addr, &[("CLINK_TRANSPORT", "udp")]);
+    let _child = child_on_host1(&b, "sink", &addr, &[("CLINK_TRANSPORT", transport)]);
     rx.recv_timeout(T).expect("the stream started");
     let cut_at = Instant::now();
     b.set_cut(1, true).expect("cut");
     let (took, err, why) = h.join().unwrap();
     println!(
-        "cut path declared dead {:?} after the cut: {why}",
+        "{transport}: cut path declared dead {:?} after the cut: {why}",
         cut_at.elapsed()
     );
     assert!(matches!(err, Error::PeerDead(_)), "{err:?}");

@@ -160,6 +160,7 @@ impl Endpoint {
     pub(super) fn check_events(&mut self, timeout: Option<Duration>, read_udp: bool) -> bool {
         self.last_check = Instant::now();
         self.stats.liveness_checks += 1;
+        self.tcp_liveness();
         let mut evs = std::mem::take(&mut self.events);
         evs.clear();
         if let Err(e) = self.epoll.wait(&mut evs, timeout) {

@@ -267,6 +267,32 @@ impl Endpoint {
         self.fail_after_drain(i, format!("{peer} {e}"));
     }
 
+    /// Fails the TCP peers whose host is gone ([`crate::transport::tcp::TcpLink::host_gone`]),
+    /// when a look is due (part of the liveness check).
+    pub(super) fn tcp_liveness(&mut self) {
+        if !self.tcp.as_mut().is_some_and(TcpTransport::acks_due) {
+            return;
+        }
+        let now = Instant::now();
+        let mut k = 0;
+        while let Some(i) = self.tcp_peer(k) {
+            let p = &mut self.peers[i];
+            let gone = match &mut p.link {
+                Link::Tcp(t) if p.alive => t.host_gone(now),
+                _ => None,
+            };
+            if let Some(silent) = gone {
+                let why = format!(
+                    "no acknowledgement from its host for {} ms with data or probes outstanding: declared dead",
+                    silent.as_millis()
+                );
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, why);
+                self.tcp_failed(i, LinkError::Io(e));
+            }
+            k = self.tcp_next(k, i);
+        }
+    }
+
     /// Writes every TCP link's queue (one batch of gathering writes per link per pass) and keeps
     /// epoll's interest in writability in step with what is left.
     pub(super) fn tcp_transmit(&mut self) {

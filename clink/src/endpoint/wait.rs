@@ -112,6 +112,10 @@ impl Endpoint {
                 if let Some(n) = self.net_timer() {
                     t = t.min(n);
                 }
+                // A TCP peer's host that is gone sends nothing to wake the sleep.
+                if let Some(tcp) = self.tcp.as_ref().filter(|t| !t.peers.is_empty()) {
+                    t = t.min(tcp.acks_interval());
+                }
                 woken = self.check_events(Some(t), true);
                 self.finish_wait();
                 if woken {

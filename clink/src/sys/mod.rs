@@ -19,7 +19,8 @@ pub mod udp;
 
 pub use epoll::Epoll;
 pub use net::{
-    interfaces, send_pieces, send_vectored, tcp_listen, tcp_wire_bytes, Iface, SockAddr, MAX_PIECES,
+    interfaces, send_pieces, send_vectored, tcp_acks, tcp_listen, tcp_wire_bytes, Iface, SockAddr,
+    TcpAcks, MAX_PIECES,
 };
 pub use seqpacket::{poll_readable, PeerCred, SeqPacket};
 pub use tether::Tether;

@@ -260,10 +260,8 @@ pub fn send_pieces<'a>(fd: RawFd, pieces: impl Iterator<Item = &'a [u8]>) -> io:
 /// Most slices one [`send_pieces`] writes.
 pub const MAX_PIECES: usize = 64;
 
-/// Payload bytes a TCP socket has put on the wire, resends included, and those of them
-/// that were resends (`tcpi_bytes_sent` and `tcpi_bytes_retrans` of `TCP_INFO`, Linux
-/// 4.19 and later; `Unsupported` on an older kernel).
-pub fn tcp_wire_bytes(fd: RawFd) -> io::Result<(u64, u64)> {
+/// A TCP socket's `TCP_INFO` and the length the kernel filled in.
+fn tcp_info(fd: RawFd) -> io::Result<(libc::tcp_info, usize)> {
     // SAFETY: tcp_info is plain data; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -277,13 +275,44 @@ pub fn tcp_wire_bytes(fd: RawFd) -> io::Result<(u64, u64)> {
             &mut len,
         )
     })?;
+    Ok((info, len as usize))
+}
+
+/// Payload bytes a TCP socket has put on the wire, resends included, and those of them
+/// that were resends (`tcpi_bytes_sent` and `tcpi_bytes_retrans` of `TCP_INFO`, Linux
+/// 4.19 and later; `Unsupported` on an older kernel).
+pub fn tcp_wire_bytes(fd: RawFd) -> io::Result<(u64, u64)> {
+    let (info, len) = tcp_info(fd)?;
     let need =
         std::mem::offset_of!(libc::tcp_info, tcpi_bytes_retrans) + std::mem::size_of::<u64>();
-    if (len as usize) < need {
+    if len < need {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "this kernel's TCP_INFO has no tcpi_bytes_sent (Linux 4.19 or later)",
         ));
     }
     Ok((info.tcpi_bytes_sent, info.tcpi_bytes_retrans))
+}
+
+/// What a TCP socket knows of its peer's host answering: segments sent and not yet
+/// acknowledged, probes (zero-window or keepalive) sent and not answered, and the time
+/// since the last acknowledgement came (`TCP_INFO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpAcks {
+    /// Segments in flight, unacknowledged.
+    pub unacked: u32,
+    /// Zero-window or keepalive probes unanswered (any acknowledgement resets it).
+    pub probes: u8,
+    /// Since the last acknowledgement from the peer's host.
+    pub last_ack: std::time::Duration,
+}
+
+/// [`TcpAcks`] of socket `fd`.
+pub fn tcp_acks(fd: RawFd) -> io::Result<TcpAcks> {
+    let (info, _) = tcp_info(fd)?;
+    Ok(TcpAcks {
+        unacked: info.tcpi_unacked,
+        probes: info.tcpi_probes,
+        last_ack: std::time::Duration::from_millis(info.tcpi_last_ack_recv.into()),
+    })
 }

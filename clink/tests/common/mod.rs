@@ -450,14 +450,15 @@ pub fn away_and_back(
         let mut buf = vec![0u8; 4 << 20];
         let st = b
             .recv_timeout(Selector::exact(Some(pb), 5), &mut buf, Some(T))
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{e}: {:?}", b.last_error()));
         assert_eq!(st.len, 4 << 20);
         assert!(buf == big, "payload damaged");
         b.send(pb, 6, b"back").unwrap();
         assert!(b.is_alive(pb), "{:?}", b.last_error());
         b
     });
-    a.wait_send(&s, Some(T)).unwrap();
+    a.wait_send(&s, Some(T))
+        .unwrap_or_else(|e| panic!("{e}: {:?}", a.last_error()));
     let got = a.wait_recv(&r, Some(T)).unwrap();
     assert_eq!(&got.buf[..got.status.len as usize], b"back");
     back.join().unwrap()

@@ -79,6 +79,8 @@ pub struct TcpTransport {
     incoming: Vec<Incoming>,
     /// Endpoint peer indices reached over TCP (progress visits only these).
     pub peers: Vec<usize>,
+    /// When the links' acknowledgements were last looked at ([`TcpTransport::acks_due`]).
+    acks_checked: std::time::Instant,
 }
 
 impl TcpTransport {
@@ -102,6 +104,7 @@ impl TcpTransport {
             cfg,
             incoming: Vec::new(),
             peers: Vec::new(),
+            acks_checked: std::time::Instant::now(),
         })
     }
 
@@ -118,6 +121,21 @@ impl TcpTransport {
     /// The listening socket's descriptor (for epoll).
     pub fn listener_fd(&self) -> RawFd {
         self.listener.as_raw_fd()
+    }
+
+    /// How often the links' acknowledgements are looked at for a host that is gone
+    /// ([`link::TcpLink::host_gone`]): an eighth of the liveness timeout, at least 10 ms.
+    pub fn acks_interval(&self) -> std::time::Duration {
+        (self.cfg.dead_after / 8).max(std::time::Duration::from_millis(10))
+    }
+
+    /// True (and the time noted) when a look at the links' acknowledgements is due.
+    pub fn acks_due(&mut self) -> bool {
+        if self.peers.is_empty() || self.acks_checked.elapsed() < self.acks_interval() {
+            return false;
+        }
+        self.acks_checked = std::time::Instant::now();
+        true
     }
 
     /// True while accepted connections wait for their hello.

@@ -184,6 +184,12 @@ pub struct TcpLink {
     pub stats: TcpStats,
     /// The endpoint watches the socket for writability too (set by the endpoint).
     out_armed: bool,
+    /// The liveness timeout: the peer's host is taken for gone when it has acknowledged
+    /// nothing for this long while data or probes await an answer ([`TcpLink::host_gone`]).
+    dead_after: Duration,
+    /// Since when the liveness checks have seen, every time, segments in flight or a probe
+    /// unanswered, with no acknowledgement since ([`TcpLink::host_gone`]).
+    awaiting_since: Option<std::time::Instant>,
     /// A write (or a read off the progress pass, the latency path's) failed: the link is
     /// dead; the endpoint reads what the socket still holds and fails the peer in a
     /// progress pass (a write can happen inside the handling of a frame, where failing
@@ -192,8 +198,9 @@ pub struct TcpLink {
 }
 
 impl TcpLink {
-    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`, and liveness left to the
-    /// kernel ([`kernel_liveness`]) with `dead_after` as its bound.
+    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`, the kernel's keepalives
+    /// for an idle connection ([`kernel_liveness`]), and `dead_after` the bound of
+    /// [`TcpLink::host_gone`].
     pub fn new(sock: TcpStream, speculate: bool, dead_after: Duration) -> io::Result<TcpLink> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
@@ -222,6 +229,8 @@ impl TcpLink {
             handshake: None,
             stats: TcpStats::default(),
             out_armed: false,
+            dead_after,
+            awaiting_since: None,
             failed: None,
         })
     }
@@ -263,6 +272,32 @@ impl TcpLink {
     /// Whether a failure is recorded.
     pub fn has_failed(&self) -> bool {
         self.failed.is_some()
+    }
+
+    /// How long the peer's host has been silent, when that makes it gone (a liveness
+    /// check, made every so often while the endpoint is in use): it has acknowledged
+    /// nothing for the liveness timeout, and meanwhile either two probes (zero-window or
+    /// keepalive) went unanswered, or every check for at least the timeout found segments
+    /// in flight or a probe out. A live host acknowledges within a round trip whatever its
+    /// process does: a peer whose process does not read (its window shut for minutes)
+    /// answers the kernel's zero-window probes and is not taken for gone, where
+    /// `TCP_USER_TIMEOUT` aborted such a connection after the timeout (Linux 5.11 and
+    /// later count a shut window against it). Data just sent after a long quiet is not
+    /// taken for unanswered either: the checks must see it outstanding for the timeout.
+    pub fn host_gone(&mut self, now: std::time::Instant) -> Option<Duration> {
+        let a = crate::sys::tcp_acks(self.fd()).ok()?;
+        let awaiting = a.unacked > 0 || a.probes > 0;
+        // An acknowledgement since the checks began to wait resets them.
+        let since = match self.awaiting_since {
+            Some(t) if awaiting && now.saturating_duration_since(t) <= a.last_ack => t,
+            _ if awaiting => *self.awaiting_since.insert(now),
+            _ => {
+                self.awaiting_since = None;
+                return None;
+            }
+        };
+        let waited = now.saturating_duration_since(since) >= self.dead_after;
+        (a.last_ack >= self.dead_after && (a.probes >= 2 || waited)).then_some(a.last_ack)
     }
 
     /// Whether the endpoint watches the socket for writability too.
@@ -797,23 +832,23 @@ impl TcpLink {
     }
 }
 
-/// Hands a connection's liveness to the kernel, which keeps it whatever the application
-/// does (TCP's own guarantee): keepalive probes after a quarter of `dead_after` of
-/// silence (whole seconds, at least one), and the connection aborted (reads and writes
-/// then fail with `ETIMEDOUT`) when sent data or probes stay unacknowledged for
-/// `dead_after` (`TCP_USER_TIMEOUT`, which bounds the probes too). A peer process that
-/// stops calling in is therefore never declared dead; one that exits is seen at once
-/// (its kernel closes the connection); a host that is gone, or a path cut, within about
-/// `dead_after` plus a probe interval.
+/// The kernel's part of a connection's liveness: keepalive probes after a quarter of
+/// `dead_after` of silence, then every quarter (whole seconds, at least one), and the
+/// connection aborted (reads and writes then fail with `ETIMEDOUT`) after four unanswered:
+/// an idle connection to a host that is gone ends without the application. With data
+/// outstanding (keepalives then pause) the endpoint's check of the acknowledgements
+/// decides ([`TcpLink::host_gone`]). No `TCP_USER_TIMEOUT`: it would also abort a
+/// connection whose peer keeps its window shut (a process computing instead of reading)
+/// although its host answers every probe. A peer process that exits is seen at once (its
+/// kernel closes the connection).
 fn kernel_liveness(sock: &TcpStream, dead_after: Duration) -> io::Result<()> {
     use crate::sys::setsockopt;
     let fd = sock.as_raw_fd();
     let probe = (dead_after.as_secs() / 4).clamp(1, i32::MAX as u64) as libc::c_int;
-    let user = dead_after.as_millis().clamp(1, u32::MAX as u128) as libc::c_uint;
     setsockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, &1 as &libc::c_int)?;
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, &probe)?;
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, &probe)?;
-    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, &user)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, &4 as &libc::c_int)?;
     Ok(())
 }
 
