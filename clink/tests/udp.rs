@@ -681,6 +681,16 @@ fn a_peer_that_stops_calling_in_stays_alive_and_resumes() {
 }
 
 #[test]
+fn a_receiver_that_stops_calling_in_under_a_stream_stays_alive() {
+    // As over TCP (tests/tcp.rs): B streams eager messages at A while A computes for
+    // three liveness timeouts; A's keepalive thread speaks for it, B's sends wait for
+    // room, and every message arrives once A calls again.
+    let dead = Duration::from_millis(1000);
+    let (a, b) = pair("", dead.as_millis() as u64);
+    common::stream_to_an_away_receiver(a, b, dead);
+}
+
+#[test]
 fn close_is_delivered_over_udp() {
     let ((mut a, pa), (mut b, pb)) = pair("", 2000);
     b.send(pb, 1, b"last words").unwrap();

@@ -464,6 +464,50 @@ pub fn away_and_back(
     back.join().unwrap()
 }
 
+/// A stays away from its endpoint (no call) for three times `dead`, the liveness
+/// timeout, while B streams 200 eager messages of 60 KiB at it with blocking sends; then
+/// A receives them all, in order. Neither may declare the other dead. Returns how long
+/// B's sends were held back.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn stream_to_an_away_receiver(
+    (mut a, pa): (Endpoint, PeerId),
+    (mut b, pb): (Endpoint, PeerId),
+    dead: Duration,
+) -> Duration {
+    let n = 200u64;
+    let receiver = std::thread::spawn(move || {
+        // Computing: no call into clink.
+        std::thread::sleep(dead * 3);
+        let mut buf = vec![0u8; 60 << 10];
+        for i in 0..n {
+            let st = a
+                .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+                .unwrap_or_else(|e| panic!("message {i}: {e}: {:?}", a.last_error()));
+            assert_eq!(st.len, 60 << 10);
+            assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()), i);
+        }
+        a
+    });
+    let mut msg = vec![7u8; 60 << 10];
+    let t = Instant::now();
+    for i in 0..n {
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        b.send(pb, 1, &msg).unwrap_or_else(|e| {
+            panic!(
+                "send {i} after {:?}: {e}; {:?}",
+                t.elapsed(),
+                b.last_error()
+            )
+        });
+    }
+    let blocked = t.elapsed();
+    println!("the sends were held {blocked:?}");
+    let a = receiver.join().unwrap();
+    assert!(b.is_alive(pb), "{:?}", b.last_error());
+    assert!(a.is_alive(pa), "{:?}", a.last_error());
+    blocked
+}
+
 /// The example `name` cargo built beside this test (`cargo test` builds the examples).
 pub fn example(name: &str) -> std::path::PathBuf {
     // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>
