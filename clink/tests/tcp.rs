@@ -679,6 +679,15 @@ fn a_peer_that_resets_the_connection_is_heard_out_first() {
 }
 
 #[test]
+fn close_delivers_a_backlog_to_a_reader_that_comes_back() {
+    // Close waits while the peer is away (no progress, less than the liveness timeout),
+    // then for as long as it takes the queue: before, close gave up after 200 ms and
+    // dropped the frames still in the link's queue.
+    let (a, b) = pair_dead(true, 20, 2000);
+    common::close_delivers_a_backlog(a, b, Duration::from_millis(700));
+}
+
+#[test]
 fn a_large_message_into_a_short_buffer_is_truncated() {
     let ((mut a, pa), (mut b, pb)) = pair(true, 20);
     let sender = std::thread::spawn(move || {

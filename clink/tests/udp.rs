@@ -691,6 +691,13 @@ fn a_receiver_that_stops_calling_in_under_a_stream_stays_alive() {
 }
 
 #[test]
+fn close_delivers_a_backlog_to_a_reader_that_comes_back() {
+    // As over TCP (tests/tcp.rs): the messages the connection still holds are delivered.
+    let (a, b) = pair("", 2000);
+    common::close_delivers_a_backlog(a, b, Duration::from_millis(700));
+}
+
+#[test]
 fn close_is_delivered_over_udp() {
     let ((mut a, pa), (mut b, pb)) = pair("", 2000);
     b.send(pb, 1, b"last words").unwrap();

@@ -78,14 +78,16 @@ pub(crate) enum Rx {
 }
 
 impl Link {
-    /// Whether the link still has data the peer has not taken: a UDP connection with
-    /// packets unacknowledged (and alive), a TCP send queue not yet written. Shared memory
-    /// has none (its frames are in the peer's ring).
-    pub fn has_unsent(&self) -> bool {
+    /// Bytes the link holds that the peer has not taken: a UDP connection's messages
+    /// not yet acknowledged (while it is alive), a TCP send queue not yet written (the
+    /// kernel delivers what it took, as for any socket). Shared memory holds none (its
+    /// frames are in the peer's ring).
+    pub fn unsent_bytes(&self) -> usize {
         match self {
-            Link::Shm(_) => false,
-            Link::Udp(u) => !u.conn().is_idle() && !u.conn().is_dead(),
-            Link::Tcp(t) => t.wants_write(),
+            Link::Shm(_) => 0,
+            Link::Udp(u) if u.conn().is_dead() => 0,
+            Link::Udp(u) => u.conn().send_buffered(),
+            Link::Tcp(t) => t.queued_bytes(),
         }
     }
 

@@ -75,7 +75,8 @@ const TOK_UDP: u64 = 3;
 /// Epoll token of the main UDP socket (handshakes, peers without a socket of their own):
 /// the others' readiness does not make a wake-up read it.
 const TOK_UDP_MAIN: u64 = u64::MAX - 3;
-/// Longest `close` waits for its goodbyes to reach network peers.
+/// Longest `close` waits for its goodbyes to reach network peers (and the slice of its
+/// waits for what is queued before them).
 const LINGER: Duration = Duration::from_millis(200);
 const TOK_PEER0: u64 = 4;
 /// Frames handled per peer per progress pass, so one busy peer cannot starve the others.
@@ -433,34 +434,53 @@ impl Endpoint {
 
     // ---------------------------------------------------------------- waiting
 
-    /// Says goodbye to every peer: queued frames are flushed as far as the rings take
-    /// them, then a `Close` frame tells each peer, after everything sent before it, that
-    /// requests towards this endpoint fail. Local requests fail with `PeerDead`. Dropping
-    /// the endpoint does the same (and its peers would see the socket hang up anyway).
+    /// Says goodbye to every peer: what is queued towards each is delivered first (frames
+    /// waiting for room in a ring or a link, bytes a network link holds) for as long as
+    /// the peers keep taking it (it gives up on a peer that takes nothing for
+    /// `CLINK_NET_DEAD_MS`), then a `Close` frame tells each peer, after everything sent
+    /// before it, that requests towards this endpoint fail. Local requests fail with
+    /// `PeerDead`. Dropping the endpoint does the same (and its peers would see the
+    /// socket hang up anyway).
     pub fn close(&mut self) {
         for i in 0..self.peers.len() {
-            if !self.peers[i].alive {
-                continue;
-            }
-            self.flush(i);
-            let p = &mut self.peers[i];
-            if p.txq.is_empty() {
-                if let Link::Udp(u) = &mut p.link {
-                    // The goodbye must not overtake the ack of a transfer received:
-                    // the peer fails its sends towards us when the goodbye arrives.
-                    u.ack_with_next_data();
-                }
-                p.link.try_send(&Frame::Close);
+            if self.peers[i].alive {
+                self.flush(i);
             }
         }
+        self.linger(self.close_stall());
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if !p.alive || !p.txq.is_empty() {
+                continue;
+            }
+            if let Link::Udp(u) = &mut p.link {
+                // The goodbye must not overtake the ack of a transfer received: the
+                // peer fails its sends towards us when the goodbye arrives.
+                u.ack_with_next_data();
+            }
+            p.link.try_send(&Frame::Close);
+        }
         // Over the network, the goodbye must be delivered before the links go quiet.
-        self.linger();
+        self.linger(LINGER);
         for i in 0..self.peers.len() {
             if self.peers[i].alive {
                 self.peers[i].closing = true;
                 self.fail_peer(i, format!("{} closed locally", PeerId(i as u32)));
             }
         }
+    }
+
+    /// How long `close` waits for a peer that takes nothing of what is queued for it: the
+    /// network's liveness timeout (a peer that silent is declared dead meanwhile).
+    fn close_stall(&self) -> Duration {
+        let c = &self.ctx.config;
+        let udp = c.udp.as_ref().map(|u| u.dead_after);
+        let tcp = c.tcp.as_ref().map(|t| t.dead_after);
+        udp.into_iter()
+            .chain(tcp)
+            .max()
+            .unwrap_or(LINGER)
+            .max(LINGER)
     }
 }
 

@@ -280,13 +280,38 @@ impl Endpoint {
         self.epoll.raw()
     }
 
-    /// Progresses until no live network link has data its peer has not taken (bounded by
-    /// [`LINGER`]), waiting as any wait does (spin, then sleep until a datagram or a
-    /// retransmission timer): a peer that has gone never acknowledges, and spinning out
-    /// the whole bound burned a core for it.
-    pub(super) fn linger(&mut self) {
-        let pending = |ep: &Endpoint| ep.peers.iter().any(|p| p.alive && p.link.has_unsent());
-        // A timeout is the bound doing its job: close goes on regardless.
-        let _ = self.wait_until(Some(LINGER), |ep| !pending(ep));
+    /// Progresses until nothing queued towards a live peer is left (frames waiting for
+    /// room, bytes a network link holds), for as long as the peers keep taking it: it
+    /// gives up once nothing has moved for `stall`. Waits as any wait does (spin, then
+    /// sleep until a datagram or a retransmission timer): a peer that has gone never
+    /// acknowledges, and spinning out the whole bound burned a core for it.
+    pub(super) fn linger(&mut self, stall: Duration) {
+        let left = |ep: &Endpoint| {
+            ep.peers
+                .iter()
+                .filter(|p| p.alive)
+                .fold((0, 0), |(f, b), p| {
+                    (f + p.txq.len(), b + p.link.unsent_bytes())
+                })
+        };
+        // The least left so far: only going below it is progress (what a peer's
+        // acknowledgement takes off, a retransmission or a keepalive may add back).
+        let mut low = left(self);
+        let mut moved = Instant::now();
+        while low != (0, 0) {
+            let was = low;
+            // A timeout is only a look at the clock: the loop decides.
+            let _ = self.wait_until(Some(LINGER), |ep| {
+                let l = left(ep);
+                l.0 < was.0 || l.1 < was.1
+            });
+            let now = left(self);
+            low = (low.0.min(now.0), low.1.min(now.1));
+            if low != was {
+                moved = Instant::now();
+            } else if moved.elapsed() >= stall {
+                return;
+            }
+        }
     }
 }

@@ -508,6 +508,44 @@ pub fn stream_to_an_away_receiver(
     blocked
 }
 
+/// B queues 1000 eager messages of 8 KiB for A (non-blocking sends: far more than the
+/// kernel takes while A reads nothing) and closes at once, while A stays away from its
+/// endpoint for `away` (less than the liveness timeout); then A receives all of them, in
+/// order, and the peer's end after them. Returns how long B's close took.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn close_delivers_a_backlog(
+    (mut a, pa): (Endpoint, PeerId),
+    (mut b, pb): (Endpoint, PeerId),
+    away: Duration,
+) -> Duration {
+    let (n, size) = (1000u64, 8 << 10);
+    let receiver = std::thread::spawn(move || {
+        std::thread::sleep(away);
+        let mut buf = vec![0u8; size];
+        for i in 0..n {
+            let st = a
+                .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+                .unwrap_or_else(|e| panic!("message {i}: {e}: {:?}", a.last_error()));
+            assert_eq!(st.len as usize, size);
+            assert_eq!(u64::from_le_bytes(buf[..8].try_into().unwrap()), i);
+        }
+        let r = a.recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T));
+        assert!(matches!(r, Err(clink::Error::PeerDead(_))), "{r:?}");
+    });
+    let mut sends = Vec::new();
+    for i in 0..n {
+        let mut msg = vec![7u8; size];
+        msg[..8].copy_from_slice(&i.to_le_bytes());
+        sends.push(b.isend(pb, 1, msg).unwrap());
+    }
+    let t = Instant::now();
+    b.close();
+    let took = t.elapsed();
+    println!("close took {took:?}");
+    receiver.join().unwrap();
+    took
+}
+
 /// The example `name` cargo built beside this test (`cargo test` builds the examples).
 pub fn example(name: &str) -> std::path::PathBuf {
     // target/<profile>/deps/<this test> -> target/<profile>/examples/<name>

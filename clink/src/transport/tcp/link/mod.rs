@@ -393,6 +393,11 @@ impl TcpLink {
         self.out.is_empty() && self.dests.is_empty() && self.cur.is_none()
     }
 
+    /// Bytes queued and not yet written: frames, and what is left of rendezvous sends.
+    pub fn queued_bytes(&self) -> usize {
+        self.tx_queued + self.out.iter().map(|s| s.src.len() - s.next).sum::<usize>()
+    }
+
     /// True while something waits to be written.
     pub fn wants_write(&self) -> bool {
         !self.tx.is_empty() || !self.out.is_empty()
