@@ -382,6 +382,48 @@ fn cut_path(transport: &'static str) {
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
+#[test]
+fn an_idle_tcp_peer_behind_a_cut_path_is_declared_dead() {
+    // Nothing in flight when the path is cut: the kernel's keepalive probes (a quarter of
+    // the timeout, whole seconds: every second here) go unanswered, and the liveness
+    // check declares the peer dead once two have and nothing was acknowledged for the
+    // timeout (2 s), while the endpoint waits in a receive from it.
+    let dead = Duration::from_secs(2);
+    let b = bridge(0.0);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let mut cfg = config(dead);
+    cfg.prefer_tcp = true;
+    let mut t = cfg.tcp.clone().unwrap_or_default();
+    t.dead_after = dead;
+    cfg.tcp = Some(t);
+    let (addr, h) = in_netns(b.ns(0), cfg, move |mut ep| {
+        let peer = ep.accept(Some(T)).unwrap();
+        assert_eq!(ep.transport(peer).unwrap(), "tcp");
+        ep.send(peer, 0, &[1u8; 64]).unwrap();
+        tx.send(()).unwrap();
+        let t0 = Instant::now();
+        let r = ep.recv_timeout(Selector::exact(Some(peer), 9), &mut [0u8; 8], Some(T));
+        (
+            t0.elapsed(),
+            r,
+            ep.last_error().unwrap_or_default().to_string(),
+        )
+    });
+    let _child = child_on_host1(&b, "sink", &addr, &[("CLINK_TRANSPORT", "tcp")]);
+    rx.recv_timeout(T).expect("connected");
+    let cut_at = Instant::now();
+    b.set_cut(1, true).expect("cut");
+    let (took, r, why) = h.join().unwrap();
+    println!(
+        "idle tcp: declared dead {:?} after the cut: {why}",
+        cut_at.elapsed()
+    );
+    assert!(matches!(r, Err(Error::PeerDead(_))), "{r:?}");
+    assert!(why.contains("declared dead"), "{why}");
+    assert!(took >= Duration::from_millis(1500), "{took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
 /// Runs `ip -n NS ARGS...` in host `h`'s namespace, which must succeed.
 fn ip_in(b: &Bridge, h: usize, args: &str) {
     let ip = clink_testbed::ip_binary().unwrap();
