@@ -119,6 +119,19 @@ fn config(dead: Duration) -> Config {
     c
 }
 
+/// [`config`] over `transport` ("udp" or "tcp", which it then prefers), its liveness
+/// timeout `dead` either way.
+fn config_over(transport: &str, dead: Duration) -> Config {
+    let mut c = config(dead);
+    if transport == "tcp" {
+        c.prefer_tcp = true;
+        let mut t = c.tcp.clone().unwrap_or_default();
+        t.dead_after = dead;
+        c.tcp = Some(t);
+    }
+    c
+}
+
 fn child_on_host1(b: &Bridge, role: &str, addr: &str, env: &[(&str, &str)]) -> ChildProc {
     let exe = std::env::current_exe().unwrap();
     spawn_with(b.command(1, exe), role, addr, seed(61), env)
@@ -337,13 +350,7 @@ fn a_cut_path_under_a_tcp_stream_is_declared_dead_after_the_timeout() {
 fn cut_path(transport: &'static str) {
     let b = bridge(0.0);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let mut cfg = config(Duration::from_secs(1));
-    if transport == "tcp" {
-        cfg.prefer_tcp = true;
-        let mut t = cfg.tcp.clone().unwrap_or_default();
-        t.dead_after = Duration::from_secs(1);
-        cfg.tcp = Some(t);
-    }
+    let cfg = config_over(transport, Duration::from_secs(1));
     let (addr, h) = in_netns(b.ns(0), cfg, move |mut ep| {
         let peer = ep.accept(Some(T)).unwrap();
         assert_eq!(ep.transport(peer).unwrap(), transport);
@@ -391,12 +398,7 @@ fn an_idle_tcp_peer_behind_a_cut_path_is_declared_dead() {
     let dead = Duration::from_secs(2);
     let b = bridge(0.0);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let mut cfg = config(dead);
-    cfg.prefer_tcp = true;
-    let mut t = cfg.tcp.clone().unwrap_or_default();
-    t.dead_after = dead;
-    cfg.tcp = Some(t);
-    let (addr, h) = in_netns(b.ns(0), cfg, move |mut ep| {
+    let (addr, h) = in_netns(b.ns(0), config_over("tcp", dead), move |mut ep| {
         let peer = ep.accept(Some(T)).unwrap();
         assert_eq!(ep.transport(peer).unwrap(), "tcp");
         ep.send(peer, 0, &[1u8; 64]).unwrap();
