@@ -334,7 +334,7 @@ impl Endpoint {
             } else {
                 "its host or network is unreachable (an ICMP answer, or this host has no route or source address for it any more)"
             };
-            self.fail_udp_peer(i, format!("{}: {why}", PeerId(i as u32)));
+            self.fail_after_drain(i, format!("{}: {why}", PeerId(i as u32)));
         }
         if let Some(net) = self.net.as_mut() {
             net.flush(); // welcomes answering hellos
@@ -430,19 +430,13 @@ impl Endpoint {
             .udp
             .as_ref()
             .map_or(Duration::ZERO, |c| c.dead_after);
-        self.fail_udp_peer(
+        self.fail_after_drain(
             i,
             format!(
                 "{} sent nothing for {silent:?}: declared dead",
                 PeerId(i as u32)
             ),
         );
-    }
-
-    /// Fails UDP peer `i` for `why`, after the frames its connection already delivered
-    /// in order ([`Endpoint::fail_after_drain`]).
-    fn fail_udp_peer(&mut self, i: usize, why: String) {
-        self.fail_after_drain(i, why);
     }
 
     /// The busy-poll latency path of a blocking receive from a network peer, the
