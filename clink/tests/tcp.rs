@@ -629,6 +629,14 @@ fn close_is_delivered_over_tcp() {
         a.wait_recv(&r, Some(Duration::from_secs(1))),
         Err(Error::PeerDead(_))
     ));
+    // An in-place receive from the closed peer fails at once too (it waited out its
+    // timeout).
+    let t = std::time::Instant::now();
+    let r = a
+        .recv_in_place(Selector::exact(Some(pa), 2), Some(Duration::from_secs(5)))
+        .map(|g| g.status());
+    assert!(matches!(r, Err(Error::PeerDead(_))), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
 }
 
 /// A peer whose connection resets (a process killed with bytes of ours unread: its

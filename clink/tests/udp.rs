@@ -713,6 +713,14 @@ fn close_is_delivered_over_udp() {
         a.wait_recv(&r, Some(Duration::from_secs(1))),
         Err(Error::PeerDead(_))
     ));
+    // An in-place receive from the closed peer fails at once too (it waited out its
+    // timeout).
+    let t = std::time::Instant::now();
+    let r = a
+        .recv_in_place(Selector::exact(Some(pa), 2), Some(Duration::from_secs(5)))
+        .map(|g| g.status());
+    assert!(matches!(r, Err(Error::PeerDead(_))), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
 }
 
 /// A receiver that stops driving its endpoint as soon as its bulk receive returns (as an

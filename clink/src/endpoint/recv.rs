@@ -400,6 +400,7 @@ impl Endpoint {
     ) -> Result<InPlace<'_>> {
         let mut found: Option<(usize, Rx, u64)> = None;
         let mut owned: Option<(Status, Vec<u8>)> = None;
+        let mut dead = None;
         self.wait_until(timeout, |ep| {
             if let Some(u) = ep.matcher.probe(&sel) {
                 let is_eager = matches!(u.item, Arrived::Eager(_));
@@ -436,6 +437,14 @@ impl Endpoint {
                     }
                 }
             }
+            // The named peer is gone and left nothing matching: nothing more can come.
+            if let Some(src) = sel
+                .src
+                .filter(|s| ep.peers.get(s.0 as usize).is_some_and(|p| !p.alive))
+            {
+                dead = Some(src);
+                return true;
+            }
             false
         })
         .or_else(|e| {
@@ -467,6 +476,9 @@ impl Endpoint {
                 status,
                 data: InPlaceData::Owned(v),
             });
+        }
+        if let Some(src) = dead.filter(|_| self.matcher.probe(&sel).is_none()) {
+            return Err(Error::PeerDead(src));
         }
         // A rendezvous message is waiting: receive it into a buffer of its size.
         let len = self.matcher.probe(&sel).map(|u| u.item.len());
