@@ -616,27 +616,8 @@ fn a_receiver_on_its_latency_path_still_sends_keepalives() {
 
 #[test]
 fn close_is_delivered_over_tcp() {
-    let ((mut a, pa), (mut b, pb)) = pair(true, 20);
-    b.send(pb, 1, b"last words").unwrap();
-    b.close();
-    let mut buf = [0u8; 32];
-    let st = a
-        .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], b"last words");
-    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
-    assert!(matches!(
-        a.wait_recv(&r, Some(Duration::from_secs(1))),
-        Err(Error::PeerDead(_))
-    ));
-    // An in-place receive from the closed peer fails at once too (it waited out its
-    // timeout).
-    let t = std::time::Instant::now();
-    let r = a
-        .recv_in_place(Selector::exact(Some(pa), 2), Some(Duration::from_secs(5)))
-        .map(|g| g.status());
-    assert!(matches!(r, Err(Error::PeerDead(_))), "{r:?}");
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let (a, b) = pair(true, 20);
+    common::close_is_delivered(a, b);
 }
 
 /// A peer whose connection resets (a process killed with bytes of ours unread: its
@@ -645,7 +626,7 @@ fn close_is_delivered_over_tcp() {
 /// peer fails after it. The peer is a raw TCP client speaking the stream format.
 #[test]
 fn a_peer_that_resets_the_connection_is_heard_out_first() {
-    use clink_proto::stream::{Handshake, Header, Kind};
+    use clink_proto::stream::{Handshake, Header, Kind, HEADER};
     use clink_proto::wire::Frame;
     let mut a = tcp_ctx(true, 20).endpoint().unwrap();
     let addr = Address::parse(&a.address()).unwrap();
@@ -663,9 +644,9 @@ fn a_peer_that_resets_the_connection_is_heard_out_first() {
         tag: 7,
         data: b"last words",
     };
-    let mut rec = vec![0u8; 24 + last.encoded_len()];
-    rec[..24].copy_from_slice(&Header::frame(last.encoded_len()).encode());
-    last.encode(&mut rec[24..]);
+    let mut rec = vec![0u8; HEADER + last.encoded_len()];
+    rec[..HEADER].copy_from_slice(&Header::frame(last.encoded_len()).encode());
+    last.encode(&mut rec[HEADER..]);
     s.write_all(&rec).unwrap();
     a.send(pa, 1, b"never read").unwrap();
     s.set_read_timeout(Some(T)).unwrap();

@@ -158,9 +158,10 @@ impl Endpoint {
     /// `timeout`. Returns true when something happened. Without `read_udp` a readable UDP
     /// socket is left to the next pass's own read (epoll reports it level-triggered).
     pub(super) fn check_events(&mut self, timeout: Option<Duration>, read_udp: bool) -> bool {
-        self.last_check = Instant::now();
+        let now = Instant::now();
+        self.last_check = now;
         self.stats.liveness_checks += 1;
-        self.tcp_liveness();
+        self.tcp_liveness(now);
         let mut evs = std::mem::take(&mut self.events);
         evs.clear();
         if let Err(e) = self.epoll.wait(&mut evs, timeout) {

@@ -37,18 +37,24 @@ impl Endpoint {
         }
         // Nothing it could match has arrived, and a dead (or unknown) source will send
         // nothing more: fail now rather than at the caller's timeout.
-        if let Some(src) = sel.src.filter(|&p| !self.is_alive(p)) {
+        if let Some(err) = self.gone_source(&sel) {
             self.matcher.cancel(&id);
-            let err = if (src.0 as usize) < self.peers.len() {
-                Error::PeerDead(src)
-            } else {
-                Error::UnknownPeer(src)
-            };
             if let Some(op) = self.req.recvs.get_mut(&id) {
                 op.state = RecvState::Done(Err(err));
                 self.req.finished.push((false, id));
             }
         }
+    }
+
+    /// Why nothing more can match `sel`: its source is named and dead (`PeerDead`) or
+    /// unknown (`UnknownPeer`); `None` when any peer may still send.
+    fn gone_source(&self, sel: &Selector) -> Option<Error> {
+        let src = sel.src.filter(|&p| !self.is_alive(p))?;
+        Some(if (src.0 as usize) < self.peers.len() {
+            Error::PeerDead(src)
+        } else {
+            Error::UnknownPeer(src)
+        })
     }
 
     /// Receives one message matching `sel` into `buf` (blocking helper). Returns who sent
@@ -400,7 +406,7 @@ impl Endpoint {
     ) -> Result<InPlace<'_>> {
         let mut found: Option<(usize, Rx, u64)> = None;
         let mut owned: Option<(Status, Vec<u8>)> = None;
-        let mut dead = None;
+        let mut gone = None;
         self.wait_until(timeout, |ep| {
             if let Some(u) = ep.matcher.probe(&sel) {
                 let is_eager = matches!(u.item, Arrived::Eager(_));
@@ -438,14 +444,8 @@ impl Endpoint {
                 }
             }
             // The named peer is gone and left nothing matching: nothing more can come.
-            if let Some(src) = sel
-                .src
-                .filter(|s| ep.peers.get(s.0 as usize).is_some_and(|p| !p.alive))
-            {
-                dead = Some(src);
-                return true;
-            }
-            false
+            gone = ep.gone_source(&sel);
+            gone.is_some()
         })
         .or_else(|e| {
             if matches!(e, Error::Timeout) && self.matcher.probe(&sel).is_some() {
@@ -477,8 +477,8 @@ impl Endpoint {
                 data: InPlaceData::Owned(v),
             });
         }
-        if let Some(src) = dead.filter(|_| self.matcher.probe(&sel).is_none()) {
-            return Err(Error::PeerDead(src));
+        if let Some(e) = gone {
+            return Err(e);
         }
         // A rendezvous message is waiting: receive it into a buffer of its size.
         let len = self.matcher.probe(&sel).map(|u| u.item.len());

@@ -195,17 +195,37 @@ impl Endpoint {
     }
 
     /// Reads peer `i`'s connection; fails the peer when it ended or sent garbage.
+    ///
+    /// After a failed write (or a read off the progress pass) the link is dead, but what
+    /// the peer sent before is still readable (the kernel keeps bytes that came before a
+    /// reset): it is read and handled first, one batch of reads per pass, and the peer
+    /// fails with that failure once the socket has no more, so that its last messages (a
+    /// reason it gave for leaving, say) are not lost to the failed write.
     fn tcp_read(&mut self, i: usize) -> bool {
-        let p = &mut self.peers[i];
-        let Link::Tcp(t) = &mut p.link else {
+        let p = &self.peers[i];
+        let Link::Tcp(t) = &p.link else {
             return false;
         };
         if !p.alive {
             return false;
         }
-        let r = match t.take_failure() {
-            Some(e) => return self.tcp_last_words(i, e),
-            None => t.receive(),
+        if t.has_failed() && t.frames().full() {
+            // Room for what is left: the frames read are handled (copied aside if no
+            // receive wants them), as they would be when the peer fails.
+            self.drain(i, true);
+        }
+        let Link::Tcp(t) = &mut self.peers[i].link else {
+            return false;
+        };
+        let failed = t.take_failure();
+        let r = match (t.receive(), failed) {
+            (Ok(true), Some(e)) => {
+                t.note_failure(e);
+                Ok(true)
+            }
+            // Nothing more to read: the earlier failure says why the link ended.
+            (Ok(false) | Err(LinkError::Closed | LinkError::Io(_)), Some(e)) => Err(e),
+            (r, _) => r,
         };
         let did = matches!(r, Ok(true));
         self.finish_bulk_peer(i);
@@ -217,37 +237,6 @@ impl Endpoint {
             return true;
         }
         did
-    }
-
-    /// A write to peer `i` (or a read off the progress pass) failed with `e`: the peer
-    /// reset the connection (a killed process with bytes of ours unread), closed it, or it
-    /// timed out. What the peer sent before is still readable (the kernel keeps bytes
-    /// that came before a reset), so it is read and handled first, one batch of reads per
-    /// pass, and the peer fails once the socket has no more: its last messages (a reason
-    /// it gave for leaving, say) are not lost to the failed write.
-    fn tcp_last_words(&mut self, i: usize, e: LinkError) -> bool {
-        if matches!(&self.peers[i].link, Link::Tcp(t) if t.frames().full()) {
-            // Room for what is left: the frames read are handled (copied aside if no
-            // receive wants them), as they would be when the peer fails.
-            self.drain(i, true);
-        }
-        let Link::Tcp(t) = &mut self.peers[i].link else {
-            return false;
-        };
-        let r = t.receive();
-        self.finish_bulk_peer(i);
-        match r {
-            Ok(true) => {
-                if let Link::Tcp(t) = &mut self.peers[i].link {
-                    t.note_failure(e);
-                }
-                self.mark_busy(i);
-            }
-            Err(m @ LinkError::Malformed(_)) => self.tcp_failed(i, m),
-            // Nothing more to read (the write's error says why the link ended).
-            Ok(false) | Err(_) => self.tcp_failed(i, e),
-        }
-        true
     }
 
     /// Fails peer `i` after its link reported `e`; frames it delivered before are handled
@@ -268,12 +257,11 @@ impl Endpoint {
     }
 
     /// Fails the TCP peers whose host is gone ([`crate::transport::tcp::TcpLink::host_gone`]),
-    /// when a look is due (part of the liveness check).
-    pub(super) fn tcp_liveness(&mut self) {
-        if !self.tcp.as_mut().is_some_and(TcpTransport::acks_due) {
+    /// when a look is due at `now` (part of the liveness check).
+    pub(super) fn tcp_liveness(&mut self, now: Instant) {
+        if !self.tcp.as_mut().is_some_and(|t| t.acks_due(now)) {
             return;
         }
-        let now = Instant::now();
         let mut k = 0;
         while let Some(i) = self.tcp_peer(k) {
             let p = &mut self.peers[i];

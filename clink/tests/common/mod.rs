@@ -508,6 +508,32 @@ pub fn stream_to_an_away_receiver(
     blocked
 }
 
+/// B sends a last message and closes; A receives it, then its receives from B fail with
+/// `PeerDead` well before any timeout: a posted one, and an in-place one (which waited
+/// out its timeout before).
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn close_is_delivered((mut a, pa): (Endpoint, PeerId), (mut b, pb): (Endpoint, PeerId)) {
+    b.send(pb, 1, b"last words").unwrap();
+    b.close();
+    let mut buf = [0u8; 32];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"last words");
+    // The goodbye arrives well before the liveness timeout would have said it.
+    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
+    assert!(matches!(
+        a.wait_recv(&r, Some(Duration::from_secs(1))),
+        Err(clink::Error::PeerDead(_))
+    ));
+    let t = Instant::now();
+    let r = a
+        .recv_in_place(Selector::exact(Some(pa), 2), Some(Duration::from_secs(5)))
+        .map(|g| g.status());
+    assert!(matches!(r, Err(clink::Error::PeerDead(_))), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
 /// B queues 1000 eager messages of 8 KiB for A (non-blocking sends: far more than the
 /// kernel takes while A reads nothing) and closes at once, while A stays away from its
 /// endpoint for `away` (less than the liveness timeout); then A receives all of them, in

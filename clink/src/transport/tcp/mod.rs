@@ -129,12 +129,14 @@ impl TcpTransport {
         (self.cfg.dead_after / 8).max(std::time::Duration::from_millis(10))
     }
 
-    /// True (and the time noted) when a look at the links' acknowledgements is due.
-    pub fn acks_due(&mut self) -> bool {
-        if self.peers.is_empty() || self.acks_checked.elapsed() < self.acks_interval() {
+    /// True (and `now` noted) when a look at the links' acknowledgements is due.
+    pub fn acks_due(&mut self, now: std::time::Instant) -> bool {
+        if self.peers.is_empty()
+            || now.saturating_duration_since(self.acks_checked) < self.acks_interval()
+        {
             return false;
         }
-        self.acks_checked = std::time::Instant::now();
+        self.acks_checked = now;
         true
     }
 

@@ -286,15 +286,14 @@ impl TcpLink {
     /// taken for unanswered either: the checks must see it outstanding for the timeout.
     pub fn host_gone(&mut self, now: std::time::Instant) -> Option<Duration> {
         let a = crate::sys::tcp_acks(self.fd()).ok()?;
-        let awaiting = a.unacked > 0 || a.probes > 0;
+        if a.unacked == 0 && a.probes == 0 {
+            self.awaiting_since = None;
+            return None;
+        }
         // An acknowledgement since the checks began to wait resets them.
         let since = match self.awaiting_since {
-            Some(t) if awaiting && now.saturating_duration_since(t) <= a.last_ack => t,
-            _ if awaiting => *self.awaiting_since.insert(now),
-            _ => {
-                self.awaiting_since = None;
-                return None;
-            }
+            Some(t) if now.saturating_duration_since(t) <= a.last_ack => t,
+            _ => *self.awaiting_since.insert(now),
         };
         let waited = now.saturating_duration_since(since) >= self.dead_after;
         (a.last_ack >= self.dead_after && (a.probes >= 2 || waited)).then_some(a.last_ack)
