@@ -12,11 +12,12 @@
 //! Environment:
 //! - `CLINK_SOCKETS=0` turns acceleration off (every call goes to the kernel);
 //! - `CLINK_SOCKETS_SPIN_US` (default 20): how long a blocking call spins on a ring before
-//!   it sleeps in the kernel;
+//!   it sleeps in the kernel (a thread whose spins keep failing sleeps at once for a while);
 //! - `CLINK_SOCKETS_RING_KB` (default 1024, a power of two from 4 to 65536): each
 //!   direction's ring;
 //! - `CLINK_SOCKETS_STATS=PATH`: append one line per connection to PATH (accelerated or
-//!   not, and why; bytes by ring and by kernel);
+//!   not, and why; wake-ups sent; the process's blocking calls whose spin failed and the
+//!   times its spin closed; bytes by ring and by kernel);
 //! - `CLINK_SOCKETS_WAKE=0` wakes a sleeping reader with a byte through the kernel socket
 //!   instead of a datagram to its wake socket (see `conn/wake.rs`).
 
@@ -26,6 +27,7 @@ mod fdbits;
 mod interpose;
 mod real;
 mod shared;
+mod spin;
 mod stats;
 mod sys;
 mod table;

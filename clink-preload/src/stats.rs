@@ -48,8 +48,9 @@ pub fn record_close(c: &Conn) {
         return;
     }
     let k = &c.counters;
+    let (failed, closed) = crate::spin::counts();
     line(&format!(
-        "{}: {} wakes {} ring tx {} rx {} kernel tx {} rx {}",
+        "{}: {} wakes {} spins failed {failed} closed {closed} ring tx {} rx {} kernel tx {} rx {}",
         c.label,
         c.outcome(),
         k.wake_datagrams.load(Ordering::Relaxed),

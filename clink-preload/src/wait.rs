@@ -16,6 +16,41 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Ring checks between two looks at the kernel while spinning.
 const SPINS_PER_LOOK: u32 = 256;
 
+/// A poll or epoll wait's spin, for the thread's spin gate (`crate::spin`): whether it
+/// spun, and whether its spin ran out.
+#[derive(Default)]
+struct SpinTrack {
+    spun: bool,
+    out: bool,
+}
+
+impl SpinTrack {
+    /// Whether to spin on (`start`: when the wait began; `spin`: its spin time): until
+    /// the spin time has passed, then never again in this wait (a miss, counted once).
+    fn on(&mut self, start: u64, spin: u64) -> bool {
+        if self.out {
+            return false;
+        }
+        let now = now_ns();
+        if now - start < spin {
+            self.spun = true;
+            return true;
+        }
+        self.out = true;
+        if spin > 0 {
+            crate::spin::miss(now);
+        }
+        false
+    }
+
+    /// The wait found something ready: a hit if it came while spinning.
+    fn ready(&self) {
+        if self.spun && !self.out {
+            crate::spin::hit();
+        }
+    }
+}
+
 fn remaining(deadline: Option<u64>) -> c_int {
     match deadline {
         Some(d) => (d.saturating_sub(now_ns()).div_ceil(1_000_000)).min(c_int::MAX as u64) as c_int,
@@ -86,10 +121,11 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
     }
     let start = now_ns();
     let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
-    let spin = crate::config().spin_ns;
+    let spin = crate::spin::budget(start);
     // Without a spin, sleep at once: the kernel's wait returns at once for whatever is
     // ready there, and the armed flags catch the rings (one system call, as without us).
     let mut look = spin > 0 || timeout_ms == 0;
+    let mut spinning = SpinTrack::default();
     loop {
         if look {
             // SAFETY: `fds` is the caller's pollfd array.
@@ -99,9 +135,10 @@ pub fn poll(fds: &mut [pollfd], timeout_ms: c_int, mask: *const sigset_t) -> c_i
             }
             let ready = fix_poll(fds, &conns, &nested);
             if ready > 0 || timeout_ms == 0 {
+                spinning.ready();
                 return ready;
             }
-            if now_ns() - start < spin {
+            if spinning.on(start, spin) {
                 let mut k = 0;
                 while k < SPINS_PER_LOOK
                     && !conns
@@ -752,8 +789,9 @@ pub fn epoll_wait(
     }
     let start = now_ns();
     let deadline = (timeout_ms >= 0).then(|| start + timeout_ms as u64 * 1_000_000);
-    let spin = crate::config().spin_ns;
+    let spin = crate::spin::budget(start);
     let mut look = spin > 0 || timeout_ms == 0;
+    let mut spinning = SpinTrack::default();
     loop {
         if look {
             // SAFETY: the caller's epoll set and event array.
@@ -763,9 +801,10 @@ pub fn epoll_wait(
             }
             let ready = fix_epoll(epfd, evs, r as usize, &members, &nested);
             if ready > 0 || timeout_ms == 0 {
+                spinning.ready();
                 return Some(ready as c_int);
             }
-            if now_ns() - start < spin {
+            if spinning.on(start, spin) {
                 let mut k = 0;
                 while k < SPINS_PER_LOOK
                     && !members.iter().any(|(_, r, c)| {

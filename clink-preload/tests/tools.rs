@@ -249,6 +249,89 @@ fn sockperf_ping_pong_and_throughput_with_epoll_poll_and_select() {
     }
 }
 
+/// Both ends under the library and pinned to one CPU: each process's blocking calls stop
+/// spinning once their spins keep failing (a spinning call holds the CPU the other end
+/// needs to answer it), instead of failing a spin per message.
+#[test]
+fn sockperf_ping_pong_on_one_cpu_stops_spinning() {
+    let dir = Scratch::new("one-cpu");
+    let p = PLACEMENTS[0];
+    let stats = dir.stats(p, "one-cpu");
+    let port = free_port();
+    let ps = port.to_string();
+    let sockperf = tool("sockperf");
+    let sockperf = sockperf.to_str().unwrap();
+    let on_cpu0 = |args: &[&str]| {
+        let mut all = vec!["-c", "0", sockperf];
+        all.extend_from_slice(args);
+        command("taskset", &all, true, &stats)
+    };
+    let server = Proc::start(
+        on_cpu0(&["sr", "--tcp", "-i", "127.0.0.1", "-p", &ps]),
+        None,
+    );
+    wait_for_listen(port);
+    let out = run(
+        on_cpu0(&[
+            "pp",
+            "--tcp",
+            "-i",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-m",
+            "64",
+            "-t",
+            "1",
+        ]),
+        None,
+        LIMIT,
+    );
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let rounds: u64 = text
+        .split("[Total Run]")
+        .nth(1)
+        .and_then(|t| t.split("ReceivedMessages=").nth(1))
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no message count: {text}"));
+    drop(server);
+    check_placement(p, &stats, port);
+    // Each process's last line has its totals.
+    let mut per_pid = std::collections::BTreeMap::new();
+    for l in stats_lines(&stats)
+        .iter()
+        .filter(|l| l.contains(&format!("127.0.0.1:{port}")))
+    {
+        let field = |name: &str| -> u64 {
+            l.split(name)
+                .nth(1)
+                .and_then(|t| t.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no {name:?} in {l}"))
+        };
+        let pid = l
+            .split("pid ")
+            .nth(1)
+            .and_then(|t| t.split(':').next())
+            .unwrap_or_default()
+            .to_string();
+        let e = per_pid.entry(pid).or_insert((0, 0));
+        *e = (e.0.max(field(" spins failed ")), e.1.max(field(" closed ")));
+    }
+    let failed: u64 = per_pid.values().map(|v| v.0).sum();
+    let closed: u64 = per_pid.values().map(|v| v.1).sum();
+    eprintln!("{rounds} round trips, {failed} failed spins, {closed} closures: {per_pid:?}");
+    assert_eq!(per_pid.len(), 2, "{per_pid:?}");
+    assert!(closed >= 1, "the spin never closed ({failed} failed spins)");
+    assert!(
+        failed < rounds / 4,
+        "{failed} failed spins in {rounds} round trips"
+    );
+}
+
 fn json_u64(v: &serde_json::Value, path: &[&str]) -> u64 {
     let mut x = v;
     for k in path {

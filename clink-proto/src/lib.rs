@@ -30,6 +30,7 @@
 //!   the RMA frames (put, get, atomics, notify, map) carried on a peer's link;
 //! - [`sockets`]: the sockets layer's pairing of two ends of a kernel TCP connection and
 //!   the byte-offset switch of each direction onto a shared-memory ring;
+//! - [`spin`]: whether a wait spins before it sleeps (spins that keep failing close it);
 //! - [`tripwire`]: CLAN's tripwires, byte ranges of an aperture that fire on access, matched
 //!   through per-page buckets.
 #![deny(unsafe_code)]
@@ -50,6 +51,7 @@ pub mod reliable;
 pub mod rma;
 pub mod sockets;
 pub mod spec;
+pub mod spin;
 pub mod stream;
 pub mod tripwire;
 pub mod wire;

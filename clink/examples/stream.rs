@@ -11,7 +11,7 @@
 //! `ip netns exec`; run this side in another namespace). With `STREAM_SENDERS=N` (default
 //! one) N sender processes stream `count` messages each at once (the seed's two-senders
 //! experiment, where admission control, `CLINK_UDP_ADMISSION`, decides which stream is
-//! received in place). With `--send ADDR SIZE COUNT` it is the sending child.
+//! received in place). `STREAM_RECVS=N` (default two) receives are kept posted per sender. With `--send ADDR SIZE COUNT` it is the sending child.
 //!
 //! `clink bench --placement netns --spec` runs these experiments (and the others of the
 //! seed) with payload checks, interleaved rounds and JSON rows.
@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let size: usize = args.get(1).map_or(Ok(1 << 20), |s| s.parse())?;
     let count: usize = args.get(2).map_or(Ok(1000), |s| s.parse())?;
     let senders: usize = std::env::var("STREAM_SENDERS").map_or(Ok(1), |s| s.parse())?;
+    let window: usize = std::env::var("STREAM_RECVS").map_or(Ok(2), |s| s.parse())?;
     let ctx = Context::new()?;
     let mut ep = ctx.endpoint()?;
     let exe = std::env::current_exe()?;
@@ -54,12 +55,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let peers = (0..senders)
         .map(|_| ep.accept(Some(Duration::from_secs(10))))
         .collect::<Result<Vec<_>, _>>()?;
-    // Two receives posted per sender at all times, so every sender's transfers can be
-    // under way together (with one receive for all, the receiver would clear one
-    // rendezvous at a time and the senders could never interfere).
+    // Receives posted per sender at all times (two by default), so every sender's
+    // transfers can be under way together (with one receive for all, the receiver would
+    // clear one rendezvous at a time and the senders could never interfere).
     let (mut reqs, mut from) = (Vec::new(), Vec::new());
     for (k, &p) in peers.iter().enumerate() {
-        for _ in 0..2.min(count) {
+        for _ in 0..window.max(1).min(count) {
             reqs.push(ep.irecv(Selector::exact(Some(p), 0), vec![0u8; size])?);
             from.push(k);
         }
@@ -83,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut buf = r.buf;
         buf.resize(size, 0);
-        if got[k] + 2 <= count {
+        if got[k] + window.max(1) <= count {
             reqs[i] = ep.irecv(Selector::exact(Some(peers[k]), 0), buf)?;
         } else {
             let _completed = reqs.swap_remove(i);

@@ -30,6 +30,12 @@ pub struct Stats {
     pub sleeps: u64,
     /// Of those, the sleeps on a lone peer's futex (not epoll).
     pub futex_sleeps: u64,
+    /// Waits that spun their whole spin time in vain (or got what they awaited only
+    /// after the thread had lost its CPU while spinning).
+    pub spins_failed: u64,
+    /// Times waits stopped spinning for a while because their spins kept failing
+    /// ([`clink_proto::spin::SpinGate`]).
+    pub spin_closures: u64,
     /// Liveness / connection checks (epoll_wait with zero timeout while busy).
     pub liveness_checks: u64,
     /// Malformed frames or ring contents received (the peer is dropped).

@@ -399,17 +399,24 @@ impl Conn {
     /// `timeout_opt` (SO_RCVTIMEO / SO_SNDTIMEO) passes (EAGAIN).
     fn wait(&self, fd: c_int, event: i16, timeout_opt: c_int) -> Result<(), c_int> {
         let start = now_ns();
-        let spin = crate::config().spin_ns;
+        let spin = crate::spin::budget(start);
         let mut i = 0u32;
         if spin > 0 {
             loop {
                 if self.ready_without_kernel(event) {
+                    if i > 0 {
+                        crate::spin::hit();
+                    }
                     return Ok(());
                 }
                 std::hint::spin_loop();
                 i += 1;
-                if i.is_multiple_of(64) && now_ns() - start > spin {
-                    break;
+                if i.is_multiple_of(64) {
+                    let now = now_ns();
+                    if now - start > spin {
+                        crate::spin::miss(now);
+                        break;
+                    }
                 }
             }
         }

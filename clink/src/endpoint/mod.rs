@@ -284,6 +284,9 @@ pub struct Endpoint {
     net: Option<UdpTransport>,
     /// Some UDP connection is marked awaited ([`Endpoint::mark_awaited`]).
     awaiting: bool,
+    /// Whether waits spin before they sleep: closed for a while after spins keep failing
+    /// (see [`clink_proto::spin`]).
+    spin_gate: clink_proto::spin::SpinGate,
     /// Whether the UDP transport's extra sockets (peers' own, steered) are in the epoll
     /// set: from the first sleep or [`Endpoint::prepare_wait`] on, not before (see
     /// `Endpoint::watch_udp`).
@@ -359,6 +362,7 @@ impl Endpoint {
             last_error: None,
             net,
             awaiting: false,
+            spin_gate: clink_proto::spin::SpinGate::new(),
             udp_watched: false,
             tcp,
             rma: rma::RmaState::default(),

@@ -145,6 +145,7 @@ impl Endpoint {
         }
         let spins = match self.ctx.config.spin {
             Some(d) if d.is_zero() => 1,
+            Some(_) if self.spin_gate.maybe_closed() => 1,
             _ => 4096,
         };
         let (lo, hi) = match sel.src {
@@ -153,7 +154,7 @@ impl Endpoint {
             Some(p) => (p.0 as usize, p.0 as usize + 1),
             None => (0, self.peers.len()),
         };
-        for _ in 0..spins {
+        for n in 0..spins {
             for i in lo..hi {
                 let (rec, tag, data) = match self.peers[i].quiet_eager() {
                     Ok(Some(m)) => m,
@@ -166,6 +167,10 @@ impl Endpoint {
                 }
                 let result = copy_eager(src, tag, data, buf);
                 self.release_frame(i, rec);
+                if n > 0 {
+                    // (Found at the first look, it says nothing of spinning.)
+                    self.spin_gate.hit();
+                }
                 return Some(result);
             }
             std::hint::spin_loop();

@@ -4,6 +4,11 @@
 
 use super::*;
 
+/// Two clock readings of a spinning wait, sixteen idle polls apart, at least this far
+/// apart in time: the thread was off its CPU in between (sixteen polls take a few
+/// microseconds, tens with many sockets to read).
+const SPIN_GAP: Duration = Duration::from_micros(200);
+
 impl Endpoint {
     /// Spins calling `progress` until `done` holds, for up to the configured spin time,
     /// then blocks on the endpoint's fd (arm, re-check, sleep). `Error::Timeout` after
@@ -47,28 +52,53 @@ impl Endpoint {
         // The clock is read only every 16 idle polls; `start` on the first such read.
         let mut start: Option<Instant> = since;
         let spin = self.ctx.config.spin;
-        // With no spin time at all, go to sleep after the first empty poll.
-        let no_spin = spin == Some(Duration::ZERO);
+        // With no spin time at all, or while spins keep failing, go to sleep after the
+        // first empty poll.
+        let no_spin = spin == Some(Duration::ZERO) || (spin.is_some() && !self.spin_open());
+        // Whether this wait's spin has run out (it then sleeps, or finds work as it arms):
+        // a failed spin counts once.
+        let mut spun_out = false;
         let mut polls: u32 = 0;
         // A wake-up has just read the sockets: the pass after it only matches what came.
         let mut woken = false;
         // The first idle clock reading since the last pass that did something (at most
         // 16 polls after it).
         let mut quiet_since: Option<Instant> = None;
+        // The last clock reading with only idle polls since (none after a pass that did
+        // something), and whether two such readings were far apart: the thread was off
+        // its CPU while it spun, and whatever came meanwhile came because it was.
+        let mut idle_at: Option<Instant> = None;
+        let mut lost_cpu = false;
+        // Whether a pass found nothing to do.
+        let mut idled = false;
         loop {
             let did = self.progress_pass(!std::mem::take(&mut woken));
             if done(self) {
+                // (Done without an idle pass, it says nothing of spinning.)
+                if !spun_out && !no_spin && idled {
+                    if lost_cpu {
+                        self.spin_failed();
+                    } else {
+                        self.spin_gate.hit();
+                    }
+                }
                 return Ok(());
             }
             polls = polls.wrapping_add(1);
             if did {
                 quiet_since = None;
+                idle_at = None;
+            } else {
+                idled = true;
             }
             if did || (!no_spin && !polls.is_multiple_of(16)) {
                 std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
+            if idle_at.replace(now).is_some_and(|t| now - t >= SPIN_GAP) {
+                lost_cpu = true;
+            }
             let start = *start.get_or_insert(now);
             let quiet = *quiet_since.get_or_insert(now);
             let deadline = timeout.map(|t| start + t);
@@ -84,6 +114,7 @@ impl Endpoint {
             // CPU a peer needs to produce what is awaited.
             let spinning = match spin {
                 None => true,
+                Some(_) if no_spin => false,
                 Some(s) => {
                     now < start + s && !self.only_slowed() && !crate::oversub::oversubscribed()
                 }
@@ -99,6 +130,10 @@ impl Endpoint {
             {
                 continue;
             }
+            if !spun_out && !no_spin && spin.is_some() {
+                self.spin_failed();
+            }
+            spun_out = true;
             if let Some(i) = self.futex_peer().filter(|_| futex) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.futex_sleep(i, left.map_or(FUTEX_SLEEP_MAX, |l| l.min(FUTEX_SLEEP_MAX)));
@@ -127,6 +162,21 @@ impl Endpoint {
             if done(self) {
                 return Ok(());
             }
+        }
+    }
+
+    /// Whether a wait may spin before it sleeps ([`clink_proto::spin::SpinGate`]); reads
+    /// the clock only while the gate may be closed.
+    #[inline]
+    pub(super) fn spin_open(&mut self) -> bool {
+        !self.spin_gate.maybe_closed() || self.spin_gate.open(sys::monotonic_ns())
+    }
+
+    /// A wait spun in vain: counted, and the gate closes after several in a row.
+    fn spin_failed(&mut self) {
+        self.stats.spins_failed += 1;
+        if self.spin_gate.miss(sys::monotonic_ns()) {
+            self.stats.spin_closures += 1;
         }
     }
 
