@@ -4,9 +4,8 @@
 //! arrives within the spin time. It is wasted CPU when it does not, and worse when the
 //! thread producing it shares this thread's CPU: the scheduler lets a spinning thread
 //! run on rather than switch to the one it has just woken, so the producer runs only
-//! after the spin has run out, and every hop then costs a whole spin (two processes on
-//! one CPU, blocking 8 B ping-pong over shared memory: 190 us one-way spinning 50 us, 2
-//! sleeping at once). Nothing cheap tells a thread who else runs on its CPU, but the
+//! after the spin has run out, and every hop then costs a whole spin (BENCHMARKS.md,
+//! "Two processes on one CPU"). Nothing cheap tells a thread who else runs on its CPU, but the
 //! symptom is plain: its spins stop succeeding. [`SpinGate`] keeps count: after
 //! [`SpinGate::MISSES`] waits in a row that spun their whole time in vain, waits sleep at
 //! once for [`SpinGate::HOLD_NS`]; then one wait spins again, and a spin that succeeds
