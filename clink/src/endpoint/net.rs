@@ -9,6 +9,7 @@ use crate::transport::udp::Got;
 use crate::Selector;
 use crate::Status;
 use clink_proto::reliable::Stats as ConnStats;
+use clink_proto::spin::SpinGate;
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
 use std::net::SocketAddr;
@@ -46,18 +47,21 @@ fn fast_spin(spin: Option<Duration>, timeout: Option<Duration>) -> Duration {
 /// The latency paths' poll loop: polls until `poll` says something came (`Some(true)`)
 /// or that the path must give up (`Some(false)`), or until `spin` has passed since `spun`
 /// (set at the loop's first clock reading, 64 polls in, unless the caller's spin began
-/// earlier). True when something came; `waited` is set when a poll found nothing.
+/// earlier). True when something came; something that came after a poll that found
+/// nothing is a hit for `gate` (what the first poll finds says nothing of spinning).
 pub(super) fn spin_for(
     spin: Duration,
     spun: &mut Option<Instant>,
-    waited: &mut bool,
+    gate: &SpinGate,
     mut poll: impl FnMut() -> Option<bool>,
 ) -> bool {
     for n in 0u32.. {
         if let Some(got) = poll() {
+            if got && n > 0 {
+                gate.hit();
+            }
             return got;
         }
-        *waited = true;
         if n % 64 == 63 && spun.get_or_insert_with(Instant::now).elapsed() >= spin {
             return false;
         }
@@ -479,17 +483,11 @@ impl Endpoint {
         if !open {
             return None;
         }
-        let mut waited = false;
-        let got = match self.peers[i].link {
-            Link::Udp(_) => self.recv_fast_udp(i, sel, buf, spin, spun, &mut waited),
-            Link::Tcp(_) => self.recv_fast_tcp(i, sel, buf, spin, spun, &mut waited),
+        match self.peers[i].link {
+            Link::Udp(_) => self.recv_fast_udp(i, sel, buf, spin, spun),
+            Link::Tcp(_) => self.recv_fast_tcp(i, sel, buf, spin, spun),
             Link::Shm(_) => None,
-        };
-        // (Found at the first look, it says nothing of spinning.)
-        if got.is_some() && waited {
-            self.spin_gate.hit();
         }
-        got
     }
 
     /// [`Endpoint::recv_fast_net`] over UDP (peer `i`): the link must have no frame
@@ -502,7 +500,6 @@ impl Endpoint {
         buf: &mut [u8],
         spin: Duration,
         spun: &mut Option<Instant>,
-        waited: &mut bool,
     ) -> Option<Result<Status>> {
         loop {
             let Link::Udp(u) = &self.peers[i].link else {
@@ -517,7 +514,8 @@ impl Endpoint {
             // No `pause` between polls: each is a system call already, and a pause only
             // lengthens the pass a datagram landing during it waits for (busy 64 B across
             // the veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
-            let got = spin_for(spin, spun, waited, || {
+            let gate = &self.spin_gate;
+            let got = spin_for(spin, spun, gate, || {
                 let n = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
                 (n > 0).then_some(true)
             });

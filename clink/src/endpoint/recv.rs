@@ -145,7 +145,6 @@ impl Endpoint {
         }
         let spins = match self.ctx.config.spin {
             Some(d) if d.is_zero() => 1,
-            Some(_) if self.spin_gate.maybe_closed() => 1,
             _ => 4096,
         };
         let (lo, hi) = match sel.src {
@@ -172,6 +171,10 @@ impl Endpoint {
                     self.spin_gate.hit();
                 }
                 return Some(result);
+            }
+            if n == 0 && self.spin_gate.maybe_closed() {
+                // Spins keep failing: the general path sleeps at once.
+                return None;
             }
             std::hint::spin_loop();
         }

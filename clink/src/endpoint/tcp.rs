@@ -133,7 +133,6 @@ impl Endpoint {
         buf: &mut [u8],
         spin: Duration,
         spun: &mut Option<Instant>,
-        waited: &mut bool,
     ) -> Option<Result<Status>> {
         if self.fast_streak >= FAST_STREAK
             || self.tcp.as_ref().is_none_or(TcpTransport::handshaking)
@@ -146,7 +145,7 @@ impl Endpoint {
         if t.frames().peek().is_some() || !t.bulk_idle() || t.wants_write() || t.has_failed() {
             return None;
         }
-        let got = spin_for(spin, spun, waited, || match t.receive() {
+        let got = spin_for(spin, spun, &self.spin_gate, || match t.receive() {
             Ok(true) => Some(true),
             Ok(false) => None,
             Err(e) => {
