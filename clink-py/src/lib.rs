@@ -111,6 +111,34 @@ pub(crate) fn invalid(py: Python<'_>, what: impl Into<String>) -> PyErr {
     raise_code(py, -2, what.into())
 }
 
+/// The longest a blocking call waits with the GIL released before it runs Python's
+/// pending signal handlers (Ctrl-C's `KeyboardInterrupt`, a program's own handlers).
+const SIGNAL_SLICE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs a wait of up to `timeout` (None: no limit) with the GIL released, in slices of at
+/// most [`SIGNAL_SLICE`]: `f(slice)` waits for one slice; when a slice times out with time
+/// left, the signal handlers Python has pending run, and an exception they raise ends the
+/// call (the outer error) instead of the wait going on. `f` must be safe to call again
+/// after it timed out (every wait of the API is: a timed-out receive is withdrawn, a
+/// request stays pending).
+pub(crate) fn sliced<T: Send>(
+    py: Python<'_>,
+    timeout: Option<std::time::Duration>,
+    mut f: impl FnMut(Option<std::time::Duration>) -> clink_rs::Result<T> + Send,
+) -> PyResult<clink_rs::Result<T>> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        let last = left.is_some_and(|l| l <= SIGNAL_SLICE);
+        let slice = left.map_or(SIGNAL_SLICE, |l| l.min(SIGNAL_SLICE));
+        let f = &mut f;
+        match py.detach(move || f(Some(slice))) {
+            Err(clink_rs::Error::Timeout) if !last => py.check_signals()?,
+            r => return Ok(r),
+        }
+    }
+}
+
 /// A timeout in seconds (None: no limit) as a Duration.
 pub(crate) fn duration(py: Python<'_>, t: Option<f64>) -> PyResult<Option<std::time::Duration>> {
     match t {

@@ -488,7 +488,7 @@ impl Endpoint {
     fn wait_tripwire(&self, py: Python<'_>, id: u64, timeout: Option<f64>) -> PyResult<()> {
         let t = duration(py, timeout)?;
         self.sh
-            .blocking(py, move |ep| ep.wait_tripwire(trip_of(id), t))
+            .blocking_for(py, t, move |ep, t| ep.wait_tripwire(trip_of(id), t))
     }
 
     /// Sets which sources queue events: a mask of ``clink.MESSAGES``, ``RMA``,
@@ -511,7 +511,7 @@ impl Endpoint {
     fn wait_event(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Event> {
         let t = duration(py, timeout)?;
         self.sh
-            .blocking(py, move |ep| ep.wait_event(t))
+            .blocking_for(py, t, |ep, t| ep.wait_event(t))
             .map(Event::from)
     }
 
@@ -535,7 +535,7 @@ impl Endpoint {
         let t = duration(py, timeout)?;
         let ap = ApertureId(aperture.id);
         self.sh
-            .blocking(py, move |ep| {
+            .blocking_for(py, t, move |ep, t| {
                 ep.recv_into_aperture(sel, ap, offset, capacity, t)
             })
             .map(Status::from)

@@ -4,9 +4,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -199,6 +201,51 @@ def test_concurrent_use_raises_busy(pair):
     b.send(pb, 42, b"wake")
     t.join(T)
     assert not errors
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_signals_interrupt_blocking_waits(pair):
+    """A signal handler that raises (Ctrl-C's KeyboardInterrupt included) ends a blocking
+    wait at once, as it ends time.sleep, instead of when the wait's timeout runs out; the
+    endpoint works on afterwards."""
+    a, pa, b, pb = pair
+
+    def raise_it(signum, frame):
+        raise Interrupted()
+
+    waits = {
+        "recv": lambda: a.recv(pa, 7, timeout=20),
+        "recv_into": lambda: a.recv_into(bytearray(8), pa, 7, timeout=20),
+        "recv_in_place": lambda: a.recv_in_place(pa, 7, timeout=20),
+        "accept": lambda: a.accept(timeout=20),
+        "request wait": lambda: req.wait(timeout=20),
+        "wait_event": lambda: a.wait_event(timeout=20),
+    }
+    req = a.irecv(8, pa, 7)
+    old = signal.signal(signal.SIGALRM, raise_it)
+    try:
+        for name, wait in waits.items():
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            t0 = time.monotonic()
+            with pytest.raises(Interrupted):
+                wait()
+            took = time.monotonic() - t0
+            assert took < 5, f"{name}: the handler's exception came after {took:.2f} s"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert req.cancel(), "the interrupted request had matched nothing"
+    # Ctrl-C: SIGINT with Python's own handler.
+    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        a.recv(pa, 7, timeout=20)
+    assert time.monotonic() - t0 < 5
+    b.send(pb, 7, b"after")
+    assert bytes(a.recv(pa, 7, timeout=T)) == b"after"
 
 
 def test_stats_peers_fd(pair):

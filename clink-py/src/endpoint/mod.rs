@@ -1,6 +1,6 @@
 //! Context, Endpoint, tagged messages, requests, in-place messages and send slots.
 
-use crate::{busy, duration, fill_view, invalid, support, to_py, HeldBuffer, OrPy};
+use crate::{busy, duration, fill_view, invalid, sliced, support, to_py, HeldBuffer, OrPy};
 use bytes::Bytes;
 use clink_rs::{PeerId, Selector};
 use pyo3::exceptions::PyBufferError;
@@ -20,6 +20,13 @@ pub(crate) struct SendBox<T>(pub(crate) T);
 unsafe impl<T> Send for SendBox<T> {}
 // SAFETY: only touched by the thread holding the endpoint's lock.
 unsafe impl<T> Sync for SendBox<T> {}
+
+impl<T: Copy> SendBox<T> {
+    /// The value (a closure calling this captures the box, not its field).
+    pub(crate) fn get(&self) -> T {
+        self.0
+    }
+}
 
 /// The endpoint and its lock.
 pub struct Shared {
@@ -76,6 +83,20 @@ impl Shared {
     ) -> PyResult<T> {
         let mut l = self.lock(py)?;
         f(l.ep(py)?).or_py(py)
+    }
+
+    /// Runs a call that waits up to `timeout` (given to `f`), with the GIL released and
+    /// Python's signals looked at every [`crate::sliced`] slice.
+    pub(crate) fn blocking_for<T: Send>(
+        &self,
+        py: Python<'_>,
+        timeout: Option<std::time::Duration>,
+        mut f: impl FnMut(&mut clink_rs::Endpoint, Option<std::time::Duration>) -> clink_rs::Result<T>
+            + Send,
+    ) -> PyResult<T> {
+        let mut l = self.lock(py)?;
+        let ep = l.ep(py)?;
+        sliced(py, timeout, |t| f(ep, t))?.or_py(py)
     }
 
     /// Runs a call that may wait, with the GIL released.
@@ -367,7 +388,9 @@ impl Endpoint {
     #[pyo3(signature = (timeout=None))]
     fn accept(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u32> {
         let t = duration(py, timeout)?;
-        self.sh.blocking(py, move |ep| ep.accept(t)).map(|p| p.0)
+        self.sh
+            .blocking_for(py, t, |ep, t| ep.accept(t))
+            .map(|p| p.0)
     }
 
     /// The connected peers' numbers.
@@ -445,7 +468,7 @@ impl Endpoint {
         let mut hb = HeldBuffer::writable(buf)?;
         let s = hb.as_mut_slice();
         self.sh
-            .blocking(py, move |ep| ep.recv_timeout(sel, s, t))
+            .blocking_for(py, t, move |ep, t| ep.recv_timeout(sel, &mut *s, t))
             .map(Status::from)
     }
 
@@ -464,7 +487,7 @@ impl Endpoint {
     ) -> PyResult<Message> {
         let sel = selector(py, peer, tag, mask)?;
         let t = duration(py, timeout)?;
-        let (v, st) = self.sh.blocking(py, move |ep| {
+        let (v, st) = self.sh.blocking_for(py, t, move |ep, t| {
             let g = ep.recv_in_place(sel, t)?;
             Ok((g.to_vec(), g.status()))
         })?;
@@ -563,7 +586,7 @@ impl Endpoint {
         let reqs = &taken;
         let r = {
             let ep = &mut *ep;
-            py.detach(move || ep.wait_any_recv(reqs, t))
+            sliced(py, t, |t| ep.wait_any_recv(reqs, t))?
         };
         match r {
             Ok((i, res)) => {
@@ -606,10 +629,14 @@ impl Endpoint {
         // SAFETY: the guard borrows the endpoint for as long as the InPlaceMessage holds
         // it: the lock stays taken until the guard is dropped (release or drop), and the
         // message keeps the Python endpoint (and so the Rust one) alive.
-        let ep: &'static mut clink_rs::Endpoint = unsafe { &mut *(l.ep(py)? as *mut _) };
-        let g = py
-            .detach(move || ep.recv_in_place(sel, t).map(SendBox))
-            .or_py(py)?;
+        let ep = SendBox(l.ep(py)? as *mut clink_rs::Endpoint);
+        let g = sliced(py, t, |t| {
+            // SAFETY: as above; a slice that timed out holds no borrow, and the one that
+            // returns the guard ends the wait.
+            let ep: &'static mut clink_rs::Endpoint = unsafe { &mut *ep.get() };
+            ep.recv_in_place(sel, t).map(SendBox)
+        })?
+        .or_py(py)?;
         std::mem::forget(l); // the message holds the lock now
         let g = g.0;
         let (ptr, len, st) = (g.as_ptr() as usize, g.len(), g.status());
@@ -641,10 +668,13 @@ impl Endpoint {
         let sh = &slf.get().sh;
         let mut l = sh.lock(py)?;
         // SAFETY: as in recv_in_place: locked for as long as the slot lives.
-        let ep: &'static mut clink_rs::Endpoint = unsafe { &mut *(l.ep(py)? as *mut _) };
-        let s = py
-            .detach(move || ep.claim(PeerId(peer), tag, length, t).map(SendBox))
-            .or_py(py)?;
+        let ep = SendBox(l.ep(py)? as *mut clink_rs::Endpoint);
+        let s = sliced(py, t, |t| {
+            // SAFETY: as in recv_in_place.
+            let ep: &'static mut clink_rs::Endpoint = unsafe { &mut *ep.get() };
+            ep.claim(PeerId(peer), tag, length, t).map(SendBox)
+        })?
+        .or_py(py)?;
         std::mem::forget(l);
         let mut s = s.0;
         let b = s.buf();

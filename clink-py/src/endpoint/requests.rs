@@ -54,7 +54,7 @@ impl SendRequest {
             return Ok(());
         };
         let ep = l.ep(py)?;
-        let r = py.detach(move || ep.wait_send(req, t));
+        let r = crate::sliced(py, t, |t| ep.wait_send(req, t))?;
         match r {
             Err(clink_rs::Error::Timeout) => Err(to_py(py, clink_rs::Error::Timeout)),
             r => {
@@ -161,7 +161,7 @@ impl RecvRequest {
         let ep = l.ep(py)?;
         let r = {
             let ep = &mut *ep;
-            py.detach(move || ep.wait_recv(req, t))
+            crate::sliced(py, t, |t| ep.wait_recv(req, t))?
         };
         match r {
             Err(clink_rs::Error::Timeout) => Err(to_py(py, clink_rs::Error::Timeout)),
