@@ -3,7 +3,9 @@
 //!
 //! Every wait follows the endpoint's own protocol for external event loops: try the
 //! operation (each try makes progress), spin for a short while ([`AsyncEndpoint::with_spin`],
-//! 20 µs by default: a reply that is a round trip away comes back without a sleep), then
+//! 20 µs by default: a reply that is a round trip away comes back without a sleep; not
+//! while spins keep failing, as they do when the answer must come from a task of the same
+//! thread: see `clink_proto::spin`), then
 //! [`Endpoint::prepare_wait`]; when it says blocking is safe, park the task on the
 //! endpoint's fd ([`Endpoint::fd`], registered with [`AsyncFd`]) and call
 //! [`Endpoint::finish_wait`] on waking. No thread is started. A parked task also wakes
@@ -29,10 +31,17 @@
 use bytes::Bytes;
 use clink::events::Event;
 use clink::{Endpoint, Error, PeerId, Received, Result, Selector, Status};
+use clink_proto::spin::SpinGate;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
+
+/// Nanoseconds on a monotonic clock (for the spin gate).
+fn clock_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
 
 /// Withdraws the doorbell requests of a `prepare_wait` however the wait ends (a dropped
 /// future included).
@@ -56,8 +65,11 @@ pub struct AsyncEndpoint {
     fd: AsyncFd<OwnedFd>,
     ep: Endpoint,
     spin: Duration,
+    /// Closes the spin for a while after several spins in a row failed.
+    gate: SpinGate,
     tick: Duration,
     parks: u64,
+    spins_failed: u64,
 }
 
 impl AsyncEndpoint {
@@ -72,8 +84,10 @@ impl AsyncEndpoint {
             fd,
             ep,
             spin: DEFAULT_SPIN,
+            gate: SpinGate::new(),
             tick: DEFAULT_TICK,
             parks: 0,
+            spins_failed: 0,
         })
     }
 
@@ -92,6 +106,11 @@ impl AsyncEndpoint {
     /// How many times a wait parked the task on the endpoint's fd.
     pub fn parks(&self) -> u64 {
         self.parks
+    }
+
+    /// How many waits spun their whole spin time in vain before they parked.
+    pub fn spins_failed(&self) -> u64 {
+        self.spins_failed
     }
 
     /// The endpoint, for the calls that do not wait (`address`, `peers`, `probe`, `isend`,
@@ -122,14 +141,17 @@ impl AsyncEndpoint {
             if let Some(v) = f(&mut self.ep)? {
                 return Ok(v);
             }
-            if !self.spin.is_zero() {
+            if !self.spin.is_zero() && self.spin_open() {
                 let start = Instant::now();
                 while start.elapsed() < self.spin {
                     if let Some(v) = f(&mut self.ep)? {
+                        self.gate.hit();
                         return Ok(v);
                     }
                     std::hint::spin_loop();
                 }
+                self.spins_failed += 1;
+                self.gate.miss(clock_ns());
             }
             if !self.ep.prepare_wait() {
                 // Work arrived meanwhile: try again, letting the other tasks run first.
@@ -151,6 +173,11 @@ impl AsyncEndpoint {
                 Err(_) => {} // the tick: make progress
             }
         }
+    }
+
+    /// Whether a wait may spin (the gate is open; reads the clock only when it may not).
+    fn spin_open(&self) -> bool {
+        !self.gate.maybe_closed() || self.gate.open(clock_ns())
     }
 
     /// Waits for a peer to connect; returns it.

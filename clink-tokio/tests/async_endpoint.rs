@@ -85,6 +85,57 @@ fn two_endpoints_one_process() {
     });
 }
 
+/// Within one thread a spinning wait can never see its answer (the task that sends it
+/// cannot run meanwhile): waits stop spinning after a few failed spins instead of spending
+/// one per message.
+#[test]
+fn spins_in_one_thread_stop_failing() {
+    const ROUNDS: u32 = 2000;
+    let ctx = Context::new().unwrap();
+    rt().block_on(async {
+        let (mut a, pa, mut b, pb) = pair(&ctx).await;
+        let echo = async {
+            let mut buf = [0u8; 8];
+            for _ in 0..ROUNDS {
+                let st = b
+                    .recv_async(Selector::exact(Some(pb), 1), &mut buf)
+                    .await
+                    .unwrap();
+                b.send_async(pb, 2, buf[..st.len as usize].to_vec())
+                    .await
+                    .unwrap();
+            }
+            b
+        };
+        let ping = async {
+            let mut buf = [0u8; 8];
+            for i in 0..ROUNDS {
+                let msg = u64::from(i).to_le_bytes();
+                a.send_async(pa, 1, msg.to_vec()).await.unwrap();
+                let st = a
+                    .recv_async(Selector::exact(Some(pa), 2), &mut buf)
+                    .await
+                    .unwrap();
+                assert_eq!((st.len, buf), (8, msg), "round trip {i}");
+            }
+            a
+        };
+        let (b, a) = timeout(T, async { tokio::join!(echo, ping) })
+            .await
+            .expect("in time");
+        let failed = a.spins_failed() + b.spins_failed();
+        eprintln!(
+            "{failed} failed spins, {} + {} parks in {ROUNDS} round trips",
+            a.parks(),
+            b.parks()
+        );
+        assert!(
+            failed < u64::from(ROUNDS) / 4,
+            "{failed} failed spins in {ROUNDS} round trips"
+        );
+    });
+}
+
 #[test]
 fn dropped_wait_loses_nothing() {
     let ctx = Context::new().unwrap();
