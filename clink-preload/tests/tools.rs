@@ -271,22 +271,9 @@ fn sockperf_ping_pong_on_one_cpu_stops_spinning() {
         None,
     );
     wait_for_listen(port);
-    let out = run(
-        on_cpu0(&[
-            "pp",
-            "--tcp",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &ps,
-            "-m",
-            "64",
-            "-t",
-            "1",
-        ]),
-        None,
-        LIMIT,
-    );
+    let client = format!("pp --tcp -i 127.0.0.1 -p {port} -m 64 -t 1");
+    let client: Vec<&str> = client.split(' ').collect();
+    let out = run(on_cpu0(&client), None, LIMIT);
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
