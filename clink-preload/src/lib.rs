@@ -12,7 +12,8 @@
 //! Environment:
 //! - `CLINK_SOCKETS=0` turns acceleration off (every call goes to the kernel);
 //! - `CLINK_SOCKETS_SPIN_US` (default 20): how long a blocking call spins on a ring before
-//!   it sleeps in the kernel (a thread whose spins keep failing sleeps at once for a while);
+//!   it sleeps in the kernel (while the process's spins keep failing, calls sleep at once
+//!   for a while);
 //! - `CLINK_SOCKETS_RING_KB` (default 1024, a power of two from 4 to 65536): each
 //!   direction's ring;
 //! - `CLINK_SOCKETS_STATS=PATH`: append one line per connection to PATH (accelerated or

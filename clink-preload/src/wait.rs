@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Ring checks between two looks at the kernel while spinning.
 const SPINS_PER_LOOK: u32 = 256;
 
-/// A poll or epoll wait's spin, for the thread's spin gate (`crate::spin`): whether it
+/// A poll or epoll wait's spin, for the process's spin gate (`crate::spin`): whether it
 /// spun, and whether its spin ran out.
 #[derive(Default)]
 struct SpinTrack {

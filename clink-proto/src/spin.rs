@@ -5,11 +5,11 @@
 //! thread producing it shares this thread's CPU: the scheduler lets a spinning thread
 //! run on rather than switch to the one it has just woken, so the producer runs only
 //! after the spin has run out, and every hop then costs a whole spin (BENCHMARKS.md,
-//! "Two processes on one CPU"). Nothing cheap tells a thread who else runs on its CPU, but the
-//! symptom is plain: its spins stop succeeding. [`SpinGate`] keeps count: after
+//! "Two processes on one CPU"). Nothing cheap tells a thread who else runs on its CPU,
+//! but the symptom is plain: its spins stop succeeding. [`SpinGate`] keeps count: after
 //! [`SpinGate::MISSES`] waits in a row that spun their whole time in vain, waits sleep at
-//! once for [`SpinGate::HOLD_NS`]; then one wait spins again, and a spin that succeeds
-//! opens the gate for good, one more that fails closes it for another hold.
+//! once for [`SpinGate::HOLD_NS`]; then one wait spins again: if it fails, the gate closes
+//! for another hold; if it succeeds, the count starts again from zero.
 //!
 //! Time is passed in (nanoseconds on any monotonic clock).
 

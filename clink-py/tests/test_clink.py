@@ -222,6 +222,7 @@ def test_signals_interrupt_blocking_waits(pair):
         "recv_in_place": lambda: a.recv_in_place(pa, 7, timeout=20),
         "accept": lambda: a.accept(timeout=20),
         "request wait": lambda: req.wait(timeout=20),
+        "wait_any": lambda: a.wait_any([req], timeout=20),
         "wait_event": lambda: a.wait_event(timeout=20),
     }
     req = a.irecv(8, pa, 7)
@@ -237,6 +238,7 @@ def test_signals_interrupt_blocking_waits(pair):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+    # (wait_any gave the request back when interrupted.)
     assert req.cancel(), "the interrupted request had matched nothing"
     # Ctrl-C: SIGINT with Python's own handler.
     threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()

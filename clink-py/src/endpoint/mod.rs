@@ -584,9 +584,23 @@ impl Endpoint {
             }
         }
         let reqs = &taken;
+        let put_back = |taken: Vec<_>| {
+            for (q, r) in taken.into_iter().zip(&requests) {
+                *r.get().req.lock().expect("request lock") = Some(q);
+            }
+        };
         let r = {
             let ep = &mut *ep;
-            sliced(py, t, |t| ep.wait_any_recv(reqs, t))?
+            sliced(py, t, |t| ep.wait_any_recv(reqs, t))
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(interrupted) => {
+                // A signal handler's exception leaves every request pending, as a timeout
+                // does.
+                put_back(taken);
+                return Err(interrupted);
+            }
         };
         match r {
             Ok((i, res)) => {
@@ -601,9 +615,7 @@ impl Endpoint {
                 Ok((i, Message::new(got.buf, got.status.into())))
             }
             Err(e) => {
-                for (q, r) in taken.into_iter().zip(&requests) {
-                    *r.get().req.lock().expect("request lock") = Some(q);
-                }
+                put_back(taken);
                 Err(to_py(py, e))
             }
         }

@@ -75,7 +75,7 @@ impl Endpoint {
             let did = self.progress_pass(!std::mem::take(&mut woken));
             if done(self) {
                 // (Done without an idle pass, it says nothing of spinning.)
-                if !spun_out && !no_spin && idled {
+                if !spun_out && !no_spin && idled && spin.is_some() {
                     if lost_cpu {
                         self.spin_failed();
                     } else {
@@ -168,7 +168,7 @@ impl Endpoint {
     /// Whether a wait may spin before it sleeps ([`clink_proto::spin::SpinGate`]); reads
     /// the clock only while the gate may be closed.
     #[inline]
-    pub(super) fn spin_open(&mut self) -> bool {
+    pub(super) fn spin_open(&self) -> bool {
         !self.spin_gate.maybe_closed() || self.spin_gate.open(sys::monotonic_ns())
     }
 
