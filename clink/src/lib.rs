@@ -31,7 +31,10 @@
 //! peer process that exits or is killed is seen at once (TCP: its kernel closes the
 //! connection; UDP: its host answers "port unreachable"), a host or path that is gone
 //! after `CLINK_NET_DEAD_MS` (2 s); what it sent and this host received before is
-//! delivered first. A process should drop or [`Endpoint::close`] its endpoint before it
+//! delivered first. A process that is stopped (SIGSTOP, Ctrl-Z, a debugger's breakpoint)
+//! answers nothing over UDP, its keepalive thread stopped with it: its UDP peers declare it
+//! dead after `CLINK_NET_DEAD_MS`, where its TCP peers do not (its kernel answers for it);
+//! debug over TCP (`CLINK_TRANSPORT=tcp`) or with a longer `CLINK_NET_DEAD_MS`. A process should drop or [`Endpoint::close`] its endpoint before it
 //! exits: over UDP the messages not yet sent (a completed eager send may still be queued in
 //! the endpoint, behind the congestion window) leave with the process otherwise, as
 //! they would not from a kernel TCP socket or a ring.
