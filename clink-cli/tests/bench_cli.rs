@@ -96,6 +96,38 @@ fn quick_json_run_over_sockets() {
     }
 }
 
+/// `--mode spin` (each system's default waiting) on one CPU: both sides inherit this
+/// test's mask when it is narrowed to one CPU with `taskset`, and `--no-pin` keeps it.
+#[test]
+fn quick_spin_run_on_one_cpu() {
+    let out = Command::new("taskset")
+        .args(["-c", "0", env!("CARGO_BIN_EXE_clink")])
+        .args(["bench", "--quick", "--json", "--no-pin", "--mode", "spin"])
+        .args([
+            "--systems",
+            "unix,clink",
+            "--lat-sizes",
+            "8",
+            "--bw-sizes",
+            "64K",
+        ])
+        .args(["--timeout-secs", "60"])
+        .output()
+        .expect("run taskset (util-linux) and clink bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench failed: {stderr}");
+    assert!(stderr.contains("NOT pinned (--no-pin)"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows = json_rows(&stdout);
+    // 2 systems x (1 latency + 1 bandwidth) rows, all in spin mode.
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for row in &rows {
+        assert_eq!(row["mode"], "spin", "{row}");
+        let m = row["median"].as_f64().expect("median");
+        assert!(m.is_finite() && m > 0.0, "{row}");
+    }
+}
+
 #[test]
 fn quick_netns_run_over_tcp_and_udp() {
     if let Some(why) = clink_testbed::unavailable() {

@@ -11,6 +11,9 @@ pub enum Mode {
     Busy,
     /// Block in the kernel until data or buffer space is available.
     Blocking,
+    /// Each system's own default waiting: clink spins for its default spin time, then
+    /// sleeps; the kernel's sockets and the other systems block as in `Blocking`.
+    Spin,
 }
 
 impl Mode {
@@ -22,6 +25,7 @@ impl Mode {
         match self {
             Mode::Busy => "busy",
             Mode::Blocking => "blocking",
+            Mode::Spin => "spin",
         }
     }
 
@@ -30,8 +34,9 @@ impl Mode {
         match text {
             "busy" => Ok(Mode::Busy),
             "blocking" => Ok(Mode::Blocking),
+            "spin" => Ok(Mode::Spin),
             other => Err(format!(
-                "unknown mode {other:?} (expected busy or blocking)"
+                "unknown mode {other:?} (expected busy, blocking or spin)"
             )),
         }
     }

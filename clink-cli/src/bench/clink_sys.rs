@@ -4,7 +4,8 @@
 //! the children's [`Config`], not in their environment).
 //!
 //! Busy mode never blocks (`spin = inf`); blocking mode blocks at once (`spin = 0`), the
-//! same contract the socket baselines get. Copies per byte depend on the size: over shared
+//! same contract the socket baselines get; spin mode waits as clink does by default (spin
+//! for `Config::default().spin`, then sleep). Copies per byte depend on the size: over shared
 //! memory 2 for eager messages (into the ring, out of it), for rendezvous 1 (a single CMA
 //! copy) or 2 (the two-core pipeline), reported as the mix this side has received; over
 //! UDP 6 for eager messages and 3 for bulk ones; over TCP 5 for eager messages and 2 for
@@ -46,6 +47,7 @@ impl ClinkSystem {
         cfg.spin = match mode {
             Mode::Busy => None,
             Mode::Blocking => Some(Duration::ZERO),
+            Mode::Spin => Config::default().spin,
         };
         if self.tcp {
             // What CLINK_TRANSPORT=tcp sets.

@@ -149,6 +149,9 @@ pub enum ModeArg {
     Busy,
     /// Block in the kernel.
     Blocking,
+    /// Each system's default waiting: clink spins (its default spin time), then sleeps;
+    /// the others block. With `--no-pin` under `taskset -c 0`, both sides share one CPU.
+    Spin,
     /// Busy, then blocking.
     Both,
 }
@@ -158,6 +161,7 @@ impl ModeArg {
         match self {
             ModeArg::Busy => vec![Mode::Busy],
             ModeArg::Blocking => vec![Mode::Blocking],
+            ModeArg::Spin => vec![Mode::Spin],
             ModeArg::Both => Mode::ALL.to_vec(),
         }
     }
@@ -940,7 +944,9 @@ fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mu
             return;
         };
         if mode != Mode::Busy {
-            ctx.note("ucx: blocking mode skipped (ucx_perftest only busy-polls)".into());
+            ctx.note(format!(
+                "ucx: {mode} mode skipped (ucx_perftest only busy-polls)"
+            ));
             return;
         }
         match ucx::run(&exe, &ctx.plan, ctx.pinned, net) {
@@ -965,7 +971,7 @@ fn run_one(name: &str, mode: Mode, round: u64, net: Option<&NetnsPair>, ctx: &mu
         };
         if mode != Mode::Busy {
             ctx.note(format!(
-                "{name}: blocking mode skipped (fi_pingpong only busy-polls)"
+                "{name}: {mode} mode skipped (fi_pingpong only busy-polls)"
             ));
             return;
         }
