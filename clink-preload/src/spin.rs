@@ -3,12 +3,8 @@
 //! do not each spend a whole spin per message while the other waits for the CPU.
 
 use clink_proto::spin::SpinGate;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 static GATE: SpinGate = SpinGate::new();
-/// Calls whose spin ran out, and times the gate closed (for the statistics lines).
-static FAILED: AtomicU64 = AtomicU64::new(0);
-static CLOSED: AtomicU64 = AtomicU64::new(0);
 
 /// The spin time (ns) of a blocking call starting at `now`: the configured one, or none
 /// while the spin gate is closed.
@@ -30,13 +26,10 @@ pub fn hit() {
 
 /// A call spun its whole spin time in vain at `now`.
 pub fn miss(now: u64) {
-    FAILED.fetch_add(1, Relaxed);
-    if GATE.miss(now) {
-        CLOSED.fetch_add(1, Relaxed);
-    }
+    GATE.miss(now);
 }
 
 /// This process's calls whose spin ran out, and the times its spin closed.
 pub fn counts() -> (u64, u64) {
-    (FAILED.load(Relaxed), CLOSED.load(Relaxed))
+    GATE.counts()
 }

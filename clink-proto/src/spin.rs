@@ -24,6 +24,9 @@ pub struct SpinGate {
     misses: AtomicU32,
     /// While nonzero: waits sleep at once until this time.
     closed_until: AtomicU64,
+    /// Misses in all, and times the gate closed (for statistics).
+    failed: AtomicU64,
+    closures: AtomicU64,
 }
 
 impl SpinGate {
@@ -39,6 +42,8 @@ impl SpinGate {
         SpinGate {
             misses: AtomicU32::new(0),
             closed_until: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            closures: AtomicU64::new(0),
         }
     }
 
@@ -71,8 +76,10 @@ impl SpinGate {
 
     /// A wait spun its whole time in vain at `now`. True when that closes the gate.
     pub fn miss(&self, now: u64) -> bool {
+        self.failed.fetch_add(1, Relaxed);
         let n = self.misses.fetch_add(1, Relaxed).saturating_add(1);
         if n >= Self::MISSES {
+            self.closures.fetch_add(1, Relaxed);
             // (Never 0, which means open.)
             self.closed_until
                 .store(now.saturating_add(Self::HOLD_NS).max(1), Relaxed);
@@ -81,6 +88,11 @@ impl SpinGate {
             return true;
         }
         false
+    }
+
+    /// Misses so far, and the times the gate closed.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.failed.load(Relaxed), self.closures.load(Relaxed))
     }
 }
 
@@ -99,6 +111,7 @@ mod tests {
         }
         g.miss(10);
         assert!(g.maybe_closed());
+        assert_eq!(g.counts(), (u64::from(SpinGate::MISSES), 1));
         assert!(!g.open(10));
         assert!(!g.open(10 + SpinGate::HOLD_NS - 1));
         assert!(g.open(10 + SpinGate::HOLD_NS));

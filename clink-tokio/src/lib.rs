@@ -69,7 +69,6 @@ pub struct AsyncEndpoint {
     gate: SpinGate,
     tick: Duration,
     parks: u64,
-    spins_failed: u64,
 }
 
 impl AsyncEndpoint {
@@ -87,7 +86,6 @@ impl AsyncEndpoint {
             gate: SpinGate::new(),
             tick: DEFAULT_TICK,
             parks: 0,
-            spins_failed: 0,
         })
     }
 
@@ -110,7 +108,7 @@ impl AsyncEndpoint {
 
     /// How many waits spun their whole spin time in vain before they parked.
     pub fn spins_failed(&self) -> u64 {
-        self.spins_failed
+        self.gate.counts().0
     }
 
     /// The endpoint, for the calls that do not wait (`address`, `peers`, `probe`, `isend`,
@@ -150,7 +148,6 @@ impl AsyncEndpoint {
                     }
                     std::hint::spin_loop();
                 }
-                self.spins_failed += 1;
                 self.gate.miss(clock_ns());
             }
             if !self.ep.prepare_wait() {

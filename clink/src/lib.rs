@@ -34,10 +34,11 @@
 //! delivered first. A process that is stopped (SIGSTOP, Ctrl-Z, a debugger's breakpoint)
 //! answers nothing over UDP, its keepalive thread stopped with it: its UDP peers declare it
 //! dead after `CLINK_NET_DEAD_MS`, where its TCP peers do not (its kernel answers for it);
-//! debug over TCP (`CLINK_TRANSPORT=tcp`) or with a longer `CLINK_NET_DEAD_MS`. A process should drop or [`Endpoint::close`] its endpoint before it
-//! exits: over UDP the messages not yet sent (a completed eager send may still be queued in
-//! the endpoint, behind the congestion window) leave with the process otherwise, as
-//! they would not from a kernel TCP socket or a ring.
+//! debug over TCP (`CLINK_TRANSPORT=tcp`) or with a longer `CLINK_NET_DEAD_MS`. A process
+//! should drop or [`Endpoint::close`] its endpoint before it exits: over UDP the messages
+//! not yet sent (a completed eager send may still be queued in the endpoint, behind the
+//! congestion window) leave with the process otherwise, as they would not from a kernel
+//! TCP socket or a ring.
 #![warn(missing_docs)]
 // `unsafe` only where memory Rust does not own is touched, in the modules that allow it
 // below and in `endpoint::lend` and `transport::shm` (ARCHITECTURE.md, "Where unsafe lives").

@@ -388,6 +388,7 @@ impl Endpoint {
     /// Counters since creation.
     pub fn stats(&self) -> Stats {
         let mut s = self.stats;
+        (s.spins_failed, s.spin_closures) = self.spin_gate.counts();
         self.add_net_stats(&mut s);
         self.add_tcp_stats(&mut s);
         s

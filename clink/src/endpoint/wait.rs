@@ -55,9 +55,10 @@ impl Endpoint {
         // With no spin time at all, or while spins keep failing, go to sleep after the
         // first empty poll.
         let no_spin = spin == Some(Duration::ZERO) || (spin.is_some() && !self.spin_open());
-        // Whether this wait's spin has run out (it then sleeps, or finds work as it arms):
-        // a failed spin counts once.
-        let mut spun_out = false;
+        // Whether this wait's spin is judged: a hit or a miss counts once (a spin that ran
+        // out is a miss, whether the wait then sleeps or finds work as it arms); a wait
+        // that does not spin, or spins for ever, counts for neither.
+        let mut judged = no_spin || spin.is_none();
         let mut polls: u32 = 0;
         // A wake-up has just read the sockets: the pass after it only matches what came.
         let mut woken = false;
@@ -75,7 +76,7 @@ impl Endpoint {
             let did = self.progress_pass(!std::mem::take(&mut woken));
             if done(self) {
                 // (Done without an idle pass, it says nothing of spinning.)
-                if !spun_out && !no_spin && idled && spin.is_some() {
+                if !judged && idled {
                     if lost_cpu {
                         self.spin_failed();
                     } else {
@@ -130,10 +131,9 @@ impl Endpoint {
             {
                 continue;
             }
-            if !spun_out && !no_spin && spin.is_some() {
+            if !std::mem::replace(&mut judged, true) {
                 self.spin_failed();
             }
-            spun_out = true;
             if let Some(i) = self.futex_peer().filter(|_| futex) {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 self.futex_sleep(i, left.map_or(FUTEX_SLEEP_MAX, |l| l.min(FUTEX_SLEEP_MAX)));
@@ -172,12 +172,9 @@ impl Endpoint {
         !self.spin_gate.maybe_closed() || self.spin_gate.open(sys::monotonic_ns())
     }
 
-    /// A wait spun in vain: counted, and the gate closes after several in a row.
-    fn spin_failed(&mut self) {
-        self.stats.spins_failed += 1;
-        if self.spin_gate.miss(sys::monotonic_ns()) {
-            self.stats.spin_closures += 1;
-        }
+    /// A wait spun in vain: the gate closes after several in a row.
+    fn spin_failed(&self) {
+        self.spin_gate.miss(sys::monotonic_ns());
     }
 
     /// The peer a wait may sleep on through its futex instead of epoll: the only live peer,
