@@ -654,16 +654,7 @@ fn a_peer_that_resets_the_connection_is_heard_out_first() {
     drop(s);
     // Our next write meets the reset before the last words are read.
     let _ = a.send(pa, 2, b"into a reset");
-    let mut buf = [0u8; 32];
-    let st = a
-        .recv_timeout(Selector::exact(Some(pa), 7), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], b"last words");
-    let r = a.irecv(Selector::exact(Some(pa), 8), vec![0u8; 8]).unwrap();
-    assert!(matches!(
-        a.wait_recv(&r, Some(Duration::from_secs(5))),
-        Err(Error::PeerDead(_))
-    ));
+    last_words_then_gone(&mut a, pa, 7, Duration::from_secs(5));
     assert!(!a.is_alive(pa));
 }
 

@@ -515,23 +515,30 @@ pub fn stream_to_an_away_receiver(
 pub fn close_is_delivered((mut a, pa): (Endpoint, PeerId), (mut b, pb): (Endpoint, PeerId)) {
     b.send(pb, 1, b"last words").unwrap();
     b.close();
-    let mut buf = [0u8; 32];
-    let st = a
-        .recv_timeout(Selector::exact(Some(pa), 1), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], b"last words");
     // The goodbye arrives well before the liveness timeout would have said it.
-    let r = a.irecv(Selector::exact(Some(pa), 2), vec![0u8; 8]).unwrap();
-    assert!(matches!(
-        a.wait_recv(&r, Some(Duration::from_secs(1))),
-        Err(clink::Error::PeerDead(_))
-    ));
+    last_words_then_gone(&mut a, pa, 1, Duration::from_secs(1));
     let t = Instant::now();
     let r = a
         .recv_in_place(Selector::exact(Some(pa), 2), Some(Duration::from_secs(5)))
         .map(|g| g.status());
     assert!(matches!(r, Err(clink::Error::PeerDead(_))), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+}
+
+/// A receives "last words" from `pa` with `tag`, then a receive posted for `tag + 1` fails
+/// with `PeerDead` within `within`: the peer's last message came before its end.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn last_words_then_gone(a: &mut Endpoint, pa: PeerId, tag: u64, within: Duration) {
+    let mut buf = [0u8; 32];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), tag), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"last words");
+    let r = a
+        .irecv(Selector::exact(Some(pa), tag + 1), vec![0u8; 8])
+        .unwrap();
+    let got = a.wait_recv(&r, Some(within)).map(|m| m.status);
+    assert!(matches!(got, Err(clink::Error::PeerDead(_))), "{got:?}");
 }
 
 /// B queues 1000 eager messages of 8 KiB for A (non-blocking sends: far more than the
