@@ -647,6 +647,22 @@ int clink_finish_wait(struct clink_endpoint_t *ep);
 // `ep` a live endpoint, `out` writable (NULL refused).
 int clink_endpoint_stats(struct clink_endpoint_t *ep, struct clink_stats_t *out);
 
+// Reads the endpoint's counter called `name` into `*out`: any of the endpoint's counters,
+// those of `clink_stats_t` and the rest (spins, losses, speculation, the receive ring,
+// ...), by the names `clink_stat_name` lists. An unknown name gives `CLINK_ERR_INVALID`.
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint, `name` a NUL-terminated string, `out` writable (NULL refused).
+int clink_endpoint_stat(struct clink_endpoint_t *ep, const char *name, uint64_t *out);
+
+// Returns the name of counter number `index` (from 0) of `clink_endpoint_stat`, or NULL
+// past the last: a program lists every counter with a loop until NULL.
+//
+// Thread safety: any thread. Ownership: static; do not free it.
+const char *clink_stat_name(uintptr_t index);
+
 // Copies the UDP connection state of `peer` into `*out`. `CLINK_ERR_UNSUPPORTED` for a
 // peer over shared memory or TCP (no such connection).
 //

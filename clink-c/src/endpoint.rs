@@ -514,6 +514,48 @@ pub unsafe extern "C" fn clink_endpoint_stats(
     })
 }
 
+/// Reads the endpoint's counter called `name` into `*out`: any of the endpoint's counters,
+/// those of `clink_stats_t` and the rest (spins, losses, speculation, the receive ring,
+/// ...), by the names `clink_stat_name` lists. An unknown name gives `CLINK_ERR_INVALID`.
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint, `name` a NUL-terminated string, `out` writable (NULL refused).
+#[no_mangle]
+pub unsafe extern "C" fn clink_endpoint_stat(
+    ep: *mut clink_endpoint_t,
+    name: *const c_char,
+    out: *mut u64,
+) -> c_int {
+    with_ep("clink_endpoint_stat", ep, |e, _| {
+        let name = c_str(name, "name")?;
+        need_out(out, "out")?;
+        let v = e
+            .stats()
+            .get(name)
+            .ok_or_else(|| Fail::invalid(format!("no counter called {name:?}")))?;
+        out.write(v);
+        Ok(OK)
+    })
+}
+
+/// Returns the name of counter number `index` (from 0) of `clink_endpoint_stat`, or NULL
+/// past the last: a program lists every counter with a loop until NULL.
+///
+/// Thread safety: any thread. Ownership: static; do not free it.
+#[no_mangle]
+pub extern "C" fn clink_stat_name(index: usize) -> *const c_char {
+    static NAMES: std::sync::OnceLock<Vec<std::ffi::CString>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        clink_rs::Stats::NAMES
+            .iter()
+            .filter_map(|n| std::ffi::CString::new(*n).ok())
+            .collect()
+    });
+    names.get(index).map_or(std::ptr::null(), |n| n.as_ptr())
+}
+
 /// The reliable UDP connection to a network peer as it stands (as QUIC stacks report it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

@@ -9,7 +9,7 @@
 //! same hop over clink's own API in the same process (a blocking `send` and `recv`), so the
 //! difference is what the provider adds.
 //!
-//! Run: `cargo run --release -p clink-fi --example provider_cost -- [hops] [inject|send|unexpected]`
+//! Run: `cargo run --release -p clink-fi --example provider_cost -- [hops] [inject|send|unexpected|own|idle]`
 
 use clink_fi::abi::*;
 use std::ffi::c_void;
@@ -290,7 +290,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let p = unsafe { open() }?;
     // SAFETY: the objects `open` made.
     unsafe { connect(&p) }?;
-    // One way alone (for a profiler): `inject`, `send` or `unexpected`; or `idle`: reads
+    // One way alone (for a profiler): `inject`, `send`, `unexpected` or `own` (clink's own
+    // hop); or `idle`: reads
     // of a completion queue with nothing to complete (what a waiting receiver repeats).
     if std::env::args().nth(2).as_deref() == Some("idle") {
         // SAFETY: a plain C struct, all zeroes a valid value.
@@ -311,6 +312,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     if let Some(only) = std::env::args().nth(2) {
+        if only == "own" {
+            println!("ns per hop: own {:.1}", clink_hops(n)?);
+            return Ok(());
+        }
         let way = match only.as_str() {
             "inject" => Way::Inject,
             "send" => Way::Send,

@@ -256,6 +256,9 @@ def test_stats_peers_fd(pair):
     a.recv(timeout=T)
     s = b.stats()
     assert isinstance(s, dict) and s["eager_sends"] >= 1 and s["frames_sent"] >= 1
+    # Every counter, not only the common ones.
+    assert len(s) > 60 and s["spins_failed"] >= 0 and s["board_wakeups"] >= 0
+    assert all(isinstance(v, int) for v in s.values())
     assert a.peers() == [pa] and a.is_alive(pa)
     assert a.transport(pa) == "shm"
     assert a.eager_max(pa) > 0

@@ -1,176 +1,202 @@
 //! Counters for every decision a performance question needs.
 
-/// Per-endpoint counters (monotonic since the endpoint was created).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
+/// Declares [`Stats`] from its list of counters, with the list of their names in the same
+/// order ([`Stats::NAMES`], [`Stats::fields`]): the bindings (C, Python) and the tools read
+/// every counter by name without a second list to keep in step.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Per-endpoint counters (monotonic since the endpoint was created).
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            /// Every counter's name, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name)),*];
+
+            /// Every counter with its name, in the order of [`Stats::NAMES`].
+            pub fn fields(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                Self::NAMES.iter().copied().zip([$(self.$name),*])
+            }
+        }
+    };
+}
+
+counters! {
     /// Frames written into peers' rings.
-    pub frames_sent: u64,
+    frames_sent,
     /// Frames read from peers' rings.
-    pub frames_received: u64,
+    frames_received,
     /// Messages sent eagerly (copied through the ring).
-    pub eager_sends: u64,
+    eager_sends,
     /// Messages sent by rendezvous.
-    pub rendezvous_sends: u64,
+    rendezvous_sends,
     /// Payload bytes copied into rings (eager, sender side).
-    pub eager_bytes: u64,
+    eager_bytes,
     /// Payload bytes moved by a single CMA copy (receiver side; of a split rendezvous, the
     /// half the sender wrote too).
-    pub cma_bytes: u64,
+    cma_bytes,
     /// CMA rendezvous receives split between the two sides (see `CLINK_CMA_SPLIT`).
-    pub cma_splits: u64,
+    cma_splits,
     /// Payload bytes moved by the two-copy pipeline through the ring (receiver side).
-    pub pipeline_bytes: u64,
+    pipeline_bytes,
     /// Eager messages that arrived before their receive and were copied aside.
-    pub unexpected: u64,
+    unexpected,
     /// Times a send found the peer's ring full and queued.
-    pub ring_full: u64,
+    ring_full,
     /// Doorbells rung (wake-up system calls made by this endpoint).
-    pub doorbells: u64,
+    doorbells,
     /// Times this endpoint blocked in the kernel.
-    pub sleeps: u64,
+    sleeps,
     /// Of those, the sleeps on a lone peer's futex (not epoll).
-    pub futex_sleeps: u64,
+    futex_sleeps,
     /// Waits that spun their whole spin time in vain (or got what they awaited only
     /// after the thread had lost its CPU while spinning).
-    pub spins_failed: u64,
+    spins_failed,
     /// Times waits stopped spinning for a while because their spins kept failing
     /// ([`clink_proto::spin::SpinGate`]).
-    pub spin_closures: u64,
+    spin_closures,
     /// Liveness / connection checks (epoll_wait with zero timeout while busy).
-    pub liveness_checks: u64,
+    liveness_checks,
     /// Malformed frames or ring contents received (the peer is dropped).
-    pub protocol_errors: u64,
+    protocol_errors,
     /// Peers that died, hung up or were dropped.
-    pub peers_failed: u64,
+    peers_failed,
     /// Incoming connections refused (bad handshake, other uid, silent, ...).
-    pub handshakes_refused: u64,
+    handshakes_refused,
     /// Peers connected (both directions).
-    pub peers_connected: u64,
+    peers_connected,
     /// Network path (UDP): datagrams sent (GSO segments counted one by one).
-    pub datagrams_sent: u64,
+    datagrams_sent,
     /// Network path: datagrams received (after splitting coalesced reads).
-    pub datagrams_received: u64,
+    datagrams_received,
     /// Network path: system calls that sent datagrams (`sendmmsg`).
-    pub send_calls: u64,
+    send_calls,
     /// Network path: system calls that received datagrams (`recvmmsg` returning data).
-    pub recv_calls: u64,
+    recv_calls,
     /// Network path: coalesced (GRO) reads.
-    pub gro_reads: u64,
+    gro_reads,
     /// Network path: data datagrams sent again.
-    pub retransmissions: u64,
+    retransmissions,
     /// Network path: negative acknowledgements sent.
-    pub naks_sent: u64,
+    naks_sent,
     /// Network path: retransmission timer expiries.
-    pub timeouts: u64,
+    timeouts,
     /// Network path: timer expiries answered with one probe (the first of a run: a
     /// stalled receiver's flight is not resent, nor the window cut).
-    pub rto_probes: u64,
+    rto_probes,
     /// Network path: congestion-window reductions.
-    pub window_cuts: u64,
+    window_cuts,
     /// Network path: losses taken for random link loss (resent, window kept).
-    pub random_losses: u64,
+    random_losses,
     /// Network path: tail loss probes sent.
-    pub tail_probes: u64,
+    tail_probes,
     /// Network path: datagrams dropped for a bad checksum.
-    pub corrupt_dropped: u64,
+    corrupt_dropped,
     /// Network path: malformed or inconsistent datagrams dropped.
-    pub malformed_dropped: u64,
+    malformed_dropped,
     /// Network path: duplicate datagrams suppressed.
-    pub duplicates_dropped: u64,
+    duplicates_dropped,
     /// Network path: datagrams from unknown peers or connections, and bad handshakes.
-    pub stray_dropped: u64,
+    stray_dropped,
     /// Network path: datagrams the kernel refused on send (resent by the protocol).
-    pub send_drops: u64,
+    send_drops,
     /// Network path: faults injected (`CLINK_FAULTS`): drops, duplicates, corruptions,
     /// delays.
-    pub faults_injected: u64,
+    faults_injected,
     /// Network path: bulk (rendezvous) fragments (UDP) or pieces (TCP) found intact at
     /// their place by a speculative receive: zero user-space copies.
-    pub spec_hits: u64,
+    spec_hits,
     /// Network path: payload bytes of those hits.
-    pub spec_hit_bytes: u64,
+    spec_hit_bytes,
     /// Network path: datagrams (UDP) or records (TCP) read into a speculative layout that
     /// were not the expected fragment or piece (moved back, then handled by the ordinary
     /// path).
-    pub spec_misses: u64,
+    spec_misses,
     /// Network path: bulk payload bytes copied to their place by the ordinary path
     /// (misses, reads beyond the armed layout, speculation off) or moved there from
     /// another fragment's place.
-    pub cleanup_bytes: u64,
+    cleanup_bytes,
     /// Network path (UDP): intact fragments a speculative read left in another's place,
     /// moved to their own with one copy.
-    pub spec_moved: u64,
+    spec_moved,
     /// Network path (UDP): times most of the armed stream's fragments missed and
     /// speculation was turned off for a while (`CLINK_UDP_SPEC_BACKOFF`).
-    pub spec_backoffs: u64,
+    spec_backoffs,
     /// Network path, admission control as a receiver: fast streams granted (Fast_Ack).
-    pub fast_grants: u64,
+    fast_grants,
     /// Network path: fast-stream requests refused (Fast_NAck).
-    pub fast_refusals: u64,
+    fast_refusals,
     /// Network path: grants taken back (idle, or held too long while others waited).
-    pub fast_revocations: u64,
+    fast_revocations,
     /// Network path: bulk fragments received from the stream holding the grant.
-    pub granted_fragments: u64,
+    granted_fragments,
     /// Network path: those found in place (the granted stream's speculation hits).
-    pub granted_hits: u64,
+    granted_hits,
     /// Network path: new bulk fragments received whose payload was hashed end to end
     /// (`CLINK_UDP_PAYLOAD_HASH`; the others' payloads were the UDP checksum's).
-    pub bulk_hashed: u64,
+    bulk_hashed,
     /// Network path: datagrams read from the socket of a steered fast stream (flow
     /// steering, `CLINK_UDP_STEER`).
-    pub steered_datagrams: u64,
+    steered_datagrams,
     /// Network path: datagrams read from the sockets of peers that have one of their own
     /// (`CLINK_UDP_PEER_SOCKETS`).
-    pub peer_socket_datagrams: u64,
+    peer_socket_datagrams,
     /// Network path: datagrams read from the UDP receive ring (`CLINK_UDP_RING`; also
     /// counted in `datagrams_received`).
-    pub ring_datagrams: u64,
+    ring_datagrams,
     /// Network path: datagrams the kernel dropped because the receive ring was full
     /// (repaired by the connection as losses).
-    pub ring_full_drops: u64,
+    ring_full_drops,
     /// Network path: datagrams sent through the receive ring's packet socket to a peer
     /// one hop away (also counted in `datagrams_sent`).
-    pub ring_sent: u64,
+    ring_sent,
     /// Network path: notices in the receive ring of a coalesced run of an eager
     /// message's datagrams waiting in a socket, which the endpoint then read at once.
-    pub ring_notices: u64,
+    ring_notices,
     /// Network path: keepalive rounds the endpoint's keepalive thread sent to its UDP
     /// peers while the application made no call.
-    pub keepalive_rounds: u64,
+    keepalive_rounds,
     /// Network path, as a sender: times this endpoint's bulk streams were granted fast.
-    pub fast_granted: u64,
+    fast_granted,
     /// Network path, as a sender: times they were refused or revoked (then sent slowly).
-    pub fast_refused: u64,
+    fast_refused,
     /// TCP path: `writev` calls that wrote something.
-    pub stream_writes: u64,
+    stream_writes,
     /// TCP path: bytes written to the connections.
-    pub stream_bytes_sent: u64,
+    stream_bytes_sent,
     /// TCP path: reads that returned data.
-    pub stream_reads: u64,
+    stream_reads,
     /// TCP path: bytes read from the connections.
-    pub stream_bytes_received: u64,
+    stream_bytes_received,
     /// TCP path: rendezvous payload bytes read straight into the posted buffer after
     /// their header had been seen (no copy; the speculative hits are in `spec_hit_bytes`).
-    pub stream_direct_bytes: u64,
+    stream_direct_bytes,
     /// One-sided requests this endpoint refused as a target (bad key, revoked, out of
     /// range, missing right, unknown export).
-    pub rma_refused: u64,
+    rma_refused,
     /// Bytes peers put into this endpoint's apertures (applied).
-    pub rma_put_bytes: u64,
+    rma_put_bytes,
     /// Bytes peers got from this endpoint's apertures.
-    pub rma_get_bytes: u64,
+    rma_get_bytes,
     /// Of the bytes put and got, those the copy engine moved (large same-host accesses,
     /// served round-robin across peers).
-    pub rma_engine_bytes: u64,
+    rma_engine_bytes,
     /// Tripwire firings.
-    pub tripwires_fired: u64,
+    tripwires_fired,
     /// Unacknowledged puts of this endpoint that a target refused.
-    pub rma_unacked_refused: u64,
+    rma_unacked_refused,
     /// Peer visits prompted by a bit on the activity board.
-    pub board_wakeups: u64,
+    board_wakeups,
 }
 
 impl Stats {
+    /// The counter called `name` (one of [`Stats::NAMES`]).
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.fields().find(|&(n, _)| n == name).map(|(_, v)| v)
+    }
+
     /// The network path's speculation hit rate as a receiver: the fraction of the bulk
     /// (rendezvous) payload bytes received that a speculative receive found at their
     /// place, `spec_hit_bytes / (spec_hit_bytes + cleanup_bytes)` (all fragments but a
@@ -192,6 +218,30 @@ impl Stats {
 #[cfg(test)]
 mod tests {
     use super::Stats;
+
+    #[test]
+    fn every_counter_by_name() {
+        let s = Stats {
+            frames_sent: 3,
+            board_wakeups: 9,
+            ..Stats::default()
+        };
+        assert_eq!(s.fields().count(), Stats::NAMES.len());
+        assert_eq!(s.get("frames_sent"), Some(3));
+        assert_eq!(s.get("board_wakeups"), Some(9));
+        assert_eq!(s.get("spins_failed"), Some(0));
+        assert_eq!(s.get("no_such_counter"), None);
+        // The names are the fields' own (what `Debug` prints), in order.
+        let debug = format!("{s:?}");
+        let mut at = 0;
+        for (name, value) in s.fields() {
+            let item = format!("{name}: {value}");
+            let found = debug[at..]
+                .find(&item)
+                .unwrap_or_else(|| panic!("{item} in order"));
+            at += found + item.len();
+        }
+    }
 
     #[test]
     fn hit_rates() {

@@ -117,6 +117,21 @@ static void endpoint_alone(clink_context_t *ctx, clink_endpoint_t *ep) {
     OK(clink_endpoint_stats(ep, &s));
     CHECK(s.frames_sent == 0 && s.frames_received == 0 && s.peers_connected == 0);
     CHECK_RC(clink_endpoint_stats(ep, NULL), CLINK_ERR_NULL);
+    /* Every counter by name, the struct's and the others, listed until NULL. */
+    size_t names = 0;
+    int saw_spins = 0, saw_frames = 0;
+    for (const char *name; (name = clink_stat_name(names)) != NULL; names++) {
+        uint64_t v = UINT64_MAX;
+        OK(clink_endpoint_stat(ep, name, &v));
+        CHECK(v != UINT64_MAX);
+        saw_spins |= strcmp(name, "spins_failed") == 0;
+        saw_frames |= strcmp(name, "frames_sent") == 0;
+    }
+    CHECK(names > 60 && saw_spins && saw_frames);
+    uint64_t v = 0;
+    CHECK_RC(clink_endpoint_stat(ep, "no_such_counter", &v), CLINK_ERR_INVALID);
+    CHECK_RC(clink_endpoint_stat(ep, NULL, &v), CLINK_ERR_NULL);
+    CHECK_RC(clink_endpoint_stat(ep, "frames_sent", NULL), CLINK_ERR_NULL);
     char diag[8];
     size_t dlen = 1;
     CHECK_RC(clink_endpoint_diagnostic(ep, diag, sizeof diag, &dlen), CLINK_AGAIN);

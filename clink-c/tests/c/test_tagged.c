@@ -72,6 +72,9 @@ static void child(pair_t *p) {
     OK(clink_endpoint_stats(p->ep, &s));
     CHECK(s.eager_sends >= 10 && s.rendezvous_sends >= 2 && s.frames_received >= 1);
     CHECK(s.peers_connected == 1);
+    uint64_t by_name = 0;
+    OK(clink_endpoint_stat(p->ep, "eager_sends", &by_name));
+    CHECK(by_name == s.eager_sends);
     /* 8: goodbye, then exit (the parent sees this peer go). */
     OK(clink_send(p->ep, p->peer, 9, "bye", 3));
     free(buf);

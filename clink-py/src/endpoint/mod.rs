@@ -724,19 +724,10 @@ impl Endpoint {
     /// The endpoint's counters as a dict of name to integer (frames, eager and rendezvous
     /// sends, CMA bytes, sleeps, datagrams, retransmissions, one-sided bytes, ...).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.sh.with(py, |ep| Ok(format!("{:?}", ep.stats())))?;
+        let s = self.sh.with(py, |ep| Ok(ep.stats()))?;
         let d = crate::new_dict(py);
-        let body = s
-            .trim()
-            .strip_prefix("Stats {")
-            .and_then(|b| b.strip_suffix('}'))
-            .unwrap_or("");
-        for field in body.split(',') {
-            if let Some((k, v)) = field.split_once(':') {
-                if let Ok(n) = v.trim().parse::<u64>() {
-                    d.set_item(k.trim(), n)?;
-                }
-            }
+        for (name, value) in s.fields() {
+            d.set_item(name, value)?;
         }
         Ok(d)
     }
