@@ -5,6 +5,7 @@ use crate::abi::*;
 use crate::ep::EpShared;
 use crate::lock::{DomainLock, Guard};
 use crate::{fid_ops, guard, no_bind, no_control};
+use clink_proto::spin::SpinGate;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,6 +50,8 @@ pub struct CqShared {
     queued: AtomicUsize,
     /// The endpoints bound to it (each removes itself when it closes).
     eps: DomainLock<Vec<Arc<EpShared>>>,
+    /// Whether blocking reads spin before they sleep.
+    gate: SpinGate,
 }
 
 impl CqShared {
@@ -240,6 +243,7 @@ pub unsafe extern "C" fn cq_open(
                 queue: DomainLock::new(threading, Queue::default()),
                 queued: AtomicUsize::new(0),
                 eps: DomainLock::new(threading, Vec::new()),
+                gate: SpinGate::new(),
             }),
         });
         // SAFETY: `out` checked above.
@@ -316,7 +320,72 @@ unsafe extern "C" fn readerr(cq: *mut fid_cq, buf: *mut fi_cq_err_entry, _flags:
 
 /// Slices of a blocking read's sleep: a bound on how late a network retransmission timer
 /// (which wakes no file descriptor) is served while the application sleeps here.
-const SLEEP_SLICE: Duration = Duration::from_millis(10);
+const SLEEP_SLICE: u64 = 10_000_000;
+
+/// Reads of the queue a blocking read makes before it sleeps, while the queue's spin gate
+/// is open.
+const SPIN_POLLS: u32 = 1000;
+
+/// Two empty reads this far apart (ns): the thread was off its CPU in between (a thousand
+/// reads take tens of microseconds), and what came meanwhile came because it was.
+const SPIN_GAP: u64 = 200_000;
+
+/// Nanoseconds on a monotonic clock (from the first call).
+fn now_ns() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The waiting of a blocking read: `poll` until it answers (true), spinning first while
+/// `gate` is open, then sleeping (`sleep(at most ns)`) between polls; false when `timeout`
+/// (ns) runs out first. `now` reads the clock. A spin that gets its answer is a hit; one
+/// that runs out, or that got its answer only after losing its CPU, a miss (the gate closes
+/// after several: two threads on one CPU, where a spinning reader keeps the peer that
+/// would answer from running).
+fn wait_for(
+    gate: &SpinGate,
+    timeout: Option<u64>,
+    now: impl Fn() -> u64,
+    mut poll: impl FnMut() -> bool,
+    mut sleep: impl FnMut(u64),
+) -> bool {
+    let start = now();
+    let deadline = timeout.map(|t| start.saturating_add(t));
+    let mut spin = !gate.maybe_closed() || gate.open(start);
+    let (mut idle, mut idle_at, mut lost_cpu) = (0u32, None::<u64>, false);
+    loop {
+        if poll() {
+            if spin && idle > 0 {
+                if lost_cpu {
+                    gate.miss(now());
+                } else {
+                    gate.hit();
+                }
+            }
+            return true;
+        }
+        let t = now();
+        if deadline.is_some_and(|d| t >= d) {
+            return false;
+        }
+        idle += 1;
+        if spin {
+            if idle_at
+                .replace(t)
+                .is_some_and(|a| t.saturating_sub(a) >= SPIN_GAP)
+            {
+                lost_cpu = true;
+            }
+            if idle <= SPIN_POLLS {
+                std::hint::spin_loop();
+                continue;
+            }
+            gate.miss(t);
+            spin = false;
+        }
+        sleep(deadline.map_or(SLEEP_SLICE, |d| d - t).min(SLEEP_SLICE));
+    }
+}
 
 /// Blocking read: polls (with progress), then sleeps on the bound endpoints' file
 /// descriptors, until a completion, a failure or the timeout.
@@ -329,27 +398,20 @@ unsafe fn sread_until(
 ) -> isize {
     // SAFETY: an open queue of ours.
     let s = unsafe { shared_of(cq as *mut fid) };
-    let deadline =
-        (timeout_ms >= 0).then(|| Instant::now() + Duration::from_millis(timeout_ms as u64));
-    let mut idle = 0u32;
-    loop {
-        // SAFETY: the caller's buffers.
-        let r = unsafe { s.read(buf, count, src) };
-        if r != crate::err(FI_EAGAIN) {
-            return r;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return crate::err(FI_EAGAIN);
-        }
-        idle += 1;
-        if idle > 1000 {
-            let left =
-                deadline.map_or(SLEEP_SLICE, |d| d.saturating_duration_since(Instant::now()));
-            s.sleep(left.min(SLEEP_SLICE));
-        } else {
-            std::hint::spin_loop();
-        }
-    }
+    let timeout = (timeout_ms >= 0).then(|| timeout_ms as u64 * 1_000_000);
+    let mut r = crate::err(FI_EAGAIN);
+    wait_for(
+        &s.gate,
+        timeout,
+        now_ns,
+        || {
+            // SAFETY: the caller's buffers.
+            r = unsafe { s.read(buf, count, src) };
+            r != crate::err(FI_EAGAIN)
+        },
+        |ns| s.sleep(Duration::from_nanos(ns)),
+    );
+    r
 }
 
 unsafe extern "C" fn sread(
@@ -399,4 +461,80 @@ unsafe extern "C" fn strerror(
         return buf;
     }
     text.as_ptr() as *const c_char
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// Blocking reads against a simulated peer: each read costs 100 ns; the answer comes
+    /// `after` ns after the wait starts if the peer has a CPU of its own (`own_cpu`), else
+    /// only once the reader sleeps (one CPU: the spinning reader keeps it from running).
+    /// Returns (reads made, sleeps) over `waits` waits.
+    fn waits(gate: &SpinGate, waits: u32, own_cpu: bool, after: u64) -> (u64, u64) {
+        let clock = Cell::new(0u64);
+        let (mut reads, mut sleeps) = (0u64, 0u64);
+        for _ in 0..waits {
+            let ready_at = Cell::new(if own_cpu {
+                clock.get() + after
+            } else {
+                u64::MAX
+            });
+            let got = wait_for(
+                gate,
+                Some(1_000_000_000),
+                || clock.get(),
+                || {
+                    reads += 1;
+                    clock.set(clock.get() + 100);
+                    clock.get() >= ready_at.get()
+                },
+                |max| {
+                    sleeps += 1;
+                    // The peer runs while the reader sleeps and answers at once.
+                    clock.set(clock.get() + max.min(5_000));
+                    ready_at.set(clock.get());
+                },
+            );
+            assert!(got, "every wait is answered");
+        }
+        (reads, sleeps)
+    }
+
+    #[test]
+    fn reads_on_one_cpu_stop_spinning() {
+        let gate = SpinGate::new();
+        let (reads, sleeps) = waits(&gate, 200, false, 0);
+        // Without the gate every wait spins its thousand reads in vain.
+        assert!(reads < 10 * (SPIN_POLLS as u64 + 2), "{reads} reads");
+        assert_eq!(sleeps, 200);
+        assert!(gate.counts().1 >= 1, "the gate closed");
+    }
+
+    #[test]
+    fn reads_answered_within_the_spin_never_sleep() {
+        let gate = SpinGate::new();
+        let (reads, sleeps) = waits(&gate, 200, true, 3_000);
+        assert_eq!(sleeps, 0);
+        assert_eq!(gate.counts(), (0, 0));
+        assert!(reads >= 200 * 30, "{reads} reads");
+    }
+
+    #[test]
+    fn a_timeout_ends_the_wait() {
+        let gate = SpinGate::new();
+        let clock = Cell::new(0u64);
+        let got = wait_for(
+            &gate,
+            Some(1_000_000),
+            || clock.get(),
+            || {
+                clock.set(clock.get() + 100);
+                false
+            },
+            |max| clock.set(clock.get() + max),
+        );
+        assert!(!got && clock.get() >= 1_000_000);
+    }
 }

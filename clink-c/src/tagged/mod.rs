@@ -6,7 +6,6 @@ use bytes::Bytes;
 use clink_rs::rma::{ApertureId, RmaRequest};
 use clink_rs::{Error, InPlace, Received, RecvRequest, SendRequest, SendSlot};
 use std::ffi::{c_int, c_void};
-use std::time::Instant;
 
 /// Caller memory lent to a non-blocking send or put until it completes (the zero-copy
 /// contract of `clink_isend` and `clink_iput`).

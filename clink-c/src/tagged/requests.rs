@@ -534,38 +534,31 @@ fn wait_any_recv(
     Ok(k)
 }
 
-/// Waits for the first of requests of several kinds: tests each in turn, spinning a
-/// little, then sleeping on the endpoint's fd between rounds.
+/// Waits for the first of requests of several kinds: tests each in turn after each of the
+/// endpoint's progress passes, waiting as its own blocking calls do (`Endpoint::wait_until`).
 fn wait_any_mixed(
     e: &mut Endpoint,
     live: &mut [(usize, &mut clink_request_t)],
     t: Option<Duration>,
 ) -> R<usize> {
-    let start = Instant::now();
-    let spin = Duration::from_micros(50);
-    loop {
+    let mut outcome: Option<R<usize>> = None;
+    let waited = e.wait_until(t, |e| {
         for (k, (_, r)) in live.iter_mut().enumerate() {
-            if r.test(e)? {
-                return Ok(k);
+            match r.test(e) {
+                Ok(false) => {}
+                Ok(true) => outcome = Some(Ok(k)),
+                Err(f) => outcome = Some(Err(f)),
+            }
+            if outcome.is_some() {
+                return true;
             }
         }
-        let waited = start.elapsed();
-        let left = match t {
-            Some(t) if waited >= t => return Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
-            Some(t) => t - waited,
-            None => Duration::from_millis(100),
-        };
-        if waited >= spin && e.prepare_wait() {
-            let ms = left.as_millis().clamp(1, 100) as c_int;
-            let mut pfd = libc::pollfd {
-                fd: e.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
-            e.finish_wait();
-        }
+        false
+    });
+    match (outcome, waited) {
+        (Some(o), _) => o,
+        (None, Err(err)) => Err(err.into()),
+        (None, Ok(())) => Err(Fail::invalid("the wait ended without a finished request")),
     }
 }
 

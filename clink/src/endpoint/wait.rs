@@ -10,10 +10,14 @@ use super::*;
 const SPIN_GAP: Duration = Duration::from_micros(200);
 
 impl Endpoint {
-    /// Spins calling `progress` until `done` holds, for up to the configured spin time,
-    /// then blocks on the endpoint's fd (arm, re-check, sleep). `Error::Timeout` after
-    /// `timeout`.
-    pub(super) fn wait_until(
+    /// Drives the endpoint until `done` holds: a progress pass, then `done`, spinning for
+    /// up to the configured spin time (`CLINK_SPIN_US`; not while spins keep failing, as
+    /// on a CPU shared with the peer), then sleeping on the endpoint's fd between passes.
+    /// The endpoint's own blocking calls wait this way; this one is for what they do not
+    /// cover (the first of several requests of different kinds, a condition of the
+    /// caller's). `done` should look only at what the endpoint's progress can change.
+    /// `Error::Timeout` after `timeout`.
+    pub fn wait_until(
         &mut self,
         timeout: Option<Duration>,
         done: impl FnMut(&mut Self) -> bool,
