@@ -17,6 +17,35 @@ impl Endpoint {
     /// cover (the first of several requests of different kinds, a condition of the
     /// caller's). `done` should look only at what the endpoint's progress can change.
     /// `Error::Timeout` after `timeout`.
+    ///
+    /// ```
+    /// use clink::{Context, Selector};
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ctx = Context::new()?;
+    /// let mut a = ctx.endpoint()?;
+    /// let addr = a.address();
+    /// let other = std::thread::spawn(move || -> clink::Result<()> {
+    ///     let mut b = Context::new()?.endpoint()?;
+    ///     let p = b.connect(&addr)?;
+    ///     b.send(p, 1, b"ping")
+    /// });
+    /// let p = a.accept(Some(Duration::from_secs(10)))?;
+    /// // The first of two receives, whichever message comes.
+    /// let reqs = [
+    ///     a.irecv(Selector::exact(Some(p), 1), vec![0; 8])?,
+    ///     a.irecv(Selector::exact(Some(p), 2), vec![0; 8])?,
+    /// ];
+    /// let mut first = None;
+    /// a.wait_until(Some(Duration::from_secs(10)), |ep| {
+    ///     first = reqs.iter().find_map(|r| ep.test_recv(r).transpose());
+    ///     first.is_some()
+    /// })?;
+    /// let got = first.expect("done")?;
+    /// assert_eq!((&got.buf[..], got.status.tag), (&b"ping"[..], 1));
+    /// other.join().expect("the other thread")?;
+    /// # Ok(()) }
+    /// ```
     pub fn wait_until(
         &mut self,
         timeout: Option<Duration>,
