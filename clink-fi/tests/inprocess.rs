@@ -591,3 +591,80 @@ fn a_receive_over_several_buffers_is_scattered_in_order() {
         finish(s, &stop, [ha, hb]);
     }
 }
+
+/// Several receives posted before their messages come: each message goes to the first
+/// receive, in the order they were posted, that matches it (a wildcard posted first takes a
+/// message a later exact receive also wants; a message only a later receive wants skips the
+/// earlier ones), and a message none wants waits for the receive posted after it.
+#[test]
+fn receives_match_in_the_order_they_were_posted() {
+    // SAFETY: the provider's calls on the objects `setup` made; every buffer posted
+    // outlives its completion (all are read before the buffers go).
+    unsafe {
+        let s = setup();
+        let [a, b] = s.eps;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rx_a, ha) = reader(s.cqs[0], stop.clone());
+        let (rx_b, hb) = reader(s.cqs[1], stop.clone());
+        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
+        // The connection first, by one message.
+        let mut bufs = [[0u8; 8]; 8];
+        let again = connecting();
+        let first = bufs[0].as_mut_ptr() as *mut c_void;
+        while !again(
+            (tagged(b).recv)(b, first, 8, null_mut(), s.addrs[0], 1, 0, ctx(10)),
+            "trecv",
+        ) {}
+        while !again(
+            (tagged(a).inject)(a, b"c".as_ptr() as *const c_void, 1, s.addrs[1], 1),
+            "tinject",
+        ) {}
+        assert_eq!(next(&rx_b).expect("the first message").op_context, ctx(10));
+        let post = |i: usize, tag: u64, ignore: u64, bufs: &mut [[u8; 8]; 8]| {
+            let p = bufs[i].as_mut_ptr() as *mut c_void;
+            let r = (tagged(b).recv)(b, p, 8, null_mut(), s.addrs[0], tag, ignore, ctx(10 + i));
+            assert_eq!(r, 0, "trecv");
+        };
+        let inject = |tag: u64, byte: &[u8; 1]| {
+            let r = (tagged(a).inject)(a, byte.as_ptr() as *const c_void, 1, s.addrs[1], tag);
+            assert_eq!(r, 0, "tinject");
+        };
+        // Completions by context: (tag, the byte received).
+        let take = |n: usize, bufs: &[[u8; 8]; 8]| {
+            let mut got = std::collections::HashMap::new();
+            for _ in 0..n {
+                let e = next(&rx_b).expect("a receive completion");
+                let i = e.op_context as usize - 10;
+                assert_eq!(e.len, 1);
+                got.insert(i, (e.tag, bufs[i][0]));
+            }
+            got
+        };
+        post(1, 0, !0, &mut bufs); // any tag
+        post(2, 5, 0, &mut bufs);
+        post(3, 9, 0, &mut bufs);
+        inject(5, b"A");
+        inject(5, b"B");
+        inject(9, b"C");
+        inject(7, b"D"); // wanted by no receive yet
+        let got = take(3, &bufs);
+        assert_eq!(
+            got[&1],
+            (5, b'A'),
+            "the wildcard, posted first, takes the first"
+        );
+        assert_eq!(got[&2], (5, b'B'));
+        assert_eq!(got[&3], (9, b'C'));
+        post(4, 7, 0, &mut bufs);
+        assert_eq!(take(1, &bufs)[&4], (7, b'D'), "the message that waited");
+        post(5, 3, 0, &mut bufs);
+        post(6, 4, 0, &mut bufs);
+        inject(4, b"E");
+        inject(3, b"F");
+        let got = take(2, &bufs);
+        assert_eq!((got[&5], got[&6]), ((3, b'F'), (4, b'E')));
+        assert!(rx_a.try_recv().is_err(), "an inject completes nothing");
+
+        finish(s, &stop, [ha, hb]);
+    }
+}

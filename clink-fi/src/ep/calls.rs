@@ -146,6 +146,7 @@ pub unsafe extern "C" fn endpoint(
                     unreachable: HashSet::new(),
                     ops: Map::default(),
                     posted: Default::default(),
+                    lazy: VecDeque::new(),
                     claims: Map::default(),
                     fast: Vec::new(),
                 },

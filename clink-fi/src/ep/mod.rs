@@ -11,7 +11,7 @@ use bytes::Bytes;
 use clink::events::{Event, PEERS, REQUESTS};
 use clink::{Endpoint, Error, PeerId, RecvRequest, Selector, SendRequest};
 use clink_proto::addr::Address;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -125,9 +125,10 @@ impl Dest {
     }
 }
 
-/// A receive posted to clink.
+/// A receive posted to clink, or kept by the provider until then (see [`State::lazy`]).
 struct PostedRecv {
-    req: RecvRequest,
+    /// Clink's request (`None` while the receive is one of [`State::lazy`]).
+    req: Option<RecvRequest>,
     ctx: *mut c_void,
     dest: Dest,
     report: bool,
@@ -282,6 +283,13 @@ struct State {
     ops: Map<u64, Op>,
     /// The posted receives.
     posted: Posted,
+    /// Receives not handed to clink yet, in the order they were posted (their words in
+    /// `posted`, and selectors): while clink holds no posted receive and no unexpected
+    /// message, the messages at the heads of the rings are matched against these by the
+    /// provider ([`Endpoint::poll_eager`]), which saves clink's bookkeeping of a request per
+    /// small message. Anything else hands them over first, in order ([`State::hand_over`]),
+    /// so that matching is clink's, in the order the receives were posted.
+    lazy: VecDeque<(u64, Selector)>,
     claims: Map<usize, Claim>,
     /// Receives [`clink::Endpoint::poll_recvs`] completed (their words), kept for its
     /// memory.
@@ -431,6 +439,15 @@ const TX: u64 = FI_SEND | FI_TAGGED;
 impl State {
     fn progress(&mut self) {
         self.connect_new_entries();
+        if !self.lazy.is_empty() {
+            // (Messages to itself need the looped endpoint's progress: a full pass.)
+            let enough = self.looped.is_none() && self.poll_lazy();
+            self.report_fast();
+            if enough {
+                return;
+            }
+            self.hand_over();
+        }
         // Small messages into posted receives straight off the rings, while nothing else
         // needs a pass (clink says when one is due). A completion into one buffer from a
         // peer whose address is known is reported on the spot; the others (a scatter, an
@@ -463,21 +480,7 @@ impl State {
             })
             .is_some()
         };
-        if !self.fast.is_empty() {
-            let mut fast = std::mem::take(&mut self.fast);
-            for (user, res) in fast.drain(..) {
-                if let Some(r) = self.posted.take(user) {
-                    let got = res.map(|status| {
-                        Some(clink::Received {
-                            buf: Vec::new(),
-                            status,
-                        })
-                    });
-                    self.finish_recv(r, got);
-                }
-            }
-            self.fast = fast;
-        }
+        self.report_fast();
         if enough {
             return;
         }
@@ -502,6 +505,26 @@ impl State {
                 _ => {}
             }
         }
+    }
+
+    /// Reports the receives a poll completed into [`State::fast`].
+    fn report_fast(&mut self) {
+        if self.fast.is_empty() {
+            return;
+        }
+        let mut fast = std::mem::take(&mut self.fast);
+        for (user, res) in fast.drain(..) {
+            if let Some(r) = self.posted.take(user) {
+                let got = res.map(|status| {
+                    Some(clink::Received {
+                        buf: Vec::new(),
+                        status,
+                    })
+                });
+                self.finish_recv(r, got);
+            }
+        }
+        self.fast = fast;
     }
 
     fn send_done(&mut self, id: u64) {
@@ -535,10 +558,10 @@ impl State {
 
     fn recv_done(&mut self, id: u64) {
         if let Some(user) = self.ep.recv_user(id).filter(|&u| u != 0) {
-            let Some(r) = self.posted.get(user) else {
+            let Some(req) = self.posted.get(user).and_then(|r| r.req.as_ref()) else {
                 return;
             };
-            let res = self.ep.finish_recv(&r.req);
+            let res = self.ep.finish_recv(req);
             if let Ok(None) = res {
                 return;
             }
@@ -807,6 +830,8 @@ impl State {
             Dest::scatter_over(iov.to_vec(), Vec::new())
         };
         if flags & FI_PEEK != 0 {
+            // (A claim's receive goes to clink after the receives posted before it.)
+            self.hand_over();
             return self.peek(sel, ctx, flags);
         }
         if flags & FI_CLAIM != 0 {
@@ -823,6 +848,32 @@ impl State {
             self.settle_claim(key);
             return 0;
         }
+        if let Dest::Direct { .. } = dest {
+            // Kept by the provider while clink holds nothing the receive would have to
+            // come after (see `lazy`).
+            if self.looped.is_none()
+                && self.rx_cq.is_some()
+                && self.ep.unexpected_count() == 0
+                && self.ep.posted_recvs() == 0
+            {
+                let user = self.posted.reserve();
+                self.posted.fill(
+                    user,
+                    PostedRecv {
+                        req: None,
+                        ctx,
+                        dest,
+                        report,
+                        tag: sel.tag,
+                        exact: sel.mask == u64::MAX,
+                    },
+                );
+                self.lazy.push_back((user, sel));
+                return 0;
+            }
+        }
+        // After the receives posted before it.
+        self.hand_over();
         let waiting = self.ep.unexpected_count() != 0;
         let (buf, cap) = match &mut dest {
             Dest::Direct { buf, cap } => (*buf, *cap),
@@ -837,7 +888,7 @@ impl State {
         // `staging` lives in the receive's slot until then.
         let req = unsafe { self.ep.irecv_raw_user(sel, buf, cap, user) };
         let r = PostedRecv {
-            req,
+            req: Some(req),
             ctx,
             dest,
             report,
@@ -846,10 +897,9 @@ impl State {
         };
         // A message that had arrived (unexpected) completes the receive at once: its
         // completion is queued now rather than after the next pass's event.
-        let res = if waiting {
-            self.ep.finish_recv(&r.req)
-        } else {
-            Ok(None)
+        let res = match &r.req {
+            Some(req) if waiting => self.ep.finish_recv(req),
+            _ => Ok(None),
         };
         match res {
             Ok(None) => self.posted.fill(user, r),
@@ -859,6 +909,88 @@ impl State {
             }
         }
         0
+    }
+
+    /// Hands the receives the provider kept ([`State::lazy`]) to clink, in the order they
+    /// were posted.
+    fn hand_over(&mut self) {
+        while let Some((user, sel)) = self.lazy.pop_front() {
+            let Some(r) = self
+                .posted
+                .slots
+                .get_mut(user as usize - 1)
+                .and_then(Option::as_mut)
+            else {
+                continue;
+            };
+            let Dest::Direct { buf, cap } = r.dest else {
+                continue;
+            };
+            // SAFETY: as for any posted receive: the caller's buffer stays valid until
+            // the completion.
+            let req = unsafe { self.ep.irecv_raw_user(sel, buf, cap, user) };
+            // A source found dead fails the receive at once.
+            let res = self.ep.test_recv(&req);
+            r.req = Some(req);
+            if let Ok(None) = res {
+                continue;
+            }
+            if let Some(r) = self.posted.take(user) {
+                self.finish_recv(r, res);
+            }
+        }
+    }
+
+    /// Matches the messages at the heads of the rings against the receives the provider
+    /// kept ([`State::lazy`]), completing them; false when something else needs clink
+    /// (a message none of them wants, a progress pass due): the caller hands them over.
+    fn poll_lazy(&mut self) -> bool {
+        let mut declined = false;
+        let State {
+            ep,
+            posted,
+            lazy,
+            rx_cq,
+            sources,
+            msg,
+            fast,
+            ..
+        } = self;
+        let polled = ep.poll_eager(|src, tag, data| {
+            let Some(k) = lazy.iter().position(|(_, sel)| sel.matches(src, tag)) else {
+                declined = true;
+                return false;
+            };
+            let (user, _) = lazy.remove(k).expect("found");
+            let Some(r) = posted.get(user) else {
+                return true;
+            };
+            let Dest::Direct { buf, cap } = r.dest else {
+                return true;
+            };
+            let into: &mut [u8] = if cap == 0 {
+                &mut [] // (a zero-length receive may pass no buffer)
+            } else {
+                // SAFETY: the caller's buffer of `cap` bytes, valid until the completion.
+                unsafe { std::slice::from_raw_parts_mut(buf, cap) }
+            };
+            let res: clink::Result<clink::Status> =
+                clink_proto::msg::copy_eager(src, tag, data, into);
+            let known = sources
+                .get(src.0 as usize)
+                .copied()
+                .filter(|&a| a != FI_ADDR_NOTAVAIL);
+            match (&res, known, rx_cq.as_deref()) {
+                (Ok(_), Some(a), Some(cq)) => {
+                    let full = data.len();
+                    let r = posted.take(user).expect("looked at");
+                    r.report(cq, *msg, full, full, tag, a);
+                }
+                _ => fast.push((user, res)),
+            }
+            true
+        });
+        polled.is_some() && !declined
     }
 
     /// `FI_PEEK` (with `FI_CLAIM` or `FI_DISCARD`): reports a matching message that has
@@ -919,10 +1051,18 @@ impl State {
         let Some(r) = self.posted.get(user) else {
             return 0;
         };
-        let _ = self.ep.cancel_recv(&r.req);
+        let Some(req) = &r.req else {
+            // Not handed to clink: withdrawn here.
+            self.lazy.retain(|&(u, _)| u != user);
+            if let Some(r) = self.posted.take(user) {
+                self.finish_recv(r, Err(Error::Consumed));
+            }
+            return 0;
+        };
+        let _ = self.ep.cancel_recv(req);
         // Cancelled: the request is gone (Consumed); matched meanwhile: it finishes (and
         // stays in its slot until then: clink knows it by that slot's word).
-        let res = self.ep.test_recv(&r.req);
+        let res = self.ep.test_recv(req);
         if let Ok(None) = res {
             return 0;
         }

@@ -195,14 +195,7 @@ impl Endpoint {
     /// read, or every 64th call (liveness, timers). Completions reported before a `None`
     /// stand.
     pub fn poll_recvs(&mut self, mut done: impl FnMut(u64, u64, Result<Status>)) -> Option<usize> {
-        self.fast_polls = self.fast_polls.wrapping_add(1);
-        if self.fast_polls.is_multiple_of(64)
-            || self.ready.on
-            || !self.req.sends.is_empty()
-            || !self.req.detached.is_empty()
-            || !self.incoming.is_empty()
-            || self.rma.has_aperture_recvs()
-        {
+        if self.pass_due() {
             return None;
         }
         // Requests finished since the last report (a receive its caller took at once from
@@ -249,6 +242,60 @@ impl Endpoint {
             }
         }
         Some(n)
+    }
+
+    /// Whether a caller polling the rings ([`Endpoint::poll_recvs`], [`Endpoint::poll_eager`])
+    /// should run a progress pass instead: anything but eager messages may be waiting, or
+    /// this is every 64th poll (liveness, timers).
+    fn pass_due(&mut self) -> bool {
+        self.fast_polls = self.fast_polls.wrapping_add(1);
+        self.fast_polls.is_multiple_of(64)
+            || self.ready.on
+            || !self.req.sends.is_empty()
+            || !self.req.detached.is_empty()
+            || !self.incoming.is_empty()
+            || self.rma.has_aperture_recvs()
+    }
+
+    /// Offers the eager messages at the heads of the shared-memory rings to `take(sender,
+    /// tag, payload)`, for a caller that keeps receives of its own while the endpoint holds
+    /// none (the libfabric provider's receives not handed over yet): a message `take`
+    /// accepts (true) is consumed; the first it declines stays at the head of its ring, and
+    /// the poll ends there (the caller then posts its receives and polls again). Returns
+    /// how many were taken, or `None`, leaving every message in place, when the endpoint
+    /// holds posted receives or unexpected messages (they come first) or a progress pass
+    /// is due ([`Endpoint::poll_recvs`]).
+    pub fn poll_eager(
+        &mut self,
+        mut take: impl FnMut(PeerId, u64, &[u8]) -> bool,
+    ) -> Option<usize> {
+        if self.matcher.posted_len() != 0 || self.matcher.unexpected_len() != 0 || self.pass_due() {
+            return None;
+        }
+        if !self.req.finished.is_empty() && self.report_done() {
+            return None;
+        }
+        let mut n = 0;
+        for i in 0..self.peers.len() {
+            loop {
+                let (rec, tag, data) = match self.peers[i].quiet_eager() {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(()) => return None,
+                };
+                if !take(PeerId(i as u32), tag, data) {
+                    return Some(n);
+                }
+                self.release_frame(i, rec);
+                n += 1;
+            }
+        }
+        Some(n)
+    }
+
+    /// How many receives are posted and wait for a message to match.
+    pub fn posted_recvs(&self) -> usize {
+        self.matcher.posted_len()
     }
 
     /// How many messages arrived before any receive wanted them and wait, copied aside,
