@@ -962,11 +962,14 @@ impl State {
                 return false;
             };
             let (user, _) = lazy.remove(k).expect("found");
-            let Some(r) = posted.get(user) else {
-                return true;
-            };
-            let Dest::Direct { buf, cap } = r.dest else {
-                return true;
+            let Some(&PostedRecv {
+                dest: Dest::Direct { buf, cap },
+                ..
+            }) = posted.get(user)
+            else {
+                // (Not a kept receive: none is anything else. The message stays for clink.)
+                declined = true;
+                return false;
             };
             let into: &mut [u8] = if cap == 0 {
                 &mut [] // (a zero-length receive may pass no buffer)
