@@ -668,3 +668,89 @@ fn receives_match_in_the_order_they_were_posted() {
         finish(s, &stop, [ha, hb]);
     }
 }
+
+/// Messages that arrive before any receive wants them wait in arrival order: a receive
+/// posted later takes the first that matches it, a peek sees them, and a receive over
+/// several buffers takes them too.
+#[test]
+fn messages_that_came_first_wait_in_arrival_order() {
+    // SAFETY: the provider's calls on the objects `setup` made; every buffer posted
+    // outlives its completion (all are read before the buffers go).
+    unsafe {
+        let s = setup();
+        let [a, b] = s.eps;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (rx_a, ha) = reader(s.cqs[0], stop.clone());
+        let (rx_b, hb) = reader(s.cqs[1], stop.clone());
+        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
+        let mut bufs = [[0u8; 8]; 8];
+        // A receive for tag 99, posted first: the messages below go past it, and its
+        // completion says that those sent before its own message were taken in.
+        let again = connecting();
+        let first = bufs[0].as_mut_ptr() as *mut c_void;
+        while !again(
+            (tagged(b).recv)(b, first, 8, null_mut(), s.addrs[0], 99, 0, ctx(10)),
+            "trecv",
+        ) {}
+        let inject = |tag: u64, byte: &[u8; 1]| {
+            let again = connecting();
+            while !again(
+                (tagged(a).inject)(a, byte.as_ptr() as *const c_void, 1, s.addrs[1], tag),
+                "tinject",
+            ) {}
+        };
+        inject(5, b"A");
+        inject(6, b"B");
+        inject(5, b"C");
+        inject(99, b"Z");
+        let e = next(&rx_b).expect("the receive of tag 99");
+        assert_eq!((e.op_context, e.tag, bufs[0][0]), (ctx(10), 99, b'Z'));
+        let post = |i: usize, tag: u64, ignore: u64, bufs: &mut [[u8; 8]; 8]| {
+            let p = bufs[i].as_mut_ptr() as *mut c_void;
+            let r = (tagged(b).recv)(b, p, 8, null_mut(), s.addrs[0], tag, ignore, ctx(10 + i));
+            assert_eq!(r, 0, "trecv");
+        };
+        post(1, 6, 0, &mut bufs);
+        let e = next(&rx_b).expect("tag 6");
+        assert_eq!(
+            (e.op_context, e.tag, e.len, bufs[1][0]),
+            (ctx(11), 6, 1, b'B')
+        );
+        post(2, 0, !0, &mut bufs); // any tag: the first that came
+        let e = next(&rx_b).expect("any tag");
+        assert_eq!((e.op_context, e.tag, bufs[2][0]), (ctx(12), 5, b'A'));
+        // A peek sees the one left.
+        let peek = fi_msg_tagged {
+            msg_iov: null(),
+            desc: null_mut(),
+            iov_count: 0,
+            addr: FI_ADDR_UNSPEC,
+            tag: 5,
+            ignore: 0,
+            context: ctx(13),
+            data: 0,
+        };
+        assert_eq!((tagged(b).recvmsg)(b, &peek, FI_PEEK), 0);
+        let e = next(&rx_b).expect("the peek finds it");
+        assert_eq!((e.op_context, e.tag, e.len), (ctx(13), 5, 1));
+        // And a receive over two buffers takes it.
+        let (mut x, mut y) = ([0u8; 1], [0u8; 4]);
+        let pieces = [
+            libc::iovec {
+                iov_base: x.as_mut_ptr() as *mut c_void,
+                iov_len: 1,
+            },
+            libc::iovec {
+                iov_base: y.as_mut_ptr() as *mut c_void,
+                iov_len: 4,
+            },
+        ];
+        let r = (tagged(b).recvv)(b, pieces.as_ptr(), null_mut(), 2, s.addrs[0], 5, 0, ctx(14));
+        assert_eq!(r, 0, "trecvv");
+        let e = next(&rx_b).expect("tag 5 over two buffers");
+        assert_eq!((e.op_context, e.tag, e.len, x[0]), (ctx(14), 5, 1, b'C'));
+        assert!(rx_a.try_recv().is_err(), "an inject completes nothing");
+
+        finish(s, &stop, [ha, hb]);
+    }
+}

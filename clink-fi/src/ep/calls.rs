@@ -147,6 +147,7 @@ pub unsafe extern "C" fn endpoint(
                     ops: Map::default(),
                     posted: Default::default(),
                     lazy: VecDeque::new(),
+                    early: VecDeque::new(),
                     claims: Map::default(),
                     fast: Vec::new(),
                 },

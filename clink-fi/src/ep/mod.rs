@@ -158,6 +158,7 @@ struct Posted {
 
 impl Posted {
     /// A slot for a receive about to be posted ([`Posted::fill`] or [`Posted::release`]).
+    #[inline(always)]
     fn reserve(&mut self) -> u64 {
         let i = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
@@ -166,6 +167,7 @@ impl Posted {
         i as u64 + 1
     }
 
+    #[inline(always)]
     fn fill(&mut self, user: u64, r: PostedRecv) {
         self.slots[user as usize - 1] = Some(r);
     }
@@ -290,6 +292,12 @@ struct State {
     /// small message. Anything else hands them over first, in order ([`State::hand_over`]),
     /// so that matching is clink's, in the order the receives were posted.
     lazy: VecDeque<(u64, Selector)>,
+    /// Messages taken off the rings by [`Endpoint::poll_eager`] that no kept receive
+    /// wanted, in arrival order (sender, tag, bytes): a receive posted later looks here
+    /// first. Handed to clink, as its unexpected messages, with [`State::lazy`]: while this
+    /// holds any, clink holds none (it takes messages only in passes, which come after a
+    /// hand-over), so none of them ever arrived after one of clink's.
+    early: VecDeque<(PeerId, u64, Vec<u8>)>,
     claims: Map<usize, Claim>,
     /// Receives [`clink::Endpoint::poll_recvs`] completed (their words), kept for its
     /// memory.
@@ -439,20 +447,24 @@ const TX: u64 = FI_SEND | FI_TAGGED;
 impl State {
     fn progress(&mut self) {
         self.connect_new_entries();
-        if !self.lazy.is_empty() {
-            // (Messages to itself need the looped endpoint's progress: a full pass.)
-            let enough = self.looped.is_none() && self.poll_lazy();
+        // The provider's own matching while clink holds no receive and no message (messages
+        // to itself need the looped endpoint's progress: a full pass). When it cannot go on,
+        // a pass is due: clink's poll below would count the same poll twice.
+        let own =
+            self.looped.is_none() && self.ep.posted_recvs() == 0 && self.ep.unexpected_count() == 0;
+        if own {
+            let enough = self.poll_lazy();
             self.report_fast();
             if enough {
                 return;
             }
-            self.hand_over();
         }
+        self.hand_over();
         // Small messages into posted receives straight off the rings, while nothing else
         // needs a pass (clink says when one is due). A completion into one buffer from a
         // peer whose address is known is reported on the spot; the others (a scatter, an
         // error, a first message) after the poll.
-        let enough = self.looped.is_none() && {
+        let enough = !own && self.looped.is_none() && {
             let State {
                 ep,
                 posted,
@@ -848,7 +860,11 @@ impl State {
             self.settle_claim(key);
             return 0;
         }
-        if let Dest::Direct { .. } = dest {
+        if let Dest::Direct { buf, cap } = dest {
+            // A message the provider took before any receive wanted it (see `early`).
+            if !self.early.is_empty() && self.recv_early(sel, buf, cap, ctx, report) {
+                return 0;
+            }
             // Kept by the provider while clink holds nothing the receive would have to
             // come after (see `lazy`).
             if self.looped.is_none()
@@ -911,9 +927,53 @@ impl State {
         0
     }
 
-    /// Hands the receives the provider kept ([`State::lazy`]) to clink, in the order they
-    /// were posted.
+    /// Completes a receive into one buffer with the first message of [`State::early`] it
+    /// matches, if any (out of line: most receives find none there).
+    #[inline(never)]
+    fn recv_early(
+        &mut self,
+        sel: Selector,
+        buf: *mut u8,
+        cap: usize,
+        ctx: *mut c_void,
+        report: bool,
+    ) -> bool {
+        let first = self.early.iter().position(|m| sel.matches(m.0, m.1));
+        let Some((peer, tag, data)) = first.and_then(|k| self.early.remove(k)) else {
+            return false;
+        };
+        let into: &mut [u8] = if cap == 0 {
+            &mut []
+        } else {
+            // SAFETY: the caller's buffer of `cap` bytes, for this call.
+            unsafe { std::slice::from_raw_parts_mut(buf, cap) }
+        };
+        let res = clink_proto::msg::copy_eager::<clink::Error>(peer, tag, &data, into);
+        let r = PostedRecv {
+            req: None,
+            ctx,
+            dest: Dest::Direct { buf, cap },
+            report,
+            tag: sel.tag,
+            exact: sel.mask == u64::MAX,
+        };
+        let got = res.map(|status| {
+            Some(clink::Received {
+                buf: Vec::new(),
+                status,
+            })
+        });
+        self.finish_recv(r, got);
+        true
+    }
+
+    /// Hands the messages ([`State::early`]) and receives ([`State::lazy`]) the provider
+    /// kept to clink, each in its order.
     fn hand_over(&mut self) {
+        while let Some((peer, tag, data)) = self.early.pop_front() {
+            // (A peer the endpoint knows: it sent the message.)
+            let _ = self.ep.set_aside(peer, tag, data);
+        }
         while let Some((user, sel)) = self.lazy.pop_front() {
             let Some(r) = self
                 .posted
@@ -942,14 +1002,16 @@ impl State {
     }
 
     /// Matches the messages at the heads of the rings against the receives the provider
-    /// kept ([`State::lazy`]), completing them; false when something else needs clink
-    /// (a message none of them wants, a progress pass due): the caller hands them over.
+    /// kept ([`State::lazy`]), completing them, and keeps those none wants
+    /// ([`State::early`]); false when clink is needed (it holds receives or messages, or a
+    /// progress pass is due): the caller hands its receives and messages over.
     fn poll_lazy(&mut self) -> bool {
         let mut declined = false;
         let State {
             ep,
             posted,
             lazy,
+            early,
             rx_cq,
             sources,
             msg,
@@ -958,8 +1020,8 @@ impl State {
         } = self;
         let polled = ep.poll_eager(|src, tag, data| {
             let Some(k) = lazy.iter().position(|(_, sel)| sel.matches(src, tag)) else {
-                declined = true;
-                return false;
+                early.push_back((src, tag, data.to_vec()));
+                return true;
             };
             // (Nearly always the first: a shift of the queue costs more than its pop.)
             let (user, _) = if k == 0 {

@@ -260,16 +260,22 @@ impl Endpoint {
     /// Offers the eager messages at the heads of the shared-memory rings to `take(sender,
     /// tag, payload)`, for a caller that keeps receives of its own while the endpoint holds
     /// none (the libfabric provider's receives not handed over yet): a message `take`
-    /// accepts (true) is consumed; the first it declines stays at the head of its ring, and
-    /// the poll ends there (the caller then posts its receives and polls again). Returns
-    /// how many were taken, or `None`, leaving every message in place, when the endpoint
-    /// holds posted receives or unexpected messages (they come first) or a progress pass
-    /// is due ([`Endpoint::poll_recvs`]).
+    /// accepts (true) is consumed (one no receive of the caller's wants can be given back
+    /// with [`Endpoint::set_aside`]); the first it declines stays at the head of its ring,
+    /// and the poll ends there (the caller then posts its receives and polls again).
+    /// Returns how many were taken, or `None` when the endpoint holds posted receives or
+    /// unexpected messages (they come first), when message events are watched, or when a
+    /// progress pass is due ([`Endpoint::poll_recvs`]); with `None` after some were taken,
+    /// those stand.
     pub fn poll_eager(
         &mut self,
         mut take: impl FnMut(PeerId, u64, &[u8]) -> bool,
     ) -> Option<usize> {
-        if self.matcher.posted_len() != 0 || self.matcher.unexpected_len() != 0 || self.pass_due() {
+        if self.matcher.posted_len() != 0
+            || self.matcher.unexpected_len() != 0
+            || self.evq.interest & events::MESSAGES != 0
+            || self.pass_due()
+        {
             return None;
         }
         if !self.req.finished.is_empty() && self.report_done() {
@@ -293,13 +299,26 @@ impl Endpoint {
         Some(n)
     }
 
+    /// Gives back a message [`Endpoint::poll_eager`] took and no receive of the caller's
+    /// wanted: it waits, as if it had just arrived unexpected, for a receive posted later
+    /// (after the messages set aside before it). Call it before posting any receive the
+    /// message could match, and before any other call that makes progress, so that it keeps
+    /// its place among the messages of its sender.
+    pub fn set_aside(&mut self, peer: PeerId, tag: u64, data: Vec<u8>) -> Result<()> {
+        self.peer(peer)?;
+        self.set_aside_eager(peer.0 as usize, tag, data);
+        Ok(())
+    }
+
     /// How many receives are posted and wait for a message to match.
+    #[inline]
     pub fn posted_recvs(&self) -> usize {
         self.matcher.posted_len()
     }
 
     /// How many messages arrived before any receive wanted them and wait, copied aside,
     /// for one (a receive posted now may complete at once from them).
+    #[inline]
     pub fn unexpected_count(&self) -> usize {
         self.matcher.unexpected_len()
     }
