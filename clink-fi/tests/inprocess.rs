@@ -592,6 +592,24 @@ fn a_receive_over_several_buffers_is_scattered_in_order() {
     }
 }
 
+/// Posts on `ep` a tagged receive of up to 8 bytes into `buf`, from `src`, with context `c`.
+unsafe fn post8(
+    ep: *mut fid_ep,
+    buf: &mut [u8; 8],
+    src: u64,
+    tag: u64,
+    ignore: u64,
+    c: usize,
+) -> isize {
+    let p = buf.as_mut_ptr() as *mut c_void;
+    ((*(*ep).tagged).recv)(ep, p, 8, null_mut(), src, tag, ignore, ctx(c))
+}
+
+/// Injects the byte `byte` with `tag` from `ep` to `dest`.
+unsafe fn inject1(ep: *mut fid_ep, dest: u64, tag: u64, byte: &[u8; 1]) -> isize {
+    ((*(*ep).tagged).inject)(ep, byte.as_ptr() as *const c_void, 1, dest, tag)
+}
+
 /// Several receives posted before their messages come: each message goes to the first
 /// receive, in the order they were posted, that matches it (a wildcard posted first takes a
 /// message a later exact receive also wants; a message only a later receive wants skips the
@@ -606,28 +624,18 @@ fn receives_match_in_the_order_they_were_posted() {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (rx_a, ha) = reader(s.cqs[0], stop.clone());
         let (rx_b, hb) = reader(s.cqs[1], stop.clone());
-        let tagged = |ep: *mut fid_ep| &*(*ep).tagged;
         // The connection first, by one message.
         let mut bufs = [[0u8; 8]; 8];
         let again = connecting();
-        let first = bufs[0].as_mut_ptr() as *mut c_void;
-        while !again(
-            (tagged(b).recv)(b, first, 8, null_mut(), s.addrs[0], 1, 0, ctx(10)),
-            "trecv",
-        ) {}
-        while !again(
-            (tagged(a).inject)(a, b"c".as_ptr() as *const c_void, 1, s.addrs[1], 1),
-            "tinject",
-        ) {}
+        while !again(post8(b, &mut bufs[0], s.addrs[0], 1, 0, 10), "trecv") {}
+        while !again(inject1(a, s.addrs[1], 1, b"c"), "tinject") {}
         assert_eq!(next(&rx_b).expect("the first message").op_context, ctx(10));
         let post = |i: usize, tag: u64, ignore: u64, bufs: &mut [[u8; 8]; 8]| {
-            let p = bufs[i].as_mut_ptr() as *mut c_void;
-            let r = (tagged(b).recv)(b, p, 8, null_mut(), s.addrs[0], tag, ignore, ctx(10 + i));
+            let r = post8(b, &mut bufs[i], s.addrs[0], tag, ignore, 10 + i);
             assert_eq!(r, 0, "trecv");
         };
         let inject = |tag: u64, byte: &[u8; 1]| {
-            let r = (tagged(a).inject)(a, byte.as_ptr() as *const c_void, 1, s.addrs[1], tag);
-            assert_eq!(r, 0, "tinject");
+            assert_eq!(inject1(a, s.addrs[1], tag, byte), 0, "tinject");
         };
         // Completions by context: (tag, the byte received).
         let take = |n: usize, bufs: &[[u8; 8]; 8]| {
@@ -687,17 +695,10 @@ fn messages_that_came_first_wait_in_arrival_order() {
         // A receive for tag 99, posted first: the messages below go past it, and its
         // completion says that those sent before its own message were taken in.
         let again = connecting();
-        let first = bufs[0].as_mut_ptr() as *mut c_void;
-        while !again(
-            (tagged(b).recv)(b, first, 8, null_mut(), s.addrs[0], 99, 0, ctx(10)),
-            "trecv",
-        ) {}
+        while !again(post8(b, &mut bufs[0], s.addrs[0], 99, 0, 10), "trecv") {}
         let inject = |tag: u64, byte: &[u8; 1]| {
             let again = connecting();
-            while !again(
-                (tagged(a).inject)(a, byte.as_ptr() as *const c_void, 1, s.addrs[1], tag),
-                "tinject",
-            ) {}
+            while !again(inject1(a, s.addrs[1], tag, byte), "tinject") {}
         };
         inject(5, b"A");
         inject(6, b"B");
@@ -706,8 +707,7 @@ fn messages_that_came_first_wait_in_arrival_order() {
         let e = next(&rx_b).expect("the receive of tag 99");
         assert_eq!((e.op_context, e.tag, bufs[0][0]), (ctx(10), 99, b'Z'));
         let post = |i: usize, tag: u64, ignore: u64, bufs: &mut [[u8; 8]; 8]| {
-            let p = bufs[i].as_mut_ptr() as *mut c_void;
-            let r = (tagged(b).recv)(b, p, 8, null_mut(), s.addrs[0], tag, ignore, ctx(10 + i));
+            let r = post8(b, &mut bufs[i], s.addrs[0], tag, ignore, 10 + i);
             assert_eq!(r, 0, "trecv");
         };
         post(1, 6, 0, &mut bufs);
