@@ -842,7 +842,8 @@ impl State {
             Dest::scatter_over(iov.to_vec(), Vec::new())
         };
         if flags & FI_PEEK != 0 {
-            // (A claim's receive goes to clink after the receives posted before it.)
+            // (The peek looks at clink's messages, the kept ones among them, and a claim's
+            // receive goes to clink after the receives posted before it.)
             self.hand_over();
             return self.peek(sel, ctx, flags);
         }
