@@ -148,6 +148,7 @@ pub unsafe extern "C" fn endpoint(
                     posted: Default::default(),
                     lazy: VecDeque::new(),
                     early: VecDeque::new(),
+                    spare: Vec::new(),
                     claims: Map::default(),
                     fast: Vec::new(),
                 },

@@ -298,6 +298,8 @@ struct State {
     /// holds any, clink holds none (it takes messages only in passes, which come after a
     /// hand-over), so none of them ever arrived after one of clink's.
     early: VecDeque<(PeerId, u64, Vec<u8>)>,
+    /// Buffers of early messages taken, kept for the next ones (at most [`SPARE_MAX`]).
+    spare: Vec<Vec<u8>>,
     claims: Map<usize, Claim>,
     /// Receives [`clink::Endpoint::poll_recvs`] completed (their words), kept for its
     /// memory.
@@ -440,6 +442,11 @@ fn finished_send(
         },
     ))
 }
+
+/// How many emptied buffers of early messages an endpoint keeps (each at most
+/// [`SPARE_BYTES`]): a burst of messages before their receives then allocates nothing.
+const SPARE_MAX: usize = 64;
+const SPARE_BYTES: usize = 64 << 10;
 
 const RX: u64 = FI_RECV | FI_TAGGED;
 const TX: u64 = FI_SEND | FI_TAGGED;
@@ -940,7 +947,7 @@ impl State {
         report: bool,
     ) -> bool {
         let first = self.early.iter().position(|m| sel.matches(m.0, m.1));
-        let Some((peer, tag, data)) = first.and_then(|k| self.early.remove(k)) else {
+        let Some((peer, tag, mut data)) = first.and_then(|k| self.early.remove(k)) else {
             return false;
         };
         let into: &mut [u8] = if cap == 0 {
@@ -950,6 +957,10 @@ impl State {
             unsafe { std::slice::from_raw_parts_mut(buf, cap) }
         };
         let res = clink_proto::msg::copy_eager::<clink::Error>(peer, tag, &data, into);
+        if self.spare.len() < SPARE_MAX && data.capacity() <= SPARE_BYTES {
+            data.clear();
+            self.spare.push(data);
+        }
         let r = PostedRecv {
             req: None,
             ctx,
@@ -1013,6 +1024,7 @@ impl State {
             posted,
             lazy,
             early,
+            spare,
             rx_cq,
             sources,
             msg,
@@ -1021,7 +1033,9 @@ impl State {
         } = self;
         let polled = ep.poll_eager(|src, tag, data| {
             let Some(k) = lazy.iter().position(|(_, sel)| sel.matches(src, tag)) else {
-                early.push_back((src, tag, data.to_vec()));
+                let mut kept = spare.pop().unwrap_or_default();
+                kept.extend_from_slice(data);
+                early.push_back((src, tag, kept));
                 return true;
             };
             // (Nearly always the first: a shift of the queue costs more than its pop.)
