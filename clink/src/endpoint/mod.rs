@@ -232,10 +232,10 @@ impl Peer {
         self.link.peek().map_err(|_| ())
     }
 
-    /// For the receive fast paths (`recv_fast`, `poll_recvs`, `poll_eager`): the eager message at the
-    /// head of a quiet ring ([`Peer::quiet_head`]) as (record, tag, bytes); `Err(())` for
-    /// any other frame there, as for what `quiet_head` refuses. (Inlined into each fast
-    /// path: a call costs them a tenth of a small message's receive.)
+    /// For the receive fast paths (`recv_fast`, `poll_recvs`, `poll_eager`): the eager
+    /// message at the head of a quiet ring ([`Peer::quiet_head`]) as (record, tag, bytes);
+    /// `Err(())` for any other frame there, as for what `quiet_head` refuses. (Inlined into
+    /// each: out of line, its call showed in their instruction counts.)
     #[inline(always)]
     fn quiet_eager(&mut self) -> std::result::Result<Option<EagerHead<'_>>, ()> {
         let Some(rec) = self.quiet_head()? else {

@@ -656,6 +656,37 @@ mod tests {
     /// event and leaves nothing to finish; a receive into an owned buffer is left to the
     /// progress pass's event; messages no receive wants are copied aside, in order.
     #[test]
+    fn poll_eager_offers_the_ring_heads_and_takes_back_what_it_is_given() {
+        let ((mut a, pa), (mut b, pb)) = pair();
+        for (tag, m) in [(1, &b"one"[..]), (2, b"two"), (3, b"three")] {
+            a.send(pa, tag, m).unwrap();
+        }
+        // Takes the first, declines the second: the poll ends there.
+        let mut seen = Vec::new();
+        let n = b.poll_eager(|src, tag, data| {
+            seen.push((src, tag, data.to_vec()));
+            tag == 1
+        });
+        assert_eq!(n, Some(1));
+        assert_eq!(seen, [(pb, 1, b"one".to_vec()), (pb, 2, b"two".to_vec())]);
+        // Given back, the first waits as unexpected, ahead of those still in the ring, and
+        // the endpoint holding a message keeps the poll away.
+        b.set_aside(pb, 1, b"one".to_vec()).unwrap();
+        assert_eq!(b.unexpected_count(), 1);
+        assert_eq!(b.poll_eager(|_, _, _| panic!("a message is held")), None);
+        let mut buf = [0u8; 8];
+        for m in [&b"one"[..], b"two", b"three"] {
+            let st = b.recv(Selector::any(), &mut buf).unwrap();
+            assert_eq!(&buf[..st.len as usize], m);
+        }
+        // So does a posted receive.
+        let _r = b.irecv(Selector::any(), vec![0; 8]).unwrap();
+        assert_eq!(b.posted_recvs(), 1);
+        assert_eq!(b.poll_eager(|_, _, _| panic!("a receive is posted")), None);
+        assert!(b.set_aside(super::PeerId(99), 1, Vec::new()).is_err());
+    }
+
+    #[test]
     fn poll_recvs_completes_receives_in_caller_memory_and_leaves_the_rest() {
         let ((mut a, pa), (mut b, pb)) = pair();
         b.set_interest(REQUESTS);
