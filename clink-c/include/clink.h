@@ -216,8 +216,9 @@ typedef struct clink_selector_t {
   uint64_t mask;
 } clink_selector_t;
 
-// The endpoint's main counters (monotonic since it was created). The Rust API's
-// `clink::Stats` has more (network speculation, admission control, ...).
+// The endpoint's main counters (monotonic since it was created). Every counter, these
+// and the others (spins, losses, speculation, admission control, ...), can be read by
+// name with `clink_endpoint_stat` (names listed by `clink_stat_name`).
 typedef struct clink_stats_t {
   // Frames written into peers' rings or links.
   uint64_t frames_sent;

@@ -404,8 +404,9 @@ pub unsafe extern "C" fn clink_finish_wait(ep: *mut clink_endpoint_t) -> c_int {
     })
 }
 
-/// The endpoint's main counters (monotonic since it was created). The Rust API's
-/// `clink::Stats` has more (network speculation, admission control, ...).
+/// The endpoint's main counters (monotonic since it was created). Every counter, these
+/// and the others (spins, losses, speculation, admission control, ...), can be read by
+/// name with `clink_endpoint_stat` (names listed by `clink_stat_name`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct clink_stats_t {
