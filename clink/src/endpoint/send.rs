@@ -255,16 +255,12 @@ impl Endpoint {
             });
         }
         let need = EAGER_HEADER + len;
-        let ready = |ep: &mut Self| {
+        self.wait_until(timeout, |ep| {
             let p = &mut ep.peers[i];
             // Armed (for the sleep) only when the record does not fit.
             let fits = |s: &mut ShmPeer| s.tx.has_room(need) || s.tx.arm_wait(need);
             !p.alive || (p.txq.is_empty() && p.link.shm_mut().is_some_and(fits))
-        };
-        // (A ring with room needs no wait: the common case, kept free of its set-up.)
-        if !ready(self) {
-            self.wait_until(timeout, ready)?;
-        }
+        })?;
         let p = &mut self.peers[i];
         if !p.alive {
             return Err(Error::PeerDead(peer));
