@@ -139,6 +139,18 @@ struct PostedRecv {
 }
 
 impl PostedRecv {
+    /// A receive the provider keeps rather than hands to clink ([`State::lazy`]).
+    fn kept(sel: Selector, ctx: *mut c_void, dest: Dest, report: bool) -> PostedRecv {
+        PostedRecv {
+            req: None,
+            ctx,
+            dest,
+            report,
+            tag: sel.tag,
+            exact: sel.mask == u64::MAX,
+        }
+    }
+
     /// Queues its completion (if it is to be reported) on `cq`, or its truncation: a
     /// message of `full` bytes with `tag` from address `src`, `len` of them landed.
     fn report(&self, cq: &CqShared, msg: bool, len: usize, full: usize, tag: u64, src: u64) {
@@ -400,6 +412,37 @@ fn report_received(cq: &CqShared, e: fi_cq_tagged_entry, full: usize, report: bo
     }
 }
 
+/// Copies eager message `data` (of `tag`, from `src`) into the caller's buffer `buf` of
+/// `cap` bytes, as much as fits: its status, or its truncation.
+///
+/// # Safety
+/// `buf` holds `cap` writable bytes (a zero-length receive may pass no buffer).
+unsafe fn copy_into(
+    buf: *mut u8,
+    cap: usize,
+    src: PeerId,
+    tag: u64,
+    data: &[u8],
+) -> clink::Result<clink::Status> {
+    let into: &mut [u8] = if cap == 0 {
+        &mut []
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(buf, cap) }
+    };
+    clink_proto::msg::copy_eager(src, tag, data, into)
+}
+
+/// A receive's outcome, landed in its caller's memory, as `finish_recv` takes it.
+fn landed(res: clink::Result<clink::Status>) -> clink::Result<Option<clink::Received>> {
+    res.map(|status| {
+        Some(clink::Received {
+            buf: Vec::new(),
+            status,
+        })
+    })
+}
+
 /// What a finished send reports.
 struct SentOp {
     ctx: *mut c_void,
@@ -534,13 +577,7 @@ impl State {
         let mut fast = std::mem::take(&mut self.fast);
         for (user, res) in fast.drain(..) {
             if let Some(r) = self.posted.take(user) {
-                let got = res.map(|status| {
-                    Some(clink::Received {
-                        buf: Vec::new(),
-                        status,
-                    })
-                });
-                self.finish_recv(r, got);
+                self.finish_recv(r, landed(res));
             }
         }
         self.fast = fast;
@@ -881,17 +918,8 @@ impl State {
                 && self.ep.posted_recvs() == 0
             {
                 let user = self.posted.reserve();
-                self.posted.fill(
-                    user,
-                    PostedRecv {
-                        req: None,
-                        ctx,
-                        dest,
-                        report,
-                        tag: sel.tag,
-                        exact: sel.mask == u64::MAX,
-                    },
-                );
+                self.posted
+                    .fill(user, PostedRecv::kept(sel, ctx, dest, report));
                 self.lazy.push_back((user, sel));
                 return 0;
             }
@@ -950,32 +978,14 @@ impl State {
         let Some((peer, tag, mut data)) = first.and_then(|k| self.early.remove(k)) else {
             return false;
         };
-        let into: &mut [u8] = if cap == 0 {
-            &mut []
-        } else {
-            // SAFETY: the caller's buffer of `cap` bytes, for this call.
-            unsafe { std::slice::from_raw_parts_mut(buf, cap) }
-        };
-        let res = clink_proto::msg::copy_eager::<clink::Error>(peer, tag, &data, into);
+        // SAFETY: the caller's buffer of `cap` bytes, for this call.
+        let res = unsafe { copy_into(buf, cap, peer, tag, &data) };
         if self.spare.len() < SPARE_MAX && data.capacity() <= SPARE_BYTES {
             data.clear();
             self.spare.push(data);
         }
-        let r = PostedRecv {
-            req: None,
-            ctx,
-            dest: Dest::Direct { buf, cap },
-            report,
-            tag: sel.tag,
-            exact: sel.mask == u64::MAX,
-        };
-        let got = res.map(|status| {
-            Some(clink::Received {
-                buf: Vec::new(),
-                status,
-            })
-        });
-        self.finish_recv(r, got);
+        let r = PostedRecv::kept(sel, ctx, Dest::Direct { buf, cap }, report);
+        self.finish_recv(r, landed(res));
         true
     }
 
@@ -1054,14 +1064,8 @@ impl State {
                 declined = true;
                 return false;
             };
-            let into: &mut [u8] = if cap == 0 {
-                &mut [] // (a zero-length receive may pass no buffer)
-            } else {
-                // SAFETY: the caller's buffer of `cap` bytes, valid until the completion.
-                unsafe { std::slice::from_raw_parts_mut(buf, cap) }
-            };
-            let res: clink::Result<clink::Status> =
-                clink_proto::msg::copy_eager(src, tag, data, into);
+            // SAFETY: the caller's buffer of `cap` bytes, valid until the completion.
+            let res = unsafe { copy_into(buf, cap, src, tag, data) };
             let known = sources
                 .get(src.0 as usize)
                 .copied()
