@@ -752,6 +752,7 @@ fn to_link(peers: &mut [super::Peer], i: usize, g: Got<'_>, now: u64) {
 mod tests {
     use super::SLEEP_TIMER_FLOOR;
     use crate::endpoint::link::Link;
+    use crate::lease::SendBuf;
     use crate::{Config, Endpoint, PeerId, Selector};
     use std::time::{Duration, Instant};
 
@@ -829,6 +830,46 @@ mod tests {
             while !a.test_send(&s).unwrap() {
                 b.progress();
                 assert!(Instant::now() < deadline);
+            }
+        }
+    }
+
+    /// A batch's rendezvous announcements are queued without a system call each and
+    /// leave together at the kick (one run of datagrams), and every message arrives.
+    #[test]
+    fn a_batchs_announcements_leave_in_one_send() {
+        let ((mut a, pa), (mut b, pb)) = udp_pair();
+        let size = 64 << 10;
+        // Within the connection's initial window (ten packets): all may leave at once.
+        let n = 8;
+        assert!(size as u64 > a.peers[pa.0 as usize].eager_max, "a rendezvous size");
+        let calls = |ep: &Endpoint| ep.stats().send_calls;
+        let before = calls(&a);
+        let sends: Vec<_> = (0..n)
+            .map(|k| {
+                let data = SendBuf::Owned(vec![k as u8; size].into());
+                a.start_send_kick(pa, 4, data, false).unwrap()
+            })
+            .collect();
+        assert_eq!(calls(&a), before, "an announcement left before the kick");
+        a.kick(pa.0 as usize);
+        assert_eq!(calls(&a), before + 1, "the announcements took more than one send");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for k in 0..n {
+            let r = b.irecv(Selector::exact(Some(pb), 4), vec![0; size]).unwrap();
+            let got = loop {
+                if let Some(got) = b.test_recv(&r).unwrap() {
+                    break got;
+                }
+                a.progress();
+                assert!(Instant::now() < deadline, "message {k} never arrived");
+            };
+            assert!(got.buf.iter().all(|&x| x == k as u8), "message {k} damaged");
+        }
+        for s in sends {
+            while !a.test_send(&s).unwrap() {
+                b.progress();
+                assert!(Instant::now() < deadline, "a send never completed");
             }
         }
     }

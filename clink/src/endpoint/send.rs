@@ -52,9 +52,10 @@ impl Endpoint {
         self.start_send_kick(peer, tag, data, true)
     }
 
-    /// [`Endpoint::start_send`]; an eager message is sent at once (`kick`), or left queued
-    /// in its link for a later kick (a batch's messages then leave together: one gathering
-    /// write over TCP, one batch of datagrams over UDP).
+    /// [`Endpoint::start_send`]; an eager message or a large one's announcement is sent
+    /// at once (`kick`), or left queued in its link for a later kick (a batch's messages
+    /// then leave together: one gathering write over TCP, one batch of datagrams over
+    /// UDP).
     pub(super) fn start_send_kick(
         &mut self,
         peer: PeerId,
@@ -105,7 +106,13 @@ impl Endpoint {
                 watched: false,
             },
         );
-        self.flush(peer.0 as usize);
+        // A batch's announcements leave together (over UDP one datagram run through
+        // the kernel instead of a system call and a trip through the stack each).
+        if kick {
+            self.flush(peer.0 as usize);
+        } else {
+            self.move_queued(peer.0 as usize);
+        }
         Ok(SendRequest { id })
     }
 
@@ -294,8 +301,19 @@ impl Endpoint {
         self.mark_busy(i);
     }
 
-    /// Moves queued frames of peer `i` into its ring; true when something moved.
+    /// Moves queued frames of peer `i` into its link and sends them; true when something
+    /// moved.
     pub(super) fn flush(&mut self, i: usize) -> bool {
+        let did = self.move_queued(i);
+        if did {
+            self.kick(i);
+        }
+        did
+    }
+
+    /// Moves queued frames of peer `i` into its link (its ring, or a network link's
+    /// queue, sent by the next [`Endpoint::kick`]); true when something moved.
+    fn move_queued(&mut self, i: usize) -> bool {
         let mut did = false;
         loop {
             let p = &mut self.peers[i];
@@ -340,11 +358,7 @@ impl Endpoint {
             self.stats.frames_sent += 1;
             did = true;
         }
-        let did = did | self.pump_pipeline(i);
-        if did {
-            self.kick(i);
-        }
-        did
+        did | self.pump_pipeline(i)
     }
 
     /// Copies chunks of the active pipelined send into the peer's ring while it has room;
