@@ -18,9 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod calls;
+mod kept;
 mod peers;
+mod posted;
 
 pub use calls::endpoint;
+use posted::{Dest, Posted, PostedRecv};
 
 /// How long an endpoint with the larger identity waits for the other to connect before it
 /// connects itself.
@@ -76,138 +79,6 @@ impl AsRef<[u8]> for Lent {
 enum Data<'a> {
     Caller(&'a [u8]),
     Owned(Vec<u8>),
-}
-
-/// Where a receive's bytes go.
-enum Dest {
-    /// Straight into one caller buffer.
-    Direct { buf: *mut u8, cap: usize },
-    /// Into a buffer of the provider's (a posted receive's `staging`, a claim's), then
-    /// scattered over the caller's iovecs (boxed: the common receive stays small to move).
-    Scatter(Box<Scattered>),
-}
-
-/// The caller's iovecs of a receive into several buffers.
-struct Scattered {
-    iovs: Vec<(*mut u8, usize)>,
-    /// Where a posted receive's message lands before it is scattered (empty for a claim,
-    /// whose message is in the provider's buffer).
-    staging: Vec<u8>,
-}
-
-impl Dest {
-    fn scatter_over(iovs: Vec<(*mut u8, usize)>, staging: Vec<u8>) -> Dest {
-        Dest::Scatter(Box::new(Scattered { iovs, staging }))
-    }
-
-    fn first(&self) -> *mut c_void {
-        match self {
-            Dest::Direct { buf, .. } => *buf as *mut c_void,
-            Dest::Scatter(s) => s
-                .iovs
-                .first()
-                .map_or(std::ptr::null_mut(), |s| s.0 as *mut c_void),
-        }
-    }
-
-    /// Copies `data` over the iovecs; returns how much fitted.
-    unsafe fn scatter(&self, data: &[u8]) -> usize {
-        let mut off = 0;
-        if let Dest::Scatter(s) = self {
-            for &(p, n) in &s.iovs {
-                let k = n.min(data.len() - off);
-                // SAFETY: the caller's iovec of `n` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(off), p, k) };
-                off += k;
-            }
-        }
-        off
-    }
-}
-
-/// A receive posted to clink, or kept by the provider until then (see [`State::lazy`]).
-struct PostedRecv {
-    /// Clink's request (`None` while the receive is one of [`State::lazy`]).
-    req: Option<RecvRequest>,
-    ctx: *mut c_void,
-    dest: Dest,
-    report: bool,
-    /// The receive's tag, and whether it wants that tag exactly (no ignored bits): what a
-    /// failure reports.
-    tag: u64,
-    exact: bool,
-}
-
-impl PostedRecv {
-    /// A receive the provider keeps rather than hands to clink ([`State::lazy`]).
-    fn kept(sel: Selector, ctx: *mut c_void, dest: Dest, report: bool) -> PostedRecv {
-        PostedRecv {
-            req: None,
-            ctx,
-            dest,
-            report,
-            tag: sel.tag,
-            exact: sel.mask == u64::MAX,
-        }
-    }
-
-    /// Queues its completion (if it is to be reported) on `cq`, or its truncation: a
-    /// message of `full` bytes with `tag` from address `src`, `len` of them landed.
-    fn report(&self, cq: &CqShared, msg: bool, len: usize, full: usize, tag: u64, src: u64) {
-        let e = tagged_entry(msg, self.ctx, RX, len, self.dest.first(), tag);
-        report_received(cq, e, full, self.report, src);
-    }
-}
-
-/// The posted receives, by the word clink keeps for each
-/// (`Endpoint::irecv_raw_user`): its slot's index plus one, 0 meaning none. A completion
-/// finds its receive by index, without a look-up.
-#[derive(Default)]
-struct Posted {
-    slots: Vec<Option<PostedRecv>>,
-    free: Vec<usize>,
-}
-
-impl Posted {
-    /// A slot for a receive about to be posted ([`Posted::fill`] or [`Posted::release`]).
-    #[inline(always)]
-    fn reserve(&mut self) -> u64 {
-        let i = self.free.pop().unwrap_or_else(|| {
-            self.slots.push(None);
-            self.slots.len() - 1
-        });
-        i as u64 + 1
-    }
-
-    #[inline(always)]
-    fn fill(&mut self, user: u64, r: PostedRecv) {
-        self.slots[user as usize - 1] = Some(r);
-    }
-
-    fn release(&mut self, user: u64) {
-        self.free.push(user as usize - 1);
-    }
-
-    fn get(&self, user: u64) -> Option<&PostedRecv> {
-        self.slots.get((user as usize).checked_sub(1)?)?.as_ref()
-    }
-
-    /// Takes the receive out, freeing its slot.
-    fn take(&mut self, user: u64) -> Option<PostedRecv> {
-        let i = (user as usize).checked_sub(1)?;
-        let r = self.slots.get_mut(i)?.take()?;
-        self.free.push(i);
-        Some(r)
-    }
-
-    /// The word of the receive posted with context `ctx`.
-    fn find(&self, ctx: *mut c_void) -> Option<u64> {
-        let i = self
-            .slots
-            .iter()
-            .position(|r| r.as_ref().is_some_and(|r| r.ctx == ctx))?;
-        Some(i as u64 + 1)
-    }
 }
 
 /// A claimed message's final receive (`FI_CLAIM`), or where it is waited for.
@@ -485,11 +356,6 @@ fn finished_send(
         },
     ))
 }
-
-/// How many emptied buffers of early messages an endpoint keeps (each at most
-/// [`SPARE_BYTES`]): a burst of messages before their receives then allocates nothing.
-const SPARE_MAX: usize = 64;
-const SPARE_BYTES: usize = 64 << 10;
 
 const RX: u64 = FI_RECV | FI_TAGGED;
 const TX: u64 = FI_SEND | FI_TAGGED;
@@ -961,126 +827,6 @@ impl State {
             }
         }
         0
-    }
-
-    /// Completes a receive into one buffer with the first message of [`State::early`] it
-    /// matches, if any (out of line: most receives find none there).
-    #[inline(never)]
-    fn recv_early(
-        &mut self,
-        sel: Selector,
-        buf: *mut u8,
-        cap: usize,
-        ctx: *mut c_void,
-        report: bool,
-    ) -> bool {
-        let first = self.early.iter().position(|m| sel.matches(m.0, m.1));
-        let Some((peer, tag, mut data)) = first.and_then(|k| self.early.remove(k)) else {
-            return false;
-        };
-        // SAFETY: the caller's buffer of `cap` bytes, for this call.
-        let res = unsafe { copy_into(buf, cap, peer, tag, &data) };
-        if self.spare.len() < SPARE_MAX && data.capacity() <= SPARE_BYTES {
-            data.clear();
-            self.spare.push(data);
-        }
-        let r = PostedRecv::kept(sel, ctx, Dest::Direct { buf, cap }, report);
-        self.finish_recv(r, landed(res));
-        true
-    }
-
-    /// Hands the messages ([`State::early`]) and receives ([`State::lazy`]) the provider
-    /// kept to clink, each in its order.
-    fn hand_over(&mut self) {
-        while let Some((peer, tag, data)) = self.early.pop_front() {
-            // (A peer the endpoint knows: it sent the message.)
-            let _ = self.ep.set_aside(peer, tag, data);
-        }
-        while let Some((user, sel)) = self.lazy.pop_front() {
-            let Some(r) = self
-                .posted
-                .slots
-                .get_mut(user as usize - 1)
-                .and_then(Option::as_mut)
-            else {
-                continue;
-            };
-            let Dest::Direct { buf, cap } = r.dest else {
-                continue;
-            };
-            // SAFETY: as for any posted receive: the caller's buffer stays valid until
-            // the completion.
-            let req = unsafe { self.ep.irecv_raw_user(sel, buf, cap, user) };
-            // A source found dead fails the receive at once.
-            let res = self.ep.test_recv(&req);
-            r.req = Some(req);
-            if let Ok(None) = res {
-                continue;
-            }
-            if let Some(r) = self.posted.take(user) {
-                self.finish_recv(r, res);
-            }
-        }
-    }
-
-    /// Matches the messages at the heads of the rings against the receives the provider
-    /// kept ([`State::lazy`]), completing them, and keeps those none wants
-    /// ([`State::early`]); false when clink is needed (it holds receives or messages, or a
-    /// progress pass is due): the caller hands its receives and messages over.
-    fn poll_lazy(&mut self) -> bool {
-        let mut declined = false;
-        let State {
-            ep,
-            posted,
-            lazy,
-            early,
-            spare,
-            rx_cq,
-            sources,
-            msg,
-            fast,
-            ..
-        } = self;
-        let polled = ep.poll_eager(|src, tag, data| {
-            let Some(k) = lazy.iter().position(|(_, sel)| sel.matches(src, tag)) else {
-                let mut kept = spare.pop().unwrap_or_default();
-                kept.extend_from_slice(data);
-                early.push_back((src, tag, kept));
-                return true;
-            };
-            // (Nearly always the first: a shift of the queue costs more than its pop.)
-            let (user, _) = if k == 0 {
-                lazy.pop_front()
-            } else {
-                lazy.remove(k)
-            }
-            .expect("found");
-            let Some(&PostedRecv {
-                dest: Dest::Direct { buf, cap },
-                ..
-            }) = posted.get(user)
-            else {
-                // (Not a kept receive: none is anything else. The message stays for clink.)
-                declined = true;
-                return false;
-            };
-            // SAFETY: the caller's buffer of `cap` bytes, valid until the completion.
-            let res = unsafe { copy_into(buf, cap, src, tag, data) };
-            let known = sources
-                .get(src.0 as usize)
-                .copied()
-                .filter(|&a| a != FI_ADDR_NOTAVAIL);
-            match (&res, known, rx_cq.as_deref()) {
-                (Ok(_), Some(a), Some(cq)) => {
-                    let full = data.len();
-                    let r = posted.take(user).expect("looked at");
-                    r.report(cq, *msg, full, full, tag, a);
-                }
-                _ => fast.push((user, res)),
-            }
-            true
-        });
-        polled.is_some() && !declined
     }
 
     /// `FI_PEEK` (with `FI_CLAIM` or `FI_DISCARD`): reports a matching message that has

@@ -842,7 +842,10 @@ mod tests {
         let size = 64 << 10;
         // Within the connection's initial window (ten packets): all may leave at once.
         let n = 8;
-        assert!(size as u64 > a.peers[pa.0 as usize].eager_max, "a rendezvous size");
+        assert!(
+            size as u64 > a.peers[pa.0 as usize].eager_max,
+            "a rendezvous size"
+        );
         let calls = |ep: &Endpoint| ep.stats().send_calls;
         let before = calls(&a);
         let sends: Vec<_> = (0..n)
@@ -853,10 +856,16 @@ mod tests {
             .collect();
         assert_eq!(calls(&a), before, "an announcement left before the kick");
         a.kick(pa.0 as usize);
-        assert_eq!(calls(&a), before + 1, "the announcements took more than one send");
+        assert_eq!(
+            calls(&a),
+            before + 1,
+            "the announcements took more than one send"
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
         for k in 0..n {
-            let r = b.irecv(Selector::exact(Some(pb), 4), vec![0; size]).unwrap();
+            let r = b
+                .irecv(Selector::exact(Some(pb), 4), vec![0; size])
+                .unwrap();
             let got = loop {
                 if let Some(got) = b.test_recv(&r).unwrap() {
                     break got;
