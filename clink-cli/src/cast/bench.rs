@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// The clink chain's transport (`--transport` of the source).
     #[arg(long, value_enum, default_value_t = super::Transport::Tcp)]
     transport: super::Transport,
+    /// Runs both chains this many times, alternating which goes first (the clink chain in
+    /// even rounds), and gives the median of the per-round rate ratios.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
     /// Prints JSON rows only.
     #[arg(long)]
     json: bool,
@@ -125,44 +129,95 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
     let want = file_hash(&src)?;
-    let (clink, predicted, chunk) = clink_chain(&bridge, &exe, &dir, &src, &a)?;
-    // Every copy checked; then removed, so that the relay starts with the page cache as
-    // the clink chain did (a chain's files left behind slowed the other's writes).
-    check_copies(&dir, "clink", a.hosts, &want)?;
-    let tcp = tcp_chain(&bridge, &exe, &dir, &src, a.hosts)?;
-    check_copies(&dir, "tcp", a.hosts, &want)?;
-    let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
-    for (system, secs) in &rows {
-        let mut row = json!({
-            "bench": "cast",
-            "system": system,
-            "hosts": a.hosts,
-            "bytes": size,
-            "rate_limit": rate,
-            "window": a.window,
-            "transport": if *system == "clink-cast" { a.transport.key().unwrap_or("any") } else { "tcp" },
-            "seconds": secs,
-            "rate_mbps": mbps(size, *secs),
-        });
-        if *system == "clink-cast" {
-            // The cost model's rate for the chain, its hosts sharing this machine.
-            row["predicted_mbps"] = json!(predicted / 1e6);
-            row["chunk"] = json!(chunk);
+    let mut ratios = Vec::new();
+    for round in 0..a.rounds {
+        // Which chain runs first alternates: the second one writes its files into memory
+        // the first one's just gave back, which on a virtual machine can be much cheaper
+        // (or dearer) to write to than memory left alone for a while.
+        let clink_first = round % 2 == 0;
+        let mut tcp = None;
+        if !clink_first {
+            tcp = Some(relay(&bridge, &exe, &dir, &src, a.hosts, &want)?);
         }
-        println!("{row}");
+        let (clink, predicted, chunk) = clink_chain(&bridge, &exe, &dir, &src, &a)?;
+        // Every copy checked; then removed, so that the other chain starts with the page
+        // cache as this one did (a chain's files left behind slowed the other's writes).
+        check_copies(&dir, "clink", a.hosts, &want)?;
+        let tcp = match tcp {
+            Some(t) => t,
+            None => relay(&bridge, &exe, &dir, &src, a.hosts, &want)?,
+        };
+        let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
+        for (system, secs) in &rows {
+            let mut row = json!({
+                "bench": "cast",
+                "system": system,
+                "round": round,
+                "first": if clink_first { "clink-cast" } else { "tcp-relay" },
+                "hosts": a.hosts,
+                "bytes": size,
+                "rate_limit": rate,
+                "window": a.window,
+                "transport": if *system == "clink-cast" { a.transport.key().unwrap_or("any") } else { "tcp" },
+                "seconds": secs,
+                "rate_mbps": mbps(size, *secs),
+            });
+            if *system == "clink-cast" {
+                // The cost model's rate for the chain, its hosts sharing this machine.
+                row["predicted_mbps"] = json!(predicted / 1e6);
+                row["chunk"] = json!(chunk);
+            }
+            println!("{row}");
+        }
+        let (c, t) = (mbps(size, clink), mbps(size, tcp));
+        if t > 0.0 {
+            ratios.push(c / t);
+        }
+        if !a.json {
+            println!(
+                "round {round}: {} MiB to {} receivers in a chain (link rate {rate}): clink cast \
+                 over {} {c:.1} MB/s (every chunk verified by BLAKE3 at every hop), kernel TCP \
+                 relay {t:.1} MB/s",
+                a.size_mib,
+                a.hosts,
+                a.transport.key().unwrap_or("any transport"),
+            );
+        }
     }
-    if !a.json {
-        println!(
-            "{} MiB to {} receivers in a chain (link rate {rate}): clink cast over {} {:.1} MB/s \
-             (every chunk verified by BLAKE3 at every hop), kernel TCP relay {:.1} MB/s",
-            a.size_mib,
-            a.hosts,
-            a.transport.key().unwrap_or("any transport"),
-            mbps(size, rows[0].1),
-            mbps(size, rows[1].1)
-        );
+    if !a.json && a.rounds > 1 {
+        if let Some(m) = median(&mut ratios) {
+            println!(
+                "clink cast / relay, median of {} per-round ratios: {m:.2}",
+                ratios.len()
+            );
+        }
     }
     Ok(())
+}
+
+/// The kernel-TCP chain's seconds, its copies checked against `want` and removed.
+fn relay(
+    bridge: &Bridge,
+    exe: &Path,
+    dir: &Path,
+    src: &Path,
+    hosts: usize,
+    want: &blake3::Hash,
+) -> Result<f64, String> {
+    let secs = tcp_chain(bridge, exe, dir, src, hosts)?;
+    check_copies(dir, "tcp", hosts, want)?;
+    Ok(secs)
+}
+
+/// The median of `v` (sorted in place), `None` when empty.
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 /// BLAKE3 of the file at `p`.
@@ -377,5 +432,18 @@ pub fn tcp_node(a: TcpNodeArgs) -> Result<(), String> {
         if let Some(d) = &mut down {
             d.write_all(&buf[..n]).map_err(|e| e.to_string())?;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_of_per_round_ratios() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [0.9]), Some(0.9));
+        assert_eq!(median(&mut [1.2, 0.8, 1.0]), Some(1.0));
+        assert_eq!(median(&mut [1.4, 0.6, 1.0, 0.8]), Some(0.9));
     }
 }
