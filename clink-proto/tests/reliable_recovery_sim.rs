@@ -975,3 +975,51 @@ fn acks_late_by_a_standing_queue_teach_the_timer() {
     assert!(s.srtt_ns > late / 10 * 9, "{s:?}");
     assert!(s.congestion_events <= 2, "{s:?}");
 }
+
+#[test]
+fn a_lost_group_is_resent_as_one_run_cut_where_the_groups_were() {
+    // A transfer of 16 fragments in groups of 4: the second group (fragments 4-7) and
+    // fragment 9 are lost. The resent fragments leave in runs a GSO batcher sends whole:
+    // 4-7 as one (only 4 starts a send), 9 on its own (it does not continue 7).
+    let cfg = Config {
+        ack_every: 1,
+        bulk_group: 4,
+        initial_cwnd: 64,
+        ..Config::default()
+    };
+    let frag = cfg.mtu_payload as u64;
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
+    a.send_bulk(7, 16 * frag).unwrap();
+    let mut now = 1_000;
+    let first = transmit_bulk(&mut a, now);
+    assert_eq!(first.len(), 16);
+    let starts: Vec<bool> = first.iter().map(|(_, t)| t.group_start).collect();
+    assert_eq!(starts, (0..16).map(|i| i % 4 == 0).collect::<Vec<_>>());
+    now += 10_000;
+    for (i, (d, _)) in first.iter().enumerate() {
+        if !(4..8).contains(&i) && i != 9 {
+            b.handle_datagram_with(now, d, place).unwrap();
+        }
+    }
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now, &d).unwrap();
+    }
+    let resent = transmit_bulk(&mut a, now);
+    let offsets: Vec<(u64, bool)> = resent
+        .iter()
+        .filter(|(_, t)| !t.payload.is_empty())
+        .map(|(d, t)| {
+            let (head, payload) = d.split_at(clink_proto::reliable::packet::BULK_HEADER);
+            let (_, h) =
+                clink_proto::reliable::packet::parse_bulk(head, payload).expect("a bulk fragment");
+            (h.offset / frag, t.group_start)
+        })
+        .collect();
+    assert_eq!(
+        offsets,
+        vec![(4, true), (5, false), (6, false), (7, false), (9, true)],
+        "{:?}",
+        a.stats()
+    );
+}
