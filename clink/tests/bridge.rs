@@ -276,10 +276,7 @@ fn a_lossy_path_is_slow_not_dead() {
     // never declared dead.
     let (s, dropped) = stream16(10.0, 2);
     assert_eq!(s.peers_failed, 0);
-    // Some 900 packets cross the switch in all (segmentation-offload batches, resent
-    // fragments in runs of them, acks): 83-102 were dropped in six runs. Far fewer
-    // means the loss was not in force.
-    assert!(dropped > 25, "the switch dropped only {dropped} packets");
+    assert!(dropped > 100, "the switch dropped only {dropped} packets");
     assert!(s.naks_sent > 0, "no loss seen by the receiver: {s:?}");
 }
 

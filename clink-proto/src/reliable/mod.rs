@@ -529,10 +529,8 @@ pub struct Transmit<'s> {
     /// A bulk fragment's payload, where the source keeps it: not copied, so a transport
     /// sends it by a second vector (empty for every other datagram).
     pub payload: &'s [u8],
-    /// It opens a bulk group, or a run of bulk retransmissions (consecutive fragments of
-    /// one transfer resent one after the other, cut where the first transmission's
-    /// groups were cut): a GSO batcher should start a new send with it, so the
-    /// receiver's speculative layout lines up and a lost group is resent as one send.
+    /// It opens a bulk group (or is a bulk retransmission): a GSO batcher should start a
+    /// new send with it, so the receiver's speculative layout lines up.
     pub group_start: bool,
     /// It is a bulk fragment sent for the first time, which goes to
     /// [`Conn::steered_port`] when there is one. A retransmission is not: it goes to the
@@ -650,9 +648,6 @@ pub struct Conn {
     unacked: u32,
     /// Bulk fragments sent since an ack became pending (see `poll_transmit_with`).
     bulk_since_ack: u64,
-    /// Where the retransmission just sent ends (transfer, offset), while the datagrams
-    /// sent since are only that: a resent fragment that follows it continues its run.
-    resent_until: Option<(u64, u64)>,
     ack_now: bool,
     ack_deadline: Option<u64>,
     advertised_limit: u64,
@@ -743,7 +738,6 @@ impl Conn {
             recv_budget,
             unacked: 0,
             bulk_since_ack: 0,
-            resent_until: None,
             ack_now: false,
             ack_deadline: None,
             advertised_limit: initial_limit,

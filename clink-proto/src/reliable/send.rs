@@ -217,12 +217,7 @@ impl Conn {
                         hashed: self.cfg.payload_hash,
                     };
                     bulk = s.tx_count <= 1;
-                    // A resent fragment right after the one before it continues that
-                    // run in one send (a lost segmentation-offload batch goes again as
-                    // one, not a datagram and a trip through the kernel each).
-                    group_start =
-                        s.opens_group || !bulk && self.resent_until != Some((xfer, s.offset));
-                    self.resent_until = (!bulk).then_some((xfer, s.offset + u64::from(s.len)));
+                    group_start = s.tx_count > 1 || s.opens_group;
                     if self.ack_deadline.is_some() {
                         self.bulk_since_ack += 1;
                     }
@@ -244,11 +239,6 @@ impl Conn {
         } else {
             return None;
         };
-        if payload.is_empty() {
-            // Anything but a bulk fragment ends a run of resent ones (a first transmission
-            // ended it above).
-            self.resent_until = None;
-        }
         self.stats.datagrams_sent += 1;
         self.stats.bytes_sent += (n + payload.len()) as u64;
         if resend {
