@@ -185,7 +185,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         }
     }
     if !a.json && a.rounds > 1 {
-        if let Some(m) = median(&mut ratios) {
+        if let Some(m) = crate::bench::stats::median(&ratios) {
             println!(
                 "clink cast / relay, median of {} per-round ratios: {m:.2}",
                 ratios.len()
@@ -207,17 +207,6 @@ fn relay(
     let secs = tcp_chain(bridge, exe, dir, src, hosts)?;
     check_copies(dir, "tcp", hosts, want)?;
     Ok(secs)
-}
-
-/// The median of `v` (sorted in place), `None` when empty.
-fn median(v: &mut [f64]) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(v[n / 2]),
-        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
-    }
 }
 
 /// BLAKE3 of the file at `p`.
@@ -432,18 +421,5 @@ pub fn tcp_node(a: TcpNodeArgs) -> Result<(), String> {
         if let Some(d) = &mut down {
             d.write_all(&buf[..n]).map_err(|e| e.to_string())?;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn the_median_of_per_round_ratios() {
-        assert_eq!(median(&mut []), None);
-        assert_eq!(median(&mut [0.9]), Some(0.9));
-        assert_eq!(median(&mut [1.2, 0.8, 1.0]), Some(1.0));
-        assert_eq!(median(&mut [1.4, 0.6, 1.0, 0.8]), Some(0.9));
     }
 }

@@ -127,3 +127,24 @@ impl State {
         polled.is_some() && !declined
     }
 }
+
+/// Copies eager message `data` (of `tag`, from `src`) into the caller's buffer `buf` of
+/// `cap` bytes, as much as fits: its status, or its truncation.
+///
+/// # Safety
+/// `buf` holds `cap` writable bytes (a zero-length receive may pass no buffer).
+unsafe fn copy_into(
+    buf: *mut u8,
+    cap: usize,
+    src: PeerId,
+    tag: u64,
+    data: &[u8],
+) -> clink::Result<clink::Status> {
+    let into: &mut [u8] = if cap == 0 {
+        &mut []
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(buf, cap) }
+    };
+    clink_proto::msg::copy_eager(src, tag, data, into)
+}

@@ -181,7 +181,7 @@ struct State {
     /// holds any, clink holds none (it takes messages only in passes, which come after a
     /// hand-over), so none of them ever arrived after one of clink's.
     early: VecDeque<(PeerId, u64, Vec<u8>)>,
-    /// Buffers of early messages taken, kept for the next ones (at most [`SPARE_MAX`]).
+    /// Buffers of early messages taken, kept for the next ones (at most [`kept::SPARE_MAX`]).
     spare: Vec<Vec<u8>>,
     claims: Map<usize, Claim>,
     /// Receives [`clink::Endpoint::poll_recvs`] completed (their words), kept for its
@@ -281,27 +281,6 @@ fn report_received(cq: &CqShared, e: fi_cq_tagged_entry, full: usize, report: bo
     } else if report {
         cq.push(e, src);
     }
-}
-
-/// Copies eager message `data` (of `tag`, from `src`) into the caller's buffer `buf` of
-/// `cap` bytes, as much as fits: its status, or its truncation.
-///
-/// # Safety
-/// `buf` holds `cap` writable bytes (a zero-length receive may pass no buffer).
-unsafe fn copy_into(
-    buf: *mut u8,
-    cap: usize,
-    src: PeerId,
-    tag: u64,
-    data: &[u8],
-) -> clink::Result<clink::Status> {
-    let into: &mut [u8] = if cap == 0 {
-        &mut []
-    } else {
-        // SAFETY: the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(buf, cap) }
-    };
-    clink_proto::msg::copy_eager(src, tag, data, into)
 }
 
 /// A receive's outcome, landed in its caller's memory, as `finish_recv` takes it.

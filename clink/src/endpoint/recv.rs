@@ -652,9 +652,9 @@ mod tests {
         std::iter::from_fn(|| ep.pop_event()).collect()
     }
 
-    /// A small message into a receive in caller memory completes from the ring with no
-    /// event and leaves nothing to finish; a receive into an owned buffer is left to the
-    /// progress pass's event; messages no receive wants are copied aside, in order.
+    /// `poll_eager` offers the eager messages at the rings' heads in order and stops at the
+    /// first one declined; one given back with `set_aside` waits as unexpected, ahead of
+    /// those still in the rings; a held message or a posted receive keeps the poll away.
     #[test]
     fn poll_eager_offers_the_ring_heads_and_takes_back_what_it_is_given() {
         let ((mut a, pa), (mut b, pb)) = pair();
@@ -686,6 +686,9 @@ mod tests {
         assert!(b.set_aside(super::PeerId(99), 1, Vec::new()).is_err());
     }
 
+    /// A small message into a receive in caller memory completes from the ring with no
+    /// event and leaves nothing to finish; a receive into an owned buffer is left to the
+    /// progress pass's event; messages no receive wants are copied aside, in order.
     #[test]
     fn poll_recvs_completes_receives_in_caller_memory_and_leaves_the_rest() {
         let ((mut a, pa), (mut b, pb)) = pair();
