@@ -184,7 +184,7 @@ fn deliver_with_acks_held(
 fn a_stalled_receivers_flight_is_probed_not_resent() {
     // Driven by hand, 50 us each way: every fragment of a message arrives, but the
     // receiver's acks are held back (a receiver that stalls for a few milliseconds) past
-    // the tail probes and the first retransmission timeout. The timeout must probe, not
+    // the tail probes and three retransmission timeouts. The timeouts must probe, not
     // resend the flight or cut the window: once the acks come, nothing was lost.
     let (mut a, mut b, now) = warmed_pair();
     let frag = a.config().mtu_payload;
@@ -192,18 +192,18 @@ fn a_stalled_receivers_flight_is_probed_not_resent() {
     a.send(1, &msg).unwrap();
     let start = now;
     let rto = a.stats().rto_ns;
-    // Released between the first timeout (one RTO after the flight) and the second (two
-    // more, backed off).
-    let release = start + 2 * rto;
-    let got = deliver_with_acks_held(&mut a, &mut b, now, release, start + 3 * rto);
+    // Released between the third timeout (1 + 2 + 4 RTOs after the flight, backed off)
+    // and the fourth (eight more).
+    let release = start + 10 * rto;
+    let got = deliver_with_acks_held(&mut a, &mut b, now, release, start + 11 * rto);
     assert_eq!(got, msg);
     let s = a.stats();
-    assert_eq!((s.timeouts, s.rto_probes), (1, 1), "{s:?}");
-    // Two tail probes and the timeout's probe, nothing else.
-    assert!(s.retransmissions <= 3, "{s:?}");
+    assert_eq!((s.timeouts, s.rto_probes), (3, 3), "{s:?}");
+    // Two tail probes and the timeouts' probes, nothing else.
+    assert!(s.retransmissions <= 5, "{s:?}");
     assert_eq!(s.congestion_events, 0, "window cut: {s:?}");
     assert!(s.cwnd >= Config::default().initial_cwnd, "{s:?}");
-    assert!(b.stats().duplicates <= 3, "{:?}", b.stats());
+    assert!(b.stats().duplicates <= 5, "{:?}", b.stats());
 }
 
 /// Round trips (50 us each way, every datagram delivered, acks at once) until `b` has
@@ -227,9 +227,9 @@ fn round_trips_to_deliver(a: &mut Conn, b: &mut Conn, now: &mut u64, bound: u32)
 
 #[test]
 fn a_quiet_peer_with_one_packet_in_flight_leaves_the_threshold_alone() {
-    // One small message in flight and the peer quiet past two timeouts (a process busy
-    // for milliseconds): the first timeout probes, resending the only packet, so no ack
-    // can prove the second one spurious, and the window collapses. A single packet
+    // One small message in flight and the peer quiet past four timeouts (a process busy
+    // for milliseconds): the first three probe, resending the only packet, so no ack
+    // can prove the fourth one spurious, and the window collapses. A single packet
     // cannot have overfilled the path: the threshold must stay, so a bulk transfer
     // afterwards regrows the window exponentially. (Halved to 5 packets, the threshold
     // held every later transfer to one more packet per round trip.)
@@ -237,12 +237,12 @@ fn a_quiet_peer_with_one_packet_in_flight_leaves_the_threshold_alone() {
     let threshold = a.stats().ssthresh;
     a.send(1, b"route").unwrap();
     let rto = a.stats().rto_ns;
-    let release = now + 4 * rto;
-    let got = deliver_with_acks_held(&mut a, &mut b, now, release, now + 20 * rto);
+    let release = now + 16 * rto;
+    let got = deliver_with_acks_held(&mut a, &mut b, now, release, now + 60 * rto);
     assert_eq!(got, b"route");
     now = release + 2 * OWD;
     let s = a.stats();
-    assert!(s.timeouts >= 2, "the window never collapsed: {s:?}");
+    assert!(s.timeouts >= 4, "the window never collapsed: {s:?}");
     assert_eq!(s.ssthresh, threshold, "{s:?}");
     // 400 fragments: from a window of 2 in slow start, about eight round trips; in
     // linear growth from 5, about twenty-five.
@@ -253,11 +253,11 @@ fn a_quiet_peer_with_one_packet_in_flight_leaves_the_threshold_alone() {
     assert!(trips <= 10, "{trips} round trips: {:?}", a.stats());
 
     // A flight larger than the initial window lost whole (nothing reaches the peer past
-    // two timeouts) does halve it.
+    // four timeouts) does halve it.
     let (mut a, mut b, mut now) = warmed_pair();
     let initial = a.config().initial_cwnd as usize;
     a.send(1, &content(4, (initial + 1) * frag)).unwrap();
-    while a.stats().timeouts < 2 {
+    while a.stats().timeouts < 4 {
         transmit_all(&mut a, now);
         now = a.poll_timeout().expect("a timer is pending").max(now);
         a.handle_timeout(now);
@@ -269,7 +269,7 @@ fn a_quiet_peer_with_one_packet_in_flight_leaves_the_threshold_alone() {
 
 #[test]
 fn a_timeout_that_proves_spurious_gives_the_window_back() {
-    // As above, but the acks are held past the second timeout, which condemns the whole
+    // As above, but the acks are held past the fourth timeout, which condemns the whole
     // flight and collapses the window. The first ack then covers packets sent once and
     // never resent: the flight had arrived, so window and threshold come back and the
     // condemned packets are not all resent.
@@ -280,19 +280,21 @@ fn a_timeout_that_proves_spurious_gives_the_window_back() {
     a.send(1, &msg).unwrap();
     let start = now;
     let rto = a.stats().rto_ns;
-    // After the first timeout (one RTO) and the second (two more, backed off).
-    let release = start + 4 * rto;
-    let got = deliver_with_acks_held(&mut a, &mut b, now, release, start + 20 * rto);
+    // After the fourth timeout (1 + 2 + 4 + 8 RTOs, backed off).
+    let release = start + 16 * rto;
+    let got = deliver_with_acks_held(&mut a, &mut b, now, release, start + 60 * rto);
     assert_eq!(got, msg);
     let s = a.stats();
-    assert!(s.timeouts >= 2, "the window never collapsed: {s:?}");
+    assert!(s.timeouts >= 4, "the window never collapsed: {s:?}");
     assert_eq!(s.spurious_timeouts, 1, "{s:?}");
     assert!(
         s.cwnd >= cwnd_before,
         "window {} of {cwnd_before}: {s:?}",
         s.cwnd
     );
-    assert!(s.retransmissions <= 6, "the flight was resent: {s:?}");
+    // Two tail probes, three timeout probes and a window of 2 after the fourth timeout
+    // (16 packets condemned): the flight was not resent.
+    assert!(s.retransmissions <= 8, "the flight was resent: {s:?}");
 }
 
 /// A pair from `cfg` warmed as [`warmed_pair`], whose sender's window has grown past 64
@@ -576,6 +578,55 @@ fn a_steered_stream_switches_ports_only_after_its_earlier_packets_are_acked() {
         "the granted stream sends more than the slow window: {} datagrams",
         after.len()
     );
+}
+
+#[test]
+fn a_steered_stream_keeps_its_port_while_timeouts_only_probe() {
+    // A granted stream's receiver stalls with the flight queued on its steered socket.
+    // The timeouts that only probe must keep the grant: dropped, the stream's next new
+    // fragments would go to the main socket, be read before the queued flight and make
+    // the receiver NAK all of it. Only the timeout that condemns the flight drops it
+    // (a lost revocation may have left the stream on a socket nobody reads).
+    use clink_proto::admission::{AskerConfig, Mode};
+    let cfg = Config {
+        admission: AskerConfig {
+            mode: Mode::Explicit,
+            ..AskerConfig::default()
+        },
+        ..Config::default()
+    };
+    let frag = cfg.mtu_payload as u64;
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let mut now = 1_000;
+    a.request_fast(now);
+    b.answer_admit(Admit::Ack {
+        grant: 1,
+        port: 4000,
+    });
+    for d in transmit_all(&mut b, now) {
+        a.handle_datagram(now, &d).unwrap();
+    }
+    assert_eq!(a.steered_port(), Some(4000));
+    a.send_bulk(7, 64 * frag).unwrap();
+    let sent = transmit_bulk(&mut a, now);
+    assert!(sent.iter().any(|(_, t)| t.bulk), "nothing steered");
+    // Runs the timers (tail probes first) until the `n`th retransmission timeout.
+    let mut until_timeout = |a: &mut Conn, n: u64| {
+        while a.stats().timeouts < n {
+            now = a.poll_timeout().expect("a timer is pending").max(now);
+            a.handle_timeout(now);
+            transmit_bulk(a, now);
+        }
+    };
+    for probes in 1..=3 {
+        until_timeout(&mut a, probes);
+        let s = a.stats();
+        assert_eq!((s.rto_probes, s.congestion_events), (probes, 0), "{s:?}");
+        assert_eq!(a.steered_port(), Some(4000), "dropped at timeout {probes}");
+    }
+    until_timeout(&mut a, 4);
+    assert_eq!(a.stats().congestion_events, 1, "{:?}", a.stats());
+    assert_eq!(a.steered_port(), None, "kept past the condemning timeout");
 }
 
 #[test]

@@ -561,6 +561,8 @@ struct Round {
 
 /// Tail loss probes without progress before only the retransmission timer is left.
 const MAX_PROBES: u32 = 2;
+/// Retransmission timeouts in a row that only probe; the next condemns the flight.
+const RTO_PROBES: u32 = 3;
 /// Most backoff doublings of the retransmission timeout.
 const MAX_BACKOFF: u32 = 16;
 /// Largest receive window allowed.

@@ -163,23 +163,37 @@ impl Conn {
 
     pub(super) fn on_rto(&mut self, now: u64) {
         self.stats.timeouts += 1;
-        self.asker.on_timeout(now);
-        // The first timeout without progress probes, as QUIC's PTO does: it resends the
-        // highest packet in flight (whose arrival makes the receiver NAK any hole below
-        // it) and condemns nothing. A receiver that only stalled (acks held back for a
-        // few milliseconds by a long pass, or a descheduled process) then acks the whole
-        // flight, where marking it all lost resent thousands of packets it had (every
-        // retransmission of a 64 MiB stream across the veth pair was such a duplicate).
-        // A second timeout in a row is persistent congestion: all lost, window of 2.
-        let highest = self.sent.iter().rposition(|s| s.state == PState::InFlight);
-        if let (true, 0, Some(i)) = (self.cfg.reliable, self.backoff, highest) {
+        // Timeouts without progress probe, as QUIC's PTO does, and condemn nothing: the
+        // first resends the highest packet in flight (whose arrival makes the receiver
+        // NAK any hole below it), the next the lowest (the hole that holds the cumulative
+        // ack back, should the acks' SACK ranges not reach the highest), then the highest
+        // again. A receiver that only stalled (a descheduled process on a host with more
+        // runnable threads than cores, a long pass) then acks the whole flight, where
+        // marking it all lost resent thousands of packets it had. Such stalls outlast a
+        // timeout or two often when a queue holds the RTT at milliseconds: a stream of
+        // 1 MiB messages across a bridge (the sender's smoothed RTT 2-8 ms) timed out in
+        // 30 of 100 runs, and condemned a flight it had delivered (1 228-11 193 packets)
+        // in 4 when the second timeout in a row did. Only when `RTO_PROBES` probes went
+        // unanswered, the path's capacity plainly gone, is it persistent congestion: all
+        // lost, window of 2.
+        let pick = if self.backoff % 2 == 0 {
+            self.sent.iter().rposition(|s| s.state == PState::InFlight)
+        } else {
+            self.sent.iter().position(|s| s.state == PState::InFlight)
+        };
+        if let (true, true, Some(i)) = (self.cfg.reliable, self.backoff < RTO_PROBES, pick) {
             self.probe = Some(self.snd_una + i as u64);
             self.stats.rto_probes += 1;
-            self.backoff = 1;
+            self.backoff += 1;
             self.rto_deadline = Some(now + self.rto());
             self.tlp_deadline = None;
             return;
         }
+        // Only now is a steered grant dropped. Dropped while probing, the stream's new
+        // fragments went to the receiver's main socket, were read before the flight
+        // still queued on the steered one, and the receiver NAKed all of that flight
+        // (800-11 000 packets of the bridge stream judged lost, in 3 of 60 runs).
+        self.asker.on_timeout(now);
         let mut flight = 0;
         for i in 0..self.sent.len() {
             if self.sent[i].state == PState::InFlight {
