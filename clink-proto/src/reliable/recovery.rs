@@ -167,15 +167,11 @@ impl Conn {
         // first resends the highest packet in flight (whose arrival makes the receiver
         // NAK any hole below it), the next the lowest (the hole that holds the cumulative
         // ack back, should the acks' SACK ranges not reach the highest), then the highest
-        // again. A receiver that only stalled (a descheduled process on a host with more
-        // runnable threads than cores, a long pass) then acks the whole flight, where
-        // marking it all lost resent thousands of packets it had. Such stalls outlast a
-        // timeout or two often when a queue holds the RTT at milliseconds: a stream of
-        // 1 MiB messages across a bridge (the sender's smoothed RTT 2-8 ms) timed out in
-        // 30 of 100 runs, and condemned a flight it had delivered (1 228-11 193 packets)
-        // in 4 when the second timeout in a row did. Only when `RTO_PROBES` probes went
-        // unanswered, the path's capacity plainly gone, is it persistent congestion: all
-        // lost, window of 2.
+        // again. A receiver that only stalled (descheduled on a host with more runnable
+        // threads than cores) then acks the whole flight; such stalls outlast a timeout
+        // or two when a queue holds the RTT at milliseconds (ARCHITECTURE.md, "What a
+        // timeout does"). Only when `RTO_PROBES` probes went unanswered is it persistent
+        // congestion: all lost, window of 2.
         let pick = if self.backoff % 2 == 0 {
             self.sent.iter().rposition(|s| s.state == PState::InFlight)
         } else {
@@ -189,10 +185,9 @@ impl Conn {
             self.tlp_deadline = None;
             return;
         }
-        // Only now is a steered grant dropped. Dropped while probing, the stream's new
-        // fragments went to the receiver's main socket, were read before the flight
-        // still queued on the steered one, and the receiver NAKed all of that flight
-        // (800-11 000 packets of the bridge stream judged lost, in 3 of 60 runs).
+        // Only now is a steered grant dropped: dropped while probing, the stream's new
+        // fragments would take the receiver's main socket, be read before the flight
+        // still queued on the steered one, and make the receiver NAK all of it.
         self.asker.on_timeout(now);
         let mut flight = 0;
         for i in 0..self.sent.len() {
