@@ -386,3 +386,56 @@ pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// The bound on every program a test runs.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// The SHA-256 of `data`, by `sha256sum` (a program of its own, not the code under test).
+pub fn sha256(data: &[u8], dir: &Scratch) -> String {
+    let p = dir.path("sha-input");
+    std::fs::write(&p, data).unwrap();
+    let out = run(
+        command("sha256sum", &[p.to_str().unwrap()], false, &p),
+        None,
+        LIMIT,
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+/// With both ends under clink: the server's end was accelerated, then left.
+pub fn expect_left(p: Placement, stats: &Path) {
+    if p.server && p.client {
+        let lines = stats_lines(stats).join("\n");
+        assert!(
+            lines.contains("its descriptor left this process"),
+            "{p:?}: the connection did not leave: {lines}"
+        );
+    }
+}
+
+/// Runs a Python client (arguments: the port) and checks the line it prints.
+pub fn expect_output(p: Placement, client: &Path, port: &str, stats: &Path, want: &str) {
+    let out = run(
+        command(
+            "python3",
+            &[client.to_str().unwrap(), port],
+            p.client,
+            stats,
+        ),
+        None,
+        LIMIT,
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(stdout.trim(), want, "{p:?}: {stderr}");
+}
+
+/// [`expect_output`] for a client that prints "match" when everything came back right.
+pub fn expect_match(p: Placement, client: &Path, port: &str, stats: &Path) {
+    expect_output(p, client, port, stats, "match");
+}

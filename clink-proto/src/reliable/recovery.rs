@@ -172,7 +172,7 @@ impl Conn {
         // or two when a queue holds the RTT at milliseconds (ARCHITECTURE.md, "What a
         // timeout does"). Only when `RTO_PROBES` probes went unanswered is it persistent
         // congestion: all lost, window of 2.
-        let pick = if self.backoff % 2 == 0 {
+        let pick = if self.backoff.is_multiple_of(2) {
             self.sent.iter().rposition(|s| s.state == PState::InFlight)
         } else {
             self.sent.iter().position(|s| s.state == PState::InFlight)
