@@ -515,22 +515,29 @@ fn transmit_bulk(c: &mut Conn, now: u64) -> Vec<(Vec<u8>, Transmit<'static>)> {
     }
 }
 
+/// `cfg` with admission control asked for explicitly (a grant only when requested).
+fn explicit_admission(cfg: Config) -> Config {
+    use clink_proto::admission::{AskerConfig, Mode};
+    Config {
+        admission: AskerConfig {
+            mode: Mode::Explicit,
+            ..AskerConfig::default()
+        },
+        ..cfg
+    }
+}
+
 #[test]
 fn a_steered_stream_switches_ports_only_after_its_earlier_packets_are_acked() {
     // A sender streams slowly (refused) to the receiver's main socket, then is granted a
     // steered port. New fragments must wait until the ones already in flight are acked:
     // sent to the new port meanwhile, they would arrive on another socket before the
     // older ones and look like losses.
-    use clink_proto::admission::{AskerConfig, Mode};
-    let cfg = Config {
+    let cfg = explicit_admission(Config {
         ack_every: 1,
         bulk_group: 4,
-        admission: AskerConfig {
-            mode: Mode::Explicit,
-            ..AskerConfig::default()
-        },
         ..Config::default()
-    };
+    });
     let frag = cfg.mtu_payload as u64;
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
@@ -587,14 +594,7 @@ fn a_steered_stream_keeps_its_port_while_timeouts_only_probe() {
     // fragments would go to the main socket, be read before the queued flight and make
     // the receiver NAK all of it. Only the timeout that condemns the flight drops it
     // (a lost revocation may have left the stream on a socket nobody reads).
-    use clink_proto::admission::{AskerConfig, Mode};
-    let cfg = Config {
-        admission: AskerConfig {
-            mode: Mode::Explicit,
-            ..AskerConfig::default()
-        },
-        ..Config::default()
-    };
+    let cfg = explicit_admission(Config::default());
     let frag = cfg.mtu_payload as u64;
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let mut now = 1_000;
