@@ -81,8 +81,12 @@ fn child_entry() {
                 for r in in_flight {
                     ep.wait_send(&r, Some(T)).unwrap();
                 }
+                // The count, then the whole of the connection's statistics (for the
+                // parent's failure message: timeouts, probes, RTT).
                 let c = ep.conn_stats(parent).unwrap().expect("a UDP connection");
-                ep.send(parent, 1, &c.lost.to_le_bytes()).unwrap();
+                let mut report = c.lost.to_le_bytes().to_vec();
+                report.extend_from_slice(format!("{c:?}").as_bytes());
+                ep.send(parent, 1, &report).unwrap();
                 recv_vec(&mut ep, parent, 2, 8);
             }
             "sink" => {
@@ -223,21 +227,23 @@ fn overlapping_rendezvous_on_a_lossless_path_resend_nothing() {
                 posted.push_back(ep.irecv(Selector::exact(Some(peer), 0), got.buf).unwrap());
             }
         }
-        let lost = recv_vec(&mut ep, peer, 1, 8);
+        let report = recv_vec(&mut ep, peer, 1, 4096);
         ep.send(peer, 2, b"done").unwrap();
         let ring = ep.udp_ring().map(|r| r.is_ok());
         // Datagrams this host really dropped: a full ring or socket buffer (a receiver
         // kept from its core on a loaded machine).
         let overflows = ep.stats().ring_full_drops + udp_receive_buffer_errors() - overflows_before;
         ep.close();
+        let (lost, sender) = report.split_at(8);
         (
             u64::from_le_bytes(lost.try_into().unwrap()),
+            String::from_utf8_lossy(sender).into_owned(),
             ring,
             overflows,
         )
     });
     let mut child = sender_on_host1(&b, "pipeline", &addr, n);
-    let (lost, ring, overflows) = h.join().expect("receiver");
+    let (lost, sender, ring, overflows) = h.join().expect("receiver");
     child.expect_success(T);
     let dropped = b.dropped().unwrap_or(0);
     println!("{n} x 1 MiB, six in flight: {lost} packets judged lost, receive ring {ring:?}, {dropped} dropped by the switch, {overflows} by the receiving host");
@@ -250,7 +256,7 @@ fn overlapping_rendezvous_on_a_lossless_path_resend_nothing() {
     // hundred. Real drops (a full socket buffer or ring) are losses, each judged once.
     assert!(
         lost < 50 + overflows + dropped,
-        "{lost} packets judged lost on a lossless path ({overflows} dropped by the receiver)"
+        "{lost} packets judged lost on a lossless path ({overflows} dropped by the receiver); the sender's connection: {sender}"
     );
 }
 
