@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use std::time::Duration;
 
 const ECHO_SERVER: &str = r#"
 import asyncio, sys
@@ -143,17 +142,7 @@ fn a_killed_server_gives_its_client_the_error_kernel_tcp_gives() {
                     run(command("python3", &args, p.client, &stats), None, LIMIT)
                 }
             });
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while !std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .contains("read")
-            {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{p:?}: the server never read"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            wait_for_log(&log, "read", &format!("{p:?}: the server never read"));
             drop(server); // SIGKILL
             let out = client.join().unwrap();
             errors.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
@@ -296,17 +285,7 @@ fn a_descriptor_passed_to_another_process_carries_the_rest_of_the_stream() {
             ),
             Some(&hlog),
         );
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !std::fs::read_to_string(&hlog)
-            .unwrap_or_default()
-            .contains("ready")
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{p:?}: the helper never started"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for_log(&hlog, "ready", &format!("{p:?}: the helper never started"));
         let mut s = Proc::start(
             command(
                 "python3",

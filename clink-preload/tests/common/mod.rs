@@ -292,6 +292,19 @@ pub fn wait_for_listen(port: u16) {
     }
 }
 
+/// Waits (bounded, 20 s) until the log at `path` contains `word`, a line a process
+/// writes once it is where the test needs it; fails with `what` otherwise.
+pub fn wait_for_log(path: &Path, word: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .contains(word)
+    {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The statistics lines the processes of a run wrote.
 pub fn stats_lines(stats: &Path) -> Vec<String> {
     std::fs::read_to_string(stats)

@@ -136,15 +136,20 @@ impl Conn {
             self.ping_pending = true;
             return;
         }
+        if let Some(pn) = self.in_flight_end(self.probes == 1) {
+            self.probe = Some(pn);
+        }
+    }
+
+    /// The highest packet still in flight, or the lowest: what a probe resends.
+    fn in_flight_end(&self, highest: bool) -> Option<u64> {
         let in_flight = |s: &Sent| s.state == PState::InFlight;
-        let pick = if self.probes == 1 {
+        let i = if highest {
             self.sent.iter().rposition(in_flight)
         } else {
             self.sent.iter().position(in_flight)
         };
-        if let Some(i) = pick {
-            self.probe = Some(self.snd_una + i as u64);
-        }
+        i.map(|i| self.snd_una + i as u64)
     }
 
     pub(super) fn rto(&self) -> u64 {
@@ -172,13 +177,11 @@ impl Conn {
         // or two when a queue holds the RTT at milliseconds (ARCHITECTURE.md, "What a
         // timeout does"). Only when `RTO_PROBES` probes went unanswered is it persistent
         // congestion: all lost, window of 2.
-        let pick = if self.backoff.is_multiple_of(2) {
-            self.sent.iter().rposition(|s| s.state == PState::InFlight)
-        } else {
-            self.sent.iter().position(|s| s.state == PState::InFlight)
-        };
-        if let (true, true, Some(i)) = (self.cfg.reliable, self.backoff < RTO_PROBES, pick) {
-            self.probe = Some(self.snd_una + i as u64);
+        let probe = (self.cfg.reliable && self.backoff < RTO_PROBES)
+            .then(|| self.in_flight_end(self.backoff.is_multiple_of(2)))
+            .flatten();
+        if let Some(pn) = probe {
+            self.probe = Some(pn);
             self.stats.rto_probes += 1;
             self.backoff += 1;
             self.rto_deadline = Some(now + self.rto());
