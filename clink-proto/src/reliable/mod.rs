@@ -31,7 +31,8 @@
 //! veth pair, tripped the loss-rate test 54-83 times per 500 MiB). On top, the
 //! receiver sends a **NAK** the moment it sees a new gap (fast retransmit without waiting
 //! for three acks); a lost NAK costs nothing because SACK and the retransmission timer
-//! still cover the hole. The timer (RTO) follows RFC 6298 (SRTT/RTTVAR, plus the peer's
+//! still cover the hole. Holes that only a probe revealed (a resend of a packet still in
+//! flight, which can overtake the flight) are believed after a wait (`promote_probe_acks`). The timer (RTO) follows RFC 6298 (SRTT/RTTVAR, plus the peer's
 //! ack delay) with exponential backoff, reset by any progress.
 //!
 //! **Why credits and a congestion window.** They answer different questions. Credits
@@ -492,6 +493,9 @@ struct Sent {
     /// retransmission timer's probe or its condemnation of the flight), none the resend
     /// of a packet that acks or a NAK reported missing.
     timer_only: bool,
+    /// Its latest transmission was a probe (a resend of a packet still in flight): its
+    /// ack may come from that copy, which can overtake the flight sent before it.
+    probe: bool,
     tx_count: u32,
     /// The window reduction (its number in `Stats::congestion_events`) whose loss
     /// detection condemned this packet, while its ack may still prove that reduction
@@ -584,6 +588,9 @@ pub struct Conn {
     /// [`Config::split_paths`] judges each kind by its own); the later of the two is the
     /// latest of all ([`Conn::largest_acked_tx`]).
     largest_acked_tx_of: [Option<u64>; 2],
+    /// Per kind, the latest probe acked beyond `largest_acked_tx_of` and when it becomes
+    /// evidence of losses below it (see `Conn::promote_probe_acks`).
+    probe_acked: [Option<(u64, u64)>; 2],
     /// The peer's acks have said, for every packet below this, whether it arrived (the
     /// cumulative ack, or the end of the highest SACK range; an ack carries at most
     /// [`packet::MAX_RANGES`] ranges, so with more holes than that the packets above
@@ -699,6 +706,7 @@ impl Conn {
             tx_order: VecDeque::new(),
             next_tx_seq: 0,
             largest_acked_tx_of: [None; 2],
+            probe_acked: [None; 2],
             sack_top: 0,
             sacked: ranges::Ranges::default(),
             steer_after: None,

@@ -29,6 +29,7 @@ impl Conn {
             min(Some(self.last_recv + self.cfg.dead_after));
         }
         min(self.await_probe_at());
+        min(self.probe_evidence_at());
         t
     }
 
@@ -94,6 +95,10 @@ impl Conn {
         // (A transfer queued since the last datagram must stop the linger first.)
         self.asker.bulk_active(now, self.bulk_outstanding > 0);
         self.asker.handle_timeout(now);
+        if self.probe_evidence_at().is_some_and(|t| t <= now) {
+            self.promote_probe_acks(now);
+            self.detect_lost();
+        }
         if self.rto_deadline.is_some_and(|d| d <= now) {
             self.on_rto(now);
         } else if self.tlp_deadline.is_some_and(|d| d <= now) {

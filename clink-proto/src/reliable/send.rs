@@ -156,11 +156,14 @@ impl Conn {
             let tx_seq = self.next_tx_seq;
             self.next_tx_seq += 1;
             self.tx_order.push_back((pn, tx_seq));
-            if self.sent[idx].state != PState::InFlight {
-                self.in_flight += 1; // (a probe resends a packet still in flight)
+            // (A probe resends a packet still in flight.)
+            let probe = self.sent[idx].state == PState::InFlight;
+            if !probe {
+                self.in_flight += 1;
             }
             let reported_missing = pn < self.sack_top;
             let s = &mut self.sent[idx];
+            s.probe = probe;
             s.tx_seq = tx_seq;
             s.sent_at = now;
             if s.tx_count == 0 {
@@ -351,6 +354,7 @@ impl Conn {
             sent_at: 0,
             first_sent_at: 0,
             timer_only: true,
+            probe: false,
             tx_count: 0,
             condemned_by: 0,
             state: PState::Lost,
@@ -410,6 +414,8 @@ impl Conn {
         let mut sample: Option<(u64, u64)> = None;
         // A packet the timeout condemned arrived all the same, from its one transmission.
         let mut original_arrived = false;
+        // Per kind, the latest probe acked and how long it waited for the flight.
+        let mut probes_acked: [Option<(u64, u64)>; 2] = [None; 2];
         let mut ack_one = |this: &mut Conn, pn: u64, cumulative: bool| {
             let idx = (pn - this.snd_una) as usize;
             let s = &mut this.sent[idx];
@@ -426,8 +432,15 @@ impl Conn {
             }
             s.state = PState::Acked;
             newly += 1;
-            let of = &mut this.largest_acked_tx_of[usize::from(s.item.is_bulk())];
-            *of = Some(of.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
+            let kind = usize::from(s.item.is_bulk());
+            if s.probe {
+                let waited = (s.sent_at - s.first_sent_at).max(this.rtt.srtt);
+                let p = &mut probes_acked[kind];
+                *p = Some(p.map_or((s.tx_seq, waited), |(t, w)| (t.max(s.tx_seq), w)));
+            } else {
+                let of = &mut this.largest_acked_tx_of[kind];
+                *of = Some(of.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
+            }
             // Karn's rule leaves a resent packet's ack untimed, as it may answer any of
             // its transmissions. A packet resent only by the timers, never reported
             // missing, and acked with everything before it is the exception, timed from
@@ -463,6 +476,11 @@ impl Conn {
             self.sacked = sacked;
             let top = ack.ranges.last().map_or(ack.cum, |r| r.1);
             self.sack_top = self.sack_top.max(top);
+        }
+        for (kind, acked) in probes_acked.into_iter().enumerate() {
+            let Some((tx, waited)) = acked else { continue };
+            let p = &mut self.probe_acked[kind];
+            *p = Some(p.map_or((tx, now + waited), |(t, at)| (t.max(tx), at)));
         }
         if original_arrived && self.rto_undo.is_some() {
             self.undo_spurious_timeout();
@@ -515,6 +533,14 @@ impl Conn {
         }
         if nak {
             for &(s, e) in &ack.ranges {
+                // A NAK names the holes below the packet that revealed them. A probe may
+                // have overtaken the flight it probes: the loss detector judges those
+                // holes once the probe's ack is evidence.
+                let by_probe = (self.snd_una..self.next_pn).contains(&e)
+                    && self.sent[(e - self.snd_una) as usize].probe;
+                if by_probe {
+                    continue;
+                }
                 for pn in s.max(self.snd_una)..e.min(self.next_pn) {
                     let p = &self.sent[(pn - self.snd_una) as usize];
                     // With two paths a hole the other kind's packet opened is not news
@@ -528,6 +554,50 @@ impl Conn {
                 }
             }
         }
+        self.promote_probe_acks(now);
+        self.detect_lost();
+        self.advance_una();
+        if newly > 0 || self.rto_deadline.is_none() {
+            self.rto_deadline = self.outstanding().then(|| now + self.rto());
+        }
+        if newly > 0 {
+            self.probes = 0;
+            self.arm_tail_probe(now);
+        }
+        Ok(())
+    }
+
+    /// Makes the acked probes whose wait is over evidence of the losses below them (see
+    /// `largest_acked_tx_of`). A probe resends a packet while the flight before it is
+    /// still unacked; its copy can reach the receiver first (the flight queued on the
+    /// backlog of a sending core that was preempted, while the probe left from another),
+    /// and the holes its ack shows are then only late. So they are believed as losses
+    /// only once they stay open as long again as the probe waited for them (at least an
+    /// RTT): a real tail loss is still repaired well before the retransmission timer,
+    /// and a flight that was only held back is acked first. Later packets acked from a
+    /// first transmission are evidence at once.
+    pub(super) fn promote_probe_acks(&mut self, now: u64) {
+        for kind in 0..2 {
+            let of = self.largest_acked_tx_of[kind];
+            let Some((tx, at)) = self.probe_acked[kind] else {
+                continue;
+            };
+            if of.is_some_and(|m| m >= tx) {
+                self.probe_acked[kind] = None;
+            } else if at <= now {
+                self.largest_acked_tx_of[kind] = Some(tx);
+                self.probe_acked[kind] = None;
+            }
+        }
+    }
+
+    /// When an acked probe becomes evidence ([`Conn::promote_probe_acks`]).
+    pub(super) fn probe_evidence_at(&self) -> Option<u64> {
+        self.probe_acked.iter().flatten().map(|&(_, at)| at).min()
+    }
+
+    /// The loss detector, run on each ack and when a probe's ack becomes evidence.
+    pub(super) fn detect_lost(&mut self) {
         // RACK-like detection: lost when a packet transmitted dup_thresh later was acked.
         // Only a packet the acks have reported on can be missing: above the last SACK
         // range its fate is unknown (a retransmission's ack, raising `largest`, would
@@ -567,15 +637,6 @@ impl Conn {
             unknown.clear();
             self.rack_unknown = unknown;
         }
-        self.advance_una();
-        if newly > 0 || self.rto_deadline.is_none() {
-            self.rto_deadline = self.outstanding().then(|| now + self.rto());
-        }
-        if newly > 0 {
-            self.probes = 0;
-            self.arm_tail_probe(now);
-        }
-        Ok(())
     }
 
     pub(super) fn advance_una(&mut self) {

@@ -1,5 +1,8 @@
 //! What the simulation tests share: time units and message contents.
 
+// (Each test crate uses a part.)
+#![allow(dead_code)]
+
 /// A millisecond and a second in the simulator's nanoseconds.
 pub const MS: u64 = 1_000_000;
 pub const SEC: u64 = 1_000_000_000;
