@@ -414,7 +414,7 @@ impl Conn {
         let mut sample: Option<(u64, u64)> = None;
         // A packet the timeout condemned arrived all the same, from its one transmission.
         let mut original_arrived = false;
-        // Per kind, the latest probe acked and how long it waited for the flight.
+        // Per kind, the latest probe acked and how long its holes wait to be believed.
         let mut probes_acked: [Option<(u64, u64)>; 2] = [None; 2];
         let mut ack_one = |this: &mut Conn, pn: u64, cumulative: bool| {
             let idx = (pn - this.snd_una) as usize;
@@ -434,7 +434,7 @@ impl Conn {
             newly += 1;
             let kind = usize::from(s.item.is_bulk());
             if s.probe {
-                let waited = (s.sent_at - s.first_sent_at).max(this.rtt.srtt);
+                let waited = ((s.sent_at - s.first_sent_at) / 2).max(this.rtt.srtt);
                 let p = &mut probes_acked[kind];
                 *p = Some(p.map_or((s.tx_seq, waited), |(t, w)| (t.max(s.tx_seq), w)));
             } else {
@@ -572,10 +572,11 @@ impl Conn {
     /// still unacked; its copy can reach the receiver first (the flight queued on the
     /// backlog of a sending core that was preempted, while the probe left from another),
     /// and the holes its ack shows are then only late. So they are believed as losses
-    /// only once they stay open as long again as the probe waited for them (at least an
-    /// RTT): a real tail loss is still repaired well before the retransmission timer,
-    /// and a flight that was only held back is acked first. Later packets acked from a
-    /// first transmission are evidence at once.
+    /// only once they stay open half as long again as the probe waited for them, and at
+    /// least a smoothed RTT: a real tail loss is still repaired before the retransmission
+    /// timer, and a flight that was only held back is acked first (across the bridge its
+    /// acks came 0.15-0.3 of the probe's wait after the probe's). Later packets acked
+    /// from a first transmission are evidence at once.
     pub(super) fn promote_probe_acks(&mut self, now: u64) {
         for kind in 0..2 {
             let of = self.largest_acked_tx_of[kind];
