@@ -32,7 +32,8 @@
 //! receiver sends a **NAK** the moment it sees a new gap (fast retransmit without waiting
 //! for three acks); a lost NAK costs nothing because SACK and the retransmission timer
 //! still cover the hole. Holes that only a probe revealed (a resend of a packet still in
-//! flight, which can overtake the flight) are believed after a wait (`promote_probe_acks`). The timer (RTO) follows RFC 6298 (SRTT/RTTVAR, plus the peer's
+//! flight, which can overtake the flight) are believed after a wait
+//! (`promote_probe_acks`). The timer (RTO) follows RFC 6298 (SRTT/RTTVAR, plus the peer's
 //! ack delay) with exponential backoff, reset by any progress.
 //!
 //! **Why credits and a congestion window.** They answer different questions. Credits
