@@ -69,9 +69,9 @@ pub fn checked_len(d: &[u8]) -> usize {
 /// CRC-32C (Castagnoli) of `data`: the SSE 4.2 / ARMv8 instruction where the CPU has
 /// it, software otherwise. It covers every byte of ordinary datagrams and the header of
 /// bulk ones (whose payloads go through XXH3, see [`bulk_checksum`]); a table-driven CRC
-/// (2-3 GB/s here) was a bottleneck of its own. Inputs of at most [`SHORT_CRC`] bytes (a
+/// (2-3 GB/s here) was a bottleneck of its own. Inputs of at most `SHORT_CRC` bytes (a
 /// bulk header, an ack, a small message) take one instruction per 8 bytes in a plain
-/// loop ([`crate::crc`]); longer ones the `crc32c` crate's three interleaved streams,
+/// loop (`crate::crc`); longer ones the `crc32c` crate's three interleaved streams,
 /// whose set-up (alignment, dispatch, the combining tables) cost a 60-byte bulk header
 /// about 160 instructions, twice per fragment.
 #[inline]
