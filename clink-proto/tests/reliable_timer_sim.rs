@@ -187,6 +187,24 @@ fn deliver_with_acks_held(
     }
 }
 
+/// Sends a message of `frags` fragments from `a` and delivers it to `b` with `b`'s acks
+/// held back for `release_rtos` of `a`'s retransmission timeouts (through by
+/// `bound_rtos`); checks what `b` got.
+fn flight_with_acks_held(
+    a: &mut Conn,
+    b: &mut Conn,
+    now: u64,
+    frags: usize,
+    release_rtos: u64,
+    bound_rtos: u64,
+) {
+    let msg = content(2, frags * a.config().mtu_payload);
+    a.send(1, &msg).unwrap();
+    let rto = a.stats().rto_ns;
+    let got = deliver_with_acks_held(a, b, now, now + release_rtos * rto, now + bound_rtos * rto);
+    assert_eq!(got, msg);
+}
+
 #[test]
 fn a_stalled_receivers_flight_is_probed_not_resent() {
     // Driven by hand, 50 us each way: every fragment of a message arrives, but the
@@ -194,16 +212,9 @@ fn a_stalled_receivers_flight_is_probed_not_resent() {
     // the tail probes and three retransmission timeouts. The timeouts must probe, not
     // resend the flight or cut the window: once the acks come, nothing was lost.
     let (mut a, mut b, now) = warmed_pair();
-    let frag = a.config().mtu_payload;
-    let msg = content(2, 8 * frag);
-    a.send(1, &msg).unwrap();
-    let start = now;
-    let rto = a.stats().rto_ns;
     // Released between the third timeout (1 + 2 + 4 RTOs after the flight, backed off)
     // and the fourth (eight more).
-    let release = start + 10 * rto;
-    let got = deliver_with_acks_held(&mut a, &mut b, now, release, start + 11 * rto);
-    assert_eq!(got, msg);
+    flight_with_acks_held(&mut a, &mut b, now, 8, 10, 11);
     let s = a.stats();
     assert_eq!((s.timeouts, s.rto_probes), (3, 3), "{s:?}");
     // Two tail probes and the timeouts' probes, nothing else.
@@ -281,16 +292,9 @@ fn a_timeout_that_proves_spurious_gives_the_window_back() {
     // never resent: the flight had arrived, so window and threshold come back and the
     // condemned packets are not all resent.
     let (mut a, mut b, now) = grown_pair(Config::default());
-    let frag = a.config().mtu_payload;
     let cwnd_before = a.stats().cwnd;
-    let msg = content(2, 16 * frag);
-    a.send(1, &msg).unwrap();
-    let start = now;
-    let rto = a.stats().rto_ns;
     // After the fourth timeout (1 + 2 + 4 + 8 RTOs, backed off).
-    let release = start + 16 * rto;
-    let got = deliver_with_acks_held(&mut a, &mut b, now, release, start + 60 * rto);
-    assert_eq!(got, msg);
+    flight_with_acks_held(&mut a, &mut b, now, 16, 16, 60);
     let s = a.stats();
     assert!(s.timeouts >= 4, "the window never collapsed: {s:?}");
     assert_eq!(s.spurious_timeouts, 1, "{s:?}");

@@ -127,7 +127,8 @@ impl Conn {
     /// later is acked, so neither SACK nor the receiver's NAK can tell, and only the
     /// retransmission timer (>= `min_rto`, then a window of 2) would. Resending the
     /// highest packet in flight instead makes the receiver NAK the hole below it (or, if
-    /// the probe was a duplicate, ack with SACK at once). No window change. A second probe
+    /// the probe was a duplicate, ack with SACK at once), believed after a wait (the probe
+    /// may have overtaken the flight: `promote_probe_acks`). No window change. A second probe
     /// without progress resends the *lowest* packet in flight: the hole that holds the
     /// cumulative ack back, when the acks' few SACK ranges cannot reach the highest (a
     /// livelock the simulator found: probes of a packet the receiver had, acked as

@@ -414,8 +414,6 @@ impl Conn {
         let mut sample: Option<(u64, u64)> = None;
         // A packet the timeout condemned arrived all the same, from its one transmission.
         let mut original_arrived = false;
-        // Per kind, the latest probe acked and how long its holes wait to be believed.
-        let mut probes_acked: [Option<(u64, u64)>; 2] = [None; 2];
         let mut ack_one = |this: &mut Conn, pn: u64, cumulative: bool| {
             let idx = (pn - this.snd_una) as usize;
             let s = &mut this.sent[idx];
@@ -434,9 +432,11 @@ impl Conn {
             newly += 1;
             let kind = usize::from(s.item.is_bulk());
             if s.probe {
-                let waited = ((s.sent_at - s.first_sent_at) / 2).max(this.rtt.srtt);
-                let p = &mut probes_acked[kind];
-                *p = Some(p.map_or((s.tx_seq, waited), |(t, w)| (t.max(s.tx_seq), w)));
+                // Evidence after half the probe's wait (see `promote_probe_acks`); a later
+                // probe's ack does not put the first one's verdict off.
+                let at = now + ((s.sent_at - s.first_sent_at) / 2).max(this.rtt.srtt);
+                let p = &mut this.probe_acked[kind];
+                *p = Some(p.map_or((s.tx_seq, at), |(t, a)| (t.max(s.tx_seq), a)));
             } else {
                 let of = &mut this.largest_acked_tx_of[kind];
                 *of = Some(of.map_or(s.tx_seq, |m| m.max(s.tx_seq)));
@@ -476,11 +476,6 @@ impl Conn {
             self.sacked = sacked;
             let top = ack.ranges.last().map_or(ack.cum, |r| r.1);
             self.sack_top = self.sack_top.max(top);
-        }
-        for (kind, acked) in probes_acked.into_iter().enumerate() {
-            let Some((tx, waited)) = acked else { continue };
-            let p = &mut self.probe_acked[kind];
-            *p = Some(p.map_or((tx, now + waited), |(t, at)| (t.max(tx), at)));
         }
         if original_arrived && self.rto_undo.is_some() {
             self.undo_spurious_timeout();
