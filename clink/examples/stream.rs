@@ -96,13 +96,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for &p in &peers {
         ep.send(p, 1, &[])?;
     }
+    let transport = ep.transport(peers[0])?;
+    // The stop messages are delivered before the wait for the senders, which is outside
+    // clink: a lost one is resent only while this endpoint is driven (`close` lingers
+    // until the senders have them).
+    ep.close();
     for mut c in children {
         c.wait()?;
     }
     let s = ep.stats();
     println!(
         "{size} B x {count} x {senders} sender(s) over {}: {:.2} GB/s aggregate (senders done at {})",
-        ep.transport(peers[0])?,
+        transport,
         (size * (count * senders - 1)) as f64 / secs / 1e9,
         done_at
             .iter()

@@ -759,6 +759,61 @@ fn the_last_fragments_are_acked_before_the_receive_returns() {
     }
 }
 
+/// A receiver that stops driving its endpoint as soon as each bulk receive returns, and
+/// waits (without calling in) for its sender to report the send complete, while the
+/// sender loses a third of what it receives: now and then the ack that completes a send
+/// is among the losses. The receiver's keepalive thread repeats its standing ack, and
+/// every send completes while the receiver is still away. (Without that repeat such a
+/// send would wait for the receiver to call again: here, never.)
+#[test]
+fn sends_complete_while_their_receiver_is_away_though_their_acks_are_lost() {
+    const N: u64 = 16;
+    let ctx = net_ctx("", 2000);
+    let mut r = ctx.endpoint().unwrap();
+    let addr = r.address();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let sender = std::thread::spawn(move || {
+        let ctx = net_ctx("drop=0.3,seed=11", 2000);
+        let mut s = ctx.endpoint().unwrap();
+        let p = s.connect(&addr).unwrap();
+        for k in 0..N {
+            let mut msg = vec![0u8; 200_000 + 1409 * k as usize];
+            fill(k, &mut msg);
+            let req = s.isend(p, k, msg).unwrap();
+            let t = Instant::now();
+            let outcome = s.wait_send(&req, Some(T)).map_err(|e| e.to_string());
+            let failed = outcome.is_err();
+            done_tx.send((outcome, t.elapsed())).unwrap();
+            if failed {
+                break;
+            }
+        }
+        // Kept until the receiver has seen every outcome.
+        (ctx, s)
+    });
+    let p = r.accept(Some(T)).unwrap();
+    let mut buf = vec![0u8; 300_000];
+    let mut lost_acks = 0;
+    for k in 0..N {
+        let st = r
+            .recv_timeout(Selector::exact(Some(p), k), &mut buf, Some(T))
+            .unwrap();
+        let mut want = vec![0u8; st.len as usize];
+        fill(k, &mut want);
+        assert_eq!(&buf[..st.len as usize], &want[..], "message {k}");
+        // Away until the sender says its send is over.
+        let (outcome, took) = done_rx
+            .recv_timeout(T + Duration::from_secs(5))
+            .expect("the sender reports");
+        assert!(outcome.is_ok(), "send {k}: {outcome:?} after {took:?}");
+        // (A send that waited for a keepalive round had lost its ack.)
+        lost_acks += usize::from(took >= Duration::from_millis(400));
+    }
+    drop(sender.join().unwrap());
+    eprintln!("{lost_acks} of {N} sends completed by the standing ack");
+    assert!(r.stats().keepalive_rounds > 0, "{:?}", r.stats());
+}
+
 /// With room for one peer socket, the first client's datagrams reach its own connected
 /// socket and the second's the main one; a server that never spins (every wait sleeps in
 /// epoll) is woken by both, and every message, small or bulk, comes back intact.

@@ -427,6 +427,20 @@ impl Conn {
         }
     }
 
+    /// The in-order part of the ack this side would send now, for someone else to repeat
+    /// while the application is away (the keepalive thread of `clink`): every packet below
+    /// the first is here, and the peer may send below the second (the credit already
+    /// advertised: no new credit is given for a buffer nobody drains). `None` in
+    /// unreliable mode and before anything arrived. Sent with [`MAX_ACK_DELAY_US`] as its
+    /// delay (it times nothing), it completes the peer's sends whose last ack was lost
+    /// after this side's application stopped driving the connection.
+    ///
+    /// [`MAX_ACK_DELAY_US`]: packet::MAX_ACK_DELAY_US
+    pub fn standing_ack(&self) -> Option<(u64, u64)> {
+        (self.cfg.reliable && self.rcv_next > 0)
+            .then(|| (self.rcv_next, self.advertised_limit.max(self.rcv_next)))
+    }
+
     /// Acknowledges what has arrived with the next [`Conn::poll_transmit`] instead of
     /// after the ack delay (if anything is unacknowledged): the peer is waiting on it,
     /// say the last fragments of a bulk transfer whose send completes with their ack,

@@ -483,7 +483,8 @@ impl Conn {
         if let Some(u) = self.cut_undo.take_if(|u| u.unproven == 0) {
             self.undo_spurious_cut(u);
         }
-        if let Some((_, sent_at)) = sample {
+        // An ack whose delay is unknown times nothing (see [`packet::MAX_ACK_DELAY_US`]).
+        if let Some((_, sent_at)) = sample.filter(|_| ack.delay_us < packet::MAX_ACK_DELAY_US) {
             // QUIC's rule: the peer's ack delay comes out of the sample unless that would
             // go below the minimum (a delayed ack is not a queue).
             let r = now.saturating_sub(sent_at);

@@ -104,6 +104,62 @@ fn a_reply_is_due_for_packets_in_flight_and_for_holes() {
     );
 }
 
+/// The standing ack (what the receiver has in order, with the credit it advertised),
+/// repeated long after by someone else with the "unknown" delay, completes the sender's
+/// packets whose own ack was lost, and gives no RTT sample: timed, it would read as a
+/// round trip of the whole wait.
+#[test]
+fn a_standing_ack_repeated_late_acks_and_times_nothing() {
+    use super::packet::{AckInfo, MAX_ACK_DELAY_US};
+    let cfg = Config::default();
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    assert_eq!(b.standing_ack(), None, "nothing received yet");
+    let mut now = 1_000;
+    let mut buf = Vec::new();
+    // A first exchange gives a an RTT of 100 us.
+    a.send(0, b"first").expect("queued");
+    while let Some(n) = a.poll_transmit(now, &mut buf) {
+        b.handle_datagram(now + 50_000, &buf[..n]).expect("valid");
+        buf.clear();
+    }
+    b.ack_now();
+    while let Some(n) = b.poll_transmit(now + 50_000, &mut buf) {
+        a.handle_datagram(now + 100_000, &buf[..n]).expect("valid");
+        buf.clear();
+    }
+    let srtt = a.rtt.srtt;
+    assert!(srtt > 0 && srtt <= 100_000, "{srtt}");
+    // A second message arrives; its ack is lost.
+    now += 1_000_000;
+    a.send(0, b"second").expect("queued");
+    while let Some(n) = a.poll_transmit(now, &mut buf) {
+        b.handle_datagram(now, &buf[..n]).expect("valid");
+        buf.clear();
+    }
+    b.ack_now();
+    while b.poll_transmit(now, &mut buf).is_some() {
+        buf.clear();
+    }
+    assert_eq!(a.stats().in_flight, 1, "the second is unacknowledged");
+    let (cum, limit) = b.standing_ack().expect("received");
+    assert_eq!(cum, 2, "both packets in order");
+    assert!(limit >= cum);
+    // Half a second later, the repeated standing ack.
+    Datagram::Ack {
+        conn: 0,
+        ack: AckInfo {
+            cum,
+            limit,
+            delay_us: MAX_ACK_DELAY_US,
+            ranges: Vec::new(),
+        },
+    }
+    .encode(&mut buf);
+    a.handle_datagram(now + 500_000_000, &buf).expect("valid");
+    assert_eq!(a.stats().in_flight, 0, "acknowledged");
+    assert_eq!(a.rtt.srtt, srtt, "no sample from it");
+}
+
 /// The received ranges kept as packets arrive are those a walk of the slots finds
 /// (what acks carried before), whatever the arrival order, duplicates included.
 #[test]

@@ -105,9 +105,9 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn add_peer(&mut self, link: Link) -> Result<PeerId> {
+    pub(super) fn add_peer(&mut self, mut link: Link) -> Result<PeerId> {
         let id = PeerId(self.peers.len() as u32);
-        let eager_max = match &link {
+        let eager_max = match &mut link {
             Link::Shm(s) => {
                 self.epoll
                     .add(s.sock.raw(), TOK_PEER0 + u64::from(id.0))

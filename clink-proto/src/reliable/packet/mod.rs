@@ -255,7 +255,10 @@ pub enum PacketError {
     },
 }
 
-/// Largest ack delay an ack can carry (24 bits of microseconds, about 16.8 s).
+/// Largest ack delay an ack can carry (24 bits of microseconds, about 16.8 s). An ack
+/// that carries it gives its sender no RTT sample: its delay is unknown (the standing ack
+/// an away application's keepalive thread repeats) or longer than anything a round trip
+/// could be told from.
 pub const MAX_ACK_DELAY_US: u32 = 0xff_ffff;
 
 /// The acknowledgement fields shared by ack and nak datagrams.
@@ -266,7 +269,7 @@ pub struct AckInfo {
     /// The sender may send packet numbers below this (flow-control credit).
     pub limit: u64,
     /// Microseconds the receiver held the ack since the highest packet arrived (at most
-    /// [`MAX_ACK_DELAY_US`]).
+    /// [`MAX_ACK_DELAY_US`], which says "unknown": no RTT sample).
     pub delay_us: u32,
     /// Absolute half-open ranges `[start, end)` above `cum`: received ones (ack) or
     /// missing ones (nak, whose first range may also start at `cum`). Ascending,

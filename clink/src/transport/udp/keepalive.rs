@@ -13,6 +13,15 @@
 //! duplicate of the endpoint's socket; the application's passes are seen through one
 //! counter it bumps with a plain store. The fast path pays that store and nothing else.
 //!
+//! With each ping goes the connection's standing ack
+//! ([`clink_proto::reliable::Conn::standing_ack`]: what had arrived in order when the
+//! application left, published by its thread as it transmits, two atomic stores when it
+//! changes). Its last ack may have been lost after the application stopped driving the
+//! connection: the peer's send, which completes with that ack, would otherwise wait for
+//! the application to come back, forever if the application waits for that peer (a
+//! receiver that waits for its sender to exit). The repeat says "delay unknown", so the
+//! peer takes no RTT sample from it.
+//!
 //! The other half lives in the connection ([`clink_proto::reliable::Conn`]): a caller
 //! that comes back after two or more keepalive intervals restarts its peers' liveness
 //! timeouts rather than judging them on silence it was not there to hear.
@@ -24,6 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use clink_proto::reliable::packet::{AckInfo, MAX_ACK_DELAY_US};
 use clink_proto::reliable::Datagram;
 
 /// What the thread and the endpoint share.
@@ -33,8 +43,60 @@ struct Shared {
     passes: AtomicU64,
     /// Keepalive rounds the thread sent (each to every connection).
     rounds: AtomicU64,
-    /// One ping per open connection: (peer address, connection id, encoded datagram).
-    pings: Mutex<Vec<(SocketAddr, u32, Vec<u8>)>>,
+    /// The open connections.
+    conns: Mutex<Vec<Kept>>,
+}
+
+/// One connection kept alive.
+struct Kept {
+    dest: SocketAddr,
+    conn: u32,
+    /// Its ping, encoded once.
+    ping: Vec<u8>,
+    standing: Arc<StandingAck>,
+}
+
+/// A connection's standing ack as its application's thread last published it
+/// ([`StandingAck::publish`]); read by the keepalive thread.
+#[derive(Debug, Default)]
+pub struct StandingAck {
+    /// Every packet below it arrived (0: nothing published).
+    cum: AtomicU64,
+    /// The credit limit advertised with it (never below `cum`).
+    limit: AtomicU64,
+}
+
+impl StandingAck {
+    /// Publishes `(cum, limit)` ([`clink_proto::reliable::Conn::standing_ack`]). One
+    /// writer; both only grow.
+    pub fn publish(&self, cum: u64, limit: u64) {
+        // The limit first: a reader that sees the new `cum` sees this limit or a later
+        // one, never a limit below its `cum` (which the peer would take for a protocol
+        // error).
+        self.limit.store(limit, Ordering::Release);
+        self.cum.store(cum, Ordering::Release);
+    }
+
+    /// The ack datagram of connection `conn` to repeat, if anything was published.
+    fn datagram(&self, conn: u32) -> Option<Vec<u8>> {
+        let cum = self.cum.load(Ordering::Acquire);
+        let limit = self.limit.load(Ordering::Acquire);
+        if cum == 0 {
+            return None;
+        }
+        let mut buf = Vec::new();
+        Datagram::Ack {
+            conn,
+            ack: AckInfo {
+                cum,
+                limit,
+                delay_us: MAX_ACK_DELAY_US,
+                ranges: Vec::new(),
+            },
+        }
+        .encode(&mut buf);
+        Some(buf)
+    }
 }
 
 /// The keepalive thread of one endpoint; stopped and joined on drop.
@@ -69,16 +131,24 @@ impl Keepalive {
         p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
-    /// Adds connection `conn` to peer `dest` to those kept alive.
-    pub fn add(&self, dest: SocketAddr, conn: u32) {
+    /// Adds connection `conn` to peer `dest` to those kept alive; its standing ack is
+    /// published through the handle returned.
+    pub fn add(&self, dest: SocketAddr, conn: u32) -> Arc<StandingAck> {
         let mut ping = Vec::new();
         Datagram::Ping { conn, floor: 0 }.encode(&mut ping);
-        self.lock().push((dest, conn, ping));
+        let standing = Arc::new(StandingAck::default());
+        self.lock().push(Kept {
+            dest,
+            conn,
+            ping,
+            standing: Arc::clone(&standing),
+        });
+        standing
     }
 
     /// Removes connection `conn` to peer `dest` (it failed or closed).
     pub fn remove(&self, dest: SocketAddr, conn: u32) {
-        self.lock().retain(|(d, c, _)| (*d, *c) != (dest, conn));
+        self.lock().retain(|k| (k.dest, k.conn) != (dest, conn));
     }
 
     /// Keepalive rounds sent so far.
@@ -86,10 +156,10 @@ impl Keepalive {
         self.shared.rounds.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SocketAddr, u32, Vec<u8>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
         // A panic while holding it left a valid list.
         self.shared
-            .pings
+            .conns
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
@@ -114,12 +184,15 @@ fn run(s: &Shared, sock: &UdpSocket, interval: Duration, stopped: &mpsc::Receive
         let now = s.passes.load(Ordering::Relaxed);
         if now == seen {
             // A whole interval without a pass: the application is away.
-            let pings = s.pings.lock().unwrap_or_else(PoisonError::into_inner);
-            for (dest, _, ping) in pings.iter() {
+            let conns = s.conns.lock().unwrap_or_else(PoisonError::into_inner);
+            for k in conns.iter() {
                 // Best effort, as any keepalive: a full socket buffer drops it.
-                let _ = sock.send_to(ping, *dest);
+                let _ = sock.send_to(&k.ping, k.dest);
+                if let Some(ack) = k.standing.datagram(k.conn) {
+                    let _ = sock.send_to(&ack, k.dest);
+                }
             }
-            if !pings.is_empty() {
+            if !conns.is_empty() {
                 s.rounds.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -167,5 +240,44 @@ mod tests {
         );
         k.remove(dest, 7);
         drop(k); // joins at once
+    }
+
+    #[test]
+    fn the_standing_ack_goes_with_the_pings_once_published() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let dest = rx.local_addr().unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let k = Keepalive::start(tx, Duration::from_millis(20)).unwrap();
+        let standing = k.add(dest, 7);
+        let mut buf = [0u8; 256];
+        let mut next = || {
+            let n = rx.recv(&mut buf).expect("a datagram while away");
+            Datagram::parse(&buf[..n])
+                .map(|d| format!("{d:?}"))
+                .unwrap()
+        };
+        // Nothing published: pings alone, round after round.
+        for _ in 0..2 {
+            let d = next();
+            assert!(d.starts_with("Ping"), "{d}");
+        }
+        standing.publish(12, 40);
+        let want = format!(
+            "{:?}",
+            Datagram::Ack {
+                conn: 7,
+                ack: AckInfo {
+                    cum: 12,
+                    limit: 40,
+                    delay_us: MAX_ACK_DELAY_US,
+                    ranges: Vec::new(),
+                },
+            }
+        );
+        // (A round may have been under way: within two, the ack.)
+        let got: Vec<String> = (0..4).map(|_| next()).collect();
+        assert!(got.contains(&want), "{got:?}");
+        drop(k);
     }
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::lease::{Dst, Src};
+use std::sync::Arc;
 
 /// One peer over UDP: its reliable connection and the frames it delivered.
 pub struct UdpLink {
@@ -33,6 +34,16 @@ pub struct UdpLink {
     /// The peer was told, unasked, that its stream is granted for good (it reaches a
     /// socket of its own here).
     standing_told: bool,
+    /// Where the connection's standing ack is published for the keepalive thread (none
+    /// without one).
+    pub(super) standing: Option<Standing>,
+}
+
+/// A link's standing ack as published ([`keepalive::StandingAck`]).
+pub(super) struct Standing {
+    pub(super) shared: Arc<keepalive::StandingAck>,
+    /// The cumulative ack last published (stores only when it moves).
+    pub(super) cum: u64,
 }
 
 impl UdpLink {
@@ -50,6 +61,7 @@ impl UdpLink {
             bulk_seen: 0,
             hits_seen: 0,
             standing_told: false,
+            standing: None,
         }
     }
 
@@ -254,6 +266,13 @@ impl UdpLink {
             };
             Some((t.len, t.payload, t.group_start, to))
         }) {}
+        // For the keepalive thread to repeat if the application leaves now.
+        if let Some(s) = self.standing.as_mut() {
+            if let Some((cum, limit)) = conn.standing_ack().filter(|a| a.0 != s.cum) {
+                s.cum = cum;
+                s.shared.publish(cum, limit);
+            }
+        }
     }
 
     /// Sends the gate's answer (Fast_Ack or Fast_NAck) to the peer; `revoked`: it takes a

@@ -27,6 +27,7 @@ pub mod steer;
 
 pub use crate::sys::udp as sock;
 
+use link::Standing;
 pub use link::UdpLink;
 use receive::{Armed, Gathered, Misplaced};
 
@@ -704,12 +705,15 @@ impl UdpTransport {
     /// Makes `link` (a new peer at index `idx` of the endpoint) reachable by its
     /// datagrams, on a connected socket of its own while there are fewer than
     /// [`UdpConfig::peer_sockets`].
-    pub fn route(&mut self, link: &UdpLink, idx: usize) {
+    pub fn route(&mut self, link: &mut UdpLink, idx: usize) {
         let conn = link.conn.config().conn_id;
         self.st.routes.insert((link.dest, conn), idx);
         self.start_keepalive();
         if let Some(k) = &self.keepalive {
-            k.add(link.dest, conn);
+            link.standing = Some(Standing {
+                shared: k.add(link.dest, conn),
+                cum: 0,
+            });
         }
         self.open_ring();
         if self.peers.open(link.dest) {
