@@ -857,6 +857,12 @@ impl Conn {
         !self.nak_ranges.is_empty()
     }
 
+    /// Whether packets are missing below the highest one received (holes waiting for
+    /// their repair).
+    pub fn has_holes(&self) -> bool {
+        self.rcv_highest > self.rcv_next
+    }
+
     /// Whether bulk fragments go fast now (granted, or admission control off).
     pub fn is_fast(&self) -> bool {
         self.asker.fast()

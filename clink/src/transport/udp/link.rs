@@ -142,12 +142,19 @@ impl UdpLink {
     }
 
     /// The speculative layout to arm for this link's bulk stream: its source address and
-    /// up to `entries` receive entries of `rx_group(mtu_payload)` fragments.
+    /// up to `entries` receive entries of `rx_group(mtu_payload)` fragments. None while
+    /// the connection has holes: their repairs arrive among the new fragments and put
+    /// the reads out of step with any layout (ARCHITECTURE.md, "Speculative
+    /// defragmentation"); the repair that closes the last one changes the bulk
+    /// generation, and the endpoint plans again.
     pub fn plan_arm(
         &mut self,
         rx_group: impl FnOnce(usize) -> u64,
         entries: usize,
     ) -> Option<(SocketAddr, Arm)> {
+        if self.conn.has_holes() {
+            return None;
+        }
         let c = self.conn.config();
         let (conn, group) = (c.conn_id, rx_group(c.mtu_payload));
         self.bulk.arm(conn, group, entries).map(|a| (self.dest, a))
@@ -340,5 +347,55 @@ impl UdpLink {
                 self.conn.answer_admit(Admit::NAck);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link whose connection has holes arms no layout; once they are repaired it arms
+    /// the rest of the transfer again.
+    #[test]
+    fn a_link_with_holes_arms_no_speculative_layout() {
+        let cfg = reliable::Config::default();
+        let frag = cfg.mtu_payload;
+        let total = 40 * frag;
+        let mut tx = Conn::new(cfg.clone(), 0);
+        let mut rx = UdpLink::new(Conn::new(cfg, 0), "127.0.0.1:9".parse().unwrap(), 1);
+        let src = vec![5u8; total];
+        let dst: &'static mut [u8] = Box::leak(vec![0u8; total].into_boxed_slice());
+        tx.send_bulk(1, total as u64).unwrap();
+        rx.expect_bulk(1, total as u64, Dst::from_static(dst));
+        let mut dgrams = Vec::new();
+        loop {
+            let mut buf = Vec::new();
+            let Some(t) = tx.poll_transmit_with(0, &mut buf, &mut |_, o, n| {
+                Some(&src[o as usize..o as usize + n])
+            }) else {
+                break;
+            };
+            buf.truncate(t.len);
+            buf.extend_from_slice(t.payload);
+            dgrams.push(buf);
+        }
+        assert!(dgrams.len() >= 5, "{} datagrams", dgrams.len());
+        let plan = |rx: &mut UdpLink| rx.plan_arm(|_| 4, 8);
+        assert!(plan(&mut rx).is_some(), "a clean stream arms");
+        for d in [&dgrams[0], &dgrams[1], &dgrams[3]] {
+            rx.handle(1_000, Got::Datagram(d));
+        }
+        assert!(rx.conn.has_holes());
+        assert!(
+            plan(&mut rx).is_none(),
+            "the repair of fragment 2 is to come"
+        );
+        rx.handle(2_000, Got::Datagram(&dgrams[2]));
+        let (_, arm) = plan(&mut rx).expect("armed again");
+        assert_eq!(
+            arm.entries[0][0].0,
+            4 * frag as u64,
+            "from the next fragment on"
+        );
     }
 }
