@@ -8,7 +8,8 @@
 //! (sender, receiver, tag, index within that tag), so a loss, duplicate, reordering within
 //! a tag or damaged byte is caught at once; at the end each sender's per-tag counts must
 //! equal what its peers received. Each process also reports its resident memory after
-//! the first quarter and at the end. Needs root, iproute2 and nftables.
+//! the first quarter and at the end. `SOAK_LOSS` sets another drop percentage. Needs
+//! root, iproute2 and nftables.
 
 mod common;
 
@@ -250,9 +251,13 @@ fn four_hosts_exchange_random_messages_under_one_percent_loss() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
+    let loss_pct: f64 = std::env::var("SOAK_LOSS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
     let b = Bridge::create(&BridgeSpec {
         hosts: HOSTS + 1, // the coordinator on the last
-        loss_pct: 1.0,
+        loss_pct,
         ..BridgeSpec::default()
     })
     .expect("bridge");
