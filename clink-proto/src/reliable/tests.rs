@@ -110,7 +110,6 @@ fn a_reply_is_due_for_packets_in_flight_and_for_holes() {
 /// round trip of the whole wait.
 #[test]
 fn a_standing_ack_repeated_late_acks_and_times_nothing() {
-    use super::packet::{AckInfo, MAX_ACK_DELAY_US};
     let cfg = Config::default();
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     assert_eq!(b.standing_ack(), None, "nothing received yet");
@@ -145,16 +144,7 @@ fn a_standing_ack_repeated_late_acks_and_times_nothing() {
     assert_eq!(cum, 2, "both packets in order");
     assert!(limit >= cum);
     // Half a second later, the repeated standing ack.
-    Datagram::Ack {
-        conn: 0,
-        ack: AckInfo {
-            cum,
-            limit,
-            delay_us: MAX_ACK_DELAY_US,
-            ranges: Vec::new(),
-        },
-    }
-    .encode(&mut buf);
+    Datagram::standing_ack(0, cum, limit).encode(&mut buf);
     a.handle_datagram(now + 500_000_000, &buf).expect("valid");
     assert_eq!(a.stats().in_flight, 0, "acknowledged");
     assert_eq!(a.rtt.srtt, srtt, "no sample from it");

@@ -458,6 +458,21 @@ fn need(what: &'static str, b: &[u8], n: usize) -> Result<(), PacketError> {
 }
 
 impl<'a> Datagram<'a> {
+    /// A standing ack ([`crate::reliable::Conn::standing_ack`]) of connection `conn` as
+    /// someone other than the connection repeats it: in-order only, with the "delay
+    /// unknown" value ([`MAX_ACK_DELAY_US`]), so that it times nothing at the peer.
+    pub fn standing_ack(conn: u32, cum: u64, limit: u64) -> Datagram<'static> {
+        Datagram::Ack {
+            conn,
+            ack: AckInfo {
+                cum,
+                limit,
+                delay_us: MAX_ACK_DELAY_US,
+                ranges: Vec::new(),
+            },
+        }
+    }
+
     /// The connection id the datagram carries.
     pub fn conn(&self) -> u32 {
         match self {

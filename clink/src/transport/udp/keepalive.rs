@@ -8,10 +8,10 @@
 //! that cannot wait for the application: it tells every UDP peer, once per keepalive
 //! interval in which the application made no receive pass, that this process is alive
 //! (a ping on the peer's connection, which the peer answers with an ack that waits in
-//! the socket). It shares no protocol state with the application's thread: the pings
-//! are built once per connection (floor 0: they name no packet) and sent through a
-//! duplicate of the endpoint's socket; the application's passes are seen through one
-//! counter it bumps with a plain store. The fast path pays that store and nothing else.
+//! the socket). It touches none of the connection's state: the pings are built once per
+//! connection (floor 0: they name no packet) and sent through a duplicate of the
+//! endpoint's socket; the application's passes are seen through one counter it bumps
+//! with a plain store. The fast path pays that store and nothing else.
 //!
 //! With each ping goes the connection's standing ack
 //! ([`clink_proto::reliable::Conn::standing_ack`]: what had arrived in order when the
@@ -33,7 +33,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use clink_proto::reliable::packet::{AckInfo, MAX_ACK_DELAY_US};
 use clink_proto::reliable::Datagram;
 
 /// What the thread and the endpoint share.
@@ -85,16 +84,7 @@ impl StandingAck {
             return None;
         }
         let mut buf = Vec::new();
-        Datagram::Ack {
-            conn,
-            ack: AckInfo {
-                cum,
-                limit,
-                delay_us: MAX_ACK_DELAY_US,
-                ranges: Vec::new(),
-            },
-        }
-        .encode(&mut buf);
+        Datagram::standing_ack(conn, cum, limit).encode(&mut buf);
         Some(buf)
     }
 }
@@ -263,18 +253,7 @@ mod tests {
             assert!(d.starts_with("Ping"), "{d}");
         }
         standing.publish(12, 40);
-        let want = format!(
-            "{:?}",
-            Datagram::Ack {
-                conn: 7,
-                ack: AckInfo {
-                    cum: 12,
-                    limit: 40,
-                    delay_us: MAX_ACK_DELAY_US,
-                    ranges: Vec::new(),
-                },
-            }
-        );
+        let want = format!("{:?}", Datagram::standing_ack(7, 12, 40));
         // (A round may have been under way: within two, the ack.)
         let got: Vec<String> = (0..4).map(|_| next()).collect();
         assert!(got.contains(&want), "{got:?}");
