@@ -7,7 +7,7 @@ mod common;
 use clink::config::{FaultConfig, UdpConfig};
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
 use clink_proto::reliable::packet::VERSION;
-use common::{drive_until, echo, fill, T};
+use common::{check, drive_until, echo, fill, pattern, T};
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -731,8 +731,7 @@ fn the_last_fragments_are_acked_before_the_receive_returns() {
             let p = s.connect(&addr).unwrap();
             let mut outcomes = Vec::new();
             for k in 0..4u64 {
-                let mut msg = vec![0u8; 300_000 + 1409 * k as usize];
-                fill(k, &mut msg);
+                let msg = pattern(k, 300_000 + 1409 * k as usize);
                 let t = Instant::now();
                 outcomes.push((s.send(p, k, &msg).map(|_| ()), t.elapsed()));
             }
@@ -744,9 +743,8 @@ fn the_last_fragments_are_acked_before_the_receive_returns() {
             let st = r
                 .recv_timeout(Selector::exact(Some(p), k), &mut buf, Some(T))
                 .unwrap();
-            let mut want = vec![0u8; st.len as usize];
-            fill(k, &mut want);
-            assert_eq!(&buf[..st.len as usize], &want[..]);
+            assert_eq!(st.len, 300_000 + 1409 * k, "message {k}");
+            check(k, &buf[..st.len as usize], "message");
             if k == 3 {
                 // Not driven any more until the sender is done.
                 let outcomes = sender.join().unwrap();
@@ -768,6 +766,7 @@ fn the_last_fragments_are_acked_before_the_receive_returns() {
 #[test]
 fn sends_complete_while_their_receiver_is_away_though_their_acks_are_lost() {
     const N: u64 = 16;
+    let len = |k: u64| 200_000 + 1409 * k as usize;
     let ctx = net_ctx("", 2000);
     let mut r = ctx.endpoint().unwrap();
     let addr = r.address();
@@ -777,9 +776,7 @@ fn sends_complete_while_their_receiver_is_away_though_their_acks_are_lost() {
         let mut s = ctx.endpoint().unwrap();
         let p = s.connect(&addr).unwrap();
         for k in 0..N {
-            let mut msg = vec![0u8; 200_000 + 1409 * k as usize];
-            fill(k, &mut msg);
-            let req = s.isend(p, k, msg).unwrap();
+            let req = s.isend(p, k, pattern(k, len(k))).unwrap();
             let t = Instant::now();
             let outcome = s.wait_send(&req, Some(T)).map_err(|e| e.to_string());
             let failed = outcome.is_err();
@@ -798,9 +795,8 @@ fn sends_complete_while_their_receiver_is_away_though_their_acks_are_lost() {
         let st = r
             .recv_timeout(Selector::exact(Some(p), k), &mut buf, Some(T))
             .unwrap();
-        let mut want = vec![0u8; st.len as usize];
-        fill(k, &mut want);
-        assert_eq!(&buf[..st.len as usize], &want[..], "message {k}");
+        assert_eq!(st.len as usize, len(k), "message {k}");
+        check(k, &buf[..st.len as usize], "message");
         // Away until the sender says its send is over.
         let (outcome, took) = done_rx
             .recv_timeout(T + Duration::from_secs(5))

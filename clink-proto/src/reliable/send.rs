@@ -386,10 +386,7 @@ impl Conn {
         resend: bool,
     ) -> Option<packet::Piggy> {
         let due = resend || self.ack_now || self.ack_deadline.is_some();
-        if !due
-            || self.rcv_highest > self.rcv_next
-            || len + packet::PIGGY_LEN > self.cfg.mtu_payload
-        {
+        if !due || self.has_holes() || len + packet::PIGGY_LEN > self.cfg.mtu_payload {
             return None;
         }
         let ack = self.take_ack(now);

@@ -66,9 +66,13 @@ pub struct StandingAck {
 }
 
 impl StandingAck {
-    /// Publishes `(cum, limit)` ([`clink_proto::reliable::Conn::standing_ack`]). One
-    /// writer; both only grow.
+    /// Publishes `(cum, limit)` ([`clink_proto::reliable::Conn::standing_ack`]) when
+    /// `cum` moved (one load of a line only this writer writes, otherwise). One writer;
+    /// both only grow.
     pub fn publish(&self, cum: u64, limit: u64) {
+        if self.cum.load(Ordering::Relaxed) == cum {
+            return;
+        }
         // The limit first: a reader that sees the new `cum` sees this limit or a later
         // one, never a limit below its `cum` (which the peer would take for a protocol
         // error).
@@ -195,14 +199,21 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    #[test]
-    fn pings_go_only_while_no_pass_is_made() {
+    /// A keepalive thread of interval `interval` keeping connection 7 to a socket of the
+    /// test's (its reads time out after 5 s): that socket, the thread, the connection's
+    /// standing ack.
+    fn kept(interval: Duration) -> (UdpSocket, Keepalive, Arc<StandingAck>) {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let dest = rx.local_addr().unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let k = Keepalive::start(tx, Duration::from_millis(50)).unwrap();
-        k.add(dest, 7);
+        let k = Keepalive::start(tx, interval).unwrap();
+        let standing = k.add(rx.local_addr().unwrap(), 7);
+        (rx, k, standing)
+    }
+
+    #[test]
+    fn pings_go_only_while_no_pass_is_made() {
+        let (rx, k, _) = kept(Duration::from_millis(50));
         // Away: pings come, each a valid ping on connection 7.
         let mut buf = [0u8; 64];
         let n = rx.recv(&mut buf).expect("a ping while away");
@@ -228,18 +239,13 @@ mod tests {
             "{} rounds while present",
             k.rounds() - before
         );
-        k.remove(dest, 7);
+        k.remove(rx.local_addr().unwrap(), 7);
         drop(k); // joins at once
     }
 
     #[test]
     fn the_standing_ack_goes_with_the_pings_once_published() {
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let dest = rx.local_addr().unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let k = Keepalive::start(tx, Duration::from_millis(20)).unwrap();
-        let standing = k.add(dest, 7);
+        let (rx, k, standing) = kept(Duration::from_millis(20));
         let mut buf = [0u8; 256];
         let mut next = || {
             let n = rx.recv(&mut buf).expect("a datagram while away");

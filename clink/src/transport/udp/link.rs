@@ -36,14 +36,7 @@ pub struct UdpLink {
     standing_told: bool,
     /// Where the connection's standing ack is published for the keepalive thread (none
     /// without one).
-    pub(super) standing: Option<Standing>,
-}
-
-/// A link's standing ack as published ([`keepalive::StandingAck`]).
-pub(super) struct Standing {
-    pub(super) shared: Arc<keepalive::StandingAck>,
-    /// The cumulative ack last published (stores only when it moves).
-    pub(super) cum: u64,
+    pub(super) standing: Option<Arc<keepalive::StandingAck>>,
 }
 
 impl UdpLink {
@@ -274,11 +267,8 @@ impl UdpLink {
             Some((t.len, t.payload, t.group_start, to))
         }) {}
         // For the keepalive thread to repeat if the application leaves now.
-        if let Some(s) = self.standing.as_mut() {
-            if let Some((cum, limit)) = conn.standing_ack().filter(|a| a.0 != s.cum) {
-                s.cum = cum;
-                s.shared.publish(cum, limit);
-            }
+        if let Some((s, (cum, limit))) = self.standing.as_ref().zip(conn.standing_ack()) {
+            s.publish(cum, limit);
         }
     }
 

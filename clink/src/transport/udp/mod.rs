@@ -27,7 +27,6 @@ pub mod steer;
 
 pub use crate::sys::udp as sock;
 
-use link::Standing;
 pub use link::UdpLink;
 use receive::{Armed, Gathered, Misplaced};
 
@@ -710,10 +709,7 @@ impl UdpTransport {
         self.st.routes.insert((link.dest, conn), idx);
         self.start_keepalive();
         if let Some(k) = &self.keepalive {
-            link.standing = Some(Standing {
-                shared: k.add(link.dest, conn),
-                cum: 0,
-            });
+            link.standing = Some(k.add(link.dest, conn));
         }
         self.open_ring();
         if self.peers.open(link.dest) {
