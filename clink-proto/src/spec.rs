@@ -31,7 +31,7 @@
 //! entry), then the holes below it (retransmissions). A loss thus costs a miss for the
 //! late retransmission only, not for everything behind it.
 
-use crate::reliable::packet::{parse_bulk, BulkHeader, BULK_HEADER};
+use crate::reliable::packet::{parse_bulk, wire_xfer, BulkContext, BulkHeader, BULK_HEADER};
 
 /// The receiver's record of one bulk transfer: which fragments are at their place.
 ///
@@ -130,8 +130,7 @@ impl Placement {
 
     /// Records a received fragment (`hdr` verified, `len` payload bytes).
     pub fn mark(&mut self, hdr: &BulkHeader, len: usize) -> Mark {
-        if hdr.xfer != self.xfer || hdr.total != self.total || !hdr.offset.is_multiple_of(self.frag)
-        {
+        if hdr.xfer != wire_xfer(self.xfer) || !hdr.offset.is_multiple_of(self.frag) {
             return Mark::Invalid;
         }
         let i = hdr.offset / self.frag;
@@ -295,8 +294,9 @@ impl Layout {
 /// copy of the [`Placement`]'s identity, so a transport can check without borrowing it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Expect {
-    /// Connection id.
-    pub conn: u32,
+    /// The connection's id and (when armed) the packet number it expected next: what
+    /// verifies a fragment's header ([`parse_bulk`]).
+    pub ctx: BulkContext,
     /// Transfer id.
     pub xfer: u64,
     /// Transfer length.
@@ -308,10 +308,10 @@ pub struct Expect {
 }
 
 impl Placement {
-    /// What a hit for this transfer on connection `conn` must carry.
-    pub fn expect(&self, conn: u32) -> Expect {
+    /// What a hit for this transfer on the connection `ctx` describes must carry.
+    pub fn expect(&self, ctx: BulkContext) -> Expect {
         Expect {
-            conn,
+            ctx,
             xfer: self.xfer,
             total: self.total,
             frag: self.frag,
@@ -337,11 +337,9 @@ pub enum Check {
 /// datagram of the expected connection and transfer, for exactly that offset, with a
 /// payload of the fragment's length.
 pub fn check(e: &Expect, offset: u64, header: &[u8], payload: &[u8]) -> Check {
-    match parse_bulk(header, payload) {
-        Ok((c, h))
-            if c == e.conn
-                && h.xfer == e.xfer
-                && h.total == e.total
+    match parse_bulk(e.ctx, header, payload) {
+        Ok(h)
+            if h.xfer == wire_xfer(e.xfer)
                 && h.offset < e.total
                 && h.offset.is_multiple_of(e.frag)
                 && (e.total - h.offset).min(e.frag) == payload.len() as u64 =>
@@ -601,13 +599,12 @@ impl Confidence {
 mod tests {
     use super::*;
 
-    fn hdr(xfer: u64, offset: u64, total: u64) -> BulkHeader {
+    fn hdr(xfer: u32, offset: u64) -> BulkHeader {
         BulkHeader {
             pn: 0,
             floor: 0,
             xfer,
             offset,
-            total,
             hashed: true,
         }
     }
@@ -616,15 +613,14 @@ mod tests {
     fn mark_refuses_duplicates_and_strangers() {
         let mut p = Placement::new(7, 2500, 2500, 1000);
         assert_eq!(p.fragments(), 3);
-        assert_eq!(p.mark(&hdr(7, 1000, 2500), 1000), Mark::New);
-        assert_eq!(p.mark(&hdr(7, 1000, 2500), 1000), Mark::Duplicate);
-        assert_eq!(p.mark(&hdr(8, 0, 2500), 1000), Mark::Invalid);
-        assert_eq!(p.mark(&hdr(7, 500, 2500), 1000), Mark::Invalid);
-        assert_eq!(p.mark(&hdr(7, 2000, 2500), 1000), Mark::Invalid);
-        assert_eq!(p.mark(&hdr(7, 2000, 2500), 500), Mark::New);
-        assert_eq!(p.mark(&hdr(7, 0, 2600), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 1000), 1000), Mark::New);
+        assert_eq!(p.mark(&hdr(7, 1000), 1000), Mark::Duplicate);
+        assert_eq!(p.mark(&hdr(8, 0), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 500), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 2000), 1000), Mark::Invalid);
+        assert_eq!(p.mark(&hdr(7, 2000), 500), Mark::New);
         assert!(!p.complete());
-        assert_eq!(p.mark(&hdr(7, 0, 2500), 1000), Mark::New);
+        assert_eq!(p.mark(&hdr(7, 0), 1000), Mark::New);
         assert!(p.complete());
     }
 
@@ -635,7 +631,7 @@ mod tests {
         p.plan(4, 8, &mut out);
         assert_eq!(out, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
         for i in [0u64, 1, 3, 4, 5] {
-            assert_eq!(p.mark(&hdr(1, i * 100, 1000), 100), Mark::New);
+            assert_eq!(p.mark(&hdr(1, i * 100), 100), Mark::New);
         }
         p.plan(4, 8, &mut out);
         // After the highest placed (5): 6, 7 | 8, 9; then the hole 2.
@@ -648,7 +644,7 @@ mod tests {
     fn plan_never_mixes_sender_groups() {
         let mut p = Placement::new(1, 1000, 1000, 100);
         for i in [0u64, 1, 4, 6, 7] {
-            assert_eq!(p.mark(&hdr(1, i * 100, 1000), 100), Mark::New);
+            assert_eq!(p.mark(&hdr(1, i * 100), 100), Mark::New);
         }
         let mut out = Vec::new();
         p.plan(4, 8, &mut out);
@@ -661,14 +657,14 @@ mod tests {
         // A peer may announce any length: memory follows the 250-byte destination.
         let mut p = Placement::new(3, u64::MAX, 250, 100);
         assert_eq!(p.placed.len(), 1);
-        assert_eq!(p.mark(&hdr(3, 0, u64::MAX), 100), Mark::New);
-        assert_eq!(p.mark(&hdr(3, 1000, u64::MAX), 100), Mark::Beyond);
-        assert_eq!(p.mark(&hdr(3, 100, u64::MAX), 100), Mark::New);
+        assert_eq!(p.mark(&hdr(3, 0), 100), Mark::New);
+        assert_eq!(p.mark(&hdr(3, 1000), 100), Mark::Beyond);
+        assert_eq!(p.mark(&hdr(3, 100), 100), Mark::New);
         assert!(
             !p.complete(),
             "fragment 2 holds bytes 200..250 of the destination"
         );
-        assert_eq!(p.mark(&hdr(3, 200, u64::MAX), 100), Mark::New);
+        assert_eq!(p.mark(&hdr(3, 200), 100), Mark::New);
         assert!(p.complete());
         assert!(
             Placement::new(4, 500, 0, 100).complete(),
@@ -740,7 +736,7 @@ mod tests {
             ]
         );
         // A shorter datagram at a slot's start is a candidate ([`check`] decides).
-        l.segments(150, None, &mut out);
+        l.segments(BULK_HEADER + 86, None, &mut out);
         assert_eq!(
             out,
             vec![Segment::Candidate {
@@ -759,13 +755,16 @@ mod tests {
     fn check_tells_hits_displaced_fragments_and_misses_apart() {
         use crate::reliable::packet::Datagram;
         let e = Expect {
-            conn: 9,
+            ctx: BulkContext {
+                conn: 9,
+                next_pn: 0,
+            },
             xfer: 7,
             total: 2500,
             frag: 1000,
             cap: 2000,
         };
-        let dgram = |xfer: u64, offset: u64, len: usize| {
+        let dgram = |xfer: u32, offset: u64, len: usize| {
             let payload = vec![offset as u8; len];
             let mut out = Vec::new();
             Datagram::Bulk {
@@ -775,7 +774,6 @@ mod tests {
                     floor: 0,
                     xfer,
                     offset,
-                    total: 2500,
                     hashed: true,
                 },
                 payload: &payload,

@@ -3,11 +3,13 @@
 
 use clink_proto::admission::{AskerConfig, Decision, Gate, GateConfig, Mode};
 use clink_proto::netsim::Rng;
+use clink_proto::reliable::packet::{BULK_HEADER, DATA_HEADER, TRAILER};
 use clink_proto::reliable::{Admit, Config, Conn, Event};
 use std::collections::BTreeMap;
 
 const US: u64 = 1_000;
 const LATENCY: u64 = 20 * US;
+/// Payload bytes of a bulk fragment (the connections' `mtu_payload` is set to match).
 const FRAG: usize = 1200;
 
 fn byte(sender: usize, off: u64) -> u8 {
@@ -48,7 +50,7 @@ impl World {
     fn with(seed: u64, loss: f64, totals: [usize; 2], group: u64, misorder: bool) -> World {
         let cfg = |i: u32| Config {
             conn_id: i,
-            mtu_payload: FRAG,
+            mtu_payload: FRAG + BULK_HEADER - DATA_HEADER - TRAILER,
             bulk_group: group,
             bulk_misorder: misorder,
             admission: AskerConfig {

@@ -3,10 +3,11 @@
 
 use clink_proto::reliable::packet::{
     bulk_checksum, bulk_claim, checked_len, coalesced_segment, crc32c, declared_len, is_bulk,
-    parse_bulk, Piggy, BULK_HEADER, MAX_ACK_DELAY_US, MAX_RANGES, VERSION,
+    parse_bulk, Piggy, BULK_HEADER, BULK_KIND, MAX_ACK_DELAY_US, MAX_RANGES, VERSION,
 };
 use clink_proto::reliable::{
-    AckInfo, Admit, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake, PacketError,
+    AckInfo, Admit, BulkContext, BulkHeader, Config, Conn, DataHeader, Datagram, Handshake,
+    PacketError,
 };
 use proptest::prelude::*;
 
@@ -95,10 +96,10 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
             conn,
             hdr: BulkHeader {
                 pn: hdr.pn,
-                floor: hdr.floor,
-                xfer: hdr.msg_id,
+                // A floor the header can carry (a farther one is carried as none).
+                floor: hdr.pn - (hdr.pn - hdr.floor) % 0xffff,
+                xfer: hdr.msg_id as u32,
                 offset: u64::from(hdr.offset) << 12,
-                total: (u64::from(hdr.offset) << 12) + p.len() as u64 + (hdr.tag & 0xffff),
                 hashed: hdr.tag & 0x10000 != 0,
             },
             payload: p,
@@ -172,6 +173,9 @@ proptest! {
         let mut b = bytes;
         if valid_start && b.len() >= 5 {
             b[..5].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, VERSION]);
+            if b.len() > 6 && b[6] & 1 == 1 {
+                b[5] = BULK_KIND;
+            }
         }
         if let Some(n) = declared_len(&b) {
             // At least a common header and its trailer, at most a full-size data datagram.
@@ -245,11 +249,17 @@ proptest! {
         let mut buf = vec![7u8; 3]; // encode appends
         let n = d.encode(&mut buf);
         prop_assert_eq!(n, buf.len() - 3);
-        prop_assert_eq!(Datagram::parse(&buf[3..]), Ok(d.clone()));
-        if let Datagram::Bulk { conn, hdr, .. } = d {
+        // The receiver's expectation anywhere within 2^31 of the packet number.
+        let pn = match &d { Datagram::Bulk { hdr, .. } => hdr.pn, _ => 0 };
+        let ctx = BulkContext { conn, next_pn: pn.saturating_add(hdr.tag % (1 << 31)) };
+        prop_assert_eq!(Datagram::parse_in(&buf[3..], ctx), Ok(d.clone()));
+        if let Datagram::Bulk { hdr, .. } = d {
+            prop_assert_eq!(Datagram::parse(&buf[3..]), Err(PacketError::BulkWithoutContext));
             // Split as a scatter receive splits it: header slot, payload elsewhere.
             let (h, pl) = buf[3..].split_at(BULK_HEADER);
-            prop_assert_eq!(parse_bulk(h, pl), Ok((conn, hdr)));
+            prop_assert_eq!(parse_bulk(ctx, h, pl), Ok(hdr));
+        } else {
+            prop_assert_eq!(Datagram::parse(&buf[3..]), Ok(d.clone()));
         }
     }
 
@@ -260,19 +270,18 @@ proptest! {
         honest_len in any::<bool>(),
         hashed in any::<bool>(),
     ) {
-        // Past the checksum and the reserved fields (most of the time with the right
-        // payload length), so the field checks themselves are exercised.
-        h[..6].copy_from_slice(&[0x43, 0x4c, 0x52, 0x44, VERSION, 7]);
-        h[6..8].copy_from_slice(&u16::from(hashed).to_le_bytes());
-        h[12..16].fill(0);
-        h[58..60].fill(0);
+        // Past the checksum and the flags (most of the time with the right payload
+        // length), so the field checks themselves are exercised.
+        h[5] = BULK_KIND;
+        h[4] = u8::from(hashed);
         if honest_len {
-            h[56..58].copy_from_slice(&(payload.len() as u16).to_le_bytes());
+            h[0..2].copy_from_slice(&(payload.len() as u16).to_le_bytes());
         }
-        let sum = bulk_checksum(&h[..60], hashed.then_some(&payload[..]));
-        h[60..].copy_from_slice(&sum.to_le_bytes());
-        if let Ok((_, hdr)) = parse_bulk(&h, &payload) {
-            prop_assert!(hdr.offset + payload.len() as u64 <= hdr.total && !payload.is_empty());
+        let sum = bulk_checksum(0, &h[..20], hashed.then_some(&payload[..]));
+        h[20..].copy_from_slice(&sum.to_le_bytes());
+        let ctx = BulkContext { conn: 0, next_pn: 0 };
+        if let Ok(hdr) = parse_bulk(ctx, &h, &payload) {
+            prop_assert!(!payload.is_empty() && hdr.offset < 1 << 48);
             prop_assert!(hdr.floor <= hdr.pn);
         }
         let mut c = Conn::new(Config::default(), 0);
@@ -293,11 +302,12 @@ proptest! {
         d.encode(&mut buf);
         // Every byte clink's checksum covers (all but an unhashed bulk payload, which the
         // UDP checksum covers below clink).
+        let ctx = BulkContext { conn, next_pn: 0 };
         let mut bad = buf.clone();
         bad[pos.index(checked_len(&buf))] ^= flip;
-        prop_assert!(Datagram::parse(&bad).is_err());
+        prop_assert!(Datagram::parse_in(&bad, ctx).is_err());
         let c = cut.index(buf.len());
-        prop_assert!(Datagram::parse(&buf[..c]).is_err());
+        prop_assert!(Datagram::parse_in(&buf[..c], ctx).is_err());
     }
 }
 
@@ -380,7 +390,6 @@ fn an_unhashed_fragment_is_refused_where_hashes_were_agreed() {
                 floor: 0,
                 xfer: 1,
                 offset: 0,
-                total: 100,
                 hashed,
             },
             payload: &[9; 100],

@@ -236,7 +236,7 @@ fn a_steered_stream_switches_ports_only_after_its_earlier_packets_are_acked() {
         bulk_group: 4,
         ..Config::default()
     });
-    let frag = cfg.mtu_payload as u64;
+    let frag = cfg.bulk_payload() as u64;
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let place = &mut |_: &clink_proto::reliable::BulkHeader, _: &[u8]| true;
     a.send_bulk(7, 64 * frag).unwrap();
@@ -293,7 +293,7 @@ fn a_steered_stream_keeps_its_port_while_timeouts_only_probe() {
     // the receiver NAK all of it. Only the timeout that condemns the flight drops it
     // (a lost revocation may have left the stream on a socket nobody reads).
     let cfg = explicit_admission(Config::default());
-    let frag = cfg.mtu_payload as u64;
+    let frag = cfg.bulk_payload() as u64;
     let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
     let mut now = 1_000;
     a.request_fast(now);
@@ -453,7 +453,7 @@ fn a_bulk_sender_acks_what_it_received_after_its_first_group() {
         bulk_group: group,
         ..Config::default() // delayed acks on
     };
-    let frag = cfg.mtu_payload as u64;
+    let frag = cfg.bulk_payload() as u64;
     for (frags, ack_at) in [(256, group as usize), (3, 3)] {
         let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg.clone(), 0));
         let now = 1_000;
@@ -489,7 +489,7 @@ fn a_bulk_sender_acks_what_it_received_after_its_first_group() {
 /// `split_paths`, only a later fragment's ack could, so nothing is lost or resent.
 #[test]
 fn with_two_paths_a_small_packet_overtaking_fragments_does_not_condemn_them() {
-    let frag = Config::default().mtu_payload as u64;
+    let frag = Config::default().bulk_payload() as u64;
     for split in [false, true] {
         let cfg = Config {
             ack_every: 1,

@@ -10,10 +10,11 @@
 //! fragment miss).
 
 use clink_proto::netsim::Rng;
-use clink_proto::reliable::packet::BULK_HEADER;
+use clink_proto::reliable::packet::{BULK_HEADER, DATA_HEADER, TRAILER};
 use clink_proto::reliable::{Config, Conn, Event};
 use clink_proto::spec::{self, Check, Displaced, Layout, Mark, Placement, Segment};
 
+/// Payload bytes of a bulk fragment (the connection's `mtu_payload` is set to match).
 const FRAG: usize = 1000;
 const GROUP: u64 = 16;
 const ENTRIES: usize = 4;
@@ -94,7 +95,7 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
     let mut rng = Rng::new(seed);
     let src: Vec<u8> = (0..total).map(|_| rng.next_u64() as u8).collect();
     let cfg = Config {
-        mtu_payload: FRAG,
+        mtu_payload: FRAG + BULK_HEADER - DATA_HEADER - TRAILER,
         bulk_group: GROUP,
         recv_window: 4096,
         max_cwnd: 256,
@@ -193,7 +194,12 @@ fn run_with(seed: u64, total: usize, cap: usize, f: &Faults, misorder: bool) -> 
                         Segment::Candidate { start, slot, len } => {
                             let (off, _) = pl.fragment(plan[slot]);
                             let payload = &dest[off as usize..off as usize + len];
-                            match spec::check(&pl.expect(0), off, &hdrs[slot], payload) {
+                            match spec::check(
+                                &pl.expect(b.bulk_context()),
+                                off,
+                                &hdrs[slot],
+                                payload,
+                            ) {
                                 Check::Hit(h) => {
                                     c.hits += 1;
                                     if b.accept_placed(now, &h, BULK_HEADER + len).unwrap() {

@@ -108,7 +108,9 @@ use crate::admission::{Asker, AskerConfig, Mode};
 
 use thiserror::Error;
 
-pub use packet::{AckInfo, Admit, BulkHeader, DataHeader, Datagram, Handshake, PacketError};
+pub use packet::{
+    AckInfo, Admit, BulkContext, BulkHeader, DataHeader, Datagram, Handshake, PacketError,
+};
 
 /// Identifies a message sent on one connection (consecutive from 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -237,6 +239,22 @@ impl Default for Config {
     }
 }
 
+impl Config {
+    /// Payload bytes of a bulk fragment: a data datagram's [`Config::mtu_payload`] plus
+    /// what the bulk header saves on the data header and trailer, so both fill the same
+    /// datagram size (at most [`packet::MAX_PAYLOAD`]). Both ends derive it from the
+    /// `mtu_payload` they agreed on.
+    pub fn bulk_payload(&self) -> usize {
+        bulk_payload(self.mtu_payload)
+    }
+}
+
+/// [`Config::bulk_payload`] for a data payload of `mtu_payload` bytes.
+pub fn bulk_payload(mtu_payload: usize) -> usize {
+    (mtu_payload + packet::DATA_HEADER + packet::TRAILER - packet::BULK_HEADER)
+        .min(packet::MAX_PAYLOAD)
+}
+
 /// Why [`Conn::send`] refused a message.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum SendError {
@@ -257,6 +275,10 @@ pub enum SendError {
     /// A bulk transfer of zero bytes (send it as a message).
     #[error("empty bulk transfer")]
     EmptyBulk,
+    /// A bulk transfer of [`packet::MAX_BULK_OFFSET`] bytes or more (256 TiB: its
+    /// datagrams' offsets have 48 bits).
+    #[error("bulk transfer of {0} bytes exceeds 2^48")]
+    BulkTooLarge(u64),
 }
 
 /// Why [`Conn::handle_datagram`] dropped a datagram (each is also counted in [`Stats`]).

@@ -25,7 +25,7 @@ impl Conn {
             return Err(RecvError::PeerDead);
         }
         self.last_driven = self.last_driven.max(now);
-        let d = match Datagram::parse(bytes) {
+        let d = match Datagram::parse_in(bytes, self.bulk_context()) {
             Ok(d) => d,
             Err(e) => {
                 if matches!(e, PacketError::BadChecksum { .. }) {
@@ -151,6 +151,15 @@ impl Conn {
             });
         }
         Ok(())
+    }
+
+    /// What the parser of a bulk datagram received on this connection needs to know
+    /// ([`packet::parse_bulk`]).
+    pub fn bulk_context(&self) -> BulkContext {
+        BulkContext {
+            conn: self.cfg.conn_id,
+            next_pn: self.rcv_next,
+        }
     }
 
     /// A bulk fragment's pn: true when new (its payload must be, or is, at its place).

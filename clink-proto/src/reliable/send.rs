@@ -63,6 +63,9 @@ impl Conn {
         if len == 0 {
             return Err(SendError::EmptyBulk);
         }
+        if len > packet::MAX_BULK_OFFSET {
+            return Err(SendError::BulkTooLarge(len));
+        }
         self.stats.bulk_transfers += 1;
         self.bulk_outstanding += 1;
         self.send_queue.push_back(Queued {
@@ -210,13 +213,12 @@ impl Conn {
                         &m.data[s.offset as usize..(s.offset + u64::from(s.len)) as usize];
                     Datagram::Data { conn, hdr, payload }.encode(buf)
                 }
-                &Item::Bulk { xfer, total } => {
+                &Item::Bulk { xfer, .. } => {
                     let hdr = BulkHeader {
                         pn,
                         floor,
-                        xfer,
+                        xfer: packet::wire_xfer(xfer),
                         offset: s.offset,
-                        total,
                         hashed: self.cfg.payload_hash,
                     };
                     bulk = s.tx_count <= 1;
@@ -297,7 +299,10 @@ impl Conn {
             !self.asker.fast() && self.in_flight >= self.cfg.slow_window || self.steer_pending();
         let q = self.send_queue.front_mut()?;
         let total = q.item.len();
-        let frag = self.cfg.mtu_payload as u64;
+        let frag = match q.item {
+            Item::Bulk { .. } => self.cfg.bulk_payload(),
+            Item::Msg(_) => self.cfg.mtu_payload,
+        } as u64;
         if hold_bulk && matches!(q.item, Item::Bulk { .. }) {
             return None;
         }

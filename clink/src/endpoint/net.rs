@@ -375,7 +375,7 @@ impl Endpoint {
         if net.planned_key() != key {
             let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
                 Link::Udp(u) => u
-                    .plan_arm(|mtu| net.rx_group(mtu), RX_ENTRIES)
+                    .plan_arm(|frag| net.rx_group(frag), RX_ENTRIES)
                     .map(|(src, a)| ((i, g), src, a)),
                 _ => None,
             });

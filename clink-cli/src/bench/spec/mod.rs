@@ -9,7 +9,7 @@
 //! [`CHILD_SUBCOMMAND`] ([`run_child`]) with the variant's
 //! `CLINK_*` settings in their environment. Each sender streams `--fragments` bulk
 //! fragments' worth (default 100 000, `--quick` 5 000; at MTU 1500 a fragment carries
-//! 1408 bytes, so 135 messages) of [`MSG_SIZE`]-byte messages, [`WINDOW`] in flight; the
+//! 1448 bytes, so 138 messages) of [`MSG_SIZE`]-byte messages, [`WINDOW`] in flight; the
 //! receiver keeps two receives posted per sender (with one for all, it would clear one
 //! rendezvous at a time and two senders could never interfere), compares every message
 //! with the pattern expected for its sender and position (a slice comparison; a mismatch
@@ -508,7 +508,7 @@ fn run_variant(
     round: u64,
     opts: &Opts,
 ) -> Result<Measured, String> {
-    let frag = clink::transport::udp::mtu_payload(pair.mtu() as usize);
+    let frag = clink::transport::udp::bulk_fragment(pair.mtu() as usize);
     let msgs = message_count(fragments, frag, MSG_SIZE);
     let deadline = Instant::now() + opts.timeout;
     let pin = |cpu: usize| opts.pinned.then_some(cpu);
@@ -750,10 +750,11 @@ mod tests {
 
     #[test]
     fn message_counts_cover_the_fragments() {
-        // MTU 1500: 1408-byte fragments, 745 per MiB.
-        assert_eq!(message_count(100_000, 1408, 1 << 20), 135);
-        assert_eq!(message_count(5_000, 1408, 1 << 20), 7);
-        assert_eq!(message_count(1, 1408, 1 << 20), 1);
+        // MTU 1500: 1448-byte fragments, 725 per MiB.
+        assert_eq!(message_count(100_000, 1448, 1 << 20), 138);
+        assert_eq!(message_count(5_000, 1448, 1 << 20), 7);
+        assert_eq!(message_count(1, 1448, 1 << 20), 1);
+        assert_eq!(clink::transport::udp::bulk_fragment(1500), 1448);
         assert_eq!(clink::transport::udp::mtu_payload(1500), 1408);
     }
 
@@ -762,8 +763,8 @@ mod tests {
         let a = pattern(0, 0, 4096);
         assert_ne!(a, pattern(1, 0, 4096));
         assert_ne!(a, pattern(0, 1, 4096));
-        // A fragment one place off (1408 bytes) does not match.
-        assert_ne!(a[..1408], a[1408..2816]);
+        // A fragment one place off (1448 bytes) does not match.
+        assert_ne!(a[..1448], a[1448..2896]);
     }
 
     fn measured(variant: &str, gbps: f64, round: u64) -> Measured {

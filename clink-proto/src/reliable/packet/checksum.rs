@@ -2,7 +2,8 @@
 
 use super::*;
 
-/// The checksum of a bulk datagram: the CRC-32C of the first 60 header bytes, XORed, for a
+/// The checksum of a bulk datagram of connection `conn`: the CRC-32C of the connection id
+/// (four little-endian bytes, not sent) followed by the first 20 header bytes, XORed, for a
 /// hashed payload (`Some`), with the low 32 bits of the payload's XXH3-64 (unseeded). A
 /// damaged header changes the CRC, a damaged hashed payload the hash; both at once cancel
 /// with probability 2^-32, as a seeded hash would. (Until datagram version 2 the CRC
@@ -11,15 +12,25 @@ use super::*;
 /// time (`xxhash-rust`, used before, compiles SSE2 only for the baseline x86-64 target;
 /// BENCHMARKS.md). An unhashed payload (`None`) is left to the UDP checksum,
 /// which the sending kernel (or NIC) fills in and the receiving one verifies below clink.
-pub fn bulk_checksum(header60: &[u8], payload: Option<&[u8]>) -> u32 {
-    let crc = crc32c(header60);
+pub fn bulk_checksum(conn: u32, header20: &[u8], payload: Option<&[u8]>) -> u32 {
+    // One CRC over 24 contiguous bytes: three words of the short loop.
+    let mut covered = [0u8; BULK_HEADER];
+    covered[..4].copy_from_slice(&conn.to_le_bytes());
+    let n = header20.len().min(BULK_HEADER - 4);
+    covered[4..4 + n].copy_from_slice(&header20[..n]);
+    let crc = crc32c(&covered[..4 + n]);
     payload.map_or(crc, |p| with_hash(crc, p))
 }
 
 /// `crc` XORed with the low 32 bits of `payload`'s XXH3-64 (unseeded): a hashed payload's
 /// part of a checksum ([`bulk_checksum`], [`data_checksum`]).
 fn with_hash(crc: u32, payload: &[u8]) -> u32 {
-    twox_hash::XxHash3_64::oneshot(payload) as u32 ^ crc
+    payload_hash(payload) ^ crc
+}
+
+/// The low 32 bits of `payload`'s XXH3-64 (unseeded).
+pub(super) fn payload_hash(payload: &[u8]) -> u32 {
+    twox_hash::XxHash3_64::oneshot(payload) as u32
 }
 
 /// The trailer of data datagram `d` (everything before the trailer): with a payload of
@@ -59,7 +70,7 @@ fn long_data_checksum(d: &[u8]) -> u32 {
 /// header alone it covers. Read without verifying anything (a fault injector damages only
 /// bytes clink is meant to catch damage to).
 pub fn checked_len(d: &[u8]) -> usize {
-    if is_bulk(d) && d.len() >= BULK_HEADER && u16_at(d, 6) & FLAG_HASHED == 0 {
+    if is_bulk(d) && u16::from(d[4]) & FLAG_HASHED == 0 {
         BULK_HEADER
     } else {
         d.len()

@@ -1,12 +1,12 @@
 //! Datagram format of the reliable protocol, with a total parser.
 //!
-//! Every datagram is `header | body | crc32c`, little-endian throughout:
+//! Every datagram but a bulk one is `header | body | crc32c`, little-endian throughout:
 //!
 //! ```text
 //! common header (16 bytes)
 //!   0..4   magic "CLRD" (0x4452_4c43)
 //!   4      version ([`VERSION`])
-//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 7 bulk, 8 admit
+//!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 8 admit (7 unused)
 //!   6..8   flags: bit 0 in a data datagram, "an ack rides along" (below); in a hello
 //!          or welcome, bit 0 "the sender wants bulk payloads hashed" and bit 1 "the
 //!          sender reads small datagrams by another path than bulk fragments" (a receive
@@ -50,25 +50,37 @@
 //!          address is refused)
 //!   48..52 sender's largest datagram payload (its path MTU)
 //!   52..56 reserved (zero)
-//! trailer (every kind but bulk)
+//! trailer (every datagram but bulk)
 //!   last 4 bytes: CRC-32C of everything before it; for a data datagram whose payload is
 //!   at least [`HASHED_PAYLOAD_MIN`] bytes, CRC-32C of the header and the piggybacked ack
 //!   (everything but the payload), XORed with the low 32 bits of the payload's XXH3-64
 //!   ([`data_checksum`])
-//! bulk header (64 bytes, then the payload; no trailer)
-//!   16..24 packet number
-//!   24..32 floor (as in data)
-//!   32..40 transfer id (the receiver's name for the transfer, from its clear-to-send)
-//!   40..48 offset of the payload in the transfer
-//!   48..56 length of the whole transfer
-//!   56..58 payload length
-//!   58..60 reserved (must be zero)
-//!   60..64 checksum: CRC-32C of bytes 0..60, XORed, when the flags say the payload
-//!          is hashed, with the low 32 bits of the payload's XXH3-64 ([`bulk_checksum`])
+//! bulk datagram (24-byte header, then the payload; no trailer, no common header)
+//!   0..2   payload length
+//!   2..4   packet number minus floor (as in data), or 0xffff when the floor is that far
+//!          below or farther (no floor carried)
+//!   4      flags: bit 0 "the payload is hashed" ([`BulkHeader::hashed`]); the rest zero
+//!   5      kind [`BULK_KIND`], where every other datagram has its kind byte (so a
+//!          classifier that reads byte 5 of every datagram, the receive ring's packet
+//!          filter, tells bulk fragments apart without knowing two layouts)
+//!   6..10  packet number, low 32 bits (the receiver restores the rest from the packet
+//!          number it expects next, [`BulkContext`])
+//!   10..14 transfer id, low 32 bits (the receiver's name for the transfer is the
+//!          sender's id of the send, from its clear-to-send; see [`wire_xfer`])
+//!   14..20 offset of the payload in the transfer (48 bits)
+//!   20..24 checksum: CRC-32C of the connection id (4 bytes, not sent) and bytes 0..20,
+//!          XORed, when the flags say the payload is hashed, with the low 32 bits of the
+//!          payload's XXH3-64 ([`bulk_checksum`])
 //! ```
 //!
 //! A bulk datagram is one fragment of a rendezvous transfer whose destination is the
-//! receiver's posted buffer. Its checksum sits in the header, so the datagram is exactly
+//! receiver's posted buffer. Its header holds only what a fragment must say, so that at
+//! MTU 1500 a fragment carries 1 448 payload bytes, as many as a TCP segment with
+//! timestamps (where the link is the bottleneck, goodput is payload per packet: a 64-byte
+//! header would leave 1 408, 0.97x). The connection id it leaves out is checked
+//! all the same: it seeds the checksum, so a fragment of another connection (an earlier
+//! incarnation of the peer at the same address) fails it. Its checksum sits in the
+//! header, so the datagram is exactly
 //! `header | payload` and a receive vector `[header slot, destination + offset]` splits it
 //! with nothing of it landing past the payload (see [`crate::spec`]). Its payload checksum
 //! is XXH3 rather than CRC-32C: at 1.4 KB fragments the CRC instruction's serial
@@ -88,8 +100,13 @@ pub const MAGIC: u32 = 0x4452_4c43;
 /// Version of the datagram format spoken by this build (2 since the bulk checksum
 /// stopped seeding its hash, [`bulk_checksum`]; 3 since a bulk datagram's payload is
 /// hashed only when its flag says so, [`BulkHeader::hashed`]; 4 since a data datagram's
-/// long payload is hashed rather than CRC'd, [`data_checksum`]).
-pub const VERSION: u8 = 5;
+/// long payload is hashed rather than CRC'd, [`data_checksum`]; 6 since a bulk datagram
+/// has a header of its own, [`BULK_HEADER`] bytes). Hello and welcome carry it: two
+/// builds that speak different versions never open a connection.
+pub const VERSION: u8 = 6;
+/// Kind byte (byte 5) of a bulk datagram, which has no common header: no other
+/// datagram's kind.
+pub const BULK_KIND: u8 = 0xb5;
 /// Shortest data payload [`data_checksum`] hashes (shorter ones are CRC'd with the rest:
 /// both cost little there, and the small messages' path stays as it was).
 pub const HASHED_PAYLOAD_MIN: usize = 256;
@@ -118,7 +135,11 @@ pub const ADMIT_LEN: usize = 24;
 /// Bytes of a hello or welcome datagram without its trailer.
 pub const HANDSHAKE_LEN: usize = 56;
 /// Bytes before the payload of a bulk datagram (its checksum included).
-pub const BULK_HEADER: usize = 64;
+pub const BULK_HEADER: usize = 24;
+/// Largest offset in a transfer a bulk datagram can carry, plus one (48 bits).
+pub const MAX_BULK_OFFSET: u64 = 1 << 48;
+/// The floor gap of a bulk datagram that carries no floor.
+const NO_FLOOR: u16 = u16::MAX;
 /// Bytes of the checksum trailer.
 pub const TRAILER: usize = 4;
 /// Most ranges an ack or nak datagram carries.
@@ -132,29 +153,90 @@ const K_NAK: u8 = 3;
 const K_PING: u8 = 4;
 const K_HELLO: u8 = 5;
 const K_WELCOME: u8 = 6;
-const K_BULK: u8 = 7;
 const K_ADMIT: u8 = 8;
 
 /// True when the datagram's kind byte says hello or welcome (connection set-up): a cheap
 /// peek for demultiplexing before [`Datagram::parse`], which still verifies everything.
 pub fn is_handshake(b: &[u8]) -> bool {
-    b.len() > 5 && (b[5] == K_HELLO || b[5] == K_WELCOME)
+    b.len() > 5 && u32_at(b, 0) == MAGIC && (b[5] == K_HELLO || b[5] == K_WELCOME)
 }
 
-/// True when `b` opens with clink's magic and version and a bulk fragment's kind: a cheap
+/// True when `b` has the bulk kind byte and is long enough for a bulk header: a cheap
 /// peek (nothing else verified) for a receiver deciding which socket to read next.
 pub fn is_bulk(b: &[u8]) -> bool {
-    b.len() > 5 && u32_at(b, 0) == MAGIC && b[4] == VERSION && b[5] == K_BULK
+    b.len() >= BULK_HEADER && b[5] == BULK_KIND
 }
 
-/// The (connection id, transfer, offset) a bulk datagram opening `b` claims, read without
-/// verifying anything (a hint: which fragment is at the head of a receive queue, from
-/// its first [`BULK_HEADER`] bytes peeked at, before deciding how to read it); `None` when
-/// `b` does not open with a bulk header.
+/// The (transfer id's low 32 bits, offset) a bulk datagram opening `b` claims, read
+/// without verifying anything (a hint: which fragment is at the head of a receive queue,
+/// from its first [`BULK_HEADER`] bytes peeked at, before deciding how to read it); `None`
+/// when `b` does not open with a bulk header.
 ///
 /// Total: any input gives a claim or `None`.
-pub fn bulk_claim(b: &[u8]) -> Option<(u32, u64, u64)> {
-    (b.len() >= BULK_HEADER && is_bulk(b)).then(|| (u32_at(b, 8), u64_at(b, 32), u64_at(b, 40)))
+pub fn bulk_claim(b: &[u8]) -> Option<(u32, u64)> {
+    is_bulk(b).then(|| (u32_at(b, 10), u48_at(b, 14)))
+}
+
+/// Which of the connections `conns` (their ids) bulk datagram `d` was sealed for, told
+/// by its checksum ([`bulk_checksum`]), for a receiver with several connections from the
+/// datagram's source address (a bulk datagram does not carry its connection id). `None`
+/// when none, or when `d` is not a bulk datagram; a damaged one matches none. Hashes a
+/// hashed payload once, whatever the number of connections.
+pub fn bulk_owner(d: &[u8], conns: impl IntoIterator<Item = u32>) -> Option<u32> {
+    if !is_bulk(d) {
+        return None;
+    }
+    let (h, p) = d.split_at(BULK_HEADER);
+    let carried = u32_at(h, 20);
+    let hash = if h[4] == FLAG_HASHED as u8 {
+        checksum::payload_hash(p)
+    } else {
+        0
+    };
+    conns
+        .into_iter()
+        .find(|&c| bulk_checksum(c, &h[..20], None) ^ hash == carried)
+}
+
+/// Which of the connections `conns` a bulk header `h` alone (an ICMP error's quote of a
+/// fragment we sent) was sealed for: told by its checksum when its payload is not hashed;
+/// `None` when none is, or when the payload is hashed (its checksum then needs the
+/// payload, which a quote does not hold whole).
+pub fn bulk_header_owner(h: &[u8], conns: impl IntoIterator<Item = u32>) -> Option<u32> {
+    if h.len() < BULK_HEADER || h[5] != BULK_KIND || h[4] != 0 {
+        return None;
+    }
+    let carried = u32_at(h, 20);
+    conns
+        .into_iter()
+        .find(|&c| bulk_checksum(c, &h[..20], None) == carried)
+}
+
+/// The transfer id as a bulk datagram carries it: its low 32 bits.
+pub fn wire_xfer(xfer: u64) -> u32 {
+    xfer as u32
+}
+
+/// The 48-bit little-endian number at `b[at..at + 6]`.
+fn u48_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w[..6].copy_from_slice(&b[at..at + 6]);
+    u64::from_le_bytes(w)
+}
+
+/// The full packet number whose low 32 bits are `low`, nearest to `next` (the receiver's
+/// next expected packet number): what a sender never more than 2^31 packets ahead of or
+/// behind its receiver's expectation meant.
+pub fn expand_pn(next: u64, low: u32) -> u64 {
+    const SPAN: u64 = 1 << 32;
+    let cand = (next & !(SPAN - 1)) | u64::from(low);
+    if cand < next && next - cand > SPAN / 2 {
+        cand.checked_add(SPAN).unwrap_or(cand)
+    } else if cand > next && cand - next > SPAN / 2 && cand >= SPAN {
+        cand - SPAN
+    } else {
+        cand
+    }
 }
 
 /// The length the datagram at the start of `b` gives itself in its header (payload
@@ -163,6 +245,9 @@ pub fn bulk_claim(b: &[u8]) -> Option<(u32, u64, u64)> {
 ///
 /// Total: any input gives a length or `None`. See [`coalesced_segment`].
 pub fn declared_len(b: &[u8]) -> Option<usize> {
+    if is_bulk(b) {
+        return Some(BULK_HEADER + usize::from(u16_at(b, 0)));
+    }
     if b.len() < COMMON_HEADER || u32_at(b, 0) != MAGIC || b[4] != VERSION {
         return None;
     }
@@ -176,7 +261,6 @@ pub fn declared_len(b: &[u8]) -> Option<usize> {
             };
             DATA_HEADER + plen()? + piggy + TRAILER
         }
-        K_BULK => BULK_HEADER + plen()?,
         K_ACK | K_NAK => ACK_HEADER + 8 * usize::from(*b.get(32)?) + TRAILER,
         K_HELLO | K_WELCOME => HANDSHAKE_LEN + TRAILER,
         K_ADMIT => ADMIT_LEN + TRAILER,
@@ -205,9 +289,10 @@ pub fn coalesced_segment(b: &[u8]) -> Option<usize> {
 }
 
 /// The connection id of a datagram, read without verifying it (for demultiplexing;
-/// [`Datagram::parse`] verifies). `None` when too short to hold one.
+/// [`Datagram::parse`] verifies). `None` when too short to hold one, and for a bulk
+/// datagram, which does not carry it (its checksum does: [`parse_bulk`]).
 pub fn peek_conn(b: &[u8]) -> Option<u32> {
-    (b.len() >= COMMON_HEADER).then(|| u32_at(b, 8))
+    (b.len() >= COMMON_HEADER && !is_bulk(b)).then(|| u32_at(b, 8))
 }
 
 /// Why a datagram was refused by [`Datagram::parse`].
@@ -229,6 +314,10 @@ pub enum PacketError {
     /// Another version of the format.
     #[error("unsupported datagram version {0} (this build speaks {VERSION})")]
     BadVersion(u8),
+    /// A bulk datagram parsed without its connection's [`BulkContext`] (which it takes to
+    /// verify: its checksum covers the connection id it does not carry).
+    #[error("bulk datagram parsed outside its connection")]
+    BulkWithoutContext,
     /// Unknown kind byte.
     #[error("unknown datagram kind {0}")]
     BadKind(u8),
@@ -323,20 +412,29 @@ impl Piggy {
 /// Fields of a bulk datagram (one fragment of a rendezvous transfer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BulkHeader {
-    /// Packet number (shared with data datagrams).
+    /// Packet number (shared with data datagrams; the wire carries its low 32 bits).
     pub pn: u64,
-    /// As [`DataHeader::floor`].
+    /// As [`DataHeader::floor`] (0 when the datagram carries none).
     pub floor: u64,
-    /// Transfer id, chosen by the receiver.
-    pub xfer: u64,
-    /// Offset of the payload in the transfer.
+    /// Transfer id: the low 32 bits of the send's id ([`wire_xfer`]).
+    pub xfer: u32,
+    /// Offset of the payload in the transfer (below [`MAX_BULK_OFFSET`]).
     pub offset: u64,
-    /// Length of the whole transfer.
-    pub total: u64,
     /// Whether the checksum covers the payload too (XXH3, end to end). When not, it
     /// covers the header alone and the payload is left to the UDP checksum, as TCP leaves
     /// its stream to its own ([`bulk_checksum`]).
     pub hashed: bool,
+}
+
+/// What the receiving connection lends the parser of a bulk datagram: its id (which the
+/// checksum covers) and the packet number it expects next (from which the truncated
+/// packet number is restored, [`expand_pn`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BulkContext {
+    /// The connection id.
+    pub conn: u32,
+    /// The next packet number the connection expects.
+    pub next_pn: u64,
 }
 
 /// The body of a hello or welcome datagram.
@@ -487,19 +585,32 @@ impl<'a> Datagram<'a> {
         }
     }
 
-    /// Parses and verifies one datagram. Total: any input gives a datagram or an error.
+    /// Parses and verifies one datagram other than a bulk one, which only its connection
+    /// can verify ([`PacketError::BulkWithoutContext`]; see [`Datagram::parse_in`]).
+    /// Total: any input gives a datagram or an error.
     pub fn parse(b: &'a [u8]) -> Result<Datagram<'a>, PacketError> {
-        need("datagram", b, COMMON_HEADER + TRAILER)?;
-        let kind = common(b)?;
-        if kind == K_BULK {
+        Datagram::parse_with(b, None)
+    }
+
+    /// Parses and verifies one datagram received on the connection `bulk` describes.
+    /// Total: any input gives a datagram or an error.
+    pub fn parse_in(b: &'a [u8], bulk: BulkContext) -> Result<Datagram<'a>, PacketError> {
+        Datagram::parse_with(b, Some(bulk))
+    }
+
+    fn parse_with(b: &'a [u8], bulk: Option<BulkContext>) -> Result<Datagram<'a>, PacketError> {
+        if is_bulk(b) {
+            let ctx = bulk.ok_or(PacketError::BulkWithoutContext)?;
             need("bulk header", b, BULK_HEADER)?;
-            let (conn, hdr) = parse_bulk(&b[..BULK_HEADER], &b[BULK_HEADER..])?;
+            let hdr = parse_bulk(ctx, &b[..BULK_HEADER], &b[BULK_HEADER..])?;
             return Ok(Datagram::Bulk {
-                conn,
+                conn: ctx.conn,
                 hdr,
                 payload: &b[BULK_HEADER..],
             });
         }
+        need("datagram", b, COMMON_HEADER + TRAILER)?;
+        let kind = common(b)?;
         let body = b.len() - TRAILER;
         let carried = u32_at(b, body);
         let computed = if kind == K_DATA {
@@ -843,17 +954,21 @@ fn common(b: &[u8]) -> Result<u8, PacketError> {
         return Err(PacketError::BadVersion(b[4]));
     }
     let kind = b[5];
-    if !(K_DATA..=K_ADMIT).contains(&kind) {
+    if !matches!(kind, K_DATA..=K_WELCOME | K_ADMIT) {
         return Err(PacketError::BadKind(kind));
     }
     Ok(kind)
 }
 
 /// Parses and verifies a bulk datagram whose header and payload lie apart (a speculative
-/// scatter receive put the payload straight into its destination). `header` must be the
-/// [`BULK_HEADER`] bytes, `payload` the bytes that followed them. Returns the connection
-/// id and the fields. Total: any input gives a header or an error.
-pub fn parse_bulk(header: &[u8], payload: &[u8]) -> Result<(u32, BulkHeader), PacketError> {
+/// scatter receive put the payload straight into its destination), received on the
+/// connection `ctx` describes. `header` must be the [`BULK_HEADER`] bytes, `payload` the
+/// bytes that followed them. Total: any input gives a header or an error.
+pub fn parse_bulk(
+    ctx: BulkContext,
+    header: &[u8],
+    payload: &[u8],
+) -> Result<BulkHeader, PacketError> {
     if header.len() != BULK_HEADER {
         return Err(PacketError::Truncated {
             what: "bulk header",
@@ -861,55 +976,43 @@ pub fn parse_bulk(header: &[u8], payload: &[u8]) -> Result<(u32, BulkHeader), Pa
             have: header.len(),
         });
     }
-    if common(header)? != K_BULK {
+    if header[5] != BULK_KIND {
         return Err(PacketError::BadKind(header[5]));
     }
     // The flags choose what the checksum covers; the CRC covers the flags themselves.
-    let flags = u16_at(header, 6);
-    let hashed = flags == FLAG_HASHED;
-    let carried = u32_at(header, 60);
-    let computed = bulk_checksum(&header[..60], hashed.then_some(payload));
+    let hashed = header[4] == FLAG_HASHED as u8;
+    let carried = u32_at(header, 20);
+    let computed = bulk_checksum(ctx.conn, &header[..20], hashed.then_some(payload));
     if carried != computed {
         return Err(PacketError::BadChecksum { carried, computed });
     }
-    if (flags != 0 && !hashed) || u32_at(header, 12) != 0 {
-        return Err(PacketError::Reserved("common header"));
+    if header[4] != 0 && !hashed {
+        return Err(PacketError::Reserved("bulk flags"));
     }
-    if u16_at(header, 58) != 0 {
-        return Err(PacketError::Reserved("bulk header"));
-    }
-    let hdr = BulkHeader {
-        pn: u64_at(header, 16),
-        floor: u64_at(header, 24),
-        xfer: u64_at(header, 32),
-        offset: u64_at(header, 40),
-        total: u64_at(header, 48),
-        hashed,
-    };
-    let plen = usize::from(u16_at(header, 56));
-    if plen != payload.len() {
+    let plen = usize::from(u16_at(header, 0));
+    if plen != payload.len() || plen == 0 {
         return Err(PacketError::OutOfRange {
             what: "bulk payload length",
             value: plen as u64,
             limit: payload.len() as u64,
         });
     }
-    let end = hdr.offset.checked_add(plen as u64);
-    if plen == 0 || end.is_none_or(|e| e > hdr.total) {
-        return Err(PacketError::OutOfRange {
-            what: "bulk fragment end",
-            value: hdr.offset.saturating_add(plen as u64),
-            limit: hdr.total,
-        });
-    }
-    if hdr.floor > hdr.pn {
-        return Err(PacketError::OutOfRange {
-            what: "floor",
-            value: hdr.floor,
-            limit: hdr.pn,
-        });
-    }
-    Ok((u32_at(header, 8), hdr))
+    let pn = expand_pn(ctx.next_pn, u32_at(header, 6));
+    let floor = match u16_at(header, 2) {
+        NO_FLOOR => 0,
+        gap => pn.checked_sub(gap.into()).ok_or(PacketError::OutOfRange {
+            what: "floor gap",
+            value: gap.into(),
+            limit: pn,
+        })?,
+    };
+    Ok(BulkHeader {
+        pn,
+        floor,
+        xfer: u32_at(header, 10),
+        offset: u48_at(header, 14),
+        hashed,
+    })
 }
 
 /// The 16 bytes every datagram starts with: magic, version, kind, flags, connection id,
@@ -924,26 +1027,32 @@ fn common_header(kind: u8, flags: u16, conn: u32) -> [u8; COMMON_HEADER] {
     h
 }
 
-/// The [`BULK_HEADER`] bytes of a bulk datagram carrying `payload` (its checksum
-/// included): what a sender puts before the payload, in one buffer or as the first of two
-/// send vectors.
+/// The [`BULK_HEADER`] bytes of a bulk datagram of connection `conn` carrying `payload`
+/// (its checksum included): what a sender puts before the payload, in one buffer or as
+/// the first of two send vectors.
 ///
 /// # Panics
-/// On a caller bug: an empty payload or one longer than [`MAX_PAYLOAD`].
+/// On a caller bug: an empty payload or one longer than [`MAX_PAYLOAD`], an offset of
+/// [`MAX_BULK_OFFSET`] or more, or a floor above the packet number.
 pub fn encode_bulk_header(conn: u32, hdr: &BulkHeader, payload: &[u8]) -> [u8; BULK_HEADER] {
     assert!(!payload.is_empty(), "empty bulk payload");
     let plen = u16::try_from(payload.len()).expect("payload longer than MAX_PAYLOAD");
+    assert!(hdr.offset < MAX_BULK_OFFSET, "bulk offset beyond 48 bits");
+    let gap = hdr
+        .pn
+        .checked_sub(hdr.floor)
+        .expect("floor above the packet number");
     let mut h = [0u8; BULK_HEADER];
-    let flags = if hdr.hashed { FLAG_HASHED } else { 0 };
-    h[..COMMON_HEADER].copy_from_slice(&common_header(K_BULK, flags, conn));
-    h[16..24].copy_from_slice(&hdr.pn.to_le_bytes());
-    h[24..32].copy_from_slice(&hdr.floor.to_le_bytes());
-    h[32..40].copy_from_slice(&hdr.xfer.to_le_bytes());
-    h[40..48].copy_from_slice(&hdr.offset.to_le_bytes());
-    h[48..56].copy_from_slice(&hdr.total.to_le_bytes());
-    h[56..58].copy_from_slice(&plen.to_le_bytes());
-    let sum = bulk_checksum(&h[..60], hdr.hashed.then_some(payload));
-    h[60..64].copy_from_slice(&sum.to_le_bytes());
+    h[0..2].copy_from_slice(&plen.to_le_bytes());
+    // A gap of NO_FLOOR or more is carried as none.
+    h[2..4].copy_from_slice(&u16::try_from(gap).unwrap_or(NO_FLOOR).to_le_bytes());
+    h[4] = if hdr.hashed { FLAG_HASHED as u8 } else { 0 };
+    h[5] = BULK_KIND;
+    h[6..10].copy_from_slice(&(hdr.pn as u32).to_le_bytes());
+    h[10..14].copy_from_slice(&hdr.xfer.to_le_bytes());
+    h[14..20].copy_from_slice(&hdr.offset.to_le_bytes()[..6]);
+    let sum = bulk_checksum(conn, &h[..20], hdr.hashed.then_some(payload));
+    h[20..24].copy_from_slice(&sum.to_le_bytes());
     h
 }
 

@@ -22,7 +22,7 @@ pub use batch::TxBatch;
 use crate::lease::Dst;
 use crate::sys::{cvt, setsockopt, SockAddr};
 use batch::frame_vectors;
-use clink_proto::reliable::packet::coalesced_segment;
+use clink_proto::reliable::packet::{coalesced_segment, BULK_HEADER};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -121,24 +121,46 @@ impl RxBufs {
 pub struct Unreachable {
     /// Where the datagram went.
     pub dest: SocketAddr,
-    /// Its connection id, read from the part of it the ICMP message quoted (`None`: not
-    /// a datagram of ours, or cut too short to tell).
-    pub conn: Option<u32>,
+    /// Whose datagram it was, from the part of it the ICMP message quoted (or the
+    /// datagram itself, when this host refused it).
+    pub quoted: Quoted,
+    /// This host refused to send it (no route, or no source address any more): no
+    /// answer from the network, which nobody else could have forged.
+    pub local: bool,
     /// Port unreachable (the host answered: no process there), rather than host or
     /// network unreachable.
     pub port: bool,
 }
 
-/// The connection id of a quoted datagram of the reliable protocol (magic, then the id
-/// at bytes 8..12), if the quote is one.
-fn quoted_conn(q: &[u8]) -> Option<u32> {
-    use clink_proto::reliable::packet::MAGIC;
-    let word = |i: usize| {
-        q.get(i..i + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    (word(0)? == MAGIC).then_some(())?;
-    word(8)
+/// Whose datagram an [`Unreachable`] was, as far as its start tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quoted {
+    /// A datagram of the reliable protocol carrying its connection id (bytes 8..12).
+    Conn(u32),
+    /// A bulk fragment, which carries none: its header, whose checksum names its
+    /// connection (`clink_proto::reliable::packet::bulk_header_owner`).
+    Bulk([u8; BULK_HEADER]),
+    /// Not a datagram of ours, or cut too short to tell.
+    Unknown,
+}
+
+impl Quoted {
+    /// What the start `q` of a datagram says about it.
+    fn of(q: &[u8]) -> Quoted {
+        use clink_proto::reliable::packet::{is_bulk, peek_conn, MAGIC};
+        if is_bulk(q) {
+            let mut h = [0; BULK_HEADER];
+            h.copy_from_slice(&q[..BULK_HEADER]);
+            return Quoted::Bulk(h);
+        }
+        let magic = q
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        match peek_conn(q) {
+            Some(c) if magic == Some(MAGIC) => Quoted::Conn(c),
+            _ => Quoted::Unknown,
+        }
+    }
 }
 
 /// What one entry of the last [`UdpSock::recv_batch`] received.
@@ -360,7 +382,8 @@ impl UdpSock {
                     if let Some(dest) = name.get().filter(|_| unreachable) {
                         out.push(Unreachable {
                             dest,
-                            conn: quoted_conn(quoted),
+                            quoted: Quoted::of(quoted),
+                            local: false,
                             port: ee.ee_code == port,
                         });
                     }
@@ -434,7 +457,8 @@ impl UdpSock {
                             let d = &batch.dgrams[f.first];
                             self.refused.push(Unreachable {
                                 dest: f.dest,
-                                conn: quoted_conn(&batch.buf[d.start..d.start + d.len]),
+                                quoted: Quoted::of(&batch.buf[d.start..d.start + d.len]),
+                                local: true,
                                 port: false,
                             });
                         }

@@ -7,7 +7,8 @@
 //! cleared ([`Bulk::clear`]) when the peer fails.
 
 use crate::lease::{Dst, Src};
-use clink_proto::reliable::BulkHeader;
+use clink_proto::reliable::packet::wire_xfer;
+use clink_proto::reliable::{BulkContext, BulkHeader};
 use clink_proto::spec::{Expect, Mark, Placement};
 
 /// A transfer being sent: the caller's bytes.
@@ -127,7 +128,7 @@ impl Bulk {
     /// new fragment's payload to its place (the part inside the destination). False when
     /// no transfer of that id is being received.
     pub fn place(&mut self, hdr: &BulkHeader, payload: &[u8]) -> bool {
-        let Some(i) = self.dests.iter().position(|d| d.pl.xfer() == hdr.xfer) else {
+        let Some(i) = self.dest_of(hdr) else {
             return false;
         };
         let d = &mut self.dests[i];
@@ -148,7 +149,7 @@ impl Bulk {
 
     /// A speculative hit the connection accepted as new: its bytes are in place.
     pub fn placed(&mut self, hdr: &BulkHeader, len: usize) {
-        let Some(i) = self.dests.iter().position(|d| d.pl.xfer() == hdr.xfer) else {
+        let Some(i) = self.dest_of(hdr) else {
             return;
         };
         if self.dests[i].pl.mark(hdr, len) == Mark::New {
@@ -162,7 +163,7 @@ impl Bulk {
     /// A fragment the speculative receive found in another's place, moved to its own
     /// (one copy) and accepted by the connection as new.
     pub fn moved(&mut self, hdr: &BulkHeader, len: usize) {
-        let Some(i) = self.dests.iter().position(|d| d.pl.xfer() == hdr.xfer) else {
+        let Some(i) = self.dest_of(hdr) else {
             return;
         };
         if self.dests[i].pl.mark(hdr, len) == Mark::New {
@@ -171,6 +172,16 @@ impl Bulk {
             self.stats.moved += 1;
             self.finish_if_complete(i);
         }
+    }
+
+    /// The transfer a fragment belongs to: the oldest whose id has the low 32 bits it
+    /// carries ([`wire_xfer`]). An honest sender's ids of transfers under way at once
+    /// differ there (consecutive send ids); a peer that sends two whose ids differ only
+    /// above them fills the older one first, and the newer waits for its fragments.
+    fn dest_of(&self, hdr: &BulkHeader) -> Option<usize> {
+        self.dests
+            .iter()
+            .position(|d| wire_xfer(d.pl.xfer()) == hdr.xfer)
     }
 
     fn finish_if_complete(&mut self, i: usize) {
@@ -188,7 +199,7 @@ impl Bulk {
     /// [`Placement::streaming`]), else the oldest: up to `entries` receive entries of at
     /// most `group` fragments each (see [`Placement::plan`]). A transfer that waits only
     /// for retransmissions does not hold the layout while the next one streams.
-    pub fn arm(&mut self, conn: u32, group: u64, entries: usize) -> Option<Arm> {
+    pub fn arm(&mut self, ctx: BulkContext, group: u64, entries: usize) -> Option<Arm> {
         let d = self
             .dests
             .iter()
@@ -199,7 +210,7 @@ impl Bulk {
             return None;
         }
         Some(Arm {
-            expect: d.pl.expect(conn),
+            expect: d.pl.expect(ctx),
             dest: d.dst.clone(),
             entries: self
                 .plan
@@ -214,16 +225,20 @@ impl Bulk {
 mod tests {
     use super::*;
 
-    fn frag(xfer: u64, k: u64) -> BulkHeader {
+    fn frag(xfer: u32, k: u64) -> BulkHeader {
         BulkHeader {
             pn: k,
             floor: 0,
             xfer,
             offset: k * 1024,
-            total: 4096,
             hashed: false,
         }
     }
+
+    const CTX: BulkContext = BulkContext {
+        conn: 7,
+        next_pn: 0,
+    };
 
     /// A `Bulk` receiving transfers 1..=n of 4 KiB in 1 KiB fragments.
     fn receiving(n: usize) -> Bulk {
@@ -243,18 +258,18 @@ mod tests {
         let mut b = receiving(2);
         b.placed(&frag(1, 0), 1024);
         assert_eq!(
-            b.arm(7, 4, 8).expect("armed").expect.xfer,
+            b.arm(CTX, 4, 8).expect("armed").expect.xfer,
             1,
             "1 streams on"
         );
         b.placed(&frag(1, 2), 1024);
         b.placed(&frag(1, 3), 1024);
-        let arm = b.arm(7, 4, 8).expect("armed");
+        let arm = b.arm(CTX, 4, 8).expect("armed");
         assert_eq!(arm.expect.xfer, 2, "1 only waits for its fragment 1");
         assert_eq!(arm.entries[0][0], (0, 1024));
         b.place(&frag(1, 1), &[0; 1024]);
         assert_eq!(b.done_in, vec![1]);
-        assert_eq!(b.arm(7, 4, 8).expect("armed").expect.xfer, 2);
+        assert_eq!(b.arm(CTX, 4, 8).expect("armed").expect.xfer, 2);
     }
 
     /// With three receives posted, the first one finishing leaves the next oldest to
@@ -262,14 +277,14 @@ mod tests {
     #[test]
     fn the_oldest_unfinished_transfer_is_armed() {
         let mut b = receiving(3);
-        assert_eq!(b.arm(7, 4, 8).expect("armed").expect.xfer, 1);
+        assert_eq!(b.arm(CTX, 4, 8).expect("armed").expect.xfer, 1);
         for k in 0..4 {
             b.placed(&frag(1, k), 1024);
         }
         assert_eq!(b.done_in, vec![1]);
-        let arm = b.arm(7, 4, 8).expect("armed");
+        let arm = b.arm(CTX, 4, 8).expect("armed");
         assert_eq!(arm.expect.xfer, 2, "the next oldest, not the newest");
-        assert_eq!(arm.expect.conn, 7);
+        assert_eq!(arm.expect.ctx.conn, 7);
         assert_eq!(
             arm.entries,
             vec![vec![(0, 1024), (1024, 1024), (2048, 1024), (3072, 1024)]]

@@ -135,7 +135,7 @@ impl UdpLink {
     }
 
     /// The speculative layout to arm for this link's bulk stream: its source address and
-    /// up to `entries` receive entries of `rx_group(mtu_payload)` fragments. None while
+    /// up to `entries` receive entries of `rx_group(bulk_payload)` fragments. None while
     /// the connection has holes: their repairs arrive among the new fragments and put
     /// the reads out of step with any layout (ARCHITECTURE.md, "Speculative
     /// defragmentation"); the repair that closes the last one changes the bulk
@@ -148,9 +148,11 @@ impl UdpLink {
         if self.conn.has_holes() {
             return None;
         }
-        let c = self.conn.config();
-        let (conn, group) = (c.conn_id, rx_group(c.mtu_payload));
-        self.bulk.arm(conn, group, entries).map(|a| (self.dest, a))
+        let group = rx_group(self.conn.config().bulk_payload());
+        // The packet number expected now restores those of the fragments the read brings
+        // (they are within 2^31 of it).
+        let ctx = self.conn.bulk_context();
+        self.bulk.arm(ctx, group, entries).map(|a| (self.dest, a))
     }
 
     /// Feeds what a receive got for this link to its connection; bulk fragments go to
@@ -190,7 +192,7 @@ impl UdpLink {
     /// Expects bulk transfer `xfer` of `total` bytes into `dst` (bytes beyond it are
     /// dropped).
     pub fn expect_bulk(&mut self, xfer: u64, total: u64, dst: Dst) {
-        let frag = self.conn.config().mtu_payload;
+        let frag = self.conn.config().bulk_payload();
         self.bulk.add_dest(xfer, total, dst, frag);
     }
 
@@ -349,7 +351,7 @@ mod tests {
     #[test]
     fn a_link_with_holes_arms_no_speculative_layout() {
         let cfg = reliable::Config::default();
-        let frag = cfg.mtu_payload;
+        let frag = cfg.bulk_payload();
         let total = 40 * frag;
         let mut tx = Conn::new(cfg.clone(), 0);
         let mut rx = UdpLink::new(Conn::new(cfg, 0), "127.0.0.1:9".parse().unwrap(), 1);

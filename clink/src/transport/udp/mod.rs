@@ -35,7 +35,8 @@ use crate::lease::Dst;
 use crate::transport::FrameQueue;
 use clink_proto::admission::{Decision, Gate, GateConfig, Mode, STANDING_GRANT};
 use clink_proto::reliable::packet::{
-    bulk_claim, is_bulk, is_handshake, peek_conn, BULK_HEADER, DATA_HEADER, TRAILER,
+    bulk_claim, bulk_header_owner, bulk_owner, is_bulk, is_handshake, peek_conn, wire_xfer,
+    BULK_HEADER, DATA_HEADER, TRAILER,
 };
 use clink_proto::reliable::{self, Admit, BulkHeader, Conn, Datagram, Event, Handshake, SendError};
 use clink_proto::spec::{self, Check, Confidence, Displaced, Layout, Move, Segment};
@@ -69,10 +70,17 @@ pub fn mtu_payload(mtu: usize) -> usize {
     (mtu.saturating_sub(IP_UDP_HEADERS)).min(sock::MAX_UDP_PAYLOAD) - DATA_HEADER - TRAILER
 }
 
-/// Fragments per bulk group for a payload size: as many full datagrams as one GSO send
-/// carries (so one group is one send and, with GRO, one read).
-pub fn bulk_group(mtu_payload: usize) -> u64 {
-    (sock::MAX_UDP_PAYLOAD / (mtu_payload + BULK_HEADER)).clamp(1, sock::MAX_GSO_SEGMENTS) as u64
+/// The payload of a bulk fragment for a path MTU (IPv4): 1 448 bytes at MTU 1500, as many
+/// as a TCP segment with timestamps carries.
+pub fn bulk_fragment(mtu: usize) -> usize {
+    reliable::bulk_payload(mtu_payload(mtu))
+}
+
+/// Fragments per bulk group for a fragment payload size ([`reliable::bulk_payload`]): as
+/// many full datagrams as one GSO send carries (so one group is one send and, with GRO,
+/// one read).
+pub fn bulk_group(bulk_payload: usize) -> u64 {
+    (sock::MAX_UDP_PAYLOAD / (bulk_payload + BULK_HEADER)).clamp(1, sock::MAX_GSO_SEGMENTS) as u64
 }
 
 /// What a receive hands to the endpoint for a link.
@@ -256,16 +264,45 @@ pub struct UdpTransport {
     st: State,
 }
 
-/// The links' routes: (source address, connection id) to the endpoint's peer index.
+/// The links' routes: (source address, connection id) to the endpoint's peer index, and
+/// source address alone to the links from there (for bulk datagrams, which do not carry
+/// their connection id: with one link from an address it is that one; with several, two
+/// endpoints connected both ways or a restarted peer's old and new connection, the
+/// datagram's checksum names it, [`bulk_owner`]).
 #[derive(Default)]
 struct Routes {
     map: HashMap<(SocketAddr, u32), usize>,
+    by_src: HashMap<SocketAddr, Vec<(u32, usize)>>,
     /// The last route found: a stream's datagrams skip the hashing (SipHash, keyed
     /// against forged sources) that was 2% of a 64-byte hop's user time.
     last: std::cell::Cell<Option<((SocketAddr, u32), usize)>>,
+    /// The same for bulk datagrams from an address with one link.
+    last_src: std::cell::Cell<Option<(SocketAddr, usize)>>,
 }
 
 impl Routes {
+    /// The link bulk datagram `d` from `src` belongs to, if any.
+    fn get_src(&self, src: SocketAddr, d: &[u8]) -> Option<usize> {
+        if let Some((_, i)) = self.last_src.get().filter(|(k, _)| *k == src) {
+            return Some(i);
+        }
+        match self.by_src.get(&src)?.as_slice() {
+            &[(_, i)] => {
+                self.last_src.set(Some((src, i)));
+                Some(i)
+            }
+            links => {
+                let c = bulk_owner(d, links.iter().map(|l| l.0))?;
+                links.iter().find(|l| l.0 == c).map(|l| l.1)
+            }
+        }
+    }
+
+    /// The links from (and to) `src`: (connection id, peer index).
+    fn links_of(&self, src: SocketAddr) -> &[(u32, usize)] {
+        self.by_src.get(&src).map_or(&[], |l| l.as_slice())
+    }
+
     fn get(&self, key: (SocketAddr, u32)) -> Option<usize> {
         if let Some((k, i)) = self.last.get().filter(|(k, _)| *k == key) {
             debug_assert_eq!(self.map.get(&k), Some(&i));
@@ -278,12 +315,28 @@ impl Routes {
 
     fn insert(&mut self, key: (SocketAddr, u32), i: usize) {
         self.last.set(None);
-        self.map.insert(key, i);
+        self.last_src.set(None);
+        if let Some(old) = self.map.insert(key, i) {
+            self.unlist(key, old);
+        }
+        self.by_src.entry(key.0).or_default().push((key.1, i));
     }
 
     fn remove(&mut self, key: (SocketAddr, u32)) -> Option<usize> {
         self.last.set(None);
-        self.map.remove(&key)
+        self.last_src.set(None);
+        let i = self.map.remove(&key)?;
+        self.unlist(key, i);
+        Some(i)
+    }
+
+    fn unlist(&mut self, key: (SocketAddr, u32), i: usize) {
+        if let Some(links) = self.by_src.get_mut(&key.0) {
+            links.retain(|&l| l != (key.1, i));
+            if links.is_empty() {
+                self.by_src.remove(&key.0);
+            }
+        }
     }
 }
 
@@ -373,7 +426,7 @@ impl State {
             // Enough packets in flight to fill a fast local link at any MTU.
             recv_window: ((32 << 20) / mtu_payload as u64).clamp(1024, 1 << 16),
             max_cwnd: ((16 << 20) / mtu_payload as u64).max(64),
-            bulk_group: bulk_group(mtu_payload),
+            bulk_group: bulk_group(reliable::bulk_payload(mtu_payload)),
             bulk_misorder: self.cfg.force_miss,
             payload_hash: self.cfg.payload_hash || peer.payload_hash,
             admission: clink_proto::admission::AskerConfig {
@@ -439,7 +492,12 @@ impl State {
             }
             return false;
         }
-        match peek_conn(d).and_then(|c| self.routes.get((src, c))) {
+        let route = if is_bulk(d) {
+            self.routes.get_src(src, d)
+        } else {
+            peek_conn(d).and_then(|c| self.routes.get((src, c)))
+        };
+        match route {
             Some(i) => {
                 to_link(i, d);
                 true
@@ -946,6 +1004,45 @@ mod tests {
             ..UdpConfig::default()
         };
         UdpTransport::new(cfg, 1).expect("a loopback socket")
+    }
+
+    /// Bulk datagrams carry no connection id: with one link from an address they go to
+    /// it, with two (connected both ways, or a restarted peer's old and new connection)
+    /// to the one whose id sealed the checksum, and a removed link's traffic to the other.
+    #[test]
+    fn bulk_datagrams_are_routed_by_source_and_checksum() {
+        use clink_proto::reliable::packet::encode_bulk_header;
+        let a: SocketAddr = "10.1.0.1:4000".parse().unwrap();
+        let b: SocketAddr = "10.1.0.2:4000".parse().unwrap();
+        let bulk = |conn: u32| {
+            let hdr = BulkHeader {
+                pn: 3,
+                floor: 0,
+                xfer: 1,
+                offset: 0,
+                hashed: conn.is_multiple_of(2),
+            };
+            let mut d = encode_bulk_header(conn, &hdr, &[5; 100]).to_vec();
+            d.extend_from_slice(&[5; 100]);
+            d
+        };
+        let mut r = Routes::default();
+        r.insert((a, 7), 0);
+        assert_eq!(r.get_src(a, &bulk(7)), Some(0));
+        assert_eq!(r.get_src(b, &bulk(7)), None);
+        r.insert((a, 8), 1);
+        r.insert((b, 7), 2);
+        for _ in 0..2 {
+            assert_eq!(r.get_src(a, &bulk(7)), Some(0));
+            assert_eq!(r.get_src(a, &bulk(8)), Some(1));
+            assert_eq!(r.get_src(a, &bulk(9)), None);
+            assert_eq!(r.get_src(b, &bulk(7)), Some(2));
+        }
+        assert_eq!(r.remove((a, 7)), Some(0));
+        assert_eq!(r.get_src(a, &bulk(8)), Some(1));
+        assert_eq!(r.remove((a, 8)), Some(1));
+        assert_eq!(r.get_src(a, &bulk(8)), None);
+        assert_eq!(r.get((b, 7)), Some(2));
     }
 
     #[test]

@@ -7,9 +7,9 @@ use super::*;
 impl UdpTransport {
     /// Fragments per receive entry a speculative layout arms: one GSO group when the
     /// kernel coalesces reads, else one datagram.
-    pub fn rx_group(&self, mtu_payload: usize) -> u64 {
+    pub fn rx_group(&self, bulk_payload: usize) -> u64 {
         if self.sock.gro() {
-            bulk_group(mtu_payload)
+            bulk_group(bulk_payload)
         } else {
             1
         }
@@ -152,16 +152,32 @@ impl UdpTransport {
 
     /// The routes (peer indices) whose peer answered with ICMP destination unreachable
     /// since the last call, with whether its host said "port unreachable" (the process
-    /// is gone). Only answers quoting the route's own connection id count: an ICMP
-    /// message must name a datagram of that connection to end it.
+    /// is gone). Only answers quoting a datagram of the route's own connection count: its
+    /// connection id, or a bulk header sealed with it (a bulk fragment with a hashed
+    /// payload cannot be told from a quote: its answer is left to the next datagram of
+    /// another kind). A send this host refused ends every route to that destination.
     pub fn take_unreachable(&mut self) -> Vec<(usize, bool)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(usize, bool)> = Vec::new();
+        let mut hit = |i: usize, port: bool| {
+            if !out.iter().any(|&(j, _)| j == i) {
+                out.push((i, port));
+            }
+        };
         for u in self.unreachable.drain(..) {
-            let Some(conn) = u.conn else { continue };
-            if let Some(i) = self.st.routes.get((u.dest, conn)) {
-                if !out.iter().any(|&(j, _)| j == i) {
-                    out.push((i, u.port));
+            match u.quoted {
+                sock::Quoted::Conn(conn) => {
+                    if let Some(i) = self.st.routes.get((u.dest, conn)) {
+                        hit(i, u.port);
+                    }
                 }
+                sock::Quoted::Bulk(h) => {
+                    for &(conn, i) in self.st.routes.links_of(u.dest) {
+                        if u.local || bulk_header_owner(&h, [conn]).is_some() {
+                            hit(i, u.port);
+                        }
+                    }
+                }
+                sock::Quoted::Unknown => {}
             }
         }
         out
@@ -335,10 +351,9 @@ impl UdpTransport {
             // call, up to [`HEAD_READS`] of them, before the full read.
             let head_check = a.filter(|_| !is_steered(i)).map(|a| {
                 let e = &a.arm.expect;
-                move |claim: Option<(u32, u64, u64)>| {
-                    claim.is_some_and(|(conn, xfer, off)| {
-                        conn == e.conn
-                            && xfer == e.xfer
+                move |claim: Option<(u32, u64)>| {
+                    claim.is_some_and(|(xfer, off)| {
+                        xfer == wire_xfer(e.xfer)
                             && a.arm
                                 .entries
                                 .first()

@@ -505,4 +505,35 @@ mod tests {
             }
         }
     }
+
+    /// Bulk fragments stay on the sockets (the speculative scatter receive needs them),
+    /// whatever their packet numbers and flags: their kind byte sits where every other
+    /// datagram's does.
+    #[test]
+    fn bulk_fragments_of_any_packet_number_go_to_the_socket() {
+        use clink_proto::reliable::packet::{encode_bulk_header, BulkHeader};
+        use std::net::Ipv4Addr;
+        let me = SocketAddrV4::new(Ipv4Addr::new(10, 9, 0, 2), 7000);
+        let other = SocketAddrV4::new(Ipv4Addr::new(10, 9, 0, 1), 4000);
+        let ring = ring_filter(None, me.port());
+        let sock = socket_filter();
+        for pn in (0..4096u64).chain([1 << 20, (1 << 32) - 1, 5 << 40]) {
+            for (len, hashed) in [(1, false), (200, true), (1448, false)] {
+                let hdr = BulkHeader {
+                    pn,
+                    floor: pn / 2,
+                    xfer: pn as u32,
+                    offset: (pn % (1 << 20)) * 1448,
+                    hashed,
+                };
+                let payload = vec![pn as u8; len];
+                let mut d = encode_bulk_header(7, &hdr, &payload).to_vec();
+                d.extend_from_slice(&payload);
+                let mut pkt = Vec::new();
+                ipv4::encode_udp(other, me, &d, &mut pkt);
+                assert_eq!(run(&ring, &pkt, 0, 0), 0, "pn {pn}, {len} bytes");
+                assert_ne!(run(&sock, &pkt, 20, 0), 0, "pn {pn}, {len} bytes");
+            }
+        }
+    }
 }
