@@ -443,3 +443,47 @@ fn acks_late_by_a_standing_queue_teach_the_timer() {
     assert!(s.srtt_ns > late / 10 * 9, "{s:?}");
     assert!(s.congestion_events <= 2, "{s:?}");
 }
+
+#[test]
+fn acks_that_waited_out_the_callers_absence_time_nothing() {
+    // a sends, b acks at once, and the ack waits in a's socket while a computes for a
+    // minute. Read on a's return, it acknowledges the packet but is no round trip: the
+    // minute would otherwise be a's first RTT sample and its least RTT for the next ten
+    // seconds (its timer at the maximum, its queue estimate blind). The next exchange is
+    // timed as usual.
+    let cfg = Config {
+        dead_after: 2 * SEC,
+        keepalive: 500 * MS,
+        ack_every: 1,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let mut now = 0;
+    a.send(1, b"before").unwrap();
+    for d in transmit_all(&mut a, now) {
+        b.handle_datagram(now + OWD, &d).unwrap();
+    }
+    let waiting = transmit_all(&mut b, now + OWD);
+    assert!(!waiting.is_empty(), "b acks");
+    now += 60 * SEC;
+    // Back: the ack is read before any timer runs (a receive pass may come first).
+    for d in &waiting {
+        a.handle_datagram(now, d).unwrap();
+    }
+    let s = a.stats();
+    assert_eq!(s.in_flight, 0, "acknowledged: {s:?}");
+    assert_eq!(s.absences_excused, 1, "{s:?}");
+    assert_eq!(s.srtt_ns, 0, "the absence taken for a round trip: {s:?}");
+    a.send(2, b"after").unwrap();
+    for d in transmit_all(&mut a, now) {
+        b.handle_datagram(now + OWD, &d).unwrap();
+    }
+    for d in transmit_all(&mut b, now + OWD) {
+        a.handle_datagram(now + 2 * OWD, &d).unwrap();
+    }
+    let s = a.stats();
+    assert!(
+        s.srtt_ns > 0 && s.srtt_ns <= 2 * OWD + Config::default().ack_delay,
+        "the next round trip: {s:?}"
+    );
+}

@@ -394,7 +394,8 @@ pub struct Stats {
     /// threshold restored.
     pub spurious_cuts: u64,
     /// Times the caller came back from an absence (no call for two keepalive intervals)
-    /// and the liveness timeout restarted instead of judging the peer on the gap.
+    /// and the liveness timeout restarted instead of judging the peer on the gap (the
+    /// acks that waited meanwhile take no RTT sample).
     pub absences_excused: u64,
     /// Retransmission timeouts answered with a probe only (the first in a row; counted
     /// in `timeouts` too).
@@ -689,6 +690,8 @@ pub struct Conn {
     last_ping: u64,
     /// The latest time the caller drove the connection (any call that passes `now`).
     last_driven: u64,
+    /// When the caller last came back from an absence (see `Conn::drive`).
+    back_at: u64,
     /// The caller awaits something from the peer ([`Conn::set_awaited`]).
     awaited: bool,
     /// Window and threshold before the last timeout collapsed them, while it may still
@@ -778,6 +781,7 @@ impl Conn {
             last_recv: now,
             last_ping: now,
             last_driven: now,
+            back_at: 0,
             awaited: false,
             rto_undo: None,
             cut_undo: None,

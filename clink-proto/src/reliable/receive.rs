@@ -24,7 +24,7 @@ impl Conn {
         if self.dead {
             return Err(RecvError::PeerDead);
         }
-        self.last_driven = self.last_driven.max(now);
+        self.drive(now);
         let d = match Datagram::parse_in(bytes, self.bulk_context()) {
             Ok(d) => d,
             Err(e) => {
@@ -195,7 +195,7 @@ impl Conn {
         if self.dead {
             return Err(RecvError::PeerDead);
         }
-        self.last_driven = self.last_driven.max(now);
+        self.drive(now);
         match self.on_bulk(now, hdr) {
             Ok(fresh) => {
                 self.last_recv = now;

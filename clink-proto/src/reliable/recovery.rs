@@ -60,24 +60,33 @@ impl Conn {
         self.cfg.keepalive > 0 || !self.is_idle()
     }
 
-    /// Runs the timers due at `now`. Call [`Conn::poll_transmit`] and
-    /// [`Conn::poll_event`] afterwards.
-    pub fn handle_timeout(&mut self, now: u64) {
-        if self.dead {
-            return;
-        }
-        // Silence the caller did not watch is not the peer's. With keepalives on, a
-        // present caller runs the timers at least every keepalive interval; a gap of two
-        // or more means it was away (computing without calling in, descheduled, stopped),
-        // and whatever the peer sent meanwhile waited in a socket the caller had not read.
-        // The peer gets a full timeout from now instead of being judged on that gap.
+    /// Notes a call of the caller's at `now` (a timer run, a datagram fed in).
+    ///
+    /// Silence the caller did not watch is not the peer's. With keepalives on, a present
+    /// caller drives the connection at least every keepalive interval; a gap of two or
+    /// more means it was away (computing without calling in, descheduled, stopped), and
+    /// whatever the peer sent meanwhile waited in a socket the caller had not read. The
+    /// peer gets a full timeout from now instead of being judged on that gap, and the
+    /// acks that waited time nothing: what they measure is the absence, not the path
+    /// (their packets were sent before `back_at`, see `on_ack`).
+    pub(super) fn drive(&mut self, now: u64) {
         let away = self.cfg.keepalive > 0
             && now.saturating_sub(self.last_driven) >= 2 * self.cfg.keepalive;
         self.last_driven = self.last_driven.max(now);
         if away {
             self.stats.absences_excused += 1;
             self.last_recv = self.last_recv.max(now);
+            self.back_at = now;
         }
+    }
+
+    /// Runs the timers due at `now`. Call [`Conn::poll_transmit`] and
+    /// [`Conn::poll_event`] afterwards.
+    pub fn handle_timeout(&mut self, now: u64) {
+        if self.dead {
+            return;
+        }
+        self.drive(now);
         if self.liveness_watched() && now >= self.last_recv + self.cfg.dead_after {
             self.dead = true;
             self.events.push_back(Event::PeerDead);

@@ -485,8 +485,13 @@ impl Conn {
         if let Some(u) = self.cut_undo.take_if(|u| u.unproven == 0) {
             self.undo_spurious_cut(u);
         }
-        // An ack whose delay is unknown times nothing (see [`packet::MAX_ACK_DELAY_US`]).
-        if let Some((_, sent_at)) = sample.filter(|_| ack.delay_us < packet::MAX_ACK_DELAY_US) {
+        // An ack whose delay is unknown times nothing (see [`packet::MAX_ACK_DELAY_US`]),
+        // nor one of a packet sent before the caller's last absence (it may have waited
+        // unread for the whole of it, see `Conn::drive`).
+        let timed = |&(_, sent_at): &(u64, u64)| {
+            ack.delay_us < packet::MAX_ACK_DELAY_US && sent_at >= self.back_at
+        };
+        if let Some((_, sent_at)) = sample.filter(timed) {
             // QUIC's rule: the peer's ack delay comes out of the sample unless that would
             // go below the minimum (a delayed ack is not a queue).
             let r = now.saturating_sub(sent_at);
