@@ -543,9 +543,10 @@ int clink_accept(struct clink_endpoint_t *ep, int timeout_ms, clink_peer_t *peer
 
 // Says goodbye to every peer (they see this endpoint as closed; requests towards them
 // fail with `CLINK_ERR_PEER_DEAD`), after delivering what is queued towards each while
-// it takes it. Over UDP a lost datagram is resent only while the endpoint is driven: a
-// process that sends its last message and then waits outside clink (for a child to
-// exit, say) closes first. The endpoint is still to be freed.
+// it takes it. Over UDP what a connection's window holds back and the fragments of
+// large messages go only while the endpoint is driven: a process that sends its last
+// message and then waits outside clink (for a child to exit, say) closes first. The
+// endpoint is still to be freed.
 //
 // Thread safety: one thread at a time per endpoint.
 //

@@ -487,3 +487,49 @@ fn acks_that_waited_out_the_callers_absence_time_nothing() {
         "the next round trip: {s:?}"
     );
 }
+
+#[test]
+fn a_repeat_made_for_an_away_caller_delivers_what_it_sent_and_is_acknowledged_on_return() {
+    // a sends a two-fragment message and leaves; its second fragment is lost. Someone
+    // else (the runtime's keepalive thread) repeats a's unacknowledged datagrams from
+    // copies taken before a left: b gets the message, and a, back, finds it acknowledged
+    // without resending anything.
+    let cfg = Config {
+        keepalive: 500 * MS,
+        ..Config::default()
+    };
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg.clone(), 0));
+    let now = 0;
+    let msg = content(3, cfg.mtu_payload + 100);
+    a.send(7, &msg).unwrap();
+    let sent = transmit_all(&mut a, now);
+    assert_eq!(sent.len(), 2);
+    b.handle_datagram(now + OWD, &sent[0]).unwrap();
+    // Copies taken as a left (before any ack): the packets sent, not yet acknowledged.
+    let repeats: Vec<_> = (a.send_floor()..a.next_pn())
+        .filter_map(|pn| a.repeat_of(pn))
+        .collect();
+    assert_eq!(repeats.iter().map(|r| r.pn()).collect::<Vec<_>>(), [0, 1]);
+    // Repeated while a is away; the first is a duplicate by now.
+    let later = now + 2 * SEC;
+    for r in &repeats {
+        let mut d = Vec::new();
+        r.encode(cfg.conn_id, &mut d);
+        b.handle_datagram(later, &d).unwrap();
+    }
+    let got = std::iter::from_fn(|| b.poll_event()).find_map(|e| match e {
+        Event::Message { tag, data, .. } => Some((tag, data)),
+        _ => None,
+    });
+    assert_eq!(got, Some((7, msg)));
+    assert_eq!(b.stats().duplicates, 1);
+    let acks = transmit_all(&mut b, later);
+    let back = later + 60 * SEC;
+    for d in &acks {
+        a.handle_datagram(back, d).unwrap();
+    }
+    a.handle_timeout(back);
+    let s = a.stats();
+    assert_eq!((s.in_flight, s.retransmissions), (0, 0), "{s:?}");
+    assert!(a.repeat_of(0).is_none() && a.repeat_of(1).is_none());
+}

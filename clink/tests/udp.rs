@@ -860,6 +860,55 @@ fn two_connections_between_one_pair_of_sockets_keep_their_bulk_transfers_apart()
     }
 }
 
+/// A sender that sends a message and then stops calling clink (it waits outside clink for
+/// its receiver's word) still gets it there when a datagram of it was lost on the way:
+/// its keepalive thread repeats what it left unacknowledged. (Between messages it calls
+/// in for the receiver's answer, which reads the acks: a sender that only ever sends
+/// would fill its window, and what lies beyond the window waits for it to call.)
+#[test]
+fn messages_arrive_while_their_sender_is_away_though_their_datagrams_are_lost() {
+    const N: u64 = 10;
+    // Eager messages of one to eight datagrams.
+    let len = |k: u64| 100 + 1000 * k as usize;
+    // The receiver's socket loses 30% of what arrives (its liveness timeout is long
+    // enough for the away sender's keepalives to get through that).
+    let ctx = net_ctx("drop=0.3,seed=5", 10_000);
+    let mut r = ctx.endpoint().unwrap();
+    let addr = r.address();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let sender = std::thread::spawn(move || {
+        // Away rounds of 250 ms.
+        let ctx = net_ctx("", 1000);
+        let mut s = ctx.endpoint().unwrap();
+        let p = s.connect(&addr).unwrap();
+        for k in 0..N {
+            s.send(p, k, &pattern(k, len(k))).unwrap();
+            // Away until the receiver has the message.
+            go_rx.recv_timeout(T).expect("the receiver reports");
+            let mut ok = [0u8; 8];
+            s.recv_timeout(Selector::exact(Some(p), 100 + k), &mut ok, Some(T))
+                .unwrap();
+        }
+        (ctx, s)
+    });
+    let p = r.accept(Some(T)).unwrap();
+    let mut buf = vec![0u8; len(N)];
+    for k in 0..N {
+        let st = r
+            .recv_timeout(Selector::exact(Some(p), k), &mut buf, Some(T))
+            .unwrap();
+        assert_eq!(st.len as usize, len(k), "message {k}");
+        check(k, &buf[..st.len as usize], "message");
+        go_tx.send(()).unwrap();
+        r.send(p, 100 + k, b"ok").unwrap();
+    }
+    let (_ctx, s) = sender.join().unwrap();
+    let (sr, ss) = (r.stats(), s.stats());
+    assert!(sr.faults_injected > 0, "{sr:?}");
+    assert!(ss.keepalive_rounds > 0, "{ss:?}");
+    r.close();
+}
+
 /// With room for one peer socket, the first client's datagrams reach its own connected
 /// socket and the second's the main one; a server that never spins (every wait sleeps in
 /// epoll) is woken by both, and every message, small or bulk, comes back intact.

@@ -88,7 +88,8 @@
 //!
 //! Where things are: `send.rs` (queuing, choosing and building packets, processing acks),
 //! `receive.rs` (admitting datagrams, reassembly, the acks owed), `recovery.rs` (timers,
-//! probes, liveness, loss), [`packet`] (the datagram format), `ranges.rs` (received ranges).
+//! probes, liveness, loss), [`packet`] (the datagram format), `ranges.rs` (received ranges),
+//! `repeat.rs` (what the runtime repeats for a caller that is away).
 //!
 //! `Conn` is `Send` and `Sync` (plain owned data; shared message buffers are `Arc`s) and is
 //! driven by one thread at a time through `&mut self`.
@@ -97,6 +98,7 @@ pub mod packet;
 mod ranges;
 mod receive;
 mod recovery;
+mod repeat;
 mod rtt;
 mod send;
 
@@ -111,6 +113,7 @@ use thiserror::Error;
 pub use packet::{
     AckInfo, Admit, BulkContext, BulkHeader, DataHeader, Datagram, Handshake, PacketError,
 };
+pub use repeat::Repeat;
 
 /// Identifies a message sent on one connection (consecutive from 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -22,10 +22,21 @@
 //! receiver that waits for its sender to exit). The repeat says "delay unknown", so the
 //! peer takes no RTT sample from it.
 //!
+//! The other way round, the message datagrams the application sent and had not seen
+//! acknowledged when it left ([`clink_proto::reliable::Repeat`], copies of the packets
+//! as they first went out, the bytes shared with the connection, not copied) are repeated
+//! in the away rounds numbered 1, 2, 4, 8, ...: a message whose last datagram was lost
+//! reaches a peer that waits for it, though its sender computes for minutes. The
+//! application's thread brings that list up to date as it transmits, under a lock taken
+//! only when the connection sent or had acknowledged something since the last time (two
+//! uncontended lock round trips per round trip of a ping-pong). Bulk fragments are not
+//! repeated: their bytes are the application's, lent for the duration of a call.
+//!
 //! The other half lives in the connection ([`clink_proto::reliable::Conn`]): a caller
 //! that comes back after two or more keepalive intervals restarts its peers' liveness
 //! timeouts rather than judging them on silence it was not there to hear.
 
+use std::collections::VecDeque;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -33,7 +44,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use clink_proto::reliable::Datagram;
+use clink_proto::reliable::{Conn, Datagram, Repeat};
+
+/// Most message datagrams kept to repeat per connection (the newest).
+const MAX_REPEATS: usize = 32;
 
 /// What the thread and the endpoint share.
 #[derive(Default)]
@@ -52,20 +66,24 @@ struct Kept {
     conn: u32,
     /// Its ping, encoded once.
     ping: Vec<u8>,
-    standing: Arc<StandingAck>,
+    standing: Arc<Standing>,
 }
 
-/// A connection's standing ack as its application's thread last published it
-/// ([`StandingAck::publish`]); read by the keepalive thread.
-#[derive(Debug, Default)]
-pub struct StandingAck {
+/// What a connection's application left standing for the keepalive thread to say while
+/// it is away: the standing ack ([`Standing::publish`]) and the message datagrams to
+/// repeat ([`Standing::publish_repeats`]).
+#[derive(Default)]
+pub struct Standing {
     /// Every packet below it arrived (0: nothing published).
     cum: AtomicU64,
     /// The credit limit advertised with it (never below `cum`).
     limit: AtomicU64,
+    /// The message datagrams sent and not acknowledged (by packet number; some may have
+    /// been acknowledged out of order since).
+    repeats: Mutex<VecDeque<Repeat>>,
 }
 
-impl StandingAck {
+impl Standing {
     /// Publishes `(cum, limit)` ([`clink_proto::reliable::Conn::standing_ack`]) when
     /// `cum` moved (one load of a line only this writer writes, otherwise). One writer;
     /// both only grow.
@@ -78,6 +96,37 @@ impl StandingAck {
         // error).
         self.limit.store(limit, Ordering::Release);
         self.cum.store(cum, Ordering::Release);
+    }
+
+    /// Brings the datagrams to repeat up to date with `conn`: forgets those below its
+    /// floor (acknowledged), adds the message datagrams it sent from packet `from` on
+    /// (the previous call's [`Conn::next_pn`]), keeping the newest [`MAX_REPEATS`].
+    pub fn publish_repeats(&self, conn: &Conn, from: u64) {
+        let mut l = self.repeats.lock().unwrap_or_else(PoisonError::into_inner);
+        let floor = conn.send_floor();
+        while l.front().is_some_and(|r| r.pn() < floor) {
+            l.pop_front();
+        }
+        for pn in from.max(floor)..conn.next_pn() {
+            if let Some(r) = conn.repeat_of(pn) {
+                if l.len() == MAX_REPEATS {
+                    l.pop_front();
+                }
+                l.push_back(r);
+            }
+        }
+    }
+
+    /// The message datagrams of connection `conn` to repeat.
+    fn repeats(&self, conn: u32) -> Vec<Vec<u8>> {
+        let l = self.repeats.lock().unwrap_or_else(PoisonError::into_inner);
+        l.iter()
+            .map(|r| {
+                let mut d = Vec::new();
+                r.encode(conn, &mut d);
+                d
+            })
+            .collect()
     }
 
     /// The ack datagram of connection `conn` to repeat, if anything was published.
@@ -125,12 +174,12 @@ impl Keepalive {
         p.store(p.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
-    /// Adds connection `conn` to peer `dest` to those kept alive; its standing ack is
-    /// published through the handle returned.
-    pub fn add(&self, dest: SocketAddr, conn: u32) -> Arc<StandingAck> {
+    /// Adds connection `conn` to peer `dest` to those kept alive; its standing ack and
+    /// datagrams to repeat are published through the handle returned.
+    pub fn add(&self, dest: SocketAddr, conn: u32) -> Arc<Standing> {
         let mut ping = Vec::new();
         Datagram::Ping { conn, floor: 0 }.encode(&mut ping);
-        let standing = Arc::new(StandingAck::default());
+        let standing = Arc::new(Standing::default());
         self.lock().push(Kept {
             dest,
             conn,
@@ -170,6 +219,8 @@ impl Drop for Keepalive {
 
 fn run(s: &Shared, sock: &UdpSocket, interval: Duration, stopped: &mpsc::Receiver<()>) {
     let mut seen = s.passes.load(Ordering::Relaxed);
+    // Consecutive away rounds.
+    let mut away = 0u64;
     loop {
         match stopped.recv_timeout(interval) {
             Err(RecvTimeoutError::Timeout) => {}
@@ -178,6 +229,7 @@ fn run(s: &Shared, sock: &UdpSocket, interval: Duration, stopped: &mpsc::Receive
         let now = s.passes.load(Ordering::Relaxed);
         if now == seen {
             // A whole interval without a pass: the application is away.
+            away += 1;
             let conns = s.conns.lock().unwrap_or_else(PoisonError::into_inner);
             for k in conns.iter() {
                 // Best effort, as any keepalive: a full socket buffer drops it.
@@ -185,10 +237,17 @@ fn run(s: &Shared, sock: &UdpSocket, interval: Duration, stopped: &mpsc::Receive
                 if let Some(ack) = k.standing.datagram(k.conn) {
                     let _ = sock.send_to(&ack, k.dest);
                 }
+                if away.is_power_of_two() {
+                    for d in k.standing.repeats(k.conn) {
+                        let _ = sock.send_to(&d, k.dest);
+                    }
+                }
             }
             if !conns.is_empty() {
                 s.rounds.fetch_add(1, Ordering::Relaxed);
             }
+        } else {
+            away = 0;
         }
         seen = now;
     }
@@ -202,7 +261,7 @@ mod tests {
     /// A keepalive thread of interval `interval` keeping connection 7 to a socket of the
     /// test's (its reads time out after 5 s): that socket, the thread, the connection's
     /// standing ack.
-    fn kept(interval: Duration) -> (UdpSocket, Keepalive, Arc<StandingAck>) {
+    fn kept(interval: Duration) -> (UdpSocket, Keepalive, Arc<Standing>) {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -263,6 +322,37 @@ mod tests {
         // (A round may have been under way: within two, the ack.)
         let got: Vec<String> = (0..4).map(|_| next()).collect();
         assert!(got.contains(&want), "{got:?}");
+        drop(k);
+    }
+
+    #[test]
+    fn unacknowledged_messages_are_repeated_in_away_rounds_numbered_by_powers_of_two() {
+        let (rx, k, standing) = kept(Duration::from_millis(20));
+        let cfg = clink_proto::reliable::Config {
+            conn_id: 7,
+            ..Default::default()
+        };
+        let mut conn = Conn::new(cfg, 0);
+        conn.send(3, b"left behind").unwrap();
+        let mut sent = Vec::new();
+        assert!(conn.poll_transmit(0, &mut sent).is_some());
+        standing.publish_repeats(&conn, 0);
+        // In the away rounds numbered by powers of two (the thread may be a few rounds
+        // in already): one copy at least among sixteen rounds' pings, at most five.
+        let mut buf = [0u8; 256];
+        let (mut copies, mut pings) = (0, 0);
+        while pings < 16 {
+            let n = rx.recv(&mut buf).expect("a datagram while away");
+            if buf[..n] == sent[..] {
+                copies += 1;
+            } else if matches!(Datagram::parse(&buf[..n]), Ok(Datagram::Ping { .. })) {
+                pings += 1;
+            }
+        }
+        assert!(
+            (1..=5).contains(&copies),
+            "{copies} copies in {pings} rounds"
+        );
         drop(k);
     }
 }

@@ -34,9 +34,11 @@ pub struct UdpLink {
     /// The peer was told, unasked, that its stream is granted for good (it reaches a
     /// socket of its own here).
     standing_told: bool,
-    /// Where the connection's standing ack is published for the keepalive thread (none
-    /// without one).
-    pub(super) standing: Option<Arc<keepalive::StandingAck>>,
+    /// Where the connection's standing ack and datagrams to repeat are published for the
+    /// keepalive thread (none without one).
+    pub(super) standing: Option<Arc<keepalive::Standing>>,
+    /// The connection's (floor, next packet number) when they were last published.
+    repeats_seen: (u64, u64),
 }
 
 impl UdpLink {
@@ -55,6 +57,7 @@ impl UdpLink {
             hits_seen: 0,
             standing_told: false,
             standing: None,
+            repeats_seen: (0, 0),
         }
     }
 
@@ -269,8 +272,15 @@ impl UdpLink {
             Some((t.len, t.payload, t.group_start, to))
         }) {}
         // For the keepalive thread to repeat if the application leaves now.
-        if let Some((s, (cum, limit))) = self.standing.as_ref().zip(conn.standing_ack()) {
-            s.publish(cum, limit);
+        if let Some(s) = &self.standing {
+            if let Some((cum, limit)) = conn.standing_ack() {
+                s.publish(cum, limit);
+            }
+            let now_seen = (conn.send_floor(), conn.next_pn());
+            if now_seen != self.repeats_seen {
+                s.publish_repeats(conn, self.repeats_seen.1);
+                self.repeats_seen = now_seen;
+            }
         }
     }
 
