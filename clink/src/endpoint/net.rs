@@ -222,6 +222,7 @@ impl Endpoint {
                     let now = net.now();
                     net.transmit(u, now);
                     net.flush();
+                    u.publish_standing();
                 }
             }
             Some(Link::Shm(_)) | None => {}
@@ -584,6 +585,7 @@ impl Endpoint {
         }
         net.transmit(u, now);
         net.flush();
+        u.publish_standing();
         result
     }
 
@@ -609,6 +611,11 @@ impl Endpoint {
             }
         }
         net.flush();
+        for p in self.peers.iter_mut().filter(|p| p.alive) {
+            if let Link::Udp(u) = &mut p.link {
+                u.publish_standing();
+            }
+        }
     }
 
     /// How long a wait that has spun its configured time should go on spinning, counted

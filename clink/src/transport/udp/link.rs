@@ -271,16 +271,21 @@ impl UdpLink {
             };
             Some((t.len, t.payload, t.group_start, to))
         }) {}
-        // For the keepalive thread to repeat if the application leaves now.
-        if let Some(s) = &self.standing {
-            if let Some((cum, limit)) = conn.standing_ack() {
-                s.publish(cum, limit);
-            }
-            let now_seen = (conn.send_floor(), conn.next_pn());
-            if now_seen != self.repeats_seen {
-                s.publish_repeats(conn, self.repeats_seen.1);
-                self.repeats_seen = now_seen;
-            }
+    }
+
+    /// Publishes for the keepalive thread what it says if the application leaves now: the
+    /// standing ack and the datagrams to repeat. Called after the batch went out (off the
+    /// path of a datagram to the peer, which a ping-pong waits for).
+    pub fn publish_standing(&mut self) {
+        let Some(s) = &self.standing else { return };
+        let conn = &self.conn;
+        if let Some((cum, limit)) = conn.standing_ack() {
+            s.publish(cum, limit);
+        }
+        let now_seen = (conn.send_floor(), conn.next_pn());
+        if now_seen != self.repeats_seen {
+            s.publish_repeats(conn, self.repeats_seen.1);
+            self.repeats_seen = now_seen;
         }
     }
 
