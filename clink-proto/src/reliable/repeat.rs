@@ -19,7 +19,7 @@ use super::*;
 pub struct Repeat {
     pn: u64,
     floor: u64,
-    msg: Arc<MsgData>,
+    pub(super) msg: Arc<MsgData>,
     offset: u64,
     len: u32,
 }

@@ -32,7 +32,11 @@ impl Conn {
             return Err(SendError::BufferFull);
         }
         let id = self.next_msg_id;
-        let mut msg = self.spare_msgs.pop().unwrap_or_default();
+        // A spare another owner still shares (a copy kept for repeating, `Conn::repeat_of`,
+        // until its holder learns of the ack) is dropped: the last owner frees it.
+        let mut msg = std::iter::from_fn(|| self.spare_msgs.pop())
+            .find_map(|mut m| Arc::get_mut(&mut m).is_some().then_some(m))
+            .unwrap_or_default();
         let m = Arc::get_mut(&mut msg).expect("a spare record has no other owner");
         m.id = id;
         m.tag = tag;
@@ -652,16 +656,14 @@ impl Conn {
             self.snd_una += 1;
             if s.closes_item {
                 match s.item {
-                    Item::Msg(mut m) => {
+                    Item::Msg(m) => {
                         self.send_bytes -= m.data.len();
                         if self.cfg.reliable {
                             self.events.push_back(Event::Acked(MsgId(m.id)));
                         }
-                        // Its last fragment's record is normally the last owner.
-                        if self.spare_msgs.len() < SPARE_COUNT
-                            && m.data.capacity() <= SPARE_BYTES
-                            && Arc::get_mut(&mut m).is_some()
-                        {
+                        // Kept for reuse if small: by the time a send takes it, its
+                        // other owners (a repeat copy) have normally let go (checked then).
+                        if self.spare_msgs.len() < SPARE_COUNT && m.data.capacity() <= SPARE_BYTES {
                             self.spare_msgs.push(m);
                         }
                     }

@@ -230,3 +230,66 @@ fn misorder_permutes_each_group_without_fixed_points() {
     let order: Vec<u64> = (0..7).map(|k| misordered(k, 7, 7)).collect();
     assert_eq!(order, vec![1, 0, 3, 2, 5, 6, 4]);
 }
+
+/// A repeat copy ([`Conn::repeat_of`]) still held when its message is acknowledged does
+/// not keep the record from being reused once the copy is let go (a keepalive thread
+/// prunes its copies after the ack is read), and a record still shared is never written.
+#[test]
+fn a_record_shared_with_a_repeat_at_its_ack_is_reused_once_the_repeat_lets_go() {
+    let (mut a, mut b) = (
+        Conn::new(Config::default(), 0),
+        Conn::new(Config::default(), 0),
+    );
+    let mut buf = Vec::new();
+    // a sends, a copy is taken, b's answer acknowledges it.
+    let mut ask = |a: &mut Conn, b: &mut Conn, tag: u64, now: u64| {
+        a.send(tag, b"question").unwrap();
+        while let Some(n) = a.poll_transmit(now, &mut buf) {
+            b.handle_datagram(now, &buf[..n]).unwrap();
+            buf.clear();
+        }
+        let held = a
+            .repeat_of(a.next_pn() - 1)
+            .expect("sent, not acknowledged");
+        b.send(tag, b"answer").unwrap();
+        while let Some(n) = b.poll_transmit(now + 1, &mut buf) {
+            a.handle_datagram(now + 1, &buf[..n]).unwrap();
+            buf.clear();
+        }
+        held
+    };
+    let encoded = |r: &super::Repeat| {
+        let mut d = Vec::new();
+        r.encode(0, &mut d);
+        match Datagram::parse(&d) {
+            Ok(Datagram::Data { hdr, payload, .. }) => (hdr.tag, payload.to_vec()),
+            other => panic!("{other:?}"),
+        }
+    };
+    let held = ask(&mut a, &mut b, 1, 1_000);
+    // Acknowledged while the copy is held: kept all the same.
+    assert_eq!(a.spare_msgs.len(), 1);
+    // Still shared when a send wants a record: passed over, and the copy intact.
+    a.send(2, b"another").unwrap();
+    assert!(a.spare_msgs.is_empty());
+    assert_eq!(encoded(&held), (1, b"question".to_vec()));
+    drop(held);
+    let held = ask(&mut a, &mut b, 3, 2_000);
+    // Messages 2 and 3 acknowledged: both records kept, 3's on top.
+    assert_eq!(a.spare_msgs.len(), 2);
+    // Let go before the next send: that send reuses the record.
+    drop(held);
+    let spare = std::sync::Arc::as_ptr(&a.spare_msgs[1]);
+    a.send(4, b"reused").unwrap();
+    assert_eq!(a.spare_msgs.len(), 1);
+    let mut reused = false;
+    while a.poll_transmit(3_000, &mut buf).is_some() {
+        buf.clear();
+    }
+    for pn in a.send_floor()..a.next_pn() {
+        if let Some(r) = a.repeat_of(pn) {
+            reused |= std::sync::Arc::as_ptr(&r.msg) == spare && encoded(&r).0 == 4;
+        }
+    }
+    assert!(reused, "the spare record carries message 4");
+}
