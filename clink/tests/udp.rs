@@ -909,6 +909,33 @@ fn messages_arrive_while_their_sender_is_away_though_their_datagrams_are_lost() 
     r.close();
 }
 
+/// A process that only sends (a loop of eager sends, nothing that receives) keeps its
+/// connection's window moving: a send that finds queued data held back reads the acks
+/// first. (Without that, everything past the first window waited in the connection until
+/// a call that reads: here the close.)
+#[test]
+fn a_loop_of_sends_alone_reads_the_acks_its_window_waits_for() {
+    const N: u64 = 2000;
+    let ((mut a, pa), (mut b, pb)) = pair("", 5000);
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1024];
+        for k in 0..N {
+            let st = a
+                .recv_timeout(Selector::exact(Some(pa), k), &mut buf, Some(T))
+                .unwrap();
+            check(k, &buf[..st.len as usize], "message");
+        }
+        a
+    });
+    for k in 0..N {
+        b.send(pb, k, &pattern(k, 1024)).unwrap();
+    }
+    let cs = b.conn_stats(pb).unwrap().expect("a UDP connection");
+    assert!(cs.data_sent >= N / 2, "{cs:?}");
+    b.close();
+    drop(reader.join().unwrap());
+}
+
 /// With room for one peer socket, the first client's datagrams reach its own connected
 /// socket and the second's the main one; a server that never spins (every wait sleeps in
 /// epoll) is woken by both, and every message, small or bulk, comes back intact.

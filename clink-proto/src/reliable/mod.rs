@@ -830,6 +830,12 @@ impl Conn {
         (due && self.rtt.has && !self.dead).then_some(self.rtt.srtt)
     }
 
+    /// True while queued data waits for the window or the peer's credit (nothing of it
+    /// sent yet): acks this side has not read may be what holds it back.
+    pub fn has_unsent(&self) -> bool {
+        !self.send_queue.is_empty()
+    }
+
     /// True when every queued message has been sent and acknowledged (or abandoned).
     pub fn is_idle(&self) -> bool {
         self.send_queue.is_empty() && self.sent.is_empty()

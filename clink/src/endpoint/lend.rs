@@ -36,6 +36,7 @@ impl Endpoint {
             }
         }
         self.kick(peer.0 as usize);
+        self.read_held_acks(peer);
         // Every started send must be over before the borrowed slices go away.
         for r in reqs {
             if let Err(e) = self.finish_borrowed_send(r) {

@@ -49,7 +49,23 @@ impl Endpoint {
         tag: u64,
         data: SendBuf,
     ) -> Result<SendRequest> {
-        self.start_send_kick(peer, tag, data, true)
+        let req = self.start_send_kick(peer, tag, data, true)?;
+        self.read_held_acks(peer);
+        Ok(req)
+    }
+
+    /// A UDP connection whose window holds queued data back waits for acks that only a
+    /// read brings (a kernel stack reads them on its own): one progress pass, or a loop
+    /// that only sends would leave everything past the first window queued until it
+    /// called something that reads. Nothing extra while the window has room.
+    pub(super) fn read_held_acks(&mut self, peer: PeerId) {
+        let held = matches!(
+            self.peers.get(peer.0 as usize).map(|p| &p.link),
+            Some(Link::Udp(u)) if u.conn().has_unsent()
+        );
+        if held {
+            self.progress_pass(true);
+        }
     }
 
     /// [`Endpoint::start_send`]; an eager message or a large one's announcement is sent
