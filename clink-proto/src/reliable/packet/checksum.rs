@@ -12,13 +12,15 @@ use super::*;
 /// time (`xxhash-rust`, used before, compiles SSE2 only for the baseline x86-64 target;
 /// BENCHMARKS.md). An unhashed payload (`None`) is left to the UDP checksum,
 /// which the sending kernel (or NIC) fills in and the receiving one verifies below clink.
+///
+/// # Panics
+/// When `header20` is not the header's first 20 bytes (a caller bug).
 pub fn bulk_checksum(conn: u32, header20: &[u8], payload: Option<&[u8]>) -> u32 {
     // One CRC over 24 contiguous bytes: three words of the short loop.
     let mut covered = [0u8; BULK_HEADER];
     covered[..4].copy_from_slice(&conn.to_le_bytes());
-    let n = header20.len().min(BULK_HEADER - 4);
-    covered[4..4 + n].copy_from_slice(&header20[..n]);
-    let crc = crc32c(&covered[..4 + n]);
+    covered[4..].copy_from_slice(header20);
+    let crc = crc32c(&covered);
     payload.map_or(crc, |p| with_hash(crc, p))
 }
 

@@ -158,7 +158,7 @@ const K_ADMIT: u8 = 8;
 /// True when the datagram's kind byte says hello or welcome (connection set-up): a cheap
 /// peek for demultiplexing before [`Datagram::parse`], which still verifies everything.
 pub fn is_handshake(b: &[u8]) -> bool {
-    b.len() > 5 && u32_at(b, 0) == MAGIC && (b[5] == K_HELLO || b[5] == K_WELCOME)
+    b.len() > 5 && (b[5] == K_HELLO || b[5] == K_WELCOME)
 }
 
 /// True when `b` has the bulk kind byte and is long enough for a bulk header: a cheap
@@ -187,15 +187,12 @@ pub fn bulk_owner(d: &[u8], conns: impl IntoIterator<Item = u32>) -> Option<u32>
         return None;
     }
     let (h, p) = d.split_at(BULK_HEADER);
-    let carried = u32_at(h, 20);
     let hash = if h[4] == FLAG_HASHED as u8 {
         checksum::payload_hash(p)
     } else {
         0
     };
-    conns
-        .into_iter()
-        .find(|&c| bulk_checksum(c, &h[..20], None) ^ hash == carried)
+    sealed_for(h, hash, conns)
 }
 
 /// Which of the connections `conns` a bulk header `h` alone (an ICMP error's quote of a
@@ -203,13 +200,18 @@ pub fn bulk_owner(d: &[u8], conns: impl IntoIterator<Item = u32>) -> Option<u32>
 /// `None` when none is, or when the payload is hashed (its checksum then needs the
 /// payload, which a quote does not hold whole).
 pub fn bulk_header_owner(h: &[u8], conns: impl IntoIterator<Item = u32>) -> Option<u32> {
-    if h.len() < BULK_HEADER || h[5] != BULK_KIND || h[4] != 0 {
-        return None;
-    }
+    (is_bulk(h) && h[4] == 0)
+        .then(|| sealed_for(h, 0, conns))
+        .flatten()
+}
+
+/// The connection of `conns` whose checksum of bulk header `h` (its first 20 bytes),
+/// XORed with `hash` (the payload's part, 0 when unhashed), is the one `h` carries.
+fn sealed_for(h: &[u8], hash: u32, conns: impl IntoIterator<Item = u32>) -> Option<u32> {
     let carried = u32_at(h, 20);
     conns
         .into_iter()
-        .find(|&c| bulk_checksum(c, &h[..20], None) == carried)
+        .find(|&c| bulk_checksum(c, &h[..20], None) ^ hash == carried)
 }
 
 /// The transfer id as a bulk datagram carries it: its low 32 bits.

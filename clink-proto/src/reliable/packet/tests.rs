@@ -302,8 +302,13 @@ fn a_bulk_datagram_tells_which_connection_it_belongs_to() {
             hashed,
         };
         let payload = [7u8; 300];
-        let mut d = encode_bulk_header(12, &hdr, &payload).to_vec();
-        d.extend_from_slice(&payload);
+        let mut d = Vec::new();
+        Datagram::Bulk {
+            conn: 12,
+            hdr,
+            payload: &payload,
+        }
+        .encode(&mut d);
         assert_eq!(bulk_owner(&d, [3, 12, 5]), Some(12), "hashed {hashed}");
         assert_eq!(bulk_owner(&d, [3, 5]), None);
         let mut bad = d.clone();

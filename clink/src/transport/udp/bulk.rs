@@ -176,8 +176,9 @@ impl Bulk {
 
     /// The transfer a fragment belongs to: the oldest whose id has the low 32 bits it
     /// carries ([`wire_xfer`]). An honest sender's ids of transfers under way at once
-    /// differ there (consecutive send ids); a peer that sends two whose ids differ only
-    /// above them fills the older one first, and the newer waits for its fragments.
+    /// differ there (its request ids count up by one, so they would need four billion
+    /// requests between them); a peer that sends two whose ids differ only above them
+    /// fills the older one first, and the newer waits for its fragments.
     fn dest_of(&self, hdr: &BulkHeader) -> Option<usize> {
         self.dests
             .iter()

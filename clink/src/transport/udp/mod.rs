@@ -1011,7 +1011,6 @@ mod tests {
     /// to the one whose id sealed the checksum, and a removed link's traffic to the other.
     #[test]
     fn bulk_datagrams_are_routed_by_source_and_checksum() {
-        use clink_proto::reliable::packet::encode_bulk_header;
         let a: SocketAddr = "10.1.0.1:4000".parse().unwrap();
         let b: SocketAddr = "10.1.0.2:4000".parse().unwrap();
         let bulk = |conn: u32| {
@@ -1022,8 +1021,13 @@ mod tests {
                 offset: 0,
                 hashed: conn.is_multiple_of(2),
             };
-            let mut d = encode_bulk_header(conn, &hdr, &[5; 100]).to_vec();
-            d.extend_from_slice(&[5; 100]);
+            let mut d = Vec::new();
+            Datagram::Bulk {
+                conn,
+                hdr,
+                payload: &[5; 100],
+            }
+            .encode(&mut d);
             d
         };
         let mut r = Routes::default();

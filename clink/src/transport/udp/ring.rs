@@ -511,7 +511,7 @@ mod tests {
     /// datagram's does.
     #[test]
     fn bulk_fragments_of_any_packet_number_go_to_the_socket() {
-        use clink_proto::reliable::packet::{encode_bulk_header, BulkHeader};
+        use clink_proto::reliable::{BulkHeader, Datagram};
         use std::net::Ipv4Addr;
         let me = SocketAddrV4::new(Ipv4Addr::new(10, 9, 0, 2), 7000);
         let other = SocketAddrV4::new(Ipv4Addr::new(10, 9, 0, 1), 4000);
@@ -527,8 +527,13 @@ mod tests {
                     hashed,
                 };
                 let payload = vec![pn as u8; len];
-                let mut d = encode_bulk_header(7, &hdr, &payload).to_vec();
-                d.extend_from_slice(&payload);
+                let mut d = Vec::new();
+                Datagram::Bulk {
+                    conn: 7,
+                    hdr,
+                    payload: &payload,
+                }
+                .encode(&mut d);
                 let mut pkt = Vec::new();
                 ipv4::encode_udp(other, me, &d, &mut pkt);
                 assert_eq!(run(&ring, &pkt, 0, 0), 0, "pn {pn}, {len} bytes");
