@@ -543,10 +543,11 @@ int clink_accept(struct clink_endpoint_t *ep, int timeout_ms, clink_peer_t *peer
 
 // Says goodbye to every peer (they see this endpoint as closed; requests towards them
 // fail with `CLINK_ERR_PEER_DEAD`), after delivering what is queued towards each while
-// it takes it. Over UDP what a connection's window holds back and the fragments of
-// large messages go only while the endpoint is driven: a process that sends its last
-// message and then waits outside clink (for a child to exit, say) closes first. The
-// endpoint is still to be freed.
+// it takes it. Over UDP what a connection's window holds back after a non-blocking send
+// (a blocking one returns once nothing is held back) and the fragments of large
+// messages go only while the endpoint is driven: a process that sends its last message
+// so and then waits outside clink (for a child to exit, say) closes first. The endpoint
+// is still to be freed.
 //
 // Thread safety: one thread at a time per endpoint.
 //
@@ -1316,7 +1317,8 @@ int clink_window_compare_swap_u64(const struct clink_window_t *win,
 
 // Sends `len` bytes at `buf` to `peer` with `tag` and returns once the message is out of
 // `buf` (copied into the peer's ring, or read by the peer for large messages: one copy by
-// CMA on the same host). Waits as long as it takes, bounded by the peer's liveness.
+// CMA on the same host; over UDP, also until the connection holds nothing back for its
+// window). Waits as long as it takes, bounded by the peer's liveness.
 //
 // Thread safety: one thread at a time per endpoint. Ownership: `buf` is only borrowed
 // during the call.

@@ -234,10 +234,11 @@ pub unsafe extern "C" fn clink_accept(
 
 /// Says goodbye to every peer (they see this endpoint as closed; requests towards them
 /// fail with `CLINK_ERR_PEER_DEAD`), after delivering what is queued towards each while
-/// it takes it. Over UDP what a connection's window holds back and the fragments of
-/// large messages go only while the endpoint is driven: a process that sends its last
-/// message and then waits outside clink (for a child to exit, say) closes first. The
-/// endpoint is still to be freed.
+/// it takes it. Over UDP what a connection's window holds back after a non-blocking send
+/// (a blocking one returns once nothing is held back) and the fragments of large
+/// messages go only while the endpoint is driven: a process that sends its last message
+/// so and then waits outside clink (for a child to exit, say) closes first. The endpoint
+/// is still to be freed.
 ///
 /// Thread safety: one thread at a time per endpoint.
 ///

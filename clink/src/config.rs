@@ -40,6 +40,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
     ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
     ("CLINK_NET_DEVICES", "which interfaces' addresses the network transports advertise when bound to all interfaces: interface names and IPv4 or IPv6 subnets, comma-separated, in order of preference (e.g. 'eth1', '10.1.0.0/16' or 'fd00:1::/64'); default: every non-loopback IPv4 interface that is up (IPv6 ones on a host without IPv4). A list nothing matches is an error naming the interfaces there are. A connecting peer picks the advertised address on a subnet it shares"),
+    ("CLINK_UDP_FALLBACK_MS", "how long a connect waits for the peer's UDP welcome before it gives UDP up and connects over TCP, when the peer's address offers TCP too (a firewall that drops UDP), milliseconds (default 1000; 0: never, UDP until CLINK_CONNECT_TIMEOUT_MS); the attempt given up leaves no peer behind at the other end"),
     ("CLINK_NET_KEEPALIVE_THREAD", "'1' (default): a thread per endpoint pings its UDP peers while the application makes no call for a keepalive interval and repeats its last acknowledgement to each, so a process that computes for minutes between calls stays alive to its peers and their sends whose final ack was lost complete (TCP peers are kept alive by the kernel's keepalives); '0': no thread, the application must call in more often than CLINK_NET_DEAD_MS"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
@@ -244,6 +245,10 @@ impl Config {
                 "CLINK_UDP_PEER_SOCKETS" => udp.peer_sockets = num(&k, &v, 0, 64)? as usize,
                 "CLINK_UDP_RING" => udp.ring = flag(&k, &v)?,
                 "CLINK_NET_KEEPALIVE_THREAD" => udp.keepalive_thread = flag(&k, &v)?,
+                "CLINK_UDP_FALLBACK_MS" => {
+                    let ms = num(&k, &v, 0, 3_600_000)?;
+                    udp.fallback = (ms > 0).then(|| Duration::from_millis(ms));
+                }
                 "CLINK_NET_DEVICES" => {
                     udp.devices = crate::netdev::parse_rules(&v).map_err(|e| bad(&k, &v, &e))?;
                     tcp.devices = udp.devices.clone();

@@ -65,6 +65,12 @@ counters! {
     peers_failed,
     /// Incoming connections refused (bad handshake, other uid, silent, ...).
     handshakes_refused,
+    /// Incoming UDP connections welcomed that their connector never took up (it gave up,
+    /// or fell back to TCP), dropped without being offered to the application.
+    handshakes_abandoned,
+    /// Connections made over TCP because the peer's UDP address did not answer within
+    /// `CLINK_UDP_FALLBACK_MS`.
+    udp_fallbacks,
     /// Peers connected (both directions).
     peers_connected,
     /// Network path (UDP): datagrams sent (GSO segments counted one by one).

@@ -556,6 +556,52 @@ fn a_peer_connects_over_the_address_it_can_reach() {
 }
 
 #[test]
+fn a_host_whose_firewall_drops_udp_is_reached_over_tcp() {
+    // Host 0 drops every UDP packet addressed to it (an nftables rule on its input, as a
+    // firewall that lets only TCP through): host 1's connect gets no UDP welcome, gives
+    // UDP up after CLINK_UDP_FALLBACK_MS and connects over TCP; a message goes each way.
+    let b = bridge(0.0);
+    let mut nft = b.command(0, "nft");
+    nft.args(["-f", "-"]).stdin(std::process::Stdio::piped());
+    let mut child = nft.spawn().expect("nft");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(
+            b"table inet firewall {\n  chain input {\n    type filter hook input priority 0; \
+              policy accept;\n    meta l4proto udp counter drop\n  }\n}\n",
+        )
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "nft rule on host 0");
+    let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(2)), move |mut ep| {
+        let peer = ep.accept(Some(T)).expect("host 1 connects");
+        let transport = ep.transport(peer).unwrap().to_string();
+        let got = recv_vec(&mut ep, peer, 0, 64);
+        ep.send(peer, 1, &got).unwrap();
+        ep.close();
+        (transport, got, ep.stats())
+    });
+    let t = Instant::now();
+    let mut child = child_on_host1(&b, "echo", &addr, &[("CLINK_UDP_FALLBACK_MS", "300")]);
+    let (transport, got, stats) = h.join().expect("host 0");
+    assert_eq!(transport, "tcp");
+    assert_eq!(got, b"over the reachable address");
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    // Nothing was offered over UDP (the hellos never got through).
+    assert_eq!(stats.handshakes_abandoned, 0);
+    child.expect_success(T);
+    let mut list = b.command(0, "nft");
+    list.args(["list", "table", "inet", "firewall"]);
+    let out = String::from_utf8(list.output().unwrap().stdout).unwrap();
+    assert!(
+        !out.contains("packets 0 "),
+        "the rule dropped nothing: {out}"
+    );
+}
+
+#[test]
 fn hosts_that_share_only_ipv6_talk_over_it() {
     // Both hosts get an IPv6 address on the bridge and advertise only it
     // (CLINK_NET_DEVICES names its subnet): a small and a 2 MiB message cross over UDP

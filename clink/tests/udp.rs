@@ -20,8 +20,12 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // ring (CLINK_UDP_RING=0: the sockets alone; "ring" says the default, on); "hash": bulk
     // payloads hashed end to end (CLINK_UDP_PAYLOAD_HASH=1); "nothread": no keepalive
     // thread (CLINK_NET_KEEPALIVE_THREAD=0); "onequeue": no peer has a socket of its
-    // own (CLINK_UDP_PEER_SOCKETS=0: one receive queue, the seed's admission setting).
+    // own (CLINK_UDP_PEER_SOCKETS=0: one receive queue, the seed's admission setting);
+    // "fallback": a connect gives UDP up for TCP after 300 ms (CLINK_UDP_FALLBACK_MS).
     let udp = UdpConfig {
+        fallback: faults
+            .contains("fallback")
+            .then(|| Duration::from_millis(300)),
         peer_sockets: if faults.contains("onequeue") { 0 } else { 4 },
         keepalive_thread: !faults.contains("nothread"),
         payload_hash: faults.contains("hash"),
@@ -46,6 +50,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
                 .replace("hash", "")
                 .replace("nothread", "")
                 .replace("onequeue", "")
+                .replace("fallback", "")
                 .replace("ring", ""),
         )
         .unwrap(),
@@ -1120,4 +1125,87 @@ fn conn_stats_show_a_udp_peers_connection() {
     assert_eq!(s.transport(ps).unwrap(), "shm");
     assert_eq!(s.conn_stats(ps).unwrap(), None);
     assert_eq!(c.conn_stats(pc).unwrap(), None);
+}
+
+/// `addr` with its UDP address replaced by `udp`.
+fn with_udp(addr: &str, udp: std::net::SocketAddr) -> String {
+    let mut a = clink_proto::addr::Address::parse(addr).unwrap();
+    a.udp = vec![udp];
+    a.to_string()
+}
+
+#[test]
+fn a_peer_whose_udp_does_not_answer_is_reached_over_tcp() {
+    // The peer's UDP address leads to a socket that drops everything, as a firewall
+    // dropping UDP would; its TCP address is its own. The connect gives UDP up after
+    // the fallback time and connects over TCP; the peer is offered nothing over UDP.
+    let ctx = net_ctx("", 2000);
+    let mut a = ctx.endpoint().unwrap();
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = with_udp(&a.address(), silent.local_addr().unwrap());
+    let client = std::thread::spawn(move || {
+        let ctx = net_ctx("fallback", 2000);
+        let mut b = ctx.endpoint().unwrap();
+        let t = Instant::now();
+        let p = b.connect(&addr).unwrap();
+        let took = t.elapsed();
+        assert_eq!(b.transport(p).unwrap(), "tcp");
+        assert_eq!(b.stats().udp_fallbacks, 1);
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        b.send(p, 5, b"over tcp").unwrap();
+        (ctx, b)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), "tcp");
+    let mut buf = [0u8; 16];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"over tcp");
+    // The hellos did reach the silent socket (nothing else answered them).
+    silent.set_nonblocking(true).unwrap();
+    assert!(silent.recv_from(&mut [0u8; 2048]).is_ok());
+    drop(client.join().unwrap());
+}
+
+#[test]
+fn a_welcomed_connection_is_offered_only_once_its_connector_takes_it_up() {
+    // A hello alone (from a connector that then gave up, or fell back to TCP) is
+    // answered but makes no peer; the connector's next datagram makes it one.
+    use clink_proto::reliable::{Datagram, Handshake};
+    let ctx = net_ctx("", 2000);
+    let mut a = ctx.endpoint().unwrap();
+    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    let connector = UdpSocket::bind("127.0.0.1:0").unwrap();
+    connector.set_read_timeout(Some(T)).unwrap();
+    let (conn, from) = (0x77, 0x1234_5678);
+    let mut hello = Vec::new();
+    Datagram::Hello {
+        conn,
+        hs: Handshake {
+            from,
+            to: me.id,
+            mtu_payload: 1400,
+            payload_hash: false,
+            two_paths: false,
+        },
+    }
+    .encode(&mut hello);
+    connector.send_to(&hello, me.udp[0]).unwrap();
+    assert!(matches!(
+        a.accept(Some(Duration::from_millis(300))),
+        Err(Error::Timeout)
+    ));
+    let mut buf = [0u8; 2048];
+    let (n, _) = connector.recv_from(&mut buf).expect("a welcome");
+    assert!(
+        matches!(Datagram::parse(&buf[..n]), Ok(Datagram::Welcome { conn: c, .. }) if c == conn),
+        "{:?}",
+        Datagram::parse(&buf[..n])
+    );
+    let mut ping = Vec::new();
+    Datagram::Ping { conn, floor: 0 }.encode(&mut ping);
+    connector.send_to(&ping, me.udp[0]).unwrap();
+    let p = a.accept(Some(T)).unwrap();
+    assert_eq!(a.peer_endpoint_id(p).unwrap(), from);
 }

@@ -48,7 +48,8 @@ fn truncated_status(sel: Selector, len: u64) -> clink_status_t {
 
 /// Sends `len` bytes at `buf` to `peer` with `tag` and returns once the message is out of
 /// `buf` (copied into the peer's ring, or read by the peer for large messages: one copy by
-/// CMA on the same host). Waits as long as it takes, bounded by the peer's liveness.
+/// CMA on the same host; over UDP, also until the connection holds nothing back for its
+/// window). Waits as long as it takes, bounded by the peer's liveness.
 ///
 /// Thread safety: one thread at a time per endpoint. Ownership: `buf` is only borrowed
 /// during the call.

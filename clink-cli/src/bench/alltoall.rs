@@ -205,7 +205,9 @@ fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
         for (k, &r) in others.iter().enumerate() {
             fill(&mut out[k], round, s.rank, r);
             let data = Bytes::from(std::mem::take(&mut out[k]));
-            let req = ep.isend(peer_of[r].unwrap(), tag, data.clone()).map_err(e)?;
+            let req = ep
+                .isend(peer_of[r].unwrap(), tag, data.clone())
+                .map_err(e)?;
             sends.push((k, data, req));
         }
         for (k, q) in recvs.iter().enumerate() {

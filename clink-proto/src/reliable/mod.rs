@@ -830,10 +830,23 @@ impl Conn {
         (due && self.rtt.has && !self.dead).then_some(self.rtt.srtt)
     }
 
+    /// Sends a ping with the next datagrams polled, ahead of any data: a connector's first
+    /// datagram, which tells the acceptor that its welcome arrived and the connection is
+    /// taken up (an acceptor offers a connection to its application only then).
+    pub fn ping_now(&mut self) {
+        self.ping_pending = true;
+    }
+
     /// True while queued data waits for the window or the peer's credit (nothing of it
     /// sent yet): acks this side has not read may be what holds it back.
     pub fn has_unsent(&self) -> bool {
         !self.send_queue.is_empty()
+    }
+
+    /// True when half the congestion window or more is in flight: the acks a sender has
+    /// not read are worth reading before the window holds data back.
+    pub fn window_half_used(&self) -> bool {
+        self.in_flight.saturating_mul(2) >= self.cwnd
     }
 
     /// True when every queued message has been sent and acknowledged (or abandoned).

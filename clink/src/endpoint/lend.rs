@@ -7,12 +7,16 @@ use crate::lease::Src;
 use crate::rma::Remote;
 
 impl Endpoint {
-    /// Sends and waits until the message is out of `data` (blocking helper).
+    /// Sends and waits until the message is out of `data` (blocking helper); over UDP,
+    /// also until the connection holds nothing back for its window or the peer's credit
+    /// (its datagrams are in flight, repeated by the keepalive thread if the caller then
+    /// stays away).
     pub fn send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<()> {
         // SAFETY: `finish_borrowed_send` returns only once the request is over.
         let lent = SendBuf::Lent(unsafe { Src::new(data.as_ptr(), data.len()) });
         let req = self.start_send(peer, tag, lent)?;
-        self.finish_borrowed_send(req)
+        self.finish_borrowed_send(req)?;
+        self.transmit_held(peer)
     }
 
     /// Sends every message of `msgs` to `peer` with `tag`, all in flight at once, and
@@ -43,7 +47,7 @@ impl Endpoint {
                 first_err.get_or_insert(e);
             }
         }
-        first_err.map_or(Ok(()), Err)
+        first_err.map_or_else(|| self.transmit_held(peer), Err)
     }
 
     /// The general path of a blocking receive into `buf`.

@@ -446,10 +446,11 @@ impl Endpoint {
     /// `CLINK_NET_DEAD_MS`), then a `Close` frame tells each peer, after everything sent
     /// before it, that requests towards this endpoint fail. Local requests fail with
     /// `PeerDead`. Dropping the endpoint does the same (and its peers would see the
-    /// socket hang up anyway). Over UDP what a connection's window holds back and the
+    /// socket hang up anyway). Over UDP what a connection's window holds back after a
+    /// non-blocking send (a blocking one returns once nothing is held back) and the
     /// fragments of large messages go only while the endpoint is driven (the keepalive
     /// thread repeats only the small datagrams sent and not acknowledged): a process that
-    /// sends its last message and then waits outside clink (for a child to exit, say)
+    /// sends its last message so and then waits outside clink (for a child to exit, say)
     /// closes first.
     pub fn close(&mut self) {
         for i in 0..self.peers.len() {

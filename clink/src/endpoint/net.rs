@@ -76,7 +76,18 @@ const DRAIN_READS: usize = 8;
 impl Endpoint {
     /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, repeated until
     /// answered or the connect timeout).
-    pub(super) fn connect_udp(&mut self, addr: &str, dest: SocketAddr, id: u128) -> Result<PeerId> {
+    /// Connects over UDP to the endpoint `id` at `dest`; when its address offers TCP too
+    /// (`tcp`) and UDP brings no welcome within `CLINK_UDP_FALLBACK_MS` (a firewall that
+    /// drops UDP, say), gives UDP up and connects over TCP in the time left. The attempt
+    /// given up leaves nothing at the peer: it offers a UDP connection to its application
+    /// only once the connector's first datagram after the welcome arrives.
+    pub(super) fn connect_udp(
+        &mut self,
+        addr: &str,
+        dest: SocketAddr,
+        id: u128,
+        tcp: Option<SocketAddr>,
+    ) -> Result<PeerId> {
         let fail = |why: String| Error::Connect {
             addr: addr.to_string(),
             why,
@@ -85,13 +96,39 @@ impl Endpoint {
             fail("the endpoint is on another host and this endpoint's UDP transport is off (CLINK_UDP=off)".into())
         })?;
         let token = net.start_connect(dest, id)?;
-        let deadline = Instant::now() + self.ctx.config.connect_timeout;
+        let start = Instant::now();
+        let deadline = start + self.ctx.config.connect_timeout;
+        let fallback = (self.tcp.is_some())
+            .then_some(tcp)
+            .flatten()
+            .zip(net.fallback_after())
+            .map(|(to, after)| (to, (start + after).min(deadline)));
         loop {
             // Serve everything else meanwhile (mutual connects must not deadlock).
             self.progress();
             let net = self.net.as_mut().expect("checked above");
             if let Some(link) = net.connected(token) {
-                return self.add_peer(Link::Udp(Box::new(link)));
+                let id = self.add_peer(Link::Udp(Box::new(link)))?;
+                // Its first datagram (a ping) takes the connection up at the acceptor.
+                self.kick(id.0 as usize);
+                return Ok(id);
+            }
+            if let Some((to, at)) =
+                fallback.filter(|&(_, at)| Instant::now() >= at && at < deadline)
+            {
+                net.abandon(token);
+                self.stats.udp_fallbacks += 1;
+                let waited = at - start;
+                tracing::warn!(
+                    "no answer over UDP from {dest} within {waited:?}: connecting over TCP to {to}"
+                );
+                return self.connect_tcp(addr, to, id, deadline).map_err(|e| match e {
+                    Error::Connect { addr, why } => Error::Connect {
+                        addr,
+                        why: format!("no answer over UDP from {dest} within {waited:?}, and over TCP: {why}"),
+                    },
+                    e => e,
+                });
             }
             if Instant::now() >= deadline {
                 net.abandon(token);
@@ -702,6 +739,7 @@ impl Endpoint {
         s.malformed_dropped += k.truncated;
         let t = net.stats();
         s.stray_dropped += t.stray + t.bad_handshakes;
+        s.handshakes_abandoned += t.abandoned_handshakes;
         s.spec_misses += t.spec_misses;
         s.spec_backoffs += t.spec_backoffs;
         s.fast_grants += t.fast_grants;

@@ -37,11 +37,12 @@ impl Endpoint {
             let mine = self.tcp.as_ref().map_or(&[][..], |t| t.interfaces());
             crate::netdev::pick(&a.tcp, mine, crate::sys::interfaces, same_host)
         });
+        let deadline = Instant::now() + self.ctx.config.connect_timeout;
         let name = match (a.shm.as_deref(), udp, tcp) {
             (Some(name), _, _) if same_host && !self.ctx.config.force_net => name,
-            (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id),
-            (_, Some(dest), _) => return self.connect_udp(addr, dest, a.id),
-            (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id),
+            (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id, deadline),
+            (_, Some(dest), tcp) => return self.connect_udp(addr, dest, a.id, tcp),
+            (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id, deadline),
             _ if !a.udp.is_empty() && self.net.is_some() => {
                 return Err(fail(
                     "the peer offers only IPv6 UDP addresses and this endpoint's UDP socket is IPv4 (include an IPv6 subnet in CLINK_NET_DEVICES)",

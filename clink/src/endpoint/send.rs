@@ -68,6 +68,40 @@ impl Endpoint {
         }
     }
 
+    /// The blocking sends' end: returns once what `peer`'s UDP connection held back for
+    /// its window or the peer's credit is transmitted, reading the acks that make room.
+    /// From then on the connection's datagrams are in flight, which the keepalive thread
+    /// repeats while the caller is away (computing after its last send, say); data still
+    /// queued would wait for the caller's next call. (TCP's blocking `write` likewise
+    /// returns once the kernel holds the bytes.) With half the window in flight it reads
+    /// the acks once: a caller that only sends would otherwise leave them unread, and the
+    /// datagrams the keepalive thread repeats while it is away would pile up. Ends early
+    /// when the peer fails.
+    #[inline]
+    pub(super) fn transmit_held(&mut self, peer: PeerId) -> Result<()> {
+        match self.peers.get(peer.0 as usize) {
+            Some(p) if p.alive && matches!(p.link, Link::Udp(_)) => self.wait_held(peer.0 as usize),
+            _ => Ok(()),
+        }
+    }
+
+    fn holds_unsent(&self, i: usize) -> bool {
+        self.peers
+            .get(i)
+            .is_some_and(|p| p.alive && matches!(&p.link, Link::Udp(u) if u.conn().has_unsent()))
+    }
+
+    #[inline(never)]
+    fn wait_held(&mut self, i: usize) -> Result<()> {
+        if self.holds_unsent(i) {
+            return self.wait_until(None, |ep| !ep.holds_unsent(i));
+        }
+        if matches!(&self.peers[i].link, Link::Udp(u) if u.conn().window_half_used()) {
+            self.progress_pass(true);
+        }
+        Ok(())
+    }
+
     /// [`Endpoint::start_send`]; an eager message or a large one's announcement is sent
     /// at once (`kick`), or left queued in its link for a later kick (a batch's messages
     /// then leave together: one gathering write over TCP, one batch of datagrams over

@@ -19,18 +19,23 @@ pub(super) const TOK_TCP_LISTENER: u64 = u64::MAX - 1;
 pub(super) const TOK_TCP_INCOMING: u64 = u64::MAX - 2;
 
 impl Endpoint {
-    /// Connects over TCP to the endpoint `id` at `dest`: connect (bounded by the connect
-    /// timeout), hello, then progress everything else until the welcome arrives.
-    pub(super) fn connect_tcp(&mut self, addr: &str, dest: SocketAddr, id: u128) -> Result<PeerId> {
+    /// Connects over TCP to the endpoint `id` at `dest`: connect, hello, then progress
+    /// everything else until the welcome arrives, all by `deadline`.
+    pub(super) fn connect_tcp(
+        &mut self,
+        addr: &str,
+        dest: SocketAddr,
+        id: u128,
+        deadline: Instant,
+    ) -> Result<PeerId> {
         let fail = |why: String| Error::Connect {
             addr: addr.to_string(),
             why,
         };
-        let timeout = self.ctx.config.connect_timeout;
+        let timeout = deadline.saturating_duration_since(Instant::now());
         let tcp = self.tcp.as_ref().ok_or_else(|| {
             fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into())
         })?;
-        let deadline = Instant::now() + timeout;
         let mut link = tcp
             .connect(dest, id, timeout)
             .map_err(|e| fail(format!("TCP connect to {dest}: {e}")))?;

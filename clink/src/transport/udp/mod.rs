@@ -142,6 +142,10 @@ pub struct UdpConfig {
     /// Which interface's address to advertise when bound to all of them
     /// (`CLINK_NET_DEVICES`, [`crate::netdev`]); empty: the first non-loopback one.
     pub devices: Vec<crate::netdev::DeviceRule>,
+    /// How long a connect waits for a UDP welcome before it gives UDP up and connects
+    /// over TCP, when the peer offers TCP too; `None`: never (UDP until the connect
+    /// timeout).
+    pub fallback: Option<Duration>,
 }
 
 impl Default for UdpConfig {
@@ -163,6 +167,7 @@ impl Default for UdpConfig {
             payload_hash: false,
             keepalive_thread: true,
             devices: Vec::new(),
+            fallback: Some(Duration::from_millis(1000)),
         }
     }
 }
@@ -174,6 +179,9 @@ pub struct UdpStats {
     pub stray: u64,
     /// Handshake datagrams that failed to parse or were addressed to another endpoint.
     pub bad_handshakes: u64,
+    /// Incoming connections welcomed whose connector never sent a datagram after the
+    /// hello (it gave up, or fell back to TCP), dropped.
+    pub abandoned_handshakes: u64,
     /// Datagrams read into a speculative layout that were not the expected fragment
     /// (gathered and handled by the ordinary path).
     pub spec_misses: u64,
@@ -211,6 +219,27 @@ pub struct UdpStats {
     pub own_queue_grants: u64,
 }
 
+/// An incoming connection welcomed but not yet taken up: its connector has sent nothing
+/// since the hello. It is offered to the application only once a datagram of its own
+/// arrives (the connector's first one is a ping), so a connector that gave up on it (it
+/// fell back to TCP, or the welcome never reached it) leaves no peer behind.
+struct HalfOpen {
+    link: UdpLink,
+    /// When its last hello came.
+    hello_at: Instant,
+}
+
+/// How long a welcomed connection waits for its connector's first datagram (hellos that
+/// keep coming restart the wait).
+const HALF_OPEN_FOR: Duration = Duration::from_secs(10);
+/// Datagrams of connections not yet adopted by the endpoint kept for it (beyond them, a
+/// connection's reliability resends what it needs).
+const EARLY_MAX: usize = 256;
+
+/// Passes that read the main socket after a peer's own socket opened (what the peer sent
+/// before then, a connector's first messages say, waits there).
+const MAIN_DRAIN_PASSES: u32 = 4;
+
 /// An outgoing connection waiting for its welcome.
 struct Pending {
     dest: SocketAddr,
@@ -235,6 +264,9 @@ pub struct UdpTransport {
     read_fresh: bool,
     /// Routes whose peer has no socket of its own (their datagrams reach the main one).
     uncovered: usize,
+    /// Passes left that read the main socket whatever its cadence: a peer's socket just
+    /// opened, and what the peer sent before it did waits in the main one.
+    main_drain: u32,
     faults: Option<Faults>,
     /// Whether speculation pays for the armed stream.
     confidence: Confidence,
@@ -353,7 +385,17 @@ struct State {
     batch: TxBatch,
     routes: Routes,
     pending: Vec<Pending>,
+    /// Incoming connections waiting for their connector's first datagram.
+    half_open: Vec<HalfOpen>,
+    /// Incoming connections taken up, for the endpoint to adopt.
     accepted: Vec<UdpLink>,
+    /// Datagrams that arrived for connections of `accepted` before the endpoint routed
+    /// them, handed over again at the next receive.
+    early: Vec<(SocketAddr, Vec<u8>)>,
+    /// Welcomes queued by a receive, sent at its end: no link transmits them (a welcomed
+    /// connection is adopted only once taken up), and a receive made outside a progress
+    /// pass (a wait's read) flushes nothing else.
+    welcomes_due: bool,
     /// The monotonic clock's reading when the transport started, ns.
     epoch: u64,
     /// The clock's last reading ([`State::now`]): never behind any reading handed out.
@@ -503,25 +545,53 @@ impl State {
                 true
             }
             None => {
-                self.stats.stray += 1;
+                self.take_up(src, d);
                 false
             }
         }
     }
 
+    /// A datagram for no route: the first of a welcomed connection (which it takes up), a
+    /// later one of a connection the endpoint has not adopted yet (both kept for the
+    /// next receive), or a stray.
+    fn take_up(&mut self, src: SocketAddr, d: &[u8]) {
+        let Some(conn) = peek_conn(d) else {
+            self.stats.stray += 1;
+            return;
+        };
+        let ours = |l: &UdpLink| l.dest == src && l.conn.config().conn_id == conn;
+        if let Some(i) = self.half_open.iter().position(|h| ours(&h.link)) {
+            let h = self.half_open.swap_remove(i);
+            self.accepted.push(h.link);
+        } else if !self.accepted.iter().any(ours) {
+            self.stats.stray += 1;
+            return;
+        }
+        if self.early.len() < EARLY_MAX {
+            self.early.push((src, d.to_vec()));
+        }
+    }
+
     fn on_hello(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
         // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
-        let known = self.routes.get((src, conn)).is_some()
-            || self
-                .accepted
-                .iter()
-                .any(|l| l.dest == src && l.conn.config().conn_id == conn);
+        let ours = |l: &UdpLink| l.dest == src && l.conn.config().conn_id == conn;
+        let waiting = self.half_open.iter_mut().find(|h| ours(&h.link));
+        let known = if let Some(h) = waiting {
+            h.hello_at = Instant::now();
+            true
+        } else {
+            self.routes.get((src, conn)).is_some() || self.accepted.iter().any(ours)
+        };
         if !known {
             let c = Conn::new(self.conn_config(conn, src, &hs), self.now());
-            self.accepted.push(UdpLink::new(c, src, hs.from));
+            self.half_open.push(HalfOpen {
+                link: UdpLink::new(c, src, hs.from),
+                hello_at: Instant::now(),
+            });
         }
         let hs = self.handshake(hs.from, src);
         self.send_handshake(src, Datagram::Welcome { conn, hs });
+        self.welcomes_due = true;
     }
 }
 
@@ -557,6 +627,7 @@ impl UdpTransport {
             passes: 0,
             read_fresh: false,
             uncovered: 0,
+            main_drain: 0,
             faults: cfg.faults.active().then(|| Faults::new(cfg.faults.clone())),
             confidence: Confidence::default(),
             st: State {
@@ -568,6 +639,9 @@ impl UdpTransport {
                 batch,
                 routes: Routes::default(),
                 pending: Vec::new(),
+                half_open: Vec::new(),
+                early: Vec::new(),
+                welcomes_due: false,
                 accepted: Vec::new(),
                 epoch: crate::sys::monotonic_ns(),
                 last_now: std::cell::Cell::new(0),
@@ -733,7 +807,10 @@ impl UdpTransport {
         let p = &mut self.st.pending[i];
         if let Some(hs) = p.welcomed {
             let p = self.st.pending.swap_remove(i);
-            let conn = Conn::new(self.st.conn_config(p.conn, p.dest, &hs), self.now());
+            let mut conn = Conn::new(self.st.conn_config(p.conn, p.dest, &hs), self.now());
+            // Takes the connection up at the acceptor (which offers it to its application
+            // only then).
+            conn.ping_now();
             return Some(UdpLink::new(conn, p.dest, p.remote_id));
         }
         if p.last_hello.elapsed() >= HELLO_EVERY {
@@ -751,6 +828,7 @@ impl UdpTransport {
     pub fn active(&self) -> bool {
         !self.st.routes.map.is_empty()
             || !self.st.pending.is_empty()
+            || !self.st.half_open.is_empty()
             || !self.st.accepted.is_empty()
     }
 
@@ -773,6 +851,7 @@ impl UdpTransport {
         if self.peers.open(link.dest) {
             // Its datagrams move to the new socket: a layout for it must move too.
             self.disarm();
+            self.main_drain = MAIN_DRAIN_PASSES;
         }
         self.count_uncovered();
     }
@@ -853,8 +932,23 @@ impl UdpTransport {
             .chain(self.ring_new_fd.take())
     }
 
-    /// Links of peers that connected to us since the last call.
+    /// How long a connect waits for a UDP welcome before falling back to TCP
+    /// ([`UdpConfig::fallback`]).
+    pub fn fallback_after(&self) -> Option<Duration> {
+        self.st.cfg.fallback
+    }
+
+    /// Links of peers that connected to us since the last call (and took the connection
+    /// up: see [`HalfOpen`]). Drops welcomed connections whose connector stayed silent
+    /// for [`HALF_OPEN_FOR`].
     pub fn take_accepted(&mut self) -> Vec<UdpLink> {
+        if !self.st.half_open.is_empty() {
+            let before = self.st.half_open.len();
+            self.st
+                .half_open
+                .retain(|h| h.hello_at.elapsed() < HALF_OPEN_FOR);
+            self.st.stats.abandoned_handshakes += (before - self.st.half_open.len()) as u64;
+        }
         std::mem::take(&mut self.st.accepted)
     }
 

@@ -133,6 +133,9 @@ impl UdpTransport {
     pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
         let n = self.receive_all(all, sink);
         self.collect_unreachable();
+        if std::mem::take(&mut self.st.welcomes_due) {
+            self.flush();
+        }
         n
     }
 
@@ -198,8 +201,10 @@ impl UdpTransport {
             CLOCK_EVERY
         };
         let mut now = (all || self.passes.is_multiple_of(every)).then(|| self.st.now());
+        let early = self.replay_early(&mut now, sink);
         let from_ring = self.receive_ring(&mut now, sink);
         self.ring_reads = from_ring;
+        let from_ring = from_ring + early;
         // A notice: a coalesced run of data waits in some socket (the main one, maybe).
         if self.ring.as_mut().is_some_and(ring::RxRing::take_notice) {
             self.notice_due = NOTICE_PASSES;
@@ -213,6 +218,7 @@ impl UdpTransport {
         if self.ring.is_some() {
             let every_pass = all
                 || self.sock_hot
+                || self.main_drain > 0
                 || self.bulk_expected
                 || self.st.armed.is_some()
                 || self.steer.is_open()
@@ -244,6 +250,27 @@ impl UdpTransport {
             return from_ring + n + later;
         }
         from_ring + n
+    }
+
+    /// Hands over the datagrams that came for connections before the endpoint adopted
+    /// them (see [`State::take_up`]); those whose connection is still not routed wait for
+    /// the next pass.
+    fn replay_early(
+        &mut self,
+        now: &mut Option<u64>,
+        sink: &mut impl FnMut(usize, Got<'_>, u64),
+    ) -> usize {
+        if self.st.early.is_empty() {
+            return 0;
+        }
+        let t = *now.get_or_insert_with(|| self.st.now());
+        let early = std::mem::take(&mut self.st.early);
+        let n = early.len();
+        for (src, d) in &early {
+            self.st
+                .dispatch(&mut |i, d| sink(i, Got::Datagram(d), t), *src, d);
+        }
+        n
     }
 
     /// Reads the receive ring (if any): its datagrams (never bulk fragments) to `sink`,
@@ -301,9 +328,11 @@ impl UdpTransport {
     ) -> usize {
         let main = all
             || self.uncovered > 0
+            || self.main_drain > 0
             || self.faults.is_some()
             || !self.st.pending.is_empty()
             || self.passes.is_multiple_of(main_every);
+        self.main_drain = self.main_drain.saturating_sub(1);
         if self.st.armed.is_none() && !main && !self.steer.is_open() {
             let n = self.receive_peers(now, sink);
             self.finish_receive(None, n, now.is_some());
