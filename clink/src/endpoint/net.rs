@@ -74,9 +74,8 @@ pub(super) fn spin_for(
 const DRAIN_READS: usize = 8;
 
 impl Endpoint {
-    /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, repeated until
-    /// answered or the connect timeout).
-    /// Connects over UDP to the endpoint `id` at `dest`; when its address offers TCP too
+    /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, the hello repeated
+    /// until answered or the connect timeout); when its address offers TCP too
     /// (`tcp`) and UDP brings no welcome within `CLINK_UDP_FALLBACK_MS` (a firewall that
     /// drops UDP, say), gives UDP up and connects over TCP in the time left. The attempt
     /// given up leaves nothing at the peer: it offers a UDP connection to its application

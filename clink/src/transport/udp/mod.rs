@@ -232,6 +232,8 @@ struct HalfOpen {
 /// How long a welcomed connection waits for its connector's first datagram (hellos that
 /// keep coming restart the wait).
 const HALF_OPEN_FOR: Duration = Duration::from_secs(10);
+/// Welcomed connections kept waiting at most.
+const HALF_OPEN_MAX: usize = 1024;
 /// Datagrams of connections not yet adopted by the endpoint kept for it (beyond them, a
 /// connection's reliability resends what it needs).
 const EARLY_MAX: usize = 256;
@@ -583,6 +585,11 @@ impl State {
             self.routes.get((src, conn)).is_some() || self.accepted.iter().any(ours)
         };
         if !known {
+            if self.half_open.len() >= HALF_OPEN_MAX {
+                // A flood of hellos (forged sources, say): the oldest waits longest.
+                self.half_open.remove(0);
+                self.stats.abandoned_handshakes += 1;
+            }
             let c = Conn::new(self.conn_config(conn, src, &hs), self.now());
             self.half_open.push(HalfOpen {
                 link: UdpLink::new(c, src, hs.from),
@@ -938,9 +945,9 @@ impl UdpTransport {
         self.st.cfg.fallback
     }
 
-    /// Links of peers that connected to us since the last call (and took the connection
-    /// up: see [`HalfOpen`]). Drops welcomed connections whose connector stayed silent
-    /// for [`HALF_OPEN_FOR`].
+    /// Links of peers that connected to us since the last call and took the connection
+    /// up (sent a datagram after the welcome). Drops welcomed connections whose connector
+    /// stayed silent for 10 s.
     pub fn take_accepted(&mut self) -> Vec<UdpLink> {
         if !self.st.half_open.is_empty() {
             let before = self.st.half_open.len();
