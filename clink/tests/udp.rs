@@ -1209,3 +1209,55 @@ fn a_welcomed_connection_is_offered_only_once_its_connector_takes_it_up() {
     let p = a.accept(Some(T)).unwrap();
     assert_eq!(a.peer_endpoint_id(p).unwrap(), from);
 }
+
+#[test]
+fn a_flood_of_hellos_makes_no_peers_and_keeps_the_endpoint_open() {
+    // 1 100 hellos naming this endpoint, each a new connection from one socket (forged
+    // ones, say), none followed by anything: they are welcomed, kept at most 1 024 at a
+    // time, and never offered as peers; a real connector still gets in.
+    use clink_proto::reliable::{Datagram, Handshake};
+    let ctx = net_ctx("", 2000);
+    let mut a = ctx.endpoint().unwrap();
+    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    let flood = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for conn in 1..=1100u32 {
+        let mut hello = Vec::new();
+        Datagram::Hello {
+            conn,
+            hs: Handshake {
+                from: 0xbad,
+                to: me.id,
+                mtu_payload: 1400,
+                payload_hash: false,
+                two_paths: false,
+            },
+        }
+        .encode(&mut hello);
+        flood.send_to(&hello, me.udp[0]).unwrap();
+    }
+    let deadline = Instant::now() + T;
+    while a.stats().handshakes_abandoned < 76 && Instant::now() < deadline {
+        a.progress();
+    }
+    assert_eq!(a.stats().handshakes_abandoned, 76);
+    assert!(matches!(
+        a.accept(Some(Duration::from_millis(300))),
+        Err(Error::Timeout)
+    ));
+    let addr = a.address();
+    let client = std::thread::spawn(move || {
+        let ctx = net_ctx("", 2000);
+        let mut b = ctx.endpoint().unwrap();
+        let p = b.connect(&addr).unwrap();
+        b.send(p, 1, b"in").unwrap();
+        (ctx, b)
+    });
+    let p = a.accept(Some(T)).unwrap();
+    assert_ne!(a.peer_endpoint_id(p).unwrap(), 0xbad);
+    let mut buf = [0u8; 8];
+    let st = a
+        .recv_timeout(Selector::exact(Some(p), 1), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"in");
+    drop(client.join().unwrap());
+}
