@@ -14,7 +14,8 @@ impl Endpoint {
     pub fn send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<()> {
         // SAFETY: `finish_borrowed_send` returns only once the request is over.
         let lent = SendBuf::Lent(unsafe { Src::new(data.as_ptr(), data.len()) });
-        let req = self.start_send(peer, tag, lent)?;
+        // (Not `start_send`: its one read of held acks is part of `transmit_held` here.)
+        let req = self.start_send_kick(peer, tag, lent, true)?;
         self.finish_borrowed_send(req)?;
         self.transmit_held(peer)
     }
@@ -40,7 +41,6 @@ impl Endpoint {
             }
         }
         self.kick(peer.0 as usize);
-        self.read_held_acks(peer);
         // Every started send must be over before the borrowed slices go away.
         for r in reqs {
             if let Err(e) = self.finish_borrowed_send(r) {

@@ -66,6 +66,12 @@ impl UdpLink {
         &self.conn
     }
 
+    /// What the transport routes its datagrams by: the peer's address and the
+    /// connection id.
+    pub fn route_key(&self) -> (SocketAddr, u32) {
+        (self.dest, self.conn.config().conn_id)
+    }
+
     /// Where the peer's datagrams go.
     pub fn dest(&self) -> SocketAddr {
         self.dest

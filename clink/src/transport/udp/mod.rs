@@ -561,7 +561,7 @@ impl State {
             self.stats.stray += 1;
             return;
         };
-        let ours = |l: &UdpLink| l.dest == src && l.conn.config().conn_id == conn;
+        let ours = |l: &UdpLink| l.route_key() == (src, conn);
         if let Some(i) = self.half_open.iter().position(|h| ours(&h.link)) {
             let h = self.half_open.swap_remove(i);
             self.accepted.push(h.link);
@@ -576,7 +576,7 @@ impl State {
 
     fn on_hello(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
         // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
-        let ours = |l: &UdpLink| l.dest == src && l.conn.config().conn_id == conn;
+        let ours = |l: &UdpLink| l.route_key() == (src, conn);
         let waiting = self.half_open.iter_mut().find(|h| ours(&h.link));
         let known = if let Some(h) = waiting {
             h.hello_at = Instant::now();
@@ -848,8 +848,8 @@ impl UdpTransport {
     /// datagrams, on a connected socket of its own while there are fewer than
     /// [`UdpConfig::peer_sockets`].
     pub fn route(&mut self, link: &mut UdpLink, idx: usize) {
-        let conn = link.conn.config().conn_id;
-        self.st.routes.insert((link.dest, conn), idx);
+        let (_, conn) = link.route_key();
+        self.st.routes.insert(link.route_key(), idx);
         self.start_keepalive();
         if let Some(k) = &self.keepalive {
             link.standing = Some(k.add(link.dest, conn));
@@ -867,12 +867,12 @@ impl UdpTransport {
     /// fast-stream grant passes on, its socket (when no other link goes to its address)
     /// closes.
     pub fn unroute(&mut self, link: &UdpLink) {
-        let conn = link.conn.config().conn_id;
+        let (_, conn) = link.route_key();
         if let Some(k) = &self.keepalive {
             k.remove(link.dest, conn);
         }
         let st = &mut self.st;
-        if let Some(i) = st.routes.remove((link.dest, conn)) {
+        if let Some(i) = st.routes.remove(link.route_key()) {
             let now = st.now();
             st.gate.forget(now, i, &mut st.decisions);
         }
