@@ -22,7 +22,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_CONNECT_TIMEOUT_MS", "connect handshake timeout (default 5000)"),
     ("CLINK_LIVENESS_MS", "how often a busy-polling endpoint checks peers for death (default 10)"),
     ("CLINK_BOARD_PEERS", "same-host peers from which progress visits only the peers that raised their bit on the activity board (default 4; 0 = never)"),
-    ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise (TCP when the peer offers only TCP or UDP is off); 'udp': UDP even on the same host (loopback tests and benchmarks); 'tcp': TCP for every peer, even on the same host"),
+    ("CLINK_TRANSPORT", "'auto' (default): shared memory on the same host, UDP otherwise (TCP when the peer offers only TCP or UDP is off); 'udp': UDP even on the same host (loopback tests and benchmarks), never falling back to TCP (unless CLINK_UDP_FALLBACK_MS says so); 'tcp': TCP for every peer, even on the same host"),
     ("CLINK_UDP", "'on' (default): offer the UDP network transport to peers on other hosts; 'off': same-host shared memory only"),
     ("CLINK_UDP_BIND", "IP address:port the UDP socket binds (default 0.0.0.0:0: every interface, all of whose addresses are advertised; see CLINK_NET_DEVICES)"),
     ("CLINK_UDP_MTU", "path MTU in bytes for fragmentation (default: the MTU of the advertised interface; jumbo frames welcome)"),
@@ -40,7 +40,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
     ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
     ("CLINK_NET_DEVICES", "which interfaces' addresses the network transports advertise when bound to all interfaces: interface names and IPv4 or IPv6 subnets, comma-separated, in order of preference (e.g. 'eth1', '10.1.0.0/16' or 'fd00:1::/64'); default: every non-loopback IPv4 interface that is up (IPv6 ones on a host without IPv4). A list nothing matches is an error naming the interfaces there are. A connecting peer picks the advertised address on a subnet it shares"),
-    ("CLINK_UDP_FALLBACK_MS", "how long a connect waits for the peer's UDP welcome before it gives UDP up and connects over TCP, when the peer's address offers TCP too (a firewall that drops UDP), milliseconds (default 1000; 0: never, UDP until CLINK_CONNECT_TIMEOUT_MS); the attempt given up leaves no peer behind at the other end"),
+    ("CLINK_UDP_FALLBACK_MS", "how long a connect waits for the peer's UDP welcome before it gives UDP up and connects over TCP, when the peer's address offers TCP too (a firewall that drops UDP), milliseconds (default 1000, or 0 with CLINK_TRANSPORT=udp; 0: never, UDP until CLINK_CONNECT_TIMEOUT_MS); once the TCP connection is made (the path works), UDP gets 300 ms more, its hello repeated, before TCP is used; the attempt given up leaves no peer behind at the other end"),
     ("CLINK_NET_KEEPALIVE_THREAD", "'1' (default): a thread per endpoint pings its UDP peers while the application makes no call for a keepalive interval and repeats its last acknowledgement to each, so a process that computes for minutes between calls stays alive to its peers and their sends whose final ack was lost complete (TCP peers are kept alive by the kernel's keepalives); '0': no thread, the application must call in more often than CLINK_NET_DEAD_MS"),
     ("CLINK_FAULTS", "faults injected on UDP receive, e.g. 'drop=0.01,dup=0.001,corrupt=0.001,reorder=0.01,delay_us=200,seed=7' (default none)"),
 ];
@@ -152,6 +152,7 @@ impl Config {
         let mut c = Config::default();
         let mut udp = UdpConfig::default();
         let mut udp_on = true;
+        let mut fallback_set = false;
         let mut tcp = TcpConfig::default();
         let mut tcp_on = true;
         for (k, v) in vars {
@@ -248,6 +249,7 @@ impl Config {
                 "CLINK_UDP_FALLBACK_MS" => {
                     let ms = num(&k, &v, 0, 3_600_000)?;
                     udp.fallback = (ms > 0).then(|| Duration::from_millis(ms));
+                    fallback_set = true;
                 }
                 "CLINK_NET_DEVICES" => {
                     udp.devices = crate::netdev::parse_rules(&v).map_err(|e| bad(&k, &v, &e))?;
@@ -279,6 +281,10 @@ impl Config {
                     )));
                 }
             }
+        }
+        if c.force_net && !c.prefer_tcp && !fallback_set {
+            // UDP asked for by name: a connect that falls back to TCP would hide it.
+            udp.fallback = None;
         }
         c.udp = udp_on.then_some(udp);
         c.tcp = tcp_on.then_some(tcp);
@@ -338,6 +344,16 @@ mod tests {
         assert!(!udp("PATH", "x").force_miss);
         assert!(udp("CLINK_UDP_PAYLOAD_HASH", "1").payload_hash);
         assert!(!udp("PATH", "x").payload_hash);
+        // UDP by name never falls back to TCP, unless the fallback is named too.
+        let fallback =
+            |v: &[(&str, &str)]| Config::from_vars(vars(v)).unwrap().udp.unwrap().fallback;
+        assert_eq!(fallback(&[]), Some(Duration::from_millis(1000)));
+        assert_eq!(fallback(&[("CLINK_UDP_FALLBACK_MS", "0")]), None);
+        assert_eq!(fallback(&[("CLINK_TRANSPORT", "udp")]), None);
+        assert_eq!(
+            fallback(&[("CLINK_TRANSPORT", "udp"), ("CLINK_UDP_FALLBACK_MS", "300")]),
+            Some(Duration::from_millis(300))
+        );
         let board = |v: &str| Config::from_vars(vars(&[("CLINK_BOARD_PEERS", v)]));
         let slots = crate::transport::shm::board::SLOTS;
         assert_eq!(board(&slots.to_string()).unwrap().board_peers, slots);

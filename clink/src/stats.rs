@@ -65,8 +65,9 @@ counters! {
     peers_failed,
     /// Incoming connections refused (bad handshake, other uid, silent, ...).
     handshakes_refused,
-    /// Incoming UDP connections welcomed that their connector never took up (it gave up,
-    /// or fell back to TCP), dropped without being offered to the application.
+    /// Incoming connections their connector gave up before they were offered to the
+    /// application: UDP ones welcomed but never taken up (it gave up, or fell back to TCP),
+    /// TCP ones closed before their hello (it reached this endpoint over UDP after all).
     handshakes_abandoned,
     /// Connections made over TCP because the peer's UDP address did not answer within
     /// `CLINK_UDP_FALLBACK_MS`.

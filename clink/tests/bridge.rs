@@ -159,6 +159,7 @@ fn stream16(loss_pct: f64, n: usize) -> (clink::Stats, u64) {
     let b = bridge(loss_pct);
     let (addr, h) = in_netns(b.ns(0), config(Duration::from_secs(2)), move |mut ep| {
         let peer = ep.accept(Some(T)).unwrap();
+        assert_eq!(ep.transport(peer).unwrap(), "udp");
         let mut buf = vec![0u8; MIB16];
         for i in 0..n {
             let st = ep

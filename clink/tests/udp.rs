@@ -1169,6 +1169,114 @@ fn a_peer_whose_udp_does_not_answer_is_reached_over_tcp() {
 }
 
 #[test]
+fn a_connect_whose_udp_answers_once_tcp_is_made_stays_on_udp() {
+    // The first hellos are lost (as behind a lost ARP request): the connect reaches the
+    // fallback time and makes a TCP connection, which proves the path; UDP answers in its
+    // last chance and wins. The TCP connection closes unused, before its hello.
+    use std::io::Read;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let ctx = net_ctx("", 2000);
+    let mut a = ctx.endpoint().unwrap();
+    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    // A relay in front of the peer's UDP address that drops everything until a TCP
+    // connection reaches the listener in front of its TCP address.
+    let relay = UdpSocket::bind("127.0.0.1:0").unwrap();
+    relay
+        .set_read_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut at = me.clone();
+    at.udp = vec![relay.local_addr().unwrap()];
+    at.tcp = vec![listener.local_addr().unwrap()];
+    let (open, done) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let peer_udp = me.udp[0];
+    let relaying = {
+        let (open, done) = (open.clone(), done.clone());
+        std::thread::spawn(move || {
+            let (mut connector, mut dropped) = (None, 0);
+            let mut buf = [0u8; 65536];
+            while !done.load(Ordering::Relaxed) {
+                let Ok((n, from)) = relay.recv_from(&mut buf) else {
+                    continue;
+                };
+                if from == peer_udp {
+                    if let Some(c) = connector {
+                        relay.send_to(&buf[..n], c).unwrap();
+                    }
+                } else if open.load(Ordering::Relaxed) {
+                    connector = Some(from);
+                    relay.send_to(&buf[..n], peer_udp).unwrap();
+                } else {
+                    dropped += 1;
+                }
+            }
+            dropped
+        })
+    };
+    let accepting = {
+        let open = open.clone();
+        std::thread::spawn(move || {
+            let (mut sock, _) = listener.accept().unwrap();
+            open.store(true, Ordering::Relaxed);
+            sock.set_read_timeout(Some(T)).unwrap();
+            let mut got = Vec::new();
+            sock.read_to_end(&mut got).unwrap();
+            got.len()
+        })
+    };
+    let addr = at.to_string();
+    let client = std::thread::spawn(move || {
+        let ctx = net_ctx("fallback", 2000);
+        let mut b = ctx.endpoint().unwrap();
+        let t = Instant::now();
+        let p = b.connect(&addr).unwrap();
+        let took = t.elapsed();
+        assert_eq!(b.transport(p).unwrap(), "udp");
+        assert_eq!(b.stats().udp_fallbacks, 0);
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        b.send(p, 5, b"over udp").unwrap();
+        (ctx, b)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), "udp");
+    let mut buf = [0u8; 16];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], b"over udp");
+    let (_ctx, b) = client.join().unwrap();
+    drop(b);
+    assert_eq!(
+        accepting.join().unwrap(),
+        0,
+        "the TCP connection sent its hello"
+    );
+    done.store(true, Ordering::Relaxed);
+    assert!(relaying.join().unwrap() > 0, "no hello was lost");
+}
+
+#[test]
+fn a_tcp_connection_closed_before_its_hello_is_dropped_quietly() {
+    // What a connector that reached this endpoint over UDP after all leaves behind.
+    let ctx = net_ctx("", 2000);
+    let mut a = ctx.endpoint().unwrap();
+    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    drop(std::net::TcpStream::connect(me.tcp[0]).unwrap());
+    let t = Instant::now();
+    while a.stats().handshakes_abandoned == 0 {
+        assert!(t.elapsed() < T, "never dropped: {:?}", a.stats());
+        assert!(a.accept(Some(Duration::from_millis(10))).is_err());
+    }
+    let s = a.stats();
+    assert_eq!((s.handshakes_abandoned, s.handshakes_refused), (1, 0));
+    assert_eq!(a.last_error(), None);
+}
+
+#[test]
 fn a_welcomed_connection_is_offered_only_once_its_connector_takes_it_up() {
     // A hello alone (from a connector that then gave up, or fell back to TCP) is
     // answered but makes no peer; the connector's next datagram makes it one.

@@ -6,7 +6,7 @@ use super::link::Link;
 use super::net::spin_for;
 use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
-use crate::transport::tcp::{LinkError, TcpTransport};
+use crate::transport::tcp::{LinkError, TcpLink, TcpTransport};
 use crate::{Selector, Status};
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
@@ -36,9 +36,27 @@ impl Endpoint {
         let tcp = self.tcp.as_ref().ok_or_else(|| {
             fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into())
         })?;
-        let mut link = tcp
+        let link = tcp
             .connect(dest, id, timeout)
             .map_err(|e| fail(format!("TCP connect to {dest}: {e}")))?;
+        self.tcp_welcome(addr, dest, link, deadline)
+    }
+
+    /// Drives `link` (connected to `dest`, its hello queued) until the welcome arrives,
+    /// progressing everything else meanwhile, by `deadline`; the welcomed link becomes a
+    /// peer.
+    pub(super) fn tcp_welcome(
+        &mut self,
+        addr: &str,
+        dest: SocketAddr,
+        mut link: TcpLink,
+        deadline: Instant,
+    ) -> Result<PeerId> {
+        let fail = |why: String| Error::Connect {
+            addr: addr.to_string(),
+            why,
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
         loop {
             let r = link.write().and_then(|_| link.receive());
             // A refusal is followed by the end of the stream, often in the same read: the
@@ -88,6 +106,7 @@ impl Endpoint {
             return false;
         };
         let hs = tcp.poll_incoming(self.ctx.config.connect_timeout);
+        self.stats.handshakes_abandoned += hs.abandoned;
         for why in hs.dropped {
             self.stats.handshakes_refused += 1;
             self.last_error = Some(why);

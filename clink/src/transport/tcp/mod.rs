@@ -66,6 +66,9 @@ pub struct Handshakes {
     /// Why connections were dropped (refused, malformed, silent); closing them took them
     /// out of the endpoint's epoll set.
     pub dropped: Vec<String>,
+    /// Connections closed before their hello (a connector that gave them up: it reached
+    /// this endpoint over UDP after all), dropped quietly.
+    pub abandoned: u64,
 }
 
 /// The endpoint's listening socket and the connections being set up.
@@ -154,7 +157,12 @@ impl TcpTransport {
         remote_id: u128,
         timeout: Duration,
     ) -> std::io::Result<TcpLink> {
-        let sock = TcpStream::connect_timeout(&dest, timeout)?;
+        self.hello(TcpStream::connect_timeout(&dest, timeout)?, remote_id)
+    }
+
+    /// A link on `sock` (connected to the endpoint `remote_id`) with the hello queued, as
+    /// [`TcpTransport::connect`] makes it.
+    pub fn hello(&self, sock: TcpStream, remote_id: u128) -> std::io::Result<TcpLink> {
         let mut link = TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after)?;
         link.remote_id = remote_id;
         link.queue_record(
@@ -247,6 +255,11 @@ impl TcpTransport {
                     }
                 }
                 (_, Some((k, _))) => Some(Err(format!("TCP connection opened with a {k:?}"))),
+                (Err(LinkError::Closed), None) => {
+                    out.abandoned += 1;
+                    self.incoming.swap_remove(i);
+                    continue;
+                }
                 (Err(e), None) => Some(Err(format!("TCP connection before its hello: {e}"))),
                 (Ok(_), None) if inc.since.elapsed() >= timeout => {
                     Some(Err(format!("TCP connection silent for {timeout:?}")))

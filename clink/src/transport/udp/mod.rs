@@ -144,7 +144,7 @@ pub struct UdpConfig {
     pub devices: Vec<crate::netdev::DeviceRule>,
     /// How long a connect waits for a UDP welcome before it gives UDP up and connects
     /// over TCP, when the peer offers TCP too; `None`: never (UDP until the connect
-    /// timeout).
+    /// timeout; the default with `CLINK_TRANSPORT=udp`).
     pub fallback: Option<Duration>,
 }
 
@@ -801,9 +801,7 @@ impl UdpTransport {
             last_hello: Instant::now(),
             welcomed: None,
         });
-        let hs = self.st.handshake(remote_id, dest);
-        self.st.send_handshake(dest, Datagram::Hello { conn, hs });
-        self.flush();
+        self.hello_now(conn);
         Ok(conn)
     }
 
@@ -821,13 +819,22 @@ impl UdpTransport {
             return Some(UdpLink::new(conn, p.dest, p.remote_id));
         }
         if p.last_hello.elapsed() >= HELLO_EVERY {
-            p.last_hello = Instant::now();
-            let (dest, conn, to) = (p.dest, p.conn, p.remote_id);
-            let hs = self.st.handshake(to, dest);
-            self.st.send_handshake(dest, Datagram::Hello { conn, hs });
-            self.flush();
+            self.hello_now(token);
         }
         None
+    }
+
+    /// Sends the hello of the connection `token` (being set up) now; its repeats count
+    /// from here.
+    pub fn hello_now(&mut self, token: u32) {
+        let Some(p) = self.st.pending.iter_mut().find(|p| p.conn == token) else {
+            return;
+        };
+        p.last_hello = Instant::now();
+        let (dest, conn, to) = (p.dest, p.conn, p.remote_id);
+        let hs = self.st.handshake(to, dest);
+        self.st.send_handshake(dest, Datagram::Hello { conn, hs });
+        self.flush();
     }
 
     /// True while the transport has peers or connections being set up (the socket needs
