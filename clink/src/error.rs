@@ -100,6 +100,16 @@ pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error
     move |source| Error::Io { what, source }
 }
 
+impl Error {
+    /// A failed connect to `addr`, for the reason `why`.
+    pub(crate) fn connect(addr: &str, why: String) -> Error {
+        Error::Connect {
+            addr: addr.to_string(),
+            why,
+        }
+    }
+}
+
 impl From<clink_proto::msg::Failure> for Error {
     fn from(f: clink_proto::msg::Failure) -> Error {
         use clink_proto::msg::Failure;

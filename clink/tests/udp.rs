@@ -1134,6 +1134,38 @@ fn with_udp(addr: &str, udp: std::net::SocketAddr) -> String {
     a.to_string()
 }
 
+/// A thread connecting to `addr` with a 300 ms fallback, which takes at least that long
+/// and ends on `transport` (having fallen back when that is "tcp"), then sends a word in
+/// its name with tag 5.
+fn connect_past_fallback(
+    addr: String,
+    transport: &'static str,
+) -> std::thread::JoinHandle<(Context, Endpoint)> {
+    std::thread::spawn(move || {
+        let ctx = net_ctx("fallback", 2000);
+        let mut b = ctx.endpoint().unwrap();
+        let t = Instant::now();
+        let p = b.connect(&addr).unwrap();
+        let took = t.elapsed();
+        assert_eq!(b.transport(p).unwrap(), transport);
+        assert_eq!(b.stats().udp_fallbacks, u64::from(transport == "tcp"));
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        b.send(p, 5, transport.as_bytes()).unwrap();
+        (ctx, b)
+    })
+}
+
+/// Accepts [`connect_past_fallback`]'s peer on `a` and receives its word.
+fn accept_word(a: &mut Endpoint, transport: &str) {
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(a.transport(pa).unwrap(), transport);
+    let mut buf = [0u8; 16];
+    let st = a
+        .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
+        .unwrap();
+    assert_eq!(&buf[..st.len as usize], transport.as_bytes());
+}
+
 #[test]
 fn a_peer_whose_udp_does_not_answer_is_reached_over_tcp() {
     // The peer's UDP address leads to a socket that drops everything, as a firewall
@@ -1143,25 +1175,8 @@ fn a_peer_whose_udp_does_not_answer_is_reached_over_tcp() {
     let mut a = ctx.endpoint().unwrap();
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = with_udp(&a.address(), silent.local_addr().unwrap());
-    let client = std::thread::spawn(move || {
-        let ctx = net_ctx("fallback", 2000);
-        let mut b = ctx.endpoint().unwrap();
-        let t = Instant::now();
-        let p = b.connect(&addr).unwrap();
-        let took = t.elapsed();
-        assert_eq!(b.transport(p).unwrap(), "tcp");
-        assert_eq!(b.stats().udp_fallbacks, 1);
-        assert!(took >= Duration::from_millis(300), "{took:?}");
-        b.send(p, 5, b"over tcp").unwrap();
-        (ctx, b)
-    });
-    let pa = a.accept(Some(T)).unwrap();
-    assert_eq!(a.transport(pa).unwrap(), "tcp");
-    let mut buf = [0u8; 16];
-    let st = a
-        .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], b"over tcp");
+    let client = connect_past_fallback(addr, "tcp");
+    accept_word(&mut a, "tcp");
     // The hellos did reach the silent socket (nothing else answered them).
     silent.set_nonblocking(true).unwrap();
     assert!(silent.recv_from(&mut [0u8; 2048]).is_ok());
@@ -1228,26 +1243,8 @@ fn a_connect_whose_udp_answers_once_tcp_is_made_stays_on_udp() {
             got.len()
         })
     };
-    let addr = at.to_string();
-    let client = std::thread::spawn(move || {
-        let ctx = net_ctx("fallback", 2000);
-        let mut b = ctx.endpoint().unwrap();
-        let t = Instant::now();
-        let p = b.connect(&addr).unwrap();
-        let took = t.elapsed();
-        assert_eq!(b.transport(p).unwrap(), "udp");
-        assert_eq!(b.stats().udp_fallbacks, 0);
-        assert!(took >= Duration::from_millis(300), "{took:?}");
-        b.send(p, 5, b"over udp").unwrap();
-        (ctx, b)
-    });
-    let pa = a.accept(Some(T)).unwrap();
-    assert_eq!(a.transport(pa).unwrap(), "udp");
-    let mut buf = [0u8; 16];
-    let st = a
-        .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], b"over udp");
+    let client = connect_past_fallback(at.to_string(), "udp");
+    accept_word(&mut a, "udp");
     let (_ctx, b) = client.join().unwrap();
     drop(b);
     assert_eq!(

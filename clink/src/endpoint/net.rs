@@ -97,10 +97,7 @@ impl Endpoint {
         id: u128,
         tcp: Option<SocketAddr>,
     ) -> Result<PeerId> {
-        let fail = |why: String| Error::Connect {
-            addr: addr.to_string(),
-            why,
-        };
+        let fail = |why: String| Error::connect(addr, why);
         let net = self.net.as_mut().ok_or_else(|| {
             fail("the endpoint is on another host and this endpoint's UDP transport is off (CLINK_UDP=off)".into())
         })?;

@@ -13,10 +13,7 @@ impl Endpoint {
     pub fn connect(&mut self, addr: &str) -> Result<PeerId> {
         self.check_fork()?;
         let a = Address::parse(addr)?;
-        let fail = |why: &str| Error::Connect {
-            addr: addr.to_string(),
-            why: why.to_string(),
-        };
+        let fail = |why: &str| Error::connect(addr, why.to_string());
         if a.id == self.id {
             return Err(fail("that is this endpoint itself"));
         }

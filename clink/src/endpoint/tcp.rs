@@ -28,10 +28,7 @@ impl Endpoint {
         id: u128,
         deadline: Instant,
     ) -> Result<PeerId> {
-        let fail = |why: String| Error::Connect {
-            addr: addr.to_string(),
-            why,
-        };
+        let fail = |why: String| Error::connect(addr, why);
         let timeout = deadline.saturating_duration_since(Instant::now());
         let tcp = self.tcp.as_ref().ok_or_else(|| {
             fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into())
@@ -52,10 +49,7 @@ impl Endpoint {
         mut link: TcpLink,
         deadline: Instant,
     ) -> Result<PeerId> {
-        let fail = |why: String| Error::Connect {
-            addr: addr.to_string(),
-            why,
-        };
+        let fail = |why: String| Error::connect(addr, why);
         let timeout = deadline.saturating_duration_since(Instant::now());
         loop {
             let r = link.write().and_then(|_| link.receive());

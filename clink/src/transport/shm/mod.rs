@@ -341,10 +341,7 @@ impl ShmPeer {
         mut while_waiting: impl FnMut(),
     ) -> Result<ShmPeer> {
         let cfg = &me.config;
-        let fail = |why: String| Error::Connect {
-            addr: name.to_string(),
-            why,
-        };
+        let fail = |why: String| Error::connect(name, why);
         let sock = SeqPacket::connect(name).map_err(|e| match e.raw_os_error() {
             Some(libc::ECONNREFUSED) | Some(libc::ENOENT) => {
                 fail("no endpoint listens there (exited, or another network namespace)".into())
@@ -429,10 +426,7 @@ impl ShmPeer {
     /// ([`ShmPeer::on_socket_readable`]).
     pub fn accept(sock: SeqPacket, me: &Local) -> Result<ShmPeer> {
         let cfg = &me.config;
-        let fail = |why: String| Error::Connect {
-            addr: "incoming connection".into(),
-            why,
-        };
+        let fail = |why: String| Error::connect("incoming connection", why);
         let cred = check_uid(&sock, cfg)?;
         let mut buf = [0u8; 128];
         let mut fds = Vec::new();
