@@ -2,7 +2,9 @@
 //! 8-byte message with every other (an all-to-all, each message checked), and then two
 //! of them (ranks 0 and 1) ping-pong 8 bytes while the others wait in a blocking receive.
 //! Prints the host's shared memory the mesh holds (`Shmem` of `/proc/meminfo` while it
-//! stands, less before it started), the slowest rank's times to connect and to exchange,
+//! stands, less before it started), the ranks' resident memory then (`VmRSS`: with
+//! `CLINK_TRANSPORT=udp` the mesh is made of UDP connections, whose state is private
+//! memory), the slowest rank's times to connect and to exchange,
 //! and the ping-pong's one-way latency. `mesh 2` is the lone pair to compare it with.
 //! Each rank tells its endpoint how many peers to expect (`Endpoint::expect_peers`), which
 //! sizes the rings from the first connection on; `MESH_NO_HINT=1` leaves that out.
@@ -65,6 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut mesh_ms: f64 = 0.0;
     let mut all_ms: f64 = 0.0;
     let mut latency = None;
+    let (mut rss_kib, mut rss_max) = (0.0, 0.0f64);
     for (r, o) in outs.into_iter().enumerate() {
         let o = o?;
         let text = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -77,16 +80,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (Some("mesh_ms"), Some(v)) => mesh_ms = mesh_ms.max(v),
                 (Some("alltoall_ms"), Some(v)) => all_ms = all_ms.max(v),
                 (Some("one_way_us"), Some(v)) => latency = Some(v),
+                (Some("rss_kib"), Some(v)) => {
+                    rss_kib += v;
+                    rss_max = rss_max.max(v);
+                }
                 _ => {}
             }
         }
     }
     let held = during?.saturating_sub(before);
     println!(
-        "{n} processes: shared memory {:.1} MiB while the mesh stands; mesh {mesh_ms:.0} ms, \
+        "{n} processes: shared memory {:.1} MiB while the mesh stands, resident {:.1} MiB in \
+         all (the largest rank {:.1} MiB); mesh {mesh_ms:.0} ms, \
          all-to-all {all_ms:.0} ms (slowest rank); 8 B one-way between ranks 0 and 1: {:.3} us \
          (mean of {iters} round trips)",
         held as f64 / 1024.0,
+        rss_kib / 1024.0,
+        rss_max / 1024.0,
         latency.ok_or("rank 0 printed no latency")?
     );
     Ok(())
@@ -185,6 +195,13 @@ fn rank_main(
         }
     }
     println!("alltoall_ms {:.1}", t.elapsed().as_secs_f64() * 1e3);
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .ok_or("no VmRSS line in /proc/self/status")?;
+    println!("rss_kib {rss}");
     std::fs::write(dir.join(format!("stands.{rank}")), b"")?;
     // The parent's go: it has read the memory the mesh holds.
     wait_for(dir, &["go".to_string()], "go")?;

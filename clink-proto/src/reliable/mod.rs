@@ -101,8 +101,10 @@ mod recovery;
 mod repeat;
 mod rtt;
 mod send;
+mod slots;
 
 use rtt::Rtt;
+use slots::Slots;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -672,7 +674,8 @@ pub struct Conn {
     rcv_ranges: ranges::Ranges,
     /// When the highest packet arrived (for the ack delay).
     rcv_highest_at: u64,
-    slots: Vec<Option<Slot>>,
+    /// What arrived above a hole, by packet number.
+    slots: Slots<Slot>,
     reasm: Option<Reasm>,
     /// Delivered messages' buffers given back ([`Conn::recycle`]), for the next ones.
     spare_bufs: Vec<Vec<u8>>,
@@ -719,8 +722,7 @@ impl Conn {
         cfg.ack_every = cfg.ack_every.max(1);
         cfg.dup_thresh = cfg.dup_thresh.max(1);
         cfg.slow_window = cfg.slow_window.max(1);
-        let mut slots = Vec::new();
-        slots.resize_with(cfg.recv_window as usize, || None);
+        let slots = Slots::new(cfg.recv_window);
         // Before the first ack, the peer's credit is taken to be what this side's own
         // configuration would grant (both sides normally share one configuration).
         let recv_budget = (cfg.recv_buffer_bytes / cfg.mtu_payload) as u64;

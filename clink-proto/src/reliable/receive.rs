@@ -144,11 +144,9 @@ impl Conn {
             self.accept(hdr, payload);
             self.drain_in_order();
         } else {
-            let window = self.cfg.recv_window;
-            self.slots[(hdr.pn % window) as usize] = Some(Slot::Frag {
-                hdr,
-                payload: payload.to_vec(),
-            });
+            let (pn, floor) = (hdr.pn, self.rcv_next);
+            let payload = payload.to_vec();
+            self.slots.put(pn, floor, Slot::Frag { hdr, payload });
         }
         Ok(())
     }
@@ -176,8 +174,7 @@ impl Conn {
             self.rcv_next += 1;
             self.drain_in_order();
         } else {
-            let window = self.cfg.recv_window;
-            self.slots[(hdr.pn % window) as usize] = Some(Slot::Placed);
+            self.slots.put(hdr.pn, self.rcv_next, Slot::Placed);
         }
         Ok(true)
     }
@@ -223,11 +220,11 @@ impl Conn {
         // The next expected packet's slot is always empty (`drain_in_order` and
         // `skip_to` empty it as `rcv_next` reaches it): the in-order case skips the load,
         // a cache miss per message (the ring is walked once per `window` packets).
-        debug_assert!(self.slots[(self.rcv_next % window) as usize].is_none());
+        debug_assert!(!self.slots.has(self.rcv_next, self.rcv_next));
         if pn < self.rcv_next
             || pn != self.rcv_next
                 && pn < self.rcv_next + window
-                && self.slots[(pn % window) as usize].is_some()
+                && self.slots.has(pn, self.rcv_next)
         {
             self.stats.duplicates += 1;
             self.ack_now = true;
@@ -274,9 +271,8 @@ impl Conn {
     }
 
     pub(super) fn drain_in_order(&mut self) {
-        let window = self.cfg.recv_window;
         while self.rcv_next < self.rcv_highest {
-            let Some(slot) = self.slots[(self.rcv_next % window) as usize].take() else {
+            let Some(slot) = self.slots.take(self.rcv_next) else {
                 break;
             };
             self.rcv_next += 1;
@@ -289,9 +285,8 @@ impl Conn {
 
     /// Unreliable mode: stop waiting for every packet below `floor`.
     pub(super) fn skip_to(&mut self, floor: u64) {
-        let window = self.cfg.recv_window;
         while self.rcv_next < floor.min(self.rcv_highest) {
-            match self.slots[(self.rcv_next % window) as usize].take() {
+            match self.slots.take(self.rcv_next) {
                 Some(Slot::Frag { hdr, payload }) => {
                     self.rcv_next += 1;
                     self.accept(hdr, &payload);
@@ -394,11 +389,10 @@ impl Conn {
     /// The packets of `ranges` (from `from` on) not received yet, as at most
     /// [`packet::MAX_RANGES`] ranges.
     pub(super) fn still_missing(&self, ranges: &[(u64, u64)], from: u64) -> Vec<(u64, u64)> {
-        let window = self.cfg.recv_window;
         let mut out: Vec<(u64, u64)> = Vec::new();
         for &(s, e) in ranges {
             for pn in s.max(from)..e.min(self.rcv_highest) {
-                if self.slots[(pn % window) as usize].is_some() {
+                if self.slots.has(pn, self.rcv_next) {
                     continue;
                 }
                 if let Some(last) = out.last_mut().filter(|l| l.1 == pn) {

@@ -191,7 +191,7 @@ fn received_ranges_match_the_slots_in_any_arrival_order() {
             let mut walked = Vec::new();
             let mut run = None;
             for p in rx.rcv_next + 1..rx.rcv_highest + 1 {
-                let have = p < rx.rcv_highest && rx.slots[(p % window) as usize].is_some();
+                let have = p < rx.rcv_highest && rx.slots.has(p, rx.rcv_next);
                 match (have, run) {
                     (true, None) => run = Some(p),
                     (false, Some(s)) => {
