@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 mod lend;
 mod link;
 pub(crate) mod net;
+mod net_connect;
 mod peers;
 mod progress;
 mod protocol;

@@ -18,6 +18,7 @@
 mod admit;
 pub mod bulk;
 pub mod faults;
+mod handshake;
 pub mod keepalive;
 mod link;
 pub mod peers;
@@ -27,6 +28,7 @@ pub mod steer;
 
 pub use crate::sys::udp as sock;
 
+use handshake::{HalfOpen, Pending};
 pub use link::UdpLink;
 use receive::{Armed, Gathered, Misplaced};
 
@@ -62,8 +64,6 @@ const STRAGGLER_BATCHES: usize = 4;
 /// because they are not the fragment the layout expects first (see
 /// [`UdpTransport::receive`]).
 const HEAD_READS: usize = 32;
-/// How often a hello is repeated while connecting.
-const HELLO_EVERY: Duration = Duration::from_millis(100);
 
 /// The largest message payload per datagram for a path MTU.
 pub fn mtu_payload(mtu: usize) -> usize {
@@ -219,38 +219,9 @@ pub struct UdpStats {
     pub own_queue_grants: u64,
 }
 
-/// An incoming connection welcomed but not yet taken up: its connector has sent nothing
-/// since the hello. It is offered to the application only once a datagram of its own
-/// arrives (the connector's first one is a ping), so a connector that gave up on it (it
-/// fell back to TCP, or the welcome never reached it) leaves no peer behind.
-struct HalfOpen {
-    link: UdpLink,
-    /// When its last hello came.
-    hello_at: Instant,
-}
-
-/// How long a welcomed connection waits for its connector's first datagram (hellos that
-/// keep coming restart the wait).
-const HALF_OPEN_FOR: Duration = Duration::from_secs(10);
-/// Welcomed connections kept waiting at most.
-const HALF_OPEN_MAX: usize = 1024;
-/// Datagrams of connections not yet adopted by the endpoint kept for it (beyond them, a
-/// connection's reliability resends what it needs).
-const EARLY_MAX: usize = 256;
-
 /// Passes that read the main socket after a peer's own socket opened (what the peer sent
 /// before then, a connector's first messages say, waits there).
 const MAIN_DRAIN_PASSES: u32 = 4;
-
-/// An outgoing connection waiting for its welcome.
-struct Pending {
-    dest: SocketAddr,
-    conn: u32,
-    remote_id: u128,
-    last_hello: Instant,
-    /// The peer's welcome, once it came.
-    welcomed: Option<Handshake>,
-}
 
 /// The endpoint's UDP socket, its routes and connection set-up.
 pub struct UdpTransport {
@@ -496,20 +467,6 @@ impl State {
         self.ring_off.is_none() && ring_ip(self.cfg.bind.ip()).is_some()
     }
 
-    fn handshake(&self, to: u128, dest: SocketAddr) -> Handshake {
-        Handshake {
-            from: self.my_id,
-            to,
-            mtu_payload: self.payload_towards(dest) as u32,
-            payload_hash: self.cfg.payload_hash,
-            two_paths: self.two_paths(),
-        }
-    }
-
-    fn send_handshake(&mut self, dest: SocketAddr, d: Datagram) {
-        self.batch.push(dest, |buf| d.encode(buf));
-    }
-
     /// Routes one received datagram: to its link, or to connection set-up. True when it
     /// went to a link.
     fn dispatch(
@@ -524,13 +481,7 @@ impl State {
                     self.on_hello(src, conn, hs)
                 }
                 Ok(Datagram::Welcome { conn, hs }) if hs.to == self.my_id => {
-                    if let Some(p) = self
-                        .pending
-                        .iter_mut()
-                        .find(|p| p.dest == src && p.conn == conn)
-                    {
-                        p.welcomed = Some(hs);
-                    }
+                    self.on_welcome(src, conn, hs)
                 }
                 _ => self.stats.bad_handshakes += 1,
             }
@@ -551,54 +502,6 @@ impl State {
                 false
             }
         }
-    }
-
-    /// A datagram for no route: the first of a welcomed connection (which it takes up), a
-    /// later one of a connection the endpoint has not adopted yet (both kept for the
-    /// next receive), or a stray.
-    fn take_up(&mut self, src: SocketAddr, d: &[u8]) {
-        let Some(conn) = peek_conn(d) else {
-            self.stats.stray += 1;
-            return;
-        };
-        let ours = |l: &UdpLink| l.route_key() == (src, conn);
-        if let Some(i) = self.half_open.iter().position(|h| ours(&h.link)) {
-            let h = self.half_open.swap_remove(i);
-            self.accepted.push(h.link);
-        } else if !self.accepted.iter().any(ours) {
-            self.stats.stray += 1;
-            return;
-        }
-        if self.early.len() < EARLY_MAX {
-            self.early.push((src, d.to_vec()));
-        }
-    }
-
-    fn on_hello(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
-        // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
-        let ours = |l: &UdpLink| l.route_key() == (src, conn);
-        let waiting = self.half_open.iter_mut().find(|h| ours(&h.link));
-        let known = if let Some(h) = waiting {
-            h.hello_at = Instant::now();
-            true
-        } else {
-            self.routes.get((src, conn)).is_some() || self.accepted.iter().any(ours)
-        };
-        if !known {
-            if self.half_open.len() >= HALF_OPEN_MAX {
-                // A flood of hellos (forged sources, say): the oldest waits longest.
-                self.half_open.remove(0);
-                self.stats.abandoned_handshakes += 1;
-            }
-            let c = Conn::new(self.conn_config(conn, src, &hs), self.now());
-            self.half_open.push(HalfOpen {
-                link: UdpLink::new(c, src, hs.from),
-                hello_at: Instant::now(),
-            });
-        }
-        let hs = self.handshake(hs.from, src);
-        self.send_handshake(src, Datagram::Welcome { conn, hs });
-        self.welcomes_due = true;
     }
 }
 
@@ -783,60 +686,6 @@ impl UdpTransport {
         self.faults.as_ref().map(|f| f.stats).unwrap_or_default()
     }
 
-    /// Starts connecting to the endpoint `remote_id` at `dest`; returns a token for
-    /// [`UdpTransport::connected`].
-    pub fn start_connect(&mut self, dest: SocketAddr, remote_id: u128) -> Result<u32> {
-        let conn = loop {
-            let c = (crate::sys::random_u128().map_err(io_err("random connection id"))? as u32) | 1;
-            if self.st.routes.get((dest, c)).is_none()
-                && self.st.pending.iter().all(|p| p.conn != c)
-            {
-                break c;
-            }
-        };
-        self.st.pending.push(Pending {
-            dest,
-            conn,
-            remote_id,
-            last_hello: Instant::now(),
-            welcomed: None,
-        });
-        self.hello_now(conn);
-        Ok(conn)
-    }
-
-    /// The link of a connection started with [`UdpTransport::start_connect`] once its
-    /// welcome arrived (repeats the hello meanwhile); `None` while waiting.
-    pub fn connected(&mut self, token: u32) -> Option<UdpLink> {
-        let i = self.st.pending.iter().position(|p| p.conn == token)?;
-        let p = &mut self.st.pending[i];
-        if let Some(hs) = p.welcomed {
-            let p = self.st.pending.swap_remove(i);
-            let mut conn = Conn::new(self.st.conn_config(p.conn, p.dest, &hs), self.now());
-            // Takes the connection up at the acceptor (which offers it to its application
-            // only then).
-            conn.ping_now();
-            return Some(UdpLink::new(conn, p.dest, p.remote_id));
-        }
-        if p.last_hello.elapsed() >= HELLO_EVERY {
-            self.hello_now(token);
-        }
-        None
-    }
-
-    /// Sends the hello of the connection `token` (being set up) now; its repeats count
-    /// from here.
-    pub fn hello_now(&mut self, token: u32) {
-        let Some(p) = self.st.pending.iter_mut().find(|p| p.conn == token) else {
-            return;
-        };
-        p.last_hello = Instant::now();
-        let (dest, conn, to) = (p.dest, p.conn, p.remote_id);
-        let hs = self.st.handshake(to, dest);
-        self.st.send_handshake(dest, Datagram::Hello { conn, hs });
-        self.flush();
-    }
-
     /// True while the transport has peers or connections being set up (the socket needs
     /// polling); false for an endpoint that only talks over shared memory.
     pub fn active(&self) -> bool {
@@ -844,11 +693,6 @@ impl UdpTransport {
             || !self.st.pending.is_empty()
             || !self.st.half_open.is_empty()
             || !self.st.accepted.is_empty()
-    }
-
-    /// Gives up a connection attempt.
-    pub fn abandon(&mut self, token: u32) {
-        self.st.pending.retain(|p| p.conn != token);
     }
 
     /// Makes `link` (a new peer at index `idx` of the endpoint) reachable by its
@@ -944,26 +788,6 @@ impl UdpTransport {
             .take_new_fds()
             .chain(self.peers.take_new_fds())
             .chain(self.ring_new_fd.take())
-    }
-
-    /// How long a connect waits for a UDP welcome before falling back to TCP
-    /// ([`UdpConfig::fallback`]).
-    pub fn fallback_after(&self) -> Option<Duration> {
-        self.st.cfg.fallback
-    }
-
-    /// Links of peers that connected to us since the last call and took the connection
-    /// up (sent a datagram after the welcome). Drops welcomed connections whose connector
-    /// stayed silent for 10 s.
-    pub fn take_accepted(&mut self) -> Vec<UdpLink> {
-        if !self.st.half_open.is_empty() {
-            let before = self.st.half_open.len();
-            self.st
-                .half_open
-                .retain(|h| h.hello_at.elapsed() < HALF_OPEN_FOR);
-            self.st.stats.abandoned_handshakes += (before - self.st.half_open.len()) as u64;
-        }
-        std::mem::take(&mut self.st.accepted)
     }
 
     /// The main, the steered and the peer sockets' counters together.
