@@ -111,6 +111,18 @@ impl Epoll {
         out.extend(evs[..n as usize].iter().map(|e| e.u64));
         Ok(())
     }
+    /// The tokens ready now (no waiting), appended to `out`; true when that may be only
+    /// some of them (the call's 64 entries filled).
+    pub fn ready_now(&self, out: &mut Vec<u64>) -> io::Result<bool> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
+        // SAFETY: evs is a valid buffer of 64 events.
+        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 64, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        out.extend(evs[..n as usize].iter().map(|e| e.u64));
+        Ok(n as usize == evs.len())
+    }
     /// The epoll fd itself (pollable by users: readable when any watched fd is).
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()

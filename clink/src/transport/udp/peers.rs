@@ -6,20 +6,27 @@
 //! ports. Measured across the veth pair with a C ping-pong of 64-byte datagrams (the
 //! calls clink makes, BENCHMARKS.md): 4.2-4.9 us one-way unconnected, 3.6-4.0 connected.
 //!
-//! The cost: every peer socket is read on every pass (one system call each), so only the
-//! first [`UdpConfig::peer_sockets`](super::UdpConfig) peers get one; the others share
-//! the main socket. The main socket then carries only handshakes and those peers'
+//! The cost: every peer socket is looked at on every pass, so only the first
+//! [`UdpConfig::peer_sockets`](super::UdpConfig) peers get one; the others share the main
+//! socket. One or two are read directly (a system call each); from [`POLL_MIN`] on, one
+//! `epoll_wait` asks which are readable and only those are read (an all-to-all's pass
+//! otherwise read seven sockets to find one or two with data). The main socket then carries only handshakes and those peers'
 //! datagrams, and while every peer has a socket of its own the transport reads it on
 //! every [`MAIN_EVERY`]th pass only (and whenever epoll reports a socket readable).
 
 use super::sock::{SockStats, UdpSock};
 use super::steer::add_stats;
+use crate::sys::Epoll;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 /// With every peer on a socket of its own, the main socket is read once per this many
 /// passes (it then holds only new peers' handshakes and strays).
 pub const MAIN_EVERY: u32 = 16;
+
+/// With this many sockets or more, a pass asks an epoll instance of their own which are
+/// readable (one system call) rather than reading each.
+pub const POLL_MIN: usize = 3;
 
 /// One connected socket and its peer's address.
 struct PeerSock {
@@ -41,6 +48,10 @@ pub struct PeerSocks {
     retired: SockStats,
     /// Whether their sockets leave the receive ring's datagrams to it ([`super::ring`]).
     ring: bool,
+    /// Their readiness, from [`POLL_MIN`] sockets on (made then; tokens are descriptors).
+    poll: Option<Epoll>,
+    /// The last readiness answer's tokens.
+    polled: Vec<u64>,
 }
 
 impl PeerSocks {
@@ -56,6 +67,8 @@ impl PeerSocks {
             socks: Vec::new(),
             new_fds: Vec::new(),
             retired: SockStats::default(),
+            poll: None,
+            polled: Vec::new(),
         }
     }
 
@@ -71,6 +84,7 @@ impl PeerSocks {
             Ok(sock) => {
                 self.new_fds.push(sock.raw());
                 self.socks.push(PeerSock { sock, dest });
+                self.watch();
                 true
             }
             Err(e) => {
@@ -104,6 +118,62 @@ impl PeerSocks {
             add_stats(&mut self.retired, &s.sock.stats);
         }
         self.max = 0;
+    }
+
+    /// Watches every socket for readability once there are [`POLL_MIN`] (a socket closed
+    /// leaves the epoll set with its descriptor). Without the epoll instance every socket
+    /// is read on every pass, as below the minimum.
+    fn watch(&mut self) {
+        if self.socks.len() < POLL_MIN {
+            return;
+        }
+        if self.poll.is_none() {
+            match Epoll::new() {
+                Ok(e) => {
+                    for s in &self.socks[..self.socks.len() - 1] {
+                        if e.add(s.sock.raw(), s.sock.raw() as u64).is_err() {
+                            return;
+                        }
+                    }
+                    self.poll = Some(e);
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "no epoll instance for the peer sockets ({e}): each is read on every pass"
+                    );
+                    return;
+                }
+            }
+        }
+        let (poll, fd) = (self.poll.as_ref(), self.socks.last().map(|s| s.sock.raw()));
+        if let (Some(p), Some(fd)) = (poll, fd) {
+            if let Err(e) = p.add(fd, fd as u64) {
+                tracing::warn!("peer socket not watched ({e}): each is read on every pass");
+                self.poll = None;
+            }
+        }
+    }
+
+    /// The sockets worth reading now, as a bit per index: those with datagrams queued,
+    /// asked of the kernel in one call from [`POLL_MIN`] sockets on; every one below that
+    /// (or when the answer may be partial).
+    pub fn readable(&mut self) -> u64 {
+        let n = self.socks.len();
+        let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let Some(poll) = self.poll.as_ref().filter(|_| n >= POLL_MIN) else {
+            return all;
+        };
+        self.polled.clear();
+        if !matches!(poll.ready_now(&mut self.polled), Ok(false)) {
+            return all;
+        }
+        let mut ready = 0;
+        for &fd in &self.polled {
+            if let Some(i) = self.socks.iter().position(|s| s.sock.raw() as u64 == fd) {
+                ready |= 1 << i;
+            }
+        }
+        ready
     }
 
     /// The index of `dest`'s socket.
@@ -167,6 +237,48 @@ mod tests {
             std::thread::yield_now();
         }
         None
+    }
+
+    #[test]
+    fn from_three_sockets_on_only_those_with_data_or_an_error_are_read() {
+        let lo = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0);
+        let main = UdpSock::bind_shared(lo, 1 << 20).unwrap();
+        let others: Vec<UdpSocket> = (0..4).map(|_| UdpSocket::bind(lo).unwrap()).collect();
+        let mut peers = PeerSocks::new(8, main.local(), 1 << 20, false);
+        for (k, o) in others.iter().take(2).enumerate() {
+            assert!(peers.open(v4(o)));
+            assert_eq!(
+                peers.readable(),
+                (1 << (k + 1)) - 1,
+                "below the minimum: all"
+            );
+        }
+        assert!(peers.open(v4(&others[2])));
+        assert_eq!(peers.readable(), 0, "nothing queued");
+        // Loopback queues a datagram within its send.
+        others[1].send_to(&[7], main.local()).unwrap();
+        assert_eq!(peers.readable(), 0b010);
+        assert_eq!(
+            read_one(peers.sock_mut(1).unwrap()),
+            Some((v4(&others[1]), 7))
+        );
+        assert_eq!(peers.readable(), 0);
+        // A fourth socket, towards a port nobody listens on: its send's "port
+        // unreachable" makes it readable (the error is read there).
+        let gone = v4(&others[3]);
+        drop(others);
+        assert!(peers.open(gone));
+        let mut batch = super::super::TxBatch::new(true);
+        batch.push(gone, |buf| {
+            buf.push(1);
+            1
+        });
+        peers.sock_mut(3).unwrap().send_run(&mut batch, 0, true);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while peers.readable() != 0b1000 {
+            assert!(Instant::now() < deadline, "the error never showed");
+            std::thread::yield_now();
+        }
     }
 
     #[test]
