@@ -21,7 +21,8 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
     // payloads hashed end to end (CLINK_UDP_PAYLOAD_HASH=1); "nothread": no keepalive
     // thread (CLINK_NET_KEEPALIVE_THREAD=0); "onequeue": no peer has a socket of its
     // own (CLINK_UDP_PEER_SOCKETS=0: one receive queue, the seed's admission setting);
-    // "fallback": a connect gives UDP up for TCP after 300 ms (CLINK_UDP_FALLBACK_MS).
+    // "fallback": a connect gives UDP up for TCP after 300 ms (CLINK_UDP_FALLBACK_MS);
+    // "shortconnect": connects time out after 1 s (CLINK_CONNECT_TIMEOUT_MS).
     let udp = UdpConfig {
         fallback: faults
             .contains("fallback")
@@ -51,6 +52,7 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
                 .replace("nothread", "")
                 .replace("onequeue", "")
                 .replace("fallback", "")
+                .replace("shortconnect", "")
                 .replace("ring", ""),
         )
         .unwrap(),
@@ -71,6 +73,11 @@ fn net_ctx(faults: &str, dead_ms: u64) -> Context {
             20
         })),
         udp: Some(udp),
+        connect_timeout: if faults.contains("shortconnect") {
+            Duration::from_secs(1)
+        } else {
+            Config::default().connect_timeout
+        },
         ..Config::default()
     })
 }
@@ -1254,6 +1261,31 @@ fn a_connect_whose_udp_answers_once_tcp_is_made_stays_on_udp() {
     );
     done.store(true, Ordering::Relaxed);
     assert!(relaying.join().unwrap() > 0, "no hello was lost");
+}
+
+#[test]
+fn a_connect_whose_udp_and_tcp_both_fail_says_why_for_each() {
+    // UDP silent, TCP refused (no listener on that port): the connect keeps trying UDP
+    // until its timeout, then names both.
+    let ctx = net_ctx("", 2000);
+    let a = ctx.endpoint().unwrap();
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut at = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    at.udp = vec![silent.local_addr().unwrap()];
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    at.tcp = vec![closed.local_addr().unwrap()];
+    drop(closed);
+    let ctx = net_ctx("fallback shortconnect", 2000);
+    let mut b = ctx.endpoint().unwrap();
+    let t = Instant::now();
+    let e = b.connect(&at.to_string()).unwrap_err().to_string();
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(
+        e.contains("no answer from") && e.contains("TCP connect to"),
+        "{e}"
+    );
+    assert!(e.contains("refused"), "{e}");
+    assert_eq!(b.stats().udp_fallbacks, 0);
 }
 
 #[test]

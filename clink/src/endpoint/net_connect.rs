@@ -4,6 +4,7 @@
 use super::link::Link;
 use super::Endpoint;
 use crate::error::{Error, Result};
+use crate::sys::TcpConnecting;
 use clink_proto::PeerId;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -19,9 +20,10 @@ impl Endpoint {
     /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, the hello repeated
     /// until answered or the connect timeout). When its address offers TCP too (`tcp`) and
     /// UDP brings no welcome within `CLINK_UDP_FALLBACK_MS` (a firewall that drops UDP,
-    /// say), it connects a TCP socket there; that proves the path works (a lost ARP or
-    /// hello only delayed UDP), so UDP gets [`UDP_LAST_CHANCE`] more, its hello repeated,
-    /// before the TCP connection is used. Whichever attempt is given up leaves nothing at
+    /// say), it connects a TCP socket there without blocking (UDP may still answer
+    /// meanwhile); the connection made proves the path works (a lost ARP or hello only
+    /// delayed UDP), so UDP gets [`UDP_LAST_CHANCE`] more, its hello repeated, before the
+    /// TCP connection is used. Whichever attempt is given up leaves nothing at
     /// the peer: it offers a UDP connection to its application only once the connector's
     /// first datagram after the welcome arrives, and drops a TCP one closed before its
     /// hello.
@@ -45,7 +47,8 @@ impl Endpoint {
             .flatten()
             .zip(net.fallback_after())
             .map(|(to, after)| (to, (start + after).min(deadline)));
-        // A TCP connection made while UDP stayed silent, used once UDP's last chance ends.
+        // The TCP connection being made, and once made, when UDP's last chance ends.
+        let mut connecting: Option<(TcpConnecting, SocketAddr)> = None;
         let mut made: Option<(TcpStream, SocketAddr, Instant)> = None;
         let mut tcp_failed = None;
         loop {
@@ -54,7 +57,7 @@ impl Endpoint {
             let net = self.net.as_mut().expect("checked above");
             if let Some(link) = net.connected(token) {
                 // (A TCP connection made meanwhile closes unused: the peer drops it.)
-                drop(made);
+                drop((connecting, made));
                 let id = self.add_peer(Link::Udp(Box::new(link)))?;
                 // Its first datagram (a ping) takes the connection up at the acceptor.
                 self.kick(id.0 as usize);
@@ -81,20 +84,40 @@ impl Endpoint {
                 });
             }
             if let Some((to, _)) = fallback.take_if(|&mut (_, at)| now >= at && at < deadline) {
-                match TcpStream::connect_timeout(&to, deadline - now) {
-                    Ok(sock) => {
-                        net.hello_now(token);
-                        made = Some((sock, to, Instant::now() + UDP_LAST_CHANCE));
-                    }
+                match TcpConnecting::start(to) {
+                    Ok(c) => connecting = Some((c, to)),
                     Err(e) => tcp_failed = Some(format!("; TCP connect to {to}: {e}")),
                 }
             }
-            if Instant::now() >= deadline {
+            if let Some((c, to)) = connecting.take() {
+                let up = match c.poll() {
+                    Ok(false) => {
+                        connecting = Some((c, to));
+                        None
+                    }
+                    Ok(true) => Some(c.into_stream()),
+                    Err(e) => Some(Err(e)),
+                };
+                match up {
+                    Some(Ok(sock)) => {
+                        net.hello_now(token);
+                        let until = (Instant::now() + UDP_LAST_CHANCE).min(deadline);
+                        made = Some((sock, to, until));
+                    }
+                    Some(Err(e)) => tcp_failed = Some(format!("; TCP connect to {to}: {e}")),
+                    None => {}
+                }
+            }
+            if Instant::now() >= deadline && made.is_none() {
                 self.net.as_mut().expect("checked above").abandon(token);
+                let tcp = tcp_failed.or_else(|| {
+                    let (_, to) = connecting.as_ref()?;
+                    Some(format!("; TCP connect to {to}: no answer either"))
+                });
                 return Err(fail(format!(
                     "no answer from {dest} within {:?} (no endpoint with that id listens there, or the network drops everything){}",
                     self.ctx.config.connect_timeout,
-                    tcp_failed.unwrap_or_default()
+                    tcp.unwrap_or_default()
                 )));
             }
             std::hint::spin_loop();

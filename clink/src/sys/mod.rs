@@ -20,7 +20,7 @@ pub mod udp;
 pub use epoll::Epoll;
 pub use net::{
     interfaces, send_pieces, send_vectored, tcp_acks, tcp_listen, tcp_wire_bytes, Iface, SockAddr,
-    TcpAcks, MAX_PIECES,
+    TcpAcks, TcpConnecting, MAX_PIECES,
 };
 pub use seqpacket::{poll_readable, PeerCred, SeqPacket};
 pub use tether::Tether;

@@ -27,6 +27,66 @@ pub fn tcp_listen(at: std::net::SocketAddr) -> io::Result<std::net::TcpListener>
     Ok(listener)
 }
 
+/// A TCP connection being made without blocking: [`TcpConnecting::poll`] says when it is
+/// up or has failed, while the caller goes on with other work.
+pub struct TcpConnecting(std::net::TcpStream);
+
+impl TcpConnecting {
+    /// Starts connecting to `to` (a non-blocking `connect`).
+    pub fn start(to: std::net::SocketAddr) -> io::Result<TcpConnecting> {
+        let family = if to.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        let kind = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+        // SAFETY: plain socket(2).
+        let raw = cvt(unsafe { libc::socket(family, kind, 0) })?;
+        // SAFETY: a fresh descriptor we own; the stream closes it.
+        let sock = unsafe { std::net::TcpStream::from_raw_fd(raw) };
+        let name = SockAddr::from(to);
+        let (sa, len) = name.raw();
+        // SAFETY: a valid socket address of the length given.
+        match cvt(unsafe { libc::connect(raw, sa, len) }) {
+            Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => Err(e),
+            _ => Ok(TcpConnecting(sock)),
+        }
+    }
+
+    /// `Ok(true)` once the connection is up, `Ok(false)` while it is being made, the
+    /// error when it failed (refused, unreachable, timed out by the kernel).
+    pub fn poll(&self) -> io::Result<bool> {
+        let mut p = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no waiting.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            };
+        }
+        if r == 0 {
+            return Ok(false);
+        }
+        match self.0.take_error()? {
+            Some(e) => Err(e),
+            None => Ok(true),
+        }
+    }
+
+    /// The connected socket, in blocking mode (as `TcpStream::connect` leaves one).
+    pub fn into_stream(self) -> io::Result<std::net::TcpStream> {
+        self.0.set_nonblocking(false)?;
+        Ok(self.0)
+    }
+}
+
 /// A socket address in the kernel's form, either family.
 #[derive(Clone, Copy)]
 pub struct SockAddr {
