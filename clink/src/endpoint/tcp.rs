@@ -6,6 +6,7 @@ use super::link::Link;
 use super::net::spin_for;
 use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
+use crate::sys::TcpConnecting;
 use crate::transport::tcp::{LinkError, TcpLink, TcpTransport};
 use crate::{Selector, Status};
 use clink_proto::wire::Frame;
@@ -19,8 +20,8 @@ pub(super) const TOK_TCP_LISTENER: u64 = u64::MAX - 1;
 pub(super) const TOK_TCP_INCOMING: u64 = u64::MAX - 2;
 
 impl Endpoint {
-    /// Connects over TCP to the endpoint `id` at `dest`: connect, hello, then progress
-    /// everything else until the welcome arrives, all by `deadline`.
+    /// Connects over TCP to the endpoint `id` at `dest`: connect (without blocking), hello,
+    /// then the welcome, progressing everything else all along, by `deadline`.
     pub(super) fn connect_tcp(
         &mut self,
         addr: &str,
@@ -29,13 +30,26 @@ impl Endpoint {
         deadline: Instant,
     ) -> Result<PeerId> {
         let fail = |why: String| Error::connect(addr, why);
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let tcp = self.tcp.as_ref().ok_or_else(|| {
-            fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into())
-        })?;
-        let link = tcp
-            .connect(dest, id, timeout)
+        if self.tcp.is_none() {
+            return Err(fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into()));
+        }
+        let connecting = TcpConnecting::start(dest);
+        let sock = connecting
+            .and_then(|c| loop {
+                if c.poll()? {
+                    break c.into_stream();
+                }
+                if Instant::now() >= deadline {
+                    break Err(std::io::ErrorKind::TimedOut.into());
+                }
+                self.progress();
+                std::hint::spin_loop();
+            })
             .map_err(|e| fail(format!("TCP connect to {dest}: {e}")))?;
+        let tcp = self.tcp.as_ref().expect("checked above");
+        let link = tcp
+            .hello(sock, id)
+            .map_err(|e| fail(format!("TCP connection to {dest}: {e}")))?;
         self.tcp_welcome(addr, dest, link, deadline)
     }
 

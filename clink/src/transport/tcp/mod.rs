@@ -148,20 +148,8 @@ impl TcpTransport {
         !self.incoming.is_empty()
     }
 
-    /// Connects to the endpoint `remote_id` at `dest` (bounded by `timeout`) and queues
-    /// the hello; the caller drives the link until its welcome arrives
-    /// ([`TcpTransport::welcomed`]).
-    pub fn connect(
-        &self,
-        dest: SocketAddr,
-        remote_id: u128,
-        timeout: Duration,
-    ) -> std::io::Result<TcpLink> {
-        self.hello(TcpStream::connect_timeout(&dest, timeout)?, remote_id)
-    }
-
-    /// A link on `sock` (connected to the endpoint `remote_id`) with the hello queued, as
-    /// [`TcpTransport::connect`] makes it.
+    /// A link on `sock` (connected to the endpoint `remote_id`) with the hello queued; the
+    /// caller drives it until its welcome arrives ([`TcpTransport::welcomed`]).
     pub fn hello(&self, sock: TcpStream, remote_id: u128) -> std::io::Result<TcpLink> {
         let mut link = TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after)?;
         link.remote_id = remote_id;
