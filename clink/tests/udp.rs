@@ -7,7 +7,7 @@ mod common;
 use clink::config::{FaultConfig, UdpConfig};
 use clink::{Config, Context, Endpoint, Error, PeerId, Selector};
 use clink_proto::reliable::packet::VERSION;
-use common::{check, drive_until, echo, fill, pattern, T};
+use common::{check, drive_until, echo, fill, pattern, recv_vec, T};
 use std::net::{Ipv4Addr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -1141,6 +1141,15 @@ fn with_udp(addr: &str, udp: std::net::SocketAddr) -> String {
     a.to_string()
 }
 
+/// An endpoint over UDP (its context, which must outlive it) and its parsed address, for
+/// tests that hand connectors a doctored one.
+fn listening() -> (Context, Endpoint, clink_proto::addr::Address) {
+    let ctx = net_ctx("", 2000);
+    let a = ctx.endpoint().unwrap();
+    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    (ctx, a, me)
+}
+
 /// A thread connecting to `addr` with a 300 ms fallback, which takes at least that long
 /// and ends on `transport` (having fallen back when that is "tcp"), then sends a word in
 /// its name with tag 5.
@@ -1166,11 +1175,7 @@ fn connect_past_fallback(
 fn accept_word(a: &mut Endpoint, transport: &str) {
     let pa = a.accept(Some(T)).unwrap();
     assert_eq!(a.transport(pa).unwrap(), transport);
-    let mut buf = [0u8; 16];
-    let st = a
-        .recv_timeout(Selector::exact(Some(pa), 5), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], transport.as_bytes());
+    assert_eq!(recv_vec(a, pa, 5, 16), transport.as_bytes());
 }
 
 #[test]
@@ -1198,9 +1203,7 @@ fn a_connect_whose_udp_answers_once_tcp_is_made_stays_on_udp() {
     use std::io::Read;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let ctx = net_ctx("", 2000);
-    let mut a = ctx.endpoint().unwrap();
-    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    let (_ctx, mut a, me) = listening();
     // A relay in front of the peer's UDP address that drops everything until a TCP
     // connection reaches the listener in front of its TCP address.
     let relay = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -1267,10 +1270,8 @@ fn a_connect_whose_udp_answers_once_tcp_is_made_stays_on_udp() {
 fn a_connect_whose_udp_and_tcp_both_fail_says_why_for_each() {
     // UDP silent, TCP refused (no listener on that port): the connect keeps trying UDP
     // until its timeout, then names both.
-    let ctx = net_ctx("", 2000);
-    let a = ctx.endpoint().unwrap();
+    let (_ctx, _a, mut at) = listening();
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut at = clink_proto::addr::Address::parse(&a.address()).unwrap();
     at.udp = vec![silent.local_addr().unwrap()];
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     at.tcp = vec![closed.local_addr().unwrap()];
@@ -1291,9 +1292,7 @@ fn a_connect_whose_udp_and_tcp_both_fail_says_why_for_each() {
 #[test]
 fn a_tcp_connection_closed_before_its_hello_is_dropped_quietly() {
     // What a connector that reached this endpoint over UDP after all leaves behind.
-    let ctx = net_ctx("", 2000);
-    let mut a = ctx.endpoint().unwrap();
-    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    let (_ctx, mut a, me) = listening();
     drop(std::net::TcpStream::connect(me.tcp[0]).unwrap());
     let t = Instant::now();
     while a.stats().handshakes_abandoned == 0 {
@@ -1310,9 +1309,7 @@ fn a_welcomed_connection_is_offered_only_once_its_connector_takes_it_up() {
     // A hello alone (from a connector that then gave up, or fell back to TCP) is
     // answered but makes no peer; the connector's next datagram makes it one.
     use clink_proto::reliable::{Datagram, Handshake};
-    let ctx = net_ctx("", 2000);
-    let mut a = ctx.endpoint().unwrap();
-    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    let (_ctx, mut a, me) = listening();
     let connector = UdpSocket::bind("127.0.0.1:0").unwrap();
     connector.set_read_timeout(Some(T)).unwrap();
     let (conn, from) = (0x77, 0x1234_5678);
@@ -1353,9 +1350,7 @@ fn a_flood_of_hellos_makes_no_peers_and_keeps_the_endpoint_open() {
     // ones, say), none followed by anything: they are welcomed, kept at most 1 024 at a
     // time, and never offered as peers; a real connector still gets in.
     use clink_proto::reliable::{Datagram, Handshake};
-    let ctx = net_ctx("", 2000);
-    let mut a = ctx.endpoint().unwrap();
-    let me = clink_proto::addr::Address::parse(&a.address()).unwrap();
+    let (_ctx, mut a, me) = listening();
     let flood = UdpSocket::bind("127.0.0.1:0").unwrap();
     for conn in 1..=1100u32 {
         let mut hello = Vec::new();
@@ -1391,10 +1386,6 @@ fn a_flood_of_hellos_makes_no_peers_and_keeps_the_endpoint_open() {
     });
     let p = a.accept(Some(T)).unwrap();
     assert_ne!(a.peer_endpoint_id(p).unwrap(), 0xbad);
-    let mut buf = [0u8; 8];
-    let st = a
-        .recv_timeout(Selector::exact(Some(p), 1), &mut buf, Some(T))
-        .unwrap();
-    assert_eq!(&buf[..st.len as usize], b"in");
+    assert_eq!(recv_vec(&mut a, p, 1, 8), b"in");
     drop(client.join().unwrap());
 }

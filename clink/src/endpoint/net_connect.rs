@@ -16,6 +16,25 @@ use std::time::{Duration, Instant};
 /// as the fallback's default wait).
 pub(super) const UDP_LAST_CHANCE: Duration = Duration::from_millis(300);
 
+/// Where a UDP connect's fall-back to TCP stands.
+enum TcpLeg {
+    /// None to make (the peer offers no TCP, the fall-back is off, or it would come after
+    /// the connect timeout).
+    Off,
+    /// To start connecting to `to` at `at`.
+    Due { to: SocketAddr, at: Instant },
+    /// The TCP connection being made.
+    Connecting { c: TcpConnecting, to: SocketAddr },
+    /// Made; used if UDP stays silent until `until`.
+    Made {
+        sock: TcpStream,
+        to: SocketAddr,
+        until: Instant,
+    },
+    /// TCP failed too: why, for the connect's error.
+    Failed(String),
+}
+
 impl Endpoint {
     /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, the hello repeated
     /// until answered or the connect timeout). When its address offers TCP too (`tcp`) and
@@ -41,86 +60,102 @@ impl Endpoint {
         let token = net.start_connect(dest, id)?;
         let start = Instant::now();
         let deadline = start + self.ctx.config.connect_timeout;
-        // When to try TCP, and where; `None` once tried (or never to be).
-        let mut fallback = (self.tcp.is_some())
-            .then_some(tcp)
-            .flatten()
-            .zip(net.fallback_after())
-            .map(|(to, after)| (to, (start + after).min(deadline)));
-        // The TCP connection being made, and once made, when UDP's last chance ends.
-        let mut connecting: Option<(TcpConnecting, SocketAddr)> = None;
-        let mut made: Option<(TcpStream, SocketAddr, Instant)> = None;
-        let mut tcp_failed = None;
+        let mut tcp_leg = match (
+            self.tcp.is_some().then_some(tcp).flatten(),
+            net.fallback_after(),
+        ) {
+            (Some(to), Some(after)) if start + after < deadline => TcpLeg::Due {
+                to,
+                at: start + after,
+            },
+            _ => TcpLeg::Off,
+        };
         loop {
             // Serve everything else meanwhile (mutual connects must not deadlock).
             self.progress();
             let net = self.net.as_mut().expect("checked above");
             if let Some(link) = net.connected(token) {
                 // (A TCP connection made meanwhile closes unused: the peer drops it.)
-                drop((connecting, made));
+                drop(tcp_leg);
                 let id = self.add_peer(Link::Udp(Box::new(link)))?;
                 // Its first datagram (a ping) takes the connection up at the acceptor.
                 self.kick(id.0 as usize);
                 return Ok(id);
             }
             let now = Instant::now();
-            if let Some((sock, to, _)) = made.take_if(|(_, _, until)| now >= *until) {
-                net.abandon(token);
-                self.stats.udp_fallbacks += 1;
-                let waited = now - start;
-                tracing::warn!(
-                    "no answer over UDP from {dest} within {waited:?}: connected over TCP to {to}"
-                );
-                let tcp = self.tcp.as_ref().expect("fallback only with TCP on");
-                let link = tcp
-                    .hello(sock, id)
-                    .map_err(|e| fail(format!("TCP connection to {to}: {e}")))?;
-                return self.tcp_welcome(addr, to, link, deadline).map_err(|e| match e {
-                    Error::Connect { addr, why } => Error::Connect {
-                        addr,
-                        why: format!("no answer over UDP from {dest} within {waited:?}, and over TCP: {why}"),
+            let failed = |to: SocketAddr, e: std::io::Error| {
+                TcpLeg::Failed(format!("; TCP connect to {to}: {e}"))
+            };
+            tcp_leg = match tcp_leg {
+                TcpLeg::Due { to, at } if now >= at => match TcpConnecting::start(to) {
+                    Ok(c) => TcpLeg::Connecting { c, to },
+                    Err(e) => failed(to, e),
+                },
+                TcpLeg::Connecting { c, to } => match c.poll() {
+                    Ok(false) => TcpLeg::Connecting { c, to },
+                    Ok(true) => match c.into_stream() {
+                        Ok(sock) => {
+                            net.hello_now(token);
+                            let until = (now + UDP_LAST_CHANCE).min(deadline);
+                            TcpLeg::Made { sock, to, until }
+                        }
+                        Err(e) => failed(to, e),
                     },
-                    e => e,
-                });
-            }
-            if let Some((to, _)) = fallback.take_if(|&mut (_, at)| now >= at && at < deadline) {
-                match TcpConnecting::start(to) {
-                    Ok(c) => connecting = Some((c, to)),
-                    Err(e) => tcp_failed = Some(format!("; TCP connect to {to}: {e}")),
+                    Err(e) => failed(to, e),
+                },
+                TcpLeg::Made { sock, to, until } if now >= until => {
+                    net.abandon(token);
+                    return self.fall_back(addr, dest, id, (sock, to), now - start, deadline);
                 }
-            }
-            if let Some((c, to)) = connecting.take() {
-                let up = match c.poll() {
-                    Ok(false) => {
-                        connecting = Some((c, to));
-                        None
-                    }
-                    Ok(true) => Some(c.into_stream()),
-                    Err(e) => Some(Err(e)),
-                };
-                match up {
-                    Some(Ok(sock)) => {
-                        net.hello_now(token);
-                        let until = (Instant::now() + UDP_LAST_CHANCE).min(deadline);
-                        made = Some((sock, to, until));
-                    }
-                    Some(Err(e)) => tcp_failed = Some(format!("; TCP connect to {to}: {e}")),
-                    None => {}
-                }
-            }
-            if Instant::now() >= deadline && made.is_none() {
+                leg => leg,
+            };
+            if now >= deadline && !matches!(tcp_leg, TcpLeg::Made { .. }) {
                 self.net.as_mut().expect("checked above").abandon(token);
-                let tcp = tcp_failed.or_else(|| {
-                    let (_, to) = connecting.as_ref()?;
-                    Some(format!("; TCP connect to {to}: no answer either"))
-                });
+                let tcp = match tcp_leg {
+                    TcpLeg::Failed(why) => why,
+                    TcpLeg::Connecting { to, .. } => {
+                        format!("; TCP connect to {to}: no answer either")
+                    }
+                    _ => String::new(),
+                };
                 return Err(fail(format!(
-                    "no answer from {dest} within {:?} (no endpoint with that id listens there, or the network drops everything){}",
+                    "no answer from {dest} within {:?} (no endpoint with that id listens there, or the network drops everything){tcp}",
                     self.ctx.config.connect_timeout,
-                    tcp.unwrap_or_default()
                 )));
             }
             std::hint::spin_loop();
         }
+    }
+
+    /// Gives UDP up after `waited` and completes the handshake over the TCP connection
+    /// `made` (its socket, where it goes) by `deadline`.
+    fn fall_back(
+        &mut self,
+        addr: &str,
+        dest: SocketAddr,
+        id: u128,
+        made: (TcpStream, SocketAddr),
+        waited: Duration,
+        deadline: Instant,
+    ) -> Result<PeerId> {
+        let (sock, to) = made;
+        self.stats.udp_fallbacks += 1;
+        tracing::warn!(
+            "no answer over UDP from {dest} within {waited:?}: connected over TCP to {to}"
+        );
+        let tcp = self.tcp.as_ref().expect("fallback only with TCP on");
+        let link = tcp
+            .hello(sock, id)
+            .map_err(|e| Error::connect(addr, format!("TCP connection to {to}: {e}")))?;
+        self.tcp_welcome(addr, to, link, deadline)
+            .map_err(|e| match e {
+                Error::Connect { addr, why } => Error::Connect {
+                    addr,
+                    why: format!(
+                        "no answer over UDP from {dest} within {waited:?}, and over TCP: {why}"
+                    ),
+                },
+                e => e,
+            })
     }
 }

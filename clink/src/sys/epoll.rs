@@ -58,8 +58,9 @@ impl Epoll {
             )
         };
     }
-    /// Waits up to `timeout` (None: forever) and returns the tokens that are ready.
-    pub fn wait(&self, out: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<()> {
+    /// Waits up to `timeout` (None: forever) and appends the tokens that are ready to
+    /// `out`; true when that may be only some of them (the call's 32 entries filled).
+    pub fn wait(&self, out: &mut Vec<u64>, timeout: Option<Duration>) -> io::Result<bool> {
         // epoll_pwait2 takes nanoseconds: protocol timers (delayed acks, retransmissions)
         // are sub-millisecond, and epoll_wait's milliseconds would either spin (rounding
         // down) or oversleep (rounding up).
@@ -104,21 +105,9 @@ impl Epoll {
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(());
+                return Ok(false);
             }
             return Err(e);
-        }
-        out.extend(evs[..n as usize].iter().map(|e| e.u64));
-        Ok(())
-    }
-    /// The tokens ready now (no waiting), appended to `out`; true when that may be only
-    /// some of them (the call's 64 entries filled).
-    pub fn ready_now(&self, out: &mut Vec<u64>) -> io::Result<bool> {
-        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 64];
-        // SAFETY: evs is a valid buffer of 64 events.
-        let n = unsafe { libc::epoll_wait(self.0.as_raw_fd(), evs.as_mut_ptr(), 64, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
         }
         out.extend(evs[..n as usize].iter().map(|e| e.u64));
         Ok(n as usize == evs.len())

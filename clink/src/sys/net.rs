@@ -56,22 +56,7 @@ impl TcpConnecting {
     /// `Ok(true)` once the connection is up, `Ok(false)` while it is being made, the
     /// error when it failed (refused, unreachable, timed out by the kernel).
     pub fn poll(&self) -> io::Result<bool> {
-        let mut p = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, no waiting.
-        let r = unsafe { libc::poll(&mut p, 1, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::Interrupted {
-                Ok(false)
-            } else {
-                Err(e)
-            };
-        }
-        if r == 0 {
+        if !super::seqpacket::poll_for(self.0.as_raw_fd(), libc::POLLOUT, Duration::ZERO)? {
             return Ok(false);
         }
         match self.0.take_error()? {

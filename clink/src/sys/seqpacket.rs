@@ -216,9 +216,15 @@ impl SeqPacket {
 
 /// Waits until `fd` is readable or hung up; false on timeout.
 pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    poll_for(fd, libc::POLLIN, timeout)
+}
+
+/// Waits up to `timeout` for `fd` to report any of `events` (or an error or hang-up);
+/// true if it did.
+pub(crate) fn poll_for(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
     let mut p = libc::pollfd {
         fd,
-        events: libc::POLLIN,
+        events,
         revents: 0,
     };
     let ms = timeout.as_millis().min(i32::MAX as u128) as i32;

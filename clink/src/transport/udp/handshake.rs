@@ -187,10 +187,10 @@ impl UdpTransport {
     /// stayed silent for 10 s.
     pub fn take_accepted(&mut self) -> Vec<UdpLink> {
         if !self.st.half_open.is_empty() {
-            let before = self.st.half_open.len();
+            let (before, now) = (self.st.half_open.len(), Instant::now());
             self.st
                 .half_open
-                .retain(|h| h.hello_at.elapsed() < HALF_OPEN_FOR);
+                .retain(|h| now.duration_since(h.hello_at) < HALF_OPEN_FOR);
             self.st.stats.abandoned_handshakes += (before - self.st.half_open.len()) as u64;
         }
         std::mem::take(&mut self.st.accepted)

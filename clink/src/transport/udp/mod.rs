@@ -699,8 +699,8 @@ impl UdpTransport {
     /// datagrams, on a connected socket of its own while there are fewer than
     /// [`UdpConfig::peer_sockets`].
     pub fn route(&mut self, link: &mut UdpLink, idx: usize) {
-        let (_, conn) = link.route_key();
-        self.st.routes.insert(link.route_key(), idx);
+        let key @ (_, conn) = link.route_key();
+        self.st.routes.insert(key, idx);
         self.start_keepalive();
         if let Some(k) = &self.keepalive {
             link.standing = Some(k.add(link.dest, conn));
@@ -718,12 +718,12 @@ impl UdpTransport {
     /// fast-stream grant passes on, its socket (when no other link goes to its address)
     /// closes.
     pub fn unroute(&mut self, link: &UdpLink) {
-        let (_, conn) = link.route_key();
+        let key @ (_, conn) = link.route_key();
         if let Some(k) = &self.keepalive {
             k.remove(link.dest, conn);
         }
         let st = &mut self.st;
-        if let Some(i) = st.routes.remove(link.route_key()) {
+        if let Some(i) = st.routes.remove(key) {
             let now = st.now();
             st.gate.forget(now, i, &mut st.decisions);
         }

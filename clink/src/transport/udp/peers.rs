@@ -9,7 +9,7 @@
 //! The cost: every peer socket is looked at on every pass, so only the first
 //! [`UdpConfig::peer_sockets`](super::UdpConfig) peers get one; the others share the main
 //! socket. One or two are read directly (a system call each); from [`POLL_MIN`] on, one
-//! `epoll_wait` asks which are readable and only those are read (an all-to-all's pass
+//! zero-timeout epoll wait asks which are readable and only those are read (an all-to-all's pass
 //! otherwise read seven sockets to find one or two with data). The main socket then carries only handshakes and those peers'
 //! datagrams, and while every peer has a socket of its own the transport reads it on
 //! every [`MAIN_EVERY`]th pass only (and whenever epoll reports a socket readable).
@@ -19,6 +19,7 @@ use super::steer::add_stats;
 use crate::sys::Epoll;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::time::Duration;
 
 /// With every peer on a socket of its own, the main socket is read once per this many
 /// passes (it then holds only new peers' handshakes and strays).
@@ -127,29 +128,28 @@ impl PeerSocks {
         if self.socks.len() < POLL_MIN {
             return;
         }
-        if self.poll.is_none() {
-            match Epoll::new() {
-                Ok(e) => {
-                    for s in &self.socks[..self.socks.len() - 1] {
-                        if e.add(s.sock.raw(), s.sock.raw() as u64).is_err() {
-                            return;
-                        }
+        // A new instance takes every socket; an existing one the newest.
+        let from = match &self.poll {
+            Some(_) => self.socks.len() - 1,
+            None => {
+                match Epoll::new() {
+                    Ok(e) => {
+                        self.poll = Some(e);
+                        0
                     }
-                    self.poll = Some(e);
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        "no epoll instance for the peer sockets ({e}): each is read on every pass"
-                    );
-                    return;
+                    Err(e) => {
+                        tracing::warn!("no epoll instance for the peer sockets ({e}): each is read on every pass");
+                        return;
+                    }
                 }
             }
-        }
-        let (poll, fd) = (self.poll.as_ref(), self.socks.last().map(|s| s.sock.raw()));
-        if let (Some(p), Some(fd)) = (poll, fd) {
-            if let Err(e) = p.add(fd, fd as u64) {
+        };
+        let poll = self.poll.as_ref().expect("made above");
+        for s in &self.socks[from..] {
+            if let Err(e) = poll.add(s.sock.raw(), s.sock.raw() as u64) {
                 tracing::warn!("peer socket not watched ({e}): each is read on every pass");
                 self.poll = None;
+                return;
             }
         }
     }
@@ -164,7 +164,7 @@ impl PeerSocks {
             return all;
         };
         self.polled.clear();
-        if !matches!(poll.ready_now(&mut self.polled), Ok(false)) {
+        if !matches!(poll.wait(&mut self.polled, Some(Duration::ZERO)), Ok(false)) {
             return all;
         }
         let mut ready = 0;
