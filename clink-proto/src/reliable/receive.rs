@@ -281,6 +281,9 @@ impl Conn {
             }
         }
         self.rcv_ranges.trim_below(self.rcv_next);
+        if self.rcv_next == self.rcv_highest {
+            self.slots.settle(self.rcv_next);
+        }
     }
 
     /// Unreliable mode: stop waiting for every packet below `floor`.

@@ -3,10 +3,18 @@
 //! up to the window: a connection's receive state is sized by the holes it has seen, not
 //! by its window (which, at 32 MiB of 1 448-byte packets, made every connection allocate
 //! and clear 23 170 slots whether it ever saw a hole or not: about 2.3 MiB a connection,
-//! BENCHMARKS.md). A power-of-two length makes the index a mask, not a division.
+//! BENCHMARKS.md). A power-of-two length makes the index a mask, not a division. A grown
+//! ring goes back to its first length once the stream has run without a hole for a while
+//! ([`Slots::settle`]), so one burst of loss does not hold a window's worth of slots for
+//! the connection's life.
 
 /// Slots to begin with.
 const INITIAL: usize = 64;
+
+/// A grown ring shrinks once this many times its length in packets arrived in order since
+/// it last held one: a stream with holes now and then keeps its ring rather than
+/// reallocating it at every hole.
+const QUIET_ROUNDS: u64 = 4;
 
 /// The ring: slot `pn & mask` holds packet `pn`, for every `pn` from the lowest packet
 /// still awaited (the `floor` of each call) up to `floor + len`.
@@ -15,6 +23,8 @@ pub(super) struct Slots<T> {
     mask: u64,
     /// The longest the ring may grow: the window, rounded up to a power of two.
     max: usize,
+    /// The highest packet ever held.
+    last_put: u64,
 }
 
 impl<T> Slots<T> {
@@ -26,6 +36,7 @@ impl<T> Slots<T> {
             ring: (0..len).map(|_| None).collect(),
             mask: len as u64 - 1,
             max,
+            last_put: 0,
         }
     }
 
@@ -42,6 +53,24 @@ impl<T> Slots<T> {
             self.grow(ahead, floor);
         }
         self.ring[(pn & self.mask) as usize] = Some(v);
+        self.last_put = self.last_put.max(pn);
+    }
+
+    /// Called with nothing held (every packet below `floor` delivered, none above it
+    /// yet): a grown ring that has held nothing for [`QUIET_ROUNDS`] times its length
+    /// goes back to its first length.
+    #[inline]
+    pub(super) fn settle(&mut self, floor: u64) {
+        let len = self.ring.len();
+        if len > INITIAL && floor.saturating_sub(self.last_put) > QUIET_ROUNDS * len as u64 {
+            debug_assert!(
+                self.ring.iter().all(Option::is_none),
+                "settled while holding"
+            );
+            let first = INITIAL.min(self.max);
+            self.ring = (0..first).map(|_| None).collect();
+            self.mask = first as u64 - 1;
+        }
     }
 
     /// Takes packet `pn` (the lowest awaited: its slot is inside the ring) out.
@@ -101,6 +130,31 @@ mod tests {
         assert!(!s.has(floor + 32_768 + 5, floor));
         assert_eq!(s.take(floor + 5), Some(floor + 5));
         assert!(!s.has(floor + 5, floor));
+    }
+
+    #[test]
+    fn a_grown_ring_shrinks_after_a_quiet_stretch_and_grows_again() {
+        let mut s = Slots::new(1 << 20);
+        s.put(1000, 10, 1000);
+        assert_eq!(s.len(), 1024);
+        assert_eq!(s.take(1000), Some(1000));
+        // Not yet quiet for long enough (4 x 1024 packets past the last one held).
+        s.settle(1000 + 4 * 1024);
+        assert_eq!(s.len(), 1024);
+        s.settle(1001 + 4 * 1024);
+        assert_eq!(s.len(), INITIAL);
+        // The shrunk ring serves as a new one: near packets fit, far ones grow it.
+        let floor = 10_000;
+        s.put(floor + 3, floor, floor + 3);
+        assert_eq!(s.len(), INITIAL);
+        s.put(floor + 300, floor, floor + 300);
+        assert_eq!(s.len(), 512);
+        assert!(s.has(floor + 3, floor) && s.has(floor + 300, floor));
+        assert!(!s.has(floor + 4, floor));
+        // A ring at its first length stays so.
+        let mut small = Slots::<u64>::new(1 << 20);
+        small.settle(1 << 40);
+        assert_eq!(small.len(), INITIAL);
     }
 
     #[test]

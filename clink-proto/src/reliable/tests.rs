@@ -209,6 +209,62 @@ fn received_ranges_match_the_slots_in_any_arrival_order() {
     }
 }
 
+/// A connection whose reorder ring grew for a hole far behind the newest packet gives the
+/// memory back once the stream has run in order for a while, and every message of both
+/// stretches is delivered once, in order.
+#[test]
+fn a_ring_grown_for_a_hole_shrinks_once_the_stream_runs_in_order() {
+    let mut rx = Conn::new(Config::default(), 0);
+    let deliver = |rx: &mut Conn, pn: u64| {
+        let hdr = DataHeader {
+            pn,
+            floor: 0,
+            msg_id: pn,
+            tag: 0,
+            msg_len: 1,
+            offset: 0,
+            ack: None,
+        };
+        let mut buf = Vec::new();
+        Datagram::Data {
+            conn: 0,
+            hdr,
+            payload: &[pn as u8],
+        }
+        .encode(&mut buf);
+        rx.handle_datagram(1, &buf).expect("valid datagram");
+    };
+    // Packet 0 lost, 1..1000 held behind it; then its repair and a long in-order run.
+    for pn in 1..1000 {
+        deliver(&mut rx, pn);
+    }
+    assert_eq!(rx.slots.len(), 1024);
+    deliver(&mut rx, 0);
+    let mut next = 0u64;
+    let drain = |rx: &mut Conn, next: &mut u64| {
+        while let Some(ev) = rx.poll_event() {
+            if let Event::Message { data, .. } = ev {
+                assert_eq!(data, [*next as u8], "message {next}");
+                *next += 1;
+            }
+        }
+    };
+    drain(&mut rx, &mut next);
+    assert_eq!(next, 1000);
+    // Still grown while the quiet stretch is short (4 x 1 024 packets past the last held).
+    for pn in 1000..999 + 4 * 1024 {
+        deliver(&mut rx, pn);
+        drain(&mut rx, &mut next);
+    }
+    assert_eq!(rx.slots.len(), 1024);
+    for pn in 999 + 4 * 1024..1001 + 4 * 1024 {
+        deliver(&mut rx, pn);
+        drain(&mut rx, &mut next);
+    }
+    assert_eq!(rx.slots.len(), 64);
+    assert_eq!(next, 1001 + 4 * 1024);
+}
+
 #[test]
 fn misorder_permutes_each_group_without_fixed_points() {
     for group in [1u64, 2, 3, 7, 16, 44] {
