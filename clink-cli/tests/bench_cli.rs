@@ -368,3 +368,41 @@ fn quick_spec_run_between_namespaces() {
     // The namespaces this run made are gone.
     assert_namespaces_removed(&stderr, 2);
 }
+
+#[test]
+fn quick_alltoall_run_reports_times_and_where_the_bulk_bytes_landed() {
+    if let Some(why) = clink_testbed::unavailable() {
+        panic!("this test needs network namespaces: {why}");
+    }
+    let (hosts, exchanges, size) = (3u64, 3u64, 65536u64);
+    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
+        .args(["bench", "--alltoall", "--hosts", "3", "--exchanges", "3"])
+        .args(["--bw-sizes", "64K", "--rounds", "1", "--json"])
+        .args(["--systems", "clink,clink-tcp,tcp"])
+        .output()
+        .expect("run clink bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clink bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows = json_rows(&stdout);
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for row in &rows {
+        assert_eq!(row["experiment"], "alltoall", "{row}");
+        assert_eq!(row["hosts"], hosts, "{row}");
+        assert!(row["seconds"].as_f64().is_some_and(|s| s > 0.0), "{row}");
+        let clink = row["system"] != "tcp";
+        assert_eq!(
+            row["sleeps"].is_u64(),
+            clink,
+            "counters for clink only: {row}"
+        );
+    }
+    // Over UDP every 64 KiB message is a bulk transfer: each byte of it lands once, in
+    // place or through the copy path.
+    let udp = rows
+        .iter()
+        .find(|r| r["system"] == "clink-udp")
+        .expect("udp row");
+    let landed = udp["in_place_bytes"].as_u64().unwrap() + udp["copied_bytes"].as_u64().unwrap();
+    assert_eq!(landed, hosts * (hosts - 1) * exchanges * size, "{udp}");
+}

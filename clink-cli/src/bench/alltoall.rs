@@ -228,6 +228,18 @@ fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
     let secs = t.elapsed().as_secs_f64();
     let cpu = process_cpu_secs() - cpu0;
     barrier(s, "done")?;
+    let st = ep.stats();
+    let counters = [
+        st.retransmissions,
+        st.timeouts,
+        st.tail_probes,
+        st.duplicates_dropped,
+        st.sleeps,
+        st.spec_hit_bytes,
+        st.cleanup_bytes,
+    ];
+    let words: Vec<String> = counters.iter().map(u64::to_string).collect();
+    println!("{COUNTERS_PREFIX}{}", words.join(" "));
     drop_endpoint(ep);
     Ok((secs, cpu))
 }
@@ -331,18 +343,30 @@ pub fn run(
     for &n in hosts {
         for rep in 0..reps {
             for &system in systems {
-                let (secs, cpu) = one_run(&exe, system, n, size, rounds_each)?;
+                let (secs, cpu, counters) = one_run(&exe, system, n, size, rounds_each)?;
+                let said: Vec<String> = counters
+                    .iter()
+                    .flat_map(|c| COUNTER_NAMES.iter().zip(c))
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
                 eprintln!(
-                    "alltoall {system} N={n} repetition {}: {secs:.3} s, CPU {cpu:.2} s",
-                    rep + 1
+                    "alltoall {system} N={n} repetition {}: {secs:.3} s, CPU {cpu:.2} s{}{}",
+                    rep + 1,
+                    if said.is_empty() {
+                        ""
+                    } else {
+                        "; all processes: "
+                    },
+                    said.join(", ")
                 );
                 if json {
-                    println!(
-                        "{}",
-                        json!({"experiment": "alltoall", "system": system, "hosts": n,
+                    let mut row = json!({"experiment": "alltoall", "system": system, "hosts": n,
                                "size": size, "rounds": rounds_each, "round": rep,
-                               "seconds": secs, "cpu_seconds": cpu, "placement": "bridge"})
-                    );
+                               "seconds": secs, "cpu_seconds": cpu, "placement": "bridge"});
+                    for (k, v) in counters.iter().flat_map(|c| COUNTER_NAMES.iter().zip(c)) {
+                        row[*k] = json!(v);
+                    }
+                    println!("{row}");
                 }
                 rows.push(Row {
                     hosts: n,
@@ -408,6 +432,22 @@ pub fn systems(asked: Option<&[String]>) -> Result<Vec<&'static str>, String> {
     Ok(SYSTEMS.into_iter().filter(|s| named(s)).collect())
 }
 
+/// The line a clink child prints its endpoint's counters on, before its times.
+const COUNTERS_PREFIX: &str = "alltoall-counters ";
+
+/// The counters a clink child reports, in the order it prints them (summed over a run's
+/// processes): they say where a run's time went (resends, timer expiries, sleeps, and how
+/// much of the bulk data landed in place rather than through the copy path).
+const COUNTER_NAMES: [&str; 7] = [
+    "retransmissions",
+    "timeouts",
+    "tail_probes",
+    "duplicates_dropped",
+    "sleeps",
+    "in_place_bytes",
+    "copied_bytes",
+];
+
 /// One run's figures.
 struct Row {
     hosts: usize,
@@ -419,14 +459,15 @@ struct Row {
     cpu: f64,
 }
 
-/// One run: the slowest child's seconds and all children's CPU seconds.
+/// One run: the slowest child's seconds, all children's CPU seconds and (clink systems)
+/// the sum of their counters ([`COUNTER_NAMES`]).
 fn one_run(
     exe: &Path,
     system: &str,
     n: usize,
     size: usize,
     rounds: u64,
-) -> Result<(f64, f64), String> {
+) -> Result<(f64, f64, Option<[u64; 7]>), String> {
     let b = Bridge::create(&BridgeSpec {
         hosts: n,
         ..BridgeSpec::default()
@@ -462,7 +503,23 @@ fn one_run(
     }
     let deadline = Instant::now() + CHILD_TIMEOUT;
     let (mut worst, mut cpu) = (0.0f64, 0.0);
+    let mut counters = (system != "tcp").then_some([0u64; 7]);
     for c in &mut children {
+        if let Some(sum) = counters.as_mut() {
+            let line =
+                c.read_prefixed(COUNTERS_PREFIX, "alltoall child", "its counters", deadline)?;
+            let got: Vec<u64> = line
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .map_err(|_| format!("bad counters {line:?}"))?;
+            if got.len() != sum.len() {
+                return Err(format!("bad counters {line:?}"));
+            }
+            for (s, g) in sum.iter_mut().zip(got) {
+                *s += g;
+            }
+        }
         let line = c.read_prefixed("alltoall-seconds ", "alltoall child", "its time", deadline)?;
         let bad = || format!("bad times {line:?}");
         let mut f = line.split_whitespace().map(str::parse::<f64>);
@@ -476,7 +533,7 @@ fn one_run(
         c.wait(deadline)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((worst, cpu))
+    Ok((worst, cpu, counters))
 }
 
 #[cfg(test)]
