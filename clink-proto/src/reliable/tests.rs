@@ -150,6 +150,27 @@ fn a_standing_ack_repeated_late_acks_and_times_nothing() {
     assert_eq!(a.rtt.srtt, srtt, "no sample from it");
 }
 
+/// Feeds `rx` packet `pn` of connection 0: a one-byte message (`byte`) of its own.
+fn deliver_one_byte_message(rx: &mut Conn, pn: u64, byte: u8) {
+    let hdr = DataHeader {
+        pn,
+        floor: 0,
+        msg_id: pn,
+        tag: 0,
+        msg_len: 1,
+        offset: 0,
+        ack: None,
+    };
+    let mut buf = Vec::new();
+    Datagram::Data {
+        conn: 0,
+        hdr,
+        payload: &[byte],
+    }
+    .encode(&mut buf);
+    rx.handle_datagram(1, &buf).expect("valid datagram");
+}
+
 /// The received ranges kept as packets arrive are those a walk of the slots finds
 /// (what acks carried before), whatever the arrival order, duplicates included.
 #[test]
@@ -171,23 +192,7 @@ fn received_ranges_match_the_slots_in_any_arrival_order() {
             order.swap(i, (x % (i as u64 + 1)) as usize);
         }
         for pn in order {
-            let hdr = DataHeader {
-                pn,
-                floor: 0,
-                msg_id: pn,
-                tag: 0,
-                msg_len: 1,
-                offset: 0,
-                ack: None,
-            };
-            let mut buf = Vec::new();
-            Datagram::Data {
-                conn: 0,
-                hdr,
-                payload: &[7],
-            }
-            .encode(&mut buf);
-            rx.handle_datagram(1, &buf).expect("valid datagram");
+            deliver_one_byte_message(&mut rx, pn, 7);
             let mut walked = Vec::new();
             let mut run = None;
             for p in rx.rcv_next + 1..rx.rcv_highest + 1 {
@@ -215,25 +220,7 @@ fn received_ranges_match_the_slots_in_any_arrival_order() {
 #[test]
 fn a_ring_grown_for_a_hole_shrinks_once_the_stream_runs_in_order() {
     let mut rx = Conn::new(Config::default(), 0);
-    let deliver = |rx: &mut Conn, pn: u64| {
-        let hdr = DataHeader {
-            pn,
-            floor: 0,
-            msg_id: pn,
-            tag: 0,
-            msg_len: 1,
-            offset: 0,
-            ack: None,
-        };
-        let mut buf = Vec::new();
-        Datagram::Data {
-            conn: 0,
-            hdr,
-            payload: &[pn as u8],
-        }
-        .encode(&mut buf);
-        rx.handle_datagram(1, &buf).expect("valid datagram");
-    };
+    let deliver = |rx: &mut Conn, pn: u64| deliver_one_byte_message(rx, pn, pn as u8);
     // Packet 0 lost, 1..1000 held behind it; then its repair and a long in-order run.
     for pn in 1..1000 {
         deliver(&mut rx, pn);
