@@ -169,7 +169,7 @@ impl ModeArg {
 
 /// Arguments of `clink bench`.
 #[derive(Debug, Clone, clap::Args)]
-#[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec"])))]
+#[command(group(clap::ArgGroup::new("experiment_mode").args(["rma", "spec", "mpi"])))]
 #[command(group(clap::ArgGroup::new("experiment").args(["rma", "spec", "alltoall", "sockets", "mpi"]).multiple(false)))]
 pub struct BenchArgs {
     /// Systems to measure, comma-separated (default: every built-in system, plus ucx,
@@ -243,10 +243,11 @@ pub struct BenchArgs {
     pub fragments: Option<u64>,
     /// With `--rma`: only these experiments (word_rtt, dqueue_rate, put_bw,
     /// event_server); with `--spec`: only these (interference, fallback, two_senders,
-    /// loss). Comma-separated.
+    /// loss); with `--mpi`: only these (latency, bw, bw_cold, bibw, rate, allreduce).
+    /// Comma-separated.
     #[arg(long, value_delimiter = ',', requires = "experiment_mode",
           value_parser = clap::builder::PossibleValuesParser::new(
-              rma::EXPERIMENTS.iter().chain(spec::EXPERIMENTS).copied()))]
+              rma::EXPERIMENTS.iter().chain(spec::EXPERIMENTS).chain(mpi::EXPERIMENT_NAMES).copied()))]
     pub experiments: Vec<String>,
     /// The all-to-all experiment on `--hosts` hosts on a bridge (clink over UDP, clink
     /// over TCP, kernel TCP, or those `--systems` names; message size the first of
@@ -269,7 +270,8 @@ pub struct BenchArgs {
     /// Open MPI on clink (pml cm, mtl ofi and the clink libfabric provider,
     /// libclink_fi.so beside this executable) against Open MPI's ob1/vader and ucx paths on
     /// one host (with `--placement bridge`: two hosts on a bridge, ob1 over tcp, per
-    /// `--loss`): latency, bandwidth, bidirectional bandwidth, message rate and allreduce,
+    /// `--loss`): latency, bandwidth (from one buffer, as OSU's osu_bw, and from a buffer
+    /// per message of the window), bidirectional bandwidth, message rate and allreduce,
     /// `--rounds` rounds, instead of the system comparison.
     #[arg(long, conflicts_with_all = ["systems", "mode", "lat_sizes"])]
     pub mpi: bool,
@@ -649,7 +651,14 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                 return Err("--mpi runs on one host or with --placement bridge".into())
             }
         };
-        return mpi::run(args.rounds, args.quick, args.json, bridge);
+        check_experiments("--mpi", mpi::EXPERIMENT_NAMES, &args.experiments)?;
+        return mpi::run(
+            args.rounds,
+            args.quick,
+            args.json,
+            bridge,
+            &args.experiments,
+        );
     }
     if args.alltoall {
         let hosts: Vec<usize> = args

@@ -17,11 +17,17 @@ use std::time::{Duration, Instant};
 
 const SOURCE: &str = include_str!("mpi_bench.c");
 
+/// The experiments `--experiments` may name (each once, whatever its sizes).
+pub const EXPERIMENT_NAMES: &[&str] = &["latency", "bw", "bw_cold", "bibw", "rate", "allreduce"];
+
+type Experiment = (&'static str, usize, u32, u32, &'static str, bool);
+
 /// (experiment, message size, iterations, iterations with --quick, unit, higher is better)
-const EXPERIMENTS: [(&str, usize, u32, u32, &str, bool); 6] = [
+const EXPERIMENTS: [Experiment; 7] = [
     ("latency", 8, 20_000, 2_000, "us", false),
     ("latency", 65_536, 5_000, 500, "us", false),
     ("bw", 1 << 20, 60, 10, "MB/s", true),
+    ("bw_cold", 1 << 20, 60, 10, "MB/s", true),
     ("bibw", 1 << 20, 30, 5, "MB/s", true),
     ("rate", 8, 3_000, 300, "msg/s", true),
     ("allreduce", 8, 20_000, 2_000, "us", false),
@@ -270,18 +276,32 @@ pub fn run(
     quick: bool,
     json: bool,
     bridge: Option<(u32, &[f64])>,
+    only: &[String],
 ) -> Result<(), String> {
+    // The experiments to run: those `only` names, or all.
+    let plan: Vec<Experiment> = EXPERIMENTS
+        .into_iter()
+        .filter(|e| only.is_empty() || only.iter().any(|o| o == e.0))
+        .collect();
     let work = std::env::temp_dir().join(format!("clink-bench-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
     let res = (|| {
         let exe = compile(&work)?;
         let provider = provider_dir(&work)?;
         match bridge {
-            None => run_at(&Hosts::One, &exe, &provider, rounds.max(1), quick, json),
+            None => run_at(
+                &Hosts::One,
+                &plan,
+                &exe,
+                &provider,
+                rounds.max(1),
+                quick,
+                json,
+            ),
             Some((mtu, losses)) => {
                 for &loss in losses {
                     let at = Hosts::bridge(&work, mtu, loss)?;
-                    run_at(&at, &exe, &provider, rounds.max(1), quick, json)?;
+                    run_at(&at, &plan, &exe, &provider, rounds.max(1), quick, json)?;
                 }
                 Ok(())
             }
@@ -293,6 +313,7 @@ pub fn run(
 
 fn run_at(
     at: &Hosts,
+    plan: &[Experiment],
     exe: &Path,
     provider: &Path,
     rounds: u64,
@@ -305,11 +326,11 @@ fn run_at(
         Hosts::Bridge { loss_pct, .. } => ("bridge", *loss_pct),
     };
     // values[experiment][system] over rounds; ratios[experiment][system] against ob1.
-    let mut values = vec![vec![Vec::new(); sys.len()]; EXPERIMENTS.len()];
-    let mut ratios = vec![vec![Vec::new(); sys.len()]; EXPERIMENTS.len()];
+    let mut values = vec![vec![Vec::new(); sys.len()]; plan.len()];
+    let mut ratios = vec![vec![Vec::new(); sys.len()]; plan.len()];
     let mut failures = Vec::new();
     for round in 0..rounds {
-        for (e, &(exp, size, iters, quick_iters, unit, higher)) in EXPERIMENTS.iter().enumerate() {
+        for (e, &(exp, size, iters, quick_iters, unit, higher)) in plan.iter().enumerate() {
             let mut got = vec![None; sys.len()];
             for k in 0..sys.len() {
                 let s = (k + round as usize) % sys.len();
@@ -364,7 +385,7 @@ fn run_at(
         if let Hosts::Bridge { .. } = at {
             println!("two hosts on a bridge, {loss}% of packets into each dropped at random; ob1 over tcp");
         }
-        for (e, &(exp, size, _, _, unit, _)) in EXPERIMENTS.iter().enumerate() {
+        for (e, &(exp, size, _, _, unit, _)) in plan.iter().enumerate() {
             print!("{exp:<10} {size:>8} {unit:>6}");
             for v in &values[e] {
                 print!(" {:>12.2}", med(v));

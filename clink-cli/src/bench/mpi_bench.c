@@ -1,7 +1,11 @@
 /* OSU-style MPI measurements for `clink bench --mpi` (compiled by the bench with mpicc).
  * Usage: mpi_bench EXPERIMENT SIZE ITERATIONS     (2 ranks)
  * Prints one number on rank 0: one-way latency in microseconds (latency, allreduce),
- * MB/s (bw, bibw) or messages per second (rate). */
+ * MB/s (bw, bw_cold, bibw) or messages per second (rate).
+ * bw and bibw send every message of a window from one buffer and receive them all into
+ * one, as OSU's osu_bw and osu_bibw do; bw_cold gives each message of the window its own
+ * part of a window-sized buffer (64 MiB for 1 MiB messages: copies from and to memory
+ * that is not in cache). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +19,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc < 4 || size != 2) {
-        if (rank == 0) fprintf(stderr, "usage: mpi_bench latency|bw|bibw|rate|allreduce SIZE ITERS (2 ranks)\n");
+        if (rank == 0) fprintf(stderr, "usage: mpi_bench latency|bw|bw_cold|bibw|rate|allreduce SIZE ITERS (2 ranks)\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     const char *exp = argv[1];
@@ -39,24 +43,25 @@ int main(int argc, char **argv) {
                 MPI_Recv(r, (int)n, MPI_BYTE, peer, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
                 MPI_Send(s, (int)n, MPI_BYTE, peer, 1, MPI_COMM_WORLD);
             }
-        } else if (!strcmp(exp, "bw") || !strcmp(exp, "rate")) {
+        } else if (!strcmp(exp, "bw") || !strcmp(exp, "bw_cold") || !strcmp(exp, "rate")) {
             /* A window of sends, then a zero-byte acknowledgement. */
+            size_t step = strcmp(exp, "bw_cold") ? 0 : n;
             if (rank == 0) {
                 for (int w = 0; w < WINDOW; w++)
-                    MPI_Isend(s + w * n, (int)n, MPI_BYTE, peer, 2, MPI_COMM_WORLD, &q[w]);
+                    MPI_Isend(s + w * step, (int)n, MPI_BYTE, peer, 2, MPI_COMM_WORLD, &q[w]);
                 MPI_Waitall(WINDOW, q, MPI_STATUSES_IGNORE);
                 MPI_Recv(r, 0, MPI_BYTE, peer, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             } else {
                 for (int w = 0; w < WINDOW; w++)
-                    MPI_Irecv(r + w * n, (int)n, MPI_BYTE, peer, 2, MPI_COMM_WORLD, &q[w]);
+                    MPI_Irecv(r + w * step, (int)n, MPI_BYTE, peer, 2, MPI_COMM_WORLD, &q[w]);
                 MPI_Waitall(WINDOW, q, MPI_STATUSES_IGNORE);
                 MPI_Send(s, 0, MPI_BYTE, peer, 3, MPI_COMM_WORLD);
             }
         } else if (!strcmp(exp, "bibw")) {
             for (int w = 0; w < WINDOW; w++)
-                MPI_Irecv(r + w * n, (int)n, MPI_BYTE, peer, 4, MPI_COMM_WORLD, &q[w]);
+                MPI_Irecv(r, (int)n, MPI_BYTE, peer, 4, MPI_COMM_WORLD, &q[w]);
             for (int w = 0; w < WINDOW; w++)
-                MPI_Isend(s + w * n, (int)n, MPI_BYTE, peer, 4, MPI_COMM_WORLD, &q[WINDOW + w]);
+                MPI_Isend(s, (int)n, MPI_BYTE, peer, 4, MPI_COMM_WORLD, &q[WINDOW + w]);
             MPI_Waitall(2 * WINDOW, q, MPI_STATUSES_IGNORE);
         } else if (!strcmp(exp, "allreduce")) {
             size_t k = n / sizeof(double) ? n / sizeof(double) : 1;
@@ -69,7 +74,7 @@ int main(int argc, char **argv) {
     double t = MPI_Wtime() - t0;
     if (!strcmp(exp, "latency")) result = t / iters / 2 * 1e6;
     else if (!strcmp(exp, "allreduce")) result = t / iters * 1e6;
-    else if (!strcmp(exp, "bw")) result = (double)n * WINDOW * iters / t / 1e6;
+    else if (!strcmp(exp, "bw") || !strcmp(exp, "bw_cold")) result = (double)n * WINDOW * iters / t / 1e6;
     else if (!strcmp(exp, "bibw")) result = 2.0 * n * WINDOW * iters / t / 1e6;
     else result = (double)WINDOW * iters / t;
     if (rank == 0) printf("%.6f\n", result);

@@ -59,6 +59,18 @@ fn rma_args() {
 }
 
 #[test]
+fn mpi_experiments_are_named_and_checked_against_the_mode() {
+    let args = parse(&["--mpi", "--experiments", "bw,bw_cold"]);
+    assert_eq!(args.experiments, vec!["bw", "bw_cold"]);
+    assert!(check_experiments("--mpi", mpi::EXPERIMENT_NAMES, &args.experiments).is_ok());
+    // A name another mode knows is refused for this one.
+    let rma = parse(&["--mpi", "--experiments", "word_rtt"]);
+    assert!(check_experiments("--mpi", mpi::EXPERIMENT_NAMES, &rma.experiments).is_err());
+    let bw = parse(&["--rma", "--experiments", "bw"]);
+    assert!(check_experiments("--rma", &rma::EXPERIMENTS, &bw.experiments).is_err());
+}
+
+#[test]
 fn placement_args() {
     let args = parse(&["--placement", "netns", "--mtu", "1500,9000"]);
     assert_eq!(args.placement, Placement::Netns);
