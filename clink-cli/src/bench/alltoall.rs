@@ -229,7 +229,8 @@ fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
     let cpu = process_cpu_secs() - cpu0;
     barrier(s, "done")?;
     let st = ep.stats();
-    let counters = [
+    // In COUNTER_NAMES' order.
+    let counters: [u64; COUNTER_NAMES.len()] = [
         st.retransmissions,
         st.timeouts,
         st.tail_probes,
@@ -467,7 +468,7 @@ fn one_run(
     n: usize,
     size: usize,
     rounds: u64,
-) -> Result<(f64, f64, Option<[u64; 7]>), String> {
+) -> Result<(f64, f64, Option<[u64; COUNTER_NAMES.len()]>), String> {
     let b = Bridge::create(&BridgeSpec {
         hosts: n,
         ..BridgeSpec::default()
@@ -503,7 +504,7 @@ fn one_run(
     }
     let deadline = Instant::now() + CHILD_TIMEOUT;
     let (mut worst, mut cpu) = (0.0f64, 0.0);
-    let mut counters = (system != "tcp").then_some([0u64; 7]);
+    let mut counters = (system != "tcp").then_some([0u64; COUNTER_NAMES.len()]);
     for c in &mut children {
         if let Some(sum) = counters.as_mut() {
             let line =
