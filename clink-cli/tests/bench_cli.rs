@@ -5,6 +5,15 @@
 
 use std::process::Command;
 
+/// Runs `cmd` (`what`: what it runs, should it not start), which must succeed (else the
+/// test fails with `failed` and its stderr): its stdout and stderr.
+fn succeed(cmd: &mut Command, what: &str, failed: &str) -> (String, String) {
+    let out = cmd.output().expect(what);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{failed}: {stderr}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), stderr)
+}
+
 /// The JSON rows a `--json` run printed on stdout (every line must be one).
 fn json_rows(stdout: &str) -> Vec<serde_json::Value> {
     stdout
@@ -35,24 +44,23 @@ fn assert_namespaces_removed(stderr: &str, n: usize) {
 
 #[test]
 fn quick_json_run_over_sockets() {
-    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
-        .args(["bench", "--quick", "--json", "--systems", "tcp,unix,clink"])
-        .args([
-            "--lat-sizes",
-            "0,64",
-            "--bw-sizes",
-            "64K",
-            "--timeout-secs",
-            "60",
-        ])
-        .output()
-        .expect("run clink bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench failed: {stderr}");
+    let (stdout, stderr) = succeed(
+        Command::new(env!("CARGO_BIN_EXE_clink"))
+            .args(["bench", "--quick", "--json", "--systems", "tcp,unix,clink"])
+            .args([
+                "--lat-sizes",
+                "0,64",
+                "--bw-sizes",
+                "64K",
+                "--timeout-secs",
+                "60",
+            ]),
+        "run clink bench",
+        "clink bench failed",
+    );
     // Rows say they were pinned exactly when the header says so.
     let pinned = stderr.contains("server pinned to CPU 0");
     assert!(pinned || stderr.contains("NOT pinned"), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let rows = json_rows(&stdout);
     // 3 systems x 2 modes x (2 latency + 1 bandwidth) rows.
     assert_eq!(rows.len(), 18, "{stdout}");
@@ -100,24 +108,23 @@ fn quick_json_run_over_sockets() {
 /// test's mask when it is narrowed to one CPU with `taskset`, and `--no-pin` keeps it.
 #[test]
 fn quick_spin_run_on_one_cpu() {
-    let out = Command::new("taskset")
-        .args(["-c", "0", env!("CARGO_BIN_EXE_clink")])
-        .args(["bench", "--quick", "--json", "--no-pin", "--mode", "spin"])
-        .args([
-            "--systems",
-            "unix,clink",
-            "--lat-sizes",
-            "8",
-            "--bw-sizes",
-            "64K",
-        ])
-        .args(["--timeout-secs", "60"])
-        .output()
-        .expect("run taskset (util-linux) and clink bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench failed: {stderr}");
+    let (stdout, stderr) = succeed(
+        Command::new("taskset")
+            .args(["-c", "0", env!("CARGO_BIN_EXE_clink")])
+            .args(["bench", "--quick", "--json", "--no-pin", "--mode", "spin"])
+            .args([
+                "--systems",
+                "unix,clink",
+                "--lat-sizes",
+                "8",
+                "--bw-sizes",
+                "64K",
+            ])
+            .args(["--timeout-secs", "60"]),
+        "run taskset (util-linux) and clink bench",
+        "clink bench failed",
+    );
     assert!(stderr.contains("NOT pinned (--no-pin)"), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let rows = json_rows(&stdout);
     // 2 systems x (1 latency + 1 bandwidth) rows, all in spin mode.
     assert_eq!(rows.len(), 4, "{stdout}");
@@ -133,23 +140,22 @@ fn quick_netns_run_over_tcp_and_udp() {
     if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
-        .args(["bench", "--placement", "netns", "--quick", "--json"])
-        .args([
-            "--systems",
-            "tcp,udp,clink-tcp",
-            "--lat-sizes",
-            "0,64",
-            "--bw-sizes",
-            "64K",
-        ])
-        .args(["--timeout-secs", "60"])
-        .output()
-        .expect("run clink bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench failed: {stderr}");
+    let (stdout, stderr) = succeed(
+        Command::new(env!("CARGO_BIN_EXE_clink"))
+            .args(["bench", "--placement", "netns", "--quick", "--json"])
+            .args([
+                "--systems",
+                "tcp,udp,clink-tcp",
+                "--lat-sizes",
+                "0,64",
+                "--bw-sizes",
+                "64K",
+            ])
+            .args(["--timeout-secs", "60"]),
+        "run clink bench",
+        "clink bench failed",
+    );
     assert!(stderr.contains("placement netns"), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let rows = json_rows(&stdout);
     // 2 MTUs (default 1500, 9000) x 3 systems x 2 modes x (2 latency + 1 bandwidth).
     assert_eq!(rows.len(), 36, "{stdout}");
@@ -193,14 +199,13 @@ fn quick_netns_run_over_tcp_and_udp() {
 
 #[test]
 fn quick_rma_run_with_the_event_server() {
-    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
-        .args(["bench", "--rma", "--quick", "--json"])
-        .args(["--experiments", "word_rtt,event_server", "--conns", "1,3"])
-        .output()
-        .expect("run clink bench --rma");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench --rma failed: {stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, _) = succeed(
+        Command::new(env!("CARGO_BIN_EXE_clink"))
+            .args(["bench", "--rma", "--quick", "--json"])
+            .args(["--experiments", "word_rtt,event_server", "--conns", "1,3"]),
+        "run clink bench --rma",
+        "clink bench --rma failed",
+    );
     let rows = json_rows(&stdout);
     let of = |e: &str| rows.iter().filter(|r| r["experiment"] == e).count();
     assert_eq!(
@@ -224,17 +229,16 @@ fn quick_bridge_run_with_loss() {
     if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
-        .args(["bench", "--placement", "bridge", "--quick", "--json"])
-        .args(["--systems", "tcp,clink", "--mode", "busy"])
-        .args(["--lat-sizes", "64", "--bw-sizes", "64K", "--loss", "0,2"])
-        .args(["--timeout-secs", "60"])
-        .output()
-        .expect("run clink bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench failed: {stderr}");
+    let (stdout, stderr) = succeed(
+        Command::new(env!("CARGO_BIN_EXE_clink"))
+            .args(["bench", "--placement", "bridge", "--quick", "--json"])
+            .args(["--systems", "tcp,clink", "--mode", "busy"])
+            .args(["--lat-sizes", "64", "--bw-sizes", "64K", "--loss", "0,2"])
+            .args(["--timeout-secs", "60"]),
+        "run clink bench",
+        "clink bench failed",
+    );
     assert!(stderr.contains("placement bridge"), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let rows = json_rows(&stdout);
     // 2 losses x 2 systems x (1 latency + 1 bandwidth).
     assert_eq!(rows.len(), 8, "{stdout}");
@@ -260,21 +264,20 @@ fn quick_spec_run_between_namespaces() {
     if let Some(why) = clink_testbed::unavailable() {
         panic!("this test needs network namespaces: {why}");
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
-        .args([
-            "bench",
-            "--placement",
-            "netns",
-            "--spec",
-            "--quick",
-            "--json",
-        ])
-        .args(["--fragments", "2000", "--timeout-secs", "60"])
-        .output()
-        .expect("run clink bench --spec");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench --spec failed: {stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, stderr) = succeed(
+        Command::new(env!("CARGO_BIN_EXE_clink"))
+            .args([
+                "bench",
+                "--placement",
+                "netns",
+                "--spec",
+                "--quick",
+                "--json",
+            ])
+            .args(["--fragments", "2000", "--timeout-secs", "60"]),
+        "run clink bench --spec",
+        "clink bench --spec failed",
+    );
     let rows = json_rows(&stdout);
     let expected = [
         ("interference", "clean"),
@@ -375,15 +378,14 @@ fn quick_alltoall_run_reports_times_and_where_the_bulk_bytes_landed() {
         panic!("this test needs network namespaces: {why}");
     }
     let (hosts, exchanges, size) = (3u64, 3u64, 65536u64);
-    let out = Command::new(env!("CARGO_BIN_EXE_clink"))
-        .args(["bench", "--alltoall", "--hosts", "3", "--exchanges", "3"])
-        .args(["--bw-sizes", "64K", "--rounds", "1", "--json"])
-        .args(["--systems", "clink,clink-tcp,tcp"])
-        .output()
-        .expect("run clink bench");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "clink bench failed: {stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (stdout, _) = succeed(
+        Command::new(env!("CARGO_BIN_EXE_clink"))
+            .args(["bench", "--alltoall", "--hosts", "3", "--exchanges", "3"])
+            .args(["--bw-sizes", "64K", "--rounds", "1", "--json"])
+            .args(["--systems", "clink,clink-tcp,tcp"]),
+        "run clink bench",
+        "clink bench failed",
+    );
     let rows = json_rows(&stdout);
     assert_eq!(rows.len(), 3, "{stdout}");
     for row in &rows {

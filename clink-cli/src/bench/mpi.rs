@@ -20,10 +20,10 @@ const SOURCE: &str = include_str!("mpi_bench.c");
 /// The experiments `--experiments` may name (each once, whatever its sizes).
 pub const EXPERIMENT_NAMES: &[&str] = &["latency", "bw", "bw_cold", "bibw", "rate", "allreduce"];
 
-type Experiment = (&'static str, usize, u32, u32, &'static str, bool);
+pub(super) type Experiment = (&'static str, usize, u32, u32, &'static str, bool);
 
 /// (experiment, message size, iterations, iterations with --quick, unit, higher is better)
-const EXPERIMENTS: [Experiment; 7] = [
+pub(super) const EXPERIMENTS: [Experiment; 7] = [
     ("latency", 8, 20_000, 2_000, "us", false),
     ("latency", 65_536, 5_000, 500, "us", false),
     ("bw", 1 << 20, 60, 10, "MB/s", true),

@@ -68,6 +68,10 @@ fn mpi_experiments_are_named_and_checked_against_the_mode() {
     assert!(check_experiments("--mpi", mpi::EXPERIMENT_NAMES, &rma.experiments).is_err());
     let bw = parse(&["--rma", "--experiments", "bw"]);
     assert!(check_experiments("--rma", &rma::EXPERIMENTS, &bw.experiments).is_err());
+    // The names are the table's, each once.
+    let mut table: Vec<&str> = mpi::EXPERIMENTS.iter().map(|e| e.0).collect();
+    table.dedup();
+    assert_eq!(table, mpi::EXPERIMENT_NAMES);
 }
 
 #[test]
