@@ -610,3 +610,50 @@ fn a_file_too_large_for_its_chunk_size_is_refused_before_anything_is_sent() {
     assert!(!out.status.success());
     assert!(err.contains("manifest") && err.contains("--chunk"), "{err}");
 }
+
+#[test]
+fn a_slow_last_node_holds_back_no_node_before_it() {
+    // Node 3 pauses 100 ms after each chunk it writes (a slow disk). Node 2 forwards to
+    // it from its own file, at node 3's pace, and goes on taking chunks from node 1
+    // meanwhile. When node 2 held all 32 chunks, node 3 still lacked more of them than a
+    // node keeps in buffers (twice its window of 6): without the file, node 2 could not
+    // have run that far ahead.
+    let b = bridge(None);
+    let dir = TempDir::new("slow");
+    let data = random(32 * MIB + 5, 12);
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, &data).unwrap();
+    let slow: &[&str] = &["--chunk-pause-ms", "100"];
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[&[], &[], slow]);
+    let args = ["--json", "--chunk", "1048576"];
+    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
+    let (st, out, err) = s.finish();
+    let said: Vec<String> = rx
+        .iter_mut()
+        .map(|p| {
+            let (st, o, e) = p.finish();
+            format!("{}: {st}\n{o}\n{e}", p.name)
+        })
+        .collect();
+    assert!(
+        st.success(),
+        "cast failed: {st}\n{out}\n{err}\n{}",
+        said.join("\n")
+    );
+    println!("{out}");
+    let want = blake3::hash(&data).to_hex().to_string();
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4, "one row per node and the source:\n{out}");
+    for r in &rows[1..] {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
+    }
+    let node2 = rows.iter().find(|r| r["node"] == 2).expect("node 2's row");
+    let behind = node2["next_behind_at_end"].as_u64().expect("its backlog");
+    let from_file = node2["chunks_from_file"].as_u64().expect("its file reads");
+    assert!(behind > 12 && from_file > 0, "{node2}");
+    assert_whole(&dir, &data, &[1, 2, 3], &said);
+}

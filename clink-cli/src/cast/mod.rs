@@ -137,6 +137,9 @@ pub struct RecvArgs {
     /// (the next node must refuse it).
     #[arg(long, hide = true)]
     corrupt_chunk: Option<u64>,
+    /// Testing aid: a slow host, pausing this many milliseconds after writing each chunk.
+    #[arg(long, hide = true)]
+    chunk_pause_ms: Option<u64>,
     /// Fails when a neighbour dies instead of splicing it out.
     #[arg(long)]
     no_repair: bool,

@@ -31,6 +31,11 @@ struct Progress {
     predicted_bps: f64,
     /// The same without the link's cap: what this host's CPU allows.
     cpu_bps: f64,
+    /// Chunks forwarded by reading them back from the output file (the next node was
+    /// behind, or replaced a dead one) rather than from the buffer they arrived in.
+    from_file: u64,
+    /// Chunks the next node still lacked when this one had them all.
+    behind_at_end: u64,
 }
 
 impl Progress {
@@ -58,6 +63,8 @@ impl Progress {
             // Copies of each byte by this program in user space: none (received into
             // the buffer that is hashed, written and forwarded).
             "copies": 0,
+            "chunks_from_file": self.from_file,
+            "next_behind_at_end": self.behind_at_end,
             "root": self.root,
             "status": status,
         })
@@ -101,6 +108,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         out: a.out.clone(),
         window: a.window.max(1),
         corrupt: a.corrupt_chunk,
+        pause: a.chunk_pause_ms.map(Duration::from_millis),
         p: Progress {
             index: 0,
             address,
@@ -118,6 +126,8 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             costs: Some(costs),
             predicted_bps: 0.0,
             cpu_bps: 0.0,
+            from_file: 0,
+            behind_at_end: 0,
         },
         down_reports: Vec::new(),
         bitmap: None,
@@ -207,6 +217,8 @@ struct Node {
     out: std::path::PathBuf,
     window: usize,
     corrupt: Option<u64>,
+    /// A pause after each chunk written (a slow host, for tests).
+    pause: Option<Duration>,
     p: Progress,
     down_reports: Vec<Value>,
     /// The `.clinkcast` file beside the output and where its bits start.

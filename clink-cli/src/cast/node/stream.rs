@@ -13,7 +13,9 @@ impl Node {
         // loop: spliced out when it can be, else the end of this node's cast.
         let mut lost_up: Option<(&str, clink::Error)> = None;
         let mut lost_down: Option<(&str, clink::Error)> = None;
-        // Chunks to send again to a new next node: from, until (exclusive).
+        // Chunks to forward from this node's file, from, until (exclusive): to a new next
+        // node that replaced a dead one, or to a next node that fell behind (this node
+        // goes on receiving meanwhile: a slow node holds back only the nodes after it).
         let mut replay: Option<(u64, u64)> = None;
         let mut end_bytes_sent: Option<Vec<u8>> = None;
         let mut resend_end = false;
@@ -221,8 +223,7 @@ impl Node {
             if lost_up.is_some() || lost_down.is_some() {
                 continue;
             }
-            // Chunks sent again to a new next node, from this node's file, before any
-            // new one.
+            // Chunks forwarded from this node's file, in order, before any new one.
             if let (Some((mut i, until)), Some(d)) = (replay, self.down) {
                 while i < until && sends.len() < self.window {
                     if self.skip.get(i as usize) == Some(&true) {
@@ -252,11 +253,12 @@ impl Node {
                     match self.ep.isend(d, T_DATA, b.clone()) {
                         Ok(r) => sends.push_back((r, b)),
                         Err(e) => {
-                            lost_down = Some(("resending a chunk", e));
+                            lost_down = Some(("forwarding a chunk from the file", e));
                             break;
                         }
                     }
                     i += 1;
+                    self.p.from_file += 1;
                     did = true;
                 }
                 replay = (i < until).then_some((i, until));
@@ -268,10 +270,7 @@ impl Node {
                         }
                     }
                 }
-                if replay.is_some() || lost_down.is_some() {
-                    if !did {
-                        idle(&mut self.ep);
-                    }
+                if lost_down.is_some() {
                     continue;
                 }
             }
@@ -301,16 +300,33 @@ impl Node {
                     Ok(Some(got)) => {
                         posted.pop_front();
                         did = true;
+                        let index = self.next_due;
                         let buf = self.chunk(man, got.buf, &mut cvs, &mut single_root)?;
+                        // Forwarding this buffer would leave none for the next receive
+                        // (every one waits in a send: the next node is behind), or chunks
+                        // before it wait in the file: it goes from the file too, later.
+                        let behind = free.is_empty() && buffers >= self.window * 2;
                         match self.down {
-                            Some(d) => {
+                            Some(d) if replay.is_none() && !behind => {
                                 let b = Bytes::from(buf);
                                 match self.ep.isend(d, T_DATA, b.clone()) {
                                     Ok(r) => sends.push_back((r, b)),
                                     Err(e) => lost_down = Some(("forwarding a chunk", e)),
                                 }
                             }
+                            Some(_) => {
+                                free.push(buf);
+                                let from = replay.map_or(index, |(from, _)| from);
+                                replay = Some((from, self.next_due));
+                            }
                             None => free.push(buf),
+                        }
+                        if to_recv.is_some_and(|t| self.p.chunks == t) {
+                            // This node's file is whole (checked against the end message
+                            // below); what the next node still lacks is forwarded after.
+                            self.p.end = Some(Instant::now());
+                            self.p.behind_at_end =
+                                replay.map_or(0, |(i, until)| until - i) + sends.len() as u64;
                         }
                     }
                     Ok(None) => {}
@@ -354,6 +370,7 @@ impl Node {
                 && to_recv.is_some_and(|t| self.p.chunks == t)
                 && end_info.is_some()
                 && sends.is_empty()
+                && replay.is_none()
             {
                 end_done = true;
                 did = true;
@@ -420,7 +437,7 @@ impl Node {
         cvs: &[[u8; 32]],
         single_root: Option<blake3::Hash>,
     ) -> Result<(), Failure> {
-        self.p.end = Some(Instant::now());
+        self.p.end.get_or_insert_with(Instant::now);
         let size = end["size"].as_u64().unwrap_or(0);
         if size != self.p.bytes + self.p.resumed_bytes {
             return Err(fail_up(format!(
@@ -539,6 +556,9 @@ impl Node {
         self.p.bytes += h.len;
         if self.corrupt == Some(h.index) && h.len > 0 {
             buf[HDR] ^= 0x5a;
+        }
+        if let Some(d) = self.pause {
+            std::thread::sleep(d);
         }
         Ok(buf)
     }
