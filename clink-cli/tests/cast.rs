@@ -657,3 +657,53 @@ fn a_slow_last_node_holds_back_no_node_before_it() {
     assert!(behind > 12 && from_file > 0, "{node2}");
     assert_whole(&dir, &data, &[1, 2, 3], &said);
 }
+
+#[test]
+fn a_slow_middle_node_is_moved_to_the_tail() {
+    // Node 2 of three pauses 100 ms after each chunk. Node 1, far ahead of it for half a
+    // second, moves it to the tail: node 1 feeds node 3, node 3 feeds node 2. Every file
+    // is whole; the reports come in the new order, node 2's says it moved, and node 3
+    // held the whole file while node 2 still lacked more chunks than a node's buffers
+    // hold (it was not held back by node 2).
+    let b = bridge(None);
+    let dir = TempDir::new("moved");
+    let data = random(48 * MIB + 7, 13);
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, &data).unwrap();
+    let slow: &[&str] = &["--chunk-pause-ms", "100"];
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[&[], slow, &[]]);
+    let args = ["--json", "--chunk", "1048576"];
+    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
+    let (st, out, err) = s.finish();
+    let said: Vec<String> = rx
+        .iter_mut()
+        .map(|p| {
+            let (st, o, e) = p.finish();
+            format!("{}: {st}\n{o}\n{e}", p.name)
+        })
+        .collect();
+    assert!(
+        st.success(),
+        "cast failed: {st}\n{out}\n{err}\n{}",
+        said.join("\n")
+    );
+    println!("{out}\n{err}\n{}", said.join("\n"));
+    let want = blake3::hash(&data).to_hex().to_string();
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let order: Vec<u64> = rows.iter().filter_map(|r| r["node"].as_u64()).collect();
+    assert_eq!(order, [0, 1, 3, 2], "the reports' order:\n{out}");
+    for r in &rows[1..] {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
+        let moved = r["node"] == 2;
+        assert_eq!(r["moved_to_tail"].as_bool(), Some(moved), "{r}");
+    }
+    let behind = rows[2]["next_behind_at_end"]
+        .as_u64()
+        .expect("node 3's backlog");
+    assert!(behind > 12, "{}", rows[2]);
+    assert_whole(&dir, &data, &[1, 2, 3], &said);
+}

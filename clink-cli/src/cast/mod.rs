@@ -53,6 +53,11 @@ const T_PROGRESS: u64 = 0xca_0007;
 const T_BEAT: u64 = 0xca_0008;
 /// Tag of the splice request and its answer.
 const T_SPLICE: u64 = 0xca_0009;
+/// Tag of the message that moves a slow node to the tail (to it, and from it to the node
+/// after it).
+const T_MOVE: u64 = 0xca_000a;
+/// Tag of the new order, sent down the chain to the tail, which takes the moved node on.
+const T_ADOPT: u64 = 0xca_000b;
 /// How long a node whose upstream died waits for a node before it to take over.
 const SPLICE_WAIT: Duration = Duration::from_secs(10);
 /// How often a node tells its progress upstream.
@@ -473,7 +478,7 @@ fn print_reports(reports: &[Value], json_out: bool) {
     );
     for r in reports {
         println!(
-            "{:<8} {:<22} {:>12} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>4.0}% {:>6}  {}",
+            "{:<8} {:<22} {:>12} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>4.0}% {:>6}  {}{}",
             match r["node"].as_u64() {
                 Some(0) | None => "source".to_string(),
                 Some(n) => n.to_string(),
@@ -487,6 +492,11 @@ fn print_reports(reports: &[Value], json_out: bool) {
             busy(r) * 100.0,
             r["copies"].as_u64().unwrap_or(0),
             r["status"].as_str().unwrap_or("?"),
+            if r["moved_to_tail"] == true {
+                " (slow: moved to the tail)"
+            } else {
+                ""
+            },
         );
     }
     // The pace: the slowest host, when all finished.

@@ -170,21 +170,24 @@ impl Node {
         }
     }
 
-    /// Waits for a node before the dead upstream to take its place: answers its splice
-    /// request with the next chunk due here.
+    /// Waits for a new upstream (a node before the dead upstream, or the tail when this
+    /// node was moved there): answers its splice request with the next chunk due here.
     pub(super) fn await_splice(&mut self) -> Result<PeerId, String> {
         let p = self
             .ep
             .accept(Some(SPLICE_WAIT))
             .map_err(|e| format!("no node took over within {SPLICE_WAIT:?}: {e}"))?;
         let mut buf = vec![0u8; 4096];
-        self.ep
+        let st = self
+            .ep
             .recv_timeout(
                 Selector::exact(Some(p), T_SPLICE),
                 &mut buf,
                 Some(SETUP_TIMEOUT),
             )
             .map_err(|e| format!("no splice request from the new upstream: {e}"))?;
+        let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
+        self.up_node = v["from"].as_u64().unwrap_or(0) as usize;
         let m = json!({ "next_due": self.next_due });
         self.ep
             .send(p, T_SPLICE, m.to_string().as_bytes())
@@ -196,45 +199,24 @@ impl Node {
     /// first chunk it lacks; returns the new next node and that chunk.
     pub(super) fn splice_down(&mut self, lost: &str) -> Result<(PeerId, u64), Failure> {
         let dead = self.down_node;
-        let succ = dead + 1;
-        let addr = self.addrs[succ - 1].clone();
-        let h = hop(succ, &addr);
-        let fail = |m: String| fail_up(format!("{lost}; splicing it out: {h}: {m}"));
-        let d = self
-            .ep
-            .connect(&addr)
-            .map_err(|e| fail(format!("cannot connect: {e}")))?;
-        let m = json!({ "from": self.p.index });
-        self.ep
-            .send(d, T_SPLICE, m.to_string().as_bytes())
-            .map_err(|e| fail(format!("{e}")))?;
-        let mut buf = vec![0u8; 4096];
-        let st = self
-            .ep
-            .recv_timeout(
-                Selector::exact(Some(d), T_SPLICE),
-                &mut buf,
-                Some(SETUP_TIMEOUT),
-            )
-            .map_err(|e| fail(format!("no answer: {e}")))?;
-        let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
-        let from = v["next_due"]
-            .as_u64()
-            .ok_or_else(|| fail("a bad answer".into()))?;
+        let dead_addr = self.down_addr.clone();
+        let Some(succ) = self.after(dead) else {
+            return Err(fail_up(format!("{lost}; no node after it to splice to")));
+        };
+        let from = self.splice_to(succ, &format!("{lost}; splicing it out"))?;
         if from > self.next_due {
-            return Err(fail(format!(
-                "it holds chunks up to {from}, beyond this node's {}",
+            return Err(fail_up(format!(
+                "{lost}; splicing it out: {}: it holds chunks up to {from}, beyond this node's {}",
+                hop(succ, &self.down_addr),
                 self.next_due
             )));
         }
         self.spliced.push(json!({
             "node": dead,
-            "address": short(&self.down_addr),
+            "address": short(&dead_addr),
             "status": format!("failed: {lost}; spliced out (node {} -> node {succ})", self.p.index),
         }));
-        self.down = Some(d);
-        self.down_node = succ;
-        self.down_addr = addr;
-        Ok((d, from))
+        self.order.retain(|&n| n != dead);
+        Ok((self.down.expect("spliced"), from))
     }
 }

@@ -10,6 +10,7 @@ use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 mod down;
+mod moves;
 mod stream;
 
 /// Where a node stands when it stops, for its report.
@@ -137,6 +138,12 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         lens: Vec::new(),
         spliced: Vec::new(),
         repair: !a.no_repair,
+        order: Vec::new(),
+        up_node: 0,
+        down_from: 0,
+        moved_next: false,
+        moved: false,
+        link_bps: None,
     };
     let r = n.serve();
     let (status, err) = match &r {
@@ -144,6 +151,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         Err(Failure { msg, .. }) => (format!("failed: {msg}"), Some(msg.clone())),
     };
     let mut mine = n.p.report(&status);
+    mine["moved_to_tail"] = json!(n.moved);
     // The network path's recovery work on this node's links (its sends downstream, and
     // the retransmission timeouts of both links).
     let timeouts: u64 = [Some(n.up), n.down]
@@ -235,6 +243,19 @@ struct Node {
     spliced: Vec<Value>,
     /// Whether a dead neighbour is spliced out.
     repair: bool,
+    /// The chain's nodes (their indices) in their current order.
+    order: Vec<usize>,
+    /// The upstream node's index (0: the source).
+    up_node: usize,
+    /// The first chunk the next node lacked when this node took it on (none before it
+    /// is forwarded).
+    down_from: u64,
+    /// This node moved its next node to the tail (at most once).
+    moved_next: bool,
+    /// This node was moved to the tail.
+    moved: bool,
+    /// The links' rate, for the model (`--link-rate` at the source).
+    link_bps: Option<f64>,
 }
 
 impl Node {
@@ -248,10 +269,10 @@ impl Node {
             msg: format!(
                 "{}: the upstream {} is gone ({what}): {e}; {} chunks verified here",
                 self.hop_in(),
-                if self.p.index == 1 {
+                if self.up_node == 0 {
                     "source".to_string()
                 } else {
-                    format!("node {}", self.p.index - 1)
+                    format!("node {}", self.up_node)
                 },
                 self.p.chunks
             ),
@@ -276,17 +297,15 @@ impl Node {
             return Err(fail_up("bad route message: no place for this node".into()));
         }
         self.p.index = index;
+        self.up_node = index - 1;
+        self.order = (1..=addrs.len()).collect();
         self.addrs = addrs.clone();
         let have = self
             .open_bitmap(&route["id"])
             .map_err(|e| fail_up(format!("node {index}: {e}")))?;
         self.setup_down(&route, &addrs, have)?;
-        if let Some(c) = self.p.costs {
-            let link = route["link_bps"].as_f64();
-            let down = self.down.is_some();
-            self.p.predicted_bps = c.predict(true, true, false, true, down, link);
-            self.p.cpu_bps = c.predict(true, true, false, true, down, None);
-        }
+        self.link_bps = route["link_bps"].as_f64();
+        self.predict();
         let man_bytes = self.recv_small(T_MANIFEST, MANIFEST_MAX, "manifest")?;
         let man = Manifest::parse(&man_bytes)
             .map_err(|e| fail_up(format!("node {index}: wrong manifest: {e}")))?;
@@ -299,6 +318,23 @@ impl Node {
                 .map_err(|e| self.down_lost("sending the manifest", e))?;
         }
         self.stream(&man)
+    }
+
+    /// The model's rate for this node: it receives, hashes and writes, and forwards when
+    /// it has a next node.
+    fn predict(&mut self) {
+        if let Some(c) = self.p.costs {
+            let down = self.down.is_some();
+            self.p.predicted_bps = c.predict(true, true, false, true, down, self.link_bps);
+            self.p.cpu_bps = c.predict(true, true, false, true, down, None);
+        }
+    }
+
+    /// A receive of a small control message with `tag` from upstream node `up`.
+    fn post_up(&mut self, up: PeerId, tag: u64) -> Result<RecvRequest, Failure> {
+        self.ep
+            .irecv(Selector::exact(Some(up), tag), vec![0u8; 4096])
+            .map_err(|e| self.upstream_lost("posting a receive", e))
     }
 
     /// Blocking receive of a small message from upstream.

@@ -1,6 +1,7 @@
 //! Streaming a file through the node: each chunk received, stored and forwarded from
 //! the same buffer, and the end of the stream.
 
+use super::moves::{MOVE_AFTER, MOVE_WINDOWS};
 use super::*;
 
 impl Node {
@@ -13,6 +14,12 @@ impl Node {
         // loop: spliced out when it can be, else the end of this node's cast.
         let mut lost_up: Option<(&str, clink::Error)> = None;
         let mut lost_down: Option<(&str, clink::Error)> = None;
+        // A move changes this node's upstream: it waits for the new one (the tail when
+        // this node was moved, `Some(true)`; the moved node's upstream when that node
+        // was this one's, `Some(false)`).
+        let mut moved_up: Option<bool> = None;
+        // Since when the next node has been far behind (see `moves`).
+        let mut far_behind: Option<Instant> = None;
         // Chunks to forward from this node's file, from, until (exclusive): to a new next
         // node that replaced a dead one, or to a next node that fell behind (this node
         // goes on receiving meanwhile: a slow node holds back only the nodes after it).
@@ -24,6 +31,8 @@ impl Node {
                 .irecv(Selector::exact(Some(up), T_BEAT), vec![0u8; 64])
                 .map_err(|e| self.upstream_lost("posting a receive", e))?,
         );
+        let mut move_req = Some(self.post_up(up, T_MOVE)?);
+        let mut adopt_req = Some(self.post_up(up, T_ADOPT)?);
         let mut posted: VecDeque<RecvRequest> = VecDeque::new();
         let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
         let mut free: Vec<Vec<u8>> = Vec::new();
@@ -60,7 +69,22 @@ impl Node {
         let mut last_moved = (0, 0, None);
         loop {
             let mut did = false;
-            if let Some((what, e)) = lost_up.take() {
+            let new_up = if let Some(me) = moved_up.take() {
+                let why = if me {
+                    "moved to the tail".to_string()
+                } else {
+                    format!("node {} before it moved to the tail", self.up_node)
+                };
+                let p = self.await_splice().map_err(|m| Failure {
+                    msg: format!("node {}: {why}: {m}", self.p.index),
+                    up_alive: false,
+                })?;
+                eprintln!(
+                    "clink cast: node {}: {why}; node {} feeds it from chunk {}",
+                    self.p.index, self.up_node, self.next_due
+                );
+                Some(p)
+            } else if let Some((what, e)) = lost_up.take() {
                 // (The source does not splice: node 1 has no one to wait for.)
                 if !self.repair || self.p.index == 1 {
                     return Err(self.upstream_lost(what, e));
@@ -74,11 +98,21 @@ impl Node {
                     "clink cast: node {}: {lost}; a new upstream took over",
                     self.p.index
                 );
+                Some(p)
+            } else {
+                None
+            };
+            if let Some(p) = new_up {
                 up = p;
                 self.up = p;
                 data_sel = Selector::exact(Some(p), T_DATA);
                 for q in posted.drain(..) {
-                    let _ = self.ep.cancel_recv(&q);
+                    // Its buffer back, or one fewer counted (a receive that completed
+                    // meanwhile took it with it).
+                    match self.ep.cancel_recv(&q) {
+                        Ok(Some(b)) => free.push(b),
+                        _ => buffers -= 1,
+                    }
                 }
                 n_posted = self.p.chunks;
                 if let Some(r) = end_req.take() {
@@ -99,6 +133,11 @@ impl Node {
                         .irecv(Selector::exact(Some(p), T_BEAT), vec![0u8; 64])
                         .map_err(|e| self.upstream_lost("posting a receive", e))?,
                 );
+                for r in [move_req.take(), adopt_req.take()].into_iter().flatten() {
+                    let _ = self.ep.cancel_recv(&r);
+                }
+                move_req = Some(self.post_up(p, T_MOVE)?);
+                adopt_req = Some(self.post_up(p, T_ADOPT)?);
                 continue;
             }
             if let Some((what, e)) = lost_down.take() {
@@ -113,7 +152,7 @@ impl Node {
                     }
                     _ => {}
                 }
-                if !self.repair || self.down_node + 1 > self.addrs.len() {
+                if !self.repair || self.after(self.down_node).is_none() {
                     return Err(self.down_lost(what, e));
                 }
                 let lost = self.down_lost(what, e).msg;
@@ -126,8 +165,70 @@ impl Node {
                 let (r, p) = self.post_down_receives(d)?;
                 (report_req, progress_req) = (Some(r), Some(p));
                 replay = Some((from, self.next_due));
+                self.down_from = from;
                 resend_end = end_bytes_sent.is_some();
                 continue;
+            }
+            // Moved to the tail (this node), or the node before this one moved (its next
+            // node feeds this one now).
+            if let Some(r) = &move_req {
+                match self.ep.test_recv(r) {
+                    Ok(Some(got)) => {
+                        move_req = None;
+                        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                        self.take_order(&v);
+                        let me = v["node"].as_u64() == Some(self.p.index as u64);
+                        if me {
+                            self.moved = true;
+                            if let Some(d) = self.down.take() {
+                                // The next node is the moving node's upstream's now.
+                                if let Err(e) = self.ep.send(d, T_MOVE, &got.buf) {
+                                    self.down = Some(d);
+                                    return Err(self.down_lost("handing it over", e));
+                                }
+                                sends.clear();
+                                replay = None;
+                                resend_end = false;
+                                (report_req, progress_req) = (None, None);
+                                self.predict();
+                            }
+                        }
+                        moved_up = Some(me);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => lost_up = Some(("waiting for moves", e)),
+                }
+            }
+            // A node moved to the tail: this node takes it on if it is the tail.
+            if let Some(r) = &adopt_req {
+                match self.ep.test_recv(r) {
+                    Ok(Some(got)) => {
+                        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                        self.take_order(&v);
+                        adopt_req = Some(self.post_up(up, T_ADOPT)?);
+                        let node = v["node"].as_u64().unwrap_or(0) as usize;
+                        match self.down {
+                            Some(d) => {
+                                if let Err(e) = self.ep.send(d, T_ADOPT, &got.buf) {
+                                    lost_down = Some(("sending the new order", e));
+                                }
+                            }
+                            None if node != 0 && node != self.p.index => {
+                                let (d, from) = self.adopt(node)?;
+                                let (r, p) = self.post_down_receives(d)?;
+                                (report_req, progress_req) = (Some(r), Some(p));
+                                self.down_from = from;
+                                replay = (from < self.next_due).then_some((from, self.next_due));
+                                self.predict();
+                            }
+                            None => {}
+                        }
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => lost_up = Some(("waiting for moves", e)),
+                }
             }
             // Beats from upstream (they tell the upstream when this node is gone).
             if let Some(r) = &beat_req {
@@ -167,6 +268,10 @@ impl Node {
                 match self.ep.test_recv(r) {
                     Ok(Some(got)) => {
                         did = true;
+                        if got.buf.starts_with(b"{\"order\"") {
+                            let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+                            self.take_order(&v);
+                        }
                         if let Err(e) = self.ep.send(up, T_PROGRESS, &got.buf) {
                             lost_up = Some(("relaying progress", e));
                         }
@@ -226,7 +331,7 @@ impl Node {
             // Chunks forwarded from this node's file, in order, before any new one.
             if let (Some((mut i, until)), Some(d)) = (replay, self.down) {
                 while i < until && sends.len() < self.window {
-                    if self.skip.get(i as usize) == Some(&true) {
+                    if self.skip.get(i as usize) == Some(&true) || i < self.down_from {
                         i += 1;
                         continue;
                     }
@@ -274,6 +379,26 @@ impl Node {
                     continue;
                 }
             }
+            // A next node far behind for a while, with nodes after it: moved to the tail.
+            let backlog = replay.map_or(0, |(i, until)| until.saturating_sub(i));
+            if backlog < MOVE_WINDOWS * self.window as u64 || self.moved_next || !self.repair {
+                far_behind = None;
+            } else if far_behind.get_or_insert_with(Instant::now).elapsed() >= MOVE_AFTER
+                && self.after(self.down_node).is_some()
+            {
+                far_behind = None;
+                if let Err(e) = self.tell_move(backlog) {
+                    lost_down = Some(("moving it to the tail", e));
+                    continue;
+                }
+                let (d, from) = self.finish_move()?;
+                sends.clear();
+                let (r, p) = self.post_down_receives(d)?;
+                (report_req, progress_req) = (Some(r), Some(p));
+                replay = Some((from, self.next_due));
+                self.down_from = from;
+                continue;
+            }
             // Receives, up to the window.
             while posted.len() < self.window && to_recv.is_none_or(|t| n_posted < t) {
                 let buf = match free.pop() {
@@ -307,6 +432,7 @@ impl Node {
                         // before it wait in the file: it goes from the file too, later.
                         let behind = free.is_empty() && buffers >= self.window * 2;
                         match self.down {
+                            Some(_) if index < self.down_from => free.push(buf),
                             Some(d) if replay.is_none() && !behind => {
                                 let b = Bytes::from(buf);
                                 match self.ep.isend(d, T_DATA, b.clone()) {

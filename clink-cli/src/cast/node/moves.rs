@@ -1,0 +1,122 @@
+//! Moving a slow node to the tail of the chain.
+//!
+//! A node whose next node falls far behind (it forwards to it from its file, see
+//! `stream`) and stays behind moves that node to the tail, once: it tells the slow node
+//! (`MOVE`), which hands its own next node over (`MOVE` again) and waits for a new
+//! upstream; it splices itself to that next node as it would past a dead one, and sends
+//! the new order down the chain (`ADOPT`) and up (with the progress messages). The tail
+//! connects to the slow node and feeds it from where it stands, from its file when it
+//! falls behind. The nodes that were after the slow one then go at the chain's pace, and
+//! only the slow node finishes late.
+
+use super::*;
+
+/// How far behind (in windows of chunks) a next node must be, and for how long, before
+/// it is moved to the tail.
+pub(super) const MOVE_WINDOWS: u64 = 2;
+pub(super) const MOVE_AFTER: Duration = Duration::from_millis(500);
+
+impl Node {
+    /// The node after `node` in the chain's current order.
+    pub(super) fn after(&self, node: usize) -> Option<usize> {
+        let k = self.order.iter().position(|&n| n == node)?;
+        self.order.get(k + 1).copied()
+    }
+
+    /// Takes a chain order from a message (`order`: the nodes' indices, each once), if it
+    /// holds one that names the same nodes as this node's.
+    pub(super) fn take_order(&mut self, v: &Value) {
+        let Some(a) = v["order"].as_array() else {
+            return;
+        };
+        let order: Vec<usize> = a
+            .iter()
+            .filter_map(|n| n.as_u64())
+            .map(|n| n as usize)
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        if sorted.iter().copied().eq(1..=self.addrs.len()) {
+            self.order = order;
+        }
+    }
+
+    /// Moves the next node to the tail: tells it so (an error: the next node is lost,
+    /// not moved).
+    pub(super) fn tell_move(&mut self, behind: u64) -> Result<(), clink::Error> {
+        let slow = self.down_node;
+        let mut order: Vec<usize> = self.order.iter().copied().filter(|&n| n != slow).collect();
+        order.push(slow);
+        let m = json!({ "order": order, "node": slow, "up": self.p.index });
+        if let Some(d) = self.down {
+            self.ep.send(d, T_MOVE, m.to_string().as_bytes())?;
+        }
+        eprintln!(
+            "clink cast: node {}: node {slow} is {behind} chunks behind; moving it to the tail",
+            self.p.index
+        );
+        Ok(())
+    }
+
+    /// Completes [`Node::tell_move`]: splices this node to the node after the moved one
+    /// and hands the new order down and up. Returns the new next node and the first chunk
+    /// it lacks.
+    pub(super) fn finish_move(&mut self) -> Result<(PeerId, u64), Failure> {
+        let slow = self.down_node;
+        let succ = self.after(slow).expect("checked before the move");
+        let from = self.splice_to(succ, "moving a slow node to the tail")?;
+        self.order.retain(|&n| n != slow);
+        self.order.push(slow);
+        self.moved_next = true;
+        let d = self.down.expect("spliced");
+        let adopt = json!({ "order": self.order, "node": slow });
+        self.ep
+            .send(d, T_ADOPT, adopt.to_string().as_bytes())
+            .map_err(|e| self.down_lost("sending the new order", e))?;
+        let up = json!({ "order": self.order });
+        self.ep
+            .send(self.up, T_PROGRESS, up.to_string().as_bytes())
+            .map_err(|e| self.upstream_lost("sending the new order", e))?;
+        Ok((d, from))
+    }
+
+    /// At the tail: takes node `node` (moved here) as the next node; returns the first
+    /// chunk it lacks.
+    pub(super) fn adopt(&mut self, node: usize) -> Result<(PeerId, u64), Failure> {
+        let from = self.splice_to(node, "adopting a node moved to the tail")?;
+        Ok((self.down.expect("spliced"), from))
+    }
+
+    /// Connects to node `to` as its new upstream (it waits for one: its upstream died or
+    /// it was moved) and learns the first chunk it lacks; `why` labels errors.
+    pub(super) fn splice_to(&mut self, to: usize, why: &str) -> Result<u64, Failure> {
+        let addr = self.addrs.get(to - 1).cloned().unwrap_or_default();
+        let h = hop(to, &addr);
+        let fail = |m: String| fail_up(format!("{why}: {h}: {m}"));
+        let d = self
+            .ep
+            .connect(&addr)
+            .map_err(|e| fail(format!("cannot connect: {e}")))?;
+        let m = json!({ "from": self.p.index });
+        self.ep
+            .send(d, T_SPLICE, m.to_string().as_bytes())
+            .map_err(|e| fail(format!("{e}")))?;
+        let mut buf = vec![0u8; 4096];
+        let st = self
+            .ep
+            .recv_timeout(
+                Selector::exact(Some(d), T_SPLICE),
+                &mut buf,
+                Some(SETUP_TIMEOUT),
+            )
+            .map_err(|e| fail(format!("no answer: {e}")))?;
+        let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
+        let from = v["next_due"]
+            .as_u64()
+            .ok_or_else(|| fail("a bad answer".into()))?;
+        self.down = Some(d);
+        self.down_node = to;
+        self.down_addr = addr;
+        Ok(from)
+    }
+}
