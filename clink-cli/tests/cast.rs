@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 /// Bound on any wait for a child.
 const T: Duration = Duration::from_secs(60);
 const MIB: usize = 1 << 20;
+/// The most 1 MiB chunks a node keeps in memory for a next node that is behind: two
+/// windows of 6 and 16 MiB more.
+const LAG_CHUNKS: u64 = 2 * 6 + 16;
 
 /// Size of the main test's file: 64 MiB optimised, less in a debug build.
 fn big() -> usize {
@@ -615,12 +618,12 @@ fn a_file_too_large_for_its_chunk_size_is_refused_before_anything_is_sent() {
 fn a_slow_last_node_holds_back_no_node_before_it() {
     // Node 3 pauses 100 ms after each chunk it writes (a slow disk). Node 2 forwards to
     // it from its own file, at node 3's pace, and goes on taking chunks from node 1
-    // meanwhile. When node 2 held all 32 chunks, node 3 still lacked more of them than a
-    // node keeps in buffers (twice its window of 6): without the file, node 2 could not
+    // meanwhile. When node 2 held all 48 chunks, node 3 still lacked more of them than a
+    // node keeps in memory for it (`LAG_CHUNKS`): without the file, node 2 could not
     // have run that far ahead.
     let b = bridge(None);
     let dir = TempDir::new("slow");
-    let data = random(32 * MIB + 5, 12);
+    let data = random(48 * MIB + 5, 12);
     let src = dir.0.join("source.bin");
     std::fs::write(&src, &data).unwrap();
     let slow: &[&str] = &["--chunk-pause-ms", "100"];
@@ -654,7 +657,7 @@ fn a_slow_last_node_holds_back_no_node_before_it() {
     let node2 = rows.iter().find(|r| r["node"] == 2).expect("node 2's row");
     let behind = node2["next_behind_at_end"].as_u64().expect("its backlog");
     let from_file = node2["chunks_from_file"].as_u64().expect("its file reads");
-    assert!(behind > 12 && from_file > 0, "{node2}");
+    assert!(behind > LAG_CHUNKS && from_file > 0, "{node2}");
     assert_whole(&dir, &data, &[1, 2, 3], &said);
 }
 
@@ -663,11 +666,11 @@ fn a_slow_middle_node_is_moved_to_the_tail() {
     // Node 2 of three pauses 100 ms after each chunk. Node 1, far ahead of it for half a
     // second, moves it to the tail: node 1 feeds node 3, node 3 feeds node 2. Every file
     // is whole; the reports come in the new order, node 2's says it moved, and node 3
-    // held the whole file while node 2 still lacked more chunks than a node's buffers
-    // hold (it was not held back by node 2).
+    // held the whole file while node 2 still lacked more chunks than a node keeps in
+    // memory for its next one (it was not held back by node 2).
     let b = bridge(None);
     let dir = TempDir::new("moved");
-    let data = random(48 * MIB + 7, 13);
+    let data = random(64 * MIB + 7, 13);
     let src = dir.0.join("source.bin");
     std::fs::write(&src, &data).unwrap();
     let slow: &[&str] = &["--chunk-pause-ms", "100"];
@@ -704,6 +707,6 @@ fn a_slow_middle_node_is_moved_to_the_tail() {
     let behind = rows[2]["next_behind_at_end"]
         .as_u64()
         .expect("node 3's backlog");
-    assert!(behind > 12, "{}", rows[2]);
+    assert!(behind > LAG_CHUNKS, "{}", rows[2]);
     assert_whole(&dir, &data, &[1, 2, 3], &said);
 }

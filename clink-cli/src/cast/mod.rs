@@ -65,6 +65,9 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 /// A node that moves nothing for this long says on stderr what it waits for.
 const STALL_REPORT: Duration = Duration::from_secs(10);
 
+/// Memory a node may fill with chunks its next node has not taken yet, beyond its two
+/// windows of buffers, before it forwards them from its file instead.
+const LAG_BYTES: u64 = 16 << 20;
 /// Length of a chunk message's header.
 const HDR: usize = 64;
 /// Magic number at the start of a chunk header.

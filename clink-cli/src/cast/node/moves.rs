@@ -14,7 +14,7 @@ use super::*;
 /// How far behind (in windows of chunks) a next node must be, and for how long, before
 /// it is moved to the tail.
 pub(super) const MOVE_WINDOWS: u64 = 2;
-pub(super) const MOVE_AFTER: Duration = Duration::from_millis(500);
+pub(super) const MOVE_AFTER: Duration = Duration::from_secs(1);
 
 impl Node {
     /// The node after `node` in the chain's current order.

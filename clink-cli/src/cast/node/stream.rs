@@ -64,6 +64,10 @@ impl Node {
         let mut cvs: Vec<[u8; 32]> = Vec::new();
         let mut single_root: Option<blake3::Hash> = None;
         let mut buffers = 0usize;
+        // Buffers: a window of receives, a window of sends, and more sends while the next
+        // node is behind (a moment's stall of a node sharing its core is absorbed in
+        // memory), up to [`LAG_BYTES`]; beyond, chunks are forwarded from the file.
+        let max_buffers = self.window * 2 + (LAG_BYTES / man.chunk.max(1)) as usize;
         let mut beat = Instant::now();
         let mut stalled_since = Instant::now();
         let mut last_moved = (0, 0, None);
@@ -406,7 +410,7 @@ impl Node {
                         b.resize(cap, 0);
                         b
                     }
-                    None if buffers < self.window * 2 => {
+                    None if buffers < max_buffers => {
                         buffers += 1;
                         vec![0u8; cap]
                     }
@@ -428,9 +432,9 @@ impl Node {
                         let index = self.next_due;
                         let buf = self.chunk(man, got.buf, &mut cvs, &mut single_root)?;
                         // Forwarding this buffer would leave none for the next receive
-                        // (every one waits in a send: the next node is behind), or chunks
+                        // (the others wait in sends: the next node is behind), or chunks
                         // before it wait in the file: it goes from the file too, later.
-                        let behind = free.is_empty() && buffers >= self.window * 2;
+                        let behind = free.is_empty() && buffers >= max_buffers;
                         match self.down {
                             Some(_) if index < self.down_from => free.push(buf),
                             Some(d) if replay.is_none() && !behind => {
