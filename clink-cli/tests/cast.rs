@@ -355,10 +355,11 @@ fn failing_cast(mut s: Proc, rx: &mut [Proc]) -> (String, Vec<String>) {
 /// given `extra`) on a bridge shaped to 100 Mbit/s, so the stream lasts seconds and nodes
 /// can be killed midway; returned once node 2 has stored 4 MiB.
 struct ShapedCast {
-    _bridge: Bridge,
+    bridge: Bridge,
     dir: TempDir,
     data: Vec<u8>,
     rx: Vec<Proc>,
+    addrs: Vec<String>,
     source: Proc,
 }
 
@@ -373,7 +374,7 @@ fn shaped_cast(name: &str, n: usize, len: usize, seed: u64, extra: &[&str]) -> S
         &b,
         src.to_str().unwrap(),
         &addrs,
-        &["--chunk", "1048576"],
+        &["--chunk", "1048576", "--json"],
         false,
     );
     wait_for_len(
@@ -382,10 +383,11 @@ fn shaped_cast(name: &str, n: usize, len: usize, seed: u64, extra: &[&str]) -> S
         "node 2 received nothing",
     );
     ShapedCast {
-        _bridge: b,
+        bridge: b,
         dir,
         data,
         rx,
+        addrs,
         source,
     }
 }
@@ -709,4 +711,67 @@ fn a_slow_middle_node_is_moved_to_the_tail() {
         .expect("node 3's backlog");
     assert!(behind > LAG_CHUNKS, "{}", rows[2]);
     assert_whole(&dir, &data, &[1, 2, 3], &said);
+}
+
+#[test]
+fn a_killed_receiver_restarted_rejoins_and_fetches_only_what_it_lacks() {
+    // Node 2 of three dies once it holds 4 MiB; node 1 splices to node 3. Restarted on
+    // its host with the same output and `--rejoin` (through node 1), it is taken on by
+    // the tail, node 3, and sent only the chunks its bitmap lacks. The cast succeeds,
+    // every file is whole, and the source sent the file once.
+    let mut c = shaped_cast("rejoin", 3, 24 * MIB + 99, 11, &[]);
+    c.rx[1].kill();
+    let out2 = c.dir.0.join("out2");
+    let mut cmd = c.bridge.command(2, exe());
+    cmd.args(["cast", "recv", "--json", "--rejoin", &c.addrs[0], "--out"])
+        .arg(&out2);
+    let mut again = Proc::spawn(cmd, "receiver on host 2, restarted", false);
+    let a = again.line();
+    assert!(
+        a.starts_with("clink:"),
+        "the restarted receiver printed {a:?}"
+    );
+    let (st, out, err) = c.source.finish();
+    let mut said: Vec<String> =
+        c.rx.iter_mut()
+            .map(|p| match p.child.is_some() {
+                true => {
+                    let (st, o, e) = p.finish();
+                    format!("{}: {st}\n{o}\n{e}", p.name)
+                }
+                false => String::new(),
+            })
+            .collect();
+    let (st2, o2, e2) = again.finish();
+    said[1] = format!("restarted: {st2}\n{o2}\n{e2}");
+    assert!(
+        st.success() && st2.success(),
+        "cast: {st}\n{out}\n{err}\n{}",
+        said.join("\n")
+    );
+    println!("{out}\n{err}\n{}", said.join("\n"));
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let order: Vec<u64> = rows.iter().filter_map(|r| r["node"].as_u64()).collect();
+    assert_eq!(order, [0, 1, 3, 2], "the reports' order:\n{out}");
+    let node2 = &rows[3];
+    assert_eq!(node2["status"], "ok", "{node2}");
+    assert_eq!(node2["rejoined"], true, "{node2}");
+    let total = node2["chunks_total"].as_u64().unwrap();
+    let (got, had) = (
+        node2["chunks"].as_u64().unwrap(),
+        node2["chunks_resumed"].as_u64().unwrap(),
+    );
+    assert!(had >= 4 && got + had == total, "{node2}");
+    let wire = rows[0]["wire_bytes"]
+        .as_u64()
+        .expect("the source's wire bytes");
+    assert!(
+        (wire as f64) < 1.05 * c.data.len() as f64,
+        "the source sent {wire} bytes for a file of {}",
+        c.data.len()
+    );
+    assert_whole(&c.dir, &c.data, &[1, 2, 3], &said);
 }

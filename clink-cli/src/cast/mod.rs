@@ -58,6 +58,8 @@ const T_SPLICE: u64 = 0xca_0009;
 const T_MOVE: u64 = 0xca_000a;
 /// Tag of the new order, sent down the chain to the tail, which takes the moved node on.
 const T_ADOPT: u64 = 0xca_000b;
+/// Tag of a receiver's request to rejoin the chain, relayed down to the tail.
+const T_JOIN: u64 = 0xca_000c;
 /// How long a node whose upstream died waits for a node before it to take over.
 const SPLICE_WAIT: Duration = Duration::from_secs(10);
 /// How often a node tells its progress upstream.
@@ -151,6 +153,11 @@ pub struct RecvArgs {
     /// Fails when a neighbour dies instead of splicing it out.
     #[arg(long)]
     no_repair: bool,
+    /// Rejoins the running cast this receiver was part of (after it stopped or was
+    /// killed): ADDR is the address of any receiver still in it. The chain's tail takes
+    /// this receiver on and sends it only the chunks its bitmap beside `--out` lacks.
+    #[arg(long, value_name = "ADDR")]
+    rejoin: Option<String>,
 }
 
 /// `clink cast send` arguments.

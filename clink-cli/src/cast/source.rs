@@ -287,7 +287,17 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     mine["wire_bytes_resent"] = json!(ep.wire_bytes_resent(down).ok().flatten());
     ep.close();
     let mut all = vec![mine];
-    all.extend(reports);
+    // A node spliced out that rejoined and finished reports twice: its end counts.
+    let rejoined: Vec<Value> = reports
+        .iter()
+        .filter(|r| r["rejoined"] == true && r["status"] == "ok")
+        .map(|r| r["node"].clone())
+        .collect();
+    all.extend(
+        reports
+            .into_iter()
+            .filter(|r| r["status"] == "ok" || !rejoined.contains(&r["node"])),
+    );
     let n_ok = all[1..].iter().filter(|r| r["status"] == "ok").count();
     let mut err = err;
     if err.is_none() {

@@ -37,14 +37,15 @@ impl Node {
         have: Option<Vec<bool>>,
     ) -> Result<(), Failure> {
         let index = self.p.index;
-        let res = if index == addrs.len() {
+        // (A receiver rejoining at the tail has no next node, whatever its index.)
+        let res = if index == addrs.len() || route["tail"] == true {
             Ok(have)
         } else {
             let addr = self.next_addr(addrs);
             self.down_node = index + 1;
             self.down_addr = addr.clone();
             // What every node holds: this one's chunks and the rest of the chain's.
-            self.connect_down(route, &addr)
+            self.connect_down(route, &addr, index + 1)
                 .map(|theirs| match (have, theirs) {
                     (Some(a), Some(b)) => Some(a.iter().zip(&b).map(|(x, y)| *x && *y).collect()),
                     _ => None,
@@ -63,7 +64,11 @@ impl Node {
     /// Opens (or starts) the bitmap of the chunks this node holds for the file `id`
     /// (size, chunk size, root hash; null for a stream from stdin, which is not resumed);
     /// returns the chunks held. A bitmap of another file, or none, empties the output.
-    pub(super) fn open_bitmap(&mut self, id: &Value) -> Result<Option<Vec<bool>>, String> {
+    pub(super) fn open_bitmap(
+        &mut self,
+        id: &Value,
+        node: usize,
+    ) -> Result<Option<Vec<bool>>, String> {
         let path = bitmap_path(&self.out);
         let n = match (id["size"].as_u64(), id["chunk"].as_u64()) {
             (Some(s), Some(c)) if c > 0 && !id["root"].is_null() => s.div_ceil(c) as usize,
@@ -78,9 +83,9 @@ impl Node {
         let head = format!("{id}\n");
         let mut have = None;
         if let Ok(b) = std::fs::read(&path) {
-            if b.len() == head.len() + n && b.starts_with(head.as_bytes()) {
+            if b.len() >= head.len() + n && b.starts_with(head.as_bytes()) {
                 have = Some(
-                    b[head.len()..]
+                    b[head.len()..head.len() + n]
                         .iter()
                         .map(|&c| c == b'1')
                         .collect::<Vec<_>>(),
@@ -90,6 +95,8 @@ impl Node {
         let write = |have: &[bool]| -> std::io::Result<File> {
             let mut b = head.clone().into_bytes();
             b.extend(have.iter().map(|&h| if h { b'1' } else { b'0' }));
+            // Which node this is, for a rejoin (`--rejoin`).
+            b.extend(format!("\nnode {node}\n").as_bytes());
             std::fs::write(&path, &b)?;
             std::fs::OpenOptions::new().write(true).open(&path)
         };
@@ -107,20 +114,22 @@ impl Node {
         Ok(Some(have))
     }
 
+    /// Connects to node `next` at `addr` as its upstream, hands it the route and waits
+    /// for its readiness: the chunks it (and the chain after it) holds.
     pub(super) fn connect_down(
         &mut self,
         route: &Value,
         addr: &str,
+        next: usize,
     ) -> Result<Option<Vec<bool>>, String> {
-        let index = self.p.index;
-        let h = hop(index + 1, addr);
+        let h = hop(next, addr);
         let d = self
             .ep
             .connect(addr)
             .map_err(|e| format!("{h}: cannot connect: {e}"))?;
         self.down = Some(d);
         let mut r = route.clone();
-        r["index"] = json!(index + 1);
+        r["index"] = json!(next);
         self.ep
             .send(d, T_ROUTE, r.to_string().as_bytes())
             .map_err(|e| format!("{h}: sending the route: {e}"))?;
@@ -132,7 +141,7 @@ impl Node {
                 &mut buf,
                 Some(SETUP_TIMEOUT),
             )
-            .map_err(|e| format!("{h}: no answer from node {}: {e}", index + 1))?;
+            .map_err(|e| format!("{h}: no answer from node {next}: {e}"))?;
         let v: Value = serde_json::from_slice(&buf[..st.len as usize])
             .map_err(|e| format!("{h}: bad readiness answer: {e}"))?;
         if v["ok"] == true {
@@ -140,6 +149,42 @@ impl Node {
         } else {
             Err(v["error"].as_str().unwrap_or("not ready").to_string())
         }
+    }
+
+    /// At the tail: takes on node `node`, at `addr`, which rejoins the cast (see
+    /// `--rejoin`): the route (saying it is the tail) and the manifest; returns the chunks
+    /// it holds. Nothing changes when it cannot be reached.
+    pub(super) fn take_joined(&mut self, node: usize, addr: &str) -> Result<Vec<bool>, String> {
+        let mut route = self.route.clone();
+        route["tail"] = json!(true);
+        let had = (self.down_node, self.down_addr.clone());
+        let res = self.connect_down(&route, addr, node).and_then(|have| {
+            let d = self.down.expect("connected");
+            self.ep
+                .send(d, T_MANIFEST, &self.manifest)
+                .map_err(|e| format!("{}: sending the manifest: {e}", hop(node, addr)))?;
+            Ok(have.unwrap_or_default())
+        });
+        match res {
+            Ok(have) => {
+                self.down_node = node;
+                self.down_addr = addr.to_string();
+                self.order.retain(|&n| n != node);
+                self.order.push(node);
+                Ok(have)
+            }
+            Err(e) => {
+                self.down = None;
+                (self.down_node, self.down_addr) = had;
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the next node holds chunk `i` already (it took over from a point, or it
+    /// rejoined with chunks of its own).
+    pub(super) fn down_holds(&self, i: u64) -> bool {
+        i < self.down_from || self.down_has.get(i as usize) == Some(&true)
     }
 
     /// Moves the next chunk due past the ones every node holds.
@@ -172,21 +217,28 @@ impl Node {
 
     /// Waits for a new upstream (a node before the dead upstream, or the tail when this
     /// node was moved there): answers its splice request with the next chunk due here.
+    /// Requests to rejoin that came meanwhile are kept for the stream loop
+    /// ([`Node::joins`]).
     pub(super) fn await_splice(&mut self) -> Result<PeerId, String> {
-        let p = self
-            .ep
-            .accept(Some(SPLICE_WAIT))
-            .map_err(|e| format!("no node took over within {SPLICE_WAIT:?}: {e}"))?;
-        let mut buf = vec![0u8; 4096];
-        let st = self
-            .ep
-            .recv_timeout(
-                Selector::exact(Some(p), T_SPLICE),
-                &mut buf,
-                Some(SETUP_TIMEOUT),
-            )
-            .map_err(|e| format!("no splice request from the new upstream: {e}"))?;
-        let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
+        let deadline = Instant::now() + SPLICE_WAIT;
+        let (p, buf) = loop {
+            let mut splice = self.splices.pop();
+            for call in self.poll_callers() {
+                match call {
+                    callers::Call::Splice(p, b) if splice.is_none() => splice = Some((p, b)),
+                    callers::Call::Splice(p, b) => self.splices.push((p, b)),
+                    callers::Call::Join(b) => self.joins.push(b),
+                }
+            }
+            if let Some(s) = splice {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no node took over within {SPLICE_WAIT:?}"));
+            }
+            idle(&mut self.ep);
+        };
+        let v: Value = serde_json::from_slice(&buf).unwrap_or(Value::Null);
         self.up_node = v["from"].as_u64().unwrap_or(0) as usize;
         let m = json!({ "next_due": self.next_due });
         self.ep
@@ -219,4 +271,21 @@ impl Node {
         self.order.retain(|&n| n != dead);
         Ok((self.down.expect("spliced"), from))
     }
+}
+
+/// The node a receiver was in the cast its output's bitmap belongs to (for `--rejoin`).
+pub(super) fn bitmap_node(out: &std::path::Path) -> Result<usize, String> {
+    let path = bitmap_path(out);
+    let b = std::fs::read(&path).map_err(|e| {
+        format!(
+            "{}: {e} (--rejoin resumes a receiver of a running cast from its bitmap)",
+            path.display()
+        )
+    })?;
+    let text = String::from_utf8_lossy(&b);
+    text.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("node ")?.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .ok_or_else(|| format!("{}: no node number in it", path.display()))
 }

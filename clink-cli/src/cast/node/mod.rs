@@ -9,6 +9,7 @@ use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+mod callers;
 mod down;
 mod moves;
 mod stream;
@@ -96,9 +97,16 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         .write(true)
         .open(&a.out)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
-    let up = ep
-        .accept(None)
-        .map_err(|e| format!("waiting for the upstream node: {e}"))?;
+    let rejoin_as = match &a.rejoin {
+        Some(_) => Some(down::bitmap_node(&a.out)?),
+        None => None,
+    };
+    let up = match (&a.rejoin, rejoin_as) {
+        (Some(via), Some(node)) => rejoin(&mut ep, via, &address, node)?,
+        _ => ep
+            .accept(None)
+            .map_err(|e| format!("waiting for the upstream node: {e}"))?,
+    };
     let mut n = Node {
         ep,
         up,
@@ -144,6 +152,14 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         moved_next: false,
         moved: false,
         link_bps: None,
+        route: Value::Null,
+        manifest: Vec::new(),
+        down_has: Vec::new(),
+        rejoined: a.rejoin.is_some(),
+        own_have: None,
+        callers: Vec::new(),
+        joins: Vec::new(),
+        splices: Vec::new(),
     };
     let r = n.serve();
     let (status, err) = match &r {
@@ -152,6 +168,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
     };
     let mut mine = n.p.report(&status);
     mine["moved_to_tail"] = json!(n.moved);
+    mine["rejoined"] = json!(n.rejoined);
     // The network path's recovery work on this node's links (its sends downstream, and
     // the retransmission timeouts of both links).
     let timeouts: u64 = [Some(n.up), n.down]
@@ -256,6 +273,22 @@ struct Node {
     moved: bool,
     /// The links' rate, for the model (`--link-rate` at the source).
     link_bps: Option<f64>,
+    /// The route and the manifest as received (for a receiver that rejoins at the tail).
+    route: Value,
+    manifest: Vec<u8>,
+    /// The chunks the next node holds already (it rejoined), not forwarded.
+    down_has: Vec<bool>,
+    /// This node rejoined the cast (`--rejoin`).
+    rejoined: bool,
+    /// The chunks this node held when it (re)joined, by its bitmap.
+    own_have: Option<Vec<bool>>,
+    /// Peers that connected while this node streams, until they say why.
+    callers: Vec<callers::Caller>,
+    /// Requests to rejoin not yet relayed (or, at the tail, taken on).
+    joins: Vec<Vec<u8>>,
+    /// Requests of nodes to take over as this node's upstream, come before it found its
+    /// upstream gone.
+    splices: Vec<(PeerId, Vec<u8>)>,
 }
 
 impl Node {
@@ -301,8 +334,17 @@ impl Node {
         self.order = (1..=addrs.len()).collect();
         self.addrs = addrs.clone();
         let have = self
-            .open_bitmap(&route["id"])
+            .open_bitmap(&route["id"], index)
             .map_err(|e| fail_up(format!("node {index}: {e}")))?;
+        if self.rejoined {
+            if have.is_none() {
+                return Err(fail_up(format!(
+                    "node {index}: rejoining a cast from stdin, which cannot resume"
+                )));
+            }
+            self.own_have = have.clone();
+        }
+        self.route = route.clone();
         self.setup_down(&route, &addrs, have)?;
         self.link_bps = route["link_bps"].as_f64();
         self.predict();
@@ -311,6 +353,11 @@ impl Node {
             .map_err(|e| fail_up(format!("node {index}: wrong manifest: {e}")))?;
         self.p.total = man.chunks();
         self.skip = man.skip.clone().unwrap_or_default();
+        if let Some(h) = &self.own_have {
+            // Rejoined: the tail sends only what this node lacks.
+            self.skip = h.clone();
+        }
+        self.manifest = man_bytes.clone();
         self.advance_due();
         if let Some(d) = self.down {
             self.ep
@@ -352,6 +399,34 @@ impl Node {
         addrs.get(self.p.index).cloned().unwrap_or_default()
     }
 }
+
+/// Asks the chain, through receiver `via`, to take this receiver (node `node`, at
+/// `address`) back at its tail, and waits for the tail to connect; asks again every
+/// [`JOIN_RETRY`] (a request that met a node splicing past this one's old process is
+/// lost), for [`SETUP_TIMEOUT`] at most.
+fn rejoin(ep: &mut Endpoint, via: &str, address: &str, node: usize) -> Result<PeerId, String> {
+    let n = ep
+        .connect(via)
+        .map_err(|e| format!("rejoining through {via}: cannot connect: {e}"))?;
+    let m = json!({ "address": address, "node": node });
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    loop {
+        ep.send(n, T_JOIN, m.to_string().as_bytes())
+            .map_err(|e| format!("rejoining through {via}: {e}"))?;
+        match ep.accept(Some(JOIN_RETRY)) {
+            Ok(up) => return Ok(up),
+            Err(_) if Instant::now() < deadline => continue,
+            Err(e) => {
+                return Err(format!(
+                    "rejoining through {via}: no tail took node {node} on: {e}"
+                ))
+            }
+        }
+    }
+}
+
+/// How often a rejoining receiver asks again.
+const JOIN_RETRY: Duration = Duration::from_secs(2);
 
 /// The bitmap file of the output `out`: `out.clinkcast`.
 fn bitmap_path(out: &std::path::Path) -> std::path::PathBuf {

@@ -33,6 +33,7 @@ impl Node {
         );
         let mut move_req = Some(self.post_up(up, T_MOVE)?);
         let mut adopt_req = Some(self.post_up(up, T_ADOPT)?);
+        let mut join_req = Some(self.post_up(up, T_JOIN)?);
         let mut posted: VecDeque<RecvRequest> = VecDeque::new();
         let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
         let mut free: Vec<Vec<u8>> = Vec::new();
@@ -137,11 +138,15 @@ impl Node {
                         .irecv(Selector::exact(Some(p), T_BEAT), vec![0u8; 64])
                         .map_err(|e| self.upstream_lost("posting a receive", e))?,
                 );
-                for r in [move_req.take(), adopt_req.take()].into_iter().flatten() {
+                for r in [move_req.take(), adopt_req.take(), join_req.take()]
+                    .into_iter()
+                    .flatten()
+                {
                     let _ = self.ep.cancel_recv(&r);
                 }
                 move_req = Some(self.post_up(p, T_MOVE)?);
                 adopt_req = Some(self.post_up(p, T_ADOPT)?);
+                join_req = Some(self.post_up(p, T_JOIN)?);
                 continue;
             }
             if let Some((what, e)) = lost_down.take() {
@@ -201,7 +206,7 @@ impl Node {
                         continue;
                     }
                     Ok(None) => {}
-                    Err(e) => lost_up = Some(("waiting for moves", e)),
+                    Err(e) => lost_up = Some(("streaming", e)),
                 }
             }
             // A node moved to the tail: this node takes it on if it is the tail.
@@ -231,7 +236,60 @@ impl Node {
                         continue;
                     }
                     Ok(None) => {}
-                    Err(e) => lost_up = Some(("waiting for moves", e)),
+                    Err(e) => lost_up = Some(("streaming", e)),
+                }
+            }
+            // Receivers rejoining the cast: relayed down to the tail, which takes them on.
+            if let Some(r) = &join_req {
+                match self.ep.test_recv(r) {
+                    Ok(Some(got)) => {
+                        self.joins.push(got.buf);
+                        join_req = Some(self.post_up(up, T_JOIN)?);
+                    }
+                    Ok(None) => {}
+                    Err(e) => lost_up = Some(("streaming", e)),
+                }
+            }
+            for b in std::mem::take(&mut self.joins) {
+                did = true;
+                let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+                let node = v["node"].as_u64().unwrap_or(0) as usize;
+                let (Some(addr), true) = (
+                    v["address"].as_str(),
+                    node != 0 && node <= self.addrs.len() && node != self.p.index,
+                ) else {
+                    continue;
+                };
+                match self.down {
+                    // (Asked again: taken on already.)
+                    Some(_) if self.down_node == node => {}
+                    Some(d) => {
+                        if let Err(e) = self.ep.send(d, T_JOIN, &b) {
+                            lost_down = Some(("relaying a rejoin", e));
+                        }
+                    }
+                    None => match self.take_joined(node, addr) {
+                        Ok(have) => {
+                            let d = self.down.expect("taken on");
+                            let (r, p) = self.post_down_receives(d)?;
+                            (report_req, progress_req) = (Some(r), Some(p));
+                            self.down_from = 0;
+                            self.down_has = have;
+                            let from = (0..self.next_due)
+                                .find(|&i| !self.down_holds(i))
+                                .unwrap_or(self.next_due);
+                            replay = (from < self.next_due).then_some((from, self.next_due));
+                            self.predict();
+                            eprintln!(
+                                "clink cast: node {}: node {node} rejoined; this node feeds it the chunks it lacks",
+                                self.p.index
+                            );
+                        }
+                        Err(e) => eprintln!(
+                            "clink cast: node {}: node {node} asked to rejoin: {e}",
+                            self.p.index
+                        ),
+                    },
                 }
             }
             // Beats from upstream (they tell the upstream when this node is gone).
@@ -296,6 +354,13 @@ impl Node {
             // process is gone (its host answers "port unreachable").
             if beat.elapsed() >= PROGRESS_EVERY {
                 beat = Instant::now();
+                for call in self.poll_callers() {
+                    match call {
+                        callers::Call::Join(b) => self.joins.push(b),
+                        // (Kept for when this node finds its upstream gone.)
+                        callers::Call::Splice(p, b) => self.splices.push((p, b)),
+                    }
+                }
                 let m = json!({
                     "node": self.p.index,
                     "chunks": self.p.chunks,
@@ -335,7 +400,7 @@ impl Node {
             // Chunks forwarded from this node's file, in order, before any new one.
             if let (Some((mut i, until)), Some(d)) = (replay, self.down) {
                 while i < until && sends.len() < self.window {
-                    if self.skip.get(i as usize) == Some(&true) || i < self.down_from {
+                    if self.skip.get(i as usize) == Some(&true) || self.down_holds(i) {
                         i += 1;
                         continue;
                     }
@@ -436,7 +501,7 @@ impl Node {
                         // before it wait in the file: it goes from the file too, later.
                         let behind = free.is_empty() && buffers >= max_buffers;
                         match self.down {
-                            Some(_) if index < self.down_from => free.push(buf),
+                            Some(_) if self.down_holds(index) => free.push(buf),
                             Some(d) if replay.is_none() && !behind => {
                                 let b = Bytes::from(buf);
                                 match self.ep.isend(d, T_DATA, b.clone()) {
