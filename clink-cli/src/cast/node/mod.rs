@@ -38,6 +38,10 @@ struct Progress {
     from_file: u64,
     /// Chunks the next node still lacked when this one had them all.
     behind_at_end: u64,
+    /// When the last chunk arrived, and the longest wait between two (a stall of the
+    /// chain before this node: a splice, a slow node).
+    last_chunk: Option<Instant>,
+    longest_gap_s: f64,
 }
 
 impl Progress {
@@ -67,6 +71,7 @@ impl Progress {
             "copies": 0,
             "chunks_from_file": self.from_file,
             "next_behind_at_end": self.behind_at_end,
+            "longest_gap_seconds": self.longest_gap_s,
             "root": self.root,
             "status": status,
         })
@@ -137,6 +142,8 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             cpu_bps: 0.0,
             from_file: 0,
             behind_at_end: 0,
+            last_chunk: None,
+            longest_gap_s: 0.0,
         },
         down_reports: Vec::new(),
         bitmap: None,

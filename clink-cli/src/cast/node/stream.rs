@@ -690,7 +690,12 @@ impl Node {
                 h.index, h.offset, h.len
             )));
         }
-        self.p.start.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        self.p.start.get_or_insert(now);
+        if let Some(last) = self.p.last_chunk.replace(now) {
+            let gap = now.duration_since(last).as_secs_f64();
+            self.p.longest_gap_s = self.p.longest_gap_s.max(gap);
+        }
         let want = match (&man.cvs, h.hash) {
             (Some(c), _) => *c.get(h.index as usize).ok_or_else(|| {
                 fail_up(format!(
