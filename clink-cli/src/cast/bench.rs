@@ -38,6 +38,11 @@ pub struct BenchArgs {
     /// Prints JSON rows only.
     #[arg(long)]
     json: bool,
+    /// Instead of the comparison: kills the middle receiver once it holds half the file,
+    /// restarts it with `--rejoin`, and reports how long the receivers after it stalled,
+    /// what the source sent and what the restarted one fetched (3 receivers or more).
+    #[arg(long)]
+    kill_middle: bool,
 }
 
 /// Arguments of one host of the kernel-TCP chain (internal).
@@ -129,6 +134,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     write_file(&src, size).map_err(|e| format!("{}: {e}", src.display()))?;
     let rate = a.rate.clone().unwrap_or_else(|| "none".into());
     let want = file_hash(&src)?;
+    if a.kill_middle {
+        return kill_middle(&bridge, &exe, &dir, &src, &a, &rate, &want);
+    }
     let mut ratios = Vec::new();
     for round in 0..a.rounds {
         // Which chain runs first alternates: the second one writes its files into memory
@@ -195,6 +203,150 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `--kill-middle`: per round, a clink chain whose middle receiver is killed at half the
+/// file and restarted with `--rejoin`; one JSON row each.
+fn kill_middle(
+    b: &Bridge,
+    exe: &Path,
+    dir: &Path,
+    src: &Path,
+    a: &BenchArgs,
+    rate: &str,
+    want: &blake3::Hash,
+) -> Result<(), String> {
+    if a.hosts < 3 {
+        return Err("--kill-middle: at least 3 receivers (one before and one after it)".into());
+    }
+    let size = a.size_mib << 20;
+    let m = a.hosts.div_ceil(2);
+    let w = a.window.to_string();
+    for round in 0..a.rounds {
+        let mut kids = Vec::new();
+        let mut addrs = Vec::new();
+        let recv = |i: usize, extra: &[&str]| {
+            let mut cmd = b.command(i, exe);
+            cmd.args(["cast", "recv", "--json", "--window", &w])
+                .args(extra)
+                .arg("--out")
+                .arg(dir.join(format!("clink{i}")));
+            Kid::spawn(cmd)
+        };
+        for i in 1..=a.hosts {
+            let (k, mut out) = recv(i, &[])?;
+            addrs.push(line(&mut out)?);
+            kids.push((k, out));
+        }
+        let mut cmd = b.command(0, exe);
+        cmd.args([
+            "cast",
+            "send",
+            "--json",
+            "--window",
+            &w,
+            "--to",
+            &addrs.join(","),
+        ])
+        .args(["--transport", a.transport.key().unwrap_or("any")])
+        .arg(src);
+        if let Some(r) = &a.rate {
+            cmd.args(["--link-rate", r]);
+        }
+        if let Some(c) = a.chunk {
+            cmd.args(["--chunk", &c.to_string()]);
+        }
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        let (mut s, mut out) = Kid::spawn(cmd)?;
+        // The middle receiver writes its chunks in order: half its file is half the cast.
+        let its = dir.join(format!("clink{m}"));
+        while std::fs::metadata(&its).map_or(0, |f| f.len()) < size / 2 {
+            if Instant::now() >= deadline {
+                return Err(format!("node {m} never held half the file"));
+            }
+            // Polling a file's length only.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let killed_at = std::fs::metadata(&its).map_or(0, |f| f.len());
+        drop(kids.remove(m - 1));
+        let (k, mut o) = recv(m, &["--rejoin", &addrs[m - 2]])?;
+        line(&mut o)?;
+        kids.insert(m - 1, (k, o));
+        let st = s.wait(deadline)?;
+        // A restarted node fails when the cast ended before it could rejoin (the rest of
+        // the file took less time than its start): a row says so.
+        let mut rejoined = true;
+        for (i, (k, _)) in kids.iter_mut().enumerate() {
+            rejoined &= k.wait(deadline)?.success() || i + 1 != m;
+        }
+        let mut text = String::new();
+        let _ = out.read_to_string(&mut text);
+        if !st.success() && rejoined {
+            return Err(format!("clink cast failed: {st}"));
+        }
+        let rows: Vec<Value> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let node = |n: usize| rows.iter().find(|r| r["node"] == n);
+        let after = (m + 1..=a.hosts).filter_map(node);
+        let stall = after
+            .map(|r| r["longest_gap_seconds"].as_f64().unwrap_or(f64::NAN))
+            .fold(0.0, f64::max);
+        let wire = rows
+            .first()
+            .and_then(|r| r["wire_bytes"].as_u64())
+            .unwrap_or(0);
+        let none = Value::Null;
+        let again = if rejoined {
+            node(m).ok_or(format!("no report of node {m}"))?
+        } else {
+            &none
+        };
+        check_copies_but(dir, "clink", a.hosts, want, (!rejoined).then_some(m))?;
+        let row = json!({
+            "bench": "cast-kill",
+            "system": "clink-cast",
+            "round": round,
+            "hosts": a.hosts,
+            "bytes": size,
+            "rate_limit": rate,
+            "transport": a.transport.key().unwrap_or("any"),
+            "killed_node": m,
+            "killed_at_bytes": killed_at,
+            "stall_after_s": stall,
+            "source_sent_ratio": wire as f64 / size as f64,
+            "rejoined": rejoined && again["rejoined"] == true,
+            "chunks_fetched": again["chunks"],
+            "chunks_held": again["chunks_resumed"],
+            "chain_seconds": rows.first().map(|r| r["chain_seconds"].clone()),
+        });
+        println!("{row}");
+        if !a.json && !rejoined {
+            println!(
+                "round {round}: node {m} of {} killed at {} of {} MiB: the nodes after it \
+                 stalled {stall:.2} s at most, the source sent {:.4}x the file; the cast ended \
+                 before the restarted node could rejoin",
+                a.hosts,
+                killed_at >> 20,
+                a.size_mib,
+                wire as f64 / size as f64,
+            );
+        } else if !a.json {
+            println!(
+                "round {round}: node {m} of {} killed at {} of {} MiB and restarted: the nodes \
+                 after it stalled {stall:.2} s at most, the source sent {:.4}x the file, the \
+                 restarted node fetched {} chunks and held {}; every copy checked",
+                a.hosts,
+                killed_at >> 20,
+                a.size_mib,
+                wire as f64 / size as f64,
+                again["chunks"],
+                again["chunks_resumed"],
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The kernel-TCP chain's seconds, its copies checked against `want` and removed.
 fn relay(
     bridge: &Bridge,
@@ -221,8 +373,24 @@ fn file_hash(p: &Path) -> Result<blake3::Hash, String> {
 /// Checks the copies `{prefix}1` ..= `{prefix}{hosts}` in `dir` against the source's
 /// hash `want`, then removes them.
 fn check_copies(dir: &Path, prefix: &str, hosts: usize, want: &blake3::Hash) -> Result<(), String> {
+    check_copies_but(dir, prefix, hosts, want, None)
+}
+
+/// As [`check_copies`], host `skip`'s copy (incomplete) removed unchecked.
+fn check_copies_but(
+    dir: &Path,
+    prefix: &str,
+    hosts: usize,
+    want: &blake3::Hash,
+    skip: Option<usize>,
+) -> Result<(), String> {
     for i in 1..=hosts {
         let p = dir.join(format!("{prefix}{i}"));
+        if Some(i) == skip {
+            let _ = std::fs::remove_file(&p);
+            let _ = std::fs::remove_file(p.with_extension("clinkcast"));
+            continue;
+        }
         let got = file_hash(&p)?;
         if got != *want {
             return Err(format!(

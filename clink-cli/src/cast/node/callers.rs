@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// How often a streaming node looks for new connections (a system call or two).
+pub(super) const CALLERS_EVERY: Duration = Duration::from_millis(20);
+
 /// A peer that connected to this node and has not yet said why.
 pub(super) struct Caller {
     peer: PeerId,

@@ -412,14 +412,15 @@ impl Node {
 /// [`JOIN_RETRY`] (a request that met a node splicing past this one's old process is
 /// lost), for [`SETUP_TIMEOUT`] at most.
 fn rejoin(ep: &mut Endpoint, via: &str, address: &str, node: usize) -> Result<PeerId, String> {
+    let ended = "the cast has ended or that receiver has left: cast the file again to resume";
     let n = ep
         .connect(via)
-        .map_err(|e| format!("rejoining through {via}: cannot connect: {e}"))?;
+        .map_err(|e| format!("rejoining through {via}: cannot connect ({e}): {ended}"))?;
     let m = json!({ "address": address, "node": node });
     let deadline = Instant::now() + SETUP_TIMEOUT;
     loop {
         ep.send(n, T_JOIN, m.to_string().as_bytes())
-            .map_err(|e| format!("rejoining through {via}: {e}"))?;
+            .map_err(|e| format!("rejoining through {via}: {e}: {ended}"))?;
         match ep.accept(Some(JOIN_RETRY)) {
             Ok(up) => return Ok(up),
             Err(_) if Instant::now() < deadline => continue,

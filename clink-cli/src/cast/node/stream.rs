@@ -1,6 +1,7 @@
 //! Streaming a file through the node: each chunk received, stored and forwarded from
 //! the same buffer, and the end of the stream.
 
+use super::callers::CALLERS_EVERY;
 use super::moves::{MOVE_AFTER, MOVE_WINDOWS};
 use super::*;
 
@@ -70,6 +71,7 @@ impl Node {
         // memory), up to [`LAG_BYTES`]; beyond, chunks are forwarded from the file.
         let max_buffers = self.window * 2 + (LAG_BYTES / man.chunk.max(1)) as usize;
         let mut beat = Instant::now();
+        let mut callers_at = Instant::now();
         let mut stalled_since = Instant::now();
         let mut last_moved = (0, 0, None);
         loop {
@@ -352,8 +354,8 @@ impl Node {
             }
             // This node's progress, which also tells it at once when the upstream
             // process is gone (its host answers "port unreachable").
-            if beat.elapsed() >= PROGRESS_EVERY {
-                beat = Instant::now();
+            if callers_at.elapsed() >= CALLERS_EVERY {
+                callers_at = Instant::now();
                 for call in self.poll_callers() {
                     match call {
                         callers::Call::Join(b) => self.joins.push(b),
@@ -361,6 +363,9 @@ impl Node {
                         callers::Call::Splice(p, b) => self.splices.push((p, b)),
                     }
                 }
+            }
+            if beat.elapsed() >= PROGRESS_EVERY {
+                beat = Instant::now();
                 let m = json!({
                     "node": self.p.index,
                     "chunks": self.p.chunks,
