@@ -57,6 +57,12 @@ pub struct TcpNodeArgs {
     /// Sends `file` to `next` instead of receiving.
     #[arg(long)]
     source: bool,
+    /// The source sends at most this many bytes.
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Prints the CPU seconds this process used when it is done (`cpu SECONDS`).
+    #[arg(long)]
+    report_cpu: bool,
 }
 
 /// Bound on a whole run of either chain.
@@ -138,6 +144,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         return kill_middle(&bridge, &exe, &dir, &src, &a, &rate, &want);
     }
     let mut ratios = Vec::new();
+    // The network's price for the model, on this bridge (its rate limit included).
+    let net_bps = bridge_net_bps(&bridge, &exe, size.min(256 << 20))?;
     for round in 0..a.rounds {
         // Which chain runs first alternates: the second one writes its files into memory
         // the first one's just gave back, which on a virtual machine can be much cheaper
@@ -147,7 +155,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         if !clink_first {
             tcp = Some(relay(&bridge, &exe, &dir, &src, a.hosts, &want)?);
         }
-        let (clink, predicted, chunk) = clink_chain(&bridge, &exe, &dir, &src, &a)?;
+        let (clink, predicted, chunk) = clink_chain(&bridge, &exe, &dir, &src, &a, net_bps)?;
         // Every copy checked; then removed, so that the other chain starts with the page
         // cache as this one did (a chain's files left behind slowed the other's writes).
         check_copies(&dir, "clink", a.hosts, &want)?;
@@ -173,6 +181,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             if *system == "clink-cast" {
                 // The cost model's rate for the chain, its hosts sharing this machine.
                 row["predicted_mbps"] = json!(predicted / 1e6);
+                row["net_bridge_mbps"] = json!(net_bps / 1e6);
                 row["chunk"] = json!(chunk);
             }
             println!("{row}");
@@ -443,6 +452,7 @@ fn clink_chain(
     dir: &Path,
     src: &Path,
     a: &BenchArgs,
+    net_bps: f64,
 ) -> Result<(f64, f64, u64), String> {
     let w = a.window.to_string();
     let mut kids = Vec::new();
@@ -497,18 +507,76 @@ fn clink_chain(
     let secs = first["chain_seconds"]
         .as_f64()
         .ok_or_else(|| "clink cast's report has no chain_seconds".to_string())?;
-    // Each host's prediction assumes a core of its own; here they all share this one's.
-    let rates: Vec<f64> = text
+    let rows: Vec<Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|r| r["cpu_mbps"].as_f64())
-        .map(|m| m * 1e6)
+        .collect();
+    let chunk = first["chunk"].as_u64().unwrap_or(0);
+    Ok((secs, chain_prediction(&rows, net_bps, a), chunk))
+}
+
+/// The model's rate for a chain whose hosts reported `rows` (the source's first, then
+/// the receivers in chain order), all sharing this machine's cores, each network
+/// direction priced at half of what a byte cost across the bridge (`net_bps`, both ends:
+/// [`bridge_net_bps`]) rather than through the hosts' own loopback, capped by the link's
+/// goodput.
+fn chain_prediction(rows: &[Value], net_bps: f64, a: &BenchArgs) -> f64 {
+    let last = rows.len().saturating_sub(1);
+    let rates: Vec<f64> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| {
+            let c = super::model::Costs::from_json(&r["costs"])?;
+            let c = super::model::Costs { net_bps, ..c };
+            Some(if k == 0 {
+                // The source reads its file and sends it (hashed before the stream).
+                c.predict(false, false, true, false, true, None)
+            } else {
+                c.predict(true, true, false, true, k < last, None)
+            })
+        })
         .collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let shared = super::model::shared_rate(&rates, cores);
     let link = a.rate.as_deref().and_then(super::model::parse_rate);
-    let chunk = first["chunk"].as_u64().unwrap_or(0);
-    Ok((secs, link.map_or(shared, |l| shared.min(l)), chunk))
+    link.map_or(shared, |l| shared.min(super::model::goodput(l)))
+}
+
+/// What a byte costs to cross the bridge over kernel TCP, both ends together (bytes per
+/// CPU second): `size` bytes of zeros from host 0 to host 1, one process each (`cast
+/// tcp-node`), their CPU seconds summed.
+fn bridge_net_bps(b: &Bridge, exe: &Path, size: u64) -> Result<f64, String> {
+    let mut cmd = b.command(1, exe);
+    cmd.args(["cast", "tcp-node", "--report-cpu", "--file", "/dev/null"]);
+    let (mut rk, mut rout) = Kid::spawn(cmd)?;
+    let port = line(&mut rout)?;
+    let mut cmd = b.command(0, exe);
+    cmd.args([
+        "cast",
+        "tcp-node",
+        "--source",
+        "--report-cpu",
+        "--file",
+        "/dev/zero",
+    ])
+    .args(["--limit", &size.to_string()])
+    .args(["--next", &format!("{}:{port}", b.addr(1))]);
+    let (mut sk, mut sout) = Kid::spawn(cmd)?;
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    for k in [&mut sk, &mut rk] {
+        let st = k.wait(deadline)?;
+        if !st.success() {
+            return Err(format!("the bridge's TCP probe failed: {st}"));
+        }
+    }
+    let cpu = |out: &mut BufReader<std::process::ChildStdout>| -> Result<f64, String> {
+        let l = line(out)?;
+        l.strip_prefix("cpu ")
+            .and_then(|v| v.parse().ok())
+            .ok_or(format!("the bridge's TCP probe printed {l:?}"))
+    };
+    let secs = cpu(&mut sout)? + cpu(&mut rout)?;
+    Ok(size as f64 / secs.max(1e-9))
 }
 
 /// Seconds from the start of the TCP source until every relay has written its file.
@@ -557,19 +625,31 @@ fn tcp_chain(b: &Bridge, exe: &Path, dir: &Path, src: &Path, hosts: usize) -> Re
 /// One host of the kernel-TCP chain: the source sends its file; a relay prints its port,
 /// accepts the upstream, and for each read writes the bytes to its file, then to the next.
 pub fn tcp_node(a: TcpNodeArgs) -> Result<(), String> {
+    tcp_node_run(&a)?;
+    if a.report_cpu {
+        println!("cpu {}", crate::bench::measure::process_cpu_secs());
+    }
+    Ok(())
+}
+
+fn tcp_node_run(a: &TcpNodeArgs) -> Result<(), String> {
     const BUF: usize = 4 << 20;
     let mut buf = vec![0u8; BUF];
     if a.source {
         let next = a.next.as_deref().ok_or("--source needs --next")?;
         let mut down = TcpStream::connect(next).map_err(|e| format!("{next}: {e}"))?;
         let mut f = std::fs::File::open(&a.file).map_err(|e| e.to_string())?;
-        loop {
-            let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        let mut left = a.limit.unwrap_or(u64::MAX);
+        while left > 0 {
+            let want = (left.min(BUF as u64)) as usize;
+            let n = f.read(&mut buf[..want]).map_err(|e| e.to_string())?;
             if n == 0 {
-                return Ok(());
+                break;
             }
             down.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+            left -= n as u64;
         }
+        return Ok(());
     }
     let l = TcpListener::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
     println!("{}", l.local_addr().map_err(|e| e.to_string())?.port());

@@ -86,7 +86,18 @@ impl Costs {
         };
         t += [net_in, net_out].iter().filter(|&&b| b).count() as f64 * per_direction;
         let cpu = if t > 0.0 { 1.0 / t } else { f64::MAX };
-        link_bps.map_or(cpu, |l| cpu.min(l))
+        link_bps.map_or(cpu, |l| cpu.min(goodput(l)))
+    }
+
+    /// The same speeds from a report's `costs` (MB/s), `None` when one is missing.
+    pub fn from_json(v: &Value) -> Option<Costs> {
+        let f = |k: &str| v[k].as_f64().map(|m| m * 1e6);
+        Some(Costs {
+            hash_bps: f("hash_mbps")?,
+            copy_bps: f("copy_mbps")?,
+            write_bps: f("write_mbps")?,
+            net_bps: f("net_mbps")?,
+        })
     }
 
     /// The speeds as JSON (MB/s).
@@ -98,6 +109,13 @@ impl Costs {
             "net_mbps": self.net_bps / 1e6,
         })
     }
+}
+
+/// What a link of `link_bps` (bytes per second on the wire) carries of TCP payload at MTU
+/// 1500: 1 448 bytes (the MSS with timestamps) per 1 538 on the wire (Ethernet's header,
+/// check sum, preamble and gap, and the IP and TCP headers).
+pub fn goodput(link_bps: f64) -> f64 {
+    link_bps * 1448.0 / 1538.0
 }
 
 /// Speed of writing `data` to a temporary file beside `out` (removed afterwards).
@@ -211,7 +229,8 @@ mod tests {
         // hash + write + two network directions at 1 ns each: 4 ns per byte.
         let r = c.predict(true, true, false, true, true, None);
         assert!((r - 250e6).abs() < 1.0, "{r}");
-        assert_eq!(c.predict(true, true, false, true, true, Some(100e6)), 100e6);
+        let capped = c.predict(true, true, false, true, true, Some(100e6));
+        assert!((capped - 100e6 * 1448.0 / 1538.0).abs() < 1.0, "{capped}");
         // Unmeasured, a direction is a copy.
         let r = Costs { net_bps: 0.0, ..c }.predict(false, false, false, true, false, None);
         assert!((r - 1e9).abs() < 1.0, "{r}");
