@@ -775,3 +775,76 @@ fn a_killed_receiver_restarted_rejoins_and_fetches_only_what_it_lacks() {
     );
     assert_whole(&c.dir, &c.data, &[1, 2, 3], &said);
 }
+
+#[test]
+fn a_sparse_file_crosses_the_chain_as_holes() {
+    // 256 MiB and a few bytes, data in three places (the first chunk, 3 MiB and a bit in
+    // the middle, the unaligned tail) and holes elsewhere. The holes cross the chain as
+    // chunk headers: the source puts a few MiB on the wire, every copy is the file (its
+    // BLAKE3) and stays sparse.
+    let b = bridge(None);
+    let dir = TempDir::new("sparse");
+    let src = dir.0.join("source.bin");
+    let size = (256u64 << 20) + 12_345;
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(&src).unwrap();
+        f.set_len(size).unwrap();
+        f.write_all_at(&random(MIB, 21), 0).unwrap();
+        f.write_all_at(&random(3 * MIB + 777, 22), 100 * MIB as u64 + 99)
+            .unwrap();
+        f.write_all_at(&random(20_000, 23), size - 20_000).unwrap();
+    }
+    let want = blake3::Hasher::new()
+        .update_reader(std::fs::File::open(&src).unwrap())
+        .unwrap()
+        .finalize();
+    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
+    let args = ["--json", "--chunk", "1048576"];
+    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
+    let (st, out, err) = s.finish();
+    let said: Vec<String> = rx
+        .iter_mut()
+        .map(|p| {
+            let (st, o, e) = p.finish();
+            format!("{}: {st}\n{o}\n{e}", p.name)
+        })
+        .collect();
+    assert!(
+        st.success(),
+        "cast failed: {st}\n{out}\n{err}\n{}",
+        said.join("\n")
+    );
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let wire = rows[0]["wire_bytes"]
+        .as_u64()
+        .expect("the source's wire bytes");
+    assert!(
+        wire < 16 * MIB as u64,
+        "the source sent {wire} bytes:\n{out}"
+    );
+    for r in &rows[1..] {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["root"].as_str(), Some(want.to_hex().as_str()), "{r}");
+        assert!(r["zero_chunks"].as_u64().unwrap() > 200, "{r}");
+    }
+    for i in 1..=3 {
+        use std::os::unix::fs::MetadataExt;
+        let p = dir.0.join(format!("out{i}"));
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!(m.len(), size, "node {i}: its file's size");
+        assert!(
+            m.blocks() * 512 < 32 * MIB as u64,
+            "node {i}: its file takes {} bytes on disk, not sparse",
+            m.blocks() * 512
+        );
+        let got = blake3::Hasher::new()
+            .update_reader(std::fs::File::open(&p).unwrap())
+            .unwrap()
+            .finalize();
+        assert_eq!(got, want, "node {i}: its file differs\n{}", said[i - 1]);
+    }
+}

@@ -381,6 +381,7 @@ impl Stream<'_> {
         let mut cvs: Vec<[u8; 32]> = Vec::new();
         let mut single = None;
         let mut sent = 0u64;
+        let mut zero_chunks = 0u64;
         let mut index = 0u64;
         let mut eof = false;
         let mut read_s = 0.0;
@@ -520,11 +521,18 @@ impl Stream<'_> {
                         Some(cv)
                     }
                 };
+                // A chunk of zeros (a sparse file's hole) goes as its header alone.
+                let zero = is_zero(&buf[HDR..]);
+                if zero {
+                    buf.truncate(HDR);
+                    zero_chunks += 1;
+                }
                 ChunkHdr {
                     index,
                     offset,
                     len: n as u64,
                     hash,
+                    zero,
                 }
                 .write(&mut buf[..HDR]);
                 let b = Bytes::from(buf);
@@ -574,6 +582,8 @@ impl Stream<'_> {
             hash_s + stdin_hash_s,
             root.as_ref(),
         );
+        let mut mine = mine;
+        mine["zero_chunks"] = json!(zero_chunks);
         let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
         let err = v["error"].as_str().map(String::from);
         Ok((mine, nodes, err))

@@ -42,6 +42,8 @@ struct Progress {
     /// chain before this node: a splice, a slow node).
     last_chunk: Option<Instant>,
     longest_gap_s: f64,
+    /// Chunks of zeros (holes), which came as headers alone.
+    zero_chunks: u64,
 }
 
 impl Progress {
@@ -72,6 +74,7 @@ impl Progress {
             "chunks_from_file": self.from_file,
             "next_behind_at_end": self.behind_at_end,
             "longest_gap_seconds": self.longest_gap_s,
+            "zero_chunks": self.zero_chunks,
             "root": self.root,
             "status": status,
         })
@@ -144,6 +147,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             behind_at_end: 0,
             last_chunk: None,
             longest_gap_s: 0.0,
+            zero_chunks: 0,
         },
         down_reports: Vec::new(),
         bitmap: None,
@@ -151,6 +155,8 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         next_due: 0,
         addrs: Vec::new(),
         lens: Vec::new(),
+        zeros: Vec::new(),
+        zero_buf: Vec::new(),
         spliced: Vec::new(),
         repair: !a.no_repair,
         order: Vec::new(),
@@ -261,8 +267,12 @@ struct Node {
     next_due: u64,
     /// The chain's addresses.
     addrs: Vec<String>,
-    /// Length of each chunk written (for a replay to a new next node).
+    /// Length of each chunk written (for a replay to a new next node), and which were
+    /// zeros (replayed as headers).
     lens: Vec<u64>,
+    zeros: Vec<bool>,
+    /// Zeros, the payload a chunk of zeros is checked against.
+    zero_buf: Vec<u8>,
     /// Reports of the next nodes that died and were spliced out.
     spliced: Vec<Value>,
     /// Whether a dead neighbour is spliced out.

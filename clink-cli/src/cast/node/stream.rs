@@ -410,8 +410,9 @@ impl Node {
                         continue;
                     }
                     let len = self.lens[i as usize];
+                    let zero = self.zeros.get(i as usize) == Some(&true);
                     let mut buf = free.pop().unwrap_or_default();
-                    buf.resize(HDR + len as usize, 0);
+                    buf.resize(HDR + if zero { 0 } else { len as usize }, 0);
                     self.file
                         .read_exact_at(&mut buf[HDR..], i * man.chunk)
                         .map_err(|e| {
@@ -426,6 +427,7 @@ impl Node {
                         offset: i * man.chunk,
                         len,
                         hash: man.cvs.is_none().then(|| cvs[i as usize]),
+                        zero,
                     }
                     .write(&mut buf[..HDR]);
                     let b = Bytes::from(buf);
@@ -718,7 +720,14 @@ impl Node {
             }
         };
         let t = Instant::now();
-        let payload = &buf[HDR..];
+        if h.zero && self.zero_buf.len() < h.len as usize {
+            self.zero_buf = vec![0; h.len as usize];
+        }
+        let payload = if h.zero {
+            &self.zero_buf[..h.len as usize]
+        } else {
+            &buf[HDR..]
+        };
         let got = hash::chunk_cv(h.offset, payload);
         if h.index == 0 && man.size.is_none_or(|s| s <= man.chunk) {
             *single_root = Some(blake3::hash(payload));
@@ -732,7 +741,15 @@ impl Node {
             )));
         }
         let t = Instant::now();
-        write_in_pieces(&self.file, payload, h.offset).map_err(|e| {
+        let written = if h.zero {
+            // A hole, also over what an earlier cast left there.
+            punch_hole(&self.file, h.offset, h.len).or_else(|_| {
+                write_in_pieces(&self.file, &self.zero_buf[..h.len as usize], h.offset)
+            })
+        } else {
+            write_in_pieces(&self.file, payload, h.offset)
+        };
+        written.map_err(|e| {
             fail_up(format!(
                 "node {index}: writing chunk {} to {}: {e}",
                 h.index,
@@ -744,6 +761,13 @@ impl Node {
             self.lens.resize(h.index as usize + 1, 0);
         }
         self.lens[h.index as usize] = h.len;
+        if h.zero {
+            if self.zeros.len() <= h.index as usize {
+                self.zeros.resize(h.index as usize + 1, false);
+            }
+            self.zeros[h.index as usize] = true;
+            self.p.zero_chunks += 1;
+        }
         if let Some((f, at)) = &self.bitmap {
             f.write_all_at(b"1", at + h.index).map_err(|e| {
                 fail_up(format!(
@@ -759,7 +783,7 @@ impl Node {
         self.advance_due();
         self.p.chunks += 1;
         self.p.bytes += h.len;
-        if self.corrupt == Some(h.index) && h.len > 0 {
+        if self.corrupt == Some(h.index) && buf.len() > HDR {
             buf[HDR] ^= 0x5a;
         }
         if let Some(d) = self.pause {
@@ -767,4 +791,16 @@ impl Node {
         }
         Ok(buf)
     }
+}
+
+/// Makes `len` bytes at `offset` of `f` a hole (the file's size unchanged).
+fn punch_hole(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use rustix::fs::FallocateFlags;
+    rustix::fs::fallocate(
+        f,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        offset,
+        len,
+    )
+    .map_err(std::io::Error::from)
 }
