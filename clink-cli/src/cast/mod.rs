@@ -640,13 +640,31 @@ mod tests {
             offset: 3 << 20,
             len: 10,
             hash: Some([1; 32]),
+            zero: false,
         };
         h.write(&mut b);
         let r = ChunkHdr::read(&b).unwrap();
         assert_eq!(
-            (r.index, r.offset, r.len, r.hash),
-            (3, 3 << 20, 10, Some([1; 32]))
+            (r.index, r.offset, r.len, r.hash, r.zero),
+            (3, 3 << 20, 10, Some([1; 32]), false)
         );
         assert!(ChunkHdr::read(&b[..HDR + 5]).is_err());
+        // A chunk of zeros: its length in the header, nothing after it.
+        let z = ChunkHdr { zero: true, ..h };
+        z.write(&mut b);
+        let r = ChunkHdr::read(&b[..HDR]).unwrap();
+        assert_eq!((r.len, r.zero), (10, true));
+        assert!(ChunkHdr::read(&b).is_err(), "zeros with bytes after them");
+    }
+
+    #[test]
+    fn zeros_are_told_from_data_anywhere_in_a_chunk() {
+        let mut b = vec![0u8; (1 << 20) + 3];
+        assert!(is_zero(&b) && is_zero(&[]));
+        for at in [0, 63, 64, 1 << 19, (1 << 20) + 2] {
+            b[at] = 1;
+            assert!(!is_zero(&b), "a byte at {at}");
+            b[at] = 0;
+        }
     }
 }
