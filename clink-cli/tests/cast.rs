@@ -392,6 +392,39 @@ fn shaped_cast(name: &str, n: usize, len: usize, seed: u64, extra: &[&str]) -> S
     }
 }
 
+/// Casts `src` (1 MiB chunks) from host 0 to receivers on hosts 1-3 (each given its
+/// `extra` arguments) and waits for all; the source's JSON rows and what each receiver
+/// said (its status, stdout and stderr), once the cast succeeded.
+fn cast_file(
+    b: &Bridge,
+    dir: &TempDir,
+    src: &Path,
+    extra: &[&[&str]],
+) -> (Vec<serde_json::Value>, Vec<String>) {
+    let (mut rx, addrs) = receivers(b, &dir.0, extra);
+    let args = ["--json", "--chunk", "1048576"];
+    let mut s = sender(b, src.to_str().unwrap(), &addrs, &args, false);
+    let (st, out, err) = s.finish();
+    let said: Vec<String> = rx
+        .iter_mut()
+        .map(|p| {
+            let (st, o, e) = p.finish();
+            format!("{}: {st}\n{o}\n{e}", p.name)
+        })
+        .collect();
+    assert!(
+        st.success(),
+        "cast failed: {st}\n{out}\n{err}\n{}",
+        said.join("\n")
+    );
+    println!("{out}\n{err}\n{}", said.join("\n"));
+    let rows = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (rows, said)
+}
+
 /// Checks that each of `nodes` holds `data` in `dir` (`errs`: what the nodes said).
 fn assert_whole(dir: &TempDir, data: &[u8], nodes: &[usize], errs: &[String]) {
     for &i in nodes {
@@ -629,29 +662,9 @@ fn a_slow_last_node_holds_back_no_node_before_it() {
     let src = dir.0.join("source.bin");
     std::fs::write(&src, &data).unwrap();
     let slow: &[&str] = &["--chunk-pause-ms", "100"];
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[&[], &[], slow]);
-    let args = ["--json", "--chunk", "1048576"];
-    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
-    let (st, out, err) = s.finish();
-    let said: Vec<String> = rx
-        .iter_mut()
-        .map(|p| {
-            let (st, o, e) = p.finish();
-            format!("{}: {st}\n{o}\n{e}", p.name)
-        })
-        .collect();
-    assert!(
-        st.success(),
-        "cast failed: {st}\n{out}\n{err}\n{}",
-        said.join("\n")
-    );
-    println!("{out}");
+    let (rows, said) = cast_file(&b, &dir, &src, &[&[], &[], slow]);
     let want = blake3::hash(&data).to_hex().to_string();
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(rows.len(), 4, "one row per node and the source:\n{out}");
+    assert_eq!(rows.len(), 4, "one row per node and the source:\n{rows:#?}");
     for r in &rows[1..] {
         assert_eq!(r["status"], "ok", "{r}");
         assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
@@ -676,30 +689,10 @@ fn a_slow_middle_node_is_moved_to_the_tail() {
     let src = dir.0.join("source.bin");
     std::fs::write(&src, &data).unwrap();
     let slow: &[&str] = &["--chunk-pause-ms", "100"];
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[&[], slow, &[]]);
-    let args = ["--json", "--chunk", "1048576"];
-    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
-    let (st, out, err) = s.finish();
-    let said: Vec<String> = rx
-        .iter_mut()
-        .map(|p| {
-            let (st, o, e) = p.finish();
-            format!("{}: {st}\n{o}\n{e}", p.name)
-        })
-        .collect();
-    assert!(
-        st.success(),
-        "cast failed: {st}\n{out}\n{err}\n{}",
-        said.join("\n")
-    );
-    println!("{out}\n{err}\n{}", said.join("\n"));
+    let (rows, said) = cast_file(&b, &dir, &src, &[&[], slow, &[]]);
     let want = blake3::hash(&data).to_hex().to_string();
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     let order: Vec<u64> = rows.iter().filter_map(|r| r["node"].as_u64()).collect();
-    assert_eq!(order, [0, 1, 3, 2], "the reports' order:\n{out}");
+    assert_eq!(order, [0, 1, 3, 2], "the reports' order:\n{rows:#?}");
     for r in &rows[1..] {
         assert_eq!(r["status"], "ok", "{r}");
         assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
@@ -799,32 +792,13 @@ fn a_sparse_file_crosses_the_chain_as_holes() {
         .update_reader(std::fs::File::open(&src).unwrap())
         .unwrap()
         .finalize();
-    let (mut rx, addrs) = receivers(&b, &dir.0, &[]);
-    let args = ["--json", "--chunk", "1048576"];
-    let mut s = sender(&b, src.to_str().unwrap(), &addrs, &args, false);
-    let (st, out, err) = s.finish();
-    let said: Vec<String> = rx
-        .iter_mut()
-        .map(|p| {
-            let (st, o, e) = p.finish();
-            format!("{}: {st}\n{o}\n{e}", p.name)
-        })
-        .collect();
-    assert!(
-        st.success(),
-        "cast failed: {st}\n{out}\n{err}\n{}",
-        said.join("\n")
-    );
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let (rows, said) = cast_file(&b, &dir, &src, &[]);
     let wire = rows[0]["wire_bytes"]
         .as_u64()
         .expect("the source's wire bytes");
     assert!(
         wire < 16 * MIB as u64,
-        "the source sent {wire} bytes:\n{out}"
+        "the source sent {wire} bytes:\n{rows:#?}"
     );
     for r in &rows[1..] {
         assert_eq!(r["status"], "ok", "{r}");

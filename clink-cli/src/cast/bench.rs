@@ -212,6 +212,64 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A child's standard output.
+type Out = BufReader<std::process::ChildStdout>;
+
+/// The receivers of a chain, each with its output, and their addresses.
+type Receivers = (Vec<(Kid, Out)>, Vec<String>);
+
+/// Receiver `i` of a clink chain (`extra` arguments), writing `dir/clink{i}`, and its
+/// output (its address first).
+fn clink_receiver(
+    b: &Bridge,
+    exe: &Path,
+    dir: &Path,
+    a: &BenchArgs,
+    i: usize,
+    extra: &[&str],
+) -> Result<(Kid, Out), String> {
+    let mut cmd = b.command(i, exe);
+    cmd.args(["cast", "recv", "--json", "--window", &a.window.to_string()])
+        .args(extra)
+        .arg("--out")
+        .arg(dir.join(format!("clink{i}")));
+    Kid::spawn(cmd)
+}
+
+/// Receivers 1 to `a.hosts` of a clink chain, each with its output, and their addresses.
+fn clink_receivers(b: &Bridge, exe: &Path, dir: &Path, a: &BenchArgs) -> Result<Receivers, String> {
+    let mut kids = Vec::new();
+    let mut addrs = Vec::new();
+    for i in 1..=a.hosts {
+        let (k, mut out) = clink_receiver(b, exe, dir, a, i, &[])?;
+        addrs.push(line(&mut out)?);
+        kids.push((k, out));
+    }
+    Ok((kids, addrs))
+}
+
+/// The source of a clink chain through `addrs`, casting `src`.
+fn clink_source(
+    b: &Bridge,
+    exe: &Path,
+    src: &Path,
+    a: &BenchArgs,
+    addrs: &[String],
+) -> Result<(Kid, Out), String> {
+    let mut cmd = b.command(0, exe);
+    cmd.args(["cast", "send", "--json", "--window", &a.window.to_string()])
+        .args(["--to", &addrs.join(",")])
+        .args(["--transport", a.transport.key().unwrap_or("any")])
+        .arg(src);
+    if let Some(r) = &a.rate {
+        cmd.args(["--link-rate", r]);
+    }
+    if let Some(c) = a.chunk {
+        cmd.args(["--chunk", &c.to_string()]);
+    }
+    Kid::spawn(cmd)
+}
+
 /// `--kill-middle`: per round, a clink chain whose middle receiver is killed at half the
 /// file and restarted with `--rejoin`; one JSON row each.
 fn kill_middle(
@@ -228,43 +286,10 @@ fn kill_middle(
     }
     let size = a.size_mib << 20;
     let m = a.hosts.div_ceil(2);
-    let w = a.window.to_string();
     for round in 0..a.rounds {
-        let mut kids = Vec::new();
-        let mut addrs = Vec::new();
-        let recv = |i: usize, extra: &[&str]| {
-            let mut cmd = b.command(i, exe);
-            cmd.args(["cast", "recv", "--json", "--window", &w])
-                .args(extra)
-                .arg("--out")
-                .arg(dir.join(format!("clink{i}")));
-            Kid::spawn(cmd)
-        };
-        for i in 1..=a.hosts {
-            let (k, mut out) = recv(i, &[])?;
-            addrs.push(line(&mut out)?);
-            kids.push((k, out));
-        }
-        let mut cmd = b.command(0, exe);
-        cmd.args([
-            "cast",
-            "send",
-            "--json",
-            "--window",
-            &w,
-            "--to",
-            &addrs.join(","),
-        ])
-        .args(["--transport", a.transport.key().unwrap_or("any")])
-        .arg(src);
-        if let Some(r) = &a.rate {
-            cmd.args(["--link-rate", r]);
-        }
-        if let Some(c) = a.chunk {
-            cmd.args(["--chunk", &c.to_string()]);
-        }
+        let (mut kids, addrs) = clink_receivers(b, exe, dir, a)?;
         let deadline = Instant::now() + RUN_TIMEOUT;
-        let (mut s, mut out) = Kid::spawn(cmd)?;
+        let (mut s, mut out) = clink_source(b, exe, src, a, &addrs)?;
         // The middle receiver writes its chunks in order: half its file is half the cast.
         let its = dir.join(format!("clink{m}"));
         while std::fs::metadata(&its).map_or(0, |f| f.len()) < size / 2 {
@@ -276,7 +301,7 @@ fn kill_middle(
         }
         let killed_at = std::fs::metadata(&its).map_or(0, |f| f.len());
         drop(kids.remove(m - 1));
-        let (k, mut o) = recv(m, &["--rejoin", &addrs[m - 2]])?;
+        let (k, mut o) = clink_receiver(b, exe, dir, a, m, &["--rejoin", &addrs[m - 2]])?;
         line(&mut o)?;
         kids.insert(m - 1, (k, o));
         let st = s.wait(deadline)?;
@@ -454,38 +479,9 @@ fn clink_chain(
     a: &BenchArgs,
     net_bps: f64,
 ) -> Result<(f64, f64, u64), String> {
-    let w = a.window.to_string();
-    let mut kids = Vec::new();
-    let mut addrs = Vec::new();
-    for i in 1..=a.hosts {
-        let mut cmd = b.command(i, exe);
-        cmd.args(["cast", "recv", "--json", "--window", &w, "--out"])
-            .arg(dir.join(format!("clink{i}")));
-        let (k, mut out) = Kid::spawn(cmd)?;
-        addrs.push(line(&mut out)?);
-        kids.push((k, out));
-    }
-    let mut cmd = b.command(0, exe);
-    cmd.args([
-        "cast",
-        "send",
-        "--json",
-        "--window",
-        &w,
-        "--to",
-        &addrs.join(","),
-        "--transport",
-        a.transport.key().unwrap_or("any"),
-    ])
-    .arg(src);
-    if let Some(r) = &a.rate {
-        cmd.args(["--link-rate", r]);
-    }
-    if let Some(c) = a.chunk {
-        cmd.args(["--chunk", &c.to_string()]);
-    }
+    let (mut kids, addrs) = clink_receivers(b, exe, dir, a)?;
     let deadline = Instant::now() + RUN_TIMEOUT;
-    let (mut s, mut out) = Kid::spawn(cmd)?;
+    let (mut s, mut out) = clink_source(b, exe, src, a, &addrs)?;
     let st = s.wait(deadline)?;
     for (k, _) in &mut kids {
         k.wait(deadline)?;
