@@ -712,7 +712,7 @@ fn a_killed_receiver_restarted_rejoins_and_fetches_only_what_it_lacks() {
     // its host with the same output and `--rejoin` (through node 1), it is taken on by
     // the tail, node 3, and sent only the chunks its bitmap lacks. The cast succeeds,
     // every file is whole, and the source sent the file once.
-    let mut c = shaped_cast("rejoin", 3, 24 * MIB + 99, 11, &[]);
+    let mut c = shaped_cast("rejoin", 3, 40 * MIB + 99, 11, &[]);
     c.rx[1].kill();
     let out2 = c.dir.0.join("out2");
     let mut cmd = c.bridge.command(2, exe());
