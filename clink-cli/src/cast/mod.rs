@@ -15,13 +15,25 @@
 //! * `END` (down): size, chunk count and root hash of the whole stream, JSON.
 //! * `PROGRESS` (up, relayed to the source): a node's chunk count, every
 //!   [`PROGRESS_EVERY`]; its send also tells the node at once when its upstream
-//!   process is gone (the upstream host answers "port unreachable").
+//!   process is gone (the upstream host answers "port unreachable"). After a move, also
+//!   the chain's new order (the nodes above learn it on the way).
 //! * `BEAT` (down): a few bytes every [`PROGRESS_EVERY`], which tell a node at once when
 //!   its next node's process is gone.
-//! * `SPLICE` (from a node to the one after its dead next node, and back): the take-over
-//!   request, answered with the first chunk the answering node lacks.
+//! * `SPLICE` (from a node to the one it takes over as upstream: after its dead next
+//!   node, after the node it moves, or a node moved or rejoining at the tail, and back):
+//!   the take-over request, answered with the first chunk the answering node lacks.
+//! * `MOVE` (down, to a node far behind, and from it to its next node): the slow node
+//!   goes to the tail; its next node waits for the slow node's upstream to take over.
+//! * `ADOPT` (down, relayed to the tail): the chain's new order; the tail takes the moved
+//!   node on.
+//! * `JOIN` (from a restarted receiver to any receiver, relayed down to the tail): the
+//!   restarted receiver's address and node number; the tail takes it on and sends it the
+//!   chunks its bitmap lacks.
 //! * `REPORT` (up): the reports of this node and of every node after it, and the error
 //!   that ended the chain early if one did, JSON.
+//!
+//! A chunk of zeros travels as its header alone ([`FLAG_ZERO`]); a node whose next node
+//! is behind forwards from its output file what it no longer holds in memory.
 
 mod bench;
 mod hash;
