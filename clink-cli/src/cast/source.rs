@@ -31,6 +31,46 @@ fn fill(input: &mut Input, offset: u64, buf: &mut [u8]) -> std::io::Result<usize
     Ok(got)
 }
 
+/// The chaining values of the chunks of `f` (`size` bytes in chunks of `chunk`), hashed
+/// on every core before the stream starts (the receivers wait for the manifest): each
+/// thread takes every `threads`th run of chunks.
+fn hash_file(f: &File, size: u64, chunk: u64) -> std::io::Result<Vec<[u8; 32]>> {
+    let n = size.div_ceil(chunk) as usize;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(n.max(1));
+    // Runs of chunks small enough to share the work evenly, large enough to read well.
+    const RUN: usize = 8;
+    let hashed = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> std::io::Result<Vec<(usize, [u8; 32])>> {
+                    let mut out = Vec::new();
+                    let mut buf = vec![0u8; chunk as usize];
+                    for run in (t..n.div_ceil(RUN)).step_by(threads) {
+                        for i in run * RUN..((run + 1) * RUN).min(n) {
+                            let off = i as u64 * chunk;
+                            let len = chunk.min(size - off) as usize;
+                            f.read_exact_at(&mut buf[..len], off)?;
+                            out.push((i, hash::chunk_cv(off, &buf[..len])));
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a hashing thread panicked"))
+            .collect::<std::io::Result<Vec<_>>>()
+    })?;
+    let mut cvs = vec![[0u8; 32]; n];
+    for (i, cv) in hashed.into_iter().flatten() {
+        cvs[i] = cv;
+    }
+    Ok(cvs)
+}
+
 /// Progress on the source's terminal: a bar per host on a TTY, else a line every few
 /// seconds.
 struct Show {
@@ -139,7 +179,6 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
             "--chunk {chunk}: a power of two from {CHUNK_MIN} to {CHUNK_MAX} bytes"
         ));
     }
-    let csize = chunk as usize;
     let mut input = if a.file == "-" {
         Input::Stdin(std::io::stdin())
     } else {
@@ -164,24 +203,20 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
             root: None,
             skip: None,
         },
-        Input::File(_, size) => {
+        Input::File(f, size) => {
             let size = *size;
             let t = Instant::now();
-            let mut buf = vec![0u8; csize];
-            let mut cvs = Vec::new();
-            let mut single = None;
-            let mut off = 0;
-            while off < size {
-                let n = fill(&mut input, off, &mut buf).map_err(|e| format!("{}: {e}", a.file))?;
-                if n == 0 {
-                    return Err(format!("{}: shorter than its size {size}", a.file));
+            let cvs = hash_file(f, size, chunk).map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => {
+                    format!("{}: shorter than its size {size}", a.file)
                 }
-                cvs.push(hash::chunk_cv(off, &buf[..n]));
-                if size <= chunk {
-                    single = Some(blake3::hash(&buf[..n]));
-                }
-                off += n as u64;
-            }
+                _ => format!("{}: {e}", a.file),
+            })?;
+            let single = (size <= chunk).then(|| {
+                let mut buf = vec![0u8; size as usize];
+                f.read_exact_at(&mut buf, 0).map(|()| blake3::hash(&buf))
+            });
+            let single = single.transpose().map_err(|e| format!("{}: {e}", a.file))?;
             hash_s = t.elapsed().as_secs_f64();
             let root = hash::root(size, chunk, &cvs)
                 .or(single)
@@ -618,6 +653,35 @@ fn source_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_hashed_on_every_core_gives_the_chunks_values_in_order() {
+        // 21 chunks and a bit (runs of 8 shared by the threads), then none at all.
+        let chunk = 64 << 10;
+        let mut data = vec![0u8; 21 * chunk as usize + 4321];
+        let mut x = 7u64;
+        for b in data.iter_mut() {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            *b = (x >> 56) as u8;
+        }
+        let path = std::env::temp_dir().join(format!("clink-cast-hash-{}", std::process::id()));
+        std::fs::write(&path, &data).unwrap();
+        let f = File::open(&path).unwrap();
+        let cvs = hash_file(&f, data.len() as u64, chunk).unwrap();
+        let want: Vec<[u8; 32]> = data
+            .chunks(chunk as usize)
+            .enumerate()
+            .map(|(i, c)| hash::chunk_cv(i as u64 * chunk, c))
+            .collect();
+        assert_eq!(cvs, want);
+        let root = hash::root(data.len() as u64, chunk, &cvs).unwrap();
+        assert_eq!(root, blake3::hash(&data));
+        assert!(hash_file(&f, 0, chunk).unwrap().is_empty());
+        // A file shorter than the size it was said to have.
+        let short = hash_file(&f, data.len() as u64 + chunk, chunk).unwrap_err();
+        assert_eq!(short.kind(), std::io::ErrorKind::UnexpectedEof);
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn a_chain_its_links_hold_back_gets_smaller_chunks() {
