@@ -661,7 +661,9 @@ mod tests {
         let mut data = vec![0u8; 21 * chunk as usize + 4321];
         let mut x = 7u64;
         for b in data.iter_mut() {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             *b = (x >> 56) as u8;
         }
         let path = std::env::temp_dir().join(format!("clink-cast-hash-{}", std::process::id()));
