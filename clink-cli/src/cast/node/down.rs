@@ -169,8 +169,7 @@ impl Node {
             Ok(have) => {
                 self.down_node = node;
                 self.down_addr = addr.to_string();
-                self.order.retain(|&n| n != node);
-                self.order.push(node);
+                self.order = self.order.with_tail(node);
                 Ok(have)
             }
             Err(e) => {
@@ -268,7 +267,7 @@ impl Node {
             "address": short(&dead_addr),
             "status": format!("failed: {lost}; spliced out (node {} -> node {succ})", self.p.index),
         }));
-        self.order.retain(|&n| n != dead);
+        self.order.remove(dead);
         Ok((self.down.expect("spliced"), from))
     }
 }

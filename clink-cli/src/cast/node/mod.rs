@@ -12,6 +12,7 @@ use std::time::Instant;
 mod callers;
 mod down;
 mod moves;
+mod order;
 mod stream;
 
 /// Where a node stands when it stops, for its report.
@@ -159,7 +160,7 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         zero_buf: Vec::new(),
         spliced: Vec::new(),
         repair: !a.no_repair,
-        order: Vec::new(),
+        order: order::Order::default(),
         up_node: 0,
         down_from: 0,
         moved_next: false,
@@ -278,7 +279,7 @@ struct Node {
     /// Whether a dead neighbour is spliced out.
     repair: bool,
     /// The chain's nodes (their indices) in their current order.
-    order: Vec<usize>,
+    order: order::Order,
     /// The upstream node's index (0: the source).
     up_node: usize,
     /// The first chunk the next node lacked when this node took it on (none before it
@@ -348,7 +349,7 @@ impl Node {
         }
         self.p.index = index;
         self.up_node = index - 1;
-        self.order = (1..=addrs.len()).collect();
+        self.order = order::Order::new(addrs.len());
         self.addrs = addrs.clone();
         let have = self
             .open_bitmap(&route["id"], index)

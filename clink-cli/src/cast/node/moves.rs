@@ -19,25 +19,14 @@ pub(super) const MOVE_AFTER: Duration = Duration::from_secs(1);
 impl Node {
     /// The node after `node` in the chain's current order.
     pub(super) fn after(&self, node: usize) -> Option<usize> {
-        let k = self.order.iter().position(|&n| n == node)?;
-        self.order.get(k + 1).copied()
+        self.order.after(node)
     }
 
-    /// Takes a chain order from a message (`order`: the nodes' indices, each once), if it
-    /// holds one that names the same nodes as this node's.
+    /// Takes a chain order from a message, if it holds one that names the same nodes as
+    /// this node's.
     pub(super) fn take_order(&mut self, v: &Value) {
-        let Some(a) = v["order"].as_array() else {
-            return;
-        };
-        let order: Vec<usize> = a
-            .iter()
-            .filter_map(|n| n.as_u64())
-            .map(|n| n as usize)
-            .collect();
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        if sorted.iter().copied().eq(1..=self.addrs.len()) {
-            self.order = order;
+        if let Some(o) = super::order::Order::from_json(v, self.addrs.len()) {
+            self.order = o;
         }
     }
 
@@ -45,9 +34,8 @@ impl Node {
     /// not moved).
     pub(super) fn tell_move(&mut self, behind: u64) -> Result<(), clink::Error> {
         let slow = self.down_node;
-        let mut order: Vec<usize> = self.order.iter().copied().filter(|&n| n != slow).collect();
-        order.push(slow);
-        let m = json!({ "order": order, "node": slow, "up": self.p.index });
+        let order = self.order.with_tail(slow);
+        let m = json!({ "order": order.to_json(), "node": slow, "up": self.p.index });
         if let Some(d) = self.down {
             self.ep.send(d, T_MOVE, m.to_string().as_bytes())?;
         }
@@ -65,15 +53,14 @@ impl Node {
         let slow = self.down_node;
         let succ = self.after(slow).expect("checked before the move");
         let from = self.splice_to(succ, "moving a slow node to the tail")?;
-        self.order.retain(|&n| n != slow);
-        self.order.push(slow);
+        self.order = self.order.with_tail(slow);
         self.moved_next = true;
         let d = self.down.expect("spliced");
-        let adopt = json!({ "order": self.order, "node": slow });
+        let adopt = json!({ "order": self.order.to_json(), "node": slow });
         self.ep
             .send(d, T_ADOPT, adopt.to_string().as_bytes())
             .map_err(|e| self.down_lost("sending the new order", e))?;
-        let up = json!({ "order": self.order });
+        let up = json!({ "order": self.order.to_json() });
         self.ep
             .send(self.up, T_PROGRESS, up.to_string().as_bytes())
             .map_err(|e| self.upstream_lost("sending the new order", e))?;
