@@ -16,6 +16,10 @@ use super::*;
 pub(super) const MOVE_WINDOWS: u64 = 2;
 pub(super) const MOVE_AFTER: Duration = Duration::from_secs(1);
 
+/// A next node's report and progress receives, and the run of chunks to forward to it
+/// from the file.
+pub(super) type TakenOn = (RecvRequest, RecvRequest, Option<(u64, u64)>);
+
 impl Node {
     /// The node after `node` in the chain's current order.
     pub(super) fn after(&self, node: usize) -> Option<usize> {
@@ -67,11 +71,22 @@ impl Node {
         Ok((d, from))
     }
 
-    /// At the tail: takes node `node` (moved here) as the next node; returns the first
-    /// chunk it lacks.
-    pub(super) fn adopt(&mut self, node: usize) -> Result<(PeerId, u64), Failure> {
-        let from = self.splice_to(node, "adopting a node moved to the tail")?;
-        Ok((self.down.expect("spliced"), from))
+    /// At the tail, the node just connected to (moved here, or rejoining), which holds
+    /// every chunk below `from` and those `has` marks: its receives (report, progress),
+    /// and the chunks to forward to it from this node's file.
+    pub(super) fn take_on_next(&mut self, from: u64, has: Vec<bool>) -> Result<TakenOn, Failure> {
+        let (r, p) = self.post_down_receives(self.down.expect("connected"))?;
+        self.down_from = from;
+        self.down_has = has;
+        self.predict();
+        let first = (0..self.next_due)
+            .find(|&i| !self.down_holds(i))
+            .unwrap_or(self.next_due);
+        Ok((
+            r,
+            p,
+            (first < self.next_due).then_some((first, self.next_due)),
+        ))
     }
 
     /// Connects to node `to` as its new upstream (it waits for one: its upstream died or

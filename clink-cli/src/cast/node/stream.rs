@@ -226,12 +226,10 @@ impl Node {
                                 }
                             }
                             None if node != 0 && node != self.p.index => {
-                                let (d, from) = self.adopt(node)?;
-                                let (r, p) = self.post_down_receives(d)?;
-                                (report_req, progress_req) = (Some(r), Some(p));
-                                self.down_from = from;
-                                replay = (from < self.next_due).then_some((from, self.next_due));
-                                self.predict();
+                                let from =
+                                    self.splice_to(node, "adopting a node moved to the tail")?;
+                                let (r, p, from_file) = self.take_on_next(from, Vec::new())?;
+                                (report_req, progress_req, replay) = (Some(r), Some(p), from_file);
                             }
                             None => {}
                         }
@@ -272,16 +270,8 @@ impl Node {
                     }
                     None => match self.take_joined(node, addr) {
                         Ok(have) => {
-                            let d = self.down.expect("taken on");
-                            let (r, p) = self.post_down_receives(d)?;
-                            (report_req, progress_req) = (Some(r), Some(p));
-                            self.down_from = 0;
-                            self.down_has = have;
-                            let from = (0..self.next_due)
-                                .find(|&i| !self.down_holds(i))
-                                .unwrap_or(self.next_due);
-                            replay = (from < self.next_due).then_some((from, self.next_due));
-                            self.predict();
+                            let (r, p, from_file) = self.take_on_next(0, have)?;
+                            (report_req, progress_req, replay) = (Some(r), Some(p), from_file);
                             eprintln!(
                                 "clink cast: node {}: node {node} rejoined; this node feeds it the chunks it lacks",
                                 self.p.index
