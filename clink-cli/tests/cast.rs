@@ -822,3 +822,65 @@ fn a_sparse_file_crosses_the_chain_as_holes() {
         assert_eq!(got, want, "node {i}: its file differs\n{}", said[i - 1]);
     }
 }
+
+/// Whether a process runs with `arg` among its arguments (this machine's `/proc`).
+fn running_with(arg: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| c.split(|&b| b == 0).any(|a| a == arg.as_bytes()))
+    })
+}
+
+#[test]
+fn the_source_starts_the_receivers_itself_through_a_command_per_host() {
+    let b = bridge(None);
+    let dir = TempDir::new("hosts");
+    let data = random(5 * MIB + 777, 43);
+    let src = dir.0.join("src");
+    std::fs::write(&src, &data).unwrap();
+    let hosts: Vec<&str> = (1..=3).map(|i| b.ns(i)).collect();
+    let out = dir.0.join("copy.{host}");
+    let send = |hosts: &str| {
+        let mut cmd = b.command(0, exe());
+        cmd.args(["cast", "send"])
+            .arg(&src)
+            .args(["--hosts", hosts, "--via", "ip netns exec {host}", "--json"])
+            .arg("--out")
+            .arg(&out);
+        Proc::spawn(cmd, "source", false)
+    };
+    let (st, stdout, err) = send(&hosts.join(",")).finish();
+    assert!(st.success(), "cast failed: {st}\n{stdout}\n{err}");
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4, "the source and three receivers:\n{stdout}");
+    for (i, h) in hosts.iter().enumerate() {
+        assert_eq!(rows[i + 1]["status"], "ok", "{stdout}");
+        // The chain in the hosts' order: node i on host i.
+        let at = format!("{}:", b.addr(i + 1));
+        let addr = rows[i + 1]["address"].as_str().unwrap();
+        assert!(
+            addr.starts_with(&at),
+            "node {} at {addr}, not on {h}",
+            i + 1
+        );
+        let got = std::fs::read(dir.0.join(format!("copy.{h}"))).unwrap();
+        assert!(got == data, "the copy on {h} differs");
+    }
+    // A host its command cannot reach: the cast fails before any data, naming it, and
+    // the receiver started on the host before it is stopped.
+    let (st, stdout, err) = send(&format!("{},clink-no-such-host", hosts[0])).finish();
+    assert!(!st.success(), "{stdout}\n{err}");
+    assert!(
+        err.contains("host clink-no-such-host") && err.contains("before the receiver printed"),
+        "{err}"
+    );
+    let first = dir.0.join(format!("copy.{}", hosts[0]));
+    assert!(
+        !running_with(first.to_str().unwrap()),
+        "the receiver on {} still runs",
+        hosts[0]
+    );
+}

@@ -40,6 +40,7 @@ mod hash;
 mod model;
 mod node;
 mod source;
+mod spawn;
 
 use clap::{Args, Subcommand};
 use clink::{Config, Context, Endpoint};
@@ -177,12 +178,30 @@ pub struct RecvArgs {
 
 /// `clink cast send` arguments.
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("receivers").required(true).args(["to", "hosts"])))]
 pub struct SendArgs {
     /// The file to send, or `-` for stdin.
     file: String,
-    /// The receivers' clink addresses, in chain order, separated by commas.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// The receivers' clink addresses (each printed by `clink cast recv`), in chain
+    /// order, separated by commas.
+    #[arg(long, value_delimiter = ',')]
     to: Vec<String>,
+    /// Hosts to start the receivers on, in chain order, separated by commas: on each,
+    /// `--via` runs `clink cast recv --out OUT`, and the chain takes the addresses they
+    /// print.
+    #[arg(long, value_delimiter = ',', requires = "out")]
+    hosts: Vec<String>,
+    /// With `--hosts`: the command that runs a program on a host, as `sh` words, `{host}`
+    /// standing for the host (`srun -N1 -n1 -w {host}`, `ip netns exec {host}`).
+    #[arg(long, default_value = "ssh {host}", requires = "hosts")]
+    via: String,
+    /// With `--hosts`: the receivers' output file, `{host}` standing for the host (for
+    /// hosts sharing a file system).
+    #[arg(long, requires = "hosts")]
+    out: Option<String>,
+    /// With `--hosts`: the path of `clink` on the hosts (by default this program's own).
+    #[arg(long, requires = "hosts")]
+    remote_clink: Option<String>,
     /// Chunk size in bytes (a power of two from 64 KiB to 64 MiB); by default 1 MiB, or
     /// 256 KiB when `--link-rate` is below what a host's processor could keep up with.
     #[arg(long)]

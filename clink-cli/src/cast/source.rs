@@ -162,8 +162,41 @@ fn default_chunk(link_bps: Option<f64>, relay_cpu: f64) -> u64 {
     }
 }
 
-/// `clink cast send`.
+/// `clink cast send`; with `--hosts`, the receivers started first ([`spawn`]).
 pub fn run(mut a: SendArgs) -> Result<(), String> {
+    if a.hosts.is_empty() {
+        return cast(a);
+    }
+    let clink = match &a.remote_clink {
+        Some(c) => c.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("this program's path: {e}"))?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    let (hosts, via, out) = (a.hosts.clone(), a.via.clone(), a.out.clone());
+    let plan = spawn::Plan {
+        hosts: &hosts,
+        via: &via,
+        clink: &clink,
+        out: out.as_deref().unwrap_or_default(),
+        window: a.window,
+    };
+    let (receivers, addrs) = plan.start()?;
+    a.to = addrs;
+    let r = cast(a);
+    let failed = receivers.finish();
+    if r.is_ok() && !failed.is_empty() {
+        eprintln!(
+            "clink cast: every copy is whole, but the receiver's command failed on {}",
+            failed.join(", ")
+        );
+    }
+    r
+}
+
+/// Casts the file through the receivers at `a.to`.
+fn cast(mut a: SendArgs) -> Result<(), String> {
     let link_bps = match &a.link_rate {
         Some(r) => {
             Some(model::parse_rate(r).ok_or(format!("--link-rate {r}: not a rate such as 1gbit"))?)

@@ -88,17 +88,8 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
     // hashing, copying and writing) once its upstream neighbour has connected answers
     // nothing meanwhile, and the upstream's timers read that silence as a lost flight.
     let costs = model::Costs::measure(Some(&a.out));
-    let mut ep = endpoint()?;
-    let address = ep.address();
-    println!("{address}");
-    let _ = std::io::stdout().flush();
-    if let Some(f) = &a.listen_file {
-        let tmp = f.with_extension("tmp");
-        std::fs::write(&tmp, format!("{address}\n"))
-            .and_then(|()| std::fs::rename(&tmp, f))
-            .map_err(|e| format!("{}: {e}", f.display()))?;
-    }
-    // Not truncated: a bitmap beside it may say which chunks it holds already.
+    // Opened before the address is out: a receiver that cannot write is never part of a
+    // chain. Not truncated: a bitmap beside it may say which chunks it holds already.
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -106,6 +97,18 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
         .write(true)
         .open(&a.out)
         .map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let mut ep = endpoint()?;
+    let address = ep.address();
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "{address}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("printing this node's address: {e}"))?;
+    if let Some(f) = &a.listen_file {
+        let tmp = f.with_extension("tmp");
+        std::fs::write(&tmp, format!("{address}\n"))
+            .and_then(|()| std::fs::rename(&tmp, f))
+            .map_err(|e| format!("{}: {e}", f.display()))?;
+    }
     let rejoin_as = match &a.rejoin {
         Some(_) => Some(down::bitmap_node(&a.out)?),
         None => None,
