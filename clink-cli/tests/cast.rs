@@ -884,3 +884,85 @@ fn the_source_starts_the_receivers_itself_through_a_command_per_host() {
         hosts[0]
     );
 }
+
+/// `clink cast job` under Open MPI's mpirun: rank 0 on host 0 sends, ranks 1-3 on hosts
+/// 1-3 (started through an rsh agent that enters each host's namespace) receive, in rank
+/// order, having learnt each other's addresses from mpirun's PMIx service.
+#[test]
+fn ranks_started_by_mpirun_cast_a_file_in_rank_order() {
+    let has = Command::new("sh")
+        .args(["-c", "command -v mpirun"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        has,
+        "mpirun is not installed (Debian package openmpi-bin; .ci/run installs it)"
+    );
+    let b = bridge(None);
+    let dir = TempDir::new("job");
+    let data = random(5 * MIB + 4321, 44);
+    let src = dir.0.join("src");
+    std::fs::write(&src, &data).unwrap();
+    let agent = dir.0.join("agent.sh");
+    b.write_rsh_agent(&agent, &[1, 2, 3]).unwrap();
+    let hosts: Vec<String> = (0..4).map(|i| b.addr(i).to_string()).collect();
+    let job = |out: &Path| {
+        let mut cmd = b.command(0, "mpirun");
+        // As the provider's suite runs it (clink-fi/tests/provider.rs): unbound, without
+        // the daemons' hwloc runtime control.
+        cmd.args([
+            "--allow-run-as-root",
+            "-np",
+            "4",
+            "--host",
+            &hosts.join(","),
+        ])
+        .args(["--bind-to", "none", "--mca", "rtc", "^hwloc"])
+        .args(["--mca", "plm_rsh_agent"])
+        .arg(&agent)
+        .args([exe(), "cast", "job", "--json"])
+        .arg(&src)
+        .arg("--out")
+        .arg(out);
+        Proc::spawn(cmd, "mpirun", false)
+    };
+    let (st, out, err) = job(&dir.0.join("copy.{rank}")).finish();
+    assert!(st.success(), "the job failed: {st}\n{out}\n{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        rows.len(),
+        4,
+        "rank 0's rows for the source and three receivers:\n{out}"
+    );
+    for (i, row) in rows.iter().enumerate().skip(1) {
+        assert_eq!(row["status"], "ok", "{out}");
+        let at = format!("{}:", b.addr(i));
+        let addr = row["address"].as_str().unwrap();
+        assert!(addr.starts_with(&at), "node {i} at {addr}, not on host {i}");
+        let got = std::fs::read(dir.0.join(format!("copy.{i}"))).unwrap();
+        assert!(got == data, "rank {i}'s copy differs");
+    }
+    // Receivers that cannot write end the job, saying why (the first to fail does:
+    // mpirun then stops the other ranks).
+    let (st, _, err) = job(Path::new("/nonexistent-clink-dir/copy.{rank}")).finish();
+    assert!(!st.success(), "{err}");
+    assert!(
+        err.contains("/nonexistent-clink-dir/copy.") && err.contains("No such file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_cast_job_outside_a_launcher_says_so() {
+    let out = Command::new(exe())
+        .args(["cast", "job", "/dev/null", "--out", "/dev/null"])
+        .env_remove("PMIX_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not started by a PMIx launcher"), "{err}");
+}

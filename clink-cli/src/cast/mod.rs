@@ -37,6 +37,7 @@
 
 mod bench;
 mod hash;
+mod job;
 mod model;
 mod node;
 mod source;
@@ -73,6 +74,8 @@ const T_MOVE: u64 = 0xca_000a;
 const T_ADOPT: u64 = 0xca_000b;
 /// Tag of a receiver's request to rejoin the chain, relayed down to the tail.
 const T_JOIN: u64 = 0xca_000c;
+/// How the source starts a receiver on a host unless `--via` says otherwise.
+const DEFAULT_VIA: &str = "ssh {host}";
 /// How long a node whose upstream died waits for a node before it to take over.
 const SPLICE_WAIT: Duration = Duration::from_secs(10);
 /// How often a node tells its progress upstream.
@@ -137,6 +140,9 @@ enum CastCmd {
     Recv(RecvArgs),
     /// Streams a file (or stdin) through a chain of receivers.
     Send(SendArgs),
+    /// Runs a cast as one job of a launcher (`mpirun`, `srun`): rank 0 sends the file,
+    /// ranks 1 to N receive it, in rank order.
+    Job(job::JobArgs),
     /// Casts a file along a chain of bridge hosts, by clink and by a kernel-TCP relay.
     Bench(bench::BenchArgs),
     /// Internal: one host of the kernel-TCP chain of `clink cast bench`.
@@ -193,7 +199,7 @@ pub struct SendArgs {
     hosts: Vec<String>,
     /// With `--hosts`: the command that runs a program on a host, as `sh` words, `{host}`
     /// standing for the host (`srun -N1 -n1 -w {host}`, `ip netns exec {host}`).
-    #[arg(long, default_value = "ssh {host}", requires = "hosts")]
+    #[arg(long, default_value = DEFAULT_VIA, requires = "hosts")]
     via: String,
     /// With `--hosts`: the receivers' output file, `{host}` standing for the host (for
     /// hosts sharing a file system).
@@ -202,6 +208,13 @@ pub struct SendArgs {
     /// With `--hosts`: the path of `clink` on the hosts (by default this program's own).
     #[arg(long, requires = "hosts")]
     remote_clink: Option<String>,
+    #[command(flatten)]
+    stream: StreamArgs,
+}
+
+/// How the source streams (`clink cast send` and `clink cast job`).
+#[derive(Args, Debug)]
+pub struct StreamArgs {
     /// Chunk size in bytes (a power of two from 64 KiB to 64 MiB); by default 1 MiB, or
     /// 256 KiB when `--link-rate` is below what a host's processor could keep up with.
     #[arg(long)]
@@ -272,6 +285,7 @@ pub fn run(args: CastArgs) -> Result<(), String> {
     match args.cmd {
         CastCmd::Recv(a) => node::run(a),
         CastCmd::Send(a) => source::run(a),
+        CastCmd::Job(a) => job::run(a),
         CastCmd::Bench(a) => bench::run(a),
         CastCmd::TcpNode(a) => bench::tcp_node(a),
     }

@@ -165,7 +165,7 @@ fn default_chunk(link_bps: Option<f64>, relay_cpu: f64) -> u64 {
 /// `clink cast send`; with `--hosts`, the receivers started first ([`spawn`]).
 pub fn run(mut a: SendArgs) -> Result<(), String> {
     if a.hosts.is_empty() {
-        return cast(a);
+        return cast(a, None);
     }
     let clink = match &a.remote_clink {
         Some(c) => c.clone(),
@@ -180,11 +180,11 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
         via: &via,
         clink: &clink,
         out: out.as_deref().unwrap_or_default(),
-        window: a.window,
+        window: a.stream.window,
     };
     let (receivers, addrs) = plan.start()?;
     a.to = addrs;
-    let r = cast(a);
+    let r = cast(a, None);
     let failed = receivers.finish();
     if r.is_ok() && !failed.is_empty() {
         eprintln!(
@@ -195,9 +195,9 @@ pub fn run(mut a: SendArgs) -> Result<(), String> {
     r
 }
 
-/// Casts the file through the receivers at `a.to`.
-fn cast(mut a: SendArgs) -> Result<(), String> {
-    let link_bps = match &a.link_rate {
+/// Casts the file through the receivers at `a.to`, from `ep` (a new endpoint if none).
+pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> {
+    let link_bps = match &a.stream.link_rate {
         Some(r) => {
             Some(model::parse_rate(r).ok_or(format!("--link-rate {r}: not a rate such as 1gbit"))?)
         }
@@ -206,7 +206,7 @@ fn cast(mut a: SendArgs) -> Result<(), String> {
     let costs = model::Costs::measure(None);
     // A relaying host hashes, writes, receives and sends every byte.
     let relay_cpu = costs.predict(true, true, false, true, true, None);
-    let chunk = a.chunk.unwrap_or(default_chunk(link_bps, relay_cpu));
+    let chunk = a.stream.chunk.unwrap_or(default_chunk(link_bps, relay_cpu));
     if !chunk.is_power_of_two() || !(CHUNK_MIN..=CHUNK_MAX).contains(&chunk) {
         return Err(format!(
             "--chunk {chunk}: a power of two from {CHUNK_MIN} to {CHUNK_MAX} bytes"
@@ -267,9 +267,12 @@ fn cast(mut a: SendArgs) -> Result<(), String> {
     // they carry the chain's transport to every hop (and to a splice).
     a.to =
         a.to.iter()
-            .map(|addr| a.transport.restrict(addr))
+            .map(|addr| a.stream.transport.restrict(addr))
             .collect::<Result<_, _>>()?;
-    let mut ep = endpoint()?;
+    let mut ep = match ep {
+        Some(ep) => ep,
+        None => endpoint()?,
+    };
     let first = &a.to[0];
     let h1 = hop(1, first);
     let down = ep
@@ -311,7 +314,7 @@ fn cast(mut a: SendArgs) -> Result<(), String> {
         ep: &mut ep,
         down,
         first: first.clone(),
-        window: a.window.max(1),
+        window: a.stream.window.max(1),
         nodes: a.to.len(),
         idle_s: 0.0,
     };
@@ -397,10 +400,10 @@ fn cast(mut a: SendArgs) -> Result<(), String> {
     if let Some(e) = &err {
         all[0]["status"] = json!(format!("stopped: {e}"));
     }
-    print_reports(&all, a.json);
+    print_reports(&all, a.stream.json);
     match err {
         None => {
-            if !a.json {
+            if !a.stream.json {
                 println!(
                     "{} bytes cast to {} nodes, every chunk verified at every hop; BLAKE3 {}",
                     all[0]["bytes"],

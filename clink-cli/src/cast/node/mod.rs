@@ -84,20 +84,8 @@ impl Progress {
 
 /// `clink cast recv`.
 pub fn run(a: RecvArgs) -> Result<(), String> {
-    // Measured before the address is out: a node busy measuring (tens of milliseconds of
-    // hashing, copying and writing) once its upstream neighbour has connected answers
-    // nothing meanwhile, and the upstream's timers read that silence as a lost flight.
-    let costs = model::Costs::measure(Some(&a.out));
-    // Opened before the address is out: a receiver that cannot write is never part of a
-    // chain. Not truncated: a bitmap beside it may say which chunks it holds already.
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&a.out)
-        .map_err(|e| format!("{}: {e}", a.out.display()))?;
-    let mut ep = endpoint()?;
+    let ready = Ready::prepare(&a)?;
+    let ep = endpoint()?;
     let address = ep.address();
     let mut stdout = std::io::stdout();
     writeln!(stdout, "{address}")
@@ -109,6 +97,39 @@ pub fn run(a: RecvArgs) -> Result<(), String> {
             .and_then(|()| std::fs::rename(&tmp, f))
             .map_err(|e| format!("{}: {e}", f.display()))?;
     }
+    serve(a, ep, ready)
+}
+
+/// What a receiver readies before its address is out: its costs (a node busy measuring,
+/// tens of milliseconds of hashing, copying and writing, once its upstream neighbour has
+/// connected answers nothing meanwhile, and the upstream's timers read that silence as a
+/// lost flight) and its output file (a receiver that cannot write is never part of a
+/// chain).
+pub(super) struct Ready {
+    costs: model::Costs,
+    file: File,
+}
+
+impl Ready {
+    pub(super) fn prepare(a: &RecvArgs) -> Result<Ready, String> {
+        let costs = model::Costs::measure(Some(&a.out));
+        // Not truncated: a bitmap beside it may say which chunks it holds already.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&a.out)
+            .map_err(|e| format!("{}: {e}", a.out.display()))?;
+        Ok(Ready { costs, file })
+    }
+}
+
+/// Receives the cast on `ep`, whose address is out: from the upstream that connects (or
+/// the chain `--rejoin` names), then reports.
+pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), String> {
+    let Ready { costs, file } = ready;
+    let address = ep.address();
     let rejoin_as = match &a.rejoin {
         Some(_) => Some(down::bitmap_node(&a.out)?),
         None => None,
