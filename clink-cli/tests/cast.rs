@@ -966,3 +966,31 @@ fn a_cast_job_outside_a_launcher_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not started by a PMIx launcher"), "{err}");
 }
+
+#[test]
+fn the_bench_casts_through_both_chains_and_reports_rates_and_processor_time() {
+    if let Some(why) = clink_testbed::unavailable() {
+        panic!("this test needs network namespaces: {why}");
+    }
+    let mut cmd = Command::new(exe());
+    cmd.args(["cast", "bench", "--hosts", "2", "--size-mib", "8", "--json"]);
+    let (st, out, err) = Proc::spawn(cmd, "bench", false).finish();
+    assert!(st.success(), "{st}\n{out}\n{err}");
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let systems: Vec<&str> = rows.iter().map(|r| r["system"].as_str().unwrap()).collect();
+    assert_eq!(systems, ["clink-cast", "tcp-relay"], "{out}");
+    for r in &rows {
+        assert_eq!(r["bytes"], 8 << 20, "{r}");
+        for k in ["rate_mbps", "node_cpu_s_per_gb"] {
+            let v = r[k].as_f64().unwrap_or(0.0);
+            assert!(v > 0.0 && v.is_finite(), "{k} of {r}");
+        }
+    }
+    assert!(
+        rows[0]["predicted_mbps"].as_f64().unwrap_or(0.0) > 0.0,
+        "{out}"
+    );
+}

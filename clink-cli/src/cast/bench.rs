@@ -163,8 +163,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             Some(t) => t,
             None => relay(&bridge, &exe, &dir, &src, a.hosts, &want)?,
         };
-        let rows = [("clink-cast", clink), ("tcp-relay", tcp)];
-        for (system, secs) in &rows {
+        let rows = [("clink-cast", &clink), ("tcp-relay", &tcp)];
+        for (system, chain) in rows {
+            let secs = &chain.secs;
             let mut row = json!({
                 "bench": "cast",
                 "system": system,
@@ -174,11 +175,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 "bytes": size,
                 "rate_limit": rate,
                 "window": a.window,
-                "transport": if *system == "clink-cast" { a.transport.key().unwrap_or("any") } else { "tcp" },
+                "transport": if system == "clink-cast" { a.transport.key().unwrap_or("any") } else { "tcp" },
                 "seconds": secs,
                 "rate_mbps": mbps(size, *secs),
+                // The receivers' processor time (user and system) per GB, their mean.
+                "node_cpu_s_per_gb": chain.cpu_s_per_gb,
             });
-            if *system == "clink-cast" {
+            if system == "clink-cast" {
                 // The cost model's rate for the chain, its hosts sharing this machine.
                 row["predicted_mbps"] = json!(predicted / 1e6);
                 row["net_bridge_mbps"] = json!(net_bps / 1e6);
@@ -186,7 +189,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             }
             println!("{row}");
         }
-        let (c, t) = (mbps(size, clink), mbps(size, tcp));
+        let (c, t) = (mbps(size, clink.secs), mbps(size, tcp.secs));
         if t > 0.0 {
             ratios.push(c / t);
         }
@@ -194,10 +197,12 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             println!(
                 "round {round}: {} MiB to {} receivers in a chain (link rate {rate}): clink cast \
                  over {} {c:.1} MB/s (every chunk verified by BLAKE3 at every hop), kernel TCP \
-                 relay {t:.1} MB/s",
+                 relay {t:.1} MB/s; a receiver's processor time per GB {:.2} s and {:.2} s",
                 a.size_mib,
                 a.hosts,
                 a.transport.key().unwrap_or("any transport"),
+                clink.cpu_s_per_gb,
+                tcp.cpu_s_per_gb,
             );
         }
     }
@@ -389,10 +394,10 @@ fn relay(
     src: &Path,
     hosts: usize,
     want: &blake3::Hash,
-) -> Result<f64, String> {
-    let secs = tcp_chain(bridge, exe, dir, src, hosts)?;
+) -> Result<Chain, String> {
+    let chain = tcp_chain(bridge, exe, dir, src, hosts)?;
     check_copies(dir, "tcp", hosts, want)?;
-    Ok(secs)
+    Ok(chain)
 }
 
 /// BLAKE3 of the file at `p`.
@@ -478,7 +483,7 @@ fn clink_chain(
     src: &Path,
     a: &BenchArgs,
     net_bps: f64,
-) -> Result<(f64, f64, u64), String> {
+) -> Result<(Chain, f64, u64), String> {
     let (mut kids, addrs) = clink_receivers(b, exe, dir, a)?;
     let deadline = Instant::now() + RUN_TIMEOUT;
     let (mut s, mut out) = clink_source(b, exe, src, a, &addrs)?;
@@ -508,7 +513,29 @@ fn clink_chain(
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .collect();
     let chunk = first["chunk"].as_u64().unwrap_or(0);
-    Ok((secs, chain_prediction(&rows, net_bps, a), chunk))
+    let cpu: Vec<f64> = rows[1..]
+        .iter()
+        .filter_map(|r| r["cpu_seconds"].as_f64())
+        .collect();
+    let chain = Chain {
+        secs,
+        cpu_s_per_gb: cpu_per_gb(&cpu, a.size_mib << 20)?,
+    };
+    Ok((chain, chain_prediction(&rows, net_bps, a), chunk))
+}
+
+/// A chain's run: its seconds, and its receivers' mean processor seconds per GB.
+struct Chain {
+    secs: f64,
+    cpu_s_per_gb: f64,
+}
+
+/// The mean of the receivers' processor seconds `cpu` per GB of a file of `size` bytes.
+fn cpu_per_gb(cpu: &[f64], size: u64) -> Result<f64, String> {
+    if cpu.is_empty() {
+        return Err("no receiver reported its processor time".into());
+    }
+    Ok(cpu.iter().sum::<f64>() / cpu.len() as f64 / (size as f64 / 1e9))
 }
 
 /// The model's rate for a chain whose hosts reported `rows` (the source's first, then
@@ -575,14 +602,21 @@ fn bridge_net_bps(b: &Bridge, exe: &Path, size: u64) -> Result<f64, String> {
     Ok(size as f64 / secs.max(1e-9))
 }
 
-/// Seconds from the start of the TCP source until every relay has written its file.
-fn tcp_chain(b: &Bridge, exe: &Path, dir: &Path, src: &Path, hosts: usize) -> Result<f64, String> {
+/// Seconds from the start of the TCP source until every relay has written its file, and
+/// the relays' processor time.
+fn tcp_chain(
+    b: &Bridge,
+    exe: &Path,
+    dir: &Path,
+    src: &Path,
+    hosts: usize,
+) -> Result<Chain, String> {
     let mut kids = Vec::new();
     let mut next: Option<String> = None;
     // From the last host back, each told the address of the one after it.
     for i in (1..=hosts).rev() {
         let mut cmd = b.command(i, exe);
-        cmd.args(["cast", "tcp-node", "--file"])
+        cmd.args(["cast", "tcp-node", "--report-cpu", "--file"])
             .arg(dir.join(format!("tcp{i}")));
         if let Some(n) = &next {
             cmd.args(["--next", n]);
@@ -590,7 +624,7 @@ fn tcp_chain(b: &Bridge, exe: &Path, dir: &Path, src: &Path, hosts: usize) -> Re
         let (k, mut out) = Kid::spawn(cmd)?;
         let port = line(&mut out)?;
         next = Some(format!("{}:{port}", b.addr(i)));
-        kids.push(k);
+        kids.push((k, out));
     }
     let mut cmd = b.command(0, exe);
     cmd.args([
@@ -606,16 +640,27 @@ fn tcp_chain(b: &Bridge, exe: &Path, dir: &Path, src: &Path, hosts: usize) -> Re
     let deadline = t + RUN_TIMEOUT;
     let (mut s, _out) = Kid::spawn(cmd)?;
     let st = s.wait(deadline)?;
-    for k in &mut kids {
+    let mut cpu = Vec::new();
+    for (k, out) in &mut kids {
         let st = k.wait(deadline)?;
         if !st.success() {
             return Err(format!("a TCP relay failed: {st}"));
         }
+        let l = line(out)?;
+        let c = l
+            .strip_prefix("cpu ")
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("a TCP relay printed {l:?}, not its processor time"))?;
+        cpu.push(c);
     }
     if !st.success() {
         return Err(format!("the TCP source failed: {st}"));
     }
-    Ok(t.elapsed().as_secs_f64())
+    let secs = t.elapsed().as_secs_f64();
+    Ok(Chain {
+        secs,
+        cpu_s_per_gb: cpu_per_gb(&cpu, std::fs::metadata(src).map_or(0, |m| m.len()))?,
+    })
 }
 
 /// One host of the kernel-TCP chain: the source sends its file; a relay prints its port,

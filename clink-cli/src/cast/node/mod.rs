@@ -130,6 +130,7 @@ impl Ready {
 pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), String> {
     let Ready { costs, file } = ready;
     let address = ep.address();
+    let cpu_at_start = crate::bench::measure::process_cpu_secs();
     let rejoin_as = match &a.rejoin {
         Some(_) => Some(down::bitmap_node(&a.out)?),
         None => None,
@@ -217,6 +218,8 @@ pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), S
         .sum();
     mine["retransmissions"] = json!(n.ep.stats().retransmissions);
     mine["timeouts"] = json!(timeouts);
+    // The processor time the cast took here (user and system), from the address out.
+    mine["cpu_seconds"] = json!(crate::bench::measure::process_cpu_secs() - cpu_at_start);
     if let Err(Failure { up_alive: true, .. }) | Ok(()) = &r {
         // Upstream learns of this node and of the ones after it.
         let mut all = vec![mine.clone()];
