@@ -707,6 +707,43 @@ fn a_slow_middle_node_is_moved_to_the_tail() {
 }
 
 #[test]
+fn a_slow_first_node_is_moved_to_the_tail_by_the_source() {
+    // Node 1 of three pauses 100 ms after each chunk: busy all the time, while nodes 2 and
+    // 3 wait for it. The source moves it to the tail after a second: the source feeds
+    // node 2 from the first chunk it lacks, node 3 feeds node 1. Every file is whole;
+    // the reports come in the new order, node 1's says it moved, and node 3 held the
+    // whole file while node 1 still lacked more chunks than a node keeps in memory.
+    let b = bridge(None);
+    let dir = TempDir::new("first");
+    let data = random(64 * MIB + 11, 17);
+    let src = dir.0.join("source.bin");
+    std::fs::write(&src, &data).unwrap();
+    let slow: &[&str] = &["--chunk-pause-ms", "100"];
+    let (rows, said) = cast_file(&b, &dir, &src, &[slow, &[], &[]]);
+    let want = blake3::hash(&data).to_hex().to_string();
+    let order: Vec<u64> = rows.iter().filter_map(|r| r["node"].as_u64()).collect();
+    assert_eq!(order, [0, 2, 3, 1], "the reports' order:\n{rows:#?}");
+    for r in &rows[1..] {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["root"].as_str(), Some(want.as_str()), "{r}");
+        let moved = r["node"] == 1;
+        assert_eq!(r["moved_to_tail"].as_bool(), Some(moved), "{r}");
+    }
+    let behind = rows[2]["next_behind_at_end"]
+        .as_u64()
+        .expect("node 3's backlog");
+    assert!(behind > LAG_CHUNKS, "{}", rows[2]);
+    // The source's bytes on the wire count both first nodes' connections: the whole file
+    // at least, and what node 2 lacked again.
+    let wire = rows[0]["wire_bytes"]
+        .as_u64()
+        .expect("the source's wire bytes");
+    assert!(wire >= data.len() as u64, "{}", rows[0]);
+    assert_eq!(rows[0]["bytes"], data.len(), "{}", rows[0]);
+    assert_whole(&dir, &data, &[1, 2, 3], &said);
+}
+
+#[test]
 fn a_killed_receiver_restarted_rejoins_and_fetches_only_what_it_lacks() {
     // Node 2 of three dies once it holds 4 MiB; node 1 splices to node 3. Restarted on
     // its host with the same output and `--rejoin` (through node 1), it is taken on by

@@ -13,7 +13,7 @@
 //! * `DATA` (down): a [`HDR`]-byte header (index, offset, length and, for stdin, the
 //!   chunk's chaining value) followed by the chunk, forwarded from the buffer it lands in.
 //! * `END` (down): size, chunk count and root hash of the whole stream, JSON.
-//! * `PROGRESS` (up, relayed to the source): a node's chunk count, every
+//! * `PROGRESS` (up, relayed to the source): a node's chunk count and busy share, every
 //!   [`PROGRESS_EVERY`]; its send also tells the node at once when its upstream
 //!   process is gone (the upstream host answers "port unreachable"). After a move, also
 //!   the chain's new order (the nodes above learn it on the way).
@@ -22,8 +22,9 @@
 //! * `SPLICE` (from a node to the one it takes over as upstream: after its dead next
 //!   node, after the node it moves, or a node moved or rejoining at the tail, and back):
 //!   the take-over request, answered with the first chunk the answering node lacks.
-//! * `MOVE` (down, to a node far behind, and from it to its next node): the slow node
-//!   goes to the tail; its next node waits for the slow node's upstream to take over.
+//! * `MOVE` (down, to a node far behind or, from the source, to a first node that holds
+//!   the others back, and from it to its next node): the slow node goes to the tail; its
+//!   next node waits for the slow node's upstream to take over.
 //! * `ADOPT` (down, relayed to the tail): the chain's new order; the tail takes the moved
 //!   node on.
 //! * `JOIN` (from a restarted receiver to any receiver, relayed down to the tail): the
@@ -44,7 +45,7 @@ mod source;
 mod spawn;
 
 use clap::{Args, Subcommand};
-use clink::{Config, Context, Endpoint};
+use clink::{Config, Context, Endpoint, PeerId, Selector};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -289,6 +290,31 @@ pub fn run(args: CastArgs) -> Result<(), String> {
         CastCmd::Bench(a) => bench::run(a),
         CastCmd::TcpNode(a) => bench::tcp_node(a),
     }
+}
+
+/// Connects node `me` (0: the source) to node `to` at `addr` as its new upstream (it
+/// waits for one: its upstream died or was moved), and learns the first chunk it lacks.
+fn splice(ep: &mut Endpoint, me: usize, to: usize, addr: &str) -> Result<(PeerId, u64), String> {
+    let h = hop(to, addr);
+    let d = ep
+        .connect(addr)
+        .map_err(|e| format!("{h}: cannot connect: {e}"))?;
+    let m = json!({ "from": me });
+    ep.send(d, T_SPLICE, m.to_string().as_bytes())
+        .map_err(|e| format!("{h}: {e}"))?;
+    let mut buf = vec![0u8; 4096];
+    let st = ep
+        .recv_timeout(
+            Selector::exact(Some(d), T_SPLICE),
+            &mut buf,
+            Some(SETUP_TIMEOUT),
+        )
+        .map_err(|e| format!("{h}: no answer: {e}"))?;
+    let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
+    let from = v["next_due"]
+        .as_u64()
+        .ok_or_else(|| format!("{h}: a bad answer"))?;
+    Ok((d, from))
 }
 
 /// An endpoint configured from the `CLINK_*` variables, without calibration unless

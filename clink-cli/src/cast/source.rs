@@ -1,5 +1,6 @@
 //! The source of the chain: hashes the file into a manifest, then streams it to node 1.
 
+use super::node::order::Order;
 use super::*;
 use bytes::Bytes;
 use clink::{PeerId, Selector, SendRequest};
@@ -314,6 +315,10 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
         ep: &mut ep,
         down,
         first: first.clone(),
+        first_node: 1,
+        downs: vec![down],
+        addrs: a.to.clone(),
+        order: Order::new(a.to.len()),
         window: a.stream.window.max(1),
         nodes: a.to.len(),
         idle_s: 0.0,
@@ -322,6 +327,8 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
     let r = stream.run(&mut input, &man, hash_s);
     let chain_s = t.elapsed().as_secs_f64();
     let idle_s = stream.idle_s;
+    // The connections the chunks went out on (more than one when the first node moved).
+    let downs = stream.downs.clone();
     let (mut mine, reports, err) = r?;
     let secs = mine["seconds"].as_f64().unwrap_or(0.0);
     mine["busy_seconds"] = json!((secs - idle_s).max(0.0));
@@ -336,8 +343,12 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
         .as_ref()
         .map_or(0, |s| s.iter().filter(|&&x| x).count()));
     mine["retransmissions"] = json!(ep.stats().retransmissions);
+    let conns: Vec<_> = downs
+        .iter()
+        .filter_map(|&d| ep.conn_stats(d).ok().flatten())
+        .collect();
+    mine["timeouts"] = json!(conns.iter().map(|c| c.timeouts).sum::<u64>());
     let conn = ep.conn_stats(down).ok().flatten();
-    mine["timeouts"] = json!(conn.map_or(0, |c| c.timeouts));
     // Why the downstream connection resent (over UDP): the peer's NAKs, the losses acks
     // revealed, the timers.
     if let Some(c) = conn {
@@ -353,9 +364,12 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
     }
     // What the source put on the wire towards the chain, clink's headers and resends
     // included (UDP payloads, or TCP segments' payloads).
-    mine["wire_bytes"] = json!(ep.wire_bytes_sent(down).ok().flatten());
+    let wire = |f: &dyn Fn(&Endpoint, PeerId) -> Option<u64>| {
+        downs.iter().map(|&d| f(&ep, d)).sum::<Option<u64>>()
+    };
+    mine["wire_bytes"] = json!(wire(&|ep, d| ep.wire_bytes_sent(d).ok().flatten()));
     // Of which resent (clink's resends over UDP, the kernel's over TCP).
-    mine["wire_bytes_resent"] = json!(ep.wire_bytes_resent(down).ok().flatten());
+    mine["wire_bytes_resent"] = json!(wire(&|ep, d| ep.wire_bytes_resent(d).ok().flatten()));
     ep.close();
     let mut all = vec![mine];
     // A node spliced out that rejoined and finished reports twice: its end counts.
@@ -419,16 +433,74 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
 
 struct Stream<'a> {
     ep: &'a mut Endpoint,
+    /// The first node: its connection, address and number (node 1 unless it was moved).
     down: PeerId,
     first: String,
+    first_node: usize,
+    /// Every connection to a first node so far (the chunks went out on these).
+    downs: Vec<PeerId>,
+    /// Every node's address, by number.
+    addrs: Vec<String>,
+    /// The chain's order (the nodes tell it after a move).
+    order: Order,
     window: usize,
     nodes: usize,
     idle_s: f64,
 }
 
+/// How busy (the share of its time not waiting) the first node must be, and how idle all
+/// the others, for how long, before the source moves it to the tail: it then holds the
+/// others to less than a third of what they could take.
+const SLOW_FIRST_BUSY: f64 = 0.9;
+const OTHERS_BUSY: f64 = 0.25;
+
 impl Stream<'_> {
     fn lost(&self, what: &str, e: clink::Error) -> String {
-        format!("{}: node 1 failed ({what}): {e}", hop(1, &self.first))
+        let n = self.first_node;
+        format!(
+            "hop 1 (source -> node {n} at {}): node {n} failed ({what}): {e}",
+            short(&self.first)
+        )
+    }
+
+    /// Whether the busy shares the nodes last reported (`busy`, by node number) say
+    /// that the first node holds the others back.
+    fn first_is_slow(&self, busy: &[Option<f64>]) -> bool {
+        let first = self.first_node;
+        let others = (1..busy.len()).filter(|&n| n != first);
+        self.order.after(first).is_some()
+            && busy[first].is_some_and(|b| b >= SLOW_FIRST_BUSY)
+            && others
+                .map(|n| busy[n])
+                .all(|b| b.is_some_and(|b| b <= OTHERS_BUSY))
+    }
+
+    /// Moves the first node to the tail (as a node moves its next one, `node::moves`):
+    /// tells it, and it hands its next node over; splices to that node and tells the
+    /// chain the new order (the tail takes the moved node on). Returns the first chunk
+    /// the new first node lacks.
+    fn move_first(&mut self) -> Result<u64, String> {
+        let slow = self.first_node;
+        let succ = self.order.after(slow).ok_or("no node after the first")?;
+        let order = self.order.with_tail(slow);
+        let m = json!({ "order": order.to_json(), "node": slow, "up": 0 });
+        self.ep
+            .send(self.down, T_MOVE, m.to_string().as_bytes())
+            .map_err(|e| self.lost("moving it to the tail", e))?;
+        let addr = self.addrs[succ - 1].clone();
+        let (d, from) = splice(self.ep, 0, succ, &addr)
+            .map_err(|e| format!("moving node {slow} to the tail: {e}"))?;
+        let adopt = json!({ "order": order.to_json(), "node": slow });
+        (self.down, self.first, self.first_node, self.order) = (d, addr, succ, order);
+        self.downs.push(d);
+        self.ep
+            .send(d, T_ADOPT, adopt.to_string().as_bytes())
+            .map_err(|e| self.lost("sending the new order", e))?;
+        eprintln!(
+            "clink cast: node {slow} holds the others back; moved to the tail (node {succ} \
+             first now, from chunk {from})"
+        );
+        Ok(from)
     }
 
     /// Streams the chunks, sends the end and collects the chain's reports: the source's
@@ -440,7 +512,7 @@ impl Stream<'_> {
         hash_s: f64,
     ) -> Result<(Value, Vec<Value>, Option<String>), String> {
         let csize = man.chunk as usize;
-        let report_req = self
+        let mut report_req = self
             .ep
             .irecv(
                 Selector::exact(Some(self.down), T_REPORT),
@@ -470,6 +542,11 @@ impl Stream<'_> {
         let mut root = None;
         let mut end_at: Option<Instant> = None;
         let mut beat = Instant::now();
+        // The nodes' busy shares as they last reported them, by node number; since when
+        // the first node has held the others back; whether it was moved (once at most).
+        let mut busy: Vec<Option<f64>> = vec![None; self.nodes + 1];
+        let mut slow_since: Option<Instant> = None;
+        let mut moved = false;
         let v: Value = 'main: loop {
             let mut did = false;
             // Beats tell this side at once when node 1's process is gone (its host
@@ -517,6 +594,12 @@ impl Stream<'_> {
                         let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
                         if let (Some(n), Some(b)) = (v["node"].as_u64(), v["bytes"].as_u64()) {
                             show.set(n as usize, b);
+                            if let Some(x) = busy.get_mut(n as usize) {
+                                *x = v["busy"].as_f64();
+                            }
+                        }
+                        if let Some(o) = Order::from_json(&v, self.nodes) {
+                            self.order = o;
                         }
                         let mut b = got.buf;
                         b.resize(4096, 0);
@@ -557,6 +640,52 @@ impl Stream<'_> {
                         return Ok((mine, Vec::new(), Some(msg)));
                     }
                 }
+            }
+            // A first node that holds all the others back for a while goes to the tail
+            // (while chunks are still to come: the end has not been sent).
+            // (Not from stdin: what the new first node lacks could not be read again.)
+            if !moved && root.is_none() && man.size.is_some() && self.first_is_slow(&busy) {
+                let since = *slow_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= super::node::moves::MOVE_AFTER {
+                    moved = true;
+                    let from = self.move_first()?;
+                    // What goes again is counted once.
+                    let size = man.size.unwrap_or(0);
+                    sent -= (from..index)
+                        .filter(|&i| {
+                            man.skip
+                                .as_ref()
+                                .is_none_or(|s| s.get(i as usize) != Some(&true))
+                        })
+                        .map(|i| man.chunk.min(size.saturating_sub(i * man.chunk)))
+                        .sum::<u64>();
+                    index = from;
+                    eof = false;
+                    sends.clear();
+                    busy.iter_mut().for_each(|b| *b = None);
+                    let _ = self.ep.cancel_recv(&report_req);
+                    report_req = self
+                        .ep
+                        .irecv(
+                            Selector::exact(Some(self.down), T_REPORT),
+                            vec![0u8; 1 << 20],
+                        )
+                        .map_err(|e| self.lost("posting a receive", e))?;
+                    if let Some(r) = progress_req.take() {
+                        let _ = self.ep.cancel_recv(&r);
+                    }
+                    progress_req = Some(
+                        self.ep
+                            .irecv(
+                                Selector::exact(Some(self.down), T_PROGRESS),
+                                vec![0u8; 4096],
+                            )
+                            .map_err(|e| self.lost("posting a receive", e))?,
+                    );
+                    did = true;
+                }
+            } else {
+                slow_since = None;
             }
             while !eof && sends.len() < self.window {
                 if let Some(sk) = &man.skip {

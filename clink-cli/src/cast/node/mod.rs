@@ -11,8 +11,8 @@ use std::time::Instant;
 
 mod callers;
 mod down;
-mod moves;
-mod order;
+pub(super) mod moves;
+pub(super) mod order;
 mod stream;
 
 /// Where a node stands when it stops, for its report.

@@ -7,14 +7,16 @@
 //! the new order down the chain (`ADOPT`) and up (with the progress messages). The tail
 //! connects to the slow node and feeds it from where it stands, from its file when it
 //! falls behind. The nodes that were after the slow one then go at the chain's pace, and
-//! only the slow node finishes late.
+//! only the slow node finishes late. The first node, which has no node above it to fall
+//! behind, is moved by the source in the same way when the busy shares in the progress
+//! messages say it holds all the others back (`source.rs`).
 
 use super::*;
 
 /// How far behind (in windows of chunks) a next node must be, and for how long, before
 /// it is moved to the tail.
 pub(super) const MOVE_WINDOWS: u64 = 2;
-pub(super) const MOVE_AFTER: Duration = Duration::from_secs(1);
+pub(in crate::cast) const MOVE_AFTER: Duration = Duration::from_secs(1);
 
 /// A next node's report and progress receives, and the run of chunks to forward to it
 /// from the file.
@@ -93,29 +95,8 @@ impl Node {
     /// it was moved) and learns the first chunk it lacks; `why` labels errors.
     pub(super) fn splice_to(&mut self, to: usize, why: &str) -> Result<u64, Failure> {
         let addr = self.addrs.get(to - 1).cloned().unwrap_or_default();
-        let h = hop(to, &addr);
-        let fail = |m: String| fail_up(format!("{why}: {h}: {m}"));
-        let d = self
-            .ep
-            .connect(&addr)
-            .map_err(|e| fail(format!("cannot connect: {e}")))?;
-        let m = json!({ "from": self.p.index });
-        self.ep
-            .send(d, T_SPLICE, m.to_string().as_bytes())
-            .map_err(|e| fail(format!("{e}")))?;
-        let mut buf = vec![0u8; 4096];
-        let st = self
-            .ep
-            .recv_timeout(
-                Selector::exact(Some(d), T_SPLICE),
-                &mut buf,
-                Some(SETUP_TIMEOUT),
-            )
-            .map_err(|e| fail(format!("no answer: {e}")))?;
-        let v: Value = serde_json::from_slice(&buf[..st.len as usize]).unwrap_or(Value::Null);
-        let from = v["next_due"]
-            .as_u64()
-            .ok_or_else(|| fail("a bad answer".into()))?;
+        let (d, from) = super::super::splice(&mut self.ep, self.p.index, to, &addr)
+            .map_err(|m| fail_up(format!("{why}: {m}")))?;
         self.down = Some(d);
         self.down_node = to;
         self.down_addr = addr;

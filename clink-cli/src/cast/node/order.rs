@@ -5,34 +5,34 @@ use serde_json::{json, Value};
 
 /// The receivers' node numbers in chain order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) struct Order(Vec<usize>);
+pub(in crate::cast) struct Order(Vec<usize>);
 
 impl Order {
     /// Nodes 1 to `n` in their first order.
-    pub(super) fn new(n: usize) -> Order {
+    pub(in crate::cast) fn new(n: usize) -> Order {
         Order((1..=n).collect())
     }
 
     /// The node after `node`, if any.
-    pub(super) fn after(&self, node: usize) -> Option<usize> {
+    pub(in crate::cast) fn after(&self, node: usize) -> Option<usize> {
         let k = self.0.iter().position(|&n| n == node)?;
         self.0.get(k + 1).copied()
     }
 
     /// This order with `node` last (moved to the tail, or taken back there).
-    pub(super) fn with_tail(&self, node: usize) -> Order {
+    pub(in crate::cast) fn with_tail(&self, node: usize) -> Order {
         let mut o: Vec<usize> = self.0.iter().copied().filter(|&n| n != node).collect();
         o.push(node);
         Order(o)
     }
 
     /// Leaves `node` out (spliced out).
-    pub(super) fn remove(&mut self, node: usize) {
+    pub(in crate::cast) fn remove(&mut self, node: usize) {
         self.0.retain(|&n| n != node);
     }
 
     /// The order a message carries (`order`), if it names nodes 1 to `n`, each once.
-    pub(super) fn from_json(v: &Value, n: usize) -> Option<Order> {
+    pub(in crate::cast) fn from_json(v: &Value, n: usize) -> Option<Order> {
         let order: Vec<usize> = v["order"]
             .as_array()?
             .iter()
@@ -44,7 +44,7 @@ impl Order {
     }
 
     /// As a message carries it.
-    pub(super) fn to_json(&self) -> Value {
+    pub(in crate::cast) fn to_json(&self) -> Value {
         json!(self.0)
     }
 }

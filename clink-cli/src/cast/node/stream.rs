@@ -71,6 +71,8 @@ impl Node {
         // memory), up to [`LAG_BYTES`]; beyond, chunks are forwarded from the file.
         let max_buffers = self.window * 2 + (LAG_BYTES / man.chunk.max(1)) as usize;
         let mut beat = Instant::now();
+        // This node's idle seconds at the last progress message (its busy share since).
+        let mut idle_at_beat = 0.0;
         let mut callers_at = Instant::now();
         let mut stalled_since = Instant::now();
         let mut last_moved = (0, 0, None);
@@ -80,15 +82,17 @@ impl Node {
                 let why = if me {
                     "moved to the tail".to_string()
                 } else {
-                    format!("node {} before it moved to the tail", self.up_node)
+                    format!("{} before it moved to the tail", node_name(self.up_node))
                 };
                 let p = self.await_splice().map_err(|m| Failure {
                     msg: format!("node {}: {why}: {m}", self.p.index),
                     up_alive: false,
                 })?;
                 eprintln!(
-                    "clink cast: node {}: {why}; node {} feeds it from chunk {}",
-                    self.p.index, self.up_node, self.next_due
+                    "clink cast: node {}: {why}; {} feeds it from chunk {}",
+                    self.p.index,
+                    node_name(self.up_node),
+                    self.next_due
                 );
                 Some(p)
             } else if let Some((what, e)) = lost_up.take() {
@@ -355,12 +359,17 @@ impl Node {
                 }
             }
             if beat.elapsed() >= PROGRESS_EVERY {
+                let busy = 1.0 - (self.p.idle_s - idle_at_beat) / beat.elapsed().as_secs_f64();
+                idle_at_beat = self.p.idle_s;
                 beat = Instant::now();
                 let m = json!({
                     "node": self.p.index,
                     "chunks": self.p.chunks,
                     "bytes": self.p.bytes,
                     "total": total,
+                    // Its share of the interval not spent waiting (the source moves a
+                    // first node far busier than all the others to the tail).
+                    "busy": busy.clamp(0.0, 1.0),
                 });
                 if let Err(e) = self.ep.send(up, T_PROGRESS, m.to_string().as_bytes()) {
                     lost_up = Some(("sending progress", e));
@@ -793,4 +802,12 @@ fn punch_hole(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
         len,
     )
     .map_err(std::io::Error::from)
+}
+
+/// Node `n` in messages (0: the source).
+fn node_name(n: usize) -> String {
+    match n {
+        0 => "the source".into(),
+        n => format!("node {n}"),
+    }
 }
