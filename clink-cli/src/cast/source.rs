@@ -1,5 +1,6 @@
 //! The source of the chain: hashes the file into a manifest, then streams it to node 1.
 
+use super::node::moves::STARVED_BUSY;
 use super::node::order::Order;
 use super::*;
 use bytes::Bytes;
@@ -448,11 +449,10 @@ struct Stream<'a> {
     idle_s: f64,
 }
 
-/// How busy (the share of its time not waiting) the first node must be, and how idle all
-/// the others, for how long, before the source moves it to the tail: it then holds the
-/// others to less than a third of what they could take.
+/// How busy (the share of its time not waiting) the first node must be, the others all
+/// starved ([`STARVED_BUSY`]) for a second, before the source moves it to the tail: it
+/// then holds them to less than a third of what they could take.
 const SLOW_FIRST_BUSY: f64 = 0.9;
-const OTHERS_BUSY: f64 = 0.25;
 
 impl Stream<'_> {
     fn lost(&self, what: &str, e: clink::Error) -> String {
@@ -472,7 +472,7 @@ impl Stream<'_> {
             && busy[first].is_some_and(|b| b >= SLOW_FIRST_BUSY)
             && others
                 .map(|n| busy[n])
-                .all(|b| b.is_some_and(|b| b <= OTHERS_BUSY))
+                .all(|b| b.is_some_and(|b| b <= STARVED_BUSY))
     }
 
     /// Moves the first node to the tail (as a node moves its next one, `node::moves`):

@@ -186,6 +186,7 @@ pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), S
         spliced: Vec::new(),
         repair: !a.no_repair,
         order: order::Order::default(),
+        busy: Vec::new(),
         up_node: 0,
         down_from: 0,
         moved_next: false,
@@ -307,6 +308,8 @@ struct Node {
     repair: bool,
     /// The chain's nodes (their indices) in their current order.
     order: order::Order,
+    /// The busy shares the nodes after this one last reported, by index.
+    busy: Vec<Option<f64>>,
     /// The upstream node's index (0: the source).
     up_node: usize,
     /// The first chunk the next node lacked when this node took it on (none before it

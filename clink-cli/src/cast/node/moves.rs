@@ -1,7 +1,9 @@
 //! Moving a slow node to the tail of the chain.
 //!
 //! A node whose next node falls far behind (it forwards to it from its file, see
-//! `stream`) and stays behind moves that node to the tail, once: it tells the slow node
+//! `stream`) and stays behind, while the nodes after that one say they wait most of their
+//! time (the busy shares of the progress messages), moves that node to the tail, once:
+//! it tells the slow node
 //! (`MOVE`), which hands its own next node over (`MOVE` again) and waits for a new
 //! upstream; it splices itself to that next node as it would past a dead one, and sends
 //! the new order down the chain (`ADOPT`) and up (with the progress messages). The tail
@@ -17,6 +19,10 @@ use super::*;
 /// it is moved to the tail.
 pub(super) const MOVE_WINDOWS: u64 = 2;
 pub(in crate::cast) const MOVE_AFTER: Duration = Duration::from_secs(1);
+/// The busy share (time not spent waiting, as the progress messages say) at or below
+/// which the nodes after a slow one count as held back by it: a chain whose nodes are all
+/// busy (they share too few processors) gains nothing from a move.
+pub(in crate::cast) const STARVED_BUSY: f64 = 0.25;
 
 /// A next node's report and progress receives, and the run of chunks to forward to it
 /// from the file.
@@ -26,6 +32,38 @@ impl Node {
     /// The node after `node` in the chain's current order.
     pub(super) fn after(&self, node: usize) -> Option<usize> {
         self.order.after(node)
+    }
+
+    /// Whether every node after `node` has said it waits most of its time (busy at most
+    /// [`STARVED_BUSY`]): `node` holds them back.
+    pub(super) fn starved_after(&self, node: usize) -> bool {
+        let mut next = self.after(node);
+        while let Some(n) = next {
+            if !self
+                .busy
+                .get(n)
+                .copied()
+                .flatten()
+                .is_some_and(|b| b <= STARVED_BUSY)
+            {
+                return false;
+            }
+            next = self.after(n);
+        }
+        true
+    }
+
+    /// Notes the busy share a progress message from downstream carries.
+    pub(super) fn note_busy(&mut self, v: &Value) {
+        if let (Some(n), Some(b)) = (v["node"].as_u64(), v["busy"].as_f64()) {
+            let n = n as usize;
+            if n <= self.addrs.len() {
+                if self.busy.len() <= n {
+                    self.busy.resize(n + 1, None);
+                }
+                self.busy[n] = Some(b);
+            }
+        }
     }
 
     /// Takes a chain order from a message, if it holds one that names the same nodes as

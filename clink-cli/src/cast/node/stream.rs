@@ -326,10 +326,11 @@ impl Node {
                 match self.ep.test_recv(r) {
                     Ok(Some(got)) => {
                         did = true;
+                        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
                         if got.buf.starts_with(b"{\"order\"") {
-                            let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
                             self.take_order(&v);
                         }
+                        self.note_busy(&v);
                         if let Err(e) = self.ep.send(up, T_PROGRESS, &got.buf) {
                             lost_up = Some(("relaying progress", e));
                         }
@@ -460,6 +461,7 @@ impl Node {
                 far_behind = None;
             } else if far_behind.get_or_insert_with(Instant::now).elapsed() >= MOVE_AFTER
                 && self.after(self.down_node).is_some()
+                && self.starved_after(self.down_node)
             {
                 far_behind = None;
                 if let Err(e) = self.tell_move(backlog) {
