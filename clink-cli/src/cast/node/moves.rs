@@ -37,20 +37,13 @@ impl Node {
     /// Whether every node after `node` has said it waits most of its time (busy at most
     /// [`STARVED_BUSY`]): `node` holds them back.
     pub(super) fn starved_after(&self, node: usize) -> bool {
-        let mut next = self.after(node);
-        while let Some(n) = next {
-            if !self
-                .busy
+        self.order.all_after(node, |n| {
+            self.busy
                 .get(n)
                 .copied()
                 .flatten()
                 .is_some_and(|b| b <= STARVED_BUSY)
-            {
-                return false;
-            }
-            next = self.after(n);
-        }
-        true
+        })
     }
 
     /// Notes the busy share a progress message from downstream carries.

@@ -19,6 +19,14 @@ impl Order {
         self.0.get(k + 1).copied()
     }
 
+    /// Whether `ok` holds for every node after `node`.
+    pub(in crate::cast) fn all_after(&self, node: usize, ok: impl Fn(usize) -> bool) -> bool {
+        let Some(k) = self.0.iter().position(|&n| n == node) else {
+            return false;
+        };
+        self.0[k + 1..].iter().all(|&n| ok(n))
+    }
+
     /// This order with `node` last (moved to the tail, or taken back there).
     pub(in crate::cast) fn with_tail(&self, node: usize) -> Order {
         let mut o: Vec<usize> = self.0.iter().copied().filter(|&n| n != node).collect();
@@ -64,6 +72,11 @@ mod tests {
             (m.after(1), m.after(4), m.after(2)),
             (Some(3), Some(2), None)
         );
+        // Every node after 3 (4, then 2), none after the tail, an unknown node: false.
+        assert!(m.all_after(3, |n| n == 4 || n == 2));
+        assert!(!m.all_after(3, |n| n == 4));
+        assert!(m.all_after(2, |_| false));
+        assert!(!m.all_after(9, |_| true));
         // Node 3 dies: 1 feeds 4.
         let mut d = m.clone();
         d.remove(3);
