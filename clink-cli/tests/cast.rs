@@ -914,6 +914,11 @@ fn the_source_starts_the_receivers_itself_through_a_command_per_host() {
         err.contains("host clink-no-such-host") && err.contains("before the receiver printed"),
         "{err}"
     );
+    // What the command said, after the host's name.
+    assert!(
+        err.contains("clink-no-such-host: Cannot open network namespace"),
+        "{err}"
+    );
     let first = dir.0.join(format!("copy.{}", hosts[0]));
     assert!(
         !running_with(first.to_str().unwrap()),

@@ -2,8 +2,8 @@
 //! (`ssh {host}` unless `--via` says otherwise: `srun -w {host} -N1 -n1`, `ip netns exec
 //! {host}`, ...) runs `clink cast recv` there; the first line it prints is the receiver's
 //! address, and the chain follows the hosts' order. Whatever a receiver prints after that
-//! is dropped (its report reaches the source through the chain); its standard error is
-//! the source's.
+//! is dropped (its report reaches the source through the chain); the lines of its
+//! standard error go to the source's, after the host's name.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -36,6 +36,8 @@ pub(super) struct Plan<'a> {
 struct Receiver {
     host: String,
     child: Child,
+    /// The thread that passes its standard error on (it ends with the receiver).
+    errors: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The receivers started, killed by PID and reaped when dropped if still running.
@@ -72,13 +74,21 @@ impl Plan<'_> {
                 // Not the source's: ssh would read a file cast from stdin.
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
+                .stderr(Stdio::piped())
                 .spawn()
                 .map_err(|e| format!("host {host}: cannot run `{cmd}`: {e}"))?;
             let out = child.stdout.take().expect("piped");
+            let err = child.stderr.take().expect("piped");
+            let name = host.clone();
+            let errors = std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    eprintln!("{name}: {line}");
+                }
+            });
             rx.0.push(Receiver {
                 host: host.clone(),
                 child,
+                errors: Some(errors),
             });
             let tx = tx.clone();
             // The address, then the rest drained so that the receiver never blocks on a
@@ -160,6 +170,10 @@ impl Drop for Receivers {
                 let _ = r.child.kill();
             }
             let _ = r.child.wait();
+            // What it said before it went, out before the source's own last words.
+            if let Some(t) = r.errors.take() {
+                let _ = t.join();
+            }
         }
     }
 }
