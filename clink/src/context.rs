@@ -73,19 +73,12 @@ impl Context {
     /// Its endpoints expect the job's other ranks on this node as peers
     /// ([`crate::Endpoint::expect_peers`]) when the launcher says how many there are.
     pub fn from_launcher() -> Result<(Context, crate::launcher::Launcher)> {
-        let job = crate::launcher::Launcher::from_env()?;
-        Context::in_job(Config::from_env()?, job)
+        Context::from_launcher_with(Config::from_env()?)
     }
 
     /// [`Context::from_launcher`] with an explicit configuration.
     pub fn from_launcher_with(config: Config) -> Result<(Context, crate::launcher::Launcher)> {
-        Context::in_job(config, crate::launcher::Launcher::from_env()?)
-    }
-
-    fn in_job(
-        config: Config,
-        job: crate::launcher::Launcher,
-    ) -> Result<(Context, crate::launcher::Launcher)> {
+        let job = crate::launcher::Launcher::from_env()?;
         let mut ctx = Context::with_config(config)?;
         if let Some(n) = job.local_size() {
             if let Some(inner) = Arc::get_mut(&mut ctx.inner) {

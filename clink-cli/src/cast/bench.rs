@@ -592,14 +592,18 @@ fn bridge_net_bps(b: &Bridge, exe: &Path, size: u64) -> Result<f64, String> {
             return Err(format!("the bridge's TCP probe failed: {st}"));
         }
     }
-    let cpu = |out: &mut BufReader<std::process::ChildStdout>| -> Result<f64, String> {
-        let l = line(out)?;
-        l.strip_prefix("cpu ")
-            .and_then(|v| v.parse().ok())
-            .ok_or(format!("the bridge's TCP probe printed {l:?}"))
-    };
-    let secs = cpu(&mut sout)? + cpu(&mut rout)?;
+    let secs = cpu_line(&mut sout)? + cpu_line(&mut rout)?;
     Ok(size as f64 / secs.max(1e-9))
+}
+
+/// The processor seconds a `cast tcp-node --report-cpu` printed when it was done.
+fn cpu_line(out: &mut Out) -> Result<f64, String> {
+    let l = line(out)?;
+    l.strip_prefix("cpu ")
+        .and_then(|v| v.parse().ok())
+        .ok_or(format!(
+            "a kernel-TCP host printed {l:?}, not its processor time"
+        ))
 }
 
 /// Seconds from the start of the TCP source until every relay has written its file, and
@@ -646,12 +650,7 @@ fn tcp_chain(
         if !st.success() {
             return Err(format!("a TCP relay failed: {st}"));
         }
-        let l = line(out)?;
-        let c = l
-            .strip_prefix("cpu ")
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| format!("a TCP relay printed {l:?}, not its processor time"))?;
-        cpu.push(c);
+        cpu.push(cpu_line(out)?);
     }
     if !st.success() {
         return Err(format!("the TCP source failed: {st}"));

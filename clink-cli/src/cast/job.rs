@@ -36,11 +36,7 @@ fn out_of(template: &str, rank: u32, host: &str) -> std::path::PathBuf {
 
 /// Runs this rank's part of the job.
 pub fn run(a: JobArgs) -> Result<(), String> {
-    let mut c = Config::from_env().map_err(|e| format!("configuration: {e}"))?;
-    if std::env::var_os("CLINK_CALIBRATE").is_none() {
-        c.calibrate = false;
-    }
-    let (ctx, job) = Context::from_launcher_with(c).map_err(|e| e.to_string())?;
+    let (ctx, job) = Context::from_launcher_with(config()?).map_err(|e| e.to_string())?;
     let (rank, size) = (job.rank(), job.size());
     if size < 2 {
         return Err(format!(

@@ -317,14 +317,19 @@ fn splice(ep: &mut Endpoint, me: usize, to: usize, addr: &str) -> Result<(PeerId
     Ok((d, from))
 }
 
-/// An endpoint configured from the `CLINK_*` variables, without calibration unless
+/// The configuration from the `CLINK_*` variables, without calibration unless
 /// `CLINK_CALIBRATE` asks for it (the network path does not use its figures).
-fn endpoint() -> Result<Endpoint, String> {
+fn config() -> Result<Config, String> {
     let mut c = Config::from_env().map_err(|e| format!("configuration: {e}"))?;
     if std::env::var_os("CLINK_CALIBRATE").is_none() {
         c.calibrate = false;
     }
-    let ctx = Context::with_config(c).map_err(|e| format!("clink context: {e}"))?;
+    Ok(c)
+}
+
+/// An endpoint of a context with [`config`].
+fn endpoint() -> Result<Endpoint, String> {
+    let ctx = Context::with_config(config()?).map_err(|e| format!("clink context: {e}"))?;
     ctx.endpoint().map_err(|e| format!("clink endpoint: {e}"))
 }
 
@@ -541,6 +546,12 @@ impl Manifest {
     /// Number of chunks, when the size is known.
     fn chunks(&self) -> Option<u64> {
         self.size.map(|s| s.div_ceil(self.chunk))
+    }
+
+    /// The length of chunk `i` of a file of known size.
+    fn chunk_len(&self, i: u64) -> u64 {
+        self.chunk
+            .min(self.size.unwrap_or(0).saturating_sub(i * self.chunk))
     }
 }
 

@@ -4,7 +4,7 @@ use super::node::moves::STARVED_BUSY;
 use super::node::order::Order;
 use super::*;
 use bytes::Bytes;
-use clink::{PeerId, Selector, SendRequest};
+use clink::{PeerId, RecvRequest, Selector, SendRequest};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{IsTerminal, Read};
@@ -365,12 +365,15 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
     }
     // What the source put on the wire towards the chain, clink's headers and resends
     // included (UDP payloads, or TCP segments' payloads).
-    let wire = |f: &dyn Fn(&Endpoint, PeerId) -> Option<u64>| {
-        downs.iter().map(|&d| f(&ep, d)).sum::<Option<u64>>()
+    let wire = |f: fn(&Endpoint, PeerId) -> clink::Result<Option<u64>>| {
+        downs
+            .iter()
+            .map(|&d| f(&ep, d).ok().flatten())
+            .sum::<Option<u64>>()
     };
-    mine["wire_bytes"] = json!(wire(&|ep, d| ep.wire_bytes_sent(d).ok().flatten()));
+    mine["wire_bytes"] = json!(wire(Endpoint::wire_bytes_sent));
     // Of which resent (clink's resends over UDP, the kernel's over TCP).
-    mine["wire_bytes_resent"] = json!(wire(&|ep, d| ep.wire_bytes_resent(d).ok().flatten()));
+    mine["wire_bytes_resent"] = json!(wire(Endpoint::wire_bytes_resent));
     ep.close();
     let mut all = vec![mine];
     // A node spliced out that rejoined and finished reports twice: its end counts.
@@ -463,6 +466,16 @@ impl Stream<'_> {
         )
     }
 
+    /// The receives of the first node's report and of its progress messages.
+    fn post_down_receives(&mut self) -> Result<(RecvRequest, RecvRequest), String> {
+        let mut post = |tag, len| {
+            self.ep
+                .irecv(Selector::exact(Some(self.down), tag), vec![0u8; len])
+                .map_err(|e| self.lost("posting a receive", e))
+        };
+        Ok((post(T_REPORT, 1 << 20)?, post(T_PROGRESS, 4096)?))
+    }
+
     /// Whether the busy shares the nodes last reported (`busy`, by node number) say
     /// that the first node holds the others back.
     fn first_is_slow(&self, busy: &[Option<f64>]) -> bool {
@@ -512,13 +525,8 @@ impl Stream<'_> {
         hash_s: f64,
     ) -> Result<(Value, Vec<Value>, Option<String>), String> {
         let csize = man.chunk as usize;
-        let mut report_req = self
-            .ep
-            .irecv(
-                Selector::exact(Some(self.down), T_REPORT),
-                vec![0u8; 1 << 20],
-            )
-            .map_err(|e| self.lost("posting a receive", e))?;
+        let (mut report_req, progress) = self.post_down_receives()?;
+        let mut progress_req = Some(progress);
         let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
         let mut free: Vec<Vec<u8>> = Vec::new();
         let mut cvs: Vec<[u8; 32]> = Vec::new();
@@ -531,14 +539,6 @@ impl Stream<'_> {
         let mut stdin_hash_s = 0.0;
         let mut show = Show::new(man.size, self.nodes);
         let start = Instant::now();
-        let mut progress_req = Some(
-            self.ep
-                .irecv(
-                    Selector::exact(Some(self.down), T_PROGRESS),
-                    vec![0u8; 4096],
-                )
-                .map_err(|e| self.lost("posting a receive", e))?,
-        );
         let mut root = None;
         let mut end_at: Option<Instant> = None;
         let mut beat = Instant::now();
@@ -650,38 +650,24 @@ impl Stream<'_> {
                     moved = true;
                     let from = self.move_first()?;
                     // What goes again is counted once.
-                    let size = man.size.unwrap_or(0);
                     sent -= (from..index)
                         .filter(|&i| {
                             man.skip
                                 .as_ref()
                                 .is_none_or(|s| s.get(i as usize) != Some(&true))
                         })
-                        .map(|i| man.chunk.min(size.saturating_sub(i * man.chunk)))
+                        .map(|i| man.chunk_len(i))
                         .sum::<u64>();
                     index = from;
                     eof = false;
                     sends.clear();
                     busy.iter_mut().for_each(|b| *b = None);
                     let _ = self.ep.cancel_recv(&report_req);
-                    report_req = self
-                        .ep
-                        .irecv(
-                            Selector::exact(Some(self.down), T_REPORT),
-                            vec![0u8; 1 << 20],
-                        )
-                        .map_err(|e| self.lost("posting a receive", e))?;
                     if let Some(r) = progress_req.take() {
                         let _ = self.ep.cancel_recv(&r);
                     }
-                    progress_req = Some(
-                        self.ep
-                            .irecv(
-                                Selector::exact(Some(self.down), T_PROGRESS),
-                                vec![0u8; 4096],
-                            )
-                            .map_err(|e| self.lost("posting a receive", e))?,
-                    );
+                    let (r, p) = self.post_down_receives()?;
+                    (report_req, progress_req) = (r, Some(p));
                     did = true;
                 }
             } else {

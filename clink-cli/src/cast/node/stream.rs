@@ -43,10 +43,10 @@ impl Node {
         // Chunks every node holds are not sent.
         let skipped = self.skip.iter().filter(|&&s| s).count() as u64;
         self.p.resumed = skipped;
-        if let (Some(c), Some(s)) = (&man.cvs, man.size) {
+        if let (Some(c), Some(_)) = (&man.cvs, man.size) {
             self.p.resumed_bytes = (0..c.len() as u64)
                 .filter(|&i| self.skip.get(i as usize) == Some(&true))
-                .map(|i| man.chunk.min(s - i * man.chunk))
+                .map(|i| man.chunk_len(i))
                 .sum();
         }
         let mut to_recv = total.map(|t| t - skipped);
@@ -327,9 +327,7 @@ impl Node {
                     Ok(Some(got)) => {
                         did = true;
                         let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
-                        if got.buf.starts_with(b"{\"order\"") {
-                            self.take_order(&v);
-                        }
+                        self.take_order(&v);
                         self.note_busy(&v);
                         if let Err(e) = self.ep.send(up, T_PROGRESS, &got.buf) {
                             lost_up = Some(("relaying progress", e));
