@@ -1,11 +1,14 @@
 //! The messaging protocol end to end, without I/O: two processes, each sending to and
-//! receiving from the other, drive [`clink_proto::msg`]'s request states through the
-//! frames of [`clink_proto::wire`] (encoded and parsed), with the runtime's part played
-//! by this harness: a reliable in-order link each way, the sender's memory read by a
-//! simulated CMA, the receive buffer written by a simulated push.
+//! receiving from the other, drive [`clink_proto::msg`]'s requests and each one's
+//! [`Rendezvous`] through the frames of [`clink_proto::wire`] (encoded and parsed), with
+//! the runtime's part played by this harness: it matches announcements, carries out the
+//! protocol's actions over a reliable in-order link each way, reads the sender's memory by
+//! a simulated CMA and writes a split read's head into the receive buffer by a simulated
+//! push.
 //!
 //! Seeded random workloads mix eager and rendezvous sizes, CMA reads (split or whole)
-//! and chunked transfers, receives shorter than their messages, sends cancelled at any
+//! and chunked transfers (or, over a link that carries transfers as a network link does,
+//! whole transfers in place of both), receives shorter than their messages, sends cancelled at any
 //! point (racing the receiver's match), receives cancelled while posted, pushes the
 //! sender cannot write, and a process killed at a random step. Checked throughout: no
 //! frame from a correct peer is refused, no memory is read after its send released it or
@@ -14,10 +17,11 @@
 //! its tag, no withdrawn send is delivered, and a rendezvous send that succeeded was
 //! delivered.
 
-use clink_proto::cost::Rndv;
+use clink_proto::cost::{Costs, Rndv};
 use clink_proto::matching::{Matcher, Selector};
 use clink_proto::msg::{
-    self, Arrived, CancelStep, Chunker, Failure, Plan, RecvState, SendState, Status,
+    self, Action, Arrived, CancelStep, Failure, Message, RecvReq, RecvState, Rendezvous, Requests,
+    SendReq, SendState,
 };
 use clink_proto::netsim::Rng;
 use clink_proto::wire::Frame;
@@ -32,47 +36,70 @@ const TAGS: u64 = 3;
 /// A receive buffer larger than any message.
 const BIG_BUF: usize = 700 << 10;
 
+/// A send's bytes and what the checks need of it.
 struct Send {
-    tag: u64,
     /// The message; emptied when the send is over (its memory is the caller's again).
     data: Vec<u8>,
     len: u64,
-    state: SendState<Failure>,
     /// Its place among the sends of its tag.
     seq: u64,
     /// What was sent, kept for the checks.
     payload: Vec<u8>,
 }
 
-struct Recv {
-    buf: Vec<u8>,
-    state: RecvState<Failure>,
+impl Message for Send {
+    fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// What the checks need to know of a receive besides its request.
+#[derive(Clone, Copy, Default)]
+struct RecvMarks {
     /// Cancelled while posted.
     cancelled: bool,
     /// Matched a message (which it then received, or failed to).
     matched: bool,
 }
 
-#[derive(Default)]
+type Reqs = Requests<Send, Vec<u8>, Failure>;
+type SendOp = SendReq<Send, Failure>;
+
 struct Side {
     matcher: Matcher<u64, Arrived>,
-    sends: HashMap<u64, Send>,
-    recvs: HashMap<u64, Recv>,
+    req: Reqs,
+    marks: HashMap<u64, RecvMarks>,
     /// Receive order per tag (request ids, as posted).
     posted: Vec<Vec<u64>>,
-    /// Rendezvous receives in progress: the peer's send id -> receive id.
-    pipeline_in: HashMap<u64, u64>,
+    /// The rendezvous protocol's state with the other side.
+    rndv: Rendezvous,
     /// Frames to the other side, encoded, in order.
     out: VecDeque<Vec<u8>>,
     /// Sends that could not enter the link yet, in order.
     txq: VecDeque<u64>,
-    /// Transfers the other side asked for, going out in chunks.
-    chunker: Chunker,
+    /// Over a link that carries transfers: the sends being transferred to the other
+    /// side, in order.
+    bulk_out: VecDeque<u64>,
+    /// Over a link that carries transfers: the other side's sends this one expects, and
+    /// the receives they land in.
+    expected: HashMap<u64, u64>,
     sent_per_tag: Vec<u64>,
-    next_id: u64,
-    push_refused: bool,
     dead: bool,
     peer_dead: bool,
+}
+
+impl Side {
+    /// Releases the memory of the sends that finished (as a caller reuses it once its send
+    /// is over): a later read of it would be caught.
+    fn release_finished(&mut self) {
+        for (send, id) in std::mem::take(&mut self.req.finished) {
+            if send {
+                if let Some(op) = self.req.sends.get_mut(&id) {
+                    op.data.data = Vec::new();
+                }
+            }
+        }
+    }
 }
 
 struct World {
@@ -80,6 +107,10 @@ struct World {
     rng: Rng,
     /// Chance that a push's write into the receiver fails.
     push_fail: f64,
+    /// The link carries transfers itself, as a network link does (no CMA, no chunks).
+    bulk: bool,
+    costs: Costs,
+    now: u64,
 }
 
 fn frame(f: &Frame) -> Vec<u8> {
@@ -100,20 +131,38 @@ fn payload(rng: &mut Rng, len: u64) -> Vec<u8> {
     v
 }
 
+/// Where a send's message is in its process: the send's number in the high half, so a
+/// read from an offset into it says which send and where.
+fn addr_of(send_id: u64) -> u64 {
+    send_id << 32
+}
+
 impl World {
     fn new(seed: u64) -> World {
         let side = || Side {
+            matcher: Matcher::default(),
+            req: Reqs::default(),
+            marks: HashMap::new(),
             posted: vec![Vec::new(); TAGS as usize],
+            rndv: Rendezvous::new(PEER),
+            out: VecDeque::new(),
+            txq: VecDeque::new(),
+            bulk_out: VecDeque::new(),
+            expected: HashMap::new(),
             sent_per_tag: vec![0; TAGS as usize],
-            next_id: 1,
-            ..Side::default()
+            dead: false,
+            peer_dead: false,
         };
         let mut rng = Rng::new(seed);
         let push_fail = [0.0, 0.2, 1.0][rng.below(3) as usize];
+        let bulk = rng.chance(0.3);
         World {
             sides: [side(), side()],
             rng,
             push_fail,
+            bulk,
+            costs: Costs::default(),
+            now: 0,
         }
     }
 
@@ -141,19 +190,23 @@ impl World {
         let len = self.random_len();
         let data = payload(&mut self.rng, len);
         let s = &mut self.sides[k];
-        let id = s.next_id;
-        s.next_id += 1;
+        let id = s.req.alloc_id();
         let seq = s.sent_per_tag[tag as usize];
         s.sent_per_tag[tag as usize] += 1;
-        s.sends.insert(
+        let data = Send {
+            len,
+            payload: data.clone(),
+            data,
+            seq,
+        };
+        s.req.add_send(
             id,
-            Send {
+            SendReq {
+                peer: PEER,
                 tag,
-                len,
-                payload: data.clone(),
                 data,
                 state: SendState::Queued,
-                seq,
+                watched: false,
             },
         );
         s.txq.push_back(id);
@@ -168,22 +221,22 @@ impl World {
             }
             let s = &mut self.sides[k];
             s.txq.pop_front();
-            let Some(op) = s.sends.get_mut(&id) else {
+            let Some(op) = s.req.sends.get_mut(&id) else {
                 continue;
             };
-            if op.len <= EAGER_MAX {
+            if op.data.len <= EAGER_MAX {
                 s.out.push_back(frame(&Frame::Eager {
                     tag: op.tag,
-                    data: &op.data,
+                    data: &op.data.data,
                 }));
                 op.state.delivered();
-                op.data = Vec::new();
+                op.data.data = Vec::new();
             } else {
                 s.out.push_back(frame(&Frame::Rts {
                     tag: op.tag,
-                    len: op.len,
+                    len: op.data.len,
                     send_id: id,
-                    addr: id,
+                    addr: addr_of(id),
                 }));
                 op.state.announced();
             }
@@ -198,25 +251,18 @@ impl World {
         if !s.txq.is_empty() {
             return;
         }
-        while let Some(c) = s.chunker.next(|_| CHUNK) {
+        while let Some((c, data)) = s.rndv.next_chunk(&s.req, |_| CHUNK) {
             if self.rng.chance(0.3) {
                 return;
             }
-            let op = s
-                .sends
-                .get_mut(&c.send_id)
-                .expect("a transfer of a send of ours");
-            let data = &op.data[c.offset as usize..(c.offset + c.len) as usize];
             s.out.push_back(frame(&Frame::Chunk {
                 send_id: c.send_id,
                 offset: c.offset,
                 data,
             }));
-            if s.chunker.sent(c).is_some() {
-                assert!(op.state.transfer_done());
-                op.data = Vec::new();
-            }
+            s.rndv.chunk_sent(&mut s.req, c);
         }
+        s.release_finished();
     }
 
     fn post_recv(&mut self, k: usize) {
@@ -230,22 +276,22 @@ impl World {
 
     fn post_recv_exact(&mut self, k: usize, tag: u64, cap: usize) {
         let s = &mut self.sides[k];
-        let id = s.next_id;
-        s.next_id += 1;
+        let id = s.req.alloc_id();
         s.posted[tag as usize].push(id);
         let mut state = RecvState::Posted;
         if s.peer_dead {
             state.fail(Failure::PeerDead(PEER));
         }
-        s.recvs.insert(
+        s.req.add_recv(
             id,
-            Recv {
+            RecvReq {
                 buf: vec![0; cap],
                 state,
-                cancelled: false,
-                matched: false,
+                watched: false,
+                user: 0,
             },
         );
+        s.marks.insert(id, RecvMarks::default());
         if s.peer_dead {
             return;
         }
@@ -261,44 +307,81 @@ impl World {
         } else {
             Rndv::Pipeline
         };
-        let (s, o) = self.pair(k);
-        let op = s.recvs.get_mut(&rid).unwrap();
-        op.matched = true;
+        let now = self.tick();
+        let s = &mut self.sides[k];
+        s.marks.get_mut(&rid).unwrap().matched = true;
         let (len, send_id, addr) = match item {
             Arrived::Eager(v) => {
+                let op = s.req.recvs.get_mut(&rid).unwrap();
                 op.state = RecvState::Done(msg::copy_eager(PEER, tag, &v, &mut op.buf));
                 return;
             }
             Arrived::Rts { len, send_id, addr } => (len, send_id, addr),
         };
-        let status = Status {
-            peer: PEER,
-            tag,
-            len,
-        };
-        let cap = op.buf.len() as u64;
-        match msg::plan(method, true, len, cap, !s.push_refused) {
-            Plan::Cma { n, pushed } => {
-                if pushed > 0 {
-                    s.pipeline_in.insert(send_id, rid);
-                    s.out.push_back(frame(&Frame::Push {
-                        send_id,
-                        addr: rid,
-                        len: pushed,
-                    }));
-                }
-                let read = cma_read(o, addr, pushed, &mut op.buf[pushed as usize..n as usize]);
-                op.state = RecvState::after_cma(status, cap, pushed, read, 0, addr);
-                if pushed == 0 {
-                    s.out.push_back(frame(&Frame::Fin { send_id }));
+        let mut acts = Vec::new();
+        s.rndv.matched(
+            &mut s.req,
+            rid,
+            msg::Announced {
+                tag,
+                len,
+                send_id,
+                addr,
+            },
+            (method, !self.bulk, true),
+            now,
+            &mut acts,
+        );
+        self.act(k, acts);
+    }
+
+    /// The simulated clock: a microsecond per call.
+    fn tick(&mut self) -> u64 {
+        self.now += 1000;
+        self.now
+    }
+
+    /// Side `k` carries out the protocol's actions, in order, and what their completions
+    /// ask for in turn.
+    fn act(&mut self, k: usize, mut todo: Vec<Action<Failure>>) {
+        let mut more = Vec::new();
+        while !todo.is_empty() {
+            for a in todo.drain(..) {
+                let push_fails = self.rng.chance(self.push_fail);
+                let bulk = self.bulk;
+                let now = self.tick();
+                let costs = self.costs;
+                let (s, o) = self.pair(k);
+                match a {
+                    Action::Send(f) => s.out.push_back(frame(&f)),
+                    Action::Read(r) => {
+                        let op = s.req.recvs.get_mut(&r.rid).expect("a read into a receive");
+                        let buf = &mut op.buf[r.at as usize..(r.at + r.len) as usize];
+                        let read = cma_read(o, r.addr, buf);
+                        s.rndv
+                            .read_done(&mut s.req, &costs, r, read, now, &mut more);
+                    }
+                    Action::Write { send_id, addr, len } => {
+                        let ok = !push_fails && {
+                            let data = &s.req.sends[&send_id].data.data;
+                            cma_write(o, addr, &data[..len as usize]);
+                            true
+                        };
+                        s.rndv.written(send_id, ok, &mut more);
+                    }
+                    Action::Expect { send_id, rid, .. } if bulk => {
+                        s.expected.insert(send_id, rid);
+                    }
+                    // The ring carries no transfer of its own.
+                    Action::Expect { .. } => {}
+                    Action::Transfer { send_id, .. } if bulk => s.bulk_out.push_back(send_id),
+                    Action::Transfer { send_id, len } => s.rndv.chunks.push(send_id, len),
                 }
             }
-            Plan::Transfer => {
-                op.state = RecvState::transfer(status, 0);
-                s.pipeline_in.insert(send_id, rid);
-                s.out.push_back(frame(&Frame::Cts { send_id }));
-            }
+            std::mem::swap(&mut todo, &mut more);
         }
+        self.sides[k].release_finished();
+        self.pump(k);
     }
 
     /// Side `k` handles the other's next frame; false when none was in flight.
@@ -307,117 +390,81 @@ impl World {
             return false;
         };
         let f = Frame::parse(&bytes).expect("a frame we encoded parses");
-        let push_fails = self.rng.chance(self.push_fail);
-        let (s, o) = self.pair(k);
-        match f {
-            Frame::Eager { tag, data } => match s.matcher.take_posted(PEER, tag) {
-                Some(rid) => self.deliver(k, rid, tag, Arrived::Eager(data.to_vec())),
-                None => s
-                    .matcher
-                    .push_unexpected(PEER, tag, Arrived::Eager(data.to_vec())),
-            },
+        let now = self.tick();
+        let s = &mut self.sides[k];
+        let (tag, item) = match f {
+            Frame::Eager { tag, data } => (tag, Arrived::Eager(data.to_vec())),
             Frame::Rts {
                 tag,
                 len,
                 send_id,
                 addr,
-            } => {
-                let item = Arrived::Rts { len, send_id, addr };
-                match s.matcher.take_posted(PEER, tag) {
-                    Some(rid) => self.deliver(k, rid, tag, item),
-                    None => s.matcher.push_unexpected(PEER, tag, item),
-                }
+            } => (tag, Arrived::Rts { len, send_id, addr }),
+            ref f => {
+                let mut acts = Vec::new();
+                s.rndv
+                    .on_frame(&mut s.req, &mut s.matcher, &self.costs, f, now, &mut acts)
+                    .expect("a correct peer's frame is accepted");
+                self.act(k, acts);
+                return true;
             }
-            Frame::Fin { send_id } => {
-                let op = s.sends.get_mut(&send_id).expect("Fin for a send of ours");
-                if op.state.on_fin() {
-                    op.data = Vec::new();
-                }
-            }
-            Frame::Cts { send_id } => {
-                let op = s.sends.get_mut(&send_id).expect("CTS for a send of ours");
-                op.state.on_cts().expect("CTS accepted");
-                s.chunker.push(send_id, op.len);
-                self.pump(k);
-            }
-            Frame::Chunk {
-                send_id,
-                offset,
-                data,
-            } => {
-                let rid = s.pipeline_in[&send_id];
-                let op = s.recvs.get_mut(&rid).unwrap();
-                let cap = op.buf.len() as u64;
-                let c = op
-                    .state
-                    .on_chunk(offset, data.len() as u64, cap)
-                    .expect("chunk accepted");
-                op.buf[c.copy.clone()].copy_from_slice(&data[..c.copy.len()]);
-                if c.done.is_some() {
-                    s.pipeline_in.remove(&send_id);
-                }
-            }
-            Frame::Cancel { send_id } => {
-                let cancelled = msg::withdraw(&mut s.matcher, PEER, send_id);
-                s.out
-                    .push_back(frame(&Frame::CancelAck { send_id, cancelled }));
-            }
-            Frame::CancelAck { send_id, cancelled } => {
-                let op = s
-                    .sends
-                    .get_mut(&send_id)
-                    .expect("answer for a send of ours");
-                if op.state.on_cancel_ack(cancelled) {
-                    op.data = Vec::new();
-                }
-            }
-            Frame::Push { send_id, addr, len } => {
-                let op = &s.sends[&send_id];
-                let part = op.state.push_part(len, op.len).expect("push accepted");
-                let ok = !push_fails && {
-                    let r = o.recvs.get_mut(&addr).expect("push into a receive");
-                    assert!(
-                        matches!(r.state, RecvState::Split { .. }),
-                        "write into a receive that is not waiting for it"
-                    );
-                    r.buf[part.clone()].copy_from_slice(&op.data[part]);
-                    true
-                };
-                s.out.push_back(frame(&Frame::Pushed { send_id, ok }));
-            }
-            Frame::Pushed { send_id, ok } => {
-                let rid = s.pipeline_in.remove(&send_id).expect("pushed for a split");
-                let op = s.recvs.get_mut(&rid).unwrap();
-                let end = op.state.on_pushed(ok).expect("pushed accepted");
-                let head = if end.written {
-                    Ok(())
-                } else {
-                    s.push_refused = true;
-                    cma_read(o, end.addr, 0, &mut op.buf[..end.pushed as usize])
-                };
-                let cap = op.buf.len() as u64;
-                op.state = end.finish(head, cap);
-                s.out.push_back(frame(&Frame::Fin { send_id }));
-            }
-            Frame::Close | Frame::Rma(_) => unreachable!("not sent here"),
+        };
+        match s.matcher.take_posted(PEER, tag) {
+            Some(rid) => self.deliver(k, rid, tag, item),
+            None => s.matcher.push_unexpected(PEER, tag, item),
         }
+        true
+    }
+
+    /// Side `k` receives the other's next transfer over a link that carries them: the
+    /// message lands in the receive's buffer (its head, in a shorter one), the link reports
+    /// it to both sides. False when none was in flight.
+    fn deliver_bulk(&mut self, k: usize) -> bool {
+        let (s, o) = self.pair(k);
+        let Some(send_id) = o.bulk_out.pop_front() else {
+            return false;
+        };
+        let rid = s
+            .expected
+            .remove(&send_id)
+            .expect("a transfer the receiver expects");
+        let op = &o.req.sends[&send_id];
+        assert!(
+            matches!(op.state, SendState::Transfer),
+            "transfer of a send's memory after it was released"
+        );
+        let r = s
+            .req
+            .recvs
+            .get_mut(&rid)
+            .expect("a transfer into a receive");
+        assert!(
+            matches!(r.state, RecvState::Transfer { .. }),
+            "transfer into a receive that is not waiting for it"
+        );
+        let n = r.buf.len().min(op.data.data.len());
+        r.buf[..n].copy_from_slice(&op.data.data[..n]);
+        s.rndv.transfers_done(&mut s.req, &[send_id], &[]);
+        o.rndv.transfers_done(&mut o.req, &[], &[send_id]);
+        s.release_finished();
+        o.release_finished();
         true
     }
 
     /// Side `k` withdraws a random send; a receiver's answer decides an announced one.
     fn cancel_send(&mut self, k: usize) {
         let s = &mut self.sides[k];
-        let mut ids: Vec<u64> = s.sends.keys().copied().collect();
+        let mut ids: Vec<u64> = s.req.sends.iter_mut().map(|(id, _)| id).collect();
         ids.sort_unstable();
         let Some(&id) = ids.get(self.rng.below(ids.len().max(1) as u64) as usize) else {
             return;
         };
-        let op = s.sends.get_mut(&id).unwrap();
+        let op = s.req.sends.get_mut(&id).unwrap();
         match op.state.cancel_step() {
             CancelStep::Withdraw => {
                 s.txq.retain(|&t| t != id);
                 op.state = SendState::Done(Err(Failure::Cancelled));
-                op.data = Vec::new();
+                op.data.data = Vec::new();
             }
             CancelStep::AskReceiver => s.out.push_back(frame(&Frame::Cancel { send_id: id })),
             CancelStep::AwaitEnd | CancelStep::Over => {}
@@ -430,12 +477,11 @@ impl World {
         let tag = self.rng.below(TAGS) as usize;
         if let Some(&id) = s.posted[tag]
             .iter()
-            .find(|id| matches!(s.recvs[id].state, RecvState::Posted))
+            .find(|id| matches!(s.req.recvs[id].state, RecvState::Posted))
         {
             if s.matcher.cancel(&id) {
-                let r = s.recvs.get_mut(&id).unwrap();
-                r.cancelled = true;
-                r.state = RecvState::Done(Err(Failure::Cancelled));
+                s.marks.get_mut(&id).unwrap().cancelled = true;
+                s.req.recvs.get_mut(&id).unwrap().state = RecvState::Done(Err(Failure::Cancelled));
             }
         }
     }
@@ -448,28 +494,13 @@ impl World {
         o.out.clear();
         o.peer_dead = true;
         o.txq.clear();
-        o.chunker.clear();
-        for (_, rid) in o.pipeline_in.drain() {
-            o.recvs
-                .get_mut(&rid)
-                .unwrap()
-                .state
-                .fail(Failure::PeerDead(PEER));
-        }
-        for op in o.sends.values_mut() {
-            if op.state.fail(Failure::PeerDead(PEER)) {
-                op.data = Vec::new();
-            }
-        }
-        for rid in o.matcher.drain_posted_from(PEER) {
-            o.recvs
-                .get_mut(&rid)
-                .unwrap()
-                .state
-                .fail(Failure::PeerDead(PEER));
-        }
-        o.matcher
-            .drain_unexpected_from(PEER, |u| matches!(u, Arrived::Eager(_)));
+        // The link forgets every transfer, both ways.
+        s.bulk_out.clear();
+        o.bulk_out.clear();
+        o.expected.clear();
+        o.rndv
+            .peer_died(&mut o.req, &mut o.matcher, || Failure::PeerDead(PEER));
+        o.release_finished();
     }
 
     fn step(&mut self, kill_at: Option<u64>, t: u64) {
@@ -488,6 +519,9 @@ impl World {
             30..=33 => self.cancel_send(k),
             34..=35 => self.cancel_recv(k),
             36..=45 => self.flush(k),
+            46..=55 => {
+                self.deliver_bulk(k);
+            }
             _ => {
                 self.deliver_frame(k);
             }
@@ -502,12 +536,16 @@ impl World {
                 if self.sides[k].dead || self.sides[k].peer_dead {
                     continue;
                 }
-                while !self.sides[k].txq.is_empty() || !self.sides[k].chunker.is_empty() {
+                while !self.sides[k].txq.is_empty() || !self.sides[k].rndv.chunks.is_empty() {
                     self.flush(k);
                 }
                 moved |= self.deliver_frame(k);
+                moved |= self.deliver_bulk(k);
             }
-            if !moved {
+            // (A side's last flush may have put frames in the link after the other's
+            // last look.)
+            let idle = |s: &Side| s.out.is_empty() && s.bulk_out.is_empty();
+            if !moved && self.sides.iter().all(idle) {
                 return;
             }
         }
@@ -515,22 +553,34 @@ impl World {
     }
 }
 
-/// Reads `buf.len()` bytes of the message at `addr` (a send id) from `offset` on, out of
-/// the sender's memory.
-fn cma_read(sender: &Side, addr: u64, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
+/// Reads `buf.len()` bytes at `addr` (see [`addr_of`]) out of the sender's memory.
+fn cma_read(sender: &Side, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
     if sender.dead {
-        return Err(Failure::Read {
-            peer: PEER,
-            source: std::io::Error::from_raw_os_error(3),
-        });
+        return Err(std::io::Error::from_raw_os_error(3));
     }
-    let op = &sender.sends[&addr];
+    let (id, offset) = (addr >> 32, (addr & 0xffff_ffff) as usize);
+    let op = &sender.req.sends[&id];
     assert!(
         matches!(op.state, SendState::WaitFin),
         "read of a send's memory after it was released"
     );
-    buf.copy_from_slice(&op.data[offset as usize..offset as usize + buf.len()]);
+    buf.copy_from_slice(&op.data.data[offset..offset + buf.len()]);
     Ok(())
+}
+
+/// Writes `data` at `addr` in the receiver's memory: the start of a receive's buffer.
+fn cma_write(receiver: &mut Side, addr: u64, data: &[u8]) {
+    let r = receiver
+        .req
+        .recvs
+        .values_mut()
+        .find(|r| r.buf.as_ptr() as u64 == addr)
+        .expect("a push into a receive's buffer");
+    assert!(
+        matches!(r.state, RecvState::Split { .. }),
+        "write into a receive that is not waiting for it"
+    );
+    r.buf[..data.len()].copy_from_slice(data);
 }
 
 /// The end-of-run checks of one direction: `s` sent to `r`.
@@ -542,20 +592,24 @@ fn check_direction(seed: u64, s: &Side, r: &Side) {
     }
     for tag in 0..TAGS {
         // The sends of this tag in order, the withdrawn ones left out.
-        let mut sends: Vec<&Send> = s.sends.values().filter(|o| o.tag == tag).collect();
-        sends.sort_by_key(|o| o.seq);
-        let live: Vec<&&Send> = sends
+        let mut sends: Vec<&SendOp> = s.req.sends.values().filter(|o| o.tag == tag).collect();
+        sends.sort_by_key(|o| o.data.seq);
+        let live: Vec<&&SendOp> = sends
             .iter()
             .filter(|o| !matches!(o.state, SendState::Done(Err(Failure::Cancelled))))
             .collect();
         let mut next = 0;
         for rid in &r.posted[tag as usize] {
-            let op = &r.recvs[rid];
+            let op = &r.req.recvs[rid];
+            let marks = r.marks[rid];
             let got = match &op.state {
                 RecvState::Done(Ok(st)) => Some(st.len),
                 RecvState::Done(Err(Failure::Truncated { len, .. })) => Some(*len),
                 RecvState::Done(Err(Failure::Cancelled)) => {
-                    assert!(op.cancelled, "seed {seed}: a receive cancelled by nobody");
+                    assert!(
+                        marks.cancelled,
+                        "seed {seed}: a receive cancelled by nobody"
+                    );
                     None
                 }
                 RecvState::Done(Err(e)) => {
@@ -568,7 +622,7 @@ fn check_direction(seed: u64, s: &Side, r: &Side) {
                 RecvState::Posted => None,
                 st => panic!("seed {seed}: receive {rid} still in flight at the end: {st:?}"),
             };
-            if !op.matched {
+            if !marks.matched {
                 assert!(got.is_none(), "seed {seed}: a receive completed unmatched");
                 continue;
             }
@@ -578,7 +632,7 @@ fn check_direction(seed: u64, s: &Side, r: &Side) {
                 continue;
             };
             let n = (len as usize).min(op.buf.len());
-            let is = |o: &Send| o.len == len && op.buf[..n] == o.payload[..n];
+            let is = |o: &SendOp| o.data.len == len && op.buf[..n] == o.data.payload[..n];
             // After a death, the dead sender's unmatched rendezvous messages are gone
             // (their memory with it) while its eager ones stay: a later message may
             // take a lost one's place, in order all the same.
@@ -595,21 +649,21 @@ fn check_direction(seed: u64, s: &Side, r: &Side) {
                 panic!("seed {seed}: tag {tag}: a message delivered that nobody sent")
             });
             next += 1;
-            assert_eq!(len, sent.len, "seed {seed}: tag {tag}: length");
+            assert_eq!(len, sent.data.len, "seed {seed}: tag {tag}: length");
             assert!(
                 is(sent),
                 "seed {seed}: tag {tag}: message {} delivered with wrong bytes",
-                sent.seq
+                sent.data.seq
             );
         }
         // What was not delivered is a rendezvous send still unmatched (or failed) or an
         // eager message waiting; never a rendezvous send that reported success.
         for o in &live[next.min(live.len())..] {
-            if o.len > EAGER_MAX && all_over {
+            if o.data.len > EAGER_MAX && all_over {
                 assert!(
                     !matches!(o.state, SendState::Done(Ok(()))),
                     "seed {seed}: tag {tag}: send {} succeeded undelivered",
-                    o.seq
+                    o.data.seq
                 );
             }
         }
@@ -621,7 +675,7 @@ fn check_direction(seed: u64, s: &Side, r: &Side) {
 
 /// Every sender's peer posted receives enough at the end, or died: all its sends are over.
 fn check_sends_over(seed: u64, s: &Side) {
-    for o in s.sends.values() {
+    for o in s.req.sends.values() {
         assert!(
             o.state.is_done(),
             "seed {seed}: a send not over: {:?}",
@@ -647,6 +701,7 @@ fn run(seed: u64) {
         let wanted: Vec<u64> = (0..TAGS)
             .map(|tag| {
                 w.sides[1 - k]
+                    .req
                     .sends
                     .values()
                     .filter(|o| o.tag == tag)
@@ -679,19 +734,24 @@ fn a_cancel_racing_the_match_loses_and_the_message_arrives() {
     let mut w = World::new(7);
     w.push_fail = 0.0;
     let data = vec![5u8; 4096];
-    w.sides[0].sends.insert(
-        1,
-        Send {
+    let id = w.sides[0].req.alloc_id();
+    w.sides[0].req.add_send(
+        id,
+        SendReq {
+            peer: PEER,
             tag: 0,
-            len: 4096,
-            payload: data.clone(),
-            data,
+            data: Send {
+                len: 4096,
+                payload: data.clone(),
+                data,
+                seq: 0,
+            },
             state: SendState::Queued,
-            seq: 0,
+            watched: false,
         },
     );
     w.sides[0].sent_per_tag[0] = 1;
-    w.sides[0].txq.push_back(1);
+    w.sides[0].txq.push_back(id);
     while !w.sides[0].txq.is_empty() {
         w.flush(0);
     }
@@ -700,7 +760,7 @@ fn a_cancel_racing_the_match_loses_and_the_message_arrives() {
     // The sender cancels now: its Cancel crosses the receiver's Fin or CTS.
     w.cancel_send(0);
     w.settle();
-    let op = &w.sides[0].sends[&1];
+    let op = &w.sides[0].req.sends[&id];
     assert!(
         matches!(op.state, SendState::Done(Ok(()))),
         "{:?}",

@@ -277,6 +277,13 @@ impl SendBuf {
     }
 }
 
+impl clink_proto::msg::Message for SendBuf {
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        SendBuf::bytes(self)
+    }
+}
+
 /// A receive's destination: owned by the request, or lent.
 pub enum RecvBuf {
     /// Owned by the request (handed to the caller when it completes).
@@ -287,6 +294,13 @@ pub enum RecvBuf {
     /// receive, or a range of one of the endpoint's apertures (which cannot be destroyed
     /// while the receive is pending).
     InPlace(Dst),
+}
+
+impl clink_proto::msg::Buffer for RecvBuf {
+    #[inline]
+    fn slice(&mut self) -> &mut [u8] {
+        RecvBuf::slice(self)
+    }
 }
 
 impl RecvBuf {

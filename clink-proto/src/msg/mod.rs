@@ -15,11 +15,15 @@
 //!
 //! Each request's state is a [`SendState`] or [`RecvState`]; their methods are the
 //! transitions, and refuse a frame the state does not expect (a peer's protocol error).
-//! The runtime (the `clink` crate's endpoint) looks the request up, calls the transition
-//! and carries out what it asks for: the system calls (CMA reads and writes, ring and
-//! socket writes) and the clock. The simulation test `tests/msg_sim.rs` drives two sides
-//! through random workloads with cancels, truncation, refused pushes and peer deaths.
-//!
+//! [`Requests`] is the table of an endpoint's requests. [`Rendezvous`] is one peer's
+//! rendezvous protocol: given a matched announcement, the peer's control frames, the
+//! completions of what it asked for and the time, it applies the transitions and returns
+//! [`Action`]s. The runtime (the `clink` crate's endpoint) matches eager and RTS frames
+//! against posted receives and carries out the actions: the system calls (CMA reads and
+//! writes, ring and socket writes) and the clock. The simulation test `tests/msg_sim.rs`
+//! drives two sides' [`Rendezvous`] through random workloads with cancels, truncation,
+//! refused pushes and peer deaths.
+
 //! States are generic over the runtime's error type `E`, which takes the protocol's own
 //! outcomes through `From<Failure>`.
 //!
@@ -35,12 +39,14 @@
 
 mod chunker;
 mod recv;
+mod rendezvous;
 mod reqmap;
 mod requests;
 mod send;
 
 pub use chunker::{Chunker, NextChunk};
 pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
+pub use rendezvous::{Action, Announced, Buffer, Landed, Message, Read, Refused, Rendezvous};
 pub use reqmap::ReqMap;
 pub use requests::{RecvReq, Requests, SendReq};
 pub use send::{CancelStep, SendState};

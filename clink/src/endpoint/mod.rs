@@ -37,13 +37,12 @@ use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
 use clink_proto::addr::Address;
-use clink_proto::cost::{Rndv, RndvChooser};
 use clink_proto::matching::{Matcher, Selector};
 use clink_proto::msg::{self, Arrived};
 use clink_proto::wire::{Frame, EAGER_HEADER};
 use clink_proto::PeerId;
 use link::{Link, Rx};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -180,17 +179,11 @@ struct Peer {
     alive: bool,
     eager_max: u64,
     txq: VecDeque<TxItem>,
-    /// Pipelined sends the receiver asked for (CTS), in order; the first is active.
-    pipeline_out: msg::Chunker,
-    /// Pipelined receives in progress: send_id -> receive id.
-    pipeline_in: HashMap<u64, u64>,
+    /// The rendezvous protocol's state with this peer (receives in progress, sends going
+    /// out in chunks, the measured choice of method).
+    rndv: msg::Rendezvous,
     /// The ring's head holds a message no receive wants yet (left in place).
     blocked: bool,
-    /// Which rendezvous method is faster from this peer, as measured.
-    chooser: RndvChooser,
-    /// The peer could not write a split rendezvous's half into this process (CMA
-    /// refused that way round): its rendezvous are no longer split.
-    push_refused: bool,
     /// The copy engine's queue of this peer's large one-sided requests (and the requests
     /// behind them).
     engine: rma::EngineQueue,
@@ -224,7 +217,7 @@ impl Peer {
             return Ok(None);
         }
         if !self.txq.is_empty()
-            || !self.pipeline_out.is_empty()
+            || !self.rndv.chunks.is_empty()
             || !self.engine.is_empty()
             || self.link.shm().is_none()
         {
@@ -269,6 +262,8 @@ pub struct Endpoint {
     matcher: Matcher<u64, Arrived>,
     /// The requests, their states and buffers ([`clink_proto::msg::Requests`]).
     req: msg::Requests<SendBuf, RecvBuf, Error>,
+    /// The rendezvous protocol's actions being carried out (kept for its allocation).
+    acts: Vec<msg::Action<Error>>,
     stats: Stats,
     /// Progress passes made (wrapping): every 64th looks at the clock for the liveness
     /// check.
@@ -355,6 +350,7 @@ impl Endpoint {
             incoming: Vec::new(),
             matcher: Matcher::default(),
             req: msg::Requests::default(),
+            acts: Vec::new(),
             stats: Stats::default(),
             passes: 0,
             last_check: Instant::now(),

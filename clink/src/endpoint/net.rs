@@ -444,7 +444,7 @@ impl Endpoint {
         let open = !spin.is_zero()
             && !matches!(p.link, Link::Shm(_))
             && p.txq.is_empty()
-            && p.pipeline_out.is_empty()
+            && p.rndv.chunks.is_empty()
             && p.engine.is_empty()
             && self.matcher.posted_len() == 0
             && self.req.sends.is_empty()

@@ -128,11 +128,8 @@ impl Endpoint {
             alive: true,
             eager_max,
             txq: VecDeque::new(),
-            pipeline_out: msg::Chunker::default(),
-            pipeline_in: HashMap::new(),
+            rndv: msg::Rendezvous::new(id),
             blocked: false,
-            chooser: RndvChooser::default(),
-            push_refused: false,
             engine: Default::default(),
             announced: false,
             closing: false,
@@ -284,34 +281,13 @@ impl Endpoint {
         let peer = PeerId(i as u32);
         let p = &mut self.peers[i];
         p.txq.clear();
-        p.pipeline_out.clear();
         if let Some(b) = p.link.bulk() {
             // No pointer into a request buffer survives the requests' failure.
             b.clear_bulk();
         }
-        for (_, rid) in p.pipeline_in.drain() {
-            if let Some(op) = self.req.recvs.get_mut(&rid) {
-                if op.state.fail(Error::PeerDead(peer)) {
-                    self.req.finished.push((false, rid));
-                }
-            }
-        }
-        for (id, op) in self.req.sends.iter_mut() {
-            if op.peer == peer && op.state.fail(Error::PeerDead(peer)) {
-                self.req.finished.push((true, id));
-            }
-        }
+        p.rndv
+            .peer_died(&mut self.req, &mut self.matcher, || Error::PeerDead(peer));
         self.fail_peer_rma(i);
-        for rid in self.matcher.drain_posted_from(peer) {
-            if let Some(op) = self.req.recvs.get_mut(&rid) {
-                if op.state.fail(Error::PeerDead(peer)) {
-                    self.req.finished.push((false, rid));
-                }
-            }
-        }
-        // Rendezvous messages of a dead peer cannot be read any more; eager ones can.
-        self.matcher
-            .drain_unexpected_from(peer, |u| matches!(u, Arrived::Eager(_)));
     }
 }
 

@@ -75,7 +75,7 @@ impl Endpoint {
         if !self.peers[i].alive {
             return;
         }
-        if !self.peers[i].txq.is_empty() || !self.peers[i].pipeline_out.is_empty() {
+        if !self.peers[i].txq.is_empty() || !self.peers[i].rndv.chunks.is_empty() {
             pass.did |= self.flush(i);
         }
         pass.did |= self.drain(i, false);

@@ -5,6 +5,8 @@
 use super::*;
 
 impl Endpoint {
+    /// Receive `rid` matched peer `src`'s announcement of `send_id` (`len` bytes at `addr`
+    /// in its memory) with `tag`: read it, or ask for it.
     pub(super) fn start_rendezvous(
         &mut self,
         src: PeerId,
@@ -15,18 +17,12 @@ impl Endpoint {
         addr: u64,
     ) {
         let i = src.0 as usize;
-        let status = Status {
-            peer: src,
-            tag,
-            len,
-        };
-        let Some(op) = self.req.recvs.get_mut(&rid) else {
-            return;
-        };
         let p = &mut self.peers[i];
         if !p.alive {
-            op.state = RecvState::Done(Err(Error::PeerDead(src)));
-            self.req.finished.push((false, rid));
+            if let Some(op) = self.req.recvs.get_mut(&rid) {
+                op.state = RecvState::Done(Err(Error::PeerDead(src)));
+                self.req.finished.push((false, rid));
+            }
             return;
         }
         let cma = p.link.cma();
@@ -34,56 +30,107 @@ impl Endpoint {
             Some(_) => rendezvous_method(&self.ctx, len, cma),
             None => {
                 let model = rendezvous_method(&self.ctx, len, cma);
-                p.chooser.choose(&self.ctx.costs, len, cma, model)
+                p.rndv.chooser.choose(&self.ctx.costs, len, cma, model)
             }
         };
-        let cap = op.buf.slice().len() as u64;
         // (Whether the peer may write into this process for a split read is not waited
         // for: the handshake's late Ready says it, but a refused write is answered, and
         // the first one stops the splits.)
-        let split = self.ctx.config.cma_split && !p.push_refused;
-        let shm_pid = p.link.shm().map(|s| s.pid);
-        let plan = msg::plan(method, shm_pid.is_some(), len, cap, split);
-        let since = sys::monotonic_ns();
-        match (plan, shm_pid) {
-            (msg::Plan::Cma { n, pushed }, Some(pid)) => {
-                let dest = op.buf.slice().as_mut_ptr() as u64;
-                if pushed > 0 {
-                    p.pipeline_in.insert(send_id, rid);
-                    let f = Frame::Push {
-                        send_id,
-                        addr: dest,
-                        len: pushed,
-                    };
-                    self.push_ctrl(i, f);
+        let how = (method, p.link.shm().is_some(), self.ctx.config.cma_split);
+        let mut acts = std::mem::take(&mut self.acts);
+        let now = sys::monotonic_ns();
+        p.rndv.matched(
+            &mut self.req,
+            rid,
+            msg::Announced {
+                tag,
+                len,
+                send_id,
+                addr,
+            },
+            how,
+            now,
+            &mut acts,
+        );
+        self.act(i, acts);
+    }
+
+    /// Carries out, in order, what the rendezvous protocol asked for with peer `i` (and
+    /// what their completions ask for in turn).
+    fn act(&mut self, i: usize, mut todo: Vec<msg::Action<Error>>) {
+        let mut more = Vec::new();
+        while !todo.is_empty() {
+            for a in todo.drain(..) {
+                self.act_one(i, a, &mut more);
+            }
+            std::mem::swap(&mut todo, &mut more);
+        }
+        self.acts = todo;
+    }
+
+    fn act_one(&mut self, i: usize, a: msg::Action<Error>, more: &mut Vec<msg::Action<Error>>) {
+        let src = PeerId(i as u32);
+        match a {
+            msg::Action::Send(f) => {
+                if matches!(f, Frame::Push { .. }) {
+                    self.stats.cma_splits += 1;
                 }
-                let Some(op) = self.req.recvs.get_mut(&rid) else {
+                self.push_ctrl(i, f);
+            }
+            msg::Action::Read(r) => {
+                let Some(op) = self.req.recvs.get_mut(&r.rid) else {
                     return;
                 };
-                let buf = &mut op.buf.slice()[pushed as usize..n as usize];
-                let read = sys::cma_read(pid, addr + pushed, buf).map_err(read_failed(src));
+                let buf = &mut op.buf.slice()[r.at as usize..(r.at + r.len) as usize];
+                let read = match self.peers[i].link.shm() {
+                    Some(shm) => sys::cma_read(shm.pid, r.addr, buf),
+                    None => Err(std::io::Error::other("not a shared-memory peer")),
+                };
                 if read.is_ok() {
-                    self.stats.cma_bytes += n - pushed;
+                    self.stats.cma_bytes += r.len;
                 }
-                op.state = RecvState::after_cma(status, cap, pushed, read, since, addr);
-                if pushed > 0 {
-                    self.stats.cma_splits += 1;
-                } else {
-                    self.req.finished.push((false, rid));
-                    self.finish_cma(i, send_id, n, since);
-                }
+                let now = sys::monotonic_ns();
+                let costs = &self.ctx.costs;
+                self.peers[i]
+                    .rndv
+                    .read_done(&mut self.req, costs, r, read, now, more);
             }
-            _ => {
-                if let Some(u) = p.link.bulk() {
-                    // A bulk transfer straight into the posted buffer (speculatively).
-                    // The receive op keeps the buffer until the transfer completes
-                    // (finish_bulk_peer) or the peer fails (fail_peer_ops clears the
-                    // link's transfers first).
+            msg::Action::Write { send_id, addr, len } => {
+                let pid = self.peers[i].link.shm().map(|s| s.pid);
+                let data = self.req.sends.get(&send_id).map(|op| op.data.bytes());
+                let ok = match (pid, data) {
+                    (Some(pid), Some(d)) => sys::cma_write(pid, addr, &d[..len as usize]).is_ok(),
+                    _ => false,
+                };
+                self.peers[i].rndv.written(send_id, ok, more);
+            }
+            msg::Action::Expect { send_id, rid, len } => {
+                // A bulk transfer straight into the posted buffer (speculatively). The
+                // receive op keeps the buffer until the transfer completes
+                // (finish_bulk_peer) or the peer fails (fail_peer_ops clears the link's
+                // transfers first).
+                let op = self.req.recvs.get_mut(&rid);
+                if let (Some(u), Some(op)) = (self.peers[i].link.bulk(), op) {
                     u.expect_bulk(send_id, len, op.buf.lease());
                 }
-                op.state = RecvState::transfer(status, since);
-                p.pipeline_in.insert(send_id, rid);
-                self.push_ctrl(i, Frame::Cts { send_id });
+            }
+            msg::Action::Transfer { send_id, len } => {
+                let p = &mut self.peers[i];
+                let Some(u) = p.link.bulk() else {
+                    p.rndv.chunks.push(send_id, len);
+                    self.pump_pipeline(i);
+                    return;
+                };
+                // The send op holds the bytes until it completes, which happens only when
+                // the link reports the transfer acknowledged, or the peer fails (the
+                // link's transfers are cleared first).
+                if let Some(op) = self.req.sends.get_mut(&send_id) {
+                    if !u.send_bulk(send_id, op.data.lease()) && op.state.fail(Error::PeerDead(src))
+                    {
+                        self.req.finished.push((true, send_id));
+                    }
+                }
+                self.kick(i);
             }
         }
     }
@@ -135,126 +182,6 @@ impl Endpoint {
                         .push_unexpected(src, tag, Arrived::Rts { len, send_id, addr })
                 }
             },
-            Frame::Fin { send_id } => {
-                if let Some(op) = self.req.sends.get_mut(&send_id) {
-                    if op.peer == src && op.state.on_fin() {
-                        self.req.finished.push((true, send_id));
-                    }
-                }
-            }
-            Frame::Cts { send_id } => {
-                let bad = |what| bad_send_ref(src, send_id, what);
-                let op = match self.req.sends.get_mut(&send_id) {
-                    Some(op) if op.peer == src => op,
-                    _ => return Err(bad("CTS for unknown send")),
-                };
-                op.state.on_cts().map_err(bad)?;
-                let len = op.data.bytes().len() as u64;
-                if let Some(u) = self.peers[i].link.bulk() {
-                    // The send op holds the bytes until it completes, which happens only
-                    // when the link reports the transfer acknowledged, or the peer fails
-                    // (the link's transfers are cleared first).
-                    if !u.send_bulk(send_id, op.data.lease()) && op.state.fail(Error::PeerDead(src))
-                    {
-                        self.req.finished.push((true, send_id));
-                    }
-                    self.kick(i);
-                    return Ok(true);
-                }
-                self.peers[i].pipeline_out.push(send_id, len);
-                self.pump_pipeline(i);
-            }
-            Frame::Chunk {
-                send_id,
-                offset,
-                data,
-            } => {
-                let p = &mut self.peers[i];
-                let bad = |what| bad_send_ref(src, send_id, what);
-                let rid = *p
-                    .pipeline_in
-                    .get(&send_id)
-                    .ok_or_else(|| bad("chunk for unknown send"))?;
-                let op = self
-                    .req
-                    .recvs
-                    .get_mut(&rid)
-                    .ok_or_else(|| bad("chunk for unknown receive"))?;
-                let buf = op.buf.slice();
-                let len = data.len() as u64;
-                let chunk = op
-                    .state
-                    .on_chunk(offset, len, buf.len() as u64)
-                    .map_err(bad)?;
-                buf[chunk.copy.clone()].copy_from_slice(&data[..chunk.copy.len()]);
-                self.stats.pipeline_bytes += len;
-                if let Some(since) = chunk.done {
-                    let ns = sys::monotonic_ns().saturating_sub(since) as f64;
-                    p.chooser
-                        .record(&self.ctx.costs, Rndv::Pipeline, offset + len, ns);
-                    self.req.finished.push((false, rid));
-                    p.pipeline_in.remove(&send_id);
-                }
-            }
-            Frame::Cancel { send_id } => {
-                let cancelled = msg::withdraw(&mut self.matcher, src, send_id);
-                self.push_ctrl(i, Frame::CancelAck { send_id, cancelled });
-            }
-            Frame::CancelAck { send_id, cancelled } => {
-                if let Some(op) = self.req.sends.get_mut(&send_id) {
-                    if op.peer == src && op.state.on_cancel_ack(cancelled) {
-                        self.req.finished.push((true, send_id));
-                    }
-                }
-            }
-            Frame::Push { send_id, addr, len } => {
-                let bad = |what| bad_send_ref(src, send_id, what);
-                let op = match self.req.sends.get(&send_id) {
-                    Some(op) if op.peer == src => op,
-                    _ => return Err(bad("push for unknown send")),
-                };
-                let d = op.data.bytes();
-                let part = &d[op.state.push_part(len, d.len() as u64).map_err(bad)?];
-                let pid = self.peers[i].link.shm().map(|s| s.pid);
-                let ok = pid.is_some_and(|pid| sys::cma_write(pid, addr, part).is_ok());
-                self.push_ctrl(i, Frame::Pushed { send_id, ok });
-            }
-            Frame::Pushed { send_id, ok } => {
-                let p = &mut self.peers[i];
-                let bad = |what| bad_send_ref(src, send_id, what);
-                let rid = p
-                    .pipeline_in
-                    .remove(&send_id)
-                    .ok_or_else(|| bad("pushed for unknown send"))?;
-                let op = self
-                    .req
-                    .recvs
-                    .get_mut(&rid)
-                    .ok_or_else(|| bad("pushed for unknown receive"))?;
-                let end = op.state.on_pushed(ok).map_err(bad)?;
-                let buf = op.buf.slice();
-                let cap = buf.len() as u64;
-                // The sender could not write its part: read it too (its memory is still
-                // there: it waits for the Fin).
-                let head = if end.written {
-                    Ok(())
-                } else {
-                    p.push_refused = true;
-                    let head = &mut buf[..end.pushed as usize];
-                    match p.link.shm() {
-                        Some(shm) => sys::cma_read(shm.pid, end.addr, head),
-                        None => Err(std::io::Error::other("not a shared-memory peer")),
-                    }
-                    .map_err(read_failed(src))
-                };
-                if head.is_ok() {
-                    self.stats.cma_bytes += end.pushed;
-                }
-                let (n, since) = (end.status.len.min(cap), end.since);
-                op.state = end.finish(head, cap);
-                self.req.finished.push((false, rid));
-                self.finish_cma(i, send_id, n, since);
-            }
             Frame::Close => {
                 // Transfers the peer acknowledged before its goodbye (the ack rides with
                 // it: see `close`) complete; only the rest fail.
@@ -263,18 +190,32 @@ impl Endpoint {
                 self.fail_peer(i, format!("{src} closed the connection"))
             }
             Frame::Rma(r) => self.handle_rma(i, bytes, r)?,
+            // The rendezvous frames.
+            ref f => {
+                let mut acts = std::mem::take(&mut self.acts);
+                let now = sys::monotonic_ns();
+                let landed = self.peers[i].rndv.on_frame(
+                    &mut self.req,
+                    &mut self.matcher,
+                    &self.ctx.costs,
+                    f,
+                    now,
+                    &mut acts,
+                );
+                match landed {
+                    Ok(msg::Landed::Nothing) => {}
+                    Ok(msg::Landed::Chunk(n)) => self.stats.pipeline_bytes += n,
+                    Ok(msg::Landed::Pushed(n)) => self.stats.cma_bytes += n,
+                    Err(r) => {
+                        self.acts = acts;
+                        return Err(bad_send_ref(src, r.send_id, r.what));
+                    }
+                }
+                self.act(i, acts);
+                return Ok(true);
+            }
         }
         Ok(true)
-    }
-
-    /// The end of a CMA rendezvous receive of `n` bytes from peer `i` started at `since`:
-    /// the chooser's sample, and the Fin that releases the sender's buffer.
-    pub(super) fn finish_cma(&mut self, i: usize, send_id: u64, n: u64, since: u64) {
-        let ns = sys::monotonic_ns().saturating_sub(since) as f64;
-        self.peers[i]
-            .chooser
-            .record(&self.ctx.costs, Rndv::Cma, n, ns);
-        self.push_ctrl(i, Frame::Fin { send_id });
     }
 
     /// Completes the rendezvous sends and receives whose bulk transfers peer `i`'s link
@@ -292,32 +233,10 @@ impl Endpoint {
                 u.ack_now();
             }
         }
-        for x in done_out {
-            if let Some(op) = self.req.sends.get_mut(&x) {
-                if op.state.transfer_done() {
-                    self.req.finished.push((true, x));
-                }
-            }
-        }
-        for x in done_in {
-            let Some(rid) = self.peers[i].pipeline_in.remove(&x) else {
-                continue;
-            };
-            let Some(op) = self.req.recvs.get_mut(&rid) else {
-                continue;
-            };
-            // Its bytes are counted by the link (hits, direct reads, cleanup copies).
-            let cap = op.buf.slice().len() as u64;
-            if op.state.transfer_done(cap) {
-                self.req.finished.push((false, rid));
-            }
-        }
+        self.peers[i]
+            .rndv
+            .transfers_done(&mut self.req, &done_in, &done_out);
     }
-}
-
-/// The error of a failed read of peer `src`'s message out of its memory.
-fn read_failed(src: PeerId) -> impl FnOnce(std::io::Error) -> Error {
-    move |source| msg::Failure::Read { peer: src, source }.into()
 }
 
 /// The protocol error for a peer's frame naming a send (or its receive) that does not

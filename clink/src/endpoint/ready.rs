@@ -155,7 +155,7 @@ impl Endpoint {
         let p = &mut self.peers[i];
         p.alive
             && (!p.txq.is_empty()
-                || !p.pipeline_out.is_empty()
+                || !p.rndv.chunks.is_empty()
                 || !p.engine.is_empty()
                 || p.blocked
                 || matches!(p.link.peek(), Ok(Some(_))))

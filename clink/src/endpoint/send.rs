@@ -426,12 +426,7 @@ impl Endpoint {
             // bounded like an eager frame all the same.)
             None => crate::context::net_eager_threshold(&self.ctx, false),
         };
-        while let Some(c) = p.pipeline_out.next(chunk) {
-            let Some(op) = self.req.sends.get_mut(&c.send_id) else {
-                p.pipeline_out.skip();
-                continue;
-            };
-            let data = &op.data.bytes()[c.offset as usize..(c.offset + c.len) as usize];
+        while let Some((c, data)) = p.rndv.next_chunk(&self.req, chunk) {
             let f = Frame::Chunk {
                 send_id: c.send_id,
                 offset: c.offset,
@@ -442,9 +437,7 @@ impl Endpoint {
             }
             self.stats.frames_sent += 1;
             did = true;
-            if p.pipeline_out.sent(c).is_some() && op.state.transfer_done() {
-                self.req.finished.push((true, c.send_id));
-            }
+            p.rndv.chunk_sent(&mut self.req, c);
         }
         did
     }

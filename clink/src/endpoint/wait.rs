@@ -234,7 +234,7 @@ impl Endpoint {
         };
         (shm.tether.is_some()
             && p.txq.is_empty()
-            && p.pipeline_out.is_empty()
+            && p.rndv.chunks.is_empty()
             && p.engine.is_empty())
         .then_some(i)
     }
@@ -304,7 +304,7 @@ impl Endpoint {
         let list = self.arm_list();
         for &i in &list {
             let p = &mut self.peers[i];
-            let waiting = !p.txq.is_empty() || !p.pipeline_out.is_empty();
+            let waiting = !p.txq.is_empty() || !p.rndv.chunks.is_empty();
             let Some(shm) = p.link.shm_mut() else {
                 continue;
             };
