@@ -262,8 +262,10 @@ pub struct Endpoint {
     matcher: Matcher<u64, Arrived>,
     /// The requests, their states and buffers ([`clink_proto::msg::Requests`]).
     req: msg::Requests<SendBuf, RecvBuf, Error>,
-    /// The rendezvous protocol's actions being carried out (kept for its allocation).
+    /// The rendezvous protocol's actions being carried out, and those their completions
+    /// ask for (kept for their allocations).
     acts: Vec<msg::Action<Error>>,
+    acts_more: Vec<msg::Action<Error>>,
     stats: Stats,
     /// Progress passes made (wrapping): every 64th looks at the clock for the liveness
     /// check.
@@ -351,6 +353,7 @@ impl Endpoint {
             matcher: Matcher::default(),
             req: msg::Requests::default(),
             acts: Vec::new(),
+            acts_more: Vec::new(),
             stats: Stats::default(),
             passes: 0,
             last_check: Instant::now(),

@@ -57,15 +57,19 @@ impl Endpoint {
 
     /// Carries out, in order, what the rendezvous protocol asked for with peer `i` (and
     /// what their completions ask for in turn).
-    fn act(&mut self, i: usize, mut todo: Vec<msg::Action<Error>>) {
-        let mut more = Vec::new();
-        while !todo.is_empty() {
-            for a in todo.drain(..) {
+    fn act(&mut self, i: usize, mut acts: Vec<msg::Action<Error>>) {
+        let mut more = std::mem::take(&mut self.acts_more);
+        loop {
+            for a in acts.drain(..) {
                 self.act_one(i, a, &mut more);
             }
-            std::mem::swap(&mut todo, &mut more);
+            if more.is_empty() {
+                break;
+            }
+            std::mem::swap(&mut acts, &mut more);
         }
-        self.acts = todo;
+        // (Both kept for their allocations.)
+        (self.acts, self.acts_more) = (acts, more);
     }
 
     fn act_one(&mut self, i: usize, a: msg::Action<Error>, more: &mut Vec<msg::Action<Error>>) {
@@ -191,31 +195,36 @@ impl Endpoint {
             }
             Frame::Rma(r) => self.handle_rma(i, bytes, r)?,
             // The rendezvous frames.
-            ref f => {
-                let mut acts = std::mem::take(&mut self.acts);
-                let now = sys::monotonic_ns();
-                let landed = self.peers[i].rndv.on_frame(
-                    &mut self.req,
-                    &mut self.matcher,
-                    &self.ctx.costs,
-                    f,
-                    now,
-                    &mut acts,
-                );
-                match landed {
-                    Ok(msg::Landed::Nothing) => {}
-                    Ok(msg::Landed::Chunk(n)) => self.stats.pipeline_bytes += n,
-                    Ok(msg::Landed::Pushed(n)) => self.stats.cma_bytes += n,
-                    Err(r) => {
-                        self.acts = acts;
-                        return Err(bad_send_ref(src, r.send_id, r.what));
-                    }
-                }
-                self.act(i, acts);
-                return Ok(true);
-            }
+            ref f => self.handle_rendezvous(i, f)?,
         }
         Ok(true)
+    }
+
+    /// Hands peer `i`'s rendezvous frame `f` to its protocol and carries out what it asks
+    /// (out of line: at most a few per large message, kept off the eager path).
+    #[inline(never)]
+    fn handle_rendezvous(&mut self, i: usize, f: &Frame<'_>) -> Result<()> {
+        let mut acts = std::mem::take(&mut self.acts);
+        let now = sys::monotonic_ns();
+        let landed = self.peers[i].rndv.on_frame(
+            &mut self.req,
+            &mut self.matcher,
+            &self.ctx.costs,
+            f,
+            now,
+            &mut acts,
+        );
+        match landed {
+            Ok(msg::Landed::Nothing) => {}
+            Ok(msg::Landed::Chunk(n)) => self.stats.pipeline_bytes += n,
+            Ok(msg::Landed::Pushed(n)) => self.stats.cma_bytes += n,
+            Err(r) => {
+                self.acts = acts;
+                return Err(bad_send_ref(PeerId(i as u32), r.send_id, r.what));
+            }
+        }
+        self.act(i, acts);
+        Ok(())
     }
 
     /// Completes the rendezvous sends and receives whose bulk transfers peer `i`'s link
