@@ -20,8 +20,8 @@
 use clink_proto::cost::{Costs, Rndv};
 use clink_proto::matching::{Matcher, Selector};
 use clink_proto::msg::{
-    self, Action, Arrived, CancelStep, Failure, Message, RecvReq, RecvState, Rendezvous, Requests,
-    SendReq, SendState,
+    self, Action, Arrived, CancelStep, Failure, Head, Message, RecvReq, RecvState, Rendezvous,
+    Requests, SendReq, SendState, TxQueue,
 };
 use clink_proto::netsim::Rng;
 use clink_proto::wire::Frame;
@@ -38,8 +38,11 @@ const BIG_BUF: usize = 700 << 10;
 
 /// A send's bytes and what the checks need of it.
 struct Send {
-    /// The message; emptied when the send is over (its memory is the caller's again).
+    /// The message (an RTS gives its address). Kept allocated to the end of the run, so
+    /// no later message takes its address.
     data: Vec<u8>,
+    /// The send is over: its memory is the caller's again, and no read may touch it.
+    released: bool,
     len: u64,
     /// Its place among the sends of its tag.
     seq: u64,
@@ -75,8 +78,8 @@ struct Side {
     rndv: Rendezvous,
     /// Frames to the other side, encoded, in order.
     out: VecDeque<Vec<u8>>,
-    /// Sends that could not enter the link yet, in order.
-    txq: VecDeque<u64>,
+    /// What could not enter the link yet, in order.
+    txq: TxQueue,
     /// Over a link that carries transfers: the sends being transferred to the other
     /// side, in order.
     bulk_out: VecDeque<u64>,
@@ -95,7 +98,7 @@ impl Side {
         for (send, id) in std::mem::take(&mut self.req.finished) {
             if send {
                 if let Some(op) = self.req.sends.get_mut(&id) {
-                    op.data.data = Vec::new();
+                    op.data.released = true;
                 }
             }
         }
@@ -131,12 +134,6 @@ fn payload(rng: &mut Rng, len: u64) -> Vec<u8> {
     v
 }
 
-/// Where a send's message is in its process: the send's number in the high half, so a
-/// read from an offset into it says which send and where.
-fn addr_of(send_id: u64) -> u64 {
-    send_id << 32
-}
-
 impl World {
     fn new(seed: u64) -> World {
         let side = || Side {
@@ -146,7 +143,7 @@ impl World {
             posted: vec![Vec::new(); TAGS as usize],
             rndv: Rendezvous::new(PEER),
             out: VecDeque::new(),
-            txq: VecDeque::new(),
+            txq: TxQueue::default(),
             bulk_out: VecDeque::new(),
             expected: HashMap::new(),
             sent_per_tag: vec![0; TAGS as usize],
@@ -197,6 +194,7 @@ impl World {
             len,
             payload: data.clone(),
             data,
+            released: false,
             seq,
         };
         s.req.add_send(
@@ -209,37 +207,25 @@ impl World {
                 watched: false,
             },
         );
-        s.txq.push_back(id);
+        s.txq.push_send(id);
     }
 
     /// Moves queued sends into the link while it takes them (it refuses at random, as a
     /// full ring does).
     fn flush(&mut self, k: usize) {
-        while let Some(&id) = self.sides[k].txq.front() {
+        loop {
+            let s = &mut self.sides[k];
+            let Some(head) = s.txq.head(&s.req, EAGER_MAX) else {
+                break;
+            };
             if self.rng.chance(0.3) {
                 return;
             }
-            let s = &mut self.sides[k];
-            s.txq.pop_front();
-            let Some(op) = s.req.sends.get_mut(&id) else {
-                continue;
-            };
-            if op.data.len <= EAGER_MAX {
-                s.out.push_back(frame(&Frame::Eager {
-                    tag: op.tag,
-                    data: &op.data.data,
-                }));
-                op.state.delivered();
-                op.data.data = Vec::new();
-            } else {
-                s.out.push_back(frame(&Frame::Rts {
-                    tag: op.tag,
-                    len: op.data.len,
-                    send_id: id,
-                    addr: addr_of(id),
-                }));
-                op.state.announced();
+            if let Head::Frame(f) = head {
+                s.out.push_back(frame(&f));
             }
+            s.txq.pop(&mut s.req, EAGER_MAX);
+            s.release_finished();
         }
         self.pump(k);
     }
@@ -255,6 +241,10 @@ impl World {
             if self.rng.chance(0.3) {
                 return;
             }
+            assert!(
+                !s.req.sends[&c.send_id].data.released,
+                "a chunk of a send's memory after it was released"
+            );
             s.out.push_back(frame(&Frame::Chunk {
                 send_id: c.send_id,
                 offset: c.offset,
@@ -430,7 +420,7 @@ impl World {
             .expect("a transfer the receiver expects");
         let op = &o.req.sends[&send_id];
         assert!(
-            matches!(op.state, SendState::Transfer),
+            !op.data.released && matches!(op.state, SendState::Transfer),
             "transfer of a send's memory after it was released"
         );
         let r = s
@@ -462,9 +452,9 @@ impl World {
         let op = s.req.sends.get_mut(&id).unwrap();
         match op.state.cancel_step() {
             CancelStep::Withdraw => {
-                s.txq.retain(|&t| t != id);
+                s.txq.withdraw(id);
                 op.state = SendState::Done(Err(Failure::Cancelled));
-                op.data.data = Vec::new();
+                op.data.released = true;
             }
             CancelStep::AskReceiver => s.out.push_back(frame(&Frame::Cancel { send_id: id })),
             CancelStep::AwaitEnd | CancelStep::Over => {}
@@ -553,17 +543,26 @@ impl World {
     }
 }
 
-/// Reads `buf.len()` bytes at `addr` (see [`addr_of`]) out of the sender's memory.
+/// Reads `buf.len()` bytes at `addr` out of the sender's memory (a message's address, as
+/// its RTS gave it, plus an offset).
 fn cma_read(sender: &Side, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
     if sender.dead {
         return Err(std::io::Error::from_raw_os_error(3));
     }
-    let (id, offset) = (addr >> 32, (addr & 0xffff_ffff) as usize);
-    let op = &sender.req.sends[&id];
+    let op = sender
+        .req
+        .sends
+        .values()
+        .find(|o| {
+            let at = o.data.data.as_ptr() as u64;
+            (at..at + o.data.len).contains(&addr)
+        })
+        .expect("a read of a message's memory");
     assert!(
-        matches!(op.state, SendState::WaitFin),
+        !op.data.released && matches!(op.state, SendState::WaitFin),
         "read of a send's memory after it was released"
     );
+    let offset = (addr - op.data.data.as_ptr() as u64) as usize;
     buf.copy_from_slice(&op.data.data[offset..offset + buf.len()]);
     Ok(())
 }
@@ -744,6 +743,7 @@ fn a_cancel_racing_the_match_loses_and_the_message_arrives() {
                 len: 4096,
                 payload: data.clone(),
                 data,
+                released: false,
                 seq: 0,
             },
             state: SendState::Queued,
@@ -751,7 +751,7 @@ fn a_cancel_racing_the_match_loses_and_the_message_arrives() {
         },
     );
     w.sides[0].sent_per_tag[0] = 1;
-    w.sides[0].txq.push_back(id);
+    w.sides[0].txq.push_send(id);
     while !w.sides[0].txq.is_empty() {
         w.flush(0);
     }

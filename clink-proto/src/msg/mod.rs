@@ -43,6 +43,7 @@ mod rendezvous;
 mod reqmap;
 mod requests;
 mod send;
+mod txqueue;
 
 pub use chunker::{Chunker, NextChunk};
 pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
@@ -50,6 +51,7 @@ pub use rendezvous::{Action, Announced, Buffer, Landed, Message, Read, Refused, 
 pub use reqmap::ReqMap;
 pub use requests::{RecvReq, Requests, SendReq};
 pub use send::{CancelStep, SendState};
+pub use txqueue::{Head, TxQueue};
 
 use crate::matching::Matcher;
 use crate::PeerId;

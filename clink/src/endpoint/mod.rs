@@ -166,19 +166,12 @@ type RecvState = msg::RecvState<Error>;
 
 type RecvOp = msg::RecvReq<RecvBuf, Error>;
 
-/// Something to put in a peer's ring, in order.
-enum TxItem {
-    Send(u64),
-    Ctrl(Frame<'static>),
-    /// An encoded frame (one-sided requests and answers that found the link full).
-    Raw(Vec<u8>),
-}
-
 struct Peer {
     link: Link,
     alive: bool,
     eager_max: u64,
-    txq: VecDeque<TxItem>,
+    /// What waits for the link, in order ([`msg::TxQueue`]).
+    txq: msg::TxQueue,
     /// The rendezvous protocol's state with this peer (receives in progress, sends going
     /// out in chunks, the measured choice of method).
     rndv: msg::Rendezvous,

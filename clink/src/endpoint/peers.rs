@@ -127,7 +127,7 @@ impl Endpoint {
             link,
             alive: true,
             eager_max,
-            txq: VecDeque::new(),
+            txq: msg::TxQueue::default(),
             rndv: msg::Rendezvous::new(id),
             blocked: false,
             engine: Default::default(),

@@ -144,7 +144,7 @@ impl Endpoint {
         }
         let id = self.req.alloc_id();
         let p = &mut self.peers[peer.0 as usize];
-        p.txq.push_back(TxItem::Send(id));
+        p.txq.push_send(id);
         self.mark_busy(peer.0 as usize);
         self.req.add_send(
             id,
@@ -247,7 +247,7 @@ impl Endpoint {
             CancelStep::Withdraw => {
                 // Never left this process: drop it from the queue.
                 let p = &mut self.peers[peer.0 as usize];
-                p.txq.retain(|t| !matches!(t, TxItem::Send(s) if *s == id));
+                p.txq.withdraw(id);
                 self.req.remove_send(id);
                 Ok(true)
             }
@@ -347,7 +347,7 @@ impl Endpoint {
             self.stats.frames_sent += 1;
             return;
         }
-        p.txq.push_back(TxItem::Ctrl(f));
+        p.txq.push_ctrl(f);
         self.mark_busy(i);
     }
 
@@ -367,44 +367,15 @@ impl Endpoint {
         let mut did = false;
         loop {
             let p = &mut self.peers[i];
-            let Some(item) = p.txq.front() else { break };
-            let ok = match item {
-                TxItem::Ctrl(f) => p.link.try_send(f),
-                TxItem::Raw(v) => match Frame::parse(v) {
-                    Ok(f) => p.link.try_send(&f),
-                    Err(_) => true, // we encoded it: cannot happen; drop rather than stall
-                },
-                TxItem::Send(id) => match self.req.sends.get_mut(id) {
-                    None => true, // cancelled meanwhile
-                    Some(op) => {
-                        let data = op.data.bytes();
-                        let len = data.len() as u64;
-                        if len <= p.eager_max {
-                            let ok = p.link.try_send(&Frame::Eager { tag: op.tag, data });
-                            if ok {
-                                op.state.delivered();
-                                self.req.finished.push((true, *id));
-                            }
-                            ok
-                        } else {
-                            let ok = p.link.try_send(&Frame::Rts {
-                                tag: op.tag,
-                                len,
-                                send_id: *id,
-                                addr: data.as_ptr() as u64,
-                            });
-                            if ok {
-                                op.state.announced();
-                            }
-                            ok
-                        }
-                    }
-                },
+            let ok = match p.txq.head(&self.req, p.eager_max) {
+                None => break,
+                Some(msg::Head::Frame(f)) => p.link.try_send(&f),
+                Some(msg::Head::Stale) => true,
             };
             if !ok {
                 break;
             }
-            p.txq.pop_front();
+            p.txq.pop(&mut self.req, p.eager_max);
             self.stats.frames_sent += 1;
             did = true;
         }

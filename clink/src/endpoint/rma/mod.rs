@@ -12,7 +12,7 @@ mod ops;
 mod target;
 mod trips;
 
-use super::{Endpoint, RecvBuf, SendBuf, TxItem, FAST_STREAK};
+use super::{Endpoint, RecvBuf, SendBuf, FAST_STREAK};
 use crate::error::{io_err, Error, Result};
 use crate::events::{self, Event, EventSender};
 use crate::lease::Dst;

@@ -66,7 +66,7 @@ impl Endpoint {
         }
         let mut v = vec![0u8; f.encoded_len()];
         f.encode(&mut v);
-        p.txq.push_back(TxItem::Raw(v));
+        p.txq.push_encoded(v);
         self.mark_busy(i);
     }
 
