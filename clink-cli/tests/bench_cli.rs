@@ -79,7 +79,7 @@ fn quick_json_run_over_sockets() {
             "metric",
             "size",
             "median",
-            "copies_per_byte",
+            "nominal_copies_per_byte",
         ] {
             assert!(row.get(key).is_some(), "missing {key} in {row}");
         }
@@ -96,7 +96,7 @@ fn quick_json_run_over_sockets() {
             );
         }
         // Kernel sockets copy twice; clink's eager and pipelined paths too (CMA: once).
-        let copies = row["copies_per_byte"].as_f64().unwrap_or(-1.0);
+        let copies = row["nominal_copies_per_byte"].as_f64().unwrap_or(-1.0);
         assert!(
             copies == 2.0 || (row["system"] == "clink" && copies == 1.0),
             "{row}"
@@ -171,7 +171,7 @@ fn quick_netns_run_over_tcp_and_udp() {
     for row in &rows {
         assert_eq!(row["placement"], "netns", "{row}");
         assert!(row["median"].as_f64().is_some_and(|m| m > 0.0), "{row}");
-        let copies = row["copies_per_byte"].as_f64();
+        let copies = row["nominal_copies_per_byte"].as_f64();
         if row["system"] == "clink-tcp" {
             // clink over TCP: eager 3 user-space copies + the kernel's 2, rendezvous 2.
             assert_eq!(row["transport"], "tcp", "{row}");

@@ -72,8 +72,8 @@ pub struct Row {
     pub min: Option<f64>,
     /// Largest sample (latency) or fastest repetition (bandwidth), if known.
     pub max: Option<f64>,
-    /// Copies of each payload byte by the protocol's design (nominal, not measured; `None`
-    /// when the system does not say).
+    /// Copies of each payload byte by the protocol's design (nominal, not measured: the
+    /// JSON key is `nominal_copies_per_byte`; `None` when the system does not say).
     pub copies_per_byte: Option<f64>,
     /// Measured ping-pong round trips, or messages per bandwidth repetition.
     pub iterations: u64,
@@ -153,7 +153,7 @@ impl Row {
         obj.insert("min".into(), num(self.min));
         obj.insert("max".into(), num(self.max));
         obj.insert("round".into(), json!(self.round));
-        obj.insert("copies_per_byte".into(), num(self.copies_per_byte));
+        obj.insert("nominal_copies_per_byte".into(), num(self.copies_per_byte));
         obj.insert("iterations".into(), json!(self.iterations));
         obj.insert("reps".into(), json!(self.reps));
         obj.insert("pinned".into(), json!(self.pinned));
@@ -224,7 +224,11 @@ impl Row {
             p99: opt_f64("p99")?,
             min: opt_f64("min")?,
             max: opt_f64("max")?,
-            copies_per_byte: opt_f64("copies_per_byte")?,
+            // (Rows written before the key said "nominal" are read too.)
+            copies_per_byte: match opt_f64("nominal_copies_per_byte")? {
+                Some(c) => Some(c),
+                None => opt_f64("copies_per_byte")?,
+            },
             iterations: uint("iterations")?,
             reps: uint("reps")?,
             pinned: obj.get("pinned").and_then(Value::as_bool).unwrap_or(false),
@@ -683,14 +687,17 @@ mod tests {
             "size",
             "median",
             "p99",
-            "copies_per_byte",
+            "nominal_copies_per_byte",
         ] {
             assert!(v.get(key).is_some(), "missing {key}");
         }
         assert_eq!(v["metric"], "latency_us");
         assert_eq!(v["mode"], "busy");
         assert_eq!(v["size"], 64);
-        assert_eq!(Row::from_json(&line), Ok(row));
+        assert_eq!(Row::from_json(&line), Ok(row.clone()));
+        // A row written when the key was `copies_per_byte` reads the same.
+        let old = line.replace("nominal_copies_per_byte", "copies_per_byte");
+        assert_eq!(Row::from_json(&old), Ok(row));
     }
 
     #[test]
@@ -709,7 +716,7 @@ mod tests {
         let line = row.to_json();
         let v: Value = serde_json::from_str(&line).expect("json");
         assert!(v.get("p99").is_none());
-        assert!(v["copies_per_byte"].is_null());
+        assert!(v["nominal_copies_per_byte"].is_null());
         assert_eq!(Row::from_json(&line), Ok(row));
     }
 
