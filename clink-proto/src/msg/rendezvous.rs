@@ -396,15 +396,17 @@ impl Rendezvous {
             }
             Frame::Pushed { send_id, ok } => {
                 let bad = |what| Refused { send_id, what };
-                let rid = self
+                let rid = *self
                     .incoming
-                    .remove(&send_id)
+                    .get(&send_id)
                     .ok_or_else(|| bad("pushed for unknown send"))?;
                 let op = req
                     .recvs
                     .get_mut(&rid)
                     .ok_or_else(|| bad("pushed for unknown receive"))?;
+                // (Refused, the receive stays where it was, and in progress.)
                 let end = op.state.on_pushed(ok).map_err(bad)?;
+                self.incoming.remove(&send_id);
                 let cap = op.buf.slice().len() as u64;
                 if end.written {
                     let (n, since) = (end.status.len.min(cap), end.since);
@@ -517,6 +519,19 @@ impl Rendezvous {
                 req.finished.push((true, id));
             }
         }
+        // (Every receive in progress is in `incoming`; looked for all the same, as a
+        // receive left in flight would wait for ever.)
+        for (id, op) in req.recvs.iter_mut() {
+            let from_peer = match &op.state {
+                RecvState::Transfer { status, .. } | RecvState::Split { status, .. } => {
+                    status.peer == peer
+                }
+                _ => false,
+            };
+            if from_peer && op.state.fail(err()) {
+                req.finished.push((false, id));
+            }
+        }
         for rid in matcher.drain_posted_from(peer) {
             if let Some(op) = req.recvs.get_mut(&rid) {
                 if op.state.fail(err()) {
@@ -525,5 +540,99 @@ impl Rendezvous {
             }
         }
         matcher.drain_unexpected_from(peer, |u| matches!(u, Arrived::Eager(_)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{RecvReq, SendReq, SendState};
+
+    type Table = Requests<Vec<u8>, Vec<u8>, Failure>;
+
+    fn transfer(req: &mut Table, rv: &mut Rendezvous, send_id: u64) -> u64 {
+        let rid = req.alloc_id();
+        let (buf, state) = (vec![0; 64], RecvState::Posted);
+        req.add_recv(
+            rid,
+            RecvReq {
+                buf,
+                state,
+                watched: false,
+                user: 0,
+            },
+        );
+        let rts = Announced {
+            tag: 1,
+            len: 100,
+            send_id,
+            addr: 0,
+        };
+        let mut acts = Vec::new();
+        rv.matched(req, rid, rts, (Rndv::Pipeline, true, true), 0, &mut acts);
+        assert!(matches!(
+            acts[..],
+            [Action::Expect { .. }, Action::Send(Frame::Cts { .. })]
+        ));
+        rid
+    }
+
+    /// A Pushed for a receive that is not split is refused and leaves the receive in
+    /// progress: its chunks are still taken (once, the refused Pushed had taken it out of
+    /// the receives in progress, where it waited for ever: a fuzzer's find). The peer's
+    /// death ends every request that needs it.
+    #[test]
+    fn a_refused_pushed_leaves_the_receive_in_progress() {
+        let peer = PeerId(0);
+        let (mut req, mut rv) = (Table::default(), Rendezvous::new(peer));
+        let (mut matcher, costs, mut acts) = (Matcher::default(), Costs::default(), Vec::new());
+        let a = transfer(&mut req, &mut rv, 9);
+        let pushed = Frame::Pushed {
+            send_id: 9,
+            ok: false,
+        };
+        let r = rv.on_frame(&mut req, &mut matcher, &costs, &pushed, 1, &mut acts);
+        assert_eq!(r.unwrap_err().what, "pushed for a receive not split");
+        assert!(acts.is_empty());
+        let data = [3u8; 100];
+        let chunk = Frame::Chunk {
+            send_id: 9,
+            offset: 0,
+            data: &data,
+        };
+        let r = rv.on_frame(&mut req, &mut matcher, &costs, &chunk, 2, &mut acts);
+        assert_eq!(r, Ok(Landed::Chunk(100)));
+        let truncated = Failure::Truncated {
+            len: 100,
+            capacity: 64,
+        };
+        assert!(
+            matches!(&req.recvs[&a].state, RecvState::Done(Err(t)) if format!("{t:?}") == format!("{truncated:?}"))
+        );
+        assert_eq!(req.recvs[&a].buf, [3u8; 64]);
+
+        let b = transfer(&mut req, &mut rv, 10);
+        let id = req.alloc_id();
+        let state = SendState::WaitFin;
+        req.add_send(
+            id,
+            SendReq {
+                peer,
+                tag: 1,
+                data: vec![1; 10],
+                state,
+                watched: false,
+            },
+        );
+        rv.peer_died(&mut req, &mut matcher, || Failure::PeerDead(peer));
+        assert!(matches!(
+            req.recvs[&b].state,
+            RecvState::Done(Err(Failure::PeerDead(_)))
+        ));
+        assert!(matches!(
+            req.sends[&id].state,
+            SendState::Done(Err(Failure::PeerDead(_)))
+        ));
+        assert!(rv.is_idle());
     }
 }

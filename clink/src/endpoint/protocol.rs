@@ -1,6 +1,7 @@
-//! The messaging protocol's frame handling: eager delivery, rendezvous (RTS, CTS, FIN),
-//! the CMA read and its split, the pipelined copy, cancels; and completing the transfers
-//! a network link finished.
+//! The messaging protocol's frames: eager messages and RTSs meet the posted receives here;
+//! the rendezvous frames go to the peer's [`msg::Rendezvous`], whose actions are carried
+//! out here (CMA reads and writes, control frames, bulk transfers and chunks); and the
+//! transfers a network link finished are reported to it.
 
 use super::*;
 

@@ -7,6 +7,8 @@
 //! The variables are not named `CLINK_*` because `Config::from_env` rejects unknown ones.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod udp;
+
 use clink::{Config, Context, Endpoint, PeerId, Selector};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
