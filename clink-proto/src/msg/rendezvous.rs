@@ -182,9 +182,9 @@ impl Rendezvous {
         self.incoming.is_empty() && self.chunks.is_empty()
     }
 
-    /// Receive `rid` matched the peer's announcement `rts`. `method` is the one chosen (see [`Rendezvous::chooser`]),
-    /// `cma` whether the peer's memory can be read at all, `split` whether a read may be
-    /// split. A receive that is gone is ignored.
+    /// Receive `rid` matched the peer's announcement `rts`. `method` is the one chosen
+    /// (see [`Rendezvous::chooser`]), `cma` whether the peer's memory can be read at all,
+    /// `split` whether a read may be split. A receive that is gone is ignored.
     pub fn matched<S, R: Buffer, E: From<Failure>>(
         &mut self,
         req: &mut Requests<S, R, E>,
