@@ -519,19 +519,6 @@ impl Rendezvous {
                 req.finished.push((true, id));
             }
         }
-        // (Every receive in progress is in `incoming`; looked for all the same, as a
-        // receive left in flight would wait for ever.)
-        for (id, op) in req.recvs.iter_mut() {
-            let from_peer = match &op.state {
-                RecvState::Transfer { status, .. } | RecvState::Split { status, .. } => {
-                    status.peer == peer
-                }
-                _ => false,
-            };
-            if from_peer && op.state.fail(err()) {
-                req.finished.push((false, id));
-            }
-        }
         for rid in matcher.drain_posted_from(peer) {
             if let Some(op) = req.recvs.get_mut(&rid) {
                 if op.state.fail(err()) {
