@@ -102,7 +102,9 @@ impl<F> Engine<F> {
         Some(Piece {
             ap: c.ap,
             at: c.at + c.done,
-            addr: c.addr + c.done,
+            // The initiator's address is the peer's word: one that wraps is a bad address
+            // for the copy's system call to refuse, not an overflow here.
+            addr: c.addr.wrapping_add(c.done),
             len: (c.len - c.done).min(quantum),
             put: c.put,
         })

@@ -14,6 +14,7 @@
 //! the export's window. Every integer is little-endian; parsing is total.
 
 mod engine;
+pub mod serve;
 
 pub use engine::{BulkCopy, Engine, Piece, QUANTUM};
 

@@ -20,7 +20,9 @@ use crate::rma::{ApertureId, Remote, RmaRequest, TripOptions, Tripset, Window};
 use crate::sys::{self, Mapping};
 use bytes::Bytes;
 use clink_proto::idhash::IdMap;
-use clink_proto::rma::{self, AtomicOp, Cookie, Grant, RmaFrame, Status, Target, READ, WRITE};
+use clink_proto::rma::{
+    self, serve, AtomicOp, Cookie, Grant, RmaFrame, Status, Target, READ, WRITE,
+};
 use clink_proto::tripwire::{self, TripId};
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
