@@ -1,5 +1,6 @@
-//! Completion queues. Manual progress: reading a queue first drives every endpoint bound
-//! to it (their clink progress and completion events), then hands out what they queued.
+//! Completion queues. Manual progress: reading an empty queue first drives every endpoint
+//! bound to it (their clink progress and completion events), then hands out what they
+//! queued.
 
 use crate::abi::*;
 use crate::ep::EpShared;
@@ -143,9 +144,14 @@ impl CqShared {
 
     /// Moves up to `count` completions into `buf` (and their sources into `src`).
     unsafe fn read(&self, buf: *mut c_void, count: usize, src: *mut u64) -> isize {
-        self.progress();
+        // Progress only when there is nothing to hand out: a read that finds completions
+        // returns them at once (a send's, queued when its message went into a peer's ring,
+        // costs no pass), and the reads that empty the queue drive the endpoints.
         if self.queued.load(Ordering::Acquire) == 0 {
-            return crate::err(FI_EAGAIN);
+            self.progress();
+            if self.queued.load(Ordering::Acquire) == 0 {
+                return crate::err(FI_EAGAIN);
+            }
         }
         let mut q = self.lock();
         if !q.failed.is_empty() {
