@@ -19,7 +19,7 @@ use crate::evq::{Consumer, EventRing, SharedRing};
 use clink_proto::tripwire::TripId;
 use clink_proto::PeerId;
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 /// Interest in message arrivals ([`Event::Message`]).
@@ -120,7 +120,7 @@ impl EventSender {
         match self.ring.push(Event::User(v)) {
             Ok(wake) => {
                 if wake {
-                    crate::sys::ring_doorbell(self.doorbell.as_raw_fd());
+                    crate::sys::ring_doorbell(self.doorbell.as_fd());
                 }
                 true
             }

@@ -26,7 +26,7 @@ use clink::sys::{self, Mapping, SeqPacket};
 use clink::{Config, Endpoint, Error, PeerId, Selector};
 use clink_proto::wire::{Frame, Hello, Ready, Welcome, EAGER_HEADER};
 use common::*;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -381,7 +381,7 @@ impl Fake {
             std::ptr::write_volatile(c.add(12) as *mut u32, flags);
             (*(c as *const AtomicU64)).store(seq, Ordering::Release);
         }
-        sys::ring_doorbell(self.ep_doorbell.as_raw_fd());
+        sys::ring_doorbell(self.ep_doorbell.as_fd());
     }
 
     /// Writes a well-formed frame at `pos`; returns the next position.

@@ -1,10 +1,11 @@
-//! Thin, safe wrappers over the Linux system calls clink needs, each `unsafe` block with its
-//! reason: memory, descriptors and libraries the kernel or another process shares with
-//! us. (The crate's other `unsafe`: leases of lent memory, the shared-memory ring and
+//! Thin, safe wrappers over the Linux system calls clink needs: through rustix where it
+//! has the call (descriptors, memory files, the clock, futexes, eventfds, process ids,
+//! locks), else hand-written over libc, each `unsafe` block with its reason: memory,
+//! descriptors and libraries the kernel or another process shares with us. (The crate's other `unsafe`: leases of lent memory, the shared-memory ring and
 //! board, the event queue; ARCHITECTURE.md, "Where unsafe lives".)
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
@@ -64,13 +65,9 @@ fn cvt_isize(r: isize) -> io::Result<usize> {
 /// The monotonic clock (`CLOCK_MONOTONIC`, the one `Instant` reads) in nanoseconds: the
 /// network connections read it a few times per message, and going through `Instant` and
 /// `Duration` added a checked subtraction and a 128-bit conversion to each reading.
+#[inline]
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: an out-pointer to a timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -89,32 +86,18 @@ pub fn random_u128() -> io::Result<u128> {
 /// Creates an anonymous memory file of `len` bytes, sealed against shrinking and growing so
 /// a peer cannot make our mapping fault (SIGBUS) by truncating it.
 pub fn memfd_sealed(name: &str, len: usize) -> io::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::other("memfd name has NUL"))?;
-    // SAFETY: cname is a valid C string; flags are constants.
-    let fd = cvt(unsafe {
-        libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-    })?;
-    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain syscalls on an fd we own.
-    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
-    // SAFETY: as above; the seals are constants.
-    cvt(unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-        )
-    })?;
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, len as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
     Ok(fd)
 }
 
 /// Checks that a memory file received from a peer is at least `len` bytes and sealed
 /// against shrinking (so mapping it cannot fault later).
 pub fn check_peer_memfd(fd: &OwnedFd, len: usize) -> io::Result<()> {
-    // SAFETY: fcntl on an fd we own.
-    let seals = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })?;
-    if seals & libc::F_SEAL_SHRINK == 0 {
+    let seals = rustix::fs::fcntl_get_seals(fd)?;
+    if !seals.contains(rustix::fs::SealFlags::SHRINK) {
         return Err(io::Error::other(
             "peer segment is not sealed against shrinking",
         ));
@@ -256,18 +239,18 @@ impl Drop for Mapping {
 
 /// A non-blocking eventfd used as a doorbell.
 pub fn eventfd() -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall.
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
-    // SAFETY: fresh fd owned by us.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    use rustix::event::EventfdFlags;
+    Ok(rustix::event::eventfd(
+        0,
+        EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+    )?)
 }
 
 /// Rings a doorbell (adds 1 to an eventfd). Doorbells are watched edge-triggered and
 /// never read back; the 64-bit counter would take centuries to fill.
-pub fn ring_doorbell(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a valid u64. A full counter (EAGAIN) already means "awake".
-    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+pub fn ring_doorbell(fd: BorrowedFd<'_>) {
+    // A full counter (EAGAIN) already means "awake".
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
 /// What [`futex_wait`] found.
@@ -282,47 +265,33 @@ pub enum FutexWait {
 /// Sleeps while `word` holds `expected`, at most `timeout` (a futex shared between
 /// processes: the word may live in a mapping another process wakes it through).
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) -> io::Result<FutexWait> {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    use rustix::thread::futex;
+    let ts = futex::Timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    // SAFETY: `word` is a live, 4-aligned u32; `ts` a valid timespec for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        )
-    };
-    if r == 0 {
-        return Ok(FutexWait::Woken);
-    }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::ETIMEDOUT) => Ok(FutexWait::TimedOut),
-        Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(FutexWait::Woken),
-        _ => Err(e),
+    // Not private: the word may live in memory another process maps.
+    match futex::wait(word, futex::Flags::empty(), expected, Some(&ts)) {
+        Ok(()) => Ok(FutexWait::Woken),
+        Err(rustix::io::Errno::TIMEDOUT) => Ok(FutexWait::TimedOut),
+        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => Ok(FutexWait::Woken),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Wakes one sleeper of [`futex_wait`] on `word` (if any).
 pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, 4-aligned u32; waking has no other effect on memory.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, 1) };
+    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
 }
 
 /// Returns this process's uid.
 pub fn getuid() -> u32 {
-    // SAFETY: always succeeds.
-    unsafe { libc::getuid() }
+    rustix::process::getuid().as_raw()
 }
 
 /// This process's effective uid.
 pub fn geteuid() -> u32 {
-    // SAFETY: always succeeds.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 /// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst` with
@@ -383,21 +352,18 @@ unsafe fn cma(
 /// A read-only descriptor of the same memory file (opened through /proc/self/fd), so a
 /// peer given it cannot map the memory writable.
 pub fn reopen_read_only(fd: &OwnedFd) -> io::Result<OwnedFd> {
-    let path = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|_| io::Error::other("fd path has NUL"))?;
-    // SAFETY: a valid C string; the result is a new fd we own.
-    let r = cvt(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
-    // SAFETY: just returned by the kernel, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+    use rustix::fs::{Mode, OFlags};
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    Ok(rustix::fs::open(
+        path.as_str(),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Size of a memory file in bytes.
 pub fn fd_size(fd: &OwnedFd) -> io::Result<u64> {
-    // SAFETY: zeroed stat is a valid out-parameter for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    Ok(st.st_size as u64)
+    Ok(rustix::fs::fstat(fd)?.st_size as u64)
 }
 
 /// Hints the CPU to fetch the cache line at `p` for writing (never faults, changes
@@ -415,8 +381,7 @@ pub fn prefetch_for_write(p: *const u8) {
 
 /// This process's id (used only for fork detection and CMA, never as an identity).
 pub fn getpid() -> i32 {
-    // SAFETY: always succeeds.
-    unsafe { libc::getpid() }
+    rustix::process::getpid().as_raw_nonzero().get()
 }
 
 /// Makes the child `cmd` starts receive SIGKILL when the thread that started it dies
@@ -424,14 +389,14 @@ pub fn getpid() -> i32 {
 /// outlive a killed parent.
 pub fn die_with_parent(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: the hook only calls prctl, which is async-signal-safe, and touches no
-    // memory of the parent.
+    // SAFETY: the hook only makes one system call (prctl, async-signal-safe) and touches
+    // no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
+            let kill = rustix::process::Signal::KILL;
+            Ok(rustix::process::set_parent_process_death_signal(Some(
+                kill,
+            ))?)
         });
     }
 }
@@ -483,8 +448,8 @@ impl FileLock {
         let fd: OwnedFd = f.into();
         let end = std::time::Instant::now() + wait;
         loop {
-            // SAFETY: flock on a descriptor we own.
-            if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            let lock = rustix::fs::FlockOperation::NonBlockingLockExclusive;
+            if rustix::fs::flock(&fd, lock).is_ok() {
                 return Some(FileLock { fd });
             }
             if std::time::Instant::now() >= end {
@@ -497,8 +462,8 @@ impl FileLock {
 
 impl Drop for FileLock {
     fn drop(&mut self) {
-        // SAFETY: unlocking our own descriptor (closing it would too).
-        unsafe { libc::flock(self.fd.as_raw_fd(), libc::LOCK_UN) };
+        // (Closing the descriptor would unlock it too.)
+        let _ = rustix::fs::flock(&self.fd, rustix::fs::FlockOperation::Unlock);
     }
 }
 

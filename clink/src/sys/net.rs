@@ -6,25 +6,19 @@ use super::*;
 /// A TCP listening socket bound to `at`; an IPv6 one takes IPv4 connections too (as
 /// mapped addresses) whatever the host's `bindv6only` default.
 pub fn tcp_listen(at: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
     let family = if at.is_ipv4() {
-        libc::AF_INET
+        AddressFamily::INET
     } else {
-        libc::AF_INET6
+        AddressFamily::INET6
     };
-    // SAFETY: plain socket(2).
-    let raw = cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: a fresh descriptor we own; the listener closes it.
-    let listener = unsafe { std::net::TcpListener::from_raw_fd(raw) };
+    let fd = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
     if at.is_ipv6() {
-        setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &0)?;
+        sockopt::set_ipv6_v6only(&fd, false)?;
     }
-    let name = SockAddr::from(at);
-    let (sa, len) = name.raw();
-    // SAFETY: a valid socket address of the length given.
-    cvt(unsafe { libc::bind(raw, sa, len) })?;
-    // SAFETY: listen on our socket.
-    cvt(unsafe { libc::listen(raw, 128) })?;
-    Ok(listener)
+    rustix::net::bind(&fd, &at)?;
+    rustix::net::listen(&fd, 128)?;
+    Ok(fd.into())
 }
 
 /// A TCP connection being made without blocking: [`TcpConnecting::poll`] says when it is
@@ -34,22 +28,17 @@ pub struct TcpConnecting(std::net::TcpStream);
 impl TcpConnecting {
     /// Starts connecting to `to` (a non-blocking `connect`).
     pub fn start(to: std::net::SocketAddr) -> io::Result<TcpConnecting> {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
         let family = if to.is_ipv4() {
-            libc::AF_INET
+            AddressFamily::INET
         } else {
-            libc::AF_INET6
+            AddressFamily::INET6
         };
-        let kind = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
-        // SAFETY: plain socket(2).
-        let raw = cvt(unsafe { libc::socket(family, kind, 0) })?;
-        // SAFETY: a fresh descriptor we own; the stream closes it.
-        let sock = unsafe { std::net::TcpStream::from_raw_fd(raw) };
-        let name = SockAddr::from(to);
-        let (sa, len) = name.raw();
-        // SAFETY: a valid socket address of the length given.
-        match cvt(unsafe { libc::connect(raw, sa, len) }) {
-            Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => Err(e),
-            _ => Ok(TcpConnecting(sock)),
+        let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
+        let fd = rustix::net::socket_with(family, SocketType::STREAM, flags, None)?;
+        match rustix::net::connect(&fd, &to) {
+            Err(e) if e != rustix::io::Errno::INPROGRESS => Err(e.into()),
+            _ => Ok(TcpConnecting(fd.into())),
         }
     }
 

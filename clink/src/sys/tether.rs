@@ -15,36 +15,19 @@ pub struct Tether {
 impl Tether {
     /// A connected pair: keep one end, send the other to the peer.
     pub fn pair() -> io::Result<(Tether, OwnedFd)> {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        cvt(unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        })?;
-        // SAFETY: fresh descriptors owned by us.
-        let (a, b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        use rustix::net::{AddressFamily, SocketFlags, SocketType};
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
         Ok((Tether::from_fd(a)?, b))
     }
 
     /// Adopts an end received from the peer; refuses anything but a Unix stream socket.
     pub fn from_fd(fd: OwnedFd) -> io::Result<Tether> {
-        let mut ty: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: `ty` and `len` are valid for the option's size.
-        cvt(unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_TYPE,
-                (&mut ty as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        })?;
-        if ty != libc::SOCK_STREAM {
+        if rustix::net::sockopt::socket_type(&fd)? != rustix::net::SocketType::STREAM {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "the peer's tether is not a stream socket",
@@ -56,27 +39,14 @@ impl Tether {
     /// Whether the other end is closed (the peer is gone), without blocking (bytes a
     /// peer wrote, though none should, are read and ignored).
     pub fn hung_up(&self) -> bool {
+        use rustix::io::Errno;
         let mut buf = [0u8; 64];
         loop {
-            // SAFETY: reads into a valid local buffer.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            match n {
-                0 => return true,
-                n if n > 0 => continue,
-                _ => {
-                    let e = io::Error::last_os_error();
-                    return !matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    );
-                }
+            match rustix::net::recv(&self.fd, &mut buf, rustix::net::RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return true,
+                Ok(_) => continue,
+                Err(Errno::AGAIN | Errno::INTR) => return false,
+                Err(_) => return true,
             }
         }
     }

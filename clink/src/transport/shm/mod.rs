@@ -26,7 +26,7 @@ use board::{Board, Post};
 use clink_proto::wire::{Frame, Hello, Ready, Welcome, HELLO_LEN, READY_LEN, WELCOME_LEN};
 pub use ring::Wake;
 use ring::{Consumer, Flag, Producer, Reservation, RingMem, CELL, REC_HDR};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -577,14 +577,14 @@ impl ShmPeer {
         }
         // The doorbell for an epoll sleep (and a board's).
         if board || (ring != Wake::None && ring != Wake::Futex) {
-            sys::ring_doorbell(self.doorbell.as_raw_fd());
+            sys::ring_doorbell(self.doorbell.as_fd());
         }
         ring != Wake::None || board
     }
 
     /// Rings the peer's doorbell.
     pub fn wake(&self) {
-        sys::ring_doorbell(self.doorbell.as_raw_fd());
+        sys::ring_doorbell(self.doorbell.as_fd());
     }
 
     /// The bytes of a record returned by `rx.peek()`, as a lease that lasts until the
