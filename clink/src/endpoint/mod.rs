@@ -491,7 +491,7 @@ impl Endpoint {
 impl Endpoint {
     /// Releases frame `rec` of peer `i` once handled: counted, and the peer woken when it
     /// waits for room in its ring.
-    #[inline]
+    #[inline(always)]
     fn release_frame(&mut self, i: usize, rec: Rx) {
         self.stats.frames_received += 1;
         if self.peers[i].release(rec) {
