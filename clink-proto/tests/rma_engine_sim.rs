@@ -1,11 +1,11 @@
 //! The RMA target, without I/O: several initiators stream encoded requests (puts inline,
 //! acknowledged or not, large puts and gets by the copy engine, gets in frames, atomics,
-//! notifies, syncs) at one target, which serves them with the runtime's code
-//! (`clink_proto::rma::serve`) over memory of the harness's. Engine turns come between
-//! arrivals, round-robin between peers as the runtime's progress pass does them. Faults:
-//! copy pieces fail, requests name a forged key, a revoked or unknown export, a range
-//! outside the window, a right the export lacks, a misaligned word; and a peer dies with
-//! a copy under way.
+//! notifies, syncs, maps) at one target, which serves them with the runtime's code
+//! (`clink_proto::rma::serve`) over memory of the harness's; one initiator is on another
+//! host (its copies are unsupported). Engine turns come between arrivals, round-robin
+//! between peers as the runtime's progress pass does them. Faults: copy pieces fail,
+//! requests name a forged key, a revoked or unknown export, a range outside the window, a
+//! right the export lacks, a misaligned word; and a peer dies with requests under way.
 //!
 //! Checked against a sequential model of each initiator's window: every request is
 //! answered once, in the order its initiator sent it, with the status its fault calls for;
@@ -34,6 +34,8 @@ const KEY: u128 = 0x5eed_0fc0_ffee;
 const READ_ONLY: u32 = PEERS as u32;
 const REVOKED: u32 = PEERS as u32 + 1;
 const UNKNOWN: u32 = 999;
+/// The peer on another host: its large puts and gets cannot be copied (unsupported).
+const ACROSS: usize = 2;
 
 /// What a request is, as its initiator knows it.
 #[derive(Clone, Debug)]
@@ -74,6 +76,8 @@ enum Req {
         len: u64,
     },
     Sync,
+    /// A same-host mapping of the window (the harness's host hands one out).
+    Map,
 }
 
 /// How a request is made wrong (or not).
@@ -141,6 +145,8 @@ struct Sim {
     theirs: HashMap<(usize, u64), Vec<u8>>,
     answers: Vec<Vec<Answer>>,
     fired: Vec<Vec<Fired>>,
+    /// The mappings handed out, per peer: (request, where the window starts).
+    mapped: Vec<Vec<(u64, u64)>>,
     refused: usize,
     rng: Rng,
     /// The peer whose request or engine is being served.
@@ -207,15 +213,16 @@ impl Host for Sim {
     fn moved(&mut self, _: bool, _: u64) {}
 
     fn can_copy(&self) -> bool {
-        true
+        self.cur != ACROSS
     }
 
     fn get_chunk(&self) -> usize {
         GET_CHUNK
     }
 
-    fn map(&mut self, _: u64, _: &Admitted<HeapRegion>) -> Status {
-        Status::Unsupported
+    fn map(&mut self, req: u64, a: &Admitted<HeapRegion>) -> Status {
+        self.mapped[self.cur].push((req, a.at));
+        Status::Ok
     }
 
     fn copy(&mut self, piece: &Piece) -> bool {
@@ -306,6 +313,7 @@ fn encode(p: usize, n: u64, r: &Req, fault: Fault) -> Vec<u8> {
             len: *len,
         },
         Req::Sync => RmaFrame::Sync { req },
+        Req::Map => RmaFrame::Map { req, of: t(0) },
     };
     let f = Frame::Rma(f);
     let mut v = vec![0; f.encoded_len()];
@@ -369,7 +377,7 @@ fn random_req(rng: &mut Rng) -> Req {
             at
         }
     };
-    match rng.below(20) {
+    match rng.below(21) {
         0..=6 => {
             let (at, len) = at_len(rng, 256);
             Req::Put {
@@ -406,6 +414,7 @@ fn random_req(rng: &mut Rng) -> Req {
             let (at, len) = at_len(rng, 4096);
             Req::Notify { at, len }
         }
+        19 => Req::Map,
         _ => Req::Sync,
     }
 }
@@ -426,7 +435,8 @@ fn random_fault(rng: &mut Rng, r: &Req) -> Fault {
         0 => Fault::BadKey,
         1 => Fault::Revoked,
         2 => Fault::Unknown,
-        3 => Fault::OutOfRange,
+        // (A map has no length: at the window's end it is still inside.)
+        3 if !matches!(r, Req::Map) => Fault::OutOfRange,
         _ if read_only_refuses => Fault::ReadOnly,
         _ => Fault::BadKey,
     }
@@ -440,6 +450,8 @@ struct Seen<'a> {
     window: &'a [u8],
     /// The initiator's memory of its copies.
     theirs: &'a HashMap<(usize, u64), Vec<u8>>,
+    /// The mappings handed out.
+    mapped: &'a [(u64, u64)],
     /// The peer died (only its answers' order and contents are checked, up to where they
     /// stop).
     dead: bool,
@@ -455,8 +467,10 @@ fn check_peer(seed: u64, p: usize, sent: &[(Req, Fault)], seen: Seen<'_>) -> usi
         fired,
         window,
         theirs,
+        mapped,
         dead,
     } = seen;
+    let mut maps = Vec::new();
     let mut refusals = 0;
     let ctx = format!("seed {seed}: peer {p}");
     let mut model = vec![0u8; WINDOW as usize];
@@ -572,7 +586,15 @@ fn check_peer(seed: u64, p: usize, sent: &[(Req, Fault)], seen: Seen<'_>) -> usi
                     "{ctx}: {r:?} answered out of order"
                 );
                 let copy = matches!(r, Req::BigPut { .. } | Req::BigGet { .. });
-                if copy && *status == Status::Failed && *fault == Fault::None {
+                let empty = matches!(r, Req::BigPut { data, .. } if data.is_empty())
+                    || matches!(r, Req::BigGet { len: 0, .. });
+                // Across hosts a copy is unsupported (an empty one needs no copy).
+                let want = if copy && !empty && p == ACROSS && *fault == Fault::None {
+                    Status::Unsupported
+                } else {
+                    want
+                };
+                if copy && *status == Status::Failed && *fault == Fault::None && p != ACROSS {
                     // A failed copy: a put may have written some of its pieces.
                     if let Req::BigPut { at, data } = r {
                         unknown.push((*at as usize, data.len()));
@@ -581,7 +603,7 @@ fn check_peer(seed: u64, p: usize, sent: &[(Req, Fault)], seen: Seen<'_>) -> usi
                 }
                 assert_eq!(*status, want, "{ctx}: {r:?} with {fault:?}");
                 if want != Status::Ok {
-                    refusals += 1;
+                    refusals += usize::from(want != Status::Unsupported);
                     continue;
                 }
                 match r {
@@ -618,6 +640,7 @@ fn check_peer(seed: u64, p: usize, sent: &[(Req, Fault)], seen: Seen<'_>) -> usi
                         }
                     }
                     Req::Sync => {}
+                    Req::Map => maps.push((req, base(p))),
                     Req::FetchAdd { .. } | Req::CompareSwap { .. } => unreachable!(),
                 }
             }
@@ -631,6 +654,10 @@ fn check_peer(seed: u64, p: usize, sent: &[(Req, Fault)], seen: Seen<'_>) -> usi
     assert!(
         fired.next().is_none() || dead,
         "{ctx}: tripwires fired by no request"
+    );
+    assert!(
+        dead || maps == mapped,
+        "{ctx}: mappings handed out {mapped:?}, answered {maps:?}"
     );
     if dead {
         return refusals;
@@ -676,6 +703,7 @@ fn run(seed: u64) {
         theirs: HashMap::new(),
         answers: vec![Vec::new(); PEERS],
         fired: vec![Vec::new(); PEERS],
+        mapped: vec![Vec::new(); PEERS],
         refused: 0,
         rng: Rng::new(seed ^ 0x9e37),
         cur: 0,
@@ -730,6 +758,7 @@ fn run(seed: u64) {
             fired: &t.fired[p],
             window: &mem[base(p) as usize..(base(p) + WINDOW) as usize],
             theirs: &t.theirs,
+            mapped: &t.mapped[p],
             dead: dead[p],
         };
         refusals += check_peer(seed, p, &sent[p], seen);
