@@ -12,7 +12,8 @@
 //!
 //! The runtime implements [`Host`]: the export table and the apertures' memory, the
 //! tripwires, the link back to the peer, and the copies (system calls).
-//! `tests/rma_engine_sim.rs` drives the same functions with a host of its own.
+//! `tests/rma_engine_sim.rs` and the `rma_target` fuzz target drive the same functions
+//! with hosts of their own.
 
 use super::{AtomicOp, BulkCopy, Engine, Piece, RmaFrame, Status, Target, QUANTUM, READ, WRITE};
 use crate::wire::Frame;
@@ -31,8 +32,9 @@ pub trait Region {
     fn atomic(&mut self, op: AtomicOp, a: u64, b: u64) -> Option<u64>;
 }
 
-/// Memory on the heap as an aperture (the simulations' and fuzz targets' hosts): a region
-/// is a range of it, checked on every access.
+/// Memory on the heap as an aperture (the simulation's and the fuzz target's hosts): a
+/// region is a range of it, and an access outside what was admitted panics (a test host
+/// wants to know).
 pub struct HeapRegion {
     mem: Rc<RefCell<Vec<u8>>>,
     at: usize,
