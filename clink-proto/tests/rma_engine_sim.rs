@@ -17,7 +17,7 @@
 use clink_proto::netsim::Rng;
 use clink_proto::rma::serve::{self, Admitted, HeapRegion, Host};
 use clink_proto::rma::{
-    check, AtomicOp, Engine, Grant, Piece, RmaFrame, Status, Target, QUANTUM, READ, WRITE,
+    AtomicOp, Engine, Grant, Piece, RmaFrame, Status, Target, QUANTUM, READ, WRITE,
 };
 use clink_proto::wire::Frame;
 use std::cell::RefCell;
@@ -166,15 +166,7 @@ impl Host for Sim {
     type Region = HeapRegion;
 
     fn admit(&mut self, to: &Target, len: u64, need: u8) -> Result<Admitted<HeapRegion>, Status> {
-        let g = self.grants.get(&to.export);
-        let at = check(g, to.key, to.offset, len, need)?;
-        let g = g.expect("checked");
-        Ok(Admitted {
-            ap: g.aperture,
-            at,
-            mem: HeapRegion::new(self.mem.clone(), at as usize, len as usize),
-            rights: g.rights,
-        })
+        HeapRegion::admit(&self.mem, self.grants.get(&to.export), to, len, need)
     }
 
     fn refused(&mut self, _: Status) {

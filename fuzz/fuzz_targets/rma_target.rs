@@ -9,7 +9,7 @@
 #![no_main]
 
 use clink_proto::rma::serve::{self, Admitted, HeapRegion, Host};
-use clink_proto::rma::{check, Engine, Grant, Piece, RmaFrame, Status, Target, QUANTUM};
+use clink_proto::rma::{Engine, Grant, Piece, RmaFrame, Status, Target, QUANTUM};
 use clink_proto::rma::{READ, WRITE};
 use clink_proto::wire::Frame;
 use libfuzzer_sys::fuzz_target;
@@ -35,15 +35,10 @@ impl Host for Fuzzed {
 
     fn admit(&mut self, to: &Target, len: u64, need: u8) -> Result<Admitted<HeapRegion>, Status> {
         let g = self.grants.get(&to.export);
-        let at = check(g, to.key, to.offset, len, need)?;
-        let g = g.expect("checked");
-        assert!(at + len <= g.base + g.len, "admitted beyond the window");
-        Ok(Admitted {
-            ap: g.aperture,
-            at,
-            mem: HeapRegion::new(self.mem.clone(), at as usize, len as usize),
-            rights: g.rights,
-        })
+        let a = HeapRegion::admit(&self.mem, g, to, len, need)?;
+        let g = g.expect("admitted");
+        assert!(a.at + len <= g.base + g.len, "admitted beyond the window");
+        Ok(a)
     }
 
     fn refused(&mut self, status: Status) {

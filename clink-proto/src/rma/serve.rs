@@ -15,7 +15,9 @@
 //! `tests/rma_engine_sim.rs` and the `rma_target` fuzz target drive the same functions
 //! with hosts of their own.
 
-use super::{AtomicOp, BulkCopy, Engine, Piece, RmaFrame, Status, Target, QUANTUM, READ, WRITE};
+use super::{
+    check, AtomicOp, BulkCopy, Engine, Grant, Piece, RmaFrame, Status, Target, QUANTUM, READ, WRITE,
+};
 use crate::wire::Frame;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -45,6 +47,25 @@ impl HeapRegion {
     /// Bytes `at..at + len` of `mem`.
     pub fn new(mem: Rc<RefCell<Vec<u8>>>, at: usize, len: usize) -> HeapRegion {
         HeapRegion { mem, at, len }
+    }
+
+    /// A host's [`Host::admit`] over `mem`: an access of `len` bytes at `to` needing
+    /// `need`, checked against export `grant` ([`check`]).
+    pub fn admit(
+        mem: &Rc<RefCell<Vec<u8>>>,
+        grant: Option<&Grant>,
+        to: &Target,
+        len: u64,
+        need: u8,
+    ) -> Result<Admitted<HeapRegion>, Status> {
+        let at = check(grant, to.key, to.offset, len, need)?;
+        let g = grant.expect("admitted by check");
+        Ok(Admitted {
+            ap: g.aperture,
+            at,
+            mem: HeapRegion::new(mem.clone(), at as usize, len as usize),
+            rights: g.rights,
+        })
     }
 }
 

@@ -6,19 +6,23 @@ use super::*;
 /// A TCP listening socket bound to `at`; an IPv6 one takes IPv4 connections too (as
 /// mapped addresses) whatever the host's `bindv6only` default.
 pub fn tcp_listen(at: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
-    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
-    let family = if at.is_ipv4() {
-        AddressFamily::INET
-    } else {
-        AddressFamily::INET6
-    };
-    let fd = rustix::net::socket_with(family, SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
+    use rustix::net::{sockopt, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(family(&at), SocketType::STREAM, SocketFlags::CLOEXEC, None)?;
     if at.is_ipv6() {
         sockopt::set_ipv6_v6only(&fd, false)?;
     }
     rustix::net::bind(&fd, &at)?;
     rustix::net::listen(&fd, 128)?;
     Ok(fd.into())
+}
+
+/// The address family of `a`.
+fn family(a: &std::net::SocketAddr) -> rustix::net::AddressFamily {
+    if a.is_ipv4() {
+        rustix::net::AddressFamily::INET
+    } else {
+        rustix::net::AddressFamily::INET6
+    }
 }
 
 /// A TCP connection being made without blocking: [`TcpConnecting::poll`] says when it is
@@ -28,14 +32,9 @@ pub struct TcpConnecting(std::net::TcpStream);
 impl TcpConnecting {
     /// Starts connecting to `to` (a non-blocking `connect`).
     pub fn start(to: std::net::SocketAddr) -> io::Result<TcpConnecting> {
-        use rustix::net::{AddressFamily, SocketFlags, SocketType};
-        let family = if to.is_ipv4() {
-            AddressFamily::INET
-        } else {
-            AddressFamily::INET6
-        };
+        use rustix::net::{SocketFlags, SocketType};
         let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
-        let fd = rustix::net::socket_with(family, SocketType::STREAM, flags, None)?;
+        let fd = rustix::net::socket_with(family(&to), SocketType::STREAM, flags, None)?;
         match rustix::net::connect(&fd, &to) {
             Err(e) if e != rustix::io::Errno::INPROGRESS => Err(e.into()),
             _ => Ok(TcpConnecting(fd.into())),

@@ -167,16 +167,6 @@ struct Export {
     mem: Dst,
 }
 
-/// What a target needs to apply one request.
-struct Applied {
-    ap: u32,
-    at: u64,
-    /// The bytes accessed, from `at` bytes into the aperture.
-    mem: Dst,
-    /// The export's rights.
-    rights: u8,
-}
-
 impl Endpoint {
     // ------------------------------------------------------------ apertures
 

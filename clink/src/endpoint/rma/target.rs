@@ -111,13 +111,13 @@ impl Endpoint {
 
     /// Checks a request against the export table.
     #[inline]
-    fn admit(&self, t: &Target, len: u64, need: u8) -> Result<Applied, Status> {
+    fn admit(&self, t: &Target, len: u64, need: u8) -> Result<serve::Admitted<Dst>, Status> {
         let e = self.rma.exports.get(&t.export);
         let at = rma::check(e.map(|e| &e.grant), t.key, t.offset, len, need)?;
         // `check` admits only an existing export and keeps the access inside it, inside
         // the aperture.
         match e.and_then(|e| Some((e, e.mem.sub(at as usize, len as usize)?))) {
-            Some((e, mem)) => Ok(Applied {
+            Some((e, mem)) => Ok(serve::Admitted {
                 ap: e.grant.aperture,
                 at,
                 mem,
@@ -243,13 +243,7 @@ impl serve::Host for Serving<'_> {
 
     #[inline(always)]
     fn admit(&mut self, to: &Target, len: u64, need: u8) -> Result<serve::Admitted<Dst>, Status> {
-        let a = self.ep.admit(to, len, need)?;
-        Ok(serve::Admitted {
-            ap: a.ap,
-            at: a.at,
-            mem: a.mem,
-            rights: a.rights,
-        })
+        self.ep.admit(to, len, need)
     }
 
     fn refused(&mut self, _: Status) {
