@@ -140,10 +140,19 @@ fn random_sizes_over(faults: &str, transport: &'static str) {
     let pair = pair();
     let seed = seed(41);
     let (addr, h) = in_ns0(&pair, move |mut ep| {
-        receive_all(&mut ep, seed, transport);
-        // The child closes after our "done": wait for its goodbye (bounded).
-        let r = ep.irecv(Selector::any(), vec![0u8; 8]).unwrap();
-        let _ = ep.wait_recv(&r, Some(T));
+        let peer = receive_all(&mut ep, seed, transport);
+        // The child closes after our "done": wait for its goodbye (bounded), which ends a
+        // receive directed at it (one from any source would wait out the bound).
+        let r = ep
+            .irecv(Selector::exact(Some(peer), 99), vec![0u8; 8])
+            .unwrap();
+        match ep.wait_recv(&r, Some(T)) {
+            Err(Error::PeerDead(p)) if p == peer => {}
+            other => panic!(
+                "the goodbye should end the receive: {:?}",
+                other.map(|g| g.status)
+            ),
+        }
         (ep.stats(), ep.udp_ring())
     });
     let mut env = vec![("CLINK_UDP_MTU", "1500")];
