@@ -187,10 +187,17 @@ fn a_chunk_corrupted_by_a_node_is_refused_by_the_next() {
         &["--chunk", "1048576"],
         false,
     );
-    let (err, _) = failing_cast(s, &mut rx);
+    let (err, said) = failing_cast(s, &mut rx);
     assert!(
         err.contains("chunk 3 failed BLAKE3 verification at hop 2"),
         "{err}"
+    );
+    // The node after the one that refused it was told, and stopped (not waiting for a
+    // node to take over).
+    assert!(
+        said[2].contains("stopped, node 2 failed: chunk 3 failed BLAKE3 verification"),
+        "{}",
+        said[2]
     );
 }
 

@@ -32,6 +32,8 @@
 //!   chunks its bitmap lacks.
 //! * `REPORT` (up): the reports of this node and of every node after it, and the error
 //!   that ended the chain early if one did, JSON.
+//! * `ABORT` (down, from a node that failed, before it goes): its number and the error,
+//!   JSON; the next node stops too instead of waiting for a splice, and tells its own.
 //!
 //! A chunk of zeros travels as its header alone ([`FLAG_ZERO`]); a node whose next node
 //! is behind forwards from its output file what it no longer holds in memory.
@@ -75,6 +77,9 @@ const T_MOVE: u64 = 0xca_000a;
 const T_ADOPT: u64 = 0xca_000b;
 /// Tag of a receiver's request to rejoin the chain, relayed down to the tail.
 const T_JOIN: u64 = 0xca_000c;
+/// Tag of the reason a node failed, sent to the node after it before it goes: the cast is
+/// over, so that node stops at once instead of waiting for another to take over.
+const T_ABORT: u64 = 0xca_000d;
 /// How the source starts a receiver on a host unless `--via` says otherwise.
 const DEFAULT_VIA: &str = "ssh {host}";
 /// How long a node whose upstream died waits for a node before it to take over.

@@ -221,6 +221,11 @@ pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), S
     mine["timeouts"] = json!(timeouts);
     // The processor time the cast took here (user and system), from the address out.
     mine["cpu_seconds"] = json!(crate::bench::measure::process_cpu_secs() - cpu_at_start);
+    if let (Err(f), Some(d)) = (&r, n.down) {
+        // The cast is over: the next node stops now rather than wait for a splice.
+        let m = json!({ "node": n.p.index, "error": f.msg });
+        let _ = n.ep.send(d, T_ABORT, m.to_string().as_bytes());
+    }
     if let Err(Failure { up_alive: true, .. }) | Ok(()) = &r {
         // Upstream learns of this node and of the ones after it.
         let mut all = vec![mine.clone()];
@@ -264,6 +269,14 @@ pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), S
 struct Failure {
     msg: String,
     up_alive: bool,
+}
+
+/// Node `n` in messages (0: the source).
+fn node_name(n: usize) -> String {
+    match n {
+        0 => "the source".into(),
+        n => format!("node {n}"),
+    }
 }
 
 fn fail_up(msg: String) -> Failure {
@@ -359,6 +372,21 @@ impl Node {
             ),
             up_alive: false,
         }
+    }
+
+    /// The upstream's reason for failing, once its [`T_ABORT`] message has come.
+    fn upstream_aborted(&mut self, r: &Option<RecvRequest>) -> Option<Failure> {
+        let got = self.ep.test_recv(r.as_ref()?).ok()??;
+        let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
+        Some(Failure {
+            msg: format!(
+                "{}: stopped, {} failed: {}",
+                self.hop_in(),
+                node_name(v["node"].as_u64().unwrap_or(0) as usize),
+                v["error"].as_str().unwrap_or("(no reason given)")
+            ),
+            up_alive: false,
+        })
     }
 
     fn serve(&mut self) -> Result<(), Failure> {

@@ -35,6 +35,7 @@ impl Node {
         let mut move_req = Some(self.post_up(up, T_MOVE)?);
         let mut adopt_req = Some(self.post_up(up, T_ADOPT)?);
         let mut join_req = Some(self.post_up(up, T_JOIN)?);
+        let mut abort_req = Some(self.post_up(up, T_ABORT)?);
         let mut posted: VecDeque<RecvRequest> = VecDeque::new();
         let mut sends: VecDeque<(SendRequest, Bytes)> = VecDeque::new();
         let mut free: Vec<Vec<u8>> = Vec::new();
@@ -96,6 +97,10 @@ impl Node {
                 );
                 Some(p)
             } else if let Some((what, e)) = lost_up.take() {
+                // An upstream that failed said so before it went: nothing to wait for.
+                if let Some(f) = self.upstream_aborted(&abort_req) {
+                    return Err(f);
+                }
                 // (The source does not splice: node 1 has no one to wait for.)
                 if !self.repair || self.p.index == 1 {
                     return Err(self.upstream_lost(what, e));
@@ -153,7 +158,15 @@ impl Node {
                 move_req = Some(self.post_up(p, T_MOVE)?);
                 adopt_req = Some(self.post_up(p, T_ADOPT)?);
                 join_req = Some(self.post_up(p, T_JOIN)?);
+                if let Some(r) = abort_req.take() {
+                    let _ = self.ep.cancel_recv(&r);
+                }
+                abort_req = Some(self.post_up(p, T_ABORT)?);
                 continue;
+            }
+            // The upstream failed (it lingers for its own upstream's answer meanwhile).
+            if let Some(f) = self.upstream_aborted(&abort_req) {
+                return Err(f);
             }
             if let Some((what, e)) = lost_down.take() {
                 // A next node that stopped said why before going: an error of its own (no
@@ -802,12 +815,4 @@ fn punch_hole(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
         len,
     )
     .map_err(std::io::Error::from)
-}
-
-/// Node `n` in messages (0: the source).
-fn node_name(n: usize) -> String {
-    match n {
-        0 => "the source".into(),
-        n => format!("node {n}"),
-    }
 }
