@@ -115,7 +115,7 @@ fn every_size_class_round_trips_over_loopback_tcp() {
     let ((a, pa), (mut b, pb)) = pair(true, 20);
     let server = std::thread::spawn(move || echo(a, pa));
     round_trips(&mut b, pb, 2, 1);
-    let a = server.join().unwrap();
+    let a = join_echo(&mut b, server);
     let (sa, sb) = (a.stats(), b.stats());
     println!("server: {sa:?}\nclient: {sb:?}");
     assert!(sb.stream_writes > 0 && sb.stream_reads > 0, "{sb:?}");
@@ -169,7 +169,7 @@ fn rendezvous_without_speculation_takes_the_copy_path() {
     let ((a, pa), (mut b, pb)) = pair(false, 20);
     let server = std::thread::spawn(move || echo(a, pa));
     round_trips(&mut b, pb, 1, 3);
-    let a = server.join().unwrap();
+    let a = join_echo(&mut b, server);
     for s in [a.stats(), b.stats()] {
         assert_eq!((s.spec_hits, s.spec_misses), (0, 0), "{s:?}");
         assert_eq!(
@@ -205,7 +205,7 @@ fn sleeping_waiters_are_woken_by_tcp_data() {
     b.send(pb, 0, &[]).unwrap();
     b.recv_timeout(Selector::exact(Some(pb), 0), &mut buf, Some(T))
         .unwrap();
-    let a = server.join().unwrap();
+    let a = join_echo(&mut b, server);
     assert!(a.stats().sleeps > 0 && b.stats().sleeps > 0);
 }
 

@@ -191,6 +191,12 @@ impl Endpoint {
                 // Transfers the peer acknowledged before its goodbye (the ack rides with
                 // it: see `close`) complete; only the rest fail.
                 self.finish_bulk_peer(i);
+                // Its sender lingers until the goodbye is acknowledged, and a failed
+                // peer's link sends nothing more: the ack goes now.
+                if let Link::Udp(u) = &mut self.peers[i].link {
+                    u.ack_now();
+                    self.kick(i);
+                }
                 self.peers[i].closing = true;
                 self.fail_peer(i, format!("{src} closed the connection"))
             }

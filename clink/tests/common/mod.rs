@@ -379,6 +379,14 @@ pub fn echo(mut ep: Endpoint, peer: PeerId) -> Endpoint {
     }
 }
 
+/// Joins the thread running [`echo`] while driving `ep`, its client: the server's close
+/// lingers until its goodbye is acknowledged, which takes this side's progress.
+#[allow(dead_code)] // (not every test binary uses it)
+pub fn join_echo(ep: &mut Endpoint, server: std::thread::JoinHandle<Endpoint>) -> Endpoint {
+    drive_until(ep, T, "the echo server's close", |_| server.is_finished());
+    server.join().expect("the echo server")
+}
+
 /// Calls `ep.progress()` until `cond` holds; panics after `timeout`.
 pub fn drive_until(
     ep: &mut Endpoint,
