@@ -8,10 +8,8 @@ pub struct Epoll(OwnedFd);
 impl Epoll {
     /// Creates an epoll instance.
     pub fn new() -> io::Result<Epoll> {
-        // SAFETY: plain syscall.
-        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-        // SAFETY: fresh fd owned by us.
-        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+        use rustix::event::epoll;
+        Ok(Epoll(epoll::create(epoll::CreateFlags::CLOEXEC)?))
     }
     /// Watches `fd` for readability (level-triggered), reporting `token`.
     pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {

@@ -71,12 +71,9 @@ mod tests {
             .err()
             .expect("an eventfd refused");
         assert_eq!(e.raw_os_error(), Some(libc::ENOTSOCK), "{e}");
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors.
-        cvt(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_DGRAM, 0, fds.as_mut_ptr()) })
-            .unwrap();
-        // SAFETY: fresh descriptors owned here.
-        let (a, _b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        use rustix::net::{socketpair, AddressFamily, SocketFlags, SocketType};
+        let flags = SocketFlags::CLOEXEC;
+        let (a, _b) = socketpair(AddressFamily::UNIX, SocketType::DGRAM, flags, None).unwrap();
         let e = Tether::from_fd(a).err().expect("a datagram socket refused");
         assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
