@@ -273,6 +273,31 @@ impl<'a> Frame<'a> {
         n
     }
 
+    /// Appends the frame to `out`, as [`Frame::encode`] writes it, without zeroing the
+    /// room of an eager or chunk payload first: its bytes are written once.
+    pub fn append_to(&self, out: &mut Vec<u8>) {
+        let (header, data) = match *self {
+            Frame::Eager { tag, data } => (Frame::Eager { tag, data: &[] }, data),
+            Frame::Chunk {
+                send_id,
+                offset,
+                data,
+            } => (
+                Frame::Chunk {
+                    send_id,
+                    offset,
+                    data: &[],
+                },
+                data,
+            ),
+            _ => (*self, &[][..]),
+        };
+        let at = out.len();
+        out.resize(at + header.encoded_len(), 0);
+        header.encode(&mut out[at..]);
+        out.extend_from_slice(data);
+    }
+
     /// Writes only the header of an eager frame carrying `tag`; the caller places the
     /// payload right after it (claim/commit sends write it in place).
     pub fn encode_eager_header(tag: u64, out: &mut [u8; EAGER_HEADER]) {
@@ -485,6 +510,11 @@ mod tests {
             let mut buf = vec![0u8; f.encoded_len()];
             prop_assert_eq!(f.encode(&mut buf), buf.len());
             prop_assert_eq!(Frame::parse(&buf), Ok(f));
+            // Appended after other bytes, the same bytes.
+            let mut appended = vec![0xa5; 3];
+            f.append_to(&mut appended);
+            prop_assert_eq!(&appended[..3], &[0xa5; 3]);
+            prop_assert_eq!(&appended[3..], &buf[..]);
         }
 
         #[test]

@@ -7,17 +7,18 @@ use super::*;
 impl Conn {
     /// Queues a message; it is copied once. Call [`Conn::poll_transmit`] afterwards.
     pub fn send(&mut self, tag: u64, data: &[u8]) -> Result<MsgId, SendError> {
-        self.send_with(tag, data.len(), |b| b.copy_from_slice(data))
+        self.send_with(tag, data.len(), |b| b.extend_from_slice(data))
     }
 
-    /// Queues a `len`-byte message that `fill` writes straight into the send buffer (the
-    /// caller's one copy: no intermediate buffer). `fill` is not called when the message
-    /// is refused.
+    /// Queues a `len`-byte message that `fill` appends straight to the (empty) send buffer
+    /// record it is given (the caller's one copy: no intermediate buffer, and no zeroing
+    /// first). `fill` is not called when the message is refused; bytes it appends beyond
+    /// `len` are cut, and missing ones are zeros (a caller bug either way).
     pub fn send_with(
         &mut self,
         tag: u64,
         len: usize,
-        fill: impl FnOnce(&mut [u8]),
+        fill: impl FnOnce(&mut Vec<u8>),
     ) -> Result<MsgId, SendError> {
         if self.dead {
             return Err(SendError::PeerDead);
@@ -32,17 +33,23 @@ impl Conn {
             return Err(SendError::BufferFull);
         }
         let id = self.next_msg_id;
-        // A spare another owner still shares (a copy kept for repeating, `Conn::repeat_of`,
-        // until its holder learns of the ack) is dropped: the last owner frees it.
-        let mut msg = std::iter::from_fn(|| self.spare_msgs.pop())
-            .find_map(|mut m| Arc::get_mut(&mut m).is_some().then_some(m))
+        // The newest spare no other owner shares; one still shared (a copy kept for
+        // repeating, `Conn::repeat_of`, until its holder learns of the ack) stays for a
+        // later send.
+        let free = (0..self.spare_msgs.len())
+            .rev()
+            .find(|&i| Arc::get_mut(&mut self.spare_msgs[i]).is_some());
+        let mut msg = free
+            .map(|i| self.spare_msgs.swap_remove(i))
             .unwrap_or_default();
         let m = Arc::get_mut(&mut msg).expect("a spare record has no other owner");
         m.id = id;
         m.tag = tag;
         m.data.clear();
-        m.data.resize(len, 0);
+        m.data.reserve(len);
         fill(&mut m.data);
+        debug_assert_eq!(m.data.len(), len, "send_with's fill appends `len` bytes");
+        m.data.resize(len, 0);
         self.next_msg_id += 1;
         self.send_bytes += len;
         self.stats.messages_sent += 1;

@@ -208,9 +208,7 @@ impl UdpLink {
     /// Queues one frame on the connection (copied once, straight from the frame);
     /// false when the connection's send buffer is full (retry after progress).
     pub fn try_send(&mut self, f: &Frame) -> bool {
-        match self.conn.send_with(0, f.encoded_len(), |b| {
-            f.encode(b);
-        }) {
+        match self.conn.send_with(0, f.encoded_len(), |b| f.append_to(b)) {
             Ok(_) => true,
             Err(SendError::BufferFull) => false,
             // A dead connection reports itself through its event; a frame too large is a
