@@ -17,7 +17,14 @@ impl State {
             } else {
                 0
             });
-            self.links.entry(id).or_insert(p);
+            let first = *self.links.entry(id).or_insert(p);
+            if first != p && id != 0 {
+                // Both ends connected at once (ARCHITECTURE.md, "The libfabric provider").
+                crate::log(&format!(
+                    "a second connection to endpoint {id:032x} ({p}); sends and directed \
+                     receives keep {first}, and its messages on the other wait"
+                ));
+            }
         }
     }
 

@@ -222,9 +222,12 @@ pub(super) fn serve(a: RecvArgs, mut ep: Endpoint, ready: Ready) -> Result<(), S
     // The processor time the cast took here (user and system), from the address out.
     mine["cpu_seconds"] = json!(crate::bench::measure::process_cpu_secs() - cpu_at_start);
     if let (Err(f), Some(d)) = (&r, n.down) {
-        // The cast is over: the next node stops now rather than wait for a splice.
+        // The cast is over: the next node stops now rather than wait for a splice (a
+        // while at most: a next node that takes nothing is no reason to hang here).
         let m = json!({ "node": n.p.index, "error": f.msg });
-        let _ = n.ep.send(d, T_ABORT, m.to_string().as_bytes());
+        if let Ok(s) = n.ep.isend(d, T_ABORT, m.to_string().into_bytes()) {
+            let _ = n.ep.wait_send(&s, Some(REPORT_LINGER));
+        }
     }
     if let Err(Failure { up_alive: true, .. }) | Ok(()) = &r {
         // Upstream learns of this node and of the ones after it.
