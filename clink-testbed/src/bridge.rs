@@ -148,16 +148,27 @@ impl Bridge {
 
     /// Writes an executable script for launchers that start remote daemons through an
     /// rsh-like agent (Open MPI's `plm_rsh_agent`): `SCRIPT ADDRESS COMMAND...` runs the
-    /// command in the namespace of the host with that address (any of `hosts`).
+    /// command in the namespace of the host with that address (any of `hosts`), with
+    /// `TMPDIR` a directory of that host's beside the script: the hosts share this
+    /// machine's `/tmp` and host name, and Open MPI's daemons starting at once on two of
+    /// them raced to make the same session directory there ("File exists").
     pub fn write_rsh_agent(&self, path: &std::path::Path, hosts: &[usize]) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
+        let base = path.parent().unwrap_or(std::path::Path::new("."));
         let mut script = String::from("#!/bin/sh\nhost=$1\nshift\ncase $host in\n");
         for &i in hosts {
-            script += &format!("{}) ns={} ;;\n", self.addrs[i], self.names[i]);
+            let tmp = base.join(format!("host{i}-tmp"));
+            std::fs::create_dir_all(&tmp)?;
+            script += &format!(
+                "{}) ns={}; tmp='{}' ;;\n",
+                self.addrs[i],
+                self.names[i],
+                tmp.display()
+            );
         }
         script += "*) echo \"unknown host $host\" >&2; exit 1 ;;\nesac\n";
         script += &format!(
-            "exec {} netns exec \"$ns\" sh -c \"$*\"\n",
+            "exec {} netns exec \"$ns\" env TMPDIR=\"$tmp\" sh -c \"$*\"\n",
             self.ip.display()
         );
         std::fs::write(path, script)?;
