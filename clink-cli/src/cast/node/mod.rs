@@ -377,9 +377,10 @@ impl Node {
         }
     }
 
-    /// The upstream's reason for failing, once its [`T_ABORT`] message has come.
+    /// The upstream's reason for failing, once its [`T_ABORT`] message has come (looked
+    /// at without a progress pass: the stream loop's other receives make those).
     fn upstream_aborted(&mut self, r: &Option<RecvRequest>) -> Option<Failure> {
-        let got = self.ep.test_recv(r.as_ref()?).ok()??;
+        let got = self.ep.finish_recv(r.as_ref()?).ok()??;
         let v: Value = serde_json::from_slice(&got.buf).unwrap_or(Value::Null);
         Some(Failure {
             msg: format!(
