@@ -49,6 +49,7 @@ mod spawn;
 use clap::{Args, Subcommand};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
 use serde_json::{json, Value};
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 /// Tag of the route message.
@@ -372,7 +373,7 @@ fn write_in_pieces(f: &std::fs::File, data: &[u8], off: u64) -> std::io::Result<
 /// Sleeps on the endpoint's fd until something may have arrived, at most [`POLL_MS`].
 fn idle(ep: &mut Endpoint) {
     if ep.prepare_wait() {
-        let _ = clink::sys::poll_readable(ep.fd(), Duration::from_millis(POLL_MS as u64));
+        let _ = clink::sys::poll_readable(ep.as_fd(), Duration::from_millis(POLL_MS as u64));
         ep.finish_wait();
     }
 }

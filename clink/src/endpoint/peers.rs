@@ -327,7 +327,7 @@ pub(super) fn handshake_incoming(
     let mut i = 0;
     while i < incoming.len() {
         let (s, since) = &incoming[i];
-        let ready = sys::poll_readable(s.raw(), Duration::ZERO).unwrap_or(true);
+        let ready = sys::poll_readable(s.fd(), Duration::ZERO).unwrap_or(true);
         if !ready && since.elapsed() < me.config.connect_timeout {
             i += 1;
             continue;

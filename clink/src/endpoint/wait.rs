@@ -395,3 +395,10 @@ impl Endpoint {
         }
     }
 }
+
+/// The endpoint's file descriptor ([`Endpoint::fd`]), borrowed for as long as the endpoint.
+impl std::os::fd::AsFd for Endpoint {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.epoll.fd()
+    }
+}

@@ -114,4 +114,8 @@ impl Epoll {
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+    /// The same, borrowed.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
 }

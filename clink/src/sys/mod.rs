@@ -1,11 +1,13 @@
 //! Thin, safe wrappers over the Linux system calls clink needs: through rustix where it
-//! has the call (descriptors, memory files, the clock, futexes, eventfds, process ids,
-//! locks), else hand-written over libc, each `unsafe` block with its reason: memory,
-//! descriptors and libraries the kernel or another process shares with us. (The crate's other `unsafe`: leases of lent memory, the shared-memory ring and
+//! has the call (descriptors, memory files and mappings, the clock, futexes, eventfds,
+//! process ids, locks, most socket calls), through nix where only it has a safe one (the
+//! interface list, cross-memory copies), else hand-written over libc, each `unsafe` block
+//! with its reason: memory, descriptors and libraries the kernel or another process shares
+//! with us. (The crate's other `unsafe`: leases of lent memory, the shared-memory ring and
 //! board, the event queue; ARCHITECTURE.md, "Where unsafe lives".)
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
@@ -52,14 +54,6 @@ pub(crate) fn setsockopt<T>(
         )
     })
     .map(|_| ())
-}
-
-fn cvt_isize(r: isize) -> io::Result<usize> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
 }
 
 /// The monotonic clock (`CLOCK_MONOTONIC`, the one `Instant` reads) in nanoseconds: the
@@ -135,46 +129,52 @@ impl Mapping {
 
     /// Maps `len` bytes of `fd` read-write, shared.
     pub fn new(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
-        Self::with_flags(fd, len, libc::PROT_READ | libc::PROT_WRITE, 0)
+        use rustix::mm::{MapFlags, ProtFlags};
+        Self::with_flags(
+            fd,
+            len,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::empty(),
+        )
     }
 
     /// Maps `len` bytes of `fd` read-only, shared (the fd may be read-only).
     pub fn new_read_only(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
-        Self::with_flags(fd, len, libc::PROT_READ, 0)
+        use rustix::mm::{MapFlags, ProtFlags};
+        Self::with_flags(fd, len, ProtFlags::READ, MapFlags::empty())
     }
 
     /// As [`Mapping::new`], with every page allocated and mapped now (MAP_POPULATE): for
     /// rings, whose first pass would otherwise take a page fault on each side every 64
     /// cells, in the middle of the traffic.
     pub fn new_populated(fd: &OwnedFd, len: usize) -> io::Result<Mapping> {
+        use rustix::mm::{MapFlags, ProtFlags};
         Self::with_flags(
             fd,
             len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_POPULATE,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::POPULATE,
         )
     }
 
     fn with_flags(
         fd: &OwnedFd,
         len: usize,
-        prot: libc::c_int,
-        flags: libc::c_int,
+        prot: rustix::mm::ProtFlags,
+        flags: rustix::mm::MapFlags,
     ) -> io::Result<Mapping> {
-        // SAFETY: a fresh mapping chosen by the kernel; fd is valid and len non-zero.
+        // SAFETY: a fresh mapping at an address the kernel chooses (nothing else is
+        // there); fd is valid.
         let p = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
                 prot,
-                libc::MAP_SHARED | flags,
-                fd.as_raw_fd(),
+                rustix::mm::MapFlags::SHARED | flags,
+                fd,
                 0,
-            )
+            )?
         };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Mapping {
             ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
             len,
@@ -233,7 +233,7 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly what new() mapped; nothing borrows it past the owner.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
@@ -297,50 +297,39 @@ pub fn geteuid() -> u32 {
 /// Copies `dst.len()` bytes from address `remote` in process `pid` into `dst` with
 /// process_vm_readv (one copy, no staging).
 pub fn cma_read(pid: i32, remote: u64, dst: &mut [u8]) -> io::Result<()> {
-    // SAFETY: `dst` is memory we own mutably for the whole call.
-    unsafe { cma(pid, remote, dst.as_mut_ptr(), dst.len(), false) }
+    cma(remote, dst.len(), |done, n, rem| {
+        let local = &mut [io::IoSliceMut::new(&mut dst[done..done + n])];
+        nix::sys::uio::process_vm_readv(nix::unistd::Pid::from_raw(pid), local, rem)
+    })
 }
 
 /// Copies `src` to address `remote` in process `pid` with process_vm_writev (the
 /// same-host copy engine writing a get's answer into the initiator's buffer).
 pub fn cma_write(pid: i32, remote: u64, src: &[u8]) -> io::Result<()> {
-    // SAFETY: `src` is only read (process_vm_writev does not write the local side).
-    unsafe { cma(pid, remote, src.as_ptr().cast_mut(), src.len(), true) }
+    cma(remote, src.len(), |done, n, rem| {
+        let local = &[io::IoSlice::new(&src[done..done + n])];
+        nix::sys::uio::process_vm_writev(nix::unistd::Pid::from_raw(pid), local, rem)
+    })
 }
 
-/// One CMA copy of `len` bytes between `local` and `remote` in process `pid`, looping
-/// over partial transfers.
-///
-/// # Safety
-/// `local` must be valid for `len` bytes: for writes when `to_remote` is false (the
-/// kernel writes it), for reads otherwise.
-unsafe fn cma(
-    pid: i32,
+/// One CMA copy of `len` bytes at `remote` in another process, looping over partial
+/// transfers: `copy(done, n, remote piece)` moves up to `n` bytes from offset `done`.
+/// The kernel checks the remote side against the peer's address space.
+fn cma(
     remote: u64,
-    local: *mut u8,
     len: usize,
-    to_remote: bool,
+    mut copy: impl FnMut(usize, usize, &[nix::sys::uio::RemoteIoVec]) -> nix::Result<usize>,
 ) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         // Bounded pieces keep each call's latency (and the time the peer can't be served)
         // reasonable and stay under the kernel's per-call limits.
         let n = (len - done).min(1 << 30);
-        let l = libc::iovec {
-            iov_base: local.add(done).cast(),
-            iov_len: n,
+        let rem = nix::sys::uio::RemoteIoVec {
+            base: (remote as usize).wrapping_add(done),
+            len: n,
         };
-        let rem = libc::iovec {
-            iov_base: (remote as usize + done) as *mut libc::c_void,
-            iov_len: n,
-        };
-        // SAFETY: the local iovec is valid per the caller; the kernel checks the remote
-        // side against the peer's address space.
-        let r = cvt_isize(if to_remote {
-            libc::process_vm_writev(pid, &l, 1, &rem, 1, 0)
-        } else {
-            libc::process_vm_readv(pid, &l, 1, &rem, 1, 0)
-        })?;
+        let r = copy(done, n, &[rem])?;
         if r == 0 {
             return Err(io::Error::other("cross-memory copy made no progress"));
         }

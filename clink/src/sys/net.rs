@@ -44,7 +44,11 @@ impl TcpConnecting {
     /// `Ok(true)` once the connection is up, `Ok(false)` while it is being made, the
     /// error when it failed (refused, unreachable, timed out by the kernel).
     pub fn poll(&self) -> io::Result<bool> {
-        if !super::seqpacket::poll_for(self.0.as_raw_fd(), libc::POLLOUT, Duration::ZERO)? {
+        if !super::seqpacket::poll_for(
+            self.0.as_fd(),
+            rustix::event::PollFlags::OUT,
+            Duration::ZERO,
+        )? {
             return Ok(false);
         }
         match self.0.take_error()? {
@@ -57,6 +61,28 @@ impl TcpConnecting {
     pub fn into_stream(self) -> io::Result<std::net::TcpStream> {
         self.0.set_nonblocking(false)?;
         Ok(self.0)
+    }
+}
+
+/// `a` as a socket of the family `v6` says takes it: an IPv4 address on an IPv6 socket
+/// becomes an IPv4-mapped IPv6 address.
+pub(crate) fn for_socket(a: std::net::SocketAddr, v6: bool) -> std::net::SocketAddr {
+    match a {
+        std::net::SocketAddr::V4(v) if v6 => {
+            std::net::SocketAddr::new(v.ip().to_ipv6_mapped().into(), v.port())
+        }
+        a => a,
+    }
+}
+
+/// `a` with an IPv4-mapped IPv6 address given as the IPv4 address it maps.
+pub(crate) fn unmapped(a: std::net::SocketAddr) -> std::net::SocketAddr {
+    match a {
+        std::net::SocketAddr::V6(v) => match v.ip().to_ipv4_mapped() {
+            Some(ip) => std::net::SocketAddr::new(ip.into(), v.port()),
+            None => a,
+        },
+        a => a,
     }
 }
 
@@ -79,13 +105,7 @@ impl SockAddr {
     /// `a` for a socket of the family `v6` says: an IPv4 address on an IPv6 socket is
     /// written as an IPv4-mapped IPv6 address.
     pub fn for_socket(a: std::net::SocketAddr, v6: bool) -> SockAddr {
-        match a {
-            std::net::SocketAddr::V4(v) if v6 => SockAddr::from(std::net::SocketAddr::new(
-                v.ip().to_ipv6_mapped().into(),
-                v.port(),
-            )),
-            a => SockAddr::from(a),
-        }
+        SockAddr::from(for_socket(a, v6))
     }
 
     /// The name and its length for a system call that reads it (a borrow: the storage
@@ -179,67 +199,33 @@ pub struct Iface {
 /// addresses left out: they need a scope to be reached), each in the kernel's order,
 /// loopback last.
 pub fn interfaces() -> Vec<Iface> {
+    use nix::net::if_::InterfaceFlags;
+    let Ok(list) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs allocates a list we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return out;
-    }
-    let mut p = head;
-    while !p.is_null() {
-        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
-        let ifa = unsafe { &*p };
-        p = ifa.ifa_next;
-        let up = ifa.ifa_flags & libc::IFF_UP as u32 != 0;
-        let lo = ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0;
-        if ifa.ifa_addr.is_null() || !up {
+    for ifa in list {
+        if !ifa.flags.contains(InterfaceFlags::IFF_UP) {
             continue;
         }
-        let (ip, prefix) = match i32::from(
-            // SAFETY: a non-null ifa_addr points to a sockaddr of its family.
-            unsafe { (*ifa.ifa_addr).sa_family },
-        ) {
-            libc::AF_INET => {
-                // SAFETY: the family is AF_INET, so this is a sockaddr_in, and so is a
-                // non-null netmask.
-                let (sin, mask) = unsafe {
-                    (
-                        &*(ifa.ifa_addr as *const libc::sockaddr_in),
-                        (ifa.ifa_netmask as *const libc::sockaddr_in).as_ref(),
-                    )
-                };
-                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                let prefix =
-                    mask.map_or(32, |m| u32::from_be(m.sin_addr.s_addr).count_ones() as u8);
-                (std::net::IpAddr::V4(ip), prefix)
+        let lo = ifa.flags.contains(InterfaceFlags::IFF_LOOPBACK);
+        let Some(addr) = ifa.address else { continue };
+        let (ip, prefix) = if let Some(sin) = addr.as_sockaddr_in() {
+            let mask = ifa.netmask.as_ref().and_then(|m| m.as_sockaddr_in());
+            let prefix = mask.map_or(32, |m| m.ip().to_bits().count_ones() as u8);
+            (std::net::IpAddr::V4(sin.ip()), prefix)
+        } else if let Some(sin) = addr.as_sockaddr_in6() {
+            let ip = sin.ip();
+            if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                continue; // link-local
             }
-            libc::AF_INET6 => {
-                // SAFETY: the family is AF_INET6: sockaddr_in6, netmask too.
-                let (sin, mask) = unsafe {
-                    (
-                        &*(ifa.ifa_addr as *const libc::sockaddr_in6),
-                        (ifa.ifa_netmask as *const libc::sockaddr_in6).as_ref(),
-                    )
-                };
-                let ip = std::net::Ipv6Addr::from(sin.sin6_addr.s6_addr);
-                if ip.segments()[0] & 0xffc0 == 0xfe80 {
-                    continue; // link-local
-                }
-                let prefix = mask.map_or(128, |m| {
-                    m.sin6_addr
-                        .s6_addr
-                        .iter()
-                        .map(|b| b.count_ones())
-                        .sum::<u32>() as u8
-                });
-                (std::net::IpAddr::V6(ip), prefix)
-            }
-            _ => continue,
+            let mask = ifa.netmask.as_ref().and_then(|m| m.as_sockaddr_in6());
+            let prefix = mask.map_or(128, |m| m.ip().to_bits().count_ones() as u8);
+            (std::net::IpAddr::V6(ip), prefix)
+        } else {
+            continue;
         };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = ifa.interface_name;
         let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -252,8 +238,6 @@ pub fn interfaces() -> Vec<Iface> {
             lo,
         });
     }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
     out.sort_by_key(|i| (i.lo, i.ip.is_ipv6()));
     out
 }
@@ -261,19 +245,23 @@ pub fn interfaces() -> Vec<Iface> {
 /// Writes `bufs` to the connected stream socket `fd` with one `sendmsg` (a gathering
 /// write, as `writev`), with `MSG_NOSIGNAL`: a peer that reset the connection gives
 /// `EPIPE`, never a `SIGPIPE` that would kill a process that did not ignore it.
-pub fn send_vectored(fd: RawFd, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-    // SAFETY: zeroed msghdr is valid (no name, no control data).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    // IoSlice is ABI-compatible with iovec on Unix (documented by std).
-    msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = bufs.len() as _;
-    // SAFETY: the vectors point into live slices for the duration of the call.
-    cvt_isize(unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } as isize)
+pub fn send_vectored(fd: BorrowedFd<'_>, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+    use rustix::net::{SendAncillaryBuffer, SendFlags};
+    let flags = SendFlags::NOSIGNAL | SendFlags::DONTWAIT;
+    Ok(rustix::net::sendmsg(
+        fd,
+        bufs,
+        &mut SendAncillaryBuffer::default(),
+        flags,
+    )?)
 }
 
 /// [`send_vectored`] of the first [`MAX_PIECES`] non-empty slices of `pieces` (0 when
 /// there are none).
-pub fn send_pieces<'a>(fd: RawFd, pieces: impl Iterator<Item = &'a [u8]>) -> io::Result<usize> {
+pub fn send_pieces<'a>(
+    fd: BorrowedFd<'_>,
+    pieces: impl Iterator<Item = &'a [u8]>,
+) -> io::Result<usize> {
     // Left uninitialised: zeroing 64 vectors took about 200 of a 64-byte TCP hop's 2 900
     // user instructions (`callgrind`, `examples/path_cost 20000 tcp`).
     let mut iov = [const { std::mem::MaybeUninit::<io::IoSlice<'a>>::uninit() }; MAX_PIECES];

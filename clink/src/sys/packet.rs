@@ -5,7 +5,7 @@
 use super::{cvt, setsockopt};
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Attaches a classic BPF filter to a socket.
@@ -58,16 +58,13 @@ impl PacketRing {
         frames: usize,
         block: usize,
     ) -> io::Result<PacketRing> {
-        // SAFETY: plain socket(2).
-        let raw = cvt(unsafe {
-            libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                i32::from((libc::ETH_P_IP as u16).to_be()),
-            )
-        })?;
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        use rustix::net::{AddressFamily, Protocol, SocketFlags, SocketType};
+        // IPv4 frames only (`ETH_P_IP`, in network order as the kernel wants it).
+        let ip = std::num::NonZeroU32::new(u32::from((libc::ETH_P_IP as u16).to_be()))
+            .map(Protocol::from_raw);
+        let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
+        let fd = rustix::net::socket_with(AddressFamily::PACKET, SocketType::DGRAM, flags, ip)?;
+        let raw = fd.as_raw_fd();
         attach_filter(raw, filter)?;
         setsockopt(
             raw,
@@ -84,20 +81,19 @@ impl PacketRing {
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
         // Sends go straight to the device (a veth pair has no queue to bypass anyway).
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1)?;
-        // SAFETY: maps the ring the kernel just made for this socket, at its size.
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: maps the ring the kernel just made for this socket, at its size, at an
+        // address the kernel chooses.
         let map = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 frames * frame,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                raw,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED | MapFlags::POPULATE,
+                &fd,
                 0,
-            )
+            )?
         };
-        if map == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         let ring = PacketRing {
             fd,
             map: map.cast(),
@@ -197,6 +193,6 @@ impl PacketRing {
 impl Drop for PacketRing {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `open`, at its size; nothing borrows it past `self`.
-        unsafe { libc::munmap(self.map.cast(), self.frames * self.frame) };
+        let _ = unsafe { rustix::mm::munmap(self.map.cast(), self.frames * self.frame) };
     }
 }

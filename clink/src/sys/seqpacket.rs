@@ -106,7 +106,7 @@ impl SeqPacket {
         use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
         let late = || io::Error::new(io::ErrorKind::TimedOut, "peer did not answer in time");
         // With no timeout, DONTWAIT below says "nothing yet" by itself: no poll.
-        if !timeout.is_zero() && !poll_readable(self.0.as_raw_fd(), timeout)? {
+        if !timeout.is_zero() && !poll_readable(self.0.as_fd(), timeout)? {
             return Err(late());
         }
         let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
@@ -136,32 +136,33 @@ impl SeqPacket {
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+    /// The descriptor, borrowed (for a wait on it alone).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
 }
 
 /// Waits until `fd` is readable or hung up; false on timeout.
-pub fn poll_readable(fd: RawFd, timeout: Duration) -> io::Result<bool> {
-    poll_for(fd, libc::POLLIN, timeout)
+pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    poll_for(fd, rustix::event::PollFlags::IN, timeout)
 }
 
 /// Waits up to `timeout` for `fd` to report any of `events` (or an error or hang-up);
 /// true if it did.
-pub(crate) fn poll_for(fd: RawFd, events: libc::c_short, timeout: Duration) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
+pub(crate) fn poll_for(
+    fd: BorrowedFd<'_>,
+    events: rustix::event::PollFlags,
+    timeout: Duration,
+) -> io::Result<bool> {
+    let ts = rustix::event::Timespec {
+        tv_sec: timeout.as_secs().min(i32::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut p = [rustix::event::PollFd::from_borrowed_fd(fd, events)];
     loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match rustix::event::poll(&mut p, Some(&ts)) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return Ok(r? > 0),
         }
-        return Ok(r > 0);
     }
 }

@@ -20,13 +20,14 @@ mod batch;
 pub use batch::TxBatch;
 
 use crate::lease::Dst;
+use crate::sys::net::{for_socket, unmapped};
 use crate::sys::{cvt, setsockopt, SockAddr};
 use batch::frame_vectors;
 use clink_proto::reliable::packet::{coalesced_segment, BULK_HEADER};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Largest UDP payload of one send (IPv4).
 pub const MAX_UDP_PAYLOAD: usize = 65507;
@@ -210,28 +211,22 @@ impl UdpSock {
         shared: bool,
         filter: Option<&[libc::sock_filter]>,
     ) -> io::Result<UdpSock> {
-        // SAFETY: plain socket(2).
-        let raw = cvt(unsafe {
-            libc::socket(
-                if addr.is_ipv4() {
-                    libc::AF_INET
-                } else {
-                    libc::AF_INET6
-                },
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            )
-        })?;
-        // SAFETY: `raw` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let b = buf_bytes.min(i32::MAX as usize) as libc::c_int;
-        for (force, plain) in [
-            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-        ] {
-            if setsockopt(raw, libc::SOL_SOCKET, force, &b).is_err() {
-                setsockopt(raw, libc::SOL_SOCKET, plain, &b)?;
-            }
+        use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+        let family = if addr.is_ipv4() {
+            AddressFamily::INET
+        } else {
+            AddressFamily::INET6
+        };
+        let flags = SocketFlags::NONBLOCK | SocketFlags::CLOEXEC;
+        let fd = rustix::net::socket_with(family, SocketType::DGRAM, flags, None)?;
+        let raw = fd.as_raw_fd();
+        // The option is an int.
+        let b = buf_bytes.min(i32::MAX as usize);
+        if sockopt::set_socket_recv_buffer_size_force(&fd, b).is_err() {
+            sockopt::set_socket_recv_buffer_size(&fd, b)?;
+        }
+        if sockopt::set_socket_send_buffer_size_force(&fd, b).is_err() {
+            sockopt::set_socket_send_buffer_size(&fd, b)?;
         }
         let gro = setsockopt(raw, libc::SOL_UDP, libc::UDP_GRO, &1).is_ok();
         // ICMP errors for what this socket sends (a peer's port unreachable: its process
@@ -241,26 +236,21 @@ impl UdpSock {
         if addr.is_ipv6() {
             // IPv4 peers too (mapped addresses), whatever the host's default, and their
             // ICMPv6 errors.
-            setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &0)?;
+            sockopt::set_ipv6_v6only(&fd, false)?;
             setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVERR, &1)?;
         }
         if shared {
-            setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1)?;
+            sockopt::set_socket_reuseport(&fd, true)?;
         }
         if let Some(prog) = filter {
             crate::sys::packet::attach_filter(raw, prog)?;
         }
-        let name = SockAddr::from(addr);
-        let (sa, sa_len) = name.raw();
-        // SAFETY: a valid socket address of the length given.
-        cvt(unsafe { libc::bind(raw, sa, sa_len) })?;
-        let mut got = SockAddr::empty();
-        let (gp, mut len) = got.raw_mut();
-        // SAFETY: out-pointers to storage for either family and its length.
-        cvt(unsafe { libc::getsockname(raw, gp, &mut len) })?;
+        rustix::net::bind(&fd, &addr)?;
+        let bound = rustix::net::getsockname(&fd)?;
+        let local = std::net::SocketAddr::try_from(bound).map_or(addr, unmapped);
         let mut sock = UdpSock {
             fd,
-            local: got.get().unwrap_or(addr),
+            local,
             v6: addr.is_ipv6(),
             gso: true,
             gro,
@@ -296,10 +286,7 @@ impl UdpSock {
     /// Connects the socket to `peer`: from now on the kernel gives it only `peer`'s
     /// datagrams (flow steering; datagrams already queued stay).
     pub fn connect(&self, peer: SocketAddr) -> io::Result<()> {
-        let name = SockAddr::for_socket(peer, self.v6);
-        let (sa, len) = name.raw();
-        // SAFETY: a valid socket address of the length given.
-        cvt(unsafe { libc::connect(self.fd.as_raw_fd(), sa, len) }).map(|_| ())
+        Ok(rustix::net::connect(&self.fd, &for_socket(peer, self.v6))?)
     }
 
     /// The bound address (the port the kernel chose).
@@ -483,25 +470,12 @@ impl UdpSock {
             // straight from it, without the vectors and message header built below (no
             // header and vector for the kernel to import either: about 0.2 us of a 5 us
             // one-thread loopback hop, `examples/path_cost`).
-            let name =
-                (!connected).then(|| SockAddr::for_socket(batch.frames[first].dest, self.v6));
-            let (np, nl) = name.as_ref().map_or((std::ptr::null(), 0), |n| {
-                let (sa, len) = n.raw();
-                (sa as *const libc::sockaddr, len)
-            });
-            // SAFETY: `b` and the name (if any) are live for the call.
-            let k = unsafe {
-                libc::sendto(
-                    self.raw(),
-                    b.as_ptr().cast(),
-                    b.len(),
-                    libc::MSG_DONTWAIT,
-                    np,
-                    nl,
-                )
-            };
-            if k < 0 {
-                return Err(io::Error::last_os_error());
+            let flags = rustix::net::SendFlags::DONTWAIT;
+            if connected {
+                rustix::net::send(&self.fd, b, flags)?;
+            } else {
+                let to = for_socket(batch.frames[first].dest, self.v6);
+                rustix::net::sendto(&self.fd, b, flags, &to)?;
             }
             self.stats.send_calls += 1;
             self.stats.datagrams_sent += 1;
@@ -770,16 +744,11 @@ impl UdpSock {
     /// coalesced run there); `None` when the queue is empty. One `recv(MSG_PEEK |
     /// MSG_TRUNC)`: the datagram stays queued.
     pub fn peek_head(&self, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: the kernel writes at most buf.len() bytes to buf.
-        let r = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_DONTWAIT,
-            )
-        };
-        usize::try_from(r).ok()
+        use rustix::net::RecvFlags;
+        let flags = RecvFlags::PEEK | RecvFlags::TRUNC | RecvFlags::DONTWAIT;
+        rustix::net::recv(&self.fd, buf, flags)
+            .ok()
+            .map(|(_, len)| len)
     }
 
     /// What entry `k` of the last [`UdpSock::recv_batch`] received.

@@ -541,7 +541,7 @@ impl ShmPeer {
             if let Some(k) = self.fds.iter().position(|(r, _)| *r == req) {
                 return Some(self.fds.swap_remove(k).1);
             }
-            if !sys::poll_readable(self.sock.raw(), Duration::ZERO).unwrap_or(false)
+            if !sys::poll_readable(self.sock.fd(), Duration::ZERO).unwrap_or(false)
                 || !self.on_socket_readable()
             {
                 return None;

@@ -10,7 +10,7 @@ use clink_proto::ProtoError;
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, ErrorKind, IoSliceMut, Read};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::Duration;
 
 /// Frame bytes queued (not yet written) beyond which `try_send` reports the link full.
@@ -503,7 +503,7 @@ impl TcpLink {
                 }
             });
             // Only empty pieces (a zero-length transfer) write nothing.
-            let n = match crate::sys::send_pieces(self.sock.as_raw_fd(), pieces) {
+            let n = match crate::sys::send_pieces(self.sock.as_fd(), pieces) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
