@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(wire rendezvous rma_target datagram stream rma ipv4 text)
+[ ${#targets[@]} -gt 0 ] || targets=(wire rendezvous rma_target datagram stream rma ipv4 text cast)
 flags="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
 flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters"
 flags+=" -Cllvm-args=-sanitizer-coverage-pc-table -Cllvm-args=-sanitizer-coverage-trace-compares"

@@ -32,12 +32,15 @@
 //!   the byte-offset switch of each direction onto a shared-memory ring;
 //! - [`spin`]: whether a wait spins before it sleeps (spins that keep failing close it);
 //! - [`tripwire`]: CLAN's tripwires, byte ranges of an aperture that fire on access, matched
-//!   through per-page buckets.
+//!   through per-page buckets;
+//! - [`cast`]: `clink cast`'s manifest and chunk headers, which each node of the chain
+//!   checks before it writes or forwards a chunk.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod addr;
 pub mod admission;
+pub mod cast;
 pub mod cost;
 mod crc;
 mod error;

@@ -43,23 +43,6 @@ fn subtree(len: u64, chunk: u64, cvs: &[ChainingValue]) -> ChainingValue {
     merge_subtrees_non_root(&l, &r, Mode::Hash)
 }
 
-/// Lower-case hex of `b`.
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Bytes of the hex string `s` (32 of them), or `None` when it is not one.
-pub fn unhex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,7 @@ mod spawn;
 
 use clap::{Args, Subcommand};
 use clink::{Config, Context, Endpoint, PeerId, Selector};
+use clink_proto::cast::{bits, unbits, ChunkHeader, Manifest, CHUNK_MAX, CHUNK_MIN, HEADER as HDR};
 use serde_json::{json, Value};
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -93,17 +94,6 @@ const STALL_REPORT: Duration = Duration::from_secs(10);
 /// Memory a node may fill with chunks its next node has not taken yet, beyond its two
 /// windows of buffers, before it forwards them from its file instead.
 const LAG_BYTES: u64 = 16 << 20;
-/// Length of a chunk message's header.
-const HDR: usize = 64;
-/// Magic number at the start of a chunk header.
-const DATA_MAGIC: &[u8; 4] = b"CKD1";
-/// Flag of a chunk header carrying the chunk's chaining value.
-const FLAG_HASH: u32 = 1;
-/// Flag of a chunk of zeros: the header says its length, no bytes follow (a sparse file's
-/// holes cross the chain as headers and stay holes in every copy).
-const FLAG_ZERO: u32 = 2;
-/// Manifest format identifier.
-const MANIFEST_MAGIC: &str = "clink-cast/1";
 /// Largest manifest accepted: about 490 000 chunks (490 GiB in 1 MiB chunks).
 const MANIFEST_MAX: usize = 32 << 20;
 /// A manifest's bytes per chunk (a hex chaining value, quoted, and a comma), for the
@@ -119,10 +109,6 @@ const DEFAULT_CHUNK: u64 = 1 << 20;
 /// receivers nearer the link's rate, where larger chunks cost a processor-bound chain
 /// more per byte (BENCHMARKS.md, "clink cast").
 const LINK_BOUND_CHUNK: u64 = 256 << 10;
-/// Bounds on the chunk size.
-const CHUNK_MIN: u64 = 64 << 10;
-/// Bounds on the chunk size.
-const CHUNK_MAX: u64 = 64 << 20;
 /// How long the set-up of the chain (connections, route, readiness) may take per node.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest a failed node waits for its upstream to stop after reporting why.
@@ -386,191 +372,6 @@ fn is_zero(b: &[u8]) -> bool {
         && blocks.remainder().iter().all(|&x| x == 0)
 }
 
-/// Parsed chunk header.
-#[derive(Clone, Copy, Debug)]
-struct ChunkHdr {
-    index: u64,
-    offset: u64,
-    len: u64,
-    hash: Option<[u8; 32]>,
-    /// `len` zeros, not carried.
-    zero: bool,
-}
-
-impl ChunkHdr {
-    fn write(&self, b: &mut [u8]) {
-        b[..4].copy_from_slice(DATA_MAGIC);
-        let mut flags = if self.hash.is_some() { FLAG_HASH } else { 0 };
-        if self.zero {
-            flags |= FLAG_ZERO;
-        }
-        b[4..8].copy_from_slice(&flags.to_le_bytes());
-        b[8..16].copy_from_slice(&self.index.to_le_bytes());
-        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
-        b[24..32].copy_from_slice(&self.len.to_le_bytes());
-        b[32..64].copy_from_slice(&self.hash.unwrap_or([0; 32]));
-    }
-
-    fn read(b: &[u8]) -> Result<ChunkHdr, String> {
-        if b.len() < HDR || &b[..4] != DATA_MAGIC {
-            return Err("a chunk message without a chunk header".into());
-        }
-        let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
-        let flags = u32::from_le_bytes(b[4..8].try_into().unwrap());
-        let h = ChunkHdr {
-            index: u64at(8),
-            offset: u64at(16),
-            len: u64at(24),
-            hash: (flags & FLAG_HASH != 0).then(|| b[32..64].try_into().unwrap()),
-            zero: flags & FLAG_ZERO != 0,
-        };
-        let carried = if h.zero { 0 } else { h.len };
-        if carried != (b.len() - HDR) as u64 {
-            return Err(format!(
-                "chunk {}: header says {} bytes, message carries {}",
-                h.index,
-                h.len,
-                b.len() - HDR
-            ));
-        }
-        Ok(h)
-    }
-}
-
-/// What the source announces before the data.
-#[derive(Clone, Debug)]
-struct Manifest {
-    size: Option<u64>,
-    chunk: u64,
-    cvs: Option<Vec<[u8; 32]>>,
-    root: Option<[u8; 32]>,
-    /// Chunks every node holds already, not sent (a file's cast resumed).
-    skip: Option<Vec<bool>>,
-}
-
-impl Manifest {
-    fn to_json(&self) -> Vec<u8> {
-        json!({
-            "magic": MANIFEST_MAGIC,
-            "size": self.size,
-            "chunk_size": self.chunk,
-            "chunks": self.cvs.as_ref().map(|v| v.iter().map(|c| hash::hex(c)).collect::<Vec<_>>()),
-            "root": self.root.map(|r| hash::hex(&r)),
-            "skip": self.skip.as_ref().map(|s| bits(s)),
-        })
-        .to_string()
-        .into_bytes()
-    }
-
-    /// Parses and checks a manifest.
-    fn parse(b: &[u8]) -> Result<Manifest, String> {
-        let v: Value =
-            serde_json::from_slice(b).map_err(|e| format!("manifest is not JSON: {e}"))?;
-        if v["magic"] != MANIFEST_MAGIC {
-            return Err(format!(
-                "manifest format {} is not {MANIFEST_MAGIC}",
-                v["magic"]
-            ));
-        }
-        let chunk = v["chunk_size"]
-            .as_u64()
-            .ok_or("manifest without a chunk size")?;
-        if !chunk.is_power_of_two() || !(CHUNK_MIN..=CHUNK_MAX).contains(&chunk) {
-            return Err(format!(
-                "manifest chunk size {chunk} is not a power of two from {CHUNK_MIN} to {CHUNK_MAX}"
-            ));
-        }
-        let size = v["size"].as_u64();
-        let cvs = match v["chunks"].as_array() {
-            None => None,
-            Some(a) => Some(
-                a.iter()
-                    .enumerate()
-                    .map(|(i, h)| {
-                        h.as_str()
-                            .and_then(hash::unhex32)
-                            .ok_or(format!("manifest chunk {i}: not a 32-byte hex hash"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-        };
-        let root = match &v["root"] {
-            Value::Null => None,
-            r => Some(
-                r.as_str()
-                    .and_then(hash::unhex32)
-                    .ok_or("manifest root is not a 32-byte hex hash")?,
-            ),
-        };
-        match (size, &cvs) {
-            (Some(s), Some(c)) => {
-                let n = s.div_ceil(chunk);
-                if c.len() as u64 != n {
-                    return Err(format!(
-                        "manifest lists {} chunk hashes for {s} bytes in chunks of {chunk} ({n} chunks)",
-                        c.len()
-                    ));
-                }
-                if n >= 2 && root.is_none() {
-                    return Err("manifest of several chunks without a root hash".into());
-                }
-            }
-            (None, None) => {}
-            _ => return Err("manifest gives a size without chunk hashes or the reverse".into()),
-        }
-        let skip = v["skip"].as_str().map(unbits);
-        if let (Some(s), Some(c)) = (&skip, &cvs) {
-            if s.len() != c.len() {
-                return Err(format!(
-                    "manifest skips from a list of {} chunks, not {}",
-                    s.len(),
-                    c.len()
-                ));
-            }
-        }
-        if skip.is_some() && cvs.is_none() {
-            return Err("manifest of a stream skips chunks".into());
-        }
-        Ok(Manifest {
-            size,
-            chunk,
-            cvs,
-            root,
-            skip,
-        })
-    }
-
-    /// What identifies the file for a resumed cast: size, chunk size, root hash (null
-    /// for a stream).
-    fn id(&self) -> Value {
-        match (self.size, self.root) {
-            (Some(s), Some(r)) => json!({ "size": s, "chunk": self.chunk, "root": hash::hex(&r) }),
-            _ => Value::Null,
-        }
-    }
-
-    /// Number of chunks, when the size is known.
-    fn chunks(&self) -> Option<u64> {
-        self.size.map(|s| s.div_ceil(self.chunk))
-    }
-
-    /// The length of chunk `i` of a file of known size.
-    fn chunk_len(&self, i: u64) -> u64 {
-        self.chunk
-            .min(self.size.unwrap_or(0).saturating_sub(i * self.chunk))
-    }
-}
-
-/// A set of chunks as a string of `0` and `1`.
-fn bits(b: &[bool]) -> String {
-    b.iter().map(|&x| if x { '1' } else { '0' }).collect()
-}
-
-/// The set of chunks of a string of [`bits`].
-fn unbits(s: &str) -> Vec<bool> {
-    s.bytes().map(|c| c == b'1').collect()
-}
-
 /// Rate in MB/s of `bytes` in `secs`.
 fn mbps(bytes: u64, secs: f64) -> f64 {
     if secs > 0.0 {
@@ -656,17 +457,6 @@ fn busy(r: &Value) -> f64 {
 mod tests {
     use super::*;
 
-    fn man(size: u64, chunk: u64) -> Manifest {
-        let n = size.div_ceil(chunk) as usize;
-        Manifest {
-            size: Some(size),
-            chunk,
-            cvs: Some(vec![[7; 32]; n]),
-            root: Some([9; 32]),
-            skip: None,
-        }
-    }
-
     #[test]
     fn an_address_restricted_to_a_transport_keeps_only_its_items() {
         let a = "clink:host=00000000000000aa;id=0000000000000000000000000000000b;\
@@ -687,62 +477,6 @@ mod tests {
         let e = Transport::Tcp.restrict(&udp_only).unwrap_err();
         assert!(e.contains("offers no tcp transport"), "{e}");
         assert!(Transport::Udp.restrict("udp=1.2.3.4:5").is_err());
-    }
-
-    #[test]
-    fn a_manifest_reads_back_as_written() {
-        let m = man(10 << 20, 4 << 20);
-        let p = Manifest::parse(&m.to_json()).unwrap();
-        assert_eq!(p.size, Some(10 << 20));
-        assert_eq!(p.chunks(), Some(3));
-        assert_eq!(p.cvs, m.cvs);
-        assert_eq!(p.root, m.root);
-    }
-
-    #[test]
-    fn wrong_manifests_are_refused_with_the_reason() {
-        let bad = |v: Value, want: &str| {
-            let e = Manifest::parse(v.to_string().as_bytes()).unwrap_err();
-            assert!(e.contains(want), "{e}");
-        };
-        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
-        v["chunks"].as_array_mut().unwrap().pop();
-        bad(v, "2 chunk hashes for 10485760 bytes");
-        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
-        v["chunk_size"] = json!(3 << 20);
-        bad(v, "not a power of two");
-        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
-        v["magic"] = json!("other/9");
-        bad(v, "is not clink-cast/1");
-        let mut v: Value = serde_json::from_slice(&man(10 << 20, 4 << 20).to_json()).unwrap();
-        v["chunks"][1] = json!("zz");
-        bad(v, "manifest chunk 1");
-        assert!(Manifest::parse(b"{").unwrap_err().contains("not JSON"));
-    }
-
-    #[test]
-    fn a_chunk_header_round_trips_and_checks_its_length() {
-        let mut b = vec![0u8; HDR + 10];
-        let h = ChunkHdr {
-            index: 3,
-            offset: 3 << 20,
-            len: 10,
-            hash: Some([1; 32]),
-            zero: false,
-        };
-        h.write(&mut b);
-        let r = ChunkHdr::read(&b).unwrap();
-        assert_eq!(
-            (r.index, r.offset, r.len, r.hash, r.zero),
-            (3, 3 << 20, 10, Some([1; 32]), false)
-        );
-        assert!(ChunkHdr::read(&b[..HDR + 5]).is_err());
-        // A chunk of zeros: its length in the header, nothing after it.
-        let z = ChunkHdr { zero: true, ..h };
-        z.write(&mut b);
-        let r = ChunkHdr::read(&b[..HDR]).unwrap();
-        assert_eq!((r.len, r.zero), (10, true));
-        assert!(ChunkHdr::read(&b).is_err(), "zeros with bytes after them");
     }
 
     #[test]

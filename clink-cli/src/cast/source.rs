@@ -303,8 +303,7 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
         ));
     }
     // Chunks every node holds from an earlier cast of this file are not sent again.
-    if let (Some(have), Some(n)) = (v["have"].as_str(), man.chunks()) {
-        let have = unbits(have);
+    if let (Some(have), Some(n)) = (v["have"].as_str().and_then(unbits), man.chunks()) {
         if have.len() as u64 == n && have.iter().any(|&h| h) {
             man.skip = Some(have);
         }
@@ -713,7 +712,7 @@ impl Stream<'_> {
                     buf.truncate(HDR);
                     zero_chunks += 1;
                 }
-                ChunkHdr {
+                ChunkHeader {
                     index,
                     offset,
                     len: n as u64,

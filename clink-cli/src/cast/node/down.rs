@@ -145,7 +145,7 @@ impl Node {
         let v: Value = serde_json::from_slice(&buf[..st.len as usize])
             .map_err(|e| format!("{h}: bad readiness answer: {e}"))?;
         if v["ok"] == true {
-            Ok(v["have"].as_str().map(unbits))
+            Ok(v["have"].as_str().and_then(unbits))
         } else {
             Err(v["error"].as_str().unwrap_or("not ready").to_string())
         }

@@ -433,7 +433,7 @@ impl Node {
                                 self.out.display()
                             ))
                         })?;
-                    ChunkHdr {
+                    ChunkHeader {
                         index: i,
                         offset: i * man.chunk,
                         len,
@@ -696,7 +696,7 @@ impl Node {
         single_root: &mut Option<blake3::Hash>,
     ) -> Result<Vec<u8>, Failure> {
         let index = self.p.index;
-        let h = ChunkHdr::read(&buf).map_err(|e| fail_up(format!("node {index}: {e}")))?;
+        let h = ChunkHeader::read(&buf).map_err(|e| fail_up(format!("node {index}: {e}")))?;
         if h.index != self.next_due {
             return Err(fail_up(format!(
                 "node {index}: chunk {} arrived where chunk {} was due",
