@@ -1,6 +1,7 @@
 //! Connecting over UDP on loopback: a peer whose UDP does not answer is reached over TCP,
-//! one whose UDP answers stays on it, both failing says why, half-made and unwelcome
-//! connections are dropped, a flood of hellos makes no peers.
+//! one whose UDP answers stays on it, one whose first address does not answer is reached
+//! at its second, both failing says why, half-made and unwelcome connections are dropped,
+//! a flood of hellos makes no peers.
 
 mod common;
 
@@ -69,6 +70,46 @@ fn a_peer_whose_udp_does_not_answer_is_reached_over_tcp() {
     silent.set_nonblocking(true).unwrap();
     assert!(silent.recv_from(&mut [0u8; 2048]).is_ok());
     drop(client.join().unwrap());
+}
+
+#[test]
+fn a_peer_whose_first_address_does_not_answer_is_reached_at_its_second() {
+    // The peer advertises two UDP addresses and no TCP one; the first (the one a
+    // connector on its host picks) leads to a socket that drops everything, as an
+    // unrouted or firewalled network would. After three unanswered hellos the connect
+    // sends them to the second address too, which answers: the connection goes there.
+    let (_ctx, mut a, me) = listening();
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut at = me.clone();
+    at.udp = vec![silent.local_addr().unwrap(), me.udp[0]];
+    at.tcp = Vec::new();
+    let addr = at.to_string();
+    let client = std::thread::spawn(move || {
+        let ctx = net_ctx("", 2000);
+        let mut b = ctx.endpoint().unwrap();
+        let t = Instant::now();
+        let p = b.connect(&addr).unwrap();
+        let took = t.elapsed();
+        assert_eq!(b.transport(p).unwrap(), "udp");
+        // Hellos go out every 100 ms: the fourth, the first to the second address, at 300.
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        b.send(p, 5, b"second").unwrap();
+        let back = recv_vec(&mut b, p, 6, 16);
+        (ctx, b, back)
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(recv_vec(&mut a, pa, 5, 16), b"second");
+    a.send(pa, 6, b"both ways").unwrap();
+    let (_ctx_b, _b, back) = client.join().unwrap();
+    assert_eq!(back, b"both ways");
+    // The first address had the first hellos, and more after the second was tried.
+    silent.set_nonblocking(true).unwrap();
+    let mut hellos = 0;
+    while silent.recv_from(&mut [0u8; 2048]).is_ok() {
+        hellos += 1;
+    }
+    assert!(hellos >= 4, "{hellos} hellos at the first address");
+    assert!(a.accept(Some(Duration::ZERO)).is_err(), "one peer only");
 }
 
 #[test]

@@ -37,7 +37,8 @@ enum TcpLeg {
 
 impl Endpoint {
     /// Connects over UDP to the endpoint `id` at `dest` (hello / welcome, the hello repeated
-    /// until answered or the connect timeout). When its address offers TCP too (`tcp`) and
+    /// until answered or the connect timeout; from the fourth hello on, at the peer's other
+    /// UDP addresses, `alternates`, too: the first to answer carries the connection). When its address offers TCP too (`tcp`) and
     /// UDP brings no welcome within `CLINK_UDP_FALLBACK_MS` (a firewall that drops UDP,
     /// say), it connects a TCP socket there without blocking (UDP may still answer
     /// meanwhile); the connection made proves the path works (a lost ARP or hello only
@@ -50,6 +51,7 @@ impl Endpoint {
         &mut self,
         addr: &str,
         dest: SocketAddr,
+        alternates: Vec<SocketAddr>,
         id: u128,
         tcp: Option<SocketAddr>,
     ) -> Result<PeerId> {
@@ -57,7 +59,7 @@ impl Endpoint {
         let net = self.net.as_mut().ok_or_else(|| {
             fail("the endpoint is on another host and this endpoint's UDP transport is off (CLINK_UDP=off)".into())
         })?;
-        let token = net.start_connect(dest, id)?;
+        let token = net.start_connect(dest, alternates, id)?;
         let start = Instant::now();
         let deadline = start + self.ctx.config.connect_timeout;
         let mut tcp_leg = match (

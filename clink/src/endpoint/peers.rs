@@ -38,7 +38,10 @@ impl Endpoint {
         let name = match (a.shm.as_deref(), udp, tcp) {
             (Some(name), _, _) if same_host && !self.ctx.config.force_net => name,
             (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id, deadline),
-            (_, Some(dest), tcp) => return self.connect_udp(addr, dest, a.id, tcp),
+            (_, Some(dest), tcp) => {
+                let others = udp_addrs.iter().filter(|&&u| u != dest).copied().collect();
+                return self.connect_udp(addr, dest, others, a.id, tcp);
+            }
             (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id, deadline),
             _ if !a.udp.is_empty() && self.net.is_some() => {
                 return Err(fail(

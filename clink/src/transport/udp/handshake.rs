@@ -3,12 +3,18 @@
 //! (a ping), which alone makes the acceptor offer the connection to its application. A
 //! connector that gives up (its connect timed out, or it fell back to TCP) so leaves no
 //! peer behind; datagrams that come before the endpoint adopts a connection are kept for
-//! it.
+//! it. A peer that advertises several addresses is sent hellos at the one chosen first
+//! (`netdev::pick`), then, once [`ALTERNATES_AFTER`] hellos went unanswered, at the others
+//! too: the first address to answer for the right endpoint carries the connection, and
+//! the acceptor drops the others' half-made links when no datagram follows.
 
 use super::*;
 
 /// How often a hello is repeated while connecting.
 const HELLO_EVERY: Duration = Duration::from_millis(100);
+/// Hellos at a peer's chosen address before its other addresses are tried too (about
+/// 300 ms: a few lost hellos on a path that works should not open a second one).
+pub(super) const ALTERNATES_AFTER: u32 = 3;
 
 /// An incoming connection welcomed but not yet taken up: its connector has sent nothing
 /// since the hello. It is offered to the application only once a datagram of its own
@@ -31,7 +37,12 @@ const EARLY_MAX: usize = 256;
 
 /// An outgoing connection waiting for its welcome.
 pub(super) struct Pending {
+    /// The address hellos go to (once welcomed, the one that answered).
     dest: SocketAddr,
+    /// The peer's other addresses, tried too after [`ALTERNATES_AFTER`] hellos.
+    alternates: Vec<SocketAddr>,
+    /// Hellos sent so far.
+    hellos: u32,
     conn: u32,
     remote_id: u128,
     last_hello: Instant,
@@ -57,12 +68,16 @@ impl State {
     }
 
     /// A welcome from `src` for the outgoing connection `conn`.
+    /// The first welcome from the endpoint it was meant for, from any of the addresses
+    /// its hellos went to, makes that address the connection's.
     pub(super) fn on_welcome(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
-        if let Some(p) = self
-            .pending
-            .iter_mut()
-            .find(|p| p.dest == src && p.conn == conn)
-        {
+        if let Some(p) = self.pending.iter_mut().find(|p| {
+            p.conn == conn
+                && p.welcomed.is_none()
+                && hs.from == p.remote_id
+                && (p.dest == src || p.alternates.contains(&src))
+        }) {
+            p.dest = src;
             p.welcomed = Some(hs);
         }
     }
@@ -117,9 +132,15 @@ impl State {
 }
 
 impl UdpTransport {
-    /// Starts connecting to the endpoint `remote_id` at `dest`; returns a token for
+    /// Starts connecting to the endpoint `remote_id` at `dest` (and, if it does not answer
+    /// there, at `alternates`, its other addresses); returns a token for
     /// [`UdpTransport::connected`].
-    pub fn start_connect(&mut self, dest: SocketAddr, remote_id: u128) -> Result<u32> {
+    pub fn start_connect(
+        &mut self,
+        dest: SocketAddr,
+        alternates: Vec<SocketAddr>,
+        remote_id: u128,
+    ) -> Result<u32> {
         let conn = loop {
             let c = (crate::sys::random_u128().map_err(io_err("random connection id"))? as u32) | 1;
             if self.st.routes.get((dest, c)).is_none()
@@ -130,6 +151,8 @@ impl UdpTransport {
         };
         self.st.pending.push(Pending {
             dest,
+            alternates,
+            hellos: 0,
             conn,
             remote_id,
             last_hello: Instant::now(),
@@ -165,9 +188,17 @@ impl UdpTransport {
             return;
         };
         p.last_hello = Instant::now();
+        p.hellos += 1;
         let (dest, conn, to) = (p.dest, p.conn, p.remote_id);
-        let hs = self.st.handshake(to, dest);
-        self.st.send_handshake(dest, Datagram::Hello { conn, hs });
+        let others = if p.hellos > ALTERNATES_AFTER {
+            p.alternates.clone()
+        } else {
+            Vec::new()
+        };
+        for d in std::iter::once(dest).chain(others) {
+            let hs = self.st.handshake(to, d);
+            self.st.send_handshake(d, Datagram::Hello { conn, hs });
+        }
         self.flush();
     }
 
