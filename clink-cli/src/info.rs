@@ -117,7 +117,7 @@ pub fn run() -> Result<(), String> {
         }
     );
     println!(
-        "                    of a peer's addresses, connect picks the first on the subnet of an advertised interface, else of any interface here, else the first it lists; this host's own addresses last; over UDP, the others too when that one does not answer within three hellos"
+        "                    of a peer's addresses, connect picks the first on the subnet of an advertised interface, else of any interface here, else the first it lists; this host's own addresses last; the others too when that one does not answer (three UDP hellos, or a TCP connect refused or not made in 300 ms)"
     );
     let others: Vec<String> = ifaces
         .iter()

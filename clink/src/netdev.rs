@@ -23,8 +23,8 @@
 //! itself, else the first on any of its interfaces' subnets, else the first the kernel
 //! must route; an address that is one of this host's own (a container bridge's
 //! `172.17.0.1` exists on every host) is taken last, since it would reach this host. A
-//! UDP connect that hears nothing there for three hellos tries the peer's other addresses
-//! too (`transport::udp` handshake). A UDP socket of one family reaches that family only;
+//! UDP connect that hears nothing there for three hellos, or a TCP connect refused there or
+//! not made within 300 ms, tries the peer's other addresses too. A UDP socket of one family reaches that family only;
 //! TCP connects over either.
 //!
 //! `clink info` prints the choice and why.

@@ -1,7 +1,8 @@
 //! The TCP transport over loopback (CLINK_TRANSPORT=tcp semantics: TCP even on one host):
 //! every size class with checksums, speculative receive on and off, sleeping waiters,
 //! tags and any-source matching across two senders, transport selection, stale
-//! addresses, malformed bytes on the stream, a peer killed mid-transfer, and close.
+//! addresses, a peer reached at its second address when its first refuses, malformed
+//! bytes on the stream, a peer killed mid-transfer, and close.
 
 mod common;
 
@@ -371,6 +372,42 @@ fn a_stale_address_is_refused_with_a_clear_error() {
     }
     assert_eq!(a.peers().len(), 0);
     assert!(a.stats().handshakes_refused >= 1, "{:?}", a.stats());
+}
+
+#[test]
+fn a_peer_whose_first_tcp_address_refuses_is_reached_at_its_second() {
+    // The peer advertises two TCP addresses; nothing listens at the first (a port just
+    // closed: the connect is refused at once), and the connect goes on to the second.
+    let mut a = tcp_ctx(true, 20).endpoint().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut at = Address::parse(&a.address()).unwrap();
+    at.tcp = vec![closed, at.tcp[0]];
+    let at = at.to_string();
+    let t = std::thread::spawn(move || {
+        let mut b = tcp_ctx(true, 20).endpoint().unwrap();
+        let p = b.connect(&at).unwrap();
+        assert_eq!(b.transport(p).unwrap(), "tcp");
+        b.send(p, 3, b"second address").unwrap();
+        b
+    });
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(recv_vec(&mut a, pa, 3, 32), b"second address");
+    drop(t.join().unwrap());
+    // Both refused: the error names each address and why.
+    let closed2 = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut dead = Address::parse(&a.address()).unwrap();
+    dead.tcp = vec![closed, closed2];
+    let mut b = tcp_ctx(true, 20).endpoint().unwrap();
+    let e = b.connect(&dead.to_string()).unwrap_err().to_string();
+    for c in [closed, closed2] {
+        assert!(e.contains(&format!("TCP connect to {c}: ")), "{e}");
+    }
 }
 
 /// Reads the listener's welcome on a raw socket, bounded.

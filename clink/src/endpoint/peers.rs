@@ -35,14 +35,21 @@ impl Endpoint {
             crate::netdev::pick(&a.tcp, mine, crate::sys::interfaces, same_host)
         });
         let deadline = Instant::now() + self.ctx.config.connect_timeout;
+        // The peer's addresses other than the one chosen, tried when it does not answer.
+        let others = |all: &[std::net::SocketAddr], chosen| {
+            all.iter().filter(|&&u| u != chosen).copied().collect()
+        };
         let name = match (a.shm.as_deref(), udp, tcp) {
             (Some(name), _, _) if same_host && !self.ctx.config.force_net => name,
-            (_, _, Some(dest)) if tcp_first => return self.connect_tcp(addr, dest, a.id, deadline),
-            (_, Some(dest), tcp) => {
-                let others = udp_addrs.iter().filter(|&&u| u != dest).copied().collect();
-                return self.connect_udp(addr, dest, others, a.id, tcp);
+            (_, _, Some(dest)) if tcp_first => {
+                return self.connect_tcp(addr, dest, others(&a.tcp, dest), a.id, deadline)
             }
-            (_, None, Some(dest)) => return self.connect_tcp(addr, dest, a.id, deadline),
+            (_, Some(dest), tcp) => {
+                return self.connect_udp(addr, dest, others(&udp_addrs, dest), a.id, tcp);
+            }
+            (_, None, Some(dest)) => {
+                return self.connect_tcp(addr, dest, others(&a.tcp, dest), a.id, deadline)
+            }
             _ if !a.udp.is_empty() && self.net.is_some() => {
                 return Err(fail(
                     "the peer offers only IPv6 UDP addresses and this endpoint's UDP socket is IPv4 (include an IPv6 subnet in CLINK_NET_DEVICES)",

@@ -18,14 +18,22 @@ use std::time::{Duration, Instant};
 pub(super) const TOK_TCP_LISTENER: u64 = u64::MAX - 1;
 /// Epoll token of accepted TCP connections waiting for their hello.
 pub(super) const TOK_TCP_INCOMING: u64 = u64::MAX - 2;
+/// How long a TCP connect to one of a peer's addresses may take before the next is tried
+/// beside it.
+const TCP_ALTERNATE_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
 
 impl Endpoint {
     /// Connects over TCP to the endpoint `id` at `dest`: connect (without blocking), hello,
-    /// then the welcome, progressing everything else all along, by `deadline`.
+    /// then the welcome, progressing everything else all along, by `deadline`. When the
+    /// connect to `dest` fails, or has not completed within [`TCP_ALTERNATE_AFTER`], it
+    /// connects to the peer's next address (`alternates`, in order) as well; the first
+    /// connection made carries the hello, the others close unused (the peer drops a
+    /// connection closed before its hello).
     pub(super) fn connect_tcp(
         &mut self,
         addr: &str,
         dest: SocketAddr,
+        alternates: Vec<SocketAddr>,
         id: u128,
         deadline: Instant,
     ) -> Result<PeerId> {
@@ -33,19 +41,65 @@ impl Endpoint {
         if self.tcp.is_none() {
             return Err(fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into()));
         }
-        let connecting = TcpConnecting::start(dest);
-        let sock = connecting
-            .and_then(|c| loop {
-                if c.poll()? {
-                    break c.into_stream();
+        let mut left = std::iter::once(dest).chain(alternates);
+        let mut tries: Vec<(TcpConnecting, SocketAddr)> = Vec::new();
+        let mut failed: Vec<String> = Vec::new();
+        let mut next_at = Instant::now();
+        let mut more = true;
+        let (sock, dest) = loop {
+            let now = Instant::now();
+            if more && (tries.is_empty() || now >= next_at) {
+                match left.next() {
+                    Some(to) => {
+                        match TcpConnecting::start(to) {
+                            Ok(c) => tries.push((c, to)),
+                            Err(e) => failed.push(format!("TCP connect to {to}: {e}")),
+                        }
+                        next_at = now + TCP_ALTERNATE_AFTER;
+                    }
+                    None => more = false,
                 }
-                if Instant::now() >= deadline {
-                    break Err(std::io::ErrorKind::TimedOut.into());
+            }
+            let mut made = None;
+            let mut k = 0;
+            while k < tries.len() {
+                match tries[k].0.poll() {
+                    Ok(false) => k += 1,
+                    Ok(true) => {
+                        made = Some(tries.swap_remove(k));
+                        break;
+                    }
+                    Err(e) => {
+                        let (_, to) = tries.swap_remove(k);
+                        failed.push(format!("TCP connect to {to}: {e}"));
+                    }
                 }
-                self.progress();
-                std::hint::spin_loop();
-            })
-            .map_err(|e| fail(format!("TCP connect to {dest}: {e}")))?;
+            }
+            if let Some((c, to)) = made {
+                match c.into_stream() {
+                    Ok(sock) => break (sock, to),
+                    Err(e) => failed.push(format!("TCP connect to {to}: {e}")),
+                }
+            }
+            if tries.is_empty() && !more {
+                return Err(fail(failed.join("; ")));
+            }
+            if now >= deadline {
+                let waiting = tries
+                    .iter()
+                    .map(|(_, to)| format!("TCP connect to {to}: timed out"));
+                return Err(fail(
+                    failed
+                        .into_iter()
+                        .chain(waiting)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ));
+            }
+            self.progress();
+            std::hint::spin_loop();
+        };
+        drop(tries);
         let tcp = self.tcp.as_ref().expect("checked above");
         let link = tcp
             .hello(sock, id)
