@@ -14,7 +14,7 @@ use super::*;
 const HELLO_EVERY: Duration = Duration::from_millis(100);
 /// Hellos at a peer's chosen address before its other addresses are tried too (about
 /// 300 ms: a few lost hellos on a path that works should not open a second one).
-pub(super) const ALTERNATES_AFTER: u32 = 3;
+const ALTERNATES_AFTER: u32 = 3;
 
 /// An incoming connection welcomed but not yet taken up: its connector has sent nothing
 /// since the hello. It is offered to the application only once a datagram of its own
@@ -67,9 +67,9 @@ impl State {
         self.batch.push(dest, |buf| d.encode(buf));
     }
 
-    /// A welcome from `src` for the outgoing connection `conn`.
-    /// The first welcome from the endpoint it was meant for, from any of the addresses
-    /// its hellos went to, makes that address the connection's.
+    /// A welcome from `src` for the outgoing connection `conn`: the first from the
+    /// endpoint it was meant for, from any of the addresses its hellos went to, makes that
+    /// address the connection's.
     pub(super) fn on_welcome(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
         if let Some(p) = self.pending.iter_mut().find(|p| {
             p.conn == conn
