@@ -410,6 +410,42 @@ fn a_peer_whose_first_tcp_address_refuses_is_reached_at_its_second() {
     }
 }
 
+#[test]
+fn a_peer_whose_first_tcp_address_reaches_another_endpoint_is_reached_at_its_second() {
+    // The peer advertises two TCP addresses; the first is another endpoint's (an address
+    // hosts of other networks share, such as a container bridge's), which refuses the
+    // hello, and the connect goes on to the second.
+    let mut a = tcp_ctx(true, 20).endpoint().unwrap();
+    let mut other = tcp_ctx(true, 20).endpoint().unwrap();
+    let wrong = Address::parse(&other.address()).unwrap().tcp[0];
+    let mut at = Address::parse(&a.address()).unwrap();
+    at.tcp = vec![wrong, at.tcp[0]];
+    let at = at.to_string();
+    let t = std::thread::spawn(move || {
+        let mut b = tcp_ctx(true, 20).endpoint().unwrap();
+        let r = b.connect(&at);
+        if let Ok(p) = r {
+            b.send(p, 3, b"second address").unwrap();
+        }
+        (r, b)
+    });
+    // Serve both listeners until the connector has its answer.
+    let deadline = Instant::now() + T;
+    while !t.is_finished() {
+        assert!(Instant::now() < deadline, "connect never returned");
+        other.progress();
+        a.progress();
+    }
+    let (r, b) = t.join().unwrap();
+    let p = r.unwrap();
+    assert_eq!(b.transport(p).unwrap(), "tcp");
+    let pa = a.accept(Some(T)).unwrap();
+    assert_eq!(recv_vec(&mut a, pa, 3, 32), b"second address");
+    assert_eq!(other.peers().len(), 0);
+    assert!(other.stats().handshakes_refused >= 1, "{:?}", other.stats());
+    drop(b);
+}
+
 /// Reads the listener's welcome on a raw socket, bounded.
 fn read_welcome(s: &mut TcpStream) -> Vec<u8> {
     s.set_read_timeout(Some(T)).unwrap();

@@ -11,7 +11,7 @@ use crate::transport::tcp::{LinkError, TcpLink, TcpTransport};
 use crate::{Selector, Status};
 use clink_proto::wire::Frame;
 use clink_proto::PeerId;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 /// Epoll token of the TCP listening socket.
@@ -26,9 +26,12 @@ impl Endpoint {
     /// Connects over TCP to the endpoint `id` at `dest`: connect (without blocking), hello,
     /// then the welcome, progressing everything else all along, by `deadline`. When the
     /// connect to `dest` fails, or has not completed within [`TCP_ALTERNATE_AFTER`], it
-    /// connects to the peer's next address (`alternates`, in order) as well; the first
-    /// connection made carries the hello, the others close unused (the peer drops a
-    /// connection closed before its hello).
+    /// connects to the peer's next address (`alternates`, in order) as well. One connection
+    /// at a time carries the hello (two welcomed would be two peers on the other side): the
+    /// first made; when the endpoint there is another one (it refuses the hello: an
+    /// address the peer shares with hosts of other networks, such as a container bridge's)
+    /// or the connection fails, the next made carries it. The others close unused (the peer
+    /// drops a connection closed before its hello).
     pub(super) fn connect_tcp(
         &mut self,
         addr: &str,
@@ -43,12 +46,15 @@ impl Endpoint {
         }
         let mut left = std::iter::once(dest).chain(alternates);
         let mut tries: Vec<(TcpConnecting, SocketAddr)> = Vec::new();
+        let mut made: std::collections::VecDeque<(TcpStream, SocketAddr)> = Default::default();
+        let mut hello: Option<(TcpLink, SocketAddr)> = None;
         let mut failed: Vec<String> = Vec::new();
         let mut next_at = Instant::now();
         let mut more = true;
-        let (sock, dest) = loop {
+        loop {
             let now = Instant::now();
-            if more && (tries.is_empty() || now >= next_at) {
+            if more && ((tries.is_empty() && made.is_empty() && hello.is_none()) || now >= next_at)
+            {
                 match left.next() {
                     Some(to) => {
                         match TcpConnecting::start(to) {
@@ -60,14 +66,16 @@ impl Endpoint {
                     None => more = false,
                 }
             }
-            let mut made = None;
             let mut k = 0;
             while k < tries.len() {
                 match tries[k].0.poll() {
                     Ok(false) => k += 1,
                     Ok(true) => {
-                        made = Some(tries.swap_remove(k));
-                        break;
+                        let (c, to) = tries.swap_remove(k);
+                        match c.into_stream() {
+                            Ok(sock) => made.push_back((sock, to)),
+                            Err(e) => failed.push(format!("TCP connect to {to}: {e}")),
+                        }
                     }
                     Err(e) => {
                         let (_, to) = tries.swap_remove(k);
@@ -75,19 +83,39 @@ impl Endpoint {
                     }
                 }
             }
-            if let Some((c, to)) = made {
-                match c.into_stream() {
-                    Ok(sock) => break (sock, to),
-                    Err(e) => failed.push(format!("TCP connect to {to}: {e}")),
+            if hello.is_none() {
+                if let Some((sock, to)) = made.pop_front() {
+                    let tcp = self.tcp.as_ref().expect("checked above");
+                    match tcp.hello(sock, id) {
+                        Ok(link) => hello = Some((link, to)),
+                        Err(e) => failed.push(format!("TCP connection to {to}: {e}")),
+                    }
                 }
             }
-            if tries.is_empty() && !more {
+            if let Some((link, to)) = hello.as_mut() {
+                match Self::tcp_welcome_step(link) {
+                    Some(Ok(())) => {
+                        let (link, _) = hello.take().expect("matched above");
+                        return self.add_welcomed(link);
+                    }
+                    Some(Err(why)) => {
+                        failed.push(format!("TCP handshake with {to}: {why}"));
+                        hello = None;
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+            if tries.is_empty() && made.is_empty() && hello.is_none() && !more {
                 return Err(fail(failed.join("; ")));
             }
             if now >= deadline {
                 let waiting = tries
                     .iter()
-                    .map(|(_, to)| format!("TCP connect to {to}: timed out"));
+                    .map(|(_, to)| format!("TCP connect to {to}: timed out"))
+                    .chain(hello.iter().map(|(_, to)| {
+                        format!("no welcome from {to} (no clink endpoint listens there, or it is not progressing)")
+                    }));
                 return Err(fail(
                     failed
                         .into_iter()
@@ -98,13 +126,30 @@ impl Endpoint {
             }
             self.progress();
             std::hint::spin_loop();
-        };
-        drop(tries);
-        let tcp = self.tcp.as_ref().expect("checked above");
-        let link = tcp
-            .hello(sock, id)
-            .map_err(|e| fail(format!("TCP connection to {dest}: {e}")))?;
-        self.tcp_welcome(addr, dest, link, deadline)
+        }
+    }
+
+    /// Writes `link`'s hello and reads its answer: `None` while no welcome has come,
+    /// `Some(Ok)` when welcomed, `Some(Err(why))` when refused or the connection failed.
+    fn tcp_welcome_step(link: &mut TcpLink) -> Option<std::result::Result<(), String>> {
+        let r = link.write().and_then(|_| link.receive());
+        // A refusal is followed by the end of the stream, often in the same read: the
+        // welcome's reason comes first.
+        match (TcpTransport::welcomed(link), r) {
+            (Some(w), _) => Some(w),
+            (None, Err(e)) => Some(Err(e.to_string())),
+            (None, Ok(_)) => None,
+        }
+    }
+
+    /// Makes the welcomed `link` a peer.
+    fn add_welcomed(&mut self, link: TcpLink) -> Result<PeerId> {
+        // (A stream that ended right after the welcome fails the new peer at its first
+        // read.)
+        let id = self.add_peer(Link::Tcp(Box::new(link)))?;
+        // Frames that came with the welcome are waiting in the link.
+        self.mark_busy(id.0 as usize);
+        Ok(id)
     }
 
     /// Drives `link` (connected to `dest`, its hello queued) until the welcome arrives,
@@ -120,21 +165,10 @@ impl Endpoint {
         let fail = |why: String| Error::connect(addr, why);
         let timeout = deadline.saturating_duration_since(Instant::now());
         loop {
-            let r = link.write().and_then(|_| link.receive());
-            // A refusal is followed by the end of the stream, often in the same read: the
-            // welcome's reason comes first.
-            match (TcpTransport::welcomed(&link), r) {
-                (Some(Ok(())), _) => {
-                    // (A stream that ended right after the welcome fails the new peer at
-                    // its first read.)
-                    let id = self.add_peer(Link::Tcp(Box::new(link)))?;
-                    // Frames that came with the welcome are waiting in the link.
-                    self.mark_busy(id.0 as usize);
-                    return Ok(id);
-                }
-                (Some(Err(why)), _) => return Err(fail(why)),
-                (None, Err(e)) => return Err(fail(format!("TCP handshake with {dest}: {e}"))),
-                (None, Ok(_)) => {}
+            match Self::tcp_welcome_step(&mut link) {
+                Some(Ok(())) => return self.add_welcomed(link),
+                Some(Err(why)) => return Err(fail(format!("TCP handshake with {dest}: {why}"))),
+                None => {}
             }
             if Instant::now() >= deadline {
                 return Err(fail(format!(
