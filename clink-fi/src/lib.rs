@@ -18,7 +18,8 @@
 //! Connections: two endpoints share one clink connection, made by the one with the
 //! smaller identity when either first needs it (the other waits for it, answering
 //! `-FI_EAGAIN` to sends meanwhile), so a receive from a given address always has one
-//! connection to match on.
+//! connection to match on; when both connect at the same moment, both use the one the
+//! smaller identity made (`clink::Joined::superseded`).
 
 pub mod abi;
 mod av;

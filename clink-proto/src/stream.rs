@@ -34,8 +34,9 @@ pub const MAX_RECORD: u32 = 1 << 30;
 pub const CHUNK: usize = 1 << 20;
 /// Magic number opening a handshake payload ("CLTP").
 pub const MAGIC: u32 = 0x5054_4c43;
-/// Version of the stream protocol.
-pub const VERSION: u16 = 1;
+/// Version of the stream protocol (2 since the handshake's byte 7 holds flags,
+/// [`Handshake::crossed`]).
+pub const VERSION: u16 = 2;
 /// Payload bytes of a hello or welcome.
 pub const HANDSHAKE_LEN: usize = 40;
 
@@ -196,11 +197,16 @@ pub struct Handshake {
     pub to: u128,
     /// Welcome only: 0 accepted, [`REFUSED_WRONG_ID`] refused (the hello named another
     /// endpoint: a stale address).
-    pub status: u16,
+    pub status: u8,
+    /// Welcome only: the sender was connecting to the hello's sender when the hello came
+    /// (the two connects crossed, so the pair will hold two connections).
+    pub crossed: bool,
 }
 
 /// Welcome status: the hello named an endpoint id that does not listen here.
-pub const REFUSED_WRONG_ID: u16 = 1;
+pub const REFUSED_WRONG_ID: u8 = 1;
+/// Handshake flag: [`Handshake::crossed`].
+const FLAG_CROSSED: u8 = 1;
 
 impl Handshake {
     /// Encodes a whole record (header + payload) of `kind` (hello or welcome).
@@ -216,7 +222,8 @@ impl Handshake {
         let p = &mut b[HEADER..];
         put_u32(p, 0, MAGIC);
         p[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        p[6..8].copy_from_slice(&self.status.to_le_bytes());
+        p[6] = self.status;
+        p[7] = if self.crossed { FLAG_CROSSED } else { 0 };
         put_u128(p, 8, self.from);
         put_u128(p, 24, self.to);
         b
@@ -242,8 +249,16 @@ impl Handshake {
                 want: VERSION,
             });
         }
+        if p[7] & !FLAG_CROSSED != 0 {
+            return Err(ProtoError::OutOfRange {
+                what: "stream handshake flags",
+                value: p[7].into(),
+                limit: FLAG_CROSSED.into(),
+            });
+        }
         Ok(Handshake {
-            status: u16_at(p, 6),
+            status: p[6],
+            crossed: p[7] & FLAG_CROSSED != 0,
             from: u128_at(p, 8),
             to: u128_at(p, 24),
         })
@@ -391,6 +406,7 @@ mod tests {
             from: 1 << 100,
             to: 3,
             status: REFUSED_WRONG_ID,
+            crossed: false,
         };
         let r = hs.record(Kind::Welcome);
         assert_eq!(
@@ -398,6 +414,16 @@ mod tests {
             Some((Kind::Welcome, r.len()))
         );
         assert_eq!(Handshake::parse(&r[HEADER..]), Ok(hs));
+        let crossed = Handshake {
+            status: 0,
+            crossed: true,
+            ..hs
+        };
+        let r = crossed.record(Kind::Welcome);
+        assert_eq!(Handshake::parse(&r[HEADER..]), Ok(crossed));
+        let mut unknown = r;
+        unknown[HEADER + 7] |= 2;
+        assert!(Handshake::parse(&unknown[HEADER..]).is_err());
         let mut bad = r;
         bad[HEADER] ^= 1;
         assert!(matches!(

@@ -12,8 +12,9 @@ use crate::le::{need, put_u128, put_u64, u128_at, u16_at, u32_at, u64_at};
 use crate::ProtoError;
 
 /// Protocol version spoken by this build; the handshake refuses any other (2: the split
-/// rendezvous's [`Frame::Push`] and [`Frame::Pushed`]).
-pub const VERSION: u16 = 2;
+/// rendezvous's [`Frame::Push`] and [`Frame::Pushed`]; 3: the welcome's
+/// [`Welcome::crossed`] flag, which an older build would read as `cma_ok`).
+pub const VERSION: u16 = 3;
 /// Magic number opening every handshake message ("CLNK").
 pub const MAGIC: u32 = 0x4b4e_4c43;
 
@@ -332,7 +333,15 @@ pub struct Welcome {
     pub probe_value: u64,
     /// True when the server could read the client's probe word with CMA.
     pub cma_ok: bool,
+    /// The server was connecting to the client when the hello came (the two connects
+    /// crossed, so the pair will hold two connections).
+    pub crossed: bool,
 }
+
+/// Welcome flag: [`Welcome::cma_ok`].
+const W_CMA_OK: u8 = 1;
+/// Welcome flag: [`Welcome::crossed`].
+const W_CROSSED: u8 = 2;
 
 /// Second client message: whether the client could read the server's probe word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -420,7 +429,8 @@ impl Welcome {
     pub fn encode(&self) -> [u8; WELCOME_LEN] {
         let mut o = [0u8; WELCOME_LEN];
         preamble(&mut o, T_WELCOME);
-        o[7] = u8::from(self.cma_ok);
+        o[7] =
+            (if self.cma_ok { W_CMA_OK } else { 0 }) | (if self.crossed { W_CROSSED } else { 0 });
         put_u128(&mut o, 8, self.id);
         o[24..32].copy_from_slice(&self.probe_addr.to_le_bytes());
         o[32..40].copy_from_slice(&self.probe_value.to_le_bytes());
@@ -429,11 +439,19 @@ impl Welcome {
     /// Parses a welcome message.
     pub fn parse(b: &[u8]) -> Result<Welcome, ProtoError> {
         check_preamble(b, T_WELCOME, "welcome", WELCOME_LEN)?;
+        if b[7] & !(W_CMA_OK | W_CROSSED) != 0 {
+            return Err(ProtoError::OutOfRange {
+                what: "welcome flags",
+                value: b[7].into(),
+                limit: (W_CMA_OK | W_CROSSED).into(),
+            });
+        }
         Ok(Welcome {
             id: u128_at(b, 8),
             probe_addr: u64_at(b, 24),
             probe_value: u64_at(b, 32),
-            cma_ok: b[7] != 0,
+            cma_ok: b[7] & W_CMA_OK != 0,
+            crossed: b[7] & W_CROSSED != 0,
         })
     }
 }
@@ -583,8 +601,23 @@ mod tests {
             probe_addr: 6,
             probe_value: 7,
             cma_ok: true,
+            crossed: false,
         };
         assert_eq!(Welcome::parse(&w.encode()), Ok(w));
+        for (cma_ok, crossed) in [(false, true), (true, true), (false, false)] {
+            let w = Welcome {
+                cma_ok,
+                crossed,
+                ..w
+            };
+            assert_eq!(Welcome::parse(&w.encode()), Ok(w));
+        }
+        let mut unknown = w.encode();
+        unknown[7] |= 4;
+        assert!(matches!(
+            Welcome::parse(&unknown),
+            Err(ProtoError::OutOfRange { .. })
+        ));
         assert!(matches!(
             Welcome::parse(&h.encode()),
             Err(ProtoError::UnexpectedMessage {

@@ -128,6 +128,7 @@ fn build<'a>(k: u8, conn: u32, mut hdr: DataHeader, p: &'a [u8], ack: &AckInfo) 
                 mtu_payload: hdr.offset,
                 payload_hash: hdr.tag & 1 == 1,
                 two_paths: hdr.tag & 2 == 2,
+                crossed: hdr.tag & 4 == 4,
             };
             if k == 4 {
                 Datagram::Hello { conn, hs }

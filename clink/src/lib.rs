@@ -74,6 +74,8 @@ pub use clink_proto::reliable::Stats as ConnStats;
 pub use clink_proto::PeerId;
 pub use config::Config;
 pub use context::Context;
-pub use endpoint::{Endpoint, InPlace, Received, RecvRequest, SendRequest, SendSlot, Status};
+pub use endpoint::{
+    Endpoint, InPlace, Joined, Received, RecvRequest, SendRequest, SendSlot, Status,
+};
 pub use error::{Error, Result};
 pub use stats::Stats;

@@ -464,6 +464,7 @@ fn malformed_streams_kill_only_their_own_link() {
             from: 77,
             to,
             status: 0,
+            crossed: false,
         }
         .record(clink_proto::stream::Kind::Hello)
     };
@@ -708,6 +709,7 @@ fn a_peer_that_resets_the_connection_is_heard_out_first() {
         from: 77,
         to: addr.id,
         status: 0,
+        crossed: false,
     };
     s.write_all(&hello.record(Kind::Hello)).unwrap();
     let pa = a.accept(Some(T)).unwrap();

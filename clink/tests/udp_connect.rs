@@ -239,6 +239,7 @@ fn a_welcomed_connection_is_offered_only_once_its_connector_takes_it_up() {
             mtu_payload: 1400,
             payload_hash: false,
             two_paths: false,
+            crossed: false,
         },
     }
     .encode(&mut hello);
@@ -279,6 +280,7 @@ fn a_flood_of_hellos_makes_no_peers_and_keeps_the_endpoint_open() {
                 mtu_payload: 1400,
                 payload_hash: false,
                 two_paths: false,
+                crossed: false,
             },
         }
         .encode(&mut hello);

@@ -144,6 +144,7 @@ pub unsafe extern "C" fn endpoint(
                     waiting: Map::default(),
                     sources: Vec::new(),
                     unreachable: HashSet::new(),
+                    crossed: Map::default(),
                     ops: Map::default(),
                     posted: Default::default(),
                     lazy: VecDeque::new(),

@@ -28,6 +28,9 @@ use posted::{Dest, Posted, PostedRecv};
 /// How long an endpoint with the larger identity waits for the other to connect before it
 /// connects itself.
 const CONNECT_GRACE: Duration = Duration::from_millis(200);
+/// How long an endpoint whose connection crossed the peer's (and is not the one kept)
+/// waits for the peer's to arrive.
+const CROSSED_WAIT: Duration = Duration::from_secs(20);
 
 /// A hasher for the integer keys of the endpoint's maps (request numbers, identities):
 /// one multiplication instead of SipHash on every message.
@@ -164,6 +167,9 @@ struct State {
     routes: Vec<Option<Target>>,
     /// Peers our connection attempt failed for (sends to them fail).
     unreachable: HashSet<u128>,
+    /// Peers whose connection to us crossed ours and is the one kept: we wait for it
+    /// (since when).
+    crossed: Map<u128, Instant>,
     /// Sends in flight and claims, by clink's request number.
     ops: Map<u64, Op>,
     /// The posted receives.

@@ -1,6 +1,7 @@
 //! Where an endpoint's messages go: the connection to each address-vector entry (the
-//! endpoint with the smaller identity connects), the connection to itself, and the source
-//! address of a connection's messages.
+//! endpoint with the smaller identity connects; when both connect at once, both use the
+//! connection the smaller one made), the connection to itself, and the source address
+//! of a connection's messages.
 
 use super::*;
 
@@ -17,9 +18,16 @@ impl State {
             } else {
                 0
             });
+            // Both ends connected at once (ARCHITECTURE.md, "The libfabric provider"):
+            // both use the connection the smaller identity made.
+            if id != 0 && (self.ep.joined(p)).is_ok_and(|j| j.superseded(self.my_id, id)) {
+                crate::log(&format!(
+                    "connections to endpoint {id:032x} crossed: {p} is not the one kept"
+                ));
+                continue;
+            }
             let first = *self.links.entry(id).or_insert(p);
             if first != p && id != 0 {
-                // Both ends connected at once (ARCHITECTURE.md, "The libfabric provider").
                 crate::log(&format!(
                     "a second connection to endpoint {id:032x} ({p}); sends and directed \
                      receives keep {first}, and its messages on the other wait"
@@ -58,26 +66,42 @@ impl State {
                 // second one.
                 let _ = self.ep.accept(Some(Duration::ZERO));
                 self.learn_peers();
-                if self.links.contains_key(&id) {
+                if self.links.contains_key(&id) || self.expecting(id) {
                     continue;
                 }
-                self.connect(id, &addr);
+                let _ = self.connect(id, &addr);
             }
         }
     }
 
-    pub(super) fn connect(&mut self, id: u128, addr: &str) -> Option<PeerId> {
+    /// Connects to the endpoint `id` at `addr`: the connection to use, or `FI_EAGAIN`
+    /// when ours crossed the peer's and theirs is the one kept (not here yet), or
+    /// `FI_EIO` when the connect failed.
+    pub(super) fn connect(&mut self, id: u128, addr: &str) -> Result<PeerId, c_int> {
         match self.ep.connect(addr) {
-            Ok(p) => {
+            Ok(_) => {
                 self.learn_peers();
-                Some(*self.links.entry(id).or_insert(p))
+                match self.links.get(&id) {
+                    Some(&p) => Ok(p),
+                    None => {
+                        self.crossed.insert(id, Instant::now());
+                        Err(FI_EAGAIN)
+                    }
+                }
             }
             Err(e) => {
                 crate::log(&format!("connecting to {addr}: {e}"));
                 self.unreachable.insert(id);
-                None
+                Err(FI_EIO)
             }
         }
+    }
+
+    /// True while a connection from the endpoint `id` is on its way: its connect crossed
+    /// ours and is the one kept, or it is being set up. A connect of ours would make a
+    /// second connection (or a third).
+    fn expecting(&self, id: u128) -> bool {
+        self.crossed.contains_key(&id) || self.ep.being_connected_by(id)
     }
 
     /// Makes the connection to ourselves: a second endpoint connects to this one, from a
@@ -168,16 +192,27 @@ impl State {
         if self.unreachable.contains(&entry.id) {
             return Err(FI_EIO);
         }
-        if entry.id > self.my_id {
-            return self
-                .connect(entry.id, &entry.addr)
-                .map(Target::Peer)
-                .ok_or(FI_EIO);
-        }
         let _ = self.ep.accept(Some(Duration::ZERO));
         self.learn_peers();
         if let Some(&p) = self.links.get(&entry.id) {
             return Ok(Target::Peer(p));
+        }
+        if let Some(since) = self.crossed.get(&entry.id) {
+            if since.elapsed() < CROSSED_WAIT {
+                return Err(FI_EAGAIN);
+            }
+            crate::log(&format!(
+                "endpoint {:032x} connected to us at the same time as we did, and its \
+                 connection did not arrive within {CROSSED_WAIT:?}",
+                entry.id
+            ));
+            return Err(FI_EIO);
+        }
+        if self.ep.being_connected_by(entry.id) {
+            return Err(FI_EAGAIN);
+        }
+        if entry.id > self.my_id {
+            return self.connect(entry.id, &entry.addr).map(Target::Peer);
         }
         // The peer connects when it inserts our address; a program that inserts addresses
         // only when it first talks to them (Open MPI across hosts) may never do so before
@@ -186,9 +221,7 @@ impl State {
         if since.elapsed() < CONNECT_GRACE {
             return Err(FI_EAGAIN);
         }
-        self.connect(entry.id, &entry.addr)
-            .map(Target::Peer)
-            .ok_or(FI_EIO)
+        self.connect(entry.id, &entry.addr).map(Target::Peer)
     }
 
     pub(super) fn source_of(&mut self, p: PeerId) -> u64 {

@@ -100,6 +100,15 @@ impl Link {
         }
     }
 
+    /// The two ends connected to each other at once (the handshake's answer said so).
+    pub fn crossed(&self) -> bool {
+        match self {
+            Link::Shm(s) => s.crossed,
+            Link::Udp(u) => u.crossed(),
+            Link::Tcp(t) => t.crossed,
+        }
+    }
+
     /// The transport's name, for `clink info` and diagnostics.
     pub fn transport(&self) -> &'static str {
         match self {

@@ -63,6 +63,7 @@ mod tcp;
 mod wait;
 
 use msg::copy_eager;
+pub use peers::Joined;
 pub use recv::InPlace;
 pub use send::SendSlot;
 
@@ -168,6 +169,8 @@ type RecvOp = msg::RecvReq<RecvBuf, Error>;
 
 struct Peer {
     link: Link,
+    /// How the connection was made.
+    joined: Joined,
     alive: bool,
     eager_max: u64,
     /// What waits for the link, in order ([`msg::TxQueue`]).
@@ -250,6 +253,9 @@ pub struct Endpoint {
     probe: Box<u64>,
     peers: Vec<Peer>,
     new_peers: VecDeque<PeerId>,
+    /// The endpoint a `connect` under way is for: a connection it accepts from that one
+    /// meanwhile crossed it ([`Joined::crossed`]).
+    connecting: Option<u128>,
     /// Accepted connections waiting for their hello, with their arrival time.
     incoming: Vec<(SeqPacket, Instant)>,
     matcher: Matcher<u64, Arrived>,
@@ -342,6 +348,7 @@ impl Endpoint {
             probe,
             peers: Vec::new(),
             new_peers: VecDeque::new(),
+            connecting: None,
             incoming: Vec::new(),
             matcher: Matcher::default(),
             req: msg::Requests::default(),
@@ -399,6 +406,7 @@ impl Endpoint {
             doorbell: self.doorbell.as_raw_fd(),
             probe: (&*self.probe as *const u64 as u64, *self.probe),
             board: &self.board,
+            connecting: self.connecting,
             config: crate::transport::shm::ShmConfig {
                 any_uid: self.ctx.config.any_uid,
                 cma: self.ctx.config.cma,

@@ -293,7 +293,7 @@ impl Endpoint {
         self.finish_bulk();
         let adopted = !accepted.is_empty();
         for link in accepted {
-            match self.add_peer(Link::Udp(Box::new(link))) {
+            match self.add_peer(Link::Udp(Box::new(link)), false) {
                 Ok(id) => self.new_peers.push_back(id),
                 Err(e) => self.last_error = Some(e.to_string()),
             }

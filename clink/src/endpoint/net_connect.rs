@@ -79,7 +79,7 @@ impl Endpoint {
             if let Some(link) = net.connected(token) {
                 // (A TCP connection made meanwhile closes unused: the peer drops it.)
                 drop(tcp_leg);
-                let id = self.add_peer(Link::Udp(Box::new(link)))?;
+                let id = self.add_peer(Link::Udp(Box::new(link)), true)?;
                 // Its first datagram (a ping) takes the connection up at the acceptor.
                 self.kick(id.0 as usize);
                 return Ok(id);

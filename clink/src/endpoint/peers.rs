@@ -4,19 +4,68 @@
 use super::*;
 use crate::transport::shm::ring_cells_for;
 
+/// How a connection was made ([`Endpoint::joined`]).
+///
+/// Two endpoints that connect to each other at the same moment each end up with two
+/// connections to the other: the one it made and the one it accepted. Each handshake's
+/// answer says whether its sender was connecting to the other at the time, so both ends
+/// know such a pair *crossed*, and [`Joined::superseded`] gives both the same choice of
+/// which connection to use: the one the endpoint with the smaller identity made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Joined {
+    /// This endpoint connected (else it accepted).
+    pub connected: bool,
+    /// The two ends were connecting to each other at once: another connection between
+    /// them was, or is being, made too.
+    pub crossed: bool,
+}
+
+impl Joined {
+    /// True when this connection, between this endpoint (identity `mine`) and the one
+    /// of identity `theirs`, crossed another and is not the one both ends keep (the one
+    /// the smaller identity made). Both ends come to the same answer; a connection that
+    /// did not cross is kept unless another to the same endpoint came first.
+    pub fn superseded(self, mine: u128, theirs: u128) -> bool {
+        self.crossed && self.connected != (mine < theirs)
+    }
+}
+
 impl Endpoint {
     /// Connects to the endpoint at `addr` (a string from its [`Endpoint::address`]).
     /// Shared memory is used when the address is on this host and network namespace
     /// (unless `CLINK_TRANSPORT` says otherwise); else UDP, or TCP when configured
     /// (`CLINK_TRANSPORT=tcp`), when the peer offers only TCP, or when this endpoint's
     /// UDP is off.
+    ///
+    /// When the other endpoint connects to this one at the same moment, both get two
+    /// connections to each other; [`Endpoint::joined`] tells which to use.
     pub fn connect(&mut self, addr: &str) -> Result<PeerId> {
         self.check_fork()?;
         let a = Address::parse(addr)?;
-        let fail = |why: &str| Error::connect(addr, why.to_string());
         if a.id == self.id {
-            return Err(fail("that is this endpoint itself"));
+            return Err(Error::connect(addr, "that is this endpoint itself".into()));
         }
+        self.mark_connecting(Some(a.id));
+        let r = self.connect_to(addr, a);
+        self.mark_connecting(None);
+        r
+    }
+
+    /// Tells the transports which endpoint a connect under way is for (incoming
+    /// connections from it crossed it).
+    fn mark_connecting(&mut self, id: Option<u128>) {
+        self.connecting = id;
+        if let Some(n) = self.net.as_mut() {
+            n.set_connecting(id);
+        }
+        if let Some(t) = self.tcp.as_mut() {
+            t.connecting = id;
+        }
+    }
+
+    /// [`Endpoint::connect`] to the parsed address `a`.
+    fn connect_to(&mut self, addr: &str, a: Address) -> Result<PeerId> {
+        let fail = |why: &str| Error::connect(addr, why.to_string());
         let tcp_first = self.tcp.is_some()
             && (self.ctx.config.prefer_tcp || a.udp.is_empty() || self.net.is_none());
         let same_host = a.host == self.ctx.host;
@@ -95,13 +144,13 @@ impl Endpoint {
         };
         self.incoming = incoming;
         self.adopt(accepted, refused);
-        self.add_peer(Link::Shm(link?))
+        self.add_peer(Link::Shm(link?), true)
     }
 
     /// Registers peers accepted by [`handshake_incoming`] and records refusals.
     pub(super) fn adopt(&mut self, accepted: Vec<ShmPeer>, refused: Vec<Error>) {
         for p in accepted {
-            match self.add_peer(Link::Shm(p)) {
+            match self.add_peer(Link::Shm(p), false) {
                 Ok(id) => self.new_peers.push_back(id),
                 Err(e) => self.last_error = Some(e.to_string()),
             }
@@ -113,7 +162,26 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn add_peer(&mut self, mut link: Link) -> Result<PeerId> {
+    /// How the connection to `peer` was made: whether this endpoint connected, and
+    /// whether the two ends were connecting to each other at once ([`Joined`]).
+    pub fn joined(&self, peer: PeerId) -> Result<Joined> {
+        Ok(self.peer(peer)?.joined)
+    }
+
+    /// True while a connection from the endpoint of identity `id` is being set up: this
+    /// endpoint answered its hello, and it becomes a peer when the connector's first
+    /// message after that answer arrives (UDP). A program that wants one connection per
+    /// pair waits for it rather than connecting too.
+    pub fn being_connected_by(&self, id: u128) -> bool {
+        self.net.as_ref().is_some_and(|n| n.being_connected_by(id))
+    }
+
+    /// Adds the connection `link` as a peer; `connected`: this endpoint made it.
+    pub(super) fn add_peer(&mut self, mut link: Link, connected: bool) -> Result<PeerId> {
+        let joined = Joined {
+            connected,
+            crossed: link.crossed(),
+        };
         let id = PeerId(self.peers.len() as u32);
         let eager_max = match &mut link {
             Link::Shm(s) => {
@@ -135,6 +203,7 @@ impl Endpoint {
         let tcp = matches!(link, Link::Tcp(_));
         self.peers.push(Peer {
             link,
+            joined,
             alive: true,
             eager_max,
             txq: msg::TxQueue::default(),

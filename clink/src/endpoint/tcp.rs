@@ -143,10 +143,11 @@ impl Endpoint {
     }
 
     /// Makes the welcomed `link` a peer.
-    fn add_welcomed(&mut self, link: TcpLink) -> Result<PeerId> {
+    fn add_welcomed(&mut self, mut link: TcpLink) -> Result<PeerId> {
+        link.crossed = link.welcome_crossed();
         // (A stream that ended right after the welcome fails the new peer at its first
         // read.)
-        let id = self.add_peer(Link::Tcp(Box::new(link)))?;
+        let id = self.add_peer(Link::Tcp(Box::new(link)), true)?;
         // Frames that came with the welcome are waiting in the link.
         self.mark_busy(id.0 as usize);
         Ok(id)
@@ -209,7 +210,7 @@ impl Endpoint {
         }
         let mut did = false;
         for link in hs.accepted {
-            match self.add_peer(Link::Tcp(Box::new(link))) {
+            match self.add_peer(Link::Tcp(Box::new(link)), false) {
                 Ok(id) => {
                     self.new_peers.push_back(id);
                     self.mark_busy(id.0 as usize);

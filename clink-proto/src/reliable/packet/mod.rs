@@ -8,9 +8,10 @@
 //!   4      version ([`VERSION`])
 //!   5      kind: 1 data, 2 ack, 3 nak, 4 ping, 5 hello, 6 welcome, 8 admit (7 unused)
 //!   6..8   flags: bit 0 in a data datagram, "an ack rides along" (below); in a hello
-//!          or welcome, bit 0 "the sender wants bulk payloads hashed" and bit 1 "the
+//!          or welcome, bit 0 "the sender wants bulk payloads hashed", bit 1 "the
 //!          sender reads small datagrams by another path than bulk fragments" (a receive
-//!          ring); every other bit, and these in any other kind, must be zero
+//!          ring) and bit 2 (a welcome's) "the sender was connecting to the hello's
+//!          sender"; every other bit, and these in any other kind, must be zero
 //!   8..12  connection id
 //!   12..16 reserved (must be zero)
 //! data body (44 bytes, then the payload)
@@ -101,9 +102,10 @@ pub const MAGIC: u32 = 0x4452_4c43;
 /// stopped seeding its hash, [`bulk_checksum`]; 3 since a bulk datagram's payload is
 /// hashed only when its flag says so, [`BulkHeader::hashed`]; 4 since a data datagram's
 /// long payload is hashed rather than CRC'd, [`data_checksum`]; 6 since a bulk datagram
-/// has a header of its own, [`BULK_HEADER`] bytes). Hello and welcome carry it: two
-/// builds that speak different versions never open a connection.
-pub const VERSION: u8 = 6;
+/// has a header of its own, [`BULK_HEADER`] bytes; 7 since a welcome says whether the
+/// connects crossed, [`Handshake::crossed`]). Hello and welcome carry it: two builds that
+/// speak different versions never open a connection.
+pub const VERSION: u8 = 7;
 /// Kind byte (byte 5) of a bulk datagram, which has no common header: no other
 /// datagram's kind.
 pub const BULK_KIND: u8 = 0xb5;
@@ -126,6 +128,9 @@ const FLAG_WANT_HASH: u16 = 1;
 /// Flag bit of a hello or welcome whose sender reads small datagrams apart from bulk
 /// fragments ([`Handshake::two_paths`]).
 const FLAG_TWO_PATHS: u16 = 2;
+/// Flag bit of a welcome whose sender was connecting to the hello's sender
+/// ([`Handshake::crossed`]).
+const FLAG_CROSSED: u16 = 4;
 /// Bytes before the ranges of an ack or nak datagram.
 pub const ACK_HEADER: usize = 36;
 /// Bytes of a ping datagram without its trailer.
@@ -370,6 +375,9 @@ pub struct Handshake {
     /// fragments sent before it: the other end judges losses per kind
     /// ([`crate::reliable::Config::split_paths`]).
     pub two_paths: bool,
+    /// Welcome only: the sender was connecting to the hello's sender when the hello came
+    /// (the two connects crossed, so the pair will hold two connections).
+    pub crossed: bool,
 }
 
 /// What an admit datagram says (admission control of fast bulk streams, the seed's
@@ -542,7 +550,7 @@ impl<'a> Datagram<'a> {
         let handshake = kind == K_HELLO || kind == K_WELCOME;
         if flags != 0
             && !(kind == K_DATA && flags == FLAG_ACK)
-            && !(handshake && flags & !(FLAG_WANT_HASH | FLAG_TWO_PATHS) == 0)
+            && !(handshake && flags & !(FLAG_WANT_HASH | FLAG_TWO_PATHS | FLAG_CROSSED) == 0)
         {
             return Err(PacketError::Reserved("flags"));
         }
@@ -704,6 +712,7 @@ impl<'a> Datagram<'a> {
                     mtu_payload: u32_at(b, 48),
                     payload_hash: flags & FLAG_WANT_HASH != 0,
                     two_paths: flags & FLAG_TWO_PATHS != 0,
+                    crossed: flags & FLAG_CROSSED != 0,
                 };
                 Ok(if kind == K_HELLO {
                     Datagram::Hello { conn, hs }
@@ -784,6 +793,7 @@ impl<'a> Datagram<'a> {
             Datagram::Hello { hs, .. } | Datagram::Welcome { hs, .. } => {
                 (if hs.payload_hash { FLAG_WANT_HASH } else { 0 })
                     | (if hs.two_paths { FLAG_TWO_PATHS } else { 0 })
+                    | (if hs.crossed { FLAG_CROSSED } else { 0 })
             }
             _ => 0,
         };

@@ -139,14 +139,16 @@ fn the_bulk_flag_chooses_what_the_checksum_covers() {
 }
 
 #[test]
-fn a_handshake_carries_the_wish_for_hashed_payloads_and_the_paths() {
-    for (payload_hash, two_paths) in [(true, false), (false, false), (false, true), (true, true)] {
+fn a_handshake_carries_the_wish_for_hashed_payloads_the_paths_and_a_crossing() {
+    for bits in 0..8 {
+        let (payload_hash, two_paths, crossed) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
         let hs = Handshake {
             from: 1,
             to: 2,
             mtu_payload: 1400,
             payload_hash,
             two_paths,
+            crossed,
         };
         for d in [
             Datagram::Hello { conn: 7, hs },
@@ -164,6 +166,7 @@ fn a_handshake_carries_the_wish_for_hashed_payloads_and_the_paths() {
         mtu_payload: 1400,
         payload_hash: false,
         two_paths: false,
+        crossed: false,
     };
     let mut b = Vec::new();
     Datagram::Hello { conn: 7, hs }.encode(&mut b);
@@ -172,7 +175,7 @@ fn a_handshake_carries_the_wish_for_hashed_payloads_and_the_paths() {
         0,
         "flags where this test expects them"
     );
-    b[6] = 4;
+    b[6] = 8;
     // Sealed again, so that only the flag is wrong.
     let body = b.len() - TRAILER;
     let sum = crc32c(&b[..body]).to_le_bytes();

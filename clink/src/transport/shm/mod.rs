@@ -208,6 +208,9 @@ pub struct Local<'a> {
     pub probe: (u64, u64),
     /// Our activity board (its file is sent to the peer, which gets a slot on it).
     pub board: &'a Board,
+    /// The endpoint this one is connecting to, if any (an incoming connection from it
+    /// crossed ours).
+    pub connecting: Option<u128>,
     /// Settings.
     pub config: ShmConfig,
 }
@@ -244,6 +247,8 @@ pub struct ShmPeer {
     pub peer_cma: bool,
     /// Peer identity.
     pub id: u128,
+    /// The two ends connected to each other at once ([`clink_proto::wire::Welcome::crossed`]).
+    pub crossed: bool,
     /// Aperture memory files the peer sent for our map requests, by request id, until the
     /// request's acknowledgement takes them.
     pub fds: Vec<(u64, OwnedFd)>,
@@ -415,6 +420,7 @@ impl ShmPeer {
             cma,
             peer_cma: w.cma_ok,
             id: w.id,
+            crossed: w.crossed,
             fds: Vec::new(),
             post,
             slot,
@@ -458,11 +464,13 @@ impl ShmPeer {
         sock.set_nonblocking(true).map_err(io_err("O_NONBLOCK"))?;
         let slot = me.board.alloc();
         header(&seg, HDR_SLOT_OF_CONNECTOR).store(slot_word(slot), Ordering::Release);
+        let crossed = me.connecting == Some(h.id);
         let w = Welcome {
             id: me.id,
             probe_addr: me.probe.0,
             probe_value: me.probe.1,
             cma_ok: cma,
+            crossed,
         };
         if let Err(e) = sock.send_with_fds(&w.encode(), &[me.doorbell, me.board.fd()]) {
             if let Some(s) = slot {
@@ -481,6 +489,7 @@ impl ShmPeer {
             cma,
             peer_cma: false,
             id: h.id,
+            crossed,
             fds: Vec::new(),
             post,
             slot,

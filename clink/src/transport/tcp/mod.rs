@@ -80,6 +80,8 @@ pub struct TcpTransport {
     my_id: u128,
     cfg: TcpConfig,
     incoming: Vec<Incoming>,
+    /// The endpoint a connect under way is for: a hello from it crossed that connect.
+    pub connecting: Option<u128>,
     /// Endpoint peer indices reached over TCP (progress visits only these).
     pub peers: Vec<usize>,
     /// When the links' acknowledgements were last looked at ([`TcpTransport::acks_due`]).
@@ -106,6 +108,7 @@ impl TcpTransport {
             my_id,
             cfg,
             incoming: Vec::new(),
+            connecting: None,
             peers: Vec::new(),
             acks_checked: std::time::Instant::now(),
         })
@@ -158,6 +161,7 @@ impl TcpTransport {
                 from: self.my_id,
                 to: remote_id,
                 status: 0,
+                crossed: false,
             }
             .record(Kind::Hello),
         );
@@ -217,7 +221,7 @@ impl TcpTransport {
     /// none within `timeout` drops the connection.
     pub fn poll_incoming(&mut self, timeout: Duration) -> Handshakes {
         let mut out = Handshakes::default();
-        let my_id = self.my_id;
+        let (my_id, connecting) = (self.my_id, self.connecting);
         let mut i = 0;
         while i < self.incoming.len() {
             let inc = &mut self.incoming[i];
@@ -225,15 +229,18 @@ impl TcpTransport {
             let verdict = match (r, inc.link.handshake) {
                 (_, Some((Kind::Hello, hs))) => {
                     let ok = hs.to == my_id;
+                    let crossed = ok && connecting == Some(hs.from);
                     let answer = Handshake {
                         from: my_id,
                         to: hs.from,
                         status: if ok { 0 } else { REFUSED_WRONG_ID },
+                        crossed,
                     };
                     inc.link.queue_record(&answer.record(Kind::Welcome));
                     let wrote = inc.link.write();
                     if ok {
                         inc.link.remote_id = hs.from;
+                        inc.link.crossed = crossed;
                         Some(wrote.map_err(|e| e.to_string()))
                     } else {
                         Some(Err(format!(

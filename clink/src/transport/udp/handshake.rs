@@ -59,6 +59,7 @@ impl State {
             mtu_payload: self.payload_towards(dest) as u32,
             payload_hash: self.cfg.payload_hash,
             two_paths: self.two_paths(),
+            crossed: false,
         }
     }
 
@@ -105,15 +106,22 @@ impl State {
 
     pub(super) fn on_hello(&mut self, src: SocketAddr, conn: u32, hs: Handshake) {
         // A repeated hello (our welcome was lost) is answered again; a new one makes a link.
+        // A repeat is answered as the first was (whether it crossed a connect of ours).
         let ours = |l: &UdpLink| l.route_key() == (src, conn);
         let waiting = self.half_open.iter_mut().find(|h| ours(&h.link));
         let known = if let Some(h) = waiting {
             h.hello_at = Instant::now();
-            true
+            Some(h.link.crossed)
+        } else if let Some(l) = self.accepted.iter().find(|l| ours(l)) {
+            Some(l.crossed)
+        } else if self.routes.get((src, conn)).is_some() {
+            // Taken up already: its connector had the welcome.
+            Some(false)
         } else {
-            self.routes.get((src, conn)).is_some() || self.accepted.iter().any(ours)
+            None
         };
-        if !known {
+        let crossed = known.unwrap_or(self.connecting == Some(hs.from));
+        if known.is_none() {
             if self.half_open.len() >= HALF_OPEN_MAX {
                 // A flood of hellos (forged sources, say): the oldest waits longest.
                 self.half_open.remove(0);
@@ -121,17 +129,34 @@ impl State {
             }
             let c = Conn::new(self.conn_config(conn, src, &hs), self.now());
             self.half_open.push(HalfOpen {
-                link: UdpLink::new(c, src, hs.from),
+                link: UdpLink::new(c, src, hs.from, crossed),
                 hello_at: Instant::now(),
             });
         }
-        let hs = self.handshake(hs.from, src);
+        let hs = Handshake {
+            crossed,
+            ..self.handshake(hs.from, src)
+        };
         self.send_handshake(src, Datagram::Welcome { conn, hs });
         self.welcomes_due = true;
     }
 }
 
 impl UdpTransport {
+    /// Tells the transport which endpoint a connect under way (over any transport) is
+    /// for: a hello from that one crossed it, and the welcome says so.
+    pub fn set_connecting(&mut self, id: Option<u128>) {
+        self.st.connecting = id;
+    }
+
+    /// True while a connection from the endpoint `id` waits to be taken up (welcomed;
+    /// its connector's first datagram has not come) or adopted.
+    pub fn being_connected_by(&self, id: u128) -> bool {
+        (self.st.half_open.iter().map(|h| &h.link))
+            .chain(&self.st.accepted)
+            .any(|l| l.remote_id == id)
+    }
+
     /// Starts connecting to the endpoint `remote_id` at `dest` (and, if it does not answer
     /// there, at `alternates`, its other addresses); returns a token for
     /// [`UdpTransport::connected`].
@@ -173,7 +198,7 @@ impl UdpTransport {
             // Takes the connection up at the acceptor (which offers it to its application
             // only then).
             conn.ping_now();
-            return Some(UdpLink::new(conn, p.dest, p.remote_id));
+            return Some(UdpLink::new(conn, p.dest, p.remote_id, hs.crossed));
         }
         if p.last_hello.elapsed() >= HELLO_EVERY {
             self.hello_now(token);

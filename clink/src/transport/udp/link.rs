@@ -13,6 +13,8 @@ pub struct UdpLink {
     pub(super) dest: SocketAddr,
     /// The peer's endpoint id.
     pub(super) remote_id: u128,
+    /// The two ends connected to each other at once (said by the welcome).
+    pub(super) crossed: bool,
     /// Bulk transfers in progress.
     pub(super) bulk: Bulk,
     /// Frames delivered and not yet released (beyond its bound the connection's own
@@ -42,11 +44,12 @@ pub struct UdpLink {
 }
 
 impl UdpLink {
-    pub(super) fn new(conn: Conn, dest: SocketAddr, remote_id: u128) -> UdpLink {
+    pub(super) fn new(conn: Conn, dest: SocketAddr, remote_id: u128, crossed: bool) -> UdpLink {
         UdpLink {
             conn,
             dest,
             remote_id,
+            crossed,
             bulk: Bulk::default(),
             rxq: FrameQueue::default(),
             admit_in: Vec::new(),
@@ -80,6 +83,11 @@ impl UdpLink {
     /// The peer's endpoint id.
     pub fn remote_id(&self) -> u128 {
         self.remote_id
+    }
+
+    /// The two ends connected to each other at once (the handshake's welcome said so).
+    pub fn crossed(&self) -> bool {
+        self.crossed
     }
 
     /// The bulk transfers in progress, to read their state.
@@ -373,7 +381,7 @@ mod tests {
         let frag = cfg.bulk_payload();
         let total = 40 * frag;
         let mut tx = Conn::new(cfg.clone(), 0);
-        let mut rx = UdpLink::new(Conn::new(cfg, 0), "127.0.0.1:9".parse().unwrap(), 1);
+        let mut rx = UdpLink::new(Conn::new(cfg, 0), "127.0.0.1:9".parse().unwrap(), 1, false);
         let src = vec![5u8; total];
         let dst: &'static mut [u8] = Box::leak(vec![0u8; total].into_boxed_slice());
         tx.send_bulk(1, total as u64).unwrap();

@@ -358,6 +358,9 @@ struct State {
     batch: TxBatch,
     routes: Routes,
     pending: Vec<Pending>,
+    /// The endpoint a connect under way is for (of any transport): a hello from it
+    /// crossed that connect.
+    connecting: Option<u128>,
     /// Incoming connections waiting for their connector's first datagram.
     half_open: Vec<HalfOpen>,
     /// Incoming connections taken up, for the endpoint to adopt.
@@ -549,6 +552,7 @@ impl UdpTransport {
                 batch,
                 routes: Routes::default(),
                 pending: Vec::new(),
+                connecting: None,
                 half_open: Vec::new(),
                 early: Vec::new(),
                 welcomes_due: false,

@@ -84,6 +84,7 @@ fn a_handshake_says_whether_small_datagrams_take_another_path_and_the_peer_judge
                 mtu_payload: 1400,
                 payload_hash: false,
                 two_paths,
+                crossed: false,
             };
             assert_eq!(t.st.conn_config(7, dest, &peer).split_paths, two_paths);
         }

@@ -150,6 +150,8 @@ pub struct TcpLink {
     sock: TcpStream,
     /// The peer's endpoint id (from the handshake).
     pub(in crate::transport::tcp) remote_id: u128,
+    /// The two ends connected to each other at once (the handshake's welcome said so).
+    pub crossed: bool,
     tx: VecDeque<Seg>,
     /// A written owned segment's buffer, kept for the next one.
     spare_tx: Option<Vec<u8>>,
@@ -208,6 +210,7 @@ impl TcpLink {
         Ok(TcpLink {
             sock,
             remote_id: 0,
+            crossed: false,
             tx: VecDeque::new(),
             spare_tx: None,
             spare_rx: Vec::new(),
@@ -233,6 +236,13 @@ impl TcpLink {
             awaiting_since: None,
             failed: None,
         })
+    }
+
+    /// The welcome that answered this connection's hello said the two ends were
+    /// connecting to each other at once.
+    pub fn welcome_crossed(&self) -> bool {
+        self.handshake
+            .is_some_and(|(k, hs)| k == Kind::Welcome && hs.crossed)
     }
 
     /// The peer's endpoint id (from the handshake).

@@ -32,6 +32,7 @@ fn connected(speculate: bool) -> (TcpStream, TcpLink) {
             from: 1,
             to: 2,
             status: 0,
+            crossed: false,
         },
     ));
     (w, link)
