@@ -586,6 +586,22 @@ int clink_peer_info(struct clink_endpoint_t *ep,
                     uint64_t *eager_max,
                     int *uses_cma);
 
+// How the connection to `peer` was made: `*connected` 1 when this endpoint connected (0:
+// it accepted), `*crossed` 1 when the two ends were connecting to each other at once
+// (the pair then holds two connections), `*superseded` 1 when this is the one of those
+// two that both ends leave unused (the other, which the endpoint with the smaller
+// identity made, is the one to send and receive on). Any out pointer may be NULL.
+//
+// Thread safety: one thread at a time per endpoint.
+//
+// # Safety
+// `ep` a live endpoint; each out pointer NULL or writable.
+int clink_peer_joined(struct clink_endpoint_t *ep,
+                      clink_peer_t peer,
+                      int *connected,
+                      int *crossed,
+                      int *superseded);
+
 // Copies the endpoint's last peer failure or protocol error (diagnostics, as opposed to
 // `clink_last_error`, which is about the last failing call) into `buf` (NUL-terminated,
 // cut to `cap` bytes); `*len` (if not NULL) gets its full length. `CLINK_AGAIN` when

@@ -318,6 +318,33 @@ pub unsafe extern "C" fn clink_peer_info(
     })
 }
 
+/// How the connection to `peer` was made: `*connected` 1 when this endpoint connected (0:
+/// it accepted), `*crossed` 1 when the two ends were connecting to each other at once
+/// (the pair then holds two connections), `*superseded` 1 when this is the one of those
+/// two that both ends leave unused (the other, which the endpoint with the smaller
+/// identity made, is the one to send and receive on). Any out pointer may be NULL.
+///
+/// Thread safety: one thread at a time per endpoint.
+///
+/// # Safety
+/// `ep` a live endpoint; each out pointer NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn clink_peer_joined(
+    ep: *mut clink_endpoint_t,
+    peer: clink_peer_t,
+    connected: *mut c_int,
+    crossed: *mut c_int,
+    superseded: *mut c_int,
+) -> c_int {
+    with_ep("clink_peer_joined", ep, |e, _| {
+        let j = e.joined(PeerId(peer))?;
+        put_opt(connected, c_int::from(j.connected));
+        put_opt(crossed, c_int::from(j.crossed));
+        put_opt(superseded, c_int::from(j.superseded));
+        Ok(OK)
+    })
+}
+
 /// Copies the endpoint's last peer failure or protocol error (diagnostics, as opposed to
 /// `clink_last_error`, which is about the last failing call) into `buf` (NUL-terminated,
 /// cut to `cap` bytes); `*len` (if not NULL) gets its full length. `CLINK_AGAIN` when

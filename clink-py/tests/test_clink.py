@@ -261,6 +261,9 @@ def test_stats_peers_fd(pair):
     assert all(isinstance(v, int) for v in s.values())
     assert a.peers() == [pa] and a.is_alive(pa)
     assert a.transport(pa) == "shm"
+    # b connected to a; neither connected to the other at the same time.
+    assert a.joined(pa) == (False, False, False)
+    assert b.joined(pb) == (True, False, False)
     assert a.eager_max(pa) > 0
     assert isinstance(a.fileno(), int) and a.fileno() >= 0
     if a.prepare_wait():

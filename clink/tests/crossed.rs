@@ -19,11 +19,9 @@ const ROUNDS: usize = 12;
 
 /// The connection to the endpoint `theirs` that `ep` uses: the first not superseded.
 fn kept(ep: &Endpoint, theirs: u128) -> Option<PeerId> {
-    let mine = ep.endpoint_id();
-    ep.peers().into_iter().find(|&p| {
-        ep.peer_endpoint_id(p).ok() == Some(theirs)
-            && !ep.joined(p).unwrap().superseded(mine, theirs)
-    })
+    ep.peers()
+        .into_iter()
+        .find(|&p| ep.peer_endpoint_id(p).ok() == Some(theirs) && !ep.joined(p).unwrap().superseded)
 }
 
 /// One end of a round: connects to `addr` when the barrier opens, serves until both ends

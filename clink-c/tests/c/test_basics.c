@@ -97,6 +97,7 @@ static void endpoint_alone(clink_context_t *ctx, clink_endpoint_t *ep) {
     OK(clink_peer_alive(ep, 0, &alive));
     CHECK(alive == 0);
     CHECK_RC(clink_peer_info(ep, 0, NULL, NULL, NULL), CLINK_ERR_UNKNOWN_PEER);
+    CHECK_RC(clink_peer_joined(ep, 0, NULL, NULL, NULL), CLINK_ERR_UNKNOWN_PEER);
     CHECK_RC(clink_send(ep, 3, 1, "abc", 3), CLINK_ERR_UNKNOWN_PEER);
     CHECK_RC(clink_send(ep, 3, 1, NULL, 3), CLINK_ERR_NULL);
 

@@ -38,6 +38,9 @@ static void child(pair_t *p) {
     OK(clink_endpoint_bind_thread(p->ep)); /* again: nothing to do */
     uint8_t *buf = malloc(BIG);
     CHECK(buf != NULL);
+    int connected = -1;
+    OK(clink_peer_joined(p->ep, p->peer, &connected, NULL, NULL));
+    CHECK(connected == 1);
     /* 1: every size class, tag 2, contents seeded by the size index. */
     for (size_t i = 0; i < NSIZES; i++) {
         fill(buf, SIZES[i], (unsigned)i);
@@ -91,6 +94,10 @@ static void parent(pair_t *p) {
     int cma = -1;
     OK(clink_peer_info(p->ep, p->peer, &transport, &eager_max, &cma));
     CHECK(strcmp(transport, "shm") == 0 && eager_max > 0 && (cma == 0 || cma == 1));
+    /* The child connected; nobody else did. */
+    int connected = -1, crossed = -1, superseded = -1;
+    OK(clink_peer_joined(p->ep, p->peer, &connected, &crossed, &superseded));
+    CHECK(connected == 0 && crossed == 0 && superseded == 0);
     uint32_t n = 0;
     OK(clink_peer_count(p->ep, &n));
     CHECK(n == 1 && p->peer == 0);

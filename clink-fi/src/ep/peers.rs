@@ -20,7 +20,7 @@ impl State {
             });
             // Both ends connected at once (ARCHITECTURE.md, "The libfabric provider"):
             // both use the connection the smaller identity made.
-            if id != 0 && (self.ep.joined(p)).is_ok_and(|j| j.superseded(self.my_id, id)) {
+            if id != 0 && self.ep.joined(p).is_ok_and(|j| j.superseded) {
                 crate::log(&format!(
                     "connections to endpoint {id:032x} crossed: {p} is not the one kept"
                 ));

@@ -409,6 +409,18 @@ impl Endpoint {
         self.sh.with(py, |ep| ep.transport(PeerId(peer)))
     }
 
+    /// How the connection to ``peer`` was made: ``(connected, crossed, superseded)``.
+    /// ``connected``: this endpoint connected (else it accepted); ``crossed``: the two
+    /// ends were connecting to each other at once (the pair then holds two connections);
+    /// ``superseded``: this is the one of those two that both ends leave unused (the
+    /// other, which the endpoint with the smaller identity made, is the one to use).
+    fn joined(&self, py: Python<'_>, peer: u32) -> PyResult<(bool, bool, bool)> {
+        self.sh.with(py, |ep| {
+            ep.joined(PeerId(peer))
+                .map(|j| (j.connected, j.crossed, j.superseded))
+        })
+    }
+
     /// The largest message sent to ``peer`` eagerly (larger ones go by rendezvous), and
     /// the largest ``claim``.
     fn eager_max(&self, py: Python<'_>, peer: u32) -> PyResult<u64> {

@@ -9,8 +9,8 @@ use crate::transport::shm::ring_cells_for;
 /// Two endpoints that connect to each other at the same moment each end up with two
 /// connections to the other: the one it made and the one it accepted. Each handshake's
 /// answer says whether its sender was connecting to the other at the time, so both ends
-/// know such a pair *crossed*, and [`Joined::superseded`] gives both the same choice of
-/// which connection to use: the one the endpoint with the smaller identity made.
+/// know such a pair *crossed*, and both make the same choice of which connection to use:
+/// the one the endpoint with the smaller identity made ([`Joined::superseded`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Joined {
     /// This endpoint connected (else it accepted).
@@ -18,16 +18,11 @@ pub struct Joined {
     /// The two ends were connecting to each other at once: another connection between
     /// them was, or is being, made too.
     pub crossed: bool,
-}
-
-impl Joined {
-    /// True when this connection, between this endpoint (identity `mine`) and the one
-    /// of identity `theirs`, crossed another and is not the one both ends keep (the one
-    /// the smaller identity made). Both ends come to the same answer; a connection that
-    /// did not cross is kept unless another to the same endpoint came first.
-    pub fn superseded(self, mine: u128, theirs: u128) -> bool {
-        self.crossed && self.connected != (mine < theirs)
-    }
+    /// The connection crossed another and is not the one both ends use (the one the
+    /// endpoint with the smaller identity made): send and receive on the other. Both ends
+    /// come to the same answer. A connection that did not cross is the one to use unless
+    /// another to the same endpoint came first.
+    pub superseded: bool,
 }
 
 impl Endpoint {
@@ -178,9 +173,12 @@ impl Endpoint {
 
     /// Adds the connection `link` as a peer; `connected`: this endpoint made it.
     pub(super) fn add_peer(&mut self, mut link: Link, connected: bool) -> Result<PeerId> {
+        let crossed = link.crossed();
         let joined = Joined {
             connected,
-            crossed: link.crossed(),
+            crossed,
+            // The smaller identity's connection is kept.
+            superseded: crossed && connected != (self.id < link.remote_id()),
         };
         let id = PeerId(self.peers.len() as u32);
         let eager_max = match &mut link {
