@@ -13,7 +13,7 @@
 //!
 //! Load it with `FI_PROVIDER_PATH=<dir holding libclink_fi.so>` (libfabric loads every
 //! file there whose name ends in `fi.so`); `fi_info -p clink` lists it. Names are the
-//! endpoint's address in clink's 38-byte binary form (`clink_proto::addr::BINARY_LEN`).
+//! endpoint's address in clink's 62-byte binary form (`clink_proto::addr::BINARY_LEN`).
 //!
 //! Connections: two endpoints share one clink connection, made by the one with the
 //! smaller identity when either first needs it (the other waits for it, answering

@@ -166,9 +166,27 @@ fn fi_pingpong_untagged_every_size_with_verification() {
     pingpong_every_size("msg");
 }
 
+/// The network path with IPv6 names: both endpoints on UDP over `::1` only (their names
+/// carry an IPv6 address), TCP off.
+#[test]
+fn fi_pingpong_over_udp_on_ipv6() {
+    pingpong_every_size_with(
+        "tagged",
+        &[
+            ("CLINK_TRANSPORT", "udp"),
+            ("CLINK_UDP_BIND", "[::1]:0"),
+            ("CLINK_TCP", "off"),
+        ],
+    );
+}
+
 fn pingpong_every_size(mode: &str) {
+    pingpong_every_size_with(mode, &[]);
+}
+
+fn pingpong_every_size_with(mode: &str, env: &[(&str, &str)]) {
     need("fi_pingpong", "libfabric-bin");
-    let dir = ProviderDir::new(&format!("pingpong-{mode}"));
+    let dir = ProviderDir::new(&format!("pingpong-{mode}-{}", env.len()));
     let port = free_port().to_string();
     let args = [
         "-p", "clink", "-e", "rdm", "-m", mode, "-I", "20", "-S", "all", "-v",
@@ -176,7 +194,8 @@ fn pingpong_every_size(mode: &str) {
     let mut srv = Command::new("fi_pingpong");
     srv.args(args)
         .args(["-B", &port])
-        .env("FI_PROVIDER_PATH", &dir.0);
+        .env("FI_PROVIDER_PATH", &dir.0)
+        .envs(env.iter().copied());
     let server = spawn(srv);
     let deadline = Instant::now() + Duration::from_secs(20);
     while !listening(port.parse().unwrap()) {
@@ -189,7 +208,8 @@ fn pingpong_every_size(mode: &str) {
     let mut cli = Command::new("fi_pingpong");
     cli.args(args)
         .args(["-P", &port, "127.0.0.1"])
-        .env("FI_PROVIDER_PATH", &dir.0);
+        .env("FI_PROVIDER_PATH", &dir.0)
+        .envs(env.iter().copied());
     let client = finish(spawn(cli), LIMIT);
     let server = finish(server, LIMIT);
     for (who, o) in [("client", &client), ("server", &server)] {

@@ -17,7 +17,7 @@
 //! malformed text is an error.
 
 use crate::ProtoError;
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 
 /// Prefix of every address.
 pub const PREFIX: &str = "clink:";
@@ -189,9 +189,15 @@ impl std::fmt::Display for Address {
 }
 
 /// Length of [`Address::to_bytes`]: a version byte, the host key, the identity, a byte
-/// of flags and two IPv4 socket addresses.
-pub const BINARY_LEN: usize = 1 + 8 + 16 + 1 + 6 + 6;
-const BINARY_VERSION: u8 = 1;
+/// of flags and two socket addresses of 18 bytes each (an IPv6 address, or an IPv4 one
+/// mapped into IPv6, then the port).
+pub const BINARY_LEN: usize = 1 + 8 + 16 + 1 + NET_LEN + NET_LEN;
+/// Bytes of one socket address in the binary form.
+const NET_LEN: usize = 16 + 2;
+/// Where the binary form's UDP and TCP socket addresses start.
+const UDP_AT: usize = 26;
+const TCP_AT: usize = UDP_AT + NET_LEN;
+const BINARY_VERSION: u8 = 2;
 const HAS_SHM: u8 = 1;
 const HAS_UDP: u8 = 2;
 const HAS_TCP: u8 = 4;
@@ -204,9 +210,9 @@ impl Address {
 
     /// The address in [`BINARY_LEN`] bytes, for interfaces that carry addresses as short
     /// opaque blobs (libfabric's names are at most 64 bytes; the text form is longer).
-    /// It carries each network transport's first IPv4 address only. `None` when the
-    /// shared-memory name is not the one [`Address::shm_name`] derives from the identity,
-    /// or a transport offers IPv6 addresses alone (the binary form carries neither).
+    /// It carries one address per network transport: its first IPv4 address, which
+    /// sockets of either family reach, else its first IPv6 one. `None` when the
+    /// shared-memory name is not the one [`Address::shm_name`] derives from the identity.
     pub fn to_bytes(&self) -> Option<[u8; BINARY_LEN]> {
         let mut b = [0u8; BINARY_LEN];
         b[0] = BINARY_VERSION;
@@ -219,18 +225,16 @@ impl Address {
             }
             flags |= HAS_SHM;
         }
-        for (bit, at, list) in [(HAS_UDP, 26, &self.udp), (HAS_TCP, 32, &self.tcp)] {
-            let first_v4 = list.iter().find_map(|a| match a {
-                SocketAddr::V4(v) => Some(*v),
-                SocketAddr::V6(_) => None,
-            });
-            if !list.is_empty() && first_v4.is_none() {
-                return None;
-            }
-            if let Some(a) = first_v4 {
+        for (bit, at, list) in [(HAS_UDP, UDP_AT, &self.udp), (HAS_TCP, TCP_AT, &self.tcp)] {
+            let first = (list.iter().find(|a| a.is_ipv4())).or(list.first());
+            if let Some(a) = first {
                 flags |= bit;
-                b[at..at + 4].copy_from_slice(&a.ip().octets());
-                b[at + 4..at + 6].copy_from_slice(&a.port().to_le_bytes());
+                let ip = match a {
+                    SocketAddr::V4(v) => v.ip().to_ipv6_mapped(),
+                    SocketAddr::V6(v) => *v.ip(),
+                };
+                b[at..at + 16].copy_from_slice(&ip.octets());
+                b[at + 16..at + NET_LEN].copy_from_slice(&a.port().to_le_bytes());
             }
         }
         b[25] = flags;
@@ -256,15 +260,19 @@ impl Address {
         let host = u64::from_le_bytes(b[1..9].try_into().expect("8 bytes"));
         let id = u128::from_le_bytes(b[9..25].try_into().expect("16 bytes"));
         let sock = |bit: u8, at: usize| -> Result<Vec<SocketAddr>, ProtoError> {
-            let ip = std::net::Ipv4Addr::new(b[at], b[at + 1], b[at + 2], b[at + 3]);
-            let port = u16::from_le_bytes([b[at + 4], b[at + 5]]);
             if flags & bit == 0 {
-                if b[at..at + 6].iter().any(|&x| x != 0) {
+                if b[at..at + NET_LEN].iter().any(|&x| x != 0) {
                     return Err(bad("binary address with bytes in an absent field"));
                 }
                 return Ok(Vec::new());
             }
-            let a = SocketAddr::V4(SocketAddrV4::new(ip, port));
+            let octets: [u8; 16] = b[at..at + 16].try_into().expect("16 bytes");
+            let ip = std::net::Ipv6Addr::from(octets);
+            let port = u16::from_le_bytes([b[at + 16], b[at + 17]]);
+            let a = match ip.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+                None => SocketAddr::V6(SocketAddrV6::new(ip, port, 0, 0)),
+            };
             if !valid_net(&a) {
                 return Err(bad(
                     "binary address needs a unicast address and a non-zero port",
@@ -276,8 +284,8 @@ impl Address {
             host,
             id,
             shm: (flags & HAS_SHM != 0).then(|| Address::shm_name(id)),
-            udp: sock(HAS_UDP, 26)?,
-            tcp: sock(HAS_TCP, 32)?,
+            udp: sock(HAS_UDP, UDP_AT)?,
+            tcp: sock(HAS_TCP, TCP_AT)?,
         })
     }
 }
@@ -321,18 +329,47 @@ mod tests {
         assert_eq!(odd_name.to_bytes(), None);
         assert!(Address::from_bytes(&b[..BINARY_LEN - 1]).is_err());
         let mut v = b;
-        v[0] = 2;
+        v[0] = 1;
         assert!(Address::from_bytes(&v).is_err());
         let mut f = b;
         f[25] |= 8;
         assert!(Address::from_bytes(&f).is_err());
         let mut junk = only_udp_bytes();
-        junk[33] = 1; // a byte in the absent tcp field
+        junk[TCP_AT + 3] = 1; // a byte in the absent tcp field
         assert!(Address::from_bytes(&junk).is_err());
         let mut port0 = b;
-        port0[30] = 0;
-        port0[31] = 0;
+        port0[UDP_AT + 16] = 0;
+        port0[UDP_AT + 17] = 0;
         assert!(Address::from_bytes(&port0).is_err());
+        let mut multicast = b;
+        multicast[UDP_AT..UDP_AT + 16]
+            .copy_from_slice(&"ff02::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        assert!(Address::from_bytes(&multicast).is_err());
+    }
+
+    /// IPv6 addresses cross in the binary form; a transport offering both families
+    /// carries its first IPv4 address (every socket reaches it).
+    #[test]
+    fn binary_ipv6() {
+        let v6 = Address {
+            host: 9,
+            id: 10,
+            shm: None,
+            udp: vec!["[fd00::1]:4000".parse().unwrap()],
+            tcp: vec!["[2001:db8::7]:4001".parse().unwrap()],
+        };
+        let b = v6.to_bytes().unwrap();
+        assert_eq!(Address::from_bytes(&b), Ok(v6.clone()));
+        let both = Address {
+            udp: vec![
+                "[fd00::1]:4000".parse().unwrap(),
+                "10.0.0.1:4000".parse().unwrap(),
+            ],
+            ..v6.clone()
+        };
+        let back = Address::from_bytes(&both.to_bytes().unwrap()).unwrap();
+        assert_eq!(back.udp, vec!["10.0.0.1:4000".parse().unwrap()]);
+        assert_eq!(back.tcp, v6.tcp);
     }
 
     fn only_udp_bytes() -> [u8; BINARY_LEN] {
@@ -380,14 +417,9 @@ mod tests {
         let a6 = Address::parse(six).unwrap();
         assert!(a6.udp[1].is_ipv6() && a6.tcp[0].is_ipv6());
         assert_eq!(a6.to_string(), six);
-        // The binary form keeps IPv4 only: a transport offering IPv6 alone cannot go.
-        assert_eq!(a6.to_bytes(), None);
-        let a6v4 = Address {
-            tcp: Vec::new(),
-            ..a6.clone()
-        };
-        let b = Address::from_bytes(&a6v4.to_bytes().unwrap()).unwrap();
-        assert_eq!(b.udp, vec![a6.udp[0]]);
+        // The binary form keeps each transport's first IPv4 address, else its first IPv6.
+        let b = Address::from_bytes(&a6.to_bytes().unwrap()).unwrap();
+        assert_eq!((b.udp, b.tcp), (vec![a6.udp[0]], a6.tcp.clone()));
         let many: Vec<String> = (1..=MAX_NET_ADDRS)
             .map(|i| format!("10.0.0.{i}:9"))
             .collect();
