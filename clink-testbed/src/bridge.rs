@@ -151,7 +151,7 @@ impl Bridge {
     /// command in the namespace of the host with that address (any of `hosts`), with
     /// `TMPDIR` a directory of that host's beside the script: the hosts share this
     /// machine's `/tmp` and host name, where Open MPI's daemons starting at once on two of
-    /// them would race to make the same session directory.
+    /// them would race to make the same per-job temporary directory.
     pub fn write_rsh_agent(&self, path: &std::path::Path, hosts: &[usize]) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         let base = path.parent().unwrap_or(std::path::Path::new("."));

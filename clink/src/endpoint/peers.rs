@@ -46,15 +46,13 @@ impl Endpoint {
         r
     }
 
-    /// Tells the transports which endpoint a connect under way is for (incoming
-    /// connections from it crossed it).
+    /// Records which endpoint a connect under way is for (an incoming connection from it
+    /// crossed it): the shared-memory and TCP handshakes read it here as they answer a
+    /// hello; the UDP transport, which answers hellos inside its receive path, gets a copy.
     fn mark_connecting(&mut self, id: Option<u128>) {
         self.connecting = id;
         if let Some(n) = self.net.as_mut() {
             n.set_connecting(id);
-        }
-        if let Some(t) = self.tcp.as_mut() {
-            t.connecting = id;
         }
     }
 

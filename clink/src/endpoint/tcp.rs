@@ -202,7 +202,7 @@ impl Endpoint {
         let Some(tcp) = self.tcp.as_mut().filter(|t| t.handshaking()) else {
             return false;
         };
-        let hs = tcp.poll_incoming(self.ctx.config.connect_timeout);
+        let hs = tcp.poll_incoming(self.ctx.config.connect_timeout, self.connecting);
         self.stats.handshakes_abandoned += hs.abandoned;
         for why in hs.dropped {
             self.stats.handshakes_refused += 1;

@@ -80,8 +80,6 @@ pub struct TcpTransport {
     my_id: u128,
     cfg: TcpConfig,
     incoming: Vec<Incoming>,
-    /// The endpoint a connect under way is for: a hello from it crossed that connect.
-    pub connecting: Option<u128>,
     /// Endpoint peer indices reached over TCP (progress visits only these).
     pub peers: Vec<usize>,
     /// When the links' acknowledgements were last looked at ([`TcpTransport::acks_due`]).
@@ -108,7 +106,6 @@ impl TcpTransport {
             my_id,
             cfg,
             incoming: Vec::new(),
-            connecting: None,
             peers: Vec::new(),
             acks_checked: std::time::Instant::now(),
         })
@@ -218,10 +215,12 @@ impl TcpTransport {
 
     /// Reads the hellos of accepted connections: a hello naming this endpoint is
     /// welcomed, one naming another is refused (the welcome says why), a malformed one or
-    /// none within `timeout` drops the connection.
-    pub fn poll_incoming(&mut self, timeout: Duration) -> Handshakes {
+    /// none within `timeout` drops the connection. `connecting`: the endpoint a connect of
+    /// this one's is under way to (a hello from it crossed that connect, and the welcome
+    /// says so).
+    pub fn poll_incoming(&mut self, timeout: Duration, connecting: Option<u128>) -> Handshakes {
         let mut out = Handshakes::default();
-        let (my_id, connecting) = (self.my_id, self.connecting);
+        let my_id = self.my_id;
         let mut i = 0;
         while i < self.incoming.len() {
             let inc = &mut self.incoming[i];
