@@ -470,11 +470,14 @@ fn a_slow_first_node_is_moved_to_the_tail_by_the_source() {
 
 #[test]
 fn a_killed_receiver_restarted_rejoins_and_fetches_only_what_it_lacks() {
-    // Node 2 of three dies once it holds 4 MiB; node 1 splices to node 3. Restarted on
-    // its host with the same output and `--rejoin` (through node 1), it is taken on by
-    // the tail, node 3, and sent only the chunks its bitmap lacks. The cast succeeds,
-    // every file is whole, and the source sent the file once.
+    // Node 2 of three dies once it holds four chunks; node 1 splices to node 3.
+    // Restarted on its host with the same output and `--rejoin` (through node 1), it is
+    // taken on by the tail, node 3, and sent only the chunks its bitmap lacks. The cast
+    // succeeds, every file is whole, and the source sent the file once.
     let mut c = shaped_cast("rejoin", 3, 40 * MIB + 99, 11, &[]);
+    // A node writes a chunk, then marks it in its bitmap, chunk after chunk: an output
+    // of 5 MiB means the first four are marked (at 4 MiB the fourth may not be yet).
+    wait_for_len(&c.dir.0.join("out2"), 5 * MIB as u64, "node 2 stopped");
     c.rx[1].kill();
     let out2 = c.dir.0.join("out2");
     let mut cmd = c.bridge.command(2, exe());
