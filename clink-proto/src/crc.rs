@@ -59,7 +59,7 @@ fn sse42(crc: u32, data: &[u8]) -> u32 {
 #[target_feature(enable = "sse4.2")]
 fn sse42_fixed<const N: usize>(crc: u32, data: &[u8; N]) -> u32 {
     use std::arch::x86_64::{_mm_crc32_u32, _mm_crc32_u64};
-    const { assert!(N % 4 == 0) };
+    const { assert!(N.is_multiple_of(4)) };
     let mut crc = u64::from(!crc);
     for k in 0..N / 8 {
         let w: [u8; 8] = data[8 * k..8 * k + 8].try_into().expect("8 bytes");
