@@ -667,6 +667,8 @@ pub struct Conn {
     // --- receiver ---
     rcv_next: u64,
     rcv_highest: u64,
+    /// One past the highest bulk fragment received ([`Conn::bulk_has_holes`]).
+    rcv_bulk_top: u64,
     /// The packets received above `rcv_next`, as sorted, disjoint, non-touching ranges
     /// (what an ack's SACK ranges say), kept as they arrive: an ack used to find them by
     /// walking the slots from `rcv_next` to `rcv_highest`, which behind a hole in a fast
@@ -768,6 +770,7 @@ impl Conn {
             admit_out: VecDeque::new(),
             rcv_next: 0,
             rcv_highest: 0,
+            rcv_bulk_top: 0,
             rcv_ranges: ranges::Ranges::default(),
             rcv_highest_at: now,
             slots,
@@ -911,6 +914,16 @@ impl Conn {
     /// their repair).
     pub fn has_holes(&self) -> bool {
         self.rcv_highest > self.rcv_next
+    }
+
+    /// Whether a bulk fragment was received above a missing packet: the bulk stream
+    /// itself is out of order (a loss, or a repair still to come), and repairs will
+    /// arrive among its new fragments. A hole that only datagrams of another queue opened
+    /// (a small datagram read from the receive ring ahead of the fragments sent before it,
+    /// still waiting in a socket) leaves the bulk stream in order: its next fragments are
+    /// the ones missing.
+    pub fn bulk_has_holes(&self) -> bool {
+        self.rcv_bulk_top > self.rcv_next
     }
 
     /// Whether bulk fragments go fast now (granted, or admission control off).

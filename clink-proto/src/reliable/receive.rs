@@ -170,6 +170,7 @@ impl Conn {
         }
         self.stats.bulk_fragments += 1;
         self.stats.bulk_hashed += u64::from(hdr.hashed);
+        self.rcv_bulk_top = self.rcv_bulk_top.max(hdr.pn + 1);
         if hdr.pn == self.rcv_next {
             self.rcv_next += 1;
             self.drain_in_order();
