@@ -389,7 +389,7 @@ mod tests {
         let dst: &'static mut [u8] = Box::leak(vec![0u8; total].into_boxed_slice());
         tx.send_bulk(1, total as u64).unwrap();
         rx.expect_bulk(1, total as u64, Dst::from_static(dst));
-        let mut poll = |tx: &mut Conn| {
+        let poll = |tx: &mut Conn| {
             let mut dgrams = Vec::new();
             loop {
                 let mut buf = Vec::new();
