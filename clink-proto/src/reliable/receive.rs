@@ -331,13 +331,12 @@ impl Conn {
                 self.violation();
                 return;
             }
+            let mut buf = self.spare_buf();
             if payload.len() == hdr.msg_len as usize {
-                let mut buf = self.spare_bufs.pop().unwrap_or_default();
-                buf.clear();
                 buf.extend_from_slice(payload);
                 self.deliver(hdr.msg_id, hdr.tag, buf);
             } else {
-                let mut buf = Vec::with_capacity(hdr.msg_len as usize);
+                buf.reserve(hdr.msg_len as usize);
                 buf.extend_from_slice(payload);
                 self.reasm = Some(Reasm {
                     id: hdr.msg_id,
@@ -370,6 +369,18 @@ impl Conn {
                 self.rcv_msg_id = hdr.msg_id + 1;
             }
             _ => self.violation(),
+        }
+    }
+
+    /// An empty buffer for a delivered message: a spare one if any.
+    fn spare_buf(&mut self) -> Vec<u8> {
+        match self.spare_bufs.pop() {
+            Some(mut b) => {
+                self.took_spare();
+                b.clear();
+                b
+            }
+            None => Vec::new(),
         }
     }
 

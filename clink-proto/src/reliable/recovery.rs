@@ -73,6 +73,7 @@ impl Conn {
         let away = self.cfg.keepalive > 0
             && now.saturating_sub(self.last_driven) >= 2 * self.cfg.keepalive;
         self.last_driven = self.last_driven.max(now);
+        self.trim_spares(now);
         if away {
             self.stats.absences_excused += 1;
             self.last_recv = self.last_recv.max(now);

@@ -39,9 +39,13 @@ impl Conn {
         let free = (0..self.spare_msgs.len())
             .rev()
             .find(|&i| Arc::get_mut(&mut self.spare_msgs[i]).is_some());
-        let mut msg = free
-            .map(|i| self.spare_msgs.swap_remove(i))
-            .unwrap_or_default();
+        let mut msg = match free {
+            Some(i) => {
+                self.took_spare();
+                self.spare_msgs.swap_remove(i)
+            }
+            None => Arc::default(),
+        };
         let m = Arc::get_mut(&mut msg).expect("a spare record has no other owner");
         m.id = id;
         m.tag = tag;
@@ -90,8 +94,32 @@ impl Conn {
     /// are no longer needed, for a later small message to be delivered in (optional: a
     /// few small ones are kept, anything else is freed).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.spare_bufs.len() < SPARE_COUNT && buf.capacity() <= SPARE_BYTES {
+        if Self::may_keep(self.spare_bufs.len(), buf.capacity()) {
+            self.spares_large |=
+                self.spare_bufs.len() >= SPARE_COUNT || buf.capacity() > SPARE_BYTES;
             self.spare_bufs.push(buf);
+        }
+    }
+
+    /// Whether a spare of `cap` bytes may join a pool of `len` (records or buffers).
+    fn may_keep(len: usize, cap: usize) -> bool {
+        len < SPARE_STREAM_COUNT && cap <= SPARE_STREAM_BYTES
+    }
+
+    /// Notes that a spare was taken (the streaming-size ones live on).
+    pub(super) fn took_spare(&mut self) {
+        self.spare_taken_at = self.last_driven;
+    }
+
+    /// Drops the spares beyond the small-message bounds once none was taken for
+    /// [`SPARE_IDLE`].
+    pub(super) fn trim_spares(&mut self, now: u64) {
+        if self.spares_large && now.saturating_sub(self.spare_taken_at) >= SPARE_IDLE {
+            self.spare_msgs.retain(|m| m.data.capacity() <= SPARE_BYTES);
+            self.spare_msgs.truncate(SPARE_COUNT);
+            self.spare_bufs.retain(|b| b.capacity() <= SPARE_BYTES);
+            self.spare_bufs.truncate(SPARE_COUNT);
+            self.spares_large = false;
         }
     }
 
@@ -670,7 +698,10 @@ impl Conn {
                         }
                         // Kept for reuse if small: by the time a send takes it, its
                         // other owners (a repeat copy) have normally let go (checked then).
-                        if self.spare_msgs.len() < SPARE_COUNT && m.data.capacity() <= SPARE_BYTES {
+                        let cap = m.data.capacity();
+                        if Self::may_keep(self.spare_msgs.len(), cap) {
+                            self.spares_large |=
+                                self.spare_msgs.len() >= SPARE_COUNT || cap > SPARE_BYTES;
                             self.spare_msgs.push(m);
                         }
                     }

@@ -1,5 +1,8 @@
 use super::packet::{DataHeader, Datagram};
-use super::{misordered, Config, Conn, Event, SPARE_BYTES, SPARE_COUNT};
+use super::{
+    misordered, Config, Conn, Event, SPARE_BYTES, SPARE_COUNT, SPARE_IDLE, SPARE_STREAM_BYTES,
+    SPARE_STREAM_COUNT,
+};
 
 /// A ping-pong of messages of changing sizes, each delivered buffer given back: every
 /// message arrives intact in a reused buffer (a longer one after a shorter, a shorter
@@ -49,17 +52,97 @@ fn spare_buffers_carry_later_messages_intact_and_stay_bounded() {
         assert!(got.is_some(), "message {i} delivered");
         for c in [&*from, &*to] {
             assert!(c.spare_bufs.len() <= SPARE_COUNT && c.spare_msgs.len() <= SPARE_COUNT);
-            assert!(c.spare_bufs.iter().all(|b| b.capacity() <= SPARE_BYTES));
+            assert!(c
+                .spare_bufs
+                .iter()
+                .all(|b| b.capacity() <= SPARE_STREAM_BYTES));
             assert!(c
                 .spare_msgs
                 .iter()
-                .all(|m| m.data.capacity() <= SPARE_BYTES));
+                .all(|m| m.data.capacity() <= SPARE_STREAM_BYTES));
         }
         now += 10_000;
     }
     // Most sends found the record of the last message acknowledged (the answer carried
     // the ack; not after a message too large to keep), most deliveries a buffer.
     assert!(reused.0 >= 50 && reused.1 >= 42, "reused {reused:?}");
+}
+
+/// A stream of 16 KiB messages in batches reuses its records and buffers on each side
+/// (none allocated after the first batch but what more messages in flight need), and
+/// the spares shrink back to the small-message bounds once the stream has been quiet for
+/// [`SPARE_IDLE`].
+#[test]
+fn a_stream_of_eager_messages_reuses_its_buffers_and_idle_spares_shrink() {
+    let cfg = Config::default();
+    let (mut a, mut b) = (Conn::new(cfg.clone(), 0), Conn::new(cfg, 0));
+    let mut now = 1_000;
+    let mut buf = Vec::new();
+    let len = 16 << 10;
+    let batch = 48;
+    let mut fresh_records = 0;
+    let mut kept = Vec::new();
+    for round in 0..6u64 {
+        for i in 0..batch {
+            let msg = vec![(round * 64 + i) as u8; len];
+            let spares = a.spare_msgs.len();
+            a.send(i, &msg).expect("queued");
+            fresh_records += usize::from(spares == a.spare_msgs.len());
+        }
+        // Both ways until everything is delivered and acknowledged.
+        for _ in 0..200 {
+            let mut moved = false;
+            for k in 0..2 {
+                let (from, to) = if k == 0 {
+                    (&mut a, &mut b)
+                } else {
+                    (&mut b, &mut a)
+                };
+                while let Some(n) = from.poll_transmit(now, &mut buf) {
+                    to.handle_datagram(now, &buf[..n]).expect("valid datagram");
+                    buf.clear();
+                    moved = true;
+                }
+            }
+            while let Some(ev) = b.poll_event() {
+                if let Event::Message { tag, data, .. } = ev {
+                    assert_eq!(data, vec![(round * 64 + tag) as u8; len], "message {tag}");
+                    b.recycle(data);
+                }
+            }
+            now += 20_000;
+            if !moved {
+                break;
+            }
+        }
+        assert_eq!(b.stats().messages_delivered, (round + 1) * batch);
+        // Every delivered buffer came back (as many as were in use at once, at most a
+        // batch); once the window has opened, no round allocates more.
+        kept.push(b.spare_bufs.len());
+        assert!(kept[kept.len() - 1] <= batch as usize, "{kept:?}");
+    }
+    assert!(
+        kept[1] > SPARE_COUNT && kept[1..].iter().all(|&k| k == kept[1]),
+        "{kept:?}"
+    );
+    assert!(
+        fresh_records <= batch as usize,
+        "{fresh_records} records allocated for {} messages",
+        6 * batch
+    );
+    assert!(a.spare_msgs.len() > SPARE_COUNT && a.spare_msgs.len() <= SPARE_STREAM_COUNT);
+    // Quiet for the idle time: the next drive of each side trims its spares.
+    now += SPARE_IDLE;
+    for c in [&mut a, &mut b] {
+        c.handle_timeout(now);
+        assert!(c.spare_msgs.len() <= SPARE_COUNT && c.spare_bufs.len() <= SPARE_COUNT);
+        assert!(c
+            .spare_msgs
+            .iter()
+            .all(|m| m.data.capacity() <= SPARE_BYTES));
+        assert!(c.spare_bufs.iter().all(|b| b.capacity() <= SPARE_BYTES));
+    }
+    assert!(b.spare_bufs.is_empty(), "16 KiB buffers are not small");
 }
 
 /// A reply is due while packets are in flight (their acks) or a hole waits for its
