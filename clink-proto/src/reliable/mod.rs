@@ -102,6 +102,7 @@ mod repeat;
 mod rtt;
 mod send;
 mod slots;
+mod spares;
 
 use rtt::Rtt;
 use slots::Slots;
@@ -449,26 +450,6 @@ struct MsgData {
     data: Vec<u8>,
 }
 
-/// Small-message buffers a connection keeps for reuse, per side (sent messages' records,
-/// delivered messages' bytes given back by [`Conn::recycle`]): at most this many ...
-const SPARE_COUNT: usize = 8;
-/// ... of at most this capacity. A ping-pong of small messages otherwise allocated and
-/// freed three blocks a message (the sent bytes, their shared record, the delivered
-/// bytes): about 4% of a one-thread 64-byte UDP hop's time in the allocator
-/// (`examples/path_cost 100000 udp` under `perf`).
-const SPARE_BYTES: usize = 4096;
-/// While messages up to the UDP transport's eager limit stream, up to this many ...
-const SPARE_STREAM_COUNT: usize = 64;
-/// ... of at most this capacity (16 KiB and an endpoint's frame header) are kept, per
-/// side, until none was taken for [`SPARE_IDLE`]; then only the small ones above. A
-/// stream of 16 KiB messages, 64 per batch, otherwise allocated and freed a batch's
-/// records and buffers on each side, and the allocator handed the freed top of its heap
-/// back to the kernel, so every batch faulted its pages in again (page faults, page
-/// clearing and the allocator's consolidation about a tenth of the sender's time).
-const SPARE_STREAM_BYTES: usize = (16 << 10) + 256;
-/// How long streaming-size spares outlive their last use (nanoseconds).
-const SPARE_IDLE: u64 = 100_000_000;
-
 /// What a queued or sent packet carries: part of a message (its bytes owned here), or of
 /// a bulk transfer (its bytes in the caller's memory, fetched at each transmission).
 #[derive(Clone)]
@@ -709,7 +690,7 @@ pub struct Conn {
     last_ping: u64,
     /// The latest time the caller drove the connection (any call that passes `now`).
     last_driven: u64,
-    /// When a spare record or buffer was last taken ([`SPARE_IDLE`]).
+    /// When a spare record or buffer was last taken ([`spares::SPARE_IDLE`]).
     spare_taken_at: u64,
     /// Whether the spares hold more, or larger, than the small-message bounds.
     spares_large: bool,

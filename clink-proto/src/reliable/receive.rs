@@ -372,18 +372,6 @@ impl Conn {
         }
     }
 
-    /// An empty buffer for a delivered message: a spare one if any.
-    fn spare_buf(&mut self) -> Vec<u8> {
-        match self.spare_bufs.pop() {
-            Some(mut b) => {
-                self.took_spare();
-                b.clear();
-                b
-            }
-            None => Vec::new(),
-        }
-    }
-
     pub(super) fn violation(&mut self) {
         // Checksummed and in sequence yet inconsistent: the peer is buggy or forged.
         self.stats.dropped_malformed += 1;

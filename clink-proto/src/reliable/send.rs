@@ -91,36 +91,12 @@ impl Conn {
     }
 
     /// Gives back the buffer of a delivered message ([`Event::Message`]) once its bytes
-    /// are no longer needed, for a later small message to be delivered in (optional: a
-    /// few small ones are kept, anything else is freed).
+    /// are no longer needed, for a later message to be delivered in (optional: a few
+    /// small ones are kept, and while messages up to the eager limit stream, more; anything
+    /// else is freed).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if Self::may_keep(self.spare_bufs.len(), buf.capacity()) {
-            self.spares_large |=
-                self.spare_bufs.len() >= SPARE_COUNT || buf.capacity() > SPARE_BYTES;
-            self.spare_bufs.push(buf);
-        }
-    }
-
-    /// Whether a spare of `cap` bytes may join a pool of `len` (records or buffers).
-    fn may_keep(len: usize, cap: usize) -> bool {
-        len < SPARE_STREAM_COUNT && cap <= SPARE_STREAM_BYTES
-    }
-
-    /// Notes that a spare was taken (the streaming-size ones live on).
-    pub(super) fn took_spare(&mut self) {
-        self.spare_taken_at = self.last_driven;
-    }
-
-    /// Drops the spares beyond the small-message bounds once none was taken for
-    /// [`SPARE_IDLE`].
-    pub(super) fn trim_spares(&mut self, now: u64) {
-        if self.spares_large && now.saturating_sub(self.spare_taken_at) >= SPARE_IDLE {
-            self.spare_msgs.retain(|m| m.data.capacity() <= SPARE_BYTES);
-            self.spare_msgs.truncate(SPARE_COUNT);
-            self.spare_bufs.retain(|b| b.capacity() <= SPARE_BYTES);
-            self.spare_bufs.truncate(SPARE_COUNT);
-            self.spares_large = false;
-        }
+        let cap = buf.capacity();
+        self.spares_large |= spares::keep(&mut self.spare_bufs, buf, cap);
     }
 
     /// Appends the next datagram to send to `buf` and returns its length, or `None` when
@@ -696,14 +672,11 @@ impl Conn {
                         if self.cfg.reliable {
                             self.events.push_back(Event::Acked(MsgId(m.id)));
                         }
-                        // Kept for reuse if small: by the time a send takes it, its
-                        // other owners (a repeat copy) have normally let go (checked then).
+                        // Kept for reuse (within the spares' bounds): by the time a send
+                        // takes it, its other owners (a repeat copy) have normally let go
+                        // (checked then).
                         let cap = m.data.capacity();
-                        if Self::may_keep(self.spare_msgs.len(), cap) {
-                            self.spares_large |=
-                                self.spare_msgs.len() >= SPARE_COUNT || cap > SPARE_BYTES;
-                            self.spare_msgs.push(m);
-                        }
+                        self.spares_large |= spares::keep(&mut self.spare_msgs, m, cap);
                     }
                     // Acknowledged or (unreliable mode) given up: either way the source
                     // bytes are no longer needed.

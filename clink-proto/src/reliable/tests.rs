@@ -1,8 +1,6 @@
 use super::packet::{DataHeader, Datagram};
-use super::{
-    misordered, Config, Conn, Event, SPARE_BYTES, SPARE_COUNT, SPARE_IDLE, SPARE_STREAM_BYTES,
-    SPARE_STREAM_COUNT,
-};
+use super::spares::{SPARE_BYTES, SPARE_COUNT, SPARE_IDLE, SPARE_STREAM_BYTES, SPARE_STREAM_COUNT};
+use super::{misordered, Config, Conn, Event};
 
 /// A ping-pong of messages of changing sizes, each delivered buffer given back: every
 /// message arrives intact in a reused buffer (a longer one after a shorter, a shorter
