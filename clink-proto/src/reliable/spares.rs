@@ -12,14 +12,17 @@ pub(super) const SPARE_COUNT: usize = 8;
 /// (`examples/path_cost 100000 udp` under `perf`).
 pub(super) const SPARE_BYTES: usize = 4096;
 /// While messages up to the UDP transport's eager limit stream, up to this many ...
-pub(super) const SPARE_STREAM_COUNT: usize = 64;
+pub(super) const SPARE_STREAM_COUNT: usize = 1024;
 /// ... of at most this capacity (16 KiB and an endpoint's frame header) are kept, per
 /// side, until none was taken for [`SPARE_IDLE`]; then only the small ones above. A
-/// stream of 16 KiB messages, 64 per batch, otherwise allocated and freed a batch's
-/// records and buffers on each side, and the allocator handed the freed top of its heap
-/// back to the kernel, so every batch faulted its pages in again (`perf record -a` of a
-/// blocking 16 KiB stream across a bridge: page faults, page clearing, unmapping and the
-/// allocator about a fifth of the sending process's samples).
+/// stream of 16 KiB messages otherwise allocated and freed its records and buffers on
+/// each side, and the allocator handed the freed top of its heap back to the kernel, so
+/// the pages were faulted in again (`perf record -a` of a blocking 16 KiB stream across a
+/// bridge: page faults, page clearing, unmapping and the allocator about a fifth of the
+/// sending process's samples). The count covers what such a sender has outstanding: it
+/// queues ahead of its window, and with up to 530 records out at once a pool of 64 left
+/// most sends to allocate. Records circulate (acknowledged ones go back to the pool, new
+/// sends take them), so the pool adds little to the memory the stream already holds.
 pub(super) const SPARE_STREAM_BYTES: usize = (16 << 10) + 256;
 /// How long streaming-size spares outlive their last use (nanoseconds).
 pub(super) const SPARE_IDLE: u64 = 100_000_000;

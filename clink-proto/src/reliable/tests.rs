@@ -77,12 +77,13 @@ fn a_stream_of_eager_messages_reuses_its_buffers_and_idle_spares_shrink() {
     let mut now = 1_000;
     let mut buf = Vec::new();
     let len = 16 << 10;
-    let batch = 48;
+    // More than a send batch: a blocking sender queues ahead of its window.
+    let batch = 300;
     let mut fresh_records = 0;
     let mut kept = Vec::new();
     for round in 0..6u64 {
         for i in 0..batch {
-            let msg = vec![(round * 64 + i) as u8; len];
+            let msg = vec![(round * 7 + i) as u8; len];
             let spares = a.spare_msgs.len();
             a.send(i, &msg).expect("queued");
             fresh_records += usize::from(spares == a.spare_msgs.len());
@@ -104,7 +105,7 @@ fn a_stream_of_eager_messages_reuses_its_buffers_and_idle_spares_shrink() {
             }
             while let Some(ev) = b.poll_event() {
                 if let Event::Message { tag, data, .. } = ev {
-                    assert_eq!(data, vec![(round * 64 + tag) as u8; len], "message {tag}");
+                    assert_eq!(data, vec![(round * 7 + tag) as u8; len], "message {tag}");
                     b.recycle(data);
                 }
             }
