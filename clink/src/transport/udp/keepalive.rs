@@ -107,14 +107,19 @@ impl Standing {
         while l.front().is_some_and(|r| r.pn() < floor) {
             l.pop_front();
         }
-        for pn in from.max(floor)..conn.next_pn() {
-            if let Some(r) = conn.repeat_of(pn) {
-                if l.len() == MAX_REPEATS {
-                    l.pop_front();
-                }
-                l.push_back(r);
-            }
+        // Only the newest are kept: walk back from the newest packet (a stream of 16 KiB
+        // messages sends a dozen datagrams a message, most of which would be pushed out
+        // again within the same call).
+        let mut newest = Vec::new();
+        let mut pn = conn.next_pn();
+        while pn > from.max(floor) && newest.len() < MAX_REPEATS {
+            pn -= 1;
+            newest.extend(conn.repeat_of(pn));
         }
+        let room = MAX_REPEATS - newest.len();
+        let excess = l.len().saturating_sub(room);
+        l.drain(..excess);
+        l.extend(newest.into_iter().rev());
     }
 
     /// The message datagrams of connection `conn` to repeat.
@@ -323,6 +328,45 @@ mod tests {
         let got: Vec<String> = (0..4).map(|_| next()).collect();
         assert!(got.contains(&want), "{got:?}");
         drop(k);
+    }
+
+    #[test]
+    fn the_newest_unacknowledged_datagrams_are_kept_to_repeat() {
+        let cfg = clink_proto::reliable::Config {
+            initial_cwnd: 64,
+            ..Default::default()
+        };
+        let mut conn = Conn::new(cfg, 0);
+        let standing = Standing::default();
+        let send = |conn: &mut Conn, n: u64| {
+            let mut buf = Vec::new();
+            for i in 0..n {
+                conn.send(i, b"m").unwrap();
+                buf.clear();
+                assert!(conn.poll_transmit(0, &mut buf).is_some());
+            }
+        };
+        let pns = |standing: &Standing| -> Vec<u64> {
+            standing
+                .repeats(0)
+                .iter()
+                .map(|d| match Datagram::parse(d) {
+                    Ok(Datagram::Data { hdr, .. }) => hdr.pn,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        send(&mut conn, 10);
+        standing.publish_repeats(&conn, 0);
+        assert_eq!(pns(&standing), (0..10).collect::<Vec<_>>());
+        // More than the list holds since the last call: the newest, in order.
+        send(&mut conn, 40);
+        standing.publish_repeats(&conn, 10);
+        assert_eq!(pns(&standing), (18..50).collect::<Vec<_>>());
+        // A few more push the oldest out.
+        send(&mut conn, 3);
+        standing.publish_repeats(&conn, 50);
+        assert_eq!(pns(&standing), (21..53).collect::<Vec<_>>());
     }
 
     #[test]
