@@ -33,8 +33,10 @@
 //! a lock.
 
 mod bridge;
+mod tcp_cc;
 
 pub use bridge::{Bridge, BridgeSpec};
+pub use tcp_cc::{set_tcp_cc, tcp_cc};
 
 use clink::sys;
 use std::ffi::OsStr;
@@ -153,6 +155,17 @@ impl NetnsPair {
     /// The MTU of both veth ends.
     pub fn mtu(&self) -> u32 {
         self.mtu
+    }
+
+    /// The TCP congestion control of side 0's namespace ([`tcp_cc`]; both sides have the
+    /// same unless set apart).
+    pub fn tcp_cc(&self) -> io::Result<String> {
+        tcp_cc(&self.names[0])
+    }
+
+    /// Sets the TCP congestion control of both namespaces ([`set_tcp_cc`]).
+    pub fn set_tcp_cc(&self, cc: &str) -> io::Result<()> {
+        self.names.iter().try_for_each(|ns| set_tcp_cc(ns, cc))
     }
 
     /// A command that runs `program` inside namespace `side`: `ip netns exec <ns> program`.
@@ -454,6 +467,28 @@ mod tests {
         drop(pair);
         let list = netns_list();
         assert!(!names.iter().any(|n| list.contains(n.as_str())), "{list}");
+    }
+
+    #[test]
+    fn a_namespace_congestion_control_is_read_and_set() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = unavailable() {
+            panic!("this test needs network namespaces: {why}");
+        }
+        let pair = NetnsPair::create(1500).expect("create pair");
+        let (a, b) = (pair.ns(0), pair.ns(1));
+        for cc in ["reno", "cubic"] {
+            set_tcp_cc(a, cc).expect("set");
+            assert_eq!(tcp_cc(a).expect("read"), cc);
+        }
+        // Per namespace: the other one keeps what it had.
+        let other = tcp_cc(b).expect("read");
+        set_tcp_cc(a, if other == "reno" { "cubic" } else { "reno" }).expect("set");
+        assert_eq!(tcp_cc(b).expect("read"), other);
+        let bad = set_tcp_cc(a, "no_such_cc").expect_err("not offered");
+        assert!(bad.to_string().contains("the kernel offers"), "{bad}");
+        let odd = set_tcp_cc(a, "cubic; reboot").expect_err("not a name");
+        assert_eq!(odd.kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]

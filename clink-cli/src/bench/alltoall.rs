@@ -327,6 +327,7 @@ pub fn run(
     rounds_each: u64,
     reps: u64,
     json: bool,
+    tcp_cc: Option<&str>,
 ) -> Result<(), String> {
     if let Some(why) = clink_testbed::unavailable() {
         return Err(format!("--alltoall: {why}"));
@@ -344,14 +345,16 @@ pub fn run(
     for &n in hosts {
         for rep in 0..reps {
             for &system in systems {
-                let (secs, cpu, counters) = one_run(&exe, system, n, size, rounds_each)?;
+                let (secs, cpu, counters, cc) =
+                    one_run(&exe, system, n, size, rounds_each, tcp_cc)?;
                 let said: Vec<String> = counters
                     .iter()
                     .flat_map(|c| COUNTER_NAMES.iter().zip(c))
                     .map(|(k, v)| format!("{k} {v}"))
                     .collect();
                 eprintln!(
-                    "alltoall {system} N={n} repetition {}: {secs:.3} s, CPU {cpu:.2} s{}{}",
+                    "alltoall {system} N={n} repetition {} (TCP congestion control {cc}): \
+                     {secs:.3} s, CPU {cpu:.2} s{}{}",
                     rep + 1,
                     if said.is_empty() {
                         ""
@@ -363,7 +366,8 @@ pub fn run(
                 if json {
                     let mut row = json!({"experiment": "alltoall", "system": system, "hosts": n,
                                "size": size, "rounds": rounds_each, "round": rep,
-                               "seconds": secs, "cpu_seconds": cpu, "placement": "bridge"});
+                               "seconds": secs, "cpu_seconds": cpu, "placement": "bridge",
+                               "tcp_cc": cc});
                     for (k, v) in counters.iter().flat_map(|c| COUNTER_NAMES.iter().zip(c)) {
                         row[*k] = json!(v);
                     }
@@ -460,20 +464,32 @@ struct Row {
     cpu: f64,
 }
 
-/// One run: the slowest child's seconds, all children's CPU seconds and (clink systems)
-/// the sum of their counters ([`COUNTER_NAMES`]).
+/// One run's figures: the slowest child's seconds, all children's CPU seconds, (clink
+/// systems) the sum of their counters ([`COUNTER_NAMES`]) and the hosts' TCP congestion
+/// control.
+type RunFigures = (f64, f64, Option<[u64; COUNTER_NAMES.len()]>, String);
+
+/// One run on a fresh bridge of `n` hosts, their TCP congestion control set to `tcp_cc`
+/// if given.
 fn one_run(
     exe: &Path,
     system: &str,
     n: usize,
     size: usize,
     rounds: u64,
-) -> Result<(f64, f64, Option<[u64; COUNTER_NAMES.len()]>), String> {
+    tcp_cc: Option<&str>,
+) -> Result<RunFigures, String> {
     let b = Bridge::create(&BridgeSpec {
         hosts: n,
         ..BridgeSpec::default()
     })
     .map_err(|e| format!("bridge of {n}: {e}"))?;
+    if let Some(cc) = tcp_cc {
+        for i in 0..n {
+            clink_testbed::set_tcp_cc(b.ns(i), cc).map_err(|e| e.to_string())?;
+        }
+    }
+    let cc = clink_testbed::tcp_cc(b.ns(0)).map_err(|e| e.to_string())?;
     let dir =
         std::env::temp_dir().join(format!("clink-alltoall-{}-{}", std::process::id(), b.ns(0)));
     let _ = std::fs::remove_dir_all(&dir);
@@ -534,7 +550,7 @@ fn one_run(
         c.wait(deadline)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((worst, cpu, counters))
+    Ok((worst, cpu, counters, cc))
 }
 
 #[cfg(test)]

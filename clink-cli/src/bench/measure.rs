@@ -228,6 +228,7 @@ fn base_row(ch: &dyn Channel, label: &RowLabel<'_>, metric: Metric, size: usize)
         lost_pct: None,
         loss_pct: None,
         rate: None,
+        tcp_cc: None,
     }
 }
 

@@ -226,6 +226,12 @@ pub struct BenchArgs {
     /// (`1gbit`, the seeds' Gigabit Ethernet).
     #[arg(long)]
     pub rate: Option<String>,
+    /// With `--placement netns` or `bridge`, or `--alltoall`: the TCP congestion control
+    /// of every namespace made (what kernel TCP's and clink-tcp's sockets use): a name the
+    /// kernel offers, such as cubic (Linux's default), bbr or reno. Default: what a new
+    /// namespace inherits from this host. Rows carry the one in force (`tcp_cc`).
+    #[arg(long)]
+    pub tcp_cc: Option<String>,
     /// Run the aperture experiments (one-word round trips, distributed queue, put
     /// bandwidth, event-driven server; rows with an `experiment` field) instead of the
     /// system comparison.
@@ -339,12 +345,13 @@ pub struct ChildArgs {
 /// lines to check that every pair is removed afterwards.
 pub(crate) fn announce_pair(pair: &NetnsPair) {
     eprintln!(
-        "network namespaces {} ({}) and {} ({}), veth MTU {}",
+        "network namespaces {} ({}) and {} ({}), veth MTU {}, TCP congestion control {}",
         pair.ns(0),
         pair.addr(0),
         pair.ns(1),
         pair.addr(1),
-        pair.mtu()
+        pair.mtu(),
+        pair.tcp_cc().unwrap_or_else(|e| format!("unknown ({e})"))
     );
 }
 
@@ -508,6 +515,8 @@ struct Where {
     mtu: Option<u32>,
     loss_pct: Option<f64>,
     rate: Option<String>,
+    /// The TCP congestion control of the namespaces (`None` on the host).
+    tcp_cc: Option<String>,
 }
 
 impl Where {
@@ -518,6 +527,7 @@ impl Where {
                 mtu: None,
                 loss_pct: None,
                 rate: None,
+                tcp_cc: None,
             },
             Some(n) => match n.bridge() {
                 None => Where {
@@ -525,24 +535,27 @@ impl Where {
                     mtu: Some(n.mtu()),
                     loss_pct: None,
                     rate: None,
+                    tcp_cc: n.tcp_cc().ok(),
                 },
                 Some(b) => Where {
                     placement: BRIDGE_PLACEMENT,
                     mtu: Some(n.mtu()),
                     loss_pct: Some(b.spec().loss_pct),
                     rate: b.spec().rate.clone(),
+                    tcp_cc: n.tcp_cc().ok(),
                 },
             },
         }
     }
 }
 
-/// Sets a row's `placement`, `mtu`, `loss_pct` and `rate`, and names clink's rows
-/// between namespaces after the transport its channel reported.
+/// Sets a row's `placement`, `mtu`, `loss_pct`, `rate` and `tcp_cc`, and names clink's
+/// rows between namespaces after the transport its channel reported.
 fn label_placement(row: &mut Row, at: &Where) {
     row.mtu = at.mtu;
     row.loss_pct = at.loss_pct;
     row.rate = at.rate.clone();
+    row.tcp_cc = at.tcp_cc.clone();
     row.placement = at.placement.to_string();
     if at.mtu.is_none() {
         return;
@@ -630,6 +643,11 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     if let Some(spec) = &args.alltoall_child {
         return alltoall::run_child(spec);
     }
+    if args.tcp_cc.is_some() && (args.sockets || args.mpi || args.spec || args.rma) {
+        return Err(
+            "--tcp-cc applies to the comparison between namespaces and to --alltoall".into(),
+        );
+    }
     if args.sockets {
         return preload::run(args.rounds, args.quick, args.json);
     }
@@ -677,7 +695,15 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
         };
         let exchanges = args.exchanges.unwrap_or(if args.quick { 10 } else { 100 });
         let systems = alltoall::systems(args.systems.as_deref())?;
-        return alltoall::run(&hosts, &systems, size, exchanges, args.rounds, args.json);
+        return alltoall::run(
+            &hosts,
+            &systems,
+            size,
+            exchanges,
+            args.rounds,
+            args.json,
+            args.tcp_cc.as_deref(),
+        );
     }
     let pinned = !args.no_pin && affinity::can_pin_pair();
     if args.rma {
@@ -736,6 +762,9 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
     });
     if args.placement != Placement::Bridge && (args.loss.is_some() || args.rate.is_some()) {
         return Err("--loss and --rate apply to --placement bridge only".into());
+    }
+    if args.placement == Placement::Host && args.tcp_cc.is_some() {
+        return Err("--tcp-cc applies to --placement netns or bridge (and --alltoall)".into());
     }
     let slots: Vec<Option<BridgeSpec>> = match args.placement {
         Placement::Host => vec![None],
@@ -837,6 +866,10 @@ pub fn run(args: BenchArgs) -> Result<(), String> {
                     } else {
                         NetnsPair::create(spec.mtu)
                     };
+                    let made = made.and_then(|pair| match &args.tcp_cc {
+                        Some(cc) => pair.set_tcp_cc(cc).map(|()| pair),
+                        None => Ok(pair),
+                    });
                     match made {
                         Ok(pair) => {
                             announce_pair(&pair);

@@ -99,6 +99,9 @@ pub struct Row {
     pub loss_pct: Option<f64>,
     /// Bridge rows: the rate limit of each host's input link (tc syntax), if any.
     pub rate: Option<String>,
+    /// Rows measured between namespaces: their TCP congestion control (what kernel TCP's
+    /// and clink-tcp's sockets used).
+    pub tcp_cc: Option<String>,
 }
 
 impl Row {
@@ -135,6 +138,7 @@ impl Row {
             lost_pct: None,
             loss_pct: None,
             rate: None,
+            tcp_cc: None,
         }
     }
 
@@ -175,6 +179,9 @@ impl Row {
         }
         if let Some(rate) = &self.rate {
             obj.insert("rate".into(), json!(rate));
+        }
+        if let Some(cc) = &self.tcp_cc {
+            obj.insert("tcp_cc".into(), json!(cc));
         }
         Value::Object(obj).to_string()
     }
@@ -247,6 +254,10 @@ impl Row {
             lost_pct: opt_f64("lost_pct")?,
             loss_pct: opt_f64("loss_pct")?,
             rate: obj.get("rate").and_then(Value::as_str).map(str::to_string),
+            tcp_cc: obj
+                .get("tcp_cc")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         })
     }
 }
@@ -302,11 +313,15 @@ pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
 /// The network condition of a row (bridge rows: loss and rate), as text for keys.
 fn condition(r: &Row) -> String {
     format!(
-        "{}{}",
+        "{}{}{}",
         r.loss_pct.map(|l| format!("loss {l}%")).unwrap_or_default(),
         r.rate
             .as_ref()
             .map(|r| format!(", rate {r}"))
+            .unwrap_or_default(),
+        r.tcp_cc
+            .as_ref()
+            .map(|c| format!(", TCP congestion control {c}"))
             .unwrap_or_default()
     )
 }

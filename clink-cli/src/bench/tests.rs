@@ -94,6 +94,7 @@ fn netns_rows_are_labelled() {
         mtu: Some(mtu),
         loss_pct: None,
         rate: None,
+        tcp_cc: None,
     };
     label_placement(&mut row, &netns(9000));
     assert_eq!(row.system, "clink-udp");
@@ -119,6 +120,7 @@ fn netns_rows_are_labelled() {
         mtu: Some(1500),
         loss_pct: Some(1.0),
         rate: Some("1gbit".into()),
+        tcp_cc: Some("cubic".into()),
     };
     label_placement(&mut row, &bridge);
     assert_eq!(row.system, "clink-udp");
@@ -126,4 +128,10 @@ fn netns_rows_are_labelled() {
         (row.placement.as_str(), row.loss_pct, row.rate.as_deref()),
         (BRIDGE_PLACEMENT, Some(1.0), Some("1gbit"))
     );
+    assert_eq!(row.tcp_cc.as_deref(), Some("cubic"));
+    // It travels through JSON and names the table's section.
+    let back = Row::from_json(&row.to_json()).expect("parse");
+    assert_eq!(back.tcp_cc.as_deref(), Some("cubic"));
+    let table = report::render_table(&[row]);
+    assert!(table.contains("TCP congestion control cubic"), "{table}");
 }

@@ -1,0 +1,74 @@
+//! The TCP congestion control of a namespace: the algorithm its TCP sockets use unless
+//! they choose one. A namespace made here starts with the host's
+//! (`net.ipv4.tcp_congestion_control`), which need not be Linux's default (cubic): on a
+//! machine set to BBR, every kernel-TCP baseline of a benchmark runs BBR, whose pacing
+//! (a timer per socket where no `fq` qdisc paces for it, as on veth) costs a virtual
+//! machine dearly. Benchmarks report what was in force and can set it.
+
+use std::io;
+use std::process::Command;
+
+use crate::ip_binary;
+
+/// The setting, as a process inside a namespace sees it.
+const KNOB: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+/// What the kernel offers (built in or loaded).
+const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+
+/// Reads `path` from inside namespace `ns`.
+fn read_in(ns: &str, path: &str) -> io::Result<String> {
+    let ip = ip_binary().ok_or_else(|| io::Error::other("`ip` (iproute2) not found"))?;
+    let out = Command::new(ip)
+        .args(["netns", "exec", ns, "cat", path])
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "reading {path} in namespace {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The congestion control TCP sockets in namespace `ns` get.
+pub fn tcp_cc(ns: &str) -> io::Result<String> {
+    read_in(ns, KNOB)
+}
+
+/// Sets the congestion control of namespace `ns` to `cc`, a name the kernel offers
+/// (`net.ipv4.tcp_available_congestion_control`: reno and cubic always, bbr where its
+/// module is loaded), and checks it took.
+pub fn set_tcp_cc(ns: &str, cc: &str) -> io::Result<()> {
+    if cc.is_empty() || !cc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{cc:?} is not a congestion control's name"),
+        ));
+    }
+    let ip = ip_binary().ok_or_else(|| io::Error::other("`ip` (iproute2) not found"))?;
+    // (`cc` is checked above: nothing in it the shell would read.)
+    let out = Command::new(ip)
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "sh",
+            "-c",
+            &format!("echo {cc} > {KNOB}"),
+        ])
+        .output()?;
+    if !out.status.success() {
+        let offered = read_in(ns, AVAILABLE).unwrap_or_default();
+        return Err(io::Error::other(format!(
+            "cannot set TCP congestion control {cc} in namespace {ns} (the kernel offers: \
+             {offered}): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    match tcp_cc(ns)? {
+        now if now == cc => Ok(()),
+        now => Err(io::Error::other(format!(
+            "TCP congestion control of namespace {ns} is {now} after setting {cc}"
+        ))),
+    }
+}
