@@ -352,6 +352,15 @@ mod tests {
     /// The tests look at `ip netns list`, so they run one at a time.
     static SERIAL: Mutex<()> = Mutex::new(());
 
+    /// A test's turn (see [`SERIAL`]), after checking that namespaces can be made here.
+    fn netns_turn() -> std::sync::MutexGuard<'static, ()> {
+        let turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = unavailable() {
+            panic!("this test needs network namespaces: {why}");
+        }
+        turn
+    }
+
     #[test]
     fn stale_names_give_their_owner() {
         assert_eq!(owner_pid("clink-123-0000abcd-0"), Some(123));
@@ -430,10 +439,7 @@ mod tests {
 
     #[test]
     fn pair_carries_udp_and_is_deleted_on_drop() {
-        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = unavailable() {
-            panic!("this test needs network namespaces: {why}");
-        }
+        let _turn = netns_turn();
         let pair = NetnsPair::create(9000).expect("create pair");
         let names = [pair.ns(0).to_string(), pair.ns(1).to_string()];
         assert!(names.iter().all(|n| n.starts_with(NAME_PREFIX)));
@@ -471,10 +477,7 @@ mod tests {
 
     #[test]
     fn a_namespace_congestion_control_is_read_and_set() {
-        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = unavailable() {
-            panic!("this test needs network namespaces: {why}");
-        }
+        let _turn = netns_turn();
         let pair = NetnsPair::create(1500).expect("create pair");
         let (a, b) = (pair.ns(0), pair.ns(1));
         for cc in ["reno", "cubic"] {
@@ -493,10 +496,7 @@ mod tests {
 
     #[test]
     fn pairs_do_not_collide() {
-        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = unavailable() {
-            panic!("this test needs network namespaces: {why}");
-        }
+        let _turn = netns_turn();
         let a = NetnsPair::create(1500).expect("a");
         let b = NetnsPair::create(1500).expect("b");
         assert_ne!(a.ns(0), b.ns(0));
@@ -505,10 +505,7 @@ mod tests {
 
     #[test]
     fn failed_creation_cleans_up() {
-        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(why) = unavailable() {
-            panic!("this test needs network namespaces: {why}");
-        }
+        let _turn = netns_turn();
         // An MTU the veth refuses: the namespaces made before the failure must go.
         let before = netns_list();
         let err = NetnsPair::create(1_000_000).expect_err("absurd MTU");
