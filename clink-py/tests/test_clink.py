@@ -240,12 +240,18 @@ def test_signals_interrupt_blocking_waits(pair):
         signal.signal(signal.SIGALRM, old)
     # (wait_any gave the request back when interrupted.)
     assert req.cancel(), "the interrupted request had matched nothing"
-    # Ctrl-C: SIGINT with Python's own handler.
-    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        a.recv(pa, 7, timeout=20)
-    assert time.monotonic() - t0 < 5
+    # Ctrl-C: SIGINT with Python's own handler, installed here: a Python started with
+    # SIGINT ignored (a background job of a non-interactive shell) leaves it ignored, and
+    # the signal would never reach the wait.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            a.recv(pa, 7, timeout=20)
+        assert time.monotonic() - t0 < 5
+    finally:
+        signal.signal(signal.SIGINT, old)
     b.send(pb, 7, b"after")
     assert bytes(a.recv(pa, 7, timeout=T)) == b"after"
 
