@@ -139,6 +139,11 @@ impl Bridge {
         self.addrs[i]
     }
 
+    /// Sets the TCP congestion control of every host ([`crate::set_tcp_cc`]).
+    pub fn set_tcp_cc(&self, cc: &str) -> io::Result<()> {
+        (0..self.hosts()).try_for_each(|i| crate::set_tcp_cc(self.ns(i), cc))
+    }
+
     /// A command that runs `program` on host `i` (`ip netns exec <ns> program`).
     pub fn command(&self, i: usize, program: impl AsRef<OsStr>) -> Command {
         let mut cmd = Command::new(&self.ip);

@@ -492,6 +492,16 @@ mod tests {
         assert!(bad.to_string().contains("the kernel offers"), "{bad}");
         let odd = set_tcp_cc(a, "cubic; reboot").expect_err("not a name");
         assert_eq!(odd.kind(), io::ErrorKind::InvalidInput);
+        // A bridge sets every host's.
+        let b = Bridge::create(&BridgeSpec {
+            hosts: 3,
+            ..BridgeSpec::default()
+        })
+        .expect("bridge");
+        for cc in ["reno", "cubic"] {
+            b.set_tcp_cc(cc).expect("set");
+            assert!((0..3).all(|i| tcp_cc(b.ns(i)).expect("read") == cc));
+        }
     }
 
     #[test]

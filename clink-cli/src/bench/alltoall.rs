@@ -485,9 +485,7 @@ fn one_run(
     })
     .map_err(|e| format!("bridge of {n}: {e}"))?;
     if let Some(cc) = tcp_cc {
-        for i in 0..n {
-            clink_testbed::set_tcp_cc(b.ns(i), cc).map_err(|e| e.to_string())?;
-        }
+        b.set_tcp_cc(cc).map_err(|e| e.to_string())?;
     }
     let cc = clink_testbed::tcp_cc(b.ns(0)).map_err(|e| e.to_string())?;
     let dir =

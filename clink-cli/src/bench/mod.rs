@@ -502,8 +502,10 @@ fn run_pair(
     if let Some(e) = bad_line {
         return Err(e);
     }
+    // (Once: reading the namespaces' congestion control runs a process.)
+    let at = Where::of(net);
     for row in &mut rows {
-        label_placement(row, &Where::of(net));
+        label_placement(row, &at);
     }
     Ok(rows)
 }

@@ -310,20 +310,17 @@ pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
     out
 }
 
-/// The network condition of a row (bridge rows: loss and rate), as text for keys.
+/// The network condition of a row (bridge rows: loss and rate; rows between namespaces:
+/// their TCP congestion control), as text for keys and headings ("" on the host).
 fn condition(r: &Row) -> String {
-    format!(
-        "{}{}{}",
-        r.loss_pct.map(|l| format!("loss {l}%")).unwrap_or_default(),
-        r.rate
-            .as_ref()
-            .map(|r| format!(", rate {r}"))
-            .unwrap_or_default(),
+    let parts: [Option<String>; 3] = [
+        r.loss_pct.map(|l| format!("loss {l}%")),
+        r.rate.as_ref().map(|r| format!("rate {r}")),
         r.tcp_cc
             .as_ref()
-            .map(|c| format!(", TCP congestion control {c}"))
-            .unwrap_or_default()
-    )
+            .map(|c| format!("TCP congestion control {c}")),
+    ];
+    parts.into_iter().flatten().collect::<Vec<_>>().join(", ")
 }
 
 /// Column key of the table: one system in one mode.
@@ -442,7 +439,8 @@ fn group_heading(placement: &str, mtu: Option<u32>, condition: &str) -> Option<S
         ),
         (NETNS_PLACEMENT, Some(m)) => format!(
             "== placement netns: server and client in two network namespaces joined by a \
-             veth pair, MTU {m} =="
+             veth pair, MTU {m}{}{condition} ==",
+            if condition.is_empty() { "" } else { ", " }
         ),
         (p, Some(m)) => format!("== placement {p}, MTU {m} =="),
         (p, None) => format!("== placement {p} =="),

@@ -105,6 +105,13 @@ fn netns_rows_are_labelled() {
     let mut row = report::tests_support::bw_row("clink", "tcp-veth");
     label_placement(&mut row, &netns(1500));
     assert_eq!(row.system, "clink-tcp");
+    // A pair's congestion control names its section too.
+    row.tcp_cc = Some("reno".into());
+    let table = report::render_table(&[row]);
+    assert!(
+        table.contains("veth pair, MTU 1500, TCP congestion control reno =="),
+        "{table}"
+    );
     let mut row = report::tests_support::bw_row("clink", "shm");
     label_placement(&mut row, &Where::of(None));
     assert_eq!(

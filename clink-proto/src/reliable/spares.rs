@@ -11,7 +11,11 @@ pub(super) const SPARE_COUNT: usize = 8;
 /// bytes): about 4% of a one-thread 64-byte UDP hop's time in the allocator
 /// (`examples/path_cost 100000 udp` under `perf`).
 pub(super) const SPARE_BYTES: usize = 4096;
-/// While messages up to the UDP transport's eager limit stream, up to this many ...
+/// While messages up to the UDP transport's eager limit stream, up to this many (what
+/// such a sender has outstanding: it queues ahead of its window, and with up to 530
+/// records out at once a pool of 64 left most sends to allocate; records circulate,
+/// acknowledged ones going back to the pool and new sends taking them, so the pool adds
+/// little to the memory the stream holds anyway) ...
 pub(super) const SPARE_STREAM_COUNT: usize = 1024;
 /// ... of at most this capacity (16 KiB and an endpoint's frame header) are kept, per
 /// side, until none was taken for [`SPARE_IDLE`]; then only the small ones above. A
@@ -19,10 +23,7 @@ pub(super) const SPARE_STREAM_COUNT: usize = 1024;
 /// each side, and the allocator handed the freed top of its heap back to the kernel, so
 /// the pages were faulted in again (`perf record -a` of a blocking 16 KiB stream across a
 /// bridge: page faults, page clearing, unmapping and the allocator about a fifth of the
-/// sending process's samples). The count covers what such a sender has outstanding: it
-/// queues ahead of its window, and with up to 530 records out at once a pool of 64 left
-/// most sends to allocate. Records circulate (acknowledged ones go back to the pool, new
-/// sends take them), so the pool adds little to the memory the stream already holds.
+/// sending process's samples).
 pub(super) const SPARE_STREAM_BYTES: usize = (16 << 10) + 256;
 /// How long streaming-size spares outlive their last use (nanoseconds).
 pub(super) const SPARE_IDLE: u64 = 100_000_000;

@@ -109,17 +109,16 @@ impl Standing {
         }
         // Only the newest are kept: walk back from the newest packet (a stream of 16 KiB
         // messages sends a dozen datagrams a message, most of which would be pushed out
-        // again within the same call).
-        let mut newest = Vec::new();
+        // again within the same call), appending, then put what was appended in order.
+        let start = l.len();
         let mut pn = conn.next_pn();
-        while pn > from.max(floor) && newest.len() < MAX_REPEATS {
+        while pn > from.max(floor) && l.len() - start < MAX_REPEATS {
             pn -= 1;
-            newest.extend(conn.repeat_of(pn));
+            l.extend(conn.repeat_of(pn));
         }
-        let room = MAX_REPEATS - newest.len();
-        let excess = l.len().saturating_sub(room);
+        l.make_contiguous()[start..].reverse();
+        let excess = l.len().saturating_sub(MAX_REPEATS);
         l.drain(..excess);
-        l.extend(newest.into_iter().rev());
     }
 
     /// The message datagrams of connection `conn` to repeat.
