@@ -22,7 +22,7 @@ use clink::{Context, Endpoint, PeerId, Selector};
 use clink_testbed::{Bridge, BridgeSpec};
 use serde_json::json;
 
-use super::measure::process_cpu_secs;
+use super::measure::CpuTimes;
 use super::stats::median;
 
 /// The systems of the experiment.
@@ -155,7 +155,7 @@ fn barrier(s: &ChildSpec, tag: &str) -> Result<(), String> {
 }
 
 /// The child: connects to every other rank, then runs the rounds; prints their seconds
-/// of wall-clock and of CPU time.
+/// of wall-clock and of CPU time, and the part of it in the kernel.
 pub fn run_child(spec_text: &str) -> Result<(), String> {
     let s = ChildSpec::decode(spec_text)?;
     let (secs, cpu) = if s.system == "tcp" {
@@ -163,11 +163,11 @@ pub fn run_child(spec_text: &str) -> Result<(), String> {
     } else {
         clink_child(&s)?
     };
-    println!("alltoall-seconds {secs} {cpu}");
+    println!("alltoall-seconds {secs} {} {}", cpu.total, cpu.kernel);
     Ok(())
 }
 
-fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
+fn clink_child(s: &ChildSpec) -> Result<(f64, CpuTimes), String> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
     let mut ep = ctx.endpoint().map_err(|e| e.to_string())?;
     publish(&s.dir, &format!("addr.{}", s.rank), &ep.address())?;
@@ -194,7 +194,7 @@ fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
     // mapping's page faults), not the transport.
     let mut out: Vec<Vec<u8>> = others.iter().map(|_| vec![0u8; s.size]).collect();
     let mut bufs: Vec<Vec<u8>> = others.iter().map(|_| vec![0u8; s.size]).collect();
-    let cpu0 = process_cpu_secs();
+    let cpu0 = CpuTimes::now();
     let t = Instant::now();
     for round in 0..s.rounds {
         let tag = 2 + round;
@@ -226,7 +226,7 @@ fn clink_child(s: &ChildSpec) -> Result<(f64, f64), String> {
         }
     }
     let secs = t.elapsed().as_secs_f64();
-    let cpu = process_cpu_secs() - cpu0;
+    let cpu = CpuTimes::now().since(cpu0);
     barrier(s, "done")?;
     let st = ep.stats();
     // In COUNTER_NAMES' order.
@@ -250,7 +250,7 @@ fn drop_endpoint(mut ep: Endpoint) {
     ep.close();
 }
 
-fn tcp_child(s: &ChildSpec) -> Result<(f64, f64), String> {
+fn tcp_child(s: &ChildSpec) -> Result<(f64, CpuTimes), String> {
     let hosts: Vec<Ipv4Addr> = await_file(&s.dir, "hosts")?
         .lines()
         .map(|l| l.parse().map_err(|_| format!("bad host {l:?}")))
@@ -282,7 +282,7 @@ fn tcp_child(s: &ChildSpec) -> Result<(f64, f64), String> {
     // Per peer, a send and a receive buffer made once (as in the clink child).
     let mut out: Vec<Vec<u8>> = (0..s.n).map(|_| vec![0u8; s.size]).collect();
     let mut bufs: Vec<Vec<u8>> = (0..s.n).map(|_| vec![0u8; s.size]).collect();
-    let cpu0 = process_cpu_secs();
+    let cpu0 = CpuTimes::now();
     let t = Instant::now();
     for round in 0..s.rounds {
         std::thread::scope(|sc| -> Result<(), String> {
@@ -313,7 +313,7 @@ fn tcp_child(s: &ChildSpec) -> Result<(f64, f64), String> {
         })?;
     }
     let secs = t.elapsed().as_secs_f64();
-    let cpu = process_cpu_secs() - cpu0;
+    let cpu = CpuTimes::now().since(cpu0);
     barrier(s, "done")?;
     Ok((secs, cpu))
 }
@@ -354,8 +354,10 @@ pub fn run(
                     .collect();
                 eprintln!(
                     "alltoall {system} N={n} repetition {} (TCP congestion control {cc}): \
-                     {secs:.3} s, CPU {cpu:.2} s{}{}",
+                     {secs:.3} s, CPU {:.2} s ({:.2} in the kernel){}{}",
                     rep + 1,
+                    cpu.total,
+                    cpu.kernel,
                     if said.is_empty() {
                         ""
                     } else {
@@ -366,7 +368,8 @@ pub fn run(
                 if json {
                     let mut row = json!({"experiment": "alltoall", "system": system, "hosts": n,
                                "size": size, "rounds": rounds_each, "round": rep,
-                               "seconds": secs, "cpu_seconds": cpu, "placement": "bridge",
+                               "seconds": secs, "cpu_seconds": cpu.total,
+                               "kernel_seconds": cpu.kernel, "placement": "bridge",
                                "tcp_cc": cc});
                     for (k, v) in counters.iter().flat_map(|c| COUNTER_NAMES.iter().zip(c)) {
                         row[*k] = json!(v);
@@ -384,13 +387,17 @@ pub fn run(
         }
     }
     if !json {
-        println!("hosts  system     median s  (per repetition)  vs clink-tcp  vs tcp  CPU s (all)");
+        println!(
+            "hosts  system     median s  (per repetition)  vs clink-tcp  vs tcp  CPU s (all)  \
+             in the kernel"
+        );
         for &n in hosts {
             let of =
                 |sys: &'static str| rows.iter().filter(move |r| r.hosts == n && r.system == sys);
             for &system in systems {
                 let secs: Vec<f64> = of(system).map(|r| r.secs).collect();
-                let cpu: Vec<f64> = of(system).map(|r| r.cpu).collect();
+                let cpu: Vec<f64> = of(system).map(|r| r.cpu.total).collect();
+                let kernel: Vec<f64> = of(system).map(|r| r.cpu.kernel).collect();
                 // Per-repetition ratios against the baselines measured in the same
                 // repetition, then their median (a ratio > 1: faster than the baseline).
                 let ratio = |base: &'static str| {
@@ -402,12 +409,13 @@ pub fn run(
                 };
                 let per: Vec<String> = secs.iter().map(|x| format!("{x:.2}")).collect();
                 println!(
-                    "{n:>5}  {system:<9}  {:>8.3}  ({})  {:>11}  {:>6}  {:.2}",
+                    "{n:>5}  {system:<9}  {:>8.3}  ({})  {:>11}  {:>6}  {:>11.2}  {:.2}",
                     median(&secs).unwrap_or(f64::NAN),
                     per.join(" "),
                     ratio("clink-tcp"),
                     ratio("tcp"),
-                    median(&cpu).unwrap_or(f64::NAN)
+                    median(&cpu).unwrap_or(f64::NAN),
+                    median(&kernel).unwrap_or(f64::NAN)
                 );
             }
         }
@@ -460,14 +468,14 @@ struct Row {
     rep: u64,
     /// The slowest process's seconds.
     secs: f64,
-    /// All processes' CPU seconds.
-    cpu: f64,
+    /// All processes' CPU seconds, and the part of them in the kernel.
+    cpu: CpuTimes,
 }
 
-/// One run's figures: the slowest child's seconds, all children's CPU seconds, (clink
+/// One run's figures: the slowest child's seconds, all children's CPU times, (clink
 /// systems) the sum of their counters ([`COUNTER_NAMES`]) and the hosts' TCP congestion
 /// control.
-type RunFigures = (f64, f64, Option<[u64; COUNTER_NAMES.len()]>, String);
+type RunFigures = (f64, CpuTimes, Option<[u64; COUNTER_NAMES.len()]>, String);
 
 /// One run on a fresh bridge of `n` hosts, their TCP congestion control set to `tcp_cc`
 /// if given.
@@ -517,7 +525,7 @@ fn one_run(
         children.push(child);
     }
     let deadline = Instant::now() + CHILD_TIMEOUT;
-    let (mut worst, mut cpu) = (0.0f64, 0.0);
+    let (mut worst, mut cpu) = (0.0f64, CpuTimes::default());
     let mut counters = (system != "tcp").then_some([0u64; COUNTER_NAMES.len()]);
     for c in &mut children {
         if let Some(sum) = counters.as_mut() {
@@ -538,11 +546,13 @@ fn one_run(
         let line = c.read_prefixed("alltoall-seconds ", "alltoall child", "its time", deadline)?;
         let bad = || format!("bad times {line:?}");
         let mut f = line.split_whitespace().map(str::parse::<f64>);
-        let (Some(Ok(secs)), Some(Ok(c_cpu)), None) = (f.next(), f.next(), f.next()) else {
+        let (Some(Ok(secs)), Some(Ok(total)), Some(Ok(kernel)), None) =
+            (f.next(), f.next(), f.next(), f.next())
+        else {
             return Err(bad());
         };
         worst = worst.max(secs);
-        cpu += c_cpu;
+        cpu.add(CpuTimes { total, kernel });
     }
     for c in &mut children {
         c.wait(deadline)?;

@@ -12,8 +12,9 @@
 //!   acking (used for the untimed warm-up round only). A lossy channel that lost
 //!   data in this round answers `ACK_LOSSY` instead, and the client repeats the
 //!   round (up to [`CHECK_TRIES`] times) until one arrives whole and verified;
-//! - `CPU`: the server answers with 8 bytes, the CPU seconds (f64 bits) its
-//!   process used during the `BW` rounds since the previous `CPU` command;
+//! - `CPU`: the server answers with 16 bytes, the CPU seconds (f64 bits) its
+//!   process used during the `BW` rounds since the previous `CPU` command, then
+//!   the part of them spent in the kernel;
 //! - `DONE`: the server returns.
 //!
 //! CPU accounting: each side reads its own process CPU time
@@ -23,6 +24,10 @@
 //! client asks for the server's sum with `CPU`, and the row's `cpu_s_per_gb` is
 //! (client + server CPU seconds) / GB received. In busy mode both sides spin,
 //! so it is about 2 / (GB/s); blocking mode shows what the work really costs.
+//! `kernel_s_per_gb` is the part of it in the kernel (system time, from
+//! `/proc/self/stat`, in the kernel's clock ticks of 10 ms: a figure over the
+//! whole timed rounds, not per repetition), softirq work done on the process's
+//! CPU while it ran included (this kernel does not account interrupt time apart).
 //!
 //! Buffers are allocated once per size and written before use, so their pages
 //! are resident; one buffer per side is reused for every message of a size.
@@ -99,6 +104,54 @@ pub fn process_cpu_secs() -> f64 {
     cpu_secs(rustix::time::ClockId::ProcessCPUTime)
 }
 
+/// CPU seconds this process has used so far, and the part of them in the kernel.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuTimes {
+    /// All CPU seconds (`CLOCK_PROCESS_CPUTIME_ID`).
+    pub total: f64,
+    /// System seconds (`/proc/self/stat`; 0 where it cannot be read).
+    pub kernel: f64,
+}
+
+impl CpuTimes {
+    /// This process's times now.
+    pub fn now() -> CpuTimes {
+        let kernel = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|s| system_ticks(&s))
+            .map_or(0.0, |t| {
+                t as f64 / rustix::param::clock_ticks_per_second() as f64
+            });
+        CpuTimes {
+            total: process_cpu_secs(),
+            kernel,
+        }
+    }
+
+    /// The times from `earlier` to `self`.
+    pub fn since(self, earlier: CpuTimes) -> CpuTimes {
+        CpuTimes {
+            total: self.total - earlier.total,
+            kernel: self.kernel - earlier.kernel,
+        }
+    }
+
+    /// Adds `d` to these times.
+    pub fn add(&mut self, d: CpuTimes) {
+        self.total += d.total;
+        self.kernel += d.kernel;
+    }
+}
+
+/// The system time (`stime`, field 15, in clock ticks) of a `/proc/PID/stat` line. The
+/// command name (field 2) is in parentheses and may hold spaces and parentheses itself:
+/// the fields are counted from the last `)`.
+fn system_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After the name: state is field 3, so stime (15) is the 13th.
+    rest.split_ascii_whitespace().nth(12)?.parse().ok()
+}
+
 /// CPU seconds the calling thread has used so far.
 pub fn thread_cpu_secs() -> f64 {
     cpu_secs(rustix::time::ClockId::ThreadCPUTime)
@@ -128,7 +181,7 @@ fn decode_ack(ack: &[u8; ACK_LEN]) -> (u64, u64) {
 pub fn serve(ch: &mut dyn Channel) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     let mut cmd = [0u8; CMD_LEN];
-    let mut cpu_secs = 0.0f64;
+    let mut cpu = CpuTimes::default();
     loop {
         ch.recv(&mut cmd)?;
         let (op, size, count) = decode_cmd(&cmd)?;
@@ -145,7 +198,7 @@ pub fn serve(ch: &mut dyn Channel) -> io::Result<()> {
                 }
             }
             OP_BW | OP_BW_CHECK => {
-                let cpu0 = process_cpu_secs();
+                let cpu0 = CpuTimes::now();
                 ch.recv_stream(&mut buf, count)?;
                 let sent = (size as u64).saturating_mul(count as u64);
                 let received = ch.stream_received().unwrap_or(sent);
@@ -164,12 +217,15 @@ pub fn serve(ch: &mut dyn Channel) -> io::Result<()> {
                 };
                 ch.send(&encode_ack(status, received))?;
                 if op == OP_BW {
-                    cpu_secs += process_cpu_secs() - cpu0;
+                    cpu.add(CpuTimes::now().since(cpu0));
                 }
             }
             OP_CPU => {
-                ch.send(&cpu_secs.to_bits().to_le_bytes())?;
-                cpu_secs = 0.0;
+                let mut answer = [0u8; 16];
+                answer[..8].copy_from_slice(&cpu.total.to_bits().to_le_bytes());
+                answer[8..].copy_from_slice(&cpu.kernel.to_bits().to_le_bytes());
+                ch.send(&answer)?;
+                cpu = CpuTimes::default();
             }
             other => return Err(bad_data(format!("unknown command op {other}"))),
         }
@@ -225,6 +281,7 @@ fn base_row(ch: &dyn Channel, label: &RowLabel<'_>, metric: Metric, size: usize)
         placement: HOST_PLACEMENT.to_string(),
         mtu: None,
         cpu_s_per_gb: None,
+        kernel_s_per_gb: None,
         lost_pct: None,
         loss_pct: None,
         rate: None,
@@ -328,11 +385,19 @@ fn stream_once(ch: &mut dyn Channel, buf: &[u8], count: usize, check: bool) -> i
 }
 
 /// Asks the server for its CPU seconds in `BW` rounds since the last ask.
-fn server_cpu_secs(ch: &mut dyn Channel) -> io::Result<f64> {
+fn server_cpu(ch: &mut dyn Channel) -> io::Result<CpuTimes> {
     ch.send(&encode_cmd(OP_CPU, 0, 0))?;
-    let mut answer = [0u8; 8];
+    let mut answer = [0u8; 16];
     ch.recv(&mut answer)?;
-    Ok(f64::from_bits(u64::from_le_bytes(answer)))
+    let word = |k: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&answer[8 * k..8 * k + 8]);
+        f64::from_bits(u64::from_le_bytes(w))
+    };
+    Ok(CpuTimes {
+        total: word(0),
+        kernel: word(1),
+    })
 }
 
 fn bandwidth(
@@ -369,18 +434,18 @@ fn bandwidth(
     let count = iters_for(plan.bw_rep_time, per_msg, 1, BW_MAX_COUNT)
         .max(plan.bw_min_bytes.div_ceil(size).min(BW_MAX_COUNT));
     // Discard the server's CPU time of the warm-up rounds.
-    server_cpu_secs(ch)?;
+    server_cpu(ch)?;
     let mut gbs = Vec::with_capacity(plan.bw_reps);
-    let mut client_cpu = 0.0;
+    let mut client_cpu = CpuTimes::default();
     let mut received = 0u64;
     for _ in 0..plan.bw_reps {
-        let cpu0 = process_cpu_secs();
+        let cpu0 = CpuTimes::now();
         let r = stream_once(ch, &buf, count, false)?;
-        client_cpu += process_cpu_secs() - cpu0;
+        client_cpu.add(CpuTimes::now().since(cpu0));
         received += r.received;
         gbs.push(r.received as f64 / r.elapsed.as_secs_f64().max(1e-9) / 1e9);
     }
-    let server_cpu = server_cpu_secs(ch)?;
+    let server_cpu = server_cpu(ch)?;
     let sent = size as f64 * count as f64 * plan.bw_reps as f64;
     let mut row = base_row(ch, label, Metric::BandwidthGbs, size);
     row.median = median(&gbs).unwrap_or(f64::NAN);
@@ -389,7 +454,9 @@ fn bandwidth(
     row.iterations = count as u64;
     row.reps = plan.bw_reps as u64;
     if received > 0 {
-        row.cpu_s_per_gb = Some((client_cpu + server_cpu) / (received as f64 / 1e9));
+        let gb = received as f64 / 1e9;
+        row.cpu_s_per_gb = Some((client_cpu.total + server_cpu.total) / gb);
+        row.kernel_s_per_gb = Some((client_cpu.kernel + server_cpu.kernel) / gb);
     }
     // (A reliable channel reports no count: `received` is then what was sent.)
     if !ch.reliable() {
@@ -474,6 +541,21 @@ mod tests {
             "{:?}",
             rows[2]
         );
+        assert!(
+            rows[2].kernel_s_per_gb.is_some_and(|k| k >= 0.0),
+            "{:?}",
+            rows[2]
+        );
         assert_eq!(rows[2].lost_pct, None);
+    }
+
+    #[test]
+    fn system_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        let line = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194304 100 0 0 0 37 1234 0 0 20 0 1 0";
+        assert_eq!(system_ticks(line), Some(1234));
+        assert_eq!(system_ticks("4242 (cut) S 1 2"), None);
+        assert_eq!(system_ticks("no name at all"), None);
+        let mine = std::fs::read_to_string("/proc/self/stat").expect("procfs");
+        assert!(system_ticks(&mine).is_some(), "{mine}");
     }
 }

@@ -4,7 +4,8 @@
 //! JSON fields added after the first version (readers of older rows get the
 //! defaults): `placement` (`host` or `netns`; default `host`), `mtu` (veth MTU,
 //! netns rows only), `cpu_s_per_gb` (bandwidth rows of systems the harness drives
-//! itself: client + server CPU seconds per GB received) and `lost_pct` (bandwidth
+//! itself: client + server CPU seconds per GB received), `kernel_s_per_gb` (the part of
+//! those in the kernel) and `lost_pct` (bandwidth
 //! rows of unreliable channels: percent of the bytes sent that never arrived),
 //! `loss_pct` and `rate` (bridge rows: the random loss into each host, and its input
 //! link's rate limit if any).
@@ -93,6 +94,8 @@ pub struct Row {
     /// Bandwidth rows: CPU seconds of client + server per GB received during the
     /// timed rounds (`None` for external tools).
     pub cpu_s_per_gb: Option<f64>,
+    /// Bandwidth rows: the part of `cpu_s_per_gb` spent in the kernel (system time).
+    pub kernel_s_per_gb: Option<f64>,
     /// Bandwidth rows of unreliable channels: percent of the bytes sent that were lost.
     pub lost_pct: Option<f64>,
     /// Bridge rows: percent of packets dropped at random on the way into each host.
@@ -135,6 +138,7 @@ impl Row {
             placement: HOST_PLACEMENT.into(),
             mtu: None,
             cpu_s_per_gb: None,
+            kernel_s_per_gb: None,
             lost_pct: None,
             loss_pct: None,
             rate: None,
@@ -170,6 +174,9 @@ impl Row {
         }
         if self.cpu_s_per_gb.is_some() {
             obj.insert("cpu_s_per_gb".into(), num(self.cpu_s_per_gb));
+        }
+        if self.kernel_s_per_gb.is_some() {
+            obj.insert("kernel_s_per_gb".into(), num(self.kernel_s_per_gb));
         }
         if self.lost_pct.is_some() {
             obj.insert("lost_pct".into(), num(self.lost_pct));
@@ -251,6 +258,7 @@ impl Row {
                 .and_then(Value::as_u64)
                 .and_then(|m| u32::try_from(m).ok()),
             cpu_s_per_gb: opt_f64("cpu_s_per_gb")?,
+            kernel_s_per_gb: opt_f64("kernel_s_per_gb")?,
             lost_pct: opt_f64("lost_pct")?,
             loss_pct: opt_f64("loss_pct")?,
             rate: obj.get("rate").and_then(Value::as_str).map(str::to_string),
@@ -274,7 +282,7 @@ fn num(v: Option<f64>) -> Value {
 }
 
 /// Merges the rows of several rounds: one row per (placement, mtu, system, mode,
-/// metric, size) whose `median`, `p99`, `cpu_s_per_gb` and `lost_pct` are the
+/// metric, size) whose `median`, `p99`, `cpu_s_per_gb`, `kernel_s_per_gb` and `lost_pct` are the
 /// medians over the rounds and whose `min` / `max` are the extremes. Rows keep
 /// their first-seen order.
 pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
@@ -304,6 +312,7 @@ pub fn merge_rounds(rows: &[Row]) -> Vec<Row> {
         merged.min = collect(&|r| r.min).into_iter().reduce(f64::min);
         merged.max = collect(&|r| r.max).into_iter().reduce(f64::max);
         merged.cpu_s_per_gb = median(&collect(&|r| r.cpu_s_per_gb));
+        merged.kernel_s_per_gb = median(&collect(&|r| r.kernel_s_per_gb));
         merged.lost_pct = median(&collect(&|r| r.lost_pct));
         out.push(merged);
     }
@@ -507,6 +516,14 @@ fn render_group(rows: &[Row]) -> String {
              sides: ~2 / GB/s)\n",
         );
         out.push_str(&cpu);
+        out.push('\n');
+    }
+    let kernel = render_grid(&with_cpu, Metric::BandwidthGbs, |r| {
+        r.kernel_s_per_gb.map(fmt_num).unwrap_or_else(|| "-".into())
+    });
+    if with_cpu.iter().any(|r| r.kernel_s_per_gb.is_some()) {
+        out.push_str("of which in the kernel (system time, softirq work included)\n");
+        out.push_str(&kernel);
         out.push('\n');
     }
     let lossy: Vec<String> = rows
@@ -808,6 +825,7 @@ mod tests {
             placement: NETNS_PLACEMENT.into(),
             mtu: Some(9000),
             cpu_s_per_gb: Some(0.42),
+            kernel_s_per_gb: Some(0.25),
             lost_pct: Some(0.5),
             ..lat_row()
         };
@@ -816,6 +834,7 @@ mod tests {
         assert_eq!(v["placement"], "netns");
         assert_eq!(v["mtu"], 9000);
         assert_eq!(v["cpu_s_per_gb"], 0.42);
+        assert_eq!(v["kernel_s_per_gb"], 0.25);
         assert_eq!(Row::from_json(&line), Ok(row));
         // A host latency row has no mtu / cpu / loss fields; an old row has no placement.
         let v: Value = serde_json::from_str(&lat_row().to_json()).expect("json");
@@ -841,6 +860,7 @@ mod tests {
             placement: placement.into(),
             mtu,
             cpu_s_per_gb: cpu,
+            kernel_s_per_gb: cpu.map(|c| c / 2.0),
             ..lat_row()
         };
         let rows = vec![
@@ -854,6 +874,8 @@ mod tests {
         assert!(text.contains("MTU 9000"), "{text}");
         assert!(text.contains("CPU seconds per GB"), "{text}");
         assert!(text.contains("0.70"), "{text}");
+        assert!(text.contains("of which in the kernel"), "{text}");
+        assert!(text.contains("0.35"), "{text}");
         assert_eq!(merge_rounds(&rows).len(), 4);
     }
 }
