@@ -465,3 +465,44 @@ fn congestion_still_backs_off_when_random_loss_is_tolerated() {
     );
     assert!(gp > 100.0, "{gp:.1} MB/s of a 125 MB/s link");
 }
+
+/// A lossless stream through a 1 GB/s link with a deep queue (50 ms, never full), with
+/// the transport's window limits (16 MiB of packets either way), under `floor`: the
+/// sender's stats, the goodput in MB/s and the network's queue drops.
+fn deep_queue_stream(floor: u64) -> (clink_proto::reliable::Stats, f64, u64) {
+    let net = NetConfig {
+        seed: 8,
+        bytes_per_us: 1000,
+        max_queue_delay: 50_000_000,
+        ..NetConfig::default()
+    };
+    let cfg = Config {
+        recv_window: 1 << 16,
+        max_cwnd: (16 << 20) / 1408,
+        slow_start_floor: floor,
+        recv_buffer_bytes: 64 << 20,
+        ..Config::default()
+    };
+    let mut p = pair(cfg, net);
+    let o = transfer(&mut p, 512, 4, 16 << 20, 600 * SEC, |_| 64 << 10);
+    let gp = o.bytes as f64 / (o.virtual_ns as f64 / 1e3);
+    (p.a.stats(), gp, p.stats.queue_drops)
+}
+
+#[test]
+fn slow_start_ends_where_a_queue_builds() {
+    // Capacity: 100 us x 1000 B/us = 100 KB. The RTT shows a queue from about 600 us
+    // (the congestion test: 4x the minimum and 0.5 ms above it), about 430 packets in
+    // flight; after that the window grows by one per round trip.
+    let (s, gp, drops) = deep_queue_stream(Config::default().slow_start_floor);
+    println!("deep queue: {gp:.0} MB/s, {s:?}");
+    assert_eq!(drops, 0);
+    assert!(s.slow_start_exits >= 1, "{s:?}");
+    assert!(s.cwnd < 2000, "window {} of {}", s.cwnd, (16 << 20) / 1408);
+    assert!(s.srtt_ns < 3_000_000, "a queue of {} us", s.srtt_ns / 1000);
+    assert!(gp > 900.0, "{gp:.0} MB/s of a 1000 MB/s link");
+    // Without the exit the window runs to its maximum and the queue to 16 ms.
+    let (s, _, _) = deep_queue_stream(u64::MAX);
+    assert_eq!(s.slow_start_exits, 0);
+    assert!(s.srtt_ns > 10_000_000, "{s:?}");
+}

@@ -360,6 +360,13 @@ impl Conn {
         factor != 0 && r.has && r.srtt < queue_at
     }
 
+    /// Whether the smoothed RTT shows a queue: the test [`Conn::no_queue`] makes, failed
+    /// on a sample rather than for want of one (false before an RTT sample and when the
+    /// test is off).
+    pub(super) fn queued(&self) -> bool {
+        self.cfg.congestion_rtt_factor != 0 && self.rtt.has && !self.no_queue()
+    }
+
     /// Is this loss random rather than congestion? See the module docs.
     pub(super) fn random_loss(&self) -> bool {
         if !self.no_queue() {

@@ -538,7 +538,12 @@ impl Conn {
                 // Above the threshold the window grows by one per window only while the
                 // RTT shows a queue: with none, the link has room, and a window cut by
                 // a loss that only looked like congestion comes back in a few round trips.
-                if self.cwnd < self.ssthresh || self.no_queue() {
+                let slow_start = self.cwnd < self.ssthresh;
+                if slow_start && self.cwnd >= self.cfg.slow_start_floor && self.queued() {
+                    // Slow start ends where a queue builds (see the module docs).
+                    self.ssthresh = self.cwnd;
+                    self.stats.slow_start_exits += 1;
+                } else if slow_start || self.no_queue() {
                     self.cwnd = (self.cwnd + newly).min(self.cfg.max_cwnd);
                 } else {
                     self.cwnd_acc += newly;
