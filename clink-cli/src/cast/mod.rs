@@ -116,11 +116,10 @@ const REPORT_LINGER: Duration = Duration::from_secs(5);
 /// Longest sleep of a waiting loop between looks at its requests.
 const POLL_MS: i32 = 50;
 /// The largest write a node makes into its output file: a chunk is written in pieces of
-/// this size. Whole 1 MiB writes (and 256 KiB pieces) took a busy chain several times as
-/// long in the kernel's page-cache copy as 16 or 64 KiB pieces, and on the Intel Xeon VM
-/// 64 KiB pieces still took ten times as long as 16 KiB ones there (the same copy costs a
-/// lone writer no more with 64 KiB pieces: larger writes get larger page-cache folios,
-/// whose allocation in a busy machine is the likely cause; BENCHMARKS.md, "clink cast").
+/// this size. In a busy chain the kernel's page-cache copy costs more per byte the larger
+/// the write (larger writes get larger page-cache folios, the likely cause), though not
+/// for a lone writer; 16 KiB is the size where it stopped mattering (BENCHMARKS.md, "clink
+/// cast").
 const WRITE_PIECE: usize = 16 << 10;
 
 /// `clink cast` arguments.
