@@ -25,9 +25,10 @@
 //! (client + server CPU seconds) / GB received. In busy mode both sides spin,
 //! so it is about 2 / (GB/s); blocking mode shows what the work really costs.
 //! `kernel_s_per_gb` is the part of it in the kernel (system time, from
-//! `/proc/self/stat`, in the kernel's clock ticks of 10 ms: a figure over the
-//! whole timed rounds, not per repetition), softirq work done on the process's
-//! CPU while it ran included (this kernel does not account interrupt time apart).
+//! `/proc/self/stat`, read around the same rounds: in clock ticks of 10 ms, so
+//! each read is good to about a tick and the figure to a tick per round and
+//! side), softirq work done on the process's CPU while it ran included (kernels
+//! without interrupt-time accounting count it as the process's).
 //!
 //! Buffers are allocated once per size and written before use, so their pages
 //! are resident; one buffer per side is reused for every message of a size.
