@@ -246,12 +246,7 @@ fn wait_up(ip: &Path, ns: &str, dev: &str, deadline: Instant) -> io::Result<()> 
 /// removed ([`remove_stale`]), a fresh name stem `clink-<kind><pid>-<random>`, the random
 /// number, and the third byte X of the addresses (1..=250) taken from it.
 fn fresh_names(kind: &str) -> io::Result<(PathBuf, String, u32, u8)> {
-    let ip = ip_binary().ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            "the `ip` program (iproute2) is not installed",
-        )
-    })?;
+    let ip = require_ip()?;
     remove_stale(&ip);
     let rand = sys::random_u128().map(|r| r as u32)?;
     let base = format!("{NAME_PREFIX}{kind}{}-{rand:08x}", std::process::id());
@@ -291,6 +286,16 @@ fn link_state(line: &str) -> Option<&str> {
     let mut words = line.split_whitespace();
     words.find(|&w| w == "state")?;
     words.next()
+}
+
+/// [`ip_binary`], or an error saying it is not installed.
+fn require_ip() -> io::Result<PathBuf> {
+    ip_binary().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the `ip` program (iproute2) is not installed",
+        )
+    })
 }
 
 /// Full path of iproute2's `ip`: from `PATH`, else the usual sbin locations.

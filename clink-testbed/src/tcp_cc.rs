@@ -6,9 +6,8 @@
 //! machine dearly. Benchmarks report what was in force and can set it.
 
 use std::io;
-use std::process::Command;
 
-use crate::ip_binary;
+use crate::{require_ip, run_ip_output};
 
 /// The setting, as a process inside a namespace sees it.
 const KNOB: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
@@ -17,17 +16,8 @@ const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
 
 /// Reads `path` from inside namespace `ns`.
 fn read_in(ns: &str, path: &str) -> io::Result<String> {
-    let ip = ip_binary().ok_or_else(|| io::Error::other("`ip` (iproute2) not found"))?;
-    let out = Command::new(ip)
-        .args(["netns", "exec", ns, "cat", path])
-        .output()?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "reading {path} in namespace {ns}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = run_ip_output(&require_ip()?, &["netns", "exec", ns, "cat", path])?;
+    Ok(out.trim().to_string())
 }
 
 /// The congestion control TCP sockets in namespace `ns` get.
@@ -45,24 +35,13 @@ pub fn set_tcp_cc(ns: &str, cc: &str) -> io::Result<()> {
             format!("{cc:?} is not a congestion control's name"),
         ));
     }
-    let ip = ip_binary().ok_or_else(|| io::Error::other("`ip` (iproute2) not found"))?;
     // (`cc` is checked above: nothing in it the shell would read.)
-    let out = Command::new(ip)
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "sh",
-            "-c",
-            &format!("echo {cc} > {KNOB}"),
-        ])
-        .output()?;
-    if !out.status.success() {
+    let script = format!("echo {cc} > {KNOB}");
+    if let Err(e) = run_ip_output(&require_ip()?, &["netns", "exec", ns, "sh", "-c", &script]) {
         let offered = read_in(ns, AVAILABLE).unwrap_or_default();
         return Err(io::Error::other(format!(
             "cannot set TCP congestion control {cc} in namespace {ns} (the kernel offers: \
-             {offered}): {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+             {offered}): {e}"
         )));
     }
     match tcp_cc(ns)? {

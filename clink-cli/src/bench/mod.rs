@@ -531,22 +531,20 @@ impl Where {
                 rate: None,
                 tcp_cc: None,
             },
-            Some(n) => match n.bridge() {
-                None => Where {
-                    placement: NETNS_PLACEMENT,
+            Some(n) => {
+                let bridge = n.bridge().map(|b| b.spec());
+                Where {
+                    placement: if bridge.is_some() {
+                        BRIDGE_PLACEMENT
+                    } else {
+                        NETNS_PLACEMENT
+                    },
                     mtu: Some(n.mtu()),
-                    loss_pct: None,
-                    rate: None,
+                    loss_pct: bridge.map(|s| s.loss_pct),
+                    rate: bridge.and_then(|s| s.rate.clone()),
                     tcp_cc: n.tcp_cc().ok(),
-                },
-                Some(b) => Where {
-                    placement: BRIDGE_PLACEMENT,
-                    mtu: Some(n.mtu()),
-                    loss_pct: Some(b.spec().loss_pct),
-                    rate: b.spec().rate.clone(),
-                    tcp_cc: n.tcp_cc().ok(),
-                },
-            },
+                }
+            }
         }
     }
 }

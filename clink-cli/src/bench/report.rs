@@ -518,10 +518,10 @@ fn render_group(rows: &[Row]) -> String {
         out.push_str(&cpu);
         out.push('\n');
     }
-    let kernel = render_grid(&with_cpu, Metric::BandwidthGbs, |r| {
-        r.kernel_s_per_gb.map(fmt_num).unwrap_or_else(|| "-".into())
-    });
     if with_cpu.iter().any(|r| r.kernel_s_per_gb.is_some()) {
+        let kernel = render_grid(&with_cpu, Metric::BandwidthGbs, |r| {
+            r.kernel_s_per_gb.map(fmt_num).unwrap_or_else(|| "-".into())
+        });
         out.push_str("of which in the kernel (system time, softirq work included)\n");
         out.push_str(&kernel);
         out.push('\n');

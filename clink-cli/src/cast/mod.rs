@@ -118,7 +118,7 @@ const POLL_MS: i32 = 50;
 /// The largest write a node makes into its output file: a chunk is written in pieces of
 /// this size. In a busy chain the kernel's page-cache copy costs more per byte the larger
 /// the write (larger writes get larger page-cache folios, the likely cause), though not
-/// for a lone writer; 16 KiB is the size where it stopped mattering (BENCHMARKS.md, "clink
+/// for a lone writer; of 4, 16 and 64 KiB pieces, 16 KiB did best (BENCHMARKS.md, "clink
 /// cast").
 const WRITE_PIECE: usize = 16 << 10;
 
