@@ -134,7 +134,8 @@ impl Placement {
             return Mark::Invalid;
         }
         let i = hdr.offset / self.frag;
-        if i >= self.fragments() || self.fragment(i).1 != len {
+        // (`offset < total`: `i` below the fragment count, without a second division.)
+        if hdr.offset >= self.total || self.fragment(i).1 != len {
             return Mark::Invalid;
         }
         if i >= self.tracked {
@@ -333,20 +334,24 @@ pub enum Check {
 }
 
 /// Verifies a candidate: `header` from its header slot, `payload` as it landed in the
-/// destination at `offset` (the offset the slot was armed for). A hit needs a valid bulk
+/// destination at `offset` (the fragment offset the slot was armed for). A hit needs a valid bulk
 /// datagram of the expected connection and transfer, for exactly that offset, with a
 /// payload of the fragment's length.
 pub fn check(e: &Expect, offset: u64, header: &[u8], payload: &[u8]) -> Check {
+    debug_assert!(
+        offset.is_multiple_of(e.frag),
+        "armed at a fragment's offset"
+    );
     match parse_bulk(e.ctx, header, payload) {
         Ok(h)
             if h.xfer == wire_xfer(e.xfer)
                 && h.offset < e.total
-                && h.offset.is_multiple_of(e.frag)
                 && (e.total - h.offset).min(e.frag) == payload.len() as u64 =>
         {
+            // The armed offset is a fragment's: only another one needs the division.
             if h.offset == offset {
                 Check::Hit(h)
-            } else if h.offset + payload.len() as u64 <= e.cap {
+            } else if h.offset.is_multiple_of(e.frag) && h.offset + payload.len() as u64 <= e.cap {
                 Check::Displaced(h)
             } else {
                 Check::Miss

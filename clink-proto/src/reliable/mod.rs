@@ -489,6 +489,9 @@ impl Item {
 struct Queued {
     item: Item,
     next_off: u64,
+    /// Fragments handed out so far (`next_off` / the fragment size, counted rather than
+    /// divided: a 64-bit division per fragment).
+    next_seq: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -616,6 +619,9 @@ pub struct Conn {
     send_bytes: usize,
     next_msg_id: u64,
     next_pn: u64,
+    /// One past the newest message packet (bulk fragments are never repeated: the walk of
+    /// [`Conn::repeat_end`]'s callers stops here, not at `next_pn`).
+    msg_pn_end: u64,
     snd_una: u64,
     sent: VecDeque<Sent>,
     tx_order: VecDeque<(u64, u64)>,
@@ -745,6 +751,7 @@ impl Conn {
             send_bytes: 0,
             next_msg_id: 0,
             next_pn: 0,
+            msg_pn_end: 0,
             snd_una: 0,
             sent: VecDeque::new(),
             tx_order: VecDeque::new(),

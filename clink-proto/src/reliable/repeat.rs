@@ -59,6 +59,13 @@ impl Conn {
         self.next_pn
     }
 
+    /// One past the newest packet [`Conn::repeat_of`] can return (every packet from here
+    /// to [`Conn::next_pn`] is a bulk fragment): a caller walking back for copies to
+    /// repeat starts here.
+    pub fn repeat_end(&self) -> u64 {
+        self.msg_pn_end
+    }
+
     /// Packet `pn` as someone else may repeat it: `Some` for a message fragment sent and
     /// not acknowledged (nor abandoned), `None` for anything else (a bulk fragment, a
     /// packet acknowledged, one never sent).

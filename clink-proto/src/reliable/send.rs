@@ -60,6 +60,7 @@ impl Conn {
         self.send_queue.push_back(Queued {
             item: Item::Msg(msg),
             next_off: 0,
+            next_seq: 0,
         });
         Ok(MsgId(id))
     }
@@ -86,6 +87,7 @@ impl Conn {
         self.send_queue.push_back(Queued {
             item: Item::Bulk { xfer, total: len },
             next_off: 0,
+            next_seq: 0,
         });
         Ok(())
     }
@@ -321,7 +323,7 @@ impl Conn {
         if hold_bulk && matches!(q.item, Item::Bulk { .. }) {
             return None;
         }
-        if matches!(q.item, Item::Bulk { .. }) && (q.next_off / frag).is_multiple_of(group) {
+        if matches!(q.item, Item::Bulk { .. }) && q.next_seq.is_multiple_of(group) {
             // Start a group only when all of it can go at once (capped by what the window
             // and the peer's whole credit could ever allow, so this never deadlocks).
             let need = group
@@ -340,7 +342,7 @@ impl Conn {
         // (A message's fragments need no division: they go in order, in no group.)
         let (opens_group, offset) = match q.item {
             Item::Bulk { .. } => {
-                let seq = q.next_off / frag;
+                let seq = q.next_seq;
                 // Within the configured groups, not the current ones: a stream that goes
                 // from slow (single fragments, misordered in pairs) to fast mid-transfer
                 // would otherwise mix two permutations, which for odd groups send some
@@ -356,6 +358,7 @@ impl Conn {
         };
         let len = (total - offset).min(frag);
         q.next_off += (total - q.next_off).min(frag);
+        q.next_seq += 1;
         let closes_item = q.next_off >= total;
         let item = if closes_item {
             self.send_queue.pop_front().expect("front exists").item
@@ -364,6 +367,9 @@ impl Conn {
         };
         let pn = self.next_pn;
         self.next_pn += 1;
+        if !item.is_bulk() {
+            self.msg_pn_end = self.next_pn;
+        }
         self.sent.push_back(Sent {
             item,
             offset,

@@ -111,7 +111,8 @@ impl Standing {
         // messages sends a dozen datagrams a message, most of which would be pushed out
         // again within the same call), appending, then put what was appended in order.
         let start = l.len();
-        let mut pn = conn.next_pn();
+        // (Bulk fragments after the newest message are never repeated: not walked.)
+        let mut pn = conn.repeat_end();
         while pn > from.max(floor) && l.len() - start < MAX_REPEATS {
             pn -= 1;
             l.extend(conn.repeat_of(pn));
