@@ -34,6 +34,22 @@ fn connect_choice(prefer_tcp: bool, force_net: bool, udp: bool, tcp: bool) -> St
     }
 }
 
+/// The congestion control clink's TCP connections run, and where it comes from.
+fn congestion(t: &clink::config::TcpConfig) -> String {
+    use clink::transport::tcp::{congestion_controls, host_congestion_control};
+    let offered = congestion_controls();
+    match (&t.congestion, host_congestion_control()) {
+        (Some(cc), _) => format!("{cc} (CLINK_TCP_CC; the kernel offers {offered})"),
+        (None, Ok(host)) if host == "bbr" => format!(
+            "bbr, the host's (net.ipv4.tcp_congestion_control); without an fq qdisc to pace for it (veth pairs, bridges) each connection paces with a timer of its own, several times slower than cubic on a VM: CLINK_TCP_CC=cubic chooses another (the kernel offers {offered})"
+        ),
+        (None, Ok(host)) => format!(
+            "{host}, the host's (net.ipv4.tcp_congestion_control; CLINK_TCP_CC chooses another of {offered})"
+        ),
+        (None, Err(e)) => format!("the host's (not readable: {e})"),
+    }
+}
+
 /// Prints configuration, measured costs and the thresholds derived from them.
 pub fn run() -> Result<(), String> {
     let ctx = Context::new().map_err(|e| e.to_string())?;
@@ -96,6 +112,12 @@ pub fn run() -> Result<(), String> {
             None => "off (CLINK_TCP=off)".into(),
         }
     );
+    if let Some(t) = &cfg.tcp {
+        println!(
+            "                    tcp congestion control: {}",
+            congestion(t)
+        );
+    }
     let devices = cfg
         .udp
         .as_ref()

@@ -38,6 +38,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("CLINK_TCP", "'on' (default): offer the TCP transport (a listening socket, advertised as tcp=IP:port); 'off': no TCP"),
     ("CLINK_TCP_BIND", "IP address:port the TCP listening socket binds (default 0.0.0.0:0: every interface, all of whose addresses are advertised; see CLINK_NET_DEVICES)"),
     ("CLINK_TCP_SPECULATE", "'1' (default): read rendezvous payloads over TCP speculatively, straight into the posted buffer; '0': through the receive buffer and one copy"),
+    ("CLINK_TCP_CC", "the congestion control of this endpoint's TCP connections, a name the kernel offers (net.ipv4.tcp_available_congestion_control, e.g. 'cubic'); default: the host's (net.ipv4.tcp_congestion_control). A name the kernel refuses fails the endpoint's creation. Where the host's is bbr and no fq qdisc paces for it (veth pairs, bridges), every connection paces itself with a timer of its own, which held kernel TCP and clink's TCP links several times below cubic on a VM (BENCHMARKS.md)"),
     ("CLINK_NET_DEAD_MS", "silence after which a network peer (UDP or TCP) is declared dead, milliseconds (default 2000); keepalives every quarter of it"),
     ("CLINK_NET_DEVICES", "which interfaces' addresses the network transports advertise when bound to all interfaces: interface names and IPv4 or IPv6 subnets, comma-separated, in order of preference (e.g. 'eth1', '10.1.0.0/16' or 'fd00:1::/64'); default: every non-loopback IPv4 interface that is up (IPv6 ones on a host without IPv4). A list nothing matches is an error naming the interfaces there are. A connecting peer picks the advertised address on a subnet it shares"),
     ("CLINK_UDP_FALLBACK_MS", "how long a connect waits for the peer's UDP welcome before it gives UDP up and connects over TCP, when the peer's address offers TCP too (a firewall that drops UDP), milliseconds (default 1000, or 0 with CLINK_TRANSPORT=udp; 0: never, UDP until CLINK_CONNECT_TIMEOUT_MS); once the TCP connection is made (the path works), UDP gets 300 ms more, its hello repeated, before TCP is used; the attempt given up leaves no peer behind at the other end"),
@@ -238,6 +239,22 @@ impl Config {
                     })?
                 }
                 "CLINK_TCP_SPECULATE" => tcp.speculate = flag(&k, &v)?,
+                "CLINK_TCP_CC" => {
+                    let name = v.trim();
+                    // TCP_CA_NAME_MAX is 16 with the terminating zero.
+                    let ok = (1..=15).contains(&name.len())
+                        && name
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                    if !ok {
+                        return Err(bad(
+                            &k,
+                            &v,
+                            "expected a congestion control's name (1-15 letters, digits, '_' or '-'), e.g. 'cubic'",
+                        ));
+                    }
+                    tcp.congestion = Some(name.to_string());
+                }
                 "CLINK_UDP_MTU" => udp.mtu = Some(num(&k, &v, 576, 65536)? as usize),
                 "CLINK_UDP_RELIABLE" => udp.reliable = flag(&k, &v)?,
                 "CLINK_UDP_SPECULATE" => udp.speculate = flag(&k, &v)?,
@@ -362,13 +379,14 @@ mod tests {
             ("CLINK_TRANSPORT", "tcp"),
             ("CLINK_TCP_BIND", "127.0.0.1:0"),
             ("CLINK_TCP_SPECULATE", "0"),
+            ("CLINK_TCP_CC", " cubic "),
         ]))
         .unwrap();
         assert!(t.force_net && t.prefer_tcp);
         let tc = t.tcp.unwrap();
         assert_eq!(
-            (tc.bind.to_string(), tc.speculate),
-            ("127.0.0.1:0".into(), false)
+            (tc.bind.to_string(), tc.speculate, tc.congestion.as_deref()),
+            ("127.0.0.1:0".into(), false, Some("cubic"))
         );
         assert_eq!(
             Config::from_vars(vars(&[("CLINK_TCP", "off")]))
@@ -397,6 +415,9 @@ mod tests {
             ("CLINK_UDP_SPEC_BACKOFF", "never"),
             ("CLINK_TCP", "maybe"),
             ("CLINK_TCP_BIND", "localhost"),
+            ("CLINK_TCP_CC", ""),
+            ("CLINK_TCP_CC", "cubic; reboot"),
+            ("CLINK_TCP_CC", "a_name_longer_than_15"),
             ("CLINK_TRANSPORT", "sctp"),
         ] {
             let e = Config::from_vars(vars(&[bad])).unwrap_err().to_string();

@@ -89,10 +89,12 @@ impl Endpoint {
                 TcpLeg::Failed(format!("; TCP connect to {to}: {e}"))
             };
             tcp_leg = match tcp_leg {
-                TcpLeg::Due { to, at } if now >= at => match TcpConnecting::start(to) {
-                    Ok(c) => TcpLeg::Connecting { c, to },
-                    Err(e) => failed(to, e),
-                },
+                TcpLeg::Due { to, at } if now >= at => {
+                    match TcpConnecting::start(to, self.tcp.as_ref().and_then(|t| t.congestion())) {
+                        Ok(c) => TcpLeg::Connecting { c, to },
+                        Err(e) => failed(to, e),
+                    }
+                }
                 TcpLeg::Connecting { c, to } => match c.poll() {
                     Ok(false) => TcpLeg::Connecting { c, to },
                     Ok(true) => match c.into_stream() {

@@ -57,7 +57,8 @@ impl Endpoint {
             {
                 match left.next() {
                     Some(to) => {
-                        match TcpConnecting::start(to) {
+                        let cc = self.tcp.as_ref().and_then(|t| t.congestion());
+                        match TcpConnecting::start(to, cc) {
                             Ok(c) => tries.push((c, to)),
                             Err(e) => failed.push(format!("TCP connect to {to}: {e}")),
                         }
@@ -508,6 +509,7 @@ impl Endpoint {
 #[cfg(test)]
 mod tests {
     use super::FAST_STREAK;
+    use crate::endpoint::link::Link;
     use crate::transport::tcp::TcpConfig;
     use crate::{Config, Endpoint, PeerId, Selector};
     use std::net::{Ipv4Addr, SocketAddr};
@@ -528,6 +530,42 @@ mod tests {
             ..Config::default()
         };
         crate::endpoint::connected_pair(cfg(), cfg())
+    }
+
+    /// `CLINK_TCP_CC` sets both ends' connections' congestion control (reno: built into
+    /// every kernel); without it they run the host's default; a name the kernel refuses
+    /// fails the endpoint's creation, naming the choices.
+    #[test]
+    fn tcp_links_run_the_congestion_control_asked_for() {
+        let cfg = |cc: Option<&str>| Config {
+            calibrate: false,
+            force_net: true,
+            prefer_tcp: true,
+            tcp: Some(TcpConfig {
+                bind: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0),
+                congestion: cc.map(String::from),
+                ..TcpConfig::default()
+            }),
+            ..Config::default()
+        };
+        let ran = |(a, pa): &(Endpoint, PeerId)| match &a.peers[pa.0 as usize].link {
+            Link::Tcp(t) => t.congestion().unwrap(),
+            _ => panic!("not a TCP link"),
+        };
+        let (a, b) = crate::endpoint::connected_pair(cfg(Some("reno")), cfg(Some("reno")));
+        assert_eq!((ran(&a), ran(&b)), ("reno".into(), "reno".into()));
+        let host = crate::transport::tcp::host_congestion_control().unwrap();
+        let (a, b) = crate::endpoint::connected_pair(cfg(None), cfg(None));
+        assert_eq!((ran(&a), ran(&b)), (host.clone(), host));
+        let e = crate::Context::with_config(cfg(Some("no-such-cc")))
+            .and_then(|c| c.endpoint())
+            .err()
+            .expect("a congestion control the kernel lacks")
+            .to_string();
+        assert!(
+            e.contains("CLINK_TCP_CC=no-such-cc") && e.contains("reno"),
+            "{e}"
+        );
     }
 
     /// The latency path of a blocking receive serves at most [`FAST_STREAK`] messages in

@@ -30,11 +30,16 @@ fn family(a: &std::net::SocketAddr) -> rustix::net::AddressFamily {
 pub struct TcpConnecting(std::net::TcpStream);
 
 impl TcpConnecting {
-    /// Starts connecting to `to` (a non-blocking `connect`).
-    pub fn start(to: std::net::SocketAddr) -> io::Result<TcpConnecting> {
+    /// Starts connecting to `to` (a non-blocking `connect`), with congestion control
+    /// `congestion` (`None`: the host's). Chosen before the connect: a socket that
+    /// started under bbr keeps pacing itself after a switch to another.
+    pub fn start(to: std::net::SocketAddr, congestion: Option<&str>) -> io::Result<TcpConnecting> {
         use rustix::net::{SocketFlags, SocketType};
         let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
         let fd = rustix::net::socket_with(family(&to), SocketType::STREAM, flags, None)?;
+        if let Some(cc) = congestion {
+            rustix::net::sockopt::set_tcp_congestion(&fd, cc)?;
+        }
         match rustix::net::connect(&fd, &to) {
             Err(e) if e != rustix::io::Errno::INPROGRESS => Err(e.into()),
             _ => Ok(TcpConnecting(fd.into())),

@@ -39,6 +39,10 @@ pub struct TcpConfig {
     /// Which interfaces' addresses to advertise when bound to all of them
     /// (`CLINK_NET_DEVICES`, [`crate::netdev`]); empty: every non-loopback one.
     pub devices: Vec<crate::netdev::DeviceRule>,
+    /// The congestion control of this endpoint's connections (`CLINK_TCP_CC`, a name the
+    /// kernel offers, as `TCP_CONGESTION` takes it); `None`: the host's default
+    /// (`net.ipv4.tcp_congestion_control`), which peers' choices do not change.
+    pub congestion: Option<String>,
 }
 
 impl Default for TcpConfig {
@@ -48,8 +52,23 @@ impl Default for TcpConfig {
             speculate: true,
             dead_after: Duration::from_millis(2000),
             devices: Vec::new(),
+            congestion: None,
         }
     }
+}
+
+/// The congestion controls the kernel offers (`net.ipv4.tcp_available_congestion_control`
+/// of this network namespace), or why they are not known.
+pub fn congestion_controls() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|e| format!("(unknown: {e})"))
+}
+
+/// The host's default congestion control for new connections
+/// (`net.ipv4.tcp_congestion_control` of this network namespace).
+pub fn host_congestion_control() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").map(|s| s.trim().into())
 }
 
 /// An accepted connection waiting for its hello.
@@ -95,6 +114,20 @@ impl TcpTransport {
         listener
             .set_nonblocking(true)
             .map_err(io_err("non-blocking TCP listener"))?;
+        if let Some(cc) = &cfg.congestion {
+            // On the listener, whose connections inherit it from their start (a socket
+            // that started under bbr keeps pacing itself after a switch). A name the
+            // kernel refuses fails here, with the choices there are, not at the first
+            // connection.
+            rustix::net::sockopt::set_tcp_congestion(&listener, cc).map_err(|e| {
+                crate::Error::Config(format!(
+                    "CLINK_TCP_CC={cc}: the kernel refuses it ({e}); it offers {} \
+                     (net.ipv4.tcp_available_congestion_control; without CAP_NET_ADMIN only \
+                     those of net.ipv4.tcp_allowed_congestion_control)",
+                    congestion_controls()
+                ))
+            })?;
+        }
         let port = listener
             .local_addr()
             .map_err(io_err("TCP listener address"))?
@@ -109,6 +142,11 @@ impl TcpTransport {
             peers: Vec::new(),
             acks_checked: std::time::Instant::now(),
         })
+    }
+
+    /// The congestion control asked for (`CLINK_TCP_CC`), `None`: the host's.
+    pub fn congestion(&self) -> Option<&str> {
+        self.cfg.congestion.as_deref()
     }
 
     /// The addresses peers reach this endpoint at, preferred first.
@@ -151,7 +189,7 @@ impl TcpTransport {
     /// A link on `sock` (connected to the endpoint `remote_id`) with the hello queued; the
     /// caller drives it until its welcome arrives ([`TcpTransport::welcomed`]).
     pub fn hello(&self, sock: TcpStream, remote_id: u128) -> std::io::Result<TcpLink> {
-        let mut link = TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after)?;
+        let mut link = TcpLink::new(sock, &self.cfg)?;
         link.remote_id = remote_id;
         link.queue_record(
             &Handshake {
@@ -189,18 +227,16 @@ impl TcpTransport {
         let mut fds = Vec::new();
         loop {
             match self.listener.accept() {
-                Ok((sock, _)) => {
-                    match TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after) {
-                        Ok(link) => {
-                            fds.push(link.fd());
-                            self.incoming.push(Incoming {
-                                link,
-                                since: Instant::now(),
-                            });
-                        }
-                        Err(e) => tracing::warn!("TCP accept: {e}"),
+                Ok((sock, _)) => match TcpLink::new(sock, &self.cfg) {
+                    Ok(link) => {
+                        fds.push(link.fd());
+                        self.incoming.push(Incoming {
+                            link,
+                            since: Instant::now(),
+                        });
                     }
-                }
+                    Err(e) => tracing::warn!("TCP accept: {e}"),
+                },
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
