@@ -345,8 +345,9 @@ pub fn run(
     for &n in hosts {
         for rep in 0..reps {
             for &system in systems {
-                let (secs, cpu, counters, cc) =
+                let (secs, cpu, counters, host_cc) =
                     one_run(&exe, system, n, size, rounds_each, tcp_cc)?;
+                let cc = super::tcp_cc_of(system, Some(host_cc.clone())).unwrap_or(host_cc);
                 let said: Vec<String> = counters
                     .iter()
                     .flat_map(|c| COUNTER_NAMES.iter().zip(c))

@@ -142,3 +142,18 @@ fn netns_rows_are_labelled() {
     let table = report::render_table(&[row]);
     assert!(table.contains("TCP congestion control cubic"), "{table}");
 }
+
+/// clink-tcp rows say the congestion control clink's connections ran (`CLINK_TCP_CC`),
+/// the other systems' rows the namespaces'.
+#[test]
+fn a_clink_tcp_row_carries_its_own_congestion_control() {
+    let host = || Some("bbr".to_string());
+    assert_eq!(
+        ran_cc(CLINK_TCP, host(), Some(" cubic ")),
+        Some("cubic".into())
+    );
+    assert_eq!(ran_cc(CLINK_TCP, host(), None), host());
+    assert_eq!(ran_cc(CLINK_TCP, host(), Some("")), host());
+    assert_eq!(ran_cc("tcp", host(), Some("cubic")), host());
+    assert_eq!(ran_cc("clink-udp", host(), Some("cubic")), host());
+}
