@@ -7,7 +7,10 @@
 //! receiver's backoff is off), `backoff` (the same sender, the receiver's backoff on as by
 //! default: after a window that mostly missed, the copy path for a while).
 //!
-//! Run: `cargo run --release -p clink --example bulk_cost -- [spec|off|miss|backoff]`
+//! A second argument sets the message size (default 4 MiB; the count per round keeps a
+//! round at 256 MiB).
+//!
+//! Run: `cargo run --release -p clink --example bulk_cost -- [spec|off|miss|backoff] [bytes]`
 use clink::config::UdpConfig;
 use clink::{Config, Context, Selector};
 use std::net::Ipv4Addr;
@@ -39,14 +42,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let pa = a.accept(Some(Duration::from_secs(10)))?;
     let (_c, mut b, pb) = j.join().unwrap();
-    let n = 4 << 20;
+    let n: usize = std::env::args().nth(2).map_or(Ok(4 << 20), |s| s.parse())?;
+    if n == 0 {
+        return Err("the message size must be at least one byte".into());
+    }
     // One message, shared by every send (a clone is a reference count, not a 4 MiB copy
     // that the figures would include).
     let msg = bytes::Bytes::from(vec![7u8; n]);
     let mut bufs: Vec<Vec<u8>> = (0..2).map(|_| vec![0u8; n]).collect();
     for round in 0..4 {
         let t = Instant::now();
-        let count = 64;
+        let count = (256 << 20) / n.min(256 << 20);
         for _ in 0..count {
             let buf = bufs.pop().unwrap();
             let r = b.irecv(Selector::exact(Some(pb), 1), buf)?;

@@ -75,6 +75,9 @@ pub struct UdpSock {
     cap: usize,
     /// The last call asked for one entry and got it.
     single: bool,
+    /// The entries' vectors are the slots alone ([`UdpSock::set_lead`] with no layout and
+    /// no cap): a second such call has nothing to change.
+    plain: bool,
     /// The peer of a connected socket until it is first found empty: it may still hold
     /// datagrams that anyone sent before the connect, so reads ask for the sender.
     peer: Option<SocketAddr>,
@@ -273,6 +276,7 @@ impl UdpSock {
             width: RX_SLOTS,
             cap: RX_SLOTS,
             single: false,
+            plain: false,
             peer: None,
             only: None,
             errored: false,
@@ -581,6 +585,12 @@ impl UdpSock {
     /// which the transport makes before a transfer they belong to ends (the lease rule,
     /// `crate::lease`).
     pub fn set_lead(&mut self, lead: &[Vec<Dst>], cap: bool) {
+        // Every socket but the armed one is told so on every re-plan (several a message).
+        let plain = !cap && lead.iter().all(Vec::is_empty);
+        if plain && self.plain {
+            return;
+        }
+        self.plain = plain;
         let armed = lead.iter().take_while(|l| !l.is_empty()).count();
         self.cap = if cap { armed.max(1) } else { RX_SLOTS };
         let rx = &mut *self.rx;
