@@ -10,9 +10,9 @@ use std::io;
 use crate::{require_ip, run_ip_output};
 
 /// The setting, as a process inside a namespace sees it.
-const KNOB: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+const KNOB: &str = clink::transport::tcp::CC_DEFAULT_KNOB;
 /// What the kernel offers (built in or loaded).
-const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+const AVAILABLE: &str = clink::transport::tcp::CC_AVAILABLE_KNOB;
 
 /// Reads `path` from inside namespace `ns`.
 fn read_in(ns: &str, path: &str) -> io::Result<String> {
@@ -29,7 +29,7 @@ pub fn tcp_cc(ns: &str) -> io::Result<String> {
 /// (`net.ipv4.tcp_available_congestion_control`: reno and cubic always, bbr where its
 /// module is loaded), and checks it took.
 pub fn set_tcp_cc(ns: &str, cc: &str) -> io::Result<()> {
-    if cc.is_empty() || !cc.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+    if !clink::transport::tcp::is_congestion_name(cc) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{cc:?} is not a congestion control's name"),

@@ -241,12 +241,7 @@ impl Config {
                 "CLINK_TCP_SPECULATE" => tcp.speculate = flag(&k, &v)?,
                 "CLINK_TCP_CC" => {
                     let name = v.trim();
-                    // TCP_CA_NAME_MAX is 16 with the terminating zero.
-                    let ok = (1..=15).contains(&name.len())
-                        && name
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-                    if !ok {
+                    if !crate::transport::tcp::is_congestion_name(name) {
                         return Err(bad(
                             &k,
                             &v,
@@ -417,6 +412,7 @@ mod tests {
             ("CLINK_TCP_BIND", "localhost"),
             ("CLINK_TCP_CC", ""),
             ("CLINK_TCP_CC", "cubic; reboot"),
+            ("CLINK_TCP_CC", "-n"),
             ("CLINK_TCP_CC", "a_name_longer_than_15"),
             ("CLINK_TRANSPORT", "sctp"),
         ] {

@@ -347,7 +347,7 @@ pub fn run(
             for &system in systems {
                 let (secs, cpu, counters, host_cc) =
                     one_run(&exe, system, n, size, rounds_each, tcp_cc)?;
-                let cc = super::tcp_cc_of(system, Some(host_cc.clone())).unwrap_or(host_cc);
+                let cc = super::own_tcp_cc(system).unwrap_or(host_cc);
                 let said: Vec<String> = counters
                     .iter()
                     .flat_map(|c| COUNTER_NAMES.iter().zip(c))

@@ -567,24 +567,21 @@ fn label_placement(row: &mut Row, at: &Where) {
             "clink-udp".to_string()
         };
     }
-    if row.system == CLINK_TCP {
-        row.tcp_cc = tcp_cc_of(CLINK_TCP, row.tcp_cc.take());
+    if let Some(cc) = own_tcp_cc(&row.system) {
+        row.tcp_cc = Some(cc);
     }
 }
 
-/// The congestion control `system`'s TCP connections ran, given the namespaces' `host`
-/// one: clink's own where `CLINK_TCP_CC` (which the bench's clink processes inherit)
-/// names one.
-pub(crate) fn tcp_cc_of(system: &str, host: Option<String>) -> Option<String> {
-    ran_cc(system, host, std::env::var("CLINK_TCP_CC").ok().as_deref())
+/// The congestion control `system`'s TCP connections ran instead of the namespaces':
+/// clink-tcp's where `CLINK_TCP_CC` (which the bench's clink processes inherit) names one.
+pub(crate) fn own_tcp_cc(system: &str) -> Option<String> {
+    own_cc(system, std::env::var("CLINK_TCP_CC").ok().as_deref())
 }
 
-/// [`tcp_cc_of`] with `CLINK_TCP_CC`'s value `own`.
-fn ran_cc(system: &str, host: Option<String>, own: Option<&str>) -> Option<String> {
-    match own.map(str::trim) {
-        Some(cc) if system == CLINK_TCP && !cc.is_empty() => Some(cc.to_string()),
-        _ => host,
-    }
+/// [`own_tcp_cc`] with `CLINK_TCP_CC`'s value `var`.
+fn own_cc(system: &str, var: Option<&str>) -> Option<String> {
+    let cc = var.map(str::trim).filter(|cc| !cc.is_empty())?;
+    (system == CLINK_TCP).then(|| cc.to_string())
 }
 
 /// Returns a short description of the machine load (from /proc/loadavg).

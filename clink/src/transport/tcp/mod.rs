@@ -57,18 +57,33 @@ impl Default for TcpConfig {
     }
 }
 
-/// The congestion controls the kernel offers (`net.ipv4.tcp_available_congestion_control`
-/// of this network namespace), or why they are not known.
+/// The network namespace's default congestion control for new connections
+/// (`net.ipv4.tcp_congestion_control`).
+pub const CC_DEFAULT_KNOB: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
+/// The congestion controls the kernel offers (`net.ipv4.tcp_available_congestion_control`).
+pub const CC_AVAILABLE_KNOB: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+
+/// Whether `name` can be a congestion control's name: 1-15 bytes (`TCP_CA_NAME_MAX` is
+/// 16 with the terminating zero), letters, digits, `_` and `-`, a letter or digit first
+/// (nothing a shell or `echo` would read as anything but the name).
+pub fn is_congestion_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// The congestion controls the kernel offers, or why they are not known.
 pub fn congestion_controls() -> String {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+    std::fs::read_to_string(CC_AVAILABLE_KNOB)
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|e| format!("(unknown: {e})"))
 }
 
-/// The host's default congestion control for new connections
-/// (`net.ipv4.tcp_congestion_control` of this network namespace).
+/// The host's default congestion control for new connections.
 pub fn host_congestion_control() -> std::io::Result<String> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").map(|s| s.trim().into())
+    std::fs::read_to_string(CC_DEFAULT_KNOB).map(|s| s.trim().into())
 }
 
 /// An accepted connection waiting for its hello.
@@ -189,7 +204,7 @@ impl TcpTransport {
     /// A link on `sock` (connected to the endpoint `remote_id`) with the hello queued; the
     /// caller drives it until its welcome arrives ([`TcpTransport::welcomed`]).
     pub fn hello(&self, sock: TcpStream, remote_id: u128) -> std::io::Result<TcpLink> {
-        let mut link = TcpLink::new(sock, &self.cfg)?;
+        let mut link = TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after)?;
         link.remote_id = remote_id;
         link.queue_record(
             &Handshake {
@@ -227,16 +242,18 @@ impl TcpTransport {
         let mut fds = Vec::new();
         loop {
             match self.listener.accept() {
-                Ok((sock, _)) => match TcpLink::new(sock, &self.cfg) {
-                    Ok(link) => {
-                        fds.push(link.fd());
-                        self.incoming.push(Incoming {
-                            link,
-                            since: Instant::now(),
-                        });
+                Ok((sock, _)) => {
+                    match TcpLink::new(sock, self.cfg.speculate, self.cfg.dead_after) {
+                        Ok(link) => {
+                            fds.push(link.fd());
+                            self.incoming.push(Incoming {
+                                link,
+                                since: Instant::now(),
+                            });
+                        }
+                        Err(e) => tracing::warn!("TCP accept: {e}"),
                     }
-                    Err(e) => tracing::warn!("TCP accept: {e}"),
-                },
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {

@@ -205,20 +205,13 @@ impl TcpLink {
         Ok(rustix::net::sockopt::tcp_congestion(&self.sock)?)
     }
 
-    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`, the configured congestion
-    /// control, the kernel's keepalives for an idle connection ([`kernel_liveness`]), and
-    /// `cfg.dead_after` the bound of [`TcpLink::host_gone`].
-    pub fn new(sock: TcpStream, cfg: &super::TcpConfig) -> io::Result<TcpLink> {
-        let (speculate, dead_after) = (cfg.speculate, cfg.dead_after);
+    /// Wraps a connected socket: non-blocking, `TCP_NODELAY`, the kernel's keepalives
+    /// for an idle connection ([`kernel_liveness`]), and `dead_after` the bound of
+    /// [`TcpLink::host_gone`]. (Its congestion control was chosen before the connect, or
+    /// inherited from the listener: [`super::TcpConfig::congestion`].)
+    pub fn new(sock: TcpStream, speculate: bool, dead_after: Duration) -> io::Result<TcpLink> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
-        if let Some(cc) = &cfg.congestion {
-            // Set already (before the connect, or inherited from the listener); a
-            // socket handed in otherwise gets it here.
-            if rustix::net::sockopt::tcp_congestion(&sock)? != *cc {
-                rustix::net::sockopt::set_tcp_congestion(&sock, cc)?;
-            }
-        }
         kernel_liveness(&sock, dead_after)?;
         Ok(TcpLink {
             sock,

@@ -25,15 +25,7 @@ fn connected(speculate: bool) -> (TcpStream, TcpLink) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let w = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (r, _) = l.accept().unwrap();
-    let mut link = TcpLink::new(
-        r,
-        &crate::transport::tcp::TcpConfig {
-            speculate,
-            dead_after: Duration::from_secs(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut link = TcpLink::new(r, speculate, Duration::from_secs(2)).unwrap();
     link.handshake = Some((
         Kind::Hello,
         Handshake {
