@@ -1,20 +1,23 @@
 //! A peer's frame link, over whichever transport reaches it: the one contract the
 //! endpoint's protocol needs (send a frame or report full, peek the next received frame,
 //! release it), dispatched to the shared-memory ring, the UDP connection or the TCP
-//! connection.
+//! connection. A peer holds its ring pair and its TCP connection (each owns its socket);
+//! a UDP link is its transport's, which routes the shared socket's datagrams to it
+//! ([`UdpTransport::link`]): the calls that reach one take the transport and the peer's
+//! index.
 
 use crate::lease::{Dst, Src};
 use crate::transport::shm::ring::{Record, RingError};
 use crate::transport::shm::ShmPeer;
 use crate::transport::tcp::TcpLink;
-use crate::transport::udp::UdpLink;
+use crate::transport::udp::{UdpLink, UdpTransport};
 use clink_proto::wire::Frame;
 
 /// The transport of one peer.
 pub(crate) enum Link {
     Shm(ShmPeer),
-    /// Boxed: a reliable connection is far larger than a ring pair's handle.
-    Udp(Box<UdpLink>),
+    /// Held by the UDP transport, under the peer's index.
+    Udp,
     /// Boxed, as UDP.
     Tcp(Box<TcpLink>),
 }
@@ -77,34 +80,45 @@ pub(crate) enum Rx {
     Net,
 }
 
+/// Peer `i`'s UDP link in `net`.
+pub(crate) fn udp(net: &Option<UdpTransport>, i: usize) -> Option<&UdpLink> {
+    net.as_ref()?.link(i)
+}
+
+/// As [`udp`], mutable.
+pub(crate) fn udp_mut(net: &mut Option<UdpTransport>, i: usize) -> Option<&mut UdpLink> {
+    net.as_mut()?.link_mut(i)
+}
+
 impl Link {
     /// Bytes the link holds that the peer has not taken: a UDP connection's messages
     /// not yet acknowledged (while it is alive), a TCP send queue not yet written (the
     /// kernel delivers what it took, as for any socket). Shared memory holds none (its
-    /// frames are in the peer's ring).
-    pub fn unsent_bytes(&self) -> usize {
+    /// frames are in the peer's ring). `net`, `i`: the UDP transport and the peer's index.
+    pub fn unsent_bytes(&self, net: &Option<UdpTransport>, i: usize) -> usize {
         match self {
             Link::Shm(_) => 0,
-            Link::Udp(u) if u.conn().is_dead() => 0,
-            Link::Udp(u) => u.conn().send_buffered(),
+            Link::Udp => udp(net, i)
+                .filter(|u| !u.conn().is_dead())
+                .map_or(0, |u| u.conn().send_buffered()),
             Link::Tcp(t) => t.queued_bytes(),
         }
     }
 
     /// The peer's endpoint identity (the `id` of its address).
-    pub fn remote_id(&self) -> u128 {
+    pub fn remote_id(&self, net: &Option<UdpTransport>, i: usize) -> u128 {
         match self {
             Link::Shm(s) => s.id,
-            Link::Udp(u) => u.remote_id(),
+            Link::Udp => udp(net, i).map_or(0, |u| u.remote_id()),
             Link::Tcp(t) => t.remote_id(),
         }
     }
 
     /// The two ends connected to each other at once (the handshake's answer said so).
-    pub fn crossed(&self) -> bool {
+    pub fn crossed(&self, net: &Option<UdpTransport>, i: usize) -> bool {
         match self {
             Link::Shm(s) => s.crossed,
-            Link::Udp(u) => u.crossed(),
+            Link::Udp => udp(net, i).is_some_and(|u| u.crossed()),
             Link::Tcp(t) => t.crossed,
         }
     }
@@ -113,7 +127,7 @@ impl Link {
     pub fn transport(&self) -> &'static str {
         match self {
             Link::Shm(_) => "shm",
-            Link::Udp(_) => "udp",
+            Link::Udp => "udp",
             Link::Tcp(_) => "tcp",
         }
     }
@@ -136,17 +150,23 @@ impl Link {
 
     /// The link, when a rendezvous over it is a bulk transfer: UDP in reliable mode (the
     /// unreliable mode refuses rendezvous messages altogether) and TCP.
-    pub fn bulk(&mut self) -> Option<&mut dyn BulkLink> {
+    pub fn bulk<'a>(
+        &'a mut self,
+        net: &'a mut Option<UdpTransport>,
+        i: usize,
+    ) -> Option<&'a mut dyn BulkLink> {
         match self {
-            Link::Udp(u) if u.conn().config().reliable => Some(&mut **u),
+            Link::Udp => udp_mut(net, i)
+                .filter(|u| u.conn().config().reliable)
+                .map(|u| u as &mut dyn BulkLink),
             Link::Tcp(t) => Some(&mut **t),
-            _ => None,
+            Link::Shm(_) => None,
         }
     }
 
     /// A UDP link in unreliable mode (no rendezvous: messages are single eager frames).
-    pub fn unreliable(&self) -> bool {
-        matches!(self, Link::Udp(u) if !u.conn().config().reliable)
+    pub fn unreliable(&self, net: &Option<UdpTransport>, i: usize) -> bool {
+        matches!(self, Link::Udp) && udp(net, i).is_some_and(|u| !u.conn().config().reliable)
     }
 
     /// Whether rendezvous messages from this peer can be read with one CMA copy.
@@ -155,28 +175,30 @@ impl Link {
     }
 
     /// Queues one frame; false when the link is full (retry after progress).
-    pub fn try_send(&mut self, f: &Frame) -> bool {
+    pub fn try_send(&mut self, net: &mut Option<UdpTransport>, i: usize, f: &Frame) -> bool {
         match self {
             Link::Shm(s) => s.try_send(f),
-            Link::Udp(u) => u.try_send(f),
+            // (A UDP peer always has its link in the transport; were it gone, the frame
+            // is dropped rather than left to block its queue.)
+            Link::Udp => udp_mut(net, i).is_none_or(|u| u.try_send(f)),
             Link::Tcp(t) => t.try_send(f),
         }
     }
 
     /// The next received frame, if any.
-    pub fn peek(&mut self) -> Result<Option<Rx>, RingError> {
+    pub fn peek(&mut self, net: &Option<UdpTransport>, i: usize) -> Result<Option<Rx>, RingError> {
         match self {
             Link::Shm(s) => Ok(s.rx.peek()?.map(Rx::Ring)),
-            Link::Udp(u) => Ok(u.frames().peek().map(|_| Rx::Net)),
+            Link::Udp => Ok(udp(net, i).and_then(|u| u.frames().peek()).map(|_| Rx::Net)),
             Link::Tcp(t) => Ok(t.frames().peek().map(|_| Rx::Net)),
         }
     }
 
     /// The bytes of a frame returned by [`Link::peek`].
-    pub fn frame(&self, rx: Rx) -> &[u8] {
+    pub fn frame<'a>(&'a self, net: &'a Option<UdpTransport>, i: usize, rx: Rx) -> &'a [u8] {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_bytes(r),
-            (Link::Udp(u), Rx::Net) => u.frames().peek().unwrap_or(&[]),
+            (Link::Udp, Rx::Net) => udp(net, i).and_then(|u| u.frames().peek()).unwrap_or(&[]),
             (Link::Tcp(t), Rx::Net) => t.frames().peek().unwrap_or(&[]),
             _ => &[],
         }
@@ -186,11 +208,11 @@ impl Link {
     /// the frame is released (the endpoint handles a frame, with `&mut self`, before it
     /// releases it).
     #[inline]
-    pub fn frame_lease(&self, rx: Rx) -> Src {
+    pub fn frame_lease(&self, net: &Option<UdpTransport>, i: usize, rx: Rx) -> Src {
         let none = Src::from_static(&[]);
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_lease(r),
-            (Link::Udp(u), Rx::Net) => u.frames().head().unwrap_or(none),
+            (Link::Udp, Rx::Net) => udp(net, i).and_then(|u| u.frames().head()).unwrap_or(none),
             (Link::Tcp(t), Rx::Net) => t.frames().head().unwrap_or(none),
             _ => none,
         }
@@ -198,11 +220,13 @@ impl Link {
 
     /// Releases a frame returned by [`Link::peek`]; true when the peer must be woken
     /// (it waits for ring space).
-    pub fn release(&mut self, rx: Rx) -> bool {
+    pub fn release(&mut self, net: &mut Option<UdpTransport>, i: usize, rx: Rx) -> bool {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.rx.release(r),
-            (Link::Udp(u), Rx::Net) => {
-                u.release();
+            (Link::Udp, Rx::Net) => {
+                if let Some(u) = udp_mut(net, i) {
+                    u.release();
+                }
                 false
             }
             (Link::Tcp(t), Rx::Net) => {
@@ -217,7 +241,7 @@ impl Link {
     pub fn publish(&mut self) -> bool {
         match self {
             Link::Shm(s) => s.rx.publish(),
-            Link::Udp(_) | Link::Tcp(_) => false,
+            Link::Udp | Link::Tcp(_) => false,
         }
     }
 

@@ -197,9 +197,9 @@ impl Peer {
     /// Releases the frame at the head of the peer's queue (the next one is announced
     /// afresh); true when the peer must be woken.
     #[inline]
-    fn release(&mut self, rx: Rx) -> bool {
+    fn release(&mut self, net: &mut Option<UdpTransport>, i: usize, rx: Rx) -> bool {
         self.announced = false;
-        self.link.release(rx)
+        self.link.release(net, i, rx)
     }
 
     /// For the latency fast paths (`recv_fast`, `event_fast`): the record at the head of
@@ -212,14 +212,13 @@ impl Peer {
         if !self.alive {
             return Ok(None);
         }
-        if !self.txq.is_empty()
-            || !self.rndv.chunks.is_empty()
-            || !self.engine.is_empty()
-            || self.link.shm().is_none()
-        {
+        if !self.txq.is_empty() || !self.rndv.chunks.is_empty() || !self.engine.is_empty() {
             return Err(());
         }
-        self.link.peek().map_err(|_| ())
+        let Some(s) = self.link.shm_mut() else {
+            return Err(());
+        };
+        s.rx.peek().map(|r| r.map(Rx::Ring)).map_err(|_| ())
     }
 
     /// For the receive fast paths (`recv_fast`, `poll_recvs`, `poll_eager`): the eager
@@ -231,7 +230,13 @@ impl Peer {
         let Some(rec) = self.quiet_head()? else {
             return Ok(None);
         };
-        match Frame::parse(self.link.frame(rec)) {
+        let Rx::Ring(r) = rec else {
+            return Err(());
+        };
+        let Some(s) = self.link.shm() else {
+            return Err(());
+        };
+        match Frame::parse(s.record_bytes(r)) {
             Ok(Frame::Eager { tag, data }) => Ok(Some((rec, tag, data))),
             _ => Err(()),
         }
@@ -465,12 +470,13 @@ impl Endpoint {
             if !p.alive || !p.txq.is_empty() {
                 continue;
             }
-            if let Link::Udp(u) = &mut p.link {
+            if let Some(u) = link::udp_mut(&mut self.net, i).filter(|_| matches!(p.link, Link::Udp))
+            {
                 // The goodbye must not overtake the ack of a transfer received: the
                 // peer fails its sends towards us when the goodbye arrives.
                 u.ack_with_next_data();
             }
-            p.link.try_send(&Frame::Close);
+            p.link.try_send(&mut self.net, i, &Frame::Close);
         }
         // Over the network, the goodbye must be delivered before the links go quiet.
         self.linger(LINGER);
@@ -502,7 +508,7 @@ impl Endpoint {
     #[inline(always)]
     fn release_frame(&mut self, i: usize, rec: Rx) {
         self.stats.frames_received += 1;
-        if self.peers[i].release(rec) {
+        if self.peers[i].release(&mut self.net, i, rec) {
             self.peers[i].link.wake();
             self.stats.doorbells += 1;
         }

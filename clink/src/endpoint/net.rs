@@ -2,10 +2,9 @@
 //! between the socket and the peers' reliable connections, their timers, and the limits
 //! that differ from shared memory.
 
-use super::link::Link;
+use super::link::{self, Link};
 use super::Endpoint;
 use crate::error::{Error, Result};
-use crate::transport::udp::Got;
 use crate::Selector;
 use crate::Status;
 use clink_proto::reliable::Stats as ConnStats;
@@ -14,8 +13,6 @@ use clink_proto::wire::Frame;
 use clink_proto::PeerId;
 use std::time::{Duration, Instant};
 
-/// Receive entries a speculative read arms (the socket reads up to this many at once).
-const RX_ENTRIES: usize = crate::sys::udp::RX_SLOTS;
 /// The earliest a sleeping endpoint wakes for a connection's tail-probe, retransmission,
 /// keepalive or admission timer, nanoseconds from now (a due ack wakes it on time). Every
 /// request arms a tail probe a few hundred microseconds out, and a sleep with that
@@ -83,17 +80,14 @@ impl Endpoint {
     pub fn request_fast(&mut self, peer: PeerId, timeout: Duration) -> Result<bool> {
         let i = self.net_peer(peer)?;
         let now = self.net.as_ref().map_or(0, |n| n.now());
-        if let Link::Udp(u) = &mut self.peers[i].link {
+        if let Some(u) = link::udp_mut(&mut self.net, i) {
             if u.conn().is_fast() {
                 return Ok(true);
             }
             u.request_fast(now);
         }
         self.kick(i);
-        let answer = |ep: &Endpoint| match &ep.peers[i].link {
-            Link::Udp(u) => u.fast_answer(),
-            _ => None,
-        };
+        let answer = |ep: &Endpoint| link::udp(&ep.net, i).and_then(|u| u.fast_answer());
         self.wait_until(Some(timeout), |ep| {
             !ep.peers[i].alive || answer(ep).is_some()
         })?;
@@ -105,7 +99,7 @@ impl Endpoint {
     /// bulk transfer has been sent for a while).
     pub fn release_fast(&mut self, peer: PeerId) -> Result<()> {
         let i = self.net_peer(peer)?;
-        if let Link::Udp(u) = &mut self.peers[i].link {
+        if let Some(u) = link::udp_mut(&mut self.net, i) {
             u.release_fast();
         }
         self.kick(i);
@@ -116,7 +110,7 @@ impl Endpoint {
     /// admission control, or admission control off); false for a shared-memory or TCP
     /// peer.
     pub fn is_fast(&self, peer: PeerId) -> Result<bool> {
-        Ok(matches!(&self.peer(peer)?.link, Link::Udp(u) if u.conn().is_fast()))
+        Ok(self.udp_link(peer)?.is_some_and(|u| u.conn().is_fast()))
     }
 
     /// The reliable connection to `peer` as it stands: round-trip time (smoothed and
@@ -126,10 +120,7 @@ impl Endpoint {
     /// TCP, which has no such connection (the kernel keeps TCP's). A dead peer's last
     /// state stays readable.
     pub fn conn_stats(&self, peer: PeerId) -> Result<Option<ConnStats>> {
-        Ok(match &self.peer(peer)?.link {
-            Link::Udp(u) => Some(u.conn().stats()),
-            Link::Shm(_) | Link::Tcp(_) => None,
-        })
+        Ok(self.udp_link(peer)?.map(|u| u.conn().stats()))
     }
 
     /// Payload bytes this endpoint has put on the wire towards `peer`, resends included:
@@ -138,7 +129,7 @@ impl Endpoint {
     /// peer's socket is closed or on a kernel before 4.19.
     pub fn wire_bytes_sent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
-            Link::Udp(u) => Some(u.conn().stats().bytes_sent),
+            Link::Udp => self.udp_link(peer)?.map(|u| u.conn().stats().bytes_sent),
             Link::Tcp(t) => crate::sys::tcp_wire_bytes(t.fd()).ok().map(|b| b.0),
             Link::Shm(_) => None,
         })
@@ -149,7 +140,7 @@ impl Endpoint {
     /// may resend even over loopback). `None` where `wire_bytes_sent` is.
     pub fn wire_bytes_resent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
-            Link::Udp(u) => Some(u.conn().stats().bytes_resent),
+            Link::Udp => self.udp_link(peer)?.map(|u| u.conn().stats().bytes_resent),
             Link::Tcp(t) => crate::sys::tcp_wire_bytes(t.fd()).ok().map(|b| b.1),
             Link::Shm(_) => None,
         })
@@ -166,12 +157,34 @@ impl Endpoint {
         r
     }
 
+    /// Peer `i`'s UDP link (kept by the transport), if it is a UDP peer.
+    pub(super) fn udp(&self, i: usize) -> Option<&crate::transport::udp::UdpLink> {
+        match self.peers.get(i)?.link {
+            Link::Udp => link::udp(&self.net, i),
+            _ => None,
+        }
+    }
+
+    /// As [`Endpoint::udp`], mutable.
+    pub(super) fn udp_mut(&mut self, i: usize) -> Option<&mut crate::transport::udp::UdpLink> {
+        match self.peers.get(i)?.link {
+            Link::Udp => link::udp_mut(&mut self.net, i),
+            _ => None,
+        }
+    }
+
+    /// `peer`'s UDP link (kept by the transport), if it is a UDP peer.
+    fn udp_link(&self, peer: PeerId) -> Result<Option<&crate::transport::udp::UdpLink>> {
+        self.peer(peer)?;
+        Ok(self.udp(peer.0 as usize))
+    }
+
     /// `peer`'s index when it is a live UDP peer (admission control's scope).
     fn net_peer(&self, peer: PeerId) -> Result<usize> {
         let p = self.peer(peer)?;
         match &p.link {
             _ if !p.alive => Err(Error::PeerDead(peer)),
-            Link::Udp(_) => Ok(peer.0 as usize),
+            Link::Udp => Ok(peer.0 as usize),
             l => Err(Error::Invalid(format!(
                 "{peer} is reached over {}: admission control is for UDP peers (a TCP stream \
                  or a shared-memory ring has no speculation for another stream to disturb)",
@@ -186,12 +199,10 @@ impl Endpoint {
     pub(super) fn kick(&mut self, i: usize) {
         match self.peers.get_mut(i).map(|p| &mut p.link) {
             Some(Link::Tcp(_)) => self.tcp_write(i),
-            Some(Link::Udp(u)) => {
+            Some(Link::Udp) => {
                 if let Some(net) = self.net.as_mut() {
                     let now = net.now();
-                    net.transmit(u, now);
-                    net.flush();
-                    u.publish_standing();
+                    net.send_now(i, now);
                 }
             }
             Some(Link::Shm(_)) | None => {}
@@ -268,21 +279,7 @@ impl Endpoint {
         };
         // Timers and admission decisions with the receive's reading of the clock.
         let now = net.read_at();
-        let mut dead = Vec::new();
-        for (i, p) in self.peers.iter_mut().enumerate().filter(|(_, p)| p.alive) {
-            let Link::Udp(u) = &mut p.link else { continue };
-            if u.tick(now) {
-                dead.push(i);
-            }
-            net.admit(now, i, u);
-        }
-        // The gate's decisions (usually none) back to the peers as Fast_Ack / Fast_NAck.
-        let peers = &mut self.peers;
-        net.admit_decisions(now, |i, answer, revoked| {
-            if let Some(Link::Udp(u)) = peers.get_mut(i).map(|p| &mut p.link) {
-                u.answer_admit(answer, revoked);
-            }
-        });
+        let dead = net.run_timers(now);
         let unreachable: Vec<(usize, bool)> = net
             .take_unreachable()
             .into_iter()
@@ -293,7 +290,7 @@ impl Endpoint {
         self.finish_bulk();
         let adopted = !accepted.is_empty();
         for link in accepted {
-            match self.add_peer(Link::Udp(Box::new(link)), false) {
+            match self.add_udp_peer(link, false) {
                 Ok(id) => self.new_peers.push_back(id),
                 Err(e) => self.last_error = Some(e.to_string()),
             }
@@ -318,50 +315,10 @@ impl Endpoint {
         got || adopted
     }
 
-    /// One read of the UDP transport (the ring and the sockets due), after re-planning the
-    /// speculative layout: datagrams read. Every read of an armed socket must follow a
-    /// re-plan (a hit or a copy changes what the layout may arm).
+    /// One read of the UDP transport (the ring and the sockets due, the speculative
+    /// layout planned first): datagrams read.
     fn read_net(&mut self, readable: bool) -> usize {
-        let Some(net) = self.net.as_mut() else {
-            return 0;
-        };
-        // Arm a speculative receive for one stream at a time (the others' fragments take the
-        // ordinary path): the one admission control granted, or with no grant in force the
-        // first peer with a bulk transfer coming in. Re-planned only when that link's
-        // transfers changed, not on every poll.
-        let receiving = |i: usize, p: &super::Peer| match &p.link {
-            Link::Udp(u) if p.alive && u.bulk().receiving() => Some((i, u.bulk().generation())),
-            _ => None,
-        };
-        let key = match (net.speculate(), net.fast_holder()) {
-            (false, _) => None,
-            (true, Some(h)) => self.peers.get(h).and_then(|p| receiving(h, p)),
-            (true, None) => self
-                .peers
-                .iter()
-                .enumerate()
-                .find_map(|(i, p)| receiving(i, p)),
-        };
-        if net.planned_key() != key {
-            let arm = key.and_then(|(i, g)| match &mut self.peers[i].link {
-                Link::Udp(u) => u
-                    .plan_arm(|frag| net.rx_group(frag), RX_ENTRIES)
-                    .map(|(src, a)| ((i, g), src, a)),
-                _ => None,
-            });
-            net.set_arm(key, arm);
-        }
-        if net.has_ring() {
-            let bulk_in = key.is_some()
-                || self
-                    .peers
-                    .iter()
-                    .enumerate()
-                    .any(|(i, p)| receiving(i, p).is_some());
-            net.expect_bulk(bulk_in);
-        }
-        let peers = &mut self.peers;
-        net.receive(readable, &mut |i, g, now| to_link(peers, i, g, now))
+        self.net.as_mut().map_or(0, |net| net.receive(readable))
     }
 
     /// Marks the UDP connections whose peer this endpoint awaits something from (`on`:
@@ -387,14 +344,10 @@ impl Endpoint {
                 }
             }
         }
-        let mut any = false;
-        for (p, &w) in self.peers.iter_mut().zip(&want) {
-            if let Link::Udp(u) = &mut p.link {
-                let w = on && p.alive && (w || u.bulk().receiving());
-                u.set_awaited(w);
-                any |= w;
-            }
-        }
+        let any = self
+            .net
+            .as_mut()
+            .is_some_and(|net| net.mark_awaited(on, |i| want.get(i).copied().unwrap_or(false)));
         self.awaiting = any;
     }
 
@@ -454,7 +407,7 @@ impl Endpoint {
             return None;
         }
         match self.peers[i].link {
-            Link::Udp(_) => self.recv_fast_udp(i, sel, buf, spin, spun),
+            Link::Udp => self.recv_fast_udp(i, sel, buf, spin, spun),
             Link::Tcp(_) => self.recv_fast_tcp(i, sel, buf, spin, spun),
             Link::Shm(_) => None,
         }
@@ -472,21 +425,21 @@ impl Endpoint {
         spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
         loop {
-            let Link::Udp(u) = &self.peers[i].link else {
-                return None;
-            };
-            let quiet = u.frames().peek().is_none() && !u.bulk().receiving() && !u.bulk().sending();
-            let net = self.net.as_mut()?;
-            if !quiet || net.planned_key().is_some() || !self.peers[i].alive {
+            if !self.peers[i].alive {
                 return None;
             }
-            let peers = &mut self.peers;
+            let net = self.net.as_mut()?;
+            let u = net.link(i)?;
+            let quiet = u.frames().peek().is_none() && !u.bulk().receiving() && !u.bulk().sending();
+            if !quiet || net.planned_key().is_some() {
+                return None;
+            }
             // No `pause` between polls: each is a system call already, and a pause only
             // lengthens the pass a datagram landing during it waits for (busy 64 B across
             // the veth pair 2.55-2.63 -> 2.51-2.56 us, three alternated runs).
             let gate = &self.spin_gate;
             let got = spin_for(spin, spun, gate, || {
-                let n = net.receive(false, &mut |k, g, now| to_link(peers, k, g, now));
+                let n = net.receive_planned(false);
                 (n > 0).then_some(true)
             });
             if !got {
@@ -513,13 +466,12 @@ impl Endpoint {
         if !self.net.as_ref().is_some_and(|n| n.read_ring_last()) {
             return;
         }
-        let hole = |peers: &[super::Peer]| {
-            peers
-                .iter()
-                .any(|p| matches!(&p.link, Link::Udp(u) if u.conn().nak_pending()))
+        let hole = |net: &Option<crate::transport::udp::UdpTransport>| {
+            net.as_ref()
+                .is_some_and(|n| n.live_links().any(|(_, u)| u.conn().nak_pending()))
         };
         for _ in 0..DRAIN_READS {
-            if !hole(&self.peers) || self.read_net(true) == 0 {
+            if !hole(&self.net) || self.read_net(true) == 0 {
                 return;
             }
         }
@@ -533,9 +485,7 @@ impl Endpoint {
     fn take_fast_udp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
         let net = self.net.as_mut()?;
         let now = net.read_at();
-        let Link::Udp(u) = &mut self.peers[i].link else {
-            return None;
-        };
+        let u = net.link_mut(i)?;
         if u.tick(now) {
             self.udp_peer_dead(i);
             return None;
@@ -552,16 +502,14 @@ impl Endpoint {
             u.release();
             self.stats.frames_received += 1;
         }
-        net.transmit(u, now);
-        net.flush();
-        u.publish_standing();
+        net.send_now(i, now);
         result
     }
 
     /// Completes the rendezvous sends and receives whose UDP bulk transfers are over.
     fn finish_bulk(&mut self) {
         for i in 0..self.peers.len() {
-            if matches!(self.peers[i].link, Link::Udp(_)) {
+            if matches!(self.peers[i].link, Link::Udp) {
                 self.finish_bulk_peer(i);
             }
         }
@@ -574,17 +522,7 @@ impl Endpoint {
             return;
         };
         let now = if fresh { net.now() } else { net.read_at() };
-        for p in self.peers.iter_mut().filter(|p| p.alive) {
-            if let Link::Udp(u) = &mut p.link {
-                net.transmit(u, now);
-            }
-        }
-        net.flush();
-        for p in self.peers.iter_mut().filter(|p| p.alive) {
-            if let Link::Udp(u) = &mut p.link {
-                u.publish_standing();
-            }
-        }
+        net.transmit_all(now);
     }
 
     /// How long a wait that has spun its configured time should go on spinning, counted
@@ -595,13 +533,10 @@ impl Endpoint {
     /// injected loss, on the path of the repairs and of the acks that free the next
     /// transfer (BENCHMARKS.md).
     pub(super) fn reply_due(&self) -> Option<Duration> {
-        self.peers
-            .iter()
-            .filter(|p| p.alive)
-            .filter_map(|p| match &p.link {
-                Link::Udp(u) => u.conn().reply_due(),
-                _ => None,
-            })
+        self.net
+            .as_ref()?
+            .live_links()
+            .filter_map(|(_, u)| u.conn().reply_due())
             .max()
             .map(|rtt| Duration::from_nanos(2 * rtt).min(REPLY_SPIN_MAX))
     }
@@ -611,13 +546,9 @@ impl Endpoint {
     /// peer ([`Endpoint::reply_due`] leaves out a slowed stream's acks).
     pub(super) fn only_slowed(&self) -> bool {
         let slowed = self
-            .peers
-            .iter()
-            .filter(|p| p.alive)
-            .any(|p| match &p.link {
-                Link::Udp(u) => u.conn().is_slowed(),
-                _ => false,
-            });
+            .net
+            .as_ref()
+            .is_some_and(|n| n.live_links().any(|(_, u)| u.conn().is_slowed()));
         slowed && self.reply_due().is_none()
     }
 
@@ -632,15 +563,13 @@ impl Endpoint {
     pub(super) fn net_timer(&self) -> Option<Duration> {
         let net = self.net.as_ref()?;
         let now = net.now();
-        let next = self
-            .peers
-            .iter()
-            .filter(|p| p.alive)
-            .filter_map(|p| match &p.link {
+        let next = net
+            .live_links()
+            .filter_map(|(_, u)| {
                 // Loss-recovery, keepalive and admission timers may fire a little late
                 // in a sleep; a due ack may not (the peer's retransmission timer waits
                 // for it).
-                Link::Udp(u) => u.conn().poll_timeout().map(|t| {
+                u.conn().poll_timeout().map(|t| {
                     let ack = u.conn().ack_timeout().unwrap_or(u64::MAX);
                     let floor = if u.bulk().sending() {
                         0
@@ -648,8 +577,7 @@ impl Endpoint {
                         SLEEP_TIMER_FLOOR
                     };
                     t.max(now + floor).min(ack)
-                }),
-                _ => None,
+                })
             })
             .chain(net.next_fault_release())
             .chain(net.admit_timeout().map(|t| t.max(now + SLEEP_TIMER_FLOOR)))
@@ -691,8 +619,8 @@ impl Endpoint {
         s.malformed_dropped += t.ring_malformed;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
-        for p in &self.peers {
-            if let Link::Udp(u) = &p.link {
+        for p in self.peers.iter().enumerate() {
+            if let Some(u) = link::udp(&self.net, p.0).filter(|_| matches!(p.1.link, Link::Udp)) {
                 let c = u.conn().stats();
                 s.retransmissions += c.retransmissions;
                 s.bulk_hashed += c.bulk_hashed;
@@ -718,17 +646,9 @@ impl Endpoint {
     }
 }
 
-/// Hands what a UDP receive got for route `i` to that peer's link, if it is alive.
-fn to_link(peers: &mut [super::Peer], i: usize, g: Got<'_>, now: u64) {
-    if let Some(Link::Udp(u)) = peers.get_mut(i).filter(|p| p.alive).map(|p| &mut p.link) {
-        u.handle(now, g);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::SLEEP_TIMER_FLOOR;
-    use crate::endpoint::link::Link;
     use crate::lease::SendBuf;
     use crate::{Config, Endpoint, PeerId, Selector};
     use std::time::{Duration, Instant};
@@ -761,9 +681,9 @@ mod tests {
     fn a_sleep_keeps_a_bulk_senders_loss_timers_on_time() {
         let ((mut a, pa), (mut b, pb)) = udp_pair();
         let floor = Duration::from_nanos(SLEEP_TIMER_FLOOR);
-        let in_flight = |ep: &Endpoint| match &ep.peers[pa.0 as usize].link {
-            Link::Udp(u) => (u.bulk().sending(), u.conn().stats().in_flight),
-            _ => unreachable!("a UDP peer"),
+        let in_flight = |ep: &Endpoint| {
+            let u = ep.udp(pa.0 as usize).expect("a UDP peer");
+            (u.bulk().sending(), u.conn().stats().in_flight)
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         // A small message in flight, unacknowledged: its timers wait for the floor.
@@ -788,9 +708,9 @@ mod tests {
             assert!(Instant::now() < deadline, "no bulk fragment in flight");
         }
         // Until this side's delayed ack has gone (it would bound the sleep by itself).
-        let acking = |ep: &Endpoint| match &ep.peers[pa.0 as usize].link {
-            Link::Udp(u) => u.conn().ack_timeout().is_some(),
-            _ => unreachable!("a UDP peer"),
+        let acking = |ep: &Endpoint| {
+            let u = ep.udp(pa.0 as usize).expect("a UDP peer");
+            u.conn().ack_timeout().is_some()
         };
         while acking(&a) {
             a.progress();

@@ -1,7 +1,6 @@
 //! Connecting to a peer on another host over UDP, and falling back to TCP where UDP is
 //! blocked.
 
-use super::link::Link;
 use super::Endpoint;
 use crate::error::{Error, Result};
 use crate::sys::TcpConnecting;
@@ -79,7 +78,7 @@ impl Endpoint {
             if let Some(link) = net.connected(token) {
                 // (A TCP connection made meanwhile closes unused: the peer drops it.)
                 drop(tcp_leg);
-                let id = self.add_peer(Link::Udp(Box::new(link)), true)?;
+                let id = self.add_udp_peer(link, true)?;
                 // Its first datagram (a ping) takes the connection up at the acceptor.
                 self.kick(id.0 as usize);
                 return Ok(id);

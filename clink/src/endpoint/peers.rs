@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::transport::shm::ring_cells_for;
+use crate::transport::udp::UdpLink;
 
 /// How a connection was made ([`Endpoint::joined`]).
 ///
@@ -169,17 +170,44 @@ impl Endpoint {
         self.net.as_ref().is_some_and(|n| n.being_connected_by(id))
     }
 
-    /// Adds the connection `link` as a peer; `connected`: this endpoint made it.
-    pub(super) fn add_peer(&mut self, mut link: Link, connected: bool) -> Result<PeerId> {
-        let crossed = link.crossed();
-        let joined = Joined {
+    /// Adds the UDP connection `link` as a peer, the link kept by the UDP transport;
+    /// `connected`: this endpoint made it.
+    pub(super) fn add_udp_peer(&mut self, link: UdpLink, connected: bool) -> Result<PeerId> {
+        let joined = self.joining(connected, link.crossed(), link.remote_id());
+        let id = PeerId(self.peers.len() as u32);
+        let eager_max =
+            crate::context::net_eager_threshold(&self.ctx, link.conn().config().reliable);
+        let Some(net) = self.net.as_mut() else {
+            return Err(Error::Invalid(
+                "a UDP peer without the UDP transport".into(),
+            ));
+        };
+        net.adopt(id.0 as usize, link);
+        self.watch_new_sockets();
+        self.push_peer(Link::Udp, joined, eager_max)
+    }
+
+    /// How a connection was made: `connected`, this endpoint made it; `crossed`, the two
+    /// ends connected to each other at once; `remote_id`, the peer's identity.
+    fn joining(&self, connected: bool, crossed: bool, remote_id: u128) -> Joined {
+        Joined {
             connected,
             crossed,
             // The smaller identity's connection is kept.
-            superseded: crossed && connected != (self.id < link.remote_id()),
-        };
+            superseded: crossed && connected != (self.id < remote_id),
+        }
+    }
+
+    /// Adds the connection `link` (shared memory or TCP) as a peer; `connected`: this
+    /// endpoint made it.
+    pub(super) fn add_peer(&mut self, link: Link, connected: bool) -> Result<PeerId> {
+        let joined = self.joining(
+            connected,
+            link.crossed(&self.net, usize::MAX),
+            link.remote_id(&self.net, usize::MAX),
+        );
         let id = PeerId(self.peers.len() as u32);
-        let eager_max = match &mut link {
+        let eager_max = match &link {
             Link::Shm(s) => {
                 self.epoll
                     .add(s.sock.raw(), TOK_PEER0 + u64::from(id.0))
@@ -187,15 +215,14 @@ impl Endpoint {
                 // Limits follow the connection's rings (the connector chose their size).
                 eager_threshold(&self.ctx, s.peer_cma, s.tx.mem().cap())
             }
-            Link::Udp(u) => {
-                if let Some(net) = self.net.as_mut() {
-                    net.route(u, id.0 as usize);
-                }
-                self.watch_new_sockets();
-                crate::context::net_eager_threshold(&self.ctx, u.conn().config().reliable)
-            }
+            Link::Udp => return Err(Error::Invalid("a UDP link joins by add_udp_peer".into())),
             Link::Tcp(_) => crate::context::net_eager_threshold(&self.ctx, false),
         };
+        self.push_peer(link, joined, eager_max)
+    }
+
+    fn push_peer(&mut self, link: Link, joined: Joined, eager_max: u64) -> Result<PeerId> {
+        let id = PeerId(self.peers.len() as u32);
         let tcp = matches!(link, Link::Tcp(_));
         self.peers.push(Peer {
             link,
@@ -266,7 +293,7 @@ impl Endpoint {
     /// The identity of the endpoint behind `peer` (the `id` of its address): the same
     /// for every connection to that endpoint, whichever side connected.
     pub fn peer_endpoint_id(&self, peer: PeerId) -> Result<u128> {
-        Ok(self.peer(peer)?.link.remote_id())
+        Ok(self.peer(peer)?.link.remote_id(&self.net, peer.0 as usize))
     }
 
     /// Eager/rendezvous threshold used towards `peer` (bytes sent eagerly at most).
@@ -341,9 +368,9 @@ impl Endpoint {
         );
         match &self.peers[i].link {
             Link::Shm(s) => self.epoll.remove(s.sock.raw()),
-            Link::Udp(u) => {
+            Link::Udp => {
                 if let Some(net) = self.net.as_mut() {
-                    net.unroute(u);
+                    net.detach(i);
                 }
             }
             Link::Tcp(_) => self.tcp_removed(i),
@@ -356,7 +383,7 @@ impl Endpoint {
         let peer = PeerId(i as u32);
         let p = &mut self.peers[i];
         p.txq.clear();
-        if let Some(b) = p.link.bulk() {
+        if let Some(b) = p.link.bulk(&mut self.net, i) {
             // No pointer into a request buffer survives the requests' failure.
             b.clear_bulk();
         }

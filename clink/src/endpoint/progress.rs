@@ -90,7 +90,12 @@ impl Endpoint {
     pub(super) fn fail_after_drain(&mut self, i: usize, why: String) {
         // The link's queue is finite and nothing refills it meanwhile (no read happens
         // here), so the forced drains end.
-        while self.peers[i].alive && self.peers[i].link.peek().is_ok_and(|r| r.is_some()) {
+        while self.peers[i].alive
+            && self.peers[i]
+                .link
+                .peek(&self.net, i)
+                .is_ok_and(|r| r.is_some())
+        {
             if !self.drain(i, true) {
                 break;
             }
@@ -109,7 +114,7 @@ impl Endpoint {
         let mut n = 0;
         self.peers[i].blocked = false;
         while n < RX_BUDGET {
-            let rec = match self.peers[i].link.peek() {
+            let rec = match self.peers[i].link.peek(&self.net, i) {
                 Ok(Some(r)) => r,
                 Ok(None) => {
                     if self.peers[i].link.publish() {

@@ -115,13 +115,13 @@ impl Endpoint {
                 // (finish_bulk_peer) or the peer fails (fail_peer_ops clears the link's
                 // transfers first).
                 let op = self.req.recvs.get_mut(&rid);
-                if let (Some(u), Some(op)) = (self.peers[i].link.bulk(), op) {
+                if let (Some(u), Some(op)) = (self.peers[i].link.bulk(&mut self.net, i), op) {
                     u.expect_bulk(send_id, len, op.buf.lease());
                 }
             }
             msg::Action::Transfer { send_id, len } => {
                 let p = &mut self.peers[i];
-                let Some(u) = p.link.bulk() else {
+                let Some(u) = p.link.bulk(&mut self.net, i) else {
                     p.rndv.chunks.push(send_id, len);
                     self.pump_pipeline(i);
                     return;
@@ -155,7 +155,7 @@ impl Endpoint {
         // The record lives in the peer's segment, kept mapped while the peer exists (or in
         // the heap buffer at the head of a UDP link's queue); the slice is detached from
         // `self` so the handlers below can take `&mut self`.
-        let lease = self.peers[i].link.frame_lease(rec);
+        let lease = self.peers[i].link.frame_lease(&self.net, i, rec);
         let bytes = lease.bytes();
         let f = Frame::parse(bytes).map_err(|e| Error::Proto {
             peer: src,
@@ -193,7 +193,7 @@ impl Endpoint {
                 self.finish_bulk_peer(i);
                 // Its sender lingers until the goodbye is acknowledged, and a failed
                 // peer's link sends nothing more: the ack goes now.
-                if let Link::Udp(u) = &mut self.peers[i].link {
+                if let Some(u) = self.udp_mut(i) {
                     u.ack_now();
                     self.kick(i);
                 }
@@ -237,12 +237,15 @@ impl Endpoint {
     /// Completes the rendezvous sends and receives whose bulk transfers peer `i`'s link
     /// finished (UDP or TCP).
     pub(super) fn finish_bulk_peer(&mut self, i: usize) {
-        let Some((done_in, done_out)) = self.peers[i].link.bulk().and_then(|b| b.take_done())
+        let Some((done_in, done_out)) = self.peers[i]
+            .link
+            .bulk(&mut self.net, i)
+            .and_then(|b| b.take_done())
         else {
             return;
         };
         if !done_in.is_empty() {
-            if let Link::Udp(u) = &mut self.peers[i].link {
+            if let Some(u) = self.udp_mut(i) {
                 // The sender's send completes with the ack of the last fragments: it goes
                 // with this pass's (or wake-up's) transmit, not after the ack delay (the
                 // application may stop driving this endpoint once it has its message).

@@ -59,10 +59,9 @@ impl Endpoint {
     /// that only sends would leave everything past the first window queued until it
     /// called something that reads. Nothing extra while the window has room.
     pub(super) fn read_held_acks(&mut self, peer: PeerId) {
-        let held = matches!(
-            self.peers.get(peer.0 as usize).map(|p| &p.link),
-            Some(Link::Udp(u)) if u.conn().has_unsent()
-        );
+        let held = self
+            .udp(peer.0 as usize)
+            .is_some_and(|u| u.conn().has_unsent());
         if held {
             self.progress_pass(true);
         }
@@ -80,15 +79,14 @@ impl Endpoint {
     #[inline]
     pub(super) fn transmit_held(&mut self, peer: PeerId) -> Result<()> {
         match self.peers.get(peer.0 as usize) {
-            Some(p) if p.alive && matches!(p.link, Link::Udp(_)) => self.wait_held(peer.0 as usize),
+            Some(p) if p.alive && matches!(p.link, Link::Udp) => self.wait_held(peer.0 as usize),
             _ => Ok(()),
         }
     }
 
     fn holds_unsent(&self, i: usize) -> bool {
-        self.peers
-            .get(i)
-            .is_some_and(|p| p.alive && matches!(&p.link, Link::Udp(u) if u.conn().has_unsent()))
+        self.peers.get(i).is_some_and(|p| p.alive)
+            && self.udp(i).is_some_and(|u| u.conn().has_unsent())
     }
 
     #[inline(never)]
@@ -96,7 +94,7 @@ impl Endpoint {
         if self.holds_unsent(i) {
             return self.wait_until(None, |ep| !ep.holds_unsent(i));
         }
-        if matches!(&self.peers[i].link, Link::Udp(u) if u.conn().window_half_used()) {
+        if self.udp(i).is_some_and(|u| u.conn().window_half_used()) {
             self.progress_pass(true);
         }
         Ok(())
@@ -124,7 +122,13 @@ impl Endpoint {
         if len <= p.eager_max {
             self.stats.eager_sends += 1;
             self.stats.eager_bytes += len;
-            if p.txq.is_empty() && p.link.try_send(&Frame::Eager { tag, data: bytes }) {
+            if p.txq.is_empty()
+                && p.link.try_send(
+                    &mut self.net,
+                    peer.0 as usize,
+                    &Frame::Eager { tag, data: bytes },
+                )
+            {
                 self.stats.frames_sent += 1;
                 if kick {
                     self.kick(peer.0 as usize);
@@ -132,7 +136,7 @@ impl Endpoint {
                 return Ok(SendRequest { id: 0 });
             }
             self.stats.ring_full += 1;
-        } else if p.link.unreliable() {
+        } else if p.link.unreliable(&self.net, peer.0 as usize) {
             // A lost chunk or FIN would leave the rendezvous hanging: in unreliable mode
             // (BCL-4's datagram service) messages are at most one eager frame.
             return Err(Error::TooLarge(format!(
@@ -343,7 +347,7 @@ impl Endpoint {
         if !p.alive {
             return;
         }
-        if p.txq.is_empty() && p.link.try_send(&f) {
+        if p.txq.is_empty() && p.link.try_send(&mut self.net, i, &f) {
             self.stats.frames_sent += 1;
             return;
         }
@@ -369,7 +373,7 @@ impl Endpoint {
             let p = &mut self.peers[i];
             let ok = match p.txq.head(&self.req, p.eager_max) {
                 None => break,
-                Some(msg::Head::Frame(f)) => p.link.try_send(&f),
+                Some(msg::Head::Frame(f)) => p.link.try_send(&mut self.net, i, &f),
                 Some(msg::Head::Stale) => true,
             };
             if !ok {
@@ -403,7 +407,7 @@ impl Endpoint {
                 offset: c.offset,
                 data,
             };
-            if !p.link.try_send(&f) {
+            if !p.link.try_send(&mut self.net, i, &f) {
                 break;
             }
             self.stats.frames_sent += 1;

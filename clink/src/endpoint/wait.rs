@@ -255,7 +255,7 @@ impl Endpoint {
         }
         let busy = self.progress_pass(false)
             || !self.peers[i].engine.is_empty()
-            || matches!(self.peers[i].link.peek(), Ok(Some(_)))
+            || matches!(self.peers[i].link.peek(&self.net, i), Ok(Some(_)))
             || !self.evq.is_empty();
         let Some(shm) = self.peers[i].link.shm_mut() else {
             return;
@@ -328,7 +328,7 @@ impl Endpoint {
             || (board && self.board.any())
             || self.arm_list().into_iter().any(|i| {
                 let p = &mut self.peers[i];
-                !p.engine.is_empty() || matches!(p.link.peek(), Ok(Some(_)))
+                !p.engine.is_empty() || matches!(p.link.peek(&self.net, i), Ok(Some(_)))
             })
             || !self.new_peers.is_empty()
             || !self.evq.is_empty();
@@ -369,9 +369,10 @@ impl Endpoint {
         let left = |ep: &Endpoint| {
             ep.peers
                 .iter()
-                .filter(|p| p.alive)
-                .fold((0, 0), |(f, b), p| {
-                    (f + p.txq.len(), b + p.link.unsent_bytes())
+                .enumerate()
+                .filter(|(_, p)| p.alive)
+                .fold((0, 0), |(f, b), (i, p)| {
+                    (f + p.txq.len(), b + p.link.unsent_bytes(&ep.net, i))
                 })
         };
         // The least left so far: only going below it is progress (what a peer's

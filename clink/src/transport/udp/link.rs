@@ -152,22 +152,17 @@ impl UdpLink {
     }
 
     /// The speculative layout to arm for this link's bulk stream: its source address and
-    /// up to `entries` receive entries of `rx_group(bulk_payload)` fragments. None while
+    /// up to `entries` receive entries of `group` fragments each. None while
     /// the bulk stream has holes (a fragment arrived above a missing packet): their
     /// repairs arrive among the new fragments and put the reads out of step with any
     /// layout (ARCHITECTURE.md, "Speculative defragmentation"); the repair that closes
-    /// the last one changes the bulk generation, and the endpoint plans again. A hole
+    /// the last one changes the bulk generation, and the transport plans again. A hole
     /// that a small datagram from the receive ring opened ahead of fragments still
     /// queued in a socket does not stop it: those fragments come next, in order.
-    pub fn plan_arm(
-        &mut self,
-        rx_group: impl FnOnce(usize) -> u64,
-        entries: usize,
-    ) -> Option<(SocketAddr, Arm)> {
+    pub fn plan_arm(&mut self, group: u64, entries: usize) -> Option<(SocketAddr, Arm)> {
         if self.conn.bulk_has_holes() {
             return None;
         }
-        let group = rx_group(self.conn.config().bulk_payload());
         // The packet number expected now restores those of the fragments the read brings
         // (they are within 2^31 of it).
         let ctx = self.conn.bulk_context();
@@ -430,7 +425,7 @@ mod tests {
         }
         let small = small.expect("the message left");
         assert!(dgrams.len() >= 5, "{} datagrams", dgrams.len());
-        let plan = |rx: &mut UdpLink| rx.plan_arm(|_| 4, 8);
+        let plan = |rx: &mut UdpLink| rx.plan_arm(4, 8);
         assert!(plan(&mut rx).is_some(), "a clean stream arms");
         for d in [&dgrams[0], &dgrams[1], &small] {
             rx.handle(1_000, Got::Datagram(d));

@@ -2,7 +2,9 @@
 //!
 //! One socket per endpoint ([`sock::UdpSock`]) carries every peer's datagrams; each peer is
 //! a [`UdpLink`] holding the sans-IO reliable connection ([`clink_proto::reliable::Conn`]:
-//! sequencing, SACK/NAK, retransmission, credits, congestion window, fragmentation). The
+//! sequencing, SACK/NAK, retransmission, credits, congestion window, fragmentation), kept
+//! by the transport under the endpoint's peer index ([`links`]): a receive hands each
+//! datagram to its link, and the endpoint takes the frames the links delivered. The
 //! endpoint's frames (eager messages, rendezvous control, pipelined chunks, close) are the
 //! connection's messages, so the endpoint's protocol above is the same as over shared
 //! memory: a link is an ordered, reliable frame channel, with its own flow control.
@@ -21,6 +23,7 @@ pub mod faults;
 mod handshake;
 pub mod keepalive;
 mod link;
+mod links;
 pub mod peers;
 mod receive;
 pub mod ring;
@@ -261,7 +264,9 @@ pub struct UdpTransport {
     /// With the ring: where each peer's datagrams came from, one hop away (learned from
     /// the ring's frames of datagrams that reached a link): lone datagrams to it are sent
     /// through the packet socket.
-    links: Vec<(SocketAddrV4, ring::LinkAddr)>,
+    hops: Vec<(SocketAddrV4, ring::LinkAddr)>,
+    /// The links, by the endpoint's peer index ([`links`]).
+    links: links::Links,
     /// The keepalive thread, started with the first peer ([`keepalive`]).
     keepalive: Option<Keepalive>,
     /// ICMP errors read from the sockets, not yet taken by the endpoint.
@@ -534,7 +539,8 @@ impl UdpTransport {
             notice_due: 0,
             bulk_expected: false,
             ring_reads: 0,
-            links: Vec::new(),
+            hops: Vec::new(),
+            links: links::Links::default(),
             keepalive: None,
             unreachable: Vec::new(),
             passes: 0,
@@ -699,49 +705,6 @@ impl UdpTransport {
             || !self.st.accepted.is_empty()
     }
 
-    /// Makes `link` (a new peer at index `idx` of the endpoint) reachable by its
-    /// datagrams, on a connected socket of its own while there are fewer than
-    /// [`UdpConfig::peer_sockets`].
-    pub fn route(&mut self, link: &mut UdpLink, idx: usize) {
-        let key @ (_, conn) = link.route_key();
-        self.st.routes.insert(key, idx);
-        self.start_keepalive();
-        if let Some(k) = &self.keepalive {
-            link.standing = Some(k.add(link.dest, conn));
-        }
-        self.open_ring();
-        if self.peers.open(link.dest) {
-            // Its datagrams move to the new socket: a layout for it must move too.
-            self.disarm();
-            self.main_drain = MAIN_DRAIN_PASSES;
-        }
-        self.count_uncovered();
-    }
-
-    /// Forgets a peer's route (it failed or closed); its datagrams become stray, its
-    /// fast-stream grant passes on, its socket (when no other link goes to its address)
-    /// closes.
-    pub fn unroute(&mut self, link: &UdpLink) {
-        let key @ (_, conn) = link.route_key();
-        if let Some(k) = &self.keepalive {
-            k.remove(link.dest, conn);
-        }
-        let st = &mut self.st;
-        if let Some(i) = st.routes.remove(key) {
-            let now = st.now();
-            st.gate.forget(now, i, &mut st.decisions);
-        }
-        let shared = st.routes.map.keys().any(|(d, _)| *d == link.dest);
-        if !shared {
-            self.links.retain(|(a, _)| SocketAddr::V4(*a) != link.dest);
-        }
-        if !shared && self.peers.close(link.dest) {
-            // Sockets after it moved down one index.
-            self.disarm();
-        }
-        self.count_uncovered();
-    }
-
     /// Starts the keepalive thread if it is wanted and not running: its pings go out
     /// through a duplicate of the main socket, every quarter of the liveness timeout in
     /// which no receive pass was made. A failure to start it is logged, not fatal (the
@@ -807,11 +770,6 @@ impl UdpTransport {
         self.faults.as_ref().and_then(Faults::next_release)
     }
 
-    /// Queues `link`'s datagrams for sending.
-    pub fn transmit(&mut self, link: &mut UdpLink, now: u64) {
-        link.transmit(now, &mut self.st.batch);
-    }
-
     /// Sends everything queued: to a peer with a socket of its own through that socket,
     /// else through the main one.
     pub fn flush(&mut self) {
@@ -826,8 +784,8 @@ impl UdpTransport {
                 .filter(|d| d.len() <= ring::SEND_MAX && !is_bulk(d));
             // (The ring is IPv4's: it knows IPv4 peers only.)
             if let (Some(ring), Some(d), SocketAddr::V4(dest)) = (self.ring.as_mut(), lone, dest) {
-                if let Some(k) = self.links.iter().position(|(a, _)| *a == dest) {
-                    match ring.send(&self.links[k].1, dest, d) {
+                if let Some(k) = self.hops.iter().position(|(a, _)| *a == dest) {
+                    match ring.send(&self.hops[k].1, dest, d) {
                         Ok(()) => {
                             i += 1;
                             continue;
@@ -843,7 +801,7 @@ impl UdpTransport {
                             // The interface is gone, say (or the kernel is short of
                             // buffers): forget the address, take the socket.
                             tracing::debug!("packet socket send to {dest}: {e}");
-                            self.links.swap_remove(k);
+                            self.hops.swap_remove(k);
                         }
                     }
                 }

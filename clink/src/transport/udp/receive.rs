@@ -130,7 +130,11 @@ impl UdpTransport {
     /// The clock is read when a datagram is handed over (`sink` gets the reading), the
     /// main socket is (held-back faults) or `all`, and else every [`CLOCK_EVERY`]th call:
     /// an idle busy-poll pass makes no clock reading. [`UdpTransport::read_at`] gives the last.
-    pub fn receive(&mut self, all: bool, sink: &mut impl FnMut(usize, Got<'_>, u64)) -> usize {
+    pub(super) fn receive_with(
+        &mut self,
+        all: bool,
+        sink: &mut impl FnMut(usize, Got<'_>, u64),
+    ) -> usize {
         let n = self.receive_all(all, sink);
         self.collect_unreachable();
         if std::mem::take(&mut self.st.welcomes_due) {
@@ -284,14 +288,14 @@ impl UdpTransport {
             return 0;
         };
         let st = &mut self.st;
-        let links = &mut self.links;
+        let hops = &mut self.hops;
         let Some(f) = self.faults.as_mut() else {
             let n = ring.poll(RING_BATCH, |src, link, d| {
                 let t = *now.get_or_insert_with(|| st.now());
                 let to_link = &mut |i, d: &[u8]| sink(i, Got::Datagram(d), t);
                 let routed = st.dispatch(to_link, SocketAddr::V4(src), d);
                 if let Some(link) = link.filter(|_| routed) {
-                    learn(links, src, link, d);
+                    learn(hops, src, link, d);
                 }
             });
             return n;
