@@ -1,15 +1,14 @@
 //! A peer's frame link, over whichever transport reaches it: the one contract the
 //! endpoint's protocol needs (send a frame or report full, peek the next received frame,
 //! release it), dispatched to the shared-memory ring, the UDP connection or the TCP
-//! connection. A peer holds its ring pair and its TCP connection (each owns its socket);
-//! a UDP link is its transport's, which routes the shared socket's datagrams to it
-//! ([`UdpTransport::link`]): the calls that reach one take the transport and the peer's
-//! index.
+//! connection. A peer holds its ring pair (the shared-memory fast paths take it without a
+//! dispatch); a network link is its transport's, by the peer's index ([`Nets`]): the
+//! calls that reach one take the transports and the index.
 
 use crate::lease::{Dst, Src};
 use crate::transport::shm::ring::{Record, RingError};
 use crate::transport::shm::ShmPeer;
-use crate::transport::tcp::TcpLink;
+use crate::transport::tcp::{TcpLink, TcpTransport};
 use crate::transport::udp::{UdpLink, UdpTransport};
 use clink_proto::wire::Frame;
 
@@ -18,8 +17,8 @@ pub(crate) enum Link {
     Shm(ShmPeer),
     /// Held by the UDP transport, under the peer's index.
     Udp,
-    /// Boxed, as UDP.
-    Tcp(Box<TcpLink>),
+    /// Held by the TCP transport, under the peer's index.
+    Tcp,
 }
 
 /// A link over which a rendezvous is a bulk transfer the link moves itself: the sender's
@@ -80,46 +79,54 @@ pub(crate) enum Rx {
     Net,
 }
 
-/// Peer `i`'s UDP link in `net`.
-pub(crate) fn udp(net: &Option<UdpTransport>, i: usize) -> Option<&UdpLink> {
-    net.as_ref()?.link(i)
+/// The endpoint's network transports (each when enabled: `CLINK_UDP`, `CLINK_TCP`),
+/// which keep their links by peer index.
+pub(crate) struct Nets {
+    pub udp: Option<UdpTransport>,
+    pub tcp: Option<TcpTransport>,
+}
+
+/// Peer `i`'s UDP link.
+pub(crate) fn udp(nets: &Nets, i: usize) -> Option<&UdpLink> {
+    nets.udp.as_ref()?.link(i)
 }
 
 /// As [`udp`], mutable.
-pub(crate) fn udp_mut(net: &mut Option<UdpTransport>, i: usize) -> Option<&mut UdpLink> {
-    net.as_mut()?.link_mut(i)
+pub(crate) fn udp_mut(nets: &mut Nets, i: usize) -> Option<&mut UdpLink> {
+    nets.udp.as_mut()?.link_mut(i)
+}
+
+/// Peer `i`'s TCP link.
+pub(crate) fn tcp(nets: &Nets, i: usize) -> Option<&TcpLink> {
+    nets.tcp.as_ref()?.link(i)
+}
+
+/// As [`tcp`], mutable.
+pub(crate) fn tcp_mut(nets: &mut Nets, i: usize) -> Option<&mut TcpLink> {
+    nets.tcp.as_mut()?.link_mut(i)
 }
 
 impl Link {
     /// Bytes the link holds that the peer has not taken: a UDP connection's messages
     /// not yet acknowledged (while it is alive), a TCP send queue not yet written (the
     /// kernel delivers what it took, as for any socket). Shared memory holds none (its
-    /// frames are in the peer's ring). `net`, `i`: the UDP transport and the peer's index.
-    pub fn unsent_bytes(&self, net: &Option<UdpTransport>, i: usize) -> usize {
+    /// frames are in the peer's ring). `nets`, `i`: the transports and the peer's index.
+    pub fn unsent_bytes(&self, nets: &Nets, i: usize) -> usize {
         match self {
             Link::Shm(_) => 0,
-            Link::Udp => udp(net, i)
+            Link::Udp => udp(nets, i)
                 .filter(|u| !u.conn().is_dead())
                 .map_or(0, |u| u.conn().send_buffered()),
-            Link::Tcp(t) => t.queued_bytes(),
+            Link::Tcp => tcp(nets, i).map_or(0, |t| t.queued_bytes()),
         }
     }
 
     /// The peer's endpoint identity (the `id` of its address).
-    pub fn remote_id(&self, net: &Option<UdpTransport>, i: usize) -> u128 {
+    pub fn remote_id(&self, nets: &Nets, i: usize) -> u128 {
         match self {
             Link::Shm(s) => s.id,
-            Link::Udp => udp(net, i).map_or(0, |u| u.remote_id()),
-            Link::Tcp(t) => t.remote_id(),
-        }
-    }
-
-    /// The two ends connected to each other at once (the handshake's answer said so).
-    pub fn crossed(&self, net: &Option<UdpTransport>, i: usize) -> bool {
-        match self {
-            Link::Shm(s) => s.crossed,
-            Link::Udp => udp(net, i).is_some_and(|u| u.crossed()),
-            Link::Tcp(t) => t.crossed,
+            Link::Udp => udp(nets, i).map_or(0, |u| u.remote_id()),
+            Link::Tcp => tcp(nets, i).map_or(0, |t| t.remote_id()),
         }
     }
 
@@ -128,7 +135,7 @@ impl Link {
         match self {
             Link::Shm(_) => "shm",
             Link::Udp => "udp",
-            Link::Tcp(_) => "tcp",
+            Link::Tcp => "tcp",
         }
     }
 
@@ -150,23 +157,19 @@ impl Link {
 
     /// The link, when a rendezvous over it is a bulk transfer: UDP in reliable mode (the
     /// unreliable mode refuses rendezvous messages altogether) and TCP.
-    pub fn bulk<'a>(
-        &'a mut self,
-        net: &'a mut Option<UdpTransport>,
-        i: usize,
-    ) -> Option<&'a mut dyn BulkLink> {
+    pub fn bulk<'a>(&'a mut self, nets: &'a mut Nets, i: usize) -> Option<&'a mut dyn BulkLink> {
         match self {
-            Link::Udp => udp_mut(net, i)
+            Link::Udp => udp_mut(nets, i)
                 .filter(|u| u.conn().config().reliable)
                 .map(|u| u as &mut dyn BulkLink),
-            Link::Tcp(t) => Some(&mut **t),
+            Link::Tcp => tcp_mut(nets, i).map(|t| t as &mut dyn BulkLink),
             Link::Shm(_) => None,
         }
     }
 
     /// A UDP link in unreliable mode (no rendezvous: messages are single eager frames).
-    pub fn unreliable(&self, net: &Option<UdpTransport>, i: usize) -> bool {
-        matches!(self, Link::Udp) && udp(net, i).is_some_and(|u| !u.conn().config().reliable)
+    pub fn unreliable(&self, nets: &Nets, i: usize) -> bool {
+        matches!(self, Link::Udp) && udp(nets, i).is_some_and(|u| !u.conn().config().reliable)
     }
 
     /// Whether rendezvous messages from this peer can be read with one CMA copy.
@@ -175,31 +178,35 @@ impl Link {
     }
 
     /// Queues one frame; false when the link is full (retry after progress).
-    pub fn try_send(&mut self, net: &mut Option<UdpTransport>, i: usize, f: &Frame) -> bool {
+    pub fn try_send(&mut self, nets: &mut Nets, i: usize, f: &Frame) -> bool {
         match self {
             Link::Shm(s) => s.try_send(f),
             // (A UDP peer always has its link in the transport; were it gone, the frame
             // is dropped rather than left to block its queue.)
-            Link::Udp => udp_mut(net, i).is_none_or(|u| u.try_send(f)),
-            Link::Tcp(t) => t.try_send(f),
+            Link::Udp => udp_mut(nets, i).is_none_or(|u| u.try_send(f)),
+            Link::Tcp => tcp_mut(nets, i).is_none_or(|t| t.try_send(f)),
         }
     }
 
     /// The next received frame, if any.
-    pub fn peek(&mut self, net: &Option<UdpTransport>, i: usize) -> Result<Option<Rx>, RingError> {
+    pub fn peek(&mut self, nets: &Nets, i: usize) -> Result<Option<Rx>, RingError> {
         match self {
             Link::Shm(s) => Ok(s.rx.peek()?.map(Rx::Ring)),
-            Link::Udp => Ok(udp(net, i).and_then(|u| u.frames().peek()).map(|_| Rx::Net)),
-            Link::Tcp(t) => Ok(t.frames().peek().map(|_| Rx::Net)),
+            Link::Udp => Ok(udp(nets, i)
+                .and_then(|u| u.frames().peek())
+                .map(|_| Rx::Net)),
+            Link::Tcp => Ok(tcp(nets, i)
+                .and_then(|t| t.frames().peek())
+                .map(|_| Rx::Net)),
         }
     }
 
     /// The bytes of a frame returned by [`Link::peek`].
-    pub fn frame<'a>(&'a self, net: &'a Option<UdpTransport>, i: usize, rx: Rx) -> &'a [u8] {
+    pub fn frame<'a>(&'a self, nets: &'a Nets, i: usize, rx: Rx) -> &'a [u8] {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_bytes(r),
-            (Link::Udp, Rx::Net) => udp(net, i).and_then(|u| u.frames().peek()).unwrap_or(&[]),
-            (Link::Tcp(t), Rx::Net) => t.frames().peek().unwrap_or(&[]),
+            (Link::Udp, Rx::Net) => udp(nets, i).and_then(|u| u.frames().peek()).unwrap_or(&[]),
+            (Link::Tcp, Rx::Net) => tcp(nets, i).and_then(|t| t.frames().peek()).unwrap_or(&[]),
             _ => &[],
         }
     }
@@ -208,29 +215,31 @@ impl Link {
     /// the frame is released (the endpoint handles a frame, with `&mut self`, before it
     /// releases it).
     #[inline]
-    pub fn frame_lease(&self, net: &Option<UdpTransport>, i: usize, rx: Rx) -> Src {
+    pub fn frame_lease(&self, nets: &Nets, i: usize, rx: Rx) -> Src {
         let none = Src::from_static(&[]);
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.record_lease(r),
-            (Link::Udp, Rx::Net) => udp(net, i).and_then(|u| u.frames().head()).unwrap_or(none),
-            (Link::Tcp(t), Rx::Net) => t.frames().head().unwrap_or(none),
+            (Link::Udp, Rx::Net) => udp(nets, i).and_then(|u| u.frames().head()).unwrap_or(none),
+            (Link::Tcp, Rx::Net) => tcp(nets, i).and_then(|t| t.frames().head()).unwrap_or(none),
             _ => none,
         }
     }
 
     /// Releases a frame returned by [`Link::peek`]; true when the peer must be woken
     /// (it waits for ring space).
-    pub fn release(&mut self, net: &mut Option<UdpTransport>, i: usize, rx: Rx) -> bool {
+    pub fn release(&mut self, nets: &mut Nets, i: usize, rx: Rx) -> bool {
         match (self, rx) {
             (Link::Shm(s), Rx::Ring(r)) => s.rx.release(r),
             (Link::Udp, Rx::Net) => {
-                if let Some(u) = udp_mut(net, i) {
+                if let Some(u) = udp_mut(nets, i) {
                     u.release();
                 }
                 false
             }
-            (Link::Tcp(t), Rx::Net) => {
-                t.release();
+            (Link::Tcp, Rx::Net) => {
+                if let Some(t) = tcp_mut(nets, i) {
+                    t.release();
+                }
                 false
             }
             _ => false,
@@ -241,7 +250,7 @@ impl Link {
     pub fn publish(&mut self) -> bool {
         match self {
             Link::Shm(s) => s.rx.publish(),
-            Link::Udp | Link::Tcp(_) => false,
+            Link::Udp | Link::Tcp => false,
         }
     }
 

@@ -197,9 +197,9 @@ impl Peer {
     /// Releases the frame at the head of the peer's queue (the next one is announced
     /// afresh); true when the peer must be woken.
     #[inline]
-    fn release(&mut self, net: &mut Option<UdpTransport>, i: usize, rx: Rx) -> bool {
+    fn release(&mut self, nets: &mut link::Nets, i: usize, rx: Rx) -> bool {
         self.announced = false;
-        self.link.release(net, i, rx)
+        self.link.release(nets, i, rx)
     }
 
     /// For the latency fast paths (`recv_fast`, `event_fast`): the record at the head of
@@ -283,8 +283,8 @@ pub struct Endpoint {
     fast_polls: u32,
     events: Vec<u64>,
     last_error: Option<String>,
-    /// The network transport, when enabled (`CLINK_UDP`).
-    net: Option<UdpTransport>,
+    /// The network transports and their links.
+    nets: link::Nets,
     /// Some UDP connection is marked awaited ([`Endpoint::mark_awaited`]).
     awaiting: bool,
     /// Whether waits spin before they sleep: closed for a while after spins keep failing
@@ -294,8 +294,6 @@ pub struct Endpoint {
     /// set: from the first sleep or [`Endpoint::prepare_wait`] on, not before (see
     /// `Endpoint::watch_udp`).
     udp_watched: bool,
-    /// The TCP transport, when enabled (`CLINK_TCP`).
-    tcp: Option<TcpTransport>,
     /// Apertures, exports, tripwires and one-sided requests.
     rma: rma::RmaState,
     /// The event queue.
@@ -366,11 +364,10 @@ impl Endpoint {
             fast_polls: 0,
             events: Vec::with_capacity(32),
             last_error: None,
-            net,
+            nets: link::Nets { udp: net, tcp },
             awaiting: false,
             spin_gate: clink_proto::spin::SpinGate::new(),
             udp_watched: false,
-            tcp,
             rma: rma::RmaState::default(),
             evq: EventQueue::new(EVENT_QUEUE_CAP),
             board: Board::new()?,
@@ -385,8 +382,8 @@ impl Endpoint {
             host: self.ctx.host,
             id: self.id,
             shm: Some(self.sock_name.clone()),
-            udp: (self.net.as_ref()).map_or(Vec::new(), |n| n.advertised().to_vec()),
-            tcp: (self.tcp.as_ref()).map_or(Vec::new(), |t| t.advertised().to_vec()),
+            udp: (self.nets.udp.as_ref()).map_or(Vec::new(), |n| n.advertised().to_vec()),
+            tcp: (self.nets.tcp.as_ref()).map_or(Vec::new(), |t| t.advertised().to_vec()),
         }
         .to_string()
     }
@@ -470,13 +467,14 @@ impl Endpoint {
             if !p.alive || !p.txq.is_empty() {
                 continue;
             }
-            if let Some(u) = link::udp_mut(&mut self.net, i).filter(|_| matches!(p.link, Link::Udp))
+            if let Some(u) =
+                link::udp_mut(&mut self.nets, i).filter(|_| matches!(p.link, Link::Udp))
             {
                 // The goodbye must not overtake the ack of a transfer received: the
                 // peer fails its sends towards us when the goodbye arrives.
                 u.ack_with_next_data();
             }
-            p.link.try_send(&mut self.net, i, &Frame::Close);
+            p.link.try_send(&mut self.nets, i, &Frame::Close);
         }
         // Over the network, the goodbye must be delivered before the links go quiet.
         self.linger(LINGER);
@@ -508,7 +506,7 @@ impl Endpoint {
     #[inline(always)]
     fn release_frame(&mut self, i: usize, rec: Rx) {
         self.stats.frames_received += 1;
-        if self.peers[i].release(&mut self.net, i, rec) {
+        if self.peers[i].release(&mut self.nets, i, rec) {
             self.peers[i].link.wake();
             self.stats.doorbells += 1;
         }

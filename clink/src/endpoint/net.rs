@@ -79,15 +79,15 @@ impl Endpoint {
     /// `Ok(true)` at once.
     pub fn request_fast(&mut self, peer: PeerId, timeout: Duration) -> Result<bool> {
         let i = self.net_peer(peer)?;
-        let now = self.net.as_ref().map_or(0, |n| n.now());
-        if let Some(u) = link::udp_mut(&mut self.net, i) {
+        let now = self.nets.udp.as_ref().map_or(0, |n| n.now());
+        if let Some(u) = link::udp_mut(&mut self.nets, i) {
             if u.conn().is_fast() {
                 return Ok(true);
             }
             u.request_fast(now);
         }
         self.kick(i);
-        let answer = |ep: &Endpoint| link::udp(&ep.net, i).and_then(|u| u.fast_answer());
+        let answer = |ep: &Endpoint| link::udp(&ep.nets, i).and_then(|u| u.fast_answer());
         self.wait_until(Some(timeout), |ep| {
             !ep.peers[i].alive || answer(ep).is_some()
         })?;
@@ -99,7 +99,7 @@ impl Endpoint {
     /// bulk transfer has been sent for a while).
     pub fn release_fast(&mut self, peer: PeerId) -> Result<()> {
         let i = self.net_peer(peer)?;
-        if let Some(u) = link::udp_mut(&mut self.net, i) {
+        if let Some(u) = link::udp_mut(&mut self.nets, i) {
             u.release_fast();
         }
         self.kick(i);
@@ -130,7 +130,9 @@ impl Endpoint {
     pub fn wire_bytes_sent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
             Link::Udp => self.udp_link(peer)?.map(|u| u.conn().stats().bytes_sent),
-            Link::Tcp(t) => crate::sys::tcp_wire_bytes(t.fd()).ok().map(|b| b.0),
+            Link::Tcp => link::tcp(&self.nets, peer.0 as usize)
+                .and_then(|t| crate::sys::tcp_wire_bytes(t.fd()).ok())
+                .map(|b| b.0),
             Link::Shm(_) => None,
         })
     }
@@ -141,7 +143,9 @@ impl Endpoint {
     pub fn wire_bytes_resent(&self, peer: PeerId) -> Result<Option<u64>> {
         Ok(match &self.peer(peer)?.link {
             Link::Udp => self.udp_link(peer)?.map(|u| u.conn().stats().bytes_resent),
-            Link::Tcp(t) => crate::sys::tcp_wire_bytes(t.fd()).ok().map(|b| b.1),
+            Link::Tcp => link::tcp(&self.nets, peer.0 as usize)
+                .and_then(|t| crate::sys::tcp_wire_bytes(t.fd()).ok())
+                .map(|b| b.1),
             Link::Shm(_) => None,
         })
     }
@@ -152,7 +156,11 @@ impl Endpoint {
     ///
     /// The ring is otherwise opened with the first UDP peer; this opens it now.
     pub fn udp_ring(&mut self) -> Option<std::result::Result<(), String>> {
-        let r = self.net.as_mut().map(|n| n.ring().map_err(str::to_string));
+        let r = self
+            .nets
+            .udp
+            .as_mut()
+            .map(|n| n.ring().map_err(str::to_string));
         self.watch_new_sockets();
         r
     }
@@ -160,7 +168,7 @@ impl Endpoint {
     /// Peer `i`'s UDP link (kept by the transport), if it is a UDP peer.
     pub(super) fn udp(&self, i: usize) -> Option<&crate::transport::udp::UdpLink> {
         match self.peers.get(i)?.link {
-            Link::Udp => link::udp(&self.net, i),
+            Link::Udp => link::udp(&self.nets, i),
             _ => None,
         }
     }
@@ -168,7 +176,7 @@ impl Endpoint {
     /// As [`Endpoint::udp`], mutable.
     pub(super) fn udp_mut(&mut self, i: usize) -> Option<&mut crate::transport::udp::UdpLink> {
         match self.peers.get(i)?.link {
-            Link::Udp => link::udp_mut(&mut self.net, i),
+            Link::Udp => link::udp_mut(&mut self.nets, i),
             _ => None,
         }
     }
@@ -198,9 +206,9 @@ impl Endpoint {
     /// memory, whose frames are in the peer's ring already.
     pub(super) fn kick(&mut self, i: usize) {
         match self.peers.get_mut(i).map(|p| &mut p.link) {
-            Some(Link::Tcp(_)) => self.tcp_write(i),
+            Some(Link::Tcp) => self.tcp_write(i),
             Some(Link::Udp) => {
-                if let Some(net) = self.net.as_mut() {
+                if let Some(net) = self.nets.udp.as_mut() {
                     let now = net.now();
                     net.send_now(i, now);
                 }
@@ -213,7 +221,7 @@ impl Endpoint {
     /// peers' own) to the epoll set, so sleeps watch them too; before the endpoint first
     /// sleeps, only forgets them ([`Endpoint::watch_udp`] adds every open one then).
     pub(super) fn watch_new_sockets(&mut self) {
-        let Some(net) = self.net.as_mut() else {
+        let Some(net) = self.nets.udp.as_mut() else {
             return;
         };
         let new: Vec<_> = net.take_new_fds().collect();
@@ -235,7 +243,7 @@ impl Endpoint {
             return;
         }
         self.udp_watched = true;
-        let Some(net) = self.net.as_mut() else {
+        let Some(net) = self.nets.udp.as_mut() else {
             return;
         };
         net.take_new_fds().for_each(drop);
@@ -251,7 +259,7 @@ impl Endpoint {
         {
             // A sleep would not wake for it: one socket for all rather than a deaf one.
             tracing::warn!("epoll_ctl of a UDP socket failed: no steered or peer sockets");
-            if let Some(net) = self.net.as_mut() {
+            if let Some(net) = self.nets.udp.as_mut() {
                 net.stop_extra_sockets();
             }
         }
@@ -267,14 +275,19 @@ impl Endpoint {
     /// with only shared-memory peers makes no system call per poll. Hellos from new peers
     /// are then read when epoll reports the socket readable (liveness checks, sleeps).
     pub(super) fn net_receive(&mut self, readable: bool) -> bool {
-        if self.net.as_ref().is_none_or(|n| !readable && !n.active()) {
+        if self
+            .nets
+            .udp
+            .as_ref()
+            .is_none_or(|n| !readable && !n.active())
+        {
             return false;
         }
         let got = self.read_net(readable) > 0;
         if got {
             self.drain_before_nak();
         }
-        let Some(net) = self.net.as_mut() else {
+        let Some(net) = self.nets.udp.as_mut() else {
             return got;
         };
         // Timers and admission decisions with the receive's reading of the clock.
@@ -309,7 +322,7 @@ impl Endpoint {
             };
             self.fail_after_drain(i, format!("{}: {why}", PeerId(i as u32)));
         }
-        if let Some(net) = self.net.as_mut() {
+        if let Some(net) = self.nets.udp.as_mut() {
             net.flush(); // welcomes answering hellos
         }
         got || adopted
@@ -318,7 +331,10 @@ impl Endpoint {
     /// One read of the UDP transport (the ring and the sockets due, the speculative
     /// layout planned first): datagrams read.
     fn read_net(&mut self, readable: bool) -> usize {
-        self.net.as_mut().map_or(0, |net| net.receive(readable))
+        self.nets
+            .udp
+            .as_mut()
+            .map_or(0, |net| net.receive(readable))
     }
 
     /// Marks the UDP connections whose peer this endpoint awaits something from (`on`:
@@ -326,7 +342,7 @@ impl Endpoint {
     /// from it), so that a silent one is pinged soon and its death found within the
     /// connection's await-probe time; `!on` clears every mark (the wait is over).
     pub(super) fn mark_awaited(&mut self, on: bool) {
-        if self.net.is_none() {
+        if self.nets.udp.is_none() {
             return;
         }
         let mut want = vec![false; self.peers.len()];
@@ -345,7 +361,8 @@ impl Endpoint {
             }
         }
         let any = self
-            .net
+            .nets
+            .udp
             .as_mut()
             .is_some_and(|net| net.mark_awaited(on, |i| want.get(i).copied().unwrap_or(false)));
         self.awaiting = any;
@@ -408,7 +425,7 @@ impl Endpoint {
         }
         match self.peers[i].link {
             Link::Udp => self.recv_fast_udp(i, sel, buf, spin, spun),
-            Link::Tcp(_) => self.recv_fast_tcp(i, sel, buf, spin, spun),
+            Link::Tcp => self.recv_fast_tcp(i, sel, buf, spin, spun),
             Link::Shm(_) => None,
         }
     }
@@ -428,7 +445,7 @@ impl Endpoint {
             if !self.peers[i].alive {
                 return None;
             }
-            let net = self.net.as_mut()?;
+            let net = self.nets.udp.as_mut()?;
             let u = net.link(i)?;
             let quiet = u.frames().peek().is_none() && !u.bulk().receiving() && !u.bulk().sending();
             if !quiet || net.planned_key().is_some() {
@@ -463,7 +480,7 @@ impl Endpoint {
     /// the socket datagrams that preceded it would otherwise have them NAKed and resent
     /// as lost.
     fn drain_before_nak(&mut self) {
-        if !self.net.as_ref().is_some_and(|n| n.read_ring_last()) {
+        if !self.nets.udp.as_ref().is_some_and(|n| n.read_ring_last()) {
             return;
         }
         let hole = |net: &Option<crate::transport::udp::UdpTransport>| {
@@ -471,7 +488,7 @@ impl Endpoint {
                 .is_some_and(|n| n.live_links().any(|(_, u)| u.conn().nak_pending()))
         };
         for _ in 0..DRAIN_READS {
-            if !hole(&self.net) || self.read_net(true) == 0 {
+            if !hole(&self.nets.udp) || self.read_net(true) == 0 {
                 return;
             }
         }
@@ -483,7 +500,7 @@ impl Endpoint {
     /// (an ack came), what the connection owes the peer (an ack, data an ack let out)
     /// goes out at once rather than when the next progress pass comes.
     fn take_fast_udp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
-        let net = self.net.as_mut()?;
+        let net = self.nets.udp.as_mut()?;
         let now = net.read_at();
         let u = net.link_mut(i)?;
         if u.tick(now) {
@@ -518,7 +535,7 @@ impl Endpoint {
     /// Sends every UDP link's pending datagrams (acks, data, retransmissions) in one batch.
     /// `fresh`: read the clock; else the receive's reading will do.
     pub(super) fn net_transmit(&mut self, fresh: bool) {
-        let Some(net) = self.net.as_mut().filter(|n| n.active()) else {
+        let Some(net) = self.nets.udp.as_mut().filter(|n| n.active()) else {
             return;
         };
         let now = if fresh { net.now() } else { net.read_at() };
@@ -533,7 +550,8 @@ impl Endpoint {
     /// injected loss, on the path of the repairs and of the acks that free the next
     /// transfer (BENCHMARKS.md).
     pub(super) fn reply_due(&self) -> Option<Duration> {
-        self.net
+        self.nets
+            .udp
             .as_ref()?
             .live_links()
             .filter_map(|(_, u)| u.conn().reply_due())
@@ -546,7 +564,8 @@ impl Endpoint {
     /// peer ([`Endpoint::reply_due`] leaves out a slowed stream's acks).
     pub(super) fn only_slowed(&self) -> bool {
         let slowed = self
-            .net
+            .nets
+            .udp
             .as_ref()
             .is_some_and(|n| n.live_links().any(|(_, u)| u.conn().is_slowed()));
         slowed && self.reply_due().is_none()
@@ -555,13 +574,13 @@ impl Endpoint {
     /// Whether the last UDP receive took no clock reading (it got nothing; see
     /// `UdpTransport::read_is_fresh`).
     pub(super) fn net_clock_stale(&self) -> bool {
-        self.net.as_ref().is_some_and(|n| !n.read_is_fresh())
+        self.nets.udp.as_ref().is_some_and(|n| !n.read_is_fresh())
     }
 
     /// How long a sleeping endpoint may wait before a connection timer (retransmission,
     /// delayed ack, keepalive, liveness) or a held-back injected fault needs it.
     pub(super) fn net_timer(&self) -> Option<Duration> {
-        let net = self.net.as_ref()?;
+        let net = self.nets.udp.as_ref()?;
         let now = net.now();
         let next = net
             .live_links()
@@ -587,7 +606,9 @@ impl Endpoint {
 
     /// Adds the network path's counters (transport and every UDP connection) to `s`.
     pub(super) fn add_net_stats(&self, s: &mut crate::Stats) {
-        let Some(net) = self.net.as_ref() else { return };
+        let Some(net) = self.nets.udp.as_ref() else {
+            return;
+        };
         let k = net.sock_stats();
         s.datagrams_sent += k.datagrams_sent;
         s.datagrams_received += k.datagrams_received;
@@ -620,7 +641,7 @@ impl Endpoint {
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
         for p in self.peers.iter().enumerate() {
-            if let Some(u) = link::udp(&self.net, p.0).filter(|_| matches!(p.1.link, Link::Udp)) {
+            if let Some(u) = link::udp(&self.nets, p.0).filter(|_| matches!(p.1.link, Link::Udp)) {
                 let c = u.conn().stats();
                 s.retransmissions += c.retransmissions;
                 s.bulk_hashed += c.bulk_hashed;
@@ -810,7 +831,7 @@ mod tests {
         // EPOLL_CTL_MOD with the events and the token each was added with (so the check
         // changes nothing): ENOENT when not watched.
         let watched = |ep: &Endpoint, fd| {
-            let main = ep.net.as_ref().unwrap().sock.raw();
+            let main = ep.nets.udp.as_ref().unwrap().sock.raw();
             let tok = if fd == main {
                 super::super::TOK_UDP_MAIN
             } else {
@@ -822,10 +843,10 @@ mod tests {
                 Err(e) => panic!("epoll_ctl: {e}"),
             }
         };
-        let main = a.net.as_ref().unwrap().sock.raw();
+        let main = a.nets.udp.as_ref().unwrap().sock.raw();
         // The main socket and the peer's own, and the receive ring when there is one.
-        let expect = |ep: &Endpoint| 2 + usize::from(ep.net.as_ref().unwrap().has_ring());
-        let fds = a.net.as_mut().unwrap().fds();
+        let expect = |ep: &Endpoint| 2 + usize::from(ep.nets.udp.as_ref().unwrap().has_ring());
+        let fds = a.nets.udp.as_mut().unwrap().fds();
         assert_eq!(fds.len(), expect(&a));
         assert!(watched(&a, main));
         let own = fds.into_iter().find(|&fd| fd != main).unwrap();
@@ -844,7 +865,7 @@ mod tests {
         }
         for ep in [&mut a, &mut b] {
             let n = expect(ep);
-            let fds = ep.net.as_mut().unwrap().fds();
+            let fds = ep.nets.udp.as_mut().unwrap().fds();
             assert_eq!(fds.len(), n);
             for fd in fds {
                 assert!(watched(ep, fd), "fd {fd} not watched after a sleep");

@@ -55,14 +55,14 @@ impl Endpoint {
         tcp: Option<SocketAddr>,
     ) -> Result<PeerId> {
         let fail = |why: String| Error::connect(addr, why);
-        let net = self.net.as_mut().ok_or_else(|| {
+        let net = self.nets.udp.as_mut().ok_or_else(|| {
             fail("the endpoint is on another host and this endpoint's UDP transport is off (CLINK_UDP=off)".into())
         })?;
         let token = net.start_connect(dest, alternates, id)?;
         let start = Instant::now();
         let deadline = start + self.ctx.config.connect_timeout;
         let mut tcp_leg = match (
-            self.tcp.is_some().then_some(tcp).flatten(),
+            self.nets.tcp.is_some().then_some(tcp).flatten(),
             net.fallback_after(),
         ) {
             (Some(to), Some(after)) if start + after < deadline => TcpLeg::Due {
@@ -74,7 +74,7 @@ impl Endpoint {
         loop {
             // Serve everything else meanwhile (mutual connects must not deadlock).
             self.progress();
-            let net = self.net.as_mut().expect("checked above");
+            let net = self.nets.udp.as_mut().expect("checked above");
             if let Some(link) = net.connected(token) {
                 // (A TCP connection made meanwhile closes unused: the peer drops it.)
                 drop(tcp_leg);
@@ -89,7 +89,10 @@ impl Endpoint {
             };
             tcp_leg = match tcp_leg {
                 TcpLeg::Due { to, at } if now >= at => {
-                    match TcpConnecting::start(to, self.tcp.as_ref().and_then(|t| t.congestion())) {
+                    match TcpConnecting::start(
+                        to,
+                        self.nets.tcp.as_ref().and_then(|t| t.congestion()),
+                    ) {
                         Ok(c) => TcpLeg::Connecting { c, to },
                         Err(e) => failed(to, e),
                     }
@@ -113,7 +116,11 @@ impl Endpoint {
                 leg => leg,
             };
             if now >= deadline && !matches!(tcp_leg, TcpLeg::Made { .. }) {
-                self.net.as_mut().expect("checked above").abandon(token);
+                self.nets
+                    .udp
+                    .as_mut()
+                    .expect("checked above")
+                    .abandon(token);
                 let tcp = match tcp_leg {
                     TcpLeg::Failed(why) => why,
                     TcpLeg::Connecting { to, .. } => {
@@ -146,7 +153,7 @@ impl Endpoint {
         tracing::warn!(
             "no answer over UDP from {dest} within {waited:?}: connected over TCP to {to}"
         );
-        let tcp = self.tcp.as_ref().expect("fallback only with TCP on");
+        let tcp = self.nets.tcp.as_ref().expect("fallback only with TCP on");
         let link = tcp
             .hello(sock, id)
             .map_err(|e| Error::connect(addr, format!("TCP connection to {to}: {e}")))?;

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::transport::shm::ring_cells_for;
+use crate::transport::tcp::TcpLink;
 use crate::transport::udp::UdpLink;
 
 /// How a connection was made ([`Endpoint::joined`]).
@@ -52,7 +53,7 @@ impl Endpoint {
     /// hello; the UDP transport, which answers hellos inside its receive path, gets a copy.
     fn mark_connecting(&mut self, id: Option<u128>) {
         self.connecting = id;
-        if let Some(n) = self.net.as_mut() {
+        if let Some(n) = self.nets.udp.as_mut() {
             n.set_connecting(id);
         }
     }
@@ -60,21 +61,21 @@ impl Endpoint {
     /// [`Endpoint::connect`] to the parsed address `a`.
     fn connect_to(&mut self, addr: &str, a: Address) -> Result<PeerId> {
         let fail = |why: &str| Error::connect(addr, why.to_string());
-        let tcp_first = self.tcp.is_some()
-            && (self.ctx.config.prefer_tcp || a.udp.is_empty() || self.net.is_none());
+        let tcp_first = self.nets.tcp.is_some()
+            && (self.ctx.config.prefer_tcp || a.udp.is_empty() || self.nets.udp.is_none());
         let same_host = a.host == self.ctx.host;
         // A UDP socket reaches its own family only (an IPv6 one both).
-        let v6_udp = self.net.as_ref().is_some_and(|n| n.local().is_ipv6());
+        let v6_udp = self.nets.udp.as_ref().is_some_and(|n| n.local().is_ipv6());
         let udp_addrs: Vec<std::net::SocketAddr> = (a.udp.iter())
             .filter(|u| u.is_ipv4() || v6_udp)
             .copied()
             .collect();
         let udp = (!udp_addrs.is_empty()).then(|| {
-            let mine = self.net.as_ref().map_or(&[][..], |n| n.interfaces());
+            let mine = self.nets.udp.as_ref().map_or(&[][..], |n| n.interfaces());
             crate::netdev::pick(&udp_addrs, mine, crate::sys::interfaces, same_host)
         });
         let tcp = (!a.tcp.is_empty()).then(|| {
-            let mine = self.tcp.as_ref().map_or(&[][..], |t| t.interfaces());
+            let mine = self.nets.tcp.as_ref().map_or(&[][..], |t| t.interfaces());
             crate::netdev::pick(&a.tcp, mine, crate::sys::interfaces, same_host)
         });
         let deadline = Instant::now() + self.ctx.config.connect_timeout;
@@ -93,7 +94,7 @@ impl Endpoint {
             (_, None, Some(dest)) => {
                 return self.connect_tcp(addr, dest, others(&a.tcp, dest), a.id, deadline)
             }
-            _ if !a.udp.is_empty() && self.net.is_some() => {
+            _ if !a.udp.is_empty() && self.nets.udp.is_some() => {
                 return Err(fail(
                     "the peer offers only IPv6 UDP addresses and this endpoint's UDP socket is IPv4 (include an IPv6 subnet in CLINK_NET_DEVICES)",
                 ))
@@ -138,13 +139,13 @@ impl Endpoint {
         };
         self.incoming = incoming;
         self.adopt(accepted, refused);
-        self.add_peer(Link::Shm(link?), true)
+        self.add_shm_peer(link?, true)
     }
 
     /// Registers peers accepted by [`handshake_incoming`] and records refusals.
     pub(super) fn adopt(&mut self, accepted: Vec<ShmPeer>, refused: Vec<Error>) {
         for p in accepted {
-            match self.add_peer(Link::Shm(p), false) {
+            match self.add_shm_peer(p, false) {
                 Ok(id) => self.new_peers.push_back(id),
                 Err(e) => self.last_error = Some(e.to_string()),
             }
@@ -167,7 +168,10 @@ impl Endpoint {
     /// message after that answer arrives (UDP). A program that wants one connection per
     /// pair waits for it rather than connecting too.
     pub fn being_connected_by(&self, id: u128) -> bool {
-        self.net.as_ref().is_some_and(|n| n.being_connected_by(id))
+        self.nets
+            .udp
+            .as_ref()
+            .is_some_and(|n| n.being_connected_by(id))
     }
 
     /// Adds the UDP connection `link` as a peer, the link kept by the UDP transport;
@@ -177,7 +181,7 @@ impl Endpoint {
         let id = PeerId(self.peers.len() as u32);
         let eager_max =
             crate::context::net_eager_threshold(&self.ctx, link.conn().config().reliable);
-        let Some(net) = self.net.as_mut() else {
+        let Some(net) = self.nets.udp.as_mut() else {
             return Err(Error::Invalid(
                 "a UDP peer without the UDP transport".into(),
             ));
@@ -198,32 +202,44 @@ impl Endpoint {
         }
     }
 
-    /// Adds the connection `link` (shared memory or TCP) as a peer; `connected`: this
-    /// endpoint made it.
-    pub(super) fn add_peer(&mut self, link: Link, connected: bool) -> Result<PeerId> {
-        let joined = self.joining(
-            connected,
-            link.crossed(&self.net, usize::MAX),
-            link.remote_id(&self.net, usize::MAX),
-        );
+    /// Adds the shared-memory connection `link` as a peer; `connected`: this endpoint made
+    /// it.
+    pub(super) fn add_shm_peer(&mut self, link: ShmPeer, connected: bool) -> Result<PeerId> {
+        let joined = self.joining(connected, link.crossed, link.id);
         let id = PeerId(self.peers.len() as u32);
-        let eager_max = match &link {
-            Link::Shm(s) => {
-                self.epoll
-                    .add(s.sock.raw(), TOK_PEER0 + u64::from(id.0))
-                    .map_err(io_err("epoll_ctl peer socket"))?;
-                // Limits follow the connection's rings (the connector chose their size).
-                eager_threshold(&self.ctx, s.peer_cma, s.tx.mem().cap())
-            }
-            Link::Udp => return Err(Error::Invalid("a UDP link joins by add_udp_peer".into())),
-            Link::Tcp(_) => crate::context::net_eager_threshold(&self.ctx, false),
+        self.epoll
+            .add(link.sock.raw(), TOK_PEER0 + u64::from(id.0))
+            .map_err(io_err("epoll_ctl peer socket"))?;
+        // Limits follow the connection's rings (the connector chose their size).
+        let eager_max = eager_threshold(&self.ctx, link.peer_cma, link.tx.mem().cap());
+        self.push_peer(Link::Shm(link), joined, eager_max)
+    }
+
+    /// Adds the TCP connection `link` as a peer, the link kept by the TCP transport (its
+    /// socket goes in the epoll set under the peer's token); `connected`: this endpoint
+    /// made it.
+    pub(super) fn add_tcp_peer(&mut self, link: TcpLink, connected: bool) -> Result<PeerId> {
+        let joined = self.joining(connected, link.crossed, link.remote_id());
+        let id = PeerId(self.peers.len() as u32);
+        let (fd, tok) = (link.fd(), TOK_PEER0 + u64::from(id.0));
+        // An accepted connection is watched already (under the handshake token).
+        if self.epoll.modify(fd, tok, false).is_err() {
+            self.epoll
+                .add(fd, tok)
+                .map_err(io_err("epoll_ctl TCP connection"))?;
+        }
+        let Some(tcp) = self.nets.tcp.as_mut() else {
+            return Err(Error::Invalid(
+                "a TCP peer without the TCP transport".into(),
+            ));
         };
-        self.push_peer(link, joined, eager_max)
+        tcp.adopt(id.0 as usize, link);
+        let eager_max = crate::context::net_eager_threshold(&self.ctx, false);
+        self.push_peer(Link::Tcp, joined, eager_max)
     }
 
     fn push_peer(&mut self, link: Link, joined: Joined, eager_max: u64) -> Result<PeerId> {
         let id = PeerId(self.peers.len() as u32);
-        let tcp = matches!(link, Link::Tcp(_));
         self.peers.push(Peer {
             link,
             joined,
@@ -238,12 +254,6 @@ impl Endpoint {
             unacked: false,
             listed: false,
         });
-        if tcp {
-            if let Err(e) = self.tcp_added(id.0 as usize) {
-                self.peers.pop();
-                return Err(e);
-            }
-        }
         self.ready_add(id.0 as usize);
         self.stats.peers_connected += 1;
         self.evq.push(events::PEERS, Event::PeerConnected(id));
@@ -293,7 +303,7 @@ impl Endpoint {
     /// The identity of the endpoint behind `peer` (the `id` of its address): the same
     /// for every connection to that endpoint, whichever side connected.
     pub fn peer_endpoint_id(&self, peer: PeerId) -> Result<u128> {
-        Ok(self.peer(peer)?.link.remote_id(&self.net, peer.0 as usize))
+        Ok(self.peer(peer)?.link.remote_id(&self.nets, peer.0 as usize))
     }
 
     /// Eager/rendezvous threshold used towards `peer` (bytes sent eagerly at most).
@@ -369,11 +379,11 @@ impl Endpoint {
         match &self.peers[i].link {
             Link::Shm(s) => self.epoll.remove(s.sock.raw()),
             Link::Udp => {
-                if let Some(net) = self.net.as_mut() {
+                if let Some(net) = self.nets.udp.as_mut() {
                     net.detach(i);
                 }
             }
-            Link::Tcp(_) => self.tcp_removed(i),
+            Link::Tcp => self.tcp_removed(i),
         }
         self.fail_peer_ops(i);
     }
@@ -383,7 +393,7 @@ impl Endpoint {
         let peer = PeerId(i as u32);
         let p = &mut self.peers[i];
         p.txq.clear();
-        if let Some(b) = p.link.bulk(&mut self.net, i) {
+        if let Some(b) = p.link.bulk(&mut self.nets, i) {
             // No pointer into a request buffer survives the requests' failure.
             b.clear_bulk();
         }

@@ -93,7 +93,7 @@ impl Endpoint {
         while self.peers[i].alive
             && self.peers[i]
                 .link
-                .peek(&self.net, i)
+                .peek(&self.nets, i)
                 .is_ok_and(|r| r.is_some())
         {
             if !self.drain(i, true) {
@@ -114,7 +114,7 @@ impl Endpoint {
         let mut n = 0;
         self.peers[i].blocked = false;
         while n < RX_BUDGET {
-            let rec = match self.peers[i].link.peek(&self.net, i) {
+            let rec = match self.peers[i].link.peek(&self.nets, i) {
                 Ok(Some(r)) => r,
                 Ok(None) => {
                     if self.peers[i].link.publish() {
@@ -186,7 +186,7 @@ impl Endpoint {
                     if i >= self.peers.len() || !self.peers[i].alive {
                         continue;
                     }
-                    if matches!(self.peers[i].link, Link::Tcp(_)) {
+                    if matches!(self.peers[i].link, Link::Tcp) {
                         did |= self.tcp_event(i);
                         continue;
                     }

@@ -115,13 +115,13 @@ impl Endpoint {
                 // (finish_bulk_peer) or the peer fails (fail_peer_ops clears the link's
                 // transfers first).
                 let op = self.req.recvs.get_mut(&rid);
-                if let (Some(u), Some(op)) = (self.peers[i].link.bulk(&mut self.net, i), op) {
+                if let (Some(u), Some(op)) = (self.peers[i].link.bulk(&mut self.nets, i), op) {
                     u.expect_bulk(send_id, len, op.buf.lease());
                 }
             }
             msg::Action::Transfer { send_id, len } => {
                 let p = &mut self.peers[i];
-                let Some(u) = p.link.bulk(&mut self.net, i) else {
+                let Some(u) = p.link.bulk(&mut self.nets, i) else {
                     p.rndv.chunks.push(send_id, len);
                     self.pump_pipeline(i);
                     return;
@@ -155,7 +155,7 @@ impl Endpoint {
         // The record lives in the peer's segment, kept mapped while the peer exists (or in
         // the heap buffer at the head of a UDP link's queue); the slice is detached from
         // `self` so the handlers below can take `&mut self`.
-        let lease = self.peers[i].link.frame_lease(&self.net, i, rec);
+        let lease = self.peers[i].link.frame_lease(&self.nets, i, rec);
         let bytes = lease.bytes();
         let f = Frame::parse(bytes).map_err(|e| Error::Proto {
             peer: src,
@@ -239,7 +239,7 @@ impl Endpoint {
     pub(super) fn finish_bulk_peer(&mut self, i: usize) {
         let Some((done_in, done_out)) = self.peers[i]
             .link
-            .bulk(&mut self.net, i)
+            .bulk(&mut self.nets, i)
             .and_then(|b| b.take_done())
         else {
             return;

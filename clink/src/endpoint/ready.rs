@@ -158,7 +158,7 @@ impl Endpoint {
                 || !p.rndv.chunks.is_empty()
                 || !p.engine.is_empty()
                 || p.blocked
-                || matches!(p.link.peek(&self.net, i), Ok(Some(_))))
+                || matches!(p.link.peek(&self.nets, i), Ok(Some(_))))
     }
 
     /// One pass over the peers the board and the lists name.

@@ -506,8 +506,8 @@ impl Endpoint {
                     continue;
                 }
                 let p = &mut ep.peers[i];
-                if let Ok(Some(r)) = p.link.peek(&ep.net, i) {
-                    if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.frame(&ep.net, i, r))
+                if let Ok(Some(r)) = p.link.peek(&ep.nets, i) {
+                    if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.frame(&ep.nets, i, r))
                     {
                         if sel.matches(PeerId(i as u32), tag)
                             && !ep.matcher.has_posted_for(PeerId(i as u32), tag)
@@ -532,7 +532,7 @@ impl Endpoint {
         if let Some((i, r, tag)) = found {
             let len = self.peers[i]
                 .link
-                .frame(&self.net, i, r)
+                .frame(&self.nets, i, r)
                 .len()
                 .saturating_sub(EAGER_HEADER);
             return Ok(InPlace {
@@ -612,7 +612,7 @@ impl std::ops::Deref for InPlace<'_> {
     fn deref(&self) -> &[u8] {
         match &self.data {
             InPlaceData::Ring(i, r) => {
-                &self.ep.peers[*i].link.frame(&self.ep.net, *i, *r)[EAGER_HEADER..]
+                &self.ep.peers[*i].link.frame(&self.ep.nets, *i, *r)[EAGER_HEADER..]
             }
             InPlaceData::Owned(v) => v,
         }
@@ -624,7 +624,7 @@ impl Drop for InPlace<'_> {
         if let InPlaceData::Ring(i, r) = self.data {
             let p = &mut self.ep.peers[i];
             self.ep.stats.frames_received += 1;
-            if p.release(&mut self.ep.net, i, r) {
+            if p.release(&mut self.ep.nets, i, r) {
                 p.link.wake();
             }
         }

@@ -91,10 +91,14 @@ impl Endpoint {
 
     #[inline(never)]
     fn wait_held(&mut self, i: usize) -> Result<()> {
-        if self.holds_unsent(i) {
+        let Some(c) = self.udp(i).map(|u| u.conn()) else {
+            return Ok(());
+        };
+        let half = c.window_half_used();
+        if c.has_unsent() {
             return self.wait_until(None, |ep| !ep.holds_unsent(i));
         }
-        if self.udp(i).is_some_and(|u| u.conn().window_half_used()) {
+        if half {
             self.progress_pass(true);
         }
         Ok(())
@@ -124,7 +128,7 @@ impl Endpoint {
             self.stats.eager_bytes += len;
             if p.txq.is_empty()
                 && p.link.try_send(
-                    &mut self.net,
+                    &mut self.nets,
                     peer.0 as usize,
                     &Frame::Eager { tag, data: bytes },
                 )
@@ -136,7 +140,7 @@ impl Endpoint {
                 return Ok(SendRequest { id: 0 });
             }
             self.stats.ring_full += 1;
-        } else if p.link.unreliable(&self.net, peer.0 as usize) {
+        } else if p.link.unreliable(&self.nets, peer.0 as usize) {
             // A lost chunk or FIN would leave the rendezvous hanging: in unreliable mode
             // (BCL-4's datagram service) messages are at most one eager frame.
             return Err(Error::TooLarge(format!(
@@ -347,7 +351,7 @@ impl Endpoint {
         if !p.alive {
             return;
         }
-        if p.txq.is_empty() && p.link.try_send(&mut self.net, i, &f) {
+        if p.txq.is_empty() && p.link.try_send(&mut self.nets, i, &f) {
             self.stats.frames_sent += 1;
             return;
         }
@@ -373,7 +377,7 @@ impl Endpoint {
             let p = &mut self.peers[i];
             let ok = match p.txq.head(&self.req, p.eager_max) {
                 None => break,
-                Some(msg::Head::Frame(f)) => p.link.try_send(&mut self.net, i, &f),
+                Some(msg::Head::Frame(f)) => p.link.try_send(&mut self.nets, i, &f),
                 Some(msg::Head::Stale) => true,
             };
             if !ok {
@@ -407,7 +411,7 @@ impl Endpoint {
                 offset: c.offset,
                 data,
             };
-            if !p.link.try_send(&mut self.net, i, &f) {
+            if !p.link.try_send(&mut self.nets, i, &f) {
                 break;
             }
             self.stats.frames_sent += 1;

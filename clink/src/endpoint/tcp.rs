@@ -2,7 +2,7 @@
 //! reading and writing every TCP link once per progress pass, completing rendezvous
 //! transfers the links finished, and failing peers whose connection ended.
 
-use super::link::Link;
+use super::link::{self, Link};
 use super::net::spin_for;
 use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
@@ -41,7 +41,7 @@ impl Endpoint {
         deadline: Instant,
     ) -> Result<PeerId> {
         let fail = |why: String| Error::connect(addr, why);
-        if self.tcp.is_none() {
+        if self.nets.tcp.is_none() {
             return Err(fail("the peer is reachable only over TCP and this endpoint's TCP transport is off (CLINK_TCP=off)".into()));
         }
         let mut left = std::iter::once(dest).chain(alternates);
@@ -57,7 +57,7 @@ impl Endpoint {
             {
                 match left.next() {
                     Some(to) => {
-                        let cc = self.tcp.as_ref().and_then(|t| t.congestion());
+                        let cc = self.nets.tcp.as_ref().and_then(|t| t.congestion());
                         match TcpConnecting::start(to, cc) {
                             Ok(c) => tries.push((c, to)),
                             Err(e) => failed.push(format!("TCP connect to {to}: {e}")),
@@ -86,7 +86,7 @@ impl Endpoint {
             }
             if hello.is_none() {
                 if let Some((sock, to)) = made.pop_front() {
-                    let tcp = self.tcp.as_ref().expect("checked above");
+                    let tcp = self.nets.tcp.as_ref().expect("checked above");
                     match tcp.hello(sock, id) {
                         Ok(link) => hello = Some((link, to)),
                         Err(e) => failed.push(format!("TCP connection to {to}: {e}")),
@@ -148,7 +148,7 @@ impl Endpoint {
         link.crossed = link.welcome_crossed();
         // (A stream that ended right after the welcome fails the new peer at its first
         // read.)
-        let id = self.add_peer(Link::Tcp(Box::new(link)), true)?;
+        let id = self.add_tcp_peer(link, true)?;
         // Frames that came with the welcome are waiting in the link.
         self.mark_busy(id.0 as usize);
         Ok(id)
@@ -186,7 +186,7 @@ impl Endpoint {
     /// Accepts TCP connections and reads the hellos of those being set up; welcomed ones
     /// become peers. True when a peer was added.
     pub(super) fn tcp_accept(&mut self) -> bool {
-        let Some(tcp) = self.tcp.as_mut() else {
+        let Some(tcp) = self.nets.tcp.as_mut() else {
             return false;
         };
         for fd in tcp.accept_new() {
@@ -200,7 +200,7 @@ impl Endpoint {
     /// Reads the hellos of accepted connections and adopts the peers they name (no
     /// `accept` call: new connections are the listener's, which epoll reports).
     fn tcp_handshakes(&mut self) -> bool {
-        let Some(tcp) = self.tcp.as_mut().filter(|t| t.handshaking()) else {
+        let Some(tcp) = self.nets.tcp.as_mut().filter(|t| t.handshaking()) else {
             return false;
         };
         let hs = tcp.poll_incoming(self.ctx.config.connect_timeout, self.connecting);
@@ -211,7 +211,7 @@ impl Endpoint {
         }
         let mut did = false;
         for link in hs.accepted {
-            match self.add_peer(Link::Tcp(Box::new(link)), false) {
+            match self.add_tcp_peer(link, false) {
                 Ok(id) => {
                     self.new_peers.push_back(id);
                     self.mark_busy(id.0 as usize);
@@ -227,7 +227,7 @@ impl Endpoint {
     /// link's socket read (frames queued, rendezvous payloads placed), finished transfers
     /// completed, dead links failed. True when anything arrived.
     pub(super) fn tcp_receive(&mut self) -> bool {
-        let Some(tcp) = self.tcp.as_ref() else {
+        let Some(tcp) = self.nets.tcp.as_ref() else {
             return false;
         };
         let mut did = false;
@@ -257,13 +257,11 @@ impl Endpoint {
         spun: &mut Option<Instant>,
     ) -> Option<Result<Status>> {
         if self.fast_streak >= FAST_STREAK
-            || self.tcp.as_ref().is_none_or(TcpTransport::handshaking)
+            || self.nets.tcp.as_ref().is_none_or(TcpTransport::handshaking)
         {
             return None;
         }
-        let Link::Tcp(t) = &mut self.peers[i].link else {
-            return None;
-        };
+        let t = link::tcp_mut(&mut self.nets, i)?;
         if t.frames().peek().is_some() || !t.bulk_idle() || t.wants_write() || t.has_failed() {
             return None;
         }
@@ -285,9 +283,7 @@ impl Endpoint {
     /// link's queue if it is a small one matching `sel` (copied out), else `None` (the
     /// general path takes what was read).
     fn take_fast_tcp(&mut self, i: usize, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
-        let Link::Tcp(t) = &mut self.peers[i].link else {
-            return None;
-        };
+        let t = link::tcp_mut(&mut self.nets, i)?;
         let src = PeerId(i as u32);
         let result = match Frame::parse(t.frames().peek()?) {
             Ok(Frame::Eager { tag, data }) if sel.matches(src, tag) => {
@@ -303,7 +299,7 @@ impl Endpoint {
 
     /// The `k`th peer on the TCP transport's list.
     fn tcp_peer(&self, k: usize) -> Option<usize> {
-        self.tcp.as_ref().and_then(|t| t.peers.get(k).copied())
+        self.nets.tcp.as_ref().and_then(|t| t.peers.get(k).copied())
     }
 
     /// The list position after visiting peer `i` at `k` (a peer that failed meanwhile left
@@ -324,19 +320,18 @@ impl Endpoint {
     /// fails with that failure once the socket has no more, so that its last messages (a
     /// reason it gave for leaving, say) are not lost to the failed write.
     fn tcp_read(&mut self, i: usize) -> bool {
-        let p = &self.peers[i];
-        let Link::Tcp(t) = &p.link else {
-            return false;
-        };
-        if !p.alive {
+        if !self.peers[i].alive {
             return false;
         }
+        let Some(t) = link::tcp(&self.nets, i) else {
+            return false;
+        };
         if t.has_failed() && t.frames().full() {
             // Room for what is left: the frames read are handled (copied aside if no
             // receive wants them), as they would be when the peer fails.
             self.drain(i, true);
         }
-        let Link::Tcp(t) = &mut self.peers[i].link else {
+        let Some(t) = link::tcp_mut(&mut self.nets, i) else {
             return false;
         };
         let failed = t.take_failure();
@@ -381,16 +376,15 @@ impl Endpoint {
     /// Fails the TCP peers whose host is gone ([`crate::transport::tcp::TcpLink::host_gone`]),
     /// when a look is due at `now` (part of the liveness check).
     pub(super) fn tcp_liveness(&mut self, now: Instant) {
-        if !self.tcp.as_mut().is_some_and(|t| t.acks_due(now)) {
+        if !self.nets.tcp.as_mut().is_some_and(|t| t.acks_due(now)) {
             return;
         }
         let mut k = 0;
         while let Some(i) = self.tcp_peer(k) {
-            let p = &mut self.peers[i];
-            let gone = match &mut p.link {
-                Link::Tcp(t) if p.alive => t.host_gone(now),
-                _ => None,
-            };
+            let alive = self.peers[i].alive;
+            let gone = link::tcp_mut(&mut self.nets, i)
+                .filter(|_| alive)
+                .and_then(|t| t.host_gone(now));
             if let Some(silent) = gone {
                 let why = format!(
                     "no acknowledgement from its host for {} ms with data or probes outstanding: declared dead",
@@ -416,10 +410,12 @@ impl Endpoint {
     /// Writes peer `i`'s queue (at the pass's end, on writability, or at once after a
     /// send: [`Endpoint::kick`]).
     pub(super) fn tcp_write(&mut self, i: usize) {
-        let p = &mut self.peers[i];
-        let Link::Tcp(t) = &mut p.link else { return };
-        if !p.alive || !t.wants_write() {
-            if t.out_armed() && p.alive {
+        let alive = self.peers[i].alive;
+        let Some(t) = link::tcp_mut(&mut self.nets, i) else {
+            return;
+        };
+        if !alive || !t.wants_write() {
+            if t.out_armed() && alive {
                 t.set_out_armed(false);
                 let _ = self.epoll.modify(t.fd(), TOK_PEER0 + i as u64, false);
             }
@@ -449,48 +445,29 @@ impl Endpoint {
         did
     }
 
-    /// A peer joins the TCP transport's list (its socket goes in the epoll set under the
-    /// peer's token).
-    pub(super) fn tcp_added(&mut self, i: usize) -> Result<()> {
-        let Link::Tcp(t) = &self.peers[i].link else {
-            return Ok(());
-        };
-        let (fd, tok) = (t.fd(), TOK_PEER0 + i as u64);
-        // An accepted connection is watched already (under the handshake token).
-        if self.epoll.modify(fd, tok, false).is_err() {
-            self.epoll
-                .add(fd, tok)
-                .map_err(crate::error::io_err("epoll_ctl TCP connection"))?;
-        }
-        if let Some(tcp) = self.tcp.as_mut() {
-            tcp.peers.push(i);
-        }
-        Ok(())
-    }
-
     /// Peer `i` failed or closed: flush what its link can still take, end our side of the
     /// stream (the peer reads the end), free its buffers (its transfers are forgotten
     /// with them) and stop watching it.
     pub(super) fn tcp_removed(&mut self, i: usize) {
-        let Link::Tcp(t) = &mut self.peers[i].link else {
+        let Some(t) = link::tcp_mut(&mut self.nets, i) else {
             return;
         };
         let _ = t.write();
         t.shutdown();
         t.free();
         self.epoll.remove(t.fd());
-        if let Some(tcp) = self.tcp.as_mut() {
-            tcp.peers.retain(|&p| p != i);
+        if let Some(tcp) = self.nets.tcp.as_mut() {
+            tcp.detach(i);
         }
     }
 
     /// Adds the TCP transport's counters to `s`.
     pub(super) fn add_tcp_stats(&self, s: &mut crate::Stats) {
-        if self.tcp.is_none() {
+        if self.nets.tcp.is_none() {
             return;
         }
-        for p in &self.peers {
-            if let Link::Tcp(t) = &p.link {
+        for (i, p) in self.peers.iter().enumerate() {
+            if let Some(t) = link::tcp(&self.nets, i).filter(|_| matches!(p.link, Link::Tcp)) {
                 let k = t.stats;
                 s.stream_writes += k.writes;
                 s.stream_bytes_sent += k.bytes_sent;
@@ -509,7 +486,6 @@ impl Endpoint {
 #[cfg(test)]
 mod tests {
     use super::FAST_STREAK;
-    use crate::endpoint::link::Link;
     use crate::transport::tcp::TcpConfig;
     use crate::{Config, Endpoint, PeerId, Selector};
     use std::net::{Ipv4Addr, SocketAddr};
@@ -548,9 +524,9 @@ mod tests {
             }),
             ..Config::default()
         };
-        let ran = |(a, pa): &(Endpoint, PeerId)| match &a.peers[pa.0 as usize].link {
-            Link::Tcp(t) => t.congestion().unwrap(),
-            _ => panic!("not a TCP link"),
+        let ran = |(a, pa): &(Endpoint, PeerId)| {
+            let t = crate::endpoint::link::tcp(&a.nets, pa.0 as usize).expect("a TCP link");
+            t.congestion().unwrap()
         };
         let (a, b) = crate::endpoint::connected_pair(cfg(Some("reno")), cfg(Some("reno")));
         assert_eq!((ran(&a), ran(&b)), ("reno".into(), "reno".into()));

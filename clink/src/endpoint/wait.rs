@@ -181,7 +181,7 @@ impl Endpoint {
                     t = t.min(n);
                 }
                 // A TCP peer's host that is gone sends nothing to wake the sleep.
-                if let Some(tcp) = self.tcp.as_ref().filter(|t| !t.peers.is_empty()) {
+                if let Some(tcp) = self.nets.tcp.as_ref().filter(|t| !t.peers.is_empty()) {
                     t = t.min(tcp.acks_interval());
                 }
                 woken = self.check_events(Some(t), true);
@@ -217,7 +217,7 @@ impl Endpoint {
     /// (A connection that starts meanwhile waits up to [`FUTEX_SLEEP_MAX`].)
     pub(super) fn futex_peer(&self) -> Option<usize> {
         if self.ready.on
-            || self.tcp.as_ref().is_some_and(|t| t.handshaking())
+            || self.nets.tcp.as_ref().is_some_and(|t| t.handshaking())
             || self.evq.has_senders()
             || !self.new_peers.is_empty()
             || !self.incoming.is_empty()
@@ -255,7 +255,7 @@ impl Endpoint {
         }
         let busy = self.progress_pass(false)
             || !self.peers[i].engine.is_empty()
-            || matches!(self.peers[i].link.peek(&self.net, i), Ok(Some(_)))
+            || matches!(self.peers[i].link.peek(&self.nets, i), Ok(Some(_)))
             || !self.evq.is_empty();
         let Some(shm) = self.peers[i].link.shm_mut() else {
             return;
@@ -328,7 +328,7 @@ impl Endpoint {
             || (board && self.board.any())
             || self.arm_list().into_iter().any(|i| {
                 let p = &mut self.peers[i];
-                !p.engine.is_empty() || matches!(p.link.peek(&self.net, i), Ok(Some(_)))
+                !p.engine.is_empty() || matches!(p.link.peek(&self.nets, i), Ok(Some(_)))
             })
             || !self.new_peers.is_empty()
             || !self.evq.is_empty();
@@ -372,7 +372,7 @@ impl Endpoint {
                 .enumerate()
                 .filter(|(_, p)| p.alive)
                 .fold((0, 0), |(f, b), (i, p)| {
-                    (f + p.txq.len(), b + p.link.unsent_bytes(&ep.net, i))
+                    (f + p.txq.len(), b + p.link.unsent_bytes(&ep.nets, i))
                 })
         };
         // The least left so far: only going below it is progress (what a peer's

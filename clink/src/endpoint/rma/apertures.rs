@@ -244,7 +244,7 @@ impl Endpoint {
     /// Only checks that it names that peer; the owner checks everything else on access.
     pub fn import(&mut self, peer: PeerId, cookie: Cookie) -> Result<Remote> {
         let p = self.peer(peer)?;
-        let owner = p.link.remote_id(&self.net, peer.0 as usize);
+        let owner = p.link.remote_id(&self.nets, peer.0 as usize);
         if owner != cookie.owner {
             return Err(Error::Invalid(format!(
                 "the cookie belongs to endpoint {:032x}, not to {peer}",

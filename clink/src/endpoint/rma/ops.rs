@@ -60,7 +60,7 @@ impl Endpoint {
             return;
         }
         let f = Frame::Rma(f);
-        if p.txq.is_empty() && p.link.try_send(&mut self.net, i, &f) {
+        if p.txq.is_empty() && p.link.try_send(&mut self.nets, i, &f) {
             self.stats.frames_sent += 1;
             return;
         }

@@ -256,7 +256,7 @@ impl Endpoint {
                     Err(()) => return None,
                 };
                 // As in `handle`: the record is not released before `serve` returns.
-                let lease = p.link.frame_lease(&self.net, i, rec);
+                let lease = p.link.frame_lease(&self.nets, i, rec);
                 let bytes = lease.bytes();
                 let Some(RmaFrame::Put { req, to, data }) = rma_put(bytes) else {
                     return None;

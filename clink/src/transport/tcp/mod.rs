@@ -105,7 +105,8 @@ pub struct Handshakes {
     pub abandoned: u64,
 }
 
-/// The endpoint's listening socket and the connections being set up.
+/// The endpoint's listening socket, the connections being set up, and its links by the
+/// endpoint's peer index.
 pub struct TcpTransport {
     listener: TcpListener,
     /// The interfaces advertised, preferred first.
@@ -114,13 +115,41 @@ pub struct TcpTransport {
     my_id: u128,
     cfg: TcpConfig,
     incoming: Vec<Incoming>,
-    /// Endpoint peer indices reached over TCP (progress visits only these).
+    /// Endpoint peer indices of the live links, in the order they joined (progress
+    /// visits only these).
     pub peers: Vec<usize>,
+    /// The links by peer index; a failed or closed peer's link stays (freed, its
+    /// counters readable).
+    links: Vec<Option<Box<TcpLink>>>,
     /// When the links' acknowledgements were last looked at ([`TcpTransport::acks_due`]).
     acks_checked: std::time::Instant,
 }
 
 impl TcpTransport {
+    /// Takes `link` as the endpoint's peer `idx`, live.
+    pub fn adopt(&mut self, idx: usize, link: TcpLink) {
+        if self.links.len() <= idx {
+            self.links.resize_with(idx + 1, || None);
+        }
+        self.links[idx] = Some(Box::new(link));
+        self.peers.push(idx);
+    }
+
+    /// Peer `idx` failed or closed: its link leaves the live list (it stays, to be read).
+    pub fn detach(&mut self, idx: usize) {
+        self.peers.retain(|&p| p != idx);
+    }
+
+    /// Peer `idx`'s link, live or not.
+    pub fn link(&self, idx: usize) -> Option<&TcpLink> {
+        self.links.get(idx)?.as_deref()
+    }
+
+    /// As [`TcpTransport::link`], mutable.
+    pub fn link_mut(&mut self, idx: usize) -> Option<&mut TcpLink> {
+        self.links.get_mut(idx)?.as_deref_mut()
+    }
+
     /// Binds the listening socket and works out the address to advertise.
     pub fn new(cfg: TcpConfig, my_id: u128) -> Result<TcpTransport> {
         let ifaces = crate::netdev::advertise(cfg.bind.ip(), &cfg.devices)?;
@@ -155,6 +184,7 @@ impl TcpTransport {
             cfg,
             incoming: Vec::new(),
             peers: Vec::new(),
+            links: Vec::new(),
             acks_checked: std::time::Instant::now(),
         })
     }

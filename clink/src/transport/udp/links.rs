@@ -23,6 +23,7 @@ pub(super) struct Links {
 }
 
 impl Links {
+    #[inline]
     fn live_mut(&mut self, i: usize) -> Option<&mut UdpLink> {
         match self.slots.get_mut(i) {
             Some(Some(s)) if s.live => Some(&mut s.link),
@@ -31,6 +32,7 @@ impl Links {
     }
 
     /// Hands what a receive got for route `i` to its link, if it is live.
+    #[inline]
     pub(super) fn deliver(&mut self, i: usize, got: Got<'_>, now: u64) {
         if let Some(l) = self.live_mut(i) {
             l.handle(now, got);
@@ -141,6 +143,7 @@ impl UdpTransport {
 
     /// As [`UdpTransport::receive`], with the layout planned already (the busy-poll
     /// latency path plans nothing: it runs only while no bulk transfer is under way).
+    #[inline]
     pub fn receive_planned(&mut self, all: bool) -> usize {
         let mut links = std::mem::take(&mut self.links);
         let n = self.receive_with(all, &mut |i, g, now| links.deliver(i, g, now));
@@ -204,6 +207,7 @@ impl UdpTransport {
     }
 
     /// Sends what peer `idx`'s link has queued, at once.
+    #[inline]
     pub fn send_now(&mut self, idx: usize, now: u64) {
         let Some(l) = self.links.live_mut(idx) else {
             return;
