@@ -376,24 +376,16 @@ impl Endpoint {
     /// Fails the TCP peers whose host is gone ([`crate::transport::tcp::TcpLink::host_gone`]),
     /// when a look is due at `now` (part of the liveness check).
     pub(super) fn tcp_liveness(&mut self, now: Instant) {
-        if !self.nets.tcp.as_mut().is_some_and(|t| t.acks_due(now)) {
+        let Some(tcp) = self.nets.tcp.as_mut() else {
             return;
-        }
-        let mut k = 0;
-        while let Some(i) = self.tcp_peer(k) {
-            let alive = self.peers[i].alive;
-            let gone = link::tcp_mut(&mut self.nets, i)
-                .filter(|_| alive)
-                .and_then(|t| t.host_gone(now));
-            if let Some(silent) = gone {
-                let why = format!(
-                    "no acknowledgement from its host for {} ms with data or probes outstanding: declared dead",
-                    silent.as_millis()
-                );
-                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, why);
-                self.tcp_failed(i, LinkError::Io(e));
-            }
-            k = self.tcp_next(k, i);
+        };
+        for (i, silent) in tcp.hosts_gone(now) {
+            let why = format!(
+                "no acknowledgement from its host for {} ms with data or probes outstanding: declared dead",
+                silent.as_millis()
+            );
+            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, why);
+            self.tcp_failed(i, LinkError::Io(e));
         }
     }
 

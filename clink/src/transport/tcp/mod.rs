@@ -215,8 +215,24 @@ impl TcpTransport {
         (self.cfg.dead_after / 8).max(std::time::Duration::from_millis(10))
     }
 
+    /// When a look at the links' acknowledgements is due at `now`: the live links whose
+    /// host has acknowledged nothing for too long ([`TcpLink::host_gone`]), with how long.
+    pub fn hosts_gone(&mut self, now: std::time::Instant) -> Vec<(usize, std::time::Duration)> {
+        if !self.acks_due(now) {
+            return Vec::new();
+        }
+        let links = &mut self.links;
+        self.peers
+            .iter()
+            .filter_map(|&i| {
+                let l = links.get_mut(i)?.as_deref_mut()?;
+                l.host_gone(now).map(|silent| (i, silent))
+            })
+            .collect()
+    }
+
     /// True (and `now` noted) when a look at the links' acknowledgements is due.
-    pub fn acks_due(&mut self, now: std::time::Instant) -> bool {
+    fn acks_due(&mut self, now: std::time::Instant) -> bool {
         if self.peers.is_empty()
             || now.saturating_duration_since(self.acks_checked) < self.acks_interval()
         {

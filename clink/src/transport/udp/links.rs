@@ -39,6 +39,13 @@ impl Links {
         }
     }
 
+    fn live_ref(&self, i: usize) -> Option<&UdpLink> {
+        match self.slots.get(i) {
+            Some(Some(s)) if s.live => Some(&s.link),
+            _ => None,
+        }
+    }
+
     fn live(&self) -> impl Iterator<Item = (usize, &UdpLink)> + '_ {
         self.slots.iter().enumerate().filter_map(|(i, s)| match s {
             Some(s) if s.live => Some((i, &*s.link)),
@@ -161,11 +168,7 @@ impl UdpTransport {
             |i: usize, l: &UdpLink| l.bulk.receiving().then(|| (i, l.bulk.generation()));
         let key = match (self.speculate(), self.fast_holder()) {
             (false, _) => None,
-            (true, Some(h)) => self
-                .links
-                .live()
-                .find(|&(i, _)| i == h)
-                .and_then(|(i, l)| receiving(i, l)),
+            (true, Some(h)) => self.links.live_ref(h).and_then(|l| receiving(h, l)),
             (true, None) => self.links.live().find_map(|(i, l)| receiving(i, l)),
         };
         if self.planned_key() != key {

@@ -90,3 +90,61 @@ fn a_handshake_says_whether_small_datagrams_take_another_path_and_the_peer_judge
         }
     }
 }
+
+/// The transport keeps its links by peer index: a datagram read from the socket goes
+/// straight to its link, whose delivered frame the endpoint then finds under that index;
+/// a detached link (its peer failed) leaves the live list, gets nothing more (what comes
+/// is stray) and stays readable.
+#[test]
+fn the_transport_hands_datagrams_to_its_links_and_a_detached_one_gets_none() {
+    let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut t = transport(false, lo);
+    let peer = std::net::UdpSocket::bind((lo, 0)).unwrap();
+    let cfg = reliable::Config {
+        conn_id: 7,
+        ..reliable::Config::default()
+    };
+    let mut sender = Conn::new(cfg.clone(), 0);
+    t.adopt(
+        3,
+        UdpLink::new(Conn::new(cfg, 0), peer.local_addr().unwrap(), 2, false),
+    );
+    assert_eq!(t.live_links().map(|(i, _)| i).collect::<Vec<_>>(), [3]);
+    assert!(t.link(0).is_none() && t.link(4).is_none());
+    let to = t.sock.local();
+    let mut send = |msg: &[u8]| {
+        sender.send(0, msg).unwrap();
+        let mut buf = Vec::new();
+        let tx = sender
+            .poll_transmit_with(0, &mut buf, &mut |_, _, _| None)
+            .expect("a datagram");
+        buf.truncate(tx.len);
+        peer.send_to(&buf, to).unwrap();
+    };
+    // (Sent to a socket on this host: it is there when the sendto returns.)
+    send(b"hello");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while t.link(3).unwrap().frames().peek().is_none() {
+        t.receive(true);
+        assert!(t.run_timers(t.now()).is_empty());
+        assert!(
+            Instant::now() < deadline,
+            "the datagram never reached its link"
+        );
+    }
+    assert_eq!(t.link(3).unwrap().frames().peek(), Some(&b"hello"[..]));
+    t.link_mut(3).unwrap().release();
+    t.detach(3);
+    assert_eq!(t.live_links().count(), 0);
+    let stray = t.stats().stray;
+    send(b"again");
+    while t.stats().stray == stray {
+        t.receive(true);
+        assert!(
+            Instant::now() < deadline,
+            "the datagram was not counted stray"
+        );
+    }
+    assert!(t.link(3).unwrap().frames().peek().is_none());
+    assert_eq!(t.link(3).unwrap().conn().stats().datagrams_received, 1);
+}
