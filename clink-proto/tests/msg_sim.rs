@@ -18,10 +18,10 @@
 //! delivered.
 
 use clink_proto::cost::{Costs, Rndv};
-use clink_proto::matching::{Matcher, Selector};
+use clink_proto::matching::Selector;
 use clink_proto::msg::{
-    self, Action, Arrived, CancelStep, Failure, Head, Message, RecvReq, RecvState, Rendezvous,
-    Requests, SendReq, SendState, TxQueue,
+    self, Action, Arrival, Arrived, CancelStep, Failure, Head, Message, RecvReq, RecvState,
+    Rendezvous, Requests, SendReq, SendState, TxQueue,
 };
 use clink_proto::netsim::Rng;
 use clink_proto::wire::Frame;
@@ -69,7 +69,6 @@ type Reqs = Requests<Send, Vec<u8>, Failure>;
 type SendOp = SendReq<Send, Failure>;
 
 struct Side {
-    matcher: Matcher<u64, Arrived>,
     req: Reqs,
     marks: HashMap<u64, RecvMarks>,
     /// Receive order per tag (request ids, as posted).
@@ -137,7 +136,6 @@ fn payload(rng: &mut Rng, len: u64) -> Vec<u8> {
 impl World {
     fn new(seed: u64) -> World {
         let side = || Side {
-            matcher: Matcher::default(),
             req: Reqs::default(),
             marks: HashMap::new(),
             posted: vec![Vec::new(); TAGS as usize],
@@ -285,7 +283,7 @@ impl World {
         if s.peer_dead {
             return;
         }
-        if let Some((_, u)) = s.matcher.post(Selector::exact(Some(PEER), tag), id) {
+        if let Some((_, u)) = s.req.matcher.post(Selector::exact(Some(PEER), tag), id) {
             self.deliver(k, id, u.tag, u.item);
         }
     }
@@ -393,15 +391,17 @@ impl World {
             ref f => {
                 let mut acts = Vec::new();
                 s.rndv
-                    .on_frame(&mut s.req, &mut s.matcher, &self.costs, f, now, &mut acts)
+                    .on_frame(&mut s.req, &self.costs, f, now, &mut acts)
                     .expect("a correct peer's frame is accepted");
                 self.act(k, acts);
                 return true;
             }
         };
-        match s.matcher.take_posted(PEER, tag) {
-            Some(rid) => self.deliver(k, rid, tag, item),
-            None => s.matcher.push_unexpected(PEER, tag, item),
+        // (The simulated link hands each frame over once: what no receive wants is set
+        // aside at once, as a runtime does when nothing else moves.)
+        match s.req.arrival(PEER, tag, true) {
+            Arrival::Posted(rid) => self.deliver(k, rid, tag, item),
+            Arrival::SetAside | Arrival::Leave => s.req.set_aside(PEER, tag, item),
         }
         true
     }
@@ -469,7 +469,7 @@ impl World {
             .iter()
             .find(|id| matches!(s.req.recvs[id].state, RecvState::Posted))
         {
-            if s.matcher.cancel(&id) {
+            if s.req.matcher.cancel(&id) {
                 s.marks.get_mut(&id).unwrap().cancelled = true;
                 s.req.recvs.get_mut(&id).unwrap().state = RecvState::Done(Err(Failure::Cancelled));
             }
@@ -488,8 +488,7 @@ impl World {
         s.bulk_out.clear();
         o.bulk_out.clear();
         o.expected.clear();
-        o.rndv
-            .peer_died(&mut o.req, &mut o.matcher, || Failure::PeerDead(PEER));
+        o.rndv.peer_died(&mut o.req, || Failure::PeerDead(PEER));
         o.release_finished();
     }
 

@@ -15,12 +15,15 @@
 //!
 //! Each request's state is a [`SendState`] or [`RecvState`]; their methods are the
 //! transitions, and refuse a frame the state does not expect (a peer's protocol error).
-//! [`Requests`] is the table of an endpoint's requests. [`Rendezvous`] is one peer's
-//! rendezvous protocol: given a matched announcement, the peer's control frames, the
-//! completions of what it asked for and the time, it applies the transitions and returns
-//! [`Action`]s. The runtime (the `clink` crate's endpoint) matches eager and RTS frames
-//! against posted receives and carries out the actions: the system calls (CMA reads and
-//! writes, ring and socket writes) and the clock. The simulation test `tests/msg_sim.rs`
+//! [`Requests`] is the table of an endpoint's requests with the matching of arriving
+//! messages against posted receives: [`Requests::arrival`] says what an eager message or
+//! an RTS is for (the receive it matched, or, when none wants it, whether it waits where
+//! it is or is set aside). [`Rendezvous`] is one peer's rendezvous protocol: given a
+//! matched announcement, the peer's control frames, the completions of what it asked for
+//! and the time, it applies the transitions and returns [`Action`]s. The runtime (the
+//! `clink` crate's endpoint) owns the memory: it copies an eager message into the matched
+//! receive's buffer, reads a waiting one in place or copies it aside, and carries out the
+//! actions: the system calls (CMA reads and writes, ring and socket writes) and the clock. The simulation test `tests/msg_sim.rs`
 //! drives two sides' [`Rendezvous`] through random workloads with cancels, truncation,
 //! refused pushes and peer deaths.
 
@@ -49,7 +52,7 @@ pub use chunker::{Chunker, NextChunk};
 pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
 pub use rendezvous::{Action, Announced, Buffer, Landed, Message, Read, Refused, Rendezvous};
 pub use reqmap::ReqMap;
-pub use requests::{RecvReq, Requests, SendReq};
+pub use requests::{Arrival, RecvReq, Requests, SendReq};
 pub use send::{CancelStep, SendState};
 pub use txqueue::{Head, TxQueue};
 

@@ -14,7 +14,6 @@
 use super::{plan, withdraw, Arrived, Chunker, Failure, NextChunk, Plan, RecvState, Requests};
 use super::{SplitEnd, Status};
 use crate::cost::{Costs, Rndv, RndvChooser};
-use crate::matching::Matcher;
 use crate::wire::Frame;
 use crate::PeerId;
 use std::collections::HashMap;
@@ -313,7 +312,6 @@ impl Rendezvous {
     pub fn on_frame<S: Message, R: Buffer, E: From<Failure>>(
         &mut self,
         req: &mut Requests<S, R, E>,
-        matcher: &mut Matcher<u64, Arrived>,
         costs: &Costs,
         frame: &Frame<'_>,
         now: u64,
@@ -368,7 +366,7 @@ impl Rendezvous {
                 return Ok(Landed::Chunk(len));
             }
             Frame::Cancel { send_id } => {
-                let cancelled = withdraw(matcher, peer, send_id);
+                let cancelled = withdraw(&mut req.matcher, peer, send_id);
                 acts.push(Action::Send(Frame::CancelAck { send_id, cancelled }));
             }
             Frame::CancelAck { send_id, cancelled } => {
@@ -502,7 +500,6 @@ impl Rendezvous {
     pub fn peer_died<S, R, E: From<Failure>>(
         &mut self,
         req: &mut Requests<S, R, E>,
-        matcher: &mut Matcher<u64, Arrived>,
         err: impl Fn() -> E,
     ) {
         let peer = self.peer;
@@ -519,14 +516,15 @@ impl Rendezvous {
                 req.finished.push((true, id));
             }
         }
-        for rid in matcher.drain_posted_from(peer) {
+        for rid in req.matcher.drain_posted_from(peer) {
             if let Some(op) = req.recvs.get_mut(&rid) {
                 if op.state.fail(err()) {
                     req.finished.push((false, rid));
                 }
             }
         }
-        matcher.drain_unexpected_from(peer, |u| matches!(u, Arrived::Eager(_)));
+        req.matcher
+            .drain_unexpected_from(peer, |u| matches!(u, Arrived::Eager(_)));
     }
 }
 
@@ -572,13 +570,13 @@ mod tests {
     fn a_refused_pushed_leaves_the_receive_in_progress() {
         let peer = PeerId(0);
         let (mut req, mut rv) = (Table::default(), Rendezvous::new(peer));
-        let (mut matcher, costs, mut acts) = (Matcher::default(), Costs::default(), Vec::new());
+        let (costs, mut acts) = (Costs::default(), Vec::new());
         let a = transfer(&mut req, &mut rv, 9);
         let pushed = Frame::Pushed {
             send_id: 9,
             ok: false,
         };
-        let r = rv.on_frame(&mut req, &mut matcher, &costs, &pushed, 1, &mut acts);
+        let r = rv.on_frame(&mut req, &costs, &pushed, 1, &mut acts);
         assert_eq!(r.unwrap_err().what, "pushed for a receive not split");
         assert!(acts.is_empty());
         let data = [3u8; 100];
@@ -587,7 +585,7 @@ mod tests {
             offset: 0,
             data: &data,
         };
-        let r = rv.on_frame(&mut req, &mut matcher, &costs, &chunk, 2, &mut acts);
+        let r = rv.on_frame(&mut req, &costs, &chunk, 2, &mut acts);
         assert_eq!(r, Ok(Landed::Chunk(100)));
         assert!(matches!(
             req.recvs[&a].state,
@@ -611,7 +609,7 @@ mod tests {
                 watched: false,
             },
         );
-        rv.peer_died(&mut req, &mut matcher, || Failure::PeerDead(peer));
+        rv.peer_died(&mut req, || Failure::PeerDead(peer));
         assert!(matches!(
             req.recvs[&b].state,
             RecvState::Done(Err(Failure::PeerDead(_)))

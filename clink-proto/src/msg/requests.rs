@@ -1,9 +1,11 @@
 //! The table of an endpoint's requests: each send's and receive's state and buffer by
 //! number, which of them the application watches (their completion is reported as an
-//! event), the ones finished since the last report, and the sends nobody waits for.
+//! event), the ones finished since the last report, the sends nobody waits for, and the
+//! matching of arriving messages against posted receives.
 
 use super::reqmap::ReqMap;
-use super::{RecvState, SendState};
+use super::{Arrived, RecvState, SendState};
+use crate::matching::Matcher;
 use crate::PeerId;
 
 /// A send request: to whom, with which tag, its bytes (`B`: owned or lent) and state.
@@ -34,6 +36,19 @@ pub struct RecvReq<B, E> {
     pub user: u64,
 }
 
+/// What an arriving eager message or RTS is for ([`Requests::arrival`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// The posted receive it matched, taken off the posted queue.
+    Posted(u64),
+    /// No receive wants it yet: it stays where it is (the head of the peer's ring, read
+    /// in place later), and the peer's frames behind it wait.
+    Leave,
+    /// No receive wants it: it is kept as unexpected ([`Requests::set_aside`]) so that
+    /// the frames behind it can be handled.
+    SetAside,
+}
+
 /// An endpoint's requests. Numbers start at 1 (0 means "complete already, nothing to
 /// look up"), and are never reused.
 pub struct Requests<S, R, E> {
@@ -46,6 +61,9 @@ pub struct Requests<S, R, E> {
     pub finished: Vec<(bool, u64)>,
     /// Sends nobody waits for: removed once done.
     pub detached: Vec<u64>,
+    /// The posted receives (by number) and the messages that arrived before any receive
+    /// wanted them.
+    pub matcher: Matcher<u64, Arrived>,
     next_id: u64,
     watching: usize,
 }
@@ -57,6 +75,7 @@ impl<S, R, E> Default for Requests<S, R, E> {
             recvs: ReqMap::default(),
             finished: Vec::new(),
             detached: Vec::new(),
+            matcher: Matcher::default(),
             next_id: 1,
             watching: 0,
         }
@@ -64,6 +83,25 @@ impl<S, R, E> Default for Requests<S, R, E> {
 }
 
 impl<S, R, E> Requests<S, R, E> {
+    /// An eager message or an RTS with `tag` arrived from `src`: the posted receive it is
+    /// for, or, when none wants it, whether it stays where it arrived (`force` false: the
+    /// runtime may leave it in place) or is set aside as unexpected (`force`: nothing
+    /// else moves until it is out of the way).
+    #[inline]
+    pub fn arrival(&mut self, src: PeerId, tag: u64, force: bool) -> Arrival {
+        match self.matcher.take_posted(src, tag) {
+            Some(rid) => Arrival::Posted(rid),
+            None if force => Arrival::SetAside,
+            None => Arrival::Leave,
+        }
+    }
+
+    /// Keeps `item`, from `src` with `tag`, as unexpected: a receive posted later takes
+    /// it.
+    pub fn set_aside(&mut self, src: PeerId, tag: u64, item: Arrived) {
+        self.matcher.push_unexpected(src, tag, item);
+    }
+
     /// A fresh request number.
     #[inline]
     pub fn alloc_id(&mut self) -> u64 {
@@ -235,5 +273,25 @@ mod tests {
         assert_eq!(t.watching(), 0);
         assert!(t.remove_send(a).is_some() && t.remove_recv(d).is_some());
         assert!(t.sends.is_empty() && t.recvs.is_empty());
+    }
+
+    /// An arriving message goes to the receive posted for it; with none, it stays where it
+    /// arrived unless the runtime must have it out of the way, and then it is kept for the
+    /// receive posted later.
+    #[test]
+    fn an_arrival_finds_its_posted_receive_or_waits() {
+        use crate::matching::Selector;
+        let mut t: Requests<(), (), ()> = Requests::default();
+        let src = PeerId(2);
+        assert!(t.matcher.post(Selector::exact(Some(src), 5), 41).is_none());
+        assert_eq!(t.arrival(src, 5, false), Arrival::Posted(41));
+        assert_eq!(t.arrival(src, 5, false), Arrival::Leave, "taken once");
+        assert_eq!(t.arrival(PeerId(3), 6, true), Arrival::SetAside);
+        t.set_aside(PeerId(3), 6, Arrived::Eager(vec![7]));
+        let (_, u) = t
+            .matcher
+            .post(Selector::exact(Some(PeerId(3)), 6), 42)
+            .expect("the message set aside");
+        assert_eq!(u.item, Arrived::Eager(vec![7]));
     }
 }

@@ -37,7 +37,7 @@ use crate::transport::tcp::TcpTransport;
 use crate::transport::udp::UdpTransport;
 use bytes::Bytes;
 use clink_proto::addr::Address;
-use clink_proto::matching::{Matcher, Selector};
+use clink_proto::matching::Selector;
 use clink_proto::msg::{self, Arrived};
 use clink_proto::wire::{Frame, EAGER_HEADER};
 use clink_proto::PeerId;
@@ -263,7 +263,6 @@ pub struct Endpoint {
     connecting: Option<u128>,
     /// Accepted connections waiting for their hello, with their arrival time.
     incoming: Vec<(SeqPacket, Instant)>,
-    matcher: Matcher<u64, Arrived>,
     /// The requests, their states and buffers ([`clink_proto::msg::Requests`]).
     req: msg::Requests<SendBuf, RecvBuf, Error>,
     /// The rendezvous protocol's actions being carried out, and those their completions
@@ -353,7 +352,6 @@ impl Endpoint {
             new_peers: VecDeque::new(),
             connecting: None,
             incoming: Vec::new(),
-            matcher: Matcher::default(),
             req: msg::Requests::default(),
             acts: Vec::new(),
             acts_more: Vec::new(),

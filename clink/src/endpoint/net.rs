@@ -347,7 +347,7 @@ impl Endpoint {
         }
         let mut want = vec![false; self.peers.len()];
         if on {
-            for src in self.matcher.posted_sources() {
+            for src in self.req.matcher.posted_sources() {
                 if let Some(w) = want.get_mut(src.0 as usize) {
                     *w = true;
                 }
@@ -416,9 +416,9 @@ impl Endpoint {
             && p.txq.is_empty()
             && p.rndv.chunks.is_empty()
             && p.engine.is_empty()
-            && self.matcher.posted_len() == 0
+            && self.req.matcher.posted_len() == 0
             && self.req.sends.is_empty()
-            && !self.matcher.has_unexpected(&sel)
+            && !self.req.matcher.has_unexpected(&sel)
             && self.peers.iter().filter(|p| p.alive).count() == 1;
         if !open {
             return None;

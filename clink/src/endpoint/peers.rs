@@ -397,8 +397,7 @@ impl Endpoint {
             // No pointer into a request buffer survives the requests' failure.
             b.clear_bulk();
         }
-        p.rndv
-            .peer_died(&mut self.req, &mut self.matcher, || Error::PeerDead(peer));
+        p.rndv.peer_died(&mut self.req, || Error::PeerDead(peer));
         self.fail_peer_rma(i);
     }
 }

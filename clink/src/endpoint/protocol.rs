@@ -4,6 +4,7 @@
 //! transfers a network link finished are reported to it.
 
 use super::*;
+use clink_proto::msg::Arrival;
 
 impl Endpoint {
     /// Receive `rid` matched peer `src`'s announcement of `send_id` (`len` bytes at `addr`
@@ -145,8 +146,8 @@ impl Endpoint {
     pub(super) fn set_aside_eager(&mut self, i: usize, tag: u64, bytes: Vec<u8>) {
         self.announce(i, tag);
         self.stats.unexpected += 1;
-        self.matcher
-            .push_unexpected(PeerId(i as u32), tag, Arrived::Eager(bytes));
+        self.req
+            .set_aside(PeerId(i as u32), tag, Arrived::Eager(bytes));
     }
 
     /// Handles one frame; `Ok(false)` when it was left in the ring (see `drain`).
@@ -162,29 +163,29 @@ impl Endpoint {
             source: e,
         })?;
         match f {
-            Frame::Eager { tag, data } => match self.matcher.take_posted(src, tag) {
-                Some(rid) => self.complete_eager(src, tag, rid, data),
-                None if !force => {
+            Frame::Eager { tag, data } => match self.req.arrival(src, tag, force) {
+                Arrival::Posted(rid) => self.complete_eager(src, tag, rid, data),
+                Arrival::Leave => {
                     self.announce(i, tag);
                     return Ok(false);
                 }
-                None => self.set_aside_eager(i, tag, data.to_vec()),
+                Arrival::SetAside => self.set_aside_eager(i, tag, data.to_vec()),
             },
             Frame::Rts {
                 tag,
                 len,
                 send_id,
                 addr,
-            } => match self.matcher.take_posted(src, tag) {
-                Some(rid) => self.start_rendezvous(src, tag, rid, len, send_id, addr),
-                None if !force => {
+            } => match self.req.arrival(src, tag, force) {
+                Arrival::Posted(rid) => self.start_rendezvous(src, tag, rid, len, send_id, addr),
+                Arrival::Leave => {
                     self.announce(i, tag);
                     return Ok(false);
                 }
-                None => {
+                Arrival::SetAside => {
                     self.announce(i, tag);
-                    self.matcher
-                        .push_unexpected(src, tag, Arrived::Rts { len, send_id, addr })
+                    self.req
+                        .set_aside(src, tag, Arrived::Rts { len, send_id, addr })
                 }
             },
             Frame::Close => {
@@ -213,14 +214,9 @@ impl Endpoint {
     fn handle_rendezvous(&mut self, i: usize, f: &Frame<'_>) -> Result<()> {
         let mut acts = std::mem::take(&mut self.acts);
         let now = sys::monotonic_ns();
-        let landed = self.peers[i].rndv.on_frame(
-            &mut self.req,
-            &mut self.matcher,
-            &self.ctx.costs,
-            f,
-            now,
-            &mut acts,
-        );
+        let landed = self.peers[i]
+            .rndv
+            .on_frame(&mut self.req, &self.ctx.costs, f, now, &mut acts);
         match landed {
             Ok(msg::Landed::Nothing) => {}
             Ok(msg::Landed::Chunk(n)) => self.stats.pipeline_bytes += n,

@@ -3,6 +3,7 @@
 //! delivering eager messages.
 
 use super::*;
+use clink_proto::msg::Arrival;
 
 impl Endpoint {
     /// Posts a receive into `buf` (its length is the capacity) for a message matching
@@ -31,14 +32,14 @@ impl Endpoint {
     }
 
     pub(super) fn post(&mut self, sel: Selector, id: u64) {
-        if let Some((_, u)) = self.matcher.post(sel, id) {
+        if let Some((_, u)) = self.req.matcher.post(sel, id) {
             self.deliver(u.src, u.tag, id, u.item);
             return;
         }
         // Nothing it could match has arrived, and a dead (or unknown) source will send
         // nothing more: fail now rather than at the caller's timeout.
         if let Some(err) = self.gone_source(&sel) {
-            self.matcher.cancel(&id);
+            self.req.matcher.cancel(&id);
             if let Some(op) = self.req.recvs.get_mut(&id) {
                 op.state = RecvState::Done(Err(err));
                 self.req.finished.push((false, id));
@@ -110,7 +111,7 @@ impl Endpoint {
         if let Err(e) = r {
             // Withdraw before the lent buffer goes out of scope. A pipelined receive in
             // flight must finish first: its chunks land in that buffer.
-            if !self.matcher.cancel(&id) {
+            if !self.req.matcher.cancel(&id) {
                 self.wait_until(None, |ep| {
                     ep.req.recvs.get(&id).is_none_or(|r| !r.state.in_flight())
                 })?;
@@ -137,9 +138,9 @@ impl Endpoint {
     /// else shows up at a ring's head, or after a short spin, leaving it to the general
     /// path.
     pub(super) fn recv_fast(&mut self, sel: Selector, buf: &mut [u8]) -> Option<Result<Status>> {
-        if self.matcher.posted_len() != 0
+        if self.req.matcher.posted_len() != 0
             || !self.req.sends.is_empty()
-            || self.matcher.has_unexpected(&sel)
+            || self.req.matcher.has_unexpected(&sel)
         {
             return None;
         }
@@ -213,7 +214,7 @@ impl Endpoint {
                     Err(()) => return None,
                 };
                 let src = PeerId(i as u32);
-                let Some(rid) = self.matcher.take_posted(src, tag) else {
+                let Arrival::Posted(rid) = self.req.arrival(src, tag, true) else {
                     // No posted receive wants it: copied aside as unexpected, which a pass
                     // would do too once nothing else moves (a caller that polls its
                     // requests posts receives only after such reads), without the pass.
@@ -271,8 +272,8 @@ impl Endpoint {
         &mut self,
         mut take: impl FnMut(PeerId, u64, &[u8]) -> bool,
     ) -> Option<usize> {
-        if self.matcher.posted_len() != 0
-            || self.matcher.unexpected_len() != 0
+        if self.req.matcher.posted_len() != 0
+            || self.req.matcher.unexpected_len() != 0
             || self.evq.interest & events::MESSAGES != 0
             || self.pass_due()
         {
@@ -313,14 +314,14 @@ impl Endpoint {
     /// How many receives are posted and wait for a message to match.
     #[inline]
     pub fn posted_recvs(&self) -> usize {
-        self.matcher.posted_len()
+        self.req.matcher.posted_len()
     }
 
     /// How many messages arrived before any receive wanted them and wait, copied aside,
     /// for one (a receive posted now may complete at once from them).
     #[inline]
     pub fn unexpected_count(&self) -> usize {
-        self.matcher.unexpected_len()
+        self.req.matcher.unexpected_len()
     }
 
     /// Tests a receive: `Ok(Some(..))` when complete, `Ok(None)` while pending.
@@ -441,7 +442,7 @@ impl Endpoint {
     /// Cancels a receive that has not matched a message; returns its buffer. `Ok(None)`
     /// when it had already matched (complete it with `wait_recv`).
     pub fn cancel_recv(&mut self, req: &RecvRequest) -> Result<Option<Vec<u8>>> {
-        if !self.matcher.cancel(&req.id) {
+        if !self.req.matcher.cancel(&req.id) {
             return Ok(None);
         }
         match self.req.remove_recv(req.id) {
@@ -462,7 +463,7 @@ impl Endpoint {
                 self.drain(i, true);
             }
         }
-        self.matcher.probe(&sel).map(|u| Status {
+        self.req.matcher.probe(&sel).map(|u| Status {
             peer: u.src,
             tag: u.tag,
             len: u.item.len(),
@@ -482,10 +483,10 @@ impl Endpoint {
         let mut owned: Option<(Status, Vec<u8>)> = None;
         let mut gone = None;
         self.wait_until(timeout, |ep| {
-            if let Some(u) = ep.matcher.probe(&sel) {
+            if let Some(u) = ep.req.matcher.probe(&sel) {
                 let is_eager = matches!(u.item, Arrived::Eager(_));
                 if is_eager {
-                    if let Some(u) = ep.matcher.take_unexpected(&sel) {
+                    if let Some(u) = ep.req.matcher.take_unexpected(&sel) {
                         if let Arrived::Eager(v) = u.item {
                             owned = Some((
                                 Status {
@@ -510,7 +511,7 @@ impl Endpoint {
                     if let Ok(Frame::Eager { tag, .. }) = Frame::parse(p.link.frame(&ep.nets, i, r))
                     {
                         if sel.matches(PeerId(i as u32), tag)
-                            && !ep.matcher.has_posted_for(PeerId(i as u32), tag)
+                            && !ep.req.matcher.has_posted_for(PeerId(i as u32), tag)
                         {
                             found = Some((i, r, tag));
                             return true;
@@ -523,7 +524,7 @@ impl Endpoint {
             gone.is_some()
         })
         .or_else(|e| {
-            if matches!(e, Error::Timeout) && self.matcher.probe(&sel).is_some() {
+            if matches!(e, Error::Timeout) && self.req.matcher.probe(&sel).is_some() {
                 Ok(())
             } else {
                 Err(e)
@@ -556,7 +557,7 @@ impl Endpoint {
             return Err(e);
         }
         // A rendezvous message is waiting: receive it into a buffer of its size.
-        let len = self.matcher.probe(&sel).map(|u| u.item.len());
+        let len = self.req.matcher.probe(&sel).map(|u| u.item.len());
         let len = len.ok_or(Error::Timeout)?;
         let req = self.irecv(sel, vec![0u8; len as usize])?;
         let got = self.wait_recv(&req, None)?;
