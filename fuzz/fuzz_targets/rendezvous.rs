@@ -7,7 +7,6 @@
 #![no_main]
 
 use clink_proto::cost::{Costs, Rndv};
-use clink_proto::matching::Matcher;
 use clink_proto::msg::{
     Action, Announced, Arrived, Failure, RecvReq, RecvState, Rendezvous, Requests, SendReq,
     SendState,
@@ -54,7 +53,6 @@ fuzz_target!(|data: &[u8]| {
     let peer = PeerId(0);
     let costs = Costs::default();
     let mut req = Reqs::default();
-    let mut matcher = Matcher::<u64, Arrived>::default();
     let mut rv = Rendezvous::new(peer);
     // Sends 1 to 3, announced to the peer: 0, 100 and 5 000 bytes.
     for len in [0usize, 100, 5000] {
@@ -101,7 +99,7 @@ fuzz_target!(|data: &[u8]| {
     }
     carry_out(&mut rv, &mut req, &costs, 1, std::mem::take(&mut acts));
     // The peer's send 3 arrived unexpected (a Cancel may withdraw it).
-    matcher.push_unexpected(
+    req.set_aside(
         peer,
         1,
         Arrived::Rts {
@@ -122,7 +120,7 @@ fuzz_target!(|data: &[u8]| {
         };
         now += 1;
         if rv
-            .on_frame(&mut req, &mut matcher, &costs, &frame, now, &mut acts)
+            .on_frame(&mut req, &costs, &frame, now, &mut acts)
             .is_err()
         {
             assert!(acts.is_empty(), "a refused frame asked for actions");
@@ -134,7 +132,7 @@ fuzz_target!(|data: &[u8]| {
             rv.chunk_sent(&mut req, c);
         }
     }
-    rv.peer_died(&mut req, &mut matcher, || Failure::PeerDead(peer));
+    rv.peer_died(&mut req, || Failure::PeerDead(peer));
     assert!(rv.is_idle());
     for s in req.sends.values() {
         assert!(
