@@ -23,9 +23,10 @@
 //! and the time, it applies the transitions and returns [`Action`]s. The runtime (the
 //! `clink` crate's endpoint) owns the memory: it copies an eager message into the matched
 //! receive's buffer, reads a waiting one in place or copies it aside, and carries out the
-//! actions: the system calls (CMA reads and writes, ring and socket writes) and the clock. The simulation test `tests/msg_sim.rs`
-//! drives two sides' [`Rendezvous`] through random workloads with cancels, truncation,
-//! refused pushes and peer deaths.
+//! actions: the system calls (CMA reads and writes, ring and socket writes) and the clock.
+//! The simulation test `tests/msg_sim.rs` drives two sides' [`Requests`] and
+//! [`Rendezvous`] through random workloads with cancels, truncation, refused pushes and
+//! peer deaths.
 
 //! States are generic over the runtime's error type `E`, which takes the protocol's own
 //! outcomes through `From<Failure>`.

@@ -169,7 +169,7 @@ impl Link {
 
     /// A UDP link in unreliable mode (no rendezvous: messages are single eager frames).
     pub fn unreliable(&self, nets: &Nets, i: usize) -> bool {
-        matches!(self, Link::Udp) && udp(nets, i).is_some_and(|u| !u.conn().config().reliable)
+        udp(nets, i).is_some_and(|u| !u.conn().config().reliable)
     }
 
     /// Whether rendezvous messages from this peer can be read with one CMA copy.

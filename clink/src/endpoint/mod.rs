@@ -465,9 +465,7 @@ impl Endpoint {
             if !p.alive || !p.txq.is_empty() {
                 continue;
             }
-            if let Some(u) =
-                link::udp_mut(&mut self.nets, i).filter(|_| matches!(p.link, Link::Udp))
-            {
+            if let Some(u) = link::udp_mut(&mut self.nets, i) {
                 // The goodbye must not overtake the ack of a transfer received: the
                 // peer fails its sends towards us when the goodbye arrives.
                 u.ack_with_next_data();

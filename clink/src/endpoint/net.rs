@@ -165,20 +165,15 @@ impl Endpoint {
         r
     }
 
-    /// Peer `i`'s UDP link (kept by the transport), if it is a UDP peer.
+    /// Peer `i`'s UDP link, if it is a UDP peer (only those have one in the transport's
+    /// table).
     pub(super) fn udp(&self, i: usize) -> Option<&crate::transport::udp::UdpLink> {
-        match self.peers.get(i)?.link {
-            Link::Udp => link::udp(&self.nets, i),
-            _ => None,
-        }
+        link::udp(&self.nets, i)
     }
 
     /// As [`Endpoint::udp`], mutable.
     pub(super) fn udp_mut(&mut self, i: usize) -> Option<&mut crate::transport::udp::UdpLink> {
-        match self.peers.get(i)?.link {
-            Link::Udp => link::udp_mut(&mut self.nets, i),
-            _ => None,
-        }
+        link::udp_mut(&mut self.nets, i)
     }
 
     /// `peer`'s UDP link (kept by the transport), if it is a UDP peer.
@@ -640,29 +635,27 @@ impl Endpoint {
         s.malformed_dropped += t.ring_malformed;
         let f = net.fault_stats();
         s.faults_injected += f.dropped + f.duplicated + f.corrupted + f.delayed;
-        for p in self.peers.iter().enumerate() {
-            if let Some(u) = link::udp(&self.nets, p.0).filter(|_| matches!(p.1.link, Link::Udp)) {
-                let c = u.conn().stats();
-                s.retransmissions += c.retransmissions;
-                s.bulk_hashed += c.bulk_hashed;
-                s.naks_sent += c.naks_sent;
-                s.timeouts += c.timeouts;
-                s.rto_probes += c.rto_probes;
-                s.window_cuts += c.congestion_events;
-                s.random_losses += c.random_losses;
-                s.tail_probes += c.tail_probes;
-                s.fast_granted += c.fast_granted;
-                s.fast_refused += c.fast_refused;
-                s.corrupt_dropped += c.dropped_corrupt;
-                s.malformed_dropped += c.dropped_malformed;
-                s.duplicates_dropped += c.duplicates;
-                s.stray_dropped += c.dropped_stray;
-                let b = u.bulk().stats;
-                s.spec_hits += b.hits;
-                s.spec_hit_bytes += b.hit_bytes;
-                s.cleanup_bytes += b.cleanup_bytes;
-                s.spec_moved += b.moved;
-            }
+        for u in net.links() {
+            let c = u.conn().stats();
+            s.retransmissions += c.retransmissions;
+            s.bulk_hashed += c.bulk_hashed;
+            s.naks_sent += c.naks_sent;
+            s.timeouts += c.timeouts;
+            s.rto_probes += c.rto_probes;
+            s.window_cuts += c.congestion_events;
+            s.random_losses += c.random_losses;
+            s.tail_probes += c.tail_probes;
+            s.fast_granted += c.fast_granted;
+            s.fast_refused += c.fast_refused;
+            s.corrupt_dropped += c.dropped_corrupt;
+            s.malformed_dropped += c.dropped_malformed;
+            s.duplicates_dropped += c.duplicates;
+            s.stray_dropped += c.dropped_stray;
+            let b = u.bulk().stats;
+            s.spec_hits += b.hits;
+            s.spec_hit_bytes += b.hit_bytes;
+            s.cleanup_bytes += b.cleanup_bytes;
+            s.spec_moved += b.moved;
         }
     }
 }

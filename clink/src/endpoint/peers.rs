@@ -188,7 +188,7 @@ impl Endpoint {
         };
         net.adopt(id.0 as usize, link);
         self.watch_new_sockets();
-        self.push_peer(Link::Udp, joined, eager_max)
+        Ok(self.push_peer(Link::Udp, joined, eager_max))
     }
 
     /// How a connection was made: `connected`, this endpoint made it; `crossed`, the two
@@ -212,7 +212,7 @@ impl Endpoint {
             .map_err(io_err("epoll_ctl peer socket"))?;
         // Limits follow the connection's rings (the connector chose their size).
         let eager_max = eager_threshold(&self.ctx, link.peer_cma, link.tx.mem().cap());
-        self.push_peer(Link::Shm(link), joined, eager_max)
+        Ok(self.push_peer(Link::Shm(link), joined, eager_max))
     }
 
     /// Adds the TCP connection `link` as a peer, the link kept by the TCP transport (its
@@ -235,10 +235,11 @@ impl Endpoint {
         };
         tcp.adopt(id.0 as usize, link);
         let eager_max = crate::context::net_eager_threshold(&self.ctx, false);
-        self.push_peer(Link::Tcp, joined, eager_max)
+        Ok(self.push_peer(Link::Tcp, joined, eager_max))
     }
 
-    fn push_peer(&mut self, link: Link, joined: Joined, eager_max: u64) -> Result<PeerId> {
+    /// Makes the next peer, of link `link`, and announces it.
+    fn push_peer(&mut self, link: Link, joined: Joined, eager_max: u64) -> PeerId {
         let id = PeerId(self.peers.len() as u32);
         self.peers.push(Peer {
             link,
@@ -257,7 +258,7 @@ impl Endpoint {
         self.ready_add(id.0 as usize);
         self.stats.peers_connected += 1;
         self.evq.push(events::PEERS, Event::PeerConnected(id));
-        Ok(id)
+        id
     }
 
     /// Waits up to `timeout` for a peer to connect to us and returns it. Peers that

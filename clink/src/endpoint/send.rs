@@ -94,11 +94,10 @@ impl Endpoint {
         let Some(c) = self.udp(i).map(|u| u.conn()) else {
             return Ok(());
         };
-        let half = c.window_half_used();
         if c.has_unsent() {
             return self.wait_until(None, |ep| !ep.holds_unsent(i));
         }
-        if half {
+        if c.window_half_used() {
             self.progress_pass(true);
         }
         Ok(())

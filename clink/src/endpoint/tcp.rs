@@ -2,7 +2,7 @@
 //! reading and writing every TCP link once per progress pass, completing rendezvous
 //! transfers the links finished, and failing peers whose connection ended.
 
-use super::link::{self, Link};
+use super::link;
 use super::net::spin_for;
 use super::{copy_eager, Endpoint, FAST_STREAK, TOK_PEER0};
 use crate::error::{Error, Result};
@@ -455,22 +455,20 @@ impl Endpoint {
 
     /// Adds the TCP transport's counters to `s`.
     pub(super) fn add_tcp_stats(&self, s: &mut crate::Stats) {
-        if self.nets.tcp.is_none() {
+        let Some(tcp) = self.nets.tcp.as_ref() else {
             return;
-        }
-        for (i, p) in self.peers.iter().enumerate() {
-            if let Some(t) = link::tcp(&self.nets, i).filter(|_| matches!(p.link, Link::Tcp)) {
-                let k = t.stats;
-                s.stream_writes += k.writes;
-                s.stream_bytes_sent += k.bytes_sent;
-                s.stream_reads += k.reads;
-                s.stream_bytes_received += k.bytes_received;
-                s.stream_direct_bytes += k.direct_bytes;
-                s.spec_hits += k.spec_hits;
-                s.spec_hit_bytes += k.spec_hit_bytes;
-                s.spec_misses += k.spec_misses;
-                s.cleanup_bytes += k.cleanup_bytes;
-            }
+        };
+        for t in tcp.links() {
+            let k = t.stats;
+            s.stream_writes += k.writes;
+            s.stream_bytes_sent += k.bytes_sent;
+            s.stream_reads += k.reads;
+            s.stream_bytes_received += k.bytes_received;
+            s.stream_direct_bytes += k.direct_bytes;
+            s.spec_hits += k.spec_hits;
+            s.spec_hit_bytes += k.spec_hit_bytes;
+            s.spec_misses += k.spec_misses;
+            s.cleanup_bytes += k.cleanup_bytes;
         }
     }
 }

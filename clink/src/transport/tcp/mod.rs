@@ -150,6 +150,11 @@ impl TcpTransport {
         self.links.get_mut(idx)?.as_deref_mut()
     }
 
+    /// Every link, live or not (for their counters).
+    pub fn links(&self) -> impl Iterator<Item = &TcpLink> + '_ {
+        self.links.iter().flatten().map(|l| &**l)
+    }
+
     /// Binds the listening socket and works out the address to advertise.
     pub fn new(cfg: TcpConfig, my_id: u128) -> Result<TcpTransport> {
         let ifaces = crate::netdev::advertise(cfg.bind.ip(), &cfg.devices)?;

@@ -152,8 +152,8 @@ impl UdpLink {
     }
 
     /// The speculative layout to arm for this link's bulk stream: its source address and
-    /// up to `entries` receive entries of `group` fragments each. None while
-    /// the bulk stream has holes (a fragment arrived above a missing packet): their
+    /// up to `entries` receive entries of `group` fragments each. None while the bulk
+    /// stream has holes (a fragment arrived above a missing packet): their
     /// repairs arrive among the new fragments and put the reads out of step with any
     /// layout (ARCHITECTURE.md, "Speculative defragmentation"); the repair that closes
     /// the last one changes the bulk generation, and the transport plans again. A hole

@@ -102,6 +102,8 @@ impl UdpTransport {
         if !std::mem::replace(&mut slot.live, false) {
             return;
         }
+        // Nothing awaited from it any more: its connection pings no longer.
+        slot.link.set_awaited(false);
         let (dest, key @ (_, conn)) = (slot.link.dest, slot.link.route_key());
         if let Some(k) = &self.keepalive {
             k.remove(dest, conn);
@@ -141,6 +143,11 @@ impl UdpTransport {
         self.links.live()
     }
 
+    /// Every link, live or not (for their counters).
+    pub fn links(&self) -> impl Iterator<Item = &UdpLink> + '_ {
+        self.links.slots.iter().flatten().map(|s| &*s.link)
+    }
+
     /// Reads the ring and the sockets due once, after planning the speculative layout
     /// ([`UdpTransport::plan_layout`]), and hands what came to the links: datagrams read.
     pub fn receive(&mut self, all: bool) -> usize {
@@ -173,7 +180,7 @@ impl UdpTransport {
         };
         if self.planned_key() != key {
             let arm = key.and_then(|(i, g)| {
-                let frag = self.link(i)?.conn.config().bulk_payload();
+                let frag = self.links.live_ref(i)?.conn.config().bulk_payload();
                 let group = self.rx_group(frag);
                 let l = self.links.live_mut(i)?;
                 l.plan_arm(group, RX_ENTRIES)
@@ -237,17 +244,14 @@ impl UdpTransport {
 
     /// Marks the live links whose peer the endpoint awaits something from (`awaited(i)`,
     /// or a transfer coming in from it), so that a silent one is pinged soon; `!on`
-    /// clears every mark. True when some link is marked.
+    /// clears every mark (a detached link's was cleared when it was detached). True when
+    /// some link is marked.
     pub fn mark_awaited(&mut self, on: bool, awaited: impl Fn(usize) -> bool) -> bool {
         let mut any = false;
         for (i, l) in self.links.live_iter_mut() {
             let w = on && (awaited(i) || l.bulk.receiving());
             l.set_awaited(w);
             any |= w;
-        }
-        // A dead peer's link is not pinged either.
-        for s in self.links.slots.iter_mut().flatten().filter(|s| !s.live) {
-            s.link.set_awaited(false);
         }
         any
     }
