@@ -2,7 +2,7 @@
 //! with each frame of the eager and rendezvous protocols, and what it ends in.
 //!
 //! A message of at most the eager threshold travels whole in one [`Frame::Eager`]. A
-//! larger one is announced by an RTS ([`Frame::Rts`]) and waits in the sender's memory
+//! larger one ([`Protocol::choose`]) is announced by an RTS ([`Frame::Rts`]) and waits in the sender's memory
 //! until the receiver that matches it has
 //! - read it with CMA ([`Plan::Cma`]), then released it ([`Frame::Fin`]); a split read
 //!   first asks the sender to write the message's head into the receive buffer
@@ -54,7 +54,7 @@ pub use recv::{plan, Chunk, Plan, RecvState, SplitEnd, CMA_SPLIT_ALIGN};
 pub use rendezvous::{Action, Announced, Buffer, Landed, Message, Read, Refused, Rendezvous};
 pub use reqmap::ReqMap;
 pub use requests::{Arrival, RecvReq, Requests, SendReq};
-pub use send::{CancelStep, SendState};
+pub use send::{CancelStep, Protocol, SendState, TooLong};
 pub use txqueue::{Head, TxQueue};
 
 use crate::matching::Matcher;

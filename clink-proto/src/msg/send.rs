@@ -1,6 +1,60 @@
-//! A send request's life: queued, announced (RTS), transferred, over.
+//! A send's protocol, chosen by its length, and a send request's life: queued, announced
+//! (RTS), transferred, over.
 
 use super::Failure;
+
+/// How a message crosses to its peer ([`Protocol::choose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// Whole in one [`Frame::Eager`](crate::wire::Frame::Eager): the send is over once
+    /// the frame is in the link.
+    Eager,
+    /// Announced by an RTS; the message waits in the sender's memory until its receiver
+    /// reads it or asks for it.
+    Rendezvous,
+}
+
+/// A message too long for the only protocol its link allows ([`Protocol::choose`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooLong {
+    /// The message's length.
+    pub len: u64,
+    /// The longest the link takes: the peer's eager threshold.
+    pub max: u64,
+}
+
+impl Protocol {
+    /// The protocol of a `len`-byte message towards a peer whose eager threshold is
+    /// `eager_max`: eager up to the threshold, else rendezvous, unless the link is
+    /// unreliable (`unreliable`, asked only for a message above the threshold): a lost
+    /// chunk or Fin would leave a rendezvous hanging, so over an unreliable link (BCL-4's
+    /// datagram service) a message is at most one eager frame.
+    #[inline]
+    pub fn choose(
+        len: u64,
+        eager_max: u64,
+        unreliable: impl FnOnce() -> bool,
+    ) -> Result<Protocol, TooLong> {
+        match Protocol::of(len, eager_max) {
+            Protocol::Rendezvous if unreliable() => Err(TooLong {
+                len,
+                max: eager_max,
+            }),
+            p => Ok(p),
+        }
+    }
+
+    /// The protocol of a send that the link took (it was chosen when it was sent, over a
+    /// link that allowed it).
+    #[inline]
+    pub fn of(len: u64, eager_max: u64) -> Protocol {
+        if len <= eager_max {
+            Protocol::Eager
+        } else {
+            Protocol::Rendezvous
+        }
+    }
+}
 
 /// Where a send request stands.
 #[derive(Debug)]

@@ -174,3 +174,27 @@ fn a_cancel_withdraws_only_its_own_unmatched_announcement() {
     assert!(!withdraw(&mut m, PeerId(1), 1), "already withdrawn");
     assert_eq!(m.unexpected_len(), 2);
 }
+
+#[test]
+fn a_message_goes_eager_up_to_the_threshold_and_an_unreliable_link_takes_no_more() {
+    let reliable = || false;
+    assert_eq!(Protocol::choose(0, 64, reliable), Ok(Protocol::Eager));
+    assert_eq!(Protocol::choose(64, 64, reliable), Ok(Protocol::Eager));
+    assert_eq!(Protocol::choose(65, 64, reliable), Ok(Protocol::Rendezvous));
+    // The link's reliability is asked only for a message above the threshold.
+    let asked = std::cell::Cell::new(0);
+    let unreliable = || {
+        asked.set(asked.get() + 1);
+        true
+    };
+    assert_eq!(Protocol::choose(64, 64, unreliable), Ok(Protocol::Eager));
+    assert_eq!(asked.get(), 0);
+    assert_eq!(
+        Protocol::choose(65, 64, unreliable),
+        Err(TooLong { len: 65, max: 64 })
+    );
+    assert_eq!(asked.get(), 1);
+    // A queued send keeps the protocol it was sent with.
+    assert_eq!(Protocol::of(64, 64), Protocol::Eager);
+    assert_eq!(Protocol::of(u64::MAX, 64), Protocol::Rendezvous);
+}

@@ -6,7 +6,7 @@
 //! announcement (RTS). Control frames and encoded one-sided frames wait beside them, so
 //! a peer sees every frame in the order this side produced it.
 
-use super::{Failure, Message, Requests};
+use super::{Failure, Message, Protocol, Requests};
 use crate::wire::Frame;
 use std::collections::VecDeque;
 
@@ -91,15 +91,14 @@ impl TxQueue {
                 Some(op) => {
                     let data = op.data.bytes();
                     let len = data.len() as u64;
-                    Head::Frame(if len <= eager_max {
-                        Frame::Eager { tag: op.tag, data }
-                    } else {
-                        Frame::Rts {
+                    Head::Frame(match Protocol::of(len, eager_max) {
+                        Protocol::Eager => Frame::Eager { tag: op.tag, data },
+                        Protocol::Rendezvous => Frame::Rts {
                             tag: op.tag,
                             len,
                             send_id: *id,
                             addr: data.as_ptr() as u64,
-                        }
+                        },
                     })
                 }
             },
@@ -119,11 +118,12 @@ impl TxQueue {
         let Some(op) = req.sends.get_mut(&id) else {
             return;
         };
-        if op.data.bytes().len() as u64 <= eager_max {
-            op.state.delivered();
-            req.finished.push((true, id));
-        } else {
-            op.state.announced();
+        match Protocol::of(op.data.bytes().len() as u64, eager_max) {
+            Protocol::Eager => {
+                op.state.delivered();
+                req.finished.push((true, id));
+            }
+            Protocol::Rendezvous => op.state.announced(),
         }
     }
 }

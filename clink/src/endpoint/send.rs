@@ -122,32 +122,34 @@ impl Endpoint {
         }
         let bytes = data.bytes();
         let len = bytes.len() as u64;
-        if len <= p.eager_max {
-            self.stats.eager_sends += 1;
-            self.stats.eager_bytes += len;
-            if p.txq.is_empty()
-                && p.link.try_send(
-                    &mut self.nets,
-                    peer.0 as usize,
-                    &Frame::Eager { tag, data: bytes },
-                )
-            {
-                self.stats.frames_sent += 1;
-                if kick {
-                    self.kick(peer.0 as usize);
+        let nets = &self.nets;
+        let unreliable = || p.link.unreliable(nets, peer.0 as usize);
+        match msg::Protocol::choose(len, p.eager_max, unreliable) {
+            Ok(msg::Protocol::Eager) => {
+                self.stats.eager_sends += 1;
+                self.stats.eager_bytes += len;
+                if p.txq.is_empty()
+                    && p.link.try_send(
+                        &mut self.nets,
+                        peer.0 as usize,
+                        &Frame::Eager { tag, data: bytes },
+                    )
+                {
+                    self.stats.frames_sent += 1;
+                    if kick {
+                        self.kick(peer.0 as usize);
+                    }
+                    return Ok(SendRequest { id: 0 });
                 }
-                return Ok(SendRequest { id: 0 });
+                self.stats.ring_full += 1;
             }
-            self.stats.ring_full += 1;
-        } else if p.link.unreliable(&self.nets, peer.0 as usize) {
-            // A lost chunk or FIN would leave the rendezvous hanging: in unreliable mode
-            // (BCL-4's datagram service) messages are at most one eager frame.
-            return Err(Error::TooLarge(format!(
-                "{len} bytes over an unreliable link: at most {} (CLINK_EAGER_MAX)",
-                p.eager_max
-            )));
-        } else {
-            self.stats.rendezvous_sends += 1;
+            Ok(msg::Protocol::Rendezvous) => self.stats.rendezvous_sends += 1,
+            Err(e) => {
+                return Err(Error::TooLarge(format!(
+                    "{} bytes over an unreliable link: at most {} (CLINK_EAGER_MAX)",
+                    e.len, e.max
+                )))
+            }
         }
         let id = self.req.alloc_id();
         let p = &mut self.peers[peer.0 as usize];
