@@ -608,18 +608,16 @@ impl State {
         let inject = flags & FI_INJECT != 0;
         let report = !inject && (flags & FI_COMPLETION != 0 || !self.tx_selective);
         if let (Data::Caller(d), Target::Peer(p)) = (&data, target) {
-            // Written in place into a same-host peer's ring when it has room: no
-            // allocation, no request to track, and the completion (if any) at once: the
-            // message is in the peer's ring and the buffer free again. An inject (no
-            // completion) to a network peer goes into a buffer its link owns.
+            // Written into a same-host peer's ring when it has room: no allocation, no
+            // request to track, and the completion (if any) at once: the message is in
+            // the peer's ring and the buffer free again. An inject (no completion) to a
+            // network peer is copied into its link's queue when that takes it.
             let fits = self
                 .ring_max
                 .get(p.0 as usize)
                 .is_some_and(|&m| d.len() as u64 <= m);
             if fits || inject {
-                if let Ok(mut slot) = self.ep.claim(p, tag, d.len(), Some(Duration::ZERO)) {
-                    slot.buf().copy_from_slice(d);
-                    slot.commit();
+                if let Ok(true) = self.ep.try_send(p, tag, d) {
                     if report {
                         if let Some(cq) = &self.tx_cq {
                             cq.push(

@@ -128,17 +128,7 @@ impl Endpoint {
             Ok(msg::Protocol::Eager) => {
                 self.stats.eager_sends += 1;
                 self.stats.eager_bytes += len;
-                if p.txq.is_empty()
-                    && p.link.try_send(
-                        &mut self.nets,
-                        peer.0 as usize,
-                        &Frame::Eager { tag, data: bytes },
-                    )
-                {
-                    self.stats.frames_sent += 1;
-                    if kick {
-                        self.kick(peer.0 as usize);
-                    }
+                if self.eager_now(peer.0 as usize, tag, bytes, kick) {
                     return Ok(SendRequest { id: 0 });
                 }
                 self.stats.ring_full += 1;
@@ -173,6 +163,47 @@ impl Endpoint {
             self.move_queued(peer.0 as usize);
         }
         Ok(SendRequest { id })
+    }
+
+    /// Writes an eager message into peer `i`'s link if it takes it now and nothing waits
+    /// before it in the peer's queue (then kicked, when `kick`): true when it is in.
+    #[inline]
+    fn eager_now(&mut self, i: usize, tag: u64, data: &[u8], kick: bool) -> bool {
+        let p = &mut self.peers[i];
+        if !p.txq.is_empty() || !p.link.try_send(&mut self.nets, i, &Frame::Eager { tag, data })
+        {
+            return false;
+        }
+        self.stats.frames_sent += 1;
+        if kick {
+            self.kick(i);
+        }
+        true
+    }
+
+    /// Sends `data` now if it goes whole into its peer's link without waiting: `Ok(true)`
+    /// when it is in (over, as a blocking [`Endpoint::send`]'s message would be; over the
+    /// network it leaves with the connection's window), `Ok(false)` when it would have to
+    /// wait (longer than the eager threshold, the ring full, or earlier messages queued
+    /// for that peer), and then nothing was sent. For callers that never block and keep
+    /// the message themselves otherwise (a libfabric inject).
+    #[inline]
+    pub fn try_send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<bool> {
+        let Some(p) = self.peers.get(peer.0 as usize) else {
+            return Err(Error::UnknownPeer(peer));
+        };
+        if !p.alive {
+            return Err(Error::PeerDead(peer));
+        }
+        if data.len() as u64 > p.eager_max {
+            return Ok(false);
+        }
+        let sent = self.eager_now(peer.0 as usize, tag, data, true);
+        if sent {
+            self.stats.eager_sends += 1;
+            self.stats.eager_bytes += data.len() as u64;
+        }
+        Ok(sent)
     }
 
     /// Lets a send complete on its own: nobody will wait for it.
