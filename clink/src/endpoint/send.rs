@@ -170,7 +170,10 @@ impl Endpoint {
     #[inline]
     fn eager_now(&mut self, i: usize, tag: u64, data: &[u8], kick: bool) -> bool {
         let p = &mut self.peers[i];
-        if !p.txq.is_empty() || !p.link.try_send(&mut self.nets, i, &Frame::Eager { tag, data })
+        if !p.txq.is_empty()
+            || !p
+                .link
+                .try_send(&mut self.nets, i, &Frame::Eager { tag, data })
         {
             return false;
         }
@@ -514,5 +517,50 @@ impl SendSlot<'_> {
         self.ep.stats.frames_sent += 1;
         self.ep.stats.eager_sends += 1;
         self.ep.stats.eager_bytes += self.len as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Error, PeerId, Selector};
+
+    /// `try_send` puts a message into the peer's ring at once or sends nothing: above the
+    /// eager threshold and with the ring full it answers false, and none of those
+    /// messages arrives; once the receiver made room it takes messages again.
+    #[test]
+    fn try_send_sends_now_or_not_at_all() {
+        let cfg = || Config {
+            calibrate: false,
+            ..Config::default()
+        };
+        let ((mut a, pa), (mut b, pb)) = super::super::connected_pair(cfg(), cfg());
+        let max = a.eager_max(pa).unwrap() as usize;
+        assert!(a.try_send(pa, 1, b"now").unwrap());
+        assert!(!a.try_send(pa, 2, &vec![0; max + 1]).unwrap());
+        let msg = vec![7u8; 1024];
+        let mut sent = 0;
+        while a.try_send(pa, 3, &msg).unwrap() {
+            sent += 1;
+            assert!(sent < 1 << 20, "the ring never filled");
+        }
+        assert!(sent > 0);
+        let mut buf = vec![0u8; max + 1];
+        let st = b.recv(Selector::any(), &mut buf).unwrap();
+        assert_eq!((st.peer, st.tag, &buf[..3]), (pb, 1, &b"now"[..]));
+        for k in 0..sent {
+            let st = b.recv(Selector::any(), &mut buf).unwrap();
+            assert_eq!((st.tag, st.len), (3, 1024), "message {k}");
+        }
+        assert!(
+            b.probe(Selector::any()).is_none(),
+            "a refused message arrived"
+        );
+        assert!(a.try_send(pa, 4, b"again").unwrap());
+        let st = b.recv(Selector::any(), &mut buf).unwrap();
+        assert_eq!((st.tag, &buf[..5]), (4, &b"again"[..]));
+        assert!(matches!(
+            a.try_send(PeerId(9), 1, b"x"),
+            Err(Error::UnknownPeer(_))
+        ));
     }
 }
