@@ -36,7 +36,7 @@ mod bridge;
 mod tcp_cc;
 
 pub use bridge::{Bridge, BridgeSpec};
-pub use tcp_cc::{set_tcp_cc, tcp_cc};
+pub use tcp_cc::{allowed_tcp_cc, set_tcp_cc, tcp_cc};
 
 use clink::sys;
 use std::ffi::OsStr;
@@ -485,14 +485,36 @@ mod tests {
         let _turn = netns_turn();
         let pair = NetnsPair::create(1500).expect("create pair");
         let (a, b) = (pair.ns(0), pair.ns(1));
-        for cc in ["reno", "cubic"] {
+        // Reno and another the kernel lets a namespace take (the host's boot-time
+        // default, or one root allowed), when there is one.
+        let allowed = allowed_tcp_cc(a).expect("allowed");
+        assert!(allowed.iter().any(|c| c == "reno"), "{allowed:?}");
+        let two: Vec<&str> = std::iter::once("reno")
+            .chain(allowed.iter().map(String::as_str).find(|&c| c != "reno"))
+            .collect();
+        for &cc in &two {
             set_tcp_cc(a, cc).expect("set");
             assert_eq!(tcp_cc(a).expect("read"), cc);
         }
+        // One the kernel offers but a namespace may not take is refused, with the way.
+        let offered =
+            std::fs::read_to_string(clink::transport::tcp::CC_AVAILABLE_KNOB).expect("available");
+        if let Some(barred) = offered
+            .split_whitespace()
+            .find(|c| !allowed.iter().any(|a| a == c))
+        {
+            let e = set_tcp_cc(a, barred).expect_err("a restricted algorithm");
+            assert!(
+                e.to_string().contains("tcp_allowed_congestion_control"),
+                "{e}"
+            );
+        }
         // Per namespace: the other one keeps what it had.
         let other = tcp_cc(b).expect("read");
-        set_tcp_cc(a, if other == "reno" { "cubic" } else { "reno" }).expect("set");
-        assert_eq!(tcp_cc(b).expect("read"), other);
+        if let Some(&diff) = two.iter().find(|&&c| c != other) {
+            set_tcp_cc(a, diff).expect("set");
+            assert_eq!(tcp_cc(b).expect("read"), other);
+        }
         let bad = set_tcp_cc(a, "no_such_cc").expect_err("not offered");
         assert!(bad.to_string().contains("the kernel offers"), "{bad}");
         let odd = set_tcp_cc(a, "cubic; reboot").expect_err("not a name");
@@ -503,7 +525,7 @@ mod tests {
             ..BridgeSpec::default()
         })
         .expect("bridge");
-        for cc in ["reno", "cubic"] {
+        for &cc in &two {
             b.set_tcp_cc(cc).expect("set");
             assert!((0..3).all(|i| tcp_cc(b.ns(i)).expect("read") == cc));
         }

@@ -228,8 +228,9 @@ pub struct BenchArgs {
     pub rate: Option<String>,
     /// With `--placement netns` or `bridge`, or `--alltoall`: the TCP congestion control
     /// of every namespace made (what kernel TCP's and clink-tcp's sockets use): a name the
-    /// kernel offers, such as cubic (Linux's default), bbr or reno. Default: what a new
-    /// namespace inherits from this host. Rows carry the one in force (`tcp_cc`).
+    /// kernel offers, such as cubic (Linux's default), bbr or reno, and lets a namespace
+    /// take (`net.ipv4.tcp_allowed_congestion_control`). Default: what a new namespace
+    /// inherits from this host. Rows carry the one in force (`tcp_cc`).
     #[arg(long)]
     pub tcp_cc: Option<String>,
     /// Run the aperture experiments (one-word round trips, distributed queue, put

@@ -178,7 +178,8 @@ impl Endpoint {
             return false;
         }
         self.stats.frames_sent += 1;
-        if kick {
+        // (A ring needs no kick: the frame is the peer's once written.)
+        if kick && p.link.shm().is_none() {
             self.kick(i);
         }
         true
