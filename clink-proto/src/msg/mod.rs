@@ -1,9 +1,9 @@
 //! The messaging protocol's decisions, sans-IO: what a send or a receive request does
 //! with each frame of the eager and rendezvous protocols, and what it ends in.
 //!
-//! A message of at most the eager threshold travels whole in one [`Frame::Eager`]. A
-//! larger one ([`Protocol::choose`]) is announced by an RTS ([`Frame::Rts`]) and waits in the sender's memory
-//! until the receiver that matches it has
+//! A message of at most the eager threshold travels whole in one [`Frame::Eager`]
+//! ([`Protocol::choose`]). A larger one is announced by an RTS ([`Frame::Rts`]) and waits
+//! in the sender's memory until the receiver that matches it has
 //! - read it with CMA ([`Plan::Cma`]), then released it ([`Frame::Fin`]); a split read
 //!   first asks the sender to write the message's head into the receive buffer
 //!   ([`Frame::Push`], answered by [`Frame::Pushed`]) while it reads the rest itself; or
