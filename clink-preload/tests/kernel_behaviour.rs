@@ -577,6 +577,76 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
     }
 }
 
+/// An event loop that takes its connection out of the epoll set and puts it back for
+/// output on every round, then back to input (as redis' does): each wait reports exactly
+/// the registration in force, never one taken out or replaced.
+const TOGGLING_SERVER: &str = r#"
+import select, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+c, _ = s.accept()
+c.setblocking(False)
+fd = c.fileno()
+ep = select.epoll()
+ep.register(fd, select.EPOLLOUT)
+assert ep.poll(1) == [(fd, select.EPOLLOUT)]
+ep.modify(fd, select.EPOLLIN)
+rounds = 0
+while True:
+    evs = ep.poll(10)
+    if not evs:
+        print("timeout", flush=True)
+        sys.exit(1)
+    assert all(f == fd and e & select.EPOLLIN and not e & select.EPOLLOUT for f, e in evs), (rounds, evs)
+    data = b""
+    while True:
+        try:
+            got = c.recv(1 << 20)
+        except BlockingIOError:
+            break
+        if not got:
+            print("rounds", rounds, flush=True)
+            sys.exit(0)
+        data += got
+    if not data:
+        continue
+    ep.unregister(fd)
+    assert ep.poll(0) == [], (rounds, "reported while out of the set")
+    ep.register(fd, select.EPOLLOUT)
+    evs = ep.poll(1)
+    assert evs == [(fd, select.EPOLLOUT)], (rounds, evs)
+    c.setblocking(True)
+    c.sendall(data)
+    c.setblocking(False)
+    ep.modify(fd, select.EPOLLIN)
+    rounds += 1
+"#;
+
+#[test]
+fn an_event_loop_that_takes_its_connection_out_and_back_sees_each_registration() {
+    let dir = Scratch::new("toggling");
+    let (srv, cli) = (dir.path("server.py"), dir.path("client.py"));
+    std::fs::write(&srv, TOGGLING_SERVER).unwrap();
+    std::fs::write(&cli, PING_CLIENT).unwrap();
+    for p in PLACEMENTS {
+        let stats = dir.stats(p, "toggling");
+        let port = free_port();
+        let ps = port.to_string();
+        let mut server = Proc::start(
+            command("python3", &[srv.to_str().unwrap(), &ps], p.server, &stats),
+            None,
+        );
+        wait_for_listen(port);
+        expect_match(p, &cli, &ps, &stats);
+        let st = server.wait_exit(LIMIT);
+        assert!(st.success(), "{p:?}: server failed: {st}");
+        check_placement(p, &stats, port);
+    }
+}
+
 /// A blocking reader's waits, as kernel TCP gives them: `server PORT` echoes 8-byte
 /// messages (kind 1), answers kind 2 never, kind 3 after 300 ms, kind 4 after 400 ms and
 /// reading the bytes that follow; `client PORT` checks
