@@ -166,11 +166,17 @@ impl CqShared {
             // SAFETY: the caller's buffer holds `count` entries of the queue's format (a
             // prefix of the tagged entry's layout), and `src` `count` addresses if given.
             unsafe {
-                std::ptr::copy_nonoverlapping(
-                    &e as *const fi_cq_tagged_entry as *const u8,
-                    (buf as *mut u8).add(n * size),
-                    size,
-                );
+                let to = (buf as *mut u8).add(n * size);
+                if size == std::mem::size_of::<fi_cq_tagged_entry>() {
+                    // The tagged format (Open MPI's): one fixed-size store, no copy call.
+                    std::ptr::write_unaligned(to as *mut fi_cq_tagged_entry, e);
+                } else {
+                    std::ptr::copy_nonoverlapping(
+                        &e as *const fi_cq_tagged_entry as *const u8,
+                        to,
+                        size,
+                    );
+                }
                 if !src.is_null() {
                     *src.add(n) = from;
                 }
