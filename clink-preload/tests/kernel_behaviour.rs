@@ -496,7 +496,9 @@ fn calls_the_rings_do_not_carry_and_stdio_hand_the_connection_to_the_kernel_firs
     }
 }
 
-const NESTED_SERVER: &str = r#"
+/// The start of the Python servers below: listen on port `argv[1]`, say so, accept one
+/// connection and make it non-blocking (`c`).
+const ACCEPT_ONE: &str = r#"
 import select, socket, sys
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -505,6 +507,10 @@ s.listen()
 print("listening", flush=True)
 c, _ = s.accept()
 c.setblocking(False)
+"#;
+
+/// After [`ACCEPT_ONE`].
+const NESTED_SERVER: &str = r#"
 inner = select.epoll()
 inner.register(c.fileno(), select.EPOLLIN)
 if sys.argv[2] == "epoll":
@@ -550,7 +556,7 @@ print("match")
 fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
     let dir = Scratch::new("nested");
     let (srv, cli) = (dir.path("server.py"), dir.path("client.py"));
-    std::fs::write(&srv, NESTED_SERVER).unwrap();
+    std::fs::write(&srv, format!("{ACCEPT_ONE}{NESTED_SERVER}")).unwrap();
     std::fs::write(&cli, PING_CLIENT).unwrap();
     for outer in ["epoll", "poll"] {
         for p in PLACEMENTS {
@@ -580,15 +586,8 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
 /// An event loop that takes its connection out of the epoll set and puts it back for
 /// output on every round, then back to input (as redis' does): each wait reports exactly
 /// the registration in force, never one taken out or replaced.
+/// (After [`ACCEPT_ONE`].)
 const TOGGLING_SERVER: &str = r#"
-import select, socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-print("listening", flush=True)
-c, _ = s.accept()
-c.setblocking(False)
 fd = c.fileno()
 ep = select.epoll()
 ep.register(fd, select.EPOLLOUT)
@@ -629,7 +628,7 @@ while True:
 fn an_event_loop_that_takes_its_connection_out_and_back_sees_each_registration() {
     let dir = Scratch::new("toggling");
     let (srv, cli) = (dir.path("server.py"), dir.path("client.py"));
-    std::fs::write(&srv, TOGGLING_SERVER).unwrap();
+    std::fs::write(&srv, format!("{ACCEPT_ONE}{TOGGLING_SERVER}")).unwrap();
     std::fs::write(&cli, PING_CLIENT).unwrap();
     for p in PLACEMENTS {
         let stats = dir.stats(p, "toggling");
