@@ -56,12 +56,11 @@ pub fn set_tcp_cc(ns: &str, cc: &str) -> io::Result<()> {
         let hint = if allowed.iter().any(|a| a == cc) {
             String::new()
         } else {
+            let list = allowed.join(" ");
             format!(
-                "; a namespace may take only {} (net.ipv4.tcp_allowed_congestion_control): \
-                 as root, add {cc} with `sysctl -w net.ipv4.tcp_allowed_congestion_control='{} \
-                 {cc}'`",
-                allowed.join(" "),
-                allowed.join(" ")
+                "; a namespace may take only {list} (net.ipv4.tcp_allowed_congestion_control): \
+                 as root, add {cc} with `sysctl -w net.ipv4.tcp_allowed_congestion_control='{list} \
+                 {cc}'`"
             )
         };
         return Err(io::Error::other(format!(

@@ -193,9 +193,7 @@ impl Endpoint {
     /// the message themselves otherwise (a libfabric inject).
     #[inline]
     pub fn try_send(&mut self, peer: PeerId, tag: u64, data: &[u8]) -> Result<bool> {
-        let Some(p) = self.peers.get(peer.0 as usize) else {
-            return Err(Error::UnknownPeer(peer));
-        };
+        let p = self.peer(peer)?;
         if !p.alive {
             return Err(Error::PeerDead(peer));
         }
