@@ -678,8 +678,8 @@ fn receives_match_in_the_order_they_were_posted() {
 }
 
 /// Messages that arrive before any receive wants them wait in arrival order: a receive
-/// posted later takes the first that matches it, a peek sees them, and a receive over
-/// several buffers takes them too.
+/// posted later takes the first that matches it, a peek sees them, a receive over several
+/// buffers takes them too, and one too small for such a message fails truncated.
 #[test]
 fn messages_that_came_first_wait_in_arrival_order() {
     // SAFETY: the provider's calls on the objects `setup` made; every buffer posted
@@ -749,6 +749,23 @@ fn messages_that_came_first_wait_in_arrival_order() {
         assert_eq!(r, 0, "trecvv");
         let e = next(&rx_b).expect("tag 5 over two buffers");
         assert_eq!((e.op_context, e.tag, e.len, x[0]), (ctx(14), 5, 1, b'C'));
+        // A message that came first and is larger than the receive that takes it: the
+        // receive fails truncated, with what fitted landed. (The message after it, taken by
+        // a receive waiting for it, says it came in first.)
+        post(5, 99, 0, &mut bufs);
+        let big = [7u8; 16];
+        let again = connecting();
+        while !again(
+            (tagged(a).inject)(a, big.as_ptr() as *const c_void, 16, s.addrs[1], 8),
+            "tinject",
+        ) {}
+        inject(99, b"Y");
+        let e = next(&rx_b).expect("the receive of tag 99");
+        assert_eq!((e.op_context, bufs[5][0]), (ctx(15), b'Y'));
+        post(6, 8, 0, &mut bufs);
+        let err = next(&rx_b).expect_err("truncation is an error");
+        assert_eq!((err.err, err.olen, err.op_context), (FI_ETRUNC, 8, ctx(16)));
+        assert_eq!(bufs[6], [7u8; 8]);
         assert!(rx_a.try_recv().is_err(), "an inject completes nothing");
 
         finish(s, &stop, [ha, hb]);
