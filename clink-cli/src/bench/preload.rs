@@ -1,7 +1,8 @@
 //! `clink bench --sockets`: unmodified programs over the sockets layer
 //! (`libclink_preload.so`, both ends under it) beside the same programs over kernel
 //! loopback TCP, in one run: sockperf ping-pong latency with spinning and with blocking
-//! waits, iperf3 single-stream throughput, redis-benchmark GET and SET, nginx + wrk.
+//! waits, iperf3 single-stream throughput, redis-benchmark GET and SET (as it runs by
+//! default, one request in flight per client, and with pipelines of 16), nginx + wrk.
 //! Every round runs each experiment both ways (order alternating by round); the report is
 //! the median of the per-round ratios clink / kernel.
 
@@ -12,14 +13,26 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The experiments, in the order they run.
-pub const EXPERIMENTS: [&str; 6] = [
+pub const EXPERIMENTS: [&str; 8] = [
     "sockperf-pp-spin",
     "sockperf-pp-block",
     "iperf3",
     "redis-get",
     "redis-set",
+    "redis-get-pipelined",
+    "redis-set-pipelined",
     "nginx-wrk",
 ];
+
+/// redis-benchmark's requests in flight per client (`-P`) in `exp`: its default (1), or
+/// 16 for the pipelined experiments.
+fn redis_pipeline(exp: &str) -> &'static str {
+    if exp.ends_with("-pipelined") {
+        "16"
+    } else {
+        "1"
+    }
+}
 
 /// How long a tool may take before the run fails.
 const LIMIT: Duration = Duration::from_secs(120);
@@ -215,7 +228,7 @@ fn measure(
                 .ok_or("no iperf3 rate")?;
             Ok((bps / 1e9, "Gbit/s", true))
         }
-        "redis-get" | "redis-set" => {
+        "redis-get" | "redis-set" | "redis-get-pipelined" | "redis-set-pipelined" => {
             let d = dir.to_str().unwrap_or("/tmp");
             let _s = serve(command(
                 "redis-server",
@@ -235,11 +248,26 @@ fn measure(
                 20,
             ))?;
             wait_listen(port)?;
-            let test = if exp == "redis-get" { "get" } else { "set" };
+            let test = if exp.starts_with("redis-get") {
+                "get"
+            } else {
+                "set"
+            };
             let out = output(command(
                 "redis-benchmark",
                 &[
-                    "-p", &ps, "-n", "300000", "-c", "50", "-P", "16", "-d", "64", "-t", test,
+                    "-p",
+                    &ps,
+                    "-n",
+                    "300000",
+                    "-c",
+                    "50",
+                    "-P",
+                    redis_pipeline(exp),
+                    "-d",
+                    "64",
+                    "-t",
+                    test,
                     "--csv",
                 ],
                 lib,
@@ -314,7 +342,7 @@ pub fn run(rounds: u64, quick: bool, json: bool) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); EXPERIMENTS.len()];
     let mut values: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; EXPERIMENTS.len()];
-    let mut units = ["", "", "", "", "", ""];
+    let mut units = [""; EXPERIMENTS.len()];
     for round in 0..rounds.max(1) {
         for (i, exp) in EXPERIMENTS.iter().enumerate() {
             let order: [bool; 2] = if round % 2 == 0 {
