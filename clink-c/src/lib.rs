@@ -230,11 +230,12 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 /// into C).
 #[inline(always)]
 pub(crate) fn ffi(name: &str, f: impl FnOnce() -> R<c_int>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => failed(name, e),
-        Err(p) => panicked(name, p),
-    }
+    // The failure becomes its code inside the guard (see `with_ep`).
+    catch_unwind(AssertUnwindSafe(|| match f() {
+        Ok(c) => c,
+        Err(e) => failed(name, e),
+    }))
+    .unwrap_or_else(|p| panicked(name, p))
 }
 
 /// Records a failure of exported function `name` and returns its code. Out of line and
@@ -348,6 +349,20 @@ pub(crate) fn peer_opt(p: clink_peer_t) -> Option<PeerId> {
 /// A C timeout in milliseconds: negative waits forever.
 pub(crate) fn timeout(ms: c_int) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
+/// Writes a receive's status through `p` when `p` is not NULL, field by field: a status
+/// the receive has just written is read back in the pieces it was written in (copied
+/// whole, its adjacent fields were read in one wider load, which waits for the narrower
+/// stores before it to reach the cache).
+#[inline(always)]
+pub(crate) unsafe fn put_status(p: *mut clink_status_t, s: clink_rs::Status) {
+    if !p.is_null() {
+        // (Volatile: kept as three stores, each of a field read alone.)
+        std::ptr::addr_of_mut!((*p).peer).write_volatile(s.peer.0);
+        std::ptr::addr_of_mut!((*p).tag).write_volatile(s.tag);
+        std::ptr::addr_of_mut!((*p).len).write_volatile(s.len);
+    }
 }
 
 /// Writes `v` through `p` when `p` is not NULL.
@@ -501,14 +516,17 @@ pub(crate) unsafe fn with_ep(
     if let Err(e) = h.lock() {
         return failed(name, e);
     }
+    // A failure becomes its code inside the guard, so that only the code crosses it: a
+    // whole result crossed through memory, written in pieces narrower than the read that
+    // took it back, which the processor cannot forward (a stall on every call).
     // SAFETY: locked: no other call has the endpoint.
-    match catch_unwind(AssertUnwindSafe(|| f(unsafe { h.get() }, h))) {
-        Ok(r) => {
+    match catch_unwind(AssertUnwindSafe(|| match f(unsafe { h.get() }, h) {
+        Ok(c) => c,
+        Err(e) => failed(name, e),
+    })) {
+        Ok(c) => {
             h.unlock();
-            match r {
-                Ok(c) => c,
-                Err(e) => failed(name, e),
-            }
+            c
         }
         Err(p) => {
             h.poison();

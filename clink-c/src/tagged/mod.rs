@@ -144,7 +144,7 @@ pub unsafe extern "C" fn clink_recv(
         let s = sel.to_rust();
         match e.recv_timeout(s, b, timeout(timeout_ms)) {
             Ok(st) => {
-                put_opt(status, st.into());
+                put_status(status, st);
                 Ok(OK)
             }
             Err(err) => Err(recv_failed(err, s, status)),
