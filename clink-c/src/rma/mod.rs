@@ -292,7 +292,7 @@ pub unsafe extern "C" fn clink_recv_into_aperture(
         let s = sel.to_rust();
         match e.recv_into_aperture(s, ApertureId(ap.id), offset, len, timeout(timeout_ms)) {
             Ok(st) => {
-                put_opt(status, st.into());
+                put_status(status, st);
                 Ok(OK)
             }
             Err(err @ clink_rs::Error::Truncated { len, .. }) => {

@@ -177,7 +177,7 @@ pub unsafe extern "C" fn clink_probe(
 ) -> c_int {
     with_ep("clink_probe", ep, |e, _| match e.probe(sel.to_rust()) {
         Some(st) => {
-            put_opt(status, st.into());
+            put_status(status, st);
             Ok(OK)
         }
         None => Ok(AGAIN),
