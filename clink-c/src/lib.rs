@@ -351,10 +351,9 @@ pub(crate) fn timeout(ms: c_int) -> Option<Duration> {
     (ms >= 0).then(|| Duration::from_millis(ms as u64))
 }
 
-/// Writes a receive's status through `p` when `p` is not NULL, field by field: a status
-/// the receive has just written is read back in the pieces it was written in (copied
-/// whole, its adjacent fields were read in one wider load, which waits for the narrower
-/// stores before it to reach the cache).
+/// Writes a receive's status through `p` when `p` is not NULL, field by field: the receive
+/// has just written it, and a copy that read two of its fields in one wider load would
+/// wait for those narrower stores to reach the cache.
 #[inline(always)]
 pub(crate) unsafe fn put_status(p: *mut clink_status_t, s: clink_rs::Status) {
     if !p.is_null() {
@@ -517,8 +516,8 @@ pub(crate) unsafe fn with_ep(
         return failed(name, e);
     }
     // A failure becomes its code inside the guard, so that only the code crosses it: a
-    // whole result crossed through memory, written in pieces narrower than the read that
-    // took it back, which the processor cannot forward (a stall on every call).
+    // whole result would cross through memory, written in pieces narrower than the load
+    // that takes it back, which waits for them to reach the cache (on every call).
     // SAFETY: locked: no other call has the endpoint.
     match catch_unwind(AssertUnwindSafe(|| match f(unsafe { h.get() }, h) {
         Ok(c) => c,
