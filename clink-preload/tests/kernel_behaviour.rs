@@ -560,27 +560,36 @@ fn an_epoll_set_inside_epoll_or_poll_wakes_for_ring_data() {
     std::fs::write(&cli, PING_CLIENT).unwrap();
     for outer in ["epoll", "poll"] {
         for p in PLACEMENTS {
-            let stats = dir.stats(p, outer);
-            let port = free_port();
-            let ps = port.to_string();
-            let mut server = Proc::start(
-                command(
-                    "python3",
-                    &[srv.to_str().unwrap(), &ps, outer],
-                    p.server,
-                    &stats,
-                ),
-                None,
-            );
-            wait_for_listen(port);
-            expect_match(p, &cli, &ps, &stats);
-            // The server writes its end's statistics as it exits, on the client's
-            // end-of-stream: read them only then.
-            let st = server.wait_exit(LIMIT);
-            assert!(st.success(), "{p:?} {outer}: server failed: {st}");
-            check_placement(p, &stats, port);
+            ping_python_server(&dir, &srv, &cli, p, outer, &[outer]);
         }
     }
+}
+
+/// Runs Python server `srv` (port and `args` after it) in placement `p` against the
+/// ping client `cli`, expecting its "match"; the server must exit cleanly (it writes its
+/// end's statistics as it exits, on the client's end-of-stream: read only then) and the
+/// connection must have gone the way `p` says. `label` names the statistics file.
+fn ping_python_server(
+    dir: &Scratch,
+    srv: &std::path::Path,
+    cli: &std::path::Path,
+    p: Placement,
+    label: &str,
+    args: &[&str],
+) {
+    let stats = dir.stats(p, label);
+    let port = free_port();
+    let ps = port.to_string();
+    let argv: Vec<&str> = [srv.to_str().unwrap(), &ps]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let mut server = Proc::start(command("python3", &argv, p.server, &stats), None);
+    wait_for_listen(port);
+    expect_match(p, cli, &ps, &stats);
+    let st = server.wait_exit(LIMIT);
+    assert!(st.success(), "{p:?} {label}: server failed: {st}");
+    check_placement(p, &stats, port);
 }
 
 /// An event loop that takes its connection out of the epoll set and puts it back for
@@ -631,18 +640,7 @@ fn an_event_loop_that_takes_its_connection_out_and_back_sees_each_registration()
     std::fs::write(&srv, format!("{ACCEPT_ONE}{TOGGLING_SERVER}")).unwrap();
     std::fs::write(&cli, PING_CLIENT).unwrap();
     for p in PLACEMENTS {
-        let stats = dir.stats(p, "toggling");
-        let port = free_port();
-        let ps = port.to_string();
-        let mut server = Proc::start(
-            command("python3", &[srv.to_str().unwrap(), &ps], p.server, &stats),
-            None,
-        );
-        wait_for_listen(port);
-        expect_match(p, &cli, &ps, &stats);
-        let st = server.wait_exit(LIMIT);
-        assert!(st.success(), "{p:?}: server failed: {st}");
-        check_placement(p, &stats, port);
+        ping_python_server(&dir, &srv, &cli, p, "toggling", &[]);
     }
 }
 

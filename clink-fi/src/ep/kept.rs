@@ -40,14 +40,12 @@ impl State {
             self.spare.push(data);
         }
         let r = PostedRecv::kept(sel, ctx, Dest::Direct { buf, cap }, report);
-        match res {
-            // Landed whole: reported on the spot, as a polled message is.
-            Ok(st) if self.rx_cq.is_some() => {
-                let src = self.source_of(st.peer);
+        // Landed whole from a known peer: reported on the spot, as a polled message is.
+        let known = peers::known_source(&self.sources, peer);
+        match (&res, known, self.rx_cq.as_deref()) {
+            (Ok(st), Some(src), Some(cq)) => {
                 let full = st.len as usize;
-                if let Some(cq) = self.rx_cq.as_deref() {
-                    r.report(cq, self.msg, full, full, st.tag, src);
-                }
+                r.report(cq, self.msg, full, full, st.tag, src);
             }
             _ => self.finish_recv(r, landed(res)),
         }
@@ -126,10 +124,7 @@ impl State {
             };
             // SAFETY: the caller's buffer of `cap` bytes, valid until the completion.
             let res = unsafe { copy_into(buf, cap, src, tag, data) };
-            let known = sources
-                .get(src.0 as usize)
-                .copied()
-                .filter(|&a| a != FI_ADDR_NOTAVAIL);
+            let known = peers::known_source(sources, src);
             match (&res, known, rx_cq.as_deref()) {
                 (Ok(_), Some(a), Some(cq)) => {
                     let full = data.len();

@@ -377,8 +377,7 @@ impl State {
             } = self;
             ep.poll_recvs(|_, user, res| {
                 if let (Ok(st), Some(cq)) = (&res, rx_cq.as_deref()) {
-                    let src = sources.get(st.peer.0 as usize).copied();
-                    let known = src.filter(|&a| a != FI_ADDR_NOTAVAIL);
+                    let known = peers::known_source(sources, st.peer);
                     let direct = posted
                         .get(user)
                         .is_some_and(|r| matches!(r.dest, Dest::Direct { .. }));

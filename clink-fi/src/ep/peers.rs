@@ -225,11 +225,7 @@ impl State {
     }
 
     pub(super) fn source_of(&mut self, p: PeerId) -> u64 {
-        if let Some(&a) = self
-            .sources
-            .get(p.0 as usize)
-            .filter(|&&a| a != FI_ADDR_NOTAVAIL)
-        {
+        if let Some(a) = known_source(&self.sources, p) {
             return a;
         }
         let a = self.lookup_source(p);
@@ -259,4 +255,13 @@ impl State {
             })
             .unwrap_or(FI_ADDR_NOTAVAIL)
     }
+}
+
+/// The address of peer `p` as [`State::source_of`] learned it, if it has (`sources` is
+/// that table): what the completion paths that cannot look one up take.
+pub(super) fn known_source(sources: &[u64], p: PeerId) -> Option<u64> {
+    sources
+        .get(p.0 as usize)
+        .copied()
+        .filter(|&a| a != FI_ADDR_NOTAVAIL)
 }

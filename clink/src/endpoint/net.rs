@@ -198,17 +198,22 @@ impl Endpoint {
 
     /// Sends what peer `i`'s link has queued, at once, rather than at the end of the
     /// progress pass: a UDP link's datagrams, a TCP link's send queue; nothing for shared
-    /// memory, whose frames are in the peer's ring already.
+    /// memory, whose frames are in the peer's ring already (told apart inline, so that a
+    /// ring peer's send makes no call here).
+    #[inline]
     pub(super) fn kick(&mut self, i: usize) {
-        match self.peers.get_mut(i).map(|p| &mut p.link) {
+        match self.peers.get(i).map(|p| &p.link) {
             Some(Link::Tcp) => self.tcp_write(i),
-            Some(Link::Udp) => {
-                if let Some(net) = self.nets.udp.as_mut() {
-                    let now = net.now();
-                    net.send_now(i, now);
-                }
-            }
+            Some(Link::Udp) => self.kick_udp(i),
             Some(Link::Shm(_)) | None => {}
+        }
+    }
+
+    /// [`Endpoint::kick`] for a UDP link.
+    fn kick_udp(&mut self, i: usize) {
+        if let Some(net) = self.nets.udp.as_mut() {
+            let now = net.now();
+            net.send_now(i, now);
         }
     }
 

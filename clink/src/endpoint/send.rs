@@ -178,8 +178,7 @@ impl Endpoint {
             return false;
         }
         self.stats.frames_sent += 1;
-        // (A ring needs no kick: the frame is the peer's once written.)
-        if kick && p.link.shm().is_none() {
+        if kick {
             self.kick(i);
         }
         true
