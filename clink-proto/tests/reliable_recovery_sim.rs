@@ -372,6 +372,48 @@ fn answers_carry_the_acks_of_their_requests() {
 }
 
 #[test]
+fn an_ack_due_at_once_rides_on_a_message_sent_with_it() {
+    // `b` owes an ack at once (`ack_every` 1) when it sends a message in the same poll, as
+    // a clear-to-send answering a request does: a short one carries the ack, one datagram
+    // instead of two; one that fills its datagram leaves the ack a datagram of its own.
+    let full = Config::default().mtu_payload;
+    for (len, datagrams, piggybacked) in [(64, 1, 1), (full, 2, 0)] {
+        let (mut a, mut b, mut now) = warmed_pair();
+        while a.poll_event().is_some() {} // the warm-up's ack
+        a.send(1, b"request").unwrap();
+        for d in transmit_all(&mut a, now) {
+            b.handle_datagram(now + OWD, &d).unwrap();
+        }
+        now += OWD;
+        assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+        let before = b.stats();
+        b.send(2, &content(2, len)).unwrap();
+        let out = transmit_all(&mut b, now);
+        let after = b.stats();
+        assert_eq!(out.len(), datagrams, "{len} B");
+        assert_eq!(
+            after.acks_piggybacked - before.acks_piggybacked,
+            piggybacked
+        );
+        assert_eq!(after.acks_sent - before.acks_sent, 1 - piggybacked);
+        for d in &out {
+            a.handle_datagram(now + OWD, d).unwrap();
+        }
+        let mut acked = false;
+        let mut got = None;
+        while let Some(e) = a.poll_event() {
+            match e {
+                Event::Acked(_) => acked = true,
+                Event::Message { data, .. } => got = Some(data),
+                e => panic!("{e:?}"),
+            }
+        }
+        assert!(acked, "{len} B: the request acknowledged");
+        assert_eq!(got, Some(content(2, len)));
+    }
+}
+
+#[test]
 fn a_lost_retransmission_behind_unknown_packets_is_found() {
     // As above, 200 holes, more than an ack's ranges; and the first retransmission is lost
     // as well. Packets above the ranges are passed over (unknown), but the detector must

@@ -145,10 +145,11 @@ impl Conn {
             self.stats.naks_sent += 1;
             self.advertised_limit = ack.limit;
             Datagram::Nak { conn, ack }.encode(buf)
-        } else if self.ack_now
+        } else if (self.ack_now
             || self.ack_deadline.is_some_and(|d| {
                 d <= now || self.bulk_outstanding > 0 && self.bulk_since_ack >= self.bulk_group()
-            })
+            }))
+            && !self.next_carries_ack()
         {
             // With a bulk transfer to send, a pending ack goes after one group of its
             // fragments: bulk fragments carry none, and a transfer of megabytes leaves in
@@ -386,6 +387,28 @@ impl Conn {
             state: PState::Lost,
         });
         Some(pn)
+    }
+
+    /// Whether the datagram [`Conn::next_to_send`] gives next is a message's fragment with
+    /// room for a piggybacked ack that needs no ranges: a due ack then rides on it
+    /// instead of leaving first in a datagram of its own (a clear-to-send and the ack of
+    /// the transfer before it leave as one datagram, not two: at 64 KiB a message, each
+    /// datagram crossing a bridge costs the kernel about as much as a fragment).
+    fn next_carries_ack(&self) -> bool {
+        if self.probe.is_some()
+            || !self.lost.is_empty()
+            || self.in_flight >= self.cwnd
+            || self.next_pn >= self.peer_limit
+            || self.has_holes()
+        {
+            return false;
+        }
+        self.send_queue.front().is_some_and(|q| {
+            let left = q.item.len() - q.next_off;
+            matches!(q.item, Item::Msg(_))
+                && left.min(self.cfg.mtu_payload as u64) as usize + packet::PIGGY_LEN
+                    <= self.cfg.mtu_payload
+        })
     }
 
     /// The pending ack as a datagram of its own, into `buf` (it then counts as sent).
