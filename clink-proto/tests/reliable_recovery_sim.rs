@@ -371,6 +371,20 @@ fn answers_carry_the_acks_of_their_requests() {
     assert!(sa.srtt_ns >= 20_000 && sa.srtt_ns < 30_000, "{sa:?}");
 }
 
+/// A [`warmed_pair`] where `a`'s message `msg` (id 1) has reached `b`, which owes its ack
+/// (`ack_every` 1) and has sent nothing since; the time of its arrival.
+fn one_message_arrived(msg: &[u8]) -> (Conn, Conn, u64) {
+    let (mut a, mut b, mut now) = warmed_pair();
+    while a.poll_event().is_some() {} // the warm-up's ack
+    a.send(1, msg).unwrap();
+    for d in transmit_all(&mut a, now) {
+        b.handle_datagram(now + OWD, &d).unwrap();
+    }
+    now += OWD;
+    assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    (a, b, now)
+}
+
 #[test]
 fn an_ack_due_at_once_rides_on_a_message_sent_with_it() {
     // `b` owes an ack at once (`ack_every` 1) when it sends a message in the same poll, as
@@ -378,14 +392,7 @@ fn an_ack_due_at_once_rides_on_a_message_sent_with_it() {
     // instead of two; one that fills its datagram leaves the ack a datagram of its own.
     let full = Config::default().mtu_payload;
     for (len, datagrams, piggybacked) in [(64, 1, 1), (full, 2, 0)] {
-        let (mut a, mut b, mut now) = warmed_pair();
-        while a.poll_event().is_some() {} // the warm-up's ack
-        a.send(1, b"request").unwrap();
-        for d in transmit_all(&mut a, now) {
-            b.handle_datagram(now + OWD, &d).unwrap();
-        }
-        now += OWD;
-        assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+        let (mut a, mut b, now) = one_message_arrived(b"request");
         let before = b.stats();
         b.send(2, &content(2, len)).unwrap();
         let out = transmit_all(&mut b, now);
@@ -576,14 +583,7 @@ fn with_two_paths_a_small_packet_overtaking_fragments_does_not_condemn_them() {
 /// first copy is lost too if `first_lost` (then `b` resends it on its timer). Returns
 /// whether `a` learns that its message was acknowledged before it reads the goodbye.
 fn goodbye_after_lost_ack(with: bool, first_lost: bool) -> bool {
-    let (mut a, mut b, mut now) = warmed_pair();
-    while a.poll_event().is_some() {} // the warm-up's ack
-    a.send(1, b"the last message").unwrap();
-    for d in transmit_all(&mut a, now) {
-        b.handle_datagram(now + OWD, &d).unwrap();
-    }
-    now += OWD;
-    assert!(matches!(b.poll_event(), Some(Event::Message { .. })));
+    let (mut a, mut b, mut now) = one_message_arrived(b"the last message");
     let lost = transmit_all(&mut b, now);
     assert_eq!(lost.len(), 1, "the ack datagram (ack_every 1)");
     let before = b.stats().acks_piggybacked;
