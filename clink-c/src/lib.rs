@@ -231,11 +231,16 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 #[inline(always)]
 pub(crate) fn ffi(name: &str, f: impl FnOnce() -> R<c_int>) -> c_int {
     // The failure becomes its code inside the guard (see `with_ep`).
-    catch_unwind(AssertUnwindSafe(|| match f() {
+    catch_unwind(AssertUnwindSafe(|| code(name, f()))).unwrap_or_else(|p| panicked(name, p))
+}
+
+/// The C code of exported function `name`'s result (a failure's message recorded).
+#[inline(always)]
+fn code(name: &str, r: R<c_int>) -> c_int {
+    match r {
         Ok(c) => c,
         Err(e) => failed(name, e),
-    }))
-    .unwrap_or_else(|p| panicked(name, p))
+    }
 }
 
 /// Records a failure of exported function `name` and returns its code. Out of line and
@@ -519,10 +524,7 @@ pub(crate) unsafe fn with_ep(
     // whole result would cross through memory, written in pieces narrower than the load
     // that takes it back, which waits for them to reach the cache (on every call).
     // SAFETY: locked: no other call has the endpoint.
-    match catch_unwind(AssertUnwindSafe(|| match f(unsafe { h.get() }, h) {
-        Ok(c) => c,
-        Err(e) => failed(name, e),
-    })) {
+    match catch_unwind(AssertUnwindSafe(|| code(name, f(unsafe { h.get() }, h)))) {
         Ok(c) => {
             h.unlock();
             c

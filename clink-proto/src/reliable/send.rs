@@ -392,8 +392,8 @@ impl Conn {
     /// Whether the datagram [`Conn::next_to_send`] gives next is a message's fragment with
     /// room for a piggybacked ack that needs no ranges: a due ack then rides on it
     /// instead of leaving first in a datagram of its own (a clear-to-send and the ack of
-    /// the transfer before it leave as one datagram, not two: at 64 KiB a message, each
-    /// datagram crossing a bridge costs the kernel about as much as a fragment).
+    /// the transfer before it leave as one datagram, not two). A conservative look: a
+    /// probe or a resend next, or a closed window, leaves the ack its own datagram.
     fn next_carries_ack(&self) -> bool {
         if self.probe.is_some()
             || !self.lost.is_empty()
@@ -406,9 +406,13 @@ impl Conn {
         self.send_queue.front().is_some_and(|q| {
             let left = q.item.len() - q.next_off;
             matches!(q.item, Item::Msg(_))
-                && left.min(self.cfg.mtu_payload as u64) as usize + packet::PIGGY_LEN
-                    <= self.cfg.mtu_payload
+                && self.piggy_fits(left.min(self.cfg.mtu_payload as u64) as usize)
         })
+    }
+
+    /// Whether a data datagram of `len` payload bytes has room for a piggybacked ack.
+    fn piggy_fits(&self, len: usize) -> bool {
+        len + packet::PIGGY_LEN <= self.cfg.mtu_payload
     }
 
     /// The pending ack as a datagram of its own, into `buf` (it then counts as sent).
@@ -435,7 +439,7 @@ impl Conn {
         resend: bool,
     ) -> Option<packet::Piggy> {
         let due = resend || self.ack_now || self.ack_deadline.is_some();
-        if !due || self.has_holes() || len + packet::PIGGY_LEN > self.cfg.mtu_payload {
+        if !due || self.has_holes() || !self.piggy_fits(len) {
             return None;
         }
         let ack = self.take_ack(now);
