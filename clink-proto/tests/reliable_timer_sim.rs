@@ -306,6 +306,9 @@ fn a_timeout_that_proves_spurious_gives_the_window_back() {
     // Two tail probes, three timeout probes and a window of 2 after the fourth timeout
     // (16 packets condemned): the flight was not resent.
     assert!(s.retransmissions <= 8, "the flight was resent: {s:?}");
+    // The condemned packets that arrived from their one transmission are told apart
+    // from real losses: all but the few resent before the first ack came.
+    assert!(s.reprieved <= s.lost && s.lost - s.reprieved <= 4, "{s:?}");
 }
 
 #[test]

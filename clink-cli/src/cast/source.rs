@@ -358,6 +358,7 @@ pub(super) fn cast(mut a: SendArgs, ep: Option<Endpoint>) -> Result<(), String> 
             "tail_probes": c.tail_probes,
             "rto_probes": c.rto_probes,
             "spurious_timeouts": c.spurious_timeouts,
+            "reprieved": c.reprieved,
             "spurious_cuts": c.spurious_cuts,
             "bulk_discarded": c.bulk_discarded,
         });

@@ -410,6 +410,11 @@ pub struct Stats {
     /// Timeouts that collapsed the window and proved spurious (the flight arrived, its
     /// acks late): window and threshold restored.
     pub spurious_timeouts: u64,
+    /// Packets a timeout declared lost (counted in `lost`) whose one transmission
+    /// arrived all the same: acked before any resend, or put back in flight when the
+    /// timeout proved spurious. `lost - reprieved` is what the path really lost, or the
+    /// loss detector judged so.
+    pub reprieved: u64,
     /// Window reductions by the loss detector that proved spurious (every packet they
     /// condemned arrived from its first transmission: reordered, not lost): window and
     /// threshold restored.

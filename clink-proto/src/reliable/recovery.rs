@@ -265,6 +265,7 @@ impl Conn {
             if s.state == PState::Lost && s.tx_count == 1 {
                 s.state = PState::InFlight;
                 self.in_flight += 1;
+                self.stats.reprieved += 1;
             }
         }
     }

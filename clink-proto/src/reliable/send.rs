@@ -470,7 +470,11 @@ impl Conn {
             if matches!(s.state, PState::Acked | PState::Abandoned) {
                 return;
             }
-            original_arrived |= s.state == PState::Lost && s.tx_count == 1;
+            if s.state == PState::Lost && s.tx_count == 1 {
+                original_arrived = true;
+                // Condemned by the timer alone (the loss detector clears the flag).
+                this.stats.reprieved += u64::from(s.timer_only);
+            }
             let by = std::mem::take(&mut s.condemned_by);
             if let Some(u) = this.cut_undo.as_mut().filter(|u| by == u.cut) {
                 u.unproven -= 1;
