@@ -140,6 +140,18 @@ impl clink_request_t {
 
     /// Tests for completion (makes progress): `Ok(true)` once complete.
     fn test(&mut self, e: &mut Endpoint) -> R<bool> {
+        self.progress(e, None)
+    }
+
+    /// Waits up to `t` for completion: `Err` (timeout) leaves it pending.
+    fn wait(&mut self, e: &mut Endpoint, t: Option<Duration>) -> R<()> {
+        self.progress(e, Some(t)).map(|_| ())
+    }
+
+    /// Tests (`wait` `None`) or waits up to a time for completion: `Ok(true)` once
+    /// complete (result stored), `Ok(false)` while pending, `Err` for a wait that timed
+    /// out (the request stays pending).
+    fn progress(&mut self, e: &mut Endpoint, wait: Option<Option<Duration>>) -> R<bool> {
         if self.done.is_some() {
             return Ok(true);
         }
@@ -158,12 +170,19 @@ impl clink_request_t {
                 let Some(r) = req else {
                     return Err(Fail::invalid("request has no operation"));
                 };
-                match e.test_send(r) {
+                let res = match wait {
+                    None => e.test_send(r),
+                    Some(t) => e.wait_send(r, t).map(|()| true),
+                };
+                match res {
                     Ok(false) => Ok(false),
                     Ok(true) => {
                         *req = None;
                         self.finish(CLINK_OK, st, String::new());
                         Ok(true)
+                    }
+                    Err(Error::Timeout) if wait.is_some() => {
+                        Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out"))
                     }
                     Err(err) => {
                         *req = None;
@@ -176,20 +195,30 @@ impl clink_request_t {
                 let Some(r) = req else {
                     return Err(Fail::invalid("request has no operation"));
                 };
-                let res = e.test_recv(r);
+                let res = match wait {
+                    None => e.test_recv(r),
+                    Some(t) => e.wait_recv(r, t).map(Some),
+                };
                 self.recv_outcome(e, res)
             }
             Kind::Rma { req, dst, cap } => {
                 let Some(r) = req else {
                     return Err(Fail::invalid("request has no operation"));
                 };
-                match e.test_rma(r) {
+                let res = match wait {
+                    None => e.test_rma(r),
+                    Some(t) => e.wait_rma(r, t).map(Some),
+                };
+                match res {
                     Ok(None) => Ok(false),
                     Ok(Some(v)) => {
                         let (dst, cap) = (*dst, *cap);
                         *req = None;
                         self.rma_done(v, dst, cap);
                         Ok(true)
+                    }
+                    Err(Error::Timeout) if wait.is_some() => {
+                        Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out"))
                     }
                     Err(err) => {
                         *req = None;
@@ -201,6 +230,7 @@ impl clink_request_t {
         }
     }
 
+    /// A one-sided operation done: a get's bytes copied to the caller's memory.
     fn rma_done(&mut self, v: Vec<u8>, dst: *mut u8, cap: usize) {
         if !dst.is_null() {
             let n = v.len().min(cap);
@@ -213,67 +243,6 @@ impl clink_request_t {
             len: v.len() as u64,
         };
         self.finish(CLINK_OK, st, String::new());
-    }
-
-    /// Waits up to `t` for completion: `Err` (timeout) leaves it pending.
-    fn wait(&mut self, e: &mut Endpoint, t: Option<Duration>) -> R<()> {
-        if self.done.is_some() {
-            return Ok(());
-        }
-        match &mut self.kind {
-            Kind::Send {
-                req,
-                peer,
-                tag,
-                len,
-            } => {
-                let st = clink_status_t {
-                    peer: *peer,
-                    tag: *tag,
-                    len: *len,
-                };
-                let Some(r) = req else {
-                    return Err(Fail::invalid("request has no operation"));
-                };
-                match e.wait_send(r, t) {
-                    Ok(()) => {
-                        *req = None;
-                        self.finish(CLINK_OK, st, String::new());
-                    }
-                    Err(Error::Timeout) => return Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
-                    Err(err) => {
-                        *req = None;
-                        self.fail(err);
-                    }
-                }
-                Ok(())
-            }
-            Kind::Recv { req, .. } => {
-                let Some(r) = req else {
-                    return Err(Fail::invalid("request has no operation"));
-                };
-                let res = e.wait_recv(r, t).map(Some);
-                self.recv_outcome(e, res).map(|_| ())
-            }
-            Kind::Rma { req, dst, cap } => {
-                let Some(r) = req else {
-                    return Err(Fail::invalid("request has no operation"));
-                };
-                match e.wait_rma(r, t) {
-                    Ok(v) => {
-                        let (dst, cap) = (*dst, *cap);
-                        *req = None;
-                        self.rma_done(v, dst, cap);
-                    }
-                    Err(Error::Timeout) => return Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out")),
-                    Err(err) => {
-                        *req = None;
-                        self.fail(err);
-                    }
-                }
-                Ok(())
-            }
-        }
     }
 }
 
