@@ -265,7 +265,8 @@ impl Conn {
             if s.state == PState::Lost && s.tx_count == 1 {
                 s.state = PState::InFlight;
                 self.in_flight += 1;
-                self.stats.reprieved += 1;
+                // Counted when the timeout alone condemned it (see `Stats::reprieved`).
+                self.stats.reprieved += u64::from(s.timer_only);
             }
         }
     }
