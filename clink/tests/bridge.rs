@@ -68,8 +68,8 @@ fn child_entry() {
             "pipeline" => {
                 // 1 MiB messages with up to six in flight (a chunk stream, as `clink
                 // cast` sends), then the count of packets its connection judged lost
-                // (less those a timeout condemned and its undo found delivered: a
-                // receiver descheduled for tens of milliseconds on a loaded machine).
+                // (less those a timeout condemned that arrived all the same: a receiver
+                // descheduled for tens of milliseconds on a loaded machine).
                 let n: usize = std::env::var("STREAM_COUNT").unwrap().parse().unwrap();
                 let mut in_flight = std::collections::VecDeque::new();
                 for i in 0..n {

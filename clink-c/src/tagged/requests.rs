@@ -26,6 +26,16 @@ enum Kind {
     },
 }
 
+/// How a request's completion is asked for.
+#[derive(Clone, Copy)]
+enum Ask {
+    /// Once, without waiting (makes progress).
+    Test,
+    /// Waiting up to a time (`None`: for ever); running out of it leaves the request
+    /// pending.
+    Wait(Option<Duration>),
+}
+
 /// A non-blocking operation in flight (`clink_isend`, `clink_irecv`,
 /// `clink_irecv_into_aperture`, `clink_iput`, `clink_iget`). Complete it with
 /// `clink_test`, `clink_wait` or `clink_wait_any` (which store its result in it: testing a
@@ -140,18 +150,18 @@ impl clink_request_t {
 
     /// Tests for completion (makes progress): `Ok(true)` once complete.
     fn test(&mut self, e: &mut Endpoint) -> R<bool> {
-        self.progress(e, None)
+        self.progress(e, Ask::Test)
     }
 
     /// Waits up to `t` for completion: `Err` (timeout) leaves it pending.
     fn wait(&mut self, e: &mut Endpoint, t: Option<Duration>) -> R<()> {
-        self.progress(e, Some(t)).map(|_| ())
+        self.progress(e, Ask::Wait(t)).map(|_| ())
     }
 
-    /// Tests (`wait` `None`) or waits up to a time for completion: `Ok(true)` once
-    /// complete (result stored), `Ok(false)` while pending, `Err` for a wait that timed
-    /// out (the request stays pending).
-    fn progress(&mut self, e: &mut Endpoint, wait: Option<Option<Duration>>) -> R<bool> {
+    /// Asks for completion as `ask` says: `Ok(true)` once complete (result stored),
+    /// `Ok(false)` while pending, `Err` for a wait that timed out (the request stays
+    /// pending).
+    fn progress(&mut self, e: &mut Endpoint, ask: Ask) -> R<bool> {
         if self.done.is_some() {
             return Ok(true);
         }
@@ -170,9 +180,9 @@ impl clink_request_t {
                 let Some(r) = req else {
                     return Err(Fail::invalid("request has no operation"));
                 };
-                let res = match wait {
-                    None => e.test_send(r),
-                    Some(t) => e.wait_send(r, t).map(|()| true),
+                let res = match ask {
+                    Ask::Test => e.test_send(r),
+                    Ask::Wait(t) => e.wait_send(r, t).map(|()| true),
                 };
                 match res {
                     Ok(false) => Ok(false),
@@ -181,7 +191,7 @@ impl clink_request_t {
                         self.finish(CLINK_OK, st, String::new());
                         Ok(true)
                     }
-                    Err(Error::Timeout) if wait.is_some() => {
+                    Err(Error::Timeout) if matches!(ask, Ask::Wait(_)) => {
                         Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out"))
                     }
                     Err(err) => {
@@ -195,9 +205,9 @@ impl clink_request_t {
                 let Some(r) = req else {
                     return Err(Fail::invalid("request has no operation"));
                 };
-                let res = match wait {
-                    None => e.test_recv(r),
-                    Some(t) => e.wait_recv(r, t).map(Some),
+                let res = match ask {
+                    Ask::Test => e.test_recv(r),
+                    Ask::Wait(t) => e.wait_recv(r, t).map(Some),
                 };
                 self.recv_outcome(e, res)
             }
@@ -205,9 +215,9 @@ impl clink_request_t {
                 let Some(r) = req else {
                     return Err(Fail::invalid("request has no operation"));
                 };
-                let res = match wait {
-                    None => e.test_rma(r),
-                    Some(t) => e.wait_rma(r, t).map(Some),
+                let res = match ask {
+                    Ask::Test => e.test_rma(r),
+                    Ask::Wait(t) => e.wait_rma(r, t).map(Some),
                 };
                 match res {
                     Ok(None) => Ok(false),
@@ -217,7 +227,7 @@ impl clink_request_t {
                         self.rma_done(v, dst, cap);
                         Ok(true)
                     }
-                    Err(Error::Timeout) if wait.is_some() => {
+                    Err(Error::Timeout) if matches!(ask, Ask::Wait(_)) => {
                         Err(Fail::new(CLINK_ERR_TIMEOUT, "timed out"))
                     }
                     Err(err) => {

@@ -412,8 +412,9 @@ pub struct Stats {
     pub spurious_timeouts: u64,
     /// Packets a timeout declared lost (counted in `lost`) whose one transmission
     /// arrived all the same: acked before any resend, or put back in flight when the
-    /// timeout proved spurious. `lost - reprieved` is what the path really lost, or the
-    /// loss detector judged so.
+    /// timeout proved spurious. `lost - reprieved` leaves what the loss detector judged
+    /// lost and what a timeout condemned and resent before an ack could prove it
+    /// delivered.
     pub reprieved: u64,
     /// Window reductions by the loss detector that proved spurious (every packet they
     /// condemned arrived from its first transmission: reordered, not lost): window and

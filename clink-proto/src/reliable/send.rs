@@ -472,7 +472,7 @@ impl Conn {
             }
             if s.state == PState::Lost && s.tx_count == 1 {
                 original_arrived = true;
-                // Condemned by the timer alone (the loss detector clears the flag).
+                // Condemned by the timer alone (see `Stats::reprieved`).
                 this.stats.reprieved += u64::from(s.timer_only);
             }
             let by = std::mem::take(&mut s.condemned_by);
